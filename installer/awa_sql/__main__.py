@@ -1,0 +1,3 @@
+from awa_sql.cli import main
+
+raise SystemExit(main())

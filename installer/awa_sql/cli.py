@@ -1,0 +1,206 @@
+"""The ``awa`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+import psycopg
+
+from awa_sql import __version__
+from awa_sql import migrate as runner
+from awa_sql.connect import connect
+from awa_sql.roles import CAPABILITIES, DESCRIPTIONS, Roles
+
+
+def _add_connection(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--dsn",
+        help="libpq connection string or URL; default AWA_DATABASE_URL, then DATABASE_URL, "
+        "then the PG* environment",
+    )
+
+
+def _add_roles(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("role names")
+    g.add_argument("--role-prefix", default="awa_",
+                   help="prefix of the six role names (default awa_: awa_owner, awa_producer, ...)")
+    for cap in CAPABILITIES:
+        g.add_argument(f"--{cap}-role", metavar="NAME", help=f"name of the {cap} role")
+
+
+def _roles(args: argparse.Namespace) -> Roles:
+    return Roles.with_prefix(
+        args.role_prefix, **{cap: getattr(args, f"{cap}_role") for cap in CAPABILITIES}
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="awa", description="awa-sql: a PostgreSQL job-queue storage contract."
+    )
+    parser.add_argument("--version", action="version", version=f"awa-sql {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    m = sub.add_parser("migrate", help="install or upgrade schema awa",
+                       description="Install or upgrade schema awa in one database.")
+    _add_connection(m)
+    _add_roles(m)
+    m.add_argument("--create-roles", action="store_true",
+                   help="create missing roles as NOLOGIN (needs CREATEROLE)")
+    mode = m.add_mutually_exclusive_group()
+    mode.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
+    mode.add_argument("--sql", action="store_true",
+                      help="print one psql script that performs the plan, change nothing")
+    m.add_argument("--offline", action="store_true",
+                   help="with --sql: plan for an empty database without connecting")
+    m.add_argument("--lock-timeout", default=runner.DEFAULT_LOCK_TIMEOUT,
+                   help="longest wait for any one lock inside a migration (default %(default)s)")
+    m.add_argument("--lock-wait", default=runner.DEFAULT_LOCK_WAIT,
+                   help="longest wait for another running awa migrate (default %(default)s)")
+    m.set_defaults(func=cmd_migrate)
+
+    s = sub.add_parser("status", help="applied, pending and drifted migrations",
+                       description="Show applied, pending and drifted migrations.")
+    _add_connection(s)
+    _add_roles(s)
+    s.add_argument("--json", action="store_true", help="machine-readable output")
+    s.add_argument("--check", action="store_true",
+                   help="deploy gate: exit 1 when anything is pending, 3 on drift, "
+                   "4 when the database is newer, 6 when roles are missing")
+    s.set_defaults(func=cmd_status)
+    return parser
+
+
+def _err(message: str) -> None:
+    print(f"awa: {message}", file=sys.stderr)
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    roles = _roles(args)
+    if args.offline and not args.sql:
+        _err("--offline only makes sense with --sql")
+        return 2
+    if args.sql:
+        if args.offline:
+            plan = runner.plan_for(None, roles, args.create_roles)
+        else:
+            with connect(args.dsn, autocommit=True) as conn:
+                plan = runner.plan_for(conn, roles, args.create_roles)
+        plan.raise_problems()
+        sys.stdout.write(runner.render_sql(plan, args.lock_timeout, args.lock_wait))
+        return 0
+    with connect(args.dsn, autocommit=True) as conn:
+        plan = runner.migrate(
+            conn, roles, create_roles=args.create_roles, dry_run=args.dry_run,
+            lock_timeout=args.lock_timeout, lock_wait=args.lock_wait,
+            log=lambda line: print(line, flush=True),
+        )
+    if plan.up_to_date:
+        print(f"awa-sql {__version__}: database is up to date")
+    elif args.dry_run:
+        print(f"awa-sql {__version__}: plan ({len(plan.steps)} steps; nothing changed)")
+        for step in plan.steps:
+            print(f"  {step.label}")
+        for change in plan.layer_changes:
+            print(f"    {change}")
+    else:
+        print(f"awa-sql {__version__}: migrated ({len(plan.steps)} steps)")
+    return 0
+
+
+def _status_document(plan: runner.Plan, roles: Roles, state: runner.DatabaseState) -> dict:
+    return {
+        "package_version": plan.package_version,
+        "database_contract_version": state.layer_contract,
+        "up_to_date": plan.up_to_date,
+        "roles": {cap: {"name": name, "may": DESCRIPTIONS[cap]}
+                  for cap, name in roles.as_dict().items()},
+        "missing_roles": plan.missing_roles,
+        "applied": [
+            {"version": a.version, "name": a.name, "checksum": a.checksum,
+             "contract_version": a.contract_version, "applied_at": a.applied_at,
+             "applied_by": a.applied_by, "execution_ms": a.execution_ms}
+            for a in plan.applied
+        ],
+        "pending": [{"version": m.version, "name": m.name, "checksum": m.checksum}
+                    for m in plan.pending],
+        "drifted": [{"version": m.version, "name": m.name, "database_checksum": a.checksum,
+                     "file_checksum": m.checksum} for m, a in plan.drifted],
+        "unknown": [{"version": a.version, "name": a.name,
+                     "contract_version": a.contract_version} for a in plan.unknown],
+        "function_layer_changes": plan.layer_changes,
+        "problems": [str(p) for p in plan.problems],
+        "warnings": plan.warnings,
+    }
+
+
+def _print_status(doc: dict) -> None:
+    print(f"awa-sql {doc['package_version']}; "
+          f"database contract {doc['database_contract_version'] or 'not installed'}")
+    print("applied:" if doc["applied"] else "applied: none")
+    for a in doc["applied"]:
+        print(f"  {a['version']:04d}_{a['name']:<28} {a['applied_at']}  by {a['applied_by']}")
+    print("pending:" if doc["pending"] else "pending: none")
+    for m in doc["pending"]:
+        print(f"  {m['version']:04d}_{m['name']}")
+    if doc["drifted"]:
+        print("drifted:")
+        for d in doc["drifted"]:
+            print(f"  {d['version']:04d}_{d['name']}  database {d['database_checksum'][:12]}"
+                  f"  file {d['file_checksum'][:12]}")
+    changes = doc["function_layer_changes"]
+    print("function layer: " + ("up to date" if not changes else "; ".join(changes)))
+    for p in doc["problems"]:
+        print(f"problem: {p}")
+    for w in doc["warnings"]:
+        print(f"warning: {w}")
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    roles = _roles(args)
+    with connect(args.dsn, autocommit=True) as conn:
+        conn.execute("select pg_catalog.set_config('search_path', %s, false)",
+                     [runner.SEARCH_PATH])
+        state = runner.read_state(conn, roles)
+    plan = runner.build_plan(state, roles)
+    doc = _status_document(plan, roles, state)
+    if args.json:
+        print(json.dumps(doc, indent=2, sort_keys=True))
+    else:
+        _print_status(doc)
+    if not args.check:
+        return 0
+    if plan.problems:
+        return plan.problems[0].exit_code
+    return runner.EXIT_PENDING if plan.steps else runner.EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except runner.MigrationError as err:
+        _err(str(err))
+        return err.exit_code
+    except ValueError as err:
+        _err(str(err))
+        return 2
+    except psycopg.errors.LockNotAvailable as err:
+        _err(f"lock timeout: {str(err).strip()}")
+        return runner.EXIT_LOCK_TIMEOUT
+    except psycopg.OperationalError as err:
+        if err.sqlstate:  # the server answered: not a connection problem
+            _err(f"{type(err).__name__} [{err.sqlstate}]: {str(err).strip()}")
+            return runner.EXIT_ERROR
+        _err(f"cannot connect: {str(err).strip()}")
+        return runner.EXIT_ERROR
+    except psycopg.Error as err:
+        _err(f"{type(err).__name__} [{err.sqlstate}]: {str(err).strip()}")
+        return runner.EXIT_ERROR
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,566 @@
+"""The migration runner: install and upgrade schema ``awa`` in one database.
+
+A run has three kinds of step, always in this order:
+
+1. bootstrap (first install only): create the roles when asked, let the
+   migrating login act as the owner role, create schema ``awa`` owned by it,
+   and revoke PUBLIC's default EXECUTE on everything the owner creates;
+2. each pending numbered migration from ``migrations/``, in its own
+   transaction (unless its header says ``-- awa:no-transaction``), run as the
+   owner role and recorded in ``awa.schema_migrations``;
+3. the function layer from ``sql/`` in one transaction, whenever any file,
+   the package version or a migration changed: every file in manifest order,
+   then PUBLIC is revoked again from everything and ``awa._assert_security()``
+   checks owners, ACLs and pinned search_paths before the commit.
+
+The same steps are either executed (``apply``) or printed as one psql script
+(``render_sql``), so the two cannot disagree. Runners serialise on one
+session advisory lock, ``pg_advisory_lock(1635213645, 0)`` ('awaM', 0).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import psycopg
+from psycopg import sql
+
+from awa_sql import __version__
+from awa_sql.roles import RUNTIME_CAPABILITIES, Roles
+from awa_sql.source import CHECKSUM_ALGORITHM, LayerFile, Migration, load_layer, load_migrations
+
+MIGRATION_LOCK = (1635213645, 0)  # 'awaM' as int4, then 0: the runners' lock
+DEFAULT_LOCK_TIMEOUT = "5s"  # per DDL lock inside a migration
+DEFAULT_LOCK_WAIT = "120s"  # waiting for another runner to finish
+SEARCH_PATH = "pg_catalog, pg_temp"
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_PENDING = 1
+EXIT_DRIFT = 3
+EXIT_NEWER = 4
+EXIT_LOCK_TIMEOUT = 5
+EXIT_ROLES = 6
+
+
+class MigrationError(RuntimeError):
+    exit_code = EXIT_ERROR
+
+
+class DriftError(MigrationError):
+    """An applied migration no longer matches its file."""
+
+    exit_code = EXIT_DRIFT
+
+
+class NewerDatabaseError(MigrationError):
+    """The database was migrated by a newer awa-sql than this one."""
+
+    exit_code = EXIT_NEWER
+
+
+class LockTimeoutError(MigrationError):
+    exit_code = EXIT_LOCK_TIMEOUT
+
+
+class RolesError(MigrationError):
+    exit_code = EXIT_ROLES
+
+
+def _q(composable: sql.Composable) -> str:
+    return composable.as_string(None)
+
+
+def _ident(name: str) -> str:
+    return _q(sql.Identifier(name))
+
+
+def _lit(value: object) -> str:
+    return _q(sql.Literal(value))
+
+
+def version_tuple(version: str) -> tuple[int, ...]:
+    parts = []
+    for piece in version.split("."):
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits or 0))
+    return tuple(parts)
+
+
+# --------------------------------------------------------------------------
+# What the database holds
+
+
+@dataclass(frozen=True)
+class AppliedMigration:
+    version: int
+    name: str
+    checksum: str
+    contract_version: str
+    applied_at: str | None = None
+    applied_by: str | None = None
+    execution_ms: float | None = None
+
+    @property
+    def label(self) -> str:
+        return f"{self.version:04d}_{self.name}"
+
+
+@dataclass
+class DatabaseState:
+    """Everything the planner needs to know about one database."""
+
+    schema_owner: str | None = None
+    applied: dict[int, AppliedMigration] = field(default_factory=dict)
+    layer: dict[str, str] = field(default_factory=dict)
+    layer_contract: str | None = None
+    bound_roles: dict[str, str] = field(default_factory=dict)
+    existing_roles: set[str] = field(default_factory=set)
+    current_user: str = ""
+    is_superuser: bool = False
+    can_act_as_owner: bool = False
+    public_can_create_in_public: bool = False
+    offline: bool = False
+
+    @property
+    def installed(self) -> bool:
+        return self.schema_owner is not None and bool(self.applied)
+
+
+def read_state(conn: psycopg.Connection, roles: Roles) -> DatabaseState:
+    state = DatabaseState()
+    row = conn.execute(
+        """
+        select current_user, r.rolsuper,
+               (select pg_catalog.pg_get_userbyid(n.nspowner)
+                  from pg_catalog.pg_namespace n where n.nspname = 'awa'),
+               pg_catalog.to_regclass('awa.schema_migrations') is not null,
+               pg_catalog.to_regclass('awa.schema_functions') is not null,
+               pg_catalog.to_regclass('awa.role_binding') is not null,
+               coalesce((select pg_catalog.bool_or(a.grantee = 0 and a.privilege_type = 'CREATE')
+                           from pg_catalog.pg_namespace n,
+                                pg_catalog.aclexplode(n.nspacl) a
+                          where n.nspname = 'public'), false)
+          from pg_catalog.pg_roles r
+         where r.rolname = current_user
+        """
+    ).fetchone()
+    assert row is not None
+    (state.current_user, state.is_superuser, state.schema_owner, has_migrations,
+     has_layer, has_binding, state.public_can_create_in_public) = row
+    state.existing_roles = {
+        name
+        for (name,) in conn.execute(
+            "select rolname from pg_catalog.pg_roles where rolname = any(%s)",
+            [list(roles.as_dict().values())],
+        )
+    }
+    if roles.owner in state.existing_roles:
+        state.can_act_as_owner = bool(
+            conn.execute(
+                "select pg_catalog.pg_has_role(current_user, %s, 'SET')"
+                " or pg_catalog.pg_has_role(current_user, %s, 'USAGE WITH ADMIN OPTION')",
+                [roles.owner, roles.owner],
+            ).fetchone()[0]
+        )
+    if has_migrations:
+        for r in conn.execute(
+            "select version, name, checksum, contract_version, applied_at::text, applied_by,"
+            " execution_ms::float8 from awa.schema_migrations order by version"
+        ):
+            state.applied[r[0]] = AppliedMigration(*r)
+    if has_layer:
+        for file, digest, contract in conn.execute(
+            "select file, checksum, contract_version from awa.schema_functions"
+        ):
+            state.layer[file] = digest
+            state.layer_contract = contract
+    if has_binding:
+        state.bound_roles = dict(
+            conn.execute("select capability, role_name::text from awa.role_binding").fetchall()
+        )
+    return state
+
+
+# --------------------------------------------------------------------------
+# What to do about it
+
+
+@dataclass(frozen=True)
+class Step:
+    kind: str  # roles | bootstrap | migration | layer
+    label: str
+    sql: str
+    transactional: bool = True
+    # A no-transaction migration runs as separate statements.
+    statements: tuple[str, ...] = ()
+
+
+@dataclass
+class Plan:
+    package_version: str
+    steps: list[Step] = field(default_factory=list)
+    applied: list[AppliedMigration] = field(default_factory=list)
+    pending: list[Migration] = field(default_factory=list)
+    drifted: list[tuple[Migration, AppliedMigration]] = field(default_factory=list)
+    unknown: list[AppliedMigration] = field(default_factory=list)
+    layer_changes: list[str] = field(default_factory=list)
+    missing_roles: list[str] = field(default_factory=list)
+    problems: list[MigrationError] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def up_to_date(self) -> bool:
+        return not self.steps and not self.problems
+
+    def raise_problems(self) -> None:
+        if self.problems:
+            raise self.problems[0]
+
+
+def build_plan(
+    state: DatabaseState,
+    roles: Roles,
+    *,
+    create_roles: bool = False,
+    migrations: list[Migration] | None = None,
+    layer: list[LayerFile] | None = None,
+    package_version: str = __version__,
+) -> Plan:
+    migrations = load_migrations() if migrations is None else migrations
+    layer = load_layer() if layer is None else layer
+    plan = Plan(package_version=package_version)
+    known = {m.version: m for m in migrations}
+    newest_known = max(known, default=0)
+
+    for applied in state.applied.values():
+        plan.applied.append(applied)
+        migration = known.get(applied.version)
+        if migration is None:
+            plan.unknown.append(applied)
+        elif migration.checksum != applied.checksum:
+            plan.drifted.append((migration, applied))
+    plan.pending = [m for m in migrations if m.version not in state.applied]
+
+    newer = [a for a in plan.unknown if a.version > newest_known]
+    layer_is_newer = state.layer_contract is not None and (
+        version_tuple(state.layer_contract) > version_tuple(package_version)
+    )
+    if newer or layer_is_newer:
+        db_version = max(
+            [a.contract_version for a in newer] + [state.layer_contract or "0"],
+            key=version_tuple,
+        )
+        detail = f", up to migration {newer[-1].label}" if newer else ""
+        plan.problems.append(NewerDatabaseError(
+            f"database was migrated by awa-sql {db_version}{detail}; this is awa-sql "
+            f"{package_version}, which knows migrations up to {newest_known:04d}. "
+            "Refusing to downgrade: run the newer awa-sql."
+        ))
+    for migration, applied in plan.drifted:
+        plan.problems.append(DriftError(
+            f"migration {migration.label}.sql changed after it was applied: database has "
+            f"{CHECKSUM_ALGORITHM}:{applied.checksum}, file has "
+            f"{CHECKSUM_ALGORITHM}:{migration.checksum}. Applied migrations are immutable; "
+            "restore the file and put the change in a new migration."
+        ))
+    for applied in plan.unknown:
+        if applied.version <= newest_known:
+            plan.problems.append(DriftError(
+                f"migration {applied.label} is applied but this package has no such file"
+            ))
+
+    _check_roles(state, roles, create_roles, plan)
+    if state.public_can_create_in_public:
+        plan.warnings.append(
+            "schema public still grants CREATE to PUBLIC: any login can plant functions "
+            "there. awa-sql does not rely on it, but consider "
+            "'REVOKE CREATE ON SCHEMA public FROM PUBLIC'."
+        )
+    if plan.problems:
+        return plan
+
+    if plan.missing_roles and create_roles:
+        plan.steps.append(Step("roles", "create roles " + ", ".join(plan.missing_roles),
+                               _roles_sql(roles, plan.missing_roles)))
+    if not state.installed:
+        plan.steps.append(Step("bootstrap", "create schema awa owned by " + roles.owner,
+                               _bootstrap_sql(roles, create_schema=state.schema_owner is None)))
+    for migration in plan.pending:
+        plan.steps.append(_migration_step(migration, roles, package_version))
+
+    plan.layer_changes = _layer_changes(state, layer, package_version)
+    if plan.pending or plan.layer_changes or state.bound_roles != roles.as_dict():
+        plan.steps.append(Step("layer", f"function layer ({len(layer)} files) and grants",
+                               _layer_sql(layer, roles, package_version)))
+    return plan
+
+
+def _check_roles(state: DatabaseState, roles: Roles, create_roles: bool, plan: Plan) -> None:
+    if state.bound_roles and state.bound_roles != roles.as_dict():
+        differ = {
+            cap: (state.bound_roles.get(cap), name)
+            for cap, name in roles.as_dict().items()
+            if state.bound_roles.get(cap) != name
+        }
+        plan.problems.append(RolesError(
+            "this database is bound to other role names: "
+            + ", ".join(f"{cap} is {old!r}, not {new!r}" for cap, (old, new) in differ.items())
+            + ". Pass the same names (see 'awa status')."
+        ))
+    if state.offline:
+        plan.missing_roles = list(roles.as_dict().values())
+        return
+    plan.missing_roles = [n for n in roles.as_dict().values() if n not in state.existing_roles]
+    if plan.missing_roles and not create_roles:
+        plan.problems.append(RolesError(
+            "missing roles: " + ", ".join(plan.missing_roles)
+            + ". Run 'awa migrate --create-roles', or create them and grant the owner role "
+            "to the login that migrates."
+        ))
+    if state.schema_owner is not None and state.schema_owner != roles.owner:
+        plan.problems.append(RolesError(
+            f"schema awa exists but is owned by {state.schema_owner!r}, not {roles.owner!r}; "
+            "refusing to install into a schema someone else owns."
+        ))
+    if roles.owner in state.existing_roles and not state.can_act_as_owner:
+        plan.problems.append(RolesError(
+            f"login {state.current_user!r} cannot act as {roles.owner!r}: "
+            f"GRANT {roles.owner} TO {state.current_user} (or migrate as a role with "
+            "CREATEROLE that created it)."
+        ))
+
+
+def _layer_changes(state: DatabaseState, layer: list[LayerFile], version: str) -> list[str]:
+    changes = []
+    current = {f.name: f.checksum for f in layer}
+    for name, digest in current.items():
+        if name not in state.layer:
+            changes.append(f"{name} (new)")
+        elif state.layer[name] != digest:
+            changes.append(f"{name} (changed)")
+    changes += [f"{name} (removed)" for name in state.layer if name not in current]
+    if state.layer_contract is not None and state.layer_contract != version:
+        changes.append(f"contract version {state.layer_contract} -> {version}")
+    return changes
+
+
+# --------------------------------------------------------------------------
+# The SQL of each step
+
+
+def _roles_sql(roles: Roles, missing: list[str]) -> str:
+    # Each creation checks again so the script is safe to re-run.
+    blocks = []
+    for name in missing:
+        blocks.append(
+            "do $awa$\nbegin\n"
+            "    if not exists (select from pg_catalog.pg_roles\n"
+            f"                    where rolname = {_lit(name)}) then\n"
+            f"        create role {_ident(name)} nologin;\n"
+            "    end if;\nend\n$awa$;\n"
+        )
+    return "".join(blocks)
+
+
+def _bootstrap_sql(roles: Roles, create_schema: bool) -> str:
+    owner = _ident(roles.owner)
+    runtime = ", ".join(_ident(n) for n in roles.runtime().values())
+    return (
+        "-- The migrating login must be able to SET ROLE to the owner; a CREATEROLE\n"
+        "-- login holds ADMIN on roles it created and can grant itself membership.\n"
+        "do $awa$\nbegin\n"
+        f"    if not pg_catalog.pg_has_role(current_user, {_lit(roles.owner)}, 'SET') then\n"
+        f"        execute pg_catalog.format('grant %I to %I', {_lit(roles.owner)}, current_user);\n"
+        "    end if;\nend\n$awa$;\n"
+        + (f"create schema awa authorization {owner};\n" if create_schema else "")
+        + "-- Global form on purpose: the per-schema form cannot revoke the built-in\n"
+        "-- PUBLIC EXECUTE default.\n"
+        f"alter default privileges for role {owner} revoke execute on routines from public;\n"
+        f"alter default privileges for role {owner} revoke usage on types from public;\n"
+        "revoke all on schema awa from public;\n"
+        f"grant usage on schema awa to {runtime};\n"
+    )
+
+
+def _record_migration_sql(migration: Migration, version: str) -> str:
+    return (
+        "insert into awa.schema_migrations"
+        " (version, name, checksum, checksum_algorithm, contract_version, execution_ms)\n"
+        f"values ({migration.version}, {_lit(migration.name)}, {_lit(migration.checksum)},"
+        f" {_lit(CHECKSUM_ALGORITHM)}, {_lit(version)},"
+        " extract(epoch from pg_catalog.clock_timestamp() - pg_catalog.now()) * 1000);\n"
+    )
+
+
+def _migration_step(migration: Migration, roles: Roles, version: str) -> Step:
+    owner = _ident(roles.owner)
+    label = f"migration {migration.label}"
+    if migration.transactional:
+        body = (
+            f"set local role {owner};\n"
+            f"{migration.text.rstrip()}\n;\n"
+            f"{_record_migration_sql(migration, version)}"
+        )
+        return Step("migration", label, body)
+    statements = (
+        f"set role {owner};",
+        migration.text.strip(),
+        _record_migration_sql(migration, version).strip(),
+        "reset role;",
+    )
+    return Step("migration", label, "\n".join(statements) + "\n", transactional=False,
+                statements=statements)
+
+
+def _contract_version_sql(version: str) -> str:
+    return (
+        "create or replace function awa.contract_version() returns text\n"
+        "language sql immutable parallel safe\n"
+        f"set search_path = {SEARCH_PATH}\n"
+        f"as $$select {_lit(version)}::text$$;\n"
+        "select awa._grant_execute('awa.contract_version()', "
+        + ", ".join(_lit(c) for c in RUNTIME_CAPABILITIES)
+        + ");\n"
+    )
+
+
+def _layer_sql(layer: list[LayerFile], roles: Roles, version: str) -> str:
+    parts = [f"set local role {_ident(roles.owner)};\n"]
+    rows = ",\n    ".join(f"({_lit(cap)}, {_lit(name)})" for cap, name in roles.as_dict().items())
+    parts.append(
+        "insert into awa.role_binding (capability, role_name) values\n    "
+        f"{rows}\non conflict (capability) do update set role_name = excluded.role_name;\n"
+    )
+    for f in layer:
+        parts.append(f"-- function layer: {f.name}\n{f.text.rstrip()}\n;\n")
+    parts.append(_contract_version_sql(version))
+    names = ", ".join(_lit(f.name) for f in layer)
+    records = ",\n    ".join(
+        f"({_lit(f.name)}, {_lit(f.checksum)}, {_lit(CHECKSUM_ALGORITHM)}, {_lit(version)})"
+        for f in layer
+    )
+    parts.append(
+        "-- Re-assert after every change: DROP + CREATE would have reset an ACL.\n"
+        "revoke all on all routines in schema awa from public;\n"
+        "revoke all on all tables in schema awa from public;\n"
+        "revoke all on all sequences in schema awa from public;\n"
+        "select awa._assert_security();\n"
+        f"delete from awa.schema_functions where file not in ({names});\n"
+        "insert into awa.schema_functions (file, checksum, checksum_algorithm, contract_version)"
+        f" values\n    {records}\n"
+        "on conflict (file) do update set checksum = excluded.checksum,"
+        " checksum_algorithm = excluded.checksum_algorithm,"
+        " contract_version = excluded.contract_version,"
+        " applied_at = excluded.applied_at, applied_by = excluded.applied_by;\n"
+    )
+    return "".join(parts)
+
+
+# --------------------------------------------------------------------------
+# Doing it
+
+
+def _set(conn: psycopg.Connection, name: str, value: str) -> None:
+    conn.execute("select pg_catalog.set_config(%s, %s, false)", [name, value])
+
+
+def _lock_wait_message(err: psycopg.Error, what: str, timeout: str) -> str:
+    return f"{what}: could not get a lock within {timeout} ({err.diag.message_primary})"
+
+
+def apply_plan(
+    conn: psycopg.Connection, plan: Plan, lock_timeout: str, log: Callable[[str], None]
+) -> None:
+    for step in plan.steps:
+        started = time.monotonic()
+        try:
+            if step.transactional:
+                with conn.transaction():
+                    conn.execute(step.sql)
+            else:
+                for statement in step.statements:
+                    conn.execute(statement)
+        except psycopg.errors.LockNotAvailable as err:
+            raise LockTimeoutError(
+                _lock_wait_message(err, step.label, lock_timeout)
+                + "; nothing of this step was applied. Retry when the blocker is gone."
+            ) from err
+        except psycopg.Error as err:
+            raise MigrationError(f"{step.label} failed and was rolled back: {err}") from err
+        log(f"applied {step.label} ({(time.monotonic() - started) * 1000:.0f} ms)")
+
+
+def migrate(
+    conn: psycopg.Connection,
+    roles: Roles,
+    *,
+    create_roles: bool = False,
+    dry_run: bool = False,
+    lock_timeout: str = DEFAULT_LOCK_TIMEOUT,
+    lock_wait: str = DEFAULT_LOCK_WAIT,
+    log: Callable[[str], None] = print,
+) -> Plan:
+    """Bring the database up to this package. ``conn`` must be in autocommit mode."""
+    if not conn.autocommit:
+        raise ValueError("migrate() needs an autocommit connection")
+    _set(conn, "search_path", SEARCH_PATH)
+    _set(conn, "lock_timeout", lock_wait)
+    try:
+        conn.execute("select pg_catalog.pg_advisory_lock(%s, %s)", MIGRATION_LOCK)
+    except psycopg.errors.LockNotAvailable as err:
+        raise LockTimeoutError(
+            _lock_wait_message(err, "another awa migrate is running", lock_wait)
+        ) from err
+    try:
+        _set(conn, "lock_timeout", lock_timeout)
+        try:
+            state = read_state(conn, roles)
+        except psycopg.errors.LockNotAvailable as err:
+            raise LockTimeoutError(
+                _lock_wait_message(err, "reading the migration records", lock_timeout)
+            ) from err
+        plan = build_plan(state, roles, create_roles=create_roles)
+        for warning in plan.warnings:
+            log(f"warning: {warning}")
+        plan.raise_problems()
+        if dry_run or plan.up_to_date:
+            return plan
+        apply_plan(conn, plan, lock_timeout, log)
+        return plan
+    finally:
+        conn.execute("select pg_catalog.pg_advisory_unlock(%s, %s)", MIGRATION_LOCK)
+
+
+def render_sql(plan: Plan, lock_timeout: str = DEFAULT_LOCK_TIMEOUT,
+               lock_wait: str = DEFAULT_LOCK_WAIT) -> str:
+    """One psql script that performs ``plan`` exactly as ``apply_plan`` would."""
+    out = [
+        f"-- awa-sql {plan.package_version}: migration script\n",
+        "-- Run with: psql -X -v ON_ERROR_STOP=1 -f this.sql\n",
+        "\\set ON_ERROR_STOP on\n",
+        f"set search_path = {SEARCH_PATH};\n",
+        f"set lock_timeout = {_lit(lock_wait)};\n",
+        "select pg_catalog.pg_advisory_lock({}, {});\n".format(*MIGRATION_LOCK),
+        f"set lock_timeout = {_lit(lock_timeout)};\n",
+    ]
+    for step in plan.steps:
+        out.append(f"\n-- step: {step.label}\n")
+        if step.transactional:
+            out.append(f"begin;\n{step.sql}commit;\n")
+        else:
+            out.append("\n".join(step.statements) + "\n")
+    out.append("\nselect pg_catalog.pg_advisory_unlock({}, {});\n".format(*MIGRATION_LOCK))
+    return "".join(out)
+
+
+def plan_for(conn: psycopg.Connection | None, roles: Roles, create_roles: bool) -> Plan:
+    """The plan for a live database, or for an empty one when ``conn`` is None."""
+    if conn is None:
+        state = DatabaseState(offline=True)
+    else:
+        _set(conn, "search_path", SEARCH_PATH)
+        state = read_state(conn, roles)
+    return build_plan(state, roles, create_roles=create_roles)

@@ -1,0 +1,146 @@
+-- private.sql: helpers the function layer uses while it is applied.
+--
+-- None of these is granted to any runtime role: they run as the owner inside
+-- the migration transaction.
+
+-- Function: awa._role_for(capability text) returns name
+-- The role bound to a capability in awa.role_binding.
+create or replace function awa._role_for(capability text)
+returns name
+language plpgsql
+stable
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    bound name;
+begin
+    select b.role_name into bound
+      from awa.role_binding as b
+     where b.capability = _role_for.capability;
+    if bound is null then
+        raise exception 'no role is bound to capability %', capability
+            using errcode = 'AW002',
+                  hint = 'awa migrate records the role names before the function layer.';
+    end if;
+    return bound;
+end;
+$$;
+
+-- Function: awa._grant_execute(routine regprocedure, variadic capabilities text[])
+-- Revokes PUBLIC and grants EXECUTE on one routine to the roles bound to the
+-- given capabilities. Written on the line after each function it covers.
+create or replace function awa._grant_execute(
+    routine regprocedure, variadic capabilities text[] default '{}'
+)
+returns void
+language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    capability text;
+begin
+    execute pg_catalog.format('revoke all on function %s from public', routine);
+    foreach capability in array capabilities loop
+        execute pg_catalog.format(
+            'grant execute on function %s to %I', routine, awa._role_for(capability)
+        );
+    end loop;
+end;
+$$;
+
+-- Function: awa._grant_select(relation regclass, variadic capabilities text[])
+-- Grants SELECT on a view or table to the roles bound to the capabilities.
+create or replace function awa._grant_select(
+    relation regclass, variadic capabilities text[] default '{}'
+)
+returns void
+language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    capability text;
+begin
+    foreach capability in array capabilities loop
+        execute pg_catalog.format(
+            'grant select on %s to %I', relation, awa._role_for(capability)
+        );
+    end loop;
+end;
+$$;
+
+-- Function: awa._assert_security() returns void
+-- The invariants every install and upgrade must leave behind. Raises AW001,
+-- naming the offending objects, so the migration transaction rolls back.
+create or replace function awa._assert_security()
+returns void
+language plpgsql
+stable
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    owner_oid oid := awa._role_for('owner')::regrole::oid;
+    schema_oid oid := 'awa'::regnamespace::oid;
+    offenders text;
+begin
+    select string_agg(p.oid::regprocedure::text, ', ' order by p.oid::regprocedure::text)
+      into offenders
+      from pg_catalog.pg_proc as p
+     where p.pronamespace = schema_oid
+       and p.prosecdef
+       and coalesce(
+               array_length(p.proconfig, 1) is distinct from 1
+               or p.proconfig [1] not in (
+                   'search_path=pg_catalog, pg_temp', 'search_path=""'
+               ),
+               true
+           );
+    if offenders is not null then
+        raise exception 'SECURITY DEFINER functions without a pinned search_path: %', offenders
+            using errcode = 'AW001',
+                  hint = 'Add SET search_path = pg_catalog, pg_temp to each.';
+    end if;
+
+    select string_agg(p.oid::regprocedure::text, ', ' order by p.oid::regprocedure::text)
+      into offenders
+      from pg_catalog.pg_proc as p
+     where p.pronamespace = schema_oid
+       and (
+           p.proacl is null
+           or exists (
+               select from pg_catalog.aclexplode(p.proacl) as a
+                where a.grantee = 0
+           )
+       );
+    if offenders is not null then
+        raise exception 'routines executable by PUBLIC: %', offenders
+            using errcode = 'AW001',
+                  hint = 'Every routine needs its awa._grant_execute line.';
+    end if;
+
+    select string_agg(o.what, ', ' order by o.what)
+      into offenders
+      from (
+          select p.oid::regprocedure::text as what
+            from pg_catalog.pg_proc as p
+           where p.pronamespace = schema_oid and p.proowner <> owner_oid
+          union all
+          select c.oid::regclass::text
+            from pg_catalog.pg_class as c
+           where c.relnamespace = schema_oid and c.relowner <> owner_oid
+          union all
+          select t.oid::regtype::text
+            from pg_catalog.pg_type as t
+           where t.typnamespace = schema_oid and t.typowner <> owner_oid
+      ) as o;
+    if offenders is not null then
+        raise exception 'objects in schema awa not owned by %: %',
+            owner_oid::regrole, offenders
+            using errcode = 'AW001';
+    end if;
+end;
+$$;
+
+select awa._grant_execute('awa._role_for(text)');
+select awa._grant_execute('awa._grant_execute(regprocedure, text[])');
+select awa._grant_execute('awa._grant_select(regclass, text[])');
+select awa._grant_execute('awa._assert_security()');

@@ -1,0 +1,64 @@
+"""Fixtures: a real PostgreSQL 17 and 18 per test session, a fresh database per test."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from awa_sql import migrate
+from awa_sql.roles import Roles
+from tests.support.cluster import Cluster, start_cluster
+from tests.support.database import Database
+
+ROOT = Path(__file__).resolve().parent.parent
+VERSIONS = [
+    pytest.param(17, marks=pytest.mark.pg17, id="pg17"),
+    pytest.param(18, marks=pytest.mark.pg18, id="pg18"),
+]
+
+
+@pytest.fixture(scope="session", params=VERSIONS)
+def cluster(request) -> Iterator[Cluster]:
+    # Not pytest's tmp_path: it is private to root, and the server may run as
+    # an unprivileged OS user.
+    workdir = Path(tempfile.mkdtemp(prefix=f"awa-sql-pg{request.param}-"))
+    c = start_cluster(request.param, workdir)
+    yield c
+    if c.stop:
+        c.stop()
+    shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def template_db(cluster: Cluster) -> str:
+    """A database migrated once with the default roles, cloned by ``db``."""
+    name = cluster.create_database()
+    with psycopg.connect(cluster.dsn(name), autocommit=True) as conn:
+        migrate.migrate(conn, Roles(), create_roles=True, log=lambda _line: None)
+    return name
+
+
+@pytest.fixture
+def db(cluster: Cluster, template_db: str) -> Iterator[Database]:
+    name = cluster.create_database(template=template_db)
+    yield Database(cluster, name)
+    cluster.drop_database(name)
+
+
+@pytest.fixture
+def empty_db(cluster: Cluster) -> Iterator[Database]:
+    name = cluster.create_database()
+    yield Database(cluster, name)
+    cluster.drop_database(name)
+
+
+@pytest.fixture
+def role_prefix() -> str:
+    """A fresh prefix, for tests that need roles of their own in the shared cluster."""
+    return f"r{uuid.uuid4().hex[:8]}_"

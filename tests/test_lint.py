@@ -1,0 +1,72 @@
+"""Lint is part of the suite: ruff, sqlfluff, pglast and pgspot."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pglast
+import pytest
+
+from awa_sql import migrate
+from awa_sql.roles import Roles
+from awa_sql.source import NO_TRANSACTION_MARK, load_migrations
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+SQL_FILES = sorted([*ROOT.glob("sql/*.sql"), *ROOT.glob("migrations/*.sql")])
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(list(args), cwd=ROOT, capture_output=True, text=True, check=False)
+
+
+def test_ruff():
+    result = _run(str(BIN / "ruff"), "check", "installer", "tests", "bench")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_sqlfluff():
+    result = _run(str(BIN / "sqlfluff"), "lint", "sql", "migrations", "--disable-progress-bar")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("path", SQL_FILES, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_sql_file_parses_with_pglast(path: Path):
+    try:
+        pglast.parse_sql(path.read_text())
+    except pglast.parser.ParseError as err:
+        pytest.fail(f"{path.relative_to(ROOT)} does not parse: {err}")
+
+
+@pytest.mark.parametrize("path", SQL_FILES, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_plpgsql_bodies_parse(path: Path):
+    """pglast checks the PL/pgSQL inside each function too, naming the file."""
+    text = path.read_text()
+    if "language plpgsql" not in text:
+        pytest.skip("no PL/pgSQL in this file")
+    try:
+        pglast.parse_plpgsql(text)
+    except pglast.parser.ParseError as err:
+        pytest.fail(f"{path.relative_to(ROOT)}: PL/pgSQL does not parse: {err}")
+
+
+def test_no_transaction_migrations_hold_one_statement():
+    for m in load_migrations():
+        if not m.transactional:
+            assert len(pglast.split(m.text)) == 1, (
+                f"{m.label}: a file marked {NO_TRANSACTION_MARK!r} runs statement by statement "
+                "outside a transaction; keep it to one statement"
+            )
+
+
+def test_pgspot_finds_nothing_in_the_full_install_script(tmp_path):
+    """pgspot reads the script a fresh install runs: bootstrap, migrations, layer."""
+    plan = migrate.plan_for(None, Roles(), create_roles=True)
+    script = migrate.render_sql(plan).replace("\\set ON_ERROR_STOP on\n", "")
+    path = tmp_path / "install.sql"
+    path.write_text(script)
+    result = _run(str(BIN / "pgspot"), str(path))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Errors: 0 Warnings: 0 Unknown: 0" in result.stdout

@@ -1,0 +1,342 @@
+"""The migration runner against real PostgreSQL 17 and 18, through the real CLI."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from awa_sql import __version__
+from awa_sql.migrate import MIGRATION_LOCK
+from awa_sql.source import load_layer, load_migrations
+from tests.support.catalog import snapshot
+from tests.support.database import Database
+
+MIGRATIONS = load_migrations()
+LAYER = load_layer()
+
+
+def _records(conn: psycopg.Connection) -> tuple[list, list]:
+    migrations = conn.execute(
+        "select version, name, checksum, checksum_algorithm, contract_version, applied_at,"
+        " applied_by, xmin::text from awa.schema_migrations order by version").fetchall()
+    functions = conn.execute(
+        "select file, checksum, applied_at, xmin::text from awa.schema_functions order by file"
+    ).fetchall()
+    return migrations, functions
+
+
+def test_apply_on_empty_database(empty_db, role_prefix):
+    result = empty_db.awa("migrate", "--create-roles", "--role-prefix", role_prefix, check=True)
+    assert f"applied migration {MIGRATIONS[0].label}" in result.stdout
+    with empty_db.connect() as conn:
+        migrations, functions = _records(conn)
+        assert [(m[0], m[1], m[2], m[3], m[4]) for m in migrations] == [
+            (m.version, m.name, m.checksum, "sha256", __version__) for m in MIGRATIONS
+        ]
+        assert all(m[6] == "postgres" for m in migrations)
+        assert [f[:2] for f in functions] == sorted((f.name, f.checksum) for f in LAYER)
+        assert conn.execute("select awa.contract_version()").fetchone()[0] == __version__
+        owner = conn.execute(
+            "select pg_catalog.pg_get_userbyid(nspowner) from pg_namespace where nspname='awa'"
+        ).fetchone()[0]
+        assert owner == f"{role_prefix}owner"
+        check = conn.execute(
+            "select pg_catalog.pg_get_constraintdef(oid) from pg_constraint"
+            " where conname = 'queue_meta_enqueue_shards_range'").fetchone()
+        assert check is not None and "64" in check[0]
+
+
+def test_rerun_is_a_no_op(db):
+    with db.connect() as conn:
+        before_records = _records(conn)
+        before_catalog = snapshot(conn)
+    result = db.awa("migrate", check=True)
+    assert "database is up to date" in result.stdout
+    assert "applied" not in result.stdout
+    with db.connect() as conn:
+        assert _records(conn) == before_records  # same rows, same xmin: not even rewritten
+        assert snapshot(conn) == before_catalog
+
+
+def test_eight_concurrent_runners_apply_each_migration_once(empty_db, role_prefix):
+    def run(_):
+        return empty_db.awa("migrate", "--create-roles", "--role-prefix", role_prefix)
+
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(run, range(8)))
+    assert [r.returncode for r in results] == [0] * 8, [r.stderr for r in results]
+    assert sum("applied migration" in r.stdout for r in results) == 1
+    with empty_db.connect() as conn:
+        versions = [v for (v,) in conn.execute("select version from awa.schema_migrations")]
+        assert sorted(versions) == [m.version for m in MIGRATIONS]
+        assert conn.execute("select count(*) from awa.schema_functions").fetchone()[0] == len(
+            LAYER)
+
+
+def test_drift_is_refused_with_exit_3_and_nothing_applied(db):
+    with db.connect() as conn:
+        conn.execute("update awa.schema_migrations set checksum = repeat('0', 64)"
+                     " where version = 1")
+        conn.execute("delete from awa.schema_functions")  # pending work that must not run
+    result = db.awa("migrate")
+    assert result.returncode == 3
+    assert f"{MIGRATIONS[0].label}.sql" in result.stderr
+    assert "sha256:" + "0" * 64 in result.stderr
+    assert f"sha256:{MIGRATIONS[0].checksum}" in result.stderr
+    with db.connect() as conn:
+        assert conn.execute("select count(*) from awa.schema_functions").fetchone()[0] == 0
+    status = db.awa("status", "--check")
+    assert status.returncode == 3
+    assert "drifted:" in status.stdout
+
+
+def test_newer_database_is_refused_naming_both_versions(db):
+    with db.connect() as conn:
+        conn.execute(
+            "insert into awa.schema_migrations (version, name, checksum, checksum_algorithm,"
+            " contract_version, execution_ms) values (9999, 'from_the_future', 'x', 'sha256',"
+            " '99.1.0', 1)")
+    result = db.awa("migrate")
+    assert result.returncode == 4
+    assert "99.1.0" in result.stderr and __version__ in result.stderr
+    assert "9999_from_the_future" in result.stderr
+    assert db.awa("status", "--check").returncode == 4
+
+
+def test_newer_function_layer_is_refused(db):
+    with db.connect() as conn:
+        conn.execute("update awa.schema_functions set contract_version = '42.0.0'")
+    result = db.awa("migrate")
+    assert result.returncode == 4
+    assert "42.0.0" in result.stderr and __version__ in result.stderr
+
+
+def test_dry_run_changes_nothing(empty_db, role_prefix):
+    result = empty_db.awa("migrate", "--dry-run", "--create-roles", "--role-prefix", role_prefix,
+                          check=True)
+    assert f"migration {MIGRATIONS[0].label}" in result.stdout
+    assert "nothing changed" in result.stdout
+    with empty_db.connect() as conn:
+        assert conn.execute(
+            "select count(*) from pg_namespace where nspname = 'awa'").fetchone()[0] == 0
+        assert conn.execute(
+            "select count(*) from pg_roles where rolname like %s",
+            [role_prefix + "%"]).fetchone()[0] == 0
+
+
+def _psql(dsn: str, script: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", dsn],
+        input=script, capture_output=True, text=True, check=False, timeout=120,
+    )
+
+
+@pytest.mark.parametrize("offline", [False, True], ids=["planned", "offline"])
+def test_sql_script_applied_with_psql_equals_the_runner(cluster, empty_db, role_prefix, offline):
+    extra = ["--offline"] if offline else []
+    script = empty_db.awa("migrate", "--sql", "--create-roles", "--role-prefix", role_prefix,
+                          *extra, check=True).stdout
+    assert "begin;" in script and "commit;" in script
+    with empty_db.connect() as conn:  # printing the script changed nothing
+        assert conn.execute(
+            "select count(*) from pg_namespace where nspname = 'awa'").fetchone()[0] == 0
+    applied = _psql(empty_db.dsn(), script)
+    assert applied.returncode == 0, applied.stderr
+
+    other = cluster.create_database()
+    try:
+        runner_db = Database(cluster, other)
+        runner_db.awa("migrate", "--create-roles", "--role-prefix", role_prefix, check=True)
+        with empty_db.connect() as a, runner_db.connect() as b:
+            assert snapshot(a) == snapshot(b)
+            assert _records(a)[0][0][:5] == _records(b)[0][0][:5]
+        # The database the script built is up to date for the runner too.
+        assert "up to date" in empty_db.awa(
+            "migrate", "--role-prefix", role_prefix, check=True).stdout
+    finally:
+        cluster.drop_database(other)
+
+
+def test_sql_script_refuses_to_run_twice(empty_db, role_prefix):
+    script = empty_db.awa("migrate", "--sql", "--create-roles", "--role-prefix", role_prefix,
+                          "--offline", check=True).stdout
+    assert _psql(empty_db.dsn(), script).returncode == 0
+    with empty_db.connect() as conn:
+        before = snapshot(conn)
+    again = _psql(empty_db.dsn(), script)
+    assert again.returncode != 0
+    with empty_db.connect() as conn:
+        assert snapshot(conn) == before
+
+
+def test_lock_timeout_leaves_nothing_partial_and_a_retry_succeeds(db):
+    with db.connect() as conn:
+        conn.execute("drop function awa.contract_version()")
+        conn.execute("delete from awa.schema_functions")
+    blocker = db.connect(autocommit=False)
+    try:
+        # Readers pass, writers wait: the runner plans, then blocks inside its step.
+        blocker.execute("lock table awa.schema_functions in exclusive mode")
+        result = db.awa("migrate", "--lock-timeout", "300ms")
+        assert result.returncode == 5, result.stderr
+        assert "could not get a lock within 300ms" in result.stderr
+        assert "nothing of this step was applied" in result.stderr
+    finally:
+        blocker.rollback()
+        blocker.close()
+    with db.connect() as conn:
+        gone = conn.execute("select to_regprocedure('awa.contract_version()')").fetchone()[0]
+        assert gone is None
+        assert conn.execute("select count(*) from awa.schema_functions").fetchone()[0] == 0
+    db.awa("migrate", check=True)
+    with db.connect() as conn:
+        assert conn.execute("select awa.contract_version()").fetchone()[0] == __version__
+
+
+def test_waiting_for_another_runner_times_out_clearly(db):
+    with db.connect() as holder:
+        holder.execute("select pg_advisory_lock(%s, %s)", MIGRATION_LOCK)
+        result = db.awa("migrate", "--lock-wait", "200ms")
+    assert result.returncode == 5
+    assert "another awa migrate is running" in result.stderr
+
+
+def test_install_as_nosuperuser_with_createrole(cluster, role_prefix):
+    migrator = f"{role_prefix}migrator"
+    with cluster.admin() as conn:
+        conn.execute(sql.SQL("create role {} login createrole nosuperuser password 'x'").format(
+            sql.Identifier(migrator)))
+    name = cluster.create_database(owner=migrator)
+    try:
+        database = Database(cluster, name)
+        with database.connect(user=migrator) as conn:
+            assert conn.execute("select rolsuper from pg_roles where rolname = current_user"
+                                ).fetchone()[0] is False
+        database.awa("migrate", "--create-roles", "--role-prefix", role_prefix,
+                     user=migrator, check=True)
+        with database.connect() as conn:
+            row = conn.execute(
+                "select rolcanlogin, rolsuper, rolcreaterole, rolbypassrls, rolcreatedb"
+                " from pg_roles where rolname = %s", [f"{role_prefix}owner"]).fetchone()
+            assert row == (False, False, False, False, False)
+            assert conn.execute("select count(*) from awa.schema_migrations").fetchone()[0] == len(
+                MIGRATIONS)
+        assert "up to date" in database.awa("migrate", "--role-prefix", role_prefix,
+                                            user=migrator, check=True).stdout
+    finally:
+        cluster.drop_database(name)
+
+
+def test_install_as_database_owner_pointed_at_existing_roles(cluster, role_prefix):
+    owner_login = f"{role_prefix}dbowner"
+    with cluster.admin() as conn:
+        conn.execute(sql.SQL("create role {} login nocreaterole password 'x'").format(
+            sql.Identifier(owner_login)))
+        for cap in ("owner", "producer", "worker", "maintenance", "operator", "reader"):
+            conn.execute(sql.SQL("create role {}").format(sql.Identifier(f"{role_prefix}{cap}")))
+        conn.execute(sql.SQL("grant {} to {}").format(
+            sql.Identifier(f"{role_prefix}owner"), sql.Identifier(owner_login)))
+    name = cluster.create_database(owner=owner_login)
+    try:
+        database = Database(cluster, name)
+        database.awa("migrate", "--role-prefix", role_prefix, user=owner_login, check=True)
+        with database.connect() as conn:
+            assert conn.execute("select awa.contract_version()").fetchone()[0] == __version__
+    finally:
+        cluster.drop_database(name)
+
+
+def test_missing_roles_are_named_without_create_roles(empty_db, role_prefix):
+    result = empty_db.awa("migrate", "--role-prefix", role_prefix)
+    assert result.returncode == 6
+    assert f"{role_prefix}owner" in result.stderr and f"{role_prefix}reader" in result.stderr
+    assert "--create-roles" in result.stderr
+
+
+def test_other_role_names_than_the_bound_ones_are_refused(db, role_prefix):
+    with db.connect() as conn:
+        for cap in ("owner", "producer", "worker", "maintenance", "operator", "reader"):
+            conn.execute(sql.SQL("create role {}").format(sql.Identifier(f"{role_prefix}{cap}")))
+    result = db.awa("migrate", "--role-prefix", role_prefix)
+    assert result.returncode == 6
+    assert "bound to other role names" in result.stderr
+
+
+def test_schema_owned_by_someone_else_is_refused(empty_db, role_prefix):
+    with empty_db.connect() as conn:
+        conn.execute("create schema awa")  # owned by the superuser, not the owner role
+    result = empty_db.awa("migrate", "--create-roles", "--role-prefix", role_prefix)
+    assert result.returncode == 6
+    assert "owned by 'postgres'" in result.stderr
+
+
+def test_public_create_on_public_schema_warns_but_installs(empty_db, role_prefix):
+    with empty_db.connect() as conn:
+        conn.execute("grant create on schema public to public")
+    result = empty_db.awa("migrate", "--create-roles", "--role-prefix", role_prefix, check=True)
+    assert "warning: schema public still grants CREATE to PUBLIC" in result.stdout
+
+
+def test_status_reports_pending_and_json(db):
+    clean = db.awa("status", "--check", check=True)
+    assert "pending: none" in clean.stdout
+    with db.connect() as conn:
+        conn.execute("delete from awa.schema_functions where file = 'private.sql'")
+    gate = db.awa("status", "--check")
+    assert gate.returncode == 1
+    doc = json.loads(db.awa("status", "--json", check=True).stdout)
+    assert doc["up_to_date"] is False
+    assert doc["function_layer_changes"] == ["private.sql (new)"]
+    assert [a["version"] for a in doc["applied"]] == [m.version for m in MIGRATIONS]
+    assert doc["pending"] == [] and doc["drifted"] == []
+    assert doc["roles"]["producer"]["name"] == "awa_producer"
+    db.awa("migrate", check=True)
+    assert db.awa("status", "--check").returncode == 0
+
+
+def test_security_check_rolls_back_a_layer_that_breaks_it(db):
+    """awa._assert_security() is the last statement of every layer step."""
+    with db.connect() as conn:
+        conn.execute("set role awa_owner")
+        conn.execute("create function awa.unpinned() returns int language sql security definer"
+                     " as 'select 1'")
+        conn.execute("reset role")
+        conn.execute("delete from awa.schema_functions")
+    result = db.awa("migrate")
+    assert result.returncode == 1
+    assert "AW001" in result.stderr or "pinned search_path" in result.stderr
+    assert "awa.unpinned()" in result.stderr
+    with db.connect() as conn:
+        assert conn.execute("select count(*) from awa.schema_functions").fetchone()[0] == 0
+
+
+def test_runners_queue_behind_each_other_not_fail(db):
+    """A runner that finds the lock held waits for it (within --lock-wait)."""
+    holder = db.connect()
+    holder.execute("select pg_advisory_lock(%s, %s)", MIGRATION_LOCK)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "awa_sql", "migrate", "--dsn", db.dsn(), "--lock-wait", "60s"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    waiting = threading.Event()
+    with db.connect() as watcher:
+        for _ in range(600):
+            row = watcher.execute(
+                "select count(*) from pg_locks where locktype = 'advisory' and not granted"
+                " and classid = %s and objid = %s", MIGRATION_LOCK).fetchone()
+            if row[0]:
+                waiting.set()
+                break
+            watcher.execute("select pg_sleep(0.05)")
+    assert waiting.is_set(), "the second runner never queued on the lock"
+    holder.execute("select pg_advisory_unlock(%s, %s)", MIGRATION_LOCK)
+    holder.close()
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert "up to date" in out
