@@ -17,6 +17,7 @@ from tests.support.cluster import Cluster, start_cluster
 from tests.support.database import Database
 
 ROOT = Path(__file__).resolve().parent.parent
+_SERVERS_SEEN: dict[int, str] = {}
 VERSIONS = [
     pytest.param(17, marks=pytest.mark.pg17, id="pg17"),
     pytest.param(18, marks=pytest.mark.pg18, id="pg18"),
@@ -29,6 +30,8 @@ def cluster(request) -> Iterator[Cluster]:
     # an unprivileged OS user.
     workdir = Path(tempfile.mkdtemp(prefix=f"awa-sql-pg{request.param}-"))
     c = start_cluster(request.param, workdir)
+    with c.admin() as conn:
+        _SERVERS_SEEN[c.major] = conn.execute("show server_version").fetchone()[0]
     yield c
     if c.stop:
         c.stop()
@@ -62,3 +65,9 @@ def empty_db(cluster: Cluster) -> Iterator[Database]:
 def role_prefix() -> str:
     """A fresh prefix, for tests that need roles of their own in the shared cluster."""
     return f"r{uuid.uuid4().hex[:8]}_"
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _SERVERS_SEEN:
+        versions = ", ".join(f"PostgreSQL {v}" for _, v in sorted(_SERVERS_SEEN.items()))
+        terminalreporter.write_line(f"awa-sql suite ran against: {versions}")

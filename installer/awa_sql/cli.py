@@ -6,12 +6,15 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 import psycopg
 
 from awa_sql import __version__
 from awa_sql import migrate as runner
 from awa_sql.connect import connect
+from awa_sql.demo import DEFAULT_PORT
+from awa_sql.embedded import EmbeddedError
 from awa_sql.roles import CAPABILITIES, DESCRIPTIONS, Roles
 
 
@@ -71,6 +74,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="deploy gate: exit 1 when anything is pending, 3 on drift, "
                    "4 when the database is newer, 6 when roles are missing")
     s.set_defaults(func=cmd_status)
+
+    d = sub.add_parser("demo", help="a local PostgreSQL 18 with awa installed",
+                       description="Start a local PostgreSQL 18 under --dir, install awa, "
+                       "and print how to connect. The server keeps running until --stop.")
+    d.add_argument("--dir", default=".awa", help="folder for the server (default %(default)s)")
+    d.add_argument("--port", type=int, help=f"TCP port on 127.0.0.1 (default {DEFAULT_PORT})")
+    d.add_argument("--stop", action="store_true", help="stop the demo server")
+    d.set_defaults(func=cmd_demo)
     return parser
 
 
@@ -178,6 +189,18 @@ def cmd_status(args: argparse.Namespace) -> int:
     return runner.EXIT_PENDING if plan.steps else runner.EXIT_OK
 
 
+def cmd_demo(args: argparse.Namespace) -> int:
+    from awa_sql import demo
+
+    folder = Path(args.dir)
+    if args.stop:
+        demo.stop(folder)
+        return 0
+    dsn = demo.start(folder, args.port)
+    print(demo.instructions(dsn), end="")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -185,6 +208,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except runner.MigrationError as err:
         _err(str(err))
         return err.exit_code
+    except EmbeddedError as err:
+        _err(str(err))
+        return runner.EXIT_ERROR
     except ValueError as err:
         _err(str(err))
         return 2

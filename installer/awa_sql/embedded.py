@@ -221,8 +221,17 @@ class LocalServer:
             "start",
         )
 
+    def running(self) -> bool:
+        if not (self.data_dir / "postmaster.pid").exists():
+            return False
+        try:
+            self._run(str(self.bindir / "pg_ctl"), "--pgdata", str(self.data_dir), "status")
+        except EmbeddedError:
+            return False
+        return True
+
     def stop(self, mode: str = "fast") -> None:
-        if (self.data_dir / "postmaster.pid").exists():
+        if self.running():
             self._run(
                 str(self.bindir / "pg_ctl"), "--pgdata", str(self.data_dir),
                 "--mode", mode, "--wait", "stop",

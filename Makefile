@@ -1,0 +1,40 @@
+# awa-sql developer entry points. `make test` and `make demo` work on a fresh
+# Debian 12 machine with Python 3.11+, Node.js/npm (for the PostgreSQL builds)
+# and psql.
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+
+.PHONY: dev test lint demo demo-stop bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev]'
+	touch $(STAMP)
+
+dev: $(STAMP)
+
+# The whole suite, PostgreSQL 17 and 18, lint included.
+test: $(STAMP)
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(BIN)/pytest tests/test_lint.py
+
+# A local PostgreSQL 18 under .awa/ with awa installed; `make demo-stop` ends it.
+demo: $(STAMP)
+	$(BIN)/awa demo
+
+demo-stop: $(STAMP)
+	$(BIN)/awa demo --stop
+
+bench: $(STAMP)
+	@for script in bench/*.py; do \
+	  case $$script in */__init__.py|*/_*) continue;; esac; \
+	  echo "== $$script"; $(BIN)/python $$script || exit 1; \
+	done
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis build dist

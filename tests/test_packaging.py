@@ -1,0 +1,60 @@
+"""The wheel alone carries everything `awa migrate` needs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from awa_sql import __version__
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def wheel(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps",
+         "--disable-pip-version-check", "-w", str(out), str(ROOT)],
+        check=True, capture_output=True, text=True,
+    )
+    (path,) = out.glob("awa_sql-*.whl")
+    return path
+
+
+@pytest.fixture(scope="session")
+def installed(wheel, tmp_path_factory) -> Path:
+    """A virtualenv with only the wheel and its declared dependencies."""
+    venv = tmp_path_factory.mktemp("venv")
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    subprocess.run(
+        [str(venv / "bin" / "pip"), "install", "--quiet", "--disable-pip-version-check",
+         str(wheel)],
+        check=True, capture_output=True, text=True,
+    )
+    return venv
+
+
+def test_wheel_ships_the_sql(wheel):
+    names = set(zipfile.ZipFile(wheel).namelist())
+    expected = {f"awa_sql/sql/{p.name}" for p in (ROOT / "sql").iterdir()}
+    expected |= {f"awa_sql/migrations/{p.name}" for p in (ROOT / "migrations").glob("*.sql")}
+    assert expected <= names
+    assert f"awa_sql-{__version__}.dist-info/entry_points.txt" in names
+
+
+def test_installed_wheel_migrates_a_database(installed, empty_db, role_prefix):
+    env = {**os.environ, "AWA_DATABASE_URL": empty_db.dsn()}
+    env.pop("PYTHONPATH", None)
+    result = subprocess.run(
+        [str(installed / "bin" / "awa"), "migrate", "--create-roles", "--role-prefix",
+         role_prefix], env=env, capture_output=True, text=True, check=False, cwd="/",
+    )
+    assert result.returncode == 0, result.stderr
+    with empty_db.connect() as conn:
+        assert conn.execute("select awa.contract_version()").fetchone()[0] == __version__
