@@ -44,7 +44,7 @@ def data_root(folder: Path) -> Path:
     if user is None or _reachable(folder.resolve(), user.pw_uid):
         return folder.resolve()
     key = hashlib.sha256(str(folder.resolve()).encode()).hexdigest()[:10]
-    return Path("/var/tmp") / f"awa-sql-demo-{key}"
+    return Path("/var/lib/awa-sql") / f"demo-{key}"
 
 
 def _server(folder: Path, port: int) -> embedded.LocalServer:
