@@ -1,0 +1,53 @@
+"""The Python twin of the SQL routing functions (sql/routing.sql).
+
+Both must agree byte for byte with Awa: see docs/sql-api.md, "Routing".
+"""
+
+from __future__ import annotations
+
+MASK64 = (1 << 64) - 1
+HASH64_OFFSET = 14695981039346656037
+HASH64_PRIME = 1099511628211
+PARTITION_SALT = 0x9D4D1B2F53A70C91
+
+Key = bytes | bytearray | memoryview | str
+
+
+def _bytes(key: Key) -> bytes:
+    return key.encode("utf-8") if isinstance(key, str) else bytes(key)
+
+
+def ordering_key_hash64(key: Key) -> int:
+    """h = 14695981039346656037; per byte h = h * 1099511628211 + b (mod 2^64).
+
+    Multiply, then add: this is not FNV-1a, which XORs.
+    """
+    h = HASH64_OFFSET
+    for b in _bytes(key):
+        h = (h * HASH64_PRIME + b) & MASK64
+    return h
+
+
+def shard_for_ordering_key(key: Key, shards: int) -> int:
+    return 0 if shards <= 1 else ordering_key_hash64(key) % shards
+
+
+def partition_hash64(key: Key) -> int:
+    """hash64 xor a salt, then the splitmix64 finaliser."""
+    v = ordering_key_hash64(key) ^ PARTITION_SALT
+    v ^= v >> 30
+    v = (v * 0xBF58476D1CE4E5B9) & MASK64
+    v ^= v >> 27
+    v = (v * 0x94D049BB133111EB) & MASK64
+    v ^= v >> 31
+    return v
+
+
+def partition_for_ordering_key(key: Key, partitions: int) -> int:
+    return 0 if partitions <= 1 else partition_hash64(key) % partitions
+
+
+def partition_queue_names(logical_queue: str, partitions: int) -> list[str]:
+    if not 1 <= partitions <= 32767:
+        raise ValueError(f"partitions must be between 1 and 32767, got {partitions}")
+    return [logical_queue] + [f"{logical_queue}__p{i}" for i in range(1, partitions)]

@@ -1,0 +1,248 @@
+-- claim.sql: claiming jobs and finishing them.
+--
+-- A claim looks at the head of every lane of the requested queues, lanes at
+-- or above the current S included (they drain after S is lowered), so its
+-- cost follows the number of lanes, not the number of rows ever enqueued.
+
+-- Function: awa.claim(queues text[], max_jobs integer, worker text, lease interval)
+-- Claims up to max_jobs ready jobs: highest priority first, then the job
+-- that has been ready longest across lanes, FIFO within each lane. Rows other
+-- claimers hold are skipped, never waited for. Paused queues yield nothing.
+-- Role: awa_worker.
+-- Returns: setof awa.claimed; each job's attempt is counted from 1.
+-- Errors: 22023 max_jobs < 0 or lease <= 0; 22004 null queues or worker.
+create or replace function awa.claim(
+    queues text[],
+    max_jobs integer,
+    worker text,
+    lease interval default '5 minutes'
+)
+returns setof awa.claimed
+language plpgsql
+security definer
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    if queues is null or worker is null then
+        raise exception '% must not be null', case when queues is null then 'queues' else 'worker' end
+            using errcode = '22004';
+    end if;
+    if max_jobs is null or max_jobs < 0 then
+        raise exception 'max_jobs must be 0 or more, got %', coalesce(max_jobs::text, 'null')
+            using errcode = '22023';
+    end if;
+    if lease is null or lease <= interval '0' then
+        raise exception 'lease must be a positive interval, got %', coalesce(lease::text, 'null')
+            using errcode = '22023';
+    end if;
+    if max_jobs = 0 then
+        return;
+    end if;
+    return query
+    with lanes as (
+        select l.lane_id, l.priority, l.shard, m.queue
+          from awa.queue_meta as m
+          join awa.lanes as l on l.queue_id = m.queue_id
+         where m.queue = any(queues)
+           and not m.paused
+    ),
+    heads as (
+        -- The first max_jobs rows of every lane; the running max of ready_at
+        -- keeps the merge order FIFO within a lane whatever the clock did.
+        select
+            h.lane_id, h.lane_seq, ln.priority,
+            max(h.ready_at) over (partition by h.lane_id order by h.lane_seq) as merge_at
+          from lanes as ln
+         cross join lateral (
+             select r.lane_id, r.lane_seq, r.ready_at
+               from awa.ready as r
+              where r.lane_id = ln.lane_id
+              order by r.lane_seq
+              limit max_jobs
+         ) as h
+    ),
+    picked as (
+        select r.lane_id, r.lane_seq, h.merge_at
+          from awa.ready as r
+          join heads as h on h.lane_id = r.lane_id and h.lane_seq = r.lane_seq
+         order by h.priority, h.merge_at, h.lane_id, h.lane_seq
+         limit max_jobs
+           for update of r skip locked
+    ),
+    moved as (
+        delete from awa.ready as r
+         using picked as p
+         where r.lane_id = p.lane_id and r.lane_seq = p.lane_seq
+        returning r.*, p.merge_at
+    ),
+    started as (
+        insert into awa.running (
+            job_id, run_lease, lane_id, lane_seq, queue_id, priority, kind, args,
+            ordering_key, attempt, max_attempts, enqueued_at, worker, lease_expires_at
+        )
+        select
+            m.job_id, nextval('awa.run_lease_seq'), m.lane_id, m.lane_seq, m.queue_id,
+            m.priority, m.kind, m.args, m.ordering_key, m.attempt + 1, m.max_attempts,
+            m.enqueued_at, claim.worker, now() + claim.lease
+          from moved as m
+         order by m.priority, m.merge_at, m.lane_id, m.lane_seq
+        returning awa.running.*
+    )
+    select
+        s.job_id, s.run_lease, ln.queue, s.priority, ln.shard, s.lane_seq, s.kind, s.args,
+        s.attempt, s.max_attempts, s.ordering_key
+      from started as s
+      join lanes as ln on ln.lane_id = s.lane_id
+     order by s.priority, s.run_lease;
+end;
+$$;
+
+-- Function: awa.complete(job_id bigint, run_lease bigint) returns boolean
+-- Marks a running job completed. False, changing nothing, when the lease is
+-- stale (the job was rescued and claimed again, or already finished).
+-- Role: awa_worker.
+create or replace function awa.complete(job_id bigint, run_lease bigint)
+returns boolean
+language plpgsql
+security definer
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    with done as (
+        delete from awa.running as r
+         where r.job_id = complete.job_id and r.run_lease = complete.run_lease
+        returning r.*
+    )
+    insert into awa.finished (job_id, queue_id, priority, kind, state, attempt, enqueued_at)
+    select d.job_id, d.queue_id, d.priority, d.kind, 'completed', d.attempt, d.enqueued_at
+      from done as d;
+    return found;
+end;
+$$;
+
+-- Function: awa._retry_or_fail(job awa.running, error text, retry_at timestamptz) returns void
+-- After a failed attempt: back to awa.scheduled for a retry (exponential
+-- backoff, 2^attempt seconds capped at one hour, unless retry_at says when),
+-- or finished as failed once attempt reaches max_attempts.
+create or replace function awa._retry_or_fail(
+    job awa.running, error text, retry_at timestamptz
+)
+returns void
+language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    if job.attempt >= job.max_attempts then
+        insert into awa.finished (
+            job_id, queue_id, priority, kind, state, attempt, enqueued_at, last_error
+        ) values (
+            job.job_id, job.queue_id, job.priority, job.kind, 'failed', job.attempt,
+            job.enqueued_at, error
+        );
+    else
+        insert into awa.scheduled (
+            job_id, queue_id, priority, kind, args, ordering_key, attempt, max_attempts,
+            enqueued_at, run_at, last_error
+        ) values (
+            job.job_id, job.queue_id, job.priority, job.kind, job.args, job.ordering_key,
+            job.attempt, job.max_attempts, job.enqueued_at,
+            coalesce(
+                retry_at,
+                now() + interval '1 second' * least(power(2, job.attempt), 3600)
+            ),
+            error
+        );
+    end if;
+end;
+$$;
+
+-- Function: awa.fail(job_id bigint, run_lease bigint, error text, retry_at timestamptz)
+-- Records a failed attempt: retried later (see awa._retry_or_fail) or failed
+-- for good after max_attempts. False, changing nothing, for a stale lease.
+-- Role: awa_worker.
+create or replace function awa.fail(
+    job_id bigint, run_lease bigint, error text, retry_at timestamptz default null
+)
+returns boolean
+language plpgsql
+security definer
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    job awa.running;
+begin
+    delete from awa.running as r
+     where r.job_id = fail.job_id and r.run_lease = fail.run_lease
+    returning r.* into job;
+    if not found then
+        return false;
+    end if;
+    perform awa._retry_or_fail(job, error, retry_at);
+    return true;
+end;
+$$;
+
+-- Function: awa.heartbeat(job_id bigint, run_lease bigint, extend interval) returns boolean
+-- Extends a running job's lease to now() + extend. False for a stale lease.
+-- Role: awa_worker.
+create or replace function awa.heartbeat(job_id bigint, run_lease bigint, extend interval)
+returns boolean
+language plpgsql
+security definer
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    if extend is null or extend <= interval '0' then
+        raise exception 'extend must be a positive interval, got %',
+            coalesce(extend::text, 'null')
+            using errcode = '22023';
+    end if;
+    update awa.running as r
+       set heartbeat_at = now(), lease_expires_at = now() + extend
+     where r.job_id = heartbeat.job_id and r.run_lease = heartbeat.run_lease;
+    return found;
+end;
+$$;
+
+-- Function: awa.rescue_expired(max_jobs integer default 10000) returns integer
+-- Running jobs whose lease expired go back to retry with the attempt
+-- counted (or fail after max_attempts). The old run_lease is dead from then
+-- on. Role: awa_maintenance. Returns how many jobs it rescued.
+create or replace function awa.rescue_expired(max_jobs integer default 10000)
+returns integer
+language plpgsql
+security definer
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    job awa.running;
+    rescued integer := 0;
+begin
+    if max_jobs is null or max_jobs < 0 then
+        raise exception 'max_jobs must be 0 or more, got %', coalesce(max_jobs::text, 'null')
+            using errcode = '22023';
+    end if;
+    for job in
+        delete from awa.running as r
+         where r.job_id in (
+             select x.job_id from awa.running as x
+              where x.lease_expires_at < now()
+              order by x.lease_expires_at
+              limit max_jobs
+                for update skip locked
+         )
+        returning r.*
+    loop
+        perform awa._retry_or_fail(job, 'lease expired', null);
+        rescued := rescued + 1;
+    end loop;
+    return rescued;
+end;
+$$;
+
+select awa._grant_execute('awa.claim(text[], integer, text, interval)', 'worker');
+select awa._grant_execute('awa.complete(bigint, bigint)', 'worker');
+select awa._grant_execute('awa._retry_or_fail(awa.running, text, timestamptz)');
+select awa._grant_execute('awa.fail(bigint, bigint, text, timestamptz)', 'worker');
+select awa._grant_execute('awa.heartbeat(bigint, bigint, interval)', 'worker');
+select awa._grant_execute('awa.rescue_expired(integer)', 'maintenance');

@@ -1,0 +1,227 @@
+-- queues.sql: queue names, queue creation, lane provisioning and lane locks.
+--
+-- Lock keys (two-int4 advisory locks, transaction scoped):
+--   (1635213644, lane_id)  'awaL': a lane; held from before its sequence
+--                          advances until commit
+--   (1635213648, 0)        'awaP': creating queues and lanes, serialised
+-- Nothing here is granted to a runtime role: the public definers call it.
+
+-- Function: awa._check_queue_name(queue text) returns void
+-- A queue name is 1 to 200 bytes of UTF-8 text without '#', which is
+-- reserved for stripes (name#0, name#1, ...). Anything else is allowed:
+-- quotes, ';', spaces, newlines, any script. Names are compared byte for
+-- byte, so NFC and NFD spellings are two queues.
+create or replace function awa._check_queue_name(queue text)
+returns void
+language plpgsql
+immutable parallel safe
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    if queue is null then
+        raise exception 'queue must not be null'
+            using errcode = '22004';
+    end if;
+    if octet_length(queue) not between 1 and 200 then
+        raise exception 'queue name must be 1 to 200 bytes, got % bytes: %',
+            octet_length(queue), left(queue, 64)
+            using errcode = '22023',
+                  hint = 'Use a shorter name; long names cost nothing in lane names or locks, '
+                         'but 200 bytes is the contract.';
+    end if;
+    if strpos(queue, '#') > 0 then
+        raise exception 'queue name must not contain ''#'' (reserved for stripes), got %',
+            quote_literal(queue)
+            using errcode = '22023';
+    end if;
+end;
+$$;
+
+-- Function: awa._check_priority(priority smallint) returns void
+create or replace function awa._check_priority(priority smallint)
+returns void
+language plpgsql
+immutable parallel safe
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    if priority is null or priority not between 1 and 4 then
+        raise exception 'priority must be between 1 (highest) and 4 (lowest), got %',
+            coalesce(priority::text, 'null')
+            using errcode = '22023';
+    end if;
+end;
+$$;
+
+-- Function: awa._provision_lanes(queue_id integer, shards integer) returns integer
+-- Creates every missing (priority, shard) lane below shards for one physical
+-- queue, each with its own sequence awa.lane_seq_<lane_id>. Returns how many
+-- lanes it created. The caller holds the provisioning lock.
+create or replace function awa._provision_lanes(queue_id integer, shards integer)
+returns integer
+language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    created integer := 0;
+    new_id integer;
+    seq_name text;
+    missing record;
+begin
+    for missing in
+        select p.priority::smallint as priority, s.shard::smallint as shard
+          from generate_series(1, 4) as p (priority)
+         cross join generate_series(0, shards - 1) as s (shard)
+         where not exists (
+             select from awa.lanes as l
+              where l.queue_id = _provision_lanes.queue_id
+                and l.priority = p.priority
+                and l.shard = s.shard
+         )
+         order by p.priority, s.shard
+    loop
+        new_id := nextval(pg_get_serial_sequence('awa.lanes', 'lane_id')::regclass);
+        seq_name := 'lane_seq_' || new_id;
+        execute format('create sequence awa.%I as bigint', seq_name);
+        insert into awa.lanes (lane_id, queue_id, priority, shard, seq)
+        overriding system value
+        values (
+            new_id, _provision_lanes.queue_id, missing.priority, missing.shard,
+            format('awa.%I', seq_name)::regclass
+        );
+        created := created + 1;
+    end loop;
+    return created;
+end;
+$$;
+
+-- Function: awa._ensure_queue(queue text) returns awa.queue_meta
+-- The queue's settings row; a queue seen for the first time is created with
+-- S = 1 and its four lanes, under the provisioning lock so that concurrent
+-- first enqueues cannot race.
+create or replace function awa._ensure_queue(queue text)
+returns awa.queue_meta
+language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    meta awa.queue_meta;
+begin
+    select m.* into meta from awa.queue_meta as m where m.queue = _ensure_queue.queue;
+    if found then
+        return meta;
+    end if;
+    perform awa._check_queue_name(queue);
+    perform pg_advisory_xact_lock(1635213648, 0);
+    insert into awa.queue_meta (queue) values (_ensure_queue.queue)
+    on conflict do nothing;
+    select m.* into strict meta from awa.queue_meta as m where m.queue = _ensure_queue.queue;
+    perform awa._provision_lanes(meta.queue_id, meta.enqueue_shards);
+    return meta;
+end;
+$$;
+
+-- Function: awa._queue(queue text) returns awa.queue_meta
+-- The settings row of an existing queue, or 42704 naming it.
+create or replace function awa._queue(queue text)
+returns awa.queue_meta
+language plpgsql
+stable
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    meta awa.queue_meta;
+begin
+    perform awa._check_queue_name(queue);
+    select m.* into meta from awa.queue_meta as m where m.queue = _queue.queue;
+    if not found then
+        raise exception 'queue % does not exist', quote_literal(queue)
+            using errcode = '42704';
+    end if;
+    return meta;
+end;
+$$;
+
+-- Function: awa._held_lane_setting(queue_id integer, priority smallint) returns text
+-- Name of the transaction-local setting that remembers which lane this
+-- transaction holds for (queue, priority). Transaction scoped, so it is safe
+-- behind a transaction-pooling PgBouncer.
+create or replace function awa._held_lane_setting(queue_id integer, priority smallint)
+returns text
+language sql
+immutable parallel safe
+set search_path = pg_catalog, pg_temp
+as $$
+    select 'awa.lane_' || queue_id || '_' || priority
+$$;
+
+-- Function: awa._acquire_lane(queue_id, shards, priority, ordering_key) returns awa.lanes
+-- Picks the lane for one row and holds its lock to commit.
+--   keyed: the lane of shard hash64(key) mod S;
+--   unkeyed: the lane this transaction already holds for (queue, priority);
+--     else the first free lane starting at this backend's sticky shard
+--     (pid mod S), tried without waiting; else wait on the sticky lane.
+create or replace function awa._acquire_lane(
+    queue_id integer, shards integer, priority smallint, ordering_key bytea
+)
+returns awa.lanes
+language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    lane awa.lanes;
+    held text;
+    candidates awa.lanes[];
+    start integer;
+begin
+    if ordering_key is not null then
+        select l.* into lane
+          from awa.lanes as l
+         where l.queue_id = _acquire_lane.queue_id
+           and l.priority = _acquire_lane.priority
+           and l.shard = awa.shard_for_ordering_key(ordering_key, shards);
+        perform pg_advisory_xact_lock(1635213644, lane.lane_id);
+    else
+        held := nullif(current_setting(awa._held_lane_setting(queue_id, priority), true), '');
+        if held is not null then
+            select l.* into lane from awa.lanes as l where l.lane_id = held::integer;
+            return lane;
+        end if;
+        candidates := array(
+            select l from awa.lanes as l
+             where l.queue_id = _acquire_lane.queue_id
+               and l.priority = _acquire_lane.priority
+               and l.shard < shards
+             order by l.shard
+        );
+        start := pg_backend_pid() % cardinality(candidates);
+        for i in 0 .. cardinality(candidates) - 1 loop
+            lane := candidates[(start + i) % cardinality(candidates) + 1];
+            if pg_try_advisory_xact_lock(1635213644, lane.lane_id) then
+                exit;
+            end if;
+            lane := null;
+        end loop;
+        if lane is null then
+            lane := candidates[start + 1];
+            perform pg_advisory_xact_lock(1635213644, lane.lane_id);
+        end if;
+    end if;
+    if lane.lane_id is null then
+        raise exception 'lane missing for queue id % priority % (S = %)',
+            queue_id, priority, shards
+            using errcode = 'AW003',
+                  hint = 'Lanes are provisioned by awa.set_enqueue_shards; this is a bug.';
+    end if;
+    perform set_config(awa._held_lane_setting(queue_id, priority), lane.lane_id::text, true);
+    return lane;
+end;
+$$;
+
+select awa._grant_execute('awa._check_queue_name(text)');
+select awa._grant_execute('awa._check_priority(smallint)');
+select awa._grant_execute('awa._provision_lanes(integer, integer)');
+select awa._grant_execute('awa._ensure_queue(text)');
+select awa._grant_execute('awa._queue(text)');
+select awa._grant_execute('awa._held_lane_setting(integer, smallint)');
+select awa._grant_execute('awa._acquire_lane(integer, integer, smallint, bytea)');

@@ -1,0 +1,184 @@
+-- routing.sql: the portable ordering-key and partition hashes.
+--
+-- These must match Awa byte for byte (docs/sql-api.md, "Routing"). All
+-- arithmetic is unsigned 64-bit, wrapping. PL/pgSQL has no unsigned 64-bit
+-- type, so the state is kept as two 32-bit limbs in bigints, where no
+-- intermediate value can overflow.
+
+-- Function: awa._hash64_limbs(key bytea) returns bigint[]
+-- hash64 as {high 32 bits, low 32 bits}: h = 14695981039346656037, then for
+-- each byte h = h * 1099511628211 + b. 1099511628211 = 256 * 2^32 + 435.
+create or replace function awa._hash64_limbs(key bytea)
+returns bigint[]
+language plpgsql
+immutable strict parallel safe
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    hi bigint := 3421674724;  -- 14695981039346656037 >> 32
+    lo bigint := 2216829733;  -- 14695981039346656037 & 0xffffffff
+    t bigint;
+begin
+    for i in 0 .. length(key) - 1 loop
+        t := lo * 435;
+        hi := (hi * 435 + lo * 256 + (t >> 32)) & 4294967295;
+        lo := (t & 4294967295) + get_byte(key, i);
+        hi := (hi + (lo >> 32)) & 4294967295;
+        lo := lo & 4294967295;
+    end loop;
+    return array[hi, lo];
+end;
+$$;
+
+-- Function: awa._limbs_mod(limbs bigint[], m integer) returns integer
+-- (hi * 2^32 + lo) mod m without leaving bigint.
+create or replace function awa._limbs_mod(limbs bigint[], m integer)
+returns integer
+language sql
+immutable strict parallel safe
+set search_path = pg_catalog, pg_temp
+as $$
+    select (((limbs[1] % m) * (4294967296 % m) + limbs[2] % m) % m)::integer
+$$;
+
+-- Function: awa._limbs_numeric(limbs bigint[]) returns numeric
+create or replace function awa._limbs_numeric(limbs bigint[])
+returns numeric
+language sql
+immutable strict parallel safe
+set search_path = pg_catalog, pg_temp
+as $$
+    select limbs[1]::numeric * 4294967296 + limbs[2]
+$$;
+
+-- Function: awa._partition_limbs(key bytea) returns bigint[]
+-- The partition hash: v = hash64(key) xor 0x9d4d1b2f53a70c91, then the
+-- splitmix64 finaliser. Shifts and xors run on the limbs; the two 64-bit
+-- multiplications run in numeric (three per key, cheap).
+create or replace function awa._partition_limbs(key bytea)
+returns bigint[]
+language plpgsql
+immutable strict parallel safe
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    h bigint[] := awa._hash64_limbs(key);
+    hi bigint := h[1] # 2639076143;  -- 0x9d4d1b2f
+    lo bigint := h[2] # 1403456657;  -- 0x53a70c91
+    x numeric;
+begin
+    -- v ^= v >> 30
+    lo := lo # (((hi << 2) | (lo >> 30)) & 4294967295);
+    hi := hi # (hi >> 30);
+    -- v *= 0xbf58476d1ce4e5b9
+    x := mod((hi::numeric * 4294967296 + lo) * 13787848793156543929, 18446744073709551616);
+    hi := div(x, 4294967296)::bigint;
+    lo := mod(x, 4294967296)::bigint;
+    -- v ^= v >> 27
+    lo := lo # (((hi << 5) | (lo >> 27)) & 4294967295);
+    hi := hi # (hi >> 27);
+    -- v *= 0x94d049bb133111eb
+    x := mod((hi::numeric * 4294967296 + lo) * 10723151780598845931, 18446744073709551616);
+    hi := div(x, 4294967296)::bigint;
+    lo := mod(x, 4294967296)::bigint;
+    -- v ^= v >> 31
+    lo := lo # (((hi << 1) | (lo >> 31)) & 4294967295);
+    hi := hi # (hi >> 31);
+    return array[hi, lo];
+end;
+$$;
+
+-- Function: awa.ordering_key_hash64(key bytea) returns numeric
+-- The unsigned 64-bit ordering-key hash.
+create or replace function awa.ordering_key_hash64(key bytea)
+returns numeric
+language sql
+immutable strict parallel safe
+set search_path = pg_catalog, pg_temp
+as $$
+    select awa._limbs_numeric(awa._hash64_limbs(key))
+$$;
+
+-- Function: awa.shard_for_ordering_key(key bytea, shards integer) returns smallint
+-- 0 when shards <= 1, else hash64(key) mod shards.
+create or replace function awa.shard_for_ordering_key(key bytea, shards integer)
+returns smallint
+language sql
+immutable strict parallel safe
+set search_path = pg_catalog, pg_temp
+as $$
+    select case
+        when shards <= 1 then 0
+        else awa._limbs_mod(awa._hash64_limbs(key), shards)
+    end::smallint
+$$;
+
+-- Function: awa.partition_hash64(key bytea) returns numeric
+create or replace function awa.partition_hash64(key bytea)
+returns numeric
+language sql
+immutable strict parallel safe
+set search_path = pg_catalog, pg_temp
+as $$
+    select awa._limbs_numeric(awa._partition_limbs(key))
+$$;
+
+-- Function: awa.partition_for_ordering_key(key bytea, partitions integer) returns integer
+-- 0 when partitions <= 1, else partition_hash64(key) mod partitions.
+create or replace function awa.partition_for_ordering_key(key bytea, partitions integer)
+returns integer
+language sql
+immutable strict parallel safe
+set search_path = pg_catalog, pg_temp
+as $$
+    select case
+        when partitions <= 1 then 0
+        else awa._limbs_mod(awa._partition_limbs(key), partitions)
+    end
+$$;
+
+-- Function: awa.partition_queue_names(logical_queue text, partitions integer) returns text[]
+-- [name] for one partition, else [name, name__p1, ..., name__p(P-1)].
+create or replace function awa.partition_queue_names(logical_queue text, partitions integer)
+returns text[]
+language plpgsql
+immutable strict parallel safe
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    if partitions < 1 or partitions > 32767 then
+        raise exception 'partitions must be between 1 and 32767, got %', partitions
+            using errcode = '22023';
+    end if;
+    return array(
+        select case when p = 0 then logical_queue else logical_queue || '__p' || p end
+          from generate_series(0, partitions - 1) as p
+         order by p
+    );
+end;
+$$;
+
+select awa._grant_execute('awa._hash64_limbs(bytea)');
+select awa._grant_execute('awa._limbs_mod(bigint[], integer)');
+select awa._grant_execute('awa._limbs_numeric(bigint[])');
+select awa._grant_execute('awa._partition_limbs(bytea)');
+select awa._grant_execute(
+    'awa.ordering_key_hash64(bytea)',
+    'producer', 'worker', 'maintenance', 'operator', 'reader'
+);
+select awa._grant_execute(
+    'awa.shard_for_ordering_key(bytea, integer)',
+    'producer', 'worker', 'maintenance', 'operator', 'reader'
+);
+select awa._grant_execute(
+    'awa.partition_hash64(bytea)',
+    'producer', 'worker', 'maintenance', 'operator', 'reader'
+);
+select awa._grant_execute(
+    'awa.partition_for_ordering_key(bytea, integer)',
+    'producer', 'worker', 'maintenance', 'operator', 'reader'
+);
+select awa._grant_execute(
+    'awa.partition_queue_names(text, integer)',
+    'producer', 'worker', 'maintenance', 'operator', 'reader'
+);
