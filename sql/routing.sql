@@ -158,10 +158,21 @@ begin
 end;
 $$;
 
-select awa._grant_execute('awa._hash64_limbs(bytea)');
-select awa._grant_execute('awa._limbs_mod(bigint[], integer)');
-select awa._grant_execute('awa._limbs_numeric(bigint[])');
-select awa._grant_execute('awa._partition_limbs(bytea)');
+-- The public routing functions run with the caller's rights, so the pure
+-- helpers they call are executable by every awa role too.
+select awa._grant_execute(
+    'awa._hash64_limbs(bytea)', 'producer', 'worker', 'maintenance', 'operator', 'reader'
+);
+select awa._grant_execute(
+    'awa._limbs_mod(bigint[], integer)',
+    'producer', 'worker', 'maintenance', 'operator', 'reader'
+);
+select awa._grant_execute(
+    'awa._limbs_numeric(bigint[])', 'producer', 'worker', 'maintenance', 'operator', 'reader'
+);
+select awa._grant_execute(
+    'awa._partition_limbs(bytea)', 'producer', 'worker', 'maintenance', 'operator', 'reader'
+);
 select awa._grant_execute(
     'awa.ordering_key_hash64(bytea)',
     'producer', 'worker', 'maintenance', 'operator', 'reader'

@@ -97,3 +97,5 @@ comment on view awa.lane_overview is
 
 select awa._grant_select('awa.queue_overview', 'reader', 'operator');
 select awa._grant_select('awa.lane_overview', 'reader', 'operator');
+
+select awa._grant_select('awa.shard_changes', 'reader', 'operator');

@@ -29,6 +29,7 @@ TEST_SETTINGS = {
     "max_connections": "300",
     "shared_buffers": "128MB",
     "max_locks_per_transaction": "256",
+    "track_commit_timestamp": "on",
 }
 
 
