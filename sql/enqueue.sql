@@ -313,7 +313,7 @@ begin
             perform awa._check_job(bad.k, bad.p, coalesce(bad.m, 25));
         exception when others then
             raise exception 'element % (1-based) of the batch: %', bad.i, sqlerrm
-                using errcode = returned_sqlstate;
+                using errcode = sqlstate;
         end;
     end loop;
 

@@ -1,0 +1,341 @@
+"""The security properties of SECURITY.md, checked against the catalog and as each role."""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from tests.test_storage import Logins, claim, enqueue
+
+RUNTIME = ["awa_producer", "awa_worker", "awa_maintenance", "awa_operator", "awa_reader"]
+LANE_CLASS = 1635213644
+
+
+@pytest.fixture
+def logins(db) -> Logins:
+    return Logins(**{cap: db.login_role(f"awa_{cap}") for cap in Logins.__dataclass_fields__})
+
+
+def _workload(db, logins: Logins) -> None:
+    with db.connect(logins.producer) as p:
+        enqueue(p, "wl", ordering_key=b"k")
+        enqueue(p, "wl-new-queue")
+    with db.connect(logins.operator) as op:
+        op.execute("select awa.set_enqueue_shards('wl', 8)")
+    with db.connect(logins.worker) as w:
+        for c in claim(w, ["wl", "wl-new-queue"]):
+            w.execute("select awa.complete(%s, %s)", [c[0], c[1]])
+
+
+# -- catalog properties (1, 2, 3, 5, 6) -------------------------------------------------
+
+
+def test_definers_pin_search_path(db, logins):
+    _workload(db, logins)
+    with db.connect() as conn:
+        rows = conn.execute(
+            "select p.oid::regprocedure::text, p.proconfig from pg_proc p"
+            " where p.pronamespace = 'awa'::regnamespace and p.prosecdef").fetchall()
+    assert len(rows) >= 12  # enqueue, batch, claim, complete, ... exist and are definers
+    for name, config in rows:
+        assert config == ["search_path=pg_catalog, pg_temp"], name
+
+
+def test_no_routine_is_executable_by_public(db):
+    with db.connect() as conn:
+        rows = conn.execute(
+            "select p.oid::regprocedure::text from pg_proc p"
+            " where p.pronamespace = 'awa'::regnamespace and (p.proacl is null or exists ("
+            "  select from aclexplode(p.proacl) a where a.grantee = 0))").fetchall()
+        default_acl = conn.execute(
+            "select d.defaclacl::text from pg_default_acl d"
+            " where d.defaclrole = 'awa_owner'::regrole and d.defaclobjtype = 'f'"
+            " and d.defaclnamespace = 0").fetchone()
+    assert rows == []
+    assert default_acl is not None  # the global default ACL exists ...
+    assert not re.search(r"[{,]=X", default_acl[0])  # ... and gives PUBLIC nothing
+
+
+def test_single_owner_and_owner_attributes(db, logins):
+    _workload(db, logins)
+    with db.connect() as conn:
+        foreign = conn.execute(
+            "select 'proc', p.oid::regprocedure::text from pg_proc p"
+            " where p.pronamespace = 'awa'::regnamespace and p.proowner <> 'awa_owner'::regrole"
+            " union all select 'class', c.oid::regclass::text from pg_class c"
+            " where c.relnamespace = 'awa'::regnamespace and c.relowner <> 'awa_owner'::regrole"
+            " union all select 'type', t.oid::regtype::text from pg_type t"
+            " where t.typnamespace = 'awa'::regnamespace and t.typowner <> 'awa_owner'::regrole"
+        ).fetchall()
+        attrs = conn.execute(
+            "select rolcanlogin, rolsuper, rolcreaterole, rolbypassrls from pg_roles"
+            " where rolname = 'awa_owner'").fetchone()
+        sequences = conn.execute(
+            "select count(*) from pg_class where relnamespace = 'awa'::regnamespace"
+            " and relkind = 'S' and relname like 'lane_seq_%'").fetchone()[0]
+    assert foreign == []
+    assert attrs == (False, False, False, False)
+    assert sequences >= 4 * 8  # the workload provisioned lanes, all owned by the owner
+
+
+def test_runtime_roles_have_no_create_and_no_write_grants(db, logins):
+    _workload(db, logins)
+    with db.connect() as conn:
+        for role in RUNTIME:
+            assert not conn.execute("select has_schema_privilege(%s, 'awa', 'CREATE')",
+                                    [role]).fetchone()[0]
+            writable = conn.execute(
+                "select c.oid::regclass::text, p from pg_class c,"
+                " unnest(array['INSERT','UPDATE','DELETE','TRUNCATE','REFERENCES','TRIGGER'"
+                "              ] || case when current_setting('server_version_num')::int >= 170000"
+                "              then array['MAINTAIN'] else '{}' end) p"
+                " where c.relnamespace = 'awa'::regnamespace and c.relkind in ('r', 'v')"
+                "   and has_table_privilege(%s, c.oid, p)", [role]).fetchall()
+            assert writable == [], role
+            seqs = conn.execute(
+                "select c.oid::regclass::text from pg_class c"
+                " where c.relnamespace = 'awa'::regnamespace and c.relkind = 'S'"
+                "   and (has_sequence_privilege(%s, c.oid, 'USAGE')"
+                "        or has_sequence_privilege(%s, c.oid, 'UPDATE'))",
+                [role, role]).fetchall()
+            assert seqs == [], role
+
+
+@pytest.mark.parametrize("cap", ["producer", "worker", "maintenance", "operator", "reader"])
+def test_lock_table_is_refused_for_every_runtime_role(db, logins, cap):
+    with db.connect(getattr(logins, cap), autocommit=False) as conn:
+        for table in ["ready", "lanes", "queue_meta", "running", "scheduled"]:
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute(f"lock table awa.{table} in access exclusive mode")
+            conn.rollback()
+
+
+# -- capability boundaries (4, 7) --------------------------------------------------------
+
+MUTATING = {
+    "enqueue": "select awa.enqueue('cap', 'k')",
+    "enqueue_batch": "select awa.enqueue_batch(array['cap'], array['k'])",
+    "claim": "select awa.claim(array['cap'], 1, 'w')",
+    "complete": "select awa.complete(1, 1)",
+    "fail": "select awa.fail(1, 1, 'x')",
+    "heartbeat": "select awa.heartbeat(1, 1, '1 minute')",
+    "set_enqueue_shards": "select awa.set_enqueue_shards('cap', 2)",
+    "pause_queue": "select awa.pause_queue('cap')",
+    "resume_queue": "select awa.resume_queue('cap')",
+    "promote_due": "select awa.promote_due()",
+    "rescue_expired": "select awa.rescue_expired()",
+}
+ALLOWED = {
+    "producer": {"enqueue", "enqueue_batch"},
+    "worker": {"claim", "complete", "fail", "heartbeat"},
+    "maintenance": {"promote_due", "rescue_expired"},
+    "operator": {"set_enqueue_shards", "pause_queue", "resume_queue"},
+    "reader": set(),
+    "nobody": set(),
+}
+
+
+@pytest.mark.parametrize("cap", sorted(ALLOWED))
+def test_capability_boundaries(db, cap):
+    with db.connect() as admin:
+        admin.execute("select awa.enqueue('cap', 'seed')")  # so pause/resume find the queue
+    login = db.login_role(*([f"awa_{cap}"] if cap != "nobody" else []))
+    with db.connect(login) as conn:
+        for name, statement in MUTATING.items():
+            if name in ALLOWED[cap]:
+                conn.execute(statement)
+            else:
+                with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                    conn.execute(statement)
+        for table in ["ready", "queue_meta", "lanes"]:
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute(f"insert into awa.{table} default values")
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute(f"delete from awa.{table}")
+        for view in ["queue_overview", "lane_overview", "shard_changes"]:
+            if cap in ("reader", "operator"):
+                conn.execute(f"select * from awa.{view}").fetchall()
+            else:
+                with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                    conn.execute(f"select * from awa.{view}")
+        if cap == "nobody":
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute("select awa.ordering_key_hash64('x')")
+
+
+def test_cross_role_lanes(db):
+    """Role A's activity provisions lanes; role B enqueues into every one of them."""
+    a_producer = db.login_role("awa_producer", "awa_operator")
+    b_producer = db.login_role("awa_producer")
+    with db.connect(a_producer) as a:
+        enqueue(a, "shared")
+        a.execute("select awa.set_enqueue_shards('shared', 8)")
+    with db.connect(b_producer) as b:
+        shards = set()
+        for priority in (1, 2, 3, 4):
+            for i in range(200):
+                row = enqueue(b, "shared", priority=priority, ordering_key=f"k{i}".encode())
+                shards.add((priority, row[3]))
+    assert shards == {(p, s) for p in (1, 2, 3, 4) for s in range(8)}
+    with db.connect() as admin:
+        owners = admin.execute(
+            "select distinct pg_get_userbyid(c.relowner) from awa.lanes l"
+            " join pg_class c on c.oid = l.seq").fetchall()
+    assert owners == [("awa_owner",)]
+
+
+# -- identifier independence (11) and bad input ------------------------------------------
+
+NASTY_NAMES = [
+    'with "double" quotes',
+    "it's; drop table awa.ready; --",
+    "new\nline",
+    "é" * 40,
+    "x" * 200,
+    unicodedata.normalize("NFC", "café-ünïcode"),
+    unicodedata.normalize("NFD", "café-ünïcode"),
+    "p" * 63 + "-first",
+    "p" * 63 + "-second",
+    "  spaces  ",
+    "名前",
+]
+
+
+def test_queue_names_are_independent_of_identifiers(db, logins):
+    with db.connect(logins.producer) as p:
+        for name in NASTY_NAMES:
+            enqueue(p, name, args=psycopg.types.json.Jsonb({"name": name}))
+    with db.connect() as admin:
+        lanes = admin.execute(
+            "select m.queue, count(distinct l.lane_id), count(distinct l.seq)"
+            " from awa.queue_meta m join awa.lanes l using (queue_id) group by m.queue").fetchall()
+        relnames = [r for (r,) in admin.execute("select relname from pg_class")]
+    assert {q for q, _, _ in lanes} == set(NASTY_NAMES)  # round trip, byte for byte
+    assert all(n == 4 and s == 4 for _, n, s in lanes)
+    for name in NASTY_NAMES:
+        assert not any(name in r for r in relnames if len(name) > 3), name
+    with db.connect(logins.worker) as w:
+        for name in NASTY_NAMES:
+            (c,) = claim(w, [name])
+            assert c[2] == name and c[7] == {"name": name}
+
+
+BAD_INPUT = [
+    ("select awa.enqueue('q', 'k', priority => 0::smallint)", "22023", "between 1"),
+    ("select awa.enqueue('q', 'k', priority => 5::smallint)", "22023", "got 5"),
+    ("select awa.enqueue(null, 'k')", "22004", "queue must not be null"),
+    ("select awa.enqueue('q', null)", "22004", "kind must not be null"),
+    ("select awa.enqueue('', 'k')", "22023", "1 to 200 bytes, got 0"),
+    ("select awa.enqueue(repeat('x', 201), 'k')", "22023", "got 201 bytes"),
+    ("select awa.enqueue('a#1', 'k')", "22023", "reserved for stripes"),
+    ("select awa.enqueue('q', 'k', max_attempts => 0)", "22023", "max_attempts"),
+    ("select awa.enqueue_batch(array['q','q'], array['k'])", "22023",
+     "array kinds has 1 elements but queues has 2"),
+    ("select awa.enqueue_batch(array['q'], array['k'], priorities => array[1,2]::smallint[])",
+     "22023", "array priorities has 2 elements"),
+    ("select awa.enqueue_batch(array['q', null], array['k', 'k'])", "22004", "element 2"),
+    ("select awa.enqueue_batch(array['q', 'q'], array['k', 'k'],"
+     " priorities => array[2, 9]::smallint[])", "22023", "element 2"),
+]
+
+
+@pytest.mark.parametrize(("statement", "sqlstate", "message"), BAD_INPUT)
+def test_bad_input_gets_a_clear_error_and_writes_nothing(db, logins, statement, sqlstate,
+                                                         message):
+    with db.connect(logins.producer) as conn:
+        with pytest.raises(psycopg.Error) as err:
+            conn.execute(statement)
+    assert err.value.sqlstate == sqlstate
+    assert message in str(err.value)
+    with db.connect() as admin:
+        assert admin.execute(
+            "select (select count(*) from awa.queue_meta) + (select count(*) from awa.ready)"
+            " + (select count(*) from awa.scheduled)").fetchone()[0] == 0
+
+
+@pytest.mark.parametrize(("statement", "sqlstate"), [
+    ("select awa.claim(array['q'], -1, 'w')", "22023"),
+    ("select awa.claim(array['q'], 1, null)", "22004"),
+    ("select awa.claim(array['q'], 1, 'w', '-1 second')", "22023"),
+])
+def test_bad_claim_input(db, logins, statement, sqlstate):
+    with db.connect(logins.worker) as conn:
+        with pytest.raises(psycopg.Error) as err:
+            conn.execute(statement)
+    assert err.value.sqlstate == sqlstate
+
+
+# -- lock key shape (13), hijack resistance (14, 15) -------------------------------------
+
+
+def test_a_producer_holds_exactly_one_two_int_lane_lock(db, logins):
+    with db.connect(logins.producer) as p:
+        enqueue(p, "lockshape")  # the queue exists, committed, before we look at its lanes
+    with db.connect(logins.producer, autocommit=False) as p:
+        row = enqueue(p, "lockshape")
+        with db.connect() as admin:
+            lane_id = admin.execute(
+                "select l.lane_id from awa.lanes l join awa.queue_meta m using (queue_id)"
+                " where m.queue = 'lockshape' and l.priority = 2 and l.shard = %s",
+                [row[3]]).fetchone()[0]
+            locks = admin.execute(
+                "select classid::int, objid::int, objsubid from pg_locks"
+                " where locktype = 'advisory' and pid = %s and granted",
+                [p.info.backend_pid]).fetchall()
+            assert locks == [(LANE_CLASS, lane_id, 2)]
+        p.commit()
+        with db.connect() as admin:
+            # Someone holding the single-bigint key with the same bits does not block us.
+            admin.execute("select pg_advisory_lock(%s::bigint)", [(LANE_CLASS << 32) | lane_id])
+            p.execute("set local lock_timeout = '500ms'")
+            again = enqueue(p, "lockshape")
+            assert again[3] == row[3]
+            admin.execute("select pg_advisory_unlock_all()")
+        p.commit()
+
+
+def test_temp_objects_named_like_ours_change_nothing(db, logins):
+    with db.connect(logins.producer) as clean:
+        expected = enqueue(clean, "hijack", ordering_key=b"customer-42")
+    tables = ["ready", "lanes", "queue_meta", "scheduled", "running", "finished"]
+    login = db.login_role("awa_producer", "awa_worker", extra="")
+    with db.connect() as admin:
+        admin.execute(sql.SQL("grant temporary on database {} to {}").format(
+            sql.Identifier(db.name), sql.Identifier(login)))
+    with db.connect(login) as conn:
+        for t in tables:
+            conn.execute(f"create temp table {t} (queue text, lane_id int, queue_id int)")
+            conn.execute(f"insert into pg_temp.{t} values ('hijack', 1, 1)")
+        conn.execute("create type pg_temp.enqueued as (x int)")
+        conn.execute("set search_path = pg_temp, public, awa")
+        row = enqueue(conn, "hijack", ordering_key=b"customer-42")
+        assert row[1:4] == expected[1:4] and row[4] == expected[4] + 1
+        claimed = claim(conn, ["hijack"])
+        assert len(claimed) == 2
+
+
+def test_trojan_public_objects_are_never_executed(db, logins):
+    """pg_cron's test: functions in public named like ours, a caller path that
+    searches public first; the documented call reaches awa's function."""
+    with db.connect() as admin:
+        admin.execute("create table public.trojan_log (what text)")
+        admin.execute("grant insert on public.trojan_log to public")
+        for fn, args in [("enqueue", "text, text"), ("nextval", "regclass"),
+                         ("pg_advisory_xact_lock", "integer, integer"),
+                         ("shard_for_ordering_key", "bytea, integer"),
+                         ("set_config", "text, text, boolean"), ("now", "")]:
+            admin.execute(
+                f"create function public.{fn}({args}) returns bigint language sql as"
+                f" $$ insert into public.trojan_log values ('{fn}') returning 1::bigint $$")
+            admin.execute(f"grant execute on function public.{fn}({args}) to public")
+    with db.connect(logins.producer) as p:
+        p.execute("set search_path = public, awa")
+        row = p.execute("select * from awa.enqueue('trojan'::text, 'k'::text)").fetchone()
+        assert row[4] == 1
+        p.execute("select * from awa.enqueue_batch(array['trojan'], array['k'])")
+    with db.connect() as admin:
+        assert admin.execute("select count(*) from public.trojan_log").fetchone()[0] == 0
