@@ -246,9 +246,8 @@ BAD_INPUT = [
 @pytest.mark.parametrize(("statement", "sqlstate", "message"), BAD_INPUT)
 def test_bad_input_gets_a_clear_error_and_writes_nothing(db, logins, statement, sqlstate,
                                                          message):
-    with db.connect(logins.producer) as conn:
-        with pytest.raises(psycopg.Error) as err:
-            conn.execute(statement)
+    with db.connect(logins.producer) as conn, pytest.raises(psycopg.Error) as err:
+        conn.execute(statement)
     assert err.value.sqlstate == sqlstate
     assert message in str(err.value)
     with db.connect() as admin:
@@ -263,9 +262,8 @@ def test_bad_input_gets_a_clear_error_and_writes_nothing(db, logins, statement, 
     ("select awa.claim(array['q'], 1, 'w', '-1 second')", "22023"),
 ])
 def test_bad_claim_input(db, logins, statement, sqlstate):
-    with db.connect(logins.worker) as conn:
-        with pytest.raises(psycopg.Error) as err:
-            conn.execute(statement)
+    with db.connect(logins.worker) as conn, pytest.raises(psycopg.Error) as err:
+        conn.execute(statement)
     assert err.value.sqlstate == sqlstate
 
 

@@ -1,0 +1,62 @@
+"""A throw-away PostgreSQL 18 for benchmarks, with awa installed.
+
+Durability settings stay at their defaults (fsync on, synchronous_commit on):
+the numbers are meant to be what a production server would see on this
+machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+
+from awa_sql import embedded, migrate
+from awa_sql.roles import Roles
+
+BENCH_SETTINGS = {
+    "shared_buffers": "512MB",
+    "max_connections": "300",
+    "max_wal_size": "4GB",
+    "checkpoint_timeout": "30min",
+}
+
+
+@contextlib.contextmanager
+def bench_server(major: int = 18) -> Iterator[str]:
+    """Yields the DSN of a fresh database with awa installed."""
+    if dsn := os.environ.get("AWA_BENCH_DSN"):
+        yield dsn
+        return
+    workdir = Path(tempfile.mkdtemp(prefix="awa-bench-"))
+    server = embedded.LocalServer(
+        embedded.ensure_binaries(major), workdir / "pgdata", settings=BENCH_SETTINGS
+    )
+    server.start()
+    try:
+        dsn = server.dsn()
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            migrate.migrate(conn, Roles(), create_roles=True, log=lambda _line: None)
+        yield dsn
+    finally:
+        server.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def machine() -> str:
+    cpu = "unknown cpu"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    mem = subprocess.run(["free", "-g"], capture_output=True, text=True, check=False).stdout
+    total = next((ln.split()[1] for ln in mem.splitlines() if ln.startswith("Mem:")), "?")
+    return f"{platform.node()}: {os.cpu_count()} cores, {total} GiB, {cpu}"

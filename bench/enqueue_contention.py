@@ -1,0 +1,150 @@
+"""Enqueue throughput under contention, against a no-lane ceiling.
+
+P producer processes (1, 4, 16) run single-row awa.enqueue transactions into
+one queue for a fixed time at S = 1, 2, 4, 8, 16, then the same with 100-row
+awa.enqueue_batch calls. The ceiling is measured in the same run: the same
+rows inserted by the same connections into a table shaped like awa.ready,
+with no lane lock and no sequence. Prints jobs/s per cell and each cell as a
+fraction of its ceiling. Synchronous commit stays on.
+
+    python bench/enqueue_contention.py [--seconds 5] [--producers 1,4,16] [--shards 1,2,4,8,16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import sys
+import time
+from pathlib import Path
+
+import psycopg
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench._server import bench_server, machine
+
+BATCH = 100
+QUEUE = "bench"
+
+
+def _worker(dsn, mode, deadline_at, start, results, index):
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("set synchronous_commit = on")
+        kinds = ["bench.job"] * BATCH
+        queues = [QUEUE] * BATCH
+        seq = 0
+        start.wait()
+        done = 0
+        if mode == "ceiling-single":
+            while time.monotonic() < deadline_at.value:
+                seq += 1
+                conn.execute(
+                    "insert into bench_ceiling (lane_id, lane_seq, job_id, queue_id, priority,"
+                    " kind, args, attempt, max_attempts, enqueued_at)"
+                    " values (%s, %s, %s, 1, 2, 'bench.job', '{}', 0, 25, now())",
+                    [index, seq, index * 10**9 + seq], prepare=True)
+                done += 1
+        elif mode == "ceiling-batch":
+            while time.monotonic() < deadline_at.value:
+                seqs = list(range(seq + 1, seq + BATCH + 1))
+                seq += BATCH
+                conn.execute(
+                    "insert into bench_ceiling (lane_id, lane_seq, job_id, queue_id, priority,"
+                    " kind, args, attempt, max_attempts, enqueued_at)"
+                    " select %s, s, %s::bigint * 1000000000 + s, 1, 2, k, '{}', 0, 25, now()"
+                    " from unnest(%s::bigint[], %s::text[]) as u (s, k)",
+                    [index, index, seqs, kinds], prepare=True)
+                done += BATCH
+        elif mode == "single":
+            while time.monotonic() < deadline_at.value:
+                conn.execute("select awa.enqueue(%s, 'bench.job')", [QUEUE], prepare=True)
+                done += 1
+        elif mode == "batch":
+            while time.monotonic() < deadline_at.value:
+                conn.execute("select awa.enqueue_batch(%s::text[], %s::text[])",
+                             [queues, kinds], prepare=True)
+                done += BATCH
+        results[index] = done
+
+
+def run_cell(dsn, mode, producers, seconds):
+    ctx = mp.get_context("fork")
+    start = ctx.Barrier(producers + 1)
+    deadline_at = ctx.Value("d", 0.0)
+    results = ctx.Array("q", producers)
+    procs = [ctx.Process(target=_worker, args=(dsn, mode, deadline_at, start, results, i))
+             for i in range(producers)]
+    for p in procs:
+        p.start()
+    deadline_at.value = time.monotonic() + seconds + 0.2
+    start.wait()
+    began = time.monotonic()
+    for p in procs:
+        p.join()
+    elapsed = time.monotonic() - began
+    return sum(results) / elapsed
+
+
+def reset(dsn, shards=None):
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("truncate awa.ready, bench_ceiling")
+        if shards is not None:
+            conn.execute("select awa.set_enqueue_shards(%s, %s)", [QUEUE, shards])
+        conn.execute("checkpoint")
+
+
+def hashing_cost(dsn):
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        out = {}
+        for label, expr, n in [
+            ("16-byte key", "convert_to(lpad(g::text, 16, 'k'), 'UTF8')", 200_000),
+            ("1 KiB key", "convert_to(repeat('k', 1020) || lpad(g::text, 4, '0'), 'UTF8')", 2_000),
+        ]:
+            t0 = time.perf_counter()
+            conn.execute(f"select count(awa.shard_for_ordering_key({expr}, 8))"
+                         f" from generate_series(1, {n}) as g")
+            t1 = time.perf_counter()
+            conn.execute(f"select count({expr}) from generate_series(1, {n}) as g")
+            t2 = time.perf_counter()
+            out[label] = ((t1 - t0) - (t2 - t1)) / n * 1e6
+        return out
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--producers", default="1,4,16")
+    parser.add_argument("--shards", default="1,2,4,8,16")
+    args = parser.parse_args()
+    producer_counts = [int(x) for x in args.producers.split(",")]
+    shard_counts = [int(x) for x in args.shards.split(",")]
+
+    with bench_server() as dsn:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("create table bench_ceiling (like awa.ready including all)")
+            conn.execute("select awa.enqueue(%s, 'warmup')", [QUEUE])
+            version = conn.execute("show server_version").fetchone()[0]
+        print(f"# enqueue_contention: {machine()}; PostgreSQL {version}; "
+              f"synchronous_commit=on; {args.seconds:g} s per cell")
+        for kind in ("single", "batch"):
+            unit = "1-row transactions" if kind == "single" else f"{BATCH}-row batch calls"
+            print(f"\n## {unit}: jobs/s (fraction of the no-lane ceiling)")
+            header = ["P", "ceiling"] + [f"S={s}" for s in shard_counts]
+            print(" | ".join(f"{h:>16}" for h in header))
+            for producers in producer_counts:
+                reset(dsn)
+                ceiling = run_cell(dsn, f"ceiling-{kind}", producers, args.seconds)
+                cells = []
+                for shards in shard_counts:
+                    reset(dsn, shards)
+                    rate = run_cell(dsn, kind, producers, args.seconds)
+                    cells.append(f"{rate:,.0f} ({rate / ceiling:.0%})")
+                row = [str(producers), f"{ceiling:,.0f}", *cells]
+                print(" | ".join(f"{c:>16}" for c in row), flush=True)
+        print("\n## routing hash cost (µs per key, awa.shard_for_ordering_key)")
+        for label, micros in hashing_cost(dsn).items():
+            print(f"{label:>16}: {micros:.2f} µs")
+
+
+if __name__ == "__main__":
+    main()
