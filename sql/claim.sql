@@ -21,6 +21,8 @@ returns setof awa.claimed
 language plpgsql
 security definer
 set search_path = pg_catalog, pg_temp
+-- The queues array would make the planner re-plan every call.
+set plan_cache_mode = force_generic_plan
 as $$
 begin
     if queues is null or worker is null then

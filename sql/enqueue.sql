@@ -177,77 +177,72 @@ begin
 end;
 $$;
 
--- Function: awa._place_rows(queue_ids, priorities, ordering_keys, out lane_of, out seq_of)
--- The lane and lane_seq of every row of a multi-row call (null where
--- queue_ids is null: rows that are not due), with every lane's lock held.
--- Keyed rows go by hash under the queue's current S and their lanes are
--- locked in ascending lane id. Each unkeyed (queue, priority) group takes
--- one lane: the one this transaction already holds for it (a keyed group of
--- this call included), else a free one tried without waiting, else it waits
--- only on a lane above every lane it holds, so calls never deadlock each
--- other. Each lane reserves one sequence range, numbered in input order.
-create or replace function awa._place_rows(
+-- Function: awa._lock_lanes(queue_ids, priorities, key_shards) returns the lane groups
+-- Takes the lanes for the rows of a multi-row call and reserves one
+-- sequence range per lane. A row is (queue_ids[i], priorities[i],
+-- key_shards[i]); rows whose queue id is null (not due) are skipped;
+-- key_shards[i] is the keyed shard, or null for an unkeyed row.
+-- Keyed groups lock their lane in ascending lane id. Each unkeyed (queue,
+-- priority) group takes one lane: the one this transaction already holds
+-- for it (a keyed group of this call included), else a free one tried
+-- without waiting from this backend's sticky shard, else it waits only on a
+-- lane above every lane it holds. So two calls can never deadlock each
+-- other.
+-- Returns one element per group: its queue id, priority, key shard (-1 for
+-- unkeyed), lane, the lane's shard, and the first lane_seq of the lane's
+-- range, which covers every row of the call in that lane.
+create or replace function awa._lock_lanes(
     queue_ids integer[],
     priorities smallint[],
-    ordering_keys bytea[],
-    out lane_of integer[],
-    out seq_of bigint[],
-    out shard_of smallint[]
+    key_shards smallint[],
+    out g_qid integer[],
+    out g_p smallint[],
+    out g_ks smallint[],
+    out g_lane integer[],
+    out g_shard smallint[],
+    out g_base bigint[]
 )
 language plpgsql
 set search_path = pg_catalog, pg_temp
+-- Array parameters make the planner re-plan every call; generic plans are
+-- right for these queries whatever the batch size.
+set plan_cache_mode = force_generic_plan
 as $$
 declare
-    key_shards smallint[];
     grp record;
     cand record;
     chosen integer;
-    lane_seq_class regclass;
     lane_shard smallint;
     fallback integer;
     sticky integer;
     base bigint;
     max_held integer := 0;
-    g_qid integer[] := '{}';
-    g_p smallint[] := '{}';
-    g_key_shard smallint[] := '{}';
-    g_lane integer[] := '{}';
-    g_shard smallint[] := '{}';
-    g_base bigint[] := '{}';
+    g_n bigint[] := '{}';
+    lane_bases bigint[] := '{}';
 begin
-    -- The shard of every keyed row under its queue's current S.
-    if ordering_keys is null or array_length(array_remove(ordering_keys, null), 1) is null then
-        key_shards := array_fill(null::smallint, array[cardinality(queue_ids)]);
-    else
-        key_shards := array(
-            select case when u.k is not null and u.qid is not null
-                        then awa.shard_for_ordering_key(u.k, m.enqueue_shards) end
-              from unnest(queue_ids, ordering_keys) with ordinality as u (qid, k, i)
-              left join (
-                  select x.queue_id, x.enqueue_shards
-                    from awa.queue_meta as x
-                   where x.queue_id = any(queue_ids)
-              ) as m on m.queue_id = u.qid
-             order by u.i
-        );
-    end if;
+    g_qid := '{}';
+    g_p := '{}';
+    g_ks := '{}';
+    g_lane := '{}';
+    g_shard := '{}';
+    g_base := '{}';
     for grp in
         select u.qid, u.p, u.ks, m.enqueue_shards as shards, l.lane_id, l.seq, u.n
           from (
-              select x.qid, x.p, x.ks, count(*) as n
-                from unnest(queue_ids, priorities, key_shards) as x (qid, p, ks)
-               where x.qid is not null
-               group by x.qid, x.p, x.ks
+              select queue_ids[i] as qid, coalesce(priorities[i], 2)::smallint as p,
+                     coalesce(key_shards[i], -1)::smallint as ks, count(*) as n
+                from generate_series(1, cardinality(queue_ids)) as i
+               where queue_ids[i] is not null
+               group by 1, 2, 3
           ) as u
           join awa.queue_meta as m on m.queue_id = u.qid
           left join awa.lanes as l
             on l.queue_id = u.qid and l.priority = u.p and l.shard = u.ks
          -- keyed groups first, in ascending lane id; then unkeyed groups
-         order by u.ks is null, l.lane_id, u.qid, u.p
+         order by u.ks < 0, l.lane_id, u.qid, u.p
     loop
-        if grp.ks is not null then
+        if grp.ks >= 0 then
             chosen := grp.lane_id;
-            lane_seq_class := grp.seq;
             lane_shard := grp.ks;
             perform pg_advisory_xact_lock(1635213644, chosen);
         else
@@ -257,7 +252,6 @@ begin
                 current_setting('awa.lane_' || grp.qid || '_' || grp.p, true), ''
             )::integer;
             if chosen is null then
-                -- Sticky lane (pid mod S) first, then the next ones, without waiting.
                 for cand in
                     select l.lane_id,
                            (l.shard - pg_backend_pid() % grp.shards + grp.shards)
@@ -271,7 +265,6 @@ begin
                         chosen := cand.lane_id;
                         exit;
                     end if;
-                    -- All busy: wait on the first lane above everything held.
                     if fallback is null and cand.lane_id > max_held then
                         fallback := cand.lane_id;
                     end if;
@@ -282,8 +275,7 @@ begin
                     perform pg_advisory_xact_lock(1635213644, chosen);
                 end if;
             end if;
-            select l.seq, l.shard into lane_seq_class, lane_shard
-              from awa.lanes as l where l.lane_id = chosen;
+            select l.shard into lane_shard from awa.lanes as l where l.lane_id = chosen;
         end if;
         if chosen is null then
             raise exception 'lane missing for queue id % priority % shard %',
@@ -292,29 +284,37 @@ begin
         end if;
         max_held := greatest(max_held, chosen);
         perform set_config('awa.lane_' || grp.qid || '_' || grp.p, chosen::text, true);
-        base := nextval(lane_seq_class);
-        if grp.n > 1 then
-            perform setval(lane_seq_class, base + grp.n - 1);
-        end if;
         g_qid := g_qid || grp.qid;
         g_p := g_p || grp.p;
-        g_key_shard := g_key_shard || grp.ks;
+        g_ks := g_ks || grp.ks;
         g_lane := g_lane || chosen;
         g_shard := g_shard || lane_shard;
-        g_base := g_base || base;
+        g_n := g_n || grp.n;
     end loop;
-    select array_agg(g.lane order by r.i),
-           array_agg(g.base + r.rank - 1 order by r.i),
-           array_agg(g.shard order by r.i)
-      into lane_of, seq_of, shard_of
-      from (
-          select u.i, u.qid, u.p, u.ks,
-                 row_number() over (partition by u.qid, u.p, u.ks order by u.i) as rank
-            from unnest(queue_ids, priorities, key_shards) with ordinality as u (qid, p, ks, i)
-      ) as r
-      left join unnest(g_qid, g_p, g_key_shard, g_lane, g_shard, g_base)
-                as g (qid, p, ks, lane, shard, base)
-        on g.qid = r.qid and g.p = r.p and g.ks is not distinct from r.ks;
+    -- One range per lane (a keyed and an unkeyed group may share one), so
+    -- the caller numbers rows per lane in input order.
+    for grp in
+        select g.lane, sum(g.n)::bigint as n, min(l.seq::oid)::regclass as seq
+          from unnest(g_lane, g_n) as g (lane, n)
+          join awa.lanes as l on l.lane_id = g.lane
+         group by g.lane
+         order by g.lane
+    loop
+        base := nextval(grp.seq);
+        if grp.n > 1 then
+            perform setval(grp.seq, base + grp.n - 1);
+        end if;
+        lane_bases := lane_bases || array[grp.lane::bigint, base];
+    end loop;
+    g_base := array(
+        select b.base
+          from unnest(g_lane) with ordinality as g (lane, i)
+          join (
+              select lane_bases[2 * k - 1] as lane, lane_bases[2 * k] as base
+                from generate_series(1, cardinality(lane_bases) / 2) as k
+          ) as b on b.lane = g.lane
+         order by g.i
+    );
 end;
 $$;
 
@@ -339,68 +339,63 @@ returns setof awa.enqueued
 language plpgsql
 security definer
 set search_path = pg_catalog, pg_temp
+-- Array parameters make the planner re-plan every call; generic plans are
+-- right for these queries whatever the batch size.
+set plan_cache_mode = force_generic_plan
 as $$
 declare
     n integer := coalesce(cardinality(queues), 0);
-    bad record;
-    queue_ids integer[];
-    prios smallint[];
-    lane_of integer[];
-    seqs bigint[];
-    shards smallint[];
-    job_ids bigint[];
+    bad integer;
     q text;
+    queue_ids integer[];
+    key_shards smallint[];
+    lanes record;
 begin
     if queues is null or kinds is null then
         raise exception '% must not be null',
             case when queues is null then 'queues' else 'kinds' end
             using errcode = '22004';
     end if;
-    for bad in
-        select a.name, a.len
-          from (values
-              ('kinds', cardinality(kinds)),
-              ('args', cardinality(args)),
-              ('priorities', cardinality(priorities)),
-              ('ordering_keys', cardinality(ordering_keys)),
-              ('run_ats', cardinality(run_ats)),
-              ('max_attempts', cardinality(max_attempts))
-          ) as a (name, len)
-         where a.len is not null and a.len <> n
-    loop
-        raise exception 'array % has % elements but queues has %', bad.name, bad.len, n
-            using errcode = '22023',
-                  hint = 'Every array holds one element per job, in the same order.';
+    if array_ndims(queues) > 1 then
+        raise exception 'queues must be a one-dimensional array' using errcode = '22023';
+    end if;
+    foreach q in array array['kinds', 'args', 'priorities', 'ordering_keys', 'run_ats',
+                             'max_attempts'] loop
+        bad := case q
+            when 'kinds' then cardinality(kinds)
+            when 'args' then cardinality(args)
+            when 'priorities' then cardinality(priorities)
+            when 'ordering_keys' then cardinality(ordering_keys)
+            when 'run_ats' then cardinality(run_ats)
+            else cardinality(max_attempts)
+        end;
+        if bad is not null and bad <> n then
+            raise exception 'array % has % elements but queues has %', q, bad, n
+                using errcode = '22023',
+                      hint = 'Every array holds one element per job, in the same order.';
+        end if;
     end loop;
     if n = 0 then
         return;
     end if;
-    if array_ndims(queues) > 1 then
-        raise exception 'queues must be a one-dimensional array' using errcode = '22023';
-    end if;
 
-    prios := array(
-        select coalesce(p, 2::smallint)
-          from unnest(queues, priorities) with ordinality as u (q, p, i)
-         order by i
-    );
-    for bad in
-        select u.i, u.q, u.k, u.p, u.m
-          from unnest(queues, kinds, prios, max_attempts) with ordinality as u (q, k, p, m, i)
-         where u.q is null or u.k is null or u.p not between 1 and 4
-            or octet_length(u.q) not between 1 and 200 or strpos(u.q, '#') > 0
-            or coalesce(u.m, 25) not between 1 and 1000
-         order by u.i
-         limit 1
-    loop
+    select min(i) into bad
+      from generate_series(1, n) as i
+     where queues[i] is null or kinds[i] is null
+        or coalesce(priorities[i], 2) not between 1 and 4
+        or octet_length(queues[i]) not between 1 and 200 or strpos(queues[i], '#') > 0
+        or coalesce(max_attempts[i], 25) not between 1 and 1000;
+    if bad is not null then
         begin
-            perform awa._check_queue_name(bad.q);
-            perform awa._check_job(bad.k, bad.p, coalesce(bad.m, 25));
+            perform awa._check_queue_name(queues[bad]);
+            perform awa._check_job(
+                kinds[bad], coalesce(priorities[bad], 2::smallint), coalesce(max_attempts[bad], 25)
+            );
         exception when others then
-            raise exception 'element % (1-based) of the batch: %', bad.i, sqlerrm
+            raise exception 'element % (1-based) of the batch: %', bad, sqlerrm
                 using errcode = sqlstate;
         end;
-    end loop;
+    end if;
 
     -- Create unknown queues in name order, so concurrent calls agree.
     for q in
@@ -410,52 +405,66 @@ begin
     loop
         perform awa._ensure_queue(q);
     end loop;
-    queue_ids := array(
-        select m.queue_id
-          from unnest(queues) with ordinality as u (q, i)
-          join (
-              select x.queue, x.queue_id from awa.queue_meta as x where x.queue = any(queues)
-          ) as m on m.queue = u.q
-         order by u.i
-    );
-    -- Rows due now get a lane; future rows wait in awa.scheduled.
-    select p.lane_of, p.seq_of, p.shard_of into lane_of, seqs, shards
-      from awa._place_rows(
-          case when run_ats is null then queue_ids else array(
-              select case when u.t is null or u.t <= now() then u.qid end
-                from unnest(queue_ids, run_ats) with ordinality as u (qid, t, i)
-               order by u.i
-          ) end,
-          prios, ordering_keys
-      ) as p;
-    job_ids := array(select nextval('awa.job_id_seq') from generate_series(1, n));
 
-    insert into awa.ready (
-        lane_id, lane_seq, job_id, queue_id, priority, kind, args, ordering_key, attempt,
-        max_attempts, enqueued_at, ready_at
-    )
-    select u.lane, u.seq, u.job_id, u.qid, u.p, u.k, coalesce(u.a, '{}'), u.key, 0,
-           coalesce(u.m, 25), now(), clock_timestamp()
-      from unnest(
-          lane_of, seqs, job_ids, queue_ids, prios, kinds, args, ordering_keys, max_attempts
-      ) as u (lane, seq, job_id, qid, p, k, a, key, m)
-     where u.lane is not null;
-    if run_ats is not null then
+    -- Per row: the queue id when due now (null: it waits in awa.scheduled),
+    -- and the keyed shard under the queue's current S.
+    select array_agg(
+               case when run_ats[i] is null or run_ats[i] <= now() then m.queue_id end
+               order by i
+           ),
+           array_agg(
+               case when ordering_keys[i] is not null
+                    then awa.shard_for_ordering_key(ordering_keys[i], m.enqueue_shards) end
+               order by i
+           )
+      into queue_ids, key_shards
+      from generate_series(1, n) as i
+      join (
+          select x.queue, x.queue_id, x.enqueue_shards
+            from awa.queue_meta as x
+           where x.queue = any(queues)
+      ) as m on m.queue = queues[i];
+
+    select * into lanes from awa._lock_lanes(queue_ids, priorities, key_shards);
+
+    return query
+    with rows as (
+        select
+            i, queue_ids[i] as qid, coalesce(priorities[i], 2)::smallint as p, g.lane,
+            g.shard, g.base + row_number() over (partition by g.lane order by i) - 1 as seq,
+            nextval('awa.job_id_seq') as job_id
+          from generate_series(1, n) as i
+          left join unnest(
+              lanes.g_qid, lanes.g_p, lanes.g_ks, lanes.g_lane, lanes.g_shard, lanes.g_base
+          ) as g (qid, p, ks, lane, shard, base)
+            on g.qid = queue_ids[i]
+           and g.p = coalesce(priorities[i], 2)
+           and g.ks = coalesce(key_shards[i], -1)
+    ),
+    to_ready as (
+        insert into awa.ready (
+            lane_id, lane_seq, job_id, queue_id, priority, kind, args, ordering_key, attempt,
+            max_attempts, enqueued_at, ready_at
+        )
+        select r.lane, r.seq, r.job_id, r.qid, r.p, kinds[r.i], coalesce(args[r.i], '{}'),
+               ordering_keys[r.i], 0, coalesce(max_attempts[r.i], 25), now(), clock_timestamp()
+          from rows as r
+         where r.lane is not null
+    ),
+    to_scheduled as (
         insert into awa.scheduled (
             job_id, queue_id, priority, kind, args, ordering_key, attempt, max_attempts,
             enqueued_at, run_at
         )
-        select u.job_id, u.qid, u.p, u.k, coalesce(u.a, '{}'), u.key, 0, coalesce(u.m, 25),
-               now(), u.t
-          from unnest(
-              lane_of, job_ids, queue_ids, prios, kinds, args, ordering_keys, max_attempts,
-              run_ats
-          ) as u (lane, job_id, qid, p, k, a, key, m, t)
-         where u.lane is null;
-    end if;
-    return query
-    select u.job_id, u.q, u.p, u.shard, u.seq
-      from unnest(job_ids, queues, prios, shards, seqs) as u (job_id, q, p, shard, seq);
+        select r.job_id, m.queue_id, r.p, kinds[r.i], coalesce(args[r.i], '{}'),
+               ordering_keys[r.i], 0, coalesce(max_attempts[r.i], 25), now(), run_ats[r.i]
+          from rows as r
+          join awa.queue_meta as m on m.queue = queues[r.i]
+         where r.lane is null
+    )
+    select r.job_id, queues[r.i], r.p, r.shard, r.seq
+      from rows as r
+     order by r.i;
 end;
 $$;
 
@@ -469,14 +478,16 @@ returns integer
 language plpgsql
 security definer
 set search_path = pg_catalog, pg_temp
+-- Array parameters make the planner re-plan every call; generic plans are
+-- right for these queries whatever the batch size.
+set plan_cache_mode = force_generic_plan
 as $$
 declare
     job_ids bigint[];
     queue_ids integer[];
     prios smallint[];
-    ordering_keys bytea[];
-    lane_of integer[];
-    seqs bigint[];
+    key_shards smallint[];
+    lanes record;
 begin
     if max_jobs is null or max_jobs < 0 then
         raise exception 'max_jobs must be 0 or more, got %', coalesce(max_jobs::text, 'null')
@@ -485,8 +496,12 @@ begin
     select array_agg(d.job_id order by d.run_at, d.job_id),
            array_agg(d.queue_id order by d.run_at, d.job_id),
            array_agg(d.priority order by d.run_at, d.job_id),
-           array_agg(d.ordering_key order by d.run_at, d.job_id)
-      into job_ids, queue_ids, prios, ordering_keys
+           array_agg(
+               case when d.ordering_key is not null
+                    then awa.shard_for_ordering_key(d.ordering_key, m.enqueue_shards) end
+               order by d.run_at, d.job_id
+           )
+      into job_ids, queue_ids, prios, key_shards
       from (
           select s.job_id, s.queue_id, s.priority, s.ordering_key, s.run_at
             from awa.scheduled as s
@@ -494,21 +509,25 @@ begin
            order by s.run_at, s.job_id
            limit max_jobs
              for update skip locked
-      ) as d;
+      ) as d
+      join awa.queue_meta as m on m.queue_id = d.queue_id;
     if job_ids is null then
         return 0;
     end if;
-    select p.lane_of, p.seq_of into lane_of, seqs
-      from awa._place_rows(queue_ids, prios, ordering_keys) as p;
+    select * into lanes from awa._lock_lanes(queue_ids, prios, key_shards);
     insert into awa.ready (
         lane_id, lane_seq, job_id, queue_id, priority, kind, args, ordering_key, attempt,
         max_attempts, enqueued_at, ready_at, last_error
     )
-    select u.lane, u.seq, s.job_id, s.queue_id, s.priority, s.kind, s.args, s.ordering_key,
-           s.attempt, s.max_attempts, s.enqueued_at, clock_timestamp(), s.last_error
-      from unnest(job_ids, lane_of, seqs) as u (job_id, lane, seq)
-      join awa.scheduled as s on s.job_id = u.job_id
-     order by u.lane, u.seq;
+    select g.lane, g.base + row_number() over (partition by g.lane order by i) - 1,
+           s.job_id, s.queue_id, s.priority, s.kind, s.args, s.ordering_key, s.attempt,
+           s.max_attempts, s.enqueued_at, clock_timestamp(), s.last_error
+      from generate_series(1, cardinality(job_ids)) as i
+      join awa.scheduled as s on s.job_id = job_ids[i]
+      join unnest(
+          lanes.g_qid, lanes.g_p, lanes.g_ks, lanes.g_lane, lanes.g_shard, lanes.g_base
+      ) as g (qid, p, ks, lane, shard, base)
+        on g.qid = queue_ids[i] and g.p = prios[i] and g.ks = coalesce(key_shards[i], -1);
     delete from awa.scheduled as s where s.job_id = any(job_ids);
     return cardinality(job_ids);
 end;
@@ -521,7 +540,7 @@ select awa._grant_execute(
 select awa._grant_execute(
     'awa.enqueue(text, text, jsonb, smallint, bytea, timestamptz, integer)', 'producer'
 );
-select awa._grant_execute('awa._place_rows(integer[], smallint[], bytea[])');
+select awa._grant_execute('awa._lock_lanes(integer[], smallint[], smallint[])');
 select awa._grant_execute(
     'awa.enqueue_batch(text[], text[], jsonb[], smallint[], bytea[], timestamptz[], integer[])',
     'producer'

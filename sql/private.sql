@@ -87,13 +87,13 @@ begin
       from pg_catalog.pg_proc as p
      where p.pronamespace = schema_oid
        and p.prosecdef
-       and coalesce(
-               array_length(p.proconfig, 1) is distinct from 1
-               or p.proconfig [1] not in (
-                   'search_path=pg_catalog, pg_temp', 'search_path=""'
-               ),
-               true
-           );
+       and (
+           select count(*) filter (
+               where c.setting in ('search_path=pg_catalog, pg_temp', 'search_path=""')
+           ) <> 1
+           or count(*) filter (where c.setting like 'search_path=%') <> 1
+             from unnest(coalesce(p.proconfig, '{}')) as c (setting)
+       );
     if offenders is not null then
         raise exception 'SECURITY DEFINER functions without a pinned search_path: %', offenders
             using errcode = 'AW001',
