@@ -5,7 +5,8 @@
 -- cost follows the number of lanes, not the number of rows ever enqueued.
 
 -- Function: awa.claim(queues text[], max_jobs integer, worker text, lease interval)
--- Claims up to max_jobs ready jobs: highest priority first, then the job
+-- Claims up to max_jobs ready jobs from the named queues and all their
+-- stripes: highest priority first, then the job
 -- that has been ready longest across lanes, FIFO within each lane. Rows other
 -- claimers hold are skipped, never waited for. Paused queues yield nothing.
 -- Role: awa_worker.
@@ -45,7 +46,7 @@ begin
         select l.lane_id, l.priority, l.shard, m.queue
           from awa.queue_meta as m
           join awa.lanes as l on l.queue_id = m.queue_id
-         where m.queue = any(queues)
+         where (m.queue = any(queues) or m.logical_queue = any(queues))
            and not m.paused
     ),
     heads as (

@@ -1,7 +1,8 @@
 -- control.sql: operator switches on a queue.
 
 -- Function: awa.pause_queue(queue text) returns boolean
--- A paused queue still accepts enqueues; claims yield nothing from it.
+-- A paused queue (all its stripes) still accepts enqueues; claims yield
+-- nothing from it.
 -- Returns true when this call changed the state. Role: awa_operator.
 -- Errors: 42704 unknown queue; 22004/22023 bad name.
 create or replace function awa.pause_queue(queue text)
@@ -13,7 +14,8 @@ as $$
 begin
     perform awa._queue(queue);
     update awa.queue_meta as m set paused = true
-     where m.queue = pause_queue.queue and not m.paused;
+     where (m.queue = pause_queue.queue or m.logical_queue = pause_queue.queue)
+       and not m.paused;
     return found;
 end;
 $$;
@@ -29,7 +31,8 @@ as $$
 begin
     perform awa._queue(queue);
     update awa.queue_meta as m set paused = false
-     where m.queue = resume_queue.queue and m.paused;
+     where (m.queue = resume_queue.queue or m.logical_queue = resume_queue.queue)
+       and m.paused;
     return found;
 end;
 $$;

@@ -50,7 +50,7 @@ declare
     new_job bigint;
     new_seq bigint;
 begin
-    meta := awa._ensure_queue(queue);
+    meta := awa._pick_stripe(awa._ensure_queue(queue), ordering_key);
     if run_at is not null and run_at > now() then
         new_job := nextval('awa.job_id_seq');
         insert into awa.scheduled (
@@ -134,6 +134,7 @@ begin
            or (h.held is null and l.shard = pg_backend_pid() % m.enqueue_shards)
        )
      where m.queue = enqueue.queue
+       and m.stripes = 1
        and (enqueue.ordering_key is null or m.enqueue_shards = 1)
        and (enqueue.run_at is null or enqueue.run_at <= now());
     if not found then
@@ -405,6 +406,21 @@ begin
     loop
         perform awa._ensure_queue(q);
     end loop;
+
+    -- Striped queues: each row goes to its stripe (by key, else this
+    -- backend's sticky stripe); the stripe is created when missing.
+    if exists (
+        select from awa.queue_meta as m where m.queue = any(queues) and m.stripes > 1
+    ) then
+        queues := array(
+            select case when m.stripes > 1
+                        then (awa._pick_stripe(m, ordering_keys[i])).queue
+                        else queues[i] end
+              from generate_series(1, n) as i
+              join awa.queue_meta as m on m.queue = queues[i]
+             order by i
+        );
+    end if;
 
     -- Per row: the queue id when due now (null: it waits in awa.scheduled),
     -- and the keyed shard under the queue's current S.

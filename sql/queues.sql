@@ -121,6 +121,86 @@ begin
 end;
 $$;
 
+-- Function: awa._ensure_stripe(logical text, stripe integer) returns awa.queue_meta
+-- The physical queue logical#stripe, created with the logical queue's S and
+-- its lanes when missing.
+create or replace function awa._ensure_stripe(logical text, stripe integer)
+returns awa.queue_meta
+language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    anchor awa.queue_meta;
+    meta awa.queue_meta;
+    physical text := logical || '#' || stripe;
+begin
+    select m.* into meta from awa.queue_meta as m where m.queue = physical;
+    if found then
+        return meta;
+    end if;
+    anchor := awa._ensure_queue(logical);
+    perform pg_advisory_xact_lock(1635213648, 0);
+    insert into awa.queue_meta (queue, logical_queue, enqueue_shards, paused)
+    values (physical, logical, anchor.enqueue_shards, anchor.paused)
+    on conflict do nothing;
+    select m.* into strict meta from awa.queue_meta as m where m.queue = physical;
+    perform awa._provision_lanes(meta.queue_id, meta.enqueue_shards);
+    return meta;
+end;
+$$;
+
+-- Function: awa._pick_stripe(anchor awa.queue_meta, ordering_key bytea) returns awa.queue_meta
+-- The physical queue a new job of a logical queue goes to: the queue itself
+-- when it has one stripe; else the key's stripe, or this backend's sticky
+-- stripe for an unkeyed job.
+create or replace function awa._pick_stripe(anchor awa.queue_meta, ordering_key bytea)
+returns awa.queue_meta
+language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    if anchor.stripes <= 1 then
+        return anchor;
+    end if;
+    return awa._ensure_stripe(
+        anchor.queue,
+        case
+            when ordering_key is not null
+                then awa.stripe_for_ordering_key(ordering_key, anchor.stripes)
+            else pg_backend_pid() % anchor.stripes
+        end
+    );
+end;
+$$;
+
+-- Function: awa._physical_queues(queue text) returns setof awa.queue_meta
+-- Every physical queue of a logical name: its own row and all its stripes,
+-- the current ones created when missing. Locked against concurrent changes.
+create or replace function awa._physical_queues(queue text)
+returns setof awa.queue_meta
+language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    anchor awa.queue_meta;
+begin
+    anchor := awa._ensure_queue(queue);
+    select m.* into strict anchor
+      from awa.queue_meta as m where m.queue_id = anchor.queue_id
+       for update;
+    if anchor.stripes > 1 then
+        perform awa._ensure_stripe(anchor.queue, k)
+           from generate_series(0, anchor.stripes - 1) as k;
+    end if;
+    return query
+    select m.*
+      from awa.queue_meta as m
+     where m.queue_id = anchor.queue_id or m.logical_queue = anchor.queue
+     order by m.queue_id
+       for update;
+end;
+$$;
+
 -- Function: awa._queue(queue text) returns awa.queue_meta
 -- The settings row of an existing queue, or 42704 naming it.
 create or replace function awa._queue(queue text)
@@ -223,5 +303,8 @@ select awa._grant_execute('awa._check_priority(smallint)');
 select awa._grant_execute('awa._provision_lanes(integer, integer)');
 select awa._grant_execute('awa._ensure_queue(text)');
 select awa._grant_execute('awa._queue(text)');
+select awa._grant_execute('awa._ensure_stripe(text, integer)');
+select awa._grant_execute('awa._pick_stripe(awa.queue_meta, bytea)');
+select awa._grant_execute('awa._physical_queues(text)');
 select awa._grant_execute('awa._held_lane_setting(integer, smallint)');
 select awa._grant_execute('awa._acquire_lane(integer, integer, smallint, bytea)');

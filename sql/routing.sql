@@ -51,11 +51,11 @@ as $$
     select limbs[1]::numeric * 4294967296 + limbs[2]
 $$;
 
--- Function: awa._partition_limbs(key bytea) returns bigint[]
--- The partition hash: v = hash64(key) xor 0x9d4d1b2f53a70c91, then the
--- splitmix64 finaliser. Shifts and xors run on the limbs; the two 64-bit
--- multiplications run in numeric (three per key, cheap).
-create or replace function awa._partition_limbs(key bytea)
+-- Function: awa._mix_limbs(key bytea, salt_hi bigint, salt_lo bigint) returns bigint[]
+-- v = hash64(key) xor salt, then the splitmix64 finaliser. Shifts and xors
+-- run on the limbs; the two 64-bit multiplications run in numeric (two per
+-- key, cheap).
+create or replace function awa._mix_limbs(key bytea, salt_hi bigint, salt_lo bigint)
 returns bigint[]
 language plpgsql
 immutable strict parallel safe
@@ -63,8 +63,8 @@ set search_path = pg_catalog, pg_temp
 as $$
 declare
     h bigint[] := awa._hash64_limbs(key);
-    hi bigint := h[1] # 2639076143;  -- 0x9d4d1b2f
-    lo bigint := h[2] # 1403456657;  -- 0x53a70c91
+    hi bigint := h[1] # salt_hi;
+    lo bigint := h[2] # salt_lo;
     x numeric;
 begin
     -- v ^= v >> 30
@@ -86,6 +86,34 @@ begin
     hi := hi # (hi >> 31);
     return array[hi, lo];
 end;
+$$;
+
+-- Function: awa._partition_limbs(key bytea) returns bigint[]
+-- The partition hash: salt 0x9d4d1b2f53a70c91.
+create or replace function awa._partition_limbs(key bytea)
+returns bigint[]
+language sql
+immutable strict parallel safe
+set search_path = pg_catalog, pg_temp
+as $$
+    select awa._mix_limbs(key, 2639076143, 1403456657)
+$$;
+
+-- Function: awa.stripe_for_ordering_key(key bytea, stripes integer) returns integer
+-- Which stripe of a striped queue a key goes to: a third hash, independent
+-- of the shard hash and the partition hash (salt 0x6a09e667f3bcc909), so
+-- that stripes, partitions and shards do not correlate. awa-sql's own;
+-- stripes are internal storage, not part of Awa's routing contract.
+create or replace function awa.stripe_for_ordering_key(key bytea, stripes integer)
+returns integer
+language sql
+immutable strict parallel safe
+set search_path = pg_catalog, pg_temp
+as $$
+    select case
+        when stripes <= 1 then 0
+        else awa._limbs_mod(awa._mix_limbs(key, 1779033703, 4089235721), stripes)
+    end
 $$;
 
 -- Function: awa.ordering_key_hash64(key bytea) returns numeric
@@ -171,7 +199,15 @@ select awa._grant_execute(
     'awa._limbs_numeric(bigint[])', 'producer', 'worker', 'maintenance', 'operator', 'reader'
 );
 select awa._grant_execute(
+    'awa._mix_limbs(bytea, bigint, bigint)',
+    'producer', 'worker', 'maintenance', 'operator', 'reader'
+);
+select awa._grant_execute(
     'awa._partition_limbs(bytea)', 'producer', 'worker', 'maintenance', 'operator', 'reader'
+);
+select awa._grant_execute(
+    'awa.stripe_for_ordering_key(bytea, integer)',
+    'producer', 'worker', 'maintenance', 'operator', 'reader'
 );
 select awa._grant_execute(
     'awa.ordering_key_hash64(bytea)',

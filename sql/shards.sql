@@ -15,11 +15,11 @@ $$;
 
 -- Function: awa._set_enqueue_shards(queue text, shards integer, source text)
 -- The one code path that changes S, for operators (manual) and the
--- auto-scaler (auto). In one transaction: validate, lock the queue's
--- settings row (never a lane lock, so producers are not blocked),
--- provision every priority x shard lane when raising, then update S.
--- Producers read S per statement, so none can see the new S before its
--- lanes exist, and every producer sees it at this transaction's commit.
+-- auto-scaler (auto). In one transaction: validate, lock the settings rows
+-- of the queue and all its stripes (never a lane lock, so producers are not
+-- blocked), provision every priority x shard lane of each when raising, then
+-- update S. Producers read S per statement, so none can see the new S
+-- before its lanes exist, and every producer sees it at this commit.
 create or replace function awa._set_enqueue_shards(queue text, shards integer, source text)
 returns table (
     physical_queue text, old_shards smallint, new_shards smallint, lanes_created integer
@@ -46,26 +46,28 @@ begin
                   hint = 'Connect to the primary.';
     end if;
     perform awa._check_queue_name(queue);
-    meta := awa._ensure_queue(queue);
-    select m.* into strict meta
-      from awa.queue_meta as m where m.queue_id = meta.queue_id
-       for update;
-    physical_queue := meta.queue;
-    old_shards := meta.enqueue_shards;
-    new_shards := shards;
-    created := 0;
-    if shards > meta.enqueue_shards then
-        perform pg_advisory_xact_lock(1635213648, 0);
-        created := awa._provision_lanes(meta.queue_id, shards);
-    end if;
-    lanes_created := created;
-    if shards <> meta.enqueue_shards then
-        update awa.queue_meta as m set enqueue_shards = shards
-         where m.queue_id = meta.queue_id;
-        insert into awa.shard_changes (queue, old_shards, new_shards, lanes_created, source)
-        values (meta.queue, meta.enqueue_shards, shards, created, _set_enqueue_shards.source);
-    end if;
-    return next;
+    for meta in select * from awa._physical_queues(queue) loop
+        physical_queue := meta.queue;
+        old_shards := meta.enqueue_shards;
+        new_shards := shards;
+        if shards > meta.enqueue_shards then
+            perform pg_advisory_xact_lock(1635213648, 0);
+            perform awa._provision_lanes(meta.queue_id, shards);
+        end if;
+        -- Lanes this transaction created, a new queue's first four included.
+        select count(*)::integer into created
+          from awa.lanes as l
+         where l.queue_id = meta.queue_id and l.xmin = pg_current_xact_id()::xid;
+        lanes_created := created;
+        if shards <> meta.enqueue_shards then
+            update awa.queue_meta as m set enqueue_shards = shards
+             where m.queue_id = meta.queue_id;
+            insert into awa.shard_changes (
+                queue, old_shards, new_shards, lanes_created, source
+            ) values (meta.queue, meta.enqueue_shards, shards, created, _set_enqueue_shards.source);
+        end if;
+        return next;
+    end loop;
 end;
 $$;
 
@@ -93,3 +95,51 @@ select awa._grant_execute(
 );
 select awa._grant_execute('awa._set_enqueue_shards(text, integer, text)');
 select awa._grant_execute('awa.set_enqueue_shards(text, integer)', 'operator');
+
+-- Function: awa.set_queue_stripes(queue text, stripes integer)
+-- Advanced: stores a logical queue as stripes queue#0 .. queue#(K-1), each
+-- an ordinary physical queue with the queue's S. New enqueues spread over
+-- the stripes (keyed jobs by their key); claims, pauses and shard changes by
+-- the logical name cover every stripe; jobs already in other stripes or in
+-- the queue's own lanes keep draining. Not the way to scale a hot queue:
+-- raise S first, then partition. Role: awa_operator.
+-- Returns one row per physical queue that new enqueues now use.
+-- Errors: 22004 null; 22023 out of range (1..64) or bad name; 25006 standby.
+create or replace function awa.set_queue_stripes(queue text, stripes integer)
+returns table (physical_queue text, enqueue_shards smallint, lanes integer)
+language plpgsql
+security definer
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    anchor awa.queue_meta;
+begin
+    if stripes is null then
+        raise exception 'stripes must not be null' using errcode = '22004';
+    end if;
+    if stripes not between 1 and 64 then
+        raise exception 'stripes must be between 1 and 64, got %', stripes
+            using errcode = '22023';
+    end if;
+    if pg_is_in_recovery() then
+        raise exception 'cannot change stripes on a standby' using errcode = '25006';
+    end if;
+    perform awa._check_queue_name(queue);
+    anchor := awa._ensure_queue(queue);
+    update awa.queue_meta as m set stripes = set_queue_stripes.stripes
+     where m.queue_id = anchor.queue_id;
+    perform awa._physical_queues(set_queue_stripes.queue);
+    return query
+    select p.queue, p.enqueue_shards,
+           (select count(*)::integer from awa.lanes as l where l.queue_id = p.queue_id)
+      from awa.queue_meta as p
+     where (set_queue_stripes.stripes = 1 and p.queue_id = anchor.queue_id)
+        or (set_queue_stripes.stripes > 1 and p.queue in (
+            select set_queue_stripes.queue || '#' || k
+              from generate_series(0, set_queue_stripes.stripes - 1) as k
+        ))
+     order by p.queue_id;
+end;
+$$;
+
+select awa._grant_execute('awa.set_queue_stripes(text, integer)', 'operator');

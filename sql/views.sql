@@ -31,7 +31,9 @@ select
     coalesce(s.scheduled, 0) as scheduled,
     coalesce(f.failed, 0) as failed,
     coalesce(f.completed, 0) as completed,
-    now() - r.oldest_ready_at as oldest_ready_age
+    now() - r.oldest_ready_at as oldest_ready_age,
+    coalesce(m.logical_queue, m.queue) as logical_queue,
+    m.stripes
 from awa.queue_meta as m
 left join (
     select
@@ -65,7 +67,8 @@ left join (
 ) as f on m.queue_id = f.queue_id;
 
 comment on view awa.queue_overview is
-'Per physical queue: S, shard mode, paused, job counts by state, age of the oldest ready job.';
+'Per physical queue: S, shard mode, paused, job counts by state, age of the oldest ready '
+'job; logical_queue names the logical queue of a stripe (itself otherwise), stripes is K.';
 
 -- View: awa.lane_overview, one row per lane.
 create or replace view awa.lane_overview as
@@ -74,11 +77,12 @@ select
     l.priority,
     l.shard,
     l.lane_id,
-    l.shard >= m.enqueue_shards as draining,
+    l.shard >= m.enqueue_shards and coalesce(r.ready, 0) > 0 as draining,
     coalesce(r.ready, 0) as ready,
     now() - r.oldest_ready_at as lag,
     awa._lane_next_seq(l.lane_id) as next_seq,
-    r.head_seq as claim_position
+    r.head_seq as claim_position,
+    coalesce(m.logical_queue, m.queue) as logical_queue
 from awa.lanes as l
 inner join awa.queue_meta as m on l.queue_id = m.queue_id
 left join (
@@ -93,7 +97,8 @@ left join (
 
 comment on view awa.lane_overview is
 'Per lane: ready depth, lag (age of its oldest ready job), the next lane_seq it will hand '
-'out, and the claim position (lane_seq of its head). draining: shard >= the current S.';
+'out, and the claim position (lane_seq of its head). draining: shard >= the current S '
+'with ready jobs left.';
 
 select awa._grant_select('awa.queue_overview', 'reader', 'operator');
 select awa._grant_select('awa.lane_overview', 'reader', 'operator');

@@ -6,4 +6,19 @@ carries the operator surfaces (the ``awa`` CLI).
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__"]
+from awa_sql.storage import (
+    LaneStatus,
+    QueueStatus,
+    ShardChange,
+    set_enqueue_shards,
+    show,
+)
+
+__all__ = [
+    "LaneStatus",
+    "QueueStatus",
+    "ShardChange",
+    "__version__",
+    "set_enqueue_shards",
+    "show",
+]

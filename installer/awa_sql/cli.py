@@ -10,7 +10,7 @@ from pathlib import Path
 
 import psycopg
 
-from awa_sql import __version__
+from awa_sql import __version__, storage_cli
 from awa_sql import migrate as runner
 from awa_sql.connect import connect
 from awa_sql.demo import DEFAULT_PORT
@@ -74,6 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="deploy gate: exit 1 when anything is pending, 3 on drift, "
                    "4 when the database is newer, 6 when roles are missing")
     s.set_defaults(func=cmd_status)
+
+    storage_cli.add_parsers(sub, _add_connection)
 
     d = sub.add_parser("demo", help="a local PostgreSQL 18 with awa installed",
                        description="Start a local PostgreSQL 18 under --dir, install awa, "

@@ -9,6 +9,7 @@ MASK64 = (1 << 64) - 1
 HASH64_OFFSET = 14695981039346656037
 HASH64_PRIME = 1099511628211
 PARTITION_SALT = 0x9D4D1B2F53A70C91
+STRIPE_SALT = 0x6A09E667F3BCC909
 
 Key = bytes | bytearray | memoryview | str
 
@@ -32,15 +33,24 @@ def shard_for_ordering_key(key: Key, shards: int) -> int:
     return 0 if shards <= 1 else ordering_key_hash64(key) % shards
 
 
-def partition_hash64(key: Key) -> int:
-    """hash64 xor a salt, then the splitmix64 finaliser."""
-    v = ordering_key_hash64(key) ^ PARTITION_SALT
+def _mix64(key: Key, salt: int) -> int:
+    v = ordering_key_hash64(key) ^ salt
     v ^= v >> 30
     v = (v * 0xBF58476D1CE4E5B9) & MASK64
     v ^= v >> 27
     v = (v * 0x94D049BB133111EB) & MASK64
     v ^= v >> 31
     return v
+
+
+def partition_hash64(key: Key) -> int:
+    """hash64 xor 0x9d4d1b2f53a70c91, then the splitmix64 finaliser."""
+    return _mix64(key, PARTITION_SALT)
+
+
+def stripe_for_ordering_key(key: Key, stripes: int) -> int:
+    """awa-sql's stripe hash: like the partition hash with its own salt."""
+    return 0 if stripes <= 1 else _mix64(key, STRIPE_SALT) % stripes
 
 
 def partition_for_ordering_key(key: Key, partitions: int) -> int:
