@@ -83,8 +83,9 @@ $$;
 -- Returns: awa.enqueued (job_id, queue, priority, enqueue_shard, lane_seq);
 --   enqueue_shard and lane_seq are null when run_at is in the future.
 -- Errors: 22004 null queue or kind; 22023 bad queue name, priority or max_attempts.
--- The common case (a known queue, unkeyed or S = 1, due now) runs in one
--- frame with one lookup; everything else goes through awa._enqueue_slow.
+-- The common case (a known unstriped queue, an unkeyed job due now) runs in
+-- this frame with two index lookups; everything else goes through
+-- awa._enqueue_slow.
 create or replace function awa.enqueue(
     queue text,
     kind text,
@@ -115,53 +116,46 @@ begin
         or max_attempts is null or max_attempts not between 1 and 1000 then
         perform awa._check_job(kind, priority, max_attempts);
     end if;
-    -- One statement for the common case: the queue's S, the lane this
-    -- transaction already holds (if any), else this backend's sticky lane,
-    -- tried without waiting.
-    select m.queue_id, m.enqueue_shards, l.lane_id, l.seq, l.shard, h.held,
-           h.held is not null or pg_try_advisory_xact_lock(1635213644, l.lane_id)
-      into q_id, shards, lane_id, lane_seq_class, lane_shard, held, got_lock
+    select m.queue_id, m.enqueue_shards into q_id, shards
       from awa.queue_meta as m
-     cross join lateral (
-         select nullif(current_setting('awa.lane_' || m.queue_id || '_' || enqueue.priority,
-                                       true), '')::integer as held
-     ) as h
-      join awa.lanes as l
-        on l.queue_id = m.queue_id
-       and l.priority = enqueue.priority
-       and (
-           (h.held is not null and l.lane_id = h.held)
-           or (h.held is null and l.shard = pg_backend_pid() % m.enqueue_shards)
-       )
-     where m.queue = enqueue.queue
-       and m.stripes = 1
-       and (enqueue.ordering_key is null or m.enqueue_shards = 1)
-       and (enqueue.run_at is null or enqueue.run_at <= now());
-    if not found then
+     where m.queue = enqueue.queue and m.stripes = 1;
+    if not found or ordering_key is not null or (run_at is not null and run_at > now()) then
         return awa._enqueue_slow(queue, kind, args, priority, ordering_key, run_at, max_attempts);
     end if;
-    if not got_lock then
-        -- The sticky lane is busy: any free lane, else wait for the sticky one.
-        for candidate in
-            select l.lane_id, l.seq, l.shard
-              from awa.lanes as l
-             where l.queue_id = q_id and l.priority = enqueue.priority
-               and l.shard < shards and l.shard <> lane_shard
-             order by (l.shard - lane_shard + shards) % shards
-        loop
-            if pg_try_advisory_xact_lock(1635213644, candidate.lane_id) then
-                lane_id := candidate.lane_id;
-                lane_seq_class := candidate.seq;
-                lane_shard := candidate.shard;
-                got_lock := true;
-                exit;
+    -- The lane this transaction already holds for (queue, priority), else
+    -- this backend's sticky lane if it is free, else any free lane, else wait
+    -- for the sticky one.
+    held := current_setting('awa.lane_' || q_id || '_' || priority, true);
+    if held is not null and held <> '' then
+        select l.lane_id, l.seq, l.shard into lane_id, lane_seq_class, lane_shard
+          from awa.lanes as l
+         where l.lane_id = held::integer;
+    else
+        select l.lane_id, l.seq, l.shard into lane_id, lane_seq_class, lane_shard
+          from awa.lanes as l
+         where l.queue_id = q_id and l.priority = enqueue.priority
+           and l.shard = pg_backend_pid() % shards;
+        if not pg_try_advisory_xact_lock(1635213644, lane_id) then
+            got_lock := false;
+            for candidate in
+                select l.lane_id, l.seq, l.shard
+                  from awa.lanes as l
+                 where l.queue_id = q_id and l.priority = enqueue.priority
+                   and l.shard < shards and l.shard <> lane_shard
+                 order by (l.shard - lane_shard + shards) % shards
+            loop
+                if pg_try_advisory_xact_lock(1635213644, candidate.lane_id) then
+                    lane_id := candidate.lane_id;
+                    lane_seq_class := candidate.seq;
+                    lane_shard := candidate.shard;
+                    got_lock := true;
+                    exit;
+                end if;
+            end loop;
+            if not got_lock then
+                perform pg_advisory_xact_lock(1635213644, lane_id);
             end if;
-        end loop;
-        if not got_lock then
-            perform pg_advisory_xact_lock(1635213644, lane_id);
         end if;
-    end if;
-    if held is null then
         held := set_config('awa.lane_' || q_id || '_' || priority, lane_id::text, true);
     end if;
     new_seq := nextval(lane_seq_class);
