@@ -272,3 +272,13 @@ def test_cli_show_text_and_json(db, logins):
     assert [ln["shard"] for ln in q["lanes"] if ln["draining"]] == [1]
     assert set(q) >= {"queue", "logical_queue", "enqueue_shards", "shard_mode", "paused",
                       "stripes", "ready", "running", "lanes"}
+
+
+def test_enqueue_shards_reads_s_for_every_role(db, logins):
+    with db.connect(logins.operator) as op:
+        set_shards(op, "readable", 8)
+    for role in (logins.producer, logins.worker, logins.maintenance, logins.reader):
+        with db.connect(role) as conn:
+            assert conn.execute("select awa.enqueue_shards('readable')").fetchone()[0] == 8
+    with db.connect(logins.reader) as conn, pytest.raises(psycopg.errors.UndefinedObject):
+        conn.execute("select awa.enqueue_shards('no such queue')")

@@ -372,3 +372,43 @@ def test_nothing_lost_nothing_doubled(db, logins):
         assert admin.execute("select count(*) from awa.ready").fetchone()[0] == 0
         assert admin.execute("select attempt from awa.finished where job_id = %s",
                              [doomed_job]).fetchone()[0] == 2
+
+
+def test_claim_cost_follows_lanes_not_history(db, logins):
+    """After 20,000 jobs went through a queue and a VACUUM (what autovacuum
+    does on its cadence; awa.ready is tuned to be vacuumed every 5,000 dead
+    rows), a claim reads about as many buffers as on a fresh queue. Between
+    vacuums dead heads do cost: docs/benchmarks.md has the number."""
+    def claim_buffers(conn) -> int:
+        before = conn.execute(
+            "select sum(heap_blks_read + heap_blks_hit + coalesce(idx_blks_read, 0)"
+            " + coalesce(idx_blks_hit, 0)) from pg_statio_user_tables"
+            " where schemaname = 'awa'").fetchone()[0]
+        conn.execute("select pg_stat_clear_snapshot()")
+        with db.connect(logins.worker) as w:
+            assert len(claim(w, ["history-cost"], 1)) == 1
+            # The backend flushes its counters before it answers the next query.
+            w.execute("select pg_stat_force_next_flush()")
+            w.execute("select 1")
+        conn.execute("select pg_stat_clear_snapshot()")
+        after = conn.execute(
+            "select sum(heap_blks_read + heap_blks_hit + coalesce(idx_blks_read, 0)"
+            " + coalesce(idx_blks_hit, 0)) from pg_statio_user_tables"
+            " where schemaname = 'awa'").fetchone()[0]
+        return after - before
+
+    with db.connect(logins.producer) as p:
+        p.execute("select awa.enqueue_batch(array_fill('history-cost'::text, array[3]),"
+                  " array_fill('k'::text, array[3]))")
+    with db.connect() as admin:
+        admin.execute("set stats_fetch_consistency = none")
+        fresh = claim_buffers(admin)
+        with db.connect(logins.producer) as p, db.connect(logins.worker) as w:
+            for _ in range(100):
+                p.execute("select awa.enqueue_batch(array_fill('history-cost'::text,"
+                          " array[200]), array_fill('k'::text, array[200]))")
+                for c in claim(w, ["history-cost"], 200):
+                    w.execute("select awa.complete(%s, %s)", [c[0], c[1]])
+        admin.execute("vacuum awa.ready")
+        worn = claim_buffers(admin)
+    assert worn <= fresh * 3 + 10, (fresh, worn)
