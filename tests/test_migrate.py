@@ -65,19 +65,27 @@ def test_rerun_is_a_no_op(db):
         assert snapshot(conn) == before_catalog
 
 
-def test_eight_concurrent_runners_apply_each_migration_once(empty_db, role_prefix):
+def test_twelve_concurrent_runners_converge_on_a_fresh_install(cluster, empty_db, role_prefix):
     def run(_):
         return empty_db.awa("migrate", "--create-roles", "--role-prefix", role_prefix)
 
-    with ThreadPoolExecutor(8) as pool:
-        results = list(pool.map(run, range(8)))
-    assert [r.returncode for r in results] == [0] * 8, [r.stderr for r in results]
+    with ThreadPoolExecutor(12) as pool:
+        results = list(pool.map(run, range(12)))
+    assert [r.returncode for r in results] == [0] * 12, [r.stderr for r in results]
     assert sum("applied migration" in r.stdout for r in results) == 1
     with empty_db.connect() as conn:
         versions = [v for (v,) in conn.execute("select version from awa.schema_migrations")]
         assert sorted(versions) == [m.version for m in MIGRATIONS]
         assert conn.execute("select count(*) from awa.schema_functions").fetchone()[0] == len(
             LAYER)
+        concurrent = snapshot(conn)
+    fresh = Database(cluster, cluster.create_database())
+    try:
+        fresh.awa("migrate", "--role-prefix", role_prefix, check=True)
+        with fresh.connect() as conn:
+            assert snapshot(conn) == concurrent
+    finally:
+        cluster.drop_database(fresh.name)
 
 
 def test_drift_is_refused_with_exit_3_and_nothing_applied(db):
@@ -340,3 +348,39 @@ def test_runners_queue_behind_each_other_not_fail(db):
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     assert "up to date" in out
+
+
+def test_fresh_install_equals_an_upgrade(cluster, empty_db, role_prefix):
+    """Install the first migration alone (an older release), upgrade to this
+    one, and compare with a fresh install; then DROP and CREATE a function the
+    way a later layer may, and check the re-applied layer restores its ACL."""
+    from awa_sql import migrate
+    from awa_sql.roles import Roles
+
+    roles = Roles.with_prefix(role_prefix)
+    with empty_db.connect() as conn:
+        conn.execute("set search_path = pg_catalog, pg_temp")
+        old = migrate.build_plan(migrate.read_state(conn, roles), roles, create_roles=True,
+                                 migrations=MIGRATIONS[:1], layer=LAYER[:1],
+                                 package_version="0.0.1")
+        migrate.apply_plan(conn, old, "5s", lambda _line: None)
+        assert conn.execute("select count(*) from awa.schema_migrations").fetchone()[0] == 1
+    upgrade = empty_db.awa("migrate", "--role-prefix", role_prefix, check=True)
+    assert "migration 0002" in upgrade.stdout
+    fresh = Database(cluster, cluster.create_database())
+    try:
+        fresh.awa("migrate", "--role-prefix", role_prefix, check=True)
+        with empty_db.connect() as a, fresh.connect() as b:
+            assert snapshot(a) == snapshot(b)
+            a.execute(sql.SQL("set role {}").format(sql.Identifier(f"{role_prefix}owner")))
+            a.execute("drop function awa.enqueue_shards(text)")
+            a.execute("create function awa.enqueue_shards(queue text) returns smallint"
+                      " language sql security definer set search_path = pg_catalog, pg_temp"
+                      " as 'select 1::smallint'")
+            a.execute("reset role")
+            a.execute("delete from awa.schema_functions")
+        empty_db.awa("migrate", "--role-prefix", role_prefix, check=True)
+        with empty_db.connect() as a, fresh.connect() as b:
+            assert snapshot(a) == snapshot(b)
+    finally:
+        cluster.drop_database(fresh.name)
