@@ -22,8 +22,13 @@ returns setof awa.claimed
 language plpgsql
 security definer
 set search_path = pg_catalog, pg_temp
--- The queues array would make the planner re-plan every call.
+-- The queues array would make the planner re-plan every call, and a generic
+-- plan may hash-join awa.ready with a sequential scan, whose cost grows with
+-- the table's history: a claim only ever looks rows up by primary key.
 set plan_cache_mode = force_generic_plan
+set enable_hashjoin = off
+set enable_mergejoin = off
+set enable_seqscan = off
 as $$
 begin
     if queues is null or worker is null then

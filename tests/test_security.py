@@ -45,7 +45,8 @@ def test_definers_pin_search_path(db, logins):
         paths = [c for c in config or [] if c.startswith("search_path=")]
         assert paths == ["search_path=pg_catalog, pg_temp"], name
         # Anything else pinned is a planner setting, never a path or a role.
-        assert all(c.startswith(("search_path=", "plan_cache_mode=")) for c in config), name
+        assert all(c.startswith(("search_path=", "plan_cache_mode=", "enable_"))
+                   for c in config), name
 
 
 def test_no_routine_is_executable_by_public(db):

@@ -375,10 +375,11 @@ def test_nothing_lost_nothing_doubled(db, logins):
 
 
 def test_claim_cost_follows_lanes_not_history(db, logins):
-    """After 20,000 jobs went through a queue and a VACUUM (what autovacuum
-    does on its cadence; awa.ready is tuned to be vacuumed every 5,000 dead
-    rows), a claim reads about as many buffers as on a fresh queue. Between
-    vacuums dead heads do cost: docs/benchmarks.md has the number."""
+    """A claim after 20,000 jobs went through a queue costs about what it cost
+    after 10,000: the cost follows lanes, not history. Both are measured after
+    a VACUUM (what autovacuum does on its cadence; awa.ready and awa.running
+    are tuned for it). Between vacuums dead heads do cost: docs/benchmarks.md
+    has the number."""
     stats = (
         "select relname, heap_blks_read + heap_blks_hit + coalesce(idx_blks_read, 0)"
         " + coalesce(idx_blks_hit, 0) from pg_statio_user_tables where schemaname = 'awa'"
@@ -396,18 +397,23 @@ def test_claim_cost_follows_lanes_not_history(db, logins):
         after = dict(conn.execute(stats).fetchall())
         return {t: after[t] - before.get(t, 0) for t in after if after[t] != before.get(t, 0)}
 
+    def run_jobs(count: int) -> None:
+        with db.connect(logins.producer) as p, db.connect(logins.worker) as w:
+            for _ in range(count // 200):
+                p.execute("select awa.enqueue_batch(array_fill('history-cost'::text,"
+                          " array[200]), array_fill('k'::text, array[200]))")
+                for c in claim(w, ["history-cost"], 200):
+                    w.execute("select awa.complete(%s, %s)", [c[0], c[1]])
+
     with db.connect(logins.producer) as p:
         p.execute("select awa.enqueue_batch(array_fill('history-cost'::text, array[3]),"
                   " array_fill('k'::text, array[3]))")
     with db.connect() as admin:
         admin.execute("set stats_fetch_consistency = none")
-        fresh = claim_buffers(admin)
-        with db.connect(logins.producer) as p, db.connect(logins.worker) as w:
-            for _ in range(100):
-                p.execute("select awa.enqueue_batch(array_fill('history-cost'::text,"
-                          " array[200]), array_fill('k'::text, array[200]))")
-                for c in claim(w, ["history-cost"], 200):
-                    w.execute("select awa.complete(%s, %s)", [c[0], c[1]])
+        run_jobs(10_000)
         admin.execute("vacuum awa.ready, awa.running")
-        worn = claim_buffers(admin)
-    assert sum(worn.values()) <= sum(fresh.values()) * 3 + 10, (fresh, worn)
+        after_10k = claim_buffers(admin)
+        run_jobs(10_000)
+        admin.execute("vacuum awa.ready, awa.running")
+        after_20k = claim_buffers(admin)
+    assert sum(after_20k.values()) <= sum(after_10k.values()) * 1.5 + 10, (after_10k, after_20k)
