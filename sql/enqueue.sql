@@ -491,6 +491,10 @@ set search_path = pg_catalog, pg_temp
 -- Array parameters make the planner re-plan every call; generic plans are
 -- right for these queries whatever the batch size.
 set plan_cache_mode = force_generic_plan
+-- Due rows are looked up by key; never scan awa.scheduled or awa.ready.
+set enable_hashjoin = off
+set enable_mergejoin = off
+set enable_seqscan = off
 as $$
 declare
     job_ids bigint[];
