@@ -313,26 +313,23 @@ begin
 end;
 $$;
 
--- Function: awa.enqueue_batch(queues, kinds, args, priorities, ordering_keys, run_ats,
---                             max_attempts)
--- Enqueues many jobs in one call from typed parallel arrays, one element per
--- job. queues and kinds are required; the other arrays may be null (all
--- defaults) and a null element takes the default. Role: awa_producer.
--- Returns: one awa.enqueued row per input, in input order.
--- Errors: 22023 arrays of different lengths (naming them), bad elements
---   (naming the index); 22004 null queue or kind elements.
-create or replace function awa.enqueue_batch(
+-- Function: awa._enqueue_rows(queues, kinds, args, priorities, ordering_keys, run_ats,
+--                             max_attempts, row_label, row_offset)
+-- The multi-row enqueue behind awa.enqueue_batch and COPY ingestion. A bad
+-- row is named as "<row_label> <index + row_offset>".
+create or replace function awa._enqueue_rows(
     queues text[],
     kinds text[],
-    args jsonb[] default null,
-    priorities smallint[] default null,
-    ordering_keys bytea[] default null,
-    run_ats timestamptz[] default null,
-    max_attempts integer[] default null
+    args jsonb[],
+    priorities smallint[],
+    ordering_keys bytea[],
+    run_ats timestamptz[],
+    max_attempts integer[],
+    row_label text,
+    row_offset bigint
 )
 returns setof awa.enqueued
 language plpgsql
-security definer
 set search_path = pg_catalog, pg_temp
 -- Array parameters make the planner re-plan every call; generic plans are
 -- right for these queries whatever the batch size.
@@ -387,7 +384,7 @@ begin
                 kinds[bad], coalesce(priorities[bad], 2::smallint), coalesce(max_attempts[bad], 25)
             );
         exception when others then
-            raise exception 'element % (1-based) of the batch: %', bad, sqlerrm
+            raise exception '% % (1-based): %', row_label, bad + row_offset, sqlerrm
                 using errcode = sqlstate;
         end;
     end if;
@@ -478,6 +475,34 @@ begin
 end;
 $$;
 
+-- Function: awa.enqueue_batch(queues, kinds, args, priorities, ordering_keys, run_ats,
+--                             max_attempts)
+-- Enqueues many jobs in one call from typed parallel arrays, one element per
+-- job. queues and kinds are required; the other arrays may be null (all
+-- defaults) and a null element takes the default. Role: awa_producer.
+-- Returns: one awa.enqueued row per input, in input order.
+-- Errors: 22023 arrays of different lengths (naming them), bad elements
+--   (naming the 1-based index); 22004 null queue or kind elements.
+create or replace function awa.enqueue_batch(
+    queues text[],
+    kinds text[],
+    args jsonb[] default null,
+    priorities smallint[] default null,
+    ordering_keys bytea[] default null,
+    run_ats timestamptz[] default null,
+    max_attempts integer[] default null
+)
+returns setof awa.enqueued
+language sql
+security definer
+set search_path = pg_catalog, pg_temp
+as $$
+    select * from awa._enqueue_rows(
+        queues, kinds, args, priorities, ordering_keys, run_ats, max_attempts,
+        'batch element', 0
+    )
+$$;
+
 -- Function: awa.promote_due(max_jobs integer default 10000) returns integer
 -- Moves scheduled jobs whose run_at has passed into lanes, routed under the
 -- queue's current S (a keyed job goes back to its key's shard). Role:
@@ -555,6 +580,10 @@ select awa._grant_execute(
     'awa.enqueue(text, text, jsonb, smallint, bytea, timestamptz, integer)', 'producer'
 );
 select awa._grant_execute('awa._lock_lanes(integer[], smallint[], smallint[])');
+select awa._grant_execute(
+    'awa._enqueue_rows(text[], text[], jsonb[], smallint[], bytea[], timestamptz[], integer[],'
+    ' text, bigint)'
+);
 select awa._grant_execute(
     'awa.enqueue_batch(text[], text[], jsonb[], smallint[], bytea[], timestamptz[], integer[])',
     'producer'

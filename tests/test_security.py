@@ -241,9 +241,10 @@ BAD_INPUT = [
      "array kinds has 1 elements but queues has 2"),
     ("select awa.enqueue_batch(array['q'], array['k'], priorities => array[1,2]::smallint[])",
      "22023", "array priorities has 2 elements"),
-    ("select awa.enqueue_batch(array['q', null], array['k', 'k'])", "22004", "element 2"),
+    ("select awa.enqueue_batch(array['q', null], array['k', 'k'])", "22004",
+     "batch element 2 (1-based)"),
     ("select awa.enqueue_batch(array['q', 'q'], array['k', 'k'],"
-     " priorities => array[2, 9]::smallint[])", "22023", "element 2"),
+     " priorities => array[2, 9]::smallint[])", "22023", "batch element 2 (1-based)"),
 ]
 
 

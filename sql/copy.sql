@@ -1,0 +1,138 @@
+-- copy.sql: COPY ingestion.
+--
+-- A producer, in one transaction:
+--   COPY awa.copy_staging (queue, priority, ordering_key, kind, args, run_at,
+--                          max_attempts) FROM STDIN;
+--   SELECT awa.enqueue_copied();
+-- The rows of that transaction, and only those, go through the same
+-- routing as awa.enqueue_batch, in COPY order, 10,000 at a time.
+
+-- Function: awa._grant_insert(relation regclass, columns text[], variadic capabilities text[])
+-- Grants INSERT on some columns of a table to the roles bound to the capabilities.
+create or replace function awa._grant_insert(
+    relation regclass, columns text[], variadic capabilities text[]
+)
+returns void
+language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    capability text;
+begin
+    foreach capability in array capabilities loop
+        execute pg_catalog.format(
+            'grant insert (%s) on %s to %I',
+            (select string_agg(pg_catalog.quote_ident(c), ', ') from unnest(columns) as c),
+            relation, awa._role_for(capability)
+        );
+    end loop;
+end;
+$$;
+
+-- Function: awa._move_staged(xid xid8) returns bigint
+-- Moves the staged rows of one transaction into the lanes, in COPY order,
+-- 10,000 rows per pass. Rows another mover holds are skipped.
+create or replace function awa._move_staged(xid xid8)
+returns bigint
+language plpgsql
+set search_path = pg_catalog, pg_temp
+set plan_cache_mode = force_generic_plan
+as $$
+declare
+    moved bigint := 0;
+    ids bigint[];
+    queues text[];
+    priorities smallint[];
+    ordering_keys bytea[];
+    kinds text[];
+    args jsonb[];
+    run_ats timestamptz[];
+    max_attempts integer[];
+begin
+    loop
+        select array_agg(s.staged_id order by s.staged_id),
+               array_agg(s.queue order by s.staged_id),
+               array_agg(s.priority order by s.staged_id),
+               array_agg(s.ordering_key order by s.staged_id),
+               array_agg(s.kind order by s.staged_id),
+               array_agg(s.args order by s.staged_id),
+               array_agg(s.run_at order by s.staged_id),
+               array_agg(s.max_attempts order by s.staged_id)
+          into ids, queues, priorities, ordering_keys, kinds, args, run_ats, max_attempts
+          from (
+              select c.* from awa.copy_staging as c
+               where c.staged_xid = _move_staged.xid
+               order by c.staged_id
+               limit 10000
+                 for update skip locked
+          ) as s;
+        exit when ids is null;
+        perform count(*) from awa._enqueue_rows(
+            queues, kinds, args, priorities, ordering_keys, run_ats, max_attempts,
+            'COPY row', moved
+        );
+        delete from awa.copy_staging as c where c.staged_id = any(ids);
+        moved := moved + cardinality(ids);
+    end loop;
+    return moved;
+end;
+$$;
+
+-- Function: awa.enqueue_copied() returns bigint
+-- Enqueues the rows this transaction COPYed into awa.copy_staging and
+-- returns how many. Role: awa_producer.
+-- Errors: as awa.enqueue_batch, naming the bad row as "COPY row N (1-based)";
+--   the whole transaction's COPY then fails and nothing is enqueued.
+create or replace function awa.enqueue_copied()
+returns bigint
+language sql
+security definer
+set search_path = pg_catalog, pg_temp
+as $$
+    select awa._move_staged(pg_current_xact_id())
+$$;
+
+-- Function: awa.move_staged(max_transactions integer default 100) returns bigint
+-- Moves rows that committed transactions staged but never enqueued (their
+-- producer did not call awa.enqueue_copied), oldest first, each staging
+-- transaction's rows in COPY order. Safe to run from several sessions and
+-- to interrupt: a row is moved and deleted in one transaction. Role:
+-- awa_maintenance. Returns how many rows it moved.
+create or replace function awa.move_staged(max_transactions integer default 100)
+returns bigint
+language plpgsql
+security definer
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    moved bigint := 0;
+    xid xid8;
+begin
+    if max_transactions is null or max_transactions < 0 then
+        raise exception 'max_transactions must be 0 or more, got %',
+            coalesce(max_transactions::text, 'null')
+            using errcode = '22023';
+    end if;
+    for xid in
+        select c.staged_xid
+          from awa.copy_staging as c
+         where pg_xact_status(c.staged_xid) = 'committed'
+         group by c.staged_xid
+         order by min(c.staged_id)
+         limit max_transactions
+    loop
+        moved := moved + awa._move_staged(xid);
+    end loop;
+    return moved;
+end;
+$$;
+
+select awa._grant_execute('awa._grant_insert(regclass, text[], text[])');
+select awa._grant_execute('awa._move_staged(xid8)');
+select awa._grant_execute('awa.enqueue_copied()', 'producer');
+select awa._grant_execute('awa.move_staged(integer)', 'maintenance');
+select awa._grant_insert(
+    'awa.copy_staging',
+    array['queue', 'priority', 'ordering_key', 'kind', 'args', 'run_at', 'max_attempts'],
+    'producer'
+);

@@ -1,0 +1,153 @@
+"""COPY ingestion: awa.copy_staging and awa.enqueue_copied()."""
+
+from __future__ import annotations
+
+import random
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import psycopg
+import pytest
+from psycopg.types.json import Jsonb
+
+from awa_sql import routing
+from tests.test_storage import Logins, claim_all
+
+COLUMNS = "queue, priority, ordering_key, kind, args, run_at, max_attempts"
+COPY_SQL = f"copy awa.copy_staging ({COLUMNS}) from stdin"
+
+
+@pytest.fixture
+def logins(db) -> Logins:
+    return Logins(**{cap: db.login_role(f"awa_{cap}") for cap in Logins.__dataclass_fields__})
+
+
+def copy_rows(conn: psycopg.Connection, rows) -> None:
+    with conn.cursor().copy(COPY_SQL) as cp:
+        for row in rows:
+            cp.write_row(row)
+
+
+def test_100k_rows_across_8_queues_land_in_their_lanes_in_order(db, logins):
+    queues = [f"copy-{i}" for i in range(8)]
+    with db.connect(logins.operator) as op:
+        for q in queues:
+            op.execute("select awa.set_enqueue_shards(%s, 4)", [q])
+    rng = random.Random(5)
+    rows = []
+    for n in range(100_000):
+        key = f"k{rng.randint(0, 499)}".encode() if rng.random() < 0.7 else None
+        rows.append((queues[n % 8], None, key, "copy.job", Jsonb({"n": n}), None, None))
+    with db.connect(logins.producer, autocommit=False) as conn:
+        copy_rows(conn, rows)
+        assert conn.execute("select awa.enqueue_copied()").fetchone()[0] == 100_000
+        conn.commit()
+    with db.connect() as admin:
+        landed = admin.execute(
+            "select m.queue, l.shard, r.lane_seq, r.ordering_key, (r.args->>'n')::int"
+            " from awa.ready r join awa.lanes l using (lane_id)"
+            " join awa.queue_meta m on m.queue_id = r.queue_id"
+            " order by l.lane_id, r.lane_seq").fetchall()
+        assert admin.execute("select count(*) from awa.copy_staging").fetchone()[0] == 0
+    assert len(landed) == 100_000
+    by_key: dict[tuple[str, bytes], list[int]] = {}
+    for queue, shard, _seq, key, n in landed:
+        assert queue == rows[n][0]
+        if key is not None:
+            assert shard == routing.shard_for_ordering_key(key, 4)
+            by_key.setdefault((queue, key), []).append(n)
+    assert by_key and all(ns == sorted(ns) for ns in by_key.values())  # per-key COPY order
+
+
+def test_a_rollback_leaves_nothing_staged_or_enqueued(db, logins):
+    with db.connect(logins.producer, autocommit=False) as conn:
+        copy_rows(conn, [("rb", None, None, "k", Jsonb({}), None, None)] * 100)
+        assert conn.execute("select awa.enqueue_copied()").fetchone()[0] == 100
+        conn.rollback()
+        copy_rows(conn, [("rb", None, None, "k", Jsonb({}), None, None)] * 10)
+        conn.rollback()
+    with db.connect() as admin:
+        assert admin.execute("select (select count(*) from awa.copy_staging),"
+                             " (select count(*) from awa.ready)").fetchone() == (0, 0)
+
+
+def test_four_concurrent_copy_producers_do_not_mix(db, logins):
+    barrier = threading.Barrier(4)
+
+    def produce(p):
+        with db.connect(logins.producer, autocommit=False) as conn:
+            copy_rows(conn, [("mix", None, f"p{p}-{i % 7}".encode(), "k", Jsonb({"p": p}),
+                              None, None) for i in range(5000)])
+            barrier.wait()  # all four have staged rows, none has moved them
+            moved = conn.execute("select awa.enqueue_copied()").fetchone()[0]
+            conn.commit()
+            return moved
+
+    with ThreadPoolExecutor(4) as pool:
+        assert list(pool.map(produce, range(4))) == [5000] * 4
+    with db.connect(logins.worker) as w:
+        got = claim_all(w, ["mix"], 1000)
+    assert len(got) == 20_000
+    assert sorted(c[7]["p"] for c in got) == sorted([0, 1, 2, 3] * 5000)
+
+
+def test_csv_payloads_with_the_end_marker_and_null_marker_round_trip(db, logins):
+    kind = "line one\n\\.\nline three"  # a line that is exactly \. inside a field
+    csv_lines = [
+        # unquoted empty field = NULL ordering key; quoted "" = the empty key
+        'csv,,,"line one\n\\.\nline three","{""s"": ""\\\\.""}",,\n',
+        'csv,,"",csv.job,"{}",,\n',
+    ]
+    with db.connect(logins.producer, autocommit=False) as conn:
+        with conn.cursor().copy(f"{COPY_SQL} with (format csv)") as cp:
+            for line in csv_lines:
+                cp.write(line)
+        assert conn.execute("select awa.enqueue_copied()").fetchone()[0] == 2
+        conn.commit()
+    with db.connect() as admin:
+        stored = admin.execute("select kind, args, ordering_key from awa.ready order by job_id"
+                               ).fetchall()
+    assert stored == [(kind, {"s": "\\."}, None), ("csv.job", {}, b"")]
+
+
+def test_a_bad_row_fails_the_copy_naming_the_row_and_enqueues_nothing(db, logins):
+    rows = [("bad", None, None, "k", Jsonb({}), None, None)] * 3
+    rows.append(("bad", 9, None, "k", Jsonb({}), None, None))
+    with db.connect(logins.producer, autocommit=False) as conn:
+        copy_rows(conn, rows)
+        with pytest.raises(psycopg.Error) as err:
+            conn.execute("select awa.enqueue_copied()")
+        conn.rollback()
+    assert err.value.sqlstate == "22023" and "COPY row 4 (1-based)" in str(err.value)
+    with db.connect() as admin:
+        assert admin.execute("select count(*) from awa.ready").fetchone()[0] == 0
+
+
+@pytest.mark.parametrize("statement", [
+    "select * from awa.copy_staging",
+    "update awa.copy_staging set kind = 'x'",
+    "delete from awa.copy_staging",
+    "truncate awa.copy_staging",
+    "insert into awa.copy_staging (queue, kind, staged_by) values ('q', 'k', 'someone')",
+    "insert into awa.copy_staging (queue, kind, staged_xid) values ('q', 'k', '1')",
+])
+def test_producers_cannot_touch_staged_rows_or_provenance(db, logins, statement):
+    with db.connect(logins.producer) as conn, pytest.raises(
+            psycopg.errors.InsufficientPrivilege):
+        conn.execute(statement)
+
+
+def test_rows_committed_without_enqueue_copied_are_moved_by_maintenance(db, logins):
+    with db.connect(logins.producer, autocommit=False) as conn:
+        copy_rows(conn, [("orphan", None, None, "k", Jsonb({"i": i}), None, None)
+                         for i in range(250)])
+        conn.commit()
+    with db.connect() as admin:
+        assert admin.execute("select count(*), min(staged_by) from awa.copy_staging"
+                             ).fetchone() == (250, logins.producer)
+    with db.connect(logins.maintenance) as m:
+        assert m.execute("select awa.move_staged()").fetchone()[0] == 250
+        assert m.execute("select awa.move_staged()").fetchone()[0] == 0
+    with db.connect(logins.worker) as w:
+        got = claim_all(w, ["orphan"], 100)
+    assert [c[7]["i"] for c in got] == list(range(250))
