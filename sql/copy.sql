@@ -37,9 +37,16 @@ returns bigint
 language plpgsql
 set search_path = pg_catalog, pg_temp
 set plan_cache_mode = force_generic_plan
+-- Each pass reads the next rows in key order and stops; a sequential or
+-- bitmap scan would read (and sort) every remaining row at every pass.
+set enable_seqscan = off
+set enable_bitmapscan = off
+set enable_hashjoin = off
+set enable_mergejoin = off
 as $$
 declare
     moved bigint := 0;
+    last_id bigint := 0;
     ids bigint[];
     queues text[];
     priorities smallint[];
@@ -62,6 +69,9 @@ begin
           from (
               select c.* from awa.copy_staging as c
                where c.staged_xid = _move_staged.xid
+                 -- past the rows this call already moved (and deleted), so
+                 -- each pass starts where the last ended
+                 and c.staged_id > last_id
                order by c.staged_id
                limit 10000
                  for update skip locked
@@ -73,6 +83,7 @@ begin
         );
         delete from awa.copy_staging as c where c.staged_id = any(ids);
         moved := moved + cardinality(ids);
+        last_id := ids[cardinality(ids)];
     end loop;
     return moved;
 end;

@@ -421,7 +421,7 @@ begin
            ),
            array_agg(
                case when ordering_keys[i] is not null
-                    then awa.shard_for_ordering_key(ordering_keys[i], m.enqueue_shards) end
+                    then awa._key_shard(ordering_keys[i], m.enqueue_shards) end
                order by i
            )
       into queue_ids, key_shards
@@ -537,7 +537,7 @@ begin
            array_agg(d.priority order by d.run_at, d.job_id),
            array_agg(
                case when d.ordering_key is not null
-                    then awa.shard_for_ordering_key(d.ordering_key, m.enqueue_shards) end
+                    then awa._key_shard(d.ordering_key, m.enqueue_shards) end
                order by d.run_at, d.job_id
            )
       into job_ids, queue_ids, prios, key_shards

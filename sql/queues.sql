@@ -259,7 +259,7 @@ begin
           from awa.lanes as l
          where l.queue_id = _acquire_lane.queue_id
            and l.priority = _acquire_lane.priority
-           and l.shard = awa.shard_for_ordering_key(ordering_key, shards);
+           and l.shard = awa._key_shard(ordering_key, shards);
         perform pg_advisory_xact_lock(1635213644, lane.lane_id);
     else
         held := nullif(current_setting(awa._held_lane_setting(queue_id, priority), true), '');
