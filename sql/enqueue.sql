@@ -493,14 +493,17 @@ create or replace function awa.enqueue_batch(
     max_attempts integer[] default null
 )
 returns setof awa.enqueued
-language sql
+language plpgsql
 security definer
 set search_path = pg_catalog, pg_temp
 as $$
+begin
+    return query
     select * from awa._enqueue_rows(
         queues, kinds, args, priorities, ordering_keys, run_ats, max_attempts,
         'batch element', 0
-    )
+    );
+end;
 $$;
 
 -- Function: awa.promote_due(max_jobs integer default 10000) returns integer
