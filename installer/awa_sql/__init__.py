@@ -6,6 +6,7 @@ carries the operator surfaces (the ``awa`` CLI).
 
 __version__ = "0.1.0"
 
+from awa_sql.partitions import PartitionedQueue
 from awa_sql.storage import (
     LaneStatus,
     QueueStatus,
@@ -16,6 +17,7 @@ from awa_sql.storage import (
 
 __all__ = [
     "LaneStatus",
+    "PartitionedQueue",
     "QueueStatus",
     "ShardChange",
     "__version__",

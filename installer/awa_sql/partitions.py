@@ -1,0 +1,123 @@
+"""Partitioned queues on the client side: one logical queue carried by N
+ordinary queues (ADR-031 of Awa; docs/concepts.md).
+
+A partition is the ordering scope across partitions: jobs with one ordering
+key go to one partition (``partition_hash64(key) mod N``) and, inside it, to
+one enqueue shard (``hash64(key) mod S``). The two hashes are independent, so
+keyed traffic inside each partition still reaches every shard.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from awa_sql import routing
+
+MAX_PARTITIONS = 32767
+
+
+@dataclass(frozen=True)
+class PartitionedQueue:
+    """``PartitionedQueue("orders", 4)`` is carried by ``orders``,
+    ``orders__p1``, ``orders__p2`` and ``orders__p3``."""
+
+    logical: str
+    physical_queues: tuple[str, ...]
+
+    def __init__(self, logical: str, partitions: int) -> None:
+        _check_logical(logical)
+        if not isinstance(partitions, int) or isinstance(partitions, bool):
+            raise TypeError(f"partitions must be an int, got {partitions!r}")
+        if not 1 <= partitions <= MAX_PARTITIONS:
+            raise ValueError(
+                f"partitions must be between 1 and {MAX_PARTITIONS}, got {partitions}"
+            )
+        object.__setattr__(self, "logical", logical)
+        object.__setattr__(
+            self, "physical_queues", tuple(routing.partition_queue_names(logical, partitions))
+        )
+
+    @classmethod
+    def from_physical_queues(cls, logical: str, names: Sequence[str]) -> PartitionedQueue:
+        """A partitioned queue over explicitly named queues (e.g. ones that
+        were created before a naming scheme existed). Order matters: key
+        routing uses the index."""
+        _check_logical(logical)
+        names = list(names)
+        if not names:
+            raise ValueError("physical queue names must not be empty")
+        if len(names) > MAX_PARTITIONS:
+            raise ValueError(
+                f"at most {MAX_PARTITIONS} physical queues, got {len(names)}"
+            )
+        for i, name in enumerate(names):
+            if not isinstance(name, str) or not name:
+                raise ValueError(f"physical queue name {i} is empty")
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"physical queue names must be distinct, repeated: {duplicates}")
+        self = object.__new__(cls)
+        object.__setattr__(self, "logical", logical)
+        object.__setattr__(self, "physical_queues", tuple(names))
+        return self
+
+    @property
+    def partitions(self) -> int:
+        return len(self.physical_queues)
+
+    def index_for_key(self, ordering_key: routing.Key) -> int:
+        return routing.partition_for_ordering_key(ordering_key, self.partitions)
+
+    def queue_for_key(self, ordering_key: routing.Key) -> str:
+        return self.physical_queues[self.index_for_key(ordering_key)]
+
+    def queue_for_index(self, index: int) -> str:
+        if not 0 <= index < self.partitions:
+            raise IndexError(
+                f"partition index must be between 0 and {self.partitions - 1}, got {index}"
+            )
+        return self.physical_queues[index]
+
+    def route_by_key(self, ordering_key: routing.Key) -> dict:
+        """Enqueue options that send a job to its key's partition and keep the
+        key as its ordering key inside it."""
+        key = ordering_key.encode() if isinstance(ordering_key, str) else bytes(ordering_key)
+        return {"queue": self.queue_for_key(key), "ordering_key": key}
+
+    def route_by_index(self, index: int) -> dict:
+        return {"queue": self.queue_for_index(index)}
+
+    def queue_configs(
+        self,
+        *,
+        max_workers_per_partition: int | None = None,
+        min_workers_per_partition: int | None = None,
+        rate_limit_per_partition: float | None = None,
+    ) -> list[dict]:
+        """One worker configuration per partition, for ``Worker(queues=...)``."""
+        if (min_workers_per_partition is not None and max_workers_per_partition is not None
+                and min_workers_per_partition > max_workers_per_partition):
+            raise ValueError(
+                "min_workers_per_partition must not exceed max_workers_per_partition, got "
+                f"{min_workers_per_partition} > {max_workers_per_partition}"
+            )
+        for name, value in (("max_workers_per_partition", max_workers_per_partition),
+                            ("min_workers_per_partition", min_workers_per_partition),
+                            ("rate_limit_per_partition", rate_limit_per_partition)):
+            if value is not None and value < 0:
+                raise ValueError(f"{name} must be 0 or more, got {value}")
+        return [
+            {
+                "queue": q,
+                "max_workers": max_workers_per_partition,
+                "min_workers": min_workers_per_partition,
+                "rate_limit": rate_limit_per_partition,
+            }
+            for q in self.physical_queues
+        ]
+
+
+def _check_logical(logical: str) -> None:
+    if not isinstance(logical, str) or not logical:
+        raise ValueError("the logical queue name must not be empty")

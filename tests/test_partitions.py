@@ -1,0 +1,80 @@
+"""PartitionedQueue and the composition of the partition and shard hashes."""
+
+from __future__ import annotations
+
+import pytest
+
+from awa_sql import PartitionedQueue, routing
+
+
+def test_names_and_routing():
+    pq = PartitionedQueue("orders", 4)
+    assert pq.physical_queues == ("orders", "orders__p1", "orders__p2", "orders__p3")
+    assert pq.partitions == 4
+    assert pq.queue_for_key("customer-42") == "orders__p3"  # partition 3 of 4
+    assert pq.queue_for_key(b"order:1001") == "orders"  # partition 0
+    assert pq.route_by_key("customer-42") == {"queue": "orders__p3",
+                                              "ordering_key": b"customer-42"}
+    assert pq.route_by_index(2) == {"queue": "orders__p2"}
+    assert pq.queue_for_index(0) == "orders"
+    with pytest.raises(IndexError, match="between 0 and 3, got 4"):
+        pq.queue_for_index(4)
+    assert PartitionedQueue("solo", 1).physical_queues == ("solo",)
+
+
+def test_from_physical_queues_and_configs():
+    pq = PartitionedQueue.from_physical_queues("legacy", ["a", "b", "c"])
+    assert (pq.logical, pq.partitions, pq.queue_for_index(1)) == ("legacy", 3, "b")
+    configs = pq.queue_configs(max_workers_per_partition=4, min_workers_per_partition=1,
+                               rate_limit_per_partition=50.0)
+    assert configs == [{"queue": q, "max_workers": 4, "min_workers": 1, "rate_limit": 50.0}
+                       for q in ["a", "b", "c"]]
+
+
+@pytest.mark.parametrize(("call", "message"), [
+    (lambda: PartitionedQueue("", 2), "must not be empty"),
+    (lambda: PartitionedQueue("q", 0), "between 1 and 32767, got 0"),
+    (lambda: PartitionedQueue("q", 32768), "between 1 and 32767, got 32768"),
+    (lambda: PartitionedQueue.from_physical_queues("q", []), "must not be empty"),
+    (lambda: PartitionedQueue.from_physical_queues("q", ["a", ""]), "name 1 is empty"),
+    (lambda: PartitionedQueue.from_physical_queues("q", ["a", "b", "a"]), "repeated: ['a']"),
+    (lambda: PartitionedQueue("q", 2).queue_configs(max_workers_per_partition=1,
+                                                    min_workers_per_partition=2),
+     "must not exceed"),
+])
+def test_validation(call, message):
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        call()
+
+
+def test_partitions_and_shards_compose_and_the_correlated_scheme_does_not():
+    """P = S = 4, 10,000 keys: inside every partition keyed traffic reaches
+    every shard. Reducing one hash twice (shard = hash64 mod S inside
+    partition hash64 mod P) would put each partition on one shard."""
+    keys = [f"customer-{i}".encode() for i in range(10_000)]
+    cells = {(routing.partition_for_ordering_key(k, 4), routing.shard_for_ordering_key(k, 4))
+             for k in keys}
+    assert cells == {(p, s) for p in range(4) for s in range(4)}
+    correlated = {(routing.ordering_key_hash64(k) % 4, routing.ordering_key_hash64(k) % 4)
+                  for k in keys}
+    assert correlated == {(p, p) for p in range(4)}  # 4 of 16 cells: the failure it prevents
+
+
+def test_every_cell_is_reached_for_p_up_to_16_and_s_up_to_64():
+    keys = [f"k{i}".encode() for i in range(20_000)]
+    hashes = [(routing.partition_hash64(k), routing.ordering_key_hash64(k)) for k in keys]
+    for p in range(1, 17):
+        for s in range(1, 65):
+            cells = {(ph % p, h % s) for ph, h in hashes}
+            assert len(cells) == p * s, (p, s)
+
+
+def test_python_and_sql_agree_on_partition_and_shard_for_10000_keys(db):
+    keys = [f"order-{i}".encode() for i in range(10_000)]
+    with db.connect(db.login_role("awa_producer")) as conn:
+        rows = conn.execute(
+            "select awa.partition_for_ordering_key(k, 4), awa.shard_for_ordering_key(k, 4)"
+            " from unnest(%s::bytea[]) with ordinality as u (k, i) order by i", [keys]
+        ).fetchall()
+    assert rows == [(routing.partition_for_ordering_key(k, 4),
+                     routing.shard_for_ordering_key(k, 4)) for k in keys]
