@@ -6,7 +6,7 @@
 
 -- Function: awa.claim(queues text[], max_jobs integer, worker text, lease interval)
 -- Claims up to max_jobs ready jobs from the named queues and all their
--- stripes: highest priority first, then the job
+-- partitions and stripes: highest priority first, then the job
 -- that has been ready longest across lanes, FIFO within each lane. Rows other
 -- claimers hold are skipped, never waited for. Paused queues yield nothing.
 -- Role: awa_worker.
@@ -51,7 +51,8 @@ begin
         select l.lane_id, l.priority, l.shard, m.queue
           from awa.queue_meta as m
           join awa.lanes as l on l.queue_id = m.queue_id
-         where (m.queue = any(queues) or m.logical_queue = any(queues))
+         where (m.queue = any(queues) or m.logical_queue = any(queues)
+                or m.root_queue = any(queues))
            and not m.paused
     ),
     heads as (

@@ -14,7 +14,8 @@ as $$
 begin
     perform awa._queue(queue);
     update awa.queue_meta as m set paused = true
-     where (m.queue = pause_queue.queue or m.logical_queue = pause_queue.queue)
+     where (m.queue = pause_queue.queue or m.logical_queue = pause_queue.queue
+            or m.root_queue = pause_queue.queue)
        and not m.paused;
     return found;
 end;
@@ -31,7 +32,8 @@ as $$
 begin
     perform awa._queue(queue);
     update awa.queue_meta as m set paused = false
-     where (m.queue = resume_queue.queue or m.logical_queue = resume_queue.queue)
+     where (m.queue = resume_queue.queue or m.logical_queue = resume_queue.queue
+            or m.root_queue = resume_queue.queue)
        and m.paused;
     return found;
 end;

@@ -50,7 +50,7 @@ declare
     new_job bigint;
     new_seq bigint;
 begin
-    meta := awa._pick_stripe(awa._ensure_queue(queue), ordering_key);
+    meta := awa._route_queue(awa._ensure_queue(queue), ordering_key);
     if run_at is not null and run_at > now() then
         new_job := nextval('awa.job_id_seq');
         insert into awa.scheduled (
@@ -118,7 +118,7 @@ begin
     end if;
     select m.queue_id, m.enqueue_shards into q_id, shards
       from awa.queue_meta as m
-     where m.queue = enqueue.queue and m.stripes = 1;
+     where m.queue = enqueue.queue and m.stripes = 1 and m.partitions = 1;
     if not found or ordering_key is not null or (run_at is not null and run_at > now()) then
         return awa._enqueue_slow(queue, kind, args, priority, ordering_key, run_at, max_attempts);
     end if;
@@ -398,14 +398,15 @@ begin
         perform awa._ensure_queue(q);
     end loop;
 
-    -- Striped queues: each row goes to its stripe (by key, else this
-    -- backend's sticky stripe); the stripe is created when missing.
+    -- Partitioned and striped queues: each row goes to its partition, then
+    -- its stripe (by key, else this backend's sticky one); created when missing.
     if exists (
-        select from awa.queue_meta as m where m.queue = any(queues) and m.stripes > 1
+        select from awa.queue_meta as m
+         where m.queue = any(queues) and (m.stripes > 1 or m.partitions > 1)
     ) then
         queues := array(
-            select case when m.stripes > 1
-                        then (awa._pick_stripe(m, ordering_keys[i])).queue
+            select case when m.stripes > 1 or m.partitions > 1
+                        then (awa._route_queue(m, ordering_keys[i])).queue
                         else queues[i] end
               from generate_series(1, n) as i
               join awa.queue_meta as m on m.queue = queues[i]

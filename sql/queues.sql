@@ -140,12 +140,77 @@ begin
     end if;
     anchor := awa._ensure_queue(logical);
     perform pg_advisory_xact_lock(1635213648, 0);
-    insert into awa.queue_meta (queue, logical_queue, enqueue_shards, paused)
+    insert into awa.queue_meta (queue, logical_queue, root_queue, enqueue_shards, paused)
+    values (
+        physical, logical, coalesce(anchor.root_queue, logical), anchor.enqueue_shards,
+        anchor.paused
+    )
+    on conflict do nothing;
+    select m.* into strict meta from awa.queue_meta as m where m.queue = physical;
+    perform awa._provision_lanes(meta.queue_id, meta.enqueue_shards);
+    return meta;
+end;
+$$;
+
+-- Function: awa._ensure_partition(logical text, partition integer) returns awa.queue_meta
+-- Partition k > 0 of a logical queue, logical__pk, created with the logical
+-- queue's S and its lanes when missing.
+create or replace function awa._ensure_partition(logical text, partition integer)
+returns awa.queue_meta
+language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    anchor awa.queue_meta;
+    meta awa.queue_meta;
+    physical text := logical || '__p' || partition;
+begin
+    select m.* into meta from awa.queue_meta as m where m.queue = physical;
+    if found then
+        if meta.root_queue is null then
+            -- An ordinary queue of that name existed before: it joins.
+            update awa.queue_meta as m set root_queue = logical
+             where m.queue_id = meta.queue_id
+            returning m.* into strict meta;
+        end if;
+        return meta;
+    end if;
+    anchor := awa._ensure_queue(logical);
+    perform pg_advisory_xact_lock(1635213648, 0);
+    insert into awa.queue_meta (queue, root_queue, enqueue_shards, paused)
     values (physical, logical, anchor.enqueue_shards, anchor.paused)
     on conflict do nothing;
     select m.* into strict meta from awa.queue_meta as m where m.queue = physical;
     perform awa._provision_lanes(meta.queue_id, meta.enqueue_shards);
     return meta;
+end;
+$$;
+
+-- Function: awa._route_queue(anchor awa.queue_meta, ordering_key bytea) returns awa.queue_meta
+-- The physical queue a new job for a logical name goes to: its partition
+-- (by the partition hash, or this backend's sticky partition when
+-- unkeyed), then that partition's stripe. The ordering key goes on
+-- unchanged, so inside the partition it picks the shard.
+create or replace function awa._route_queue(anchor awa.queue_meta, ordering_key bytea)
+returns awa.queue_meta
+language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    partition integer;
+    target awa.queue_meta := anchor;
+begin
+    if anchor.partitions > 1 then
+        partition := case
+            when ordering_key is not null
+                then awa.partition_for_ordering_key(ordering_key, anchor.partitions)
+            else pg_backend_pid() % anchor.partitions
+        end;
+        if partition > 0 then
+            target := awa._ensure_partition(anchor.queue, partition);
+        end if;
+    end if;
+    return awa._pick_stripe(target, ordering_key);
 end;
 $$;
 
@@ -174,8 +239,9 @@ end;
 $$;
 
 -- Function: awa._physical_queues(queue text) returns setof awa.queue_meta
--- Every physical queue of a logical name: its own row and all its stripes,
--- the current ones created when missing. Locked against concurrent changes.
+-- Every physical queue of a logical name: its own row, its partitions and
+-- all their stripes, the current ones created when missing. Locked against
+-- concurrent changes.
 create or replace function awa._physical_queues(queue text)
 returns setof awa.queue_meta
 language plpgsql
@@ -183,19 +249,28 @@ set search_path = pg_catalog, pg_temp
 as $$
 declare
     anchor awa.queue_meta;
+    part awa.queue_meta;
 begin
     anchor := awa._ensure_queue(queue);
     select m.* into strict anchor
       from awa.queue_meta as m where m.queue_id = anchor.queue_id
        for update;
-    if anchor.stripes > 1 then
-        perform awa._ensure_stripe(anchor.queue, k)
-           from generate_series(0, anchor.stripes - 1) as k;
-    end if;
+    for k in 1 .. anchor.partitions - 1 loop
+        perform awa._ensure_partition(anchor.queue, k);
+    end loop;
+    for part in
+        select m.* from awa.queue_meta as m
+         where (m.queue_id = anchor.queue_id or m.root_queue = anchor.queue)
+           and m.stripes > 1
+    loop
+        perform awa._ensure_stripe(part.queue, k)
+           from generate_series(0, part.stripes - 1) as k;
+    end loop;
     return query
     select m.*
       from awa.queue_meta as m
-     where m.queue_id = anchor.queue_id or m.logical_queue = anchor.queue
+     where m.queue_id = anchor.queue_id or m.root_queue = anchor.queue
+        or m.logical_queue = anchor.queue
      order by m.queue_id
        for update;
 end;
@@ -305,6 +380,8 @@ select awa._grant_execute('awa._ensure_queue(text)');
 select awa._grant_execute('awa._queue(text)');
 select awa._grant_execute('awa._ensure_stripe(text, integer)');
 select awa._grant_execute('awa._pick_stripe(awa.queue_meta, bytea)');
+select awa._grant_execute('awa._ensure_partition(text, integer)');
+select awa._grant_execute('awa._route_queue(awa.queue_meta, bytea)');
 select awa._grant_execute('awa._physical_queues(text)');
 select awa._grant_execute('awa._held_lane_setting(integer, smallint)');
 select awa._grant_execute('awa._acquire_lane(integer, integer, smallint, bytea)');

@@ -143,3 +143,56 @@ end;
 $$;
 
 select awa._grant_execute('awa.set_queue_stripes(text, integer)', 'operator');
+
+-- Function: awa.set_queue_partitions(queue text, partitions integer)
+-- Registers a logical queue as carried by P partitions: the queue itself
+-- (partition 0) and queue__p1 .. queue__p(P-1), ordinary queues with the
+-- logical queue's S. From the commit on, every producer enqueuing to the
+-- logical name (awa.enqueue, awa.enqueue_batch, COPY) sends a keyed job to
+-- partition partition_hash64(key) mod P with its key as ordering key, and
+-- spreads unkeyed jobs. Claims, pauses and shard changes by the logical name
+-- cover every partition. Changing P is a repartitioning event: keys move,
+-- and per-key order returns once the old partitions drain (ADR 004).
+-- Role: awa_operator. Returns one row per partition.
+-- Errors: 22004 null; 22023 out of range (1..32767) or bad name; 25006 standby.
+create or replace function awa.set_queue_partitions(queue text, partitions integer)
+returns table (partition integer, physical_queue text)
+language plpgsql
+security definer
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    anchor awa.queue_meta;
+begin
+    if partitions is null then
+        raise exception 'partitions must not be null' using errcode = '22004';
+    end if;
+    if partitions not between 1 and 32767 then
+        raise exception 'partitions must be between 1 and 32767, got %', partitions
+            using errcode = '22023';
+    end if;
+    if pg_is_in_recovery() then
+        raise exception 'cannot change partitions on a standby' using errcode = '25006';
+    end if;
+    perform awa._check_queue_name(queue);
+    anchor := awa._ensure_queue(queue);
+    if anchor.root_queue is not null then
+        raise exception 'queue % is itself a partition or stripe of %',
+            quote_literal(queue), quote_literal(anchor.root_queue)
+            using errcode = '22023';
+    end if;
+    update awa.queue_meta as m set partitions = set_queue_partitions.partitions
+     where m.queue_id = anchor.queue_id;
+    for k in 1 .. set_queue_partitions.partitions - 1 loop
+        perform awa._ensure_partition(set_queue_partitions.queue, k);
+    end loop;
+    return query
+    select n.i::integer - 1, n.name
+      from unnest(awa.partition_queue_names(set_queue_partitions.queue,
+                                            set_queue_partitions.partitions))
+           with ordinality as n (name, i)
+     order by n.i;
+end;
+$$;
+
+select awa._grant_execute('awa.set_queue_partitions(text, integer)', 'operator');

@@ -32,8 +32,9 @@ select
     coalesce(f.failed, 0) as failed,
     coalesce(f.completed, 0) as completed,
     now() - r.oldest_ready_at as oldest_ready_age,
-    coalesce(m.logical_queue, m.queue) as logical_queue,
-    m.stripes
+    coalesce(m.root_queue, m.logical_queue, m.queue) as logical_queue,
+    m.stripes,
+    m.partitions
 from awa.queue_meta as m
 left join (
     select
@@ -68,7 +69,8 @@ left join (
 
 comment on view awa.queue_overview is
 'Per physical queue: S, shard mode, paused, job counts by state, age of the oldest ready '
-'job; logical_queue names the logical queue of a stripe (itself otherwise), stripes is K.';
+'job; logical_queue names the logical queue a partition or stripe belongs to (itself '
+'otherwise); stripes is K; partitions is P for a partitioned logical queue.';
 
 -- View: awa.lane_overview, one row per lane.
 create or replace view awa.lane_overview as
@@ -82,7 +84,7 @@ select
     now() - r.oldest_ready_at as lag,
     awa._lane_next_seq(l.lane_id) as next_seq,
     r.head_seq as claim_position,
-    coalesce(m.logical_queue, m.queue) as logical_queue
+    coalesce(m.root_queue, m.logical_queue, m.queue) as logical_queue
 from awa.lanes as l
 inner join awa.queue_meta as m on l.queue_id = m.queue_id
 left join (

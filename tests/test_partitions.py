@@ -78,3 +78,63 @@ def test_python_and_sql_agree_on_partition_and_shard_for_10000_keys(db):
         ).fetchall()
     assert rows == [(routing.partition_for_ordering_key(k, 4),
                      routing.shard_for_ordering_key(k, 4)) for k in keys]
+
+
+# -- server side: a registered logical queue ---------------------------------------------
+
+
+def test_server_side_partitions_route_every_enqueue_path(db):
+    from psycopg.types.json import Jsonb
+
+    operator, producer, worker = (db.login_role(f"awa_{c}")
+                                  for c in ("operator", "producer", "worker"))
+    pq = PartitionedQueue("orders", 4)
+    with db.connect(operator) as op:
+        parts = op.execute("select * from awa.set_queue_partitions('orders', 4)").fetchall()
+        assert parts == list(enumerate(pq.physical_queues))
+        changed = op.execute("select physical_queue from awa.set_enqueue_shards('orders', 4)"
+                             ).fetchall()
+        assert sorted(q for (q,) in changed) == sorted(pq.physical_queues)
+    keys = [f"customer-{i}".encode() for i in range(200)]
+    with db.connect(producer, autocommit=False) as p:
+        single = [p.execute("select * from awa.enqueue('orders', 'k', ordering_key => %s)",
+                            [k]).fetchone() for k in keys[:50]]
+        batch = p.execute("select * from awa.enqueue_batch(%s, %s, ordering_keys => %s)",
+                          [["orders"] * 50, ["k"] * 50, keys[50:100]]).fetchall()
+        with p.cursor().copy("copy awa.copy_staging (queue, ordering_key, kind, args)"
+                             " from stdin") as cp:
+            for k in keys[100:]:
+                cp.write_row(("orders", k, "k", Jsonb({"key": k.decode()})))
+        assert p.execute("select awa.enqueue_copied()").fetchone()[0] == 100
+        unkeyed = p.execute("select * from awa.enqueue('orders', 'k')").fetchone()
+        p.commit()
+    for k, row in zip(keys[:100], single + batch, strict=True):
+        assert row[1] == pq.queue_for_key(k)
+        assert row[3] == routing.shard_for_ordering_key(k, 4)
+    assert unkeyed[1] in pq.physical_queues
+    with db.connect(worker) as w:
+        claimed = w.execute("select queue, enqueue_shard, ordering_key"
+                            " from awa.claim(array['orders'], 500, 'w')").fetchall()
+    assert len(claimed) == 201  # the logical name covers every partition
+    for queue, shard, key in claimed:
+        if key is not None:
+            assert queue == pq.queue_for_key(key)
+            assert shard == routing.shard_for_ordering_key(key, 4)
+
+
+@pytest.mark.parametrize(("value", "sqlstate"), [(0, "22023"), (32768, "22023"),
+                                                 (None, "22004")])
+def test_set_queue_partitions_validation(db, value, sqlstate):
+    import psycopg
+
+    with db.connect(db.login_role("awa_operator")) as op, pytest.raises(psycopg.Error) as err:
+        op.execute("select * from awa.set_queue_partitions('p', %s)", [value])
+    assert err.value.sqlstate == sqlstate
+
+
+def test_only_operators_may_partition(db):
+    import psycopg
+
+    with db.connect(db.login_role("awa_producer")) as p, pytest.raises(
+            psycopg.errors.InsufficientPrivilege):
+        p.execute("select * from awa.set_queue_partitions('p', 2)")
