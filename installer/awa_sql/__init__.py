@@ -6,6 +6,15 @@ carries the operator surfaces (the ``awa`` CLI).
 
 __version__ = "0.1.0"
 
+from awa_sql.client import (
+    Enqueued,
+    Producer,
+    enqueue,
+    enqueue_async,
+    enqueue_many,
+    enqueue_many_async,
+    enqueue_many_copy,
+)
 from awa_sql.partitions import PartitionedQueue
 from awa_sql.storage import (
     LaneStatus,
@@ -16,11 +25,18 @@ from awa_sql.storage import (
 )
 
 __all__ = [
+    "Enqueued",
     "LaneStatus",
     "PartitionedQueue",
+    "Producer",
     "QueueStatus",
     "ShardChange",
     "__version__",
+    "enqueue",
+    "enqueue_async",
+    "enqueue_many",
+    "enqueue_many_async",
+    "enqueue_many_copy",
     "set_enqueue_shards",
     "show",
 ]

@@ -1,0 +1,195 @@
+"""A thin Python producer for the awa SQL contract (psycopg 3, sync and async).
+
+Each function takes a connection and runs inside its current transaction, so
+an enqueue commits or rolls back with the caller's own writes
+(transactional enqueue). ``Producer`` opens its own connection and commits
+each call instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+Key = bytes | bytearray | memoryview | str | None
+
+ENQUEUE_SQL = (
+    "select job_id, queue, priority, enqueue_shard, lane_seq from awa.enqueue("
+    "%(queue)s::text, %(kind)s::text, %(args)s::jsonb, %(priority)s::smallint,"
+    " %(ordering_key)s::bytea, %(run_at)s::timestamptz, %(max_attempts)s::integer)"
+)
+BATCH_SQL = (
+    "select job_id, queue, priority, enqueue_shard, lane_seq from awa.enqueue_batch("
+    "%s::text[], %s::text[], %s::jsonb[], %s::smallint[], %s::bytea[], %s::timestamptz[],"
+    " %s::integer[])"
+)
+COPY_SQL = (
+    "copy awa.copy_staging (queue, priority, ordering_key, kind, args, run_at, max_attempts)"
+    " from stdin"
+)
+JOB_FIELDS = ("kind", "args", "queue", "priority", "ordering_key", "run_at", "max_attempts")
+
+
+@dataclass(frozen=True)
+class Enqueued:
+    job_id: int
+    queue: str
+    priority: int
+    enqueue_shard: int | None
+    lane_seq: int | None
+
+
+def _key(key: Key) -> bytes | None:
+    if key is None:
+        return None
+    return key.encode("utf-8") if isinstance(key, str) else bytes(key)
+
+
+def _params(kind: str, args: Mapping[str, Any] | None, queue: str, priority: int,
+            ordering_key: Key, run_at: datetime | None, max_attempts: int) -> dict:
+    return {"queue": queue, "kind": kind, "args": Jsonb(dict(args or {})),
+            "priority": priority, "ordering_key": _key(ordering_key), "run_at": run_at,
+            "max_attempts": max_attempts}
+
+
+def enqueue(conn: psycopg.Connection, kind: str, args: Mapping[str, Any] | None = None, *,
+            queue: str, priority: int = 2, ordering_key: Key = None,
+            run_at: datetime | None = None, max_attempts: int = 25) -> Enqueued:
+    """One job, in ``conn``'s current transaction."""
+    row = conn.execute(ENQUEUE_SQL, _params(kind, args, queue, priority, ordering_key,
+                                            run_at, max_attempts)).fetchone()
+    return Enqueued(*row)
+
+
+def _columns(jobs: Sequence[Mapping[str, Any]], defaults: Mapping[str, Any]) -> list[list]:
+    unknown = set(defaults) - set(JOB_FIELDS)
+    if unknown:
+        raise TypeError(f"unknown job fields: {sorted(unknown)}")
+    cols: dict[str, list] = {f: [] for f in JOB_FIELDS}
+    for i, job in enumerate(jobs):
+        merged = {**defaults, **job}
+        if "kind" not in merged or "queue" not in merged:
+            raise ValueError(f"job {i} needs a kind and a queue (or a default queue)")
+        for f in JOB_FIELDS:
+            value = merged.get(f)
+            if f == "args":
+                value = Jsonb(dict(value or {}))
+            elif f == "ordering_key":
+                value = _key(value)
+            cols[f].append(value)
+    return [cols["queue"], cols["kind"], cols["args"], cols["priority"],
+            cols["ordering_key"], cols["run_at"], cols["max_attempts"]]
+
+
+def enqueue_many(conn: psycopg.Connection, jobs: Sequence[Mapping[str, Any]],
+                 **defaults: Any) -> list[Enqueued]:
+    """Many jobs in one round trip (``awa.enqueue_batch``), results in input order.
+
+    Each job is a mapping with ``kind`` and any of ``args``, ``queue``,
+    ``priority``, ``ordering_key``, ``run_at``, ``max_attempts``; ``defaults``
+    fill what a job leaves out.
+    """
+    columns = _columns(jobs, defaults)
+    if not jobs:
+        return []
+    rows = conn.execute(BATCH_SQL, columns).fetchall()
+    return [Enqueued(*r) for r in rows]
+
+
+def enqueue_many_copy(conn: psycopg.Connection, jobs: Sequence[Mapping[str, Any]], *,
+                      queue: str | None = None, ordering_key: Key = None,
+                      opts: Sequence[Mapping[str, Any] | None] | None = None) -> int:
+    """Bulk enqueue through COPY and ``awa.enqueue_copied()``; returns the count.
+
+    ``opts``, if given, is aligned with ``jobs``: each entry may override
+    ``queue`` and ``ordering_key`` for its job.
+    """
+    if opts is not None and len(opts) != len(jobs):
+        raise ValueError(
+            f"opts has {len(opts)} entries but jobs has {len(jobs)}; they must be aligned"
+        )
+    with conn.cursor() as cur, cur.copy(COPY_SQL) as cp:
+        for i, job in enumerate(jobs):
+            override = (opts[i] or {}) if opts is not None else {}
+            bad = set(override) - {"queue", "ordering_key"}
+            if bad:
+                raise ValueError(f"opts[{i}] may set queue and ordering_key, not {sorted(bad)}")
+            row_queue = override.get("queue", job.get("queue", queue))
+            if row_queue is None:
+                raise ValueError(f"job {i} has no queue: pass queue= or set it per job")
+            key = override.get("ordering_key", job.get("ordering_key", ordering_key))
+            cp.write_row((row_queue, job.get("priority"), _key(key), job["kind"],
+                          Jsonb(dict(job.get("args") or {})), job.get("run_at"),
+                          job.get("max_attempts")))
+    return conn.execute("select awa.enqueue_copied()").fetchone()[0]
+
+
+class Producer:
+    """Owns a connection; every call is its own committed transaction."""
+
+    def __init__(self, dsn: str | None = None, *, conn: psycopg.Connection | None = None):
+        from awa_sql.connect import connect
+
+        self._conn = conn if conn is not None else connect(dsn)
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def _run(self, fn, *args, **kwargs):
+        with self._conn.transaction():
+            return fn(self._conn, *args, **kwargs)
+
+    def enqueue(self, kind: str, args: Mapping[str, Any] | None = None, **kw) -> Enqueued:
+        return self._run(enqueue, kind, args, **kw)
+
+    def enqueue_many(self, jobs: Sequence[Mapping[str, Any]], **defaults) -> list[Enqueued]:
+        return self._run(enqueue_many, jobs, **defaults)
+
+    def enqueue_many_copy(self, jobs: Sequence[Mapping[str, Any]], **kw) -> int:
+        return self._run(enqueue_many_copy, jobs, **kw)
+
+
+# -- async -------------------------------------------------------------------------------
+
+
+async def enqueue_async(conn: psycopg.AsyncConnection, kind: str,
+                        args: Mapping[str, Any] | None = None, *, queue: str,
+                        priority: int = 2, ordering_key: Key = None,
+                        run_at: datetime | None = None, max_attempts: int = 25) -> Enqueued:
+    cur = await conn.execute(ENQUEUE_SQL, _params(kind, args, queue, priority, ordering_key,
+                                                  run_at, max_attempts))
+    return Enqueued(*(await cur.fetchone()))
+
+
+async def enqueue_many_async(conn: psycopg.AsyncConnection,
+                             jobs: Sequence[Mapping[str, Any]], **defaults: Any
+                             ) -> list[Enqueued]:
+    columns = _columns(jobs, defaults)
+    if not jobs:
+        return []
+    cur = await conn.execute(BATCH_SQL, columns)
+    return [Enqueued(*r) for r in await cur.fetchall()]
+
+
+def iter_configs(queues: Iterable) -> list[dict]:
+    """Normalise what ``Worker(queues=...)`` accepts: names, a PartitionedQueue,
+    or the dicts ``PartitionedQueue.queue_configs()`` returns."""
+    from awa_sql.partitions import PartitionedQueue
+
+    if isinstance(queues, PartitionedQueue):
+        return queues.queue_configs()
+    out = []
+    for q in queues:
+        out.append({"queue": q} if isinstance(q, str) else dict(q))
+    return out

@@ -1,0 +1,138 @@
+"""A small worker loop for the awa SQL contract.
+
+One thread per slot: a queue configured with ``max_workers = N`` gets N
+slots, each with its own connection, claiming one job at a time. A single
+heartbeat thread extends the leases of running jobs. ``stop()`` (or SIGTERM
+when ``run()`` is on the main thread) lets every slot finish the job it holds,
+then returns.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import socket
+import threading
+import traceback
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+
+from awa_sql.client import iter_configs
+from awa_sql.connect import resolve_dsn
+
+log = logging.getLogger("awa_sql.worker")
+
+CLAIM_SQL = (
+    "select job_id, run_lease, queue, priority, enqueue_shard, lane_seq, kind, args, attempt,"
+    " max_attempts, ordering_key from awa.claim(%s::text[], 1, %s::text, %s::interval)"
+)
+
+
+@dataclass(frozen=True)
+class Job:
+    job_id: int
+    run_lease: int
+    queue: str
+    priority: int
+    enqueue_shard: int
+    lane_seq: int
+    kind: str
+    args: dict
+    attempt: int
+    max_attempts: int
+    ordering_key: bytes | None
+
+
+class Worker:
+    def __init__(
+        self,
+        dsn: str | None = None,
+        *,
+        queues: Iterable | Any,
+        handlers: Mapping[str, Callable[[Job], Any]],
+        lease: timedelta = timedelta(minutes=5),
+        heartbeat_every: timedelta | None = None,
+        poll_interval: float = 0.2,
+        name: str | None = None,
+    ) -> None:
+        self.dsn = resolve_dsn(dsn)
+        self.configs = iter_configs(queues)
+        if not self.configs:
+            raise ValueError("a worker needs at least one queue")
+        self.handlers = dict(handlers)
+        self.lease = lease
+        self.heartbeat_every = heartbeat_every or lease / 3
+        self.poll_interval = poll_interval
+        self.name = name or f"{socket.gethostname()}:{threading.get_native_id()}"
+        self._stop = threading.Event()
+        self._running: dict[int, int] = {}  # job_id -> run_lease
+        self._lock = threading.Lock()
+        self.completed = 0
+        self.failed = 0
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def run(self) -> None:
+        """Blocks until ``stop()``; every held job is finished first."""
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, lambda *_: self.stop())
+        threads = [threading.Thread(target=self._heartbeat, name="awa-heartbeat", daemon=True)]
+        for config in self.configs:
+            for slot in range(max(1, config.get("max_workers") or 1)):
+                threads.append(threading.Thread(
+                    target=self._slot, args=(config["queue"],),
+                    name=f"awa-{config['queue']}-{slot}"))
+        for t in threads:
+            t.start()
+        for t in threads[1:]:
+            t.join()
+        self._stop.set()
+        threads[0].join()
+
+    def _slot(self, queue: str) -> None:
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            while not self._stop.is_set():
+                row = conn.execute(CLAIM_SQL, [[queue], self.name, self.lease]).fetchone()
+                if row is None:
+                    self._stop.wait(self.poll_interval)
+                    continue
+                self._handle(conn, Job(*row))
+
+    def _handle(self, conn: psycopg.Connection, job: Job) -> None:
+        with self._lock:
+            self._running[job.job_id] = job.run_lease
+        try:
+            handler = self.handlers.get(job.kind)
+            if handler is None:
+                raise LookupError(f"no handler for kind {job.kind!r}")
+            handler(job)
+        except Exception as err:
+            error = "".join(traceback.format_exception_only(err)).strip()
+            conn.execute("select awa.fail(%s, %s, %s)", [job.job_id, job.run_lease, error])
+            self.failed += 1
+            log.warning("job %s (%s) failed: %s", job.job_id, job.kind, error)
+        else:
+            done = conn.execute("select awa.complete(%s, %s)",
+                                [job.job_id, job.run_lease]).fetchone()[0]
+            if done:
+                self.completed += 1
+            else:
+                log.warning("job %s: lease expired before completion; not counted",
+                            job.job_id)
+        finally:
+            with self._lock:
+                self._running.pop(job.job_id, None)
+
+    def _heartbeat(self) -> None:
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            while not self._stop.wait(self.heartbeat_every.total_seconds()):
+                with self._lock:
+                    held = list(self._running.items())
+                for job_id, run_lease in held:
+                    conn.execute("select awa.heartbeat(%s, %s, %s)",
+                                 [job_id, run_lease, self.lease])

@@ -1,0 +1,183 @@
+"""The Python producer and worker against real PostgreSQL 17 and 18."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+import psycopg
+import pytest
+
+import awa_sql
+from awa_sql import PartitionedQueue
+from awa_sql.worker import Worker
+
+
+@pytest.fixture
+def producer_login(db) -> str:
+    return db.login_role("awa_producer")
+
+
+@pytest.fixture
+def worker_login(db) -> str:
+    return db.login_role("awa_worker")
+
+
+def test_enqueue_is_transactional(db, producer_login):
+    with db.connect(producer_login, autocommit=False) as conn:
+        kept = awa_sql.enqueue(conn, "send", {"to": "a"}, queue="mail", ordering_key="k")
+        conn.commit()
+        awa_sql.enqueue(conn, "send", {"to": "b"}, queue="mail")
+        conn.rollback()
+    assert kept.queue == "mail" and kept.lane_seq == 1
+    with db.connect() as admin:
+        assert admin.execute("select array_agg(args->>'to') from awa.ready").fetchone()[0] == [
+            "a"]
+
+
+def test_enqueue_many_uses_defaults_and_keeps_input_order(db, producer_login):
+    with db.connect(producer_login, autocommit=False) as conn:
+        rows = awa_sql.enqueue_many(
+            conn, [{"kind": "a"}, {"kind": "b", "priority": 1}, {"kind": "c", "queue": "other"}],
+            queue="many")
+        conn.commit()
+    assert [(r.queue, r.priority) for r in rows] == [("many", 2), ("many", 1), ("other", 2)]
+    with pytest.raises(TypeError, match="unknown job fields"):
+        awa_sql.enqueue_many(None, [{"kind": "x"}], color="red")
+
+
+def test_enqueue_many_copy_with_per_job_opts(db, producer_login):
+    jobs = [{"kind": "c", "args": {"i": i}} for i in range(30)]
+    opts = [{"queue": f"copyq-{i % 3}", "ordering_key": f"k{i % 5}"} for i in range(30)]
+    with db.connect(producer_login, autocommit=False) as conn:
+        assert awa_sql.enqueue_many_copy(conn, jobs, opts=opts) == 30
+        conn.commit()
+    with db.connect() as admin:
+        got = admin.execute(
+            "select m.queue, r.ordering_key, (r.args->>'i')::int from awa.ready r"
+            " join awa.queue_meta m using (queue_id)").fetchall()
+    assert sorted((q, bytes(k), i) for q, k, i in got) == sorted(
+        (f"copyq-{i % 3}", f"k{i % 5}".encode(), i) for i in range(30))
+    with pytest.raises(ValueError, match="opts has 2 entries but jobs has 30"):
+        awa_sql.enqueue_many_copy(None, jobs, opts=opts[:2])
+
+
+def test_producer_commits_each_call(db, producer_login):
+    with awa_sql.Producer(db.dsn(producer_login)) as producer:
+        producer.enqueue("p", queue="own")
+        producer.enqueue_many([{"kind": "q"}] * 3, queue="own")
+        assert producer.enqueue_many_copy([{"kind": "r"}] * 2, queue="own") == 2
+    with db.connect() as admin:
+        assert admin.execute("select count(*) from awa.ready").fetchone()[0] == 6
+
+
+def test_async_enqueue(db, producer_login):
+    async def go():
+        async with await psycopg.AsyncConnection.connect(db.dsn(producer_login)) as conn:
+            one = await awa_sql.enqueue_async(conn, "a", queue="async", ordering_key=b"x")
+            many = await awa_sql.enqueue_many_async(conn, [{"kind": "b"}] * 2, queue="async")
+            await conn.commit()
+            return one, many
+
+    one, many = asyncio.run(go())
+    assert one.queue == "async" and [m.lane_seq for m in many] == [2, 3]
+
+
+def test_worker_on_four_partitions_keeps_per_key_order(db, producer_login, worker_login):
+    pq = PartitionedQueue("work", 4)
+    keys = [f"account-{i}" for i in range(20)]
+    with db.connect(producer_login, autocommit=False) as conn:
+        for n in range(200):
+            key = keys[n % len(keys)]
+            awa_sql.enqueue(conn, "step", {"key": key, "n": n}, **pq.route_by_key(key))
+        conn.commit()
+    seen: list[tuple[str, str, int]] = []
+    lock = threading.Lock()
+    done = threading.Event()
+
+    def step(job):
+        with lock:
+            seen.append((job.queue, job.args["key"], job.args["n"]))
+            if len(seen) == 200:
+                done.set()
+
+    worker = Worker(db.dsn(worker_login), queues=pq.queue_configs(max_workers_per_partition=1),
+                    handlers={"step": step}, poll_interval=0.05)
+    runner = threading.Thread(target=worker.run)
+    runner.start()
+    try:
+        assert done.wait(60), f"only {len(seen)} of 200 jobs ran"
+    finally:
+        worker.stop()
+        runner.join(30)
+    assert not runner.is_alive()
+    assert {q for q, _, _ in seen} == set(pq.physical_queues)  # every partition
+    for key in keys:
+        ns = [n for _, k, n in seen if k == key]
+        assert ns == sorted(ns)
+        assert {q for q, k, _ in seen if k == key} == {pq.queue_for_key(key)}
+    assert worker.completed == 200
+
+
+def test_worker_fails_jobs_whose_handler_raises(db, producer_login, worker_login):
+    with db.connect(producer_login) as conn:
+        awa_sql.enqueue(conn, "boom", queue="failing", max_attempts=1)
+        awa_sql.enqueue(conn, "unknown-kind", queue="failing", max_attempts=1)
+    failed = threading.Event()
+
+    def boom(job):
+        raise RuntimeError("kaput")
+
+    worker = Worker(db.dsn(worker_login), queues=["failing"], handlers={"boom": boom},
+                    poll_interval=0.05)
+    runner = threading.Thread(target=worker.run)
+    runner.start()
+    with db.connect() as admin:
+        for _ in range(600):
+            if admin.execute("select count(*) from awa.finished").fetchone()[0] == 2:
+                failed.set()
+                break
+            admin.execute("select pg_sleep(0.05)")
+    worker.stop()
+    runner.join(30)
+    assert failed.is_set()
+    with db.connect() as admin:
+        errors = dict(admin.execute("select kind, last_error from awa.finished").fetchall())
+    assert "kaput" in errors["boom"] and "no handler" in errors["unknown-kind"]
+
+
+def test_sigterm_finishes_the_held_job_and_exits(db, producer_login, worker_login, tmp_path):
+    with db.connect(producer_login) as conn:
+        awa_sql.enqueue(conn, "slow", queue="term")
+    marker = tmp_path / "started"
+    script = f"""
+import pathlib, time
+from datetime import timedelta
+from awa_sql.worker import Worker
+started = pathlib.Path({str(marker)!r})
+def slow(job):
+    started.write_text("1")
+    time.sleep(1.0)  # a job that takes a while; SIGTERM arrives meanwhile
+w = Worker({db.dsn(worker_login)!r}, queues=["term"], handlers={{"slow": slow}},
+           poll_interval=0.05, lease=timedelta(minutes=1))
+w.run()
+print("completed", w.completed)
+"""
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+    with db.connect() as admin:
+        for _ in range(600):
+            if marker.exists():
+                break
+            admin.execute("select pg_sleep(0.05)")
+    assert marker.exists(), proc.stderr.read() if proc.poll() is not None else "not started"
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert "completed 1" in out
+    with db.connect() as admin:
+        assert admin.execute("select state from awa.finished").fetchall() == [("completed",)]
