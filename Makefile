@@ -9,9 +9,10 @@ STAMP  := $(VENV)/.installed-stamp
 
 .PHONY: dev test lint demo demo-stop bench clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml examples/node/package.json
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev]'
+	cd examples/node && npm install --no-audit --no-fund --silent
 	touch $(STAMP)
 
 dev: $(STAMP)

@@ -1,0 +1,53 @@
+"""The non-Python producers in examples/ run against the test servers."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from urllib.parse import quote
+
+import psycopg
+import pytest
+
+from tests.test_storage import claim_all
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def test_psql_example(db):
+    login = db.login_role("awa_producer", "awa_operator")
+    result = subprocess.run(
+        ["psql", "-X", "-v", "ON_ERROR_STOP=1", "-d", db.dsn(login), "-f", "producer.sql"],
+        cwd=EXAMPLES / "psql", capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr
+    assert "copied" in result.stdout
+    with db.connect(db.login_role("awa_worker")) as w:
+        jobs = claim_all(w, ["psql-example"])
+    assert sorted(c[6] for c in jobs) == sorted(
+        ["send_welcome", "charge", "send", "send", "charge", "copy.job", "copy.job", "copy.job"])
+    keyed = [c for c in jobs if c[10] == b"customer-42"]
+    assert len(keyed) == 3  # the single enqueue, the batch row and the COPY row
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="Node.js is not installed")
+def test_node_example(db):
+    node_dir = EXAMPLES / "node"
+    assert (node_dir / "node_modules" / "pg").exists(), "run `make dev` (npm install)"
+    login = db.login_role("awa_producer")
+    info = psycopg.conninfo.conninfo_to_dict(db.dsn(login))
+    url = (f"postgresql://{quote(info['user'])}:{quote(info.get('password', ''))}"
+           f"@{info['host']}:{info['port']}/{quote(info['dbname'])}")
+    env = {**os.environ, "DATABASE_URL": url, "AWA_QUEUE": "node-example"}
+    result = subprocess.run(["node", "producer.mjs"], cwd=node_dir, env=env,
+                            capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr
+    assert "copied 100" in result.stdout
+    with db.connect(db.login_role("awa_worker")) as w:
+        jobs = claim_all(w, ["node-example"], 50)
+    assert len(jobs) == 10 + 2 + 100
+    charges = [c for c in jobs if c[6] == "charge"]
+    for i in range(3):
+        mine = [c[7]["i"] for c in charges if c[10] == f"customer-{i}".encode()]
+        assert mine == sorted(mine) and mine
