@@ -121,10 +121,11 @@ begin
 end;
 $$;
 
--- Function: awa._ensure_stripe(logical text, stripe integer) returns awa.queue_meta
--- The physical queue logical#stripe, created with the logical queue's S and
--- its lanes when missing.
-create or replace function awa._ensure_stripe(logical text, stripe integer)
+-- Function: awa._ensure_linked(physical text, logical text, is_stripe boolean)
+-- A physical queue that belongs to a logical one (a stripe or a partition),
+-- created with the logical queue's S, pause state and lanes when missing; an
+-- existing ordinary queue of that name joins it.
+create or replace function awa._ensure_linked(physical text, logical text, is_stripe boolean)
 returns awa.queue_meta
 language plpgsql
 set search_path = pg_catalog, pg_temp
@@ -132,58 +133,44 @@ as $$
 declare
     anchor awa.queue_meta;
     meta awa.queue_meta;
-    physical text := logical || '#' || stripe;
 begin
     select m.* into meta from awa.queue_meta as m where m.queue = physical;
-    if found then
+    if found and meta.root_queue is not null then
         return meta;
     end if;
     anchor := awa._ensure_queue(logical);
     perform pg_advisory_xact_lock(1635213648, 0);
     insert into awa.queue_meta (queue, logical_queue, root_queue, enqueue_shards, paused)
     values (
-        physical, logical, coalesce(anchor.root_queue, logical), anchor.enqueue_shards,
-        anchor.paused
+        physical, case when is_stripe then logical end,
+        coalesce(anchor.root_queue, logical), anchor.enqueue_shards, anchor.paused
     )
-    on conflict do nothing;
+    on conflict (queue) do update
+        set root_queue = excluded.root_queue, logical_queue = excluded.logical_queue;
     select m.* into strict meta from awa.queue_meta as m where m.queue = physical;
     perform awa._provision_lanes(meta.queue_id, meta.enqueue_shards);
     return meta;
 end;
 $$;
 
--- Function: awa._ensure_partition(logical text, partition integer) returns awa.queue_meta
--- Partition k > 0 of a logical queue, logical__pk, created with the logical
--- queue's S and its lanes when missing.
-create or replace function awa._ensure_partition(logical text, partition integer)
+-- Function: awa._ensure_stripe(logical text, stripe integer) returns awa.queue_meta
+-- Stripe k of a logical queue: logical#k.
+create or replace function awa._ensure_stripe(logical text, stripe integer)
 returns awa.queue_meta
-language plpgsql
+language sql
 set search_path = pg_catalog, pg_temp
 as $$
-declare
-    anchor awa.queue_meta;
-    meta awa.queue_meta;
-    physical text := logical || '__p' || partition;
-begin
-    select m.* into meta from awa.queue_meta as m where m.queue = physical;
-    if found then
-        if meta.root_queue is null then
-            -- An ordinary queue of that name existed before: it joins.
-            update awa.queue_meta as m set root_queue = logical
-             where m.queue_id = meta.queue_id
-            returning m.* into strict meta;
-        end if;
-        return meta;
-    end if;
-    anchor := awa._ensure_queue(logical);
-    perform pg_advisory_xact_lock(1635213648, 0);
-    insert into awa.queue_meta (queue, root_queue, enqueue_shards, paused)
-    values (physical, logical, anchor.enqueue_shards, anchor.paused)
-    on conflict do nothing;
-    select m.* into strict meta from awa.queue_meta as m where m.queue = physical;
-    perform awa._provision_lanes(meta.queue_id, meta.enqueue_shards);
-    return meta;
-end;
+    select * from awa._ensure_linked(logical || '#' || stripe, logical, true)
+$$;
+
+-- Function: awa._ensure_partition(logical text, partition integer) returns awa.queue_meta
+-- Partition k > 0 of a logical queue: logical__pk.
+create or replace function awa._ensure_partition(logical text, partition integer)
+returns awa.queue_meta
+language sql
+set search_path = pg_catalog, pg_temp
+as $$
+    select * from awa._ensure_linked(logical || '__p' || partition, logical, false)
 $$;
 
 -- Function: awa._route_queue(anchor awa.queue_meta, ordering_key bytea) returns awa.queue_meta
@@ -378,6 +365,7 @@ select awa._grant_execute('awa._check_priority(smallint)');
 select awa._grant_execute('awa._provision_lanes(integer, integer)');
 select awa._grant_execute('awa._ensure_queue(text)');
 select awa._grant_execute('awa._queue(text)');
+select awa._grant_execute('awa._ensure_linked(text, text, boolean)');
 select awa._grant_execute('awa._ensure_stripe(text, integer)');
 select awa._grant_execute('awa._pick_stripe(awa.queue_meta, bytea)');
 select awa._grant_execute('awa._ensure_partition(text, integer)');

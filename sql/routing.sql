@@ -181,31 +181,8 @@ language plpgsql
 immutable strict parallel safe
 set search_path = pg_catalog, pg_temp
 as $$
-declare
-    hi bigint := 3421674724;
-    lo bigint := 2216829733;
-    t bigint;
-    b0 bigint;
 begin
-    if shards <= 1 then
-        return 0;
-    end if;
-    -- Two bytes per step: h = h * P^2 + b0 * P + b1, where
-    -- P^2 mod 2^64 = 222720 * 2^32 + 189225 and P = 256 * 2^32 + 435.
-    for i in 0 .. length(key) - 2 by 2 loop
-        b0 := get_byte(key, i);
-        t := lo * 189225 + b0 * 435 + get_byte(key, i + 1);
-        hi := (hi * 189225 + lo * 222720 + b0 * 256 + (t >> 32)) & 4294967295;
-        lo := t & 4294967295;
-    end loop;
-    if length(key) % 2 = 1 then
-        t := lo * 435;
-        hi := (hi * 435 + lo * 256 + (t >> 32)) & 4294967295;
-        lo := (t & 4294967295) + get_byte(key, length(key) - 1);
-        hi := (hi + (lo >> 32)) & 4294967295;
-        lo := lo & 4294967295;
-    end if;
-    return ((hi % shards) * (4294967296 % shards) + lo % shards) % shards;
+    return awa._key_shard(key, shards);
 end;
 $$;
 
@@ -277,7 +254,9 @@ select awa._grant_execute(
     'awa.stripe_for_ordering_key(bytea, integer)',
     'producer', 'worker', 'maintenance', 'operator', 'reader'
 );
-select awa._grant_execute('awa._key_shard(bytea, integer)');
+select awa._grant_execute(
+    'awa._key_shard(bytea, integer)', 'producer', 'worker', 'maintenance', 'operator', 'reader'
+);
 select awa._grant_execute(
     'awa.ordering_key_hash64(bytea)',
     'producer', 'worker', 'maintenance', 'operator', 'reader'
