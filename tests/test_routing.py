@@ -71,3 +71,12 @@ def test_partition_queue_names(db):
     assert routing.partition_queue_names("q", 3) == ["q", "q__p1", "q__p2"]
     with pytest.raises(ValueError, match="between 1 and 32767"):
         routing.partition_queue_names("q", 0)
+
+
+def test_stripe_hash_sql_equals_python_as_a_runtime_role(db):
+    keys = [f"s{i}".encode() for i in range(2000)] + [b"", b"\xff" * 33]
+    with db.connect(db.login_role("awa_reader")) as conn:
+        rows = conn.execute(
+            "select awa.stripe_for_ordering_key(k, 3), awa.stripe_for_ordering_key(k, 1)"
+            " from unnest(%s::bytea[]) with ordinality as u (k, i) order by i", [keys]).fetchall()
+    assert rows == [(routing.stripe_for_ordering_key(k, 3), 0) for k in keys]
