@@ -27,6 +27,7 @@ def test_demo_starts_postgresql_18_installs_awa_and_stops():
         assert first.returncode == 0, first.stderr
         url = f"postgresql://postgres@127.0.0.1:{port}/awa_demo"
         assert f"psql '{url}'" in first.stdout
+        assert "select * from awa.set_enqueue_shards('emails', 4);" in first.stdout
         with psycopg.connect(url) as conn:
             assert conn.execute("show server_version_num").fetchone()[0].startswith("18")
             assert conn.execute("select awa.contract_version()").fetchone()[0] == __version__
