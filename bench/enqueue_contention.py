@@ -5,7 +5,10 @@ one queue for a fixed time at S = 1, 2, 4, 8, 16, then the same with 100-row
 awa.enqueue_batch calls. The ceiling is measured in the same run: the same
 rows inserted by the same connections into a table shaped like awa.ready,
 with no lane lock and no sequence. Prints jobs/s per cell and each cell as a
-fraction of its ceiling. Synchronous commit stays on.
+fraction of its ceiling. Single-row runs also show the "definer floor": the
+same INSERT inside a SECURITY DEFINER PL/pgSQL function with a pinned
+search_path, the best any function-based contract can do. Synchronous commit
+stays on.
 
     python bench/enqueue_contention.py [--seconds 5] [--producers 1,4,16] [--shards 1,2,4,8,16]
 """
@@ -55,6 +58,11 @@ def _worker(dsn, mode, deadline_at, start, results, index):
                     " from unnest(%s::bigint[], %s::text[]) as u (s, k)",
                     [index, index, seqs, kinds], prepare=True)
                 done += BATCH
+        elif mode == "floor-single":
+            while time.monotonic() < deadline_at.value:
+                seq += 1
+                conn.execute("select bench_floor(%s, %s)", [index, seq], prepare=True)
+                done += 1
         elif mode == "single":
             while time.monotonic() < deadline_at.value:
                 conn.execute("select awa.enqueue(%s, 'bench.job')", [QUEUE], prepare=True)
@@ -122,6 +130,15 @@ def main():
     with bench_server() as dsn:
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute("create table bench_ceiling (like awa.ready including all)")
+            # The floor of any function-based contract: a SECURITY DEFINER
+            # PL/pgSQL function with a pinned search_path that only inserts.
+            conn.execute(
+                "create function bench_floor(p integer, s bigint) returns bigint"
+                " language plpgsql security definer set search_path = pg_catalog, pg_temp as $$"
+                " begin insert into public.bench_ceiling (lane_id, lane_seq, job_id, queue_id,"
+                " priority, kind, args, attempt, max_attempts, enqueued_at) values (p, s,"
+                " p::bigint * 1000000000 + s, 1, 2, 'bench.job', '{}', 0, 25, now());"
+                " return s; end $$")
             conn.execute("select awa.enqueue(%s, 'warmup')", [QUEUE])
             version = conn.execute("show server_version").fetchone()[0]
         print(f"# enqueue_contention: {machine()}; PostgreSQL {version}; "
@@ -129,12 +146,17 @@ def main():
         for kind in ("single", "batch"):
             unit = "1-row transactions" if kind == "single" else f"{BATCH}-row batch calls"
             print(f"\n## {unit}: jobs/s (fraction of the no-lane ceiling)")
-            header = ["P", "ceiling"] + [f"S={s}" for s in shard_counts]
+            floor_col = ["definer floor"] if kind == "single" else []
+            header = ["P", "ceiling", *floor_col] + [f"S={s}" for s in shard_counts]
             print(" | ".join(f"{h:>16}" for h in header))
             for producers in producer_counts:
                 reset(dsn)
                 ceiling = run_cell(dsn, f"ceiling-{kind}", producers, args.seconds)
                 cells = []
+                if kind == "single":
+                    reset(dsn)
+                    rate = run_cell(dsn, "floor-single", producers, args.seconds)
+                    cells.append(f"{rate:,.0f} ({rate / ceiling:.0%})")
                 for shards in shard_counts:
                     reset(dsn, shards)
                     rate = run_cell(dsn, kind, producers, args.seconds)
