@@ -1,0 +1,55 @@
+"""Cost of awa.sample_lane_contention() with many backends connected.
+
+Opens N connections (default 200), a quarter of them holding a lane lock in
+an open transaction, then times the sample call. Prints the median and the
+worst of 50 calls.
+
+    python bench/contention_sample.py [--backends 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import psycopg
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench._server import bench_server, machine
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--backends", type=int, default=200)
+    args = parser.parse_args()
+    with bench_server() as dsn:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            for q in range(20):
+                conn.execute("select awa.set_enqueue_shards(%s, 8)", [f"queue-{q}"])
+            version = conn.execute("show server_version").fetchone()[0]
+        conns = []
+        for i in range(args.backends):
+            c = psycopg.connect(dsn)
+            if i % 4 == 0:  # a quarter of the backends hold a lane in an open transaction
+                # unkeyed: it takes a free lane, so the holders never wait
+                c.execute("select awa.enqueue(%s, 'k')", [f"queue-{(i // 4) % 20}"])
+            conns.append(c)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            times = []
+            for _ in range(50):
+                t = time.perf_counter()
+                conn.execute("select awa.sample_lane_contention()")
+                times.append((time.perf_counter() - t) * 1000)
+        for c in conns:
+            c.close()
+        print(f"# contention_sample: {machine()}; PostgreSQL {version}; {args.backends} "
+              f"backends, 20 queues x 8 shards (640 lanes)")
+        print(f"sample_lane_contention: median {statistics.median(times):.2f} ms, "
+              f"max {max(times):.2f} ms")
+
+
+if __name__ == "__main__":
+    main()

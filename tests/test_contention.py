@@ -1,0 +1,69 @@
+"""The lane-contention signal: awa.sample_lane_contention() and awa.lane_contention."""
+
+from __future__ import annotations
+
+import threading
+
+import psycopg
+import pytest
+
+from tests.test_storage import enqueue
+
+
+def test_a_waiting_producer_shows_in_the_sample(db):
+    producer = db.login_role("awa_producer")
+    maintenance = db.login_role("awa_maintenance")
+    reader = db.login_role("awa_reader")
+    with db.connect(producer) as p:
+        for _ in range(20):
+            enqueue(p, "contended", ordering_key=b"hot")
+    holder = db.connect(producer, autocommit=False)
+    enqueue(holder, "contended", ordering_key=b"hot")  # holds the lane until commit
+    waiting = threading.Event()
+    done = threading.Event()
+
+    def blocked():
+        with db.connect(producer) as c:
+            waiting.set()
+            enqueue(c, "contended", ordering_key=b"hot")  # waits for the holder
+            done.set()
+
+    t = threading.Thread(target=blocked)
+    t.start()
+    waiting.wait(10)
+    with db.connect() as admin:
+        for _ in range(200):  # until the second producer is really queued on the lock
+            if admin.execute("select count(*) from pg_locks where locktype = 'advisory'"
+                             " and not granted").fetchone()[0]:
+                break
+            admin.execute("select pg_sleep(0.02)")
+    try:
+        with db.connect(maintenance) as m:
+            assert m.execute("select awa.sample_lane_contention()").fetchone()[0] >= 1
+        with db.connect() as admin:
+            row = admin.execute(
+                "select s.lanes, s.lanes_held, s.lanes_waited, s.waiters, s.enqueued"
+                " from awa.contention_samples s join awa.queue_meta m using (queue_id)"
+                " where m.queue = 'contended'").fetchone()
+        assert row[0] == 4 and row[1] == 1 and row[2] == 1 and row[3] == 1
+        assert row[4] >= 21
+    finally:
+        holder.commit()
+        holder.close()
+        t.join(10)
+    assert done.is_set()
+    with db.connect(producer) as p:
+        for _ in range(30):
+            enqueue(p, "contended")
+    with db.connect(maintenance) as m:
+        m.execute("select awa.sample_lane_contention()")
+    with db.connect(reader) as r:
+        view = r.execute("select samples, wait_share, enqueue_rate from awa.lane_contention"
+                         " where queue = 'contended'").fetchone()
+    assert view[0] == 2 and view[1] == pytest.approx(0.5) and view[2] > 0
+
+
+def test_only_maintenance_samples(db):
+    with db.connect(db.login_role("awa_producer")) as p, pytest.raises(
+            psycopg.errors.InsufficientPrivilege):
+        p.execute("select awa.sample_lane_contention()")
