@@ -7,28 +7,6 @@
 -- The rows of that transaction, and only those, go through the same
 -- routing as awa.enqueue_batch, in COPY order, 10,000 at a time.
 
--- Function: awa._grant_insert(relation regclass, columns text[], variadic capabilities text[])
--- Grants INSERT on some columns of a table to the roles bound to the capabilities.
-create or replace function awa._grant_insert(
-    relation regclass, columns text[], variadic capabilities text[]
-)
-returns void
-language plpgsql
-set search_path = pg_catalog, pg_temp
-as $$
-declare
-    capability text;
-begin
-    foreach capability in array capabilities loop
-        execute pg_catalog.format(
-            'grant insert (%s) on %s to %I',
-            (select string_agg(pg_catalog.quote_ident(c), ', ') from unnest(columns) as c),
-            relation, awa._role_for(capability)
-        );
-    end loop;
-end;
-$$;
-
 -- Function: awa._move_staged(xid xid8) returns bigint
 -- Moves the staged rows of one transaction into the lanes, in COPY order,
 -- 10,000 rows per pass. Rows another mover holds are skipped.
@@ -138,7 +116,6 @@ begin
 end;
 $$;
 
-select awa._grant_execute('awa._grant_insert(regclass, text[], text[])');
 select awa._grant_execute('awa._move_staged(xid8)');
 select awa._grant_execute('awa.enqueue_copied()', 'producer');
 select awa._grant_execute('awa.move_staged(integer)', 'maintenance');

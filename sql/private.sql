@@ -68,6 +68,28 @@ begin
 end;
 $$;
 
+-- Function: awa._grant_insert(relation regclass, columns text[], variadic capabilities text[])
+-- Grants INSERT on some columns of a table to the roles bound to the capabilities.
+create or replace function awa._grant_insert(
+    relation regclass, columns text[], variadic capabilities text[]
+)
+returns void
+language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    capability text;
+begin
+    foreach capability in array capabilities loop
+        execute pg_catalog.format(
+            'grant insert (%s) on %s to %I',
+            (select string_agg(pg_catalog.quote_ident(c), ', ') from unnest(columns) as c),
+            relation, awa._role_for(capability)
+        );
+    end loop;
+end;
+$$;
+
 -- Function: awa._assert_security() returns void
 -- The invariants every install and upgrade must leave behind. Raises AW001,
 -- naming the offending objects, so the migration transaction rolls back.
@@ -143,4 +165,5 @@ $$;
 select awa._grant_execute('awa._role_for(text)');
 select awa._grant_execute('awa._grant_execute(regprocedure, text[])');
 select awa._grant_execute('awa._grant_select(regclass, text[])');
+select awa._grant_execute('awa._grant_insert(regclass, text[], text[])');
 select awa._grant_execute('awa._assert_security()');
