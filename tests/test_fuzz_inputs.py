@@ -1,0 +1,70 @@
+"""SECURITY.md property 12: any input to the public functions either works
+or fails with a documented SQLSTATE, never a syntax error, a missing
+relation or column, or an internal error."""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+# Documented in docs/sql-api.md; 22003 is PostgreSQL's own smallint range check.
+DOCUMENTED = {"22004", "22023", "22003", "42704"}
+NEVER = {"42601", "42P01", "42703", "XX000"}
+
+texts = st.one_of(st.none(), st.text(alphabet=st.characters(exclude_characters="\x00"),
+                                     max_size=220))
+keys = st.one_of(st.none(), st.binary(max_size=64))
+ints = st.one_of(st.none(), st.integers(min_value=-70000, max_value=70000))
+
+
+@pytest.fixture
+def producer_conn(db):
+    with db.connect(db.login_role("awa_producer", "awa_operator", "awa_worker")) as conn:
+        yield conn
+
+
+def _call(conn, sql, params):
+    try:
+        conn.execute(sql, params).fetchall()
+    except psycopg.Error as err:
+        assert err.sqlstate not in NEVER, (err.sqlstate, str(err))
+        assert err.sqlstate in DOCUMENTED, (err.sqlstate, str(err))
+
+
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(queue=texts, kind=texts, priority=ints, key=keys, attempts=ints)
+def test_enqueue_inputs(producer_conn, queue, kind, priority, key, attempts):
+    _call(producer_conn,
+          "select * from awa.enqueue(%s::text, %s::text, '{}'::jsonb, %s::smallint,"
+          " %s::bytea, null::timestamptz, %s::integer)",
+          [queue, kind, priority if priority is None or abs(priority) < 32768 else None,
+           key, attempts])
+
+
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(queues=st.lists(texts, max_size=5), kinds=st.lists(texts, max_size=5),
+       keys_=st.one_of(st.none(), st.lists(keys, max_size=5)))
+def test_enqueue_batch_inputs(producer_conn, queues, kinds, keys_):
+    _call(producer_conn, "select * from awa.enqueue_batch(%s::text[], %s::text[],"
+          " ordering_keys => %s::bytea[])", [queues, kinds, keys_])
+
+
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(queue=texts, shards=ints)
+def test_operator_inputs(producer_conn, queue, shards):
+    _call(producer_conn, "select * from awa.set_enqueue_shards(%s::text, %s::integer)",
+          [queue, shards])
+    _call(producer_conn, "select awa.pause_queue(%s::text)", [queue])
+
+
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(queues=st.lists(texts, max_size=4), n=ints, worker=texts)
+def test_claim_inputs(producer_conn, queues, n, worker):
+    _call(producer_conn, "select * from awa.claim(%s::text[], %s::integer, %s::text)",
+          [queues, n, worker])
