@@ -13,6 +13,34 @@ as $$
     select (awa._queue(queue)).enqueue_shards
 $$;
 
+-- Function: awa._check_layout_change(queue text, what text, value integer, max_value integer)
+-- The checks every change of a queue's layout (S, stripes, partitions) makes
+-- first: a value in 1..max_value, a primary server, a valid queue name.
+create or replace function awa._check_layout_change(
+    queue text, what text, value integer, max_value integer
+)
+returns void
+language plpgsql
+stable
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    if value is null then
+        raise exception '% must not be null', what using errcode = '22004';
+    end if;
+    if value not between 1 and max_value then
+        raise exception '% must be between 1 and %, got %', what, max_value, value
+            using errcode = '22023';
+    end if;
+    if pg_is_in_recovery() then
+        raise exception 'cannot change % on a standby', what
+            using errcode = '25006',
+                  hint = 'Connect to the primary.';
+    end if;
+    perform awa._check_queue_name(queue);
+end;
+$$;
+
 -- Function: awa._set_enqueue_shards(queue text, shards integer, source text)
 -- The one code path that changes S, for operators (manual) and the
 -- auto-scaler (auto). In one transaction: validate, lock the settings rows
@@ -31,21 +59,7 @@ declare
     meta awa.queue_meta;
     created integer;
 begin
-    if shards is null then
-        raise exception 'shards must not be null' using errcode = '22004';
-    end if;
-    if shards not between 1 and 64 then
-        raise exception 'enqueue shards must be between 1 and 64, got %', shards
-            using errcode = '22023',
-                  hint = 'S = 1 keeps strict FIFO per (queue, priority); more makes it '
-                         'partitioned FIFO.';
-    end if;
-    if pg_is_in_recovery() then
-        raise exception 'cannot change enqueue shards on a standby'
-            using errcode = '25006',
-                  hint = 'Connect to the primary.';
-    end if;
-    perform awa._check_queue_name(queue);
+    perform awa._check_layout_change(queue, 'enqueue shards', shards, 64);
     for meta in select * from awa._physical_queues(queue) loop
         physical_queue := meta.queue;
         old_shards := meta.enqueue_shards;
@@ -93,6 +107,7 @@ $$;
 select awa._grant_execute(
     'awa.enqueue_shards(text)', 'producer', 'worker', 'maintenance', 'operator', 'reader'
 );
+select awa._grant_execute('awa._check_layout_change(text, text, integer, integer)');
 select awa._grant_execute('awa._set_enqueue_shards(text, integer, text)');
 select awa._grant_execute('awa.set_enqueue_shards(text, integer)', 'operator');
 
@@ -114,17 +129,7 @@ as $$
 declare
     anchor awa.queue_meta;
 begin
-    if stripes is null then
-        raise exception 'stripes must not be null' using errcode = '22004';
-    end if;
-    if stripes not between 1 and 64 then
-        raise exception 'stripes must be between 1 and 64, got %', stripes
-            using errcode = '22023';
-    end if;
-    if pg_is_in_recovery() then
-        raise exception 'cannot change stripes on a standby' using errcode = '25006';
-    end if;
-    perform awa._check_queue_name(queue);
+    perform awa._check_layout_change(queue, 'stripes', stripes, 64);
     anchor := awa._ensure_queue(queue);
     update awa.queue_meta as m set stripes = set_queue_stripes.stripes
      where m.queue_id = anchor.queue_id;
@@ -164,17 +169,7 @@ as $$
 declare
     anchor awa.queue_meta;
 begin
-    if partitions is null then
-        raise exception 'partitions must not be null' using errcode = '22004';
-    end if;
-    if partitions not between 1 and 32767 then
-        raise exception 'partitions must be between 1 and 32767, got %', partitions
-            using errcode = '22023';
-    end if;
-    if pg_is_in_recovery() then
-        raise exception 'cannot change partitions on a standby' using errcode = '25006';
-    end if;
-    perform awa._check_queue_name(queue);
+    perform awa._check_layout_change(queue, 'partitions', partitions, 32767);
     anchor := awa._ensure_queue(queue);
     if anchor.root_queue is not null then
         raise exception 'queue % is itself a partition or stripe of %',
