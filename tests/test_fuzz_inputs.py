@@ -34,7 +34,7 @@ def _call(conn, sql, params):
         assert err.sqlstate in DOCUMENTED, (err.sqlstate, str(err))
 
 
-@settings(max_examples=60, deadline=None,
+@settings(max_examples=60, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(queue=texts, kind=texts, priority=ints, key=keys, attempts=ints)
 def test_enqueue_inputs(producer_conn, queue, kind, priority, key, attempts):
@@ -45,7 +45,7 @@ def test_enqueue_inputs(producer_conn, queue, kind, priority, key, attempts):
            key, attempts])
 
 
-@settings(max_examples=40, deadline=None,
+@settings(max_examples=40, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(queues=st.lists(texts, max_size=5), kinds=st.lists(texts, max_size=5),
        keys_=st.one_of(st.none(), st.lists(keys, max_size=5)))
@@ -54,7 +54,7 @@ def test_enqueue_batch_inputs(producer_conn, queues, kinds, keys_):
           " ordering_keys => %s::bytea[])", [queues, kinds, keys_])
 
 
-@settings(max_examples=40, deadline=None,
+@settings(max_examples=40, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(queue=texts, shards=ints)
 def test_operator_inputs(producer_conn, queue, shards):
@@ -63,7 +63,7 @@ def test_operator_inputs(producer_conn, queue, shards):
     _call(producer_conn, "select awa.pause_queue(%s::text)", [queue])
 
 
-@settings(max_examples=40, deadline=None,
+@settings(max_examples=40, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(queues=st.lists(texts, max_size=4), n=ints, worker=texts)
 def test_claim_inputs(producer_conn, queues, n, worker):
