@@ -137,8 +137,9 @@ as $$
 $$;
 
 -- Function: awa._key_shard(key bytea, shards integer) returns smallint
--- hash64(key) mod shards in one frame: the per-row hot path of batch and
--- COPY enqueue (a chain of SQL-language helpers cost three times as much).
+-- hash64(key) mod shards: the per-row hot path of batch and COPY enqueue.
+-- PL/pgSQL calling PL/pgSQL; a chain of SQL-language helpers cost three
+-- times as much.
 create or replace function awa._key_shard(key bytea, shards integer)
 returns smallint
 language plpgsql
@@ -146,30 +147,13 @@ immutable strict parallel safe
 set search_path = pg_catalog, pg_temp
 as $$
 declare
-    hi bigint := 3421674724;
-    lo bigint := 2216829733;
-    t bigint;
-    b0 bigint;
+    h bigint[];
 begin
     if shards <= 1 then
         return 0;
     end if;
-    -- Two bytes per step: h = h * P^2 + b0 * P + b1, where
-    -- P^2 mod 2^64 = 222720 * 2^32 + 189225 and P = 256 * 2^32 + 435.
-    for i in 0 .. length(key) - 2 by 2 loop
-        b0 := get_byte(key, i);
-        t := lo * 189225 + b0 * 435 + get_byte(key, i + 1);
-        hi := (hi * 189225 + lo * 222720 + b0 * 256 + (t >> 32)) & 4294967295;
-        lo := t & 4294967295;
-    end loop;
-    if length(key) % 2 = 1 then
-        t := lo * 435;
-        hi := (hi * 435 + lo * 256 + (t >> 32)) & 4294967295;
-        lo := (t & 4294967295) + get_byte(key, length(key) - 1);
-        hi := (hi + (lo >> 32)) & 4294967295;
-        lo := lo & 4294967295;
-    end if;
-    return ((hi % shards) * (4294967296 % shards) + lo % shards) % shards;
+    h := awa._hash64_limbs(key);
+    return ((h[1] % shards) * (4294967296 % shards) + h[2] % shards) % shards;
 end;
 $$;
 
