@@ -6,6 +6,7 @@ import random
 
 import pytest
 
+import awa_sql
 from awa_sql import routing
 
 CHECK_VALUES = [
@@ -33,6 +34,7 @@ def test_sql_check_values(db):
                 " awa.shard_for_ordering_key(k, 1), awa.partition_for_ordering_key(k, 1)"
                 " from (select convert_to(%s, 'UTF8') as k) as x", [key]).fetchone()
             assert row == (h, s4, s8, p4, 0, 0)
+        assert conn.execute("select awa.contract_version()").fetchone()[0] == awa_sql.__version__
 
 
 def _keys() -> list[bytes]:
