@@ -84,6 +84,16 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--port", type=int, help=f"TCP port on 127.0.0.1 (default {DEFAULT_PORT})")
     d.add_argument("--stop", action="store_true", help="stop the demo server")
     d.set_defaults(func=cmd_demo)
+
+    a = sub.add_parser("admin", help="the admin HTTP API and web page",
+                       description="awa admin serve: the admin API and page (docs/admin.md).")
+    a.add_argument("action", choices=["serve"])
+    _add_connection(a)
+    a.add_argument("--host", default="127.0.0.1", help="address to bind (default %(default)s)")
+    a.add_argument("--port", type=int, default=8700, help="TCP port (default %(default)s)")
+    a.add_argument("--writable", action="store_true",
+                   help="allow changes, for requests bearing the token in AWA_ADMIN_TOKEN")
+    a.set_defaults(func=cmd_admin)
     return parser
 
 
@@ -201,6 +211,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
     dsn = demo.start(folder, args.port)
     print(demo.instructions(dsn), end="")
     return 0
+
+
+def cmd_admin(args: argparse.Namespace) -> int:
+    from awa_sql.admin.serve import serve
+
+    return serve(args.dsn, args.host, args.port, args.writable)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

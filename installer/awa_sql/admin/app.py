@@ -1,0 +1,110 @@
+"""The ASGI app: FastAPI, a psycopg_pool connection pool, JSON errors."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import psycopg
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from psycopg_pool import ConnectionPool
+
+from awa_sql import __version__
+from awa_sql.admin import pages, routes
+from awa_sql.admin.errors import ApiError, from_database
+
+log = logging.getLogger("awa_sql.admin")
+
+
+@dataclass(frozen=True)
+class Settings:
+    dsn: str
+    writable: bool = False
+    token: str | None = None
+    pool_size: int = 4
+
+
+def _configure(read_only: bool):
+    def configure(conn: psycopg.Connection) -> None:
+        # A read-only server cannot write even through a bug in a route.
+        if read_only:
+            conn.execute("set default_transaction_read_only = on")
+    return configure
+
+
+def _field_names(errors: list[dict]) -> list[str]:
+    names = []
+    for e in errors:
+        if e.get("type") == "json_invalid":  # its loc holds a byte offset, not a field
+            names.append("body")
+            continue
+        loc = [str(p) for p in e.get("loc", ()) if p not in ("body", "query", "path")]
+        names.append(".".join(loc) or "body")
+    return names
+
+
+def make_pool(settings: Settings, open_now: bool = False) -> ConnectionPool:
+    pool = ConnectionPool(
+        settings.dsn, min_size=1, max_size=settings.pool_size, open=False,
+        kwargs={"autocommit": True, "application_name": "awa-admin"},
+        configure=_configure(not settings.writable),
+    )
+    if open_now:
+        pool.open(wait=True, timeout=30)
+    return pool
+
+
+def create_app(settings: Settings, pool: ConnectionPool | None = None) -> FastAPI:
+    """The app; it opens and closes its own pool unless given one (tests share one)."""
+    if settings.writable and not settings.token:
+        raise ValueError("a writable admin server needs a token: set AWA_ADMIN_TOKEN")
+    owns_pool = pool is None
+    if pool is None:
+        pool = make_pool(settings)
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> Iterator[None]:
+        if owns_pool:
+            pool.open(wait=True, timeout=30)
+        try:
+            yield
+        finally:
+            if owns_pool:
+                pool.close()
+
+    app = FastAPI(title="awa-sql admin", version=__version__, lifespan=lifespan,
+                  description="Queues, enqueue shards and the auto-scaler of one awa database.")
+    app.state.settings = settings
+    app.state.pool = pool
+
+    @app.exception_handler(ApiError)
+    async def api_error(_request: Request, err: ApiError) -> JSONResponse:
+        return JSONResponse(err.body(), status_code=err.status)
+
+    @app.exception_handler(psycopg.Error)
+    async def database_error(_request: Request, err: psycopg.Error) -> JSONResponse:
+        mapped = from_database(err)
+        if mapped is None:
+            log.error("database error: %s", err)
+            mapped = ApiError(500, f"database error {err.sqlstate}: {str(err).strip()}",
+                              err.sqlstate)
+        return JSONResponse(mapped.body(), status_code=mapped.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_request(_request: Request, err: RequestValidationError) -> JSONResponse:
+        errors = err.errors()
+        names = _field_names(errors)
+        message = "; ".join(f"{n}: {e.get('msg', 'invalid')}" for n, e in zip(names, errors,
+                                                                               strict=True))
+        detail = [{"loc": list(e.get("loc", ())), "msg": e.get("msg", ""),
+                   "type": e.get("type", "")} for e in errors]
+        return JSONResponse({"error": message, "fields": names, "detail": detail},
+                            status_code=422)
+
+    app.include_router(routes.router)
+    pages.install(app)
+    return app

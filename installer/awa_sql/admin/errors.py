@@ -1,0 +1,44 @@
+"""Errors the API returns as JSON: ``{"error": ..., "sqlstate": ...}``."""
+
+from __future__ import annotations
+
+import psycopg
+
+# What a database error means to an HTTP client. Class 22 (bad data: out of
+# range, null, bad name) is the client's fault; the rest are named here.
+STATUS_BY_SQLSTATE = {
+    "42704": 404,  # unknown queue
+    "42501": 403,  # the server's login lacks awa_operator
+    "25006": 503,  # read-only transaction: a standby
+    "42883": 501,  # function missing: an older awa contract
+}
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, sqlstate: str | None = None,
+                 hint: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.sqlstate = sqlstate
+        self.hint = hint
+
+    def body(self) -> dict:
+        out: dict = {"error": self.message}
+        if self.sqlstate:
+            out["sqlstate"] = self.sqlstate
+        if self.hint:
+            out["hint"] = self.hint
+        return out
+
+
+def from_database(err: psycopg.Error) -> ApiError | None:
+    """The ApiError a database error maps to, or None for a server fault."""
+    state = err.sqlstate or ""
+    diag = err.diag
+    message = diag.message_primary or str(err).strip()
+    if state.startswith("22"):
+        return ApiError(400, message, state, diag.message_hint)
+    if state in STATUS_BY_SQLSTATE:
+        return ApiError(STATUS_BY_SQLSTATE[state], message, state, diag.message_hint)
+    return None

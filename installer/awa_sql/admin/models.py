@@ -1,0 +1,200 @@
+"""Request bodies and response shapes: they make the OpenAPI schema."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
+
+# The database checks ranges (and says so in its message, returned with 400);
+# the bodies only check types, so that a value of the right type always
+# reaches the one place that decides what is allowed.
+Int32 = Annotated[StrictInt, Field(ge=-(2**31), le=2**31 - 1)]
+
+
+class Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ShardsBody(Body):
+    shards: Int32 = Field(description="the new S, 1..64", examples=[4])
+
+
+class ShardMode(StrEnum):
+    manual = "manual"
+    shadow = "shadow"
+    auto = "auto"
+
+
+class ShardModeBody(Body):
+    mode: ShardMode
+    max_shards: Int32 | None = Field(
+        default=None, description="the auto-scaler's ceiling, 1..64; null keeps none")
+
+
+class Error(BaseModel):
+    error: str
+    sqlstate: str | None = None
+    hint: str | None = None
+
+
+class QueueSummary(BaseModel):
+    queue: str
+    logical_queue: str
+    enqueue_shards: int
+    shard_mode: str
+    max_shards: int | None
+    paused: bool
+    stripes: int
+    partitions: int
+    ready: int
+    running: int
+    scheduled: int
+    failed: int
+    completed: int
+    oldest_ready_age_seconds: float | None = Field(
+        description="lag: age of the oldest ready job")
+
+
+class Lane(BaseModel):
+    queue: str
+    priority: int
+    shard: int
+    lane_id: int
+    ready: int
+    lag_seconds: float | None
+    next_seq: int
+    claim_position: int | None
+    draining: bool = Field(description="shard >= S with ready jobs left")
+    above_s: bool = Field(description="shard >= S: new enqueues no longer land here")
+
+
+class Contention(BaseModel):
+    queue: str
+    samples: int
+    mean_waiters_per_held_lane: float | None
+    wait_share: float | None
+    enqueue_rate: float | None
+    last_sample: datetime | None
+
+
+class ShardChangeRow(BaseModel):
+    change_id: int
+    queue: str
+    old_shards: int
+    new_shards: int
+    lanes_created: int
+    changed_by: str
+    changed_at: datetime
+    source: str
+
+
+class Decision(BaseModel):
+    decision_id: int
+    queue: str
+    decided_at: datetime
+    mode: str
+    samples: int | None
+    mean_waiters: float | None
+    wait_share: float | None
+    enqueue_rate: float | None
+    current_shards: int | None
+    proposed_shards: int | None
+    action: str
+    reason: str | None
+
+
+class RuntimeRow(BaseModel):
+    instance_id: str
+    kind: str
+    host: str
+    pid: int
+    version: str
+    in_flight: int
+    last_seen: datetime
+    started_at: datetime
+    activity: str
+    last_at: datetime | None
+    shards: int | None = Field(description="S of the queue at this runtime's last "
+                               "enqueue (producer) or claim (worker)")
+
+
+class ProducerCount(BaseModel):
+    live: int
+    on_current_s: int | None = Field(
+        description="live producers whose last enqueue came after the last change, with S")
+    shards: int
+    since: datetime | None
+
+
+class LaneEvidence(BaseModel):
+    change_id: int
+    changed_at: datetime
+    shards: int
+    enqueues_since: int
+    below_s: int
+    at_or_above_s: int
+    on_new_lanes: int
+
+
+class Runtimes(BaseModel):
+    live: list[RuntimeRow]
+    producers: ProducerCount
+    lane_evidence: LaneEvidence | None
+
+
+class QueueDetail(QueueSummary):
+    physical_queues: list[QueueSummary]
+    lanes: list[Lane]
+    contention: list[Contention]
+    shard_changes: list[ShardChangeRow]
+    decisions: list[Decision] | None = Field(
+        description="the auto-scaler's recent decisions; null when the database has none")
+    runtimes: Runtimes | None = Field(
+        description="live runtimes; null when the database keeps no runtime snapshots")
+
+
+class ShardChange(BaseModel):
+    physical_queue: str
+    old_shards: int
+    new_shards: int
+    lanes_created: int
+
+
+class ShardPlan(BaseModel):
+    queue: str
+    old_shards: int
+    new_shards: int
+    lanes_created: int
+    consequence: str
+
+
+class ShardResult(BaseModel):
+    queue: str
+    changes: list[ShardChange]
+    consequence: str
+
+
+class ShardModeRow(BaseModel):
+    queue: str
+    shard_mode: str
+    max_shards: int | None
+
+
+class ShardModeResult(BaseModel):
+    queue: str
+    queues: list[ShardModeRow]
+
+
+class PauseResult(BaseModel):
+    queue: str
+    paused: bool
+    changed: bool
+
+
+class ServerInfo(BaseModel):
+    version: str
+    writable: bool
+    in_recovery: bool

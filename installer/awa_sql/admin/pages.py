@@ -1,0 +1,56 @@
+"""The two HTML pages: a shell each, filled in by static/admin.js from the API.
+
+Everything the browser loads ships in this package (static/); nothing is
+fetched from anywhere else at run time.
+"""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+
+from fastapi import FastAPI, Request
+from fastapi.responses import HTMLResponse
+from fastapi.staticfiles import StaticFiles
+
+from awa_sql import __version__
+
+STATIC = Path(__file__).resolve().parent / "static"
+
+SHELL = """<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{title} · awa admin</title>
+<link rel="stylesheet" href="/static/admin.css?v={version}">
+</head>
+<body data-page="{page}" data-queue="{queue}" data-writable="{writable}">
+<header><a href="/">awa admin</a> <span class="mode">{mode}</span></header>
+<main id="app"><p class="muted">Loading…</p></main>
+<script src="/static/admin.js?v={version}"></script>
+</body>
+</html>
+"""
+
+
+def _shell(request: Request, page: str, title: str, queue: str = "") -> HTMLResponse:
+    writable = request.app.state.settings.writable
+    body = SHELL.format(
+        title=html.escape(title), page=page, queue=html.escape(queue, quote=True),
+        writable="true" if writable else "false", version=__version__,
+        mode="writable" if writable else "read-only",
+    )
+    return HTMLResponse(body, headers={"Cache-Control": "no-store"})
+
+
+def install(app: FastAPI) -> None:
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    def queue_list(request: Request) -> HTMLResponse:
+        return _shell(request, "queues", "Queues")
+
+    @app.get("/queues/{queue}", response_class=HTMLResponse, include_in_schema=False)
+    def queue_page(request: Request, queue: str) -> HTMLResponse:
+        return _shell(request, "queue", queue, queue)

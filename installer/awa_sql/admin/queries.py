@@ -1,0 +1,157 @@
+"""The reads behind the API: views granted to awa_reader, nothing else.
+
+Parts that a newer contract adds (the auto-scaler's decisions, runtime
+snapshots) are read only when their relation exists, so the page works
+against an older database and shows those panels once they land.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from decimal import Decimal
+
+import psycopg
+from psycopg.rows import dict_row
+
+from awa_sql.admin.errors import ApiError
+
+RECENT = 20
+
+QUEUE_COLUMNS = """
+    o.queue, o.logical_queue, o.enqueue_shards, o.shard_mode, o.max_shards, o.paused,
+    o.stripes, o.partitions, o.ready, o.running, o.scheduled, o.failed, o.completed,
+    o.oldest_ready_age
+"""
+
+
+def _plain(row: dict) -> dict:
+    """JSON-friendly values: intervals in seconds, numerics as floats."""
+    out = {}
+    for key, value in row.items():
+        if isinstance(value, timedelta):
+            key = "lag_seconds" if key == "lag" else f"{key}_seconds"
+            value = round(value.total_seconds(), 3)
+        elif isinstance(value, Decimal):
+            value = float(value)
+        out[key] = value
+    if "oldest_ready_age" in row and row["oldest_ready_age"] is None:
+        out.pop("oldest_ready_age")
+        out["oldest_ready_age_seconds"] = None
+    if "lag" in row and row["lag"] is None:
+        out.pop("lag")
+        out["lag_seconds"] = None
+    return out
+
+
+def _exists(conn: psycopg.Connection, relation: str) -> bool:
+    return conn.execute("select pg_catalog.to_regclass(%s) is not null",
+                        [relation]).fetchone()[0]
+
+
+def has_function(conn: psycopg.Connection, signature: str) -> bool:
+    return conn.execute("select pg_catalog.to_regprocedure(%s) is not null",
+                        [signature]).fetchone()[0]
+
+
+def list_queues(conn: psycopg.Connection) -> list[dict]:
+    with conn.cursor(row_factory=dict_row) as cur:
+        rows = cur.execute(
+            f"select {QUEUE_COLUMNS} from awa.queue_overview as o"
+            " order by o.logical_queue, o.queue").fetchall()
+    return [_plain(r) for r in rows]
+
+
+def require_queue(conn: psycopg.Connection, queue: str) -> None:
+    """404 unless ``queue`` names a queue (logical or physical)."""
+    found = conn.execute(
+        "select exists (select from awa.queue_overview as o"
+        " where o.queue = %(q)s or o.logical_queue = %(q)s)", {"q": queue}).fetchone()[0]
+    if not found:
+        raise ApiError(404, f"unknown queue {queue!r}", "42704")
+
+
+def queue_detail(conn: psycopg.Connection, queue: str) -> dict:
+    with conn.cursor(row_factory=dict_row) as cur:
+        physical = [_plain(r) for r in cur.execute(
+            f"select {QUEUE_COLUMNS} from awa.queue_overview as o"
+            " where o.queue = %(q)s or o.logical_queue = %(q)s"
+            " order by o.queue = %(q)s desc, o.queue", {"q": queue}).fetchall()]
+        if not physical:
+            raise ApiError(404, f"unknown queue {queue!r}", "42704")
+        names = [p["queue"] for p in physical]
+        lanes = [_plain(r) for r in cur.execute(
+            "select l.queue, l.priority, l.shard, l.lane_id, l.ready, l.lag, l.next_seq,"
+            " l.claim_position, l.draining, l.shard >= o.enqueue_shards as above_s"
+            " from awa.lane_overview as l"
+            " join awa.queue_overview as o on o.queue = l.queue"
+            " where l.queue = any(%s) order by l.queue, l.shard, l.priority",
+            [names]).fetchall()]
+        contention = cur.execute(
+            "select c.queue, c.samples, c.mean_waiters_per_held_lane, c.wait_share,"
+            " c.enqueue_rate, c.last_sample from awa.lane_contention as c"
+            " where c.queue = any(%s) order by c.queue", [names]).fetchall()
+        changes = cur.execute(
+            "select c.change_id, c.queue, c.old_shards, c.new_shards, c.lanes_created,"
+            " c.changed_by, c.changed_at, c.source from awa.shard_changes as c"
+            " where c.queue = any(%s) order by c.change_id desc limit %s",
+            [names, RECENT]).fetchall()
+    detail = dict(physical[0])
+    detail["physical_queues"] = physical
+    detail["lanes"] = lanes
+    detail["contention"] = [_plain(c) for c in contention]
+    detail["shard_changes"] = changes
+    detail["decisions"] = decisions(conn, names)
+    detail["runtimes"] = runtimes(conn, physical[0], changes)
+    return detail
+
+
+def decisions(conn: psycopg.Connection, names: list[str]) -> list[dict] | None:
+    """The auto-scaler's recent decisions; None when the contract has none."""
+    if not _exists(conn, "awa.autoscale_decisions"):
+        return None
+    with conn.cursor(row_factory=dict_row) as cur:
+        rows = cur.execute(
+            "select d.decision_id, d.queue, d.decided_at, d.mode, d.samples, d.mean_waiters,"
+            " d.wait_share, d.enqueue_rate, d.current_shards, d.proposed_shards, d.action,"
+            " d.reason from awa.autoscale_decisions as d where d.queue = any(%s)"
+            " order by d.decision_id desc limit %s", [names, RECENT]).fetchall()
+    return [_plain(r) for r in rows]
+
+
+def runtimes(conn: psycopg.Connection, queue: dict, changes: list[dict]) -> dict | None:
+    """Live runtimes serving ``queue`` and the evidence that producers use S.
+
+    None when the contract has no runtime snapshots.
+    """
+    if not _exists(conn, "awa.runtime_overview"):
+        return None
+    name = queue["queue"]
+    last = next((c for c in changes if c["queue"] == name), None)
+    since = last["changed_at"] if last else None
+    with conn.cursor(row_factory=dict_row) as cur:
+        live = cur.execute(
+            "select r.instance_id::text, r.kind, r.host, r.pid, r.version, r.in_flight,"
+            " r.last_seen, r.started_at, q.activity, q.last_at, q.shards"
+            " from awa.runtime_overview as r"
+            " join awa.runtime_queue_overview as q on q.instance_id = r.instance_id"
+            " where q.queue = %s order by r.kind, r.host, r.pid", [name]).fetchall()
+        evidence = None
+        if last is not None:
+            evidence = cur.execute(
+                "select e.change_id, e.changed_at, e.shards, e.enqueues_since,"
+                " e.below_s, e.at_or_above_s, e.on_new_lanes"
+                " from awa.shard_change_evidence as e where e.change_id = %s",
+                [last["change_id"]]).fetchone()
+    producers = [r for r in live if r["activity"] == "enqueue"]
+    current = [r for r in producers if since is not None and r["last_at"] is not None
+               and r["last_at"] >= since and r["shards"] == queue["enqueue_shards"]]
+    return {
+        "live": live,
+        "producers": {
+            "live": len(producers),
+            "on_current_s": len(current) if since is not None else None,
+            "shards": queue["enqueue_shards"],
+            "since": since,
+        },
+        "lane_evidence": evidence,
+    }

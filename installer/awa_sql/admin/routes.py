@@ -1,0 +1,122 @@
+"""The JSON API under /api."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Path, Query, Request
+
+from awa_sql import __version__
+from awa_sql.admin import queries
+from awa_sql.admin.errors import ApiError
+from awa_sql.admin.guard import require_write
+from awa_sql.admin.models import (
+    Error,
+    PauseResult,
+    QueueDetail,
+    QueueSummary,
+    ServerInfo,
+    ShardModeBody,
+    ShardModeResult,
+    ShardPlan,
+    ShardResult,
+    ShardsBody,
+)
+from awa_sql.storage import ordering_consequence, plan_enqueue_shards, set_enqueue_shards
+
+router = APIRouter(prefix="/api")
+QueueName = Annotated[str, Path(description="a queue name (logical or physical)")]
+NOT_FOUND = {404: {"model": Error, "description": "unknown queue"}}
+WRITE = {
+    **NOT_FOUND,
+    400: {"model": Error, "description": "a value the database refuses (SQLSTATE 22xxx)"},
+    403: {"model": Error, "description": "not --writable, or no or a wrong bearer token"},
+    503: {"model": Error, "description": "the database is a read-only standby"},
+}
+
+
+def _pool(request: Request):
+    return request.app.state.pool
+
+
+@router.get("/server", response_model=ServerInfo)
+def server(request: Request) -> dict:
+    with _pool(request).connection() as conn:
+        recovery = conn.execute("select pg_catalog.pg_is_in_recovery()").fetchone()[0]
+    return {"version": __version__, "writable": request.app.state.settings.writable,
+            "in_recovery": recovery}
+
+
+@router.get("/queues", response_model=list[QueueSummary])
+def list_queues(request: Request) -> list[dict]:
+    with _pool(request).connection() as conn, conn.transaction():
+        return queries.list_queues(conn)
+
+
+@router.get("/queues/{queue}", response_model=QueueDetail, responses=NOT_FOUND)
+def queue_detail(request: Request, queue: QueueName) -> dict:
+    with _pool(request).connection() as conn, conn.transaction():
+        return queries.queue_detail(conn, queue)
+
+
+@router.get("/queues/{queue}/enqueue-shards/plan", response_model=ShardPlan,
+            responses=NOT_FOUND)
+def plan_shards(request: Request, queue: QueueName,
+                shards: Annotated[int, Query(ge=1, le=64)]) -> dict:
+    """What a change of S would do and what it means for ordering; changes nothing."""
+    with _pool(request).connection() as conn, conn.transaction():
+        queries.require_queue(conn, queue)
+        plan = plan_enqueue_shards(conn, queue, shards)
+    old = next((p.old_shards for p in plan if p.physical_queue == queue), plan[0].old_shards)
+    return {"queue": queue, "old_shards": old, "new_shards": shards,
+            "lanes_created": sum(p.lanes_created for p in plan),
+            "consequence": ordering_consequence(queue, old, shards)}
+
+
+@router.put("/queues/{queue}/enqueue-shards", response_model=ShardResult,
+            dependencies=[Depends(require_write)], responses=WRITE)
+def put_shards(request: Request, queue: QueueName, body: ShardsBody) -> dict:
+    with _pool(request).connection() as conn, conn.transaction():
+        queries.require_queue(conn, queue)
+        changes = set_enqueue_shards(conn, queue, body.shards)
+    old = next((c.old_shards for c in changes if c.physical_queue == queue),
+               changes[0].old_shards if changes else body.shards)
+    return {"queue": queue, "changes": [c.__dict__ for c in changes],
+            "consequence": ordering_consequence(queue, old, body.shards)}
+
+
+@router.put("/queues/{queue}/shard-mode", response_model=ShardModeResult,
+            dependencies=[Depends(require_write)],
+            responses={**WRITE, 501: {"model": Error,
+                                      "description": "the database has no auto-scaler"}})
+def put_shard_mode(request: Request, queue: QueueName, body: ShardModeBody) -> dict:
+    with _pool(request).connection() as conn, conn.transaction():
+        queries.require_queue(conn, queue)
+        if not queries.has_function(conn, "awa.set_shard_mode(text, text, integer)"):
+            raise ApiError(501, "this database has no auto-scaler (awa.set_shard_mode); "
+                           "run awa migrate", "42883")
+        rows = conn.execute(
+            "select queue, shard_mode, max_shards"
+            " from awa.set_shard_mode(%s::text, %s::text, %s::integer)",
+            [queue, body.mode.value, body.max_shards]).fetchall()
+    return {"queue": queue, "queues": [
+        {"queue": q, "shard_mode": m, "max_shards": x} for q, m, x in rows]}
+
+
+def _set_paused(request: Request, queue: str, paused: bool) -> dict:
+    function = "awa.pause_queue" if paused else "awa.resume_queue"
+    with _pool(request).connection() as conn, conn.transaction():
+        changed = conn.execute(f"select {function}(%s::text)", [queue]).fetchone()[0]
+    return {"queue": queue, "paused": paused, "changed": changed}
+
+
+@router.post("/queues/{queue}/pause", response_model=PauseResult,
+             dependencies=[Depends(require_write)], responses=WRITE)
+def pause(request: Request, queue: QueueName) -> dict:
+    return _set_paused(request, queue, True)
+
+
+@router.post("/queues/{queue}/resume", response_model=PauseResult,
+             dependencies=[Depends(require_write)], responses=WRITE)
+def resume(request: Request, queue: QueueName) -> dict:
+    return _set_paused(request, queue, False)

@@ -1,0 +1,169 @@
+"""Helpers for the admin tests: apps on a test database, a real standby."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import psycopg
+from fastapi.testclient import TestClient
+
+from awa_sql import embedded, migrate
+from awa_sql.admin.app import Settings, create_app, make_pool
+from awa_sql.roles import Roles
+from tests.support.database import Database
+
+TOKEN = "test-token-0123456789abcdef"
+ROOT = Path(__file__).resolve().parent.parent.parent
+
+
+def wait_for(condition: Callable[[], object], timeout: float = 20, what: str = "") -> object:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what or condition}")
+        time.sleep(0.05)
+
+
+def operator_login(db: Database) -> str:
+    return db.login_role("awa_reader", "awa_operator", prefix="awa_adm_")
+
+
+def reader_login(db: Database) -> str:
+    return db.login_role("awa_reader", prefix="awa_adm_")
+
+
+@contextmanager
+def client_for(dsn: str, writable: bool, token: str | None = TOKEN) -> Iterator[TestClient]:
+    """A TestClient on an app with its own pool, as ``awa admin serve`` builds it."""
+    app = create_app(Settings(dsn=dsn, writable=writable, token=token if writable else None))
+    with TestClient(app) as client:
+        yield client
+
+
+@contextmanager
+def shared_pool_app(dsn: str, writable: bool) -> Iterator:
+    """An app on a pool that outlives any one request's lifespan (for schemathesis)."""
+    settings = Settings(dsn=dsn, writable=writable, token=TOKEN if writable else None)
+    pool = make_pool(settings, open_now=True)
+    try:
+        yield create_app(settings, pool=pool)
+    finally:
+        pool.close()
+
+
+def auth(token: str = TOKEN) -> dict:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def enqueue_jobs(db: Database, queue: str, count: int, keyed: bool = True) -> None:
+    with db.connect() as conn:
+        conn.execute(
+            "select awa.enqueue(%(q)s, 't', '{}'::jsonb, 2::smallint,"
+            " case when %(keyed)s then ('k' || i)::bytea end)"
+            " from generate_series(1, %(n)s) as i", {"q": queue, "n": count, "keyed": keyed})
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def serve_cli(dsn: str, *args: str, token: str | None = None) -> Iterator[str]:
+    """``awa admin serve`` as a real process; yields its base URL once it answers."""
+    import httpx
+
+    port = free_port()
+    env = {**os.environ, "AWA_DATABASE_URL": dsn}
+    env.pop("AWA_ADMIN_TOKEN", None)
+    if token:
+        env["AWA_ADMIN_TOKEN"] = token
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "awa_sql", "admin", "serve", "--port", str(port), *args],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        stdin=subprocess.DEVNULL,
+    )
+    base = f"http://127.0.0.1:{port}"
+
+    def answers() -> bool:
+        if proc.poll() is not None:
+            raise AssertionError(f"awa admin serve exited {proc.returncode}: "
+                                 f"{proc.stdout.read()}")
+        try:
+            return httpx.get(f"{base}/api/server", timeout=1).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    try:
+        wait_for(answers, timeout=30, what="awa admin serve to answer")
+        yield base
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+# -- a real streaming standby ------------------------------------------------------------
+
+
+def _chown_tree(path: Path) -> None:
+    user = embedded.server_os_user()
+    if user is None:
+        return
+    for p in [path, *path.rglob("*")]:
+        os.chown(p, user.pw_uid, user.pw_gid, follow_symlinks=False)
+
+
+@contextmanager
+def primary_and_standby(major: int, workdir: Path) -> Iterator[tuple[str, str]]:
+    """A small primary with awa installed in database ``awa`` and a hot standby
+    streaming from it, made by a low-level base backup (the embedded builds
+    carry no pg_basebackup). Yields the two DSNs of database ``awa``."""
+    bindir = embedded.ensure_binaries(major)
+    primary = embedded.LocalServer(bindir, workdir / "primary", settings={
+        "fsync": "off", "wal_level": "replica", "max_wal_senders": "4",
+        "wal_keep_size": "64MB"})
+    standby = embedded.LocalServer(bindir, workdir / "standby",
+                                   settings={"fsync": "off", "hot_standby": "on"})
+    primary.start()
+    try:
+        with psycopg.connect(primary.dsn(), autocommit=True) as conn:
+            conn.execute("create database awa")
+        with psycopg.connect(primary.dsn(dbname="awa"), autocommit=True) as conn:
+            migrate.migrate(conn, Roles(), create_roles=True, log=lambda _line: None)
+            conn.execute("select awa.enqueue('standby-q', 't', '{}'::jsonb)")
+        with psycopg.connect(primary.dsn(), autocommit=True) as conn:
+            conn.execute("select pg_backup_start('awa-admin-standby', true)")
+            shutil.copytree(primary.data_dir, standby.data_dir, symlinks=True,
+                            ignore=shutil.ignore_patterns("postmaster.pid", "postmaster.opts"))
+            label, _spcmap = conn.execute(
+                "select labelfile, spcmapfile from pg_backup_stop(false)").fetchone()
+        (standby.data_dir / "backup_label").write_text(label)
+        (standby.data_dir / "standby.signal").write_text("")
+        with (standby.data_dir / "postgresql.auto.conf").open("a") as conf:
+            conf.write(f"primary_conninfo = 'host=127.0.0.1 port={primary.port} "
+                       "user=postgres'\n")
+        standby.data_dir.chmod(0o700)
+        _chown_tree(standby.data_dir)
+        standby.start()
+        try:
+            yield primary.dsn(dbname="awa"), standby.dsn(dbname="awa")
+        finally:
+            standby.stop("immediate")
+    finally:
+        primary.stop("immediate")

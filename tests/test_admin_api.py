@@ -1,0 +1,312 @@
+"""The admin HTTP API on PostgreSQL 17 and 18: every route, the write guard, errors."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from tests.support.admin import (
+    TOKEN,
+    auth,
+    client_for,
+    enqueue_jobs,
+    operator_login,
+    primary_and_standby,
+    reader_login,
+    serve_cli,
+)
+
+
+@pytest.fixture
+def operator_dsn(db) -> str:
+    return db.dsn(operator_login(db))
+
+
+@pytest.fixture
+def api(operator_dsn):
+    with client_for(operator_dsn, writable=True) as client:
+        yield client
+
+
+@pytest.fixture
+def read_only_api(db):
+    with client_for(db.dsn(reader_login(db)), writable=False) as client:
+        yield client
+
+
+def _shards(db, queue: str) -> int:
+    with db.connect() as conn:
+        return conn.execute("select awa.enqueue_shards(%s)", [queue]).fetchone()[0]
+
+
+def _change_count(db, queue: str) -> int:
+    with db.connect() as conn:
+        return conn.execute("select count(*) from awa.shard_changes where queue = %s",
+                            [queue]).fetchone()[0]
+
+
+# -- reads -------------------------------------------------------------------------------
+
+
+def test_list_queues_shows_s_mode_paused_and_counts(db, read_only_api):
+    enqueue_jobs(db, "alpha", 3)
+    enqueue_jobs(db, "beta", 2)
+    with db.connect() as conn:
+        conn.execute("select awa.set_enqueue_shards('beta', 4)")
+        conn.execute("select awa.pause_queue('alpha')")
+    got = read_only_api.get("/api/queues")
+    assert got.status_code == 200
+    by_name = {q["queue"]: q for q in got.json()}
+    assert set(by_name) == {"alpha", "beta"}
+    assert by_name["alpha"]["paused"] is True
+    assert by_name["alpha"]["ready"] == 3
+    assert by_name["alpha"]["oldest_ready_age_seconds"] >= 0
+    assert by_name["beta"]["enqueue_shards"] == 4
+    assert by_name["beta"]["shard_mode"] == "manual"
+    assert by_name["beta"]["max_shards"] is None
+    assert {"running", "failed", "completed", "scheduled"} <= set(by_name["beta"])
+
+
+def test_queue_detail_has_lanes_draining_contention_and_changes(db, read_only_api):
+    with db.connect() as conn:
+        conn.execute("select awa.set_enqueue_shards('q', 4)")
+    enqueue_jobs(db, "q", 40)
+    with db.connect() as conn:
+        conn.execute("select awa.set_enqueue_shards('q', 1)")
+        conn.execute("select awa.sample_lane_contention()")
+        conn.execute("select awa.sample_lane_contention()")
+    got = read_only_api.get("/api/queues/q")
+    assert got.status_code == 200
+    q = got.json()
+    assert q["queue"] == "q" and q["enqueue_shards"] == 1 and q["ready"] == 40
+    assert len(q["lanes"]) == 16  # 4 priorities x the 4 shards ever provisioned
+    shard_ready = {}
+    for lane in q["lanes"]:
+        shard_ready[lane["shard"]] = shard_ready.get(lane["shard"], 0) + lane["ready"]
+        assert lane["above_s"] == (lane["shard"] >= 1)
+        assert lane["draining"] == (lane["shard"] >= 1 and lane["ready"] > 0)
+    assert sum(shard_ready.values()) == 40
+    assert all(shard_ready[s] > 0 for s in range(4))  # 40 keys spread over 4 shards
+    assert [c["queue"] for c in q["contention"]] == ["q"]
+    assert q["contention"][0]["samples"] == 2
+    assert [(c["old_shards"], c["new_shards"]) for c in q["shard_changes"]] == [(4, 1), (1, 4)]
+    assert q["shard_changes"][0]["source"] == "manual"
+
+
+def test_unknown_queue_is_404_on_every_route(api):
+    assert api.get("/api/queues/nope").status_code == 404
+    assert api.get("/api/queues/nope/enqueue-shards/plan?shards=2").status_code == 404
+    for method, path, body in [
+        ("PUT", "/api/queues/nope/enqueue-shards", {"shards": 2}),
+        ("PUT", "/api/queues/nope/shard-mode", {"mode": "auto", "max_shards": 8}),
+        ("POST", "/api/queues/nope/pause", None),
+        ("POST", "/api/queues/nope/resume", None),
+    ]:
+        got = api.request(method, path, json=body, headers=auth())
+        assert got.status_code == 404, (method, path, got.text)
+        assert "nope" in got.json()["error"]
+        assert got.json()["sqlstate"] == "42704"
+
+
+def test_plan_states_the_ordering_consequence_and_changes_nothing(db, api):
+    enqueue_jobs(db, "p", 1)
+    got = api.get("/api/queues/p/enqueue-shards/plan", params={"shards": 4})
+    assert got.status_code == 200
+    plan = got.json()
+    assert (plan["old_shards"], plan["new_shards"], plan["lanes_created"]) == (1, 4, 12)
+    assert "partitioned FIFO" in plan["consequence"]
+    assert _shards(db, "p") == 1
+    assert api.get("/api/queues/p/enqueue-shards/plan",
+                   params={"shards": 65}).status_code == 422
+
+
+# -- writes ------------------------------------------------------------------------------
+
+
+def test_put_enqueue_shards_raises_s_and_records_who(db, api, operator_dsn):
+    enqueue_jobs(db, "w", 1)
+    got = api.put("/api/queues/w/enqueue-shards", json={"shards": 4}, headers=auth())
+    assert got.status_code == 200, got.text
+    body = got.json()
+    assert body["changes"] == [
+        {"physical_queue": "w", "old_shards": 1, "new_shards": 4, "lanes_created": 12}]
+    assert "partitioned FIFO" in body["consequence"]
+    assert _shards(db, "w") == 4
+    detail = api.get("/api/queues/w").json()
+    assert len(detail["lanes"]) == 16
+    login = operator_dsn.split("user=")[1].split()[0]
+    assert detail["shard_changes"][0]["changed_by"] == login
+
+
+@pytest.mark.parametrize("shards", [0, 65, -1, 2**31 - 1])
+def test_out_of_range_s_is_400_with_the_database_message(db, api, shards):
+    enqueue_jobs(db, "r", 1)
+    got = api.put("/api/queues/r/enqueue-shards", json={"shards": shards}, headers=auth())
+    assert got.status_code == 400, got.text
+    assert got.json() == {
+        "error": f"enqueue shards must be between 1 and 64, got {shards}", "sqlstate": "22023"}
+    assert _shards(db, "r") == 1
+    assert _change_count(db, "r") == 0
+
+
+@pytest.mark.parametrize(("body", "field"), [
+    ({}, "shards"),
+    ({"shards": "4"}, "shards"),
+    ({"shards": 4.5}, "shards"),
+    ({"shards": True}, "shards"),
+    ({"shards": None}, "shards"),
+    ({"shards": 2**40}, "shards"),
+    ({"shards": 4, "extra": 1}, "extra"),
+])
+def test_bad_shards_body_is_422_naming_the_field(db, api, body, field):
+    enqueue_jobs(db, "b", 1)
+    got = api.put("/api/queues/b/enqueue-shards", json=body, headers=auth())
+    assert got.status_code == 422, got.text
+    assert got.json()["fields"] == [field]
+    assert got.json()["error"].startswith(f"{field}: ")
+    assert _change_count(db, "b") == 0
+
+
+def test_body_that_is_not_json_is_422(db, api):
+    enqueue_jobs(db, "b", 1)
+    got = api.put("/api/queues/b/enqueue-shards", content=b"shards=4",
+                  headers={**auth(), "Content-Type": "application/json"})
+    assert got.status_code == 422
+    assert got.json()["fields"] == ["body"]
+    assert "JSON" in got.json()["error"]
+    empty = api.put("/api/queues/b/enqueue-shards", headers=auth())
+    assert (empty.status_code, empty.json()["fields"]) == (422, ["body"])
+
+
+def test_pause_and_resume(db, api):
+    enqueue_jobs(db, "pr", 1)
+    first = api.post("/api/queues/pr/pause", headers=auth())
+    assert first.json() == {"queue": "pr", "paused": True, "changed": True}
+    assert api.post("/api/queues/pr/pause", headers=auth()).json()["changed"] is False
+    assert api.get("/api/queues/pr").json()["paused"] is True
+    assert api.post("/api/queues/pr/resume", headers=auth()).json() == {
+        "queue": "pr", "paused": False, "changed": True}
+    assert api.get("/api/queues/pr").json()["paused"] is False
+
+
+def test_put_shard_mode(db, api):
+    enqueue_jobs(db, "m", 1)
+    got = api.put("/api/queues/m/shard-mode", json={"mode": "auto", "max_shards": 8},
+                  headers=auth())
+    assert got.status_code == 200, got.text
+    assert got.json()["queues"] == [{"queue": "m", "shard_mode": "auto", "max_shards": 8}]
+    listed = {q["queue"]: q for q in api.get("/api/queues").json()}
+    assert (listed["m"]["shard_mode"], listed["m"]["max_shards"]) == ("auto", 8)
+    bad = api.put("/api/queues/m/shard-mode", json={"mode": "auto", "max_shards": 65},
+                  headers=auth())
+    assert bad.status_code == 400
+    assert bad.json()["sqlstate"] == "22023" and "65" in bad.json()["error"]
+    unknown = api.put("/api/queues/m/shard-mode", json={"mode": "turbo"}, headers=auth())
+    assert unknown.status_code == 422 and unknown.json()["fields"] == ["mode"]
+    assert api.get("/api/queues/m").json()["shard_mode"] == "auto"
+
+
+def test_detail_shows_autoscaler_decisions_with_reasons(db, read_only_api):
+    enqueue_jobs(db, "d", 1)
+    with db.connect() as conn:
+        conn.execute(
+            "insert into awa.autoscale_decisions (queue, mode, samples, mean_waiters,"
+            " wait_share, enqueue_rate, current_shards, proposed_shards, action, reason)"
+            " values ('d', 'shadow', 12, 1.5, 0.4, 900, 1, 2, 'would_raise',"
+            " 'waiters per held lane 1.5 >= 1.0')")
+    decisions = read_only_api.get("/api/queues/d").json()["decisions"]
+    assert [(d["action"], d["proposed_shards"], d["reason"]) for d in decisions] == [
+        ("would_raise", 2, "waiters per held lane 1.5 >= 1.0")]
+
+
+# -- the guard ---------------------------------------------------------------------------
+
+WRITES = [
+    ("PUT", "/api/queues/g/enqueue-shards", {"shards": 2}),
+    ("PUT", "/api/queues/g/shard-mode", {"mode": "shadow"}),
+    ("POST", "/api/queues/g/pause", None),
+    ("POST", "/api/queues/g/resume", None),
+]
+
+
+@pytest.mark.parametrize(("method", "path", "body"), WRITES)
+def test_guard_refuses_without_the_right_token(db, api, method, path, body):
+    enqueue_jobs(db, "g", 1)
+    for headers in [{}, auth("wrong-token"), {"Authorization": TOKEN},
+                    {"Authorization": f"Basic {TOKEN}"}]:
+        got = api.request(method, path, json=body, headers=headers)
+        assert got.status_code == 403, (headers, got.text)
+        assert "token" in got.json()["error"] or "Bearer" in got.json()["error"]
+    assert _shards(db, "g") == 1
+    assert api.get("/api/queues/g").json()["paused"] is False
+
+
+@pytest.mark.parametrize(("method", "path", "body"), WRITES)
+def test_guard_refuses_on_a_read_only_server_even_with_the_token(db, read_only_api,
+                                                                 method, path, body):
+    enqueue_jobs(db, "g", 1)
+    got = read_only_api.request(method, path, json=body, headers=auth())
+    assert got.status_code == 403
+    assert "read-only" in got.json()["error"]
+    assert _shards(db, "g") == 1
+
+
+def test_writable_server_on_a_reader_login_is_403_from_the_database(db):
+    enqueue_jobs(db, "g", 1)
+    with client_for(db.dsn(reader_login(db)), writable=True) as client:
+        got = client.put("/api/queues/g/enqueue-shards", json={"shards": 2}, headers=auth())
+    assert got.status_code == 403
+    assert got.json()["sqlstate"] == "42501"
+
+
+def test_writable_server_needs_a_token():
+    with pytest.raises(ValueError, match="AWA_ADMIN_TOKEN"):
+        client_for("", writable=True, token=None).__enter__()
+
+
+def test_guard_is_503_on_a_streaming_standby(cluster):
+    if cluster.server is None:
+        pytest.skip("the standby is built from the embedded server binaries")
+    workdir = Path(tempfile.mkdtemp(prefix=f"awa-admin-standby-{cluster.major}-"))
+    with (primary_and_standby(cluster.major, workdir) as (_primary, standby),
+          client_for(standby, writable=True) as client):
+        assert client.get("/api/server").json()["in_recovery"] is True
+        assert client.get("/api/queues/standby-q").status_code == 200  # reads work
+        for method, path, body in WRITES:
+            got = client.request(method, path.replace("/g/", "/standby-q/"), json=body,
+                                 headers=auth())
+            assert got.status_code == 503, got.text
+            assert "standby" in got.json()["error"]
+        # The guard answers first: even a bad token on a standby is 403, not 503.
+        assert client.post("/api/queues/standby-q/pause",
+                           headers=auth("wrong")).status_code == 403
+    shutil.rmtree(workdir, ignore_errors=True)
+
+
+# -- the command -------------------------------------------------------------------------
+
+
+def test_awa_admin_serve_binds_localhost_and_serves_the_pages(db):
+    import httpx
+
+    enqueue_jobs(db, "cli", 1)
+    with serve_cli(db.dsn(reader_login(db))) as base:
+        port = int(base.rsplit(":", 1)[1])
+        listening = [line.split()[1] for line in Path("/proc/net/tcp").read_text().splitlines()[1:]
+                     if line.split()[3] == "0A"]
+        assert f"0100007F:{port:04X}" in listening  # 127.0.0.1, not 0.0.0.0
+        assert httpx.get(f"{base}/api/queues").json()[0]["queue"] == "cli"
+        page = httpx.get(f"{base}/queues/cli")
+        assert page.status_code == 200 and 'data-writable="false"' in page.text
+        assert httpx.get(f"{base}/static/admin.js").status_code == 200
+        refused = httpx.post(f"{base}/api/queues/cli/pause", headers=auth())
+        assert refused.status_code == 403
+
+
+def test_awa_admin_serve_writable_without_token_exits_2(db):
+    result = db.awa("admin", "serve", "--writable", env={"AWA_ADMIN_TOKEN": ""})
+    assert result.returncode == 2
+    assert "AWA_ADMIN_TOKEN" in result.stderr
