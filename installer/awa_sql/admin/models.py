@@ -6,12 +6,26 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from annotated_types import Interval
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 # The database checks ranges (and says so in its message, returned with 400);
 # the bodies only check types, so that a value of the right type always
 # reaches the one place that decides what is allowed.
-Int32 = Annotated[StrictInt, Field(ge=-(2**31), le=2**31 - 1)]
+
+
+def _whole_number(value: object) -> object:
+    """A JSON integer: 4 and 4.0 (JSON Schema's own rule), never "4", 4.5 or true."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError("must be a whole number")
+    if isinstance(value, float):
+        if not value.is_integer():
+            raise ValueError("must be a whole number")
+        return int(value)
+    return value
+
+
+Int32 = Annotated[int, Interval(ge=-(2**31), le=2**31 - 1), BeforeValidator(_whole_number)]
 
 
 class Body(BaseModel):
