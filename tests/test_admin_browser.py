@@ -1,0 +1,120 @@
+"""The admin page in Debian's chromium, driven by Playwright, against `awa admin serve`."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.support.admin import TOKEN, enqueue_jobs, operator_login, reader_login, serve_cli
+
+CHROMIUM = "/usr/bin/chromium"
+LAUNCH_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+               "--disable-component-update", "--disable-sync", "--no-first-run"]
+SCREENSHOT_DIR = Path(os.environ.get("AWA_SCREENSHOT_DIR", "/tmp/awa-admin-screenshots"))
+
+pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(),
+                                reason="needs Debian's chromium (apt-get install chromium)")
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_ARGS, headless=True)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser):
+    context = browser.new_context(viewport={"width": 1200, "height": 1000})
+    # Nothing but the admin server: a request elsewhere fails the test.
+    outside = []
+    context.route(re.compile(r"^(?!http://127\.0\.0\.1:).*"),
+                  lambda route: (outside.append(route.request.url), route.abort()))
+    p = context.new_page()
+    yield p
+    context.close()
+    assert outside == [], f"the page fetched from outside the admin server: {outside}"
+
+
+def _lane_shards(page) -> set[int]:
+    return {int(s) for s in page.locator("#lanes-table tbody tr").evaluate_all(
+        "rows => rows.map(r => r.dataset.shard)")}
+
+
+def test_change_s_from_1_to_4_through_the_confirm_dialog(db, page):
+    from playwright.sync_api import expect
+
+    enqueue_jobs(db, "orders", 5)
+    with serve_cli(db.dsn(operator_login(db)), "--writable", token=TOKEN) as base:
+        page.goto(f"{base}/queues/orders")
+        expect(page.locator("#shards-value")).to_have_text("1")
+        expect(page.locator("#lanes-table tbody tr")).to_have_count(4)
+        assert _lane_shards(page) == {0}
+        expect(page.locator("#changes-table")).to_have_text("S has never changed.")
+
+        page.fill("#token", TOKEN)
+        page.fill("#new-shards", "4")
+        page.click("#change-shards")
+        dialog = page.locator("#confirm")
+        expect(dialog).to_be_visible()
+        expect(page.locator("#confirm-title")).to_have_text("Change S of orders from 1 to 4?")
+        expect(page.locator("#confirm-text")).to_contain_text("partitioned FIFO")
+        expect(page.locator("#confirm-text")).to_contain_text("per-key order resumes")
+        expect(page.locator("#confirm-lanes")).to_contain_text("12 new lanes")
+        with db.connect() as conn:  # nothing is sent before the confirmation
+            assert conn.execute("select awa.enqueue_shards('orders')").fetchone()[0] == 1
+        page.click("#confirm-ok")
+
+        expect(page.locator("#shards-value")).to_have_text("4")
+        expect(page.locator("#lanes-table tbody tr")).to_have_count(16)
+        assert _lane_shards(page) == {0, 1, 2, 3}
+        expect(page.locator("#changes-table tbody tr").first).to_contain_text("1 → 4")
+        expect(page.locator("#status")).to_contain_text("S is now 4")
+        with db.connect() as conn:
+            assert conn.execute("select awa.enqueue_shards('orders')").fetchone()[0] == 4
+
+        enqueue_jobs(db, "orders", 40)  # the page refreshes itself: ready jobs appear
+        expect(page.locator("#summary")).to_contain_text("45", timeout=10_000)
+        SCREENSHOT_DIR.mkdir(parents=True, exist_ok=True)
+        shot = SCREENSHOT_DIR / "admin-queue-page.png"
+        page.screenshot(path=str(shot), full_page=True)
+        assert shot.stat().st_size > 10_000
+        if target := os.environ.get("AWA_UPDATE_SCREENSHOT"):
+            shutil.copy(shot, target)
+
+
+def test_cancel_in_the_dialog_changes_nothing(db, page):
+    from playwright.sync_api import expect
+
+    enqueue_jobs(db, "keep", 1)
+    with serve_cli(db.dsn(operator_login(db)), "--writable", token=TOKEN) as base:
+        page.goto(f"{base}/queues/keep")
+        page.fill("#token", TOKEN)
+        page.fill("#new-shards", "8")
+        page.click("#change-shards")
+        page.click("#confirm-cancel")
+        expect(page.locator("#confirm")).to_be_hidden()
+        expect(page.locator("#shards-value")).to_have_text("1")
+    with db.connect() as conn:
+        assert conn.execute("select count(*) from awa.shard_changes").fetchone()[0] == 0
+
+
+def test_read_only_mode_has_no_write_control(db, page):
+    from playwright.sync_api import expect
+
+    enqueue_jobs(db, "ro", 2)
+    with serve_cli(db.dsn(reader_login(db))) as base:
+        page.goto(f"{base}/")
+        expect(page.locator("#queues tbody tr")).to_have_count(1)
+        page.click("text=ro")
+        expect(page.locator("#shards-value")).to_have_text("1")
+        expect(page.locator("#lanes-table tbody tr")).to_have_count(4)
+        assert page.locator("button, input, select, form, dialog").count() == 0
+        expect(page.locator("header")).to_contain_text("read-only")
