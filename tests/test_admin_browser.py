@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,8 @@ from tests.support.admin import TOKEN, enqueue_jobs, operator_login, reader_logi
 CHROMIUM = "/usr/bin/chromium"
 LAUNCH_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                "--disable-component-update", "--disable-sync", "--no-first-run"]
-SCREENSHOT_DIR = Path(os.environ.get("AWA_SCREENSHOT_DIR", "/tmp/awa-admin-screenshots"))
+SCREENSHOT_DIR = Path(os.environ.get("AWA_SCREENSHOT_DIR")
+                      or Path(tempfile.gettempdir()) / "awa-admin-screenshots")
 
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(),
                                 reason="needs Debian's chromium (apt-get install chromium)")

@@ -130,12 +130,23 @@ def enqueue_many_copy(conn: psycopg.Connection, jobs: Sequence[Mapping[str, Any]
 
 
 class Producer:
-    """Owns a connection; every call is its own committed transaction."""
+    """Owns a connection; every call is its own committed transaction.
 
-    def __init__(self, dsn: str | None = None, *, conn: psycopg.Connection | None = None):
-        from awa_sql.connect import connect
+    Given a DSN, it also publishes a runtime snapshot every ``snapshot_every``
+    seconds on a second connection, for the admin page (None: off; off as well
+    when given only ``conn``, whose password psycopg does not expose).
+    """
+
+    def __init__(self, dsn: str | None = None, *, conn: psycopg.Connection | None = None,
+                 snapshot_every: float | None = 10.0):
+        from awa_sql.connect import connect, resolve_dsn
+        from awa_sql.runtimes import RuntimePublisher
 
         self._conn = conn if conn is not None else connect(dsn)
+        self.runtime = None
+        if snapshot_every is not None and (conn is None or dsn is not None):
+            self.runtime = RuntimePublisher(resolve_dsn(dsn), "producer", every=snapshot_every)
+            self.runtime.start()
 
     def __enter__(self) -> Producer:
         return self
@@ -144,20 +155,34 @@ class Producer:
         self.close()
 
     def close(self) -> None:
+        if self.runtime is not None:
+            self.runtime.stop()
         self._conn.close()
 
     def _run(self, fn, *args, **kwargs):
         with self._conn.transaction():
             return fn(self._conn, *args, **kwargs)
 
+    def _note(self, queues: Iterable[str]) -> None:
+        if self.runtime is not None:
+            for q in set(queues):
+                self.runtime.note(q, "enqueue")
+
     def enqueue(self, kind: str, args: Mapping[str, Any] | None = None, **kw) -> Enqueued:
-        return self._run(enqueue, kind, args, **kw)
+        result = self._run(enqueue, kind, args, **kw)
+        self._note([result.queue])
+        return result
 
     def enqueue_many(self, jobs: Sequence[Mapping[str, Any]], **defaults) -> list[Enqueued]:
-        return self._run(enqueue_many, jobs, **defaults)
+        results = self._run(enqueue_many, jobs, **defaults)
+        self._note(r.queue for r in results)
+        return results
 
     def enqueue_many_copy(self, jobs: Sequence[Mapping[str, Any]], **kw) -> int:
-        return self._run(enqueue_many_copy, jobs, **kw)
+        count = self._run(enqueue_many_copy, jobs, **kw)
+        # COPY reports no physical queue; the names given are the ones noted.
+        self._note([q for q in [kw.get("queue"), *(j.get("queue") for j in jobs)] if q])
+        return count
 
 
 # -- async -------------------------------------------------------------------------------

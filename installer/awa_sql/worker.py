@@ -23,6 +23,7 @@ import psycopg
 
 from awa_sql.client import iter_configs
 from awa_sql.connect import resolve_dsn
+from awa_sql.runtimes import RuntimePublisher
 
 log = logging.getLogger("awa_sql.worker")
 
@@ -58,6 +59,7 @@ class Worker:
         heartbeat_every: timedelta | None = None,
         poll_interval: float = 0.2,
         name: str | None = None,
+        snapshot_every: float | None = 10.0,
     ) -> None:
         self.dsn = resolve_dsn(dsn)
         self.configs = iter_configs(queues)
@@ -73,6 +75,9 @@ class Worker:
         self._lock = threading.Lock()
         self.completed = 0
         self.failed = 0
+        # A snapshot for the admin page every snapshot_every seconds (None: off).
+        self.runtime = None if snapshot_every is None else RuntimePublisher(
+            self.dsn, "worker", every=snapshot_every, in_flight=lambda: len(self._running))
 
     def stop(self) -> None:
         self._stop.set()
@@ -87,12 +92,16 @@ class Worker:
                 threads.append(threading.Thread(
                     target=self._slot, args=(config["queue"],),
                     name=f"awa-{config['queue']}-{slot}"))
+        if self.runtime is not None:
+            self.runtime.start()
         for t in threads:
             t.start()
         for t in threads[1:]:
             t.join()
         self._stop.set()
         threads[0].join()
+        if self.runtime is not None:
+            self.runtime.stop()
 
     def _slot(self, queue: str) -> None:
         with psycopg.connect(self.dsn, autocommit=True) as conn:
@@ -101,7 +110,10 @@ class Worker:
                 if row is None:
                     self._stop.wait(self.poll_interval)
                     continue
-                self._handle(conn, Job(*row))
+                job = Job(*row)
+                if self.runtime is not None:
+                    self.runtime.note(job.queue, "claim")
+                self._handle(conn, job)
 
     def _handle(self, conn: psycopg.Connection, job: Job) -> None:
         with self._lock:

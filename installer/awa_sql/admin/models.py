@@ -123,7 +123,7 @@ class Decision(BaseModel):
 class RuntimeRow(BaseModel):
     instance_id: str
     kind: str
-    host: str
+    hostname: str
     pid: int
     version: str
     in_flight: int

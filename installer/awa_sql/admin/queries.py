@@ -130,11 +130,11 @@ def runtimes(conn: psycopg.Connection, queue: dict, changes: list[dict]) -> dict
     since = last["changed_at"] if last else None
     with conn.cursor(row_factory=dict_row) as cur:
         live = cur.execute(
-            "select r.instance_id::text, r.kind, r.host, r.pid, r.version, r.in_flight,"
+            "select r.instance_id::text, r.kind, r.hostname, r.pid, r.version, r.in_flight,"
             " r.last_seen, r.started_at, q.activity, q.last_at, q.shards"
             " from awa.runtime_overview as r"
             " join awa.runtime_queue_overview as q on q.instance_id = r.instance_id"
-            " where q.queue = %s order by r.kind, r.host, r.pid", [name]).fetchall()
+            " where q.queue = %s order by r.kind, r.hostname, r.pid", [name]).fetchall()
         evidence = None
         if last is not None:
             evidence = cur.execute(

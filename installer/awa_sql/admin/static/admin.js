@@ -250,7 +250,7 @@
     }
     const rows = r.live.map((x) => el("tr", {},
       el("td", {}, x.kind),
-      el("td", {}, `${x.host}:${x.pid}`),
+      el("td", {}, `${x.hostname}:${x.pid}`),
       el("td", {}, x.version),
       el("td", {}, x.activity),
       el("td", { class: "num" }, number(x.shards)),

@@ -1,0 +1,104 @@
+"""Runtime snapshots: a Producer or Worker tells the database it is alive.
+
+Every ``every`` seconds (10 by default) a daemon thread calls
+``awa.publish_runtime`` on its own connection with the process's host, pid,
+version, jobs in flight, and per physical queue how long ago it last
+enqueued or claimed there. The database dates that by its own clock and
+records the queue's S at that moment; the admin page reads it. A snapshot
+that fails is logged and retried next round: it never stops the runtime.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from awa_sql import __version__
+
+log = logging.getLogger("awa_sql.runtimes")
+
+PUBLISH_SQL = (
+    "select awa.publish_runtime(%s::uuid, %s::text, %s::text, %s::integer, %s::text,"
+    " %s::integer, %s::jsonb)"
+)
+
+
+class RuntimePublisher:
+    def __init__(self, dsn: str, kind: str, *, every: float = 10.0,
+                 in_flight: Callable[[], int] = lambda: 0) -> None:
+        self.dsn = dsn
+        self.kind = kind
+        self.every = every
+        self.in_flight = in_flight
+        self.instance_id = uuid.uuid4()
+        self._last: dict[tuple[str, str], float] = {}  # (queue, activity) -> monotonic
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.published = 0
+
+    def note(self, queue: str, activity: str) -> None:
+        """Record an enqueue or claim on a physical queue (cheap: a dict write)."""
+        self._last[(queue, activity)] = time.monotonic()
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="awa-runtime", daemon=True)
+            self._thread.start()
+
+    def publish_now(self) -> None:
+        """Ask for a snapshot now instead of at the next tick."""
+        self._wake.set()
+
+    def stop(self) -> None:
+        if self._thread is None:
+            return
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(10)
+        self._thread = None
+
+    def _snapshot(self) -> list:
+        now = time.monotonic()
+        with self._lock:
+            items = list(self._last.items())
+        activity = [{"queue": q, "activity": a, "age_seconds": round(max(now - t, 0), 3)}
+                    for (q, a), t in items]
+        return [self.instance_id, self.kind, socket.gethostname(), os.getpid(), __version__,
+                max(int(self.in_flight()), 0), Jsonb(activity)]
+
+    def _run(self) -> None:
+        conn: psycopg.Connection | None = None
+        try:
+            while True:
+                try:
+                    if conn is None or conn.closed:
+                        conn = psycopg.connect(self.dsn, autocommit=True,
+                                               application_name="awa-runtime")
+                    if self._stop.is_set():
+                        conn.execute("select awa.remove_runtime(%s::uuid)",
+                                     [self.instance_id])
+                        return
+                    conn.execute(PUBLISH_SQL, self._snapshot())
+                    self.published += 1
+                except psycopg.Error as err:
+                    log.warning("runtime snapshot failed: %s", str(err).strip())
+                    if conn is not None:
+                        conn.close()
+                    conn = None
+                    if self._stop.is_set():
+                        return
+                self._wake.wait(self.every)
+                self._wake.clear()
+        finally:
+            if conn is not None:
+                conn.close()

@@ -1,0 +1,212 @@
+-- runtimes.sql: runtime snapshots and the lane evidence of shard changes.
+
+-- Function: awa._record_change_lanes() returns trigger
+-- After a row lands in awa.shard_changes: record where each lane of that
+-- queue stands, in the same transaction as the change.
+create or replace function awa._record_change_lanes()
+returns trigger
+language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    insert into awa.shard_change_lanes (change_id, lane_id, shard, seq_at_change)
+    select new.change_id, l.lane_id, l.shard, coalesce(pg_sequence_last_value(l.seq), 0)
+      from awa.lanes as l
+     inner join awa.queue_meta as m on l.queue_id = m.queue_id
+     where m.queue = new.queue;
+    return null;
+end;
+$$;
+
+select awa._grant_execute('awa._record_change_lanes()');
+
+create or replace trigger shard_changes_record_lanes
+after insert on awa.shard_changes
+for each row execute function awa._record_change_lanes();
+
+-- Function: awa._shards_at(queue text, at timestamptz) returns smallint
+-- The S a physical queue had at a moment, from its change history.
+create or replace function awa._shards_at(queue text, at timestamptz)
+returns smallint
+language sql
+stable
+set search_path = pg_catalog, pg_temp
+as $$
+    select coalesce(
+        (select c.new_shards from awa.shard_changes as c
+          where c.queue = _shards_at.queue and c.changed_at <= _shards_at.at
+          order by c.change_id desc limit 1),
+        (select c.old_shards from awa.shard_changes as c
+          where c.queue = _shards_at.queue and c.changed_at > _shards_at.at
+          order by c.change_id limit 1),
+        (select m.enqueue_shards from awa.queue_meta as m where m.queue = _shards_at.queue)
+    )
+$$;
+
+select awa._grant_execute('awa._shards_at(text, timestamptz)');
+
+-- Function: awa.publish_runtime(instance_id uuid, kind text, host text, pid integer,
+--   version text, in_flight integer, activity jsonb) returns integer
+-- A runtime's snapshot, every 10 s. activity is a JSON array of
+-- {"queue": physical queue, "activity": "enqueue" | "claim", "age_seconds": n}:
+-- how long ago the runtime last did that there, by its own clock, so that
+-- the database's clock dates it and finds the S it used. Only the login that
+-- created a row may refresh it. Removes stale rows (30 s without a snapshot);
+-- returns how many. Roles: awa_producer, awa_worker.
+-- Errors: 22023 bad kind, pid, in_flight, text length or activity;
+--   22004 nulls; 42501 the instance belongs to another login.
+create or replace function awa.publish_runtime(
+    instance_id uuid, kind text, host text, pid integer, version text,
+    in_flight integer, activity jsonb
+)
+returns integer
+language plpgsql
+security definer
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    owner_login text;
+    removed integer;
+begin
+    if instance_id is null or kind is null or host is null or pid is null
+       or version is null or in_flight is null or activity is null then
+        raise exception 'publish_runtime arguments must not be null' using errcode = '22004';
+    end if;
+    if kind not in ('producer', 'worker') then
+        raise exception 'kind must be producer or worker, got %', quote_literal(kind)
+            using errcode = '22023';
+    end if;
+    if pid < 1 or in_flight < 0 then
+        raise exception 'pid must be positive and in_flight not negative, got % and %',
+            pid, in_flight using errcode = '22023';
+    end if;
+    if octet_length(host) > 255 or octet_length(version) > 64 then
+        raise exception 'host must be at most 255 bytes and version 64, got % and %',
+            octet_length(host), octet_length(version) using errcode = '22023';
+    end if;
+    if jsonb_typeof(activity) <> 'array' or jsonb_array_length(activity) > 1000 or exists (
+        select from jsonb_array_elements(activity) as a (e)
+         where jsonb_typeof(a.e) <> 'object'
+            or a.e ->> 'activity' is null or a.e ->> 'activity' not in ('enqueue', 'claim')
+            or jsonb_typeof(a.e -> 'queue') <> 'string'
+            or octet_length(a.e ->> 'queue') not between 1 and 203
+            or jsonb_typeof(a.e -> 'age_seconds') <> 'number'
+            or (a.e ->> 'age_seconds')::numeric not between 0 and 86400
+    ) then
+        raise exception 'activity must be an array of at most 1000 '
+            '{"queue": text, "activity": "enqueue"|"claim", "age_seconds": 0..86400}'
+            using errcode = '22023';
+    end if;
+    select r.owner_login into owner_login from awa.runtimes as r
+     where r.instance_id = publish_runtime.instance_id for update;
+    if owner_login is not null and owner_login <> session_user then
+        raise exception 'runtime % belongs to login %', instance_id, owner_login
+            using errcode = '42501';
+    end if;
+    insert into awa.runtimes as r (instance_id, kind, hostname, pid, version, in_flight)
+    values (instance_id, kind, host, pid, version, in_flight)
+    on conflict on constraint runtimes_pkey do update
+       set in_flight = excluded.in_flight, last_seen = pg_catalog.now();
+    delete from awa.runtime_queues as q where q.instance_id = publish_runtime.instance_id;
+    insert into awa.runtime_queues (instance_id, queue, activity, last_at, shards)
+    select publish_runtime.instance_id, t.queue, t.activity, t.at,
+           awa._shards_at(t.queue, t.at)
+      from (
+          select a.e ->> 'queue' as queue, a.e ->> 'activity' as activity,
+                 min(clock_timestamp()
+                     - make_interval(secs => (a.e ->> 'age_seconds')::double precision)) as at
+            from jsonb_array_elements(activity) as a (e)
+           group by 1, 2
+      ) as t;
+    delete from awa.runtimes as r where r.last_seen < now() - interval '30 seconds';
+    get diagnostics removed = row_count;
+    return removed;
+end;
+$$;
+
+select awa._grant_execute(
+    'awa.publish_runtime(uuid, text, text, integer, text, integer, jsonb)',
+    'producer', 'worker'
+);
+
+-- Function: awa.remove_runtime(instance_id uuid) returns boolean
+-- A runtime stopping cleanly removes its snapshot. Roles: awa_producer, awa_worker.
+create or replace function awa.remove_runtime(instance_id uuid)
+returns boolean
+language sql
+security definer
+set search_path = pg_catalog, pg_temp
+as $$
+    with gone as (
+        delete from awa.runtimes as r
+         where r.instance_id = remove_runtime.instance_id and r.owner_login = session_user
+        returning 1
+    )
+    select exists (select from gone)
+$$;
+
+select awa._grant_execute('awa.remove_runtime(uuid)', 'producer', 'worker');
+
+-- View: awa.runtime_overview, the live runtimes.
+create or replace view awa.runtime_overview as
+select
+    r.instance_id,
+    r.kind,
+    r.hostname,
+    r.pid,
+    r.version,
+    r.in_flight,
+    r.owner_login,
+    r.started_at,
+    r.last_seen
+from awa.runtimes as r
+where r.last_seen >= pg_catalog.now() - interval '30 seconds';
+
+comment on view awa.runtime_overview is
+'Python producers and workers that published a snapshot in the last 30 seconds.';
+
+-- View: awa.runtime_queue_overview, per live runtime and queue.
+create or replace view awa.runtime_queue_overview as
+select
+    q.instance_id,
+    q.queue,
+    q.activity,
+    q.last_at,
+    q.shards
+from awa.runtime_queues as q
+inner join awa.runtime_overview as r on q.instance_id = r.instance_id;
+
+comment on view awa.runtime_queue_overview is
+'Per live runtime and physical queue: its last enqueue or claim there and the S then.';
+
+-- View: awa.shard_change_evidence, per shard change.
+create or replace view awa.shard_change_evidence as
+select
+    c.change_id,
+    c.queue,
+    c.changed_at,
+    c.new_shards as shards,
+    coalesce(sum(d.delta), 0)::bigint as enqueues_since,
+    coalesce(sum(d.delta) filter (where d.shard < c.new_shards), 0)::bigint as below_s,
+    coalesce(sum(d.delta) filter (where d.shard >= c.new_shards), 0)::bigint as at_or_above_s,
+    coalesce(sum(d.delta) filter (
+        where d.shard >= c.old_shards and d.shard < c.new_shards
+    ), 0)::bigint as on_new_lanes
+from awa.shard_changes as c
+left join lateral (
+    select
+        x.shard,
+        greatest(awa._lane_next_seq(x.lane_id) - 1 - x.seq_at_change, 0) as delta
+    from awa.shard_change_lanes as x
+    where x.change_id = c.change_id
+) as d on true
+group by c.change_id, c.queue, c.changed_at, c.new_shards, c.old_shards;
+
+comment on view awa.shard_change_evidence is
+'Enqueues since each shard change, from the lanes (every producer, any language): on '
+'lanes below the new S, at or above it, and on the lanes a raise added. Lane sequences '
+'count rolled-back reservations too.';
+
+select awa._grant_select('awa.runtime_overview', 'reader', 'operator');
+select awa._grant_select('awa.runtime_queue_overview', 'reader', 'operator');
+select awa._grant_select('awa.shard_change_evidence', 'reader', 'operator');

@@ -1,0 +1,128 @@
+"""Runtime snapshots and the lane evidence of shard changes, on PostgreSQL 17 and 18."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+
+import psycopg
+import pytest
+
+import awa_sql
+from awa_sql.worker import Worker
+from tests.support.admin import client_for, enqueue_jobs, reader_login, wait_for
+
+PUBLISH = ("select awa.publish_runtime(%s::uuid, %s, 'h', 42, '0.1.0', 0,"
+           " %s::jsonb)")
+
+
+def _runtime_rows(db, kind: str) -> list[tuple]:
+    with db.connect() as conn:
+        return conn.execute(
+            "select q.queue, q.activity, q.shards, r.in_flight from awa.runtime_overview r"
+            " join awa.runtime_queue_overview q using (instance_id) where r.kind = %s"
+            " order by q.queue", [kind]).fetchall()
+
+
+def _producers(db, queue: str) -> dict:
+    with client_for(db.dsn(reader_login(db)), writable=False) as client:
+        return client.get(f"/api/queues/{queue}").json()["runtimes"]
+
+
+def test_producer_snapshots_say_which_s_it_enqueued_with(db):
+    producer_login = db.login_role("awa_producer")
+    enqueue_jobs(db, "rq", 1)
+    with awa_sql.Producer(db.dsn(producer_login), snapshot_every=0.1) as producer:
+        producer.enqueue("t", queue="rq")
+        wait_for(lambda: _runtime_rows(db, "producer") == [("rq", "enqueue", 1, 0)],
+                 what="the producer's first snapshot")
+        assert _producers(db, "rq")["producers"] == {
+            "live": 1, "on_current_s": None, "shards": 1, "since": None}
+
+        with db.connect() as conn:
+            conn.execute("select awa.set_enqueue_shards('rq', 4)")
+        # Its last enqueue came before the change: 0 of 1.
+        counts = _producers(db, "rq")["producers"]
+        assert (counts["live"], counts["on_current_s"], counts["shards"]) == (1, 0, 4)
+
+        producer.enqueue("t", queue="rq", ordering_key="a")
+        wait_for(lambda: _runtime_rows(db, "producer") == [("rq", "enqueue", 4, 0)],
+                 what="a snapshot after the change")
+        assert _producers(db, "rq")["producers"]["on_current_s"] == 1
+        instance = producer.runtime.instance_id
+    with db.connect() as conn:  # closing the producer removes its snapshot
+        assert conn.execute("select count(*) from awa.runtimes where instance_id = %s",
+                            [instance]).fetchone()[0] == 0
+
+
+def test_lane_evidence_counts_enqueues_since_the_change(db):
+    enqueue_jobs(db, "ev", 10)
+    with db.connect() as conn:
+        conn.execute("select awa.set_enqueue_shards('ev', 4)")
+    enqueue_jobs(db, "ev", 40)  # a producer that is not ours: plain SQL
+    evidence = _producers(db, "ev")["lane_evidence"]
+    assert (evidence["shards"], evidence["enqueues_since"], evidence["below_s"],
+            evidence["at_or_above_s"]) == (4, 40, 40, 0)
+    assert 0 < evidence["on_new_lanes"] < 40  # keys spread onto the lanes the raise added
+
+    with db.connect() as conn:
+        conn.execute("select awa.set_enqueue_shards('ev', 2)")
+    enqueue_jobs(db, "ev", 30)
+    evidence = _producers(db, "ev")["lane_evidence"]
+    assert (evidence["shards"], evidence["enqueues_since"], evidence["below_s"],
+            evidence["at_or_above_s"], evidence["on_new_lanes"]) == (2, 30, 30, 0, 0)
+
+
+def test_worker_snapshot_has_claims_and_in_flight(db):
+    worker_login = db.login_role("awa_worker")
+    enqueue_jobs(db, "wq", 1)
+    release = threading.Event()
+    worker = Worker(db.dsn(worker_login), queues=["wq"],
+                    handlers={"t": lambda _j: release.wait(30)},
+                    poll_interval=0.05, snapshot_every=0.1)
+    runner = threading.Thread(target=worker.run)
+    runner.start()
+    try:
+        wait_for(lambda: _runtime_rows(db, "worker") == [("wq", "claim", 1, 1)],
+                 what="a worker snapshot with one job in flight")
+    finally:
+        release.set()
+        worker.stop()
+        runner.join(30)
+    assert _runtime_rows(db, "worker") == []
+
+
+def test_publish_runtime_checks_its_input_and_the_owner(db):
+    a = db.login_role("awa_producer")
+    b = db.login_role("awa_producer")
+    instance = uuid.uuid4()
+    with db.connect(a) as conn:
+        conn.execute(PUBLISH, [instance, "producer", '[{"queue": "x", "activity": "enqueue",'
+                                                     ' "age_seconds": 1}]'])
+        with pytest.raises(psycopg.errors.InvalidParameterValue, match="kind must be"):
+            conn.execute(PUBLISH, [uuid.uuid4(), "robot", "[]"])
+        with pytest.raises(psycopg.errors.InvalidParameterValue, match="activity must be"):
+            conn.execute(PUBLISH, [uuid.uuid4(), "producer", '[{"queue": "x"}]'])
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("select * from awa.runtimes")
+    with db.connect(b) as conn, pytest.raises(psycopg.errors.InsufficientPrivilege,
+                                               match="belongs to login"):
+        conn.execute(PUBLISH, [instance, "producer", "[]"])
+    with db.connect(b) as conn:
+        assert conn.execute("select awa.remove_runtime(%s)", [instance]).fetchone()[0] is False
+
+
+def test_stale_snapshots_are_hidden_then_removed(db):
+    login = db.login_role("awa_producer")
+    old, fresh = uuid.uuid4(), uuid.uuid4()
+    with db.connect(login) as conn:
+        conn.execute(PUBLISH, [old, "producer", "[]"])
+    with db.connect() as conn:
+        conn.execute("update awa.runtimes set last_seen = now() - interval '31 seconds'"
+                     " where instance_id = %s", [old])
+    with db.connect(reader_login(db)) as conn:
+        assert conn.execute("select count(*) from awa.runtime_overview").fetchone()[0] == 0
+    with db.connect(login) as conn:
+        assert conn.execute(PUBLISH, [fresh, "producer", "[]"]).fetchone()[0] == 1
+    with db.connect() as conn:
+        assert [r[0] for r in conn.execute("select instance_id from awa.runtimes")] == [fresh]
