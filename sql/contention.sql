@@ -15,6 +15,8 @@ set search_path = pg_catalog, pg_temp
 as $$
 declare
     sampled integer;
+    -- One instant for every queue's row, so rows of one sample group together.
+    at timestamptz := pg_catalog.clock_timestamp();
 begin
     with locks as (
         select l.objid::integer as lane_id, l.granted
@@ -45,16 +47,26 @@ begin
             sum(coalesce(pg_catalog.pg_sequence_last_value(n.seq), 0))::bigint as enqueued
           from awa.lanes as n
          group by n.queue_id
+    ),
+    held_per_priority as (
+        select n.queue_id, n.priority, count(*)::integer as held
+          from awa.lanes as n
+         where exists (select from locks as k where k.lane_id = n.lane_id and k.granted)
+         group by n.queue_id, n.priority
     )
     insert into awa.contention_samples (
-        queue_id, lanes, lanes_held, lanes_waited, waiters, enqueued
+        sampled_at, queue_id, lanes, lanes_held, lanes_waited, waiters, enqueued,
+        busiest_priority_held
     )
-    select p.queue_id, p.lanes, p.lanes_held, p.lanes_waited, p.waiters, p.enqueued
+    select at, p.queue_id, p.lanes, p.lanes_held, p.lanes_waited, p.waiters, p.enqueued,
+           coalesce((
+               select max(h.held) from held_per_priority as h where h.queue_id = p.queue_id
+           ), 0)
       from per_queue as p
     on conflict do nothing;
     get diagnostics sampled = row_count;
     delete from awa.contention_samples as s
-     where s.sampled_at < pg_catalog.clock_timestamp() - interval '1 hour';
+     where s.sampled_at < at - interval '1 hour';
     return sampled;
 end;
 $$;

@@ -153,7 +153,7 @@ begin
                 end if;
             end loop;
             if not got_lock then
-                perform pg_advisory_xact_lock(1635213644, lane_id);
+                perform awa._wait_for_lane(lane_id);
             end if;
         end if;
         held := set_config('awa.lane_' || q_id || '_' || priority, lane_id::text, true);
@@ -239,7 +239,9 @@ begin
         if grp.ks >= 0 then
             chosen := grp.lane_id;
             lane_shard := grp.ks;
-            perform pg_advisory_xact_lock(1635213644, chosen);
+            if not pg_try_advisory_xact_lock(1635213644, chosen) then
+                perform awa._wait_for_lane(chosen);
+            end if;
         else
             fallback := null;
             sticky := null;
@@ -267,7 +269,7 @@ begin
                 end loop;
                 if chosen is null then
                     chosen := coalesce(fallback, sticky);
-                    perform pg_advisory_xact_lock(1635213644, chosen);
+                    perform awa._wait_for_lane(chosen);
                 end if;
             end if;
             select l.shard into lane_shard from awa.lanes as l where l.lane_id = chosen;

@@ -297,6 +297,30 @@ as $$
     select 'awa.lane_' || queue_id || '_' || priority
 $$;
 
+-- Function: awa._wait_for_lane(lane_id integer)
+-- Takes a lane lock that a try has just failed to get, and adds the time
+-- spent waiting to the transaction-local setting awa.lane_lock_wait_us
+-- (microseconds this transaction waited for lane locks). The uncontended
+-- path never comes here, so it reads no clock and sets nothing.
+create or replace function awa._wait_for_lane(lane_id integer)
+returns void
+language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    started timestamptz := pg_catalog.clock_timestamp();
+begin
+    perform pg_catalog.pg_advisory_xact_lock(1635213644, lane_id);
+    perform pg_catalog.set_config(
+        'awa.lane_lock_wait_us',
+        (coalesce(nullif(pg_catalog.current_setting('awa.lane_lock_wait_us', true), ''), '0')
+         ::bigint
+         + (extract(epoch from pg_catalog.clock_timestamp() - started) * 1000000)::bigint)::text,
+        true
+    );
+end;
+$$;
+
 -- Function: awa._acquire_lane(queue_id, shards, priority, ordering_key) returns awa.lanes
 -- Picks the lane for one row and holds its lock to commit.
 --   keyed: the lane of shard hash64(key) mod S;
@@ -322,7 +346,9 @@ begin
          where l.queue_id = _acquire_lane.queue_id
            and l.priority = _acquire_lane.priority
            and l.shard = awa._key_shard(ordering_key, shards);
-        perform pg_advisory_xact_lock(1635213644, lane.lane_id);
+        if not pg_try_advisory_xact_lock(1635213644, lane.lane_id) then
+            perform awa._wait_for_lane(lane.lane_id);
+        end if;
     else
         held := nullif(current_setting(awa._held_lane_setting(queue_id, priority), true), '');
         if held is not null then
@@ -346,7 +372,7 @@ begin
         end loop;
         if lane is null then
             lane := candidates[start + 1];
-            perform pg_advisory_xact_lock(1635213644, lane.lane_id);
+            perform awa._wait_for_lane(lane.lane_id);
         end if;
     end if;
     if lane.lane_id is null then
@@ -372,4 +398,5 @@ select awa._grant_execute('awa._ensure_partition(text, integer)');
 select awa._grant_execute('awa._route_queue(awa.queue_meta, bytea)');
 select awa._grant_execute('awa._physical_queues(text)');
 select awa._grant_execute('awa._held_lane_setting(integer, smallint)');
+select awa._grant_execute('awa._wait_for_lane(integer)');
 select awa._grant_execute('awa._acquire_lane(integer, integer, smallint, bytea)');

@@ -1,4 +1,4 @@
-"""Operator calls on queue storage: reading and changing enqueue shards.
+"""Operator calls on queue storage: enqueue shards, shard mode, the auto-scaler.
 
 Each function takes an open psycopg connection (sync) and uses only the
 public SQL API, so the calling role needs awa_operator (changes) or
@@ -8,7 +8,7 @@ awa_reader (reads), nothing more.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import psycopg
 
@@ -64,9 +64,38 @@ class QueueStatus:
     completed: int
     oldest_ready_age_seconds: float | None
     lanes: list[LaneStatus] = field(default_factory=list)
+    signal: dict | None = None
+    last_decision: dict | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class Decision:
+    queue: str
+    decided_at: datetime
+    mode: str
+    samples: int
+    mean_waiters: float | None
+    wait_share: float | None
+    enqueue_rate: float | None
+    busiest_held: int | None
+    current_shards: int
+    proposed_shards: int
+    action: str
+    reason: str
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["decided_at"] = self.decided_at.isoformat()
+        return d
+
+
+DECISION_COLUMNS = (
+    "queue, decided_at, mode, samples, mean_waiters::float8, wait_share::float8,"
+    " enqueue_rate::float8, busiest_held, current_shards, proposed_shards, action, reason"
+)
 
 
 def _seconds(value: timedelta | None) -> float | None:
@@ -138,4 +167,60 @@ def show(conn: psycopg.Connection, queue: str | None = None) -> list[QueueStatus
                 lag_seconds=_seconds(row[5]), next_seq=row[6], claim_position=row[7],
                 draining=row[8],
             ))
+    _attach_autoscale(conn, result)
     return list(result.values())
+
+
+MODE_NOTES = {
+    "manual": "manual: S changes only when an operator sets it.",
+    "shadow": "shadow: the auto-scaler logs what it would do (up to S = {max}) and changes "
+              "nothing.",
+    "auto": "auto: the auto-scaler raises S (x2, up to {max}) under lane contention and lowers "
+            "it (/2) when contention is gone; S > 1 makes {queue} partitioned FIFO (order per "
+            "lane and per ordering key).",
+}
+
+
+def mode_consequence(queue: str, mode: str, max_shards: int | None) -> str:
+    return MODE_NOTES[mode].format(queue=queue, max=max_shards)
+
+
+def set_shard_mode(conn: psycopg.Connection, queue: str, mode: str,
+                   max_shards: int | None = None) -> tuple[str, str, int | None]:
+    """Opt a queue into ``shadow`` or ``auto`` (or back to ``manual``), in the
+    caller's transaction. Returns (queue, mode, max_shards)."""
+    return conn.execute(
+        "select logical_queue, shard_mode, max_enqueue_shards"
+        " from awa.set_shard_mode(%s::text, %s::text, %s::integer)", [queue, mode, max_shards]
+    ).fetchone()
+
+
+def autoscale_tick(conn: psycopg.Connection) -> list[Decision]:
+    """One controller tick; empty when another process holds the leader lock."""
+    rows = conn.execute(f"select {DECISION_COLUMNS} from awa.autoscale_tick()").fetchall()
+    return [Decision(*r) for r in rows]
+
+
+def _attach_autoscale(conn: psycopg.Connection, queues: dict[str, QueueStatus]) -> None:
+    for row in conn.execute(
+        """
+        select c.queue, c.samples, c.mean_waiters_per_held_lane::float8,
+               c.wait_share::float8, c.enqueue_rate::float8
+          from awa.lane_contention as c
+        """
+    ):
+        if row[0] in queues:
+            queues[row[0]].signal = {
+                "samples": row[1], "mean_waiters_per_held_lane": row[2],
+                "wait_share": row[3], "enqueue_rate": row[4],
+            }
+    for row in conn.execute(
+        f"""
+        select distinct on (d.queue) {DECISION_COLUMNS}
+          from awa.autoscale_decisions as d
+         where d.queue = any(%s)
+         order by d.queue, d.decided_at desc, d.decision_id desc
+        """,
+        [list(queues)],
+    ):
+        queues[row[0]].last_decision = Decision(*row).as_dict()

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 
 from awa_sql import storage
@@ -41,7 +43,16 @@ def add_parsers(sub: argparse._SubParsersAction, add_connection) -> None:
         "above the new S drain.")
     add_connection(p)
     p.add_argument("--queue", required=True, help="logical queue name")
-    p.add_argument("--shards", required=True, type=int, help="new S, 1..64")
+    p.add_argument("--shards", type=int, help="new S, 1..64")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--auto", dest="mode", action="store_const", const="auto",
+                      help="let the auto-scaler change S within 1..--max")
+    mode.add_argument("--shadow", dest="mode", action="store_const", const="shadow",
+                      help="the auto-scaler logs what it would do, S stays as it is")
+    mode.add_argument("--manual", dest="mode", action="store_const", const="manual",
+                      help="S changes only by hand (the default mode); with --shards sets S")
+    p.add_argument("--max", dest="max_shards", type=int,
+                   help="with --auto or --shadow: the highest S the auto-scaler may set, 1..64")
     p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     p.add_argument("--dry-run", action="store_true", help="show the plan, change nothing")
     p.set_defaults(func=cmd_set_enqueue_shards)
@@ -52,6 +63,39 @@ def add_parsers(sub: argparse._SubParsersAction, add_connection) -> None:
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.set_defaults(func=cmd_show)
 
+    a = ss.add_parser("autoscale", help="run the enqueue-shard auto-scaler")
+    aa = a.add_subparsers(dest="autoscale_command", required=True)
+    r = aa.add_parser(
+        "run", help="tick the auto-scaler in a loop",
+        description="Call awa.autoscale_tick() every --interval until SIGINT or SIGTERM. Many "
+        "processes may run this at once: one decides per tick. Needs awa_maintenance.")
+    add_connection(r)
+    r.add_argument("--interval", default="5s", type=parse_interval,
+                   help="time between ticks: 5s, 500ms, 1m (default %(default)s)")
+    r.add_argument("--once", action="store_true", help="one tick, then exit")
+    r.add_argument("--verbose", action="store_true", help="print holds too")
+    r.set_defaults(func=cmd_autoscale_run)
+
+
+def parse_interval(text: str) -> float:
+    """Seconds from 5s, 500ms, 2m or a plain number of seconds."""
+    units = {"ms": 0.001, "s": 1.0, "m": 60.0}
+    value = text.strip()
+    factor = 1.0
+    for suffix in ("ms", "s", "m"):
+        if value.endswith(suffix):
+            value, factor = value[: -len(suffix)], units[suffix]
+            break
+    try:
+        seconds = float(value) * factor
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"interval must look like 5s, 500ms or 1m, got {text!r}") from None
+    if not 0.05 <= seconds <= 3600:
+        raise argparse.ArgumentTypeError(
+            f"interval must be between 50ms and 1h, got {text!r}")
+    return seconds
+
 
 def _confirm(question: str) -> bool:
     if not sys.stdin.isatty():
@@ -60,6 +104,15 @@ def _confirm(question: str) -> bool:
 
 
 def cmd_set_enqueue_shards(args: argparse.Namespace) -> int:
+    if args.mode is not None:
+        return cmd_set_shard_mode(args)
+    if args.shards is None:
+        print("awa: give --shards N, or a mode: --auto/--shadow --max N, --manual",
+              file=sys.stderr)
+        return 2
+    if args.max_shards is not None:
+        print("awa: --max goes with --auto or --shadow", file=sys.stderr)
+        return 2
     if not 1 <= args.shards <= 64:
         print(f"awa: --shards must be between 1 and 64, got {args.shards}", file=sys.stderr)
         return 2
@@ -88,6 +141,71 @@ def cmd_set_enqueue_shards(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_set_shard_mode(args: argparse.Namespace) -> int:
+    for flag, value in (("--max", args.max_shards), ("--shards", args.shards)):
+        if value is not None and not 1 <= value <= 64:
+            print(f"awa: {flag} must be between 1 and 64, got {value}", file=sys.stderr)
+            return 2
+    if args.mode != "manual" and args.shards is not None:
+        print(f"awa: --{args.mode} takes --max, not --shards: the auto-scaler sets S",
+              file=sys.stderr)
+        return 2
+    if args.mode != "manual" and args.max_shards is None:
+        print(f"awa: --{args.mode} needs --max N (1..64)", file=sys.stderr)
+        return 2
+    print(storage.mode_consequence(args.queue, args.mode, args.max_shards))
+    if args.dry_run:
+        print("dry run: nothing changed")
+        return 0
+    if not args.yes and not _confirm(f"Set {args.queue} to {args.mode}?"):
+        print("awa: not changed: pass --yes when not attached to a terminal, or answer y",
+              file=sys.stderr)
+        return EXIT_NOT_CONFIRMED
+    with connect(args.dsn) as conn:
+        queue, mode, max_shards = storage.set_shard_mode(
+            conn, args.queue, args.mode, args.max_shards)
+        changes = []
+        if args.shards is not None:
+            changes = storage.set_enqueue_shards(conn, args.queue, args.shards)
+        conn.commit()
+    print(f"{queue}: mode {mode}, max {max_shards if max_shards is not None else '-'}")
+    if changes:
+        print(table(["physical queue", "old S", "new S", "lanes created"],
+                    [(c.physical_queue, c.old_shards, c.new_shards, c.lanes_created)
+                     for c in changes]))
+    return 0
+
+
+def _print_decision(d: storage.Decision) -> None:
+    print(f"{d.decided_at:%H:%M:%S} {d.queue}: {d.action} S {d.current_shards}"
+          f" -> {d.proposed_shards} ({d.mode}): {d.reason}", flush=True)
+
+
+def cmd_autoscale_run(args: argparse.Namespace) -> int:
+    stop = threading.Event()
+
+    def _stop(_signum, _frame):
+        stop.set()
+
+    previous = {sig: signal.signal(sig, _stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with connect(args.dsn, autocommit=True) as conn:
+            print(f"awa: auto-scaler ticking every {args.interval:g}s; Ctrl-C stops",
+                  flush=True)
+            while not stop.is_set():
+                for d in storage.autoscale_tick(conn):
+                    if args.verbose or d.action != "held":
+                        _print_decision(d)
+                if args.once:
+                    break
+                stop.wait(args.interval)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    print("awa: auto-scaler stopped", flush=True)
+    return 0
+
+
 def _fmt_age(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds:.1f}s"
 
@@ -96,6 +214,24 @@ def _state(lane: storage.LaneStatus, shards: int) -> str:
     if lane.shard < shards:
         return "active"
     return "draining" if lane.draining else "retired (>= S, empty)"
+
+
+def _print_autoscale(q: storage.QueueStatus) -> None:
+    if q.shard_mode == "manual" and q.last_decision is None:
+        return
+    print(f"\n{q.queue}: mode {q.shard_mode}, max "
+          f"{q.max_shards if q.max_shards is not None else '-'}")
+    sig = q.signal
+    if sig:
+        print(f"  signal (last minute): {sig['samples']} samples, wait share "
+              f"{sig['wait_share']:.2f}, {sig['mean_waiters_per_held_lane']:.2f} waiters per "
+              f"held lane, {sig['enqueue_rate'] or 0:.0f} enqueues/s")
+    else:
+        print("  signal: no samples in the last minute (is `awa storage autoscale run` on?)")
+    d = q.last_decision
+    if d:
+        print(f"  last decision {d['decided_at']}: {d['action']} S {d['current_shards']} -> "
+              f"{d['proposed_shards']}: {d['reason']}")
 
 
 def cmd_show(args: argparse.Namespace) -> int:
@@ -113,6 +249,8 @@ def cmd_show(args: argparse.Namespace) -> int:
         [(q.queue, q.enqueue_shards, q.shard_mode, "yes" if q.paused else "no", q.stripes,
           q.ready, q.running, q.scheduled, q.failed, _fmt_age(q.oldest_ready_age_seconds))
          for q in queues]))
+    for q in queues:
+        _print_autoscale(q)
     for q in queues:
         print(f"\nlanes of {q.queue} (S = {q.enqueue_shards})")
         print(table(

@@ -1,0 +1,374 @@
+-- autoscale.sql: the enqueue-shard auto-scaler (ADR 006).
+--
+-- A queue opts in with awa.set_shard_mode (shadow: decide and log; auto:
+-- act). awa.autoscale_tick, called every few seconds by one or many
+-- processes, samples lane contention and takes at most one x2 or /2 step
+-- per queue, always through awa._set_enqueue_shards, and logs every
+-- decision, holds included, to awa.autoscale_decisions.
+--
+-- Lock keys: (1635213633, 0) 'awaA', the tick's leader lock.
+
+-- Function: awa._autoscale_policy(queue_id integer)
+-- The queue's effective thresholds: its awa.autoscale_policy row over the
+-- defaults documented in docs/configuration.md.
+create or replace function awa._autoscale_policy(
+    queue_id integer,
+    out grow_window interval,
+    out grow_wait_share numeric,
+    out grow_waiters numeric,
+    out shrink_window interval,
+    out shrink_wait_share numeric,
+    out cooldown interval,
+    out min_samples integer
+)
+language sql
+stable
+set search_path = pg_catalog, pg_temp
+as $$
+    select coalesce(p.grow_window, interval '30 seconds'),
+           coalesce(p.grow_wait_share, 0.5),
+           coalesce(p.grow_waiters, 0.5),
+           coalesce(p.shrink_window, interval '5 minutes'),
+           coalesce(p.shrink_wait_share, 0.02),
+           coalesce(p.cooldown, interval '60 seconds'),
+           coalesce(p.min_samples, 3)
+      from (select) as d
+      left join awa.autoscale_policy as p on p.queue_id = _autoscale_policy.queue_id
+$$;
+
+select awa._grant_execute('awa._autoscale_policy(integer)');
+
+-- Function: awa.set_shard_mode(queue text, mode text, max_shards integer default null)
+-- manual (the default: S changes only by awa.set_enqueue_shards), shadow
+-- (the auto-scaler decides and logs, changes nothing) or auto (it acts,
+-- within 1..max_shards). Shadow and auto need max_shards, given here or
+-- stored before; opting in records who accepted partitioned FIFO and when.
+-- Covers the queue's partitions and stripes. Role: awa_operator.
+-- Returns (logical_queue, shard_mode, max_enqueue_shards).
+-- Errors: 42704 unknown queue; 22004 null mode, or no max_shards for
+--   shadow/auto; 22023 unknown mode, max_shards outside 1..64, or a
+--   partition or stripe named instead of its logical queue; 25006 standby.
+create or replace function awa.set_shard_mode(
+    queue text, mode text, max_shards integer default null
+)
+returns table (logical_queue text, shard_mode text, max_enqueue_shards smallint)
+language plpgsql
+security definer
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    anchor awa.queue_meta;
+    new_max integer;
+begin
+    if mode is null then
+        raise exception 'mode must not be null' using errcode = '22004';
+    end if;
+    if mode not in ('manual', 'shadow', 'auto') then
+        raise exception 'mode must be one of manual, shadow, auto; got %', quote_literal(mode)
+            using errcode = '22023';
+    end if;
+    if set_shard_mode.max_shards is not null and set_shard_mode.max_shards not between 1 and 64 then
+        raise exception 'max_shards must be between 1 and 64, got %', set_shard_mode.max_shards
+            using errcode = '22023';
+    end if;
+    if pg_is_in_recovery() then
+        raise exception 'cannot change the shard mode on a standby'
+            using errcode = '25006', hint = 'Connect to the primary.';
+    end if;
+    anchor := awa._queue(set_shard_mode.queue);
+    if anchor.root_queue is not null then
+        raise exception 'queue % is a partition or stripe of %; set the mode on %',
+            quote_literal(anchor.queue), quote_literal(anchor.root_queue),
+            quote_literal(anchor.root_queue)
+            using errcode = '22023';
+    end if;
+    new_max := coalesce(set_shard_mode.max_shards, anchor.max_shards);
+    if mode <> 'manual' and new_max is null then
+        raise exception 'max_shards is required for mode %', mode
+            using errcode = '22004',
+                  hint = 'The auto-scaler never raises S above max_shards.';
+    end if;
+    update awa.queue_meta as m
+       set shard_mode = set_shard_mode.mode,
+           max_shards = new_max,
+           shard_mode_changed_at = case
+               when m.shard_mode <> set_shard_mode.mode then pg_catalog.now()
+               else m.shard_mode_changed_at
+           end,
+           partitioned_fifo_accepted_by = case
+               when set_shard_mode.mode <> 'manual' then session_user
+               else m.partitioned_fifo_accepted_by
+           end,
+           partitioned_fifo_accepted_at = case
+               when set_shard_mode.mode <> 'manual' then pg_catalog.now()
+               else m.partitioned_fifo_accepted_at
+           end
+     where m.queue_id = anchor.queue_id or m.root_queue = anchor.queue;
+    return query
+    select m.queue, m.shard_mode, m.max_shards
+      from awa.queue_meta as m
+     where m.queue_id = anchor.queue_id;
+end;
+$$;
+
+select awa._grant_execute('awa.set_shard_mode(text, text, integer)', 'operator');
+
+-- Function: awa.set_autoscale_policy(queue text, ...)
+-- Replaces the queue's auto-scaler thresholds; an argument left null takes
+-- the default. Role: awa_operator. Errors: 42704 unknown queue; 22023 a
+-- value out of range (windows > 0, cooldown >= 0, shares in 0..1,
+-- min_samples in 1..10000).
+create or replace function awa.set_autoscale_policy(
+    queue text,
+    grow_window interval default null,
+    grow_wait_share numeric default null,
+    grow_waiters numeric default null,
+    shrink_window interval default null,
+    shrink_wait_share numeric default null,
+    cooldown interval default null,
+    min_samples integer default null
+)
+returns void
+language plpgsql
+security definer
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    anchor awa.queue_meta;
+begin
+    anchor := awa._queue(set_autoscale_policy.queue);
+    if grow_window <= interval '0' or shrink_window <= interval '0' or cooldown < interval '0'
+        or grow_wait_share not between 0 and 1 or shrink_wait_share not between 0 and 1
+        or grow_waiters < 0 or min_samples not between 1 and 10000 then
+        raise exception 'autoscale policy out of range for queue %', quote_literal(queue)
+            using errcode = '22023',
+                  detail = pg_catalog.format(
+                      'grow_window %s, grow_wait_share %s, grow_waiters %s, shrink_window %s,'
+                      ' shrink_wait_share %s, cooldown %s, min_samples %s',
+                      grow_window, grow_wait_share, grow_waiters, shrink_window,
+                      shrink_wait_share, cooldown, min_samples),
+                  hint = 'Windows > 0, cooldown >= 0, shares between 0 and 1, '
+                         'grow_waiters >= 0, min_samples between 1 and 10000.';
+    end if;
+    insert into awa.autoscale_policy as p (
+        queue_id, grow_window, grow_wait_share, grow_waiters, shrink_window,
+        shrink_wait_share, cooldown, min_samples
+    ) values (
+        anchor.queue_id, grow_window, grow_wait_share, grow_waiters, shrink_window,
+        shrink_wait_share, cooldown, min_samples
+    )
+    on conflict (queue_id) do update
+        set grow_window = excluded.grow_window,
+            grow_wait_share = excluded.grow_wait_share,
+            grow_waiters = excluded.grow_waiters,
+            shrink_window = excluded.shrink_window,
+            shrink_wait_share = excluded.shrink_wait_share,
+            cooldown = excluded.cooldown,
+            min_samples = excluded.min_samples;
+end;
+$$;
+
+select awa._grant_execute(
+    'awa.set_autoscale_policy(text, interval, numeric, numeric, interval, numeric, interval,'
+    ' integer)',
+    'operator'
+);
+
+-- Function: awa._autoscale_signal(anchor awa.queue_meta, since timestamptz)
+-- The contention signal of a queue with all its partitions and stripes over
+-- the samples taken after `since`: how many samples, mean backends waiting
+-- per held lane, the share of samples with any waiter, enqueues per second,
+-- and the most lanes held at once in one priority.
+create or replace function awa._autoscale_signal(
+    anchor awa.queue_meta,
+    since timestamptz,
+    out samples integer,
+    out mean_waiters numeric,
+    out wait_share numeric,
+    out enqueue_rate numeric,
+    out busiest_held integer
+)
+language sql
+stable
+set search_path = pg_catalog, pg_temp
+as $$
+    with per_instant as (
+        select s.sampled_at,
+               sum(s.waiters) as waiters,
+               sum(s.lanes_held) as held,
+               sum(s.enqueued) as enqueued,
+               max(s.busiest_priority_held) as busiest
+          from awa.contention_samples as s
+          join awa.queue_meta as m on m.queue_id = s.queue_id
+         where (m.queue_id = (anchor).queue_id or m.root_queue = (anchor).queue)
+           and s.sampled_at > since
+         group by s.sampled_at
+    )
+    select count(*)::integer,
+           round(avg(p.waiters::numeric / greatest(p.held, 1)), 3),
+           round(avg((p.waiters > 0)::integer::numeric), 3),
+           round((max(p.enqueued) - min(p.enqueued))::numeric
+                 / nullif(extract(epoch from max(p.sampled_at) - min(p.sampled_at)), 0), 1),
+           max(p.busiest)::integer
+      from per_instant as p
+$$;
+
+select awa._grant_execute('awa._autoscale_signal(awa.queue_meta, timestamptz)');
+
+-- Function: awa._autoscale_decide(anchor awa.queue_meta, at timestamptz)
+-- One decision for one queue in shadow or auto mode, logged; in auto mode a
+-- raise or lower is made here through awa._set_enqueue_shards. The rules,
+-- in order: hold in the cooldown after a step; hold while lanes >= S still
+-- hold ready rows (a lower is complete only when they drained); lower
+-- towards max_shards when S is above it; raise x2 (up to max) when waits
+-- were a meaningful share over the grow window; lower /2 when waits were
+-- negligible over the whole shrink window and the busiest priority never
+-- held more than S/2 lanes at once; else hold.
+create or replace function awa._autoscale_decide(anchor awa.queue_meta, at timestamptz)
+returns awa.autoscale_decisions
+language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    policy record;
+    grow record;
+    shrink record;
+    last_step timestamptz;
+    draining bigint;
+    s integer := anchor.enqueue_shards;
+    proposed integer;
+    verdict text;
+    why text;
+    decision awa.autoscale_decisions;
+begin
+    policy := awa._autoscale_policy(anchor.queue_id);
+    -- A shadow step changes nothing, so its cooldown runs from its own log.
+    select greatest(
+        (select max(c.changed_at) from awa.shard_changes as c where c.queue = anchor.queue),
+        (select max(d.decided_at) from awa.autoscale_decisions as d
+          where d.queue = anchor.queue and anchor.shard_mode = 'shadow'
+            and d.action in ('would_raise', 'would_lower'))
+    ) into last_step;
+    grow := awa._autoscale_signal(
+        anchor, greatest(at - policy.grow_window, last_step, '-infinity'));
+    shrink := awa._autoscale_signal(
+        anchor, greatest(at - policy.shrink_window, last_step, '-infinity'));
+    select count(*) into draining
+      from awa.ready as r
+      join awa.lanes as l on l.lane_id = r.lane_id
+      join awa.queue_meta as m on m.queue_id = l.queue_id
+     where (m.queue_id = anchor.queue_id or m.root_queue = anchor.queue)
+       and l.shard >= m.enqueue_shards;
+    proposed := s;
+    if last_step is not null and at < last_step + policy.cooldown then
+        why := pg_catalog.format('cooldown: last step at %s, next allowed after %s',
+                                 last_step, last_step + policy.cooldown);
+    elsif draining > 0 then
+        why := pg_catalog.format(
+            'lanes >= S = %s still hold %s ready rows; no step until they drain', s, draining);
+    elsif s > anchor.max_shards then
+        proposed := greatest(s / 2, anchor.max_shards);
+        why := pg_catalog.format('S = %s is above max_shards = %s', s, anchor.max_shards);
+    elsif grow.samples >= policy.min_samples
+        and grow.wait_share >= policy.grow_wait_share
+        and grow.mean_waiters >= policy.grow_waiters then
+        if s >= anchor.max_shards then
+            why := pg_catalog.format(
+                'lane waits in %s of %s samples (%s waiters per held lane) but S is at '
+                'max_shards = %s', grow.wait_share, grow.samples, grow.mean_waiters,
+                anchor.max_shards);
+        else
+            proposed := least(s * 2, anchor.max_shards);
+            why := pg_catalog.format(
+                'lane waits in a share %s of %s samples over %s, %s waiters per held lane '
+                '(thresholds %s and %s)', grow.wait_share, grow.samples, policy.grow_window,
+                grow.mean_waiters, policy.grow_wait_share, policy.grow_waiters);
+        end if;
+    elsif s > 1
+        and (last_step is null or last_step <= at - policy.shrink_window)
+        and shrink.samples >= policy.min_samples
+        and shrink.wait_share <= policy.shrink_wait_share
+        and shrink.busiest_held <= s / 2 then
+        proposed := s / 2;
+        why := pg_catalog.format(
+            'lane waits in a share %s of %s samples over %s (threshold %s) and at most %s '
+            'lanes held at once in a priority', shrink.wait_share, shrink.samples,
+            policy.shrink_window, policy.shrink_wait_share, shrink.busiest_held);
+    elsif grow.samples < policy.min_samples then
+        why := pg_catalog.format('%s samples since %s; %s needed', grow.samples,
+                                 greatest(at - policy.grow_window, last_step),
+                                 policy.min_samples);
+    else
+        why := pg_catalog.format(
+            'steady: lane waits in a share %s of %s samples, %s waiters per held lane, '
+            'at most %s lanes held at once in a priority over %s',
+            coalesce(grow.wait_share, 0), grow.samples, coalesce(grow.mean_waiters, 0),
+            coalesce(shrink.busiest_held, 0), policy.grow_window);
+    end if;
+    verdict := case
+        when proposed > s and anchor.shard_mode = 'auto' then 'raised'
+        when proposed < s and anchor.shard_mode = 'auto' then 'lowered'
+        when proposed > s then 'would_raise'
+        when proposed < s then 'would_lower'
+        else 'held'
+    end;
+    if verdict in ('raised', 'lowered') then
+        perform awa._set_enqueue_shards(anchor.queue, proposed, 'auto');
+    end if;
+    insert into awa.autoscale_decisions (
+        queue, decided_at, mode, samples, mean_waiters, wait_share, enqueue_rate,
+        busiest_held, current_shards, proposed_shards, action, reason
+    ) values (
+        anchor.queue, at, anchor.shard_mode, grow.samples, grow.mean_waiters,
+        grow.wait_share, grow.enqueue_rate, shrink.busiest_held, s, proposed, verdict, why
+    )
+    returning * into decision;
+    return decision;
+end;
+$$;
+
+select awa._grant_execute('awa._autoscale_decide(awa.queue_meta, timestamptz)');
+
+-- Function: awa.autoscale_tick() returns setof awa.autoscale_decisions
+-- One controller tick: takes a contention sample, then one decision for
+-- every queue in shadow or auto mode, and prunes decisions older than 24
+-- hours. Safe to call from many processes at once: the caller that gets the
+-- leader lock decides, the others return no rows. Run it every 5 seconds
+-- (`awa storage autoscale run`, pg_cron, or any scheduler). Role:
+-- awa_maintenance. Errors: 25006 on a standby.
+create or replace function awa.autoscale_tick()
+returns setof awa.autoscale_decisions
+language plpgsql
+security definer
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    anchor awa.queue_meta;
+    decision awa.autoscale_decisions;
+    at timestamptz;
+begin
+    if pg_is_in_recovery() then
+        raise exception 'the auto-scaler runs on the primary'
+            using errcode = '25006', hint = 'Connect to the primary.';
+    end if;
+    if not pg_try_advisory_xact_lock(1635213633, 0) then
+        return;
+    end if;
+    perform awa.sample_lane_contention();
+    at := pg_catalog.clock_timestamp();
+    for anchor in
+        select m.* from awa.queue_meta as m
+         where m.shard_mode <> 'manual' and m.root_queue is null
+         order by m.queue_id
+    loop
+        decision := awa._autoscale_decide(anchor, at);
+        return next decision;
+    end loop;
+    delete from awa.autoscale_decisions as d where d.decided_at < at - interval '24 hours';
+end;
+$$;
+
+select awa._grant_execute('awa.autoscale_tick()', 'maintenance');
+
+select awa._grant_select('awa.autoscale_decisions', 'reader', 'operator');
+select awa._grant_select('awa.autoscale_policy', 'reader', 'operator');

@@ -1,0 +1,469 @@
+"""The enqueue-shard auto-scaler: awa.set_shard_mode, awa.autoscale_tick and
+its decision log, with lane waits made by real producers blocked on real
+lane locks."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+
+import psycopg
+import pytest
+
+from awa_sql import routing, storage
+from tests.test_storage import Logins, claim, claim_all, enqueue
+
+LANE_CLASS = 1635213644
+
+
+@pytest.fixture
+def logins(db) -> Logins:
+    return Logins(**{cap: db.login_role(f"awa_{cap}") for cap in Logins.__dataclass_fields__})
+
+
+def key_for_shard(shard: int, shards: int) -> bytes:
+    for i in range(100_000):
+        key = f"key-{i}".encode()
+        if routing.shard_for_ordering_key(key, shards) == shard:
+            return key
+    raise AssertionError(f"no key for shard {shard} of {shards}")
+
+
+def shards_of(db, queue: str) -> int:
+    with db.connect() as admin:
+        return admin.execute("select enqueue_shards from awa.queue_meta where queue = %s",
+                             [queue]).fetchone()[0]
+
+
+POLICY_TYPES = {"grow_window": "interval", "grow_wait_share": "numeric",
+                "grow_waiters": "numeric", "shrink_window": "interval",
+                "shrink_wait_share": "numeric", "cooldown": "interval", "min_samples": "integer"}
+
+
+def policy_args(settings: dict) -> str:
+    return ", ".join(f"{k} => %({k})s::{POLICY_TYPES[k]}" for k in settings)
+
+
+def policy(db, queue: str, **settings) -> None:
+    args = policy_args(settings)
+    with db.connect() as admin:
+        admin.execute(f"select awa.set_autoscale_policy(%(queue)s, {args})",
+                      {"queue": queue, **settings})
+
+
+def wait_until(predicate, timeout: float = 20.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+class Contention:
+    """Real lane waits on every active lane of a queue: one producer holds
+    each lane in an open transaction and ``waiters`` more queue behind it."""
+
+    def __init__(self, db, role: str, queue: str, waiters: int = 2):
+        self.db, self.role, self.queue, self.waiters = db, role, queue, waiters
+        self.holders: list[psycopg.Connection] = []
+        self.pool = ThreadPoolExecutor(64)
+        self.futures = []
+
+    def _ungranted(self) -> int:
+        with self.db.connect() as admin:
+            return admin.execute(
+                "select count(*) from pg_locks k join awa.lanes l on l.lane_id = k.objid::integer"
+                " join awa.queue_meta m using (queue_id)"
+                " where k.locktype = 'advisory' and k.classid = %s and not k.granted"
+                " and m.queue = %s", [LANE_CLASS, self.queue]).fetchone()[0]
+
+    def _wait_behind(self, key: bytes) -> None:
+        with self.db.connect(self.role) as conn:
+            enqueue(conn, self.queue, ordering_key=key)
+
+    def __enter__(self) -> Contention:
+        shards = shards_of(self.db, self.queue)
+        for shard in range(shards):
+            key = key_for_shard(shard, shards)
+            holder = self.db.connect(self.role, autocommit=False)
+            enqueue(holder, self.queue, ordering_key=key)
+            self.holders.append(holder)
+            self.futures += [self.pool.submit(self._wait_behind, key)
+                             for _ in range(self.waiters)]
+        wait_until(lambda: self._ungranted() >= shards * self.waiters, what="lane waiters")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for holder in self.holders:
+            holder.commit()
+            holder.close()
+        for f in self.futures:
+            f.result(timeout=30)
+        self.pool.shutdown()
+
+
+def decisions(db, queue: str) -> list[tuple]:
+    with db.connect() as admin:
+        return admin.execute(
+            "select action, current_shards, proposed_shards, reason, decided_at"
+            " from awa.autoscale_decisions where queue = %s order by decision_id",
+            [queue]).fetchall()
+
+
+def opt_in(db, logins, queue: str, mode: str = "auto", max_shards: int = 8) -> None:
+    with db.connect(logins.producer) as p:
+        enqueue(p, queue)
+    with db.connect(logins.operator) as op:
+        assert storage.set_shard_mode(op, queue, mode, max_shards) == (queue, mode, max_shards)
+
+
+def test_grows_step_by_step_to_the_max_under_contention_never_past_it(db, logins):
+    opt_in(db, logins, "hot", "auto", 8)
+    policy(db, "hot", cooldown="0", min_samples=1)
+    seen = []
+    with db.connect(logins.maintenance) as m:
+        for _ in range(4):
+            with Contention(db, logins.producer, "hot"):
+                (d,) = storage.autoscale_tick(m)
+            seen.append((d.action, d.current_shards, d.proposed_shards))
+    assert seen == [("raised", 1, 2), ("raised", 2, 4), ("raised", 4, 8), ("held", 8, 8)]
+    assert "max_shards = 8" in decisions(db, "hot")[-1][3]
+    assert shards_of(db, "hot") == 8
+    with db.connect() as admin:
+        changes = admin.execute(
+            "select old_shards, new_shards, source, lanes_created from awa.shard_changes"
+            " where queue = 'hot' order by change_id").fetchall()
+        assert changes == [(1, 2, "auto", 4), (2, 4, "auto", 8), (4, 8, "auto", 16)]
+
+
+def test_no_contention_no_growth(db, logins):
+    opt_in(db, logins, "idle", "auto", 8)
+    policy(db, "idle", cooldown="0", min_samples=1)
+    with db.connect(logins.maintenance) as m:
+        for _ in range(3):
+            (d,) = storage.autoscale_tick(m)
+            assert d.action == "held" and d.current_shards == 1
+    assert shards_of(db, "idle") == 1
+
+
+def test_shrinks_one_step_per_cooldown_never_while_lanes_above_s_hold_rows(db, logins):
+    opt_in(db, logins, "calm", "auto", 8)
+    with db.connect(logins.operator) as op:
+        op.execute("select awa.set_enqueue_shards('calm', 4)")
+    with db.connect(logins.producer) as p:
+        above = [enqueue(p, "calm", ordering_key=key_for_shard(shard, 4))[0]
+                 for shard in (2, 3) for _ in range(5)]
+    cooldown = 0.3
+    policy(db, "calm", cooldown=f"{cooldown}s", shrink_window=f"{cooldown}s", min_samples=1)
+
+    with db.connect(logins.maintenance) as m:
+        def lowered() -> bool:
+            return any(d.action == "lowered" for d in storage.autoscale_tick(m))
+
+        wait_until(lowered, what="the first lower")
+        assert shards_of(db, "calm") == 2
+        first = decisions(db, "calm")[-1]
+        assert first[:3] == ("lowered", 4, 2)
+        # Well past the cooldown and the shrink window: still no step, because
+        # lanes 2 and 3 hold ready rows.
+        wait_until(lambda: storage.autoscale_tick(m)[0].decided_at
+                   > first[4] + timedelta(seconds=4 * cooldown), what="time to pass")
+        held = [d for d in decisions(db, "calm") if d[4] > first[4]]
+        assert held and all(d[0] == "held" for d in held)
+        assert "still hold 10 ready rows" in held[-1][3]
+        assert shards_of(db, "calm") == 2
+
+        with db.connect(logins.worker) as w:
+            jobs = claim_all(w, ["calm"])
+            for job in jobs:
+                w.execute("select awa.complete(%s, %s)", [job[0], job[1]])
+        wait_until(lowered, what="the second lower")
+    steps = [d for d in decisions(db, "calm") if d[0] == "lowered"]
+    assert [(d[1], d[2]) for d in steps] == [(4, 2), (2, 1)]
+    assert (steps[1][4] - steps[0][4]).total_seconds() >= cooldown
+    with db.connect() as admin:
+        completed = admin.execute(
+            "select count(*) from awa.finished where state = 'completed' and job_id = any(%s)",
+            [above]).fetchone()[0]
+    assert completed == 10
+
+
+def test_shadow_logs_the_same_decisions_and_never_changes_s(db, logins):
+    opt_in(db, logins, "acting", "auto", 8)
+    opt_in(db, logins, "watching", "shadow", 8)
+    for q in ("acting", "watching"):
+        policy(db, q, cooldown="1 hour", min_samples=1)
+    with db.connect(logins.maintenance) as m:
+        with Contention(db, logins.producer, "acting"), \
+                Contention(db, logins.producer, "watching"):
+            got = {d.queue: d for d in storage.autoscale_tick(m)}
+        assert (got["acting"].action, got["watching"].action) == ("raised", "would_raise")
+        assert got["acting"].reason == got["watching"].reason
+        assert (got["watching"].current_shards, got["watching"].proposed_shards) == (1, 2)
+        # A shadow step starts a cooldown of its own, as the real step does.
+        with Contention(db, logins.producer, "watching"):
+            again = {d.queue: d for d in storage.autoscale_tick(m)}
+        assert again["watching"].action == "held" and "cooldown" in again["watching"].reason
+    assert shards_of(db, "watching") == 1
+    with db.connect() as admin:
+        assert admin.execute("select count(*) from awa.shard_changes"
+                             " where queue = 'watching'").fetchone()[0] == 0
+
+
+def test_two_controllers_ticking_at_once_make_one_decision(db, logins):
+    opt_in(db, logins, "q", "auto", 8)
+    first = db.connect(logins.maintenance, autocommit=False)
+    try:
+        assert len(storage.autoscale_tick(first)) == 1  # leader lock held until commit
+        with db.connect(db.login_role("awa_maintenance")) as second:
+            assert storage.autoscale_tick(second) == []
+        first.commit()
+    finally:
+        first.close()
+    assert len(decisions(db, "q")) == 1
+
+
+def test_a_manual_queue_is_never_touched(db, logins):
+    with db.connect(logins.producer) as p:
+        enqueue(p, "by-hand")
+    policy(db, "by-hand", cooldown="0", min_samples=1)
+    with db.connect(logins.maintenance) as m, Contention(db, logins.producer, "by-hand"):
+        assert storage.autoscale_tick(m) == []
+    with db.connect(logins.operator) as op:  # opted out again after opting in
+        storage.set_shard_mode(op, "by-hand", "auto", 4)
+        storage.set_shard_mode(op, "by-hand", "manual")
+    with db.connect(logins.maintenance) as m, Contention(db, logins.producer, "by-hand"):
+        assert storage.autoscale_tick(m) == []
+    assert shards_of(db, "by-hand") == 1
+    assert decisions(db, "by-hand") == []
+
+
+def test_live_producers_and_workers_while_the_controller_acts(db, logins):
+    """Producers (single and batch, keyed and unkeyed, on connections kept
+    open) and a worker run while the controller raises S to 8 and, once max
+    drops to 2, lowers it step by step as the lanes drain."""
+    opt_in(db, logins, "live", "auto", 8)
+    policy(db, "live", cooldown="0.2s", grow_wait_share=0, grow_waiters=0, min_samples=1)
+    stop = threading.Event()
+    acked: dict[int, list[tuple[int, int]]] = {}
+    failures: list[str] = []
+    completed: list[int] = []
+
+    def produce(i: int) -> None:
+        rng = random.Random(i)
+        mine = acked.setdefault(i, [])
+        with db.connect(logins.producer, autocommit=False) as conn:
+            while not stop.is_set():
+                try:
+                    if rng.random() < 0.5:
+                        key = f"k{rng.randint(0, 40)}".encode() if rng.random() < 0.5 else None
+                        rows = [enqueue(conn, "live", ordering_key=key)]
+                    else:
+                        n = rng.randint(2, 10)
+                        keys = [f"k{rng.randint(0, 40)}".encode() if rng.random() < 0.5
+                                else None for _ in range(n)]
+                        rows = conn.execute(
+                            "select * from awa.enqueue_batch(%s, %s, ordering_keys => %s::bytea[])",
+                            [["live"] * n, ["k"] * n, keys]).fetchall()
+                    conn.commit()
+                    mine.extend((r[0], r[3]) for r in rows)
+                except psycopg.Error as err:
+                    conn.rollback()
+                    failures.append(f"{err.sqlstate}: {err}")
+
+    def work() -> None:
+        with db.connect(logins.worker) as w:
+            while not stop.is_set():
+                for job in claim(w, ["live"], 50):
+                    w.execute("select awa.complete(%s, %s)", [job[0], job[1]])
+                    completed.append(job[0])
+
+    def tick() -> None:
+        with db.connect(logins.maintenance) as m:
+            while not stop.is_set():
+                storage.autoscale_tick(m)
+                time.sleep(0.05)  # the tick interval, not a synchronisation
+
+    with ThreadPoolExecutor(8) as pool:
+        futures = [pool.submit(produce, i) for i in range(4)]
+        futures.append(pool.submit(tick))
+        try:
+            wait_until(lambda: shards_of(db, "live") == 8, what="S = 8")
+            with db.connect() as admin:
+                # No committed job sits in a lane committed after it.
+                assert admin.execute(
+                    "select count(*) from awa.ready r join awa.lanes l using (lane_id)"
+                    " where l.xmin <> r.xmin and pg_xact_commit_timestamp(l.xmin)"
+                    "  >= pg_xact_commit_timestamp(r.xmin)").fetchone()[0] == 0
+            futures.append(pool.submit(work))
+            with db.connect(logins.operator) as op:
+                storage.set_shard_mode(op, "live", "auto", 2)
+            wait_until(lambda: shards_of(db, "live") == 2, what="S = 2")
+            final_lower_seen = time.monotonic()
+            wait_until(lambda: time.monotonic() > final_lower_seen + 0.5, what="more enqueues")
+        finally:
+            stop.set()
+            for f in futures:
+                f.result()
+    assert failures == []
+    # Every producer connection, open throughout, used shards that exist
+    # only at S = 8: it saw the raises at their commit without reconnecting.
+    for i, rows in acked.items():
+        assert max(shard for _, shard in rows) >= 4, f"producer {i} never saw S = 8"
+    with db.connect() as admin:
+        changes = admin.execute(
+            "select old_shards, new_shards, source from awa.shard_changes"
+            " where queue = 'live' order by change_id").fetchall()
+        assert changes == [(1, 2, "auto"), (2, 4, "auto"), (4, 8, "auto"),
+                           (8, 4, "auto"), (4, 2, "auto")]
+    with db.connect(logins.worker) as w:
+        for job in claim_all(w, ["live"], 500):
+            w.execute("select awa.complete(%s, %s)", [job[0], job[1]])
+            completed.append(job[0])
+    shard_of = {job: shard for rows in acked.values() for job, shard in rows}
+    with db.connect() as admin:
+        after_lower = [r[0] for r in admin.execute(
+            "select job_id from awa.finished where enqueued_at > ("
+            " select pg_xact_commit_timestamp(xmin) from awa.shard_changes"
+            " where queue = 'live' order by change_id desc limit 1)")]
+    assert after_lower, "no enqueue after the last lower"
+    assert max(shard_of[j] for j in after_lower) < 2
+    enqueued = [job for rows in acked.values() for job, _ in rows]
+    assert len(completed) == len(set(completed))
+    assert set(enqueued) <= set(completed)
+
+
+@pytest.mark.parametrize(("mode", "max_shards", "sqlstate", "message"), [
+    (None, 4, "22004", "mode must not be null"),
+    ("turbo", 4, "22023", "mode must be one of manual, shadow, auto; got 'turbo'"),
+    ("auto", 0, "22023", "max_shards must be between 1 and 64, got 0"),
+    ("auto", 65, "22023", "max_shards must be between 1 and 64, got 65"),
+    ("auto", None, "22004", "max_shards is required for mode auto"),
+    ("shadow", None, "22004", "max_shards is required for mode shadow"),
+])
+def test_set_shard_mode_validation(db, logins, mode, max_shards, sqlstate, message):
+    with db.connect(logins.producer) as p:
+        enqueue(p, "v")
+    with db.connect(logins.operator) as op:
+        with pytest.raises(psycopg.Error) as err:
+            storage.set_shard_mode(op, "v", mode, max_shards)
+        assert err.value.sqlstate == sqlstate
+        assert message in str(err.value)
+    with db.connect() as admin:
+        assert admin.execute("select shard_mode, max_shards from awa.queue_meta"
+                          " where queue = 'v'").fetchone() == ("manual", None)
+
+
+def test_set_shard_mode_unknown_queue_and_partition_names(db, logins):
+    with db.connect(logins.operator) as op:
+        with pytest.raises(psycopg.errors.UndefinedObject):
+            storage.set_shard_mode(op, "nope", "auto", 4)
+        op.execute("select awa.set_queue_partitions('parted', 2)")
+        with pytest.raises(psycopg.Error) as err:
+            storage.set_shard_mode(op, "parted__p1", "auto", 4)
+        assert err.value.sqlstate == "22023" and "set the mode on 'parted'" in str(err.value)
+        storage.set_shard_mode(op, "parted", "shadow", 4)
+        rows = op.execute("select queue, shard_mode, max_shards from awa.queue_overview"
+                          " where logical_queue = 'parted' order by queue").fetchall()
+    assert rows == [("parted", "shadow", 4), ("parted__p1", "shadow", 4)]
+    with db.connect() as admin:
+        accepted = admin.execute("select partitioned_fifo_accepted_by from awa.queue_meta"
+                                 " where queue = 'parted'").fetchone()[0]
+    assert accepted == logins.operator
+
+
+def test_policy_validation(db, logins):
+    with db.connect(logins.producer) as p:
+        enqueue(p, "pv")
+    with db.connect(logins.operator) as op:
+        for bad in ({"cooldown": "-1s"}, {"grow_wait_share": 1.5}, {"min_samples": 0},
+                    {"shrink_window": "0"}):
+            args = policy_args(bad)
+            with pytest.raises(psycopg.Error) as err:
+                op.execute(f"select awa.set_autoscale_policy('pv', {args})", bad)
+            assert err.value.sqlstate == "22023"
+            assert "autoscale policy out of range for queue 'pv'" in str(err.value)
+
+
+def test_roles(db, logins):
+    with db.connect(logins.producer) as p:
+        enqueue(p, "r")
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            p.execute("select awa.autoscale_tick()")
+    with db.connect(logins.maintenance) as m, pytest.raises(
+            psycopg.errors.InsufficientPrivilege):
+        m.execute("select awa.set_shard_mode('r', 'auto', 4)")
+    opt_in(db, logins, "r2", "shadow", 4)
+    with db.connect(logins.maintenance) as m:
+        storage.autoscale_tick(m)
+    with db.connect(logins.reader) as r:
+        assert r.execute("select count(*) from awa.autoscale_decisions").fetchone()[0] == 1
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            r.execute("select awa.autoscale_tick()")
+
+
+def test_a_waiting_enqueue_reports_its_lane_lock_wait(db, logins):
+    with db.connect(logins.producer, autocommit=False) as calm:
+        enqueue(calm, "w", ordering_key=b"k")
+        assert calm.execute(
+            "select current_setting('awa.lane_lock_wait_us', true)").fetchone()[0] in (None, "")
+        calm.commit()
+    holder = db.connect(logins.producer, autocommit=False)
+    enqueue(holder, "w", ordering_key=b"k")
+    result = {}
+
+    def blocked():
+        with db.connect(logins.producer, autocommit=False) as c:
+            enqueue(c, "w", ordering_key=b"k")
+            result["us"] = c.execute(
+                "select current_setting('awa.lane_lock_wait_us', true)::bigint").fetchone()[0]
+            c.commit()
+
+    t = threading.Thread(target=blocked)
+    t.start()
+    wait_until(lambda: Contention(db, logins.producer, "w")._ungranted() == 1,
+               what="the second producer to wait")
+    started = time.monotonic()
+    wait_until(lambda: time.monotonic() - started > 0.2, what="a measurable wait")
+    holder.commit()
+    holder.close()
+    t.join(10)
+    assert result["us"] >= 200_000
+
+
+def test_cli_modes_show_and_run(db, logins):
+    with db.connect(logins.producer) as p:
+        enqueue(p, "cli")
+    op = logins.operator
+    bad = db.awa("storage", "set-enqueue-shards", "--queue", "cli", "--auto", user=op)
+    assert bad.returncode == 2 and "--auto needs --max N" in bad.stderr
+    refused = db.awa("storage", "set-enqueue-shards", "--queue", "cli", "--auto", "--max", "4",
+                     user=op)
+    assert refused.returncode == 2 and "not changed" in refused.stderr
+    ok = db.awa("storage", "set-enqueue-shards", "--queue", "cli", "--shadow", "--max", "4",
+                "--yes", user=op, check=True)
+    assert "cli: mode shadow, max 4" in ok.stdout
+    env = {**os.environ, "AWA_DATABASE_URL": db.dsn(logins.maintenance)}
+    runner = subprocess.Popen(
+        [sys.executable, "-m", "awa_sql", "storage", "autoscale", "run", "--interval", "100ms",
+         "--verbose"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: decisions(db, "cli"), what="a decision from the runner")
+    finally:
+        runner.send_signal(signal.SIGTERM)
+        out, err = runner.communicate(timeout=20)
+    assert runner.returncode == 0, err
+    assert "cli: held S 1 -> 1 (shadow)" in out and "auto-scaler stopped" in out
+    shown = db.awa("storage", "show", "--queue", "cli", user=logins.reader, check=True).stdout
+    assert "cli: mode shadow, max 4" in shown and "last decision" in shown
+    manual = db.awa("storage", "set-enqueue-shards", "--queue", "cli", "--manual", "--shards",
+                    "2", "--yes", user=op, check=True)
+    assert "cli: mode manual" in manual.stdout
+    assert shards_of(db, "cli") == 2
