@@ -96,8 +96,7 @@ def put_shard_mode(request: Request, queue: QueueName, body: ShardModeBody) -> d
             raise ApiError(501, "this database has no auto-scaler (awa.set_shard_mode); "
                            "run awa migrate", "42883")
         rows = conn.execute(
-            "select queue, shard_mode, max_shards"
-            " from awa.set_shard_mode(%s::text, %s::text, %s::integer)",
+            "select * from awa.set_shard_mode(%s::text, %s::text, %s::integer)",
             [queue, body.mode.value, body.max_shards]).fetchall()
     return {"queue": queue, "queues": [
         {"queue": q, "shard_mode": m, "max_shards": x} for q, m, x in rows]}
