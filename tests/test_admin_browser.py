@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+import awa_sql
 from tests.support.admin import TOKEN, enqueue_jobs, operator_login, reader_login, serve_cli
 
 CHROMIUM = "/usr/bin/chromium"
@@ -84,12 +85,32 @@ def test_change_s_from_1_to_4_through_the_confirm_dialog(db, page):
 
         enqueue_jobs(db, "orders", 40)  # the page refreshes itself: ready jobs appear
         expect(page.locator("#summary")).to_contain_text("45", timeout=10_000)
-        SCREENSHOT_DIR.mkdir(parents=True, exist_ok=True)
-        shot = SCREENSHOT_DIR / "admin-queue-page.png"
-        page.screenshot(path=str(shot), full_page=True)
-        assert shot.stat().st_size > 10_000
-        if target := os.environ.get("AWA_UPDATE_SCREENSHOT"):
-            shutil.copy(shot, target)
+        expect(page.locator("#lane-evidence")).to_contain_text(
+            "40 enqueues: 40 on lanes < S, 0 on lanes ≥ S", timeout=10_000)
+
+        with db.connect() as conn:  # what the auto-scaler in shadow mode would log
+            conn.execute("select awa.sample_lane_contention()")
+            conn.execute("select awa.sample_lane_contention()")
+            conn.execute(
+                "insert into awa.autoscale_decisions (queue, mode, samples, mean_waiters,"
+                " wait_share, enqueue_rate, current_shards, proposed_shards, action, reason)"
+                " values ('orders', 'shadow', 12, 2.5, 0.6, 1800, 4, 8, 'would_raise',"
+                " 'mean waiters per held lane 2.50 >= 1.00 over 12 samples')")
+        with awa_sql.Producer(db.dsn(db.login_role("awa_producer")),
+                              snapshot_every=0.2) as producer:
+            producer.enqueue("t", queue="orders", ordering_key="o-1")
+            expect(page.locator("#producers-on-s")).to_have_text(
+                "1 of 1 live producers have enqueued with S = 4 since the change.",
+                timeout=10_000)
+            expect(page.locator("#decisions-table")).to_contain_text("would_raise")
+            expect(page.locator("#decisions-table")).to_contain_text("2.50 >= 1.00")
+            expect(page.locator("#contention-table tbody tr")).to_have_count(1)
+            SCREENSHOT_DIR.mkdir(parents=True, exist_ok=True)
+            shot = SCREENSHOT_DIR / f"admin-queue-page-pg{db.cluster.major}.png"
+            page.screenshot(path=str(shot), full_page=True)
+            assert shot.stat().st_size > 10_000
+            if target := os.environ.get("AWA_UPDATE_SCREENSHOT"):
+                shutil.copy(shot, target)
 
 
 def test_cancel_in_the_dialog_changes_nothing(db, page):
