@@ -58,3 +58,9 @@ def test_installed_wheel_migrates_a_database(installed, empty_db, role_prefix):
     assert result.returncode == 0, result.stderr
     with empty_db.connect() as conn:
         assert conn.execute("select awa.contract_version()").fetchone()[0] == __version__
+
+
+def test_wheel_ships_the_admin_page(wheel):
+    names = set(zipfile.ZipFile(wheel).namelist())
+    static = ROOT / "installer" / "awa_sql" / "admin" / "static"
+    assert {f"awa_sql/admin/static/{p.name}" for p in static.iterdir()} <= names

@@ -76,7 +76,9 @@ def create_app(settings: Settings, pool: ConnectionPool | None = None) -> FastAP
             if owns_pool:
                 pool.close()
 
+    # No /docs or /redoc: they load their scripts from a CDN.
     app = FastAPI(title="awa-sql admin", version=__version__, lifespan=lifespan,
+                  docs_url=None, redoc_url=None,
                   description="Queues, enqueue shards and the auto-scaler of one awa database.")
     app.state.settings = settings
     app.state.pool = pool
