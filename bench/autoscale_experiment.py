@@ -1,0 +1,181 @@
+"""The auto-scaler's experiment gate: three producer shapes against static S = 1, 2, 4, 8 and
+against auto (max 8), reporting throughput, p99 enqueue latency and S changes.
+
+Shapes (one queue, single-row awa.enqueue transactions, synchronous_commit on):
+  steady  16 producers for the whole run, unkeyed;
+  bursty  4 producers, joined by 28 more (32 in all) for 10 s every 30 s;
+  skewed  16 producers, 80% of jobs on 4 hot ordering keys, 20% on 10,000 others.
+
+Auto mode runs the real controller (`awa.autoscale_tick()` from its own
+process) with its time constants scaled to the run length: tick every 1 s,
+grow window 5 s, cooldown 10 s, shrink window 30 s, min 3 samples (the
+defaults are 5 s / 30 s / 60 s / 5 min; see configuration.md). Runs are
+interleaved (shape by shape, configurations in turn) so machine noise hits
+every configuration alike.
+
+Gate (ADR 008): auto ships as recommended only if on every shape it is
+within 10% of the best static setting's throughput and changes S at most
+twice per steady phase. Phases: steady and skewed are one phase each;
+bursty has burst and quiet phases.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import random
+import sys
+import time
+from pathlib import Path
+
+import psycopg
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _server import bench_server, machine
+
+QUEUE = "experiment"
+HOT_KEYS = [f"hot-{i}".encode() for i in range(4)]
+CONFIGS = ["S=1", "S=2", "S=4", "S=8", "auto"]
+BURST_EVERY, BURST_LENGTH, BURST_EXTRA = 30.0, 10.0, 28
+
+
+def active(shape: str, index: int, t: float) -> bool:
+    """Whether producer `index` enqueues at `t` seconds into the run."""
+    if shape != "bursty" or index < 4:
+        return True
+    return (t % BURST_EVERY) < BURST_LENGTH
+
+
+def producers_for(shape: str) -> int:
+    return 4 + BURST_EXTRA if shape == "bursty" else 16
+
+
+def _producer(dsn, shape, index, t0, seconds, out):
+    rng = random.Random(index)
+    latencies: list[float] = []
+    done = 0
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("select 1")
+        while (now := time.monotonic()) < t0 + seconds:
+            if now < t0:
+                time.sleep(t0 - now)
+                continue
+            if not active(shape, index, now - t0):
+                time.sleep(0.05)  # idle between bursts, by design of the shape
+                continue
+            key = None
+            if shape == "skewed":
+                key = (rng.choice(HOT_KEYS) if rng.random() < 0.8
+                       else f"cold-{rng.randrange(10_000)}".encode())
+            began = time.perf_counter()
+            conn.execute("select awa.enqueue(%s, 'exp.job', ordering_key => %s)",
+                         [QUEUE, key], prepare=True)
+            latencies.append(time.perf_counter() - began)
+            done += 1
+    out.put((done, latencies))
+
+
+def _ticker(dsn, t0, seconds):
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        time.sleep(max(0.0, t0 - time.monotonic()))
+        while time.monotonic() < t0 + seconds:
+            conn.execute("select count(*) from awa.autoscale_tick()")
+            time.sleep(1.0)  # the controller's tick interval
+
+
+def prepare(dsn: str, config: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("truncate awa.ready, awa.contention_samples, awa.autoscale_decisions,"
+                     " awa.shard_changes")
+        conn.execute("select awa.set_shard_mode(%s, 'manual')", [QUEUE])
+        shards = 1 if config == "auto" else int(config.split("=")[1])
+        conn.execute("select awa.set_enqueue_shards(%s, %s)", [QUEUE, shards])
+        conn.execute("truncate awa.shard_changes")
+        if config == "auto":
+            conn.execute("select awa.set_shard_mode(%s, 'auto', 8)", [QUEUE])
+            conn.execute(
+                "select awa.set_autoscale_policy(%s, grow_window => '5 s',"
+                " cooldown => '10 s', shrink_window => '30 s', min_samples => 3)", [QUEUE])
+        conn.execute("checkpoint")
+
+
+def phases(shape: str, seconds: float) -> list[tuple[str, float, float]]:
+    if shape != "bursty":
+        return [(shape, 0.0, seconds)]
+    out, t = [], 0.0
+    while t < seconds:
+        out.append(("burst", t, min(t + BURST_LENGTH, seconds)))
+        if t + BURST_LENGTH < seconds:
+            out.append(("quiet", t + BURST_LENGTH, min(t + BURST_EVERY, seconds)))
+        t += BURST_EVERY
+    return out
+
+
+def run(dsn: str, shape: str, config: str, seconds: float) -> dict:
+    prepare(dsn, config)
+    ctx = mp.get_context("fork")
+    out = ctx.Queue()
+    t0 = time.monotonic() + 1.0
+    procs = [ctx.Process(target=_producer, args=(dsn, shape, i, t0, seconds, out))
+             for i in range(producers_for(shape))]
+    if config == "auto":
+        procs.append(ctx.Process(target=_ticker, args=(dsn, t0, seconds)))
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        started_at = conn.execute("select clock_timestamp()").fetchone()[0]
+    for p in procs:
+        p.start()
+    results = [out.get() for _ in range(producers_for(shape))]
+    for p in procs:
+        p.join()
+    done = sum(r[0] for r in results)
+    latencies = sorted(x for r in results for x in r[1])
+    p99 = latencies[int(len(latencies) * 0.99)] if latencies else float("nan")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        changes = conn.execute(
+            "select extract(epoch from changed_at - %s)::float8 - 1.0, old_shards, new_shards"
+            " from awa.shard_changes where queue = %s order by change_id",
+            [started_at, QUEUE]).fetchall()
+    per_phase = [(name, sum(1 for c in changes if start <= c[0] < end))
+                 for name, start, end in phases(shape, seconds)]
+    return {"rate": done / seconds, "p99_ms": p99 * 1000, "changes": changes,
+            "per_phase": per_phase}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=60.0, help="per run (default 60)")
+    parser.add_argument("--shapes", default="steady,bursty,skewed")
+    args = parser.parse_args()
+    shapes = args.shapes.split(",")
+    with bench_server() as dsn:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("select awa.enqueue(%s, 'warmup')", [QUEUE])
+            version = conn.execute("show server_version").fetchone()[0]
+        print(f"# autoscale_experiment: {machine()}; PostgreSQL {version}; "
+              f"synchronous_commit=on; {args.seconds:g} s per run", flush=True)
+        verdicts = []
+        for shape in shapes:
+            print(f"\n## {shape}: jobs/s, p99 enqueue latency, S changes")
+            print(f"{'config':>8} | {'jobs/s':>9} | {'p99 ms':>8} | changes (t s: old->new)")
+            res = {}
+            for config in CONFIGS:
+                r = res[config] = run(dsn, shape, config, args.seconds)
+                trail = ", ".join(f"{t:.0f}s: {a}->{b}" for t, a, b in r["changes"]) or "-"
+                print(f"{config:>8} | {r['rate']:>9,.0f} | {r['p99_ms']:>8.1f} | {trail}",
+                      flush=True)
+            best = max(CONFIGS[:-1], key=lambda c: res[c]["rate"])
+            auto = res["auto"]
+            share = auto["rate"] / res[best]["rate"]
+            most = max(n for _, n in auto["per_phase"])
+            ok = share >= 0.9 and most <= 2
+            verdicts.append(ok)
+            print(f"auto vs best static ({best}): {share:.0%}; most S changes in one phase: "
+                  f"{most} ({', '.join(f'{p}={n}' for p, n in auto['per_phase'])}) -> "
+                  f"{'PASS' if ok else 'FAIL'}", flush=True)
+        verdict = ("PASS: auto may ship as recommended" if all(verdicts)
+                   else "FAIL: shadow stays the default")
+        print(f"\ngate: {verdict}")
+
+
+if __name__ == "__main__":
+    main()
