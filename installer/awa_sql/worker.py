@@ -22,7 +22,7 @@ from typing import Any
 import psycopg
 
 from awa_sql.client import iter_configs
-from awa_sql.connect import resolve_dsn
+from awa_sql.connect import connect, prepared_mode, resolve_dsn
 
 log = logging.getLogger("awa_sql.worker")
 
@@ -58,8 +58,12 @@ class Worker:
         heartbeat_every: timedelta | None = None,
         poll_interval: float = 0.2,
         name: str | None = None,
+        prepared_statements: str | bool | None = None,
     ) -> None:
         self.dsn = resolve_dsn(dsn)
+        # Every call runs in autocommit (one transaction per statement), so a
+        # transaction pooler may serve each from another server connection.
+        self.prepared_statements = prepared_mode(prepared_statements)
         self.configs = iter_configs(queues)
         if not self.configs:
             raise ValueError("a worker needs at least one queue")
@@ -94,8 +98,12 @@ class Worker:
         self._stop.set()
         threads[0].join()
 
+    def _connect(self) -> psycopg.Connection:
+        return connect(self.dsn, autocommit=True, prepared_statements=self.prepared_statements,
+                       application_name="awa-sql worker")
+
     def _slot(self, queue: str) -> None:
-        with psycopg.connect(self.dsn, autocommit=True) as conn:
+        with self._connect() as conn:
             while not self._stop.is_set():
                 row = conn.execute(CLAIM_SQL, [[queue], self.name, self.lease]).fetchone()
                 if row is None:
@@ -129,7 +137,7 @@ class Worker:
                 self._running.pop(job.job_id, None)
 
     def _heartbeat(self) -> None:
-        with psycopg.connect(self.dsn, autocommit=True) as conn:
+        with self._connect() as conn:
             while not self._stop.wait(self.heartbeat_every.total_seconds()):
                 with self._lock:
                     held = list(self._running.items())
