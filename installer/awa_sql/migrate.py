@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 import psycopg
@@ -553,6 +553,7 @@ def _apply_outside_transaction(conn: psycopg.Connection, step: Step, lock_timeou
 def apply_plan(
     conn: psycopg.Connection, plan: Plan, lock_timeout: str, log: Callable[[str], None],
     *, lock_wait: str = DEFAULT_LOCK_WAIT, replan: Replan | None = None,
+    run_lock: RunLock | None = None,
 ) -> None:
     """Apply each step of ``plan`` in order on an autocommit connection.
 
@@ -561,9 +562,13 @@ def apply_plan(
     """
     for step in plan.steps:
         started = time.monotonic()
-        apply = _apply_in_transaction if step.transactional else _apply_outside_transaction
         try:
-            applied = apply(conn, step, lock_timeout, lock_wait, replan)
+            if step.transactional:
+                applied = _apply_in_transaction(conn, step, lock_timeout, lock_wait, replan)
+            else:
+                with run_lock.released() if run_lock else nullcontext():
+                    applied = _apply_outside_transaction(conn, step, lock_timeout, lock_wait,
+                                                         replan)
         except psycopg.errors.LockNotAvailable as err:
             raise LockTimeoutError(
                 _lock_wait_message(err, step.label, lock_timeout)
@@ -577,28 +582,75 @@ def apply_plan(
             log(f"skipped {step.label}: another runner applied it")
 
 
-@contextmanager
-def run_lock(conn: psycopg.Connection, lock_wait: str) -> Iterator[None]:
-    """Hold MIGRATION_LOCK for a whole run.
+WAIT_SLICE_MS = 1000
+
+
+def _milliseconds(conn: psycopg.Connection, setting: str) -> int:
+    """A lock_timeout value in ms, parsed by the server the way it parses lock_timeout."""
+    with conn.transaction():
+        _set_local(conn, "lock_timeout", setting)
+        return int(conn.execute(
+            "select setting from pg_catalog.pg_settings where name = 'lock_timeout'"
+        ).fetchone()[0])
+
+
+class RunLock:
+    """MIGRATION_LOCK, held for a whole run.
 
     Held by an open transaction on a second connection: a transaction pooler
     keeps a transaction on one server connection, and closing (or losing) the
     connection ends the transaction and releases the lock. The transaction
-    writes nothing and keeps no snapshot.
+    writes nothing. A waiting runner waits a second at a time, so that waiters
+    never hold every server connection of a small pool while the running
+    runner needs one for its next step.
     """
-    holder = psycopg.connect(conn.info.dsn, password=conn.info.password or None,
-                             application_name="awa-sql migrate lock")
-    try:
-        _set_local(holder, "lock_timeout", lock_wait)
+
+    def __init__(self, conn: psycopg.Connection, lock_wait: str) -> None:
+        self.lock_wait = lock_wait
+        self.holder = psycopg.connect(conn.info.dsn, password=conn.info.password or None,
+                                      application_name="awa-sql migrate lock")
+
+    def acquire(self) -> None:
+        holder = self.holder
+        wait_ms = _milliseconds(holder, self.lock_wait)
+        deadline = time.monotonic() + wait_ms / 1000 if wait_ms else None
+        while True:
+            remaining_ms = WAIT_SLICE_MS if deadline is None else int(
+                (deadline - time.monotonic()) * 1000)
+            _set_local(holder, "lock_timeout", f"{max(1, min(WAIT_SLICE_MS, remaining_ms))}ms")
+            try:
+                holder.execute("select pg_catalog.pg_advisory_xact_lock(%s, %s)",
+                               MIGRATION_LOCK)
+                return
+            except psycopg.errors.LockNotAvailable as err:
+                holder.rollback()
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise LockTimeoutError(_lock_wait_message(
+                        err, "another awa migrate is running", self.lock_wait)) from err
+
+    @contextmanager
+    def released(self) -> Iterator[None]:
+        """Without the run lock for a while: CREATE INDEX CONCURRENTLY waits
+        for every open transaction, this one included. The step lock and the
+        re-read keep another runner from applying the same step meanwhile."""
+        self.holder.rollback()
         try:
-            holder.execute("select pg_catalog.pg_advisory_xact_lock(%s, %s)", MIGRATION_LOCK)
-        except psycopg.errors.LockNotAvailable as err:
-            raise LockTimeoutError(
-                _lock_wait_message(err, "another awa migrate is running", lock_wait)
-            ) from err
-        yield
+            yield
+        finally:
+            self.acquire()
+
+    def close(self) -> None:
+        self.holder.close()
+
+
+@contextmanager
+def run_lock(conn: psycopg.Connection, lock_wait: str) -> Iterator[RunLock]:
+    lock = RunLock(conn, lock_wait)
+    try:
+        lock.acquire()
+        yield lock
     finally:
-        holder.close()
+        lock.close()
 
 
 def migrate(
@@ -628,14 +680,15 @@ def migrate(
         return build_plan(state, roles, create_roles=create_roles, migrations=migrations,
                           layer=layer)
 
-    with run_lock(conn, lock_wait):
+    with run_lock(conn, lock_wait) as lock:
         plan = replan()
         for warning in plan.warnings:
             log(f"warning: {warning}")
         plan.raise_problems()
         if dry_run or plan.up_to_date:
             return plan
-        apply_plan(conn, plan, lock_timeout, log, lock_wait=lock_wait, replan=replan)
+        apply_plan(conn, plan, lock_timeout, log, lock_wait=lock_wait, replan=replan,
+                   run_lock=lock)
         return plan
 
 

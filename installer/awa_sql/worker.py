@@ -122,13 +122,15 @@ class Worker:
         except Exception as err:
             error = "".join(traceback.format_exception_only(err)).strip()
             conn.execute("select awa.fail(%s, %s, %s)", [job.job_id, job.run_lease, error])
-            self.failed += 1
+            with self._lock:
+                self.failed += 1
             log.warning("job %s (%s) failed: %s", job.job_id, job.kind, error)
         else:
             done = conn.execute("select awa.complete(%s, %s)",
                                 [job.job_id, job.run_lease]).fetchone()[0]
             if done:
-                self.completed += 1
+                with self._lock:
+                    self.completed += 1
             else:
                 log.warning("job %s: lease expired before completion; not counted",
                             job.job_id)
