@@ -336,7 +336,7 @@ def _guard(fn: Callable[[], None], errors: list[BaseException]) -> None:
         errors.append(err)
 
 
-def test_soak_32_clients_over_4_server_connections(pooled, logins, cluster):
+def test_soak_32_clients_over_4_server_connections(pooled, logins):
     """Done-when of issue 9: producers (single, batch, COPY) and workers for 20
     seconds while S goes 1 -> 4 -> 8 -> 2; every committed job completes
     exactly once and no call fails."""
@@ -351,7 +351,7 @@ def test_soak_32_clients_over_4_server_connections(pooled, logins, cluster):
     peak = 0
     try:
         with pooled.connect(logins.operator, autocommit=False) as op, \
-                cluster.admin() as watcher:
+                pooled.bouncer.admin() as watcher:
             awa_sql.set_enqueue_shards(op, "soak", 1)
             op.commit()
             threads = [threading.Thread(target=lambda t=t: _guard(t, errors))
@@ -363,10 +363,8 @@ def test_soak_32_clients_over_4_server_connections(pooled, logins, cluster):
             try:
                 for at, shards in ((5, 4), (10, 8), (15, 2), (20, None)):
                     while time.monotonic() - started < at and not errors:
-                        peak = max(peak, watcher.execute(
-                            "select count(*) from pg_catalog.pg_stat_activity"
-                            " where datname = %s and backend_type = 'client backend'",
-                            [pooled.db.name]).fetchone()[0])
+                        peak = max(peak, pooled.bouncer.server_connections(
+                            watcher, pooled.db.name))
                         time.sleep(0.1)  # sampling interval of the server-connection count
                     if shards is not None:
                         awa_sql.set_enqueue_shards(op, "soak", shards)

@@ -70,6 +70,23 @@ class PgBouncer:
     port: int
     workdir: Path
     process: subprocess.Popen
+    admin_user: str = "postgres"
+
+    def admin(self) -> psycopg.Connection:
+        """The admin console (database ``pgbouncer``): simple protocol only, so
+        use ``server_connections`` rather than ``execute``."""
+        return psycopg.connect(
+            f"host=127.0.0.1 port={self.port} dbname=pgbouncer user={self.admin_user}",
+            autocommit=True)
+
+    @staticmethod
+    def server_connections(admin: psycopg.Connection, dbname: str) -> int:
+        """How many server connections PgBouncer holds to ``dbname`` now."""
+        res = admin.pgconn.exec_(b"SHOW SERVERS")
+        if res.status != psycopg.pq.ExecStatus.TUPLES_OK:
+            raise PgBouncerError(f"SHOW SERVERS failed: {res.error_message.decode()}")
+        col = [res.fname(i) for i in range(res.nfields)].index(b"database")
+        return sum(res.get_value(row, col) == dbname.encode() for row in range(res.ntuples))
 
     @property
     def log_file(self) -> Path:
@@ -117,7 +134,7 @@ def start(server_port: int, workdir: Path, superuser: str = "postgres") -> PgBou
         process = subprocess.Popen(
             [binary(), str(ini)], cwd="/", stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL, stderr=stderr, **kwargs)
-    bouncer = PgBouncer(port, workdir, process)
+    bouncer = PgBouncer(port, workdir, process, superuser)
     deadline = time.monotonic() + 30
     while True:
         if process.poll() is not None:
