@@ -13,6 +13,7 @@ import pytest
 
 from awa_sql import migrate
 from awa_sql.roles import Roles
+from tests.support import pgbouncer as bouncer
 from tests.support.cluster import Cluster, start_cluster
 from tests.support.database import Database
 
@@ -35,6 +36,23 @@ def cluster(request) -> Iterator[Cluster]:
     yield c
     if c.stop:
         c.stop()
+    shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def pgbouncer(cluster: Cluster) -> Iterator[bouncer.PgBouncer]:
+    """Debian's PgBouncer in transaction mode in front of ``cluster`` (4 server
+    connections per database, up to 200 clients)."""
+    if cluster.server is None:
+        pytest.skip("PgBouncer fronts the suite's own servers; this one came from a DSN "
+                    "or a container")
+    workdir = Path(tempfile.mkdtemp(prefix=f"awa-sql-pgbouncer{cluster.major}-"))
+    try:
+        b = bouncer.start(cluster.server.port, workdir, cluster.server.superuser)
+    except bouncer.PgBouncerError as err:
+        pytest.fail(str(err), pytrace=False)
+    yield b
+    b.stop()
     shutil.rmtree(workdir, ignore_errors=True)
 
 

@@ -185,9 +185,7 @@ def _print_status(doc: dict) -> None:
 def cmd_status(args: argparse.Namespace) -> int:
     roles = _roles(args)
     with connect(args.dsn, autocommit=True) as conn:
-        conn.execute("select pg_catalog.set_config('search_path', %s, false)",
-                     [runner.SEARCH_PATH])
-        state = runner.read_state(conn, roles)
+        state = runner.read_state_in_transaction(conn, roles)
     plan = runner.build_plan(state, roles)
     doc = _status_document(plan, roles, state)
     if args.json:

@@ -9,6 +9,7 @@ each call instead.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -107,12 +108,22 @@ def enqueue_many_copy(conn: psycopg.Connection, jobs: Sequence[Mapping[str, Any]
     """Bulk enqueue through COPY and ``awa.enqueue_copied()``; returns the count.
 
     ``opts``, if given, is aligned with ``jobs``: each entry may override
-    ``queue`` and ``ordering_key`` for its job.
+    ``queue`` and ``ordering_key`` for its job. The COPY and the call that
+    enqueues its rows share one transaction: the caller's, or on an
+    autocommit connection one of their own (so a transaction pooler keeps
+    them on one server connection).
     """
     if opts is not None and len(opts) != len(jobs):
         raise ValueError(
             f"opts has {len(opts)} entries but jobs has {len(jobs)}; they must be aligned"
         )
+    with conn.transaction() if conn.autocommit else nullcontext():
+        return _copy_and_enqueue(conn, jobs, queue, ordering_key, opts)
+
+
+def _copy_and_enqueue(conn: psycopg.Connection, jobs: Sequence[Mapping[str, Any]],
+                      queue: str | None, ordering_key: Key,
+                      opts: Sequence[Mapping[str, Any] | None] | None) -> int:
     with conn.cursor() as cur, cur.copy(COPY_SQL) as cp:
         for i, job in enumerate(jobs):
             override = (opts[i] or {}) if opts is not None else {}
@@ -135,14 +146,19 @@ class Producer:
     Given a DSN, it also publishes a runtime snapshot every ``snapshot_every``
     seconds on a second connection, for the admin page (None: off; off as well
     when given only ``conn``, whose password psycopg does not expose).
+    ``prepared_statements`` (``"auto"``, ``"on"``, ``"off"``; default from
+    ``AWA_PREPARED_STATEMENTS``, else auto) applies to the connections it opens;
+    a connection passed as ``conn`` is used as it is.
     """
 
     def __init__(self, dsn: str | None = None, *, conn: psycopg.Connection | None = None,
-                 snapshot_every: float | None = 10.0):
+                 snapshot_every: float | None = 10.0,
+                 prepared_statements: str | bool | None = None):
         from awa_sql.connect import connect, resolve_dsn
         from awa_sql.runtimes import RuntimePublisher
 
-        self._conn = conn if conn is not None else connect(dsn)
+        self._conn = conn if conn is not None else connect(
+            dsn, prepared_statements=prepared_statements)
         self.runtime = None
         if snapshot_every is not None and (conn is None or dsn is not None):
             self.runtime = RuntimePublisher(resolve_dsn(dsn), "producer", every=snapshot_every)

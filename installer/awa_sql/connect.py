@@ -1,10 +1,28 @@
-"""Where a command finds its database."""
+"""Where a command finds its database, and how its connections behave behind a pooler.
+
+psycopg 3 turns a query into a named server-side prepared statement after
+five executions on one connection. Behind PgBouncer in transaction mode
+before 1.21 (or with ``max_prepared_statements = 0``) the next execution may
+land on another server connection: "prepared statement _pg3_0 does not
+exist". So awa's own connections decide per connection (see
+docs/deployment.md):
+
+- ``AWA_PREPARED_STATEMENTS=auto`` (the default): no prepared statements when
+  a pooler sits in between, psycopg's default otherwise;
+- ``on``: psycopg's default; ``off``: never prepare.
+"""
 
 from __future__ import annotations
 
 import os
 
 import psycopg
+from psycopg.pq import TransactionStatus
+
+PREPARED_ENV = "AWA_PREPARED_STATEMENTS"
+PREPARED_MODES = ("auto", "on", "off")
+
+PreparedSetting = str | bool | None
 
 
 def resolve_dsn(dsn: str | None = None) -> str:
@@ -13,6 +31,53 @@ def resolve_dsn(dsn: str | None = None) -> str:
     return dsn or os.environ.get("AWA_DATABASE_URL") or os.environ.get("DATABASE_URL") or ""
 
 
-def connect(dsn: str | None = None, **kwargs) -> psycopg.Connection:
+def prepared_mode(setting: PreparedSetting = None) -> str:
+    """``True``/``False``/``"auto"``/``"on"``/``"off"``; None reads AWA_PREPARED_STATEMENTS."""
+    if setting is True:
+        return "on"
+    if setting is False:
+        return "off"
+    source = "prepared_statements"
+    if setting is None:
+        setting, source = os.environ.get(PREPARED_ENV) or "auto", PREPARED_ENV
+    mode = str(setting).strip().lower()
+    if mode not in PREPARED_MODES:
+        raise ValueError(
+            f"{source} must be one of {', '.join(PREPARED_MODES)} (or True/False), "
+            f"got {setting!r}")
+    return mode
+
+
+def behind_pooler(conn: psycopg.Connection) -> bool:
+    """True when something between client and server multiplexes connections.
+
+    A pooler (PgBouncer in any mode, and the others) cannot hand a client the
+    cancel key of one server connection, so the backend pid libpq got at login
+    is not the pid of the server process that answers.
+    """
+    idle = conn.info.transaction_status == TransactionStatus.IDLE
+    pid = conn.execute("select pg_catalog.pg_backend_pid()").fetchone()[0]
+    if idle and not conn.autocommit:
+        conn.rollback()  # leave no transaction open that the caller did not start
+    return conn.info.backend_pid != pid
+
+
+def configure(conn: psycopg.Connection, prepared_statements: PreparedSetting = None
+              ) -> psycopg.Connection:
+    """Apply the prepared-statement setting to a connection opened elsewhere."""
+    mode = prepared_mode(prepared_statements)
+    if mode == "off" or (mode == "auto" and behind_pooler(conn)):
+        conn.prepare_threshold = None
+    return conn
+
+
+def connect(dsn: str | None = None, *, prepared_statements: PreparedSetting = None,
+            **kwargs) -> psycopg.Connection:
     kwargs.setdefault("application_name", "awa-sql")
-    return psycopg.connect(resolve_dsn(dsn), **kwargs)
+    mode = prepared_mode(prepared_statements)  # a bad setting fails before connecting
+    conn = psycopg.connect(resolve_dsn(dsn), **kwargs)
+    try:
+        return configure(conn, mode)
+    except BaseException:
+        conn.close()
+        raise

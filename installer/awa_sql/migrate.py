@@ -14,24 +14,34 @@ A run has three kinds of step, always in this order:
    checks owners, ACLs and pinned search_paths before the commit.
 
 The same steps are either executed (``apply``) or printed as one psql script
-(``render_sql``), so the two cannot disagree. Runners serialise on one
-session advisory lock, ``pg_advisory_lock(1635213645, 0)`` ('awaM', 0).
+(``render_sql``), so the two cannot disagree.
+
+Nothing depends on a session, so the runner works through a transaction
+pooler (ADR 006): a run holds ``pg_advisory_xact_lock(1635213645, 0)``
+('awaM', 0) in an open transaction on a second connection, which serialises
+whole runs; each step's own transaction takes ``(1635213645, 1)``, sets its
+settings with SET LOCAL, and re-reads what is applied before applying, so a
+step another runner already applied is skipped. A ``-- awa:no-transaction``
+migration needs a session of its own and is refused behind a pooler.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 import psycopg
 from psycopg import sql
 
 from awa_sql import __version__
+from awa_sql.connect import behind_pooler
 from awa_sql.roles import RUNTIME_CAPABILITIES, Roles
 from awa_sql.source import CHECKSUM_ALGORITHM, LayerFile, Migration, load_layer, load_migrations
 
-MIGRATION_LOCK = (1635213645, 0)  # 'awaM' as int4, then 0: the runners' lock
+MIGRATION_LOCK = (1635213645, 0)  # 'awaM' as int4, then 0: held for a whole run
+STEP_LOCK = (1635213645, 1)  # held by each step's transaction
 DEFAULT_LOCK_TIMEOUT = "5s"  # per DDL lock inside a migration
 DEFAULT_LOCK_WAIT = "120s"  # waiting for another runner to finish
 SEARCH_PATH = "pg_catalog, pg_temp"
@@ -460,29 +470,105 @@ def _layer_sql(layer: list[LayerFile], roles: Roles, version: str) -> str:
 
 
 # --------------------------------------------------------------------------
-# Doing it
+# Doing it: settings are SET LOCAL inside each transaction, never on the session
 
 
-def _set(conn: psycopg.Connection, name: str, value: str) -> None:
-    conn.execute("select pg_catalog.set_config(%s, %s, false)", [name, value])
+def _set_local(conn: psycopg.Connection, name: str, value: str) -> None:
+    conn.execute("select pg_catalog.set_config(%s, %s, true)", [name, value])
 
 
 def _lock_wait_message(err: psycopg.Error, what: str, timeout: str) -> str:
     return f"{what}: could not get a lock within {timeout} ({err.diag.message_primary})"
 
 
+def read_state_in_transaction(conn: psycopg.Connection, roles: Roles,
+                              lock_timeout: str | None = None) -> DatabaseState:
+    """``read_state`` in a transaction of its own, with its settings SET LOCAL."""
+    with conn.transaction():
+        _set_local(conn, "search_path", SEARCH_PATH)
+        if lock_timeout is not None:
+            _set_local(conn, "lock_timeout", lock_timeout)
+        return read_state(conn, roles)
+
+
+def _step_key(step: Step) -> str:
+    return step.label if step.kind == "migration" else step.kind
+
+
+Replan = Callable[[], Plan]
+
+
+def _still_needed(step: Step, replan: Replan | None) -> Step | None:
+    """The step as the database now needs it, or None when another runner applied it."""
+    if replan is None:
+        return step
+    fresh = replan()
+    fresh.raise_problems()
+    return next((s for s in fresh.steps if _step_key(s) == _step_key(step)), None)
+
+
+def _apply_in_transaction(conn: psycopg.Connection, step: Step, lock_timeout: str,
+                          lock_wait: str, replan: Replan | None) -> bool:
+    with conn.transaction():
+        _set_local(conn, "search_path", SEARCH_PATH)
+        _set_local(conn, "lock_timeout", lock_wait)
+        conn.execute("select pg_catalog.pg_advisory_xact_lock(%s, %s)", STEP_LOCK)
+        _set_local(conn, "lock_timeout", lock_timeout)
+        current = _still_needed(step, replan)
+        if current is None:
+            return False
+        conn.execute(current.sql)
+    return True
+
+
+def _apply_outside_transaction(conn: psycopg.Connection, step: Step, lock_timeout: str,
+                               lock_wait: str, replan: Replan | None) -> bool:
+    # SET ROLE, then the statement, then its record: three transactions that
+    # must share one server session, which a transaction pooler does not give.
+    if behind_pooler(conn):
+        raise MigrationError(
+            f"{step.label} runs outside a transaction (-- awa:no-transaction) and needs a "
+            "session of its own, which a transaction pooler such as PgBouncer does not give: "
+            "run awa migrate over a direct connection to PostgreSQL. "
+            "Nothing of this step was applied."
+        )
+    conn.execute("select pg_catalog.set_config('search_path', %s, false),"
+                 " pg_catalog.set_config('lock_timeout', %s, false)", [SEARCH_PATH, lock_wait])
+    conn.execute("select pg_catalog.pg_advisory_lock(%s, %s)", STEP_LOCK)
+    try:
+        conn.execute("select pg_catalog.set_config('lock_timeout', %s, false)", [lock_timeout])
+        current = _still_needed(step, replan)
+        if current is None:
+            return False
+        for statement in current.statements:
+            conn.execute(statement)
+        return True
+    finally:
+        conn.execute("reset role")
+        conn.execute("select pg_catalog.pg_advisory_unlock(%s, %s)", STEP_LOCK)
+        conn.execute("reset search_path")
+        conn.execute("reset lock_timeout")
+
+
 def apply_plan(
-    conn: psycopg.Connection, plan: Plan, lock_timeout: str, log: Callable[[str], None]
+    conn: psycopg.Connection, plan: Plan, lock_timeout: str, log: Callable[[str], None],
+    *, lock_wait: str = DEFAULT_LOCK_WAIT, replan: Replan | None = None,
+    run_lock: RunLock | None = None,
 ) -> None:
+    """Apply each step of ``plan`` in order on an autocommit connection.
+
+    With ``replan``, each step's transaction re-reads the database under the
+    step lock first and skips a step another runner applied meanwhile.
+    """
     for step in plan.steps:
         started = time.monotonic()
         try:
             if step.transactional:
-                with conn.transaction():
-                    conn.execute(step.sql)
+                applied = _apply_in_transaction(conn, step, lock_timeout, lock_wait, replan)
             else:
-                for statement in step.statements:
-                    conn.execute(statement)
+                with run_lock.released() if run_lock else nullcontext():
+                    applied = _apply_outside_transaction(conn, step, lock_timeout, lock_wait,
+                                                         replan)
         except psycopg.errors.LockNotAvailable as err:
             raise LockTimeoutError(
                 _lock_wait_message(err, step.label, lock_timeout)
@@ -490,7 +576,81 @@ def apply_plan(
             ) from err
         except psycopg.Error as err:
             raise MigrationError(f"{step.label} failed and was rolled back: {err}") from err
-        log(f"applied {step.label} ({(time.monotonic() - started) * 1000:.0f} ms)")
+        if applied:
+            log(f"applied {step.label} ({(time.monotonic() - started) * 1000:.0f} ms)")
+        else:
+            log(f"skipped {step.label}: another runner applied it")
+
+
+WAIT_SLICE_MS = 1000
+
+
+def _milliseconds(conn: psycopg.Connection, setting: str) -> int:
+    """A lock_timeout value in ms, parsed by the server the way it parses lock_timeout."""
+    with conn.transaction():
+        _set_local(conn, "lock_timeout", setting)
+        return int(conn.execute(
+            "select setting from pg_catalog.pg_settings where name = 'lock_timeout'"
+        ).fetchone()[0])
+
+
+class RunLock:
+    """MIGRATION_LOCK, held for a whole run.
+
+    Held by an open transaction on a second connection: a transaction pooler
+    keeps a transaction on one server connection, and closing (or losing) the
+    connection ends the transaction and releases the lock. The transaction
+    writes nothing. A waiting runner waits a second at a time, so that waiters
+    never hold every server connection of a small pool while the running
+    runner needs one for its next step.
+    """
+
+    def __init__(self, conn: psycopg.Connection, lock_wait: str) -> None:
+        self.lock_wait = lock_wait
+        self.holder = psycopg.connect(conn.info.dsn, password=conn.info.password or None,
+                                      application_name="awa-sql migrate lock")
+
+    def acquire(self) -> None:
+        holder = self.holder
+        wait_ms = _milliseconds(holder, self.lock_wait)
+        deadline = time.monotonic() + wait_ms / 1000 if wait_ms else None
+        while True:
+            remaining_ms = WAIT_SLICE_MS if deadline is None else int(
+                (deadline - time.monotonic()) * 1000)
+            _set_local(holder, "lock_timeout", f"{max(1, min(WAIT_SLICE_MS, remaining_ms))}ms")
+            try:
+                holder.execute("select pg_catalog.pg_advisory_xact_lock(%s, %s)",
+                               MIGRATION_LOCK)
+                return
+            except psycopg.errors.LockNotAvailable as err:
+                holder.rollback()
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise LockTimeoutError(_lock_wait_message(
+                        err, "another awa migrate is running", self.lock_wait)) from err
+
+    @contextmanager
+    def released(self) -> Iterator[None]:
+        """Without the run lock for a while: CREATE INDEX CONCURRENTLY waits
+        for every open transaction, this one included. The step lock and the
+        re-read keep another runner from applying the same step meanwhile."""
+        self.holder.rollback()
+        try:
+            yield
+        finally:
+            self.acquire()
+
+    def close(self) -> None:
+        self.holder.close()
+
+
+@contextmanager
+def run_lock(conn: psycopg.Connection, lock_wait: str) -> Iterator[RunLock]:
+    lock = RunLock(conn, lock_wait)
+    try:
+        lock.acquire()
+        yield lock
+    finally:
+        lock.close()
 
 
 def migrate(
@@ -502,65 +662,77 @@ def migrate(
     lock_timeout: str = DEFAULT_LOCK_TIMEOUT,
     lock_wait: str = DEFAULT_LOCK_WAIT,
     log: Callable[[str], None] = print,
+    migrations: list[Migration] | None = None,
+    layer: list[LayerFile] | None = None,
 ) -> Plan:
     """Bring the database up to this package. ``conn`` must be in autocommit mode."""
     if not conn.autocommit:
         raise ValueError("migrate() needs an autocommit connection")
-    _set(conn, "search_path", SEARCH_PATH)
-    _set(conn, "lock_timeout", lock_wait)
-    try:
-        conn.execute("select pg_catalog.pg_advisory_lock(%s, %s)", MIGRATION_LOCK)
-    except psycopg.errors.LockNotAvailable as err:
-        raise LockTimeoutError(
-            _lock_wait_message(err, "another awa migrate is running", lock_wait)
-        ) from err
-    try:
-        _set(conn, "lock_timeout", lock_timeout)
+
+    def replan() -> Plan:
         try:
-            state = read_state(conn, roles)
+            # Inside a step's transaction this is a savepoint of it.
+            state = read_state_in_transaction(conn, roles, lock_timeout)
         except psycopg.errors.LockNotAvailable as err:
             raise LockTimeoutError(
                 _lock_wait_message(err, "reading the migration records", lock_timeout)
             ) from err
-        plan = build_plan(state, roles, create_roles=create_roles)
+        return build_plan(state, roles, create_roles=create_roles, migrations=migrations,
+                          layer=layer)
+
+    with run_lock(conn, lock_wait) as lock:
+        plan = replan()
         for warning in plan.warnings:
             log(f"warning: {warning}")
         plan.raise_problems()
         if dry_run or plan.up_to_date:
             return plan
-        apply_plan(conn, plan, lock_timeout, log)
+        apply_plan(conn, plan, lock_timeout, log, lock_wait=lock_wait, replan=replan,
+                   run_lock=lock)
         return plan
-    finally:
-        conn.execute("select pg_catalog.pg_advisory_unlock(%s, %s)", MIGRATION_LOCK)
+
+
+def _step_script(step: Step, lock_timeout: str, lock_wait: str) -> str:
+    if not step.transactional:
+        return (
+            "-- Outside a transaction: needs a direct connection, not a transaction pooler.\n"
+            f"set search_path = {SEARCH_PATH};\n"
+            f"set lock_timeout = {_lit(lock_timeout)};\n"
+            + "\n".join(step.statements) + "\n"
+            "reset search_path;\nreset lock_timeout;\n"
+        )
+    return (
+        "begin;\n"
+        f"set local search_path = {SEARCH_PATH};\n"
+        f"set local lock_timeout = {_lit(lock_wait)};\n"
+        "select pg_catalog.pg_advisory_xact_lock({}, {});\n".format(*MIGRATION_LOCK)
+        + f"set local lock_timeout = {_lit(lock_timeout)};\n"
+        f"{step.sql}commit;\n"
+    )
 
 
 def render_sql(plan: Plan, lock_timeout: str = DEFAULT_LOCK_TIMEOUT,
                lock_wait: str = DEFAULT_LOCK_WAIT) -> str:
-    """One psql script that performs ``plan`` exactly as ``apply_plan`` would."""
+    """One psql script that performs ``plan`` exactly as ``apply_plan`` would.
+
+    Each step's transaction waits for a running ``awa migrate`` and sets what
+    it needs with SET LOCAL, so the script runs through a transaction pooler
+    too (unless it has a no-transaction step). Applying a step twice fails
+    (the schema, or the migration's record, exists) and rolls that step back.
+    """
     out = [
         f"-- awa-sql {plan.package_version}: migration script\n",
         "-- Run with: psql -X -v ON_ERROR_STOP=1 -f this.sql\n",
         "\\set ON_ERROR_STOP on\n",
-        f"set search_path = {SEARCH_PATH};\n",
-        f"set lock_timeout = {_lit(lock_wait)};\n",
-        "select pg_catalog.pg_advisory_lock({}, {});\n".format(*MIGRATION_LOCK),
-        f"set lock_timeout = {_lit(lock_timeout)};\n",
     ]
     for step in plan.steps:
         out.append(f"\n-- step: {step.label}\n")
-        if step.transactional:
-            out.append(f"begin;\n{step.sql}commit;\n")
-        else:
-            out.append("\n".join(step.statements) + "\n")
-    out.append("\nselect pg_catalog.pg_advisory_unlock({}, {});\n".format(*MIGRATION_LOCK))
+        out.append(_step_script(step, lock_timeout, lock_wait))
     return "".join(out)
 
 
 def plan_for(conn: psycopg.Connection | None, roles: Roles, create_roles: bool) -> Plan:
     """The plan for a live database, or for an empty one when ``conn`` is None."""
     if conn is None:
-        state = DatabaseState(offline=True)
-    else:
-        _set(conn, "search_path", SEARCH_PATH)
-        state = read_state(conn, roles)
-    return build_plan(state, roles, create_roles=create_roles)
+        return build_plan(DatabaseState(offline=True), roles, create_roles=create_roles)
+    return build_plan(read_state_in_transaction(conn, roles), roles, create_roles=create_roles)

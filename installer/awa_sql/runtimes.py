@@ -22,6 +22,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from awa_sql import __version__
+from awa_sql.connect import connect
 
 log = logging.getLogger("awa_sql.runtimes")
 
@@ -82,8 +83,8 @@ class RuntimePublisher:
             while True:
                 try:
                     if conn is None or conn.closed:
-                        conn = psycopg.connect(self.dsn, autocommit=True,
-                                               application_name="awa-runtime")
+                        conn = connect(self.dsn, autocommit=True,
+                                       application_name="awa-runtime")
                     if self._stop.is_set():
                         conn.execute("select awa.remove_runtime(%s::uuid)",
                                      [self.instance_id])

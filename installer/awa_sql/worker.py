@@ -22,7 +22,7 @@ from typing import Any
 import psycopg
 
 from awa_sql.client import iter_configs
-from awa_sql.connect import resolve_dsn
+from awa_sql.connect import connect, prepared_mode, resolve_dsn
 from awa_sql.runtimes import RuntimePublisher
 
 log = logging.getLogger("awa_sql.worker")
@@ -60,8 +60,12 @@ class Worker:
         poll_interval: float = 0.2,
         name: str | None = None,
         snapshot_every: float | None = 10.0,
+        prepared_statements: str | bool | None = None,
     ) -> None:
         self.dsn = resolve_dsn(dsn)
+        # Every call runs in autocommit (one transaction per statement), so a
+        # transaction pooler may serve each from another server connection.
+        self.prepared_statements = prepared_mode(prepared_statements)
         self.configs = iter_configs(queues)
         if not self.configs:
             raise ValueError("a worker needs at least one queue")
@@ -103,8 +107,12 @@ class Worker:
         if self.runtime is not None:
             self.runtime.stop()
 
+    def _connect(self) -> psycopg.Connection:
+        return connect(self.dsn, autocommit=True, prepared_statements=self.prepared_statements,
+                       application_name="awa-sql worker")
+
     def _slot(self, queue: str) -> None:
-        with psycopg.connect(self.dsn, autocommit=True) as conn:
+        with self._connect() as conn:
             while not self._stop.is_set():
                 row = conn.execute(CLAIM_SQL, [[queue], self.name, self.lease]).fetchone()
                 if row is None:
@@ -126,13 +134,15 @@ class Worker:
         except Exception as err:
             error = "".join(traceback.format_exception_only(err)).strip()
             conn.execute("select awa.fail(%s, %s, %s)", [job.job_id, job.run_lease, error])
-            self.failed += 1
+            with self._lock:
+                self.failed += 1
             log.warning("job %s (%s) failed: %s", job.job_id, job.kind, error)
         else:
             done = conn.execute("select awa.complete(%s, %s)",
                                 [job.job_id, job.run_lease]).fetchone()[0]
             if done:
-                self.completed += 1
+                with self._lock:
+                    self.completed += 1
             else:
                 log.warning("job %s: lease expired before completion; not counted",
                             job.job_id)
@@ -141,7 +151,7 @@ class Worker:
                 self._running.pop(job.job_id, None)
 
     def _heartbeat(self) -> None:
-        with psycopg.connect(self.dsn, autocommit=True) as conn:
+        with self._connect() as conn:
             while not self._stop.wait(self.heartbeat_every.total_seconds()):
                 with self._lock:
                     held = list(self._running.items())
