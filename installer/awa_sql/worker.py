@@ -23,6 +23,7 @@ import psycopg
 
 from awa_sql.client import iter_configs
 from awa_sql.connect import resolve_dsn
+from awa_sql.metrics import client_metrics
 
 log = logging.getLogger("awa_sql.worker")
 
@@ -101,7 +102,9 @@ class Worker:
                 if row is None:
                     self._stop.wait(self.poll_interval)
                     continue
-                self._handle(conn, Job(*row))
+                job = Job(*row)
+                client_metrics.job_claimed(job)
+                self._handle(conn, job)
 
     def _handle(self, conn: psycopg.Connection, job: Job) -> None:
         with self._lock:
@@ -115,12 +118,14 @@ class Worker:
             error = "".join(traceback.format_exception_only(err)).strip()
             conn.execute("select awa.fail(%s, %s, %s)", [job.job_id, job.run_lease, error])
             self.failed += 1
+            client_metrics.job_failed(job)
             log.warning("job %s (%s) failed: %s", job.job_id, job.kind, error)
         else:
             done = conn.execute("select awa.complete(%s, %s)",
                                 [job.job_id, job.run_lease]).fetchone()[0]
             if done:
                 self.completed += 1
+                client_metrics.job_completed(job)
             else:
                 log.warning("job %s: lease expired before completion; not counted",
                             job.job_id)
