@@ -10,7 +10,7 @@ from pathlib import Path
 
 import psycopg
 
-from awa_sql import __version__, storage_cli
+from awa_sql import __version__, metrics_cli, storage_cli
 from awa_sql import migrate as runner
 from awa_sql.connect import connect
 from awa_sql.demo import DEFAULT_PORT
@@ -76,6 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_status)
 
     storage_cli.add_parsers(sub, _add_connection)
+    metrics_cli.add_parsers(sub, _add_connection)
 
     d = sub.add_parser("demo", help="a local PostgreSQL 18 with awa installed",
                        description="Start a local PostgreSQL 18 under --dir, install awa, "

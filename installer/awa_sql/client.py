@@ -12,20 +12,25 @@ from collections.abc import Iterable, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import datetime
+from time import perf_counter
 from typing import Any
 
 import psycopg
 from psycopg.types.json import Jsonb
 
+from awa_sql.metrics import client_metrics
+from awa_sql.metrics.client_metrics import WAIT_COLUMNS
+
 Key = bytes | bytearray | memoryview | str | None
 
 ENQUEUE_SQL = (
-    "select job_id, queue, priority, enqueue_shard, lane_seq from awa.enqueue("
+    f"select job_id, queue, priority, enqueue_shard, lane_seq, {WAIT_COLUMNS} from awa.enqueue("
     "%(queue)s::text, %(kind)s::text, %(args)s::jsonb, %(priority)s::smallint,"
     " %(ordering_key)s::bytea, %(run_at)s::timestamptz, %(max_attempts)s::integer)"
 )
 BATCH_SQL = (
-    "select job_id, queue, priority, enqueue_shard, lane_seq from awa.enqueue_batch("
+    f"select job_id, queue, priority, enqueue_shard, lane_seq, {WAIT_COLUMNS}"
+    " from awa.enqueue_batch("
     "%s::text[], %s::text[], %s::jsonb[], %s::smallint[], %s::bytea[], %s::timestamptz[],"
     " %s::integer[])"
 )
@@ -33,6 +38,7 @@ COPY_SQL = (
     "copy awa.copy_staging (queue, priority, ordering_key, kind, args, run_at, max_attempts)"
     " from stdin"
 )
+COPIED_SQL = f"select n, {WAIT_COLUMNS} from awa.enqueue_copied() as n"
 JOB_FIELDS = ("kind", "args", "queue", "priority", "ordering_key", "run_at", "max_attempts")
 
 
@@ -62,9 +68,11 @@ def enqueue(conn: psycopg.Connection, kind: str, args: Mapping[str, Any] | None 
             queue: str, priority: int = 2, ordering_key: Key = None,
             run_at: datetime | None = None, max_attempts: int = 25) -> Enqueued:
     """One job, in ``conn``'s current transaction."""
+    started = perf_counter()
     row = conn.execute(ENQUEUE_SQL, _params(kind, args, queue, priority, ordering_key,
                                             run_at, max_attempts)).fetchone()
-    return Enqueued(*row)
+    client_metrics.enqueued(conn, queue, "enqueue", 1, started, row[5:])
+    return Enqueued(*row[:5])
 
 
 def _columns(jobs: Sequence[Mapping[str, Any]], defaults: Mapping[str, Any]) -> list[list]:
@@ -98,8 +106,10 @@ def enqueue_many(conn: psycopg.Connection, jobs: Sequence[Mapping[str, Any]],
     columns = _columns(jobs, defaults)
     if not jobs:
         return []
+    started = perf_counter()
     rows = conn.execute(BATCH_SQL, columns).fetchall()
-    return [Enqueued(*r) for r in rows]
+    client_metrics.enqueued(conn, columns[0], "batch", len(rows), started, rows[-1][5:])
+    return [Enqueued(*r[:5]) for r in rows]
 
 
 def enqueue_many_copy(conn: psycopg.Connection, jobs: Sequence[Mapping[str, Any]], *,
@@ -124,6 +134,7 @@ def enqueue_many_copy(conn: psycopg.Connection, jobs: Sequence[Mapping[str, Any]
 def _copy_and_enqueue(conn: psycopg.Connection, jobs: Sequence[Mapping[str, Any]],
                       queue: str | None, ordering_key: Key,
                       opts: Sequence[Mapping[str, Any] | None] | None) -> int:
+    started, queues = perf_counter(), set()
     with conn.cursor() as cur, cur.copy(COPY_SQL) as cp:
         for i, job in enumerate(jobs):
             override = (opts[i] or {}) if opts is not None else {}
@@ -133,11 +144,14 @@ def _copy_and_enqueue(conn: psycopg.Connection, jobs: Sequence[Mapping[str, Any]
             row_queue = override.get("queue", job.get("queue", queue))
             if row_queue is None:
                 raise ValueError(f"job {i} has no queue: pass queue= or set it per job")
+            queues.add(row_queue)
             key = override.get("ordering_key", job.get("ordering_key", ordering_key))
             cp.write_row((row_queue, job.get("priority"), _key(key), job["kind"],
                           Jsonb(dict(job.get("args") or {})), job.get("run_at"),
                           job.get("max_attempts")))
-    return conn.execute("select awa.enqueue_copied()").fetchone()[0]
+    row = conn.execute(COPIED_SQL).fetchone()
+    client_metrics.enqueued(conn, queues, "copy", row[0], started, row[1:])
+    return row[0]
 
 
 class Producer:
@@ -208,9 +222,12 @@ async def enqueue_async(conn: psycopg.AsyncConnection, kind: str,
                         args: Mapping[str, Any] | None = None, *, queue: str,
                         priority: int = 2, ordering_key: Key = None,
                         run_at: datetime | None = None, max_attempts: int = 25) -> Enqueued:
+    started = perf_counter()
     cur = await conn.execute(ENQUEUE_SQL, _params(kind, args, queue, priority, ordering_key,
                                                   run_at, max_attempts))
-    return Enqueued(*(await cur.fetchone()))
+    row = await cur.fetchone()
+    client_metrics.enqueued(conn, queue, "enqueue", 1, started, row[5:])
+    return Enqueued(*row[:5])
 
 
 async def enqueue_many_async(conn: psycopg.AsyncConnection,
@@ -219,8 +236,11 @@ async def enqueue_many_async(conn: psycopg.AsyncConnection,
     columns = _columns(jobs, defaults)
     if not jobs:
         return []
+    started = perf_counter()
     cur = await conn.execute(BATCH_SQL, columns)
-    return [Enqueued(*r) for r in await cur.fetchall()]
+    rows = await cur.fetchall()
+    client_metrics.enqueued(conn, columns[0], "batch", len(rows), started, rows[-1][5:])
+    return [Enqueued(*r[:5]) for r in rows]
 
 
 def iter_configs(queues: Iterable) -> list[dict]:

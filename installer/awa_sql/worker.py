@@ -23,6 +23,7 @@ import psycopg
 
 from awa_sql.client import iter_configs
 from awa_sql.connect import connect, prepared_mode, resolve_dsn
+from awa_sql.metrics import client_metrics
 from awa_sql.runtimes import RuntimePublisher
 
 log = logging.getLogger("awa_sql.worker")
@@ -121,6 +122,7 @@ class Worker:
                 job = Job(*row)
                 if self.runtime is not None:
                     self.runtime.note(job.queue, "claim")
+                client_metrics.job_claimed(job)
                 self._handle(conn, job)
 
     def _handle(self, conn: psycopg.Connection, job: Job) -> None:
@@ -136,6 +138,7 @@ class Worker:
             conn.execute("select awa.fail(%s, %s, %s)", [job.job_id, job.run_lease, error])
             with self._lock:
                 self.failed += 1
+            client_metrics.job_failed(job)
             log.warning("job %s (%s) failed: %s", job.job_id, job.kind, error)
         else:
             done = conn.execute("select awa.complete(%s, %s)",
@@ -143,6 +146,7 @@ class Worker:
             if done:
                 with self._lock:
                     self.completed += 1
+                client_metrics.job_completed(job)
             else:
                 log.warning("job %s: lease expired before completion; not counted",
                             job.job_id)

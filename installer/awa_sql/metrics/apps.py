@@ -1,0 +1,89 @@
+"""The database exporter as a WSGI app, an ASGI app and a small HTTP server.
+
+Each answers GET (and HEAD) at whatever path it is mounted on with one
+scrape of the awa views.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+
+import psycopg
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import start_http_server as _start_http_server
+
+from awa_sql.connect import connect as _connect
+from awa_sql.metrics.database import DatabaseCollector
+
+STATEMENT_TIMEOUT_MS = 10_000
+
+
+def _opener(dsn: str | None) -> Callable[[], psycopg.Connection]:
+    def open_connection() -> psycopg.Connection:
+        return _connect(dsn, autocommit=True, application_name="awa-sql metrics",
+                        options=f"-c statement_timeout={STATEMENT_TIMEOUT_MS}")
+    return open_connection
+
+
+def database_registry(dsn: str | None = None,
+                      connect: Callable[[], psycopg.Connection] | None = None
+                      ) -> CollectorRegistry:
+    """A registry holding only the database collector (``dsn`` as ``awa --dsn``:
+    default AWA_DATABASE_URL, DATABASE_URL, then the PG* environment)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(DatabaseCollector(connect or _opener(dsn)))
+    return registry
+
+
+def make_wsgi_app(dsn: str | None = None,
+                  connect: Callable[[], psycopg.Connection] | None = None):
+    """A WSGI app serving the database metrics."""
+    registry = database_registry(dsn, connect)
+
+    def app(environ, start_response):
+        if environ.get("REQUEST_METHOD", "GET") not in ("GET", "HEAD"):
+            start_response("405 Method Not Allowed", [("Allow", "GET, HEAD")])
+            return [b"use GET\n"]
+        body = generate_latest(registry)
+        start_response("200 OK", [("Content-Type", CONTENT_TYPE_LATEST),
+                                  ("Content-Length", str(len(body)))])
+        return [b"" if environ.get("REQUEST_METHOD") == "HEAD" else body]
+
+    return app
+
+
+def make_asgi_app(dsn: str | None = None,
+                  connect: Callable[[], psycopg.Connection] | None = None):
+    """An ASGI app serving the database metrics; the scrape runs in a worker
+    thread, so it never blocks the event loop."""
+    registry = database_registry(dsn, connect)
+
+    async def app(scope, receive, send):
+        if scope["type"] != "http":
+            return
+        method = scope.get("method", "GET")
+        if method not in ("GET", "HEAD"):
+            status, headers, body = 405, [(b"allow", b"GET, HEAD")], b"use GET\n"
+        else:
+            body = await asyncio.to_thread(generate_latest, registry)
+            status, headers = 200, [(b"content-type", CONTENT_TYPE_LATEST.encode())]
+        headers.append((b"content-length", str(len(body)).encode()))
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": b"" if method == "HEAD" else body})
+
+    return app
+
+
+def serve(dsn: str | None, host: str, port: int,
+          stop: threading.Event, ready: Callable[[str], None] = lambda _url: None) -> None:
+    """Serve ``/metrics`` on host:port until ``stop`` is set."""
+    server, thread = _start_http_server(port, host, database_registry(dsn))
+    try:
+        ready(f"http://{host}:{server.server_port}/metrics")
+        stop.wait()
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)

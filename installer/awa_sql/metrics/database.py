@@ -1,0 +1,235 @@
+"""Database-side metrics for every queue, whatever its producers: one query
+per scrape over the awa views, rendered by prometheus_client.
+
+Needs only awa_reader. ``render(conn)`` is the plain function; ``apps.py``
+wraps it for WSGI, ASGI and ``awa metrics serve``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psycopg
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+log = logging.getLogger("awa_sql.metrics")
+
+MODES = ("manual", "shadow", "auto")
+ACTIONS = ("raised", "lowered", "would_raise", "would_lower", "held")
+RECENT_DECISIONS = "5 minutes"
+
+# One statement, one snapshot: every row is (kind, jsonb object).
+SCRAPE_SQL = f"""
+select 'queue' as kind, pg_catalog.jsonb_build_object(
+    'queue', q.queue, 'logical_queue', q.logical_queue, 'shards', q.enqueue_shards,
+    'mode', q.shard_mode, 'max_shards', q.max_shards, 'paused', q.paused,
+    'ready', q.ready, 'running', q.running, 'scheduled', q.scheduled, 'failed', q.failed,
+    'completed', q.completed,
+    'lag', coalesce(extract(epoch from q.oldest_ready_age), 0)) as row
+  from awa.queue_overview as q
+union all
+select 'lane', pg_catalog.jsonb_build_object(
+    'queue', l.queue, 'logical_queue', l.logical_queue, 'priority', l.priority,
+    'shard', l.shard, 'ready', l.ready, 'draining', l.draining,
+    'lag', coalesce(extract(epoch from l.lag), 0))
+  from awa.lane_overview as l
+union all
+select 'contention', pg_catalog.jsonb_build_object(
+    'queue', c.queue, 'samples', c.samples, 'waiters', c.mean_waiters_per_held_lane,
+    'wait_share', c.wait_share, 'enqueue_rate', c.enqueue_rate,
+    'age', extract(epoch from pg_catalog.clock_timestamp() - c.last_sample))
+  from awa.lane_contention as c
+union all
+select 'decisions', pg_catalog.jsonb_build_object(
+    'queue', d.queue, 'action', d.action, 'logged', count(*),
+    'recent', count(*) filter (
+        where d.decided_at > pg_catalog.now() - interval '{RECENT_DECISIONS}'))
+  from awa.autoscale_decisions as d
+ group by d.queue, d.action
+union all
+select 'last_decision', pg_catalog.jsonb_build_object(
+    'queue', x.queue, 'proposed', x.proposed_shards,
+    'at', extract(epoch from x.decided_at))
+  from (
+    select distinct on (d.queue) d.queue, d.proposed_shards, d.decided_at
+      from awa.autoscale_decisions as d
+     order by d.queue, d.decided_at desc, d.decision_id desc
+  ) as x
+"""
+
+
+def _gauge(name: str, doc: str, labels: list[str], unit: str = "") -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, labels=labels, unit=unit)
+
+
+def metric_families(rows: list[tuple[str, dict[str, Any]]]) -> list[Metric]:
+    """The Prometheus metric families for one scrape's rows."""
+    by_kind: dict[str, list[dict]] = defaultdict(list)
+    for kind, row in rows:
+        by_kind[kind].append(row)
+    ql = ["queue", "logical_queue"]
+    depth = _gauge("awa_queue_depth", "Ready jobs (enqueued, not claimed, due now).", ql)
+    jobs = _gauge("awa_queue_jobs", "Jobs by state: ready, running, scheduled, failed, "
+                  "completed (finished rows still kept).", [*ql, "state"])
+    lag = _gauge("awa_queue_lag", "Age of the oldest ready job; 0 when none is ready.", ql,
+                 unit="seconds")
+    shards = _gauge("awa_queue_enqueue_shards", "S, the enqueue shards of the queue.", ql)
+    max_shards = _gauge("awa_queue_max_shards", "The highest S the auto-scaler may set "
+                        "(only queues that have one).", ql)
+    mode = _gauge("awa_queue_shard_mode", "1 for the queue's current shard mode "
+                  "(manual, shadow, auto), 0 for the others.", [*ql, "mode"])
+    paused = _gauge("awa_queue_paused", "1 when the queue is paused.", ql)
+    auto_queues: set[str] = set()
+    for q in by_kind["queue"]:
+        values = [q["queue"], q["logical_queue"]]
+        depth.add_metric(values, q["ready"])
+        for state in ("ready", "running", "scheduled", "failed", "completed"):
+            jobs.add_metric([*values, state], q[state])
+        lag.add_metric(values, q["lag"])
+        shards.add_metric(values, q["shards"])
+        if q["max_shards"] is not None:
+            max_shards.add_metric(values, q["max_shards"])
+        for m in MODES:
+            mode.add_metric([*values, m], 1 if q["mode"] == m else 0)
+        paused.add_metric(values, 1 if q["paused"] else 0)
+        if q["mode"] != "manual" and q["queue"] == q["logical_queue"]:
+            auto_queues.add(q["queue"])
+
+    ll = ["queue", "logical_queue", "priority", "shard"]
+    lane_depth = _gauge("awa_lane_depth", "Ready jobs in one lane (queue, priority, shard).", ll)
+    lane_lag = _gauge("awa_lane_lag", "Age of the lane's oldest ready job; 0 when empty.", ll,
+                      unit="seconds")
+    draining = _gauge("awa_lane_draining", "1 for a lane at shard >= S that still holds "
+                      "ready jobs.", ll)
+    for ln in by_kind["lane"]:
+        values = [ln["queue"], ln["logical_queue"], str(ln["priority"]), str(ln["shard"])]
+        lane_depth.add_metric(values, ln["ready"])
+        lane_lag.add_metric(values, ln["lag"])
+        draining.add_metric(values, 1 if ln["draining"] else 0)
+
+    cl = ["queue"]
+    waiters = _gauge("awa_lane_contention_waiters_per_held_lane",
+                     "Mean backends waiting per held lane over the last minute of contention "
+                     "samples (awa.lane_contention).", cl)
+    share = _gauge("awa_lane_contention_wait_share",
+                   "Share of the last minute's samples in which any lane had a waiter.", cl)
+    rate = _gauge("awa_lane_contention_enqueue_rate",
+                  "Enqueues per second over the last minute of samples, all producers.", cl)
+    samples = _gauge("awa_lane_contention_samples",
+                     "Contention samples in the last minute.", cl)
+    age = _gauge("awa_lane_contention_last_sample_age",
+                 "Time since the queue's last contention sample.", cl, unit="seconds")
+    for c in by_kind["contention"]:
+        waiters.add_metric([c["queue"]], c["waiters"] or 0)
+        share.add_metric([c["queue"]], c["wait_share"] or 0)
+        rate.add_metric([c["queue"]], c["enqueue_rate"] or 0)
+        samples.add_metric([c["queue"]], c["samples"])
+        age.add_metric([c["queue"]], c["age"])
+
+    dl = ["queue", "action"]
+    logged = _gauge("awa_autoscale_decisions",
+                    "Auto-scaler decisions in the decision log (kept 24 hours), by action.", dl)
+    recent = _gauge("awa_autoscale_decisions_recent",
+                    f"Auto-scaler decisions in the last {RECENT_DECISIONS}, by action.", dl)
+    counts: dict[tuple[str, str], tuple[int, int]] = {}
+    for d in by_kind["decisions"]:
+        counts[(d["queue"], d["action"])] = (d["logged"], d["recent"])
+        auto_queues.add(d["queue"])
+    for queue in sorted(auto_queues):
+        for action in ACTIONS:
+            n_logged, n_recent = counts.get((queue, action), (0, 0))
+            logged.add_metric([queue, action], n_logged)
+            recent.add_metric([queue, action], n_recent)
+    proposed = _gauge("awa_autoscale_proposed_shards",
+                      "S the auto-scaler's last decision proposed (in shadow mode: what it "
+                      "would have set).", cl)
+    last = _gauge("awa_autoscale_last_decision_timestamp",
+                  "When the auto-scaler last decided for the queue (Unix time).", cl,
+                  unit="seconds")
+    for d in by_kind["last_decision"]:
+        proposed.add_metric([d["queue"]], d["proposed"])
+        last.add_metric([d["queue"]], d["at"])
+    return [depth, jobs, lag, shards, max_shards, mode, paused, lane_depth, lane_lag, draining,
+            waiters, share, rate, samples, age, logged, recent, proposed, last]
+
+
+def scrape(conn: psycopg.Connection) -> list[Metric]:
+    """Run the one scrape query on ``conn`` and build the metric families."""
+    with conn.cursor() as cur:
+        rows = cur.execute(SCRAPE_SQL).fetchall()
+    if not conn.autocommit:
+        conn.rollback()
+    return metric_families(rows)
+
+
+class DatabaseCollector(Collector):
+    """A prometheus_client collector that scrapes the database on each collect.
+
+    ``connect`` opens a connection (a login with awa_reader is enough); it is
+    kept between scrapes and reopened after an error. ``awa_up`` is 0 when
+    the scrape failed.
+    """
+
+    def __init__(self, connect: Callable[[], psycopg.Connection]):
+        self._connect = connect
+        self._conn: psycopg.Connection | None = None
+        self._lock = threading.Lock()
+
+    def describe(self) -> list[Metric]:
+        return []  # registering must not query the database
+
+    def collect(self) -> Iterator[Metric]:
+        started = time.perf_counter()
+        with self._lock:
+            try:
+                if self._conn is None or self._conn.closed:
+                    self._conn = self._connect()
+                families = scrape(self._conn)
+                up = 1
+            except psycopg.Error as err:
+                log.warning("awa metrics scrape failed: %s", str(err).strip())
+                self.close_connection()
+                families, up = [], 0
+        yield from families
+        g = _gauge("awa_up", "1 when the last scrape of the awa views succeeded.", [])
+        g.add_metric([], up)
+        yield g
+        d = _gauge("awa_scrape_duration", "Time the scrape of the awa views took.", [],
+                   unit="seconds")
+        d.add_metric([], time.perf_counter() - started)
+        yield d
+
+    def close_connection(self) -> None:
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            finally:
+                self._conn = None
+
+
+class _OneConnection(Collector):
+    def __init__(self, conn: psycopg.Connection):
+        self.conn = conn
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        yield from scrape(self.conn)
+
+
+def render(conn: psycopg.Connection) -> tuple[bytes, str]:
+    """One scrape on ``conn``: the Prometheus text exposition and its content type.
+
+    Errors propagate (psycopg.Error); ``conn`` is left idle.
+    """
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_OneConnection(conn))
+    return generate_latest(registry), CONTENT_TYPE_LATEST

@@ -1,0 +1,53 @@
+"""`awa metrics serve`: the database exporter as a standalone HTTP server."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import threading
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 9187
+
+
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"port must be a number, got {text!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"port must be between 0 and 65535, got {port}")
+    return port
+
+
+def add_parsers(sub: argparse._SubParsersAction, add_connection) -> None:
+    metrics_parser = sub.add_parser("metrics", help="Prometheus metrics of every queue")
+    ms = metrics_parser.add_subparsers(dest="metrics_command", required=True)
+    s = ms.add_parser(
+        "serve", help="serve /metrics for Prometheus",
+        description="Serve the database metrics (queue depth and lag, S and shard mode, "
+        "per-lane depth and lag, lane contention, auto-scaler decisions) at /metrics, one "
+        "query per scrape, until SIGINT or SIGTERM. A login with awa_reader is enough.")
+    add_connection(s)
+    s.add_argument("--host", default=DEFAULT_HOST,
+                   help="address to listen on (default %(default)s)")
+    s.add_argument("--port", type=_port, default=DEFAULT_PORT,
+                   help="TCP port; 0 picks a free one (default %(default)s)")
+    s.set_defaults(func=cmd_metrics_serve)
+
+
+def cmd_metrics_serve(args: argparse.Namespace) -> int:
+    from awa_sql.metrics.apps import serve
+
+    stop = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stop.set())
+                for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        serve(args.dsn, args.host, args.port, stop,
+              ready=lambda url: print(f"awa: serving metrics at {url}; Ctrl-C stops",
+                                      flush=True))
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    print("awa: metrics server stopped", flush=True)
+    return 0

@@ -1,0 +1,439 @@
+"""Metrics: the client's registry and the database exporter, scraped after a
+real workload, and the Grafana dashboard checked against a live scrape."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from wsgiref.util import setup_testing_defaults
+
+import psycopg
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+import awa_sql
+from awa_sql import storage
+from awa_sql.metrics import client_metrics, make_asgi_app, make_wsgi_app, render
+from awa_sql.worker import Worker
+from tests.test_autoscale import Contention, key_for_shard, wait_until
+from tests.test_storage import Logins, claim
+from tests.test_storage import enqueue as raw_enqueue
+
+ROOT = Path(__file__).resolve().parent.parent
+DASHBOARD = ROOT / "docs" / "grafana" / "awa-sql.json"
+
+
+@pytest.fixture
+def logins(db) -> Logins:
+    return Logins(**{cap: db.login_role(f"awa_{cap}") for cap in Logins.__dataclass_fields__})
+
+
+@pytest.fixture
+def registry() -> Iterator[CollectorRegistry]:
+    """A fresh registry the client and workers record to during the test."""
+    fresh = CollectorRegistry()
+    client_metrics.use_registry(fresh)
+    yield fresh
+    client_metrics.use_registry(None)
+
+
+@dataclass(frozen=True)
+class Sample:
+    name: str
+    labels: dict[str, str]
+    value: float
+
+
+def parse(text: str) -> list[Sample]:
+    return [Sample(s.name, s.labels, s.value)
+            for family in text_string_to_metric_families(text) for s in family.samples]
+
+
+def values(samples: list[Sample], name: str, **labels: str) -> list[float]:
+    return [s.value for s in samples
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())]
+
+
+def value(samples: list[Sample], name: str, **labels: str) -> float:
+    found = values(samples, name, **labels)
+    assert len(found) == 1, f"{name}{labels}: {len(found)} samples"
+    return found[0]
+
+
+def wait_hist(registry: CollectorRegistry, queue: str, method: str) -> tuple[float, float]:
+    """(count, sum) of awa.enqueue.lane_lock_wait for one queue and method."""
+    labels = {"queue": queue, "method": method}
+    return (registry.get_sample_value("awa_enqueue_lane_lock_wait_seconds_count", labels) or 0,
+            registry.get_sample_value("awa_enqueue_lane_lock_wait_seconds_sum", labels) or 0)
+
+
+# -- client: lane lock wait -----------------------------------------------------------------
+
+ENQUEUE_BY_METHOD = {
+    "enqueue": lambda conn, key: awa_sql.enqueue(conn, "j", queue="w", ordering_key=key),
+    "batch": lambda conn, key: awa_sql.enqueue_many(
+        conn, [{"kind": "j", "ordering_key": key}] * 3, queue="w"),
+    "copy": lambda conn, key: awa_sql.enqueue_many_copy(
+        conn, [{"kind": "j"}] * 3, queue="w", ordering_key=key),
+}
+
+
+@pytest.mark.parametrize("method", ENQUEUE_BY_METHOD)
+def test_a_blocked_enqueue_records_its_lane_lock_wait_an_uncontended_one_zero(
+        db, logins, registry, method):
+    enqueue = ENQUEUE_BY_METHOD[method]
+    with db.connect(logins.producer, autocommit=False) as calm:
+        enqueue(calm, b"k")
+        calm.commit()
+    assert wait_hist(registry, "w", method) == (1, 0)
+
+    holder = db.connect(logins.producer, autocommit=False)
+    raw_enqueue(holder, "w", ordering_key=b"k")  # not through the client: not counted
+    errors = []
+
+    def blocked():
+        try:
+            with db.connect(logins.producer, autocommit=False) as c:
+                enqueue(c, b"k")
+                # Same transaction, lane already held: this call waited 0,
+                # though the transaction's running total is not 0.
+                enqueue(c, b"k")
+                c.commit()
+        except Exception as err:  # surfaced below, not lost in the thread
+            errors.append(err)
+
+    t = threading.Thread(target=blocked)
+    t.start()
+    wait_until(lambda: Contention(db, logins.producer, "w")._ungranted() == 1,
+               what="the producer to wait for the lane")
+    started = time.monotonic()
+    wait_until(lambda: time.monotonic() - started > 0.2, what="a measurable wait")
+    holder.commit()
+    holder.close()
+    t.join(10)
+    assert not errors
+    count, total = wait_hist(registry, "w", method)
+    assert count == 3
+    assert 0.2 <= total < 10
+    zero_bucket = registry.get_sample_value(
+        "awa_enqueue_lane_lock_wait_seconds_bucket", {"queue": "w", "method": method,
+                                                      "le": "0.0001"})
+    assert zero_bucket == 2  # the uncontended call and the second call in the transaction
+
+
+def test_several_queues_in_one_batch_share_one_label(db, logins, registry):
+    with db.connect(logins.producer) as p:
+        awa_sql.enqueue_many(p, [{"kind": "a", "queue": "x"}, {"kind": "b", "queue": "y"}])
+        awa_sql.enqueue_many(p, [{"kind": "a"}, {"kind": "b"}], queue="x")
+    size = "awa_enqueue_batch_size_sum"
+    assert registry.get_sample_value(size, {"queue": "(several)", "method": "batch"}) == 2
+    assert registry.get_sample_value(size, {"queue": "x", "method": "batch"}) == 2
+
+
+def test_async_enqueue_records_too(db, logins, registry):
+    async def run():
+        async with await psycopg.AsyncConnection.connect(
+                db.dsn(logins.producer), autocommit=True) as conn:
+            await awa_sql.enqueue_async(conn, "a", queue="aq")
+            await awa_sql.enqueue_many_async(conn, [{"kind": "a"}] * 4, queue="aq")
+
+    asyncio.run(run())
+    for method, jobs in (("enqueue", 1), ("batch", 4)):
+        labels = {"queue": "aq", "method": method}
+        assert registry.get_sample_value("awa_enqueue_batch_size_sum", labels) == jobs
+        assert registry.get_sample_value("awa_enqueue_duration_seconds_count", labels) == 1
+        assert wait_hist(registry, "aq", method) == (1, 0)
+
+
+# -- the workload both exporters are scraped after --------------------------------------------
+
+TICKS = 3
+
+
+@dataclass
+class Workload:
+    enqueued: int = 0
+    claimed: int = 0
+
+
+def run_workload(db, logins: Logins) -> Workload:
+    """orders: S = 4, shadow mode, 16 jobs by every enqueue path, 6 claimed and
+    left running; work: S = 2, a real Worker completes 4 jobs and fails 2."""
+    w = Workload()
+    with db.connect(logins.producer) as p:
+        awa_sql.enqueue(p, "charge", queue="orders")
+        w.enqueued += 1
+    with db.connect(logins.operator) as op:
+        storage.set_enqueue_shards(op, "orders", 4)
+        storage.set_shard_mode(op, "orders", "shadow", 8)
+    keys = [key_for_shard(shard, 4) for shard in range(4)]
+    with db.connect(logins.producer, autocommit=False) as p:
+        w.enqueued += len(awa_sql.enqueue_many(
+            p, [{"kind": "charge", "ordering_key": keys[i % 4]} for i in range(10)],
+            queue="orders"))
+        w.enqueued += awa_sql.enqueue_many_copy(p, [{"kind": "charge"}] * 5, queue="orders")
+        p.commit()
+    with db.connect(logins.worker) as c:
+        w.claimed = len(claim(c, ["orders"], n=6))
+
+    with db.connect(logins.producer) as p:
+        awa_sql.enqueue(p, "ok", queue="work")  # creates the queue
+    with db.connect(logins.operator) as op:
+        storage.set_enqueue_shards(op, "work", 2)
+    work_keys = [key_for_shard(shard, 2) for shard in range(2)]
+    with db.connect(logins.producer) as p:
+        awa_sql.enqueue_many(p, [{"kind": "ok", "ordering_key": work_keys[i % 2]}
+                                 for i in range(3)], queue="work")
+        awa_sql.enqueue_many(p, [{"kind": "boom", "ordering_key": k, "max_attempts": 1}
+                                 for k in work_keys], queue="work")
+
+    def boom(_job):
+        raise RuntimeError("boom")
+
+    worker = Worker(db.dsn(logins.worker), queues=["work"],
+                    handlers={"ok": lambda _job: None, "boom": boom}, poll_interval=0.02)
+    t = threading.Thread(target=worker.run)
+    t.start()
+    try:
+        wait_until(lambda: worker.completed == 4 and worker.failed == 2, what="the worker")
+    finally:
+        worker.stop()
+        t.join(30)
+    with db.connect(logins.maintenance) as m:
+        for _ in range(TICKS):
+            storage.autoscale_tick(m)
+    return w
+
+
+@pytest.fixture
+def served(db, logins) -> Iterator[str]:
+    """`awa metrics serve` as a subprocess, logged in with only awa_reader."""
+    env = {**os.environ, "AWA_DATABASE_URL": db.dsn(logins.reader)}
+    env.pop("DATABASE_URL", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "awa_sql", "metrics", "serve", "--port", "0"], env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+    try:
+        ready, _, _ = select.select([proc.stdout], [], [], 30)
+        assert ready, "awa metrics serve printed nothing in 30 s"
+        line = proc.stdout.readline()
+        match = re.search(r"http://\S+/metrics", line)
+        assert match, f"no URL in {line!r}; stderr: {proc.stderr.read() if proc.poll() else ''}"
+        yield match.group()
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert "metrics server stopped" in out
+
+
+def fetch(url: str) -> tuple[str, str]:
+    with urllib.request.urlopen(url, timeout=30) as response:  # noqa: S310 (our own server)
+        return response.read().decode(), response.headers["Content-Type"]
+
+
+def test_both_exporters_report_the_workload(db, logins, registry, served):
+    w = run_workload(db, logins)
+    text, content_type = fetch(served)
+    assert content_type.startswith("text/plain; version=0.0.4")
+    s = parse(text)
+    assert value(s, "awa_up") == 1
+    orders = {"queue": "orders"}
+
+    # Depth is the jobs enqueued and not claimed, in the queue and summed over its lanes.
+    assert w.enqueued == 16 and w.claimed == 6
+    assert value(s, "awa_queue_depth", **orders) == w.enqueued - w.claimed
+    assert value(s, "awa_queue_jobs", **orders, state="running") == w.claimed
+    assert sum(values(s, "awa_lane_depth", **orders)) == w.enqueued - w.claimed
+    assert {ln.labels["shard"] for ln in s if ln.name == "awa_lane_depth"
+            and ln.labels["queue"] == "orders" and ln.value > 0} <= {"0", "1", "2", "3"}
+    assert 0 < value(s, "awa_queue_lag_seconds", **orders) < 120
+    assert max(values(s, "awa_lane_lag_seconds", **orders)) == pytest.approx(
+        value(s, "awa_queue_lag_seconds", **orders), abs=0.5)
+    assert value(s, "awa_queue_depth", queue="work") == 0
+    assert value(s, "awa_queue_lag_seconds", queue="work") == 0
+    assert value(s, "awa_queue_jobs", queue="work", state="completed") == 4
+    assert value(s, "awa_queue_jobs", queue="work", state="failed") == 2
+
+    # S and the mode are what was set.
+    assert value(s, "awa_queue_enqueue_shards", **orders) == 4
+    assert value(s, "awa_queue_enqueue_shards", queue="work") == 2
+    assert value(s, "awa_queue_max_shards", **orders) == 8
+    assert {m: value(s, "awa_queue_shard_mode", **orders, mode=m)
+            for m in ("manual", "shadow", "auto")} == {"manual": 0, "shadow": 1, "auto": 0}
+    assert value(s, "awa_queue_shard_mode", queue="work", mode="manual") == 1
+
+    # Contention samples from the ticks, and the shadow decisions by action.
+    assert value(s, "awa_lane_contention_samples", **orders) == TICKS
+    assert value(s, "awa_lane_contention_waiters_per_held_lane", **orders) == 0
+    assert value(s, "awa_lane_contention_wait_share", **orders) == 0
+    assert value(s, "awa_lane_contention_enqueue_rate", **orders) >= 0
+    assert 0 <= value(s, "awa_lane_contention_last_sample_age_seconds", **orders) < 120
+    with db.connect() as admin:
+        actions = dict(admin.execute(
+            "select action, count(*) from awa.autoscale_decisions where queue = 'orders'"
+            " group by action").fetchall())
+    assert sum(actions.values()) == TICKS
+    for action in ("raised", "lowered", "would_raise", "would_lower", "held"):
+        expected = actions.get(action, 0)
+        assert value(s, "awa_autoscale_decisions", **orders, action=action) == expected
+        assert value(s, "awa_autoscale_decisions_recent", **orders, action=action) == expected
+    assert values(s, "awa_autoscale_decisions", queue="work") == []  # manual: no series
+    assert value(s, "awa_autoscale_proposed_shards", **orders) == 4
+    assert time.time() - value(s, "awa_autoscale_last_decision_timestamp_seconds",
+                               **orders) < 120
+
+    # The client side: every path, every job, the claims by shard.
+    c = parse(generate_latest(registry).decode())
+    for method, calls, jobs in (("enqueue", 1, 1), ("batch", 1, 10), ("copy", 1, 5)):
+        labels = {"queue": "orders", "method": method}
+        assert value(c, "awa_enqueue_duration_seconds_count", **labels) == calls
+        assert 0 < value(c, "awa_enqueue_duration_seconds_sum", **labels) < 30
+        assert value(c, "awa_enqueue_batch_size_sum", **labels) == jobs
+        assert value(c, "awa_enqueue_lane_lock_wait_seconds_count", **labels) == calls
+        assert value(c, "awa_enqueue_lane_lock_wait_seconds_sum", **labels) == 0
+    # work's shard 0: the job that created the queue at S = 1, two "ok" and one "boom".
+    assert value(c, "awa_job_claimed_total", queue="work", awa_enqueue_shard="0") == 4
+    assert value(c, "awa_job_claimed_total", queue="work", awa_enqueue_shard="1") == 2
+    assert value(c, "awa_job_completed_total", queue="work") == 4
+    assert value(c, "awa_job_failed_total", queue="work") == 2
+
+
+# -- the exporter's other faces ---------------------------------------------------------------
+
+def test_render_wsgi_and_asgi_agree_and_need_only_the_reader(db, logins):
+    with db.connect(logins.producer) as p:
+        awa_sql.enqueue_many(p, [{"kind": "a"}] * 3, queue="faces")
+    with db.connect(logins.reader) as r:
+        body, content_type = render(r)
+    assert content_type.startswith("text/plain")
+    assert value(parse(body.decode()), "awa_queue_depth", queue="faces") == 3
+
+    environ: dict = {}
+    setup_testing_defaults(environ)
+    seen = {}
+    app = make_wsgi_app(db.dsn(logins.reader))
+    wsgi_body = b"".join(app(environ, lambda status, headers: seen.update(status=status)))
+    assert seen["status"] == "200 OK"
+    assert value(parse(wsgi_body.decode()), "awa_queue_depth", queue="faces") == 3
+
+    async def asgi_get(method: str = "GET") -> list[dict]:
+        sent: list[dict] = []
+
+        async def receive():
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        async def send(message):
+            sent.append(message)
+
+        scope = {"type": "http", "method": method, "path": "/", "headers": []}
+        await make_asgi_app(db.dsn(logins.reader))(scope, receive, send)
+        return sent
+
+    start, body_msg = asyncio.run(asgi_get())
+    assert start["status"] == 200
+    assert value(parse(body_msg["body"].decode()), "awa_queue_depth", queue="faces") == 3
+    assert asyncio.run(asgi_get("POST"))[0]["status"] == 405
+
+
+def test_a_failed_scrape_reports_awa_up_0_then_recovers(db, logins):
+    dsns = iter([db.dsn("awa_no_such_login"), db.dsn(logins.reader)])
+    app = make_wsgi_app(connect=lambda: psycopg.connect(next(dsns), autocommit=True))
+    environ: dict = {}
+    setup_testing_defaults(environ)
+    down = parse(b"".join(app(environ, lambda *_: None)).decode())
+    assert value(down, "awa_up") == 0
+    assert values(down, "awa_queue_depth") == []
+    up = parse(b"".join(app(environ, lambda *_: None)).decode())
+    assert value(up, "awa_up") == 1
+
+
+def test_metrics_serve_rejects_a_bad_port(db):
+    result = db.awa("metrics", "serve", "--port", "70000")
+    assert result.returncode == 2
+    assert "port must be between 0 and 65535, got 70000" in result.stderr
+
+
+# -- the dashboard ----------------------------------------------------------------------------
+
+PROMQL_WORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and",
+                "or", "unless", "offset", "inf", "nan"}
+
+
+def promql_metric_names(expr: str) -> set[str]:
+    """Metric names an expression selects: identifiers that are not
+    functions, keywords, label names, strings or durations."""
+    e = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)
+    e = re.sub(r"\{[^}]*\}", "", e)
+    e = re.sub(r"\[[^\]]*\]", "", e)
+    e = re.sub(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", "", e)
+    e = re.sub(r"\$\{?\w+\}?", "", e)
+    names = set()
+    for m in re.finditer(r"(?<![\w.$])[a-zA-Z_:][a-zA-Z0-9_:]*", e):
+        if e[m.end():].lstrip().startswith("(") or m.group().lower() in PROMQL_WORDS:
+            continue
+        names.add(m.group())
+    return names
+
+
+def test_the_promql_parser_finds_the_names():
+    expr = ('histogram_quantile(0.99, sum by (le, queue) (rate('
+            'awa_enqueue_lane_lock_wait_seconds_bucket{queue=~"$queue"}[$__rate_interval])))'
+            ' / on (queue) group_left awa_queue_depth offset 5m > 1e3')
+    assert promql_metric_names(expr) == {"awa_enqueue_lane_lock_wait_seconds_bucket",
+                                         "awa_queue_depth"}
+
+
+def dashboard_queries(doc: dict) -> list[tuple[str, str]]:
+    """(panel title, PromQL) for every target, template queries included."""
+    out = []
+
+    def walk(panels):
+        for panel in panels:
+            out.extend((panel["title"], t["expr"]) for t in panel.get("targets", []))
+            walk(panel.get("panels", []))
+
+    walk(doc["panels"])
+    for var in doc.get("templating", {}).get("list", []):
+        if var.get("type") == "query":
+            query = var["query"]["query"] if isinstance(var["query"], dict) else var["query"]
+            match = re.fullmatch(r"label_values\((\w+),\s*\w+\)", query)
+            assert match, f"template {var['name']}: unexpected query {query!r}"
+            out.append((f"variable {var['name']}", match.group(1)))
+    return out
+
+
+def test_every_metric_the_dashboard_queries_is_emitted(db, logins, registry, served):
+    run_workload(db, logins)
+    emitted = {s.name for s in parse(fetch(served)[0])}
+    emitted |= {s.name for s in parse(generate_latest(registry).decode())}
+    doc = json.loads(DASHBOARD.read_text())
+    queries = dashboard_queries(doc)
+    assert len(queries) >= 15
+    used = set()
+    for title, expr in queries:
+        names = promql_metric_names(expr)
+        assert names, f"panel {title!r}: no metric in {expr!r}"
+        missing = names - emitted
+        assert not missing, f"panel {title!r} queries {sorted(missing)}, not emitted"
+        used |= names
+    # The panels the issue asks for are there.
+    for needed in ("awa_queue_enqueue_shards", "awa_queue_shard_mode",
+                   "awa_enqueue_lane_lock_wait_seconds_bucket",
+                   "awa_lane_contention_waiters_per_held_lane", "awa_lane_depth",
+                   "awa_lane_lag_seconds", "awa_enqueue_batch_size_sum",
+                   "awa_job_claimed_total", "awa_autoscale_decisions_recent"):
+        assert needed in used, f"no panel shows {needed}"
