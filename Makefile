@@ -24,7 +24,8 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/pytest tests/test_lint.py
 
-# A local PostgreSQL 18 under .awa/ with awa installed; `make demo-stop` ends it.
+# The demo: PostgreSQL 18 under .awa/, load, admin page and /metrics; Ctrl-C stops it.
+# `make demo-stop` stops a server left by a killed demo.
 demo: $(STAMP)
 	$(BIN)/awa demo
 

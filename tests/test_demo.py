@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import re
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
+import urllib.request
 from pathlib import Path
 
 import psycopg
@@ -13,29 +19,107 @@ from awa_sql import __version__
 from awa_sql.embedded import free_port
 
 
-def _awa(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "awa_sql", *args], capture_output=True,
-                          text=True, timeout=300, check=False, stdin=subprocess.DEVNULL)
+def _server_processes(data_dir: str) -> list[str]:
+    out = subprocess.run(["ps", "-eww", "-o", "pid,args"], capture_output=True, text=True,
+                         check=True).stdout
+    return [line for line in out.splitlines() if "postgres" in line and data_dir in line]
 
 
-def test_demo_starts_postgresql_18_installs_awa_and_stops():
+def _get(url: str) -> tuple[int, str]:
+    with urllib.request.urlopen(url, timeout=10) as response:  # noqa: S310 - localhost
+        return response.status, response.read().decode()
+
+
+class Demo:
+    """`awa demo` as a subprocess, read line by line until it says it runs."""
+
+    def __init__(self, *args: str, cwd: Path):
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "awa_sql", "demo", *args], cwd=cwd, text=True,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        self.lines: list[str] = []
+
+    def wait_for(self, pattern: str, timeout: float = 240) -> re.Match:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline()
+            if not line:
+                raise AssertionError("awa demo exited:\n" + "".join(self.lines))
+            self.lines.append(line)
+            if m := re.search(pattern, line):
+                return m
+        raise AssertionError(f"no {pattern!r} in:\n" + "".join(self.lines))
+
+    def interrupt(self) -> str:
+        self.proc.send_signal(signal.SIGINT)
+        rest, _ = self.proc.communicate(timeout=60)
+        return "".join(self.lines) + rest
+
+
+def _wait_until(predicate, timeout: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def test_demo_serves_admin_and_metrics_and_sigint_leaves_no_process():
     folder = Path(tempfile.mkdtemp(prefix="awa-demo-test-"))
     folder.chmod(0o755)
-    port = free_port()
+    pg_port, http_port = free_port(), free_port()
+    demo = Demo("--port", str(pg_port), "--http-port", str(http_port), cwd=folder)
+    data_dir = str(folder / ".awa" / "pgdata")
     try:
-        first = _awa("demo", "--dir", str(folder / ".awa"), "--port", str(port))
-        assert first.returncode == 0, first.stderr
-        url = f"postgresql://postgres@127.0.0.1:{port}/awa_demo"
-        assert f"psql '{url}'" in first.stdout
-        assert "select * from awa.set_enqueue_shards('emails', 4);" in first.stdout
-        with psycopg.connect(url) as conn:
+        psql = demo.wait_for(r"psql '(postgresql://[^']+)'").group(1)
+        demo.wait_for(r"Ctrl-C stops everything")
+        base = f"http://127.0.0.1:{http_port}"
+        status, page = _get(f"{base}/queues/emails")
+        assert status == 200 and "emails" in page
+        with psycopg.connect(psql) as conn:
             assert conn.execute("show server_version_num").fetchone()[0].startswith("18")
             assert conn.execute("select awa.contract_version()").fetchone()[0] == __version__
-        again = _awa("demo", "--dir", str(folder / ".awa"))
-        assert again.returncode == 0, again.stderr
-        assert "already running" in again.stdout
-        assert "up to date" not in again.stderr
+            assert conn.execute("select shard_mode from awa.queue_meta where queue = 'emails'"
+                                ).fetchone()[0] == "shadow"
+        # The load runs: jobs arrive and the auto-scaler logs decisions.
+        metrics = ""
+
+        def scraped() -> bool:
+            nonlocal metrics
+            metrics = _get(f"{base}/metrics")[1]
+            completed = re.search(
+                r'awa_queue_jobs\{[^}]*queue="emails"[^}]*state="completed"[^}]*\} (\d+)', metrics)
+            decided = re.search(
+                r'awa_autoscale_decisions_recent\{action="held",queue="emails"\} (\d+)', metrics)
+            return bool(completed and decided and float(completed[1]) > 0
+                        and float(decided[1]) > 0)
+        assert _wait_until(scraped), metrics
+        assert 'awa_queue_enqueue_shards{logical_queue="emails",queue="emails"} 1.0' in metrics
+        assert re.search(r'awa_queue_shard_mode\{[^}]*mode="shadow"[^}]*\} 1\.0', metrics)
+        assert _server_processes(data_dir)
     finally:
-        stopped = _awa("demo", "--dir", str(folder / ".awa"), "--stop")
-    assert stopped.returncode == 0, stopped.stderr
-    assert "stopped PostgreSQL" in stopped.stdout
+        output = demo.interrupt()
+    assert demo.proc.returncode == 0, output
+    assert "stopped" in output and "Traceback" not in output
+    assert _server_processes(data_dir) == []
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_demo_against_an_existing_database(empty_db):
+    folder = Path(tempfile.mkdtemp(prefix="awa-demo-dsn-"))
+    http_port = free_port()
+    demo = Demo("--dsn", empty_db.dsn(), "--http-port", str(http_port), cwd=folder)
+    try:
+        assert "using the database given by --dsn" in demo.wait_for(r"\[1/4\].*")[0]
+        demo.wait_for(r"Ctrl-C stops everything")
+        assert _wait_until(lambda: "awa_queue_depth" in _get(
+            f"http://127.0.0.1:{http_port}/metrics")[1])
+    finally:
+        output = demo.interrupt()
+    assert demo.proc.returncode == 0, output
+    assert not (folder / ".awa").exists()  # no server of its own
+    with empty_db.connect() as conn:
+        assert conn.execute("select count(*) from awa.queue_meta where queue = 'emails'"
+                            ).fetchone()[0] == 1

@@ -78,12 +78,20 @@ def build_parser() -> argparse.ArgumentParser:
     storage_cli.add_parsers(sub, _add_connection)
     metrics_cli.add_parsers(sub, _add_connection)
 
-    d = sub.add_parser("demo", help="a local PostgreSQL 18 with awa installed",
-                       description="Start a local PostgreSQL 18 under --dir, install awa, "
-                       "and print how to connect. The server keeps running until --stop.")
+    d = sub.add_parser("demo", help="the contract running: PostgreSQL 18, load, admin, metrics",
+                       description="Start a local PostgreSQL 18 under --dir (or use --dsn), "
+                       "install awa, run producers, a worker and the auto-scaler (shadow mode) "
+                       "on a demo queue, and serve the admin page and /metrics. Ctrl-C stops "
+                       "everything.")
     d.add_argument("--dir", default=".awa", help="folder for the server (default %(default)s)")
-    d.add_argument("--port", type=int, help=f"TCP port on 127.0.0.1 (default {DEFAULT_PORT})")
-    d.add_argument("--stop", action="store_true", help="stop the demo server")
+    d.add_argument("--port", type=int,
+                   help=f"PostgreSQL port on 127.0.0.1 (default {DEFAULT_PORT})")
+    d.add_argument("--http-port", type=int, default=8700,
+                   help="admin page and /metrics port on 127.0.0.1 (default %(default)s)")
+    d.add_argument("--dsn", help="run against this existing database instead")
+    d.add_argument("--seconds", type=float, help="stop by itself after this many seconds")
+    d.add_argument("--stop", action="store_true",
+                   help="stop a demo server left running by a killed `awa demo`")
     d.set_defaults(func=cmd_demo)
 
     a = sub.add_parser("admin", help="the admin HTTP API and web page",
@@ -207,9 +215,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if args.stop:
         demo.stop(folder)
         return 0
-    dsn = demo.start(folder, args.port)
-    print(demo.instructions(dsn), end="")
-    return 0
+    return demo.run(folder, port=args.port, http_port=args.http_port, dsn=args.dsn,
+                    seconds=args.seconds, log=lambda line: print(line, flush=True))
 
 
 def cmd_admin(args: argparse.Namespace) -> int:

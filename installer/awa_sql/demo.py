@@ -1,16 +1,22 @@
-"""``awa demo``: a local PostgreSQL 18 with awa installed, in one command.
+"""``awa demo``: the whole contract running, in one command.
 
-The server lives under ``.awa/`` (data, log and a small state file), listens
-on 127.0.0.1 only with trust authentication, and keeps running after the
-command returns; ``awa demo --stop`` stops it.
+Starts a local PostgreSQL 18 (a real server build from npm, kept under
+``.awa/``, listening on 127.0.0.1 only with trust authentication) or uses
+``--dsn``; installs awa; creates the queue ``emails`` in shadow mode; runs
+producers that contend for its lanes, a worker and the auto-scaler; serves
+the admin page and ``/metrics``. Ctrl-C (SIGINT) or SIGTERM stops all of it,
+the server included.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
+import secrets
+import signal
 import stat
+import threading
+import time
 from pathlib import Path
 
 import psycopg
@@ -22,6 +28,7 @@ from awa_sql.roles import Roles
 DEMO_DATABASE = "awa_demo"
 DEMO_MAJOR = 18
 DEFAULT_PORT = 54318
+QUEUE = "emails"
 
 
 def _reachable(path: Path, uid: int) -> bool:
@@ -56,16 +63,18 @@ def _state_file(folder: Path) -> Path:
     return folder / "demo.json"
 
 
-def start(folder: Path, port: int | None = None, log=print) -> str:
+def start_server(folder: Path, port: int | None = None, log=print) -> tuple[str, object]:
+    """Starts (or finds running) the demo server; returns its DSN and a stop function."""
     folder.mkdir(parents=True, exist_ok=True)
     state_file = _state_file(folder)
     saved = json.loads(state_file.read_text()) if state_file.exists() else {}
     port = port or saved.get("port") or DEFAULT_PORT
+    log(f"[1/4] PostgreSQL {DEMO_MAJOR}: fetching the server build (first run only)")
     server = _server(folder, port)
     if server.running():
-        log(f"PostgreSQL {DEMO_MAJOR} already running in {server.data_dir}")
+        log(f"      already running in {server.data_dir}")
     else:
-        log(f"starting PostgreSQL {DEMO_MAJOR} in {server.data_dir} on 127.0.0.1:{port}")
+        log(f"      starting in {server.data_dir} on 127.0.0.1:{port}")
         server.start()
     state_file.write_text(json.dumps({"port": port, "data_dir": str(server.data_dir)}))
     with psycopg.connect(server.dsn(), autocommit=True) as conn:
@@ -73,13 +82,17 @@ def start(folder: Path, port: int | None = None, log=print) -> str:
             "select 1 from pg_database where datname = %s", [DEMO_DATABASE]).fetchone()
         if not exists:
             conn.execute(sql.SQL("create database {}").format(sql.Identifier(DEMO_DATABASE)))
-    dsn = server.dsn(dbname=DEMO_DATABASE)
+    return server.dsn(dbname=DEMO_DATABASE), server.stop
+
+
+def install(dsn: str, log=print) -> None:
+    log("[2/4] installing awa (awa migrate --create-roles)")
     with psycopg.connect(dsn, autocommit=True) as conn:
-        migrate.migrate(conn, Roles(), create_roles=True, log=log)
-    return dsn
+        migrate.migrate(conn, Roles(), create_roles=True, log=lambda line: log(f"      {line}"))
 
 
 def stop(folder: Path, log=print) -> None:
+    """Stops a demo server left running (after a kill -9 of ``awa demo``)."""
     state_file = _state_file(folder)
     if not state_file.exists():
         log(f"no demo server recorded in {folder}")
@@ -90,22 +103,101 @@ def stop(folder: Path, log=print) -> None:
     log(f"stopped PostgreSQL in {server.data_dir}")
 
 
-def instructions(dsn: str) -> str:
+def psql_url(dsn: str) -> str:
     info = psycopg.conninfo.conninfo_to_dict(dsn)
-    url = f"postgresql://{info['user']}@{info['host']}:{info['port']}/{info['dbname']}"
+    auth = info.get("user", "")
+    return f"postgresql://{auth}@{info.get('host', '')}:{info.get('port', 5432)}/{info['dbname']}"
+
+
+def instructions(dsn: str, http: str, token: str, queue: str) -> str:
+    url = psql_url(dsn)
     return "\n".join([
         "",
-        "awa is installed. Connect with:",
+        "awa demo is running. Open:",
+        f"  admin page   {http}/queues/{queue}",
+        f"  metrics      {http}/metrics",
+        f"  admin token  {token}   (paste it on the page to change S)",
+        "",
+        "Connect with:",
         f"  psql '{url}'",
         "",
         "Try:",
-        "  select * from awa.enqueue('emails', 'send_welcome', '{\"user\": 42}');",
-        "  select * from awa.set_enqueue_shards('emails', 4);",
-        "  select * from awa.lane_overview where queue = 'emails';",
-        "  select * from awa.claim(array['emails'], 10, 'me');",
+        f"  select * from awa.queue_overview where queue = '{queue}';",
+        f"  select decided_at, action, reason from awa.autoscale_decisions"
+        f" where queue = '{queue}' order by decided_at desc limit 5;",
+        f"  select * from awa.set_enqueue_shards('{queue}', 4);",
         "",
-        f"Use it from the CLI:  export AWA_DATABASE_URL='{url}'",
-        "                     awa status; awa storage show --queue emails",
-        "Stop the server:     awa demo --stop",
+        "Ctrl-C stops everything.",
         "",
-    ]) + os.linesep
+    ])
+
+
+def run(folder: Path, *, port: int | None = None, http_port: int = 8700,
+        dsn: str | None = None, seconds: float | None = None, log=print) -> int:
+    import uvicorn
+
+    from awa_sql.admin.app import Settings, create_app
+    from awa_sql.demo_load import DemoLoad, prepare_queue
+
+    stop_server = None
+    if dsn is None:
+        dsn, stop_server = start_server(folder, port, log)
+    else:
+        log("[1/4] using the database given by --dsn")
+    try:
+        install(dsn, log)
+        log(f"[3/4] queue {QUEUE}: shadow mode, max 8; starting producers, a worker and "
+            "the auto-scaler")
+        prepare_queue(dsn, QUEUE)
+        load = DemoLoad(dsn, QUEUE)
+        load.start()
+        token = secrets.token_urlsafe(24)
+        app = create_app(Settings(dsn=dsn, writable=True, token=token))
+        mount_metrics(app, dsn)
+        server = uvicorn.Server(uvicorn.Config(
+            app, host="127.0.0.1", port=http_port, log_level="warning", access_log=False))
+        log(f"[4/4] admin page and /metrics on http://127.0.0.1:{http_port}/")
+        threading.Thread(target=_announce, daemon=True, args=(server, log, instructions(
+            dsn, f"http://127.0.0.1:{http_port}", token, QUEUE))).start()
+        if seconds is not None:
+            threading.Timer(seconds, lambda: setattr(server, "should_exit", True)).start()
+        # uvicorn shuts down on SIGINT / SIGTERM, then raises the signal again
+        # with the handlers it found: make both end here, through the finally
+        # blocks that stop the load and the server.
+        previous = signal.signal(signal.SIGTERM, _interrupted)
+        try:
+            server.run()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+            log("stopping: producers, worker, auto-scaler")
+            load.stop()
+    finally:
+        if stop_server is not None:
+            log("stopping PostgreSQL")
+            stop_server()
+    for err in load.errors:
+        log(f"demo load error: {err}")
+    log("stopped")
+    return 0
+
+
+def _interrupted(_signum, _frame) -> None:
+    raise KeyboardInterrupt
+
+
+def _announce(server, log, text: str) -> None:
+    """Prints how to reach the demo once the HTTP server listens."""
+    while not server.started and not server.should_exit:
+        time.sleep(0.05)
+    if server.started:
+        log(text)
+
+
+def mount_metrics(app, dsn: str) -> None:
+    """``/metrics`` on the admin app: the database-side exporter."""
+    from awa_sql.metrics import make_asgi_app
+
+    app.mount("/metrics", make_asgi_app(dsn))
+

@@ -56,7 +56,7 @@ class DemoLoad:
         return run
 
     def _produce(self, index: int) -> None:
-        rng = random.Random(index)
+        rng = random.Random(index)  # noqa: S311 - a demo's load, not a secret
         with psycopg.connect(self.dsn) as conn:
             while not self._stop.is_set():
                 # Two jobs of one customer in one transaction, a short pause
