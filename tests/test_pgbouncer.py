@@ -449,3 +449,95 @@ def test_a_no_transaction_migration_needs_a_direct_connection(pooled):
         assert index_and_record(conn) == (False, False)
         run(conn)
         assert index_and_record(conn) == (True, True)
+
+
+# -- the auto-scaler, the admin API and the metrics exporter ---------------------------
+
+
+def test_autoscale_tick_through_the_pooler(pooled, logins):
+    """A real lane wait (a holder and a waiter, each on a server connection),
+    then two controllers through the pooler: one raises S, the other gets no
+    rows while the first holds the leader lock."""
+    maintenance = pooled.db.login_role("awa_maintenance")
+    since = mark(pooled)
+    with pooled.connect(logins.producer) as p:
+        awa_sql.enqueue(p, "job", queue="scaled")
+    with pooled.connect(logins.operator) as op:
+        awa_sql.set_shard_mode(op, "scaled", "auto", 4)
+        op.execute("select awa.set_autoscale_policy('scaled', cooldown => '0'::interval,"
+                   " min_samples => 1)")
+    holder = pooled.connect(logins.producer, autocommit=False)
+    awa_sql.enqueue(holder, "job", queue="scaled", ordering_key=b"k")
+    waiter = threading.Thread(target=lambda: awa_sql.Producer(
+        pooled.dsn(logins.producer), snapshot_every=None).enqueue(
+            "job", queue="scaled", ordering_key=b"k"))
+    waiter.start()
+    try:
+        with pooled.db.connect() as admin:
+            _wait_for(lambda: admin.execute(
+                "select count(*) from pg_locks where locktype = 'advisory'"
+                " and classid = 1635213644 and not granted").fetchone()[0] == 1,
+                "the waiter to queue on the lane lock")
+        first = pooled.connect(maintenance, autocommit=False)
+        try:
+            decided = awa_sql.autoscale_tick(first)
+            with pooled.connect(maintenance) as second:
+                assert awa_sql.autoscale_tick(second) == []
+            first.commit()
+        finally:
+            first.close()
+    finally:
+        holder.commit()
+        holder.close()
+        waiter.join(30)
+    assert [(d.action, d.current_shards, d.proposed_shards) for d in decided] == [
+        ("raised", 1, 2)]
+    with pooled.connect(logins.producer) as p:
+        assert p.execute("select awa.enqueue_shards('scaled')").fetchone()[0] == 2
+    assert log_problems(pooled, since) == []
+
+
+def test_admin_api_reads_and_writes_through_the_pooler(pooled):
+    from tests.support.admin import auth, client_for, operator_login, reader_login
+
+    since = mark(pooled)
+    with pooled.db.connect() as conn:
+        conn.execute("select awa.enqueue('web', 'job')")
+    with client_for(pooled.dsn(operator_login(pooled.db)), writable=True) as client:
+        for _ in range(8):  # enough repeats for psycopg to prepare, if it would
+            assert client.get("/api/queues").status_code == 200
+            assert client.get("/api/queues/web").json()["enqueue_shards"] >= 1
+        put = client.put("/api/queues/web/enqueue-shards", json={"shards": 4}, headers=auth())
+        assert put.status_code == 200, put.text
+        mode = client.put("/api/queues/web/shard-mode",
+                          json={"mode": "shadow", "max_shards": 8}, headers=auth())
+        assert mode.status_code == 200, mode.text
+        assert client.post("/api/queues/web/pause", headers=auth()).status_code == 200
+        bad = client.put("/api/queues/web/enqueue-shards", json={"shards": 65}, headers=auth())
+        assert bad.status_code == 400
+        detail = client.get("/api/queues/web").json()
+        assert (detail["enqueue_shards"], detail["shard_mode"], detail["paused"]) == (
+            4, "shadow", True)
+    with client_for(pooled.dsn(reader_login(pooled.db)), writable=False) as client:
+        for _ in range(8):
+            assert client.get("/api/queues/web").status_code == 200
+    problems = [p for p in log_problems(pooled, since)
+                if "enqueue shards must be between 1 and 64" not in p]
+    assert problems == []
+
+
+def test_metrics_exporter_through_the_pooler(pooled):
+    from prometheus_client import generate_latest
+
+    from awa_sql.metrics.apps import database_registry
+
+    since = mark(pooled)
+    with pooled.db.connect() as conn:
+        conn.execute("select awa.enqueue('scraped', 'job')")
+    # The exporter's own connection, as `awa metrics serve` opens it.
+    registry = database_registry(pooled.dsn(pooled.db.login_role("awa_reader")))
+    for _ in range(8):
+        body = generate_latest(registry)
+    assert b"awa_up 1.0" in body
+    assert b'awa_queue_depth{logical_queue="scraped",queue="scraped"} 1.0' in body
+    assert log_problems(pooled, since) == []

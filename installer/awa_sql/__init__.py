@@ -17,14 +17,18 @@ from awa_sql.client import (
 )
 from awa_sql.partitions import PartitionedQueue
 from awa_sql.storage import (
+    Decision,
     LaneStatus,
     QueueStatus,
     ShardChange,
+    autoscale_tick,
     set_enqueue_shards,
+    set_shard_mode,
     show,
 )
 
 __all__ = [
+    "Decision",
     "Enqueued",
     "LaneStatus",
     "PartitionedQueue",
@@ -32,11 +36,13 @@ __all__ = [
     "QueueStatus",
     "ShardChange",
     "__version__",
+    "autoscale_tick",
     "enqueue",
     "enqueue_async",
     "enqueue_many",
     "enqueue_many_async",
     "enqueue_many_copy",
     "set_enqueue_shards",
+    "set_shard_mode",
     "show",
 ]

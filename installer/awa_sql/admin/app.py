@@ -16,6 +16,7 @@ from psycopg_pool import ConnectionPool
 from awa_sql import __version__
 from awa_sql.admin import pages, routes
 from awa_sql.admin.errors import ApiError, from_database
+from awa_sql.connect import configure as prepared_statements
 
 log = logging.getLogger("awa_sql.admin")
 
@@ -30,9 +31,13 @@ class Settings:
 
 def _configure(read_only: bool):
     def configure(conn: psycopg.Connection) -> None:
-        # A read-only server cannot write even through a bug in a route.
-        if read_only:
-            conn.execute("set default_transaction_read_only = on")
+        # No session state (a transaction pooler may serve every transaction
+        # from another server connection): read-only is BEGIN READ ONLY on
+        # each transaction, so a read-only server cannot write even through a
+        # bug in a route; prepared statements are off behind a pooler.
+        if read_only:  # never BEGIN READ WRITE: that fails on a standby
+            conn.read_only = True
+        prepared_statements(conn)
     return configure
 
 
@@ -50,7 +55,9 @@ def _field_names(errors: list[dict]) -> list[str]:
 def make_pool(settings: Settings, open_now: bool = False) -> ConnectionPool:
     pool = ConnectionPool(
         settings.dsn, min_size=1, max_size=settings.pool_size, open=False,
-        kwargs={"autocommit": True, "application_name": "awa-admin"},
+        # Each request's work is one transaction, committed when the pool
+        # takes the connection back (rolled back on an error).
+        kwargs={"autocommit": False, "application_name": "awa-admin"},
         configure=_configure(not settings.writable),
     )
     if open_now:

@@ -17,13 +17,10 @@ from prometheus_client import start_http_server as _start_http_server
 from awa_sql.connect import connect as _connect
 from awa_sql.metrics.database import DatabaseCollector
 
-STATEMENT_TIMEOUT_MS = 10_000
-
 
 def _opener(dsn: str | None) -> Callable[[], psycopg.Connection]:
     def open_connection() -> psycopg.Connection:
-        return _connect(dsn, autocommit=True, application_name="awa-sql metrics",
-                        options=f"-c statement_timeout={STATEMENT_TIMEOUT_MS}")
+        return _connect(dsn, autocommit=True, application_name="awa-sql metrics")
     return open_connection
 
 

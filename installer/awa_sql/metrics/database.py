@@ -65,6 +65,9 @@ select 'last_decision', pg_catalog.jsonb_build_object(
 """
 
 
+STATEMENT_TIMEOUT_MS = 10_000
+
+
 def _gauge(name: str, doc: str, labels: list[str], unit: str = "") -> GaugeMetricFamily:
     return GaugeMetricFamily(name, doc, labels=labels, unit=unit)
 
@@ -162,7 +165,11 @@ def metric_families(rows: list[tuple[str, dict[str, Any]]]) -> list[Metric]:
 
 def scrape(conn: psycopg.Connection) -> list[Metric]:
     """Run the one scrape query on ``conn`` and build the metric families."""
-    with conn.cursor() as cur:
+    # One transaction with a local statement timeout: no session state, so
+    # a transaction pooler in front of the database is fine.
+    with conn.transaction(), conn.cursor() as cur:
+        cur.execute("select pg_catalog.set_config('statement_timeout', %s, true)",
+                    [f"{STATEMENT_TIMEOUT_MS}ms"])
         rows = cur.execute(SCRAPE_SQL).fetchall()
     if not conn.autocommit:
         conn.rollback()
