@@ -86,11 +86,11 @@ def _ticker(dsn, t0, seconds):
 def prepare(dsn: str, config: str) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("truncate awa.ready, awa.contention_samples, awa.autoscale_decisions,"
-                     " awa.shard_changes")
+                     " awa.shard_changes cascade")
         conn.execute("select awa.set_shard_mode(%s, 'manual')", [QUEUE])
         shards = 1 if config == "auto" else int(config.split("=")[1])
         conn.execute("select awa.set_enqueue_shards(%s, %s)", [QUEUE, shards])
-        conn.execute("truncate awa.shard_changes")
+        conn.execute("truncate awa.shard_changes cascade")
         if config == "auto":
             conn.execute("select awa.set_shard_mode(%s, 'auto', 8)", [QUEUE])
             conn.execute(

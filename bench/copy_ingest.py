@@ -1,9 +1,11 @@
 """COPY ingestion throughput against a raw COPY of the same rows.
 
-Loads N rows (default 1,000,000) in one transaction with
-COPY awa.copy_staging ... FROM STDIN + awa.enqueue_copied(), keyed and
-unkeyed, and compares with a raw COPY of the same rows into a table shaped
-like awa.ready, measured in the same run. Prints rows/s and the fraction.
+Loads N rows (default 1,000,000) in one transaction, keyed and unkeyed, two
+ways: the SQL path (COPY awa.copy_staging ... FROM STDIN of text lines, then
+awa.enqueue_copied()) and the Python client's ``enqueue_many_copy`` (job
+dicts in, the same COPY and call underneath); compares both with a raw COPY
+of the same text lines into a table shaped like awa.ready, measured in the
+same run. Prints rows/s and the fractions.
 
     python bench/copy_ingest.py [--rows 1000000] [--shards 4]
 """
@@ -18,6 +20,7 @@ from pathlib import Path
 import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from awa_sql.client import enqueue_many_copy
 from bench._server import bench_server, machine
 
 STAGING = ("copy awa.copy_staging (queue, priority, ordering_key, kind, args, run_at,"
@@ -56,6 +59,24 @@ def timed_copy(dsn: str, statement: str, lines, after: str | None = None) -> flo
         return time.perf_counter() - start
 
 
+def timed_client(dsn: str, rows: int, keyed: bool) -> float:
+    jobs = [{"kind": "bench.job", "args": {"n": n},
+             "ordering_key": (n % 5000).to_bytes(4, "big") if keyed else None}
+            for n in range(rows)]
+    with psycopg.connect(dsn) as conn:
+        start = time.perf_counter()
+        enqueue_many_copy(conn, jobs, queue="ingest")
+        conn.commit()
+        return time.perf_counter() - start
+
+
+def reset(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("truncate awa.ready, copy_ceiling")
+        conn.execute("vacuum awa.copy_staging")
+        conn.execute("checkpoint")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
@@ -70,17 +91,17 @@ def main():
               f"S = {args.shards}")
         for keyed in (False, True):
             label = "keyed" if keyed else "unkeyed"
-            with psycopg.connect(dsn, autocommit=True) as conn:
-                conn.execute("truncate awa.ready, copy_ceiling")
-                conn.execute("checkpoint")
+            reset(dsn)
             raw = timed_copy(dsn, RAW, raw_lines(args.rows, keyed))
-            with psycopg.connect(dsn, autocommit=True) as conn:
-                conn.execute("checkpoint")
+            reset(dsn)
             ours = timed_copy(dsn, STAGING, staged_lines(args.rows, keyed),
                               "select awa.enqueue_copied()")
+            reset(dsn)
+            client = timed_client(dsn, args.rows, keyed)
             print(f"{label:>8}: raw COPY {args.rows / raw:>10,.0f} rows/s | "
                   f"COPY + awa.enqueue_copied() {args.rows / ours:>10,.0f} rows/s "
-                  f"({raw / ours:.0%} of raw)", flush=True)
+                  f"({raw / ours:.0%} of raw) | enqueue_many_copy "
+                  f"{args.rows / client:>10,.0f} rows/s ({raw / client:.0%} of raw)", flush=True)
 
 
 if __name__ == "__main__":

@@ -3,9 +3,11 @@
 -- A producer, in one transaction:
 --   COPY awa.copy_staging (queue, priority, ordering_key, kind, args, run_at,
 --                          max_attempts) FROM STDIN;
---   SELECT awa.enqueue_copied();
+--   SELECT awa.enqueue_copied();   -- optional: commit does it too
 -- The rows of that transaction, and only those, go through the same
--- routing as awa.enqueue_batch, in COPY order, 10,000 at a time.
+-- routing as awa.enqueue_batch, in COPY order, 10,000 at a time. A staged
+-- row never outlives its transaction (ADR 010): what enqueue_copied() did
+-- not move, a deferred trigger moves at commit; a rollback discards it.
 
 -- Function: awa._move_staged(xid xid8) returns bigint
 -- Moves the staged rows of one transaction into the lanes, in COPY order,
@@ -59,7 +61,8 @@ begin
             queues, kinds, args, priorities, ordering_keys, run_ats, max_attempts,
             'COPY row', moved
         );
-        delete from awa.copy_staging as c where c.staged_id = any(ids);
+        delete from awa.copy_staging as c
+         where c.staged_xid = _move_staged.xid and c.staged_id = any(ids);
         moved := moved + cardinality(ids);
         last_id := ids[cardinality(ids)];
     end loop;
@@ -82,9 +85,10 @@ as $$
 $$;
 
 -- Function: awa.move_staged(max_transactions integer default 100) returns bigint
--- Moves rows that committed transactions staged but never enqueued (their
--- producer did not call awa.enqueue_copied), oldest first, each staging
--- transaction's rows in COPY order. Safe to run from several sessions and
+-- Moves rows that committed transactions staged but never enqueued, oldest
+-- first, each staging transaction's rows in COPY order. Since migration
+-- 0010 commit moves them, so this finds rows only from transactions that
+-- committed before it. Safe to run from several sessions and
 -- to interrupt: a row is moved and deleted in one transaction. Role:
 -- awa_maintenance. Returns how many rows it moved.
 create or replace function awa.move_staged(max_transactions integer default 100)
@@ -116,7 +120,53 @@ begin
 end;
 $$;
 
+-- Function: awa._note_copy() returns trigger
+-- After each COPY (or INSERT) statement into awa.copy_staging: records the
+-- transaction in awa.copy_pending, once, so that its commit trigger fires.
+create or replace function awa._note_copy()
+returns trigger
+language plpgsql
+security definer
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    insert into awa.copy_pending (staged_xid) values (pg_catalog.pg_current_xact_id())
+    on conflict do nothing;
+    return null;
+end;
+$$;
+
+-- Function: awa._move_at_commit() returns trigger
+-- Deferred to commit: enqueues the rows the committing transaction left
+-- staged (none when it called awa.enqueue_copied()). An error here (a bad
+-- row) fails the commit, naming the row, and nothing is enqueued.
+create or replace function awa._move_at_commit()
+returns trigger
+language plpgsql
+security definer
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    perform awa._move_staged(new.staged_xid);
+    delete from awa.copy_pending as p where p.staged_xid = new.staged_xid;
+    return null;
+end;
+$$;
+
+create or replace trigger copy_staging_note
+after insert on awa.copy_staging
+for each statement execute function awa._note_copy();
+
+-- Constraint triggers have no OR REPLACE.
+drop trigger if exists copy_pending_move on awa.copy_pending;
+create constraint trigger copy_pending_move
+after insert on awa.copy_pending
+deferrable initially deferred
+for each row execute function awa._move_at_commit();
+
 select awa._grant_execute('awa._move_staged(xid8)');
+select awa._grant_execute('awa._note_copy()');
+select awa._grant_execute('awa._move_at_commit()');
 select awa._grant_execute('awa.enqueue_copied()', 'producer');
 select awa._grant_execute('awa.move_staged(integer)', 'maintenance');
 select awa._grant_insert(

@@ -137,17 +137,55 @@ def test_producers_cannot_touch_staged_rows_or_provenance(db, logins, statement)
         conn.execute(statement)
 
 
-def test_rows_committed_without_enqueue_copied_are_moved_by_maintenance(db, logins):
+def test_rows_committed_without_enqueue_copied_are_enqueued_at_commit(db, logins):
     with db.connect(logins.producer, autocommit=False) as conn:
         copy_rows(conn, [("orphan", None, None, "k", Jsonb({"i": i}), None, None)
                          for i in range(250)])
+        copy_rows(conn, [("orphan", None, None, "k", Jsonb({"i": i}), None, None)
+                         for i in range(250, 300)])
         conn.commit()
     with db.connect() as admin:
-        assert admin.execute("select count(*), min(staged_by) from awa.copy_staging"
-                             ).fetchone() == (250, logins.producer)
+        assert admin.execute("select count(*) from awa.copy_staging").fetchone()[0] == 0
+        assert admin.execute("select count(*) from awa.copy_pending").fetchone()[0] == 0
     with db.connect(logins.maintenance) as m:
-        assert m.execute("select awa.move_staged()").fetchone()[0] == 250
         assert m.execute("select awa.move_staged()").fetchone()[0] == 0
     with db.connect(logins.worker) as w:
         got = claim_all(w, ["orphan"], 100)
-    assert [c[7]["i"] for c in got] == list(range(250))
+    assert [c[7]["i"] for c in got] == list(range(300))
+
+
+def test_enqueue_copied_then_more_copy_in_one_transaction(db, logins):
+    with db.connect(logins.producer, autocommit=False) as conn:
+        copy_rows(conn, [("twice", None, None, "k", Jsonb({"i": i}), None, None)
+                         for i in range(10)])
+        assert conn.execute("select awa.enqueue_copied()").fetchone()[0] == 10
+        copy_rows(conn, [("twice", None, None, "k", Jsonb({"i": i}), None, None)
+                         for i in range(10, 15)])
+        conn.commit()
+    with db.connect(logins.worker) as w:
+        assert [c[7]["i"] for c in claim_all(w, ["twice"])] == list(range(15))
+
+
+def test_a_bad_row_left_staged_fails_the_commit_and_enqueues_nothing(db, logins):
+    with db.connect(logins.producer, autocommit=False) as conn:
+        copy_rows(conn, [("late", None, None, "k", Jsonb({}), None, None)] * 2
+                  + [("late", 0, None, "k", Jsonb({}), None, None)])
+        with pytest.raises(psycopg.Error) as err:
+            conn.commit()
+    assert err.value.sqlstate == "22023" and "COPY row 3 (1-based)" in str(err.value)
+    with db.connect() as admin:
+        assert admin.execute("select count(*) from awa.ready").fetchone()[0] == 0
+        assert admin.execute("select count(*) from awa.copy_staging").fetchone()[0] == 0
+
+
+def test_staging_is_unlogged_and_its_triggers_run_as_the_owner(db):
+    with db.connect() as admin:
+        assert admin.execute("select relpersistence from pg_class"
+                             " where oid = 'awa.copy_staging'::regclass").fetchone()[0] == "u"
+        assert admin.execute("select relpersistence from pg_class"
+                             " where oid = 'awa.copy_pending'::regclass").fetchone()[0] == "p"
+        triggers = admin.execute(
+            "select tgname, tgdeferrable, tginitdeferred from pg_trigger"
+            " where tgrelid in ('awa.copy_staging'::regclass, 'awa.copy_pending'::regclass)"
+            " and not tgisinternal order by tgname").fetchall()
+    assert triggers == [("copy_pending_move", True, True), ("copy_staging_note", False, False)]
