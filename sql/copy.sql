@@ -9,10 +9,12 @@
 -- row never outlives its transaction (ADR 010): what enqueue_copied() did
 -- not move, a deferred trigger moves at commit; a rollback discards it.
 
--- Function: awa._move_staged(xid xid8) returns bigint
+-- Function: awa._move_staged_in_batches(xid xid8) returns bigint
 -- Moves the staged rows of one transaction into the lanes, in COPY order,
--- 10,000 rows per pass. Rows another mover holds are skipped.
-create or replace function awa._move_staged(xid xid8)
+-- 10,000 rows per pass through awa._enqueue_rows (the batch path). Rows
+-- another mover holds are skipped. The path for partitioned and striped
+-- queues and for naming a bad row; awa._move_staged takes the rest.
+create or replace function awa._move_staged_in_batches(xid xid8)
 returns bigint
 language plpgsql
 set search_path = pg_catalog, pg_temp
@@ -48,7 +50,7 @@ begin
           into ids, queues, priorities, ordering_keys, kinds, args, run_ats, max_attempts
           from (
               select c.* from awa.copy_staging as c
-               where c.staged_xid = _move_staged.xid
+               where c.staged_xid = _move_staged_in_batches.xid
                  -- past the rows this call already moved (and deleted), so
                  -- each pass starts where the last ended
                  and c.staged_id > last_id
@@ -62,10 +64,137 @@ begin
             'COPY row', moved
         );
         delete from awa.copy_staging as c
-         where c.staged_xid = _move_staged.xid and c.staged_id = any(ids);
+         where c.staged_xid = _move_staged_in_batches.xid and c.staged_id = any(ids);
         moved := moved + cardinality(ids);
         last_id := ids[cardinality(ids)];
     end loop;
+    return moved;
+end;
+$$;
+
+-- Function: awa._move_staged(xid xid8) returns bigint
+-- Moves the staged rows of one transaction into the lanes, in COPY order,
+-- set-based: one pass groups the rows by (queue, priority, key shard),
+-- hashing each distinct key once; awa._lock_lane_groups locks the lanes and
+-- reserves one range per lane; one INSERT ... SELECT numbers the rows of
+-- each lane in COPY order. Rows for partitioned or striped queues, and a
+-- transaction with a bad row (to name it), go through
+-- awa._move_staged_in_batches instead.
+create or replace function awa._move_staged(xid xid8)
+returns bigint
+language plpgsql
+set search_path = pg_catalog, pg_temp
+-- Every join here is between whole sets; a nested loop over a misestimated
+-- unnest() would be quadratic. The per-lane numbering sorts every row.
+set enable_nestloop = off
+set work_mem = '64MB'
+as $$
+declare
+    q text;
+    k_qid integer[];
+    k_key bytea[];
+    k_shard smallint[];
+    g record;
+    lanes record;
+    moved bigint;
+begin
+    if exists (
+        select from awa.copy_staging as s
+         where s.staged_xid = _move_staged.xid
+           and (s.queue is null or s.kind is null
+                or coalesce(s.priority, 2) not between 1 and 4
+                or octet_length(s.queue) not between 1 and 200 or strpos(s.queue, '#') > 0
+                or coalesce(s.max_attempts, 25) not between 1 and 1000)
+    ) then
+        return awa._move_staged_in_batches(xid);
+    end if;
+    -- Create unknown queues in name order, so concurrent movers agree.
+    for q in
+        select distinct s.queue from awa.copy_staging as s
+         where s.staged_xid = _move_staged.xid
+           and not exists (select from awa.queue_meta as m where m.queue = s.queue)
+         order by 1
+    loop
+        perform awa._ensure_queue(q);
+    end loop;
+    if exists (
+        select from awa.copy_staging as s
+          join awa.queue_meta as m on m.queue = s.queue
+         where s.staged_xid = _move_staged.xid and (m.stripes > 1 or m.partitions > 1)
+    ) then
+        return awa._move_staged_in_batches(xid);
+    end if;
+
+    -- Each distinct (queue, key) of the due keyed rows, hashed once.
+    select array_agg(k.queue_id), array_agg(k.ordering_key),
+           array_agg(awa._key_shard(k.ordering_key, k.enqueue_shards)::smallint)
+      into k_qid, k_key, k_shard
+      from (
+          select distinct m.queue_id, m.enqueue_shards, s.ordering_key
+            from awa.copy_staging as s
+            join awa.queue_meta as m on m.queue = s.queue
+           where s.staged_xid = _move_staged.xid and s.ordering_key is not null
+             and (s.run_at is null or s.run_at <= now())
+      ) as k;
+
+    select coalesce(array_agg(x.qid), '{}') as qids, coalesce(array_agg(x.p), '{}') as ps,
+           coalesce(array_agg(x.ks), '{}') as kss, coalesce(array_agg(x.n), '{}') as ns
+      into g
+      from (
+          select m.queue_id as qid, coalesce(s.priority, 2)::smallint as p,
+                 coalesce(k.shard, -1)::smallint as ks, count(*) as n
+            from awa.copy_staging as s
+            join awa.queue_meta as m on m.queue = s.queue
+            left join unnest(k_qid, k_key, k_shard) as k (qid, key, shard)
+              on k.qid = m.queue_id and k.key = s.ordering_key
+           where s.staged_xid = _move_staged.xid
+             and (s.run_at is null or s.run_at <= now())
+           group by 1, 2, 3
+      ) as x;
+    select * into lanes from awa._lock_lane_groups(g.qids, g.ps, g.kss, g.ns);
+
+    with rows as (
+        select s.staged_id, m.queue_id as qid, coalesce(s.priority, 2)::smallint as p,
+               s.kind, s.args, s.ordering_key, s.max_attempts, s.run_at, l.lane,
+               l.base + row_number() over (partition by l.lane order by s.staged_id) - 1
+               as seq
+          from awa.copy_staging as s
+          join awa.queue_meta as m on m.queue = s.queue
+          left join unnest(k_qid, k_key, k_shard) as k (qid, key, shard)
+            on k.qid = m.queue_id and k.key = s.ordering_key
+            and (s.run_at is null or s.run_at <= now())
+          left join unnest(lanes.g_qid, lanes.g_p, lanes.g_ks, lanes.g_lane, lanes.g_base)
+                    as l (qid, p, ks, lane, base)
+            on (s.run_at is null or s.run_at <= now())
+           and l.qid = m.queue_id and l.p = coalesce(s.priority, 2)
+           and l.ks = coalesce(k.shard, -1)
+         where s.staged_xid = _move_staged.xid
+    ),
+    to_ready as (
+        insert into awa.ready (
+            lane_id, lane_seq, job_id, queue_id, priority, kind, args, ordering_key, attempt,
+            max_attempts, enqueued_at, ready_at
+        )
+        select r.lane, r.seq, nextval('awa.job_id_seq'), r.qid, r.p, r.kind,
+               coalesce(r.args, '{}'), r.ordering_key, 0, coalesce(r.max_attempts, 25), now(),
+               clock_timestamp()
+          from rows as r
+         where r.lane is not null
+        returning 1
+    ),
+    to_scheduled as (
+        insert into awa.scheduled (
+            job_id, queue_id, priority, kind, args, ordering_key, attempt, max_attempts,
+            enqueued_at, run_at
+        )
+        select nextval('awa.job_id_seq'), r.qid, r.p, r.kind, coalesce(r.args, '{}'),
+               r.ordering_key, 0, coalesce(r.max_attempts, 25), now(), r.run_at
+          from rows as r
+         where r.lane is null
+        returning 1
+    )
+    select (select count(*) from to_ready) + (select count(*) from to_scheduled) into moved;
+    delete from awa.copy_staging as s where s.staged_xid = _move_staged.xid;
     return moved;
 end;
 $$;
@@ -165,6 +294,7 @@ deferrable initially deferred
 for each row execute function awa._move_at_commit();
 
 select awa._grant_execute('awa._move_staged(xid8)');
+select awa._grant_execute('awa._move_staged_in_batches(xid8)');
 select awa._grant_execute('awa._note_copy()');
 select awa._grant_execute('awa._move_at_commit()');
 select awa._grant_execute('awa.enqueue_copied()', 'producer');

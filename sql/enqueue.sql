@@ -172,24 +172,22 @@ begin
 end;
 $$;
 
--- Function: awa._lock_lanes(queue_ids, priorities, key_shards) returns the lane groups
--- Takes the lanes for the rows of a multi-row call and reserves one
--- sequence range per lane. A row is (queue_ids[i], priorities[i],
--- key_shards[i]); rows whose queue id is null (not due) are skipped;
--- key_shards[i] is the keyed shard, or null for an unkeyed row.
--- Keyed groups lock their lane in ascending lane id. Each unkeyed (queue,
--- priority) group takes one lane: the one this transaction already holds
--- for it (a keyed group of this call included), else a free one tried
+-- Function: awa._lock_lane_groups(qids, ps, kss, ns) returns the lane groups
+-- One group per (queue id, priority, key shard or -1 for unkeyed) with ns
+-- rows. Keyed groups lock their lane in ascending lane id. Each unkeyed
+-- (queue, priority) group takes one lane: the one this transaction already
+-- holds for it (a keyed group of this call included), else a free one tried
 -- without waiting from this backend's sticky shard, else it waits only on a
 -- lane above every lane it holds. So two calls can never deadlock each
 -- other.
 -- Returns one element per group: its queue id, priority, key shard (-1 for
 -- unkeyed), lane, the lane's shard, and the first lane_seq of the lane's
 -- range, which covers every row of the call in that lane.
-create or replace function awa._lock_lanes(
-    queue_ids integer[],
-    priorities smallint[],
-    key_shards smallint[],
+create or replace function awa._lock_lane_groups(
+    qids integer[],
+    ps smallint[],
+    kss smallint[],
+    ns bigint[],
     out g_qid integer[],
     out g_p smallint[],
     out g_ks smallint[],
@@ -223,13 +221,7 @@ begin
     g_base := '{}';
     for grp in
         select u.qid, u.p, u.ks, m.enqueue_shards as shards, l.lane_id, l.seq, u.n
-          from (
-              select queue_ids[i] as qid, coalesce(priorities[i], 2)::smallint as p,
-                     coalesce(key_shards[i], -1)::smallint as ks, count(*) as n
-                from generate_series(1, cardinality(queue_ids)) as i
-               where queue_ids[i] is not null
-               group by 1, 2, 3
-          ) as u
+          from unnest(qids, ps, kss, ns) as u (qid, p, ks, n)
           join awa.queue_meta as m on m.queue_id = u.qid
           left join awa.lanes as l
             on l.queue_id = u.qid and l.priority = u.p and l.shard = u.ks
@@ -313,6 +305,45 @@ begin
          order by g.i
     );
 end;
+$$;
+
+-- Function: awa._lock_lanes(queue_ids, priorities, key_shards) returns the lane groups
+-- Takes the lanes for the rows of a multi-row call and reserves one
+-- sequence range per lane. A row is (queue_ids[i], priorities[i],
+-- key_shards[i]); rows whose queue id is null (not due) are skipped;
+-- key_shards[i] is the keyed shard, or null for an unkeyed row. Groups the
+-- rows and hands the groups to awa._lock_lane_groups.
+create or replace function awa._lock_lanes(
+    queue_ids integer[],
+    priorities smallint[],
+    key_shards smallint[],
+    out g_qid integer[],
+    out g_p smallint[],
+    out g_ks smallint[],
+    out g_lane integer[],
+    out g_shard smallint[],
+    out g_base bigint[]
+)
+language sql
+set search_path = pg_catalog, pg_temp
+set plan_cache_mode = force_generic_plan
+as $$
+    select l.*
+      from (
+          select array_agg(u.qid) as qids, array_agg(u.p) as ps, array_agg(u.ks) as kss,
+                 array_agg(u.n) as ns
+            from (
+                select queue_ids[i] as qid, coalesce(priorities[i], 2)::smallint as p,
+                       coalesce(key_shards[i], -1)::smallint as ks, count(*) as n
+                  from generate_series(1, cardinality(queue_ids)) as i
+                 where queue_ids[i] is not null
+                 group by 1, 2, 3
+            ) as u
+      ) as g
+     cross join lateral awa._lock_lane_groups(
+         coalesce(g.qids, '{}'), coalesce(g.ps, '{}'), coalesce(g.kss, '{}'),
+         coalesce(g.ns, '{}')
+     ) as l
 $$;
 
 -- Function: awa._enqueue_rows(queues, kinds, args, priorities, ordering_keys, run_ats,
@@ -586,6 +617,7 @@ select awa._grant_execute(
     'awa.enqueue(text, text, jsonb, smallint, bytea, timestamptz, integer)', 'producer'
 );
 select awa._grant_execute('awa._lock_lanes(integer[], smallint[], smallint[])');
+select awa._grant_execute('awa._lock_lane_groups(integer[], smallint[], smallint[], bigint[])');
 select awa._grant_execute(
     'awa._enqueue_rows(text[], text[], jsonb[], smallint[], bytea[], timestamptz[], integer[],'
     ' text, bigint)'

@@ -189,3 +189,36 @@ def test_staging_is_unlogged_and_its_triggers_run_as_the_owner(db):
             " where tgrelid in ('awa.copy_staging'::regclass, 'awa.copy_pending'::regclass)"
             " and not tgisinternal order by tgname").fetchall()
     assert triggers == [("copy_pending_move", True, True), ("copy_staging_note", False, False)]
+
+
+def test_priorities_future_run_at_and_keys_through_the_set_based_mover(db, logins):
+    from datetime import UTC, datetime, timedelta
+
+    later = datetime.now(UTC) + timedelta(hours=1)
+    with db.connect(logins.operator) as op:
+        op.execute("select awa.set_enqueue_shards('mixed', 4)")
+    rows = [("mixed", 1, None, "k", Jsonb({"i": i}), None, None) for i in range(10)]
+    rows += [("mixed", 3, b"a", "k", Jsonb({"i": i}), None, 3) for i in range(10, 20)]
+    rows += [("mixed", None, b"b", "k", Jsonb({"i": i}), later, None) for i in range(20, 25)]
+    with db.connect(logins.producer, autocommit=False) as conn:
+        copy_rows(conn, rows)
+        assert conn.execute("select awa.enqueue_copied()").fetchone()[0] == 25
+        conn.commit()
+    with db.connect() as admin:
+        ready = admin.execute(
+            "select r.priority, l.shard, r.lane_seq, (r.args->>'i')::int, r.max_attempts"
+            " from awa.ready r join awa.lanes l using (lane_id) order by r.lane_id, r.lane_seq"
+        ).fetchall()
+        scheduled = admin.execute(
+            "select priority, ordering_key, run_at from awa.scheduled order by job_id").fetchall()
+    by_priority = {p: [r for r in ready if r[0] == p] for p in (1, 3)}
+    assert [r[3] for r in by_priority[1]] == list(range(10))
+    assert len({r[1] for r in by_priority[1]}) == 1  # one lane for an unkeyed group
+    assert [r[3] for r in by_priority[3]] == list(range(10, 20))
+    assert {r[1] for r in by_priority[3]} == {routing.shard_for_ordering_key(b"a", 4)}
+    assert all(r[4] == 3 for r in by_priority[3])
+    for lane_rows in by_priority.values():  # one contiguous range per lane
+        seqs = [r[2] for r in lane_rows]
+        assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))
+    assert [(p, bytes(k)) for p, k, _ in scheduled] == [(2, b"b")] * 5
+    assert all(abs((t - later).total_seconds()) < 1 for _, _, t in scheduled)
