@@ -1,13 +1,13 @@
 # awa-sql developer entry points. `make test` and `make demo` work on a fresh
-# Debian 12 machine with Python 3.11+, Node.js/npm (for the PostgreSQL builds)
-# and psql.
+# Debian 12 machine with Python 3.11+: as root they install the Debian
+# packages they need (scripts/system-deps.sh), otherwise they name them.
 
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: dev test lint demo demo-stop bench clean
+.PHONY: dev test lint demo demo-stop bench clean system-deps-test system-deps-demo
 
 $(STAMP): pyproject.toml examples/node/package.json
 	$(PYTHON) -m venv $(VENV)
@@ -17,8 +17,16 @@ $(STAMP): pyproject.toml examples/node/package.json
 
 dev: $(STAMP)
 
+# Debian packages (npm, psql, chromium, pgbouncer, ...): installed when
+# missing if root, else printed with the apt-get line.
+system-deps-test:
+	@scripts/system-deps.sh test
+
+system-deps-demo:
+	@scripts/system-deps.sh demo
+
 # The whole suite, PostgreSQL 17 and 18, lint included.
-test: $(STAMP)
+test: system-deps-test $(STAMP)
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 lint: $(STAMP)
@@ -26,7 +34,7 @@ lint: $(STAMP)
 
 # The demo: PostgreSQL 18 under .awa/, load, admin page and /metrics; Ctrl-C stops it.
 # `make demo-stop` stops a server left by a killed demo.
-demo: $(STAMP)
+demo: system-deps-demo $(STAMP)
 	$(BIN)/awa demo
 
 demo-stop: $(STAMP)

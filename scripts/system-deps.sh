@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The Debian packages `make test` (or `make demo`) needs, installed when
+# missing: as root with apt-get, otherwise printed with the command to run.
+#   scripts/system-deps.sh test|demo
+set -euo pipefail
+target=${1:-test}
+
+missing=()
+command -v npm >/dev/null 2>&1 || missing+=(npm)  # the PostgreSQL builds come from npm
+python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || missing+=(python3-venv)
+if [ "$target" = test ]; then
+  command -v psql >/dev/null 2>&1 || missing+=(postgresql-client)
+  command -v chromium >/dev/null 2>&1 || missing+=(chromium)  # the admin page's browser test
+  # The pooler tests (tests/test_pgbouncer.py) run through Debian's PgBouncer.
+  command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ] || missing+=(pgbouncer)
+fi
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+if [ "$(id -u)" -ne 0 ]; then
+  echo "missing Debian packages: ${missing[*]}" >&2
+  echo "install them with: sudo apt-get install --no-install-recommends ${missing[*]}" >&2
+  exit 1
+fi
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -q
+apt-get install -y -q --no-install-recommends "${missing[@]}"
