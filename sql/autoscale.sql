@@ -116,8 +116,8 @@ select awa._grant_execute('awa.set_shard_mode(text, text, integer)', 'operator')
 -- Function: awa.set_autoscale_policy(queue text, ...)
 -- Replaces the queue's auto-scaler thresholds; an argument left null takes
 -- the default. Role: awa_operator. Errors: 42704 unknown queue; 22023 a
--- value out of range (windows > 0, cooldown >= 0, shares in 0..1,
--- min_samples in 1..10000).
+-- value out of range (windows > 0 and at most 1 hour, the samples kept;
+-- cooldown >= 0, shares in 0..1, min_samples in 1..10000).
 create or replace function awa.set_autoscale_policy(
     queue text,
     grow_window interval default null,
@@ -138,6 +138,8 @@ declare
 begin
     anchor := awa._queue(set_autoscale_policy.queue);
     if grow_window <= interval '0' or shrink_window <= interval '0' or cooldown < interval '0'
+        -- awa.sample_lane_contention keeps one hour of samples
+        or grow_window > interval '1 hour' or shrink_window > interval '1 hour'
         or grow_wait_share not between 0 and 1 or shrink_wait_share not between 0 and 1
         or grow_waiters < 0 or min_samples not between 1 and 10000 then
         raise exception 'autoscale policy out of range for queue %', quote_literal(queue)
@@ -147,7 +149,7 @@ begin
                       ' shrink_wait_share %s, cooldown %s, min_samples %s',
                       grow_window, grow_wait_share, grow_waiters, shrink_window,
                       shrink_wait_share, cooldown, min_samples),
-                  hint = 'Windows > 0, cooldown >= 0, shares between 0 and 1, '
+                  hint = 'Windows > 0 and at most 1 hour, cooldown >= 0, shares between 0 and 1, '
                          'grow_waiters >= 0, min_samples between 1 and 10000.';
     end if;
     insert into awa.autoscale_policy as p (

@@ -384,7 +384,7 @@ def test_policy_validation(db, logins):
         enqueue(p, "pv")
     with db.connect(logins.operator) as op:
         for bad in ({"cooldown": "-1s"}, {"grow_wait_share": 1.5}, {"min_samples": 0},
-                    {"shrink_window": "0"}):
+                    {"shrink_window": "0"}, {"shrink_window": "2 hours"}):
             args = policy_args(bad)
             with pytest.raises(psycopg.Error) as err:
                 op.execute(f"select awa.set_autoscale_policy('pv', {args})", bad)
