@@ -67,14 +67,10 @@ begin
         raise exception 'mode must be one of manual, shadow, auto; got %', quote_literal(mode)
             using errcode = '22023';
     end if;
-    if set_shard_mode.max_shards is not null and set_shard_mode.max_shards not between 1 and 64 then
-        raise exception 'max_shards must be between 1 and 64, got %', set_shard_mode.max_shards
-            using errcode = '22023';
+    if set_shard_mode.max_shards is not null then
+        perform awa._check_range('max_shards', set_shard_mode.max_shards, 64);
     end if;
-    if pg_is_in_recovery() then
-        raise exception 'cannot change the shard mode on a standby'
-            using errcode = '25006', hint = 'Connect to the primary.';
-    end if;
+    perform awa._require_primary('change the shard mode');
     anchor := awa._queue(set_shard_mode.queue);
     if anchor.root_queue is not null then
         raise exception 'queue % is a partition or stripe of %; set the mode on %',
@@ -349,10 +345,7 @@ declare
     decision awa.autoscale_decisions;
     at timestamptz;
 begin
-    if pg_is_in_recovery() then
-        raise exception 'the auto-scaler runs on the primary'
-            using errcode = '25006', hint = 'Connect to the primary.';
-    end if;
+    perform awa._require_primary('run the auto-scaler');
     if not pg_try_advisory_xact_lock(1635213633, 0) then
         return;
     end if;

@@ -91,6 +91,8 @@ set work_mem = '64MB'
 as $$
 declare
     q text;
+    batch_path boolean;
+    unknown text[];
     k_qid integer[];
     k_key bytea[];
     k_shard smallint[];
@@ -98,32 +100,27 @@ declare
     lanes record;
     moved bigint;
 begin
-    if exists (
-        select from awa.copy_staging as s
-         where s.staged_xid = _move_staged.xid
-           and (s.queue is null or s.kind is null
-                or coalesce(s.priority, 2) not between 1 and 4
-                or octet_length(s.queue) not between 1 and 200 or strpos(s.queue, '#') > 0
-                or coalesce(s.max_attempts, 25) not between 1 and 1000)
-    ) then
+    -- One pass over the staged rows: any bad row, any partitioned or
+    -- striped queue (both take the batch path), and the queues to create.
+    select coalesce(bool_or(
+               s.queue is null or s.kind is null
+               or coalesce(s.priority, 2) not between 1 and 4
+               or octet_length(s.queue) not between 1 and 200 or strpos(s.queue, '#') > 0
+               or coalesce(s.max_attempts, 25) not between 1 and 1000
+               or m.stripes > 1 or m.partitions > 1
+           ), false),
+           array_agg(distinct s.queue order by s.queue) filter (where m.queue is null)
+      into batch_path, unknown
+      from awa.copy_staging as s
+      left join awa.queue_meta as m on m.queue = s.queue
+     where s.staged_xid = _move_staged.xid;
+    if batch_path then
         return awa._move_staged_in_batches(xid);
     end if;
     -- Create unknown queues in name order, so concurrent movers agree.
-    for q in
-        select distinct s.queue from awa.copy_staging as s
-         where s.staged_xid = _move_staged.xid
-           and not exists (select from awa.queue_meta as m where m.queue = s.queue)
-         order by 1
-    loop
+    foreach q in array coalesce(unknown, '{}') loop
         perform awa._ensure_queue(q);
     end loop;
-    if exists (
-        select from awa.copy_staging as s
-          join awa.queue_meta as m on m.queue = s.queue
-         where s.staged_xid = _move_staged.xid and (m.stripes > 1 or m.partitions > 1)
-    ) then
-        return awa._move_staged_in_batches(xid);
-    end if;
 
     -- Each distinct (queue, key) of the due keyed rows, hashed once.
     select array_agg(k.queue_id), array_agg(k.ordering_key),
@@ -162,7 +159,6 @@ begin
           join awa.queue_meta as m on m.queue = s.queue
           left join unnest(k_qid, k_key, k_shard) as k (qid, key, shard)
             on k.qid = m.queue_id and k.key = s.ordering_key
-            and (s.run_at is null or s.run_at <= now())
           left join unnest(lanes.g_qid, lanes.g_p, lanes.g_ks, lanes.g_lane, lanes.g_base)
                     as l (qid, p, ks, lane, base)
             on (s.run_at is null or s.run_at <= now())

@@ -13,6 +13,43 @@ as $$
     select (awa._queue(queue)).enqueue_shards
 $$;
 
+-- Function: awa._check_range(what text, value integer, max_value integer)
+-- A setting in 1..max_value: 22004 when null, 22023 naming the value and
+-- the range otherwise.
+create or replace function awa._check_range(what text, value integer, max_value integer)
+returns void
+language plpgsql
+immutable
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    if value is null then
+        raise exception '% must not be null', what using errcode = '22004';
+    end if;
+    if value not between 1 and max_value then
+        raise exception '% must be between 1 and %, got %', what, max_value, value
+            using errcode = '22023';
+    end if;
+end;
+$$;
+
+-- Function: awa._require_primary(action text)
+-- Every change to queue settings happens on the primary: 25006 on a standby.
+create or replace function awa._require_primary(action text)
+returns void
+language plpgsql
+stable
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    if pg_is_in_recovery() then
+        raise exception 'cannot % on a standby', action
+            using errcode = '25006',
+                  hint = 'Connect to the primary.';
+    end if;
+end;
+$$;
+
 -- Function: awa._check_layout_change(queue text, what text, value integer, max_value integer)
 -- The checks every change of a queue's layout (S, stripes, partitions) makes
 -- first: a value in 1..max_value, a primary server, a valid queue name.
@@ -25,18 +62,8 @@ stable
 set search_path = pg_catalog, pg_temp
 as $$
 begin
-    if value is null then
-        raise exception '% must not be null', what using errcode = '22004';
-    end if;
-    if value not between 1 and max_value then
-        raise exception '% must be between 1 and %, got %', what, max_value, value
-            using errcode = '22023';
-    end if;
-    if pg_is_in_recovery() then
-        raise exception 'cannot change % on a standby', what
-            using errcode = '25006',
-                  hint = 'Connect to the primary.';
-    end if;
+    perform awa._check_range(what, value, max_value);
+    perform awa._require_primary('change ' || what);
     perform awa._check_queue_name(queue);
 end;
 $$;
@@ -107,6 +134,8 @@ $$;
 select awa._grant_execute(
     'awa.enqueue_shards(text)', 'producer', 'worker', 'maintenance', 'operator', 'reader'
 );
+select awa._grant_execute('awa._check_range(text, integer, integer)');
+select awa._grant_execute('awa._require_primary(text)');
 select awa._grant_execute('awa._check_layout_change(text, text, integer, integer)');
 select awa._grant_execute('awa._set_enqueue_shards(text, integer, text)');
 select awa._grant_execute('awa.set_enqueue_shards(text, integer)', 'operator');

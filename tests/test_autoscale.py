@@ -18,6 +18,7 @@ import psycopg
 import pytest
 
 from awa_sql import routing, storage
+from tests.support.waiting import wait_until
 from tests.test_storage import Logins, claim, claim_all, enqueue
 
 LANE_CLASS = 1635213644
@@ -51,19 +52,21 @@ def policy_args(settings: dict) -> str:
     return ", ".join(f"{k} => %({k})s::{POLICY_TYPES[k]}" for k in settings)
 
 
-def policy(db, queue: str, **settings) -> None:
+def policy(db, operator: str, queue: str, **settings) -> None:
     args = policy_args(settings)
+    with db.connect(operator) as op:
+        op.execute(f"select awa.set_autoscale_policy(%(queue)s, {args})",
+                   {"queue": queue, **settings})
+
+
+def lane_waiters(db, queue: str) -> int:
+    """Backends waiting (ungranted) for one of the queue's lane locks."""
     with db.connect() as admin:
-        admin.execute(f"select awa.set_autoscale_policy(%(queue)s, {args})",
-                      {"queue": queue, **settings})
-
-
-def wait_until(predicate, timeout: float = 20.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
+        return admin.execute(
+            "select count(*) from pg_locks k join awa.lanes l on l.lane_id = k.objid::integer"
+            " join awa.queue_meta m using (queue_id)"
+            " where k.locktype = 'advisory' and k.classid = %s and not k.granted"
+            " and m.queue = %s", [LANE_CLASS, queue]).fetchone()[0]
 
 
 class Contention:
@@ -75,14 +78,6 @@ class Contention:
         self.holders: list[psycopg.Connection] = []
         self.pool = ThreadPoolExecutor(64)
         self.futures = []
-
-    def _ungranted(self) -> int:
-        with self.db.connect() as admin:
-            return admin.execute(
-                "select count(*) from pg_locks k join awa.lanes l on l.lane_id = k.objid::integer"
-                " join awa.queue_meta m using (queue_id)"
-                " where k.locktype = 'advisory' and k.classid = %s and not k.granted"
-                " and m.queue = %s", [LANE_CLASS, self.queue]).fetchone()[0]
 
     def _wait_behind(self, key: bytes) -> None:
         with self.db.connect(self.role) as conn:
@@ -97,7 +92,8 @@ class Contention:
             self.holders.append(holder)
             self.futures += [self.pool.submit(self._wait_behind, key)
                              for _ in range(self.waiters)]
-        wait_until(lambda: self._ungranted() >= shards * self.waiters, what="lane waiters")
+        wait_until(lambda: lane_waiters(self.db, self.queue) >= shards * self.waiters,
+                   what="lane waiters")
         return self
 
     def __exit__(self, *exc) -> None:
@@ -126,7 +122,7 @@ def opt_in(db, logins, queue: str, mode: str = "auto", max_shards: int = 8) -> N
 
 def test_grows_step_by_step_to_the_max_under_contention_never_past_it(db, logins):
     opt_in(db, logins, "hot", "auto", 8)
-    policy(db, "hot", cooldown="0", min_samples=1)
+    policy(db, logins.operator, "hot", cooldown="0", min_samples=1)
     seen = []
     with db.connect(logins.maintenance) as m:
         for _ in range(4):
@@ -145,7 +141,7 @@ def test_grows_step_by_step_to_the_max_under_contention_never_past_it(db, logins
 
 def test_no_contention_no_growth(db, logins):
     opt_in(db, logins, "idle", "auto", 8)
-    policy(db, "idle", cooldown="0", min_samples=1)
+    policy(db, logins.operator, "idle", cooldown="0", min_samples=1)
     with db.connect(logins.maintenance) as m:
         for _ in range(3):
             (d,) = storage.autoscale_tick(m)
@@ -161,7 +157,8 @@ def test_shrinks_one_step_per_cooldown_never_while_lanes_above_s_hold_rows(db, l
         above = [enqueue(p, "calm", ordering_key=key_for_shard(shard, 4))[0]
                  for shard in (2, 3) for _ in range(5)]
     cooldown = 0.3
-    policy(db, "calm", cooldown=f"{cooldown}s", shrink_window=f"{cooldown}s", min_samples=1)
+    policy(db, logins.operator, "calm", cooldown=f"{cooldown}s", shrink_window=f"{cooldown}s",
+           min_samples=1)
 
     with db.connect(logins.maintenance) as m:
         def lowered() -> bool:
@@ -199,7 +196,7 @@ def test_shadow_logs_the_same_decisions_and_never_changes_s(db, logins):
     opt_in(db, logins, "acting", "auto", 8)
     opt_in(db, logins, "watching", "shadow", 8)
     for q in ("acting", "watching"):
-        policy(db, q, cooldown="1 hour", min_samples=1)
+        policy(db, logins.operator, q, cooldown="1 hour", min_samples=1)
     with db.connect(logins.maintenance) as m:
         with Contention(db, logins.producer, "acting"), \
                 Contention(db, logins.producer, "watching"):
@@ -233,7 +230,7 @@ def test_two_controllers_ticking_at_once_make_one_decision(db, logins):
 def test_a_manual_queue_is_never_touched(db, logins):
     with db.connect(logins.producer) as p:
         enqueue(p, "by-hand")
-    policy(db, "by-hand", cooldown="0", min_samples=1)
+    policy(db, logins.operator, "by-hand", cooldown="0", min_samples=1)
     with db.connect(logins.maintenance) as m, Contention(db, logins.producer, "by-hand"):
         assert storage.autoscale_tick(m) == []
     with db.connect(logins.operator) as op:  # opted out again after opting in
@@ -250,7 +247,8 @@ def test_live_producers_and_workers_while_the_controller_acts(db, logins):
     open) and a worker run while the controller raises S to 8 and, once max
     drops to 2, lowers it step by step as the lanes drain."""
     opt_in(db, logins, "live", "auto", 8)
-    policy(db, "live", cooldown="0.2s", grow_wait_share=0, grow_waiters=0, min_samples=1)
+    policy(db, logins.operator, "live", cooldown="0.2s", grow_wait_share=0, grow_waiters=0,
+           min_samples=1)
     stop = threading.Event()
     acked: dict[int, list[tuple[int, int]]] = {}
     failures: list[str] = []
@@ -428,7 +426,7 @@ def test_a_waiting_enqueue_reports_its_lane_lock_wait(db, logins):
 
     t = threading.Thread(target=blocked)
     t.start()
-    wait_until(lambda: Contention(db, logins.producer, "w")._ungranted() == 1,
+    wait_until(lambda: lane_waiters(db, "w") == 1,
                what="the second producer to wait")
     started = time.monotonic()
     wait_until(lambda: time.monotonic() - started > 0.2, what="a measurable wait")

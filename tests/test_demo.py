@@ -17,12 +17,21 @@ import psycopg
 
 from awa_sql import __version__
 from awa_sql.embedded import free_port
+from tests.support.waiting import wait_until
 
 
 def _server_processes(data_dir: str) -> list[str]:
-    out = subprocess.run(["ps", "-eww", "-o", "pid,args"], capture_output=True, text=True,
-                         check=True).stdout
-    return [line for line in out.splitlines() if "postgres" in line and data_dir in line]
+    """Command lines of running postgres processes serving ``data_dir``
+    (read from /proc: no dependency on procps)."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            args = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # the process ended while we looked
+            continue
+        if "postgres" in args and data_dir in args:
+            found.append(args)
+    return found
 
 
 def _get(url: str) -> tuple[int, str]:
@@ -57,15 +66,6 @@ class Demo:
         return "".join(self.lines) + rest
 
 
-def _wait_until(predicate, timeout: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.2)
-    return False
-
-
 def test_demo_serves_admin_and_metrics_and_sigint_leaves_no_process():
     folder = Path(tempfile.mkdtemp(prefix="awa-demo-test-"))
     folder.chmod(0o755)
@@ -95,7 +95,7 @@ def test_demo_serves_admin_and_metrics_and_sigint_leaves_no_process():
                 r'awa_autoscale_decisions_recent\{action="held",queue="emails"\} (\d+)', metrics)
             return bool(completed and decided and float(completed[1]) > 0
                         and float(decided[1]) > 0)
-        assert _wait_until(scraped), metrics
+        wait_until(scraped, 30, "jobs completed and auto-scaler decisions in /metrics")
         assert 'awa_queue_enqueue_shards{logical_queue="emails",queue="emails"} 1.0' in metrics
         assert re.search(r'awa_queue_shard_mode\{[^}]*mode="shadow"[^}]*\} 1\.0', metrics)
         assert _server_processes(data_dir)
@@ -114,8 +114,8 @@ def test_demo_against_an_existing_database(empty_db):
     try:
         assert "using the database given by --dsn" in demo.wait_for(r"\[1/4\].*")[0]
         demo.wait_for(r"Ctrl-C stops everything")
-        assert _wait_until(lambda: "awa_queue_depth" in _get(
-            f"http://127.0.0.1:{http_port}/metrics")[1])
+        wait_until(lambda: "awa_queue_depth" in _get(f"http://127.0.0.1:{http_port}/metrics")[1],
+                   30, "awa_queue_depth in /metrics")
     finally:
         output = demo.interrupt()
     assert demo.proc.returncode == 0, output

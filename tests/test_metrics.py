@@ -28,7 +28,8 @@ import awa_sql
 from awa_sql import storage
 from awa_sql.metrics import client_metrics, make_asgi_app, make_wsgi_app, render
 from awa_sql.worker import Worker
-from tests.test_autoscale import Contention, key_for_shard, wait_until
+from tests.support.waiting import wait_until
+from tests.test_autoscale import key_for_shard, lane_waiters
 from tests.test_storage import Logins, claim
 from tests.test_storage import enqueue as raw_enqueue
 
@@ -117,7 +118,7 @@ def test_a_blocked_enqueue_records_its_lane_lock_wait_an_uncontended_one_zero(
 
     t = threading.Thread(target=blocked)
     t.start()
-    wait_until(lambda: Contention(db, logins.producer, "w")._ungranted() == 1,
+    wait_until(lambda: lane_waiters(db, "w") == 1,
                what="the producer to wait for the lane")
     started = time.monotonic()
     wait_until(lambda: time.monotonic() - started > 0.2, what="a measurable wait")

@@ -26,6 +26,7 @@ from awa_sql.source import Migration, checksum, load_migrations
 from awa_sql.worker import Worker
 from tests.support.database import Database
 from tests.support.pgbouncer import POOL_SIZE, PgBouncer
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.pgbouncer
 
@@ -102,11 +103,7 @@ def _run_threads(targets: list[Callable[[], None]]) -> list[BaseException]:
 
 
 def _wait_for(condition: Callable[[], bool], what: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)  # polling a condition, with a deadline
+    wait_until(condition, timeout, what)
 
 
 # -- the pooler itself ----------------------------------------------------------------

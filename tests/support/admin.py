@@ -7,8 +7,7 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -19,20 +18,10 @@ from awa_sql import embedded, migrate
 from awa_sql.admin.app import Settings, create_app, make_pool
 from awa_sql.roles import Roles
 from tests.support.database import Database
+from tests.support.waiting import wait_until as wait_for
 
 TOKEN = "test-token-0123456789abcdef"
 ROOT = Path(__file__).resolve().parent.parent.parent
-
-
-def wait_for(condition: Callable[[], object], timeout: float = 20, what: str = "") -> object:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what or condition}")
-        time.sleep(0.05)
 
 
 def operator_login(db: Database) -> str:
