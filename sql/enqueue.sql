@@ -208,6 +208,7 @@ declare
     lane_shard smallint;
     fallback integer;
     sticky integer;
+    lane_seq regclass;
     base bigint;
     max_held integer := 0;
     g_n bigint[] := '{}';
@@ -264,7 +265,8 @@ begin
                     perform awa._wait_for_lane(chosen);
                 end if;
             end if;
-            select l.shard into lane_shard from awa.lanes as l where l.lane_id = chosen;
+            select l.shard, l.seq into lane_shard, lane_seq from awa.lanes as l
+             where l.lane_id = chosen;
         end if;
         if chosen is null then
             raise exception 'lane missing for queue id % priority % shard %',
@@ -280,6 +282,15 @@ begin
         g_shard := g_shard || lane_shard;
         g_n := g_n || grp.n;
     end loop;
+    -- One unkeyed group (the common batch) needs no grouping by lane.
+    if cardinality(g_lane) = 1 and lane_seq is not null then
+        base := nextval(lane_seq);
+        if g_n[1] > 1 then
+            perform setval(lane_seq, base + g_n[1] - 1);
+        end if;
+        g_base := array[base];
+        return;
+    end if;
     -- One range per lane (a keyed and an unkeyed group may share one), so
     -- the caller numbers rows per lane in input order.
     for grp in
@@ -530,8 +541,58 @@ returns setof awa.enqueued
 language plpgsql
 security definer
 set search_path = pg_catalog, pg_temp
+-- Array parameters make the planner re-plan every call.
+set plan_cache_mode = force_generic_plan
 as $$
+declare
+    n integer := cardinality(queues);
+    p smallint := coalesce(priorities[1], 2);
+    attempts integer := coalesce(max_attempts[1], 25);
+    q_id integer;
+    lanes record;
 begin
+    -- The common call, every row due now, unkeyed, valid, for one plain
+    -- queue at one priority, is one lane range and one INSERT: tested with
+    -- array operators, not row by row. Any other call, and every error,
+    -- takes awa._enqueue_rows.
+    if n > 0 and array_ndims(queues) = 1 and queues <@ array[queues[1]]
+       and octet_length(queues[1]) between 1 and 200 and strpos(queues[1], '#') = 0
+       and cardinality(kinds) = n and array_position(kinds, null) is null
+       and (args is null or cardinality(args) = n)
+       and (priorities is null
+            or (cardinality(priorities) = n and priorities <@ array[p] and p between 1 and 4))
+       and (max_attempts is null
+            or (cardinality(max_attempts) = n and max_attempts <@ array[attempts]
+                and attempts between 1 and 1000))
+       and (ordering_keys is null
+            or (cardinality(ordering_keys) = n and cardinality(array_remove(ordering_keys, null)) = 0))
+       and (run_ats is null
+            or (cardinality(run_ats) = n and cardinality(array_remove(run_ats, null)) = 0))
+    then
+        select m.queue_id into q_id
+          from awa.queue_meta as m
+         where m.queue = queues[1] and m.stripes = 1 and m.partitions = 1;
+        if found then
+            select * into lanes
+              from awa._lock_lane_groups(array[q_id], array[p], array[-1::smallint], array[n::bigint]);
+            return query
+            with ins as (
+                insert into awa.ready (
+                    lane_id, lane_seq, job_id, queue_id, priority, kind, args, ordering_key,
+                    attempt, max_attempts, enqueued_at, ready_at
+                )
+                select lanes.g_lane[1], lanes.g_base[1] + u.i - 1, nextval('awa.job_id_seq'),
+                       q_id, p, u.k, coalesce(u.a, '{}'), null, 0, attempts, now(),
+                       clock_timestamp()
+                  from unnest(kinds, args) with ordinality as u (k, a, i)
+                returning awa.ready.job_id, awa.ready.lane_seq
+            )
+            select ins.job_id, queues[1], p, lanes.g_shard[1], ins.lane_seq
+              from ins
+             order by ins.lane_seq;
+            return;
+        end if;
+    end if;
     return query
     select * from awa._enqueue_rows(
         queues, kinds, args, priorities, ordering_keys, run_ats, max_attempts,

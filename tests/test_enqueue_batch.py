@@ -1,0 +1,157 @@
+"""awa.enqueue_batch: the one-lane fast path and the general path give the same jobs.
+
+The fast path takes calls whose rows are all valid, unkeyed, due now, for one
+plain queue at one priority. Each case below runs once through
+awa.enqueue_batch as a producer and checks, beside the stored jobs, which
+path served it (pg_stat_get_xact_function_calls on awa._enqueue_rows, the
+general path), so a case meant for one path cannot silently test the other.
+"""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.types.json import Jsonb
+
+from tests.test_storage import Logins, claim_all, enqueue
+
+
+@pytest.fixture
+def logins(db) -> Logins:
+    return Logins(**{cap: db.login_role(f"awa_{cap}") for cap in Logins.__dataclass_fields__})
+
+
+def batch_as(db, login, params, *, conn=None):
+    """Calls awa.enqueue_batch as `login`; returns (rows, general path calls)."""
+    own = conn is None
+    conn = conn or db.connect(autocommit=False)
+    try:
+        conn.execute("reset role")
+        conn.execute("set local track_functions = 'all'")
+        conn.execute(sql.SQL("set local role {}").format(sql.Identifier(login)))
+        names = ", ".join(f"{k} => %({k})s" for k in params if k not in ("queues", "kinds"))
+        rows = conn.execute(
+            f"select * from awa.enqueue_batch(%(queues)s::text[], %(kinds)s::text[]"
+            f"{', ' if names else ''}{names})", params).fetchall()
+        conn.execute("reset role")
+        (general,) = conn.execute(
+            "select pg_stat_get_xact_function_calls('awa._enqueue_rows'::regproc)").fetchone()
+        if own:
+            conn.commit()
+        return rows, general or 0
+    finally:
+        if own:
+            conn.close()
+
+
+def stored(db, queue):
+    with db.connect() as admin:
+        return admin.execute(
+            "select r.job_id, r.kind, r.args, r.priority, r.max_attempts, r.ordering_key,"
+            "       r.attempt, l.shard, r.lane_seq"
+            "  from awa.ready as r join awa.queue_meta as m using (queue_id)"
+            "  join awa.lanes as l using (lane_id)"
+            " where m.queue = %s order by r.lane_seq", [queue]).fetchall()
+
+
+FAST_SHAPES = {
+    "defaults": {},
+    "every column given": {
+        "args": [Jsonb({"i": i}) if i % 3 else None for i in range(30)],
+        "priorities": [3] * 30,
+        "max_attempts": [7] * 30,
+        "ordering_keys": [None] * 30,
+        "run_ats": [None] * 30,
+    },
+}
+
+
+@pytest.mark.parametrize("shape", sorted(FAST_SHAPES))
+def test_fast_path_stores_what_it_was_given_in_input_order(db, logins, shape):
+    extra = FAST_SHAPES[shape]
+    with db.connect(logins.operator) as op:
+        op.execute("select awa.set_enqueue_shards('fast', 4)")
+    kinds = [f"kind{i}" for i in range(30)]
+    rows, general = batch_as(db, logins.producer,
+                             {"queues": ["fast"] * 30, "kinds": kinds, **extra})
+    assert general == 0
+    priority = extra.get("priorities", [2])[0]
+    attempts = extra.get("max_attempts", [25])[0]
+    args = [a.obj if a else {} for a in extra.get("args", [None] * 30)]
+    # one row per input, in input order, one lane, one contiguous range
+    assert [r[1:3] for r in rows] == [("fast", priority)] * 30
+    assert len({r[3] for r in rows}) == 1
+    first = rows[0][4]
+    assert [r[4] for r in rows] == list(range(first, first + 30))
+    assert len({r[0] for r in rows}) == 30
+    jobs = stored(db, "fast")
+    assert [(j[0], j[8]) for j in jobs] == [(r[0], r[4]) for r in rows]
+    assert [(j[1], j[2], j[3], j[4], j[5], j[6], j[7]) for j in jobs] == [
+        (kinds[i], args[i], priority, attempts, None, 0, rows[0][3]) for i in range(30)]
+    with db.connect(logins.worker) as w:
+        assert [c[6] for c in claim_all(w, ["fast"])] == kinds
+
+
+GENERAL_SHAPES = {
+    "two queues": {"queues": ["fast", "other"] * 5},
+    "a key": {"ordering_keys": [None] * 9 + [b"k"]},
+    "a future run_at": {"run_ats": [None] * 9 + ["2999-01-01T00:00:00Z"]},
+    "two priorities": {"priorities": [1] * 9 + [2]},
+    "null and explicit priority": {"priorities": [None] * 9 + [2]},
+    "two max_attempts": {"max_attempts": [5] * 9 + [6]},
+    "a new queue": {"queues": ["brand-new"] * 10},
+    "a partitioned queue": {"queues": ["parted"] * 10},
+}
+
+
+@pytest.mark.parametrize("shape", sorted(GENERAL_SHAPES))
+def test_other_calls_take_the_general_path(db, logins, shape):
+    with db.connect(logins.operator) as op:
+        op.execute("select awa.set_queue_partitions('parted', 2)")
+    with db.connect(logins.producer) as p:
+        for q in ("fast", "other"):
+            enqueue(p, q)
+    params = {"queues": ["fast"] * 10, "kinds": ["k"] * 10, **GENERAL_SHAPES[shape]}
+    rows, general = batch_as(db, logins.producer, params)
+    assert general == 1
+    assert len(rows) == 10
+
+
+@pytest.mark.parametrize(("extra", "sqlstate", "words"), [
+    ({"priorities": [5] * 3}, "22023", "batch element 1"),
+    ({"priorities": [0] * 3}, "22023", "batch element 1"),
+    ({"max_attempts": [0] * 3}, "22023", "batch element 1"),
+    ({"kinds": ["k", None, "k"]}, "22004", "batch element 2"),
+    ({"kinds": ["k", "k"]}, "22023", "kinds has 2 elements but queues has 3"),
+    ({"args": [None]}, "22023", "args has 1 elements but queues has 3"),
+    ({"queues": ["x" * 201] * 3}, "22023", "batch element 1"),
+    ({"queues": ["a#b"] * 3}, "22023", "batch element 1"),
+])
+def test_bad_calls_that_look_fast_fail_like_the_general_path(db, logins, extra, sqlstate,
+                                                             words):
+    with db.connect(logins.producer) as p:
+        enqueue(p, "fast")
+    params = {"queues": ["fast"] * 3, "kinds": ["k"] * 3, **extra}
+    with pytest.raises(psycopg.Error) as err:
+        batch_as(db, logins.producer, params)
+    assert err.value.sqlstate == sqlstate
+    assert words in str(err.value)
+    with db.connect() as admin:
+        assert admin.execute("select count(*) from awa.ready").fetchone()[0] == 1
+
+
+def test_fast_path_keeps_the_lane_its_transaction_holds(db, logins):
+    with db.connect(logins.operator) as op:
+        op.execute("select awa.set_enqueue_shards('sticky', 8)")
+    with db.connect(autocommit=False) as conn:
+        conn.execute(sql.SQL("set local role {}").format(sql.Identifier(logins.producer)))
+        single = enqueue(conn, "sticky")
+        first, general = batch_as(db, logins.producer,
+                                  {"queues": ["sticky"] * 5, "kinds": ["k"] * 5}, conn=conn)
+        second, _ = batch_as(db, logins.producer,
+                             {"queues": ["sticky"] * 5, "kinds": ["k"] * 5}, conn=conn)
+        conn.commit()
+    assert general == 0
+    assert {r[3] for r in first + second} == {single[3]}
+    assert [r[4] for r in first + second] == list(range(single[4] + 1, single[4] + 11))
