@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import html
 import shutil
 import tempfile
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 import schemathesis
@@ -126,6 +128,28 @@ def test_plan_states_the_ordering_consequence_and_changes_nothing(db, api):
     assert _shards(db, "p") == 1
     assert api.get("/api/queues/p/enqueue-shards/plan",
                    params={"shards": 65}).status_code == 422
+
+
+@pytest.mark.parametrize("name", ["billing/eu", "a/b/c", "x/enqueue-shards", "sp ace?&%",
+                                  "ünï/çødé"])
+def test_queue_names_with_slashes_and_escapes_work_on_every_route(db, api, name):
+    enqueue_jobs(db, name, 2)
+    path = "/api/queues/" + quote(name, safe="")
+    detail = api.get(path)
+    assert (detail.status_code, detail.json()["queue"], detail.json()["ready"]) == (200, name, 2)
+    plan = api.get(path + "/enqueue-shards/plan", params={"shards": 2})
+    assert (plan.status_code, plan.json()["queue"]) == (200, name)
+    put = api.put(path + "/enqueue-shards", json={"shards": 2}, headers=auth())
+    assert (put.status_code, put.json()["queue"]) == (200, name)
+    assert _shards(db, name) == 2
+    mode = api.put(path + "/shard-mode", json={"mode": "shadow", "max_shards": 8},
+                   headers=auth())
+    assert (mode.status_code, mode.json()["queue"]) == (200, name)
+    assert api.post(path + "/pause", headers=auth()).json()["paused"] is True
+    assert api.post(path + "/resume", headers=auth()).json()["paused"] is False
+    page = api.get("/queues/" + quote(name, safe=""))
+    assert page.status_code == 200
+    assert html.escape(name, quote=True) in page.text
 
 
 # -- writes ------------------------------------------------------------------------------

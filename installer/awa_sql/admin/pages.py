@@ -51,6 +51,6 @@ def install(app: FastAPI) -> None:
     def queue_list(request: Request) -> HTMLResponse:
         return _shell(request, "queues", "Queues")
 
-    @app.get("/queues/{queue}", response_class=HTMLResponse, include_in_schema=False)
+    @app.get("/queues/{queue:path}", response_class=HTMLResponse, include_in_schema=False)
     def queue_page(request: Request, queue: str) -> HTMLResponse:
         return _shell(request, "queue", queue, queue)

@@ -53,13 +53,7 @@ def list_queues(request: Request) -> list[dict]:
         return queries.list_queues(conn)
 
 
-@router.get("/queues/{queue}", response_model=QueueDetail, responses=NOT_FOUND)
-def queue_detail(request: Request, queue: QueueName) -> dict:
-    with _pool(request).connection() as conn, conn.transaction():
-        return queries.queue_detail(conn, queue)
-
-
-@router.get("/queues/{queue}/enqueue-shards/plan", response_model=ShardPlan,
+@router.get("/queues/{queue:path}/enqueue-shards/plan", response_model=ShardPlan,
             responses=NOT_FOUND)
 def plan_shards(request: Request, queue: QueueName,
                 shards: Annotated[int, Query(ge=1, le=64)]) -> dict:
@@ -73,7 +67,16 @@ def plan_shards(request: Request, queue: QueueName,
             "consequence": ordering_consequence(queue, old, shards)}
 
 
-@router.put("/queues/{queue}/enqueue-shards", response_model=ShardResult,
+# Queue names may hold "/": every route takes the rest of the path as the
+# name ({queue:path}), so this catch-all comes after the GET routes that end
+# in a fixed suffix.
+@router.get("/queues/{queue:path}", response_model=QueueDetail, responses=NOT_FOUND)
+def queue_detail(request: Request, queue: QueueName) -> dict:
+    with _pool(request).connection() as conn, conn.transaction():
+        return queries.queue_detail(conn, queue)
+
+
+@router.put("/queues/{queue:path}/enqueue-shards", response_model=ShardResult,
             dependencies=[Depends(require_write)], responses=WRITE)
 def put_shards(request: Request, queue: QueueName, body: ShardsBody) -> dict:
     with _pool(request).connection() as conn, conn.transaction():
@@ -85,7 +88,7 @@ def put_shards(request: Request, queue: QueueName, body: ShardsBody) -> dict:
             "consequence": ordering_consequence(queue, old, body.shards)}
 
 
-@router.put("/queues/{queue}/shard-mode", response_model=ShardModeResult,
+@router.put("/queues/{queue:path}/shard-mode", response_model=ShardModeResult,
             dependencies=[Depends(require_write)],
             responses={**WRITE, 501: {"model": Error,
                                       "description": "the database has no auto-scaler"}})
@@ -109,13 +112,13 @@ def _set_paused(request: Request, queue: str, paused: bool) -> dict:
     return {"queue": queue, "paused": paused, "changed": changed}
 
 
-@router.post("/queues/{queue}/pause", response_model=PauseResult,
+@router.post("/queues/{queue:path}/pause", response_model=PauseResult,
              dependencies=[Depends(require_write)], responses=WRITE)
 def pause(request: Request, queue: QueueName) -> dict:
     return _set_paused(request, queue, True)
 
 
-@router.post("/queues/{queue}/resume", response_model=PauseResult,
+@router.post("/queues/{queue:path}/resume", response_model=PauseResult,
              dependencies=[Depends(require_write)], responses=WRITE)
 def resume(request: Request, queue: QueueName) -> dict:
     return _set_paused(request, queue, False)
