@@ -7,16 +7,20 @@ rows inserted by the same connections into a table shaped like awa.ready,
 with no lane lock and no sequence. Prints jobs/s per cell and each cell as a
 fraction of its ceiling. Single-row runs also show the "definer floor": the
 same INSERT inside a SECURITY DEFINER PL/pgSQL function with a pinned
-search_path, the best any function-based contract can do. Synchronous commit
-stays on.
+search_path, the best any function-based contract can do. With --keyed, a
+third table: single-row transactions each with an ordering key drawn from
+100,000 (keyed jobs wait for their key's lane; unkeyed ones move to a free
+one). Synchronous commit stays on.
 
     python bench/enqueue_contention.py [--seconds 5] [--producers 1,4,16] [--shards 1,2,4,8,16]
+                                       [--keyed]
 """
 
 from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
+import random
 import sys
 import time
 from pathlib import Path
@@ -66,6 +70,13 @@ def _worker(dsn, mode, deadline_at, start, results, index):
         elif mode == "single":
             while time.monotonic() < deadline_at.value:
                 conn.execute("select awa.enqueue(%s, 'bench.job')", [QUEUE], prepare=True)
+                done += 1
+        elif mode == "keyed":
+            rng = random.Random(index)
+            while time.monotonic() < deadline_at.value:
+                key = b"key-%d" % rng.randrange(100_000)
+                conn.execute("select awa.enqueue(%s, 'bench.job', ordering_key => %s)",
+                             [QUEUE, key], prepare=True)
                 done += 1
         elif mode == "batch":
             while time.monotonic() < deadline_at.value:
@@ -123,6 +134,8 @@ def main():
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--producers", default="1,4,16")
     parser.add_argument("--shards", default="1,2,4,8,16")
+    parser.add_argument("--keyed", action="store_true",
+                        help="also run single-row transactions with ordering keys")
     args = parser.parse_args()
     producer_counts = [int(x) for x in args.producers.split(",")]
     shard_counts = [int(x) for x in args.shards.split(",")]
@@ -143,15 +156,18 @@ def main():
             version = conn.execute("show server_version").fetchone()[0]
         print(f"# enqueue_contention: {machine()}; PostgreSQL {version}; "
               f"synchronous_commit=on; {args.seconds:g} s per cell")
-        for kind in ("single", "batch"):
-            unit = "1-row transactions" if kind == "single" else f"{BATCH}-row batch calls"
+        kinds = ("single", "batch", "keyed") if args.keyed else ("single", "batch")
+        for kind in kinds:
+            unit = {"single": "1-row transactions", "batch": f"{BATCH}-row batch calls",
+                    "keyed": "keyed 1-row transactions"}[kind]
             print(f"\n## {unit}: jobs/s (fraction of the no-lane ceiling)")
             floor_col = ["definer floor"] if kind == "single" else []
             header = ["P", "ceiling", *floor_col] + [f"S={s}" for s in shard_counts]
             print(" | ".join(f"{h:>16}" for h in header))
             for producers in producer_counts:
                 reset(dsn)
-                ceiling = run_cell(dsn, f"ceiling-{kind}", producers, args.seconds)
+                ceiling_mode = "ceiling-batch" if kind == "batch" else "ceiling-single"
+                ceiling = run_cell(dsn, ceiling_mode, producers, args.seconds)
                 cells = []
                 if kind == "single":
                     reset(dsn)

@@ -83,9 +83,9 @@ $$;
 -- Returns: awa.enqueued (job_id, queue, priority, enqueue_shard, lane_seq);
 --   enqueue_shard and lane_seq are null when run_at is in the future.
 -- Errors: 22004 null queue or kind; 22023 bad queue name, priority or max_attempts.
--- The common case (a known unstriped queue, an unkeyed job due now) runs in
--- this frame with two index lookups; everything else goes through
--- awa._enqueue_slow.
+-- The common case (a known plain queue, a job due now, keyed or not) runs in
+-- this frame with two index lookups; a new queue, a partitioned or striped
+-- name and a job for later go through awa._enqueue_slow.
 create or replace function awa.enqueue(
     queue text,
     kind text,
@@ -119,14 +119,30 @@ begin
     select m.queue_id, m.enqueue_shards into q_id, shards
       from awa.queue_meta as m
      where m.queue = enqueue.queue and m.stripes = 1 and m.partitions = 1;
-    if not found or ordering_key is not null or (run_at is not null and run_at > now()) then
+    if not found or (run_at is not null and run_at > now()) then
         return awa._enqueue_slow(queue, kind, args, priority, ordering_key, run_at, max_attempts);
     end if;
-    -- The lane this transaction already holds for (queue, priority), else
-    -- this backend's sticky lane if it is free, else any free lane, else wait
-    -- for the sticky one.
-    held := current_setting('awa.lane_' || q_id || '_' || priority, true);
-    if held is not null and held <> '' then
+    -- A keyed job: its key's lane, waited for if need be. Unkeyed: the lane
+    -- this transaction already holds for (queue, priority), else this
+    -- backend's sticky lane if it is free, else any free lane, else wait for
+    -- the sticky one.
+    held := case when ordering_key is null
+                 then current_setting('awa.lane_' || q_id || '_' || priority, true) end;
+    if ordering_key is not null then
+        lane_shard := awa._key_shard(ordering_key, shards);
+        select l.lane_id, l.seq into lane_id, lane_seq_class
+          from awa.lanes as l
+         where l.queue_id = q_id and l.priority = enqueue.priority and l.shard = lane_shard;
+        if lane_id is null then  -- never provisioned: the slow path names the bug
+            return awa._enqueue_slow(
+                queue, kind, args, priority, ordering_key, run_at, max_attempts
+            );
+        end if;
+        if not pg_try_advisory_xact_lock(1635213644, lane_id) then
+            perform awa._wait_for_lane(lane_id);
+        end if;
+        held := set_config('awa.lane_' || q_id || '_' || priority, lane_id::text, true);
+    elsif held <> '' then
         select l.lane_id, l.seq, l.shard into lane_id, lane_seq_class, lane_shard
           from awa.lanes as l
          where l.lane_id = held::integer;

@@ -1,10 +1,11 @@
-"""awa.enqueue_batch: the one-lane fast path and the general path give the same jobs.
+"""The fast paths of awa.enqueue and awa.enqueue_batch give the jobs the general paths give.
 
-The fast path takes calls whose rows are all valid, unkeyed, due now, for one
-plain queue at one priority. Each case below runs once through
-awa.enqueue_batch as a producer and checks, beside the stored jobs, which
-path served it (pg_stat_get_xact_function_calls on awa._enqueue_rows, the
-general path), so a case meant for one path cannot silently test the other.
+awa.enqueue serves a job due now for a known plain queue, keyed or not, in
+its own frame (else awa._enqueue_slow). awa.enqueue_batch serves calls whose
+rows are all valid, unkeyed, due now, for one plain queue at one priority
+with one lane range (else awa._enqueue_rows). Each case checks, beside the
+stored jobs, which path served it (pg_stat_get_xact_function_calls), so a
+case meant for one path cannot silently test the other.
 """
 
 from __future__ import annotations
@@ -14,12 +15,18 @@ import pytest
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
+from awa_sql import routing
 from tests.test_storage import Logins, claim_all, enqueue
 
 
 @pytest.fixture
 def logins(db) -> Logins:
     return Logins(**{cap: db.login_role(f"awa_{cap}") for cap in Logins.__dataclass_fields__})
+
+
+def general_calls(conn, function):
+    return conn.execute("select coalesce(pg_stat_get_xact_function_calls(%s::regproc), 0)",
+                        [function]).fetchone()[0]
 
 
 def batch_as(db, login, params, *, conn=None):
@@ -35,11 +42,10 @@ def batch_as(db, login, params, *, conn=None):
             f"select * from awa.enqueue_batch(%(queues)s::text[], %(kinds)s::text[]"
             f"{', ' if names else ''}{names})", params).fetchall()
         conn.execute("reset role")
-        (general,) = conn.execute(
-            "select pg_stat_get_xact_function_calls('awa._enqueue_rows'::regproc)").fetchone()
+        general = general_calls(conn, "awa._enqueue_rows")
         if own:
             conn.commit()
-        return rows, general or 0
+        return rows, general
     finally:
         if own:
             conn.close()
@@ -155,3 +161,54 @@ def test_fast_path_keeps_the_lane_its_transaction_holds(db, logins):
     assert general == 0
     assert {r[3] for r in first + second} == {single[3]}
     assert [r[4] for r in first + second] == list(range(single[4] + 1, single[4] + 11))
+
+
+def test_keyed_enqueue_goes_to_its_key_lane_and_unkeyed_jobs_follow_it(db, logins):
+    """A keyed job on a plain queue takes the fast path to its key's lane; the
+    transaction then holds that lane for (queue, priority), so its unkeyed jobs
+    join it, as in the general path."""
+    with db.connect(logins.operator) as op:
+        op.execute("select awa.set_enqueue_shards('keyed-fast', 8)")
+    keys = [f"key-{i}".encode() for i in range(40)]
+    with db.connect(autocommit=False) as conn:
+        conn.execute("set local track_functions = 'all'")
+        conn.execute(sql.SQL("set local role {}").format(sql.Identifier(logins.producer)))
+        for key in keys:
+            got = enqueue(conn, "keyed-fast", ordering_key=key)
+            assert got[3] == routing.shard_for_ordering_key(key, 8)
+        conn.commit()
+    with db.connect(autocommit=False) as conn:
+        conn.execute("set local track_functions = 'all'")
+        conn.execute(sql.SQL("set local role {}").format(sql.Identifier(logins.producer)))
+        keyed = enqueue(conn, "keyed-fast", ordering_key=keys[0])
+        unkeyed = [enqueue(conn, "keyed-fast") for _ in range(3)]
+        conn.execute("reset role")
+        assert general_calls(conn, "awa._enqueue_slow") == 0
+        conn.commit()
+    assert {u[3] for u in unkeyed} == {keyed[3]}
+    assert [u[4] for u in unkeyed] == [keyed[4] + 1, keyed[4] + 2, keyed[4] + 3]
+    with db.connect() as admin:
+        lanes = admin.execute(
+            "select l.shard, array_agg(r.ordering_key order by r.lane_seq)"
+            "  from awa.ready as r join awa.lanes as l using (lane_id)"
+            "  join awa.queue_meta as m on m.queue_id = r.queue_id"
+            " where m.queue = 'keyed-fast' and r.ordering_key is not null group by 1").fetchall()
+    expected: dict[int, list[bytes]] = {}
+    for key in [*keys, keys[0]]:  # per lane, in enqueue order
+        expected.setdefault(routing.shard_for_ordering_key(key, 8), []).append(key)
+    assert dict(lanes) == expected
+
+
+def test_keyed_enqueue_to_a_partitioned_or_new_queue_takes_the_general_path(db, logins):
+    with db.connect(logins.operator) as op:
+        op.execute("select awa.set_queue_partitions('keyed-parted', 2)")
+    with db.connect(autocommit=False) as conn:
+        conn.execute("set local track_functions = 'all'")
+        conn.execute(sql.SQL("set local role {}").format(sql.Identifier(logins.producer)))
+        parted = enqueue(conn, "keyed-parted", ordering_key=b"k")
+        fresh = enqueue(conn, "keyed-new", ordering_key=b"k")
+        conn.execute("reset role")
+        assert general_calls(conn, "awa._enqueue_slow") == 2
+        conn.commit()
+    assert parted[1].startswith("keyed-parted")
+    assert (fresh[1], fresh[3]) == ("keyed-new", 0)
