@@ -408,9 +408,6 @@ begin
             case when queues is null then 'queues' else 'kinds' end
             using errcode = '22004';
     end if;
-    if array_ndims(queues) > 1 then
-        raise exception 'queues must be a one-dimensional array' using errcode = '22023';
-    end if;
     foreach q in array array['kinds', 'args', 'priorities', 'ordering_keys', 'run_ats',
                              'max_attempts'] loop
         bad := case q
@@ -542,8 +539,9 @@ $$;
 -- job. queues and kinds are required; the other arrays may be null (all
 -- defaults) and a null element takes the default. Role: awa_producer.
 -- Returns: one awa.enqueued row per input, in input order.
--- Errors: 22023 arrays of different lengths (naming them), bad elements
---   (naming the 1-based index); 22004 null queue or kind elements.
+-- Errors: 22023 arrays of different lengths (naming them), an array with a
+--   second dimension or not indexed from 1 (naming it), bad elements (naming
+--   the 1-based index); 22004 null queue or kind elements.
 create or replace function awa.enqueue_batch(
     queues text[],
     kinds text[],
@@ -564,22 +562,37 @@ declare
     n integer := cardinality(queues);
     p smallint := coalesce(priorities[1], 2);
     attempts integer := coalesce(max_attempts[1], 25);
+    dims text[] := array[
+        array_dims(queues), array_dims(kinds), array_dims(args), array_dims(priorities),
+        array_dims(ordering_keys), array_dims(run_ats), array_dims(max_attempts)
+    ];
     q_id integer;
     lanes record;
 begin
+    -- Rows are read by position 1 .. n: a subscript from another base, or a
+    -- second dimension, would silently pair the wrong elements.
+    for i in 1 .. 7 loop
+        if left(dims[i], 3) <> '[1:' or strpos(dims[i], '][') > 0 then
+            raise exception 'array % must be one-dimensional and indexed from 1, got %',
+                (array['queues', 'kinds', 'args', 'priorities', 'ordering_keys', 'run_ats',
+                       'max_attempts'])[i], dims[i]
+                using errcode = '22023';
+        end if;
+    end loop;
     -- The common call, every row due now, unkeyed, valid, for one plain
-    -- queue at one priority, is one lane range and one INSERT: tested with
-    -- array operators, not row by row. Any other call, and every error,
-    -- takes awa._enqueue_rows.
-    if n > 0 and array_ndims(queues) = 1 and queues <@ array[queues[1]]
+    -- queue at one priority (a null element meaning the default), is one
+    -- lane range and one INSERT: tested with array operators, not row by
+    -- row. Any other call, and every error, takes awa._enqueue_rows.
+    if n > 0 and queues <@ array[queues[1]]
        and octet_length(queues[1]) between 1 and 200 and strpos(queues[1], '#') = 0
        and cardinality(kinds) = n and array_position(kinds, null) is null
        and (args is null or cardinality(args) = n)
        and (priorities is null
-            or (cardinality(priorities) = n and priorities <@ array[p] and p between 1 and 4))
+            or (cardinality(priorities) = n and p between 1 and 4
+                and array_replace(priorities, null, 2::smallint) <@ array[p]))
        and (max_attempts is null
-            or (cardinality(max_attempts) = n and max_attempts <@ array[attempts]
-                and attempts between 1 and 1000))
+            or (cardinality(max_attempts) = n and attempts between 1 and 1000
+                and array_replace(max_attempts, null, 25) <@ array[attempts]))
        and (ordering_keys is null
             or (cardinality(ordering_keys) = n and cardinality(array_remove(ordering_keys, null)) = 0))
        and (run_ats is null

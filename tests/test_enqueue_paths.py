@@ -15,7 +15,7 @@ import pytest
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from awa_sql import routing
+from awa_sql import client, routing
 from tests.test_storage import Logins, claim_all, enqueue
 
 
@@ -70,7 +70,19 @@ FAST_SHAPES = {
         "ordering_keys": [None] * 30,
         "run_ats": [None] * 30,
     },
+    "null elements meaning the defaults": {
+        "priorities": [None] * 15 + [2] * 15,
+        "max_attempts": [25] * 15 + [None] * 15,
+    },
+    "all-null priorities and max_attempts, as the Python client sends": {
+        "priorities": [None] * 30,
+        "max_attempts": [None] * 30,
+    },
 }
+
+
+def _given(values, default):
+    return next((v for v in values if v is not None), default)
 
 
 @pytest.mark.parametrize("shape", sorted(FAST_SHAPES))
@@ -82,8 +94,8 @@ def test_fast_path_stores_what_it_was_given_in_input_order(db, logins, shape):
     rows, general = batch_as(db, logins.producer,
                              {"queues": ["fast"] * 30, "kinds": kinds, **extra})
     assert general == 0
-    priority = extra.get("priorities", [2])[0]
-    attempts = extra.get("max_attempts", [25])[0]
+    priority = _given(extra.get("priorities", []), 2)
+    attempts = _given(extra.get("max_attempts", []), 25)
     args = [a.obj if a else {} for a in extra.get("args", [None] * 30)]
     # one row per input, in input order, one lane, one contiguous range
     assert [r[1:3] for r in rows] == [("fast", priority)] * 30
@@ -104,7 +116,8 @@ GENERAL_SHAPES = {
     "a key": {"ordering_keys": [None] * 9 + [b"k"]},
     "a future run_at": {"run_ats": [None] * 9 + ["2999-01-01T00:00:00Z"]},
     "two priorities": {"priorities": [1] * 9 + [2]},
-    "null and explicit priority": {"priorities": [None] * 9 + [2]},
+    "a null and another priority": {"priorities": [None] * 9 + [3]},
+    "another priority and a null": {"priorities": [3] * 9 + [None]},
     "two max_attempts": {"max_attempts": [5] * 9 + [6]},
     "a new queue": {"queues": ["brand-new"] * 10},
     "a partitioned queue": {"queues": ["parted"] * 10},
@@ -133,6 +146,17 @@ def test_other_calls_take_the_general_path(db, logins, shape):
     ({"args": [None]}, "22023", "args has 1 elements but queues has 3"),
     ({"queues": ["x" * 201] * 3}, "22023", "batch element 1"),
     ({"queues": ["a#b"] * 3}, "22023", "batch element 1"),
+    ({"queues": "[0:2]={fast,fast,fast}"}, "22023", "array queues must be one-dimensional"),
+    ({"kinds": "[0:2]={a,b,c}"}, "22023", "array kinds must be one-dimensional and indexed "
+                                          "from 1, got [0:2]"),
+    ({"args": '[2:4]={"{}","{}","{}"}'}, "22023", "array args must be one-dimensional"),
+    ({"priorities": "[0:2]={3,3,3}"}, "22023", "array priorities must be one-dimensional"),
+    ({"max_attempts": "[0:2]={7,7,7}"}, "22023", "array max_attempts must be one-dimensional"),
+    ({"kinds": "{{a,b},{c,d}}", "queues": ["fast"] * 4}, "22023",
+     "array kinds must be one-dimensional and indexed from 1, got [1:2][1:2]"),
+    ({"ordering_keys": "{{NULL,NULL},{NULL,NULL}}", "queues": ["fast"] * 4,
+      "kinds": ["k"] * 4}, "22023", "array ordering_keys must be one-dimensional"),
+    ({"run_ats": "{{NULL},{NULL},{NULL}}"}, "22023", "array run_ats must be one-dimensional"),
 ])
 def test_bad_calls_that_look_fast_fail_like_the_general_path(db, logins, extra, sqlstate,
                                                              words):
@@ -212,3 +236,18 @@ def test_keyed_enqueue_to_a_partitioned_or_new_queue_takes_the_general_path(db, 
         conn.commit()
     assert parted[1].startswith("keyed-parted")
     assert (fresh[1], fresh[3]) == ("keyed-new", 0)
+
+
+def test_the_python_clients_batch_takes_the_fast_path(db, logins):
+    """enqueue_many sends every column, None where a job sets nothing."""
+    with db.connect(logins.producer) as p:
+        enqueue(p, "client-fast")
+    with db.connect(autocommit=False) as conn:
+        conn.execute("set local track_functions = 'all'")
+        conn.execute(sql.SQL("set local role {}").format(sql.Identifier(logins.producer)))
+        got = client.enqueue_many(conn, [{"kind": f"k{i}"} for i in range(5)],
+                                  queue="client-fast")
+        conn.execute("reset role")
+        assert general_calls(conn, "awa._enqueue_rows") == 0
+        conn.commit()
+    assert [g.lane_seq for g in got] == list(range(got[0].lane_seq, got[0].lane_seq + 5))
