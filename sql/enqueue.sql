@@ -50,6 +50,7 @@ declare
     new_job bigint;
     new_seq bigint;
 begin
+    perform awa._check_queue_name(queue);  -- also for an existing stripe's 'q#1'
     meta := awa._route_queue(awa._ensure_queue(queue), ordering_key);
     if run_at is not null and run_at > now() then
         new_job := nextval('awa.job_id_seq');
@@ -116,9 +117,11 @@ begin
         or max_attempts is null or max_attempts not between 1 and 1000 then
         perform awa._check_job(kind, priority, max_attempts);
     end if;
+    -- A stripe's own name ('q#1') is no target: the slow path refuses it.
     select m.queue_id, m.enqueue_shards into q_id, shards
       from awa.queue_meta as m
-     where m.queue = enqueue.queue and m.stripes = 1 and m.partitions = 1;
+     where m.queue = enqueue.queue and m.stripes = 1 and m.partitions = 1
+       and strpos(enqueue.queue, '#') = 0;
     if not found or (run_at is not null and run_at > now()) then
         return awa._enqueue_slow(queue, kind, args, priority, ordering_key, run_at, max_attempts);
     end if;

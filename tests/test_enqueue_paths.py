@@ -251,3 +251,17 @@ def test_the_python_clients_batch_takes_the_fast_path(db, logins):
         assert general_calls(conn, "awa._enqueue_rows") == 0
         conn.commit()
     assert [g.lane_seq for g in got] == list(range(got[0].lane_seq, got[0].lane_seq + 5))
+
+
+def test_a_stripes_own_name_is_refused_by_enqueue_as_by_the_batch(db, logins):
+    with db.connect(logins.operator) as op:
+        op.execute("select awa.set_queue_stripes('striped', 2)")
+    with db.connect(logins.producer) as p:
+        enqueue(p, "striped")
+        for call in ("select awa.enqueue('striped#1', 'k')",
+                     "select awa.enqueue('striped#1', 'k', ordering_key => 'x'::bytea)",
+                     "select awa.enqueue_batch(array['striped#1'], array['k'])"):
+            with pytest.raises(psycopg.errors.InvalidParameterValue, match="reserved for stripes"):
+                p.execute(call)
+    with db.connect() as admin:
+        assert admin.execute("select count(*) from awa.ready").fetchone()[0] == 1
