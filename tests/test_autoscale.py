@@ -250,7 +250,7 @@ def test_live_producers_and_workers_while_the_controller_acts(db, logins):
     policy(db, logins.operator, "live", cooldown="0.2s", grow_wait_share=0, grow_waiters=0,
            min_samples=1)
     stop = threading.Event()
-    acked: dict[int, list[tuple[int, int]]] = {}
+    acked: dict[int, list[tuple[int, int, float]]] = {}  # job, shard, call started
     failures: list[str] = []
     completed: list[int] = []
 
@@ -260,6 +260,7 @@ def test_live_producers_and_workers_while_the_controller_acts(db, logins):
         with db.connect(logins.producer, autocommit=False) as conn:
             while not stop.is_set():
                 try:
+                    started = time.monotonic()
                     if rng.random() < 0.5:
                         key = f"k{rng.randint(0, 40)}".encode() if rng.random() < 0.5 else None
                         rows = [enqueue(conn, "live", ordering_key=key)]
@@ -271,7 +272,7 @@ def test_live_producers_and_workers_while_the_controller_acts(db, logins):
                             "select * from awa.enqueue_batch(%s, %s, ordering_keys => %s::bytea[])",
                             [["live"] * n, ["k"] * n, keys]).fetchall()
                     conn.commit()
-                    mine.extend((r[0], r[3]) for r in rows)
+                    mine.extend((r[0], r[3], started) for r in rows)
                 except psycopg.Error as err:
                     conn.rollback()
                     failures.append(f"{err.sqlstate}: {err}")
@@ -314,7 +315,7 @@ def test_live_producers_and_workers_while_the_controller_acts(db, logins):
     # Every producer connection, open throughout, used shards that exist
     # only at S = 8: it saw the raises at their commit without reconnecting.
     for i, rows in acked.items():
-        assert max(shard for _, shard in rows) >= 4, f"producer {i} never saw S = 8"
+        assert max(r[1] for r in rows) >= 4, f"producer {i} never saw S = 8"
     with db.connect() as admin:
         changes = admin.execute(
             "select old_shards, new_shards, source from awa.shard_changes"
@@ -325,15 +326,14 @@ def test_live_producers_and_workers_while_the_controller_acts(db, logins):
         for job in claim_all(w, ["live"], 500):
             w.execute("select awa.complete(%s, %s)", [job[0], job[1]])
             completed.append(job[0])
-    shard_of = {job: shard for rows in acked.values() for job, shard in rows}
-    with db.connect() as admin:
-        after_lower = [r[0] for r in admin.execute(
-            "select job_id from awa.finished where enqueued_at > ("
-            " select pg_xact_commit_timestamp(xmin) from awa.shard_changes"
-            " where queue = 'live' order by change_id desc limit 1)")]
+    # A call that started once this test had seen S = 2 committed took its
+    # snapshot after that commit was visible. (Commit timestamps are no
+    # boundary: one is recorded just before its commit becomes visible.)
+    after_lower = [shard for rows in acked.values() for _, shard, started in rows
+                   if started > final_lower_seen]
     assert after_lower, "no enqueue after the last lower"
-    assert max(shard_of[j] for j in after_lower) < 2
-    enqueued = [job for rows in acked.values() for job, _ in rows]
+    assert max(after_lower) < 2
+    enqueued = [job for rows in acked.values() for job, _, _ in rows]
     assert len(completed) == len(set(completed))
     assert set(enqueued) <= set(completed)
 
