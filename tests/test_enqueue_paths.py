@@ -10,6 +10,8 @@ case meant for one path cannot silently test the other.
 
 from __future__ import annotations
 
+import contextlib
+
 import psycopg
 import pytest
 from psycopg import sql
@@ -24,31 +26,34 @@ def logins(db) -> Logins:
     return Logins(**{cap: db.login_role(f"awa_{cap}") for cap in Logins.__dataclass_fields__})
 
 
+@contextlib.contextmanager
+def tracked(db, login):
+    """One transaction as `login` that counts function calls; commits at the end."""
+    with db.connect(autocommit=False) as conn:
+        conn.execute("set local track_functions = 'all'")
+        conn.execute(sql.SQL("set local role {}").format(sql.Identifier(login)))
+        yield conn
+
+
 def general_calls(conn, function):
+    """Calls of `function` so far in this transaction."""
     return conn.execute("select coalesce(pg_stat_get_xact_function_calls(%s::regproc), 0)",
                         [function]).fetchone()[0]
 
 
-def batch_as(db, login, params, *, conn=None):
-    """Calls awa.enqueue_batch as `login`; returns (rows, general path calls)."""
-    own = conn is None
-    conn = conn or db.connect(autocommit=False)
-    try:
-        conn.execute("reset role")
-        conn.execute("set local track_functions = 'all'")
-        conn.execute(sql.SQL("set local role {}").format(sql.Identifier(login)))
-        names = ", ".join(f"{k} => %({k})s" for k in params if k not in ("queues", "kinds"))
-        rows = conn.execute(
-            f"select * from awa.enqueue_batch(%(queues)s::text[], %(kinds)s::text[]"
-            f"{', ' if names else ''}{names})", params).fetchall()
-        conn.execute("reset role")
-        general = general_calls(conn, "awa._enqueue_rows")
-        if own:
-            conn.commit()
-        return rows, general
-    finally:
-        if own:
-            conn.close()
+def batch(conn, params):
+    """awa.enqueue_batch with these arrays; returns (rows, general path calls)."""
+    before = general_calls(conn, "awa._enqueue_rows")
+    names = ", ".join(f"{k} => %({k})s" for k in params if k not in ("queues", "kinds"))
+    rows = conn.execute(
+        f"select * from awa.enqueue_batch(%(queues)s::text[], %(kinds)s::text[]"
+        f"{', ' if names else ''}{names})", params).fetchall()
+    return rows, general_calls(conn, "awa._enqueue_rows") - before
+
+
+def batch_as(db, login, params):
+    with tracked(db, login) as conn:
+        return batch(conn, params)
 
 
 def stored(db, queue):
@@ -174,14 +179,10 @@ def test_bad_calls_that_look_fast_fail_like_the_general_path(db, logins, extra, 
 def test_fast_path_keeps_the_lane_its_transaction_holds(db, logins):
     with db.connect(logins.operator) as op:
         op.execute("select awa.set_enqueue_shards('sticky', 8)")
-    with db.connect(autocommit=False) as conn:
-        conn.execute(sql.SQL("set local role {}").format(sql.Identifier(logins.producer)))
+    with tracked(db, logins.producer) as conn:
         single = enqueue(conn, "sticky")
-        first, general = batch_as(db, logins.producer,
-                                  {"queues": ["sticky"] * 5, "kinds": ["k"] * 5}, conn=conn)
-        second, _ = batch_as(db, logins.producer,
-                             {"queues": ["sticky"] * 5, "kinds": ["k"] * 5}, conn=conn)
-        conn.commit()
+        first, general = batch(conn, {"queues": ["sticky"] * 5, "kinds": ["k"] * 5})
+        second, _ = batch(conn, {"queues": ["sticky"] * 5, "kinds": ["k"] * 5})
     assert general == 0
     assert {r[3] for r in first + second} == {single[3]}
     assert [r[4] for r in first + second] == list(range(single[4] + 1, single[4] + 11))
@@ -194,21 +195,14 @@ def test_keyed_enqueue_goes_to_its_key_lane_and_unkeyed_jobs_follow_it(db, login
     with db.connect(logins.operator) as op:
         op.execute("select awa.set_enqueue_shards('keyed-fast', 8)")
     keys = [f"key-{i}".encode() for i in range(40)]
-    with db.connect(autocommit=False) as conn:
-        conn.execute("set local track_functions = 'all'")
-        conn.execute(sql.SQL("set local role {}").format(sql.Identifier(logins.producer)))
+    with tracked(db, logins.producer) as conn:
         for key in keys:
             got = enqueue(conn, "keyed-fast", ordering_key=key)
             assert got[3] == routing.shard_for_ordering_key(key, 8)
-        conn.commit()
-    with db.connect(autocommit=False) as conn:
-        conn.execute("set local track_functions = 'all'")
-        conn.execute(sql.SQL("set local role {}").format(sql.Identifier(logins.producer)))
+    with tracked(db, logins.producer) as conn:
         keyed = enqueue(conn, "keyed-fast", ordering_key=keys[0])
         unkeyed = [enqueue(conn, "keyed-fast") for _ in range(3)]
-        conn.execute("reset role")
         assert general_calls(conn, "awa._enqueue_slow") == 0
-        conn.commit()
     assert {u[3] for u in unkeyed} == {keyed[3]}
     assert [u[4] for u in unkeyed] == [keyed[4] + 1, keyed[4] + 2, keyed[4] + 3]
     with db.connect() as admin:
@@ -226,14 +220,10 @@ def test_keyed_enqueue_goes_to_its_key_lane_and_unkeyed_jobs_follow_it(db, login
 def test_keyed_enqueue_to_a_partitioned_or_new_queue_takes_the_general_path(db, logins):
     with db.connect(logins.operator) as op:
         op.execute("select awa.set_queue_partitions('keyed-parted', 2)")
-    with db.connect(autocommit=False) as conn:
-        conn.execute("set local track_functions = 'all'")
-        conn.execute(sql.SQL("set local role {}").format(sql.Identifier(logins.producer)))
+    with tracked(db, logins.producer) as conn:
         parted = enqueue(conn, "keyed-parted", ordering_key=b"k")
         fresh = enqueue(conn, "keyed-new", ordering_key=b"k")
-        conn.execute("reset role")
         assert general_calls(conn, "awa._enqueue_slow") == 2
-        conn.commit()
     assert parted[1].startswith("keyed-parted")
     assert (fresh[1], fresh[3]) == ("keyed-new", 0)
 
@@ -242,14 +232,10 @@ def test_the_python_clients_batch_takes_the_fast_path(db, logins):
     """enqueue_many sends every column, None where a job sets nothing."""
     with db.connect(logins.producer) as p:
         enqueue(p, "client-fast")
-    with db.connect(autocommit=False) as conn:
-        conn.execute("set local track_functions = 'all'")
-        conn.execute(sql.SQL("set local role {}").format(sql.Identifier(logins.producer)))
+    with tracked(db, logins.producer) as conn:
         got = client.enqueue_many(conn, [{"kind": f"k{i}"} for i in range(5)],
                                   queue="client-fast")
-        conn.execute("reset role")
         assert general_calls(conn, "awa._enqueue_rows") == 0
-        conn.commit()
     assert [g.lane_seq for g in got] == list(range(got[0].lane_seq, got[0].lane_seq + 5))
 
 
