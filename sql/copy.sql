@@ -13,7 +13,7 @@
 -- Moves the staged rows of one transaction into the lanes, in COPY order,
 -- 10,000 rows per pass through awa._enqueue_rows (the batch path). Rows
 -- another mover holds are skipped. The path for partitioned and striped
--- queues and for naming a bad row; awa._move_staged takes the rest.
+-- queues and for naming a bad row; awa._move_staged_sets takes the rest.
 create or replace function awa._move_staged_in_batches(xid xid8)
 returns bigint
 language plpgsql
@@ -72,7 +72,71 @@ begin
 end;
 $$;
 
--- Function: awa._move_staged(xid xid8) returns bigint
+-- Function: awa._move_staged_one_lane(xid xid8) returns bigint
+-- The common COPY, every row valid, unkeyed, due now, for one plain queue at
+-- one priority: one aggregate pass to see that, one lane range, one INSERT
+-- in COPY order. Returns how many rows it moved (0 when none are staged),
+-- or null, moving nothing, for any other set of rows (awa._move_staged then
+-- takes them).
+create or replace function awa._move_staged_one_lane(xid xid8)
+returns bigint
+language plpgsql
+set search_path = pg_catalog, pg_temp
+-- Read in COPY order through (staged_xid, staged_id): no sort before the
+-- numbering.
+set enable_seqscan = off
+set enable_bitmapscan = off
+as $$
+declare
+    shape record;
+    q_id integer;
+    lanes record;
+    moved bigint;
+begin
+    select count(*) as n, count(s.queue) as named, min(s.queue) as q, max(s.queue) as q_last,
+           min(coalesce(s.priority, 2)) as p, max(coalesce(s.priority, 2)) as p_last,
+           count(s.ordering_key) as keyed, count(*) filter (where s.run_at > now()) as later,
+           coalesce(bool_or(s.kind is null
+                            or coalesce(s.max_attempts, 25) not between 1 and 1000), false)
+           as bad
+      into shape
+      from awa.copy_staging as s
+     where s.staged_xid = _move_staged_one_lane.xid;
+    if shape.n = 0 then
+        return 0;
+    end if;
+    if shape.named < shape.n or shape.q <> shape.q_last
+       or shape.p <> shape.p_last or shape.p not between 1 and 4
+       or shape.keyed > 0 or shape.later > 0 or shape.bad
+       or octet_length(shape.q) not between 1 and 200 or strpos(shape.q, '#') > 0 then
+        return null;
+    end if;
+    select m.queue_id into q_id
+      from awa.queue_meta as m
+     where m.queue = shape.q and m.stripes = 1 and m.partitions = 1;
+    if not found then
+        return null;
+    end if;
+    select * into lanes
+      from awa._lock_lane_groups(array[q_id], array[shape.p::smallint], array[-1::smallint],
+                                 array[shape.n]);
+    insert into awa.ready (
+        lane_id, lane_seq, job_id, queue_id, priority, kind, args, ordering_key, attempt,
+        max_attempts, enqueued_at, ready_at
+    )
+    select lanes.g_lane[1], lanes.g_base[1] + row_number() over (order by s.staged_id) - 1,
+           nextval('awa.job_id_seq'), q_id, shape.p, s.kind, coalesce(s.args, '{}'), null, 0,
+           coalesce(s.max_attempts, 25), now(), clock_timestamp()
+      from awa.copy_staging as s
+     where s.staged_xid = _move_staged_one_lane.xid
+     order by s.staged_id;
+    get diagnostics moved = row_count;
+    delete from awa.copy_staging as s where s.staged_xid = _move_staged_one_lane.xid;
+    return moved;
+end;
+$$;
+
+-- Function: awa._move_staged_sets(xid xid8) returns bigint
 -- Moves the staged rows of one transaction into the lanes, in COPY order,
 -- set-based: one pass groups the rows by (queue, priority, key shard),
 -- hashing each distinct key once; awa._lock_lane_groups locks the lanes and
@@ -80,7 +144,7 @@ $$;
 -- each lane in COPY order. Rows for partitioned or striped queues, and a
 -- transaction with a bad row (to name it), go through
 -- awa._move_staged_in_batches instead.
-create or replace function awa._move_staged(xid xid8)
+create or replace function awa._move_staged_sets(xid xid8)
 returns bigint
 language plpgsql
 set search_path = pg_catalog, pg_temp
@@ -113,7 +177,7 @@ begin
       into batch_path, unknown
       from awa.copy_staging as s
       left join awa.queue_meta as m on m.queue = s.queue
-     where s.staged_xid = _move_staged.xid;
+     where s.staged_xid = _move_staged_sets.xid;
     if batch_path then
         return awa._move_staged_in_batches(xid);
     end if;
@@ -130,7 +194,7 @@ begin
           select distinct m.queue_id, m.enqueue_shards, s.ordering_key
             from awa.copy_staging as s
             join awa.queue_meta as m on m.queue = s.queue
-           where s.staged_xid = _move_staged.xid and s.ordering_key is not null
+           where s.staged_xid = _move_staged_sets.xid and s.ordering_key is not null
              and (s.run_at is null or s.run_at <= now())
       ) as k;
 
@@ -144,7 +208,7 @@ begin
             join awa.queue_meta as m on m.queue = s.queue
             left join unnest(k_qid, k_key, k_shard) as k (qid, key, shard)
               on k.qid = m.queue_id and k.key = s.ordering_key
-           where s.staged_xid = _move_staged.xid
+           where s.staged_xid = _move_staged_sets.xid
              and (s.run_at is null or s.run_at <= now())
            group by 1, 2, 3
       ) as x;
@@ -164,7 +228,7 @@ begin
             on (s.run_at is null or s.run_at <= now())
            and l.qid = m.queue_id and l.p = coalesce(s.priority, 2)
            and l.ks = coalesce(k.shard, -1)
-         where s.staged_xid = _move_staged.xid
+         where s.staged_xid = _move_staged_sets.xid
     ),
     to_ready as (
         insert into awa.ready (
@@ -190,8 +254,22 @@ begin
         returning 1
     )
     select (select count(*) from to_ready) + (select count(*) from to_scheduled) into moved;
-    delete from awa.copy_staging as s where s.staged_xid = _move_staged.xid;
+    delete from awa.copy_staging as s where s.staged_xid = _move_staged_sets.xid;
     return moved;
+end;
+$$;
+
+-- Function: awa._move_staged(xid xid8) returns bigint
+-- Moves the staged rows of one transaction into the lanes, in COPY order,
+-- and returns how many: through awa._move_staged_one_lane when they all go
+-- to one lane, else awa._move_staged_sets.
+create or replace function awa._move_staged(xid xid8)
+returns bigint
+language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    return coalesce(awa._move_staged_one_lane(xid), awa._move_staged_sets(xid));
 end;
 $$;
 
@@ -289,6 +367,8 @@ after insert on awa.copy_pending
 deferrable initially deferred
 for each row execute function awa._move_at_commit();
 
+select awa._grant_execute('awa._move_staged_one_lane(xid8)');
+select awa._grant_execute('awa._move_staged_sets(xid8)');
 select awa._grant_execute('awa._move_staged(xid8)');
 select awa._grant_execute('awa._move_staged_in_batches(xid8)');
 select awa._grant_execute('awa._note_copy()');

@@ -3,7 +3,8 @@
 awa.enqueue serves a job due now for a known plain queue, keyed or not, in
 its own frame (else awa._enqueue_slow). awa.enqueue_batch serves calls whose
 rows are all valid, unkeyed, due now, for one plain queue at one priority
-with one lane range (else awa._enqueue_rows). Each case checks, beside the
+with one lane range (else awa._enqueue_rows); COPY ingestion does the same
+for a transaction's staged rows (else awa._move_staged_sets). Each case checks, beside the
 stored jobs, which path served it (pg_stat_get_xact_function_calls), so a
 case meant for one path cannot silently test the other.
 """
@@ -18,6 +19,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from awa_sql import client, routing
+from tests.test_copy import copy_rows
 from tests.test_storage import Logins, claim_all, enqueue
 
 
@@ -251,3 +253,79 @@ def test_a_stripes_own_name_is_refused_by_enqueue_as_by_the_batch(db, logins):
                 p.execute(call)
     with db.connect() as admin:
         assert admin.execute("select count(*) from awa.ready").fetchone()[0] == 1
+
+
+COPY_FAST = {
+    "defaults": lambda i: ("copy-fast", None, None, f"kind{i}", Jsonb({"i": i}), None, None),
+    "every column, one priority": lambda i: (
+        "copy-fast", 3, None, f"kind{i}", None if i % 4 else Jsonb({"i": i}), None, 7),
+    "null elements meaning the defaults": lambda i: (
+        "copy-fast", None if i % 2 else 2, None, f"kind{i}", None, None, None if i % 3 else 25),
+}
+
+
+@pytest.mark.parametrize("shape", sorted(COPY_FAST))
+@pytest.mark.parametrize("move", ["enqueue_copied", "commit"])
+def test_copy_to_one_lane_is_one_range_in_copy_order(db, logins, shape, move):
+    with db.connect(logins.operator) as op:
+        op.execute("select awa.set_enqueue_shards('copy-fast', 4)")
+    rows = [COPY_FAST[shape](i) for i in range(500)]
+    with tracked(db, logins.producer) as conn:
+        copy_rows(conn, rows)
+        if move == "enqueue_copied":
+            assert conn.execute("select awa.enqueue_copied()").fetchone()[0] == 500
+        else:
+            conn.execute("set constraints awa.copy_pending_move immediate")
+        assert general_calls(conn, "awa._move_staged_sets") == 0
+    jobs = stored(db, "copy-fast")
+    assert len({j[7] for j in jobs}) == 1  # one lane
+    first = jobs[0][8]
+    assert [j[8] for j in jobs] == list(range(first, first + 500))
+    assert [(j[1], j[2], j[3], j[4], j[5]) for j in jobs] == [
+        (r[3], r[4].obj if r[4] else {}, r[1] or 2, r[6] or 25, None) for r in rows]
+    with db.connect() as admin:
+        assert admin.execute("select count(*) from awa.copy_staging").fetchone()[0] == 0
+
+
+COPY_GENERAL = {
+    "two queues": lambda i: ("copy-fast" if i % 2 else "copy-other", None, None, "k", None,
+                             None, None),
+    "a key": lambda i: ("copy-fast", None, b"k" if i == 7 else None, "k", None, None, None),
+    "a future run_at": lambda i: ("copy-fast", None, None, "k", None,
+                                  "2999-01-01T00:00:00Z" if i == 7 else None, None),
+    "two priorities": lambda i: ("copy-fast", 1 if i else 2, None, "k", None, None, None),
+    "a new queue": lambda i: ("copy-new", None, None, "k", None, None, None),
+    "a partitioned queue": lambda i: ("copy-parted", None, None, "k", None, None, None),
+}
+
+
+@pytest.mark.parametrize("shape", sorted(COPY_GENERAL))
+def test_other_copies_take_the_set_based_path(db, logins, shape):
+    with db.connect(logins.operator) as op:
+        op.execute("select awa.set_queue_partitions('copy-parted', 2)")
+    with db.connect(logins.producer) as p:
+        for q in ("copy-fast", "copy-other"):
+            enqueue(p, q)
+    with tracked(db, logins.producer) as conn:
+        copy_rows(conn, [COPY_GENERAL[shape](i) for i in range(20)])
+        assert conn.execute("select awa.enqueue_copied()").fetchone()[0] == 20
+        assert general_calls(conn, "awa._move_staged_sets") == 1
+
+
+@pytest.mark.parametrize(("row", "words"), [
+    (("copy-fast", 5, None, "k", None, None, None), "priority"),
+    (("copy-fast", None, None, None, None, None, None), "kind"),
+    (("copy-fast", None, None, "k", None, None, 0), "max_attempts"),
+    (("", None, None, "k", None, None, None), "queue"),
+])
+def test_a_bad_row_in_a_one_lane_copy_is_named_and_nothing_moves(db, logins, row, words):
+    with db.connect(logins.producer) as p:
+        enqueue(p, "copy-fast")
+    rows = [("copy-fast", None, None, "k", None, None, None)] * 9 + [row]
+    with (pytest.raises(psycopg.Error, match=f"COPY row 10 .*{words}"),
+          tracked(db, logins.producer) as conn):
+        copy_rows(conn, rows)
+        conn.execute("select awa.enqueue_copied()")
+    with db.connect() as admin:
+        assert admin.execute("select count(*) from awa.ready").fetchone()[0] == 1
+        assert admin.execute("select count(*) from awa.copy_staging").fetchone()[0] == 0
