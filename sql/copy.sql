@@ -72,13 +72,13 @@ begin
 end;
 $$;
 
--- Function: awa._move_staged_one_lane(xid xid8) returns bigint
--- The common COPY, every row valid, unkeyed, due now, for one plain queue at
--- one priority: one aggregate pass to see that, one lane range, one INSERT
--- in COPY order. Returns how many rows it moved (0 when none are staged),
--- or null, moving nothing, for any other set of rows (awa._move_staged then
--- takes them).
-create or replace function awa._move_staged_one_lane(xid xid8)
+-- Function: awa._move_staged_one_lane(xid, queue_id, priority, n) returns bigint
+-- Moves the n staged rows of one transaction, all unkeyed and due now, for
+-- one plain queue at one priority, into one lane range with one INSERT in
+-- COPY order. Returns how many rows it moved.
+create or replace function awa._move_staged_one_lane(
+    xid xid8, queue_id integer, priority smallint, n bigint
+)
 returns bigint
 language plpgsql
 set search_path = pg_catalog, pg_temp
@@ -88,50 +88,89 @@ set enable_seqscan = off
 set enable_bitmapscan = off
 as $$
 declare
-    shape record;
-    q_id integer;
     lanes record;
     moved bigint;
 begin
-    select count(*) as n, count(s.queue) as named, min(s.queue) as q, max(s.queue) as q_last,
-           min(coalesce(s.priority, 2)) as p, max(coalesce(s.priority, 2)) as p_last,
-           count(s.ordering_key) as keyed, count(*) filter (where s.run_at > now()) as later,
-           coalesce(bool_or(s.kind is null
-                            or coalesce(s.max_attempts, 25) not between 1 and 1000), false)
-           as bad
-      into shape
-      from awa.copy_staging as s
-     where s.staged_xid = _move_staged_one_lane.xid;
-    if shape.n = 0 then
-        return 0;
-    end if;
-    if shape.named < shape.n or shape.q <> shape.q_last
-       or shape.p <> shape.p_last or shape.p not between 1 and 4
-       or shape.keyed > 0 or shape.later > 0 or shape.bad
-       or octet_length(shape.q) not between 1 and 200 or strpos(shape.q, '#') > 0 then
-        return null;
-    end if;
-    select m.queue_id into q_id
-      from awa.queue_meta as m
-     where m.queue = shape.q and m.stripes = 1 and m.partitions = 1;
-    if not found then
-        return null;
-    end if;
     select * into lanes
-      from awa._lock_lane_groups(array[q_id], array[shape.p::smallint], array[-1::smallint],
-                                 array[shape.n]);
+      from awa._lock_lane_groups(array[queue_id], array[priority], array[-1::smallint],
+                                 array[n]);
     insert into awa.ready (
         lane_id, lane_seq, job_id, queue_id, priority, kind, args, ordering_key, attempt,
         max_attempts, enqueued_at, ready_at
     )
     select lanes.g_lane[1], lanes.g_base[1] + row_number() over (order by s.staged_id) - 1,
-           nextval('awa.job_id_seq'), q_id, shape.p, s.kind, coalesce(s.args, '{}'), null, 0,
+           nextval('awa.job_id_seq'), _move_staged_one_lane.queue_id,
+           _move_staged_one_lane.priority, s.kind, coalesce(s.args, '{}'), null, 0,
            coalesce(s.max_attempts, 25), now(), clock_timestamp()
       from awa.copy_staging as s
      where s.staged_xid = _move_staged_one_lane.xid
      order by s.staged_id;
     get diagnostics moved = row_count;
     delete from awa.copy_staging as s where s.staged_xid = _move_staged_one_lane.xid;
+    return moved;
+end;
+$$;
+
+-- Function: awa._move_staged_by_key(xid, queue_id, shards, priority, n) returns bigint
+-- Moves the n staged rows of one transaction, due now, for one plain queue
+-- at one priority, some keyed: one pass counts the rows of each distinct
+-- key and hashes it once, awa._lock_lane_groups takes one range per lane,
+-- one INSERT numbers each lane's rows in COPY order. Returns how many rows
+-- it moved.
+create or replace function awa._move_staged_by_key(
+    xid xid8, queue_id integer, shards integer, priority smallint, n bigint
+)
+returns bigint
+language plpgsql
+set search_path = pg_catalog, pg_temp
+-- Whole sets: hash the distinct keys and joins, never a nested loop over a
+-- misestimated unnest() (staging has no useful statistics).
+set enable_nestloop = off
+set enable_sort = off
+set work_mem = '64MB'
+as $$
+declare
+    k_key bytea[];
+    k_shard smallint[];
+    kss smallint[];
+    ns bigint[];
+    lanes record;
+    moved bigint;
+begin
+    select array_agg(k.ordering_key), array_agg(k.shard) into k_key, k_shard
+      from (
+          select s.ordering_key,
+                 awa._key_shard(s.ordering_key, _move_staged_by_key.shards) as shard
+            from awa.copy_staging as s
+           where s.staged_xid = _move_staged_by_key.xid and s.ordering_key is not null
+           group by s.ordering_key
+      ) as k;
+    select array_agg(g.ks), array_agg(g.n) into kss, ns
+      from (
+          select coalesce(k.shard, -1)::smallint as ks, count(*) as n
+            from awa.copy_staging as s
+            left join unnest(k_key, k_shard) as k (key, shard) on k.key = s.ordering_key
+           where s.staged_xid = _move_staged_by_key.xid
+           group by 1
+      ) as g;
+    select * into lanes
+      from awa._lock_lane_groups(array_fill(queue_id, array[cardinality(kss)]),
+                                 array_fill(priority, array[cardinality(kss)]), kss, ns);
+    insert into awa.ready (
+        lane_id, lane_seq, job_id, queue_id, priority, kind, args, ordering_key, attempt,
+        max_attempts, enqueued_at, ready_at
+    )
+    select g.lane, g.base + row_number() over (partition by g.lane order by s.staged_id) - 1,
+           nextval('awa.job_id_seq'), _move_staged_by_key.queue_id,
+           _move_staged_by_key.priority, s.kind, coalesce(s.args, '{}'), s.ordering_key, 0,
+           coalesce(s.max_attempts, 25), now(), clock_timestamp()
+      from awa.copy_staging as s
+      left join unnest(k_key, k_shard) as k (key, shard) on k.key = s.ordering_key
+      join unnest(lanes.g_ks, lanes.g_lane, lanes.g_base) as g (ks, lane, base)
+        on g.ks = coalesce(k.shard, -1)
+     where s.staged_xid = _move_staged_by_key.xid;
+    get diagnostics moved = row_count;
+    delete from awa.copy_staging as s where s.staged_xid = _move_staged_by_key.xid;
     return moved;
 end;
 $$;
@@ -261,15 +300,50 @@ $$;
 
 -- Function: awa._move_staged(xid xid8) returns bigint
 -- Moves the staged rows of one transaction into the lanes, in COPY order,
--- and returns how many: through awa._move_staged_one_lane when they all go
--- to one lane, else awa._move_staged_sets.
+-- and returns how many. One pass reads their shape: all valid and due now,
+-- for one plain queue at one priority, they take awa._move_staged_one_lane
+-- (unkeyed) or awa._move_staged_by_key; any other load takes
+-- awa._move_staged_sets.
 create or replace function awa._move_staged(xid xid8)
 returns bigint
 language plpgsql
 set search_path = pg_catalog, pg_temp
+-- The one pass reads (staged_xid, staged_id), not the whole table.
+set enable_seqscan = off
+set enable_bitmapscan = off
 as $$
+declare
+    shape record;
+    target awa.queue_meta;
 begin
-    return coalesce(awa._move_staged_one_lane(xid), awa._move_staged_sets(xid));
+    select count(*) as n, count(s.queue) as named, min(s.queue) as q, max(s.queue) as q_last,
+           min(coalesce(s.priority, 2))::smallint as p,
+           max(coalesce(s.priority, 2))::smallint as p_last,
+           count(s.ordering_key) as keyed, count(*) filter (where s.run_at > now()) as later,
+           coalesce(bool_or(s.kind is null
+                            or coalesce(s.max_attempts, 25) not between 1 and 1000), false)
+           as bad
+      into shape
+      from awa.copy_staging as s
+     where s.staged_xid = _move_staged.xid;
+    if shape.n = 0 then
+        return 0;
+    end if;
+    if shape.named = shape.n and shape.q = shape.q_last and shape.p = shape.p_last
+       and shape.p between 1 and 4 and shape.later = 0 and not shape.bad
+       and octet_length(shape.q) between 1 and 200 and strpos(shape.q, '#') = 0 then
+        select m.* into target
+          from awa.queue_meta as m
+         where m.queue = shape.q and m.stripes = 1 and m.partitions = 1;
+        if found and shape.keyed = 0 then
+            return awa._move_staged_one_lane(xid, target.queue_id, shape.p, shape.n);
+        elsif found then
+            return awa._move_staged_by_key(
+                xid, target.queue_id, target.enqueue_shards, shape.p, shape.n
+            );
+        end if;
+    end if;
+    return awa._move_staged_sets(xid);
 end;
 $$;
 
@@ -367,7 +441,10 @@ after insert on awa.copy_pending
 deferrable initially deferred
 for each row execute function awa._move_at_commit();
 
-select awa._grant_execute('awa._move_staged_one_lane(xid8)');
+select awa._grant_execute('awa._move_staged_one_lane(xid8, integer, smallint, bigint)');
+select awa._grant_execute(
+    'awa._move_staged_by_key(xid8, integer, integer, smallint, bigint)'
+);
 select awa._grant_execute('awa._move_staged_sets(xid8)');
 select awa._grant_execute('awa._move_staged(xid8)');
 select awa._grant_execute('awa._move_staged_in_batches(xid8)');

@@ -4,7 +4,8 @@ awa.enqueue serves a job due now for a known plain queue, keyed or not, in
 its own frame (else awa._enqueue_slow). awa.enqueue_batch serves calls whose
 rows are all valid, unkeyed, due now, for one plain queue at one priority
 with one lane range (else awa._enqueue_rows); COPY ingestion does the same
-for a transaction's staged rows (else awa._move_staged_sets). Each case checks, beside the
+for a transaction's staged rows, keyed ones too (else awa._move_staged_sets).
+Each case checks, beside the
 stored jobs, which path served it (pg_stat_get_xact_function_calls), so a
 case meant for one path cannot silently test the other.
 """
@@ -287,10 +288,37 @@ def test_copy_to_one_lane_is_one_range_in_copy_order(db, logins, shape, move):
         assert admin.execute("select count(*) from awa.copy_staging").fetchone()[0] == 0
 
 
+@pytest.mark.parametrize("move", ["enqueue_copied", "commit"])
+def test_keyed_copy_to_one_queue_keeps_each_keys_order_in_its_lane(db, logins, move):
+    with db.connect(logins.operator) as op:
+        op.execute("select awa.set_enqueue_shards('copy-keyed', 4)")
+    keys = [f"key-{i % 37}".encode() if i % 3 else None for i in range(2000)]
+    rows = [("copy-keyed", None, k, "k", Jsonb({"i": i}), None, None)
+            for i, k in enumerate(keys)]
+    with tracked(db, logins.producer) as conn:
+        copy_rows(conn, rows)
+        if move == "enqueue_copied":
+            assert conn.execute("select awa.enqueue_copied()").fetchone()[0] == 2000
+        else:
+            conn.execute("set constraints awa.copy_pending_move immediate")
+        assert general_calls(conn, "awa._move_staged_sets") == 0
+    jobs = stored(db, "copy-keyed")
+    by_shard: dict[int, list] = {}
+    for j in sorted(jobs, key=lambda j: (j[7], j[8])):
+        by_shard.setdefault(j[7], []).append(j)
+    for shard, lane in by_shard.items():
+        first = lane[0][8]
+        assert [j[8] for j in lane] == list(range(first, first + len(lane)))  # one range
+        assert [j[2]["i"] for j in lane] == sorted(j[2]["i"] for j in lane)  # COPY order
+        assert {routing.shard_for_ordering_key(j[5], 4) for j in lane if j[5]} <= {shard}
+    unkeyed_shards = {j[7] for j in jobs if j[5] is None}
+    assert len(unkeyed_shards) == 1  # the unkeyed rows share one lane
+    assert sorted(j[2]["i"] for j in jobs) == list(range(2000))
+
+
 COPY_GENERAL = {
     "two queues": lambda i: ("copy-fast" if i % 2 else "copy-other", None, None, "k", None,
                              None, None),
-    "a key": lambda i: ("copy-fast", None, b"k" if i == 7 else None, "k", None, None, None),
     "a future run_at": lambda i: ("copy-fast", None, None, "k", None,
                                   "2999-01-01T00:00:00Z" if i == 7 else None, None),
     "two priorities": lambda i: ("copy-fast", 1 if i else 2, None, "k", None, None, None),
