@@ -38,6 +38,7 @@ COPY_SQL = (
     "copy awa.copy_staging (queue, priority, ordering_key, kind, args, run_at, max_attempts)"
     " from stdin"
 )
+_NO_OVERRIDE: Mapping[str, Any] = {}
 COPIED_SQL = f"select n, {WAIT_COLUMNS} from awa.enqueue_copied() as n"
 JOB_FIELDS = ("kind", "args", "queue", "priority", "ordering_key", "run_at", "max_attempts")
 
@@ -137,18 +138,19 @@ def _copy_and_enqueue(conn: psycopg.Connection, jobs: Sequence[Mapping[str, Any]
     started, queues = perf_counter(), set()
     with conn.cursor() as cur, cur.copy(COPY_SQL) as cp:
         for i, job in enumerate(jobs):
-            override = (opts[i] or {}) if opts is not None else {}
-            bad = set(override) - {"queue", "ordering_key"}
-            if bad:
-                raise ValueError(f"opts[{i}] may set queue and ordering_key, not {sorted(bad)}")
+            override = (opts[i] or _NO_OVERRIDE) if opts is not None else _NO_OVERRIDE
+            if override and not override.keys() <= {"queue", "ordering_key"}:
+                bad = sorted(set(override) - {"queue", "ordering_key"})
+                raise ValueError(f"opts[{i}] may set queue and ordering_key, not {bad}")
             row_queue = override.get("queue", job.get("queue", queue))
             if row_queue is None:
                 raise ValueError(f"job {i} has no queue: pass queue= or set it per job")
             queues.add(row_queue)
             key = override.get("ordering_key", job.get("ordering_key", ordering_key))
+            args = job.get("args")
             cp.write_row((row_queue, job.get("priority"), _key(key), job["kind"],
-                          Jsonb(dict(job.get("args") or {})), job.get("run_at"),
-                          job.get("max_attempts")))
+                          Jsonb(args if type(args) is dict else dict(args or {})),
+                          job.get("run_at"), job.get("max_attempts")))
     row = conn.execute(COPIED_SQL).fetchone()
     client_metrics.enqueued(conn, queues, "copy", row[0], started, row[1:])
     return row[0]
