@@ -365,9 +365,10 @@ $$;
 -- Moves rows that committed transactions staged but never enqueued, oldest
 -- first, each staging transaction's rows in COPY order. Since migration
 -- 0010 commit moves them, so this finds rows only from transactions that
--- committed before it. Safe to run from several sessions and
--- to interrupt: a row is moved and deleted in one transaction. Role:
--- awa_maintenance. Returns how many rows it moved.
+-- committed before it. Safe to run from several sessions (a transaction's
+-- rows are moved by one of them, under the try-lock (1635213635 'awaC',
+-- low 31 bits of its xid)) and to interrupt: a row is moved and deleted in
+-- one transaction. Role: awa_maintenance. Returns how many rows it moved.
 create or replace function awa.move_staged(max_transactions integer default 100)
 returns bigint
 language plpgsql
@@ -391,7 +392,11 @@ begin
          order by min(c.staged_id)
          limit max_transactions
     loop
-        moved := moved + awa._move_staged(xid);
+        -- Another session moving this transaction's rows keeps them: two
+        -- movers reading them at once would both enqueue them.
+        if pg_try_advisory_xact_lock(1635213635, (xid::text::bigint & 2147483647)::integer) then
+            moved := moved + awa._move_staged(xid);
+        end if;
     end loop;
     return moved;
 end;

@@ -11,7 +11,7 @@ import pytest
 from psycopg.types.json import Jsonb
 
 from awa_sql import routing
-from tests.test_storage import Logins, claim_all
+from tests.test_storage import Logins, claim_all, enqueue
 
 COLUMNS = "queue, priority, ordering_key, kind, args, run_at, max_attempts"
 COPY_SQL = f"copy awa.copy_staging ({COLUMNS}) from stdin"
@@ -152,6 +152,37 @@ def test_rows_committed_without_enqueue_copied_are_enqueued_at_commit(db, logins
     with db.connect(logins.worker) as w:
         got = claim_all(w, ["orphan"], 100)
     assert [c[7]["i"] for c in got] == list(range(300))
+
+
+def test_two_maintenance_sessions_move_leftover_rows_once(db, logins):
+    """Rows a transaction committed to staging without moving them (as before
+    migration 0010; made here with the staging triggers off) are moved by one
+    of two concurrent awa.move_staged() calls, never by both."""
+    with db.connect() as admin:
+        admin.execute("set session_replication_role = replica")  # no commit-time move
+        admin.execute("insert into awa.copy_staging (queue, kind, args)"
+                      " select 'leftover', 'k', jsonb_build_object('i', i)"
+                      " from generate_series(1, 500) as i")
+    with db.connect(logins.producer) as p:
+        enqueue(p, "leftover")
+    with db.connect(logins.operator) as op:  # a second lane free for a second mover
+        op.execute("select awa.set_enqueue_shards('leftover', 2)")
+    first = db.connect(logins.maintenance, autocommit=False)
+    try:
+        assert first.execute("select awa.move_staged()").fetchone()[0] == 500
+        with db.connect(db.login_role("awa_maintenance")) as second:
+            # The first mover holds the rows until it commits: skipped, not
+            # waited for (a second move would block on them, then time out).
+            second.execute("set lock_timeout = '5s'")
+            assert second.execute("select awa.move_staged()").fetchone()[0] == 0
+        first.commit()
+    finally:
+        first.close()
+    with db.connect(logins.maintenance) as m:
+        assert m.execute("select awa.move_staged()").fetchone()[0] == 0
+    with db.connect() as admin:
+        assert admin.execute("select count(*) from awa.ready").fetchone()[0] == 501
+        assert admin.execute("select count(*) from awa.copy_staging").fetchone()[0] == 0
 
 
 def test_enqueue_copied_then_more_copy_in_one_transaction(db, logins):
