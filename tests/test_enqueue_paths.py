@@ -256,6 +256,15 @@ def test_a_stripes_own_name_is_refused_by_enqueue_as_by_the_batch(db, logins):
         assert admin.execute("select count(*) from awa.ready").fetchone()[0] == 1
 
 
+def copy_and_move(conn, rows, move):
+    """COPY the rows, then move them by enqueue_copied() or as commit would."""
+    copy_rows(conn, rows)
+    if move == "enqueue_copied":
+        assert conn.execute("select awa.enqueue_copied()").fetchone()[0] == len(rows)
+    else:  # the deferred trigger, fired now instead of at commit
+        conn.execute("set constraints awa.copy_pending_move immediate")
+
+
 COPY_FAST = {
     "defaults": lambda i: ("copy-fast", None, None, f"kind{i}", Jsonb({"i": i}), None, None),
     "every column, one priority": lambda i: (
@@ -272,11 +281,7 @@ def test_copy_to_one_lane_is_one_range_in_copy_order(db, logins, shape, move):
         op.execute("select awa.set_enqueue_shards('copy-fast', 4)")
     rows = [COPY_FAST[shape](i) for i in range(500)]
     with tracked(db, logins.producer) as conn:
-        copy_rows(conn, rows)
-        if move == "enqueue_copied":
-            assert conn.execute("select awa.enqueue_copied()").fetchone()[0] == 500
-        else:
-            conn.execute("set constraints awa.copy_pending_move immediate")
+        copy_and_move(conn, rows, move)
         assert general_calls(conn, "awa._move_staged_sets") == 0
     jobs = stored(db, "copy-fast")
     assert len({j[7] for j in jobs}) == 1  # one lane
@@ -296,11 +301,7 @@ def test_keyed_copy_to_one_queue_keeps_each_keys_order_in_its_lane(db, logins, m
     rows = [("copy-keyed", None, k, "k", Jsonb({"i": i}), None, None)
             for i, k in enumerate(keys)]
     with tracked(db, logins.producer) as conn:
-        copy_rows(conn, rows)
-        if move == "enqueue_copied":
-            assert conn.execute("select awa.enqueue_copied()").fetchone()[0] == 2000
-        else:
-            conn.execute("set constraints awa.copy_pending_move immediate")
+        copy_and_move(conn, rows, move)
         assert general_calls(conn, "awa._move_staged_sets") == 0
     jobs = stored(db, "copy-keyed")
     by_shard: dict[int, list] = {}
