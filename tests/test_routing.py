@@ -65,6 +65,18 @@ def test_sql_and_python_agree_on_thousands_of_keys(db):
     assert [tuple(int(v) for v in r) for r in rows] == expected
 
 
+def test_sql_shard_equals_python_for_every_s_on_thousands_of_keys(db):
+    """Every S from 1 to 64: powers of two take a six-bit shortcut in SQL."""
+    keys = _keys()
+    with db.connect() as conn:
+        rows = conn.execute(
+            "select s, array_agg(awa.shard_for_ordering_key(k, s) order by i)"
+            "  from unnest(%s::bytea[]) with ordinality as u (k, i),"
+            "       generate_series(1, 64) as s group by s order by s", [keys]).fetchall()
+    for s, shards in rows:
+        assert shards == [routing.shard_for_ordering_key(k, s) for k in keys], f"S = {s}"
+
+
 def test_partition_queue_names(db):
     with db.connect() as conn:
         assert conn.execute("select awa.partition_queue_names('q', 1)").fetchone()[0] == ["q"]
