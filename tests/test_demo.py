@@ -36,6 +36,7 @@ def _server_processes(data_dir: str) -> list[str]:
 
 def _get(url: str) -> tuple[int, str]:
     with urllib.request.urlopen(url, timeout=10) as response:  # noqa: S310 - localhost
+        assert response.url == url, f"{url} redirected to {response.url}"
         return response.status, response.read().decode()
 
 

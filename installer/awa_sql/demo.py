@@ -196,8 +196,17 @@ def _announce(server, log, text: str) -> None:
 
 
 def mount_metrics(app, dsn: str) -> None:
-    """``/metrics`` on the admin app: the database-side exporter."""
+    """``/metrics`` on the admin app: the database-side exporter. A route, not
+    a mount: a mount answers ``/metrics`` with a redirect to ``/metrics/``."""
+    from starlette.routing import Route
+
     from awa_sql.metrics import make_asgi_app
 
-    app.mount("/metrics", make_asgi_app(dsn))
+    exporter = make_asgi_app(dsn)
+
+    class Exporter:  # an instance, so Starlette passes the raw ASGI call through
+        async def __call__(self, scope, receive, send):
+            await exporter(scope, receive, send)
+
+    app.router.routes.append(Route("/metrics", Exporter(), methods=["GET", "HEAD"]))
 
