@@ -379,7 +379,9 @@ $$;
 -- Function: awa._enqueue_rows(queues, kinds, args, priorities, ordering_keys, run_ats,
 --                             max_attempts, row_label, row_offset)
 -- The multi-row enqueue behind awa.enqueue_batch and COPY ingestion. A bad
--- row is named as "<row_label> <index + row_offset>".
+-- row is named as "<row_label> <index + row_offset>". The arrays come
+-- checked: queues and kinds not null, every array one element per job,
+-- indexed from 1 (awa.enqueue_batch checks them; COPY builds them).
 create or replace function awa._enqueue_rows(
     queues text[],
     kinds text[],
@@ -406,27 +408,6 @@ declare
     key_shards smallint[];
     lanes record;
 begin
-    if queues is null or kinds is null then
-        raise exception '% must not be null',
-            case when queues is null then 'queues' else 'kinds' end
-            using errcode = '22004';
-    end if;
-    foreach q in array array['kinds', 'args', 'priorities', 'ordering_keys', 'run_ats',
-                             'max_attempts'] loop
-        bad := case q
-            when 'kinds' then cardinality(kinds)
-            when 'args' then cardinality(args)
-            when 'priorities' then cardinality(priorities)
-            when 'ordering_keys' then cardinality(ordering_keys)
-            when 'run_ats' then cardinality(run_ats)
-            else cardinality(max_attempts)
-        end;
-        if bad is not null and bad <> n then
-            raise exception 'array % has % elements but queues has %', q, bad, n
-                using errcode = '22023',
-                      hint = 'Every array holds one element per job, in the same order.';
-        end if;
-    end loop;
     if n = 0 then
         return;
     end if;
@@ -562,24 +543,39 @@ set search_path = pg_catalog, pg_temp
 set plan_cache_mode = force_generic_plan
 as $$
 declare
-    n integer := cardinality(queues);
+    n integer := coalesce(cardinality(queues), 0);
     p smallint := coalesce(priorities[1], 2);
     attempts integer := coalesce(max_attempts[1], 25);
+    names text[] := array['queues', 'kinds', 'args', 'priorities', 'ordering_keys', 'run_ats',
+                          'max_attempts'];
     dims text[] := array[
         array_dims(queues), array_dims(kinds), array_dims(args), array_dims(priorities),
         array_dims(ordering_keys), array_dims(run_ats), array_dims(max_attempts)
     ];
+    lens integer[] := array[
+        n, cardinality(kinds), cardinality(args), cardinality(priorities),
+        cardinality(ordering_keys), cardinality(run_ats), cardinality(max_attempts)
+    ];
     q_id integer;
     lanes record;
 begin
-    -- Rows are read by position 1 .. n: a subscript from another base, or a
-    -- second dimension, would silently pair the wrong elements.
+    if queues is null or kinds is null then
+        raise exception '% must not be null',
+            case when queues is null then 'queues' else 'kinds' end
+            using errcode = '22004';
+    end if;
+    -- Rows are read by position 1 .. n: a subscript from another base, a
+    -- second dimension or a missing element would pair the wrong elements.
     for i in 1 .. 7 loop
         if left(dims[i], 3) <> '[1:' or strpos(dims[i], '][') > 0 then
             raise exception 'array % must be one-dimensional and indexed from 1, got %',
-                (array['queues', 'kinds', 'args', 'priorities', 'ordering_keys', 'run_ats',
-                       'max_attempts'])[i], dims[i]
+                names[i], dims[i]
                 using errcode = '22023';
+        end if;
+        if lens[i] <> n then
+            raise exception 'array % has % elements but queues has %', names[i], lens[i], n
+                using errcode = '22023',
+                      hint = 'Every array holds one element per job, in the same order.';
         end if;
     end loop;
     -- The common call, every row due now, unkeyed, valid, for one plain
@@ -588,18 +584,14 @@ begin
     -- row. Any other call, and every error, takes awa._enqueue_rows.
     if n > 0 and queues <@ array[queues[1]]
        and octet_length(queues[1]) between 1 and 200 and strpos(queues[1], '#') = 0
-       and cardinality(kinds) = n and array_position(kinds, null) is null
-       and (args is null or cardinality(args) = n)
+       and array_position(kinds, null) is null
        and (priorities is null
-            or (cardinality(priorities) = n and p between 1 and 4
-                and array_replace(priorities, null, 2::smallint) <@ array[p]))
+            or (p between 1 and 4 and array_replace(priorities, null, 2::smallint) <@ array[p]))
        and (max_attempts is null
-            or (cardinality(max_attempts) = n and attempts between 1 and 1000
+            or (attempts between 1 and 1000
                 and array_replace(max_attempts, null, 25) <@ array[attempts]))
-       and (ordering_keys is null
-            or (cardinality(ordering_keys) = n and cardinality(array_remove(ordering_keys, null)) = 0))
-       and (run_ats is null
-            or (cardinality(run_ats) = n and cardinality(array_remove(run_ats, null)) = 0))
+       and (ordering_keys is null or cardinality(array_remove(ordering_keys, null)) = 0)
+       and (run_ats is null or cardinality(array_remove(run_ats, null)) = 0)
     then
         select m.queue_id into q_id
           from awa.queue_meta as m
