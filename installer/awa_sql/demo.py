@@ -202,11 +202,5 @@ def mount_metrics(app, dsn: str) -> None:
 
     from awa_sql.metrics import make_asgi_app
 
-    exporter = make_asgi_app(dsn)
-
-    class Exporter:  # an instance, so Starlette passes the raw ASGI call through
-        async def __call__(self, scope, receive, send):
-            await exporter(scope, receive, send)
-
-    app.router.routes.append(Route("/metrics", Exporter(), methods=["GET", "HEAD"]))
+    app.router.routes.append(Route("/metrics", make_asgi_app(dsn), methods=["GET", "HEAD"]))
 

@@ -51,26 +51,32 @@ def make_wsgi_app(dsn: str | None = None,
     return app
 
 
-def make_asgi_app(dsn: str | None = None,
-                  connect: Callable[[], psycopg.Connection] | None = None):
-    """An ASGI app serving the database metrics; the scrape runs in a worker
-    thread, so it never blocks the event loop."""
-    registry = database_registry(dsn, connect)
+class _AsgiExporter:
+    """The ASGI app of ``make_asgi_app``. An instance, not a function, so a
+    Starlette ``Route`` hands it the raw ASGI call as a mount would."""
 
-    async def app(scope, receive, send):
+    def __init__(self, registry: CollectorRegistry):
+        self.registry = registry
+
+    async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return
         method = scope.get("method", "GET")
         if method not in ("GET", "HEAD"):
             status, headers, body = 405, [(b"allow", b"GET, HEAD")], b"use GET\n"
         else:
-            body = await asyncio.to_thread(generate_latest, registry)
+            body = await asyncio.to_thread(generate_latest, self.registry)
             status, headers = 200, [(b"content-type", CONTENT_TYPE_LATEST.encode())]
         headers.append((b"content-length", str(len(body)).encode()))
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": b"" if method == "HEAD" else body})
 
-    return app
+
+def make_asgi_app(dsn: str | None = None,
+                  connect: Callable[[], psycopg.Connection] | None = None) -> _AsgiExporter:
+    """An ASGI app serving the database metrics; the scrape runs in a worker
+    thread, so it never blocks the event loop."""
+    return _AsgiExporter(database_registry(dsn, connect))
 
 
 def serve(dsn: str | None, host: str, port: int,
