@@ -1,6 +1,6 @@
 -- enqueue.sql: single-row and batch enqueue, and promotion of due jobs.
 --
--- Every path routes the same way (awa._acquire_lane / awa._insert_ready),
+-- Every path chooses lanes the same way (awa._take_lane, sql/lanes.sql),
 -- reads awa.queue_meta at each statement (a change of S applies at the
 -- change's commit), and holds each lane's lock from before its sequence
 -- advances until commit, so lane_seq order is commit order within a lane.
@@ -46,7 +46,8 @@ set search_path = pg_catalog, pg_temp
 as $$
 declare
     meta awa.queue_meta;
-    lane awa.lanes;
+    shard integer;
+    lane integer;
     new_job bigint;
     new_seq bigint;
 begin
@@ -64,18 +65,22 @@ begin
         );
         return row(new_job, meta.queue, _enqueue_slow.priority, null, null)::awa.enqueued;
     end if;
-    lane := awa._acquire_lane(meta.queue_id, meta.enqueue_shards, priority, ordering_key);
-    new_seq := nextval(lane.seq);
+    shard := awa._take_lane(
+        meta.lane_ids, meta.queue_id, priority, meta.enqueue_shards,
+        awa._key_shard(ordering_key, meta.enqueue_shards), 0
+    );
+    lane := meta.lane_ids[awa._lane_index(priority, shard)];
+    new_seq := nextval(('awa.' || awa._lane_seq_name(lane))::regclass);
     new_job := nextval('awa.job_id_seq');
     insert into awa.ready (
         lane_id, lane_seq, job_id, queue_id, priority, kind, args, ordering_key, attempt,
         max_attempts, enqueued_at, ready_at
     ) values (
-        lane.lane_id, new_seq, new_job, meta.queue_id, _enqueue_slow.priority,
+        lane, new_seq, new_job, meta.queue_id, _enqueue_slow.priority,
         _enqueue_slow.kind, coalesce(_enqueue_slow.args, '{}'), _enqueue_slow.ordering_key, 0,
         _enqueue_slow.max_attempts, now(), clock_timestamp()
     );
-    return row(new_job, meta.queue, _enqueue_slow.priority, lane.shard, new_seq)::awa.enqueued;
+    return row(new_job, meta.queue, _enqueue_slow.priority, shard, new_seq)::awa.enqueued;
 end;
 $$;
 
@@ -85,8 +90,9 @@ $$;
 --   enqueue_shard and lane_seq are null when run_at is in the future.
 -- Errors: 22004 null queue or kind; 22023 bad queue name, priority or max_attempts.
 -- The common case (a known plain queue, a job due now, keyed or not) runs in
--- this frame with two index lookups; a new queue, a partitioned or striped
--- name and a job for later go through awa._enqueue_slow.
+-- this frame with one index lookup (S and the lane ids come from the queue's
+-- settings row); a new queue, a partitioned or striped name and a job for
+-- later go through awa._enqueue_slow.
 create or replace function awa.enqueue(
     queue text,
     kind text,
@@ -104,236 +110,39 @@ as $$
 declare
     q_id integer;
     shards integer;
-    lane_id integer;
-    lane_seq_class regclass;
-    lane_shard integer;
-    held text;
-    got_lock boolean;
+    lane_ids integer[];
+    shard integer;
+    lane integer;
     new_seq bigint;
     new_job bigint;
-    candidate record;
 begin
     if kind is null or priority is null or priority not between 1 and 4
         or max_attempts is null or max_attempts not between 1 and 1000 then
         perform awa._check_job(kind, priority, max_attempts);
     end if;
     -- A stripe's own name ('q#1') is no target: the slow path refuses it.
-    select m.queue_id, m.enqueue_shards into q_id, shards
+    select m.queue_id, m.enqueue_shards, m.lane_ids into q_id, shards, lane_ids
       from awa.queue_meta as m
      where m.queue = enqueue.queue and m.stripes = 1 and m.partitions = 1
        and strpos(enqueue.queue, '#') = 0;
     if not found or (run_at is not null and run_at > now()) then
         return awa._enqueue_slow(queue, kind, args, priority, ordering_key, run_at, max_attempts);
     end if;
-    -- A keyed job: its key's lane, waited for if need be. Unkeyed: the lane
-    -- this transaction already holds for (queue, priority), else this
-    -- backend's sticky lane if it is free, else any free lane, else wait for
-    -- the sticky one.
-    held := case when ordering_key is null
-                 then current_setting('awa.lane_' || q_id || '_' || priority, true) end;
-    if ordering_key is not null then
-        lane_shard := awa._key_shard(ordering_key, shards);
-        select l.lane_id, l.seq into lane_id, lane_seq_class
-          from awa.lanes as l
-         where l.queue_id = q_id and l.priority = enqueue.priority and l.shard = lane_shard;
-        if lane_id is null then  -- never provisioned: the slow path names the bug
-            return awa._enqueue_slow(
-                queue, kind, args, priority, ordering_key, run_at, max_attempts
-            );
-        end if;
-        if not pg_try_advisory_xact_lock(1635213644, lane_id) then
-            perform awa._wait_for_lane(lane_id);
-        end if;
-        held := set_config('awa.lane_' || q_id || '_' || priority, lane_id::text, true);
-    elsif held <> '' then
-        select l.lane_id, l.seq, l.shard into lane_id, lane_seq_class, lane_shard
-          from awa.lanes as l
-         where l.lane_id = held::integer;
-    else
-        select l.lane_id, l.seq, l.shard into lane_id, lane_seq_class, lane_shard
-          from awa.lanes as l
-         where l.queue_id = q_id and l.priority = enqueue.priority
-           and l.shard = pg_backend_pid() % shards;
-        if not pg_try_advisory_xact_lock(1635213644, lane_id) then
-            got_lock := false;
-            for candidate in
-                select l.lane_id, l.seq, l.shard
-                  from awa.lanes as l
-                 where l.queue_id = q_id and l.priority = enqueue.priority
-                   and l.shard < shards and l.shard <> lane_shard
-                 order by (l.shard - lane_shard + shards) % shards
-            loop
-                if pg_try_advisory_xact_lock(1635213644, candidate.lane_id) then
-                    lane_id := candidate.lane_id;
-                    lane_seq_class := candidate.seq;
-                    lane_shard := candidate.shard;
-                    got_lock := true;
-                    exit;
-                end if;
-            end loop;
-            if not got_lock then
-                perform awa._wait_for_lane(lane_id);
-            end if;
-        end if;
-        held := set_config('awa.lane_' || q_id || '_' || priority, lane_id::text, true);
-    end if;
-    new_seq := nextval(lane_seq_class);
+    shard := awa._take_lane(
+        lane_ids, q_id, priority, shards, awa._key_shard(ordering_key, shards), 0
+    );
+    lane := lane_ids[awa._lane_index(priority, shard)];
+    new_seq := nextval(('awa.' || awa._lane_seq_name(lane))::regclass);
+    new_job := nextval('awa.job_id_seq');
     insert into awa.ready (
         lane_id, lane_seq, job_id, queue_id, priority, kind, args, ordering_key, attempt,
         max_attempts, enqueued_at, ready_at
     ) values (
-        lane_id, new_seq, nextval('awa.job_id_seq'), q_id, enqueue.priority, enqueue.kind,
+        lane, new_seq, new_job, q_id, enqueue.priority, enqueue.kind,
         coalesce(enqueue.args, '{}'), enqueue.ordering_key, 0, enqueue.max_attempts,
         now(), clock_timestamp()
-    )
-    returning awa.ready.job_id into new_job;
-    return row(new_job, enqueue.queue, enqueue.priority, lane_shard, new_seq)::awa.enqueued;
-end;
-$$;
-
--- Function: awa._lock_lane_groups(qids, ps, kss, ns) returns the lane groups
--- One group per (queue id, priority, key shard or -1 for unkeyed) with ns
--- rows. Keyed groups lock their lane in ascending lane id. Each unkeyed
--- (queue, priority) group takes one lane: the one this transaction already
--- holds for it (a keyed group of this call included), else a free one tried
--- without waiting from this backend's sticky shard, else it waits only on a
--- lane above every lane it holds. So two calls can never deadlock each
--- other.
--- Returns one element per group: its queue id, priority, key shard (-1 for
--- unkeyed), lane, the lane's shard, and the first lane_seq of the lane's
--- range, which covers every row of the call in that lane.
-create or replace function awa._lock_lane_groups(
-    qids integer[],
-    ps smallint[],
-    kss smallint[],
-    ns bigint[],
-    out g_qid integer[],
-    out g_p smallint[],
-    out g_ks smallint[],
-    out g_lane integer[],
-    out g_shard smallint[],
-    out g_base bigint[]
-)
-language plpgsql
-set search_path = pg_catalog, pg_temp
--- Array parameters make the planner re-plan every call; generic plans are
--- right for these queries whatever the batch size.
-set plan_cache_mode = force_generic_plan
-as $$
-declare
-    grp record;
-    cand record;
-    chosen integer;
-    lane_shard smallint;
-    fallback integer;
-    sticky integer;
-    lane_seq regclass;
-    base bigint;
-    max_held integer := 0;
-    g_n bigint[] := '{}';
-    lane_bases bigint[] := '{}';
-begin
-    g_qid := '{}';
-    g_p := '{}';
-    g_ks := '{}';
-    g_lane := '{}';
-    g_shard := '{}';
-    g_base := '{}';
-    for grp in
-        select u.qid, u.p, u.ks, m.enqueue_shards as shards, l.lane_id, l.seq, u.n
-          from unnest(qids, ps, kss, ns) as u (qid, p, ks, n)
-          join awa.queue_meta as m on m.queue_id = u.qid
-          left join awa.lanes as l
-            on l.queue_id = u.qid and l.priority = u.p and l.shard = u.ks
-         -- keyed groups first, in ascending lane id; then unkeyed groups
-         order by u.ks < 0, l.lane_id, u.qid, u.p
-    loop
-        if grp.ks >= 0 then
-            chosen := grp.lane_id;
-            lane_shard := grp.ks;
-            if not pg_try_advisory_xact_lock(1635213644, chosen) then
-                perform awa._wait_for_lane(chosen);
-            end if;
-        else
-            fallback := null;
-            sticky := null;
-            chosen := nullif(
-                current_setting('awa.lane_' || grp.qid || '_' || grp.p, true), ''
-            )::integer;
-            if chosen is null then
-                for cand in
-                    select l.lane_id,
-                           (l.shard - pg_backend_pid() % grp.shards + grp.shards)
-                           % grp.shards as turn
-                      from awa.lanes as l
-                     where l.queue_id = grp.qid and l.priority = grp.p
-                       and l.shard < grp.shards
-                     order by turn
-                loop
-                    if pg_try_advisory_xact_lock(1635213644, cand.lane_id) then
-                        chosen := cand.lane_id;
-                        exit;
-                    end if;
-                    if fallback is null and cand.lane_id > max_held then
-                        fallback := cand.lane_id;
-                    end if;
-                    sticky := coalesce(sticky, cand.lane_id);
-                end loop;
-                if chosen is null then
-                    chosen := coalesce(fallback, sticky);
-                    perform awa._wait_for_lane(chosen);
-                end if;
-            end if;
-            select l.shard, l.seq into lane_shard, lane_seq from awa.lanes as l
-             where l.lane_id = chosen;
-        end if;
-        if chosen is null then
-            raise exception 'lane missing for queue id % priority % shard %',
-                grp.qid, grp.p, grp.ks
-                using errcode = 'AW003';
-        end if;
-        max_held := greatest(max_held, chosen);
-        perform set_config('awa.lane_' || grp.qid || '_' || grp.p, chosen::text, true);
-        g_qid := g_qid || grp.qid;
-        g_p := g_p || grp.p;
-        g_ks := g_ks || grp.ks;
-        g_lane := g_lane || chosen;
-        g_shard := g_shard || lane_shard;
-        g_n := g_n || grp.n;
-    end loop;
-    -- One unkeyed group (the common batch) needs no grouping by lane.
-    if cardinality(g_lane) = 1 and lane_seq is not null then
-        base := nextval(lane_seq);
-        if g_n[1] > 1 then
-            perform setval(lane_seq, base + g_n[1] - 1);
-        end if;
-        g_base := array[base];
-        return;
-    end if;
-    -- One range per lane (a keyed and an unkeyed group may share one), so
-    -- the caller numbers rows per lane in input order.
-    for grp in
-        select g.lane, sum(g.n)::bigint as n, min(l.seq::oid)::regclass as seq
-          from unnest(g_lane, g_n) as g (lane, n)
-          join awa.lanes as l on l.lane_id = g.lane
-         group by g.lane
-         order by g.lane
-    loop
-        base := nextval(grp.seq);
-        if grp.n > 1 then
-            perform setval(grp.seq, base + grp.n - 1);
-        end if;
-        lane_bases := lane_bases || array[grp.lane::bigint, base];
-    end loop;
-    g_base := array(
-        select b.base
-          from unnest(g_lane) with ordinality as g (lane, i)
-          join (
-              select lane_bases[2 * k - 1] as lane, lane_bases[2 * k] as base
-                from generate_series(1, cardinality(lane_bases) / 2) as k
-          ) as b on b.lane = g.lane
-         order by g.i
     );
+    return row(new_job, enqueue.queue, enqueue.priority, shard, new_seq)::awa.enqueued;
 end;
 $$;
 
@@ -702,7 +511,6 @@ select awa._grant_execute(
     'awa.enqueue(text, text, jsonb, smallint, bytea, timestamptz, integer)', 'producer'
 );
 select awa._grant_execute('awa._lock_lanes(integer[], smallint[], smallint[])');
-select awa._grant_execute('awa._lock_lane_groups(integer[], smallint[], smallint[], bigint[])');
 select awa._grant_execute(
     'awa._enqueue_rows(text[], text[], jsonb[], smallint[], bytea[], timestamptz[], integer[],'
     ' text, bigint)'

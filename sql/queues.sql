@@ -1,9 +1,7 @@
 -- queues.sql: queue names, queue creation, lane provisioning and lane locks.
 --
--- Lock keys (two-int4 advisory locks, transaction scoped):
---   (1635213644, lane_id)  'awaL': a lane; held from before its sequence
---                          advances until commit
---   (1635213648, 0)        'awaP': creating queues and lanes, serialised
+-- Lock keys: (1635213648, 0) 'awaP', creating queues and lanes, serialised
+-- (every class id: sql/private.sql).
 -- Nothing here is granted to a runtime role: the public definers call it.
 
 -- Function: awa._check_queue_name(queue text) returns void
@@ -55,8 +53,9 @@ $$;
 
 -- Function: awa._provision_lanes(queue_id integer, shards integer) returns integer
 -- Creates every missing (priority, shard) lane below shards for one physical
--- queue, each with its own sequence awa.lane_seq_<lane_id>. Returns how many
--- lanes it created. The caller holds the provisioning lock.
+-- queue, each with its own sequence awa.lane_seq_<lane_id>, and records
+-- them in the queue's awa.queue_meta.lane_ids. Returns how many lanes it
+-- created. The caller holds the provisioning lock.
 create or replace function awa._provision_lanes(queue_id integer, shards integer)
 returns integer
 language plpgsql
@@ -65,9 +64,11 @@ as $$
 declare
     created integer := 0;
     new_id integer;
-    seq_name text;
+    ids integer[];
     missing record;
 begin
+    select m.lane_ids into strict ids
+      from awa.queue_meta as m where m.queue_id = _provision_lanes.queue_id;
     for missing in
         select p.priority::smallint as priority, s.shard::smallint as shard
           from generate_series(1, 4) as p (priority)
@@ -81,16 +82,20 @@ begin
          order by p.priority, s.shard
     loop
         new_id := nextval(pg_get_serial_sequence('awa.lanes', 'lane_id')::regclass);
-        seq_name := 'lane_seq_' || new_id;
-        execute format('create sequence awa.%I as bigint', seq_name);
+        execute format('create sequence awa.%I as bigint', awa._lane_seq_name(new_id));
         insert into awa.lanes (lane_id, queue_id, priority, shard, seq)
         overriding system value
         values (
             new_id, _provision_lanes.queue_id, missing.priority, missing.shard,
-            format('awa.%I', seq_name)::regclass
+            format('awa.%I', awa._lane_seq_name(new_id))::regclass
         );
+        ids[awa._lane_index(missing.priority, missing.shard)] := new_id;
         created := created + 1;
     end loop;
+    if created > 0 then
+        update awa.queue_meta as m set lane_ids = ids
+         where m.queue_id = _provision_lanes.queue_id;
+    end if;
     return created;
 end;
 $$;
@@ -116,7 +121,9 @@ begin
     insert into awa.queue_meta (queue) values (_ensure_queue.queue)
     on conflict do nothing;
     select m.* into strict meta from awa.queue_meta as m where m.queue = _ensure_queue.queue;
-    perform awa._provision_lanes(meta.queue_id, meta.enqueue_shards);
+    if awa._provision_lanes(meta.queue_id, meta.enqueue_shards) > 0 then
+        select m.* into strict meta from awa.queue_meta as m where m.queue_id = meta.queue_id;
+    end if;
     return meta;
 end;
 $$;
@@ -148,7 +155,9 @@ begin
     on conflict (queue) do update
         set root_queue = excluded.root_queue, logical_queue = excluded.logical_queue;
     select m.* into strict meta from awa.queue_meta as m where m.queue = physical;
-    perform awa._provision_lanes(meta.queue_id, meta.enqueue_shards);
+    if awa._provision_lanes(meta.queue_id, meta.enqueue_shards) > 0 then
+        select m.* into strict meta from awa.queue_meta as m where m.queue_id = meta.queue_id;
+    end if;
     return meta;
 end;
 $$;
@@ -284,108 +293,6 @@ begin
 end;
 $$;
 
--- Function: awa._held_lane_setting(queue_id integer, priority smallint) returns text
--- Name of the transaction-local setting that remembers which lane this
--- transaction holds for (queue, priority). Transaction scoped, so it is safe
--- behind a transaction-pooling PgBouncer.
-create or replace function awa._held_lane_setting(queue_id integer, priority smallint)
-returns text
-language sql
-immutable parallel safe
-set search_path = pg_catalog, pg_temp
-as $$
-    select 'awa.lane_' || queue_id || '_' || priority
-$$;
-
--- Function: awa._wait_for_lane(lane_id integer)
--- Takes a lane lock that a try has just failed to get, and adds the time
--- spent waiting to the transaction-local setting awa.lane_lock_wait_us
--- (microseconds this transaction waited for lane locks). The uncontended
--- path never comes here, so it reads no clock and sets nothing.
-create or replace function awa._wait_for_lane(lane_id integer)
-returns void
-language plpgsql
-set search_path = pg_catalog, pg_temp
-as $$
-declare
-    started timestamptz := pg_catalog.clock_timestamp();
-begin
-    perform pg_catalog.pg_advisory_xact_lock(1635213644, lane_id);
-    perform pg_catalog.set_config(
-        'awa.lane_lock_wait_us',
-        (coalesce(nullif(pg_catalog.current_setting('awa.lane_lock_wait_us', true), ''), '0')
-         ::bigint
-         + (extract(epoch from pg_catalog.clock_timestamp() - started) * 1000000)::bigint)::text,
-        true
-    );
-end;
-$$;
-
--- Function: awa._acquire_lane(queue_id, shards, priority, ordering_key) returns awa.lanes
--- Picks the lane for one row and holds its lock to commit.
---   keyed: the lane of shard hash64(key) mod S;
---   unkeyed: the lane this transaction already holds for (queue, priority);
---     else the first free lane starting at this backend's sticky shard
---     (pid mod S), tried without waiting; else wait on the sticky lane.
-create or replace function awa._acquire_lane(
-    queue_id integer, shards integer, priority smallint, ordering_key bytea
-)
-returns awa.lanes
-language plpgsql
-set search_path = pg_catalog, pg_temp
-as $$
-declare
-    lane awa.lanes;
-    held text;
-    candidates awa.lanes[];
-    start integer;
-begin
-    if ordering_key is not null then
-        select l.* into lane
-          from awa.lanes as l
-         where l.queue_id = _acquire_lane.queue_id
-           and l.priority = _acquire_lane.priority
-           and l.shard = awa._key_shard(ordering_key, shards);
-        if not pg_try_advisory_xact_lock(1635213644, lane.lane_id) then
-            perform awa._wait_for_lane(lane.lane_id);
-        end if;
-    else
-        held := nullif(current_setting(awa._held_lane_setting(queue_id, priority), true), '');
-        if held is not null then
-            select l.* into lane from awa.lanes as l where l.lane_id = held::integer;
-            return lane;
-        end if;
-        candidates := array(
-            select l from awa.lanes as l
-             where l.queue_id = _acquire_lane.queue_id
-               and l.priority = _acquire_lane.priority
-               and l.shard < shards
-             order by l.shard
-        );
-        start := pg_backend_pid() % cardinality(candidates);
-        for i in 0 .. cardinality(candidates) - 1 loop
-            lane := candidates[(start + i) % cardinality(candidates) + 1];
-            if pg_try_advisory_xact_lock(1635213644, lane.lane_id) then
-                exit;
-            end if;
-            lane := null;
-        end loop;
-        if lane is null then
-            lane := candidates[start + 1];
-            perform awa._wait_for_lane(lane.lane_id);
-        end if;
-    end if;
-    if lane.lane_id is null then
-        raise exception 'lane missing for queue id % priority % (S = %)',
-            queue_id, priority, shards
-            using errcode = 'AW003',
-                  hint = 'Lanes are provisioned by awa.set_enqueue_shards; this is a bug.';
-    end if;
-    perform set_config(awa._held_lane_setting(queue_id, priority), lane.lane_id::text, true);
-    return lane;
-end;
-$$;
-
 select awa._grant_execute('awa._check_queue_name(text)');
 select awa._grant_execute('awa._check_priority(smallint)');
 select awa._grant_execute('awa._provision_lanes(integer, integer)');
@@ -397,6 +304,3 @@ select awa._grant_execute('awa._pick_stripe(awa.queue_meta, bytea)');
 select awa._grant_execute('awa._ensure_partition(text, integer)');
 select awa._grant_execute('awa._route_queue(awa.queue_meta, bytea)');
 select awa._grant_execute('awa._physical_queues(text)');
-select awa._grant_execute('awa._held_lane_setting(integer, smallint)');
-select awa._grant_execute('awa._wait_for_lane(integer)');
-select awa._grant_execute('awa._acquire_lane(integer, integer, smallint, bytea)');

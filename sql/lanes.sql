@@ -1,0 +1,262 @@
+-- lanes.sql: choosing a lane and taking its lock, for every enqueue path.
+--
+-- awa._take_lane is the one definition of lane choice; awa.enqueue calls it
+-- for one row, awa._lock_lane_groups for the groups of a multi-row call
+-- (awa.enqueue_batch, COPY, awa.promote_due).
+--
+-- No two lane-locking calls can deadlock each other: a call waits for a
+-- lane lock only when that lane's id is above every lane lock it holds, and
+-- takes any other lane with a try-lock, which never waits. A chain of
+-- waiters would need lane ids that rise all the way round, which they
+-- cannot. Calls made one after another in one transaction are the caller's
+-- order, as with row locks (docs/concepts.md).
+--
+-- The memo: a transaction that already holds a lane for (queue, priority)
+-- keeps writing to it. The shard of that lane is kept in the
+-- transaction-local setting awa.lane_<queue id>_<priority>. Any role can set
+-- a custom setting, so the memo is only a hint: it is believed for a shard
+-- below S of the same (queue, priority) whose lock this transaction holds
+-- or takes now with a try-lock. A forged memo can at most send the caller's
+-- own job to a free lane of its own queue and priority, as an unkeyed job
+-- may go anyway (docs/security.md).
+
+-- Function: awa._lane_seq_name(lane_id integer) returns text
+-- The name, in schema awa, of a lane's sequence.
+create or replace function awa._lane_seq_name(lane_id integer)
+returns text
+language sql
+immutable parallel safe
+set search_path = pg_catalog, pg_temp
+as $$
+    select 'lane_seq_' || lane_id
+$$;
+
+-- Function: awa._lane_index(priority smallint, shard integer) returns integer
+-- The element of awa.queue_meta.lane_ids that holds the lane of
+-- (priority, shard).
+create or replace function awa._lane_index(priority smallint, shard integer)
+returns integer
+language sql
+immutable parallel safe
+set search_path = pg_catalog, pg_temp
+as $$
+    select (priority - 1) * 64 + shard + 1
+$$;
+
+-- Function: awa._wait_for_lane(lane_id integer)
+-- Takes a lane lock that a try has just failed to get, and adds the time
+-- spent waiting to the transaction-local setting awa.lane_lock_wait_us
+-- (microseconds this transaction waited for lane locks; read by the client
+-- for its metric only). The uncontended path never comes here, so it reads
+-- no clock and sets nothing. A value the caller set that is not a count is
+-- taken as 0: it can only mislead the caller's own metric.
+create or replace function awa._wait_for_lane(lane_id integer)
+returns void
+language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    started timestamptz := pg_catalog.clock_timestamp();
+    waited text := pg_catalog.current_setting('awa.lane_lock_wait_us', true);
+begin
+    perform pg_catalog.pg_advisory_xact_lock(1635213644, lane_id);
+    perform pg_catalog.set_config(
+        'awa.lane_lock_wait_us',
+        ((case when waited operator(pg_catalog.~) '^[0-9]{1,15}$' then waited::bigint else 0 end)
+         + (extract(epoch from pg_catalog.clock_timestamp() - started) * 1000000)::bigint)::text,
+        true
+    );
+end;
+$$;
+
+-- Function: awa._take_lane(lane_ids, queue_id, priority, shards, key_shard, above) returns integer
+-- Chooses the lane for the rows of one (queue, priority[, key shard]) group,
+-- takes its lock to commit, and returns the lane's shard.
+--   lane_ids:  the queue's awa.queue_meta.lane_ids, read in this statement;
+--   shards:    the queue's S, read in the same statement;
+--   key_shard: the keyed rows' shard, or null for unkeyed rows;
+--   above:     the highest lane id this call already holds a lock on (0 if
+--              none): the call may wait only for a lane above it.
+-- Keyed: the lane of key_shard, waited for if need be (the caller orders
+-- its groups so that this lane is above `above`, or held already).
+-- Unkeyed: the lane of the memo if believed (see the header); else the
+-- first free lane tried without waiting, starting at this backend's sticky
+-- shard (pid mod S); else wait for the first lane in that order above
+-- `above` (the caller guarantees one: its groups come in lane order).
+-- Errors: AW003 a lane missing (a bug: S promises its lanes exist).
+create or replace function awa._take_lane(
+    lane_ids integer[],
+    queue_id integer,
+    priority smallint,
+    shards integer,
+    key_shard integer,
+    above integer
+)
+returns integer
+language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    base integer := awa._lane_index(priority, 0);
+    memo text := 'awa.lane_' || queue_id || '_' || priority;
+    held text;
+    shard integer;
+    start integer;
+    target integer;
+begin
+    if key_shard is not null then
+        shard := key_shard;
+        if lane_ids[base + shard] is null then
+            raise exception 'lane missing for queue id % priority % shard % (S = %)',
+                queue_id, priority, shard, shards
+                using errcode = 'AW003',
+                      hint = 'Lanes are provisioned by awa.set_enqueue_shards; this is a bug.';
+        end if;
+        if not pg_try_advisory_xact_lock(1635213644, lane_ids[base + shard]) then
+            perform awa._wait_for_lane(lane_ids[base + shard]);
+        end if;
+    else
+        held := current_setting(memo, true);
+        if held ~ '^[0-9]{1,2}$' and held::integer < shards
+           and pg_try_advisory_xact_lock(1635213644, lane_ids[base + held::integer]) then
+            return held::integer;
+        end if;
+        start := pg_backend_pid() % shards;
+        for i in 0 .. shards - 1 loop
+            shard := (start + i) % shards;
+            exit when pg_try_advisory_xact_lock(1635213644, lane_ids[base + shard]);
+            if target is null and lane_ids[base + shard] > above then
+                target := shard;
+            end if;
+            shard := null;
+        end loop;
+        if shard is null then
+            if target is null then
+                raise exception 'lane missing for queue id % priority % (S = %)',
+                    queue_id, priority, shards
+                    using errcode = 'AW003',
+                          hint = 'Lanes are provisioned by awa.set_enqueue_shards; this is a bug.';
+            end if;
+            shard := target;
+            perform awa._wait_for_lane(lane_ids[base + shard]);
+        end if;
+    end if;
+    if held is distinct from shard::text then
+        perform set_config(memo, shard::text, true);
+    end if;
+    return shard;
+end;
+$$;
+
+-- Function: awa._lock_lane_groups(qids, ps, kss, ns) returns the lane groups
+-- Takes the lanes for the groups of a multi-row call and reserves one
+-- sequence range per lane. A group is (queue id, priority, key shard or -1
+-- for unkeyed) with ns rows. Groups are served in lane order: a keyed group
+-- at its lane, an unkeyed one at the highest lane it may use (below S), so
+-- each awa._take_lane may wait only above every lane the call holds.
+-- Returns one element per group: its queue id, priority, key shard (-1 for
+-- unkeyed), lane, the lane's shard, and the first lane_seq of the lane's
+-- range, which covers every row of the call in that lane.
+create or replace function awa._lock_lane_groups(
+    qids integer[],
+    ps smallint[],
+    kss smallint[],
+    ns bigint[],
+    out g_qid integer[],
+    out g_p smallint[],
+    out g_ks smallint[],
+    out g_lane integer[],
+    out g_shard smallint[],
+    out g_base bigint[]
+)
+language plpgsql
+set search_path = pg_catalog, pg_temp
+-- Array parameters make the planner re-plan every call; generic plans are
+-- right for these queries whatever the batch size.
+set plan_cache_mode = force_generic_plan
+as $$
+declare
+    grp record;
+    shard integer;
+    lane integer;
+    lane_seq regclass;
+    base bigint;
+    max_held integer := 0;
+    g_n bigint[] := '{}';
+    lane_bases bigint[] := '{}';
+begin
+    g_qid := '{}';
+    g_p := '{}';
+    g_ks := '{}';
+    g_lane := '{}';
+    g_shard := '{}';
+    g_base := '{}';
+    for grp in
+        select u.qid, u.p, u.ks, u.n, m.enqueue_shards as shards, m.lane_ids,
+               case when u.ks >= 0
+                    then m.lane_ids[awa._lane_index(u.p, u.ks)]
+                    else (select max(x.lane) from unnest(
+                              m.lane_ids[awa._lane_index(u.p, 0):
+                                         awa._lane_index(u.p, m.enqueue_shards - 1)]
+                          ) as x (lane))
+               end as turn
+          from unnest(qids, ps, kss, ns) as u (qid, p, ks, n)
+          join awa.queue_meta as m on m.queue_id = u.qid
+         -- a keyed group before an unkeyed one that may use its lane
+         order by turn, u.ks < 0, u.qid, u.p, u.ks
+    loop
+        shard := awa._take_lane(
+            grp.lane_ids, grp.qid, grp.p, grp.shards, nullif(grp.ks, -1), max_held
+        );
+        lane := grp.lane_ids[awa._lane_index(grp.p, shard)];
+        max_held := greatest(max_held, lane);
+        g_qid := g_qid || grp.qid;
+        g_p := g_p || grp.p;
+        g_ks := g_ks || grp.ks;
+        g_lane := g_lane || lane;
+        g_shard := g_shard || shard::smallint;
+        g_n := g_n || grp.n;
+    end loop;
+    -- One group (the common batch) needs no grouping by lane.
+    if cardinality(g_lane) = 1 then
+        lane_seq := ('awa.' || awa._lane_seq_name(g_lane[1]))::regclass;
+        base := nextval(lane_seq);
+        if g_n[1] > 1 then
+            perform setval(lane_seq, base + g_n[1] - 1);
+        end if;
+        g_base := array[base];
+        return;
+    end if;
+    -- One range per lane (a keyed and an unkeyed group may share one), so
+    -- the caller numbers rows per lane in input order.
+    for grp in
+        select g.lane, sum(g.n)::bigint as n
+          from unnest(g_lane, g_n) as g (lane, n)
+         group by g.lane
+    loop
+        lane_seq := ('awa.' || awa._lane_seq_name(grp.lane))::regclass;
+        base := nextval(lane_seq);
+        if grp.n > 1 then
+            perform setval(lane_seq, base + grp.n - 1);
+        end if;
+        lane_bases := lane_bases || array[grp.lane::bigint, base];
+    end loop;
+    g_base := array(
+        select b.base
+          from unnest(g_lane) with ordinality as g (lane, i)
+          join (
+              select lane_bases[2 * k - 1] as lane, lane_bases[2 * k] as base
+                from generate_series(1, cardinality(lane_bases) / 2) as k
+          ) as b on b.lane = g.lane
+         order by g.i
+    );
+end;
+$$;
+
+select awa._grant_execute('awa._lane_seq_name(integer)');
+select awa._grant_execute('awa._lane_index(smallint, integer)');
+select awa._grant_execute('awa._wait_for_lane(integer)');
+select awa._grant_execute(
+    'awa._take_lane(integer[], integer, smallint, integer, integer, integer)'
+);
+select awa._grant_execute('awa._lock_lane_groups(integer[], smallint[], smallint[], bigint[])');

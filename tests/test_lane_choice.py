@@ -1,0 +1,176 @@
+"""Lane choice: two lane-locking calls never deadlock each other.
+
+A call waits for a lane lock only above every lane lock it holds and takes
+any other lane with a try-lock (sql/lanes.sql). These tests cross calls that
+would deadlock under any other order: the case that did on 0.x (an unkeyed
+group waiting below a keyed lane it held), and random crossed batches over
+queues of several S, keyed and unkeyed, two priorities, with a third
+transaction holding random lanes so that the calls really wait.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import psycopg
+import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+from psycopg import sql
+
+from tests.support.waiting import wait_until
+
+BATCH_SQL = ("select * from awa.enqueue_batch(%s::text[], %s::text[], priorities => %s::smallint[],"
+             " ordering_keys => %s::bytea[])")
+LANE_CLASS = 1635213644
+
+
+def _fast_deadlock_detection(db) -> None:
+    with db.connect() as su:
+        su.execute(sql.SQL("alter database {} set deadlock_timeout = '20ms'").format(
+            sql.Identifier(db.name)))
+
+
+def _waiting(admin: psycopg.Connection, pid: int) -> bool:
+    return admin.execute(
+        "select exists (select from pg_locks where pid = %s and not granted)", [pid]
+    ).fetchone()[0]
+
+
+class Call(threading.Thread):
+    """One producer transaction in a thread: a batch, then commit."""
+
+    def __init__(self, db, login: str, rows: list[tuple[str, int, bytes | None]]):
+        super().__init__(daemon=True)
+        self.conn = db.connect(login, autocommit=False)
+        self.pid = self.conn.execute("select pg_backend_pid()").fetchone()[0]
+        self.conn.commit()
+        self.rows = rows
+        self.error: Exception | None = None
+        self.result: list | None = None
+
+    def run(self) -> None:
+        try:
+            self.result = self.conn.execute(BATCH_SQL, [
+                [q for q, _, _ in self.rows], ["crossed"] * len(self.rows),
+                [p for _, p, _ in self.rows], [k for _, _, k in self.rows],
+            ]).fetchall()
+            self.conn.commit()
+        except psycopg.Error as err:
+            self.error = err
+            self.conn.rollback()
+        finally:
+            self.conn.close()
+
+
+def _cross(db, login, admin, first_rows, second_rows, hold) -> tuple[Call, Call]:
+    """`hold` commits once both calls have started and are waiting or done."""
+    first, second = Call(db, login, first_rows), Call(db, login, second_rows)
+    for call in (first, second):
+        call.start()
+        wait_until(lambda c=call: not c.is_alive() or _waiting(admin, c.pid),
+                   what="the call to wait or finish")
+    hold.commit()
+    for call in (first, second):
+        call.join(timeout=30)
+        assert not call.is_alive()
+    return first, second
+
+
+def test_the_crossed_batches_that_deadlocked_do_not(db):
+    """qb (S = 1) was created before qa (S = 4), so qb's lane id is lower. A
+    holder keeps qb's lane; P2 batches [qb keyed, qa 'customer-42'] and waits
+    for qb; P1 batches [qa 'customer-42', qb unkeyed]. P1 used to take qa's
+    lane and then wait for qb below it: P2, granted qb first, then waited for
+    qa, and one of them got 40P01."""
+    _fast_deadlock_detection(db)
+    producer = db.login_role("awa_producer")
+    with db.connect() as su:
+        su.execute("select awa.set_enqueue_shards('qb', 1)")
+        su.execute("select awa.set_enqueue_shards('qa', 4)")
+    with db.connect() as admin, db.connect(producer, autocommit=False) as hold:
+        hold.execute("select awa.enqueue('qb', 'hold')")
+        p2, p1 = _cross(db, producer, admin,
+                        [("qb", 2, b"x"), ("qa", 2, b"customer-42")],
+                        [("qa", 2, b"customer-42"), ("qb", 2, None)], hold)
+        assert p2.error is None and p1.error is None, (p2.error, p1.error)
+        assert len(p2.result) == 2 and len(p1.result) == 2
+        # Both wrote to the lanes of their rows: qb's only lane, qa's shard 0.
+        assert {(r[1], r[3]) for r in p1.result + p2.result} == {("qb", 0), ("qa", 0)}
+
+
+QUEUES = {"d1": 1, "d2": 2, "d4": 4, "e1": 1}  # created in this order, each at its S
+KEYS = [None, b"a", b"b", b"c", b"customer-42", b"order:1001"]
+row = st.tuples(st.sampled_from(sorted(QUEUES)), st.sampled_from([1, 2]), st.sampled_from(KEYS))
+batch = st.lists(row, min_size=1, max_size=5)
+
+
+@pytest.fixture
+def crossed(db):
+    _fast_deadlock_detection(db)
+    producer = db.login_role("awa_producer")
+    with db.connect() as su:
+        for q, s in QUEUES.items():
+            su.execute("select awa.set_enqueue_shards(%s, %s)", [q, s])
+        lanes = [r[0] for r in su.execute(
+            "select l.lane_id from awa.lanes l join awa.queue_meta m using (queue_id)"
+            " where m.queue = any(%s) and l.priority <= 2 order by 1", [list(QUEUES)])]
+    return db, producer, lanes
+
+
+@settings(max_examples=30, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(first=batch, second=batch, held=st.data())
+@example(first=[("d1", 2, b"x"), ("d4", 2, b"customer-42")],
+         second=[("d4", 2, b"customer-42"), ("d1", 2, None)], held=None)
+def test_random_crossed_batches_never_deadlock(crossed, first, second, held):
+    db, producer, lanes = crossed
+    with db.connect() as admin, db.connect(autocommit=False) as hold:
+        if held is None:  # the @example: hold d1's priority-2 lane, the one both need
+            chosen = [r[0] for r in admin.execute(
+                "select l.lane_id from awa.lanes l join awa.queue_meta m using (queue_id)"
+                " where m.queue = 'd1' and l.priority = 2")]
+        else:
+            chosen = held.draw(st.lists(st.sampled_from(lanes), max_size=4, unique=True))
+        for lane in sorted(chosen):
+            hold.execute("select pg_advisory_xact_lock(%s, %s)", [LANE_CLASS, lane])
+        a, b = _cross(db, producer, admin, first, second, hold)
+    assert a.error is None and b.error is None, (a.error, b.error)
+    for call in (a, b):
+        assert [(r[1], r[2]) for r in call.result] == [(q, p) for q, p, _ in call.rows]
+
+
+def test_a_call_waits_only_above_the_lanes_it_holds(db):
+    """An unkeyed group whose lanes are all taken is served before a keyed
+    group on a higher lane, so the call waits for it holding nothing, not
+    for its sticky lane below the keyed one it took first."""
+    _fast_deadlock_detection(db)
+    producer = db.login_role("awa_producer")
+    with db.connect() as su:
+        su.execute("select awa.set_enqueue_shards('low', 2)")
+        su.execute("select awa.set_enqueue_shards('high', 1)")
+        low = [r[0] for r in su.execute(
+            "select l.lane_id from awa.lanes l join awa.queue_meta m using (queue_id)"
+            " where m.queue = 'low' and l.priority = 2 order by l.shard")]
+        high = su.execute(
+            "select l.lane_id from awa.lanes l join awa.queue_meta m using (queue_id)"
+            " where m.queue = 'high' and l.priority = 2").fetchone()[0]
+    assert low[0] < low[1] < high
+    with db.connect() as admin, db.connect(autocommit=False) as hold:
+        for lane in low:
+            hold.execute("select pg_advisory_xact_lock(%s, %s)", [LANE_CLASS, lane])
+        call = Call(db, producer, [("high", 2, b"k"), ("low", 2, None)])
+        call.start()
+        wait_until(lambda: _waiting(admin, call.pid), what="the call to wait")
+        # It waits for a lane of 'low' before it takes 'high' (lane order):
+        # holding 'high' while it waits would invert the order.
+        held_by_call = admin.execute(
+            "select objid::int from pg_locks where pid = %s and locktype = 'advisory'"
+            " and classid = %s and granted", [call.pid, LANE_CLASS]).fetchall()
+        waited = admin.execute(
+            "select objid::int from pg_locks where pid = %s and not granted",
+            [call.pid]).fetchone()[0]
+        assert held_by_call == [] and waited in low
+        hold.commit()
+        call.join(timeout=30)
+    assert call.error is None and len(call.result) == 2
