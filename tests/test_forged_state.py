@@ -1,0 +1,168 @@
+"""No definer acts on state its caller can set: forged settings change nothing.
+
+A producer can set any custom setting, including the ones the enqueue paths
+read: the held-lane memo ``awa.lane_<queue id>_<priority>`` and the wait
+total ``awa.lane_lock_wait_us``. For every entry point (single row keyed and
+unkeyed, batch on its fast and its general path, COPY with
+``enqueue_copied()`` and with commit only) and every kind of name (plain,
+partitioned, striped), a plain login with ``awa_producer`` only forges every
+memo to a lane another open transaction holds, to a lane of another queue, to
+a lane of another priority, and to values that are no lane at all. Its jobs
+must land in a free lane of their own (queue, priority), with no error.
+(A keyed single row never read the memo; its case guards that it never
+does.)
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+
+import psycopg
+import pytest
+from psycopg.types.json import Jsonb
+
+from awa_sql import routing
+from tests.support.waiting import wait_until
+
+LANE_CLASS = 1635213644
+S = 4
+FREE_SHARD = 3  # every other priority-2 lane of the target is held by another transaction
+KEY = next(k for k in (f"key-{i}".encode() for i in itertools.count())
+           if routing.shard_for_ordering_key(k, S) == FREE_SHARD)
+COPY_SQL = ("copy awa.copy_staging (queue, priority, ordering_key, kind, args, run_at,"
+            " max_attempts) from stdin")
+
+
+def _copy(conn, queue, kind, rows):
+    with conn.cursor().copy(COPY_SQL) as cp:
+        for priority, key in rows:
+            cp.write_row((queue, priority, key, kind, Jsonb({}), None, None))
+
+
+# Mixed calls put their keyed row at priority 1, so that it cannot overwrite
+# the forged priority-2 memo before the unkeyed rows read it.
+MIXED = [(2, None), (1, KEY), (2, None)]
+
+
+ENTRY_POINTS = {
+    "enqueue": lambda c, q, kind: c.execute("select awa.enqueue(%s, %s)", [q, kind]),
+    "enqueue keyed": lambda c, q, kind: c.execute(
+        "select awa.enqueue(%s, %s, ordering_key => %s)", [q, kind, KEY]),
+    "batch": lambda c, q, kind: c.execute(
+        "select * from awa.enqueue_batch(%s::text[], %s::text[])", [[q] * 3, [kind] * 3]),
+    "batch mixed": lambda c, q, kind: c.execute(
+        "select * from awa.enqueue_batch(%s::text[], %s::text[], priorities => %s::smallint[],"
+        " ordering_keys => %s::bytea[])",
+        [[q] * 3, [kind] * 3, [p for p, _ in MIXED], [k for _, k in MIXED]]),
+    "copy enqueue_copied": lambda c, q, kind: (
+        _copy(c, q, kind, MIXED), c.execute("select awa.enqueue_copied()")),
+    "copy commit": lambda c, q, kind: _copy(c, q, kind, MIXED),
+}
+NAMES = {"plain": "fq", "partitioned": "fpart", "striped": "fstripe"}
+
+
+@pytest.fixture
+def forged(db):
+    producer = db.login_role("awa_producer")
+    with db.connect() as su:
+        su.execute("select awa.set_queue_partitions('fpart', 2)")
+        su.execute("select awa.set_queue_stripes('fstripe', 2)")
+        for q in (*NAMES.values(), "other"):
+            su.execute("select awa.set_enqueue_shards(%s, %s)", [q, S])
+    return db, producer
+
+
+def _physical(admin, name):
+    return [r[0] for r in admin.execute(
+        "select queue_id from awa.queue_meta where %s in (queue, root_queue, logical_queue)",
+        [name])]
+
+
+def _lane(admin, queue_id, priority, shard):
+    return admin.execute(
+        "select lane_id from awa.lanes where queue_id = %s and priority = %s and shard = %s",
+        [queue_id, priority, shard]).fetchone()[0]
+
+
+def _forgeries(admin, name):
+    """Value for every memo, by what it forges."""
+    target = _physical(admin, name)[0]
+    other = _physical(admin, "other")[0]
+    return {
+        "held lane": str(_lane(admin, target, 2, 0)),
+        "held shard": "0",
+        "other queue's lane": str(_lane(admin, other, 2, FREE_SHARD)),
+        "other priority's lane": str(_lane(admin, target, 1, FREE_SHARD)),
+        "not a number": "lane 7; drop table awa.ready",
+        "huge": "99999999999999999999999",
+        "negative": "-1",
+    }
+
+
+def _forge_everything(conn, admin, value):
+    for (qid,) in admin.execute("select queue_id from awa.queue_meta"):
+        for p in range(1, 5):
+            conn.execute("select set_config(%s, %s, true)", [f"awa.lane_{qid}_{p}", value])
+    conn.execute("select set_config('awa.lane_lock_wait_us', %s, true)", [value])
+
+
+@pytest.mark.parametrize("name", list(NAMES))
+@pytest.mark.parametrize("entry", list(ENTRY_POINTS))
+def test_forged_memos_never_move_a_job_out_of_its_own_free_lane(forged, entry, name):
+    db, producer = forged
+    queue = NAMES[name]
+    with db.connect() as admin, db.connect(autocommit=False) as hold:
+        held = {_lane(admin, qid, 2, shard)
+                for qid in _physical(admin, queue) for shard in range(FREE_SHARD)}
+        for lane in sorted(held):
+            hold.execute("select pg_advisory_xact_lock(%s, %s)", [LANE_CLASS, lane])
+        for what, value in _forgeries(admin, queue).items():
+            kind = f"forged {what}"
+            with db.connect(producer, autocommit=False) as p:
+                # A call that waited for a held lane would be a failure too.
+                p.execute("set local lock_timeout = '5s'")
+                _forge_everything(p, admin, value)
+                ENTRY_POINTS[entry](p, queue, kind)
+                p.commit()
+            landed = admin.execute(
+                "select r.queue_id, r.priority, l.queue_id, l.priority, l.lane_id"
+                " from awa.ready r join awa.lanes l using (lane_id) where r.kind = %s",
+                [kind]).fetchall()
+            assert landed, what
+            for job_queue, job_priority, lane_queue, lane_priority, lane in landed:
+                assert (lane_queue, lane_priority) == (job_queue, job_priority), what
+                assert lane not in held, f"{what}: a job went into a lane another transaction holds"
+
+
+def test_a_forged_wait_total_is_ignored_when_the_call_waits(db):
+    """awa.lane_lock_wait_us forged to a non-number: a call that has to wait
+    for its lane still succeeds and reports only its own wait."""
+    producer = db.login_role("awa_producer")
+    with db.connect() as su:
+        su.execute("select awa.set_enqueue_shards('fw', 1)")
+    with db.connect() as admin, db.connect(producer, autocommit=False) as hold:
+        hold.execute("select awa.enqueue('fw', 'hold')")
+        outcome = {}
+
+        def produce():
+            with db.connect(producer, autocommit=False) as p:
+                outcome["pid"] = p.execute("select pg_backend_pid()").fetchone()[0]
+                p.execute("select set_config('awa.lane_lock_wait_us', 'not-a-number', true)")
+                try:
+                    p.execute("select awa.enqueue('fw', 'waited')")
+                    outcome["wait"] = p.execute(
+                        "select current_setting('awa.lane_lock_wait_us')").fetchone()[0]
+                    p.commit()
+                except psycopg.Error as err:
+                    outcome["error"] = err
+
+        t = threading.Thread(target=produce, daemon=True)
+        t.start()
+        wait_until(lambda: "pid" in outcome and admin.execute(
+            "select exists (select from pg_locks where pid = %s and not granted)",
+            [outcome["pid"]]).fetchone()[0], what="the producer to wait for the lane")
+        hold.commit()
+        t.join(timeout=30)
+    assert "error" not in outcome, outcome.get("error")
+    assert int(outcome["wait"]) >= 0
