@@ -1,0 +1,86 @@
+"""Every value a definer reads that its caller can set is on a short list.
+
+Functions in schema awa run with the owner's rights (the public ones are
+SECURITY DEFINER, the private ones are called only from them). A caller can
+set custom settings, create temp objects and write the rows of tables a
+runtime role has INSERT or UPDATE on. This test reads every function body in
+the catalog and fails on any such read that is not listed below with the
+reason it is safe; it fails too on a listed read that no longer exists, so
+the list stays the truth. docs/security.md explains the class of bug.
+"""
+
+from __future__ import annotations
+
+import re
+
+RUNTIME_ROLES = ["awa_producer", "awa_worker", "awa_maintenance", "awa_operator", "awa_reader"]
+
+_STAGING = ("reads only its own transaction's staged rows (staged_xid, which producers cannot"
+            " write; test_copy) and checks the payload columns like enqueue_batch's arrays")
+
+ALLOWED = {
+    ("awa._take_lane", "setting memo"):
+        "the held-lane memo: believed only for a shard below S of the same (queue, priority)"
+        " whose lock this transaction holds or takes now (test_forged_state)",
+    ("awa._wait_for_lane", "setting 'awa.lane_lock_wait_us'"):
+        "the wait total for the client's metric: a non-number counts as 0, and forging it"
+        " misleads only the caller's own numbers (test_forged_state)",
+    ("awa._move_staged", "table awa.copy_staging"): _STAGING,
+    ("awa._move_staged_one_lane", "table awa.copy_staging"): _STAGING,
+    ("awa._move_staged_by_key", "table awa.copy_staging"): _STAGING,
+    ("awa._move_staged_sets", "table awa.copy_staging"): _STAGING,
+    ("awa._move_staged_in_batches", "table awa.copy_staging"): _STAGING,
+    ("awa.move_staged", "table awa.copy_staging"):
+        "maintenance: moves committed transactions' leftover rows by staged_xid, one mover"
+        " per transaction under a try-lock",
+}
+
+
+def _caller_writable_tables(conn) -> list[str]:
+    return [r[0] for r in conn.execute(
+        "select c.oid::regclass::text from pg_catalog.pg_class c"
+        " where c.relnamespace = 'awa'::regnamespace and c.relkind in ('r', 'p', 'v', 'm')"
+        "   and exists (select from unnest(%s::text[]) as r (role)"
+        "               where has_table_privilege(r.role, c.oid, 'INSERT, UPDATE')"
+        "                  or has_any_column_privilege(r.role, c.oid, 'INSERT, UPDATE'))"
+        " order by 1", [RUNTIME_ROLES])]
+
+
+def _reads(conn) -> set[tuple[str, str]]:
+    tables = _caller_writable_tables(conn)
+    found = set()
+    for name, body in conn.execute(
+            "select p.oid::regproc::text, lower(p.prosrc) from pg_catalog.pg_proc p"
+            " where p.pronamespace = 'awa'::regnamespace"):
+        for arg in re.findall(r"current_setting\(\s*([^,)]+)", body):
+            found.add((name, f"setting {arg.strip()}"))
+        if re.search(r"\bpg_temp\s*\.", body):
+            found.add((name, "temp object"))
+        for table in tables:
+            if table in body:
+                found.add((name, f"table {table}"))
+    return found
+
+
+def test_every_caller_settable_read_in_a_definer_is_allowed(db):
+    with db.connect() as conn:
+        found = _reads(conn)
+    unlisted = sorted(found - set(ALLOWED))
+    assert not unlisted, f"reads of caller-settable state with no reason on the list: {unlisted}"
+    stale = sorted(set(ALLOWED) - found)
+    assert not stale, f"listed reads that no function makes any more: {stale}"
+
+
+def test_the_scan_sees_a_new_read(db):
+    """The scan is not blind: a new function that reads a setting is caught."""
+    with db.connect() as conn:
+        conn.execute("create function awa._probe() returns text language sql"
+                     " as $$ select pg_catalog.current_setting('awa.probe', true) $$")
+        conn.execute("set check_function_bodies = off")
+        conn.execute("create function awa._probe_temp() returns bigint language sql"
+                     " as $$ select count(*) from pg_temp.scratch $$")
+        found = _reads(conn)
+        tables = _caller_writable_tables(conn)
+    assert ("awa._probe", "setting 'awa.probe'") in found
+    assert ("awa._probe_temp", "temp object") in found
+    assert tables == ["awa.copy_staging"]
