@@ -1,4 +1,4 @@
-"""SECURITY.md property 12: any input to the public functions either works
+"""docs/security.md, "bad input": any input to the public functions either works
 or fails with a documented SQLSTATE, never a syntax error, a missing
 relation or column, or an internal error."""
 

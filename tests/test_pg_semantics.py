@@ -1,4 +1,4 @@
-"""PostgreSQL behaviours the design relies on (SECURITY.md, "Findings"),
+"""PostgreSQL behaviours the design relies on (docs/security.md),
 re-checked on every supported major version. If one of these starts failing,
 a design decision needs revisiting, not just a test."""
 

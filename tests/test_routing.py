@@ -1,4 +1,4 @@
-"""The routing hashes: the check values of ARCHITECTURE.md, and SQL equals Python."""
+"""The routing hashes: the check values of docs/sql-api.md, and SQL equals Python."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The security properties of SECURITY.md, checked against the catalog and as each role."""
+"""The security properties of docs/security.md, checked against the catalog and as each role."""
 
 from __future__ import annotations
 
