@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import platform
+import re
 import shutil
 import subprocess
 import tempfile
@@ -60,3 +61,16 @@ def machine() -> str:
     mem = subprocess.run(["free", "-g"], capture_output=True, text=True, check=False).stdout
     total = next((ln.split()[1] for ln in mem.splitlines() if ln.startswith("Mem:")), "?")
     return f"{platform.node()}: {os.cpu_count()} cores, {total} GiB, {cpu}"
+
+
+def install_enqueue_before(conn: psycopg.Connection, ref: str) -> None:
+    """awa.enqueue as of git revision `ref`, installed beside the current one as
+    public.enqueue_before, so that a change's before and after run side by
+    side on one server. Its body must still work with today's schema."""
+    text = subprocess.run(["git", "show", f"{ref}:sql/enqueue.sql"], capture_output=True,
+                          text=True, check=True, cwd=Path(__file__).parent).stdout
+    match = re.search(r"create or replace function awa\.enqueue\(.*?\n\$\$;", text, re.S)
+    if not match:
+        raise SystemExit(f"no awa.enqueue in {ref}:sql/enqueue.sql")
+    conn.execute(match.group(0).replace("function awa.enqueue(", "function public.enqueue_before(")
+                 .replace("enqueue.", "enqueue_before."))

@@ -13,7 +13,11 @@ third table: single-row transactions each with an ordering key drawn from
 one). Synchronous commit stays on.
 
     python bench/enqueue_contention.py [--seconds 5] [--producers 1,4,16] [--shards 1,2,4,8,16]
-                                       [--keyed]
+                                       [--keyed] [--before REF]
+
+--before REF adds a table for single-row transactions through awa.enqueue as
+of git revision REF (installed beside today's as public.enqueue_before), so
+a change's before and after run side by side.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from pathlib import Path
 import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench._server import bench_server, machine
+from bench._server import bench_server, install_enqueue_before, machine
 
 BATCH = 100
 QUEUE = "bench"
@@ -70,6 +74,10 @@ def _worker(dsn, mode, deadline_at, start, results, index):
         elif mode == "single":
             while time.monotonic() < deadline_at.value:
                 conn.execute("select awa.enqueue(%s, 'bench.job')", [QUEUE], prepare=True)
+                done += 1
+        elif mode == "before":
+            while time.monotonic() < deadline_at.value:
+                conn.execute("select enqueue_before(%s, 'bench.job')", [QUEUE], prepare=True)
                 done += 1
         elif mode == "keyed":
             rng = random.Random(index)
@@ -136,6 +144,8 @@ def main():
     parser.add_argument("--shards", default="1,2,4,8,16")
     parser.add_argument("--keyed", action="store_true",
                         help="also run single-row transactions with ordering keys")
+    parser.add_argument("--before", metavar="REF",
+                        help="also run single-row transactions through awa.enqueue as of git REF")
     args = parser.parse_args()
     producer_counts = [int(x) for x in args.producers.split(",")]
     shard_counts = [int(x) for x in args.shards.split(",")]
@@ -153,12 +163,16 @@ def main():
                 " p::bigint * 1000000000 + s, 1, 2, 'bench.job', '{}', 0, 25, now());"
                 " return s; end $$")
             conn.execute("select awa.enqueue(%s, 'warmup')", [QUEUE])
+            if args.before:
+                install_enqueue_before(conn, args.before)
             version = conn.execute("show server_version").fetchone()[0]
         print(f"# enqueue_contention: {machine()}; PostgreSQL {version}; "
               f"synchronous_commit=on; {args.seconds:g} s per cell")
-        kinds = ("single", "batch", "keyed") if args.keyed else ("single", "batch")
+        kinds = ("single", *(("before",) if args.before else ()), "batch",
+                 *(("keyed",) if args.keyed else ()))
         for kind in kinds:
             unit = {"single": "1-row transactions", "batch": f"{BATCH}-row batch calls",
+                    "before": f"1-row transactions, awa.enqueue as of {args.before}",
                     "keyed": "keyed 1-row transactions"}[kind]
             print(f"\n## {unit}: jobs/s (fraction of the no-lane ceiling)")
             floor_col = ["definer floor"] if kind == "single" else []

@@ -16,7 +16,11 @@ single-row cell as a fraction of the floor and each batch cell as a fraction
 of the batched INSERT, and every awa cell against procrastinate's.
 
     python bench/enqueue_pgbench.py [--seconds 10] [--runs 3] [--clients 1,16]
-                                    [--only enqueue,keyed,...]
+                                    [--only enqueue,keyed,...] [--before REF]
+
+--before REF adds "before S=N" cells: awa.enqueue as it was at git revision
+REF, installed beside the current one as public.enqueue_before, so a change's
+before and after run side by side on one server.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench._pgbench import Cell, Grid, install_procrastinate, pgbench_version, table
-from bench._server import bench_server, machine
+from bench._server import bench_server, install_enqueue_before, machine
 
 BATCH = 100
 SHARDS = (1, 8, 16)
@@ -61,13 +65,16 @@ def reset(conn: psycopg.Connection) -> None:
     conn.execute("truncate procrastinate_jobs cascade")
 
 
-def cells() -> list[Cell]:
+def cells(before: bool = False) -> list[Cell]:
     out = [
         Cell("ceiling", f"insert into bench_ceiling {ROW} values (:client_id, {VALUES});"),
         Cell("floor", "select bench_floor(:client_id);"),
     ]
     out += [Cell(f"enqueue S={s}", f"select awa.enqueue('bench_s{s}', 'bench.job');")
             for s in SHARDS]
+    if before:
+        out += [Cell(f"before S={s}", f"select enqueue_before('bench_s{s}', 'bench.job');")
+                for s in SHARDS]
     out += [Cell(f"keyed S={s}",
                  "\\set k random(1, 100000)\n"
                  f"select awa.enqueue('bench_s{s}', 'bench.job',"
@@ -112,18 +119,21 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=10)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--clients", default="1,16")
+    ap.add_argument("--before", metavar="REF", help="also measure awa.enqueue as of git REF")
     ap.add_argument("--only", default="",
                     help="comma-separated name prefixes; floor, batch INSERT and the"
                          " procrastinate cells always run")
     args = ap.parse_args()
     wanted = [w.strip() for w in args.only.split(",") if w.strip()]
     always = {"floor", "batch INSERT", "procrastinate", "procrastinate batch"}
-    chosen = [c for c in cells()
+    chosen = [c for c in cells(before=bool(args.before))
               if not wanted or c.name in always or any(c.name.startswith(w) for w in wanted)]
     clients = [int(c) for c in args.clients.split(",")]
     with bench_server() as dsn:
         with psycopg.connect(dsn, autocommit=True) as conn:
             peer_version = setup(conn)
+            if args.before:
+                install_enqueue_before(conn, args.before)
             version = conn.execute("show server_version").fetchone()[0]
         grid = Grid(dsn, chosen, clients, args.seconds, args.runs)
         grid.measure(lambda line: print(f"  {line}", file=sys.stderr, flush=True))
