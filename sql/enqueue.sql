@@ -69,8 +69,8 @@ begin
         meta.lane_ids, meta.queue_id, priority, meta.enqueue_shards,
         awa._key_shard(ordering_key, meta.enqueue_shards), 0
     );
-    lane := meta.lane_ids[awa._lane_index(priority, shard)];
-    new_seq := nextval(('awa.' || awa._lane_seq_name(lane))::regclass);
+    lane := meta.lane_ids[priority][shard];
+    new_seq := nextval(meta.lane_seqs[priority][shard]);
     new_job := nextval('awa.job_id_seq');
     insert into awa.ready (
         lane_id, lane_seq, job_id, queue_id, priority, kind, args, ordering_key, attempt,
@@ -111,8 +111,8 @@ declare
     q_id integer;
     shards integer;
     lane_ids integer[];
+    lane_seqs regclass[];
     shard integer;
-    lane integer;
     new_seq bigint;
     new_job bigint;
 begin
@@ -121,7 +121,8 @@ begin
         perform awa._check_job(kind, priority, max_attempts);
     end if;
     -- A stripe's own name ('q#1') is no target: the slow path refuses it.
-    select m.queue_id, m.enqueue_shards, m.lane_ids into q_id, shards, lane_ids
+    select m.queue_id, m.enqueue_shards, m.lane_ids, m.lane_seqs
+      into q_id, shards, lane_ids, lane_seqs
       from awa.queue_meta as m
      where m.queue = enqueue.queue and m.stripes = 1 and m.partitions = 1
        and strpos(enqueue.queue, '#') = 0;
@@ -131,14 +132,13 @@ begin
     shard := awa._take_lane(
         lane_ids, q_id, priority, shards, awa._key_shard(ordering_key, shards), 0
     );
-    lane := lane_ids[awa._lane_index(priority, shard)];
-    new_seq := nextval(('awa.' || awa._lane_seq_name(lane))::regclass);
+    new_seq := nextval(lane_seqs[priority][shard]);
     new_job := nextval('awa.job_id_seq');
     insert into awa.ready (
         lane_id, lane_seq, job_id, queue_id, priority, kind, args, ordering_key, attempt,
         max_attempts, enqueued_at, ready_at
     ) values (
-        lane, new_seq, new_job, q_id, enqueue.priority, enqueue.kind,
+        lane_ids[priority][shard], new_seq, new_job, q_id, enqueue.priority, enqueue.kind,
         coalesce(enqueue.args, '{}'), enqueue.ordering_key, 0, enqueue.max_attempts,
         now(), clock_timestamp()
     );

@@ -21,7 +21,8 @@
 -- may go anyway (docs/security.md).
 
 -- Function: awa._lane_seq_name(lane_id integer) returns text
--- The name, in schema awa, of a lane's sequence.
+-- The name, in schema awa, of a lane's sequence (awa._provision_lanes
+-- creates it; awa.queue_meta.lane_seqs and awa.lanes.seq record it).
 create or replace function awa._lane_seq_name(lane_id integer)
 returns text
 language sql
@@ -29,18 +30,6 @@ immutable parallel safe
 set search_path = pg_catalog, pg_temp
 as $$
     select 'lane_seq_' || lane_id
-$$;
-
--- Function: awa._lane_index(priority smallint, shard integer) returns integer
--- The element of awa.queue_meta.lane_ids that holds the lane of
--- (priority, shard).
-create or replace function awa._lane_index(priority smallint, shard integer)
-returns integer
-language sql
-immutable parallel safe
-set search_path = pg_catalog, pg_temp
-as $$
-    select (priority - 1) * 64 + shard + 1
 $$;
 
 -- Function: awa._wait_for_lane(lane_id integer)
@@ -72,7 +61,8 @@ $$;
 -- Function: awa._take_lane(lane_ids, queue_id, priority, shards, key_shard, above) returns integer
 -- Chooses the lane for the rows of one (queue, priority[, key shard]) group,
 -- takes its lock to commit, and returns the lane's shard.
---   lane_ids:  the queue's awa.queue_meta.lane_ids, read in this statement;
+--   lane_ids:  the queue's awa.queue_meta.lane_ids ([priority][shard]), read
+--              in the statement that read S;
 --   shards:    the queue's S, read in the same statement;
 --   key_shard: the keyed rows' shard, or null for unkeyed rows;
 --   above:     the highest lane id this call already holds a lock on (0 if
@@ -97,7 +87,6 @@ language plpgsql
 set search_path = pg_catalog, pg_temp
 as $$
 declare
-    base integer := awa._lane_index(priority, 0);
     memo text := 'awa.lane_' || queue_id || '_' || priority;
     held text;
     shard integer;
@@ -106,26 +95,26 @@ declare
 begin
     if key_shard is not null then
         shard := key_shard;
-        if lane_ids[base + shard] is null then
+        if lane_ids[priority][shard] is null then
             raise exception 'lane missing for queue id % priority % shard % (S = %)',
                 queue_id, priority, shard, shards
                 using errcode = 'AW003',
                       hint = 'Lanes are provisioned by awa.set_enqueue_shards; this is a bug.';
         end if;
-        if not pg_try_advisory_xact_lock(1635213644, lane_ids[base + shard]) then
-            perform awa._wait_for_lane(lane_ids[base + shard]);
+        if not pg_try_advisory_xact_lock(1635213644, lane_ids[priority][shard]) then
+            perform awa._wait_for_lane(lane_ids[priority][shard]);
         end if;
     else
         held := current_setting(memo, true);
         if held ~ '^[0-9]{1,2}$' and held::integer < shards
-           and pg_try_advisory_xact_lock(1635213644, lane_ids[base + held::integer]) then
+           and pg_try_advisory_xact_lock(1635213644, lane_ids[priority][held::integer]) then
             return held::integer;
         end if;
         start := pg_backend_pid() % shards;
         for i in 0 .. shards - 1 loop
             shard := (start + i) % shards;
-            exit when pg_try_advisory_xact_lock(1635213644, lane_ids[base + shard]);
-            if target is null and lane_ids[base + shard] > above then
+            exit when pg_try_advisory_xact_lock(1635213644, lane_ids[priority][shard]);
+            if target is null and lane_ids[priority][shard] > above then
                 target := shard;
             end if;
             shard := null;
@@ -138,7 +127,7 @@ begin
                           hint = 'Lanes are provisioned by awa.set_enqueue_shards; this is a bug.';
             end if;
             shard := target;
-            perform awa._wait_for_lane(lane_ids[base + shard]);
+            perform awa._wait_for_lane(lane_ids[priority][shard]);
         end if;
     end if;
     if held is distinct from shard::text then
@@ -183,6 +172,7 @@ declare
     base bigint;
     max_held integer := 0;
     g_n bigint[] := '{}';
+    g_seq regclass[] := '{}';
     lane_bases bigint[] := '{}';
 begin
     g_qid := '{}';
@@ -192,13 +182,11 @@ begin
     g_shard := '{}';
     g_base := '{}';
     for grp in
-        select u.qid, u.p, u.ks, u.n, m.enqueue_shards as shards, m.lane_ids,
+        select u.qid, u.p, u.ks, u.n, m.enqueue_shards as shards, m.lane_ids, m.lane_seqs,
                case when u.ks >= 0
-                    then m.lane_ids[awa._lane_index(u.p, u.ks)]
-                    else (select max(x.lane) from unnest(
-                              m.lane_ids[awa._lane_index(u.p, 0):
-                                         awa._lane_index(u.p, m.enqueue_shards - 1)]
-                          ) as x (lane))
+                    then m.lane_ids[u.p][u.ks]
+                    else (select max(x.lane)
+                            from unnest(m.lane_ids[u.p:u.p][0:m.enqueue_shards - 1]) as x (lane))
                end as turn
           from unnest(qids, ps, kss, ns) as u (qid, p, ks, n)
           join awa.queue_meta as m on m.queue_id = u.qid
@@ -208,8 +196,9 @@ begin
         shard := awa._take_lane(
             grp.lane_ids, grp.qid, grp.p, grp.shards, nullif(grp.ks, -1), max_held
         );
-        lane := grp.lane_ids[awa._lane_index(grp.p, shard)];
+        lane := grp.lane_ids[grp.p][shard];
         max_held := greatest(max_held, lane);
+        g_seq := g_seq || grp.lane_seqs[grp.p][shard];
         g_qid := g_qid || grp.qid;
         g_p := g_p || grp.p;
         g_ks := g_ks || grp.ks;
@@ -219,7 +208,7 @@ begin
     end loop;
     -- One group (the common batch) needs no grouping by lane.
     if cardinality(g_lane) = 1 then
-        lane_seq := ('awa.' || awa._lane_seq_name(g_lane[1]))::regclass;
+        lane_seq := g_seq[1];
         base := nextval(lane_seq);
         if g_n[1] > 1 then
             perform setval(lane_seq, base + g_n[1] - 1);
@@ -230,11 +219,11 @@ begin
     -- One range per lane (a keyed and an unkeyed group may share one), so
     -- the caller numbers rows per lane in input order.
     for grp in
-        select g.lane, sum(g.n)::bigint as n
-          from unnest(g_lane, g_n) as g (lane, n)
+        select g.lane, sum(g.n)::bigint as n, min(g.seq::oid)::regclass as seq
+          from unnest(g_lane, g_n, g_seq) as g (lane, n, seq)
          group by g.lane
     loop
-        lane_seq := ('awa.' || awa._lane_seq_name(grp.lane))::regclass;
+        lane_seq := grp.seq;
         base := nextval(lane_seq);
         if grp.n > 1 then
             perform setval(lane_seq, base + grp.n - 1);
@@ -254,7 +243,6 @@ end;
 $$;
 
 select awa._grant_execute('awa._lane_seq_name(integer)');
-select awa._grant_execute('awa._lane_index(smallint, integer)');
 select awa._grant_execute('awa._wait_for_lane(integer)');
 select awa._grant_execute(
     'awa._take_lane(integer[], integer, smallint, integer, integer, integer)'

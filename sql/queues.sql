@@ -54,8 +54,8 @@ $$;
 -- Function: awa._provision_lanes(queue_id integer, shards integer) returns integer
 -- Creates every missing (priority, shard) lane below shards for one physical
 -- queue, each with its own sequence awa.lane_seq_<lane_id>, and records
--- them in the queue's awa.queue_meta.lane_ids. Returns how many lanes it
--- created. The caller holds the provisioning lock.
+-- them in the queue's awa.queue_meta.lane_ids and lane_seqs. Returns how
+-- many lanes it created. The caller holds the provisioning lock.
 create or replace function awa._provision_lanes(queue_id integer, shards integer)
 returns integer
 language plpgsql
@@ -64,10 +64,12 @@ as $$
 declare
     created integer := 0;
     new_id integer;
+    new_seq regclass;
     ids integer[];
+    seqs regclass[];
     missing record;
 begin
-    select m.lane_ids into strict ids
+    select m.lane_ids, m.lane_seqs into strict ids, seqs
       from awa.queue_meta as m where m.queue_id = _provision_lanes.queue_id;
     for missing in
         select p.priority::smallint as priority, s.shard::smallint as shard
@@ -83,17 +85,16 @@ begin
     loop
         new_id := nextval(pg_get_serial_sequence('awa.lanes', 'lane_id')::regclass);
         execute format('create sequence awa.%I as bigint', awa._lane_seq_name(new_id));
+        new_seq := format('awa.%I', awa._lane_seq_name(new_id))::regclass;
         insert into awa.lanes (lane_id, queue_id, priority, shard, seq)
         overriding system value
-        values (
-            new_id, _provision_lanes.queue_id, missing.priority, missing.shard,
-            format('awa.%I', awa._lane_seq_name(new_id))::regclass
-        );
-        ids[awa._lane_index(missing.priority, missing.shard)] := new_id;
+        values (new_id, _provision_lanes.queue_id, missing.priority, missing.shard, new_seq);
+        ids[missing.priority][missing.shard] := new_id;
+        seqs[missing.priority][missing.shard] := new_seq;
         created := created + 1;
     end loop;
     if created > 0 then
-        update awa.queue_meta as m set lane_ids = ids
+        update awa.queue_meta as m set lane_ids = ids, lane_seqs = seqs
          where m.queue_id = _provision_lanes.queue_id;
     end if;
     return created;
