@@ -90,49 +90,56 @@ declare
     memo text := 'awa.lane_' || queue_id || '_' || priority;
     held text;
     shard integer;
-    start integer;
     target integer;
 begin
-    if key_shard is not null then
-        shard := key_shard;
-        if lane_ids[priority][shard] is null then
-            raise exception 'lane missing for queue id % priority % shard % (S = %)',
-                queue_id, priority, shard, shards
-                using errcode = 'AW003',
-                      hint = 'Lanes are provisioned by awa.set_enqueue_shards; this is a bug.';
-        end if;
-        if not pg_try_advisory_xact_lock(1635213644, lane_ids[priority][shard]) then
-            perform awa._wait_for_lane(lane_ids[priority][shard]);
-        end if;
-    else
+    -- Each statement here has its expression set up again in every
+    -- transaction: the common paths (a believed memo; a free sticky lane; a
+    -- free keyed lane) are a handful of statements, the rest is out of line.
+    if key_shard is null then
         held := current_setting(memo, true);
         if held ~ '^[0-9]{1,2}$' and held::integer < shards
            and pg_try_advisory_xact_lock(1635213644, lane_ids[priority][held::integer]) then
             return held::integer;
         end if;
-        start := pg_backend_pid() % shards;
-        for i in 0 .. shards - 1 loop
-            shard := (start + i) % shards;
-            exit when pg_try_advisory_xact_lock(1635213644, lane_ids[priority][shard]);
-            if target is null and lane_ids[priority][shard] > above then
-                target := shard;
+        shard := pg_backend_pid() % shards;
+        if not coalesce(pg_try_advisory_xact_lock(1635213644, lane_ids[priority][shard]), false)
+        then
+            -- The sticky lane is taken: the next free one in turn, else wait
+            -- for the first one in turn above `above`.
+            for i in 0 .. shards - 1 loop
+                shard := (pg_backend_pid() + i) % shards;
+                exit when pg_try_advisory_xact_lock(1635213644, lane_ids[priority][shard]);
+                if target is null and lane_ids[priority][shard] > above then
+                    target := shard;
+                end if;
+                shard := null;
+            end loop;
+            if shard is null then
+                if target is null then
+                    raise exception 'lane missing for queue id % priority % (S = %)',
+                        queue_id, priority, shards
+                        using errcode = 'AW003',
+                              hint = 'Lanes are provisioned by awa.set_enqueue_shards; '
+                                     'this is a bug.';
+                end if;
+                shard := target;
+                perform awa._wait_for_lane(lane_ids[priority][shard]);
             end if;
-            shard := null;
-        end loop;
-        if shard is null then
-            if target is null then
-                raise exception 'lane missing for queue id % priority % (S = %)',
-                    queue_id, priority, shards
+        end if;
+    else
+        shard := key_shard;
+        if not coalesce(pg_try_advisory_xact_lock(1635213644, lane_ids[priority][shard]), false)
+        then
+            if lane_ids[priority][shard] is null then
+                raise exception 'lane missing for queue id % priority % shard % (S = %)',
+                    queue_id, priority, shard, shards
                     using errcode = 'AW003',
                           hint = 'Lanes are provisioned by awa.set_enqueue_shards; this is a bug.';
             end if;
-            shard := target;
             perform awa._wait_for_lane(lane_ids[priority][shard]);
         end if;
     end if;
-    if held is distinct from shard::text then
-        perform set_config(memo, shard::text, true);
-    end if;
+    held := set_config(memo, shard::text, true);
     return shard;
 end;
 $$;
