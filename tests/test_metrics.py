@@ -28,6 +28,7 @@ import awa_sql
 from awa_sql import storage
 from awa_sql.metrics import client_metrics, make_asgi_app, make_wsgi_app, render
 from awa_sql.worker import Worker
+from tests.support.admin import serve_cli
 from tests.support.waiting import wait_until
 from tests.test_autoscale import key_for_shard, lane_waiters
 from tests.test_storage import Logins, claim
@@ -360,6 +361,20 @@ def test_a_failed_scrape_reports_awa_up_0_then_recovers(db, logins):
     assert values(down, "awa_queue_depth") == []
     up = parse(b"".join(app(environ, lambda *_: None)).decode())
     assert value(up, "awa_up") == 1
+
+
+def test_awa_admin_serve_serves_the_database_metrics(db, logins):
+    """``awa admin serve`` routes /metrics to the same exporter as ``awa metrics serve``."""
+    with db.connect(logins.producer) as p:
+        awa_sql.enqueue_many(p, [{"kind": "a"}] * 2, queue="admin-scraped")
+    with serve_cli(db.dsn(logins.reader)) as base:
+        text, content_type = fetch(f"{base}/metrics")
+        with urllib.request.urlopen(f"{base}/metrics", timeout=30) as response:  # noqa: S310
+            assert response.url == f"{base}/metrics"  # answered, not redirected
+    assert content_type.startswith("text/plain")
+    s = parse(text)
+    assert value(s, "awa_up") == 1
+    assert value(s, "awa_queue_depth", queue="admin-scraped") == 2
 
 
 def test_metrics_serve_rejects_a_bad_port(db):

@@ -13,6 +13,7 @@ import psycopg
 from awa_sql import __version__, metrics_cli, storage_cli
 from awa_sql import migrate as runner
 from awa_sql.connect import connect
+from awa_sql.defaults import ADMIN_PORT, LOCAL_HOST
 from awa_sql.demo import DEFAULT_PORT
 from awa_sql.embedded import EmbeddedError
 from awa_sql.roles import CAPABILITIES, DESCRIPTIONS, Roles
@@ -71,8 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_roles(s)
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.add_argument("--check", action="store_true",
-                   help="deploy gate: exit 1 when anything is pending, 3 on drift, "
-                   "4 when the database is newer, 6 when roles are missing")
+                   help="deploy gate: exit 0 when up to date, 1 when anything is pending, "
+                   "3 on drift, 4 when the database is newer, 6 on role problems, "
+                   "7 when it could not ask (connection or permission failure)")
     s.set_defaults(func=cmd_status)
 
     storage_cli.add_parsers(sub, _add_connection)
@@ -85,9 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "everything.")
     d.add_argument("--dir", default=".awa", help="folder for the server (default %(default)s)")
     d.add_argument("--port", type=int,
-                   help=f"PostgreSQL port on 127.0.0.1 (default {DEFAULT_PORT})")
-    d.add_argument("--http-port", type=int, default=8700,
-                   help="admin page and /metrics port on 127.0.0.1 (default %(default)s)")
+                   help=f"PostgreSQL port on {LOCAL_HOST} (default {DEFAULT_PORT})")
+    d.add_argument("--http-port", type=int, default=ADMIN_PORT,
+                   help=f"admin page and /metrics port on {LOCAL_HOST} (default %(default)s)")
     d.add_argument("--dsn", help="run against this existing database instead")
     d.add_argument("--seconds", type=float, help="stop by itself after this many seconds")
     d.add_argument("--stop", action="store_true",
@@ -98,8 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
                        description="awa admin serve: the admin API and page (docs/admin.md).")
     a.add_argument("action", choices=["serve"])
     _add_connection(a)
-    a.add_argument("--host", default="127.0.0.1", help="address to bind (default %(default)s)")
-    a.add_argument("--port", type=int, default=8700, help="TCP port (default %(default)s)")
+    a.add_argument("--host", default=LOCAL_HOST, help="address to bind (default %(default)s)")
+    a.add_argument("--port", type=int, default=ADMIN_PORT, help="TCP port (default %(default)s)")
     a.add_argument("--writable", action="store_true",
                    help="allow changes, for requests bearing the token in AWA_ADMIN_TOKEN")
     a.set_defaults(func=cmd_admin)
@@ -114,7 +116,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     roles = _roles(args)
     if args.offline and not args.sql:
         _err("--offline only makes sense with --sql")
-        return 2
+        return runner.EXIT_USAGE
     if args.sql:
         if args.offline:
             plan = runner.plan_for(None, roles, args.create_roles)
@@ -237,7 +239,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return runner.EXIT_ERROR
     except ValueError as err:
         _err(str(err))
-        return 2
+        return runner.EXIT_USAGE
     except psycopg.errors.LockNotAvailable as err:
         _err(f"lock timeout: {str(err).strip()}")
         return runner.EXIT_LOCK_TIMEOUT

@@ -6,8 +6,7 @@ import argparse
 import signal
 import threading
 
-DEFAULT_HOST = "127.0.0.1"
-DEFAULT_PORT = 9187
+from awa_sql.defaults import LOCAL_HOST, METRICS_PORT
 
 
 def _port(text: str) -> int:
@@ -29,9 +28,9 @@ def add_parsers(sub: argparse._SubParsersAction, add_connection) -> None:
         "per-lane depth and lag, lane contention, auto-scaler decisions) at /metrics, one "
         "query per scrape, until SIGINT or SIGTERM. A login with awa_reader is enough.")
     add_connection(s)
-    s.add_argument("--host", default=DEFAULT_HOST,
+    s.add_argument("--host", default=LOCAL_HOST,
                    help="address to listen on (default %(default)s)")
-    s.add_argument("--port", type=_port, default=DEFAULT_PORT,
+    s.add_argument("--port", type=_port, default=METRICS_PORT,
                    help="TCP port; 0 picks a free one (default %(default)s)")
     s.set_defaults(func=cmd_metrics_serve)
 

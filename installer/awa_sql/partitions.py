@@ -13,8 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from awa_sql import routing
-
-MAX_PARTITIONS = 32767
+from awa_sql.routing import MAX_PARTITIONS
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,10 @@ from collections.abc import Sequence
 
 from awa_sql import storage
 from awa_sql.connect import connect
+from awa_sql.migrate import EXIT_USAGE
+from awa_sql.routing import MAX_SHARDS
 
-EXIT_NOT_CONFIRMED = 2
+EXIT_NOT_CONFIRMED = EXIT_USAGE
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
@@ -38,12 +40,12 @@ def add_parsers(sub: argparse._SubParsersAction, add_connection) -> None:
 
     p = ss.add_parser(
         "set-enqueue-shards", help="change a queue's enqueue shards (S)",
-        description="Set S, the enqueue shards of a queue and all its stripes (1..64). "
+        description=f"Set S, the enqueue shards of a queue and all its stripes (1..{MAX_SHARDS}). "
         "Raising provisions the new lanes in the same transaction; lowering lets the lanes "
         "above the new S drain.")
     add_connection(p)
     p.add_argument("--queue", required=True, help="logical queue name")
-    p.add_argument("--shards", type=int, help="new S, 1..64")
+    p.add_argument("--shards", type=int, help=f"new S, 1..{MAX_SHARDS}")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--auto", dest="mode", action="store_const", const="auto",
                       help="let the auto-scaler change S within 1..--max")
@@ -52,7 +54,8 @@ def add_parsers(sub: argparse._SubParsersAction, add_connection) -> None:
     mode.add_argument("--manual", dest="mode", action="store_const", const="manual",
                       help="S changes only by hand (the default mode); with --shards sets S")
     p.add_argument("--max", dest="max_shards", type=int,
-                   help="with --auto or --shadow: the highest S the auto-scaler may set, 1..64")
+                   help="with --auto or --shadow: the highest S the auto-scaler may set, "
+                   f"1..{MAX_SHARDS}")
     p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     p.add_argument("--dry-run", action="store_true", help="show the plan, change nothing")
     p.set_defaults(func=cmd_set_enqueue_shards)
@@ -103,19 +106,25 @@ def _confirm(question: str) -> bool:
     return input(f"{question} [y/N] ").strip().lower() in ("y", "yes")
 
 
+def _shards_in_range(flag: str, value: int) -> bool:
+    if 1 <= value <= MAX_SHARDS:
+        return True
+    print(f"awa: {flag} must be between 1 and {MAX_SHARDS}, got {value}", file=sys.stderr)
+    return False
+
+
 def cmd_set_enqueue_shards(args: argparse.Namespace) -> int:
     if args.mode is not None:
         return cmd_set_shard_mode(args)
     if args.shards is None:
         print("awa: give --shards N, or a mode: --auto/--shadow --max N, --manual",
               file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     if args.max_shards is not None:
         print("awa: --max goes with --auto or --shadow", file=sys.stderr)
-        return 2
-    if not 1 <= args.shards <= 64:
-        print(f"awa: --shards must be between 1 and 64, got {args.shards}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
+    if not _shards_in_range("--shards", args.shards):
+        return EXIT_USAGE
     with connect(args.dsn) as conn:
         plan = storage.plan_enqueue_shards(conn, args.queue, args.shards)
         conn.rollback()
@@ -143,16 +152,15 @@ def cmd_set_enqueue_shards(args: argparse.Namespace) -> int:
 
 def cmd_set_shard_mode(args: argparse.Namespace) -> int:
     for flag, value in (("--max", args.max_shards), ("--shards", args.shards)):
-        if value is not None and not 1 <= value <= 64:
-            print(f"awa: {flag} must be between 1 and 64, got {value}", file=sys.stderr)
-            return 2
+        if value is not None and not _shards_in_range(flag, value):
+            return EXIT_USAGE
     if args.mode != "manual" and args.shards is not None:
         print(f"awa: --{args.mode} takes --max, not --shards: the auto-scaler sets S",
               file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     if args.mode != "manual" and args.max_shards is None:
-        print(f"awa: --{args.mode} needs --max N (1..64)", file=sys.stderr)
-        return 2
+        print(f"awa: --{args.mode} needs --max N (1..{MAX_SHARDS})", file=sys.stderr)
+        return EXIT_USAGE
     print(storage.mode_consequence(args.queue, args.mode, args.max_shards))
     if args.dry_run:
         print("dry run: nothing changed")
