@@ -17,24 +17,9 @@ from datetime import timedelta
 import psycopg
 import pytest
 
-from awa_sql import routing, storage
+from awa_sql import storage
+from tests.support.jobs import claim, claim_all, enqueue, key_for_shard, lane_waiters
 from tests.support.waiting import wait_until
-from tests.test_storage import Logins, claim, claim_all, enqueue
-
-LANE_CLASS = 1635213644
-
-
-@pytest.fixture
-def logins(db) -> Logins:
-    return Logins(**{cap: db.login_role(f"awa_{cap}") for cap in Logins.__dataclass_fields__})
-
-
-def key_for_shard(shard: int, shards: int) -> bytes:
-    for i in range(100_000):
-        key = f"key-{i}".encode()
-        if routing.shard_for_ordering_key(key, shards) == shard:
-            return key
-    raise AssertionError(f"no key for shard {shard} of {shards}")
 
 
 def shards_of(db, queue: str) -> int:
@@ -57,16 +42,6 @@ def policy(db, operator: str, queue: str, **settings) -> None:
     with db.connect(operator) as op:
         op.execute(f"select awa.set_autoscale_policy(%(queue)s, {args})",
                    {"queue": queue, **settings})
-
-
-def lane_waiters(db, queue: str) -> int:
-    """Backends waiting (ungranted) for one of the queue's lane locks."""
-    with db.connect() as admin:
-        return admin.execute(
-            "select count(*) from pg_locks k join awa.lanes l on l.lane_id = k.objid::integer"
-            " join awa.queue_meta m using (queue_id)"
-            " where k.locktype = 'advisory' and k.classid = %s and not k.granted"
-            " and m.queue = %s", [LANE_CLASS, queue]).fetchone()[0]
 
 
 class Contention:

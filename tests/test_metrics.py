@@ -29,18 +29,12 @@ from awa_sql import storage
 from awa_sql.metrics import client_metrics, make_asgi_app, make_wsgi_app, render
 from awa_sql.worker import Worker
 from tests.support.admin import serve_cli
+from tests.support.jobs import Logins, claim, key_for_shard, lane_waiters
+from tests.support.jobs import enqueue as raw_enqueue
 from tests.support.waiting import wait_until
-from tests.test_autoscale import key_for_shard, lane_waiters
-from tests.test_storage import Logins, claim
-from tests.test_storage import enqueue as raw_enqueue
 
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARD = ROOT / "docs" / "grafana" / "awa-sql.json"
-
-
-@pytest.fixture
-def logins(db) -> Logins:
-    return Logins(**{cap: db.login_role(f"awa_{cap}") for cap in Logins.__dataclass_fields__})
 
 
 @pytest.fixture

@@ -12,12 +12,7 @@ import pytest
 
 import awa_sql
 from awa_sql import routing
-from tests.test_storage import Logins, claim_all, enqueue
-
-
-@pytest.fixture
-def logins(db) -> Logins:
-    return Logins(**{cap: db.login_role(f"awa_{cap}") for cap in Logins.__dataclass_fields__})
+from tests.support.jobs import claim_all, enqueue
 
 
 def set_shards(conn, queue, shards):
