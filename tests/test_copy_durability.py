@@ -12,7 +12,8 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from awa_sql import embedded, migrate
+from awa_sql import migrate
+from awa_sql.demo import embedded
 from awa_sql.roles import Roles
 from tests.support.jobs import COPY_SQL
 

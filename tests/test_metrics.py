@@ -25,7 +25,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 import awa_sql
-from awa_sql import storage
+from awa_sql import shards
 from awa_sql.metrics import client_metrics, make_asgi_app, make_wsgi_app, render
 from awa_sql.worker import Worker
 from tests.support.admin import serve_cli
@@ -173,8 +173,8 @@ def run_workload(db, logins: Logins) -> Workload:
         awa_sql.enqueue(p, "charge", queue="orders")
         w.enqueued += 1
     with db.connect(logins.operator) as op:
-        storage.set_enqueue_shards(op, "orders", 4)
-        storage.set_shard_mode(op, "orders", "shadow", 8)
+        shards.set_enqueue_shards(op, "orders", 4)
+        shards.set_shard_mode(op, "orders", "shadow", 8)
     keys = [key_for_shard(shard, 4) for shard in range(4)]
     with db.connect(logins.producer, autocommit=False) as p:
         w.enqueued += len(awa_sql.enqueue_many(
@@ -188,7 +188,7 @@ def run_workload(db, logins: Logins) -> Workload:
     with db.connect(logins.producer) as p:
         awa_sql.enqueue(p, "ok", queue="work")  # creates the queue
     with db.connect(logins.operator) as op:
-        storage.set_enqueue_shards(op, "work", 2)
+        shards.set_enqueue_shards(op, "work", 2)
     work_keys = [key_for_shard(shard, 2) for shard in range(2)]
     with db.connect(logins.producer) as p:
         awa_sql.enqueue_many(p, [{"kind": "ok", "ordering_key": work_keys[i % 2]}
@@ -210,7 +210,7 @@ def run_workload(db, logins: Logins) -> Workload:
         t.join(30)
     with db.connect(logins.maintenance) as m:
         for _ in range(TICKS):
-            storage.autoscale_tick(m)
+            shards.autoscale_tick(m)
     return w
 
 

@@ -13,7 +13,7 @@ import pytest
 from psycopg import sql
 
 from awa_sql import __version__
-from awa_sql.embedded import free_port
+from awa_sql.demo.embedded import free_port
 from awa_sql.migrate import MIGRATION_LOCK
 from awa_sql.source import load_layer, load_migrations
 from tests.support.catalog import snapshot

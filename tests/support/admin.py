@@ -13,8 +13,9 @@ from pathlib import Path
 import psycopg
 from fastapi.testclient import TestClient
 
-from awa_sql import embedded, migrate
+from awa_sql import migrate
 from awa_sql.admin.app import Settings, create_app, make_pool
+from awa_sql.demo import embedded
 from awa_sql.roles import Roles
 from tests.support.database import Database
 from tests.support.waiting import wait_until as wait_for

@@ -22,8 +22,9 @@ from pathlib import Path
 import psycopg
 from psycopg import sql
 
-from awa_sql import embedded, migrate
+from awa_sql import migrate
 from awa_sql.defaults import ADMIN_PORT, LOCAL_HOST
+from awa_sql.demo import embedded
 from awa_sql.roles import Roles
 
 DEMO_DATABASE = "awa_demo"
@@ -139,7 +140,7 @@ def run(folder: Path, *, port: int | None = None, http_port: int = ADMIN_PORT,
 
     from awa_sql.admin.app import Settings
     from awa_sql.admin.serve import create_served_app
-    from awa_sql.demo_load import DemoLoad, prepare_queue
+    from awa_sql.demo.load import DemoLoad, prepare_queue
 
     stop_server = None
     if dsn is None:

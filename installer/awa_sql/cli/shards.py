@@ -1,4 +1,4 @@
-"""`awa storage ...`: show and change queue storage from a terminal or a script."""
+"""``awa storage ...``: the shard operations (awa_sql.shards) from a terminal or a script."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import sys
 import threading
 from collections.abc import Sequence
 
-from awa_sql import storage
+from awa_sql import shards
+from awa_sql.cli.common import add_connection
 from awa_sql.connect import connect
 from awa_sql.migrate import EXIT_USAGE
 from awa_sql.routing import MAX_SHARDS
@@ -34,7 +35,7 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     return "\n".join([line(headers), line(["-" * w for w in widths]), *map(line, cells)])
 
 
-def add_parsers(sub: argparse._SubParsersAction, add_connection) -> None:
+def register(sub: argparse._SubParsersAction) -> None:
     storage_parser = sub.add_parser("storage", help="show and change queue storage")
     ss = storage_parser.add_subparsers(dest="storage_command", required=True)
 
@@ -126,14 +127,14 @@ def cmd_set_enqueue_shards(args: argparse.Namespace) -> int:
     if not _shards_in_range("--shards", args.shards):
         return EXIT_USAGE
     with connect(args.dsn) as conn:
-        plan = storage.plan_enqueue_shards(conn, args.queue, args.shards)
+        plan = shards.plan_enqueue_shards(conn, args.queue, args.shards)
         conn.rollback()
         print(table(["physical queue", "current S", "new S", "lanes to create"],
                     [(c.physical_queue, c.old_shards, c.new_shards, c.lanes_created)
                      for c in plan]))
         old = max(c.old_shards for c in plan)
         print()
-        print(storage.ordering_consequence(args.queue, old, args.shards))
+        print(shards.ordering_consequence(args.queue, old, args.shards))
         if args.dry_run:
             print("dry run: nothing changed")
             return 0
@@ -141,7 +142,7 @@ def cmd_set_enqueue_shards(args: argparse.Namespace) -> int:
             print("awa: not changed: pass --yes to change S when not attached to a terminal, "
                   "or answer y", file=sys.stderr)
             return EXIT_NOT_CONFIRMED
-        changes = storage.set_enqueue_shards(conn, args.queue, args.shards)
+        changes = shards.set_enqueue_shards(conn, args.queue, args.shards)
         conn.commit()
     print()
     print(table(["physical queue", "old S", "new S", "lanes created"],
@@ -161,7 +162,7 @@ def cmd_set_shard_mode(args: argparse.Namespace) -> int:
     if args.mode != "manual" and args.max_shards is None:
         print(f"awa: --{args.mode} needs --max N (1..{MAX_SHARDS})", file=sys.stderr)
         return EXIT_USAGE
-    print(storage.mode_consequence(args.queue, args.mode, args.max_shards))
+    print(shards.mode_consequence(args.queue, args.mode, args.max_shards))
     if args.dry_run:
         print("dry run: nothing changed")
         return 0
@@ -170,11 +171,11 @@ def cmd_set_shard_mode(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return EXIT_NOT_CONFIRMED
     with connect(args.dsn) as conn:
-        queue, mode, max_shards = storage.set_shard_mode(
+        queue, mode, max_shards = shards.set_shard_mode(
             conn, args.queue, args.mode, args.max_shards)
         changes = []
         if args.shards is not None:
-            changes = storage.set_enqueue_shards(conn, args.queue, args.shards)
+            changes = shards.set_enqueue_shards(conn, args.queue, args.shards)
         conn.commit()
     print(f"{queue}: mode {mode}, max {max_shards if max_shards is not None else '-'}")
     if changes:
@@ -184,7 +185,7 @@ def cmd_set_shard_mode(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_decision(d: storage.Decision) -> None:
+def _print_decision(d: shards.Decision) -> None:
     print(f"{d.decided_at:%H:%M:%S} {d.queue}: {d.action} S {d.current_shards}"
           f" -> {d.proposed_shards} ({d.mode}): {d.reason}", flush=True)
 
@@ -201,7 +202,7 @@ def cmd_autoscale_run(args: argparse.Namespace) -> int:
             print(f"awa: auto-scaler ticking every {args.interval:g}s; Ctrl-C stops",
                   flush=True)
             while not stop.is_set():
-                for d in storage.autoscale_tick(conn):
+                for d in shards.autoscale_tick(conn):
                     if args.verbose or d.action != "held":
                         _print_decision(d)
                 if args.once:
@@ -218,13 +219,13 @@ def _fmt_age(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds:.1f}s"
 
 
-def _state(lane: storage.LaneStatus, shards: int) -> str:
+def _state(lane: shards.LaneStatus, shards: int) -> str:
     if lane.shard < shards:
         return "active"
     return "draining" if lane.draining else "retired (>= S, empty)"
 
 
-def _print_autoscale(q: storage.QueueStatus) -> None:
+def _print_autoscale(q: shards.QueueStatus) -> None:
     if q.shard_mode == "manual" and q.last_decision is None:
         return
     print(f"\n{q.queue}: mode {q.shard_mode}, max "
@@ -244,7 +245,7 @@ def _print_autoscale(q: storage.QueueStatus) -> None:
 
 def cmd_show(args: argparse.Namespace) -> int:
     with connect(args.dsn) as conn:
-        queues = storage.show(conn, args.queue)
+        queues = shards.show(conn, args.queue)
     if args.json:
         print(json.dumps({"queues": [q.as_dict() for q in queues]}, indent=2, sort_keys=True))
         return 0

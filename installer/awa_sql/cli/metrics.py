@@ -1,4 +1,4 @@
-"""`awa metrics serve`: the database exporter as a standalone HTTP server."""
+"""``awa metrics serve``: the database exporter as a standalone HTTP server."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import argparse
 import signal
 import threading
 
+from awa_sql.cli.common import add_connection
 from awa_sql.defaults import LOCAL_HOST, METRICS_PORT
 
 
@@ -19,7 +20,7 @@ def _port(text: str) -> int:
     return port
 
 
-def add_parsers(sub: argparse._SubParsersAction, add_connection) -> None:
+def register(sub: argparse._SubParsersAction) -> None:
     metrics_parser = sub.add_parser("metrics", help="Prometheus metrics of every queue")
     ms = metrics_parser.add_subparsers(dest="metrics_command", required=True)
     s = ms.add_parser(
