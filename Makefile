@@ -7,7 +7,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: dev test lint demo demo-stop bench clean system-deps-test system-deps-demo
+.PHONY: dev test lint schema demo demo-stop bench clean system-deps-test system-deps-demo
 
 $(STAMP): pyproject.toml examples/node/package.json
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,12 @@ test: system-deps-test $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/pytest tests/test_lint.py
+
+# docs/schema.sql: schema awa after a fresh migrate, as DDL, from the suite's
+# PostgreSQL 18. Run it after changing a migration or a file in sql/; a test
+# fails until you do.
+schema: system-deps-test $(STAMP)
+	$(BIN)/python -m tests.support.schema
 
 # The demo: PostgreSQL 18 under .awa/, load, admin page and /metrics; Ctrl-C stops it.
 # `make demo-stop` stops a server left by a killed demo.

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import psycopg
 
-from awa_sql import embedded, migrate
+from awa_sql import migrate
+from awa_sql.demo import embedded
 from awa_sql.roles import Roles
 
 BENCH_SETTINGS = {

@@ -1,4 +1,6 @@
--- private.sql: helpers the function layer uses while it is applied.
+-- private.sql: helpers the function layer uses while it is applied: the
+-- grant helpers every other file calls for its own routines and relations,
+-- and the security check the runner calls last (awa._assert_security).
 --
 -- None of these is granted to any runtime role: they run as the owner inside
 -- the migration transaction.
@@ -28,7 +30,9 @@ $$;
 
 -- Function: awa._grant_execute(routine regprocedure, variadic capabilities text[])
 -- Revokes PUBLIC and grants EXECUTE on one routine to the roles bound to the
--- given capabilities. Written on the line after each function it covers.
+-- given capabilities (none: only the owner may call it). Each file calls it
+-- once for every routine it defines, in one block at its end or after the
+-- function; awa._assert_security() refuses a routine that was left out.
 create or replace function awa._grant_execute(
     routine regprocedure, variadic capabilities text[] default '{}'
 )

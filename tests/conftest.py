@@ -16,6 +16,7 @@ from awa_sql.roles import Roles
 from tests.support import pgbouncer as bouncer
 from tests.support.cluster import Cluster, start_cluster
 from tests.support.database import Database
+from tests.support.jobs import Logins
 
 ROOT = Path(__file__).resolve().parent.parent
 _SERVERS_SEEN: dict[int, str] = {}
@@ -77,6 +78,12 @@ def empty_db(cluster: Cluster) -> Iterator[Database]:
     name = cluster.create_database()
     yield Database(cluster, name)
     cluster.drop_database(name)
+
+
+@pytest.fixture
+def logins(db: Database) -> Logins:
+    """A new login for each runtime role of ``db``."""
+    return Logins(**{cap: db.login_role(f"awa_{cap}") for cap in Logins.__dataclass_fields__})
 
 
 @pytest.fixture

@@ -17,24 +17,9 @@ from datetime import timedelta
 import psycopg
 import pytest
 
-from awa_sql import routing, storage
+from awa_sql import shards
+from tests.support.jobs import claim, claim_all, enqueue, key_for_shard, lane_waiters
 from tests.support.waiting import wait_until
-from tests.test_storage import Logins, claim, claim_all, enqueue
-
-LANE_CLASS = 1635213644
-
-
-@pytest.fixture
-def logins(db) -> Logins:
-    return Logins(**{cap: db.login_role(f"awa_{cap}") for cap in Logins.__dataclass_fields__})
-
-
-def key_for_shard(shard: int, shards: int) -> bytes:
-    for i in range(100_000):
-        key = f"key-{i}".encode()
-        if routing.shard_for_ordering_key(key, shards) == shard:
-            return key
-    raise AssertionError(f"no key for shard {shard} of {shards}")
 
 
 def shards_of(db, queue: str) -> int:
@@ -57,16 +42,6 @@ def policy(db, operator: str, queue: str, **settings) -> None:
     with db.connect(operator) as op:
         op.execute(f"select awa.set_autoscale_policy(%(queue)s, {args})",
                    {"queue": queue, **settings})
-
-
-def lane_waiters(db, queue: str) -> int:
-    """Backends waiting (ungranted) for one of the queue's lane locks."""
-    with db.connect() as admin:
-        return admin.execute(
-            "select count(*) from pg_locks k join awa.lanes l on l.lane_id = k.objid::integer"
-            " join awa.queue_meta m using (queue_id)"
-            " where k.locktype = 'advisory' and k.classid = %s and not k.granted"
-            " and m.queue = %s", [LANE_CLASS, queue]).fetchone()[0]
 
 
 class Contention:
@@ -117,7 +92,7 @@ def opt_in(db, logins, queue: str, mode: str = "auto", max_shards: int = 8) -> N
     with db.connect(logins.producer) as p:
         enqueue(p, queue)
     with db.connect(logins.operator) as op:
-        assert storage.set_shard_mode(op, queue, mode, max_shards) == (queue, mode, max_shards)
+        assert shards.set_shard_mode(op, queue, mode, max_shards) == (queue, mode, max_shards)
 
 
 def test_grows_step_by_step_to_the_max_under_contention_never_past_it(db, logins):
@@ -127,7 +102,7 @@ def test_grows_step_by_step_to_the_max_under_contention_never_past_it(db, logins
     with db.connect(logins.maintenance) as m:
         for _ in range(4):
             with Contention(db, logins.producer, "hot"):
-                (d,) = storage.autoscale_tick(m)
+                (d,) = shards.autoscale_tick(m)
             seen.append((d.action, d.current_shards, d.proposed_shards))
     assert seen == [("raised", 1, 2), ("raised", 2, 4), ("raised", 4, 8), ("held", 8, 8)]
     assert "max_shards = 8" in decisions(db, "hot")[-1][3]
@@ -144,7 +119,7 @@ def test_no_contention_no_growth(db, logins):
     policy(db, logins.operator, "idle", cooldown="0", min_samples=1)
     with db.connect(logins.maintenance) as m:
         for _ in range(3):
-            (d,) = storage.autoscale_tick(m)
+            (d,) = shards.autoscale_tick(m)
             assert d.action == "held" and d.current_shards == 1
     assert shards_of(db, "idle") == 1
 
@@ -162,7 +137,7 @@ def test_shrinks_one_step_per_cooldown_never_while_lanes_above_s_hold_rows(db, l
 
     with db.connect(logins.maintenance) as m:
         def lowered() -> bool:
-            return any(d.action == "lowered" for d in storage.autoscale_tick(m))
+            return any(d.action == "lowered" for d in shards.autoscale_tick(m))
 
         wait_until(lowered, what="the first lower")
         assert shards_of(db, "calm") == 2
@@ -170,7 +145,7 @@ def test_shrinks_one_step_per_cooldown_never_while_lanes_above_s_hold_rows(db, l
         assert first[:3] == ("lowered", 4, 2)
         # Well past the cooldown and the shrink window: still no step, because
         # lanes 2 and 3 hold ready rows.
-        wait_until(lambda: storage.autoscale_tick(m)[0].decided_at
+        wait_until(lambda: shards.autoscale_tick(m)[0].decided_at
                    > first[4] + timedelta(seconds=4 * cooldown), what="time to pass")
         held = [d for d in decisions(db, "calm") if d[4] > first[4]]
         assert held and all(d[0] == "held" for d in held)
@@ -200,13 +175,13 @@ def test_shadow_logs_the_same_decisions_and_never_changes_s(db, logins):
     with db.connect(logins.maintenance) as m:
         with Contention(db, logins.producer, "acting"), \
                 Contention(db, logins.producer, "watching"):
-            got = {d.queue: d for d in storage.autoscale_tick(m)}
+            got = {d.queue: d for d in shards.autoscale_tick(m)}
         assert (got["acting"].action, got["watching"].action) == ("raised", "would_raise")
         assert got["acting"].reason == got["watching"].reason
         assert (got["watching"].current_shards, got["watching"].proposed_shards) == (1, 2)
         # A shadow step starts a cooldown of its own, as the real step does.
         with Contention(db, logins.producer, "watching"):
-            again = {d.queue: d for d in storage.autoscale_tick(m)}
+            again = {d.queue: d for d in shards.autoscale_tick(m)}
         assert again["watching"].action == "held" and "cooldown" in again["watching"].reason
     assert shards_of(db, "watching") == 1
     with db.connect() as admin:
@@ -218,9 +193,9 @@ def test_two_controllers_ticking_at_once_make_one_decision(db, logins):
     opt_in(db, logins, "q", "auto", 8)
     first = db.connect(logins.maintenance, autocommit=False)
     try:
-        assert len(storage.autoscale_tick(first)) == 1  # leader lock held until commit
+        assert len(shards.autoscale_tick(first)) == 1  # leader lock held until commit
         with db.connect(db.login_role("awa_maintenance")) as second:
-            assert storage.autoscale_tick(second) == []
+            assert shards.autoscale_tick(second) == []
         first.commit()
     finally:
         first.close()
@@ -232,12 +207,12 @@ def test_a_manual_queue_is_never_touched(db, logins):
         enqueue(p, "by-hand")
     policy(db, logins.operator, "by-hand", cooldown="0", min_samples=1)
     with db.connect(logins.maintenance) as m, Contention(db, logins.producer, "by-hand"):
-        assert storage.autoscale_tick(m) == []
+        assert shards.autoscale_tick(m) == []
     with db.connect(logins.operator) as op:  # opted out again after opting in
-        storage.set_shard_mode(op, "by-hand", "auto", 4)
-        storage.set_shard_mode(op, "by-hand", "manual")
+        shards.set_shard_mode(op, "by-hand", "auto", 4)
+        shards.set_shard_mode(op, "by-hand", "manual")
     with db.connect(logins.maintenance) as m, Contention(db, logins.producer, "by-hand"):
-        assert storage.autoscale_tick(m) == []
+        assert shards.autoscale_tick(m) == []
     assert shards_of(db, "by-hand") == 1
     assert decisions(db, "by-hand") == []
 
@@ -287,7 +262,7 @@ def test_live_producers_and_workers_while_the_controller_acts(db, logins):
     def tick() -> None:
         with db.connect(logins.maintenance) as m:
             while not stop.is_set():
-                storage.autoscale_tick(m)
+                shards.autoscale_tick(m)
                 time.sleep(0.05)  # the tick interval, not a synchronisation
 
     with ThreadPoolExecutor(8) as pool:
@@ -303,7 +278,7 @@ def test_live_producers_and_workers_while_the_controller_acts(db, logins):
                     "  >= pg_xact_commit_timestamp(r.xmin)").fetchone()[0] == 0
             futures.append(pool.submit(work))
             with db.connect(logins.operator) as op:
-                storage.set_shard_mode(op, "live", "auto", 2)
+                shards.set_shard_mode(op, "live", "auto", 2)
             wait_until(lambda: shards_of(db, "live") == 2, what="S = 2")
             final_lower_seen = time.monotonic()
             wait_until(lambda: time.monotonic() > final_lower_seen + 0.5, what="more enqueues")
@@ -351,7 +326,7 @@ def test_set_shard_mode_validation(db, logins, mode, max_shards, sqlstate, messa
         enqueue(p, "v")
     with db.connect(logins.operator) as op:
         with pytest.raises(psycopg.Error) as err:
-            storage.set_shard_mode(op, "v", mode, max_shards)
+            shards.set_shard_mode(op, "v", mode, max_shards)
         assert err.value.sqlstate == sqlstate
         assert message in str(err.value)
     with db.connect() as admin:
@@ -362,12 +337,12 @@ def test_set_shard_mode_validation(db, logins, mode, max_shards, sqlstate, messa
 def test_set_shard_mode_unknown_queue_and_partition_names(db, logins):
     with db.connect(logins.operator) as op:
         with pytest.raises(psycopg.errors.UndefinedObject):
-            storage.set_shard_mode(op, "nope", "auto", 4)
+            shards.set_shard_mode(op, "nope", "auto", 4)
         op.execute("select awa.set_queue_partitions('parted', 2)")
         with pytest.raises(psycopg.Error) as err:
-            storage.set_shard_mode(op, "parted__p1", "auto", 4)
+            shards.set_shard_mode(op, "parted__p1", "auto", 4)
         assert err.value.sqlstate == "22023" and "set the mode on 'parted'" in str(err.value)
-        storage.set_shard_mode(op, "parted", "shadow", 4)
+        shards.set_shard_mode(op, "parted", "shadow", 4)
         rows = op.execute("select queue, shard_mode, max_shards from awa.queue_overview"
                           " where logical_queue = 'parted' order by queue").fetchall()
     assert rows == [("parted", "shadow", 4), ("parted__p1", "shadow", 4)]
@@ -400,7 +375,7 @@ def test_roles(db, logins):
         m.execute("select awa.set_shard_mode('r', 'auto', 4)")
     opt_in(db, logins, "r2", "shadow", 4)
     with db.connect(logins.maintenance) as m:
-        storage.autoscale_tick(m)
+        shards.autoscale_tick(m)
     with db.connect(logins.reader) as r:
         assert r.execute("select count(*) from awa.autoscale_decisions").fetchone()[0] == 1
         with pytest.raises(psycopg.errors.InsufficientPrivilege):

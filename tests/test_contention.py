@@ -7,7 +7,7 @@ import threading
 import psycopg
 import pytest
 
-from tests.test_storage import enqueue
+from tests.support.jobs import enqueue
 
 
 def test_a_waiting_producer_shows_in_the_sample(db):

@@ -11,21 +11,7 @@ import pytest
 from psycopg.types.json import Jsonb
 
 from awa_sql import routing
-from tests.test_storage import Logins, claim_all, enqueue
-
-COLUMNS = "queue, priority, ordering_key, kind, args, run_at, max_attempts"
-COPY_SQL = f"copy awa.copy_staging ({COLUMNS}) from stdin"
-
-
-@pytest.fixture
-def logins(db) -> Logins:
-    return Logins(**{cap: db.login_role(f"awa_{cap}") for cap in Logins.__dataclass_fields__})
-
-
-def copy_rows(conn: psycopg.Connection, rows) -> None:
-    with conn.cursor().copy(COPY_SQL) as cp:
-        for row in rows:
-            cp.write_row(row)
+from tests.support.jobs import COPY_SQL, claim_all, copy_rows, enqueue
 
 
 def test_100k_rows_across_8_queues_land_in_their_lanes_in_order(db, logins):

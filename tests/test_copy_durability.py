@@ -12,11 +12,10 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from awa_sql import embedded, migrate
+from awa_sql import migrate
+from awa_sql.demo import embedded
 from awa_sql.roles import Roles
-
-COPY_SQL = ("copy awa.copy_staging (queue, priority, ordering_key, kind, args, run_at,"
-            " max_attempts) from stdin")
+from tests.support.jobs import COPY_SQL
 
 
 def _copy(conn: psycopg.Connection, queue: str, n: int) -> None:

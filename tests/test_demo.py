@@ -16,7 +16,7 @@ from pathlib import Path
 import psycopg
 
 from awa_sql import __version__
-from awa_sql.embedded import free_port
+from awa_sql.demo.embedded import free_port
 from tests.support.waiting import wait_until
 
 

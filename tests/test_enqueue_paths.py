@@ -20,13 +20,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from awa_sql import client, routing
-from tests.test_copy import copy_rows
-from tests.test_storage import Logins, claim_all, enqueue
-
-
-@pytest.fixture
-def logins(db) -> Logins:
-    return Logins(**{cap: db.login_role(f"awa_{cap}") for cap in Logins.__dataclass_fields__})
+from tests.support.jobs import claim_all, copy_rows, enqueue
 
 
 @contextlib.contextmanager

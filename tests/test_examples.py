@@ -11,7 +11,7 @@ from urllib.parse import quote
 import psycopg
 import pytest
 
-from tests.test_storage import claim_all
+from tests.support.jobs import claim_all
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 

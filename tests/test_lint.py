@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 from pathlib import Path
@@ -71,3 +72,27 @@ def test_pgspot_finds_nothing_in_the_full_install_script(tmp_path):
     result = _run(str(BIN / "pgspot"), str(path))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "Errors: 0 Warnings: 0 Unknown: 0" in result.stdout
+
+
+def _imported_modules(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def test_no_test_module_imports_another():
+    """Shared helpers live in tests/support/ and fixtures in tests/conftest.py."""
+    modules = {p.stem for p in (ROOT / "tests").glob("test_*.py")}
+    crossing = {
+        f"{path.name} imports {name}"
+        for path in sorted((ROOT / "tests").rglob("*.py"))
+        for name in _imported_modules(path)
+        if any(part in modules for part in name.split("."))
+    }
+    assert not crossing, sorted(crossing)
+

@@ -25,21 +25,16 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 import awa_sql
-from awa_sql import storage
+from awa_sql import shards
 from awa_sql.metrics import client_metrics, make_asgi_app, make_wsgi_app, render
 from awa_sql.worker import Worker
+from tests.support.admin import serve_cli
+from tests.support.jobs import Logins, claim, key_for_shard, lane_waiters
+from tests.support.jobs import enqueue as raw_enqueue
 from tests.support.waiting import wait_until
-from tests.test_autoscale import key_for_shard, lane_waiters
-from tests.test_storage import Logins, claim
-from tests.test_storage import enqueue as raw_enqueue
 
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARD = ROOT / "docs" / "grafana" / "awa-sql.json"
-
-
-@pytest.fixture
-def logins(db) -> Logins:
-    return Logins(**{cap: db.login_role(f"awa_{cap}") for cap in Logins.__dataclass_fields__})
 
 
 @pytest.fixture
@@ -178,8 +173,8 @@ def run_workload(db, logins: Logins) -> Workload:
         awa_sql.enqueue(p, "charge", queue="orders")
         w.enqueued += 1
     with db.connect(logins.operator) as op:
-        storage.set_enqueue_shards(op, "orders", 4)
-        storage.set_shard_mode(op, "orders", "shadow", 8)
+        shards.set_enqueue_shards(op, "orders", 4)
+        shards.set_shard_mode(op, "orders", "shadow", 8)
     keys = [key_for_shard(shard, 4) for shard in range(4)]
     with db.connect(logins.producer, autocommit=False) as p:
         w.enqueued += len(awa_sql.enqueue_many(
@@ -193,7 +188,7 @@ def run_workload(db, logins: Logins) -> Workload:
     with db.connect(logins.producer) as p:
         awa_sql.enqueue(p, "ok", queue="work")  # creates the queue
     with db.connect(logins.operator) as op:
-        storage.set_enqueue_shards(op, "work", 2)
+        shards.set_enqueue_shards(op, "work", 2)
     work_keys = [key_for_shard(shard, 2) for shard in range(2)]
     with db.connect(logins.producer) as p:
         awa_sql.enqueue_many(p, [{"kind": "ok", "ordering_key": work_keys[i % 2]}
@@ -215,7 +210,7 @@ def run_workload(db, logins: Logins) -> Workload:
         t.join(30)
     with db.connect(logins.maintenance) as m:
         for _ in range(TICKS):
-            storage.autoscale_tick(m)
+            shards.autoscale_tick(m)
     return w
 
 
@@ -360,6 +355,20 @@ def test_a_failed_scrape_reports_awa_up_0_then_recovers(db, logins):
     assert values(down, "awa_queue_depth") == []
     up = parse(b"".join(app(environ, lambda *_: None)).decode())
     assert value(up, "awa_up") == 1
+
+
+def test_awa_admin_serve_serves_the_database_metrics(db, logins):
+    """``awa admin serve`` routes /metrics to the same exporter as ``awa metrics serve``."""
+    with db.connect(logins.producer) as p:
+        awa_sql.enqueue_many(p, [{"kind": "a"}] * 2, queue="admin-scraped")
+    with serve_cli(db.dsn(logins.reader)) as base:
+        text, content_type = fetch(f"{base}/metrics")
+        with urllib.request.urlopen(f"{base}/metrics", timeout=30) as response:  # noqa: S310
+            assert response.url == f"{base}/metrics"  # answered, not redirected
+    assert content_type.startswith("text/plain")
+    s = parse(text)
+    assert value(s, "awa_up") == 1
+    assert value(s, "awa_queue_depth", queue="admin-scraped") == 2
 
 
 def test_metrics_serve_rejects_a_bad_port(db):

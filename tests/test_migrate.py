@@ -13,6 +13,7 @@ import pytest
 from psycopg import sql
 
 from awa_sql import __version__
+from awa_sql.demo.embedded import free_port
 from awa_sql.migrate import MIGRATION_LOCK
 from awa_sql.source import load_layer, load_migrations
 from tests.support.catalog import snapshot
@@ -309,6 +310,40 @@ def test_status_reports_pending_and_json(db):
     assert db.awa("status", "--check").returncode == 0
 
 
+def test_status_check_gives_each_outcome_its_own_exit_code(db):
+    """The deploy gate: 0 up to date, 1 pending, 3 drift, 4 newer, 7 could not ask."""
+    def gate(**kw) -> subprocess.CompletedProcess[str]:
+        return db.awa("status", "--check", **kw)
+
+    codes = {"up to date": gate().returncode}
+    with db.connect() as conn:
+        conn.execute("delete from awa.schema_functions where file = 'private.sql'")
+        codes["pending"] = gate().returncode
+        db.awa("migrate", check=True)
+        conn.execute("update awa.schema_migrations set checksum = repeat('0', 64)"
+                     " where version = 1")
+        codes["drift"] = gate().returncode
+        conn.execute("update awa.schema_migrations set checksum = %s where version = 1",
+                     [MIGRATIONS[0].checksum])
+        conn.execute(
+            "insert into awa.schema_migrations (version, name, checksum, checksum_algorithm,"
+            " contract_version, execution_ms) values (9999, 'from_the_future', 'x', 'sha256',"
+            " '99.1.0', 1)")
+        codes["newer"] = gate().returncode
+        conn.execute("delete from awa.schema_migrations where version = 9999")
+    assert gate().returncode == 0  # back where it started: each code came from its cause
+
+    nobody_listens = f"host=127.0.0.1 port={free_port()} dbname={db.name} connect_timeout=5"
+    refused = gate(env={"AWA_DATABASE_URL": nobody_listens})
+    codes["connection failure"] = refused.returncode
+    assert "cannot connect" in refused.stderr
+    denied = gate(user=db.login_role())  # a login holding no awa role
+    codes["permission failure"] = denied.returncode
+    assert "InsufficientPrivilege [42501]" in denied.stderr, denied.stderr
+    assert codes == {"up to date": 0, "pending": 1, "drift": 3, "newer": 4,
+                     "connection failure": 7, "permission failure": 7}
+
+
 def test_security_check_rolls_back_a_layer_that_breaks_it(db):
     """awa._assert_security() is the last statement of every layer step."""
     with db.connect() as conn:
@@ -318,7 +353,7 @@ def test_security_check_rolls_back_a_layer_that_breaks_it(db):
         conn.execute("reset role")
         conn.execute("delete from awa.schema_functions")
     result = db.awa("migrate")
-    assert result.returncode == 1
+    assert result.returncode == 7
     assert "AW001" in result.stderr or "pinned search_path" in result.stderr
     assert "awa.unpinned()" in result.stderr
     with db.connect() as conn:

@@ -72,19 +72,6 @@ def pooled(db, pgbouncer) -> Pooled:
     return Pooled(db, pgbouncer)
 
 
-@dataclass
-class Logins:
-    producer: str
-    worker: str
-    operator: str
-
-
-@pytest.fixture
-def logins(db) -> Logins:
-    return Logins(db.login_role("awa_producer"), db.login_role("awa_worker"),
-                  db.login_role("awa_operator"))
-
-
 def _run_threads(targets: list[Callable[[], None]]) -> list[BaseException]:
     errors: list[BaseException] = []
 

@@ -9,15 +9,9 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from tests.test_storage import Logins, claim, enqueue
+from tests.support.jobs import LANE_CLASS, Logins, claim, enqueue
 
 RUNTIME = ["awa_producer", "awa_worker", "awa_maintenance", "awa_operator", "awa_reader"]
-LANE_CLASS = 1635213644
-
-
-@pytest.fixture
-def logins(db) -> Logins:
-    return Logins(**{cap: db.login_role(f"awa_{cap}") for cap in Logins.__dataclass_fields__})
 
 
 def _workload(db, logins: Logins) -> None:

@@ -18,7 +18,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SQL_FILES = sorted((ROOT / "sql").glob("*.sql")) + sorted((ROOT / "migrations").glob("*.sql"))
-PY_FILES = sorted((ROOT / "installer" / "awa_sql").glob("*.py"))
+PACKAGE = ROOT / "installer" / "awa_sql"
+PY_FILES = sorted(PACKAGE.rglob("*.py"))  # subpackages too (cli/, demo/, admin/, metrics/)
 
 # The one place that needs a session: a `-- awa:no-transaction` migration,
 # which the runner applies only over a direct connection (ADR 006).
@@ -113,11 +114,12 @@ def test_sql_leaves_no_session_state(path: Path):
     assert session_state_in_sql(path.read_text()) == []
 
 
-@pytest.mark.parametrize("path", PY_FILES, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", PY_FILES, ids=lambda p: p.relative_to(PACKAGE).as_posix())
 def test_python_sql_leaves_no_session_state(path: Path):
     visitor = _Strings()
     visitor.visit(ast.parse(path.read_text()))
-    leaks = [(fn, hit) for fn, hit in visitor.hits if (path.name, fn) not in ALLOWED]
+    name = path.relative_to(PACKAGE).as_posix()
+    leaks = [(fn, hit) for fn, hit in visitor.hits if (name, fn) not in ALLOWED]
     assert leaks == []
 
 

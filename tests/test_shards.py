@@ -12,12 +12,7 @@ import pytest
 
 import awa_sql
 from awa_sql import routing
-from tests.test_storage import Logins, claim_all, enqueue
-
-
-@pytest.fixture
-def logins(db) -> Logins:
-    return Logins(**{cap: db.login_role(f"awa_{cap}") for cap in Logins.__dataclass_fields__})
+from tests.support.jobs import claim_all, enqueue
 
 
 def set_shards(conn, queue, shards):
@@ -252,7 +247,7 @@ def test_cli_set_enqueue_shards_dry_run_refusal_and_apply(db, logins):
     assert bad.returncode == 2 and "between 1 and 64" in bad.stderr
     denied = db.awa("storage", "set-enqueue-shards", "--queue", "cli", "--shards", "2", "--yes",
                     user=logins.producer)
-    assert denied.returncode == 1 and "42501" in denied.stderr
+    assert denied.returncode == 7 and "42501" in denied.stderr
 
 
 def test_cli_show_text_and_json(db, logins):

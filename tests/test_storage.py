@@ -5,44 +5,12 @@ from __future__ import annotations
 import random
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
 import psycopg
 import pytest
 
 from awa_sql import routing
-
-
-@dataclass
-class Logins:
-    producer: str
-    worker: str
-    maintenance: str
-    operator: str
-    reader: str
-
-
-@pytest.fixture
-def logins(db) -> Logins:
-    return Logins(**{cap: db.login_role(f"awa_{cap}") for cap in Logins.__dataclass_fields__})
-
-
-def enqueue(conn, queue, kind="job", **kw):
-    cols = ", ".join(f"{k} => %({k})s" for k in kw)
-    query = f"select * from awa.enqueue(%(queue)s, %(kind)s{', ' if kw else ''}{cols})"
-    return conn.execute(query, {"queue": queue, "kind": kind, **kw}).fetchone()
-
-
-def claim(conn, queues, n=100, worker="w", lease="5 minutes"):
-    return conn.execute("select * from awa.claim(%s, %s, %s, %s::interval)",
-                        [queues, n, worker, lease]).fetchall()
-
-
-def claim_all(conn, queues, n=100):
-    out = []
-    while batch := claim(conn, queues, n):
-        out += batch
-    return out
+from tests.support.jobs import claim, claim_all, enqueue
 
 
 def test_s1_is_strict_fifo_in_commit_order_with_8_producers(db, logins):

@@ -16,7 +16,7 @@ from awa_sql.client import (
     enqueue_many_copy,
 )
 from awa_sql.partitions import PartitionedQueue
-from awa_sql.storage import (
+from awa_sql.shards import (
     Decision,
     LaneStatus,
     QueueStatus,

@@ -21,6 +21,9 @@ from psycopg.types.json import Jsonb
 from awa_sql.metrics import client_metrics
 from awa_sql.metrics.client_metrics import WAIT_COLUMNS
 
+# worker.py imports it from here (another branch edits worker.py): drop once it imports partitions
+from awa_sql.partitions import iter_configs as iter_configs
+
 Key = bytes | bytearray | memoryview | str | None
 
 ENQUEUE_SQL = (
@@ -244,15 +247,3 @@ async def enqueue_many_async(conn: psycopg.AsyncConnection,
     client_metrics.enqueued(conn, columns[0], "batch", len(rows), started, rows[-1][5:])
     return [Enqueued(*r[:5]) for r in rows]
 
-
-def iter_configs(queues: Iterable) -> list[dict]:
-    """Normalise what ``Worker(queues=...)`` accepts: names, a PartitionedQueue,
-    or the dicts ``PartitionedQueue.queue_configs()`` returns."""
-    from awa_sql.partitions import PartitionedQueue
-
-    if isinstance(queues, PartitionedQueue):
-        return queues.queue_configs()
-    out = []
-    for q in queues:
-        out.append({"queue": q} if isinstance(q, str) else dict(q))
-    return out

@@ -46,13 +46,16 @@ DEFAULT_LOCK_TIMEOUT = "5s"  # per DDL lock inside a migration
 DEFAULT_LOCK_WAIT = "120s"  # waiting for another runner to finish
 SEARCH_PATH = "pg_catalog, pg_temp"
 
+# Exit codes of every `awa` command (docs/migrations.md lists them). Each code
+# has one meaning, so a deploy gate can tell "pending" from "could not ask".
 EXIT_OK = 0
-EXIT_ERROR = 1
-EXIT_PENDING = 1
+EXIT_PENDING = 1  # awa status --check: migrations or the function layer pending
+EXIT_USAGE = 2  # bad arguments or input (argparse's own code), or a change not confirmed
 EXIT_DRIFT = 3
 EXIT_NEWER = 4
 EXIT_LOCK_TIMEOUT = 5
 EXIT_ROLES = 6
+EXIT_ERROR = 7  # could not connect, permission denied, or the server failed
 
 
 class MigrationError(RuntimeError):

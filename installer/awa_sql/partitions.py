@@ -9,12 +9,11 @@ keyed traffic inside each partition still reaches every shard.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from awa_sql import routing
-
-MAX_PARTITIONS = 32767
+from awa_sql.routing import MAX_PARTITIONS
 
 
 @dataclass(frozen=True)
@@ -121,3 +120,14 @@ class PartitionedQueue:
 def _check_logical(logical: str) -> None:
     if not isinstance(logical, str) or not logical:
         raise ValueError("the logical queue name must not be empty")
+
+
+def iter_configs(queues: Iterable) -> list[dict]:
+    """Normalise what ``Worker(queues=...)`` accepts: names, a PartitionedQueue,
+    or the dicts ``PartitionedQueue.queue_configs()`` returns."""
+    if isinstance(queues, PartitionedQueue):
+        return queues.queue_configs()
+    out = []
+    for q in queues:
+        out.append({"queue": q} if isinstance(q, str) else dict(q))
+    return out

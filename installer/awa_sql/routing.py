@@ -10,6 +10,8 @@ HASH64_OFFSET = 14695981039346656037
 HASH64_PRIME = 1099511628211
 PARTITION_SALT = 0x9D4D1B2F53A70C91
 STRIPE_SALT = 0x6A09E667F3BCC909
+MAX_SHARDS = 64  # S, a queue's enqueue shards: 1..64 (awa.queue_meta's check)
+MAX_PARTITIONS = 32767  # physical queues of one partitioned queue
 
 Key = bytes | bytearray | memoryview | str
 
@@ -58,6 +60,6 @@ def partition_for_ordering_key(key: Key, partitions: int) -> int:
 
 
 def partition_queue_names(logical_queue: str, partitions: int) -> list[str]:
-    if not 1 <= partitions <= 32767:
-        raise ValueError(f"partitions must be between 1 and 32767, got {partitions}")
+    if not 1 <= partitions <= MAX_PARTITIONS:
+        raise ValueError(f"partitions must be between 1 and {MAX_PARTITIONS}, got {partitions}")
     return [logical_queue] + [f"{logical_queue}__p{i}" for i in range(1, partitions)]

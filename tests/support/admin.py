@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -14,8 +13,9 @@ from pathlib import Path
 import psycopg
 from fastapi.testclient import TestClient
 
-from awa_sql import embedded, migrate
+from awa_sql import migrate
 from awa_sql.admin.app import Settings, create_app, make_pool
+from awa_sql.demo import embedded
 from awa_sql.roles import Roles
 from tests.support.database import Database
 from tests.support.waiting import wait_until as wait_for
@@ -63,18 +63,12 @@ def enqueue_jobs(db: Database, queue: str, count: int, keyed: bool = True) -> No
             " from generate_series(1, %(n)s) as i", {"q": queue, "n": count, "keyed": keyed})
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextmanager
 def serve_cli(dsn: str, *args: str, token: str | None = None) -> Iterator[str]:
     """``awa admin serve`` as a real process; yields its base URL once it answers."""
     import httpx
 
-    port = free_port()
+    port = embedded.free_port()
     env = {**os.environ, "AWA_DATABASE_URL": dsn}
     env.pop("AWA_ADMIN_TOKEN", None)
     if token:

@@ -15,7 +15,7 @@ from pathlib import Path
 import psycopg
 from psycopg import sql
 
-from awa_sql import embedded
+from awa_sql.demo import embedded
 
 # Speed over durability: these clusters are thrown away. Durability tests
 # that need fsync start their own server.

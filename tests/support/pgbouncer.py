@@ -18,7 +18,7 @@ from pathlib import Path
 
 import psycopg
 
-from awa_sql import embedded
+from awa_sql.demo import embedded
 
 POOL_SIZE = 4  # server connections per database
 MAX_CLIENTS = 200

@@ -1,14 +1,13 @@
-"""``awa admin serve``: the app under uvicorn."""
+"""``awa admin serve``: the app under uvicorn, with the database metrics at ``/metrics``."""
 
 from __future__ import annotations
 
 import os
 
+from fastapi import FastAPI
+
 from awa_sql.admin.app import Settings, create_app
 from awa_sql.connect import resolve_dsn
-
-DEFAULT_HOST = "127.0.0.1"
-DEFAULT_PORT = 8700
 
 
 def settings_from(dsn: str | None, writable: bool) -> Settings:
@@ -19,11 +18,25 @@ def settings_from(dsn: str | None, writable: bool) -> Settings:
     return Settings(dsn=resolve_dsn(dsn), writable=writable, token=token)
 
 
+def create_served_app(settings: Settings) -> FastAPI:
+    """The admin app as ``awa admin serve`` and ``awa demo`` run it: ``/metrics``
+    is the database exporter (as ``awa metrics serve``). A route, not a mount:
+    a mount answers ``/metrics`` with a redirect to ``/metrics/``."""
+    from starlette.routing import Route
+
+    from awa_sql.metrics import make_asgi_app
+
+    app = create_app(settings)
+    app.router.routes.append(
+        Route("/metrics", make_asgi_app(settings.dsn), methods=["GET", "HEAD"]))
+    return app
+
+
 def serve(dsn: str | None, host: str, port: int, writable: bool) -> int:
     import uvicorn
 
-    app = create_app(settings_from(dsn, writable))
+    app = create_served_app(settings_from(dsn, writable))
     mode = "writable" if writable else "read-only"
-    print(f"awa admin ({mode}) on http://{host}:{port}/", flush=True)
+    print(f"awa admin ({mode}) on http://{host}:{port}/ (metrics at /metrics)", flush=True)
     uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
     return 0

@@ -1,56 +1,23 @@
-"""The ``awa`` command line."""
+"""``awa migrate`` and ``awa status``: install, upgrade, and the deploy gate."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-from collections.abc import Sequence
-from pathlib import Path
 
-import psycopg
-
-from awa_sql import __version__, metrics_cli, storage_cli
+from awa_sql import __version__
 from awa_sql import migrate as runner
+from awa_sql.cli.common import add_connection, add_roles, err, roles_from
 from awa_sql.connect import connect
-from awa_sql.demo import DEFAULT_PORT
-from awa_sql.embedded import EmbeddedError
-from awa_sql.roles import CAPABILITIES, DESCRIPTIONS, Roles
+from awa_sql.roles import DESCRIPTIONS, Roles
 
 
-def _add_connection(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--dsn",
-        help="libpq connection string or URL; default AWA_DATABASE_URL, then DATABASE_URL, "
-        "then the PG* environment",
-    )
-
-
-def _add_roles(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("role names")
-    g.add_argument("--role-prefix", default="awa_",
-                   help="prefix of the six role names (default awa_: awa_owner, awa_producer, ...)")
-    for cap in CAPABILITIES:
-        g.add_argument(f"--{cap}-role", metavar="NAME", help=f"name of the {cap} role")
-
-
-def _roles(args: argparse.Namespace) -> Roles:
-    return Roles.with_prefix(
-        args.role_prefix, **{cap: getattr(args, f"{cap}_role") for cap in CAPABILITIES}
-    )
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="awa", description="awa-sql: a PostgreSQL job-queue storage contract."
-    )
-    parser.add_argument("--version", action="version", version=f"awa-sql {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
-
+def register(sub: argparse._SubParsersAction) -> None:
     m = sub.add_parser("migrate", help="install or upgrade schema awa",
                        description="Install or upgrade schema awa in one database.")
-    _add_connection(m)
-    _add_roles(m)
+    add_connection(m)
+    add_roles(m)
     m.add_argument("--create-roles", action="store_true",
                    help="create missing roles as NOLOGIN (needs CREATEROLE)")
     mode = m.add_mutually_exclusive_group()
@@ -67,54 +34,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("status", help="applied, pending and drifted migrations",
                        description="Show applied, pending and drifted migrations.")
-    _add_connection(s)
-    _add_roles(s)
+    add_connection(s)
+    add_roles(s)
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.add_argument("--check", action="store_true",
-                   help="deploy gate: exit 1 when anything is pending, 3 on drift, "
-                   "4 when the database is newer, 6 when roles are missing")
+                   help="deploy gate: exit 0 when up to date, 1 when anything is pending, "
+                   "3 on drift, 4 when the database is newer, 6 on role problems, "
+                   "7 when it could not ask (connection or permission failure)")
     s.set_defaults(func=cmd_status)
-
-    storage_cli.add_parsers(sub, _add_connection)
-    metrics_cli.add_parsers(sub, _add_connection)
-
-    d = sub.add_parser("demo", help="the contract running: PostgreSQL 18, load, admin, metrics",
-                       description="Start a local PostgreSQL 18 under --dir (or use --dsn), "
-                       "install awa, run producers, a worker and the auto-scaler (shadow mode) "
-                       "on a demo queue, and serve the admin page and /metrics. Ctrl-C stops "
-                       "everything.")
-    d.add_argument("--dir", default=".awa", help="folder for the server (default %(default)s)")
-    d.add_argument("--port", type=int,
-                   help=f"PostgreSQL port on 127.0.0.1 (default {DEFAULT_PORT})")
-    d.add_argument("--http-port", type=int, default=8700,
-                   help="admin page and /metrics port on 127.0.0.1 (default %(default)s)")
-    d.add_argument("--dsn", help="run against this existing database instead")
-    d.add_argument("--seconds", type=float, help="stop by itself after this many seconds")
-    d.add_argument("--stop", action="store_true",
-                   help="stop a demo server left running by a killed `awa demo`")
-    d.set_defaults(func=cmd_demo)
-
-    a = sub.add_parser("admin", help="the admin HTTP API and web page",
-                       description="awa admin serve: the admin API and page (docs/admin.md).")
-    a.add_argument("action", choices=["serve"])
-    _add_connection(a)
-    a.add_argument("--host", default="127.0.0.1", help="address to bind (default %(default)s)")
-    a.add_argument("--port", type=int, default=8700, help="TCP port (default %(default)s)")
-    a.add_argument("--writable", action="store_true",
-                   help="allow changes, for requests bearing the token in AWA_ADMIN_TOKEN")
-    a.set_defaults(func=cmd_admin)
-    return parser
-
-
-def _err(message: str) -> None:
-    print(f"awa: {message}", file=sys.stderr)
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
-    roles = _roles(args)
+    roles = roles_from(args)
     if args.offline and not args.sql:
-        _err("--offline only makes sense with --sql")
-        return 2
+        err("--offline only makes sense with --sql")
+        return runner.EXIT_USAGE
     if args.sql:
         if args.offline:
             plan = runner.plan_for(None, roles, args.create_roles)
@@ -192,7 +126,7 @@ def _print_status(doc: dict) -> None:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    roles = _roles(args)
+    roles = roles_from(args)
     with connect(args.dsn, autocommit=True) as conn:
         state = runner.read_state_in_transaction(conn, roles)
     plan = runner.build_plan(state, roles)
@@ -206,51 +140,3 @@ def cmd_status(args: argparse.Namespace) -> int:
     if plan.problems:
         return plan.problems[0].exit_code
     return runner.EXIT_PENDING if plan.steps else runner.EXIT_OK
-
-
-def cmd_demo(args: argparse.Namespace) -> int:
-    from awa_sql import demo
-
-    folder = Path(args.dir)
-    if args.stop:
-        demo.stop(folder)
-        return 0
-    return demo.run(folder, port=args.port, http_port=args.http_port, dsn=args.dsn,
-                    seconds=args.seconds, log=lambda line: print(line, flush=True))
-
-
-def cmd_admin(args: argparse.Namespace) -> int:
-    from awa_sql.admin.serve import serve
-
-    return serve(args.dsn, args.host, args.port, args.writable)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        return args.func(args)
-    except runner.MigrationError as err:
-        _err(str(err))
-        return err.exit_code
-    except EmbeddedError as err:
-        _err(str(err))
-        return runner.EXIT_ERROR
-    except ValueError as err:
-        _err(str(err))
-        return 2
-    except psycopg.errors.LockNotAvailable as err:
-        _err(f"lock timeout: {str(err).strip()}")
-        return runner.EXIT_LOCK_TIMEOUT
-    except psycopg.OperationalError as err:
-        if err.sqlstate:  # the server answered: not a connection problem
-            _err(f"{type(err).__name__} [{err.sqlstate}]: {str(err).strip()}")
-            return runner.EXIT_ERROR
-        _err(f"cannot connect: {str(err).strip()}")
-        return runner.EXIT_ERROR
-    except psycopg.Error as err:
-        _err(f"{type(err).__name__} [{err.sqlstate}]: {str(err).strip()}")
-        return runner.EXIT_ERROR
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -22,7 +22,9 @@ from pathlib import Path
 import psycopg
 from psycopg import sql
 
-from awa_sql import embedded, migrate
+from awa_sql import migrate
+from awa_sql.defaults import ADMIN_PORT, LOCAL_HOST
+from awa_sql.demo import embedded
 from awa_sql.roles import Roles
 
 DEMO_DATABASE = "awa_demo"
@@ -74,7 +76,7 @@ def start_server(folder: Path, port: int | None = None, log=print) -> tuple[str,
     if server.running():
         log(f"      already running in {server.data_dir}")
     else:
-        log(f"      starting in {server.data_dir} on 127.0.0.1:{port}")
+        log(f"      starting in {server.data_dir} on {LOCAL_HOST}:{port}")
         server.start()
     state_file.write_text(json.dumps({"port": port, "data_dir": str(server.data_dir)}))
     with psycopg.connect(server.dsn(), autocommit=True) as conn:
@@ -132,12 +134,13 @@ def instructions(dsn: str, http: str, token: str, queue: str) -> str:
     ])
 
 
-def run(folder: Path, *, port: int | None = None, http_port: int = 8700,
+def run(folder: Path, *, port: int | None = None, http_port: int = ADMIN_PORT,
         dsn: str | None = None, seconds: float | None = None, log=print) -> int:
     import uvicorn
 
-    from awa_sql.admin.app import Settings, create_app
-    from awa_sql.demo_load import DemoLoad, prepare_queue
+    from awa_sql.admin.app import Settings
+    from awa_sql.admin.serve import create_served_app
+    from awa_sql.demo.load import DemoLoad, prepare_queue
 
     stop_server = None
     if dsn is None:
@@ -152,13 +155,12 @@ def run(folder: Path, *, port: int | None = None, http_port: int = 8700,
         load = DemoLoad(dsn, QUEUE)
         load.start()
         token = secrets.token_urlsafe(24)
-        app = create_app(Settings(dsn=dsn, writable=True, token=token))
-        mount_metrics(app, dsn)
+        app = create_served_app(Settings(dsn=dsn, writable=True, token=token))
         server = uvicorn.Server(uvicorn.Config(
-            app, host="127.0.0.1", port=http_port, log_level="warning", access_log=False))
-        log(f"[4/4] admin page and /metrics on http://127.0.0.1:{http_port}/")
+            app, host=LOCAL_HOST, port=http_port, log_level="warning", access_log=False))
+        log(f"[4/4] admin page and /metrics on http://{LOCAL_HOST}:{http_port}/")
         threading.Thread(target=_announce, daemon=True, args=(server, log, instructions(
-            dsn, f"http://127.0.0.1:{http_port}", token, QUEUE))).start()
+            dsn, f"http://{LOCAL_HOST}:{http_port}", token, QUEUE))).start()
         if seconds is not None:
             threading.Timer(seconds, lambda: setattr(server, "should_exit", True)).start()
         # uvicorn shuts down on SIGINT / SIGTERM, then raises the signal again
@@ -193,14 +195,4 @@ def _announce(server, log, text: str) -> None:
         time.sleep(0.05)
     if server.started:
         log(text)
-
-
-def mount_metrics(app, dsn: str) -> None:
-    """``/metrics`` on the admin app: the database-side exporter. A route, not
-    a mount: a mount answers ``/metrics`` with a redirect to ``/metrics/``."""
-    from starlette.routing import Route
-
-    from awa_sql.metrics import make_asgi_app
-
-    app.router.routes.append(Route("/metrics", make_asgi_app(dsn), methods=["GET", "HEAD"]))
 

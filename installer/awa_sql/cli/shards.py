@@ -1,4 +1,4 @@
-"""`awa storage ...`: show and change queue storage from a terminal or a script."""
+"""``awa storage ...``: the shard operations (awa_sql.shards) from a terminal or a script."""
 
 from __future__ import annotations
 
@@ -9,10 +9,13 @@ import sys
 import threading
 from collections.abc import Sequence
 
-from awa_sql import storage
+from awa_sql import shards
+from awa_sql.cli.common import add_connection
 from awa_sql.connect import connect
+from awa_sql.migrate import EXIT_USAGE
+from awa_sql.routing import MAX_SHARDS
 
-EXIT_NOT_CONFIRMED = 2
+EXIT_NOT_CONFIRMED = EXIT_USAGE
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
@@ -32,18 +35,18 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     return "\n".join([line(headers), line(["-" * w for w in widths]), *map(line, cells)])
 
 
-def add_parsers(sub: argparse._SubParsersAction, add_connection) -> None:
+def register(sub: argparse._SubParsersAction) -> None:
     storage_parser = sub.add_parser("storage", help="show and change queue storage")
     ss = storage_parser.add_subparsers(dest="storage_command", required=True)
 
     p = ss.add_parser(
         "set-enqueue-shards", help="change a queue's enqueue shards (S)",
-        description="Set S, the enqueue shards of a queue and all its stripes (1..64). "
+        description=f"Set S, the enqueue shards of a queue and all its stripes (1..{MAX_SHARDS}). "
         "Raising provisions the new lanes in the same transaction; lowering lets the lanes "
         "above the new S drain.")
     add_connection(p)
     p.add_argument("--queue", required=True, help="logical queue name")
-    p.add_argument("--shards", type=int, help="new S, 1..64")
+    p.add_argument("--shards", type=int, help=f"new S, 1..{MAX_SHARDS}")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--auto", dest="mode", action="store_const", const="auto",
                       help="let the auto-scaler change S within 1..--max")
@@ -52,7 +55,8 @@ def add_parsers(sub: argparse._SubParsersAction, add_connection) -> None:
     mode.add_argument("--manual", dest="mode", action="store_const", const="manual",
                       help="S changes only by hand (the default mode); with --shards sets S")
     p.add_argument("--max", dest="max_shards", type=int,
-                   help="with --auto or --shadow: the highest S the auto-scaler may set, 1..64")
+                   help="with --auto or --shadow: the highest S the auto-scaler may set, "
+                   f"1..{MAX_SHARDS}")
     p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     p.add_argument("--dry-run", action="store_true", help="show the plan, change nothing")
     p.set_defaults(func=cmd_set_enqueue_shards)
@@ -103,28 +107,34 @@ def _confirm(question: str) -> bool:
     return input(f"{question} [y/N] ").strip().lower() in ("y", "yes")
 
 
+def _shards_in_range(flag: str, value: int) -> bool:
+    if 1 <= value <= MAX_SHARDS:
+        return True
+    print(f"awa: {flag} must be between 1 and {MAX_SHARDS}, got {value}", file=sys.stderr)
+    return False
+
+
 def cmd_set_enqueue_shards(args: argparse.Namespace) -> int:
     if args.mode is not None:
         return cmd_set_shard_mode(args)
     if args.shards is None:
         print("awa: give --shards N, or a mode: --auto/--shadow --max N, --manual",
               file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     if args.max_shards is not None:
         print("awa: --max goes with --auto or --shadow", file=sys.stderr)
-        return 2
-    if not 1 <= args.shards <= 64:
-        print(f"awa: --shards must be between 1 and 64, got {args.shards}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
+    if not _shards_in_range("--shards", args.shards):
+        return EXIT_USAGE
     with connect(args.dsn) as conn:
-        plan = storage.plan_enqueue_shards(conn, args.queue, args.shards)
+        plan = shards.plan_enqueue_shards(conn, args.queue, args.shards)
         conn.rollback()
         print(table(["physical queue", "current S", "new S", "lanes to create"],
                     [(c.physical_queue, c.old_shards, c.new_shards, c.lanes_created)
                      for c in plan]))
         old = max(c.old_shards for c in plan)
         print()
-        print(storage.ordering_consequence(args.queue, old, args.shards))
+        print(shards.ordering_consequence(args.queue, old, args.shards))
         if args.dry_run:
             print("dry run: nothing changed")
             return 0
@@ -132,7 +142,7 @@ def cmd_set_enqueue_shards(args: argparse.Namespace) -> int:
             print("awa: not changed: pass --yes to change S when not attached to a terminal, "
                   "or answer y", file=sys.stderr)
             return EXIT_NOT_CONFIRMED
-        changes = storage.set_enqueue_shards(conn, args.queue, args.shards)
+        changes = shards.set_enqueue_shards(conn, args.queue, args.shards)
         conn.commit()
     print()
     print(table(["physical queue", "old S", "new S", "lanes created"],
@@ -143,17 +153,16 @@ def cmd_set_enqueue_shards(args: argparse.Namespace) -> int:
 
 def cmd_set_shard_mode(args: argparse.Namespace) -> int:
     for flag, value in (("--max", args.max_shards), ("--shards", args.shards)):
-        if value is not None and not 1 <= value <= 64:
-            print(f"awa: {flag} must be between 1 and 64, got {value}", file=sys.stderr)
-            return 2
+        if value is not None and not _shards_in_range(flag, value):
+            return EXIT_USAGE
     if args.mode != "manual" and args.shards is not None:
         print(f"awa: --{args.mode} takes --max, not --shards: the auto-scaler sets S",
               file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     if args.mode != "manual" and args.max_shards is None:
-        print(f"awa: --{args.mode} needs --max N (1..64)", file=sys.stderr)
-        return 2
-    print(storage.mode_consequence(args.queue, args.mode, args.max_shards))
+        print(f"awa: --{args.mode} needs --max N (1..{MAX_SHARDS})", file=sys.stderr)
+        return EXIT_USAGE
+    print(shards.mode_consequence(args.queue, args.mode, args.max_shards))
     if args.dry_run:
         print("dry run: nothing changed")
         return 0
@@ -162,11 +171,11 @@ def cmd_set_shard_mode(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return EXIT_NOT_CONFIRMED
     with connect(args.dsn) as conn:
-        queue, mode, max_shards = storage.set_shard_mode(
+        queue, mode, max_shards = shards.set_shard_mode(
             conn, args.queue, args.mode, args.max_shards)
         changes = []
         if args.shards is not None:
-            changes = storage.set_enqueue_shards(conn, args.queue, args.shards)
+            changes = shards.set_enqueue_shards(conn, args.queue, args.shards)
         conn.commit()
     print(f"{queue}: mode {mode}, max {max_shards if max_shards is not None else '-'}")
     if changes:
@@ -176,7 +185,7 @@ def cmd_set_shard_mode(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_decision(d: storage.Decision) -> None:
+def _print_decision(d: shards.Decision) -> None:
     print(f"{d.decided_at:%H:%M:%S} {d.queue}: {d.action} S {d.current_shards}"
           f" -> {d.proposed_shards} ({d.mode}): {d.reason}", flush=True)
 
@@ -193,7 +202,7 @@ def cmd_autoscale_run(args: argparse.Namespace) -> int:
             print(f"awa: auto-scaler ticking every {args.interval:g}s; Ctrl-C stops",
                   flush=True)
             while not stop.is_set():
-                for d in storage.autoscale_tick(conn):
+                for d in shards.autoscale_tick(conn):
                     if args.verbose or d.action != "held":
                         _print_decision(d)
                 if args.once:
@@ -210,13 +219,13 @@ def _fmt_age(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds:.1f}s"
 
 
-def _state(lane: storage.LaneStatus, shards: int) -> str:
+def _state(lane: shards.LaneStatus, shards: int) -> str:
     if lane.shard < shards:
         return "active"
     return "draining" if lane.draining else "retired (>= S, empty)"
 
 
-def _print_autoscale(q: storage.QueueStatus) -> None:
+def _print_autoscale(q: shards.QueueStatus) -> None:
     if q.shard_mode == "manual" and q.last_decision is None:
         return
     print(f"\n{q.queue}: mode {q.shard_mode}, max "
@@ -236,7 +245,7 @@ def _print_autoscale(q: storage.QueueStatus) -> None:
 
 def cmd_show(args: argparse.Namespace) -> int:
     with connect(args.dsn) as conn:
-        queues = storage.show(conn, args.queue)
+        queues = shards.show(conn, args.queue)
     if args.json:
         print(json.dumps({"queues": [q.as_dict() for q in queues]}, indent=2, sort_keys=True))
         return 0

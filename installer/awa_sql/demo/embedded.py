@@ -22,6 +22,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from awa_sql.defaults import LOCAL_HOST
+
 # Exact builds, so that every machine runs the same server. Override with
 # AWA_EMBEDDED_PG<major>_VERSION.
 EMBEDDED_VERSIONS = {17: "17.10.0-beta.17", 18: "18.4.0-beta.17"}
@@ -143,7 +145,7 @@ def server_os_user() -> pwd.struct_passwd | None:
 
 def free_port() -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((LOCAL_HOST, 0))
         return s.getsockname()[1]
 
 
@@ -162,7 +164,7 @@ class LocalServer:
         return self.data_dir.parent / f"{self.data_dir.name}.log"
 
     def dsn(self, user: str | None = None, dbname: str = "postgres") -> str:
-        return f"host=127.0.0.1 port={self.port} user={user or self.superuser} dbname={dbname}"
+        return f"host={LOCAL_HOST} port={self.port} user={user or self.superuser} dbname={dbname}"
 
     def _run(self, *args: str) -> subprocess.CompletedProcess[str]:
         user = server_os_user()
@@ -206,7 +208,7 @@ class LocalServer:
             self.init()
         options = {
             "port": str(self.port),
-            "listen_addresses": "127.0.0.1",
+            "listen_addresses": LOCAL_HOST,
             "unix_socket_directories": "",
             **self.settings,
         }

@@ -1,4 +1,4 @@
-"""`awa metrics serve`: the database exporter as a standalone HTTP server."""
+"""``awa metrics serve``: the database exporter as a standalone HTTP server."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import argparse
 import signal
 import threading
 
-DEFAULT_HOST = "127.0.0.1"
-DEFAULT_PORT = 9187
+from awa_sql.cli.common import add_connection
+from awa_sql.defaults import LOCAL_HOST, METRICS_PORT
 
 
 def _port(text: str) -> int:
@@ -20,7 +20,7 @@ def _port(text: str) -> int:
     return port
 
 
-def add_parsers(sub: argparse._SubParsersAction, add_connection) -> None:
+def register(sub: argparse._SubParsersAction) -> None:
     metrics_parser = sub.add_parser("metrics", help="Prometheus metrics of every queue")
     ms = metrics_parser.add_subparsers(dest="metrics_command", required=True)
     s = ms.add_parser(
@@ -29,9 +29,9 @@ def add_parsers(sub: argparse._SubParsersAction, add_connection) -> None:
         "per-lane depth and lag, lane contention, auto-scaler decisions) at /metrics, one "
         "query per scrape, until SIGINT or SIGTERM. A login with awa_reader is enough.")
     add_connection(s)
-    s.add_argument("--host", default=DEFAULT_HOST,
+    s.add_argument("--host", default=LOCAL_HOST,
                    help="address to listen on (default %(default)s)")
-    s.add_argument("--port", type=_port, default=DEFAULT_PORT,
+    s.add_argument("--port", type=_port, default=METRICS_PORT,
                    help="TCP port; 0 picks a free one (default %(default)s)")
     s.set_defaults(func=cmd_metrics_serve)
 

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import psycopg
 
-from awa_sql import client, storage
+from awa_sql import client, shards
 from awa_sql.worker import Worker
 
 log = logging.getLogger(__name__)
@@ -25,7 +25,7 @@ def prepare_queue(dsn: str, queue: str, max_shards: int = 8) -> None:
     decisions within a minute."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         client.enqueue(conn, "send_welcome", {"user": 0}, queue=queue)
-        storage.set_shard_mode(conn, queue, "shadow", max_shards)
+        shards.set_shard_mode(conn, queue, "shadow", max_shards)
         conn.execute(
             "select awa.set_autoscale_policy(%s, grow_window => '20 seconds',"
             " cooldown => '20 seconds', shrink_window => '2 minutes')", [queue])
@@ -76,7 +76,7 @@ class DemoLoad:
     def _tick(self) -> None:
         with psycopg.connect(self.dsn, autocommit=True) as conn:
             while not self._stop.wait(self.tick_every):
-                storage.autoscale_tick(conn)
+                shards.autoscale_tick(conn)
 
     def start(self) -> None:
         targets = [lambda i=i: self._produce(i) for i in range(self.producers)]

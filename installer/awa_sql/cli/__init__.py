@@ -1,0 +1,64 @@
+"""The ``awa`` command line.
+
+One module per command in this package, each with ``register(sub)``: it
+adds the command's parser (and its subcommands) and sets ``func`` on each.
+``main`` runs the chosen ``func`` and turns errors into the exit codes of
+``awa_sql.migrate`` (docs/migrations.md lists them).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+import psycopg
+
+from awa_sql import __version__
+from awa_sql import migrate as runner
+from awa_sql.cli import admin, demo, metrics, migrate, shards
+from awa_sql.cli.common import err
+from awa_sql.demo.embedded import EmbeddedError
+
+COMMANDS = (migrate, shards, metrics, demo, admin)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="awa", description="awa-sql: a PostgreSQL job-queue storage contract."
+    )
+    parser.add_argument("--version", action="version", version=f"awa-sql {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for command in COMMANDS:
+        command.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except runner.MigrationError as error:
+        err(str(error))
+        return error.exit_code
+    except EmbeddedError as error:
+        err(str(error))
+        return runner.EXIT_ERROR
+    except ValueError as error:
+        err(str(error))
+        return runner.EXIT_USAGE
+    except psycopg.errors.LockNotAvailable as error:
+        err(f"lock timeout: {str(error).strip()}")
+        return runner.EXIT_LOCK_TIMEOUT
+    except psycopg.OperationalError as error:
+        if error.sqlstate:  # the server answered: not a connection problem
+            err(f"{type(error).__name__} [{error.sqlstate}]: {str(error).strip()}")
+            return runner.EXIT_ERROR
+        err(f"cannot connect: {str(error).strip()}")
+        return runner.EXIT_ERROR
+    except psycopg.Error as error:
+        err(f"{type(error).__name__} [{error.sqlstate}]: {str(error).strip()}")
+        return runner.EXIT_ERROR
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,67 @@
+"""Calling the SQL API as the runtime roles: their logins, enqueue, claim,
+COPY ingestion, and the lane locks producers wait on."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import psycopg
+
+from awa_sql import routing
+
+LANE_CLASS = 1635213644  # the advisory-lock class of a lane ('awaL' as an int4)
+COPY_COLUMNS = "queue, priority, ordering_key, kind, args, run_at, max_attempts"
+COPY_SQL = f"copy awa.copy_staging ({COPY_COLUMNS}) from stdin"
+
+
+@dataclass
+class Logins:
+    """One new login per runtime role (the ``logins`` fixture in conftest.py)."""
+
+    producer: str
+    worker: str
+    maintenance: str
+    operator: str
+    reader: str
+
+
+def enqueue(conn, queue, kind="job", **kw):
+    cols = ", ".join(f"{k} => %({k})s" for k in kw)
+    query = f"select * from awa.enqueue(%(queue)s, %(kind)s{', ' if kw else ''}{cols})"
+    return conn.execute(query, {"queue": queue, "kind": kind, **kw}).fetchone()
+
+
+def claim(conn, queues, n=100, worker="w", lease="5 minutes"):
+    return conn.execute("select * from awa.claim(%s, %s, %s, %s::interval)",
+                        [queues, n, worker, lease]).fetchall()
+
+
+def claim_all(conn, queues, n=100):
+    out = []
+    while batch := claim(conn, queues, n):
+        out += batch
+    return out
+
+
+def copy_rows(conn: psycopg.Connection, rows) -> None:
+    with conn.cursor().copy(COPY_SQL) as cp:
+        for row in rows:
+            cp.write_row(row)
+
+
+def key_for_shard(shard: int, shards: int) -> bytes:
+    for i in range(100_000):
+        key = f"key-{i}".encode()
+        if routing.shard_for_ordering_key(key, shards) == shard:
+            return key
+    raise AssertionError(f"no key for shard {shard} of {shards}")
+
+
+def lane_waiters(db, queue: str) -> int:
+    """Backends waiting (ungranted) for one of the queue's lane locks."""
+    with db.connect() as admin:
+        return admin.execute(
+            "select count(*) from pg_locks k join awa.lanes l on l.lane_id = k.objid::integer"
+            " join awa.queue_meta m using (queue_id)"
+            " where k.locktype = 'advisory' and k.classid = %s and not k.granted"
+            " and m.queue = %s", [LANE_CLASS, queue]).fetchone()[0]
