@@ -157,8 +157,12 @@ CREATE TABLE awa.queue_meta (
     shard_mode_changed_at timestamp with time zone,
     partitioned_fifo_accepted_by text,
     partitioned_fifo_accepted_at timestamp with time zone,
+    lane_ids integer[] DEFAULT array_fill(NULL::integer, ARRAY[4, 64], ARRAY[1, 0]) NOT NULL,
+    lane_seqs regclass[] DEFAULT array_fill(NULL::regclass, ARRAY[4, 64], ARRAY[1, 0]) NOT NULL,
     CONSTRAINT queue_meta_pkey PRIMARY KEY (queue),
     CONSTRAINT queue_meta_enqueue_shards_range CHECK (((enqueue_shards >= 1) AND (enqueue_shards <= 64))),
+    CONSTRAINT queue_meta_lane_ids_shape CHECK ((array_dims(lane_ids) = '[1:4][0:63]'::text)),
+    CONSTRAINT queue_meta_lane_seqs_shape CHECK ((array_dims(lane_seqs) = '[1:4][0:63]'::text)),
     CONSTRAINT queue_meta_max_shards_range CHECK (((max_shards >= 1) AND (max_shards <= 64))),
     CONSTRAINT queue_meta_partitions_range CHECK (((partitions >= 1) AND (partitions <= 32767))),
     CONSTRAINT queue_meta_queue_id_key UNIQUE (queue_id),
@@ -435,63 +439,6 @@ CREATE VIEW awa.shard_change_evidence AS
   GROUP BY c.change_id, c.queue, c.changed_at, c.new_shards, c.old_shards;
 
 -- Functions and procedures
-
-CREATE OR REPLACE FUNCTION awa._acquire_lane(queue_id integer, shards integer, priority smallint, ordering_key bytea)
- RETURNS awa.lanes
- LANGUAGE plpgsql
- SET search_path TO 'pg_catalog', 'pg_temp'
-AS $function$
-declare
-    lane awa.lanes;
-    held text;
-    candidates awa.lanes[];
-    start integer;
-begin
-    if ordering_key is not null then
-        select l.* into lane
-          from awa.lanes as l
-         where l.queue_id = _acquire_lane.queue_id
-           and l.priority = _acquire_lane.priority
-           and l.shard = awa._key_shard(ordering_key, shards);
-        if not pg_try_advisory_xact_lock(1635213644, lane.lane_id) then
-            perform awa._wait_for_lane(lane.lane_id);
-        end if;
-    else
-        held := nullif(current_setting(awa._held_lane_setting(queue_id, priority), true), '');
-        if held is not null then
-            select l.* into lane from awa.lanes as l where l.lane_id = held::integer;
-            return lane;
-        end if;
-        candidates := array(
-            select l from awa.lanes as l
-             where l.queue_id = _acquire_lane.queue_id
-               and l.priority = _acquire_lane.priority
-               and l.shard < shards
-             order by l.shard
-        );
-        start := pg_backend_pid() % cardinality(candidates);
-        for i in 0 .. cardinality(candidates) - 1 loop
-            lane := candidates[(start + i) % cardinality(candidates) + 1];
-            if pg_try_advisory_xact_lock(1635213644, lane.lane_id) then
-                exit;
-            end if;
-            lane := null;
-        end loop;
-        if lane is null then
-            lane := candidates[start + 1];
-            perform awa._wait_for_lane(lane.lane_id);
-        end if;
-    end if;
-    if lane.lane_id is null then
-        raise exception 'lane missing for queue id % priority % (S = %)',
-            queue_id, priority, shards
-            using errcode = 'AW003',
-                  hint = 'Lanes are provisioned by awa.set_enqueue_shards; this is a bug.';
-    end if;
-    perform set_config(awa._held_lane_setting(queue_id, priority), lane.lane_id::text, true);
-    return lane;
-end;
-$function$;
 
 CREATE OR REPLACE FUNCTION awa._assert_security()
  RETURNS void
@@ -930,7 +877,8 @@ CREATE OR REPLACE FUNCTION awa._enqueue_slow(queue text, kind text, args jsonb, 
 AS $function$
 declare
     meta awa.queue_meta;
-    lane awa.lanes;
+    shard integer;
+    lane integer;
     new_job bigint;
     new_seq bigint;
 begin
@@ -948,18 +896,22 @@ begin
         );
         return row(new_job, meta.queue, _enqueue_slow.priority, null, null)::awa.enqueued;
     end if;
-    lane := awa._acquire_lane(meta.queue_id, meta.enqueue_shards, priority, ordering_key);
-    new_seq := nextval(lane.seq);
+    shard := awa._take_lane(
+        meta.lane_ids, meta.queue_id, priority, meta.enqueue_shards,
+        awa._key_shard(ordering_key, meta.enqueue_shards), 0
+    );
+    lane := meta.lane_ids[priority][shard];
+    new_seq := nextval(meta.lane_seqs[priority][shard]);
     new_job := nextval('awa.job_id_seq');
     insert into awa.ready (
         lane_id, lane_seq, job_id, queue_id, priority, kind, args, ordering_key, attempt,
         max_attempts, enqueued_at, ready_at
     ) values (
-        lane.lane_id, new_seq, new_job, meta.queue_id, _enqueue_slow.priority,
+        lane, new_seq, new_job, meta.queue_id, _enqueue_slow.priority,
         _enqueue_slow.kind, coalesce(_enqueue_slow.args, '{}'), _enqueue_slow.ordering_key, 0,
         _enqueue_slow.max_attempts, now(), clock_timestamp()
     );
-    return row(new_job, meta.queue, _enqueue_slow.priority, lane.shard, new_seq)::awa.enqueued;
+    return row(new_job, meta.queue, _enqueue_slow.priority, shard, new_seq)::awa.enqueued;
 end;
 $function$;
 
@@ -986,7 +938,9 @@ begin
     on conflict (queue) do update
         set root_queue = excluded.root_queue, logical_queue = excluded.logical_queue;
     select m.* into strict meta from awa.queue_meta as m where m.queue = physical;
-    perform awa._provision_lanes(meta.queue_id, meta.enqueue_shards);
+    if awa._provision_lanes(meta.queue_id, meta.enqueue_shards) > 0 then
+        select m.* into strict meta from awa.queue_meta as m where m.queue_id = meta.queue_id;
+    end if;
     return meta;
 end;
 $function$;
@@ -1016,7 +970,9 @@ begin
     insert into awa.queue_meta (queue) values (_ensure_queue.queue)
     on conflict do nothing;
     select m.* into strict meta from awa.queue_meta as m where m.queue = _ensure_queue.queue;
-    perform awa._provision_lanes(meta.queue_id, meta.enqueue_shards);
+    if awa._provision_lanes(meta.queue_id, meta.enqueue_shards) > 0 then
+        select m.* into strict meta from awa.queue_meta as m where m.queue_id = meta.queue_id;
+    end if;
     return meta;
 end;
 $function$;
@@ -1111,15 +1067,6 @@ begin
 end;
 $function$;
 
-CREATE OR REPLACE FUNCTION awa._held_lane_setting(queue_id integer, priority smallint)
- RETURNS text
- LANGUAGE sql
- IMMUTABLE PARALLEL SAFE
- SET search_path TO 'pg_catalog', 'pg_temp'
-AS $function$
-    select 'awa.lane_' || queue_id || '_' || priority
-$function$;
-
 CREATE OR REPLACE FUNCTION awa._key_shard(key bytea, shards integer)
  RETURNS smallint
  LANGUAGE plpgsql
@@ -1163,6 +1110,15 @@ AS $function$
      where l.lane_id = _lane_next_seq.lane_id
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._lane_seq_name(lane_id integer)
+ RETURNS text
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+    select 'lane_seq_' || lane_id
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._limbs_mod(limbs bigint[], m integer)
  RETURNS integer
  LANGUAGE sql
@@ -1189,15 +1145,13 @@ CREATE OR REPLACE FUNCTION awa._lock_lane_groups(qids integer[], ps smallint[], 
 AS $function$
 declare
     grp record;
-    cand record;
-    chosen integer;
-    lane_shard smallint;
-    fallback integer;
-    sticky integer;
+    shard integer;
+    lane integer;
     lane_seq regclass;
     base bigint;
     max_held integer := 0;
     g_n bigint[] := '{}';
+    g_seq regclass[] := '{}';
     lane_bases bigint[] := '{}';
 begin
     g_qid := '{}';
@@ -1207,69 +1161,33 @@ begin
     g_shard := '{}';
     g_base := '{}';
     for grp in
-        select u.qid, u.p, u.ks, m.enqueue_shards as shards, l.lane_id, l.seq, u.n
+        select u.qid, u.p, u.ks, u.n, m.enqueue_shards as shards, m.lane_ids, m.lane_seqs,
+               case when u.ks >= 0
+                    then m.lane_ids[u.p][u.ks]
+                    else (select max(x.lane)
+                            from unnest(m.lane_ids[u.p:u.p][0:m.enqueue_shards - 1]) as x (lane))
+               end as turn
           from unnest(qids, ps, kss, ns) as u (qid, p, ks, n)
           join awa.queue_meta as m on m.queue_id = u.qid
-          left join awa.lanes as l
-            on l.queue_id = u.qid and l.priority = u.p and l.shard = u.ks
-         -- keyed groups first, in ascending lane id; then unkeyed groups
-         order by u.ks < 0, l.lane_id, u.qid, u.p
+         -- a keyed group before an unkeyed one that may use its lane
+         order by turn, u.ks < 0, u.qid, u.p, u.ks
     loop
-        if grp.ks >= 0 then
-            chosen := grp.lane_id;
-            lane_shard := grp.ks;
-            if not pg_try_advisory_xact_lock(1635213644, chosen) then
-                perform awa._wait_for_lane(chosen);
-            end if;
-        else
-            fallback := null;
-            sticky := null;
-            chosen := nullif(
-                current_setting('awa.lane_' || grp.qid || '_' || grp.p, true), ''
-            )::integer;
-            if chosen is null then
-                for cand in
-                    select l.lane_id,
-                           (l.shard - pg_backend_pid() % grp.shards + grp.shards)
-                           % grp.shards as turn
-                      from awa.lanes as l
-                     where l.queue_id = grp.qid and l.priority = grp.p
-                       and l.shard < grp.shards
-                     order by turn
-                loop
-                    if pg_try_advisory_xact_lock(1635213644, cand.lane_id) then
-                        chosen := cand.lane_id;
-                        exit;
-                    end if;
-                    if fallback is null and cand.lane_id > max_held then
-                        fallback := cand.lane_id;
-                    end if;
-                    sticky := coalesce(sticky, cand.lane_id);
-                end loop;
-                if chosen is null then
-                    chosen := coalesce(fallback, sticky);
-                    perform awa._wait_for_lane(chosen);
-                end if;
-            end if;
-            select l.shard, l.seq into lane_shard, lane_seq from awa.lanes as l
-             where l.lane_id = chosen;
-        end if;
-        if chosen is null then
-            raise exception 'lane missing for queue id % priority % shard %',
-                grp.qid, grp.p, grp.ks
-                using errcode = 'AW003';
-        end if;
-        max_held := greatest(max_held, chosen);
-        perform set_config('awa.lane_' || grp.qid || '_' || grp.p, chosen::text, true);
+        shard := awa._take_lane(
+            grp.lane_ids, grp.qid, grp.p, grp.shards, nullif(grp.ks, -1), max_held
+        );
+        lane := grp.lane_ids[grp.p][shard];
+        max_held := greatest(max_held, lane);
+        g_seq := g_seq || grp.lane_seqs[grp.p][shard];
         g_qid := g_qid || grp.qid;
         g_p := g_p || grp.p;
         g_ks := g_ks || grp.ks;
-        g_lane := g_lane || chosen;
-        g_shard := g_shard || lane_shard;
+        g_lane := g_lane || lane;
+        g_shard := g_shard || shard::smallint;
         g_n := g_n || grp.n;
     end loop;
-    -- One unkeyed group (the common batch) needs no grouping by lane.
-    if cardinality(g_lane) = 1 and lane_seq is not null then
+    -- One group (the common batch) needs no grouping by lane.
+    if cardinality(g_lane) = 1 then
+        lane_seq := g_seq[1];
         base := nextval(lane_seq);
         if g_n[1] > 1 then
             perform setval(lane_seq, base + g_n[1] - 1);
@@ -1280,15 +1198,14 @@ begin
     -- One range per lane (a keyed and an unkeyed group may share one), so
     -- the caller numbers rows per lane in input order.
     for grp in
-        select g.lane, sum(g.n)::bigint as n, min(l.seq::oid)::regclass as seq
-          from unnest(g_lane, g_n) as g (lane, n)
-          join awa.lanes as l on l.lane_id = g.lane
+        select g.lane, sum(g.n)::bigint as n, min(g.seq::oid)::regclass as seq
+          from unnest(g_lane, g_n, g_seq) as g (lane, n, seq)
          group by g.lane
-         order by g.lane
     loop
-        base := nextval(grp.seq);
+        lane_seq := grp.seq;
+        base := nextval(lane_seq);
         if grp.n > 1 then
-            perform setval(grp.seq, base + grp.n - 1);
+            perform setval(lane_seq, base + grp.n - 1);
         end if;
         lane_bases := lane_bases || array[grp.lane::bigint, base];
     end loop;
@@ -1754,9 +1671,13 @@ AS $function$
 declare
     created integer := 0;
     new_id integer;
-    seq_name text;
+    new_seq regclass;
+    ids integer[];
+    seqs regclass[];
     missing record;
 begin
+    select m.lane_ids, m.lane_seqs into strict ids, seqs
+      from awa.queue_meta as m where m.queue_id = _provision_lanes.queue_id;
     for missing in
         select p.priority::smallint as priority, s.shard::smallint as shard
           from generate_series(1, 4) as p (priority)
@@ -1770,16 +1691,19 @@ begin
          order by p.priority, s.shard
     loop
         new_id := nextval(pg_get_serial_sequence('awa.lanes', 'lane_id')::regclass);
-        seq_name := 'lane_seq_' || new_id;
-        execute format('create sequence awa.%I as bigint', seq_name);
+        execute format('create sequence awa.%I as bigint', awa._lane_seq_name(new_id));
+        new_seq := format('awa.%I', awa._lane_seq_name(new_id))::regclass;
         insert into awa.lanes (lane_id, queue_id, priority, shard, seq)
         overriding system value
-        values (
-            new_id, _provision_lanes.queue_id, missing.priority, missing.shard,
-            format('awa.%I', seq_name)::regclass
-        );
+        values (new_id, _provision_lanes.queue_id, missing.priority, missing.shard, new_seq);
+        ids[missing.priority][missing.shard] := new_id;
+        seqs[missing.priority][missing.shard] := new_seq;
         created := created + 1;
     end loop;
+    if created > 0 then
+        update awa.queue_meta as m set lane_ids = ids, lane_seqs = seqs
+         where m.queue_id = _provision_lanes.queue_id;
+    end if;
     return created;
 end;
 $function$;
@@ -1974,6 +1898,69 @@ AS $function$
     )
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._take_lane(lane_ids integer[], queue_id integer, priority smallint, shards integer, key_shard integer, above integer)
+ RETURNS integer
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+declare
+    memo text := 'awa.lane_' || queue_id || '_' || priority;
+    held text;
+    shard integer;
+    target integer;
+begin
+    -- Each statement here has its expression set up again in every
+    -- transaction: the common paths (a believed memo; a free sticky lane; a
+    -- free keyed lane) are a handful of statements, the rest is out of line.
+    if key_shard is null then
+        held := current_setting(memo, true);
+        if held ~ '^[0-9]{1,2}$' and held::integer < shards
+           and pg_try_advisory_xact_lock(1635213644, lane_ids[priority][held::integer]) then
+            return held::integer;
+        end if;
+        shard := pg_backend_pid() % shards;
+        if not coalesce(pg_try_advisory_xact_lock(1635213644, lane_ids[priority][shard]), false)
+        then
+            -- The sticky lane is taken: the next free one in turn, else wait
+            -- for the first one in turn above `above`.
+            for i in 0 .. shards - 1 loop
+                shard := (pg_backend_pid() + i) % shards;
+                exit when pg_try_advisory_xact_lock(1635213644, lane_ids[priority][shard]);
+                if target is null and lane_ids[priority][shard] > above then
+                    target := shard;
+                end if;
+                shard := null;
+            end loop;
+            if shard is null then
+                if target is null then
+                    raise exception 'lane missing for queue id % priority % (S = %)',
+                        queue_id, priority, shards
+                        using errcode = 'AW003',
+                              hint = 'Lanes are provisioned by awa.set_enqueue_shards; '
+                                     'this is a bug.';
+                end if;
+                shard := target;
+                perform awa._wait_for_lane(lane_ids[priority][shard]);
+            end if;
+        end if;
+    else
+        shard := key_shard;
+        if not coalesce(pg_try_advisory_xact_lock(1635213644, lane_ids[priority][shard]), false)
+        then
+            if lane_ids[priority][shard] is null then
+                raise exception 'lane missing for queue id % priority % shard % (S = %)',
+                    queue_id, priority, shard, shards
+                    using errcode = 'AW003',
+                          hint = 'Lanes are provisioned by awa.set_enqueue_shards; this is a bug.';
+            end if;
+            perform awa._wait_for_lane(lane_ids[priority][shard]);
+        end if;
+    end if;
+    held := set_config(memo, shard::text, true);
+    return shard;
+end;
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._wait_for_lane(lane_id integer)
  RETURNS void
  LANGUAGE plpgsql
@@ -1981,12 +1968,12 @@ CREATE OR REPLACE FUNCTION awa._wait_for_lane(lane_id integer)
 AS $function$
 declare
     started timestamptz := pg_catalog.clock_timestamp();
+    waited text := pg_catalog.current_setting('awa.lane_lock_wait_us', true);
 begin
     perform pg_catalog.pg_advisory_xact_lock(1635213644, lane_id);
     perform pg_catalog.set_config(
         'awa.lane_lock_wait_us',
-        (coalesce(nullif(pg_catalog.current_setting('awa.lane_lock_wait_us', true), ''), '0')
-         ::bigint
+        ((case when waited operator(pg_catalog.~) '^[0-9]{1,15}$' then waited::bigint else 0 end)
          + (extract(epoch from pg_catalog.clock_timestamp() - started) * 1000000)::bigint)::text,
         true
     );
@@ -2143,90 +2130,39 @@ AS $function$
 declare
     q_id integer;
     shards integer;
-    lane_id integer;
-    lane_seq_class regclass;
-    lane_shard integer;
-    held text;
-    got_lock boolean;
+    lane_ids integer[];
+    lane_seqs regclass[];
+    shard integer;
     new_seq bigint;
     new_job bigint;
-    candidate record;
 begin
     if kind is null or priority is null or priority not between 1 and 4
         or max_attempts is null or max_attempts not between 1 and 1000 then
         perform awa._check_job(kind, priority, max_attempts);
     end if;
     -- A stripe's own name ('q#1') is no target: the slow path refuses it.
-    select m.queue_id, m.enqueue_shards into q_id, shards
+    select m.queue_id, m.enqueue_shards, m.lane_ids, m.lane_seqs
+      into q_id, shards, lane_ids, lane_seqs
       from awa.queue_meta as m
      where m.queue = enqueue.queue and m.stripes = 1 and m.partitions = 1
        and strpos(enqueue.queue, '#') = 0;
     if not found or (run_at is not null and run_at > now()) then
         return awa._enqueue_slow(queue, kind, args, priority, ordering_key, run_at, max_attempts);
     end if;
-    -- A keyed job: its key's lane, waited for if need be. Unkeyed: the lane
-    -- this transaction already holds for (queue, priority), else this
-    -- backend's sticky lane if it is free, else any free lane, else wait for
-    -- the sticky one.
-    held := case when ordering_key is null
-                 then current_setting('awa.lane_' || q_id || '_' || priority, true) end;
-    if ordering_key is not null then
-        lane_shard := awa._key_shard(ordering_key, shards);
-        select l.lane_id, l.seq into lane_id, lane_seq_class
-          from awa.lanes as l
-         where l.queue_id = q_id and l.priority = enqueue.priority and l.shard = lane_shard;
-        if lane_id is null then  -- never provisioned: the slow path names the bug
-            return awa._enqueue_slow(
-                queue, kind, args, priority, ordering_key, run_at, max_attempts
-            );
-        end if;
-        if not pg_try_advisory_xact_lock(1635213644, lane_id) then
-            perform awa._wait_for_lane(lane_id);
-        end if;
-        held := set_config('awa.lane_' || q_id || '_' || priority, lane_id::text, true);
-    elsif held <> '' then
-        select l.lane_id, l.seq, l.shard into lane_id, lane_seq_class, lane_shard
-          from awa.lanes as l
-         where l.lane_id = held::integer;
-    else
-        select l.lane_id, l.seq, l.shard into lane_id, lane_seq_class, lane_shard
-          from awa.lanes as l
-         where l.queue_id = q_id and l.priority = enqueue.priority
-           and l.shard = pg_backend_pid() % shards;
-        if not pg_try_advisory_xact_lock(1635213644, lane_id) then
-            got_lock := false;
-            for candidate in
-                select l.lane_id, l.seq, l.shard
-                  from awa.lanes as l
-                 where l.queue_id = q_id and l.priority = enqueue.priority
-                   and l.shard < shards and l.shard <> lane_shard
-                 order by (l.shard - lane_shard + shards) % shards
-            loop
-                if pg_try_advisory_xact_lock(1635213644, candidate.lane_id) then
-                    lane_id := candidate.lane_id;
-                    lane_seq_class := candidate.seq;
-                    lane_shard := candidate.shard;
-                    got_lock := true;
-                    exit;
-                end if;
-            end loop;
-            if not got_lock then
-                perform awa._wait_for_lane(lane_id);
-            end if;
-        end if;
-        held := set_config('awa.lane_' || q_id || '_' || priority, lane_id::text, true);
-    end if;
-    new_seq := nextval(lane_seq_class);
+    shard := awa._take_lane(
+        lane_ids, q_id, priority, shards, awa._key_shard(ordering_key, shards), 0
+    );
+    new_seq := nextval(lane_seqs[priority][shard]);
+    new_job := nextval('awa.job_id_seq');
     insert into awa.ready (
         lane_id, lane_seq, job_id, queue_id, priority, kind, args, ordering_key, attempt,
         max_attempts, enqueued_at, ready_at
     ) values (
-        lane_id, new_seq, nextval('awa.job_id_seq'), q_id, enqueue.priority, enqueue.kind,
+        lane_ids[priority][shard], new_seq, new_job, q_id, enqueue.priority, enqueue.kind,
         coalesce(enqueue.args, '{}'), enqueue.ordering_key, 0, enqueue.max_attempts,
         now(), clock_timestamp()
-    )
-    returning awa.ready.job_id into new_job;
-    return row(new_job, enqueue.queue, enqueue.priority, lane_shard, new_seq)::awa.enqueued;
+    );
+    return row(new_job, enqueue.queue, enqueue.priority, shard, new_seq)::awa.enqueued;
 end;
 $function$;
 
@@ -2926,6 +2862,10 @@ COMMENT ON COLUMN awa.copy_staging.staged_xid IS 'The staging transaction; awa.e
 COMMENT ON COLUMN awa.lanes.seq IS 'The lane''s own sequence, awa.lane_seq_<lane_id>, owned by the owner role.';
 
 COMMENT ON COLUMN awa.queue_meta.enqueue_shards IS 'S: lanes per (queue, priority); 1 keeps strict FIFO, more gives partitioned FIFO.';
+
+COMMENT ON COLUMN awa.queue_meta.lane_ids IS 'Lane ids by [priority][shard], null where no lane is provisioned. Kept in step with awa.lanes by awa._provision_lanes.';
+
+COMMENT ON COLUMN awa.queue_meta.lane_seqs IS 'Each lane''s sequence by [priority][shard], as lane_ids.';
 
 COMMENT ON COLUMN awa.queue_meta.logical_queue IS 'For a stripe (name#k): the logical queue it belongs to. Null for a logical name''s own row.';
 

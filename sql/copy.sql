@@ -4,10 +4,13 @@
 --   COPY awa.copy_staging (queue, priority, ordering_key, kind, args, run_at,
 --                          max_attempts) FROM STDIN;
 --   SELECT awa.enqueue_copied();   -- optional: commit does it too
--- The rows of that transaction, and only those, go through the same
--- routing as awa.enqueue_batch, in COPY order, 10,000 at a time. A staged
--- row never outlives its transaction (ADR 010): what enqueue_copied() did
--- not move, a deferred trigger moves at commit; a rollback discards it.
+-- The rows of that transaction, and only those, are enqueued in COPY order
+-- with the lanes awa._lock_lane_groups takes (sql/lanes.sql): one-queue
+-- loads by awa._move_staged_one_lane or _by_key, others set-based by
+-- awa._move_staged_sets, partitioned or striped queues and bad rows through
+-- the batch path 10,000 at a time. A staged row never outlives its
+-- transaction (ADR 010): what enqueue_copied() did not move, a deferred
+-- trigger moves at commit; a rollback discards it.
 
 -- Function: awa._move_staged_in_batches(xid xid8) returns bigint
 -- Moves the staged rows of one transaction into the lanes, in COPY order,

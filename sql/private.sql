@@ -4,6 +4,16 @@
 --
 -- None of these is granted to any runtime role: they run as the owner inside
 -- the migration transaction.
+--
+-- Advisory lock classes, every one the package takes (two-int4 form,
+-- transaction scoped; 'awa' and a letter as a big-endian int4):
+--   1635213644 'awaL' (class, lane id)  a lane, from before its sequence
+--                                       advances until commit (sql/lanes.sql)
+--   1635213648 'awaP' (class, 0)        creating queues and lanes (sql/queues.sql)
+--   1635213633 'awaA' (class, 0)        the auto-scaler tick's leader (sql/autoscale.sql)
+--   1635213635 'awaC' (class, xid)      one COPY mover per staging transaction
+--                                       (sql/copy.sql)
+--   1635213645 'awaM' (class, 0 and 1)  awa migrate: a run, and each step (the runner)
 
 -- Function: awa._role_for(capability text) returns name
 -- The role bound to a capability in awa.role_binding.
