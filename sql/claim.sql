@@ -1,16 +1,21 @@
 -- claim.sql: claiming jobs and finishing them.
 --
--- A claim looks at the head of every lane of the requested queues, lanes at
--- or above the current S included (they drain after S is lowered), so its
--- cost follows the number of lanes, not the number of rows ever enqueued.
+-- A claim reads the head of every lane of the requested queues, lanes at or
+-- above the current S included (they drain after S is lowered), from where
+-- awa.lane_heads says the lane's live rows start: its cost follows the number
+-- of lanes, not the rows ever enqueued nor the dead ones vacuum has not yet
+-- removed (ADR 012).
 
 -- Function: awa.claim(queues text[], max_jobs integer, worker text, lease interval)
 -- Claims up to max_jobs ready jobs from the named queues and all their
--- partitions and stripes: highest priority first, then the job
--- that has been ready longest across lanes, FIFO within each lane. Rows other
--- claimers hold are skipped, never waited for. Paused queues yield nothing.
+-- partitions and stripes: highest priority first, then the job that has been
+-- ready longest across lanes, FIFO within each lane. Rows other transactions
+-- hold are skipped, never waited for, and the claim looks further down the
+-- lanes instead: it returns fewer than max_jobs only when no other claimable
+-- row is left. Paused queues yield nothing.
 -- Role: awa_worker.
--- Returns: setof awa.claimed; each job's attempt is counted from 1.
+-- Returns: setof awa.claimed, by priority then claim order; each job's
+-- attempt is counted from 1.
 -- Errors: 22023 max_jobs < 0 or lease <= 0; 22004 null queues or worker.
 create or replace function awa.claim(
     queues text[],
@@ -30,6 +35,13 @@ set enable_hashjoin = off
 set enable_mergejoin = off
 set enable_seqscan = off
 as $$
+declare
+    need integer := max_jobs;
+    -- How many rows of each lane a round reads; doubles while rows are held.
+    width bigint := max_jobs;
+    more boolean;
+    batch awa.claimed[];
+    claimed awa.claimed[] := '{}';
 begin
     if queues is null or worker is null then
         raise exception '% must not be null', case when queues is null then 'queues' else 'worker' end
@@ -46,63 +58,120 @@ begin
     if max_jobs = 0 then
         return;
     end if;
-    return query
-    with lanes as (
-        select l.lane_id, l.priority, l.shard, m.queue
-          from awa.queue_meta as m
-          join awa.lanes as l on l.queue_id = m.queue_id
-         where (m.queue = any(queues) or m.logical_queue = any(queues)
-                or m.root_queue = any(queues))
-           and not m.paused
-    ),
-    heads as (
-        -- The first max_jobs rows of every lane; the running max of ready_at
-        -- keeps the merge order FIFO within a lane whatever the clock did.
-        select
-            h.lane_id, h.lane_seq, ln.priority,
-            max(h.ready_at) over (partition by h.lane_id order by h.lane_seq) as merge_at
-          from lanes as ln
-         cross join lateral (
-             select r.lane_id, r.lane_seq, r.ready_at
-               from awa.ready as r
-              where r.lane_id = ln.lane_id
-              order by r.lane_seq
-              limit max_jobs
-         ) as h
-    ),
-    picked as (
-        select r.lane_id, r.lane_seq, h.merge_at
-          from awa.ready as r
-          join heads as h on h.lane_id = r.lane_id and h.lane_seq = r.lane_seq
-         order by h.priority, h.merge_at, h.lane_id, h.lane_seq
-         limit max_jobs
-           for update of r skip locked
-    ),
-    moved as (
-        delete from awa.ready as r
-         using picked as p
-         where r.lane_id = p.lane_id and r.lane_seq = p.lane_seq
-        returning r.*, p.merge_at
-    ),
-    started as (
-        insert into awa.running (
-            job_id, run_lease, lane_id, lane_seq, queue_id, priority, kind, args,
-            ordering_key, attempt, max_attempts, enqueued_at, worker, lease_expires_at
+    loop
+        with lanes as (
+            select l.lane_id, l.priority, l.shard, m.queue,
+                   coalesce(h.head_seq, 0) as head_seq, h.lane_id is not null as hinted
+              from awa.queue_meta as m
+              join awa.lanes as l on l.queue_id = m.queue_id
+              left join awa.lane_heads as h on h.lane_id = l.lane_id
+             where (m.queue = any(queues) or m.logical_queue = any(queues)
+                    or m.root_queue = any(queues))
+               and not m.paused
+        ),
+        ranked as (
+            -- The first `width` rows of every lane in merge order (g). The
+            -- running max of ready_at keeps the merge FIFO within a lane
+            -- whatever the clock did.
+            select
+                c.lane_id, c.lane_seq, c.head_seq, c.hinted, c.rn, c.n, c.merge_at,
+                row_number() over (order by c.priority, c.merge_at, c.lane_id, c.lane_seq) as g
+              from (
+                  select
+                      ln.lane_id, ln.priority, ln.head_seq, ln.hinted, h.lane_seq,
+                      max(h.ready_at) over w as merge_at,
+                      row_number() over w as rn,
+                      count(*) over (partition by ln.lane_id) as n
+                    from lanes as ln
+                   cross join lateral (
+                       select r.lane_seq, r.ready_at
+                         from awa.ready as r
+                        where r.lane_id = ln.lane_id and r.lane_seq >= ln.head_seq
+                        order by r.lane_seq
+                        limit width
+                   ) as h
+                  window w as (partition by ln.lane_id order by h.lane_seq)
+              ) as c
+        ),
+        bound as (
+            -- A lane with more rows than it showed could place its next row
+            -- anywhere after its last shown one: the merge order is known up
+            -- to the first such row.
+            select min(k.g) as g from ranked as k where k.n = width and k.rn = width
+        ),
+        picked as (
+            select r.lane_id, r.lane_seq, k.g
+              from ranked as k
+              join awa.ready as r on r.lane_id = k.lane_id and r.lane_seq = k.lane_seq
+             where k.g <= coalesce((select b.g from bound as b), k.g)
+             order by k.g
+             limit need
+               for update of r skip locked
+        ),
+        moved as (
+            delete from awa.ready as r
+             using picked as p
+             where r.lane_id = p.lane_id and r.lane_seq = p.lane_seq
+            returning r.*, p.g
+        ),
+        started as (
+            insert into awa.running (
+                job_id, run_lease, lane_id, lane_seq, queue_id, priority, kind, args,
+                ordering_key, attempt, max_attempts, enqueued_at, worker, lease_expires_at
+            )
+            select
+                m.job_id, nextval('awa.run_lease_seq'), m.lane_id, m.lane_seq, m.queue_id,
+                m.priority, m.kind, m.args, m.ordering_key, m.attempt + 1, m.max_attempts,
+                m.enqueued_at, claim.worker, now() + claim.lease
+              from moved as m
+             order by m.g
+            returning awa.running.*
+        ),
+        -- Every row of a lane below its first visible one is gone for good
+        -- (lane_seq order is commit order, and a deleted row never comes
+        -- back), so the next claims may start there. Written once the head
+        -- has moved 64 on, and only where no other claim is writing it.
+        advanced as (
+            select k.lane_id, k.lane_seq, k.hinted
+              from ranked as k
+             where k.rn = 1 and k.lane_seq >= k.head_seq + 64
+        ),
+        lockable as (
+            select h.lane_id, a.lane_seq
+              from awa.lane_heads as h
+              join advanced as a on a.lane_id = h.lane_id
+               for update of h skip locked
+        ),
+        rehinted as (
+            update awa.lane_heads as h
+               set head_seq = l.lane_seq
+              from lockable as l
+             where h.lane_id = l.lane_id and h.head_seq < l.lane_seq
+        ),
+        seeded as (
+            insert into awa.lane_heads (lane_id, head_seq)
+            select a.lane_id, a.lane_seq from advanced as a where not a.hinted
+                on conflict (lane_id) do nothing
         )
         select
-            m.job_id, nextval('awa.run_lease_seq'), m.lane_id, m.lane_seq, m.queue_id,
-            m.priority, m.kind, m.args, m.ordering_key, m.attempt + 1, m.max_attempts,
-            m.enqueued_at, claim.worker, now() + claim.lease
-          from moved as m
-         order by m.priority, m.merge_at, m.lane_id, m.lane_seq
-        returning awa.running.*
-    )
-    select
-        s.job_id, s.run_lease, ln.queue, s.priority, ln.shard, s.lane_seq, s.kind, s.args,
-        s.attempt, s.max_attempts, s.ordering_key
-      from started as s
-      join lanes as ln on ln.lane_id = s.lane_id
-     order by s.priority, s.run_lease;
+            (select b.g is not null from bound as b),
+            array(
+                select row(
+                    s.job_id, s.run_lease, ln.queue, s.priority, ln.shard, s.lane_seq, s.kind,
+                    s.args, s.attempt, s.max_attempts, s.ordering_key
+                )::awa.claimed
+                  from started as s
+                  join lanes as ln on ln.lane_id = s.lane_id
+                 order by s.priority, s.run_lease
+            )
+          into more, batch;
+        claimed := claimed || batch;
+        need := need - cardinality(batch);
+        -- Short only because rows were held: look further down the lanes.
+        exit when need = 0 or not more;
+        width := width * 2;
+    end loop;
+    return query select * from unnest(claimed) as c order by c.priority, c.run_lease;
 end;
 $$;
 
