@@ -74,17 +74,17 @@ begin
             -- running max of ready_at keeps the merge FIFO within a lane
             -- whatever the clock did.
             select
-                c.lane_id, c.lane_seq, c.head_seq, c.hinted, c.rn, c.n, c.merge_at,
+                c.lane_id, c.lane_seq, c.tid, c.head_seq, c.hinted, c.rn, c.n, c.merge_at,
                 row_number() over (order by c.priority, c.merge_at, c.lane_id, c.lane_seq) as g
               from (
                   select
-                      ln.lane_id, ln.priority, ln.head_seq, ln.hinted, h.lane_seq,
+                      ln.lane_id, ln.priority, ln.head_seq, ln.hinted, h.lane_seq, h.tid,
                       max(h.ready_at) over w as merge_at,
                       row_number() over w as rn,
                       count(*) over (partition by ln.lane_id) as n
                     from lanes as ln
                    cross join lateral (
-                       select r.lane_seq, r.ready_at
+                       select r.lane_seq, r.ready_at, r.ctid as tid
                          from awa.ready as r
                         where r.lane_id = ln.lane_id and r.lane_seq >= ln.head_seq
                         order by r.lane_seq
@@ -100,9 +100,11 @@ begin
             select min(k.g) as g from ranked as k where k.n = width and k.rn = width
         ),
         picked as (
-            select r.lane_id, r.lane_seq, k.g
+            -- By ctid: the statement's snapshot keeps every row it saw in place.
+            select r.ctid as tid, k.g
               from ranked as k
-              join awa.ready as r on r.lane_id = k.lane_id and r.lane_seq = k.lane_seq
+              join awa.ready as r
+                on r.ctid = k.tid and r.lane_id = k.lane_id and r.lane_seq = k.lane_seq
              where k.g <= coalesce((select b.g from bound as b), k.g)
              order by k.g
              limit need
@@ -111,7 +113,7 @@ begin
         moved as (
             delete from awa.ready as r
              using picked as p
-             where r.lane_id = p.lane_id and r.lane_seq = p.lane_seq
+             where r.ctid = p.tid
             returning r.*, p.g
         ),
         started as (
