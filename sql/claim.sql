@@ -37,8 +37,10 @@ set enable_seqscan = off
 as $$
 declare
     need integer := max_jobs;
-    -- How many rows of each lane a round reads; doubles while rows are held.
-    width bigint := max_jobs;
+    -- How many rows of each lane a round reads: a few more than asked, as
+    -- concurrent claimers hold the rows at the head until they commit; four
+    -- times more in each further round.
+    width bigint := max_jobs::bigint + 3;
     more boolean;
     batch awa.claimed[];
     claimed awa.claimed[] := '{}';
@@ -171,7 +173,7 @@ begin
         need := need - cardinality(batch);
         -- Short only because rows were held: look further down the lanes.
         exit when need = 0 or not more;
-        width := width * 2;
+        width := width * 4;
     end loop;
     return query select * from unnest(claimed) as c order by c.priority, c.run_lease;
 end;
