@@ -6,6 +6,37 @@
 -- of lanes, not the rows ever enqueued nor the dead ones vacuum has not yet
 -- removed (ADR 012).
 
+-- Function: awa._advance_lane_heads(lanes integer[], seqs bigint[]) returns void
+-- Moves each lane's claim hint up to seqs[i], the lane's first row visible to
+-- the claim that calls it: every row below it is gone for good (lane_seq
+-- order is commit order, and a deleted row never comes back), so any later
+-- claim may start there. Skips a hint another claim is writing.
+create or replace function awa._advance_lane_heads(lanes integer[], seqs bigint[])
+returns void
+language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    with lockable as (
+        select h.lane_id, x.seq
+          from awa.lane_heads as h
+          join unnest(lanes, seqs) as x (lane_id, seq) on x.lane_id = h.lane_id
+           for update of h skip locked
+    ),
+    moved as (
+        update awa.lane_heads as h
+           set head_seq = l.seq
+          from lockable as l
+         where h.lane_id = l.lane_id and h.head_seq < l.seq
+    )
+    insert into awa.lane_heads (lane_id, head_seq)
+    select x.lane_id, x.seq
+      from unnest(lanes, seqs) as x (lane_id, seq)
+     where not exists (select from awa.lane_heads as h where h.lane_id = x.lane_id)
+        on conflict (lane_id) do nothing;
+end;
+$$;
+
 -- Function: awa.claim(queues text[], max_jobs integer, worker text, lease interval)
 -- Claims up to max_jobs ready jobs from the named queues and all their
 -- partitions and stripes: highest priority first, then the job that has been
@@ -37,13 +68,17 @@ set enable_seqscan = off
 as $$
 declare
     need integer := max_jobs;
-    -- How many rows of each lane a round reads: a few more than asked, as
-    -- concurrent claimers hold the rows at the head until they commit; four
-    -- times more in each further round.
-    width bigint := max_jobs::bigint + 3;
+    -- A round reads width rows of each lane, plus a spare share of 64 rows
+    -- (at least 3): concurrent claimers hold the rows at the head until they
+    -- commit. Each further round reads four times as many.
+    width bigint := max_jobs;
+    rounds integer := 0;
     more boolean;
     batch awa.claimed[];
     claimed awa.claimed[] := '{}';
+    one awa.claimed;
+    hint_lanes integer[];
+    hint_seqs bigint[];
 begin
     if queues is null or worker is null then
         raise exception '% must not be null', case when queues is null then 'queues' else 'worker' end
@@ -63,7 +98,8 @@ begin
     loop
         with lanes as (
             select l.lane_id, l.priority, l.shard, m.queue,
-                   coalesce(h.head_seq, 0) as head_seq, h.lane_id is not null as hinted
+                   coalesce(h.head_seq, 0) as head_seq,
+                   width + greatest(3, 64 / count(*) over ()) as take
               from awa.queue_meta as m
               join awa.lanes as l on l.queue_id = m.queue_id
               left join awa.lane_heads as h on h.lane_id = l.lane_id
@@ -72,15 +108,15 @@ begin
                and not m.paused
         ),
         ranked as (
-            -- The first `width` rows of every lane in merge order (g). The
+            -- The first `take` rows of every lane in merge order (g). The
             -- running max of ready_at keeps the merge FIFO within a lane
             -- whatever the clock did.
             select
-                c.lane_id, c.lane_seq, c.tid, c.head_seq, c.hinted, c.rn, c.n, c.merge_at,
+                c.lane_id, c.lane_seq, c.tid, c.head_seq, c.rn, c.n, c.take, c.merge_at,
                 row_number() over (order by c.priority, c.merge_at, c.lane_id, c.lane_seq) as g
               from (
                   select
-                      ln.lane_id, ln.priority, ln.head_seq, ln.hinted, h.lane_seq, h.tid,
+                      ln.lane_id, ln.priority, ln.head_seq, ln.take, h.lane_seq, h.tid,
                       max(h.ready_at) over w as merge_at,
                       row_number() over w as rn,
                       count(*) over (partition by ln.lane_id) as n
@@ -90,7 +126,7 @@ begin
                          from awa.ready as r
                         where r.lane_id = ln.lane_id and r.lane_seq >= ln.head_seq
                         order by r.lane_seq
-                        limit width
+                        limit ln.take
                    ) as h
                   window w as (partition by ln.lane_id order by h.lane_seq)
               ) as c
@@ -99,7 +135,7 @@ begin
             -- A lane with more rows than it showed could place its next row
             -- anywhere after its last shown one: the merge order is known up
             -- to the first such row.
-            select min(k.g) as g from ranked as k where k.n = width and k.rn = width
+            select min(k.g) as g from ranked as k where k.n = k.take and k.rn = k.take
         ),
         picked as (
             -- By ctid: the statement's snapshot keeps every row it saw in place.
@@ -130,32 +166,6 @@ begin
               from moved as m
              order by m.g
             returning awa.running.*
-        ),
-        -- Every row of a lane below its first visible one is gone for good
-        -- (lane_seq order is commit order, and a deleted row never comes
-        -- back), so the next claims may start there. Written once the head
-        -- has moved 64 on, and only where no other claim is writing it.
-        advanced as (
-            select k.lane_id, k.lane_seq, k.hinted
-              from ranked as k
-             where k.rn = 1 and k.lane_seq >= k.head_seq + 64
-        ),
-        lockable as (
-            select h.lane_id, a.lane_seq
-              from awa.lane_heads as h
-              join advanced as a on a.lane_id = h.lane_id
-               for update of h skip locked
-        ),
-        rehinted as (
-            update awa.lane_heads as h
-               set head_seq = l.lane_seq
-              from lockable as l
-             where h.lane_id = l.lane_id and h.head_seq < l.lane_seq
-        ),
-        seeded as (
-            insert into awa.lane_heads (lane_id, head_seq)
-            select a.lane_id, a.lane_seq from advanced as a where not a.hinted
-                on conflict (lane_id) do nothing
         )
         select
             (select b.g is not null from bound as b),
@@ -167,15 +177,30 @@ begin
                   from started as s
                   join lanes as ln on ln.lane_id = s.lane_id
                  order by s.priority, s.run_lease
-            )
-          into more, batch;
+            ),
+            -- Lanes whose first visible row is 64 or more past their hint.
+            array(select k.lane_id from ranked as k
+                   where k.rn = 1 and k.lane_seq >= k.head_seq + 64 order by k.lane_id),
+            array(select k.lane_seq from ranked as k
+                   where k.rn = 1 and k.lane_seq >= k.head_seq + 64 order by k.lane_id)
+          into more, batch, hint_lanes, hint_seqs;
+        if cardinality(hint_lanes) > 0 then
+            perform awa._advance_lane_heads(hint_lanes, hint_seqs);
+        end if;
+        rounds := rounds + 1;
         claimed := claimed || batch;
         need := need - cardinality(batch);
         -- Short only because rows were held: look further down the lanes.
         exit when need = 0 or not more;
         width := width * 4;
     end loop;
-    return query select * from unnest(claimed) as c order by c.priority, c.run_lease;
+    if rounds = 1 then
+        foreach one in array claimed loop
+            return next one;
+        end loop;
+    else
+        return query select * from unnest(claimed) as c order by c.priority, c.run_lease;
+    end if;
 end;
 $$;
 
@@ -322,6 +347,7 @@ begin
 end;
 $$;
 
+select awa._grant_execute('awa._advance_lane_heads(integer[], bigint[])');
 select awa._grant_execute('awa.claim(text[], integer, text, interval)', 'worker');
 select awa._grant_execute('awa.complete(bigint, bigint)', 'worker');
 select awa._grant_execute('awa._retry_or_fail(awa.running, text, timestamptz)');
