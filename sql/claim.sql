@@ -97,12 +97,21 @@ begin
     end if;
     loop
         with lanes as (
-            select l.lane_id, l.priority, l.shard, m.queue,
-                   coalesce(h.head_seq, 0) as head_seq,
-                   width + greatest(3, 64 / count(*) over ()) as take
+            -- Lanes of the named queues only, each with its hint looked up by
+            -- key: a generic plan would otherwise scan every lane and hint.
+            select
+                l.lane_id, l.priority, l.shard, m.queue,
+                coalesce((
+                    select h.head_seq from awa.lane_heads as h where h.lane_id = l.lane_id
+                ), 0) as head_seq,
+                width + greatest(3, 64 / count(*) over ()) as take
               from awa.queue_meta as m
-              join awa.lanes as l on l.queue_id = m.queue_id
-              left join awa.lane_heads as h on h.lane_id = l.lane_id
+             cross join lateral (
+                 select x.lane_id, x.priority, x.shard
+                   from awa.lanes as x
+                  where x.queue_id = m.queue_id
+                 offset 0
+             ) as l
              where (m.queue = any(queues) or m.logical_queue = any(queues)
                     or m.root_queue = any(queues))
                and not m.paused
@@ -112,14 +121,13 @@ begin
             -- running max of ready_at keeps the merge FIFO within a lane
             -- whatever the clock did.
             select
-                c.lane_id, c.lane_seq, c.tid, c.head_seq, c.rn, c.n, c.take, c.merge_at,
+                c.lane_id, c.lane_seq, c.tid, c.head_seq, c.rn, c.take, c.merge_at,
                 row_number() over (order by c.priority, c.merge_at, c.lane_id, c.lane_seq) as g
               from (
                   select
                       ln.lane_id, ln.priority, ln.head_seq, ln.take, h.lane_seq, h.tid,
                       max(h.ready_at) over w as merge_at,
-                      row_number() over w as rn,
-                      count(*) over (partition by ln.lane_id) as n
+                      row_number() over w as rn
                     from lanes as ln
                    cross join lateral (
                        select r.lane_seq, r.ready_at, r.ctid as tid
@@ -132,10 +140,10 @@ begin
               ) as c
         ),
         bound as (
-            -- A lane with more rows than it showed could place its next row
-            -- anywhere after its last shown one: the merge order is known up
-            -- to the first such row.
-            select min(k.g) as g from ranked as k where k.n = k.take and k.rn = k.take
+            -- A lane that showed all the rows it was asked for may have more,
+            -- which could rank anywhere after its last shown one: the merge
+            -- order is known up to the first such row.
+            select min(k.g) as g from ranked as k where k.rn = k.take
         ),
         picked as (
             -- By ctid: the statement's snapshot keeps every row it saw in place.
