@@ -146,12 +146,19 @@ begin
             select min(k.g) as g from ranked as k where k.rn = k.take
         ),
         picked as (
-            -- By ctid: the statement's snapshot keeps every row it saw in place.
+            -- In merge order, so that rows are fetched only until `need` are
+            -- locked; by ctid, as the statement's snapshot keeps every row it
+            -- saw in place.
             select r.ctid as tid, k.g
-              from ranked as k
+              from (
+                  select c.lane_id, c.lane_seq, c.tid, c.g
+                    from ranked as c
+                   where c.g <= coalesce((select b.g from bound as b), c.g)
+                   order by c.g
+                  offset 0
+              ) as k
               join awa.ready as r
                 on r.ctid = k.tid and r.lane_id = k.lane_id and r.lane_seq = k.lane_seq
-             where k.g <= coalesce((select b.g from bound as b), k.g)
              order by k.g
              limit need
                for update of r skip locked
