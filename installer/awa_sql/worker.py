@@ -1,15 +1,22 @@
 """A small worker loop for the awa SQL contract.
 
-One thread per slot: a queue configured with ``max_workers = N`` gets N
-slots, each with its own connection, claiming one job at a time. A single
-heartbeat thread extends the leases of running jobs. ``stop()`` (or SIGTERM
-when ``run()`` is on the main thread) lets every slot finish the job it holds,
-then returns.
+Per queue, one claimer thread and ``max_workers`` slot threads, each with its
+own connection. The claimer claims as many jobs as there are free slots (at
+most ``batch``) in one ``awa.claim`` call and hands them to the slots, which
+run the handlers and complete or fail the jobs. On an empty claim the claimer
+backs off, from 10 ms doubling up to ``poll_interval``, and is back at 10 ms
+as soon as a claim returns a job: one poller per queue, no busy loop, and a
+job that arrives in an idle queue waits at most ``poll_interval``. It polls
+rather than LISTENs because workers run behind transaction-pooling PgBouncer
+(docs/python.md). A single heartbeat thread extends the leases of running
+jobs. ``stop()`` (or SIGTERM when ``run()`` is on the main thread) stops the
+claimers, lets every slot finish the job it holds, then returns.
 """
 
 from __future__ import annotations
 
 import logging
+import queue as queue_mod
 import signal
 import socket
 import threading
@@ -30,8 +37,9 @@ log = logging.getLogger("awa_sql.worker")
 
 CLAIM_SQL = (
     "select job_id, run_lease, queue, priority, enqueue_shard, lane_seq, kind, args, attempt,"
-    " max_attempts, ordering_key from awa.claim(%s::text[], 1, %s::text, %s::interval)"
+    " max_attempts, ordering_key from awa.claim(%s::text[], %s, %s::text, %s::interval)"
 )
+MIN_POLL = 0.01  # seconds; the first wait after an empty claim
 
 
 @dataclass(frozen=True)
@@ -59,6 +67,7 @@ class Worker:
         lease: timedelta = timedelta(minutes=5),
         heartbeat_every: timedelta | None = None,
         poll_interval: float = 0.2,
+        batch: int = 10,
         name: str | None = None,
         snapshot_every: float | None = 10.0,
         prepared_statements: str | bool | None = None,
@@ -73,7 +82,11 @@ class Worker:
         self.handlers = dict(handlers)
         self.lease = lease
         self.heartbeat_every = heartbeat_every or lease / 3
+        if poll_interval <= 0 or batch < 1:
+            raise ValueError("poll_interval must be > 0 and batch >= 1")
         self.poll_interval = poll_interval
+        self.batch = batch
+        self.claims = 0  # awa.claim calls, empty ones included
         self.name = name or f"{socket.gethostname()}:{threading.get_native_id()}"
         self._stop = threading.Event()
         self._running: dict[int, int] = {}  # job_id -> run_lease
@@ -93,10 +106,13 @@ class Worker:
             signal.signal(signal.SIGTERM, lambda *_: self.stop())
         threads = [threading.Thread(target=self._heartbeat, name="awa-heartbeat", daemon=True)]
         for config in self.configs:
-            for slot in range(max(1, config.get("max_workers") or 1)):
-                threads.append(threading.Thread(
-                    target=self._slot, args=(config["queue"],),
-                    name=f"awa-{config['queue']}-{slot}"))
+            name, slots = config["queue"], max(1, config.get("max_workers") or 1)
+            free = threading.Semaphore(slots)
+            jobs: queue_mod.SimpleQueue[Job | None] = queue_mod.SimpleQueue()
+            threads.append(threading.Thread(target=self._claimer, args=(name, slots, free, jobs),
+                                             name=f"awa-{name}-claim"))
+            threads += [threading.Thread(target=self._slot, args=(free, jobs),
+                                         name=f"awa-{name}-{slot}") for slot in range(slots)]
         if self.runtime is not None:
             self.runtime.start()
         for t in threads:
@@ -112,22 +128,50 @@ class Worker:
         return connect(self.dsn, autocommit=True, prepared_statements=self.prepared_statements,
                        application_name="awa-sql worker")
 
-    def _slot(self, queue: str) -> None:
+    def _claimer(self, queue: str, slots: int, free: threading.Semaphore,
+                 jobs: queue_mod.SimpleQueue) -> None:
+        """Claims for free slots only, so no claimed job waits for a slot."""
+        delay = MIN_POLL
+        try:
+            with self._connect() as conn:
+                while not self._stop.is_set():
+                    if not free.acquire(timeout=MIN_POLL * 10):
+                        continue
+                    want = 1
+                    while want < min(slots, self.batch) and free.acquire(blocking=False):
+                        want += 1
+                    rows = conn.execute(CLAIM_SQL, [[queue], want, self.name, self.lease]
+                                        ).fetchall()
+                    with self._lock:
+                        self.claims += 1
+                    for _ in range(want - len(rows)):
+                        free.release()
+                    for row in rows:
+                        job = Job(*row)
+                        if self.runtime is not None:
+                            self.runtime.note(job.queue, "claim")
+                        client_metrics.job_claimed(job)
+                        with self._lock:
+                            self._running[job.job_id] = job.run_lease
+                        jobs.put(job)
+                    if rows:
+                        delay = MIN_POLL
+                    else:
+                        self._stop.wait(delay)
+                        delay = min(delay * 2, self.poll_interval)
+        finally:
+            for _ in range(slots):
+                jobs.put(None)
+
+    def _slot(self, free: threading.Semaphore, jobs: queue_mod.SimpleQueue) -> None:
         with self._connect() as conn:
-            while not self._stop.is_set():
-                row = conn.execute(CLAIM_SQL, [[queue], self.name, self.lease]).fetchone()
-                if row is None:
-                    self._stop.wait(self.poll_interval)
-                    continue
-                job = Job(*row)
-                if self.runtime is not None:
-                    self.runtime.note(job.queue, "claim")
-                client_metrics.job_claimed(job)
-                self._handle(conn, job)
+            while (job := jobs.get()) is not None:
+                try:
+                    self._handle(conn, job)
+                finally:
+                    free.release()
 
     def _handle(self, conn: psycopg.Connection, job: Job) -> None:
-        with self._lock:
-            self._running[job.job_id] = job.run_lease
         try:
             handler = self.handlers.get(job.kind)
             if handler is None:
