@@ -128,6 +128,12 @@ CREATE TABLE awa.finished (
     CONSTRAINT finished_state_known CHECK ((state = ANY (ARRAY['completed'::text, 'failed'::text])))
 );
 
+CREATE UNLOGGED TABLE awa.lane_heads (
+    lane_id integer NOT NULL,
+    head_seq bigint NOT NULL,
+    CONSTRAINT lane_heads_pkey PRIMARY KEY (lane_id)
+) WITH (fillfactor=50);
+
 CREATE TABLE awa.lanes (
     lane_id integer GENERATED ALWAYS AS IDENTITY NOT NULL,
     queue_id integer NOT NULL,
@@ -439,6 +445,32 @@ CREATE VIEW awa.shard_change_evidence AS
   GROUP BY c.change_id, c.queue, c.changed_at, c.new_shards, c.old_shards;
 
 -- Functions and procedures
+
+CREATE OR REPLACE FUNCTION awa._advance_lane_heads(lanes integer[], seqs bigint[])
+ RETURNS void
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+begin
+    with lockable as (
+        select h.lane_id, x.seq
+          from awa.lane_heads as h
+          join unnest(lanes, seqs) as x (lane_id, seq) on x.lane_id = h.lane_id
+           for update of h skip locked
+    ),
+    moved as (
+        update awa.lane_heads as h
+           set head_seq = l.seq
+          from lockable as l
+         where h.lane_id = l.lane_id and h.head_seq < l.seq
+    )
+    insert into awa.lane_heads (lane_id, head_seq)
+    select x.lane_id, x.seq
+      from unnest(lanes, seqs) as x (lane_id, seq)
+     where not exists (select from awa.lane_heads as h where h.lane_id = x.lane_id)
+        on conflict (lane_id) do nothing;
+end;
+$function$;
 
 CREATE OR REPLACE FUNCTION awa._assert_security()
  RETURNS void
@@ -2019,6 +2051,19 @@ CREATE OR REPLACE FUNCTION awa.claim(queues text[], max_jobs integer, worker tex
  SET enable_mergejoin TO 'off'
  SET enable_seqscan TO 'off'
 AS $function$
+declare
+    need integer := max_jobs;
+    -- A round reads width rows of each lane, plus a spare share of 64 rows
+    -- (at least 3): concurrent claimers hold the rows at the head until they
+    -- commit. Each further round reads four times as many.
+    width bigint := max_jobs;
+    rounds integer := 0;
+    more boolean;
+    batch awa.claimed[];
+    claimed awa.claimed[] := '{}';
+    one awa.claimed;
+    hint_lanes integer[];
+    hint_seqs bigint[];
 begin
     if queues is null or worker is null then
         raise exception '% must not be null', case when queues is null then 'queues' else 'worker' end
@@ -2035,63 +2080,127 @@ begin
     if max_jobs = 0 then
         return;
     end if;
-    return query
-    with lanes as (
-        select l.lane_id, l.priority, l.shard, m.queue
-          from awa.queue_meta as m
-          join awa.lanes as l on l.queue_id = m.queue_id
-         where (m.queue = any(queues) or m.logical_queue = any(queues)
-                or m.root_queue = any(queues))
-           and not m.paused
-    ),
-    heads as (
-        -- The first max_jobs rows of every lane; the running max of ready_at
-        -- keeps the merge order FIFO within a lane whatever the clock did.
-        select
-            h.lane_id, h.lane_seq, ln.priority,
-            max(h.ready_at) over (partition by h.lane_id order by h.lane_seq) as merge_at
-          from lanes as ln
-         cross join lateral (
-             select r.lane_id, r.lane_seq, r.ready_at
-               from awa.ready as r
-              where r.lane_id = ln.lane_id
-              order by r.lane_seq
-              limit max_jobs
-         ) as h
-    ),
-    picked as (
-        select r.lane_id, r.lane_seq, h.merge_at
-          from awa.ready as r
-          join heads as h on h.lane_id = r.lane_id and h.lane_seq = r.lane_seq
-         order by h.priority, h.merge_at, h.lane_id, h.lane_seq
-         limit max_jobs
-           for update of r skip locked
-    ),
-    moved as (
-        delete from awa.ready as r
-         using picked as p
-         where r.lane_id = p.lane_id and r.lane_seq = p.lane_seq
-        returning r.*, p.merge_at
-    ),
-    started as (
-        insert into awa.running (
-            job_id, run_lease, lane_id, lane_seq, queue_id, priority, kind, args,
-            ordering_key, attempt, max_attempts, enqueued_at, worker, lease_expires_at
+    loop
+        with lanes as (
+            -- Lanes of the named queues only, each with its hint looked up by
+            -- key: a generic plan would otherwise scan every lane and hint.
+            select
+                l.lane_id, l.priority, l.shard, m.queue,
+                coalesce((
+                    select h.head_seq from awa.lane_heads as h where h.lane_id = l.lane_id
+                ), 0) as head_seq,
+                width + greatest(3, 64 / count(*) over ()) as take
+              from awa.queue_meta as m
+             cross join lateral (
+                 select x.lane_id, x.priority, x.shard
+                   from awa.lanes as x
+                  where x.queue_id = m.queue_id
+                 offset 0
+             ) as l
+             where (m.queue = any(queues) or m.logical_queue = any(queues)
+                    or m.root_queue = any(queues))
+               and not m.paused
+        ),
+        ranked as (
+            -- The first `take` rows of every lane in merge order (g). The
+            -- running max of ready_at keeps the merge FIFO within a lane
+            -- whatever the clock did.
+            select
+                c.lane_id, c.lane_seq, c.tid, c.head_seq, c.rn, c.take, c.merge_at,
+                row_number() over (order by c.priority, c.merge_at, c.lane_id, c.lane_seq) as g
+              from (
+                  select
+                      ln.lane_id, ln.priority, ln.head_seq, ln.take, h.lane_seq, h.tid,
+                      max(h.ready_at) over w as merge_at,
+                      row_number() over w as rn
+                    from lanes as ln
+                   cross join lateral (
+                       select r.lane_seq, r.ready_at, r.ctid as tid
+                         from awa.ready as r
+                        where r.lane_id = ln.lane_id and r.lane_seq >= ln.head_seq
+                        order by r.lane_seq
+                        limit ln.take
+                   ) as h
+                  window w as (partition by ln.lane_id order by h.lane_seq)
+              ) as c
+        ),
+        bound as (
+            -- A lane that showed all the rows it was asked for may have more,
+            -- which could rank anywhere after its last shown one: the merge
+            -- order is known up to the first such row.
+            select min(k.g) as g from ranked as k where k.rn = k.take
+        ),
+        picked as (
+            -- In merge order, so that rows are fetched only until `need` are
+            -- locked; by ctid, as the statement's snapshot keeps every row it
+            -- saw in place.
+            select r.ctid as tid, k.g
+              from (
+                  select c.lane_id, c.lane_seq, c.tid, c.g
+                    from ranked as c
+                   where c.g <= coalesce((select b.g from bound as b), c.g)
+                   order by c.g
+                  offset 0
+              ) as k
+              join awa.ready as r
+                on r.ctid = k.tid and r.lane_id = k.lane_id and r.lane_seq = k.lane_seq
+             order by k.g
+             limit need
+               for update of r skip locked
+        ),
+        moved as (
+            delete from awa.ready as r
+             using picked as p
+             where r.ctid = p.tid
+            returning r.*, p.g
+        ),
+        started as (
+            insert into awa.running (
+                job_id, run_lease, lane_id, lane_seq, queue_id, priority, kind, args,
+                ordering_key, attempt, max_attempts, enqueued_at, worker, lease_expires_at
+            )
+            select
+                m.job_id, nextval('awa.run_lease_seq'), m.lane_id, m.lane_seq, m.queue_id,
+                m.priority, m.kind, m.args, m.ordering_key, m.attempt + 1, m.max_attempts,
+                m.enqueued_at, claim.worker, now() + claim.lease
+              from moved as m
+             order by m.g
+            returning awa.running.*
         )
         select
-            m.job_id, nextval('awa.run_lease_seq'), m.lane_id, m.lane_seq, m.queue_id,
-            m.priority, m.kind, m.args, m.ordering_key, m.attempt + 1, m.max_attempts,
-            m.enqueued_at, claim.worker, now() + claim.lease
-          from moved as m
-         order by m.priority, m.merge_at, m.lane_id, m.lane_seq
-        returning awa.running.*
-    )
-    select
-        s.job_id, s.run_lease, ln.queue, s.priority, ln.shard, s.lane_seq, s.kind, s.args,
-        s.attempt, s.max_attempts, s.ordering_key
-      from started as s
-      join lanes as ln on ln.lane_id = s.lane_id
-     order by s.priority, s.run_lease;
+            (select b.g is not null from bound as b),
+            array(
+                select row(
+                    s.job_id, s.run_lease, ln.queue, s.priority, ln.shard, s.lane_seq, s.kind,
+                    s.args, s.attempt, s.max_attempts, s.ordering_key
+                )::awa.claimed
+                  from started as s
+                  join lanes as ln on ln.lane_id = s.lane_id
+                 order by s.priority, s.run_lease
+            ),
+            -- Lanes whose first visible row is 64 or more past their hint.
+            array(select k.lane_id from ranked as k
+                   where k.rn = 1 and k.lane_seq >= k.head_seq + 64 order by k.lane_id),
+            array(select k.lane_seq from ranked as k
+                   where k.rn = 1 and k.lane_seq >= k.head_seq + 64 order by k.lane_id)
+          into more, batch, hint_lanes, hint_seqs;
+        if cardinality(hint_lanes) > 0 then
+            perform awa._advance_lane_heads(hint_lanes, hint_seqs);
+        end if;
+        rounds := rounds + 1;
+        claimed := claimed || batch;
+        need := need - cardinality(batch);
+        -- Short only because rows were held: look further down the lanes.
+        exit when need = 0 or not more;
+        width := width * 4;
+    end loop;
+    if rounds = 1 then
+        foreach one in array claimed loop
+            return next one;
+        end loop;
+    else
+        return query select * from unnest(claimed) as c order by c.priority, c.run_lease;
+    end if;
 end;
 $function$;
 
@@ -2904,6 +3013,8 @@ COMMENT ON TABLE awa.copy_pending IS 'Transactions with COPY rows staged; a defe
 COMMENT ON TABLE awa.copy_staging IS 'COPY target for producers: COPY awa.copy_staging (queue, priority, ordering_key, kind, args, run_at, max_attempts) FROM STDIN, then select awa.enqueue_copied() in the same transaction (or just commit: the rows are enqueued at commit). Unlogged: no staged row outlives its transaction.';
 
 COMMENT ON TABLE awa.finished IS 'Terminal jobs: completed, or failed after max_attempts. Prune with awa.prune_finished().';
+
+COMMENT ON TABLE awa.lane_heads IS 'Claim hint per lane: every row of the lane below head_seq is gone for good, so claims start their scan there. Written by awa.claim; a missing row means lane_seq 0.';
 
 COMMENT ON TABLE awa.lanes IS 'One lane per (physical queue, priority, enqueue shard). Its sequence and its advisory lock (1635213644, lane_id) derive from lane_id, never from the queue name.';
 
