@@ -4,7 +4,7 @@
 -- A run of identical holds (same mode, S and reason_code) is one row:
 -- decided_at is the first, last_decided_at the latest, repeats how many.
 alter table awa.autoscale_decisions
-add column reason_code text not null default 'legacy',
+add column reason_code text,
 add column repeats integer not null default 1,
 add column last_decided_at timestamptz,
 add constraint autoscale_decisions_repeats_positive check (repeats >= 1);
@@ -13,7 +13,7 @@ update awa.autoscale_decisions set last_decided_at = decided_at;
 
 alter table awa.autoscale_decisions
 alter column last_decided_at set not null,
-alter column reason_code drop default;
+alter column last_decided_at set default pg_catalog.clock_timestamp();
 
 -- The tick prunes by the last tick of a row, not its first.
 drop index awa.autoscale_decisions_decided_at_idx;
@@ -22,7 +22,8 @@ on awa.autoscale_decisions (last_decided_at);
 
 comment on column awa.autoscale_decisions.reason_code is
 'The rule that decided, in one word (cooldown, draining, above_max, grow, at_max, shrink, '
-'few_samples, steady): holds with the same code, mode and S fold into one row.';
+'few_samples, steady): holds with the same code, mode and S fold into one row. Null on '
+'rows logged before migration 0013.';
 comment on column awa.autoscale_decisions.repeats is
 'How many ticks made this decision: 1 for a step, the length of the run for folded holds.';
 comment on column awa.autoscale_decisions.last_decided_at is
