@@ -30,15 +30,15 @@ comment on column awa.autoscale_decisions.last_decided_at is
 'The latest tick of the run (decided_at is the first); the signal and the reason are '
 'those of that latest tick.';
 
--- Ready depth and the age of the oldest ready job at the sample, for the
--- queues the auto-scaler watches (the tick counts them); null otherwise.
+-- Ready depth and the oldest ready job at the sample, for the queues the
+-- auto-scaler watches (the tick estimates them); null otherwise.
 alter table awa.contention_samples
 add column ready bigint,
 add column oldest_ready_at timestamptz;
 
 comment on column awa.contention_samples.ready is
-'Ready jobs of the queue at the sample, counted by awa.autoscale_tick for queues in shadow '
-'or auto mode; null for the others.';
+'Ready jobs of the queue at the sample, estimated by awa.autoscale_tick from its lanes'' '
+'heads and sequences, for queues in shadow or auto mode; null for the others.';
 
 -- The hourly prune deletes by time across all queues.
 create index contention_samples_sampled_at_idx on awa.contention_samples (sampled_at);

@@ -392,7 +392,8 @@ select awa._grant_execute('awa._autoscale_decide(awa.queue_meta, timestamptz)');
 
 -- Function: awa.autoscale_tick() returns setof awa.autoscale_decisions
 -- One controller tick: takes a contention sample (with the ready depth and
--- the oldest ready job of the queues in shadow or auto mode), then one
+-- the oldest ready job of the queues in shadow or auto mode, from their
+-- lanes' heads and sequences), then one
 -- decision for every queue in shadow or auto mode, and prunes decisions
 -- whose last tick is older than 24 hours. Safe to call from many processes
 -- at once: the caller that gets the leader lock decides, the others return
@@ -417,15 +418,26 @@ begin
         return;
     end if;
     perform awa._sample_lane_contention(at);
+    -- Ready depth from each lane's head (one primary-key probe per lane) and
+    -- its sequence: rows from the head to the last lane_seq handed out. A
+    -- rolled-back enqueue behind the head counts too; no scan of the backlog.
     update awa.contention_samples as s
        set ready = d.ready, oldest_ready_at = d.oldest_ready_at
       from (
-          select m.queue_id, count(r.lane_id) as ready, min(r.ready_at) as oldest_ready_at
+          select l.queue_id,
+                 coalesce(sum(coalesce(pg_catalog.pg_sequence_last_value(l.seq), 0)
+                              - h.lane_seq + 1), 0) as ready,
+                 min(h.ready_at) as oldest_ready_at
             from awa.queue_meta as m
             join awa.lanes as l on l.queue_id = m.queue_id
-            left join awa.ready as r on r.lane_id = l.lane_id
+            left join lateral (
+                select r.lane_seq, r.ready_at from awa.ready as r
+                 where r.lane_id = l.lane_id
+                 order by r.lane_seq
+                 limit 1
+            ) as h on true
            where m.shard_mode <> 'manual'
-           group by m.queue_id
+           group by l.queue_id
       ) as d
      where s.queue_id = d.queue_id and s.sampled_at = at;
     at := pg_catalog.clock_timestamp();

@@ -453,7 +453,7 @@
   }
 
   function renderQueuePage() {
-    app.replaceChildren(
+    app.replaceChildren(...[
       el("h1", {}, queueName),
       el("p", { id: "status", role: "status" }),
       el("section", { id: "summary" }),
@@ -463,7 +463,7 @@
       el("section", { id: "contention" }),
       el("section", { id: "changes" }),
       el("section", { id: "decisions" }),
-      el("section", { id: "runtimes" }));
+      el("section", { id: "runtimes" })].filter((node) => node !== null));
   }
 
   async function loadQueue() {
