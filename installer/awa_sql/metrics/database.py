@@ -48,9 +48,9 @@ select 'contention', pg_catalog.jsonb_build_object(
   from awa.lane_contention as c
 union all
 select 'decisions', pg_catalog.jsonb_build_object(
-    'queue', d.queue, 'action', d.action, 'logged', count(*),
-    'recent', count(*) filter (
-        where d.decided_at > pg_catalog.now() - interval '{RECENT_DECISIONS}'))
+    'queue', d.queue, 'action', d.action, 'logged', sum(d.repeats),
+    'recent', coalesce(sum(d.repeats) filter (
+        where d.last_decided_at > pg_catalog.now() - interval '{RECENT_DECISIONS}'), 0))
   from awa.autoscale_decisions as d
  group by d.queue, d.action
 union all
