@@ -236,7 +236,8 @@ select awa._grant_execute('awa._autoscale_signal(awa.queue_meta, timestamptz)');
 -- The log folds: a hold with the same reason_code, mode and S as the
 -- queue's latest row adds to that row (repeats, last_decided_at, the latest
 -- signal and reason) instead of a new one. Steps, and holds for a new
--- reason, are rows of their own. The row returned carries this tick's time.
+-- reason, are rows of their own. The row returned carries this tick's time
+-- as decided_at (a folded row's first tick stays in the log).
 create or replace function awa._autoscale_decide(anchor awa.queue_meta, at timestamptz)
 returns awa.autoscale_decisions
 language plpgsql
@@ -369,7 +370,10 @@ begin
            and d.mode = anchor.shard_mode
            and d.current_shards = s
            and d.reason_code = code
-        returning * into decision;
+        returning d.decision_id, d.queue, at, d.mode, d.samples, d.mean_waiters, d.wait_share,
+                  d.enqueue_rate, d.busiest_held, d.current_shards, d.proposed_shards,
+                  d.action, d.reason, d.reason_code, d.repeats, d.last_decided_at
+             into decision;
     end if;
     if decision.decision_id is null then
         insert into awa.autoscale_decisions (
@@ -383,7 +387,6 @@ begin
         )
         returning * into decision;
     end if;
-    decision.decided_at := at;
     return decision;
 end;
 $$;

@@ -173,7 +173,7 @@ def test_the_last_hour_charts_render_with_data_and_the_change_of_s(db, page):
         # The five real ticks: two holds for too few samples, three steady ones.
         folded = page.locator("#decisions-table tbody tr")
         expect(folded).to_have_count(2)
-        expect(folded.first).to_contain_text("held ×3")
+        expect(folded.first).to_contain_text("held \u00d73")
         _screenshot(page, db)
 
 

@@ -373,7 +373,8 @@ def test_live_producers_and_workers_while_the_controller_acts(db, logins):
         assert [c[2] for c in changes] == ["auto"] * len(changes)
         assert raises[0][0] == 1 and raises[-1][1] == 8
         assert all(b % a == 0 and b // a in (2, 4, 8) for a, b, _ in raises)
-        assert all(x[1] == y[0] and x[1] > x[0] for x, y in zip(raises, raises[1:] + [down1]))
+        steps = [*raises, down1]
+        assert all(x[1] == y[0] and x[1] > x[0] for x, y in zip(raises, steps[1:], strict=True))
         assert (down1[:2], down2[:2]) == ((8, 4), (4, 2))
     with db.connect(logins.worker) as w:
         for job in claim_all(w, ["live"], 500):
