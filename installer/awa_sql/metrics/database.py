@@ -56,9 +56,9 @@ select 'decisions', pg_catalog.jsonb_build_object(
 union all
 select 'last_decision', pg_catalog.jsonb_build_object(
     'queue', x.queue, 'proposed', x.proposed_shards,
-    'at', extract(epoch from x.decided_at))
+    'at', extract(epoch from x.last_decided_at))
   from (
-    select distinct on (d.queue) d.queue, d.proposed_shards, d.decided_at
+    select distinct on (d.queue) d.queue, d.proposed_shards, d.last_decided_at
       from awa.autoscale_decisions as d
      order by d.queue, d.decided_at desc, d.decision_id desc
   ) as x
