@@ -397,10 +397,11 @@ select awa._grant_execute('awa._autoscale_decide(awa.queue_meta, timestamptz)');
 -- One controller tick: takes a contention sample (with the ready depth and
 -- the oldest ready job of the queues in shadow or auto mode, from their
 -- lanes' heads and sequences), then one decision for every queue in shadow
--- or auto mode, and prunes decisions whose last tick is older than 24 hours. Safe to call from many processes
--- at once: the caller that gets the leader lock decides, the others return
--- no rows. Run it every 5 seconds (`awa storage autoscale run`, pg_cron, or
--- any scheduler). Role: awa_maintenance. Errors: 25006 on a standby.
+-- or auto mode, and prunes decisions whose last tick is older than 24 hours.
+-- Safe to call from many processes at once: the caller that gets the leader
+-- lock decides, the others return no rows. Run it every 5 seconds (`awa
+-- storage autoscale run`, pg_cron, or any scheduler). Role:
+-- awa_maintenance. Errors: 25006 on a standby.
 create or replace function awa.autoscale_tick()
 returns setof awa.autoscale_decisions
 language plpgsql
