@@ -3,8 +3,9 @@
 -- A queue opts in with awa.set_shard_mode (shadow: decide and log; auto:
 -- act). awa.autoscale_tick, called every few seconds by one or many
 -- processes, samples lane contention and takes at most one x2 or /2 step
--- per queue, always through awa._set_enqueue_shards, and logs every
--- decision, holds included, to awa.autoscale_decisions.
+-- per queue (a raise may take up to three doublings when the demand calls
+-- for them), always through awa._set_enqueue_shards, and logs every
+-- decision to awa.autoscale_decisions, runs of identical holds folded.
 --
 -- Lock keys: (1635213633, 0) 'awaA', the tick's leader lock.
 
@@ -176,7 +177,8 @@ select awa._grant_execute(
 -- The contention signal of a queue with all its partitions and stripes over
 -- the samples taken after `since`: how many samples, mean backends waiting
 -- per held lane, the share of samples with any waiter, enqueues per second,
--- and the most lanes held at once in one priority.
+-- the most lanes held at once in one priority, and the demand: lanes held
+-- plus backends waiting for one, per physical queue, on average.
 create or replace function awa._autoscale_signal(
     anchor awa.queue_meta,
     since timestamptz,
@@ -184,7 +186,8 @@ create or replace function awa._autoscale_signal(
     out mean_waiters numeric,
     out wait_share numeric,
     out enqueue_rate numeric,
-    out busiest_held integer
+    out busiest_held integer,
+    out demand numeric
 )
 language sql
 stable
@@ -195,7 +198,8 @@ as $$
                sum(s.waiters) as waiters,
                sum(s.lanes_held) as held,
                sum(s.enqueued) as enqueued,
-               max(s.busiest_priority_held) as busiest
+               max(s.busiest_priority_held) as busiest,
+               count(*) as physical
           from awa.contention_samples as s
           join awa.queue_meta as m on m.queue_id = s.queue_id
          where (m.queue_id = (anchor).queue_id or m.root_queue = (anchor).queue)
@@ -207,7 +211,8 @@ as $$
            round(avg((p.waiters > 0)::integer::numeric), 3),
            round((max(p.enqueued) - min(p.enqueued))::numeric
                  / nullif(extract(epoch from max(p.sampled_at) - min(p.sampled_at)), 0), 1),
-           max(p.busiest)::integer
+           max(p.busiest)::integer,
+           round(avg((p.held + p.waiters)::numeric / p.physical), 2)
       from per_instant as p
 $$;
 
@@ -218,16 +223,29 @@ select awa._grant_execute('awa._autoscale_signal(awa.queue_meta, timestamptz)');
 -- raise or lower is made here through awa._set_enqueue_shards. The rules,
 -- in order: hold in the cooldown after a step; hold while lanes >= S still
 -- hold ready rows (a lower is complete only when they drained); lower
--- towards max_shards when S is above it; raise x2 (up to max) when waits
--- were a meaningful share over the grow window; lower /2 when waits were
--- negligible over the whole shrink window and the busiest priority never
--- held more than S/2 lanes at once; else hold.
+-- towards max_shards when S is above it; raise when waits were a meaningful
+-- share over the grow window, to the S the demand calls for (see below);
+-- lower /2 when waits were negligible over the whole shrink window and the
+-- busiest priority never held more than S/2 lanes at once; else hold.
+--
+-- The raise: the smallest S x 2^k (k >= 1) that gives every producer seen
+-- at a sample (lanes held plus backends waiting, the grow window's mean) a
+-- lane of its own, at most max_step doublings in one decision and never
+-- above max_shards. A raise of more than one doubling says so in its reason.
+--
+-- The log folds: a hold with the same reason_code, mode and S as the
+-- queue's latest row adds to that row (repeats, last_decided_at, the latest
+-- signal and reason) instead of a new one. Steps, and holds for a new
+-- reason, are rows of their own. The row returned carries this tick's time
+-- as decided_at (a folded row's first tick stays in the log).
 create or replace function awa._autoscale_decide(anchor awa.queue_meta, at timestamptz)
 returns awa.autoscale_decisions
 language plpgsql
 set search_path = pg_catalog, pg_temp
 as $$
 declare
+    -- Doublings one raise may take; configuration.md documents it.
+    max_step constant integer := 3;
     policy record;
     grow record;
     shrink record;
@@ -235,7 +253,9 @@ declare
     draining bigint;
     s integer := anchor.enqueue_shards;
     proposed integer;
+    needed integer;
     verdict text;
+    code text;
     why text;
     decision awa.autoscale_decisions;
 begin
@@ -259,44 +279,62 @@ begin
        and l.shard >= m.enqueue_shards;
     proposed := s;
     if last_step is not null and at < last_step + policy.cooldown then
+        code := 'cooldown';
         why := pg_catalog.format('cooldown: last step at %s, next allowed after %s',
                                  last_step, last_step + policy.cooldown);
     elsif draining > 0 then
+        code := 'draining';
         why := pg_catalog.format(
             'lanes >= S = %s still hold %s ready rows; no step until they drain', s, draining);
     elsif s > anchor.max_shards then
+        code := 'above_max';
         proposed := greatest(s / 2, anchor.max_shards);
         why := pg_catalog.format('S = %s is above max_shards = %s', s, anchor.max_shards);
     elsif grow.samples >= policy.min_samples
         and grow.wait_share >= policy.grow_wait_share
         and grow.mean_waiters >= policy.grow_waiters then
         if s >= anchor.max_shards then
+            code := 'at_max';
             why := pg_catalog.format(
-                'lane waits in %s of %s samples (%s waiters per held lane) but S is at '
-                'max_shards = %s', grow.wait_share, grow.samples, grow.mean_waiters,
-                anchor.max_shards);
+                'lane waits in %s of %s samples (%s waiters per held lane, demand %s) but S '
+                'is at max_shards = %s', grow.wait_share, grow.samples, grow.mean_waiters,
+                grow.demand, anchor.max_shards);
         else
-            proposed := least(s * 2, anchor.max_shards);
+            code := 'grow';
+            needed := s * 2;
+            while needed < grow.demand loop  -- the demand counts backends: bounded
+                needed := needed * 2;
+            end loop;
+            proposed := least(needed, s << max_step, anchor.max_shards);
             why := pg_catalog.format(
                 'lane waits in a share %s of %s samples over %s, %s waiters per held lane '
                 '(thresholds %s and %s)', grow.wait_share, grow.samples, policy.grow_window,
                 grow.mean_waiters, policy.grow_wait_share, policy.grow_waiters);
+            if proposed > s * 2 then
+                why := why || pg_catalog.format(
+                    '; demand %s (lanes held + waiters per sample) calls for S = %s: %s -> %s '
+                    'in one step (at most %s doublings, max_shards %s)', grow.demand,
+                    needed, s, proposed, max_step, anchor.max_shards);
+            end if;
         end if;
     elsif s > 1
         and (last_step is null or last_step <= at - policy.shrink_window)
         and shrink.samples >= policy.min_samples
         and shrink.wait_share <= policy.shrink_wait_share
         and shrink.busiest_held <= s / 2 then
+        code := 'shrink';
         proposed := s / 2;
         why := pg_catalog.format(
             'lane waits in a share %s of %s samples over %s (threshold %s) and at most %s '
             'lanes held at once in a priority', shrink.wait_share, shrink.samples,
             policy.shrink_window, policy.shrink_wait_share, shrink.busiest_held);
     elsif grow.samples < policy.min_samples then
+        code := 'few_samples';
         why := pg_catalog.format('%s samples since %s; %s needed', grow.samples,
                                  greatest(at - policy.grow_window, last_step),
                                  policy.min_samples);
     else
+        code := 'steady';
         why := pg_catalog.format(
             'steady: lane waits in a share %s of %s samples, %s waiters per held lane, '
             'at most %s lanes held at once in a priority over %s',
@@ -313,14 +351,42 @@ begin
     if verdict in ('raised', 'lowered') then
         perform awa._set_enqueue_shards(anchor.queue, proposed, 'auto');
     end if;
-    insert into awa.autoscale_decisions (
-        queue, decided_at, mode, samples, mean_waiters, wait_share, enqueue_rate,
-        busiest_held, current_shards, proposed_shards, action, reason
-    ) values (
-        anchor.queue, at, anchor.shard_mode, grow.samples, grow.mean_waiters,
-        grow.wait_share, grow.enqueue_rate, shrink.busiest_held, s, proposed, verdict, why
-    )
-    returning * into decision;
+    if verdict = 'held' then
+        update awa.autoscale_decisions as d
+           set repeats = d.repeats + 1,
+               last_decided_at = at,
+               samples = grow.samples,
+               mean_waiters = grow.mean_waiters,
+               wait_share = grow.wait_share,
+               enqueue_rate = grow.enqueue_rate,
+               busiest_held = shrink.busiest_held,
+               reason = why
+         where d.decision_id = (
+                   select x.decision_id from awa.autoscale_decisions as x
+                    where x.queue = anchor.queue
+                    order by x.decided_at desc, x.decision_id desc
+                    limit 1)
+           and d.action = 'held'
+           and d.mode = anchor.shard_mode
+           and d.current_shards = s
+           and d.reason_code = code
+        returning d.decision_id, d.queue, at, d.mode, d.samples, d.mean_waiters, d.wait_share,
+                  d.enqueue_rate, d.busiest_held, d.current_shards, d.proposed_shards,
+                  d.action, d.reason, d.reason_code, d.repeats, d.last_decided_at
+             into decision;
+    end if;
+    if decision.decision_id is null then
+        insert into awa.autoscale_decisions (
+            queue, decided_at, last_decided_at, mode, samples, mean_waiters, wait_share,
+            enqueue_rate, busiest_held, current_shards, proposed_shards, action, reason_code,
+            reason
+        ) values (
+            anchor.queue, at, at, anchor.shard_mode, grow.samples, grow.mean_waiters,
+            grow.wait_share, grow.enqueue_rate, shrink.busiest_held, s, proposed, verdict, code,
+            why
+        )
+        returning * into decision;
+    end if;
     return decision;
 end;
 $$;
@@ -328,11 +394,13 @@ $$;
 select awa._grant_execute('awa._autoscale_decide(awa.queue_meta, timestamptz)');
 
 -- Function: awa.autoscale_tick() returns setof awa.autoscale_decisions
--- One controller tick: takes a contention sample, then one decision for
--- every queue in shadow or auto mode, and prunes decisions older than 24
--- hours. Safe to call from many processes at once: the caller that gets the
--- leader lock decides, the others return no rows. Run it every 5 seconds
--- (`awa storage autoscale run`, pg_cron, or any scheduler). Role:
+-- One controller tick: takes a contention sample (with the ready depth and
+-- the oldest ready job of the queues in shadow or auto mode, from their
+-- lanes' heads and sequences), then one decision for every queue in shadow
+-- or auto mode, and prunes decisions whose last tick is older than 24 hours.
+-- Safe to call from many processes at once: the caller that gets the leader
+-- lock decides, the others return no rows. Run it every 5 seconds (`awa
+-- storage autoscale run`, pg_cron, or any scheduler). Role:
 -- awa_maintenance. Errors: 25006 on a standby.
 create or replace function awa.autoscale_tick()
 returns setof awa.autoscale_decisions
@@ -343,13 +411,38 @@ as $$
 declare
     anchor awa.queue_meta;
     decision awa.autoscale_decisions;
-    at timestamptz;
+    -- The sample is stamped with the transaction's start, which is also the
+    -- changed_at of a step this tick makes: windows that start at a step
+    -- never count the sample that led to it.
+    at timestamptz := pg_catalog.now();
 begin
     perform awa._require_primary('run the auto-scaler');
     if not pg_try_advisory_xact_lock(1635213633, 0) then
         return;
     end if;
-    perform awa.sample_lane_contention();
+    perform awa._sample_lane_contention(at);
+    -- Ready depth from each lane's head (one primary-key probe per lane) and
+    -- its sequence: rows from the head to the last lane_seq handed out. A
+    -- rolled-back enqueue behind the head counts too; no scan of the backlog.
+    update awa.contention_samples as s
+       set ready = d.ready, oldest_ready_at = d.oldest_ready_at
+      from (
+          select l.queue_id,
+                 coalesce(sum(coalesce(pg_catalog.pg_sequence_last_value(l.seq), 0)
+                              - h.lane_seq + 1), 0) as ready,
+                 min(h.ready_at) as oldest_ready_at
+            from awa.queue_meta as m
+            join awa.lanes as l on l.queue_id = m.queue_id
+            left join lateral (
+                select r.lane_seq, r.ready_at from awa.ready as r
+                 where r.lane_id = l.lane_id
+                 order by r.lane_seq
+                 limit 1
+            ) as h on true
+           where m.shard_mode <> 'manual'
+           group by l.queue_id
+      ) as d
+     where s.queue_id = d.queue_id and s.sampled_at = at;
     at := pg_catalog.clock_timestamp();
     for anchor in
         select m.* from awa.queue_meta as m
@@ -359,7 +452,8 @@ begin
         decision := awa._autoscale_decide(anchor, at);
         return next decision;
     end loop;
-    delete from awa.autoscale_decisions as d where d.decided_at < at - interval '24 hours';
+    delete from awa.autoscale_decisions as d
+     where d.last_decided_at < at - interval '24 hours';
 end;
 $$;
 

@@ -352,7 +352,7 @@ def test_openapi_schema_finds_no_server_error(db):
     with shared_pool_app(db.dsn(operator_login(db)), writable=True) as app:
         api_schema = schemathesis.openapi.from_asgi("/openapi.json", app)
         operations = [result.ok() for result in api_schema.get_all_operations()]
-        assert len(operations) == 8
+        assert len(operations) == 9
         for operation in operations:
 
             @given(case=operation.as_strategy(), existing=st.booleans())
@@ -367,3 +367,52 @@ def test_openapi_schema_finds_no_server_error(db):
                                        excluded_checks=[positive_data_acceptance])
 
             check()
+
+
+# -- the last hour -----------------------------------------------------------------------
+
+
+def test_history_from_the_samples_with_the_changes_of_s(db, read_only_api):
+    enqueue_jobs(db, "h", 3)
+    enqueue_jobs(db, "plain", 1)
+    with db.connect() as conn:
+        conn.execute("select awa.set_shard_mode('h', 'shadow', 8)")
+        conn.execute("select awa.autoscale_tick()")
+        enqueue_jobs(db, "h", 10)
+        conn.execute("select awa.autoscale_tick()")
+        conn.execute("select awa.set_enqueue_shards('h', 4)")
+        enqueue_jobs(db, "h", 10)
+        conn.execute("select awa.autoscale_tick()")
+    got = read_only_api.get("/api/queues/h/history")
+    assert got.status_code == 200, got.text
+    h = got.json()
+    assert (h["queue"], h["shard_mode"], h["max_shards"]) == ("h", "shadow", 8)
+    points = h["points"]
+    assert [p["shards"] for p in points] == [1, 1, 4]
+    assert [p["ready"] for p in points] == [3, 13, 23]
+    assert points[0]["enqueue_rate"] is None  # no sample before it
+    assert all(p["enqueue_rate"] > 0 for p in points[1:])
+    assert all(p["lag_seconds"] > 0 and p["waiters_per_held_lane"] == 0 for p in points)
+    assert [(c["old_shards"], c["new_shards"], c["source"]) for c in h["changes"]] == [
+        (1, 4, "manual")]
+    assert h["since"] < points[0]["at"] < h["changes"][0]["at"] < points[2]["at"] < h["until"]
+    # A manual queue is sampled too, but its ready depth is not counted.
+    plain = read_only_api.get("/api/queues/plain/history").json()
+    assert [p["ready"] for p in plain["points"]] == [None] * 3
+    assert [p["shards"] for p in plain["points"]] == [1] * 3 and plain["changes"] == []
+    assert read_only_api.get("/api/queues/nope/history").status_code == 404
+    assert read_only_api.get("/api/queues/h/history?minutes=61").status_code == 422
+
+
+def test_detail_shows_folded_holds_once_with_their_count(db, read_only_api):
+    enqueue_jobs(db, "f", 1)
+    with db.connect() as conn:
+        conn.execute("select awa.set_shard_mode('f', 'shadow', 8)")
+        for _ in range(4):
+            conn.execute("select awa.autoscale_tick()")
+    decisions = read_only_api.get("/api/queues/f").json()["decisions"]
+    # Two ticks short of the 3 samples needed, then two steady ones: newest first.
+    assert [(d["action"], d["repeats"]) for d in decisions] == [("held", 2), ("held", 2)]
+    assert decisions[0]["reason"].startswith("steady")
+    assert "3 needed" in decisions[1]["reason"]
+    assert all(d["last_decided_at"] > d["decided_at"] for d in decisions)

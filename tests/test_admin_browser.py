@@ -105,12 +105,76 @@ def test_change_s_from_1_to_4_through_the_confirm_dialog(db, page):
             expect(page.locator("#decisions-table")).to_contain_text("would_raise")
             expect(page.locator("#decisions-table")).to_contain_text("2.50 >= 1.00")
             expect(page.locator("#contention-table tbody tr")).to_have_count(1)
-            SCREENSHOT_DIR.mkdir(parents=True, exist_ok=True)
-            shot = SCREENSHOT_DIR / f"admin-queue-page-pg{db.cluster.major}.png"
-            page.screenshot(path=str(shot), full_page=True)
-            assert shot.stat().st_size > 10_000
-            if target := os.environ.get("AWA_UPDATE_SCREENSHOT"):
-                shutil.copy(shot, target)
+
+
+def _screenshot(page, db) -> None:
+    SCREENSHOT_DIR.mkdir(parents=True, exist_ok=True)
+    shot = SCREENSHOT_DIR / f"admin-queue-page-pg{db.cluster.major}.png"
+    page.screenshot(path=str(shot), full_page=True)
+    assert shot.stat().st_size > 10_000
+    if target := os.environ.get("AWA_UPDATE_SCREENSHOT"):
+        shutil.copy(shot, target)
+
+
+HOUR = """
+insert into awa.contention_samples (sampled_at, queue_id, lanes, lanes_held, lanes_waited,
+                                    waiters, enqueued, busiest_priority_held, ready,
+                                    oldest_ready_at)
+select now() - make_interval(mins => 60 - i), m.queue_id, 32,
+       case when i < 20 then 1 else 5 end,
+       case when i < 20 then 1 else (i % 7 = 0)::int end,
+       case when i < 20 then (10 + 2 * sin(i))::int else (i % 7 = 0)::int end,
+       -- about 300 enqueues/s at S = 1, 900/s from S = 8 on
+       case when i < 20 then i * 18000 + (600 * sin(i))::int
+            else 360000 + (i - 20) * 54000 + (3000 * sin(i / 3.0))::int end,
+       case when i < 20 then 1 else 5 end,
+       case when i < 20 then 4000 + i * 900 else greatest(200, 22000 - (i - 20) * 1500) end,
+       now() - make_interval(mins => 60 - i)
+             - make_interval(secs => case when i < 20 then 8 + i else 2 + sin(i) end)
+  from awa.queue_meta as m, generate_series(0, 59) as i
+ where m.queue = 'orders'
+"""
+
+
+def test_the_last_hour_charts_render_with_data_and_the_change_of_s(db, page):
+    from playwright.sync_api import expect
+
+    enqueue_jobs(db, "orders", 20)
+    with db.connect() as conn:
+        conn.execute("select awa.set_shard_mode('orders', 'auto', 8)")
+        conn.execute(HOUR)  # an hour of samples: contended at S = 1, calm at S = 8
+        conn.execute("select awa.set_enqueue_shards('orders', 8)")
+        conn.execute("update awa.shard_changes set changed_at = now() - interval '40 min',"
+                     " source = 'auto'")
+        for _ in range(5):  # real ticks: a run of holds, folded into one row
+            conn.execute("select awa.autoscale_tick()")
+        # Their samples count the lanes' real sequences, not the hour's counter.
+        conn.execute("delete from awa.contention_samples"
+                     " where sampled_at > now() - interval '30 seconds'")
+    with serve_cli(db.dsn(reader_login(db))) as base:
+        page.goto(f"{base}/queues/orders")
+        charts = page.locator("#history svg.chart")
+        expect(charts).to_have_count(5)
+        for chart_id in ("chart-shards", "chart-rate", "chart-waiters", "chart-ready",
+                         "chart-lag"):
+            chart = page.locator(f"#{chart_id} svg.chart")
+            assert int(chart.get_attribute("data-points")) >= 55, chart_id
+            points = chart.locator("polyline.series").get_attribute("points").split()
+            assert len(points) >= 55, chart_id
+            # The line moves: drawn from data, not a flat placeholder.
+            assert len({p.split(",")[1] for p in points}) > 1, chart_id
+            expect(chart.locator("line.change-mark")).to_have_count(1)
+        expect(page.locator("#chart-shards figcaption")).to_contain_text("S (mode auto, max 8)")
+        expect(page.locator("#chart-shards .chart-last")).to_have_text("8")
+        expect(page.locator("#chart-shards text.change-label")).to_have_text("1→8")
+        expect(page.locator("#chart-shards line.change-mark title")).to_contain_text(
+            "S 1 → 8 (auto)")
+        expect(page.locator("#history")).to_contain_text("the 1 change of S")
+        # The five real ticks: two holds for too few samples, three steady ones.
+        folded = page.locator("#decisions-table tbody tr")
+        expect(folded).to_have_count(2)
+        expect(folded.first).to_contain_text("held \u00d73")
+        _screenshot(page, db)
 
 
 def test_cancel_in_the_dialog_changes_nothing(db, page):

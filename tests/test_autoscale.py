@@ -95,23 +95,70 @@ def opt_in(db, logins, queue: str, mode: str = "auto", max_shards: int = 8) -> N
         assert shards.set_shard_mode(op, queue, mode, max_shards) == (queue, mode, max_shards)
 
 
-def test_grows_step_by_step_to_the_max_under_contention_never_past_it(db, logins):
+def test_raises_to_the_s_the_demand_calls_for_in_one_step_never_past_max(db, logins):
     opt_in(db, logins, "hot", "auto", 8)
     policy(db, logins.operator, "hot", cooldown="0", min_samples=1)
     seen = []
     with db.connect(logins.maintenance) as m:
-        for _ in range(4):
-            with Contention(db, logins.producer, "hot"):
-                (d,) = shards.autoscale_tick(m)
-            seen.append((d.action, d.current_shards, d.proposed_shards))
-    assert seen == [("raised", 1, 2), ("raised", 2, 4), ("raised", 4, 8), ("held", 8, 8)]
-    assert "max_shards = 8" in decisions(db, "hot")[-1][3]
+        # One lane held, six backends behind it: seven producers want a lane.
+        with Contention(db, logins.producer, "hot", waiters=6):
+            seen += shards.autoscale_tick(m)
+        with Contention(db, logins.producer, "hot", waiters=2):
+            seen += shards.autoscale_tick(m)
+    assert [(d.action, d.current_shards, d.proposed_shards) for d in seen] == [
+        ("raised", 1, 8), ("held", 8, 8)]
+    assert "demand 7.00 (lanes held + waiters per sample) calls for S = 8: 1 -> 8 in one " \
+           "step" in seen[0].reason
+    assert "max_shards = 8" in seen[1].reason
     assert shards_of(db, "hot") == 8
     with db.connect() as admin:
         changes = admin.execute(
             "select old_shards, new_shards, source, lanes_created from awa.shard_changes"
             " where queue = 'hot' order by change_id").fetchall()
-        assert changes == [(1, 2, "auto", 4), (2, 4, "auto", 8), (4, 8, "auto", 16)]
+        assert changes == [(1, 8, "auto", 28)]
+
+
+def test_a_raise_takes_at_most_three_doublings_and_one_when_one_is_enough(db, logins):
+    opt_in(db, logins, "big", "auto", 64)
+    opt_in(db, logins, "small", "auto", 64)
+    for q in ("big", "small"):
+        policy(db, logins.operator, q, cooldown="0", min_samples=1)
+    steps = []
+    with db.connect(logins.maintenance) as m:
+        with Contention(db, logins.producer, "big", waiters=12), \
+                Contention(db, logins.producer, "small", waiters=1):
+            steps += shards.autoscale_tick(m)  # big: demand 13 -> 16, capped to 8
+        with Contention(db, logins.producer, "big", waiters=2):
+            steps += shards.autoscale_tick(m)  # 8 held + 16 waiting: 24 -> 32
+    got = [(d.queue, d.current_shards, d.proposed_shards) for d in steps]
+    assert got == [("big", 1, 8), ("small", 1, 2), ("big", 8, 32), ("small", 2, 2)]
+    assert "calls for S = 16: 1 -> 8 in one step (at most 3 doublings" in steps[0].reason
+    assert "in one step" not in steps[1].reason  # one doubling needs no explanation
+    assert "calls for S = 32: 8 -> 32 in one step" in steps[2].reason
+
+
+def test_repeated_holds_fold_into_one_row_steps_and_new_reasons_do_not(db, logins):
+    opt_in(db, logins, "fold", "auto", 2)
+    policy(db, logins.operator, "fold", cooldown="0", min_samples=1, grow_wait_share=0.2)
+    with db.connect(logins.maintenance) as m:
+        ticks = [shards.autoscale_tick(m)[0] for _ in range(3)]  # no waits: steady
+        for _ in range(3):  # waits in 1 of 4 samples: raise; then refused, S at max
+            with Contention(db, logins.producer, "fold"):
+                ticks += shards.autoscale_tick(m)
+        ticks += [shards.autoscale_tick(m)[0] for _ in range(2)]  # waits in the window
+    # Each tick returns its own decision, at its own time.
+    assert [t.decided_at for t in ticks] == sorted({t.decided_at for t in ticks})
+    with db.connect() as admin:
+        rows = admin.execute(
+            "select action, reason_code, current_shards, repeats, decided_at,"
+            " last_decided_at, reason from awa.autoscale_decisions where queue = 'fold'"
+            " order by decision_id").fetchall()
+    assert [r[:4] for r in rows] == [("held", "steady", 1, 3), ("raised", "grow", 1, 1),
+                                     ("held", "at_max", 2, 4)]
+    steady, _, at_max = rows
+    assert (steady[4], steady[5]) == (ticks[0].decided_at, ticks[2].decided_at)
+    assert (at_max[4], at_max[5]) == (ticks[4].decided_at, ticks[-1].decided_at)
+    assert at_max[6] == ticks[-1].reason  # the latest signal and reason
 
 
 def test_no_contention_no_growth(db, logins):
@@ -178,7 +225,7 @@ def test_shadow_logs_the_same_decisions_and_never_changes_s(db, logins):
             got = {d.queue: d for d in shards.autoscale_tick(m)}
         assert (got["acting"].action, got["watching"].action) == ("raised", "would_raise")
         assert got["acting"].reason == got["watching"].reason
-        assert (got["watching"].current_shards, got["watching"].proposed_shards) == (1, 2)
+        assert (got["watching"].current_shards, got["watching"].proposed_shards) == (1, 4)
         # A shadow step starts a cooldown of its own, as the real step does.
         with Contention(db, logins.producer, "watching"):
             again = {d.queue: d for d in shards.autoscale_tick(m)}
@@ -295,8 +342,15 @@ def test_live_producers_and_workers_while_the_controller_acts(db, logins):
         changes = admin.execute(
             "select old_shards, new_shards, source from awa.shard_changes"
             " where queue = 'live' order by change_id").fetchall()
-        assert changes == [(1, 2, "auto"), (2, 4, "auto"), (4, 8, "auto"),
-                           (8, 4, "auto"), (4, 2, "auto")]
+        # Up to 8 in raises of one or more doublings (as many as the demand
+        # called for), then down one halving per step.
+        *raises, down1, down2 = changes
+        assert [c[2] for c in changes] == ["auto"] * len(changes)
+        assert raises[0][0] == 1 and raises[-1][1] == 8
+        assert all(b % a == 0 and b // a in (2, 4, 8) for a, b, _ in raises)
+        steps = [*raises, down1]
+        assert all(x[1] == y[0] and x[1] > x[0] for x, y in zip(raises, steps[1:], strict=True))
+        assert (down1[:2], down2[:2]) == ((8, 4), (4, 2))
     with db.connect(logins.worker) as w:
         for job in claim_all(w, ["live"], 500):
             w.execute("select awa.complete(%s, %s)", [job[0], job[1]])

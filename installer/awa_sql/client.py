@@ -22,7 +22,6 @@ from awa_sql.metrics import client_metrics
 from awa_sql.metrics.client_metrics import WAIT_COLUMNS
 
 # worker.py imports it from here (another branch edits worker.py): drop once it imports partitions
-from awa_sql.partitions import iter_configs as iter_configs
 
 Key = bytes | bytearray | memoryview | str | None
 

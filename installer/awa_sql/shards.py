@@ -93,8 +93,9 @@ class Decision:
         return d
 
 
+# last_decided_at: a run of identical holds is one row of the log (its latest tick).
 DECISION_COLUMNS = (
-    "queue, decided_at, mode, samples, mean_waiters::float8, wait_share::float8,"
+    "queue, last_decided_at, mode, samples, mean_waiters::float8, wait_share::float8,"
     " enqueue_rate::float8, busiest_held, current_shards, proposed_shards, action, reason"
 )
 

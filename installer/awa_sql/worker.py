@@ -28,9 +28,9 @@ from typing import Any
 
 import psycopg
 
-from awa_sql.client import iter_configs
 from awa_sql.connect import connect, prepared_mode, resolve_dsn
 from awa_sql.metrics import client_metrics
+from awa_sql.partitions import iter_configs
 from awa_sql.runtimes import RuntimePublisher
 
 log = logging.getLogger("awa_sql.worker")

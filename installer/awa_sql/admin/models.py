@@ -118,6 +118,36 @@ class Decision(BaseModel):
     proposed_shards: int | None
     action: str
     reason: str | None
+    repeats: int = Field(1, description="ticks folded into this row (a run of identical holds)")
+    last_decided_at: datetime | None = Field(
+        None, description="the latest tick of the run; decided_at is the first")
+
+
+class HistoryPoint(BaseModel):
+    at: datetime
+    shards: int = Field(description="S at the sample")
+    enqueue_rate: float | None = Field(description="enqueues per second since the sample before")
+    waiters_per_held_lane: float
+    lanes_held: int
+    ready: int | None = Field(description="ready jobs; counted for shadow and auto queues only")
+    lag_seconds: float | None = Field(description="age of the oldest ready job")
+
+
+class HistoryChange(BaseModel):
+    at: datetime
+    old_shards: int
+    new_shards: int
+    source: str | None
+
+
+class QueueHistory(BaseModel):
+    queue: str
+    since: datetime
+    until: datetime
+    shard_mode: str
+    max_shards: int | None
+    points: list[HistoryPoint]
+    changes: list[HistoryChange]
 
 
 class RuntimeRow(BaseModel):

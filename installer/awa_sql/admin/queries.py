@@ -105,17 +105,85 @@ def queue_detail(conn: psycopg.Connection, queue: str) -> dict:
     return detail
 
 
+def _has_column(conn: psycopg.Connection, relation: str, column: str) -> bool:
+    return conn.execute(
+        "select exists (select from pg_catalog.pg_attribute"
+        " where attrelid = pg_catalog.to_regclass(%s) and attname = %s and not attisdropped)",
+        [relation, column]).fetchone()[0]
+
+
 def decisions(conn: psycopg.Connection, names: list[str]) -> list[dict] | None:
-    """The auto-scaler's recent decisions; None when the contract has none."""
+    """The auto-scaler's recent decisions, runs of identical holds folded into
+    one row; None when the contract has none."""
     if not _exists(conn, "awa.autoscale_decisions"):
         return None
+    folded = ("d.repeats, d.last_decided_at"
+              if _has_column(conn, "awa.autoscale_decisions", "repeats")
+              else "1 as repeats, d.decided_at as last_decided_at")
     with conn.cursor(row_factory=dict_row) as cur:
         rows = cur.execute(
             "select d.decision_id, d.queue, d.decided_at, d.mode, d.samples, d.mean_waiters,"
             " d.wait_share, d.enqueue_rate, d.current_shards, d.proposed_shards, d.action,"
-            " d.reason from awa.autoscale_decisions as d where d.queue = any(%s)"
+            f" d.reason, {folded} from awa.autoscale_decisions as d where d.queue = any(%s)"
             " order by d.decision_id desc limit %s", [names, RECENT]).fetchall()
     return [_plain(r) for r in rows]
+
+
+HISTORY = """
+with h as (
+    select h.sampled_at, h.lanes_held, h.waiters, h.ready, h.lag,
+           greatest(h.enqueued - lag(h.enqueued) over w, 0) as enqueued_since,
+           extract(epoch from h.sampled_at - lag(h.sampled_at) over w) as seconds_since
+      from awa.queue_history as h
+     where h.queue = any(%(names)s) and h.sampled_at > %(since)s
+    window w as (partition by h.queue order by h.sampled_at)
+)
+select h.sampled_at as at,
+       sum(h.enqueued_since / nullif(h.seconds_since, 0))::float8 as enqueue_rate,
+       (sum(h.waiters)::numeric / greatest(sum(h.lanes_held), 1))::float8
+           as waiters_per_held_lane,
+       sum(h.lanes_held)::integer as lanes_held,
+       sum(h.ready)::bigint as ready,
+       extract(epoch from max(h.lag))::float8 as lag_seconds
+  from h
+ group by h.sampled_at
+ order by h.sampled_at
+"""
+
+
+def history(conn: psycopg.Connection, queue: str, window: timedelta) -> dict | None:
+    """The queue over the last ``window`` from the contention samples (kept one
+    hour): S, enqueues/s, waiters per held lane, ready depth and lag, and the
+    changes of S. None when the contract keeps no history."""
+    if not _exists(conn, "awa.queue_history"):
+        return None
+    with conn.cursor(row_factory=dict_row) as cur:
+        physical = cur.execute(
+            "select o.queue, o.enqueue_shards, o.shard_mode, o.max_shards,"
+            " pg_catalog.clock_timestamp() as until from awa.queue_overview as o"
+            " where o.queue = %(q)s or o.logical_queue = %(q)s"
+            " order by o.queue = %(q)s desc, o.queue", {"q": queue}).fetchall()
+        if not physical:
+            raise ApiError(404, f"unknown queue {queue!r}", "42704")
+        anchor = physical[0]
+        until = anchor["until"]
+        since = until - window
+        points = cur.execute(HISTORY, {"names": [p["queue"] for p in physical],
+                                       "since": since}).fetchall()
+        changes = cur.execute(
+            "select c.changed_at as at, c.old_shards, c.new_shards, c.source"
+            " from awa.shard_changes as c where c.queue = %s and c.changed_at > %s"
+            " order by c.change_id", [anchor["queue"], since]).fetchall()
+    # S at a sample: the S the latest change before it set, else the S the
+    # first change after it started from, else today's S.
+    for point in points:
+        before = [c for c in changes if c["at"] <= point["at"]]
+        after = [c for c in changes if c["at"] > point["at"]]
+        point["shards"] = (before[-1]["new_shards"] if before
+                           else after[0]["old_shards"] if after else anchor["enqueue_shards"])
+    return {"queue": queue, "since": since, "until": until,
+            "shard_mode": anchor["shard_mode"], "max_shards": anchor["max_shards"],
+            "points": points, "changes": changes}
 
 
 def runtimes(conn: psycopg.Connection, queue: dict, changes: list[dict]) -> dict | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Query, Request
@@ -14,6 +15,7 @@ from awa_sql.admin.models import (
     Error,
     PauseResult,
     QueueDetail,
+    QueueHistory,
     QueueSummary,
     ServerInfo,
     ShardModeBody,
@@ -22,7 +24,7 @@ from awa_sql.admin.models import (
     ShardResult,
     ShardsBody,
 )
-from awa_sql.storage import ordering_consequence, plan_enqueue_shards, set_enqueue_shards
+from awa_sql.shards import ordering_consequence, plan_enqueue_shards, set_enqueue_shards
 
 router = APIRouter(prefix="/api")
 QueueName = Annotated[str, Path(description="a queue name (logical or physical)")]
@@ -65,6 +67,22 @@ def plan_shards(request: Request, queue: QueueName,
     return {"queue": queue, "old_shards": old, "new_shards": shards,
             "lanes_created": sum(p.lanes_created for p in plan),
             "consequence": ordering_consequence(queue, old, shards)}
+
+
+@router.get("/queues/{queue:path}/history", response_model=QueueHistory,
+            responses={**NOT_FOUND, 501: {"model": Error,
+                                          "description": "the database keeps no history"}})
+def queue_history(request: Request, queue: QueueName,
+                  minutes: Annotated[int, Query(ge=1, le=60)] = 60) -> dict:
+    """The queue over the last ``minutes`` (at most the hour of contention
+    samples the database keeps): S, enqueues/s, waiters per held lane, ready
+    depth and lag per sample, and the changes of S."""
+    with _pool(request).connection() as conn, conn.transaction():
+        found = queries.history(conn, queue, timedelta(minutes=minutes))
+    if found is None:
+        raise ApiError(501, "this database keeps no queue history (awa.queue_history); "
+                       "run awa migrate", "42P01")
+    return found
 
 
 # Queue names may hold "/": every route takes the rest of the path as the

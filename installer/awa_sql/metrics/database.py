@@ -48,17 +48,17 @@ select 'contention', pg_catalog.jsonb_build_object(
   from awa.lane_contention as c
 union all
 select 'decisions', pg_catalog.jsonb_build_object(
-    'queue', d.queue, 'action', d.action, 'logged', count(*),
-    'recent', count(*) filter (
-        where d.decided_at > pg_catalog.now() - interval '{RECENT_DECISIONS}'))
+    'queue', d.queue, 'action', d.action, 'logged', sum(d.repeats),
+    'recent', coalesce(sum(d.repeats) filter (
+        where d.last_decided_at > pg_catalog.now() - interval '{RECENT_DECISIONS}'), 0))
   from awa.autoscale_decisions as d
  group by d.queue, d.action
 union all
 select 'last_decision', pg_catalog.jsonb_build_object(
     'queue', x.queue, 'proposed', x.proposed_shards,
-    'at', extract(epoch from x.decided_at))
+    'at', extract(epoch from x.last_decided_at))
   from (
-    select distinct on (d.queue) d.queue, d.proposed_shards, d.decided_at
+    select distinct on (d.queue) d.queue, d.proposed_shards, d.last_decided_at
       from awa.autoscale_decisions as d
      order by d.queue, d.decided_at desc, d.decision_id desc
   ) as x

@@ -206,14 +206,120 @@
         : el("p", { id: "changes-table", class: "muted" }, "S has never changed."));
   }
 
+
+  // -- the last hour: small SVG charts drawn here, from /history ----------------------
+
+  const SVG = "http://www.w3.org/2000/svg";
+  const CHART_W = 320;
+  const CHART_H = 96;
+  const PAD = { left: 40, right: 8, top: 8, bottom: 16 };
+
+  function svg(tag, attrs, ...children) {
+    const node = document.createElementNS(SVG, tag);
+    for (const [key, value] of Object.entries(attrs || {})) node.setAttribute(key, value);
+    for (const child of children) {
+      if (child !== null && child !== undefined) node.append(child);
+    }
+    return node;
+  }
+
+  function shortNumber(value) {
+    if (value === null || value === undefined) return "–";
+    if (Math.abs(value) >= 10000) return `${Math.round(value / 1000)}k`;
+    if (Math.abs(value) >= 100) return String(Math.round(value));
+    if (Number.isInteger(value)) return String(value);
+    return value.toFixed(value < 10 ? 2 : 1);
+  }
+
+  function clock(ms) {
+    const d = new Date(ms);
+    return `${String(d.getHours()).padStart(2, "0")}:${String(d.getMinutes()).padStart(2, "0")}`;
+  }
+
+  // One chart: a line over [since, until], the changes of S as dashed marks.
+  function chart(id, title, h, key, opts) {
+    const t0 = Date.parse(h.since);
+    const t1 = Date.parse(h.until);
+    const pts = h.points
+      .filter((p) => p[key] !== null && p[key] !== undefined)
+      .map((p) => [Date.parse(p.at), p[key]]);
+    const last = pts.length ? pts[pts.length - 1][1] : null;
+    const caption = el("figcaption", {},
+      el("span", { class: "chart-title" }, title),
+      el("span", { class: "chart-last" }, opts.format(last)));
+    if (!pts.length) {
+      return el("figure", { class: "chart-box", id },
+        caption, el("p", { class: "muted chart-empty" }, opts.empty));
+    }
+    const top = Math.max(opts.floor || 0, ...pts.map((p) => p[1])) || 1;
+    const x = (t) => PAD.left + ((t - t0) / Math.max(t1 - t0, 1)) * (CHART_W - PAD.left - PAD.right);
+    const y = (v) => CHART_H - PAD.bottom - (v / top) * (CHART_H - PAD.top - PAD.bottom);
+    let line = pts.map(([t, v]) => [x(t), y(v)]);
+    if (opts.step) {  // S holds its value until the next sample
+      line = line.flatMap((p, i) => (i ? [[p[0], line[i - 1][1]], p] : [p]));
+    }
+    const base = CHART_H - PAD.bottom;
+    const marks = h.changes.map((c) => {
+      const cx = x(Date.parse(c.at)).toFixed(1);
+      return svg("line", { class: "change-mark", x1: cx, x2: cx, y1: PAD.top, y2: base },
+        svg("title", {}, `S ${c.old_shards} → ${c.new_shards} (${c.source}) at ${when(c.at)}`));
+    });
+    const labels = opts.step ? h.changes.map((c) => svg("text", {
+      class: "change-label", x: (x(Date.parse(c.at)) + 3).toFixed(1), y: PAD.top + 8,
+    }, `${c.old_shards}→${c.new_shards}`)) : [];
+    const picture = svg("svg", {
+      class: "chart", viewBox: `0 0 ${CHART_W} ${CHART_H}`, role: "img",
+      "aria-label": title, "data-points": String(pts.length),
+    },
+    svg("line", { class: "axis", x1: PAD.left, x2: CHART_W - PAD.right, y1: base, y2: base }),
+    svg("text", { class: "tick", x: PAD.left - 4, y: PAD.top + 4, "text-anchor": "end" },
+      shortNumber(top)),
+    svg("text", { class: "tick", x: PAD.left - 4, y: base, "text-anchor": "end" }, "0"),
+    svg("text", { class: "tick", x: PAD.left, y: CHART_H - 2 }, clock(t0)),
+    svg("text", { class: "tick", x: CHART_W - PAD.right, y: CHART_H - 2, "text-anchor": "end" },
+      clock(t1)),
+    ...marks,
+    ...labels,
+    svg("polyline", { class: "series",
+      points: line.map(([px, py]) => `${px.toFixed(1)},${py.toFixed(1)}`).join(" ") }));
+    return el("figure", { class: "chart-box", id }, caption, picture);
+  }
+
+  function historyCharts(h) {
+    if (h === null) {
+      return el("section", { id: "history" }, el("h2", {}, "Last hour"),
+        el("p", { class: "muted" }, "This database keeps no queue history yet."));
+    }
+    const counted = "Counted by the auto-scaler's tick for queues in shadow or auto mode.";
+    const noSamples = "No samples (is the auto-scaler tick running?).";
+    const mode = `S (mode ${h.shard_mode}${h.max_shards ? `, max ${h.max_shards}` : ""})`;
+    return el("section", { id: "history" },
+      el("h2", {}, "Last hour"),
+      el("p", { class: "muted" },
+        `From the contention samples; dashed lines mark the ${h.changes.length} ` +
+        `change${h.changes.length === 1 ? "" : "s"} of S in this hour.`),
+      el("div", { class: "charts" },
+        chart("chart-shards", mode, h, "shards",
+          { step: true, floor: h.max_shards || 1, format: shortNumber, empty: noSamples }),
+        chart("chart-rate", "Enqueues/s", h, "enqueue_rate",
+          { format: shortNumber, empty: noSamples }),
+        chart("chart-waiters", "Waiters per held lane", h, "waiters_per_held_lane",
+          { format: shortNumber, empty: noSamples }),
+        chart("chart-ready", "Ready jobs", h, "ready", { format: shortNumber, empty: counted }),
+        chart("chart-lag", "Lag (oldest ready)", h, "lag_seconds",
+          { format: seconds, empty: counted })));
+  }
+
   function decisions(q) {
     if (q.decisions === null) {
       return el("section", { id: "decisions" }, el("h2", {}, "Auto-scaler decisions"),
         el("p", { class: "muted" }, "This database has no auto-scaler yet."));
     }
     const rows = q.decisions.map((d) => el("tr", { class: d.action },
-      el("td", {}, when(d.decided_at)),
-      el("td", {}, d.action),
+      el("td", {}, d.repeats > 1
+        ? `${when(d.decided_at)} – ${when(d.last_decided_at)}` : when(d.decided_at)),
+      el("td", {}, d.action, d.repeats > 1
+        ? el("span", { class: "repeats" }, ` ×${d.repeats}`) : null),
       el("td", { class: "change" },
         d.proposed_shards === null ? "–" : `${d.current_shards} → ${d.proposed_shards}`),
       el("td", {}, d.mode),
@@ -347,24 +453,29 @@
   }
 
   function renderQueuePage() {
-    app.replaceChildren(
+    app.replaceChildren(...[
       el("h1", {}, queueName),
       el("p", { id: "status", role: "status" }),
       el("section", { id: "summary" }),
+      el("section", { id: "history" }),
       controls(),
       el("section", { id: "lanes" }),
       el("section", { id: "contention" }),
       el("section", { id: "changes" }),
       el("section", { id: "decisions" }),
-      el("section", { id: "runtimes" }));
+      el("section", { id: "runtimes" })].filter((node) => node !== null));
   }
 
   async function loadQueue() {
-    const { ok, status, data } = await api("GET", queuePath(queueName));
+    const [{ ok, status, data }, past] = await Promise.all([
+      api("GET", queuePath(queueName)),
+      api("GET", `${queuePath(queueName)}/history`),
+    ]);
     if (!ok) {
       setStatus(`${status}: ${data.error}`, "error");
       return;
     }
+    replace("history", historyCharts(past.ok ? past.data : null));
     const first = current === null;
     current = data;
     replace("summary", summary(data));
