@@ -63,9 +63,13 @@ CREATE TABLE awa.autoscale_decisions (
     proposed_shards smallint NOT NULL,
     action text NOT NULL,
     reason text NOT NULL,
+    reason_code text,
+    repeats integer DEFAULT 1 NOT NULL,
+    last_decided_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
     CONSTRAINT autoscale_decisions_pkey PRIMARY KEY (decision_id),
     CONSTRAINT autoscale_decisions_action_known CHECK ((action = ANY (ARRAY['raised'::text, 'lowered'::text, 'would_raise'::text, 'would_lower'::text, 'held'::text]))),
-    CONSTRAINT autoscale_decisions_mode_known CHECK ((mode = ANY (ARRAY['shadow'::text, 'auto'::text])))
+    CONSTRAINT autoscale_decisions_mode_known CHECK ((mode = ANY (ARRAY['shadow'::text, 'auto'::text]))),
+    CONSTRAINT autoscale_decisions_repeats_positive CHECK ((repeats >= 1))
 );
 
 CREATE TABLE awa.autoscale_policy (
@@ -93,6 +97,8 @@ CREATE TABLE awa.contention_samples (
     waiters integer NOT NULL,
     enqueued bigint NOT NULL,
     busiest_priority_held integer DEFAULT 0 NOT NULL,
+    ready bigint,
+    oldest_ready_at timestamp with time zone,
     CONSTRAINT contention_samples_pkey PRIMARY KEY (queue_id, sampled_at)
 );
 
@@ -308,9 +314,11 @@ CREATE TABLE awa.shard_changes (
 
 -- Indexes
 
-CREATE INDEX autoscale_decisions_decided_at_idx ON awa.autoscale_decisions USING btree (decided_at);
+CREATE INDEX autoscale_decisions_last_decided_at_idx ON awa.autoscale_decisions USING btree (last_decided_at);
 
 CREATE INDEX autoscale_decisions_queue_decided_at_idx ON awa.autoscale_decisions USING btree (queue, decided_at);
+
+CREATE INDEX contention_samples_sampled_at_idx ON awa.contention_samples USING btree (sampled_at);
 
 CREATE INDEX copy_staging_xid_idx ON awa.copy_staging USING btree (staged_xid, staged_id);
 
@@ -337,7 +345,9 @@ CREATE VIEW awa.lane_contention AS
             s.lanes_waited,
             s.waiters,
             s.enqueued,
-            s.busiest_priority_held
+            s.busiest_priority_held,
+            s.ready,
+            s.oldest_ready_at
            FROM awa.contention_samples s
           WHERE s.sampled_at > (clock_timestamp() - '00:01:00'::interval)
         )
@@ -370,6 +380,18 @@ CREATE VIEW awa.lane_overview AS
             min(x.lane_seq) AS head_seq
            FROM awa.ready x
           GROUP BY x.lane_id) r ON l.lane_id = r.lane_id;
+
+CREATE VIEW awa.queue_history AS
+ SELECT s.sampled_at,
+    m.queue,
+    COALESCE(m.root_queue, m.logical_queue, m.queue) AS logical_queue,
+    s.lanes_held,
+    s.waiters,
+    s.enqueued,
+    s.ready,
+    s.sampled_at - s.oldest_ready_at AS lag
+   FROM awa.contention_samples s
+     JOIN awa.queue_meta m ON s.queue_id = m.queue_id;
 
 CREATE VIEW awa.queue_overview AS
  SELECT m.queue,
@@ -547,6 +569,8 @@ CREATE OR REPLACE FUNCTION awa._autoscale_decide(anchor awa.queue_meta, at times
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
 declare
+    -- Doublings one raise may take; configuration.md documents it.
+    max_step constant integer := 3;
     policy record;
     grow record;
     shrink record;
@@ -554,7 +578,9 @@ declare
     draining bigint;
     s integer := anchor.enqueue_shards;
     proposed integer;
+    needed integer;
     verdict text;
+    code text;
     why text;
     decision awa.autoscale_decisions;
 begin
@@ -578,44 +604,62 @@ begin
        and l.shard >= m.enqueue_shards;
     proposed := s;
     if last_step is not null and at < last_step + policy.cooldown then
+        code := 'cooldown';
         why := pg_catalog.format('cooldown: last step at %s, next allowed after %s',
                                  last_step, last_step + policy.cooldown);
     elsif draining > 0 then
+        code := 'draining';
         why := pg_catalog.format(
             'lanes >= S = %s still hold %s ready rows; no step until they drain', s, draining);
     elsif s > anchor.max_shards then
+        code := 'above_max';
         proposed := greatest(s / 2, anchor.max_shards);
         why := pg_catalog.format('S = %s is above max_shards = %s', s, anchor.max_shards);
     elsif grow.samples >= policy.min_samples
         and grow.wait_share >= policy.grow_wait_share
         and grow.mean_waiters >= policy.grow_waiters then
         if s >= anchor.max_shards then
+            code := 'at_max';
             why := pg_catalog.format(
-                'lane waits in %s of %s samples (%s waiters per held lane) but S is at '
-                'max_shards = %s', grow.wait_share, grow.samples, grow.mean_waiters,
-                anchor.max_shards);
+                'lane waits in %s of %s samples (%s waiters per held lane, demand %s) but S '
+                'is at max_shards = %s', grow.wait_share, grow.samples, grow.mean_waiters,
+                grow.demand, anchor.max_shards);
         else
-            proposed := least(s * 2, anchor.max_shards);
+            code := 'grow';
+            needed := s * 2;
+            while needed < grow.demand loop  -- the demand counts backends: bounded
+                needed := needed * 2;
+            end loop;
+            proposed := least(needed, s << max_step, anchor.max_shards);
             why := pg_catalog.format(
                 'lane waits in a share %s of %s samples over %s, %s waiters per held lane '
                 '(thresholds %s and %s)', grow.wait_share, grow.samples, policy.grow_window,
                 grow.mean_waiters, policy.grow_wait_share, policy.grow_waiters);
+            if proposed > s * 2 then
+                why := why || pg_catalog.format(
+                    '; demand %s (lanes held + waiters per sample) calls for S = %s: %s -> %s '
+                    'in one step (at most %s doublings, max_shards %s)', grow.demand,
+                    needed, s, proposed, max_step, anchor.max_shards);
+            end if;
         end if;
     elsif s > 1
         and (last_step is null or last_step <= at - policy.shrink_window)
         and shrink.samples >= policy.min_samples
         and shrink.wait_share <= policy.shrink_wait_share
         and shrink.busiest_held <= s / 2 then
+        code := 'shrink';
         proposed := s / 2;
         why := pg_catalog.format(
             'lane waits in a share %s of %s samples over %s (threshold %s) and at most %s '
             'lanes held at once in a priority', shrink.wait_share, shrink.samples,
             policy.shrink_window, policy.shrink_wait_share, shrink.busiest_held);
     elsif grow.samples < policy.min_samples then
+        code := 'few_samples';
         why := pg_catalog.format('%s samples since %s; %s needed', grow.samples,
                                  greatest(at - policy.grow_window, last_step),
                                  policy.min_samples);
     else
+        code := 'steady';
         why := pg_catalog.format(
             'steady: lane waits in a share %s of %s samples, %s waiters per held lane, '
             'at most %s lanes held at once in a priority over %s',
@@ -632,14 +676,42 @@ begin
     if verdict in ('raised', 'lowered') then
         perform awa._set_enqueue_shards(anchor.queue, proposed, 'auto');
     end if;
-    insert into awa.autoscale_decisions (
-        queue, decided_at, mode, samples, mean_waiters, wait_share, enqueue_rate,
-        busiest_held, current_shards, proposed_shards, action, reason
-    ) values (
-        anchor.queue, at, anchor.shard_mode, grow.samples, grow.mean_waiters,
-        grow.wait_share, grow.enqueue_rate, shrink.busiest_held, s, proposed, verdict, why
-    )
-    returning * into decision;
+    if verdict = 'held' then
+        update awa.autoscale_decisions as d
+           set repeats = d.repeats + 1,
+               last_decided_at = at,
+               samples = grow.samples,
+               mean_waiters = grow.mean_waiters,
+               wait_share = grow.wait_share,
+               enqueue_rate = grow.enqueue_rate,
+               busiest_held = shrink.busiest_held,
+               reason = why
+         where d.decision_id = (
+                   select x.decision_id from awa.autoscale_decisions as x
+                    where x.queue = anchor.queue
+                    order by x.decided_at desc, x.decision_id desc
+                    limit 1)
+           and d.action = 'held'
+           and d.mode = anchor.shard_mode
+           and d.current_shards = s
+           and d.reason_code = code
+        returning d.decision_id, d.queue, at, d.mode, d.samples, d.mean_waiters, d.wait_share,
+                  d.enqueue_rate, d.busiest_held, d.current_shards, d.proposed_shards,
+                  d.action, d.reason, d.reason_code, d.repeats, d.last_decided_at
+             into decision;
+    end if;
+    if decision.decision_id is null then
+        insert into awa.autoscale_decisions (
+            queue, decided_at, last_decided_at, mode, samples, mean_waiters, wait_share,
+            enqueue_rate, busiest_held, current_shards, proposed_shards, action, reason_code,
+            reason
+        ) values (
+            anchor.queue, at, at, anchor.shard_mode, grow.samples, grow.mean_waiters,
+            grow.wait_share, grow.enqueue_rate, shrink.busiest_held, s, proposed, verdict, code,
+            why
+        )
+        returning * into decision;
+    end if;
     return decision;
 end;
 $function$;
@@ -661,7 +733,7 @@ AS $function$
       left join awa.autoscale_policy as p on p.queue_id = _autoscale_policy.queue_id
 $function$;
 
-CREATE OR REPLACE FUNCTION awa._autoscale_signal(anchor awa.queue_meta, since timestamp with time zone, OUT samples integer, OUT mean_waiters numeric, OUT wait_share numeric, OUT enqueue_rate numeric, OUT busiest_held integer)
+CREATE OR REPLACE FUNCTION awa._autoscale_signal(anchor awa.queue_meta, since timestamp with time zone, OUT samples integer, OUT mean_waiters numeric, OUT wait_share numeric, OUT enqueue_rate numeric, OUT busiest_held integer, OUT demand numeric)
  RETURNS record
  LANGUAGE sql
  STABLE
@@ -672,7 +744,8 @@ AS $function$
                sum(s.waiters) as waiters,
                sum(s.lanes_held) as held,
                sum(s.enqueued) as enqueued,
-               max(s.busiest_priority_held) as busiest
+               max(s.busiest_priority_held) as busiest,
+               count(*) as physical
           from awa.contention_samples as s
           join awa.queue_meta as m on m.queue_id = s.queue_id
          where (m.queue_id = (anchor).queue_id or m.root_queue = (anchor).queue)
@@ -684,7 +757,8 @@ AS $function$
            round(avg((p.waiters > 0)::integer::numeric), 3),
            round((max(p.enqueued) - min(p.enqueued))::numeric
                  / nullif(extract(epoch from max(p.sampled_at) - min(p.sampled_at)), 0), 1),
-           max(p.busiest)::integer
+           max(p.busiest)::integer,
+           round(avg((p.held + p.waiters)::numeric / p.physical), 2)
       from per_instant as p
 $function$;
 
@@ -1863,6 +1937,55 @@ begin
 end;
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._sample_lane_contention(at timestamp with time zone)
+ RETURNS integer
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+declare
+    sampled integer;
+begin
+    with locks as (
+        select k.objid::integer as lane_id,
+               bool_or(k.granted) as held,
+               count(*) filter (where not k.granted)::integer as waiters
+          from pg_catalog.pg_locks as k
+         where k.locktype = 'advisory'
+           and k.classid = 1635213644
+           and k.objsubid = 2
+           and k.database = (
+               select d.oid from pg_catalog.pg_database as d
+                where d.datname = pg_catalog.current_database()
+           )
+         group by k.objid
+    ),
+    per_priority as (
+        select n.queue_id,
+               count(*)::integer as lanes,
+               count(*) filter (where k.held)::integer as lanes_held,
+               count(*) filter (where k.waiters > 0)::integer as lanes_waited,
+               coalesce(sum(k.waiters), 0)::integer as waiters,
+               sum(coalesce(pg_catalog.pg_sequence_last_value(n.seq), 0))::bigint as enqueued
+          from awa.lanes as n
+          left join locks as k on k.lane_id = n.lane_id
+         group by n.queue_id, n.priority
+    )
+    insert into awa.contention_samples (
+        sampled_at, queue_id, lanes, lanes_held, lanes_waited, waiters, enqueued,
+        busiest_priority_held
+    )
+    select at, p.queue_id, sum(p.lanes), sum(p.lanes_held), sum(p.lanes_waited),
+           sum(p.waiters), sum(p.enqueued), max(p.lanes_held)
+      from per_priority as p
+     group by p.queue_id
+    on conflict do nothing;
+    get diagnostics sampled = row_count;
+    delete from awa.contention_samples as s
+     where s.sampled_at < at - interval '1 hour';
+    return sampled;
+end;
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._set_enqueue_shards(queue text, shards integer, source text)
  RETURNS TABLE(physical_queue text, old_shards smallint, new_shards smallint, lanes_created integer)
  LANGUAGE plpgsql
@@ -2021,13 +2144,38 @@ AS $function$
 declare
     anchor awa.queue_meta;
     decision awa.autoscale_decisions;
-    at timestamptz;
+    -- The sample is stamped with the transaction's start, which is also the
+    -- changed_at of a step this tick makes: windows that start at a step
+    -- never count the sample that led to it.
+    at timestamptz := pg_catalog.now();
 begin
     perform awa._require_primary('run the auto-scaler');
     if not pg_try_advisory_xact_lock(1635213633, 0) then
         return;
     end if;
-    perform awa.sample_lane_contention();
+    perform awa._sample_lane_contention(at);
+    -- Ready depth from each lane's head (one primary-key probe per lane) and
+    -- its sequence: rows from the head to the last lane_seq handed out. A
+    -- rolled-back enqueue behind the head counts too; no scan of the backlog.
+    update awa.contention_samples as s
+       set ready = d.ready, oldest_ready_at = d.oldest_ready_at
+      from (
+          select l.queue_id,
+                 coalesce(sum(coalesce(pg_catalog.pg_sequence_last_value(l.seq), 0)
+                              - h.lane_seq + 1), 0) as ready,
+                 min(h.ready_at) as oldest_ready_at
+            from awa.queue_meta as m
+            join awa.lanes as l on l.queue_id = m.queue_id
+            left join lateral (
+                select r.lane_seq, r.ready_at from awa.ready as r
+                 where r.lane_id = l.lane_id
+                 order by r.lane_seq
+                 limit 1
+            ) as h on true
+           where m.shard_mode <> 'manual'
+           group by l.queue_id
+      ) as d
+     where s.queue_id = d.queue_id and s.sampled_at = at;
     at := pg_catalog.clock_timestamp();
     for anchor in
         select m.* from awa.queue_meta as m
@@ -2037,7 +2185,8 @@ begin
         decision := awa._autoscale_decide(anchor, at);
         return next decision;
     end loop;
-    delete from awa.autoscale_decisions as d where d.decided_at < at - interval '24 hours';
+    delete from awa.autoscale_decisions as d
+     where d.last_decided_at < at - interval '24 hours';
 end;
 $function$;
 
@@ -2697,66 +2846,11 @@ $function$;
 
 CREATE OR REPLACE FUNCTION awa.sample_lane_contention()
  RETURNS integer
- LANGUAGE plpgsql
+ LANGUAGE sql
  SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
-declare
-    sampled integer;
-    -- One instant for every queue's row, so rows of one sample group together.
-    at timestamptz := pg_catalog.clock_timestamp();
-begin
-    with locks as (
-        select l.objid::integer as lane_id, l.granted
-          from pg_catalog.pg_locks as l
-         where l.locktype = 'advisory'
-           and l.classid = 1635213644
-           and l.objsubid = 2
-           and l.database = (
-               select d.oid from pg_catalog.pg_database as d
-                where d.datname = pg_catalog.current_database()
-           )
-    ),
-    per_queue as (
-        select
-            n.queue_id,
-            count(*)::integer as lanes,
-            count(*) filter (
-                where exists (select from locks as k where k.lane_id = n.lane_id and k.granted)
-            )::integer as lanes_held,
-            count(*) filter (
-                where exists (
-                    select from locks as k where k.lane_id = n.lane_id and not k.granted
-                )
-            )::integer as lanes_waited,
-            coalesce(sum((
-                select count(*) from locks as k where k.lane_id = n.lane_id and not k.granted
-            )), 0)::integer as waiters,
-            sum(coalesce(pg_catalog.pg_sequence_last_value(n.seq), 0))::bigint as enqueued
-          from awa.lanes as n
-         group by n.queue_id
-    ),
-    held_per_priority as (
-        select n.queue_id, n.priority, count(*)::integer as held
-          from awa.lanes as n
-         where exists (select from locks as k where k.lane_id = n.lane_id and k.granted)
-         group by n.queue_id, n.priority
-    )
-    insert into awa.contention_samples (
-        sampled_at, queue_id, lanes, lanes_held, lanes_waited, waiters, enqueued,
-        busiest_priority_held
-    )
-    select at, p.queue_id, p.lanes, p.lanes_held, p.lanes_waited, p.waiters, p.enqueued,
-           coalesce((
-               select max(h.held) from held_per_priority as h where h.queue_id = p.queue_id
-           ), 0)
-      from per_queue as p
-    on conflict do nothing;
-    get diagnostics sampled = row_count;
-    delete from awa.contention_samples as s
-     where s.sampled_at < at - interval '1 hour';
-    return sampled;
-end;
+    select awa._sample_lane_contention(pg_catalog.clock_timestamp())
 $function$;
 
 CREATE OR REPLACE FUNCTION awa.set_autoscale_policy(queue text, grow_window interval DEFAULT NULL::interval, grow_wait_share numeric DEFAULT NULL::numeric, grow_waiters numeric DEFAULT NULL::numeric, shrink_window interval DEFAULT NULL::interval, shrink_wait_share numeric DEFAULT NULL::numeric, cooldown interval DEFAULT NULL::interval, min_samples integer DEFAULT NULL::integer)
@@ -2958,9 +3052,17 @@ CREATE TRIGGER shard_changes_record_lanes AFTER INSERT ON awa.shard_changes FOR 
 
 -- Comments
 
+COMMENT ON COLUMN awa.autoscale_decisions.last_decided_at IS 'The latest tick of the run (decided_at is the first); the signal and the reason are those of that latest tick.';
+
+COMMENT ON COLUMN awa.autoscale_decisions.reason_code IS 'The rule that decided, in one word (cooldown, draining, above_max, grow, at_max, shrink, few_samples, steady): holds with the same code, mode and S fold into one row. Null on rows logged before migration 0013.';
+
+COMMENT ON COLUMN awa.autoscale_decisions.repeats IS 'How many ticks made this decision: 1 for a step, the length of the run for folded holds.';
+
 COMMENT ON COLUMN awa.contention_samples.busiest_priority_held IS 'Lanes held at the sample in the queue''s busiest priority: the producers that had to fit into S lanes at that instant.';
 
 COMMENT ON COLUMN awa.contention_samples.enqueued IS 'Sum of the lane sequences of the queue: the difference between two samples is the number of enqueues between them (rolled-back reservations included).';
+
+COMMENT ON COLUMN awa.contention_samples.ready IS 'Ready jobs of the queue at the sample, estimated by awa.autoscale_tick from its lanes'' heads and sequences, for queues in shadow or auto mode; null for the others.';
 
 COMMENT ON COLUMN awa.contention_samples.waiters IS 'Backends waiting (ungranted) for one of the queue''s lane locks at the sample.';
 
@@ -3044,6 +3146,8 @@ COMMENT ON VIEW awa.lane_contention IS 'Per queue over the last minute of awa.sa
 
 COMMENT ON VIEW awa.lane_overview IS 'Per lane: ready depth, lag (age of its oldest ready job), the next lane_seq it will hand out, and the claim position (lane_seq of its head). draining: shard >= the current S with ready jobs left.';
 
+COMMENT ON VIEW awa.queue_history IS 'Per physical queue and contention sample (the last hour): lanes held, backends waiting, the sum of the lane sequences (its difference between samples is enqueues), and ready depth and lag (oldest ready job) where the auto-scaler counted them (shadow or auto mode).';
+
 COMMENT ON VIEW awa.queue_overview IS 'Per physical queue: S, shard mode, paused, job counts by state, age of the oldest ready job; logical_queue names the logical queue a partition or stripe belongs to (itself otherwise); stripes is K; partitions is P for a partitioned logical queue.';
 
 COMMENT ON VIEW awa.runtime_overview IS 'Python producers and workers that published a snapshot in the last 30 seconds.';
@@ -3060,6 +3164,7 @@ GRANT SELECT ON TABLE awa.autoscale_decisions TO awa_operator, awa_reader;
 GRANT SELECT ON TABLE awa.autoscale_policy TO awa_operator, awa_reader;
 GRANT SELECT ON TABLE awa.lane_contention TO awa_operator, awa_reader;
 GRANT SELECT ON TABLE awa.lane_overview TO awa_operator, awa_reader;
+GRANT SELECT ON TABLE awa.queue_history TO awa_operator, awa_reader;
 GRANT SELECT ON TABLE awa.queue_overview TO awa_operator, awa_reader;
 GRANT SELECT ON TABLE awa.runtime_overview TO awa_operator, awa_reader;
 GRANT SELECT ON TABLE awa.runtime_queue_overview TO awa_operator, awa_reader;

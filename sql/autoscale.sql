@@ -1,4 +1,4 @@
--- autoscale.sql: the enqueue-shard auto-scaler (ADR 006).
+-- autoscale.sql: the enqueue-shard auto-scaler (ADR 008).
 --
 -- A queue opts in with awa.set_shard_mode (shadow: decide and log; auto:
 -- act). awa.autoscale_tick, called every few seconds by one or many
