@@ -17,6 +17,7 @@ import re
 import shutil
 import statistics
 import subprocess
+import sys
 import tempfile
 import zipfile
 from collections.abc import Callable, Iterable, Sequence
@@ -133,7 +134,7 @@ def procrastinate_schema() -> str:
     wheels = sorted(CACHE.glob("procrastinate-*.whl"))
     if not wheels:
         subprocess.run(
-            ["pip", "download", "--quiet", "--no-deps", "--only-binary=:all:", "-d", str(CACHE),
+            [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:", "-d", str(CACHE),
              PROCRASTINATE],
             check=True,
         )
