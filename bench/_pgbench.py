@@ -134,8 +134,8 @@ def procrastinate_schema() -> str:
     wheels = sorted(CACHE.glob("procrastinate-*.whl"))
     if not wheels:
         subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:", "-d", str(CACHE),
-             PROCRASTINATE],
+            [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
+             "--only-binary=:all:", "-d", str(CACHE), PROCRASTINATE],
             check=True,
         )
         wheels = sorted(CACHE.glob("procrastinate-*.whl"))
