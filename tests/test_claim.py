@@ -202,13 +202,18 @@ def test_worker_claims_in_batches_idles_quietly_and_wakes_for_new_jobs(db, login
     with db.connect(logins["producer"]) as p:
         awa_sql.enqueue_many(p, [{"kind": "job"}] * 300, queue="wq")
     done: list[int] = []
+    started: list[int] = []
     lock = threading.Lock()
     claims_when_4_ran: list[int] = []
     barrier = threading.Barrier(4, action=lambda: claims_when_4_ran.append(worker.claims))
 
     def handle(job):
+        # The first four handlers to start, not the first four to finish: a
+        # slot past the barrier may start its next job before the others
+        # have recorded theirs.
         with lock:
-            first_four = len(done) < 4
+            started.append(job.job_id)
+            first_four = len(started) <= 4
         if first_four:
             barrier.wait(timeout=20)
         with lock:
