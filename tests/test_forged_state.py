@@ -15,29 +15,23 @@ does.)
 
 from __future__ import annotations
 
-import itertools
 import threading
 
 import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from awa_sql import routing
+from tests.support.jobs import LANE_CLASS, copy_rows, key_for_shard, waits_for_a_lock
 from tests.support.waiting import wait_until
 
-LANE_CLASS = 1635213644
 S = 4
 FREE_SHARD = 3  # every other priority-2 lane of the target is held by another transaction
-KEY = next(k for k in (f"key-{i}".encode() for i in itertools.count())
-           if routing.shard_for_ordering_key(k, S) == FREE_SHARD)
-COPY_SQL = ("copy awa.copy_staging (queue, priority, ordering_key, kind, args, run_at,"
-            " max_attempts) from stdin")
+KEY = key_for_shard(FREE_SHARD, S)
 
 
 def _copy(conn, queue, kind, rows):
-    with conn.cursor().copy(COPY_SQL) as cp:
-        for priority, key in rows:
-            cp.write_row((queue, priority, key, kind, Jsonb({}), None, None))
+    copy_rows(conn, [(queue, priority, key, kind, Jsonb({}), None, None)
+                     for priority, key in rows])
 
 
 # Mixed calls put their keyed row at priority 1, so that it cannot overwrite
@@ -159,9 +153,8 @@ def test_a_forged_wait_total_is_ignored_when_the_call_waits(db):
 
         t = threading.Thread(target=produce, daemon=True)
         t.start()
-        wait_until(lambda: "pid" in outcome and admin.execute(
-            "select exists (select from pg_locks where pid = %s and not granted)",
-            [outcome["pid"]]).fetchone()[0], what="the producer to wait for the lane")
+        wait_until(lambda: "pid" in outcome and waits_for_a_lock(admin, outcome["pid"]),
+                   what="the producer to wait for the lane")
         hold.commit()
         t.join(timeout=30)
     assert "error" not in outcome, outcome.get("error")

@@ -18,23 +18,17 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from psycopg import sql
 
+from tests.support.jobs import LANE_CLASS, waits_for_a_lock
 from tests.support.waiting import wait_until
 
 BATCH_SQL = ("select * from awa.enqueue_batch(%s::text[], %s::text[], priorities => %s::smallint[],"
              " ordering_keys => %s::bytea[])")
-LANE_CLASS = 1635213644
 
 
 def _fast_deadlock_detection(db) -> None:
     with db.connect() as su:
         su.execute(sql.SQL("alter database {} set deadlock_timeout = '20ms'").format(
             sql.Identifier(db.name)))
-
-
-def _waiting(admin: psycopg.Connection, pid: int) -> bool:
-    return admin.execute(
-        "select exists (select from pg_locks where pid = %s and not granted)", [pid]
-    ).fetchone()[0]
 
 
 class Call(threading.Thread):
@@ -68,7 +62,7 @@ def _cross(db, login, admin, first_rows, second_rows, hold) -> tuple[Call, Call]
     first, second = Call(db, login, first_rows), Call(db, login, second_rows)
     for call in (first, second):
         call.start()
-        wait_until(lambda c=call: not c.is_alive() or _waiting(admin, c.pid),
+        wait_until(lambda c=call: not c.is_alive() or waits_for_a_lock(admin, c.pid),
                    what="the call to wait or finish")
     hold.commit()
     for call in (first, second):
@@ -161,7 +155,7 @@ def test_a_call_waits_only_above_the_lanes_it_holds(db):
             hold.execute("select pg_advisory_xact_lock(%s, %s)", [LANE_CLASS, lane])
         call = Call(db, producer, [("high", 2, b"k"), ("low", 2, None)])
         call.start()
-        wait_until(lambda: _waiting(admin, call.pid), what="the call to wait")
+        wait_until(lambda: waits_for_a_lock(admin, call.pid), what="the call to wait")
         # It waits for a lane of 'low' before it takes 'high' (lane order):
         # holding 'high' while it waits would invert the order.
         held_by_call = admin.execute(

@@ -22,6 +22,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from psycopg.types.json import Jsonb
 
+from tests.support.jobs import copy_rows
+
 QUEUES = ["dp", "dp1", "dpart", "fresh", "dp#1", "", "x" * 201, None]
 NOW_QUEUES = ["dp", "dp1"]
 STORED = """
@@ -179,17 +181,11 @@ def test_single_row_fast_path_equals_the_general_path(conn, j):
     assert (fast[0] == "ok") == _valid(j), fast
 
 
-COPY_SQL = ("copy awa.copy_staging (queue, priority, ordering_key, kind, args, run_at,"
-            " max_attempts) from stdin")
-
-
 def _copy(rows, mover):
     def steps(c):
-        with c.cursor().copy(COPY_SQL) as cp:
-            for r in rows:
-                cp.write_row((r["queue"], r["priority"], r["key"], r["kind"],
-                              Jsonb(r["args"]) if r["args"] is not None else None,
-                              r["run_at"], r["max_attempts"]))
+        copy_rows(c, [(r["queue"], r["priority"], r["key"], r["kind"],
+                       Jsonb(r["args"]) if r["args"] is not None else None,
+                       r["run_at"], r["max_attempts"]) for r in rows])
         c.execute(mover)
     return steps
 

@@ -65,3 +65,10 @@ def lane_waiters(db, queue: str) -> int:
             " join awa.queue_meta m using (queue_id)"
             " where k.locktype = 'advisory' and k.classid = %s and not k.granted"
             " and m.queue = %s", [LANE_CLASS, queue]).fetchone()[0]
+
+
+def waits_for_a_lock(conn: psycopg.Connection, pid: int) -> bool:
+    """Whether backend ``pid`` is waiting for a lock right now."""
+    return conn.execute(
+        "select exists (select from pg_locks where pid = %s and not granted)", [pid]
+    ).fetchone()[0]
