@@ -762,23 +762,25 @@ AS $function$
       from per_instant as p
 $function$;
 
-CREATE OR REPLACE FUNCTION awa._check_job(kind text, priority smallint, max_attempts integer)
+CREATE OR REPLACE FUNCTION awa._check_job(queue text, kind text, priority smallint, max_attempts integer)
  RETURNS void
  LANGUAGE plpgsql
  IMMUTABLE PARALLEL SAFE
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
 begin
+    if awa._job_ok(queue, kind, priority, max_attempts) then
+        return;
+    end if;
+    perform awa._check_queue_name(queue);
     if kind is null then
         raise exception 'kind must not be null'
             using errcode = '22004';
     end if;
     perform awa._check_priority(priority);
-    if max_attempts is null or max_attempts not between 1 and 1000 then
-        raise exception 'max_attempts must be between 1 and 1000, got %',
-            coalesce(max_attempts::text, 'null')
-            using errcode = '22023';
-    end if;
+    raise exception 'max_attempts must be between 1 and 1000, got %',
+        coalesce(max_attempts::text, 'null')
+        using errcode = '22023';
 end;
 $function$;
 
@@ -802,7 +804,7 @@ CREATE OR REPLACE FUNCTION awa._check_priority(priority smallint)
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
 begin
-    if priority is null or priority not between 1 and 4 then
+    if not awa._priority_ok(priority) then
         raise exception 'priority must be between 1 (highest) and 4 (lowest), got %',
             coalesce(priority::text, 'null')
             using errcode = '22023';
@@ -817,22 +819,21 @@ CREATE OR REPLACE FUNCTION awa._check_queue_name(queue text)
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
 begin
-    if queue is null then
+    if awa._queue_name_ok(queue) then
+        return;
+    elsif queue is null then
         raise exception 'queue must not be null'
             using errcode = '22004';
-    end if;
-    if octet_length(queue) not between 1 and 200 then
-        raise exception 'queue name must be 1 to 200 bytes, got % bytes: %',
-            octet_length(queue), left(queue, 64)
-            using errcode = '22023',
-                  hint = 'Use a shorter name; long names cost nothing in lane names or locks, '
-                         'but 200 bytes is the contract.';
-    end if;
-    if strpos(queue, '#') > 0 then
+    elsif strpos(queue, '#') > 0 then
         raise exception 'queue name must not contain ''#'' (reserved for stripes), got %',
             quote_literal(queue)
             using errcode = '22023';
     end if;
+    raise exception 'queue name must be 1 to 200 bytes, got % bytes: %',
+        octet_length(queue), left(queue, 64)
+        using errcode = '22023',
+              hint = 'Use a shorter name; long names cost nothing in lane names or locks, '
+                     'but 200 bytes is the contract.';
 end;
 $function$;
 
@@ -865,7 +866,7 @@ declare
     q text;
     queue_ids integer[];
     key_shards smallint[];
-    lanes record;
+    taken record;
 begin
     if n = 0 then
         return;
@@ -873,15 +874,14 @@ begin
 
     select min(i) into bad
       from generate_series(1, n) as i
-     where queues[i] is null or kinds[i] is null
-        or coalesce(priorities[i], 2) not between 1 and 4
-        or octet_length(queues[i]) not between 1 and 200 or strpos(queues[i], '#') > 0
-        or coalesce(max_attempts[i], 25) not between 1 and 1000;
+     where not awa._job_ok(
+         queues[i], kinds[i], coalesce(priorities[i], 2)::smallint, coalesce(max_attempts[i], 25)
+     );
     if bad is not null then
         begin
-            perform awa._check_queue_name(queues[bad]);
             perform awa._check_job(
-                kinds[bad], coalesce(priorities[bad], 2::smallint), coalesce(max_attempts[bad], 25)
+                queues[bad], kinds[bad], coalesce(priorities[bad], 2)::smallint,
+                coalesce(max_attempts[bad], 25)
             );
         exception when others then
             raise exception '% % (1-based): %', row_label, bad + row_offset, sqlerrm
@@ -914,12 +914,8 @@ begin
         );
     end if;
 
-    -- Per row: the queue id when due now (null: it waits in awa.scheduled),
-    -- and the keyed shard under the queue's current S.
-    select array_agg(
-               case when run_ats[i] is null or run_ats[i] <= now() then m.queue_id end
-               order by i
-           ),
+    -- Per row: the queue id, and the keyed shard under the queue's current S.
+    select array_agg(m.queue_id order by i),
            array_agg(
                case when ordering_keys[i] is not null
                     then awa._key_shard(ordering_keys[i], m.enqueue_shards) end
@@ -933,91 +929,22 @@ begin
            where x.queue = any(queues)
       ) as m on m.queue = queues[i];
 
-    select * into lanes from awa._lock_lanes(queue_ids, priorities, key_shards);
-
+    -- The lanes of the rows due now; a row for later waits in awa.scheduled.
+    select * into taken from awa._lock_lanes(
+        array(
+            select case when run_ats[i] is null or run_ats[i] <= now() then queue_ids[i] end
+              from generate_series(1, n) as i
+             order by i
+        ),
+        priorities, key_shards
+    );
     return query
-    with rows as (
-        select
-            i, queue_ids[i] as qid, coalesce(priorities[i], 2)::smallint as p, g.lane,
-            g.shard, g.base + row_number() over (partition by g.lane order by i) - 1 as seq,
-            nextval('awa.job_id_seq') as job_id
-          from generate_series(1, n) as i
-          left join unnest(
-              lanes.g_qid, lanes.g_p, lanes.g_ks, lanes.g_lane, lanes.g_shard, lanes.g_base
-          ) as g (qid, p, ks, lane, shard, base)
-            on g.qid = queue_ids[i]
-           and g.p = coalesce(priorities[i], 2)
-           and g.ks = coalesce(key_shards[i], -1)
-    ),
-    to_ready as (
-        insert into awa.ready (
-            lane_id, lane_seq, job_id, queue_id, priority, kind, args, ordering_key, attempt,
-            max_attempts, enqueued_at, ready_at
-        )
-        select r.lane, r.seq, r.job_id, r.qid, r.p, kinds[r.i], coalesce(args[r.i], '{}'),
-               ordering_keys[r.i], 0, coalesce(max_attempts[r.i], 25), now(), clock_timestamp()
-          from rows as r
-         where r.lane is not null
-    ),
-    to_scheduled as (
-        insert into awa.scheduled (
-            job_id, queue_id, priority, kind, args, ordering_key, attempt, max_attempts,
-            enqueued_at, run_at
-        )
-        select r.job_id, m.queue_id, r.p, kinds[r.i], coalesce(args[r.i], '{}'),
-               ordering_keys[r.i], 0, coalesce(max_attempts[r.i], 25), now(), run_ats[r.i]
-          from rows as r
-          join awa.queue_meta as m on m.queue = queues[r.i]
-         where r.lane is null
-    )
-    select r.job_id, queues[r.i], r.p, r.shard, r.seq
-      from rows as r
-     order by r.i;
-end;
-$function$;
-
-CREATE OR REPLACE FUNCTION awa._enqueue_slow(queue text, kind text, args jsonb, priority smallint, ordering_key bytea, run_at timestamp with time zone, max_attempts integer)
- RETURNS awa.enqueued
- LANGUAGE plpgsql
- SET search_path TO 'pg_catalog', 'pg_temp'
-AS $function$
-declare
-    meta awa.queue_meta;
-    shard integer;
-    lane integer;
-    new_job bigint;
-    new_seq bigint;
-begin
-    perform awa._check_queue_name(queue);  -- also for an existing stripe's 'q#1'
-    meta := awa._route_queue(awa._ensure_queue(queue), ordering_key);
-    if run_at is not null and run_at > now() then
-        new_job := nextval('awa.job_id_seq');
-        insert into awa.scheduled (
-            job_id, queue_id, priority, kind, args, ordering_key, attempt, max_attempts,
-            enqueued_at, run_at
-        ) values (
-            new_job, meta.queue_id, _enqueue_slow.priority, _enqueue_slow.kind,
-            coalesce(_enqueue_slow.args, '{}'), _enqueue_slow.ordering_key, 0,
-            _enqueue_slow.max_attempts, now(), _enqueue_slow.run_at
-        );
-        return row(new_job, meta.queue, _enqueue_slow.priority, null, null)::awa.enqueued;
-    end if;
-    shard := awa._take_lane(
-        meta.lane_ids, meta.queue_id, priority, meta.enqueue_shards,
-        awa._key_shard(ordering_key, meta.enqueue_shards), 0
-    );
-    lane := meta.lane_ids[priority][shard];
-    new_seq := nextval(meta.lane_seqs[priority][shard]);
-    new_job := nextval('awa.job_id_seq');
-    insert into awa.ready (
-        lane_id, lane_seq, job_id, queue_id, priority, kind, args, ordering_key, attempt,
-        max_attempts, enqueued_at, ready_at
-    ) values (
-        lane, new_seq, new_job, meta.queue_id, _enqueue_slow.priority,
-        _enqueue_slow.kind, coalesce(_enqueue_slow.args, '{}'), _enqueue_slow.ordering_key, 0,
-        _enqueue_slow.max_attempts, now(), clock_timestamp()
-    );
-    return row(new_job, meta.queue, _enqueue_slow.priority, shard, new_seq)::awa.enqueued;
+    select j.job_id, queues[j.i], coalesce(priorities[j.i], 2)::smallint,
+           taken.shards[j.i], taken.seqs[j.i]
+      from awa._insert_jobs(
+          taken.lanes, taken.seqs, queue_ids, priorities, kinds, args, ordering_keys,
+          max_attempts, run_ats
+      ) with ordinality as j (job_id, i);
 end;
 $function$;
 
@@ -1035,7 +962,7 @@ begin
         return meta;
     end if;
     anchor := awa._ensure_queue(logical);
-    perform pg_advisory_xact_lock(1635213648, 0);
+    perform pg_advisory_xact_lock(awa._lock_class_provisioning(), 0);
     insert into awa.queue_meta (queue, logical_queue, root_queue, enqueue_shards, paused)
     values (
         physical, case when is_stripe then logical end,
@@ -1072,7 +999,7 @@ begin
         return meta;
     end if;
     perform awa._check_queue_name(queue);
-    perform pg_advisory_xact_lock(1635213648, 0);
+    perform pg_advisory_xact_lock(awa._lock_class_provisioning(), 0);
     insert into awa.queue_meta (queue) values (_ensure_queue.queue)
     on conflict do nothing;
     select m.* into strict meta from awa.queue_meta as m where m.queue = _ensure_queue.queue;
@@ -1173,6 +1100,55 @@ begin
 end;
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._insert_jobs(lanes integer[], seqs bigint[], queue_ids integer[], priorities smallint[], kinds text[], args jsonb[], ordering_keys bytea[], max_attempts integer[], run_ats timestamp with time zone[], job_ids bigint[] DEFAULT NULL::bigint[], attempts integer[] DEFAULT NULL::integer[], enqueued_ats timestamp with time zone[] DEFAULT NULL::timestamp with time zone[], last_errors text[] DEFAULT NULL::text[])
+ RETURNS SETOF bigint
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+ SET plan_cache_mode TO 'force_generic_plan'
+AS $function$
+begin
+    return query
+    with rows as (
+        select i, coalesce(job_ids[i], nextval('awa.job_id_seq')) as job_id,
+               coalesce(priorities[i], 2)::smallint as p, coalesce(args[i], '{}') as a,
+               coalesce(attempts[i], 0) as attempt, coalesce(max_attempts[i], 25) as m,
+               coalesce(enqueued_ats[i], now()) as enqueued_at
+          from generate_series(1, cardinality(kinds)) as i
+    ),
+    to_ready as (
+        insert into awa.ready (
+            lane_id, lane_seq, job_id, queue_id, priority, kind, args, ordering_key, attempt,
+            max_attempts, enqueued_at, ready_at, last_error
+        )
+        select lanes[r.i], seqs[r.i], r.job_id, queue_ids[r.i], r.p, kinds[r.i], r.a,
+               ordering_keys[r.i], r.attempt, r.m, r.enqueued_at, clock_timestamp(),
+               last_errors[r.i]
+          from rows as r
+         where lanes[r.i] is not null
+    ),
+    to_scheduled as (
+        insert into awa.scheduled (
+            job_id, queue_id, priority, kind, args, ordering_key, attempt, max_attempts,
+            enqueued_at, run_at, last_error
+        )
+        select r.job_id, queue_ids[r.i], r.p, kinds[r.i], r.a, ordering_keys[r.i], r.attempt,
+               r.m, r.enqueued_at, run_ats[r.i], last_errors[r.i]
+          from rows as r
+         where lanes[r.i] is null
+    )
+    select r.job_id from rows as r order by r.i;
+end;
+$function$;
+
+CREATE OR REPLACE FUNCTION awa._job_ok(queue text, kind text, priority smallint, max_attempts integer)
+ RETURNS boolean
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+    select awa._queue_name_ok(queue) and kind is not null and awa._priority_ok(priority)
+       and awa._max_attempts_ok(max_attempts)
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._key_shard(key bytea, shards integer)
  RETURNS smallint
  LANGUAGE plpgsql
@@ -1241,6 +1217,46 @@ CREATE OR REPLACE FUNCTION awa._limbs_numeric(limbs bigint[])
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
     select limbs[1]::numeric * 4294967296 + limbs[2]
+$function$;
+
+CREATE OR REPLACE FUNCTION awa._lock_class_autoscale()
+ RETURNS integer
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+    select 1635213633
+$function$;
+
+CREATE OR REPLACE FUNCTION awa._lock_class_copy()
+ RETURNS integer
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+    select 1635213635
+$function$;
+
+CREATE OR REPLACE FUNCTION awa._lock_class_lane()
+ RETURNS integer
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+    select 1635213644
+$function$;
+
+CREATE OR REPLACE FUNCTION awa._lock_class_migrate()
+ RETURNS integer
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+    select 1635213645
+$function$;
+
+CREATE OR REPLACE FUNCTION awa._lock_class_provisioning()
+ RETURNS integer
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+    select 1635213648
 $function$;
 
 CREATE OR REPLACE FUNCTION awa._lock_lane_groups(qids integer[], ps smallint[], kss smallint[], ns bigint[], OUT g_qid integer[], OUT g_p smallint[], OUT g_ks smallint[], OUT g_lane integer[], OUT g_shard smallint[], OUT g_base bigint[])
@@ -1327,28 +1343,52 @@ begin
 end;
 $function$;
 
-CREATE OR REPLACE FUNCTION awa._lock_lanes(queue_ids integer[], priorities smallint[], key_shards smallint[], OUT g_qid integer[], OUT g_p smallint[], OUT g_ks smallint[], OUT g_lane integer[], OUT g_shard smallint[], OUT g_base bigint[])
+CREATE OR REPLACE FUNCTION awa._lock_lanes(queue_ids integer[], priorities smallint[], key_shards smallint[], OUT lanes integer[], OUT shards smallint[], OUT seqs bigint[])
  RETURNS record
  LANGUAGE sql
  SET search_path TO 'pg_catalog', 'pg_temp'
  SET plan_cache_mode TO 'force_generic_plan'
 AS $function$
-    select l.*
+    with groups as (
+        select l.*
+          from (
+              select array_agg(u.qid) as qids, array_agg(u.p) as ps, array_agg(u.ks) as kss,
+                     array_agg(u.n) as ns
+                from (
+                    select queue_ids[i] as qid, coalesce(priorities[i], 2)::smallint as p,
+                           coalesce(key_shards[i], -1)::smallint as ks, count(*) as n
+                      from generate_series(1, cardinality(queue_ids)) as i
+                     where queue_ids[i] is not null
+                     group by 1, 2, 3
+                ) as u
+          ) as g
+         cross join lateral awa._lock_lane_groups(
+             coalesce(g.qids, '{}'), coalesce(g.ps, '{}'), coalesce(g.kss, '{}'),
+             coalesce(g.ns, '{}')
+         ) as l
+    )
+    select array_agg(r.lane order by r.i), array_agg(r.shard order by r.i),
+           array_agg(r.seq order by r.i)
       from (
-          select array_agg(u.qid) as qids, array_agg(u.p) as ps, array_agg(u.ks) as kss,
-                 array_agg(u.n) as ns
-            from (
-                select queue_ids[i] as qid, coalesce(priorities[i], 2)::smallint as p,
-                       coalesce(key_shards[i], -1)::smallint as ks, count(*) as n
-                  from generate_series(1, cardinality(queue_ids)) as i
-                 where queue_ids[i] is not null
-                 group by 1, 2, 3
-            ) as u
-      ) as g
-     cross join lateral awa._lock_lane_groups(
-         coalesce(g.qids, '{}'), coalesce(g.ps, '{}'), coalesce(g.kss, '{}'),
-         coalesce(g.ns, '{}')
-     ) as l
+          select i, x.lane, x.shard,
+                 x.base + row_number() over (partition by x.lane order by i) - 1 as seq
+            from generate_series(1, cardinality(queue_ids)) as i
+           cross join groups as g
+            left join unnest(g.g_qid, g.g_p, g.g_ks, g.g_lane, g.g_shard, g.g_base)
+                      as x (qid, p, ks, lane, shard, base)
+              on x.qid = queue_ids[i]
+             and x.p = coalesce(priorities[i], 2)
+             and x.ks = coalesce(key_shards[i], -1)
+      ) as r
+$function$;
+
+CREATE OR REPLACE FUNCTION awa._max_attempts_ok(max_attempts integer)
+ RETURNS boolean
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+    select max_attempts is not null
+       and max_attempts operator(pg_catalog.>=) 1 and max_attempts operator(pg_catalog.<=) 1000
 $function$;
 
 CREATE OR REPLACE FUNCTION awa._mix_limbs(key bytea, salt_hi bigint, salt_lo bigint)
@@ -1408,22 +1448,21 @@ declare
     shape record;
     target awa.queue_meta;
 begin
-    select count(*) as n, count(s.queue) as named, min(s.queue) as q, max(s.queue) as q_last,
+    select count(*) as n, min(s.queue) as q, max(s.queue) as q_last,
            min(coalesce(s.priority, 2))::smallint as p,
            max(coalesce(s.priority, 2))::smallint as p_last,
            count(s.ordering_key) as keyed, count(*) filter (where s.run_at > now()) as later,
-           coalesce(bool_or(s.kind is null
-                            or coalesce(s.max_attempts, 25) not between 1 and 1000), false)
-           as bad
+           coalesce(bool_or(not awa._job_ok(
+               s.queue, s.kind, coalesce(s.priority, 2)::smallint, coalesce(s.max_attempts, 25)
+           )), false) as bad
       into shape
       from awa.copy_staging as s
      where s.staged_xid = _move_staged.xid;
     if shape.n = 0 then
         return 0;
     end if;
-    if shape.named = shape.n and shape.q = shape.q_last and shape.p = shape.p_last
-       and shape.p between 1 and 4 and shape.later = 0 and not shape.bad
-       and octet_length(shape.q) between 1 and 200 and strpos(shape.q, '#') = 0 then
+    if not shape.bad and shape.q = shape.q_last and shape.p = shape.p_last
+       and shape.later = 0 then
         select m.* into target
           from awa.queue_meta as m
          where m.queue = shape.q and m.stripes = 1 and m.partitions = 1;
@@ -1601,10 +1640,10 @@ begin
     -- One pass over the staged rows: any bad row, any partitioned or
     -- striped queue (both take the batch path), and the queues to create.
     select coalesce(bool_or(
-               s.queue is null or s.kind is null
-               or coalesce(s.priority, 2) not between 1 and 4
-               or octet_length(s.queue) not between 1 and 200 or strpos(s.queue, '#') > 0
-               or coalesce(s.max_attempts, 25) not between 1 and 1000
+               not awa._job_ok(
+                   s.queue, s.kind, coalesce(s.priority, 2)::smallint,
+                   coalesce(s.max_attempts, 25)
+               )
                or m.stripes > 1 or m.partitions > 1
            ), false),
            array_agg(distinct s.queue order by s.queue) filter (where m.queue is null)
@@ -1769,6 +1808,15 @@ begin
 end;
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._priority_ok(priority smallint)
+ RETURNS boolean
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+    select priority is not null
+       and priority operator(pg_catalog.>=) 1 and priority operator(pg_catalog.<=) 4
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._provision_lanes(queue_id integer, shards integer)
  RETURNS integer
  LANGUAGE plpgsql
@@ -1831,6 +1879,17 @@ begin
     end if;
     return meta;
 end;
+$function$;
+
+CREATE OR REPLACE FUNCTION awa._queue_name_ok(queue text)
+ RETURNS boolean
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+    select queue is not null
+       and pg_catalog.octet_length(queue) operator(pg_catalog.>=) 1
+       and pg_catalog.octet_length(queue) operator(pg_catalog.<=) 200
+       and pg_catalog.strpos(queue, '#') operator(pg_catalog.=) 0
 $function$;
 
 CREATE OR REPLACE FUNCTION awa._record_change_lanes()
@@ -1951,7 +2010,7 @@ begin
                count(*) filter (where not k.granted)::integer as waiters
           from pg_catalog.pg_locks as k
          where k.locktype = 'advisory'
-           and k.classid = 1635213644
+           and k.classid = awa._lock_class_lane()
            and k.objsubid = 2
            and k.database = (
                select d.oid from pg_catalog.pg_database as d
@@ -2001,7 +2060,7 @@ begin
         old_shards := meta.enqueue_shards;
         new_shards := shards;
         if shards > meta.enqueue_shards then
-            perform pg_advisory_xact_lock(1635213648, 0);
+            perform pg_advisory_xact_lock(awa._lock_class_provisioning(), 0);
             perform awa._provision_lanes(meta.queue_id, shards);
         end if;
         -- Lanes this transaction created, a new queue's first four included.
@@ -2070,17 +2129,22 @@ begin
     if key_shard is null then
         held := current_setting(memo, true);
         if held ~ '^[0-9]{1,2}$' and held::integer < shards
-           and pg_try_advisory_xact_lock(1635213644, lane_ids[priority][held::integer]) then
+           and pg_try_advisory_xact_lock(
+               awa._lock_class_lane(), lane_ids[priority][held::integer]
+           ) then
             return held::integer;
         end if;
         shard := pg_backend_pid() % shards;
-        if not coalesce(pg_try_advisory_xact_lock(1635213644, lane_ids[priority][shard]), false)
-        then
+        if not coalesce(
+            pg_try_advisory_xact_lock(awa._lock_class_lane(), lane_ids[priority][shard]), false
+        ) then
             -- The sticky lane is taken: the next free one in turn, else wait
             -- for the first one in turn above `above`.
             for i in 0 .. shards - 1 loop
                 shard := (pg_backend_pid() + i) % shards;
-                exit when pg_try_advisory_xact_lock(1635213644, lane_ids[priority][shard]);
+                exit when pg_try_advisory_xact_lock(
+                    awa._lock_class_lane(), lane_ids[priority][shard]
+                );
                 if target is null and lane_ids[priority][shard] > above then
                     target := shard;
                 end if;
@@ -2100,8 +2164,9 @@ begin
         end if;
     else
         shard := key_shard;
-        if not coalesce(pg_try_advisory_xact_lock(1635213644, lane_ids[priority][shard]), false)
-        then
+        if not coalesce(
+            pg_try_advisory_xact_lock(awa._lock_class_lane(), lane_ids[priority][shard]), false
+        ) then
             if lane_ids[priority][shard] is null then
                 raise exception 'lane missing for queue id % priority % shard % (S = %)',
                     queue_id, priority, shard, shards
@@ -2125,7 +2190,7 @@ declare
     started timestamptz := pg_catalog.clock_timestamp();
     waited text := pg_catalog.current_setting('awa.lane_lock_wait_us', true);
 begin
-    perform pg_catalog.pg_advisory_xact_lock(1635213644, lane_id);
+    perform pg_catalog.pg_advisory_xact_lock(awa._lock_class_lane(), lane_id);
     perform pg_catalog.set_config(
         'awa.lane_lock_wait_us',
         ((case when waited operator(pg_catalog.~) '^[0-9]{1,15}$' then waited::bigint else 0 end)
@@ -2150,7 +2215,7 @@ declare
     at timestamptz := pg_catalog.now();
 begin
     perform awa._require_primary('run the auto-scaler');
-    if not pg_try_advisory_xact_lock(1635213633, 0) then
+    if not pg_try_advisory_xact_lock(awa._lock_class_autoscale(), 0) then
         return;
     end if;
     perform awa._sample_lane_contention(at);
@@ -2390,22 +2455,37 @@ declare
     shards integer;
     lane_ids integer[];
     lane_seqs regclass[];
+    target awa.queue_meta;
     shard integer;
     new_seq bigint;
     new_job bigint;
 begin
-    if kind is null or priority is null or priority not between 1 and 4
-        or max_attempts is null or max_attempts not between 1 and 1000 then
-        perform awa._check_job(kind, priority, max_attempts);
+    if not awa._job_ok(queue, kind, priority, max_attempts) then
+        perform awa._check_job(queue, kind, priority, max_attempts);
     end if;
-    -- A stripe's own name ('q#1') is no target: the slow path refuses it.
+    -- A stripe's own name ('q#1') never gets here: awa._job_ok refuses '#'.
     select m.queue_id, m.enqueue_shards, m.lane_ids, m.lane_seqs
       into q_id, shards, lane_ids, lane_seqs
       from awa.queue_meta as m
-     where m.queue = enqueue.queue and m.stripes = 1 and m.partitions = 1
-       and strpos(enqueue.queue, '#') = 0;
+     where m.queue = enqueue.queue and m.stripes = 1 and m.partitions = 1;
     if not found or (run_at is not null and run_at > now()) then
-        return awa._enqueue_slow(queue, kind, args, priority, ordering_key, run_at, max_attempts);
+        target := awa._route_queue(awa._ensure_queue(queue), ordering_key);
+        if run_at is not null and run_at > now() then
+            new_job := nextval('awa.job_id_seq');
+            insert into awa.scheduled (
+                job_id, queue_id, priority, kind, args, ordering_key, attempt, max_attempts,
+                enqueued_at, run_at
+            ) values (
+                new_job, target.queue_id, enqueue.priority, enqueue.kind,
+                coalesce(enqueue.args, '{}'), enqueue.ordering_key, 0, enqueue.max_attempts,
+                now(), enqueue.run_at
+            );
+            return row(new_job, target.queue, enqueue.priority, null, null)::awa.enqueued;
+        end if;
+        q_id := target.queue_id;
+        shards := target.enqueue_shards;
+        lane_ids := target.lane_ids;
+        lane_seqs := target.lane_seqs;
     end if;
     shard := awa._take_lane(
         lane_ids, q_id, priority, shards, awa._key_shard(ordering_key, shards), 0
@@ -2420,7 +2500,9 @@ begin
         coalesce(enqueue.args, '{}'), enqueue.ordering_key, 0, enqueue.max_attempts,
         now(), clock_timestamp()
     );
-    return row(new_job, enqueue.queue, enqueue.priority, shard, new_seq)::awa.enqueued;
+    return row(
+        new_job, coalesce(target.queue, enqueue.queue), enqueue.priority, shard, new_seq
+    )::awa.enqueued;
 end;
 $function$;
 
@@ -2469,16 +2551,15 @@ begin
     end loop;
     -- The common call, every row due now, unkeyed, valid, for one plain
     -- queue at one priority (a null element meaning the default), is one
-    -- lane range and one INSERT: tested with array operators, not row by
-    -- row. Any other call, and every error, takes awa._enqueue_rows.
+    -- lane range: tested with array operators, not row by row (every row
+    -- has the first row's queue, priority and max_attempts, and a kind, so
+    -- checking the first checks all). Any other call, and every error,
+    -- takes awa._enqueue_rows.
     if n > 0 and queues <@ array[queues[1]]
-       and octet_length(queues[1]) between 1 and 200 and strpos(queues[1], '#') = 0
        and array_position(kinds, null) is null
-       and (priorities is null
-            or (p between 1 and 4 and array_replace(priorities, null, 2::smallint) <@ array[p]))
-       and (max_attempts is null
-            or (attempts between 1 and 1000
-                and array_replace(max_attempts, null, 25) <@ array[attempts]))
+       and awa._job_ok(queues[1], kinds[1], p, attempts)
+       and (priorities is null or array_replace(priorities, null, 2::smallint) <@ array[p])
+       and (max_attempts is null or array_replace(max_attempts, null, 25) <@ array[attempts])
        and (ordering_keys is null or cardinality(array_remove(ordering_keys, null)) = 0)
        and (run_ats is null or cardinality(array_remove(run_ats, null)) = 0)
     then
@@ -2489,20 +2570,12 @@ begin
             select * into lanes
               from awa._lock_lane_groups(array[q_id], array[p], array[-1::smallint], array[n::bigint]);
             return query
-            with ins as (
-                insert into awa.ready (
-                    lane_id, lane_seq, job_id, queue_id, priority, kind, args, ordering_key,
-                    attempt, max_attempts, enqueued_at, ready_at
-                )
-                select lanes.g_lane[1], lanes.g_base[1] + u.i - 1, nextval('awa.job_id_seq'),
-                       q_id, p, u.k, coalesce(u.a, '{}'), null, 0, attempts, now(),
-                       clock_timestamp()
-                  from unnest(kinds, args) with ordinality as u (k, a, i)
-                returning awa.ready.job_id, awa.ready.lane_seq
-            )
-            select ins.job_id, queues[1], p, lanes.g_shard[1], ins.lane_seq
-              from ins
-             order by ins.lane_seq;
+            select j.job_id, queues[1], p, lanes.g_shard[1], lanes.g_base[1] + j.i - 1
+              from awa._insert_jobs(
+                  array_fill(lanes.g_lane[1], array[n]),
+                  array(select generate_series(lanes.g_base[1], lanes.g_base[1] + n - 1)),
+                  array_fill(q_id, array[n]), priorities, kinds, args, null, max_attempts, null
+              ) with ordinality as j (job_id, i);
             return;
         end if;
     end if;
@@ -2596,7 +2669,9 @@ begin
     loop
         -- Another session moving this transaction's rows keeps them: two
         -- movers reading them at once would both enqueue them.
-        if pg_try_advisory_xact_lock(1635213635, (xid::text::bigint & 2147483647)::integer) then
+        if pg_try_advisory_xact_lock(
+            awa._lock_class_copy(), (xid::text::bigint & 2147483647)::integer
+        ) then
             moved := moved + awa._move_staged(xid);
         end if;
     end loop;
@@ -2673,27 +2748,31 @@ CREATE OR REPLACE FUNCTION awa.promote_due(max_jobs integer DEFAULT 10000)
  SET enable_seqscan TO 'off'
 AS $function$
 declare
-    job_ids bigint[];
-    queue_ids integer[];
-    prios smallint[];
-    key_shards smallint[];
-    lanes record;
+    due record;
+    taken record;
 begin
     if max_jobs is null or max_jobs < 0 then
         raise exception 'max_jobs must be 0 or more, got %', coalesce(max_jobs::text, 'null')
             using errcode = '22023';
     end if;
-    select array_agg(d.job_id order by d.run_at, d.job_id),
-           array_agg(d.queue_id order by d.run_at, d.job_id),
-           array_agg(d.priority order by d.run_at, d.job_id),
+    select array_agg(d.job_id order by d.run_at, d.job_id) as job_ids,
+           array_agg(d.queue_id order by d.run_at, d.job_id) as queue_ids,
+           array_agg(d.priority order by d.run_at, d.job_id) as priorities,
            array_agg(
                case when d.ordering_key is not null
                     then awa._key_shard(d.ordering_key, m.enqueue_shards) end
                order by d.run_at, d.job_id
-           )
-      into job_ids, queue_ids, prios, key_shards
+           ) as key_shards,
+           array_agg(d.kind order by d.run_at, d.job_id) as kinds,
+           array_agg(d.args order by d.run_at, d.job_id) as args,
+           array_agg(d.ordering_key order by d.run_at, d.job_id) as ordering_keys,
+           array_agg(d.attempt order by d.run_at, d.job_id) as attempts,
+           array_agg(d.max_attempts order by d.run_at, d.job_id) as max_attempts,
+           array_agg(d.enqueued_at order by d.run_at, d.job_id) as enqueued_ats,
+           array_agg(d.last_error order by d.run_at, d.job_id) as last_errors
+      into due
       from (
-          select s.job_id, s.queue_id, s.priority, s.ordering_key, s.run_at
+          select s.*
             from awa.scheduled as s
            where s.run_at <= now()
            order by s.run_at, s.job_id
@@ -2701,25 +2780,17 @@ begin
              for update skip locked
       ) as d
       join awa.queue_meta as m on m.queue_id = d.queue_id;
-    if job_ids is null then
+    if due.job_ids is null then
         return 0;
     end if;
-    select * into lanes from awa._lock_lanes(queue_ids, prios, key_shards);
-    insert into awa.ready (
-        lane_id, lane_seq, job_id, queue_id, priority, kind, args, ordering_key, attempt,
-        max_attempts, enqueued_at, ready_at, last_error
-    )
-    select g.lane, g.base + row_number() over (partition by g.lane order by i) - 1,
-           s.job_id, s.queue_id, s.priority, s.kind, s.args, s.ordering_key, s.attempt,
-           s.max_attempts, s.enqueued_at, clock_timestamp(), s.last_error
-      from generate_series(1, cardinality(job_ids)) as i
-      join awa.scheduled as s on s.job_id = job_ids[i]
-      join unnest(
-          lanes.g_qid, lanes.g_p, lanes.g_ks, lanes.g_lane, lanes.g_shard, lanes.g_base
-      ) as g (qid, p, ks, lane, shard, base)
-        on g.qid = queue_ids[i] and g.p = prios[i] and g.ks = coalesce(key_shards[i], -1);
-    delete from awa.scheduled as s where s.job_id = any(job_ids);
-    return cardinality(job_ids);
+    select * into taken from awa._lock_lanes(due.queue_ids, due.priorities, due.key_shards);
+    perform count(*) from awa._insert_jobs(
+        taken.lanes, taken.seqs, due.queue_ids, due.priorities, due.kinds, due.args,
+        due.ordering_keys, due.max_attempts, null, due.job_ids, due.attempts, due.enqueued_ats,
+        due.last_errors
+    );
+    delete from awa.scheduled as s where s.job_id = any(due.job_ids);
+    return cardinality(due.job_ids);
 end;
 $function$;
 

@@ -7,7 +7,7 @@
 -- for them), always through awa._set_enqueue_shards, and logs every
 -- decision to awa.autoscale_decisions, runs of identical holds folded.
 --
--- Lock keys: (1635213633, 0) 'awaA', the tick's leader lock.
+-- Lock keys: (awa._lock_class_autoscale(), 0), the tick's leader lock.
 
 -- Function: awa._autoscale_policy(queue_id integer)
 -- The queue's effective thresholds: its awa.autoscale_policy row over the
@@ -417,7 +417,7 @@ declare
     at timestamptz := pg_catalog.now();
 begin
     perform awa._require_primary('run the auto-scaler');
-    if not pg_try_advisory_xact_lock(1635213633, 0) then
+    if not pg_try_advisory_xact_lock(awa._lock_class_autoscale(), 0) then
         return;
     end if;
     perform awa._sample_lane_contention(at);

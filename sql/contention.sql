@@ -3,9 +3,9 @@
 
 -- Function: awa._sample_lane_contention(at timestamptz) returns integer
 -- Records one sample per physical queue at `at`: how many of its lanes are
--- held, how many have waiters and how many backends wait (ungranted awa
--- lane locks, class 1635213644, in this database), the most lanes held at
--- once in one priority, and the sum of its lane sequences. Samples older
+-- held, how many have waiters and how many backends wait (ungranted lane
+-- locks, class awa._lock_class_lane(), in this database), the most lanes
+-- held at once in one priority, and the sum of its lane sequences. Samples older
 -- than one hour are pruned. Returns the number of queues sampled.
 --
 -- One pass over pg_locks, aggregated per lane before it meets the lanes (a
@@ -24,7 +24,7 @@ begin
                count(*) filter (where not k.granted)::integer as waiters
           from pg_catalog.pg_locks as k
          where k.locktype = 'advisory'
-           and k.classid = 1635213644
+           and k.classid = awa._lock_class_lane()
            and k.objsubid = 2
            and k.database = (
                select d.oid from pg_catalog.pg_database as d

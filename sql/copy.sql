@@ -5,10 +5,12 @@
 --                          max_attempts) FROM STDIN;
 --   SELECT awa.enqueue_copied();   -- optional: commit does it too
 -- The rows of that transaction, and only those, are enqueued in COPY order
--- with the lanes awa._lock_lane_groups takes (sql/lanes.sql): one-queue
--- loads by awa._move_staged_one_lane or _by_key, others set-based by
--- awa._move_staged_sets, partitioned or striped queues and bad rows through
--- the batch path 10,000 at a time. A staged row never outlives its
+-- with the lanes awa._lock_lane_groups takes (sql/lanes.sql). The general
+-- mover is the batch path, 10,000 rows at a time (awa._move_staged_in_batches:
+-- partitioned or striped queues, and naming a bad row); set-based fast
+-- paths of it move the rest: one-queue loads by awa._move_staged_one_lane
+-- or _by_key, others by awa._move_staged_sets. tests/test_path_differential.py
+-- compares them with the batch path. A staged row never outlives its
 -- transaction (ADR 010): what enqueue_copied() did not move, a deferred
 -- trigger moves at commit; a rollback discards it.
 
@@ -209,10 +211,10 @@ begin
     -- One pass over the staged rows: any bad row, any partitioned or
     -- striped queue (both take the batch path), and the queues to create.
     select coalesce(bool_or(
-               s.queue is null or s.kind is null
-               or coalesce(s.priority, 2) not between 1 and 4
-               or octet_length(s.queue) not between 1 and 200 or strpos(s.queue, '#') > 0
-               or coalesce(s.max_attempts, 25) not between 1 and 1000
+               not awa._job_ok(
+                   s.queue, s.kind, coalesce(s.priority, 2)::smallint,
+                   coalesce(s.max_attempts, 25)
+               )
                or m.stripes > 1 or m.partitions > 1
            ), false),
            array_agg(distinct s.queue order by s.queue) filter (where m.queue is null)
@@ -319,22 +321,21 @@ declare
     shape record;
     target awa.queue_meta;
 begin
-    select count(*) as n, count(s.queue) as named, min(s.queue) as q, max(s.queue) as q_last,
+    select count(*) as n, min(s.queue) as q, max(s.queue) as q_last,
            min(coalesce(s.priority, 2))::smallint as p,
            max(coalesce(s.priority, 2))::smallint as p_last,
            count(s.ordering_key) as keyed, count(*) filter (where s.run_at > now()) as later,
-           coalesce(bool_or(s.kind is null
-                            or coalesce(s.max_attempts, 25) not between 1 and 1000), false)
-           as bad
+           coalesce(bool_or(not awa._job_ok(
+               s.queue, s.kind, coalesce(s.priority, 2)::smallint, coalesce(s.max_attempts, 25)
+           )), false) as bad
       into shape
       from awa.copy_staging as s
      where s.staged_xid = _move_staged.xid;
     if shape.n = 0 then
         return 0;
     end if;
-    if shape.named = shape.n and shape.q = shape.q_last and shape.p = shape.p_last
-       and shape.p between 1 and 4 and shape.later = 0 and not shape.bad
-       and octet_length(shape.q) between 1 and 200 and strpos(shape.q, '#') = 0 then
+    if not shape.bad and shape.q = shape.q_last and shape.p = shape.p_last
+       and shape.later = 0 then
         select m.* into target
           from awa.queue_meta as m
          where m.queue = shape.q and m.stripes = 1 and m.partitions = 1;
@@ -369,7 +370,7 @@ $$;
 -- first, each staging transaction's rows in COPY order. Since migration
 -- 0010 commit moves them, so this finds rows only from transactions that
 -- committed before it. Safe to run from several sessions (a transaction's
--- rows are moved by one of them, under the try-lock (1635213635 'awaC',
+-- rows are moved by one of them, under the try-lock (awa._lock_class_copy(),
 -- low 31 bits of its xid)) and to interrupt: a row is moved and deleted in
 -- one transaction. Role: awa_maintenance. Returns how many rows it moved.
 create or replace function awa.move_staged(max_transactions integer default 100)
@@ -397,7 +398,9 @@ begin
     loop
         -- Another session moving this transaction's rows keeps them: two
         -- movers reading them at once would both enqueue them.
-        if pg_try_advisory_xact_lock(1635213635, (xid::text::bigint & 2147483647)::integer) then
+        if pg_try_advisory_xact_lock(
+            awa._lock_class_copy(), (xid::text::bigint & 2147483647)::integer
+        ) then
             moved := moved + awa._move_staged(xid);
         end if;
     end loop;

@@ -4,95 +4,24 @@
 -- reads awa.queue_meta at each statement (a change of S applies at the
 -- change's commit), and holds each lane's lock from before its sequence
 -- advances until commit, so lane_seq order is commit order within a lane.
-
--- Function: awa._check_job(kind text, priority smallint, max_attempts integer) returns void
-create or replace function awa._check_job(
-    kind text, priority smallint, max_attempts integer
-)
-returns void
-language plpgsql
-immutable parallel safe
-set search_path = pg_catalog, pg_temp
-as $$
-begin
-    if kind is null then
-        raise exception 'kind must not be null'
-            using errcode = '22004';
-    end if;
-    perform awa._check_priority(priority);
-    if max_attempts is null or max_attempts not between 1 and 1000 then
-        raise exception 'max_attempts must be between 1 and 1000, got %',
-            coalesce(max_attempts::text, 'null')
-            using errcode = '22023';
-    end if;
-end;
-$$;
-
--- Function: awa._enqueue_slow(queue, kind, args, priority, ordering_key, run_at, max_attempts)
--- awa.enqueue for a queue seen for the first time, a keyed row when S > 1,
--- or a job scheduled in the future. Runs inside awa.enqueue's definer frame.
-create or replace function awa._enqueue_slow(
-    queue text,
-    kind text,
-    args jsonb,
-    priority smallint,
-    ordering_key bytea,
-    run_at timestamptz,
-    max_attempts integer
-)
-returns awa.enqueued
-language plpgsql
-set search_path = pg_catalog, pg_temp
-as $$
-declare
-    meta awa.queue_meta;
-    shard integer;
-    lane integer;
-    new_job bigint;
-    new_seq bigint;
-begin
-    perform awa._check_queue_name(queue);  -- also for an existing stripe's 'q#1'
-    meta := awa._route_queue(awa._ensure_queue(queue), ordering_key);
-    if run_at is not null and run_at > now() then
-        new_job := nextval('awa.job_id_seq');
-        insert into awa.scheduled (
-            job_id, queue_id, priority, kind, args, ordering_key, attempt, max_attempts,
-            enqueued_at, run_at
-        ) values (
-            new_job, meta.queue_id, _enqueue_slow.priority, _enqueue_slow.kind,
-            coalesce(_enqueue_slow.args, '{}'), _enqueue_slow.ordering_key, 0,
-            _enqueue_slow.max_attempts, now(), _enqueue_slow.run_at
-        );
-        return row(new_job, meta.queue, _enqueue_slow.priority, null, null)::awa.enqueued;
-    end if;
-    shard := awa._take_lane(
-        meta.lane_ids, meta.queue_id, priority, meta.enqueue_shards,
-        awa._key_shard(ordering_key, meta.enqueue_shards), 0
-    );
-    lane := meta.lane_ids[priority][shard];
-    new_seq := nextval(meta.lane_seqs[priority][shard]);
-    new_job := nextval('awa.job_id_seq');
-    insert into awa.ready (
-        lane_id, lane_seq, job_id, queue_id, priority, kind, args, ordering_key, attempt,
-        max_attempts, enqueued_at, ready_at
-    ) values (
-        lane, new_seq, new_job, meta.queue_id, _enqueue_slow.priority,
-        _enqueue_slow.kind, coalesce(_enqueue_slow.args, '{}'), _enqueue_slow.ordering_key, 0,
-        _enqueue_slow.max_attempts, now(), clock_timestamp()
-    );
-    return row(new_job, meta.queue, _enqueue_slow.priority, shard, new_seq)::awa.enqueued;
-end;
-$$;
+--
+-- Every path checks rows with awa._job_ok (sql/queues.sql). Jobs are
+-- written by awa._insert_jobs, the general insert (batch, promotion, and
+-- COPY's general mover through the batch path), and by fast paths that
+-- repeat it for one input shape, each compared with it by
+-- tests/test_path_differential.py: awa.enqueue (one row), awa.enqueue_batch
+-- (one lane range) and COPY's set-based movers (sql/copy.sql).
 
 -- Function: awa.enqueue(queue, kind, args, priority, ordering_key, run_at, max_attempts)
 -- Enqueues one job. Role: awa_producer.
 -- Returns: awa.enqueued (job_id, queue, priority, enqueue_shard, lane_seq);
 --   enqueue_shard and lane_seq are null when run_at is in the future.
 -- Errors: 22004 null queue or kind; 22023 bad queue name, priority or max_attempts.
--- The common case (a known plain queue, a job due now, keyed or not) runs in
--- this frame with one index lookup (S and the lane ids come from the queue's
--- settings row); a new queue, a partitioned or striped name and a job for
--- later go through awa._enqueue_slow.
+-- The common case (a known plain queue, a job due now, keyed or not) costs
+-- one index lookup (S and the lane ids come from the queue's settings row);
+-- a new queue and a partitioned or striped name are routed first
+-- (awa._ensure_queue, awa._route_queue), and a job for later goes to
+-- awa.scheduled. A fast path of awa._insert_jobs for one row.
 create or replace function awa.enqueue(
     queue text,
     kind text,
@@ -112,22 +41,37 @@ declare
     shards integer;
     lane_ids integer[];
     lane_seqs regclass[];
+    target awa.queue_meta;
     shard integer;
     new_seq bigint;
     new_job bigint;
 begin
-    if kind is null or priority is null or priority not between 1 and 4
-        or max_attempts is null or max_attempts not between 1 and 1000 then
-        perform awa._check_job(kind, priority, max_attempts);
+    if not awa._job_ok(queue, kind, priority, max_attempts) then
+        perform awa._check_job(queue, kind, priority, max_attempts);
     end if;
-    -- A stripe's own name ('q#1') is no target: the slow path refuses it.
+    -- A stripe's own name ('q#1') never gets here: awa._job_ok refuses '#'.
     select m.queue_id, m.enqueue_shards, m.lane_ids, m.lane_seqs
       into q_id, shards, lane_ids, lane_seqs
       from awa.queue_meta as m
-     where m.queue = enqueue.queue and m.stripes = 1 and m.partitions = 1
-       and strpos(enqueue.queue, '#') = 0;
+     where m.queue = enqueue.queue and m.stripes = 1 and m.partitions = 1;
     if not found or (run_at is not null and run_at > now()) then
-        return awa._enqueue_slow(queue, kind, args, priority, ordering_key, run_at, max_attempts);
+        target := awa._route_queue(awa._ensure_queue(queue), ordering_key);
+        if run_at is not null and run_at > now() then
+            new_job := nextval('awa.job_id_seq');
+            insert into awa.scheduled (
+                job_id, queue_id, priority, kind, args, ordering_key, attempt, max_attempts,
+                enqueued_at, run_at
+            ) values (
+                new_job, target.queue_id, enqueue.priority, enqueue.kind,
+                coalesce(enqueue.args, '{}'), enqueue.ordering_key, 0, enqueue.max_attempts,
+                now(), enqueue.run_at
+            );
+            return row(new_job, target.queue, enqueue.priority, null, null)::awa.enqueued;
+        end if;
+        q_id := target.queue_id;
+        shards := target.enqueue_shards;
+        lane_ids := target.lane_ids;
+        lane_seqs := target.lane_seqs;
     end if;
     shard := awa._take_lane(
         lane_ids, q_id, priority, shards, awa._key_shard(ordering_key, shards), 0
@@ -142,55 +86,137 @@ begin
         coalesce(enqueue.args, '{}'), enqueue.ordering_key, 0, enqueue.max_attempts,
         now(), clock_timestamp()
     );
-    return row(new_job, enqueue.queue, enqueue.priority, shard, new_seq)::awa.enqueued;
+    return row(
+        new_job, coalesce(target.queue, enqueue.queue), enqueue.priority, shard, new_seq
+    )::awa.enqueued;
 end;
 $$;
 
--- Function: awa._lock_lanes(queue_ids, priorities, key_shards) returns the lane groups
--- Takes the lanes for the rows of a multi-row call and reserves one
--- sequence range per lane. A row is (queue_ids[i], priorities[i],
--- key_shards[i]); rows whose queue id is null (not due) are skipped;
--- key_shards[i] is the keyed shard, or null for an unkeyed row. Groups the
--- rows and hands the groups to awa._lock_lane_groups.
+-- Function: awa._lock_lanes(queue_ids, priorities, key_shards) returns each row's lane
+-- Takes the lanes for the rows of a multi-row call and gives each row its
+-- lane, shard and lane_seq. A row is (queue_ids[i], priorities[i] (null:
+-- 2), key_shards[i]); key_shards[i] is the keyed shard, or null for an
+-- unkeyed row; a row whose queue id is null (not due) gets nulls. Groups the
+-- rows, hands the groups to awa._lock_lane_groups, which locks the lanes
+-- and reserves one sequence range per lane, and numbers each lane's rows
+-- in row order.
 create or replace function awa._lock_lanes(
     queue_ids integer[],
     priorities smallint[],
     key_shards smallint[],
-    out g_qid integer[],
-    out g_p smallint[],
-    out g_ks smallint[],
-    out g_lane integer[],
-    out g_shard smallint[],
-    out g_base bigint[]
+    out lanes integer[],
+    out shards smallint[],
+    out seqs bigint[]
 )
 language sql
 set search_path = pg_catalog, pg_temp
 set plan_cache_mode = force_generic_plan
 as $$
-    select l.*
+    with groups as (
+        select l.*
+          from (
+              select array_agg(u.qid) as qids, array_agg(u.p) as ps, array_agg(u.ks) as kss,
+                     array_agg(u.n) as ns
+                from (
+                    select queue_ids[i] as qid, coalesce(priorities[i], 2)::smallint as p,
+                           coalesce(key_shards[i], -1)::smallint as ks, count(*) as n
+                      from generate_series(1, cardinality(queue_ids)) as i
+                     where queue_ids[i] is not null
+                     group by 1, 2, 3
+                ) as u
+          ) as g
+         cross join lateral awa._lock_lane_groups(
+             coalesce(g.qids, '{}'), coalesce(g.ps, '{}'), coalesce(g.kss, '{}'),
+             coalesce(g.ns, '{}')
+         ) as l
+    )
+    select array_agg(r.lane order by r.i), array_agg(r.shard order by r.i),
+           array_agg(r.seq order by r.i)
       from (
-          select array_agg(u.qid) as qids, array_agg(u.p) as ps, array_agg(u.ks) as kss,
-                 array_agg(u.n) as ns
-            from (
-                select queue_ids[i] as qid, coalesce(priorities[i], 2)::smallint as p,
-                       coalesce(key_shards[i], -1)::smallint as ks, count(*) as n
-                  from generate_series(1, cardinality(queue_ids)) as i
-                 where queue_ids[i] is not null
-                 group by 1, 2, 3
-            ) as u
-      ) as g
-     cross join lateral awa._lock_lane_groups(
-         coalesce(g.qids, '{}'), coalesce(g.ps, '{}'), coalesce(g.kss, '{}'),
-         coalesce(g.ns, '{}')
-     ) as l
+          select i, x.lane, x.shard,
+                 x.base + row_number() over (partition by x.lane order by i) - 1 as seq
+            from generate_series(1, cardinality(queue_ids)) as i
+           cross join groups as g
+            left join unnest(g.g_qid, g.g_p, g.g_ks, g.g_lane, g.g_shard, g.g_base)
+                      as x (qid, p, ks, lane, shard, base)
+              on x.qid = queue_ids[i]
+             and x.p = coalesce(priorities[i], 2)
+             and x.ks = coalesce(key_shards[i], -1)
+      ) as r
+$$;
+
+-- Function: awa._insert_jobs(lanes, seqs, queue_ids, priorities, kinds, args, ordering_keys,
+--                            max_attempts, run_ats, job_ids, attempts, enqueued_ats,
+--                            last_errors) returns setof bigint
+-- Writes one job per element i: into lane lanes[i] at lane_seq seqs[i],
+-- ready now, or, where lanes[i] is null, into awa.scheduled to run at
+-- run_ats[i]. A null element takes its default: priority 2, args '{}',
+-- max_attempts 25; a new job id, attempt 0 and enqueued now, unless the
+-- job is moved (awa.promote_due passes job_ids, attempts, enqueued_ats and
+-- last_errors). Returns the job ids in element order. The arrays come
+-- checked and one element per job, indexed from 1; the caller holds the
+-- lanes and reserved the sequence values.
+create or replace function awa._insert_jobs(
+    lanes integer[],
+    seqs bigint[],
+    queue_ids integer[],
+    priorities smallint[],
+    kinds text[],
+    args jsonb[],
+    ordering_keys bytea[],
+    max_attempts integer[],
+    run_ats timestamptz[],
+    job_ids bigint[] default null,
+    attempts integer[] default null,
+    enqueued_ats timestamptz[] default null,
+    last_errors text[] default null
+)
+returns setof bigint
+language plpgsql
+set search_path = pg_catalog, pg_temp
+-- Array parameters make the planner re-plan every call.
+set plan_cache_mode = force_generic_plan
+as $$
+begin
+    return query
+    with rows as (
+        select i, coalesce(job_ids[i], nextval('awa.job_id_seq')) as job_id,
+               coalesce(priorities[i], 2)::smallint as p, coalesce(args[i], '{}') as a,
+               coalesce(attempts[i], 0) as attempt, coalesce(max_attempts[i], 25) as m,
+               coalesce(enqueued_ats[i], now()) as enqueued_at
+          from generate_series(1, cardinality(kinds)) as i
+    ),
+    to_ready as (
+        insert into awa.ready (
+            lane_id, lane_seq, job_id, queue_id, priority, kind, args, ordering_key, attempt,
+            max_attempts, enqueued_at, ready_at, last_error
+        )
+        select lanes[r.i], seqs[r.i], r.job_id, queue_ids[r.i], r.p, kinds[r.i], r.a,
+               ordering_keys[r.i], r.attempt, r.m, r.enqueued_at, clock_timestamp(),
+               last_errors[r.i]
+          from rows as r
+         where lanes[r.i] is not null
+    ),
+    to_scheduled as (
+        insert into awa.scheduled (
+            job_id, queue_id, priority, kind, args, ordering_key, attempt, max_attempts,
+            enqueued_at, run_at, last_error
+        )
+        select r.job_id, queue_ids[r.i], r.p, kinds[r.i], r.a, ordering_keys[r.i], r.attempt,
+               r.m, r.enqueued_at, run_ats[r.i], last_errors[r.i]
+          from rows as r
+         where lanes[r.i] is null
+    )
+    select r.job_id from rows as r order by r.i;
+end;
 $$;
 
 -- Function: awa._enqueue_rows(queues, kinds, args, priorities, ordering_keys, run_ats,
 --                             max_attempts, row_label, row_offset)
--- The multi-row enqueue behind awa.enqueue_batch and COPY ingestion. A bad
--- row is named as "<row_label> <index + row_offset>". The arrays come
--- checked: queues and kinds not null, every array one element per job,
--- indexed from 1 (awa.enqueue_batch checks them; COPY builds them).
+-- The general multi-row enqueue, behind awa.enqueue_batch and COPY
+-- ingestion. A bad row is named as "<row_label> <index + row_offset>". The
+-- arrays come checked: queues and kinds not null, every array one element
+-- per job, indexed from 1 (awa.enqueue_batch checks them; COPY builds them).
 create or replace function awa._enqueue_rows(
     queues text[],
     kinds text[],
@@ -215,7 +241,7 @@ declare
     q text;
     queue_ids integer[];
     key_shards smallint[];
-    lanes record;
+    taken record;
 begin
     if n = 0 then
         return;
@@ -223,15 +249,14 @@ begin
 
     select min(i) into bad
       from generate_series(1, n) as i
-     where queues[i] is null or kinds[i] is null
-        or coalesce(priorities[i], 2) not between 1 and 4
-        or octet_length(queues[i]) not between 1 and 200 or strpos(queues[i], '#') > 0
-        or coalesce(max_attempts[i], 25) not between 1 and 1000;
+     where not awa._job_ok(
+         queues[i], kinds[i], coalesce(priorities[i], 2)::smallint, coalesce(max_attempts[i], 25)
+     );
     if bad is not null then
         begin
-            perform awa._check_queue_name(queues[bad]);
             perform awa._check_job(
-                kinds[bad], coalesce(priorities[bad], 2::smallint), coalesce(max_attempts[bad], 25)
+                queues[bad], kinds[bad], coalesce(priorities[bad], 2)::smallint,
+                coalesce(max_attempts[bad], 25)
             );
         exception when others then
             raise exception '% % (1-based): %', row_label, bad + row_offset, sqlerrm
@@ -264,12 +289,8 @@ begin
         );
     end if;
 
-    -- Per row: the queue id when due now (null: it waits in awa.scheduled),
-    -- and the keyed shard under the queue's current S.
-    select array_agg(
-               case when run_ats[i] is null or run_ats[i] <= now() then m.queue_id end
-               order by i
-           ),
+    -- Per row: the queue id, and the keyed shard under the queue's current S.
+    select array_agg(m.queue_id order by i),
            array_agg(
                case when ordering_keys[i] is not null
                     then awa._key_shard(ordering_keys[i], m.enqueue_shards) end
@@ -283,46 +304,22 @@ begin
            where x.queue = any(queues)
       ) as m on m.queue = queues[i];
 
-    select * into lanes from awa._lock_lanes(queue_ids, priorities, key_shards);
-
+    -- The lanes of the rows due now; a row for later waits in awa.scheduled.
+    select * into taken from awa._lock_lanes(
+        array(
+            select case when run_ats[i] is null or run_ats[i] <= now() then queue_ids[i] end
+              from generate_series(1, n) as i
+             order by i
+        ),
+        priorities, key_shards
+    );
     return query
-    with rows as (
-        select
-            i, queue_ids[i] as qid, coalesce(priorities[i], 2)::smallint as p, g.lane,
-            g.shard, g.base + row_number() over (partition by g.lane order by i) - 1 as seq,
-            nextval('awa.job_id_seq') as job_id
-          from generate_series(1, n) as i
-          left join unnest(
-              lanes.g_qid, lanes.g_p, lanes.g_ks, lanes.g_lane, lanes.g_shard, lanes.g_base
-          ) as g (qid, p, ks, lane, shard, base)
-            on g.qid = queue_ids[i]
-           and g.p = coalesce(priorities[i], 2)
-           and g.ks = coalesce(key_shards[i], -1)
-    ),
-    to_ready as (
-        insert into awa.ready (
-            lane_id, lane_seq, job_id, queue_id, priority, kind, args, ordering_key, attempt,
-            max_attempts, enqueued_at, ready_at
-        )
-        select r.lane, r.seq, r.job_id, r.qid, r.p, kinds[r.i], coalesce(args[r.i], '{}'),
-               ordering_keys[r.i], 0, coalesce(max_attempts[r.i], 25), now(), clock_timestamp()
-          from rows as r
-         where r.lane is not null
-    ),
-    to_scheduled as (
-        insert into awa.scheduled (
-            job_id, queue_id, priority, kind, args, ordering_key, attempt, max_attempts,
-            enqueued_at, run_at
-        )
-        select r.job_id, m.queue_id, r.p, kinds[r.i], coalesce(args[r.i], '{}'),
-               ordering_keys[r.i], 0, coalesce(max_attempts[r.i], 25), now(), run_ats[r.i]
-          from rows as r
-          join awa.queue_meta as m on m.queue = queues[r.i]
-         where r.lane is null
-    )
-    select r.job_id, queues[r.i], r.p, r.shard, r.seq
-      from rows as r
-     order by r.i;
+    select j.job_id, queues[j.i], coalesce(priorities[j.i], 2)::smallint,
+           taken.shards[j.i], taken.seqs[j.i]
+      from awa._insert_jobs(
+          taken.lanes, taken.seqs, queue_ids, priorities, kinds, args, ordering_keys,
+          max_attempts, run_ats
+      ) with ordinality as j (job_id, i);
 end;
 $$;
 
@@ -389,16 +386,15 @@ begin
     end loop;
     -- The common call, every row due now, unkeyed, valid, for one plain
     -- queue at one priority (a null element meaning the default), is one
-    -- lane range and one INSERT: tested with array operators, not row by
-    -- row. Any other call, and every error, takes awa._enqueue_rows.
+    -- lane range: tested with array operators, not row by row (every row
+    -- has the first row's queue, priority and max_attempts, and a kind, so
+    -- checking the first checks all). Any other call, and every error,
+    -- takes awa._enqueue_rows.
     if n > 0 and queues <@ array[queues[1]]
-       and octet_length(queues[1]) between 1 and 200 and strpos(queues[1], '#') = 0
        and array_position(kinds, null) is null
-       and (priorities is null
-            or (p between 1 and 4 and array_replace(priorities, null, 2::smallint) <@ array[p]))
-       and (max_attempts is null
-            or (attempts between 1 and 1000
-                and array_replace(max_attempts, null, 25) <@ array[attempts]))
+       and awa._job_ok(queues[1], kinds[1], p, attempts)
+       and (priorities is null or array_replace(priorities, null, 2::smallint) <@ array[p])
+       and (max_attempts is null or array_replace(max_attempts, null, 25) <@ array[attempts])
        and (ordering_keys is null or cardinality(array_remove(ordering_keys, null)) = 0)
        and (run_ats is null or cardinality(array_remove(run_ats, null)) = 0)
     then
@@ -409,20 +405,12 @@ begin
             select * into lanes
               from awa._lock_lane_groups(array[q_id], array[p], array[-1::smallint], array[n::bigint]);
             return query
-            with ins as (
-                insert into awa.ready (
-                    lane_id, lane_seq, job_id, queue_id, priority, kind, args, ordering_key,
-                    attempt, max_attempts, enqueued_at, ready_at
-                )
-                select lanes.g_lane[1], lanes.g_base[1] + u.i - 1, nextval('awa.job_id_seq'),
-                       q_id, p, u.k, coalesce(u.a, '{}'), null, 0, attempts, now(),
-                       clock_timestamp()
-                  from unnest(kinds, args) with ordinality as u (k, a, i)
-                returning awa.ready.job_id, awa.ready.lane_seq
-            )
-            select ins.job_id, queues[1], p, lanes.g_shard[1], ins.lane_seq
-              from ins
-             order by ins.lane_seq;
+            select j.job_id, queues[1], p, lanes.g_shard[1], lanes.g_base[1] + j.i - 1
+              from awa._insert_jobs(
+                  array_fill(lanes.g_lane[1], array[n]),
+                  array(select generate_series(lanes.g_base[1], lanes.g_base[1] + n - 1)),
+                  array_fill(q_id, array[n]), priorities, kinds, args, null, max_attempts, null
+              ) with ordinality as j (job_id, i);
             return;
         end if;
     end if;
@@ -453,27 +441,31 @@ set enable_mergejoin = off
 set enable_seqscan = off
 as $$
 declare
-    job_ids bigint[];
-    queue_ids integer[];
-    prios smallint[];
-    key_shards smallint[];
-    lanes record;
+    due record;
+    taken record;
 begin
     if max_jobs is null or max_jobs < 0 then
         raise exception 'max_jobs must be 0 or more, got %', coalesce(max_jobs::text, 'null')
             using errcode = '22023';
     end if;
-    select array_agg(d.job_id order by d.run_at, d.job_id),
-           array_agg(d.queue_id order by d.run_at, d.job_id),
-           array_agg(d.priority order by d.run_at, d.job_id),
+    select array_agg(d.job_id order by d.run_at, d.job_id) as job_ids,
+           array_agg(d.queue_id order by d.run_at, d.job_id) as queue_ids,
+           array_agg(d.priority order by d.run_at, d.job_id) as priorities,
            array_agg(
                case when d.ordering_key is not null
                     then awa._key_shard(d.ordering_key, m.enqueue_shards) end
                order by d.run_at, d.job_id
-           )
-      into job_ids, queue_ids, prios, key_shards
+           ) as key_shards,
+           array_agg(d.kind order by d.run_at, d.job_id) as kinds,
+           array_agg(d.args order by d.run_at, d.job_id) as args,
+           array_agg(d.ordering_key order by d.run_at, d.job_id) as ordering_keys,
+           array_agg(d.attempt order by d.run_at, d.job_id) as attempts,
+           array_agg(d.max_attempts order by d.run_at, d.job_id) as max_attempts,
+           array_agg(d.enqueued_at order by d.run_at, d.job_id) as enqueued_ats,
+           array_agg(d.last_error order by d.run_at, d.job_id) as last_errors
+      into due
       from (
-          select s.job_id, s.queue_id, s.priority, s.ordering_key, s.run_at
+          select s.*
             from awa.scheduled as s
            where s.run_at <= now()
            order by s.run_at, s.job_id
@@ -481,36 +473,28 @@ begin
              for update skip locked
       ) as d
       join awa.queue_meta as m on m.queue_id = d.queue_id;
-    if job_ids is null then
+    if due.job_ids is null then
         return 0;
     end if;
-    select * into lanes from awa._lock_lanes(queue_ids, prios, key_shards);
-    insert into awa.ready (
-        lane_id, lane_seq, job_id, queue_id, priority, kind, args, ordering_key, attempt,
-        max_attempts, enqueued_at, ready_at, last_error
-    )
-    select g.lane, g.base + row_number() over (partition by g.lane order by i) - 1,
-           s.job_id, s.queue_id, s.priority, s.kind, s.args, s.ordering_key, s.attempt,
-           s.max_attempts, s.enqueued_at, clock_timestamp(), s.last_error
-      from generate_series(1, cardinality(job_ids)) as i
-      join awa.scheduled as s on s.job_id = job_ids[i]
-      join unnest(
-          lanes.g_qid, lanes.g_p, lanes.g_ks, lanes.g_lane, lanes.g_shard, lanes.g_base
-      ) as g (qid, p, ks, lane, shard, base)
-        on g.qid = queue_ids[i] and g.p = prios[i] and g.ks = coalesce(key_shards[i], -1);
-    delete from awa.scheduled as s where s.job_id = any(job_ids);
-    return cardinality(job_ids);
+    select * into taken from awa._lock_lanes(due.queue_ids, due.priorities, due.key_shards);
+    perform count(*) from awa._insert_jobs(
+        taken.lanes, taken.seqs, due.queue_ids, due.priorities, due.kinds, due.args,
+        due.ordering_keys, due.max_attempts, null, due.job_ids, due.attempts, due.enqueued_ats,
+        due.last_errors
+    );
+    delete from awa.scheduled as s where s.job_id = any(due.job_ids);
+    return cardinality(due.job_ids);
 end;
 $$;
 
-select awa._grant_execute('awa._check_job(text, smallint, integer)');
-select awa._grant_execute(
-    'awa._enqueue_slow(text, text, jsonb, smallint, bytea, timestamptz, integer)'
-);
 select awa._grant_execute(
     'awa.enqueue(text, text, jsonb, smallint, bytea, timestamptz, integer)', 'producer'
 );
 select awa._grant_execute('awa._lock_lanes(integer[], smallint[], smallint[])');
+select awa._grant_execute(
+    'awa._insert_jobs(integer[], bigint[], integer[], smallint[], text[], jsonb[], bytea[],'
+    ' integer[], timestamptz[], bigint[], integer[], timestamptz[], text[])'
+);
 select awa._grant_execute(
     'awa._enqueue_rows(text[], text[], jsonb[], smallint[], bytea[], timestamptz[], integer[],'
     ' text, bigint)'

@@ -48,7 +48,7 @@ declare
     started timestamptz := pg_catalog.clock_timestamp();
     waited text := pg_catalog.current_setting('awa.lane_lock_wait_us', true);
 begin
-    perform pg_catalog.pg_advisory_xact_lock(1635213644, lane_id);
+    perform pg_catalog.pg_advisory_xact_lock(awa._lock_class_lane(), lane_id);
     perform pg_catalog.set_config(
         'awa.lane_lock_wait_us',
         ((case when waited operator(pg_catalog.~) '^[0-9]{1,15}$' then waited::bigint else 0 end)
@@ -98,17 +98,22 @@ begin
     if key_shard is null then
         held := current_setting(memo, true);
         if held ~ '^[0-9]{1,2}$' and held::integer < shards
-           and pg_try_advisory_xact_lock(1635213644, lane_ids[priority][held::integer]) then
+           and pg_try_advisory_xact_lock(
+               awa._lock_class_lane(), lane_ids[priority][held::integer]
+           ) then
             return held::integer;
         end if;
         shard := pg_backend_pid() % shards;
-        if not coalesce(pg_try_advisory_xact_lock(1635213644, lane_ids[priority][shard]), false)
-        then
+        if not coalesce(
+            pg_try_advisory_xact_lock(awa._lock_class_lane(), lane_ids[priority][shard]), false
+        ) then
             -- The sticky lane is taken: the next free one in turn, else wait
             -- for the first one in turn above `above`.
             for i in 0 .. shards - 1 loop
                 shard := (pg_backend_pid() + i) % shards;
-                exit when pg_try_advisory_xact_lock(1635213644, lane_ids[priority][shard]);
+                exit when pg_try_advisory_xact_lock(
+                    awa._lock_class_lane(), lane_ids[priority][shard]
+                );
                 if target is null and lane_ids[priority][shard] > above then
                     target := shard;
                 end if;
@@ -128,8 +133,9 @@ begin
         end if;
     else
         shard := key_shard;
-        if not coalesce(pg_try_advisory_xact_lock(1635213644, lane_ids[priority][shard]), false)
-        then
+        if not coalesce(
+            pg_try_advisory_xact_lock(awa._lock_class_lane(), lane_ids[priority][shard]), false
+        ) then
             if lane_ids[priority][shard] is null then
                 raise exception 'lane missing for queue id % priority % shard % (S = %)',
                     queue_id, priority, shard, shards

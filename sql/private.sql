@@ -6,14 +6,76 @@
 -- the migration transaction.
 --
 -- Advisory lock classes, every one the package takes (two-int4 form,
--- transaction scoped; 'awa' and a letter as a big-endian int4):
---   1635213644 'awaL' (class, lane id)  a lane, from before its sequence
---                                       advances until commit (sql/lanes.sql)
---   1635213648 'awaP' (class, 0)        creating queues and lanes (sql/queues.sql)
---   1635213633 'awaA' (class, 0)        the auto-scaler tick's leader (sql/autoscale.sql)
---   1635213635 'awaC' (class, xid)      one COPY mover per staging transaction
---                                       (sql/copy.sql)
---   1635213645 'awaM' (class, 0 and 1)  awa migrate: a run, and each step (the runner)
+-- transaction scoped; 'awa' and a letter as a big-endian int4). Each class
+-- is named by one function below, and every lock call and pg_locks query
+-- uses the function, never the number:
+--   awa._lock_class_lane()          1635213644 'awaL' (class, lane id): a lane, from
+--                                   before its sequence advances until commit
+--                                   (sql/lanes.sql)
+--   awa._lock_class_provisioning()  1635213648 'awaP' (class, 0): creating queues
+--                                   and lanes (sql/queues.sql, sql/shards.sql)
+--   awa._lock_class_autoscale()     1635213633 'awaA' (class, 0): the auto-scaler
+--                                   tick's leader (sql/autoscale.sql)
+--   awa._lock_class_copy()          1635213635 'awaC' (class, xid): one COPY mover
+--                                   per staging transaction (sql/copy.sql)
+--   awa._lock_class_migrate()       1635213645 'awaM' (class, 0 and 1): awa migrate,
+--                                   a run and each step; the runner takes it
+--                                   before this schema exists, so it keeps the
+--                                   number too (a test compares the two)
+--
+-- Inlined constants and predicates: the functions above and the row
+-- predicates of sql/queues.sql are plain `language sql` with one SELECT of
+-- an expression and no SET clause, so the planner inlines them and folds
+-- the constants: they cost nothing at run time, where a call with a pinned
+-- search_path costs microseconds. Safe without the pin because every
+-- operator and function in their bodies is schema-qualified, they only
+-- ever run inside the owner's pinned functions, and no runtime role may
+-- execute them (tests/test_inlined_functions.py checks all three).
+
+-- Function: awa._lock_class_lane() returns integer
+create or replace function awa._lock_class_lane()
+returns integer
+language sql
+immutable parallel safe
+as $$
+    select 1635213644
+$$;
+
+-- Function: awa._lock_class_provisioning() returns integer
+create or replace function awa._lock_class_provisioning()
+returns integer
+language sql
+immutable parallel safe
+as $$
+    select 1635213648
+$$;
+
+-- Function: awa._lock_class_autoscale() returns integer
+create or replace function awa._lock_class_autoscale()
+returns integer
+language sql
+immutable parallel safe
+as $$
+    select 1635213633
+$$;
+
+-- Function: awa._lock_class_copy() returns integer
+create or replace function awa._lock_class_copy()
+returns integer
+language sql
+immutable parallel safe
+as $$
+    select 1635213635
+$$;
+
+-- Function: awa._lock_class_migrate() returns integer
+create or replace function awa._lock_class_migrate()
+returns integer
+language sql
+immutable parallel safe
+as $$
+    select 1635213645
+$$;
 
 -- Function: awa._role_for(capability text) returns name
 -- The role bound to a capability in awa.role_binding.
@@ -176,6 +238,11 @@ begin
 end;
 $$;
 
+select awa._grant_execute('awa._lock_class_lane()');
+select awa._grant_execute('awa._lock_class_provisioning()');
+select awa._grant_execute('awa._lock_class_autoscale()');
+select awa._grant_execute('awa._lock_class_copy()');
+select awa._grant_execute('awa._lock_class_migrate()');
 select awa._grant_execute('awa._role_for(text)');
 select awa._grant_execute('awa._grant_execute(regprocedure, text[])');
 select awa._grant_execute('awa._grant_select(regclass, text[])');

@@ -1,14 +1,69 @@
 -- queues.sql: queue names, queue creation, lane provisioning and lane locks.
 --
--- Lock keys: (1635213648, 0) 'awaP', creating queues and lanes, serialised
+-- Lock keys: (awa._lock_class_provisioning(), 0), creating queues and lanes, serialised
 -- (every class id: sql/private.sql).
 -- Nothing here is granted to a runtime role: the public definers call it.
 
--- Function: awa._check_queue_name(queue text) returns void
+-- The rules for a job row, each defined once as an inlined predicate (see
+-- sql/private.sql): every path decides with these, and the awa._check_*
+-- functions, which raise the error a caller sees, are built on them.
+
+-- Function: awa._queue_name_ok(queue text) returns boolean
 -- A queue name is 1 to 200 bytes of UTF-8 text without '#', which is
 -- reserved for stripes (name#0, name#1, ...). Anything else is allowed:
 -- quotes, ';', spaces, newlines, any script. Names are compared byte for
--- byte, so NFC and NFD spellings are two queues.
+-- byte, so NFC and NFD spellings are two queues. False for null.
+create or replace function awa._queue_name_ok(queue text)
+returns boolean
+language sql
+immutable parallel safe
+as $$
+    select queue is not null
+       and pg_catalog.octet_length(queue) operator(pg_catalog.>=) 1
+       and pg_catalog.octet_length(queue) operator(pg_catalog.<=) 200
+       and pg_catalog.strpos(queue, '#') operator(pg_catalog.=) 0
+$$;
+
+-- Function: awa._priority_ok(priority smallint) returns boolean
+-- 1 (highest) to 4 (lowest). False for null.
+create or replace function awa._priority_ok(priority smallint)
+returns boolean
+language sql
+immutable parallel safe
+as $$
+    select priority is not null
+       and priority operator(pg_catalog.>=) 1 and priority operator(pg_catalog.<=) 4
+$$;
+
+-- Function: awa._max_attempts_ok(max_attempts integer) returns boolean
+-- 1 to 1000. False for null.
+create or replace function awa._max_attempts_ok(max_attempts integer)
+returns boolean
+language sql
+immutable parallel safe
+as $$
+    select max_attempts is not null
+       and max_attempts operator(pg_catalog.>=) 1 and max_attempts operator(pg_catalog.<=) 1000
+$$;
+
+-- Function: awa._job_ok(queue, kind, priority, max_attempts) returns boolean
+-- The row check of every enqueue path: a valid queue name, a kind, a valid
+-- priority and max_attempts. Paths that default a null element (batch,
+-- COPY) pass the defaulted value.
+create or replace function awa._job_ok(
+    queue text, kind text, priority smallint, max_attempts integer
+)
+returns boolean
+language sql
+immutable parallel safe
+as $$
+    select awa._queue_name_ok(queue) and kind is not null and awa._priority_ok(priority)
+       and awa._max_attempts_ok(max_attempts)
+$$;
+
+-- Function: awa._check_queue_name(queue text) returns void
+-- Raises the error for a name awa._queue_name_ok refuses: 22004 for null,
+-- else 22023.
 create or replace function awa._check_queue_name(queue text)
 returns void
 language plpgsql
@@ -16,26 +71,26 @@ immutable parallel safe
 set search_path = pg_catalog, pg_temp
 as $$
 begin
-    if queue is null then
+    if awa._queue_name_ok(queue) then
+        return;
+    elsif queue is null then
         raise exception 'queue must not be null'
             using errcode = '22004';
-    end if;
-    if octet_length(queue) not between 1 and 200 then
-        raise exception 'queue name must be 1 to 200 bytes, got % bytes: %',
-            octet_length(queue), left(queue, 64)
-            using errcode = '22023',
-                  hint = 'Use a shorter name; long names cost nothing in lane names or locks, '
-                         'but 200 bytes is the contract.';
-    end if;
-    if strpos(queue, '#') > 0 then
+    elsif strpos(queue, '#') > 0 then
         raise exception 'queue name must not contain ''#'' (reserved for stripes), got %',
             quote_literal(queue)
             using errcode = '22023';
     end if;
+    raise exception 'queue name must be 1 to 200 bytes, got % bytes: %',
+        octet_length(queue), left(queue, 64)
+        using errcode = '22023',
+              hint = 'Use a shorter name; long names cost nothing in lane names or locks, '
+                     'but 200 bytes is the contract.';
 end;
 $$;
 
 -- Function: awa._check_priority(priority smallint) returns void
+-- Raises 22023 for a priority awa._priority_ok refuses.
 create or replace function awa._check_priority(priority smallint)
 returns void
 language plpgsql
@@ -43,11 +98,38 @@ immutable parallel safe
 set search_path = pg_catalog, pg_temp
 as $$
 begin
-    if priority is null or priority not between 1 and 4 then
+    if not awa._priority_ok(priority) then
         raise exception 'priority must be between 1 (highest) and 4 (lowest), got %',
             coalesce(priority::text, 'null')
             using errcode = '22023';
     end if;
+end;
+$$;
+
+-- Function: awa._check_job(queue, kind, priority, max_attempts) returns void
+-- Raises the error for the first part of a row awa._job_ok refuses, in the
+-- order queue, kind, priority, max_attempts; returns for a row it accepts.
+create or replace function awa._check_job(
+    queue text, kind text, priority smallint, max_attempts integer
+)
+returns void
+language plpgsql
+immutable parallel safe
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    if awa._job_ok(queue, kind, priority, max_attempts) then
+        return;
+    end if;
+    perform awa._check_queue_name(queue);
+    if kind is null then
+        raise exception 'kind must not be null'
+            using errcode = '22004';
+    end if;
+    perform awa._check_priority(priority);
+    raise exception 'max_attempts must be between 1 and 1000, got %',
+        coalesce(max_attempts::text, 'null')
+        using errcode = '22023';
 end;
 $$;
 
@@ -118,7 +200,7 @@ begin
         return meta;
     end if;
     perform awa._check_queue_name(queue);
-    perform pg_advisory_xact_lock(1635213648, 0);
+    perform pg_advisory_xact_lock(awa._lock_class_provisioning(), 0);
     insert into awa.queue_meta (queue) values (_ensure_queue.queue)
     on conflict do nothing;
     select m.* into strict meta from awa.queue_meta as m where m.queue = _ensure_queue.queue;
@@ -147,7 +229,7 @@ begin
         return meta;
     end if;
     anchor := awa._ensure_queue(logical);
-    perform pg_advisory_xact_lock(1635213648, 0);
+    perform pg_advisory_xact_lock(awa._lock_class_provisioning(), 0);
     insert into awa.queue_meta (queue, logical_queue, root_queue, enqueue_shards, paused)
     values (
         physical, case when is_stripe then logical end,
@@ -294,7 +376,12 @@ begin
 end;
 $$;
 
+select awa._grant_execute('awa._queue_name_ok(text)');
+select awa._grant_execute('awa._priority_ok(smallint)');
+select awa._grant_execute('awa._max_attempts_ok(integer)');
+select awa._grant_execute('awa._job_ok(text, text, smallint, integer)');
 select awa._grant_execute('awa._check_queue_name(text)');
+select awa._grant_execute('awa._check_job(text, text, smallint, integer)');
 select awa._grant_execute('awa._check_priority(smallint)');
 select awa._grant_execute('awa._provision_lanes(integer, integer)');
 select awa._grant_execute('awa._ensure_queue(text)');

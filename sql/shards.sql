@@ -92,7 +92,7 @@ begin
         old_shards := meta.enqueue_shards;
         new_shards := shards;
         if shards > meta.enqueue_shards then
-            perform pg_advisory_xact_lock(1635213648, 0);
+            perform pg_advisory_xact_lock(awa._lock_class_provisioning(), 0);
             perform awa._provision_lanes(meta.queue_id, shards);
         end if;
         -- Lanes this transaction created, a new queue's first four included.

@@ -1,12 +1,12 @@
 """The fast paths of awa.enqueue and awa.enqueue_batch give the jobs the general paths give.
 
 awa.enqueue serves a job due now for a known plain queue, keyed or not, in
-its own frame (else awa._enqueue_slow). awa.enqueue_batch serves calls whose
-rows are all valid, unkeyed, due now, for one plain queue at one priority
-with one lane range (else awa._enqueue_rows); COPY ingestion does the same
-for a transaction's staged rows, keyed ones too (else awa._move_staged_sets).
-Each case checks, beside the
-stored jobs, which path served it (pg_stat_get_xact_function_calls), so a
+one lookup (else it routes the name first: awa._route_queue).
+awa.enqueue_batch serves calls whose rows are all valid, unkeyed, due now,
+for one plain queue at one priority with one lane range (else
+awa._enqueue_rows); COPY ingestion does the same for a transaction's staged
+rows, keyed ones too (else awa._move_staged_sets). Each case checks, beside
+the stored jobs, which path served it (pg_stat_get_xact_function_calls), so a
 case meant for one path cannot silently test the other.
 """
 
@@ -199,7 +199,7 @@ def test_keyed_enqueue_goes_to_its_key_lane_and_unkeyed_jobs_follow_it(db, login
     with tracked(db, logins.producer) as conn:
         keyed = enqueue(conn, "keyed-fast", ordering_key=keys[0])
         unkeyed = [enqueue(conn, "keyed-fast") for _ in range(3)]
-        assert general_calls(conn, "awa._enqueue_slow") == 0
+        assert general_calls(conn, "awa._route_queue") == 0
     assert {u[3] for u in unkeyed} == {keyed[3]}
     assert [u[4] for u in unkeyed] == [keyed[4] + 1, keyed[4] + 2, keyed[4] + 3]
     with db.connect() as admin:
@@ -220,7 +220,7 @@ def test_keyed_enqueue_to_a_partitioned_or_new_queue_takes_the_general_path(db, 
     with tracked(db, logins.producer) as conn:
         parted = enqueue(conn, "keyed-parted", ordering_key=b"k")
         fresh = enqueue(conn, "keyed-new", ordering_key=b"k")
-        assert general_calls(conn, "awa._enqueue_slow") == 2
+        assert general_calls(conn, "awa._route_queue") == 2
     assert parted[1].startswith("keyed-parted")
     assert (fresh[1], fresh[3]) == ("keyed-new", 0)
 
