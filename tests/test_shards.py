@@ -267,6 +267,10 @@ def test_cli_show_text_and_json(db, logins):
     assert [ln["shard"] for ln in q["lanes"] if ln["draining"]] == [1]
     assert set(q) >= {"queue", "logical_queue", "enqueue_shards", "shard_mode", "paused",
                       "stripes", "ready", "running", "lanes"}
+    for fmt in ((), ("--json",)):
+        missing = db.awa("storage", "show", "--queue", "no-such", *fmt, user=logins.reader)
+        assert missing.returncode == 2, missing  # bad input, not 1 ("pending")
+        assert "no queue 'no-such'" in missing.stderr and not missing.stdout
 
 
 def test_enqueue_shards_reads_s_for_every_role(db, logins):

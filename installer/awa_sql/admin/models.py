@@ -9,6 +9,8 @@ from typing import Annotated
 from annotated_types import Interval
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
+from awa_sql.routing import MAX_SHARDS
+
 # The database checks ranges (and says so in its message, returned with 400);
 # the bodies only check types, so that a value of the right type always
 # reaches the one place that decides what is allowed.
@@ -33,7 +35,7 @@ class Body(BaseModel):
 
 
 class ShardsBody(Body):
-    shards: Int32 = Field(description="the new S, 1..64", examples=[4])
+    shards: Int32 = Field(description=f"the new S, 1..{MAX_SHARDS}", examples=[4])
 
 
 class ShardMode(StrEnum):
@@ -45,7 +47,7 @@ class ShardMode(StrEnum):
 class ShardModeBody(Body):
     mode: ShardMode
     max_shards: Int32 | None = Field(
-        default=None, description="the auto-scaler's ceiling, 1..64; null keeps none")
+        default=None, description=f"the auto-scaler's ceiling, 1..{MAX_SHARDS}; null keeps none")
 
 
 class Error(BaseModel):

@@ -24,6 +24,7 @@ from awa_sql.admin.models import (
     ShardResult,
     ShardsBody,
 )
+from awa_sql.routing import MAX_SHARDS
 from awa_sql.shards import ordering_consequence, plan_enqueue_shards, set_enqueue_shards
 
 router = APIRouter(prefix="/api")
@@ -58,7 +59,7 @@ def list_queues(request: Request) -> list[dict]:
 @router.get("/queues/{queue:path}/enqueue-shards/plan", response_model=ShardPlan,
             responses=NOT_FOUND)
 def plan_shards(request: Request, queue: QueueName,
-                shards: Annotated[int, Query(ge=1, le=64)]) -> dict:
+                shards: Annotated[int, Query(ge=1, le=MAX_SHARDS)]) -> dict:
     """What a change of S would do and what it means for ordering; changes nothing."""
     with _pool(request).connection() as conn, conn.transaction():
         queries.require_queue(conn, queue)

@@ -246,12 +246,15 @@ def _print_autoscale(q: shards.QueueStatus) -> None:
 def cmd_show(args: argparse.Namespace) -> int:
     with connect(args.dsn) as conn:
         queues = shards.show(conn, args.queue)
+    if args.queue is not None and not queues:
+        print(f"awa: no queue {args.queue!r}", file=sys.stderr)
+        return EXIT_USAGE
     if args.json:
         print(json.dumps({"queues": [q.as_dict() for q in queues]}, indent=2, sort_keys=True))
         return 0
     if not queues:
-        print("no queues" if args.queue is None else f"no queue {args.queue!r}")
-        return 0 if args.queue is None else 1
+        print("no queues")
+        return 0
     print(table(
         ["queue", "S", "mode", "paused", "stripes", "ready", "running", "scheduled", "failed",
          "oldest ready"],
