@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -117,3 +118,41 @@ def test_no_test_module_imports_another():
     }
     assert not crossing, sorted(crossing)
 
+
+
+# Words after "awa." in prose that name no object: placeholders and history.
+NOT_OBJECTS = {
+    "_check_",  # "awa._check_*", the family
+    "anything", "f", "job",  # placeholders in examples
+    "_enqueue_slow",  # docs/benchmarks.md: a measurement from before it was retired
+}
+
+
+def test_comments_and_docs_name_only_objects_and_adrs_that_exist():
+    """Every awa.<name> in a SQL comment or a doc is in docs/schema.sql (which
+    test_schema_snapshot holds to the migrated schema), and every "ADR NNN" has
+    its file."""
+    schema = (ROOT / "docs" / "schema.sql").read_text()
+    adrs = {p.name[:3] for p in (ROOT / "docs" / "adr").glob("[0-9][0-9][0-9]-*.md")}
+    sources = [*ROOT.glob("sql/*.sql"), *ROOT.glob("docs/*.md"), ROOT / "README.md",
+               *ROOT.glob("docs/adr/*.md")]
+    stale = []
+    for path in sources:
+        if path.name in ("schema.sql", "retired.sql"):
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if path.suffix == ".sql":
+                if "--" not in line:
+                    continue
+                line = line.split("--", 1)[1]
+            where = f"{path.relative_to(ROOT)}:{number}"
+            for adr in re.findall(r"\bADR (\d{3})\b", line):
+                if adr not in adrs:
+                    stale.append(f"{where}: ADR {adr}")
+            if "adr" in path.parts:
+                continue  # decisions record the names of their day
+            for name in re.findall(r"\bawa\.([a-z_][a-z0-9_]*)", line):
+                if name not in NOT_OBJECTS and not re.search(
+                        rf"\bawa\.{re.escape(name)}\b", schema):
+                    stale.append(f"{where}: awa.{name}")
+    assert not stale, "\n".join(stale)
