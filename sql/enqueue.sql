@@ -6,9 +6,9 @@
 -- advances until commit, so lane_seq order is commit order within a lane.
 --
 -- Every path checks rows with awa._job_ok (sql/queues.sql). Jobs are
--- written by awa._insert_jobs, the general insert (batch, promotion, and
--- COPY's general mover through the batch path), and by fast paths that
--- repeat it for one input shape, each compared with it by
+-- written by awa._insert_jobs, the general insert (the batch path,
+-- promotion, and COPY's general mover through the batch path), and by fast
+-- paths that repeat it for one input shape, each compared with it by
 -- tests/test_path_differential.py: awa.enqueue (one row), awa.enqueue_batch
 -- (one lane range) and COPY's set-based movers (sql/copy.sql).
 
@@ -306,11 +306,11 @@ begin
 
     -- The lanes of the rows due now; a row for later waits in awa.scheduled.
     select * into taken from awa._lock_lanes(
-        array(
+        case when run_ats is null then queue_ids else array(
             select case when run_ats[i] is null or run_ats[i] <= now() then queue_ids[i] end
               from generate_series(1, n) as i
              order by i
-        ),
+        ) end,
         priorities, key_shards
     );
     return query
@@ -404,13 +404,24 @@ begin
         if found then
             select * into lanes
               from awa._lock_lane_groups(array[q_id], array[p], array[-1::smallint], array[n::bigint]);
+            -- awa._insert_jobs for one lane range, written out: building its
+            -- arrays and calling it cost this path about a fifth more server
+            -- CPU (docs/benchmarks.md, "One home per SQL rule").
             return query
-            select j.job_id, queues[1], p, lanes.g_shard[1], lanes.g_base[1] + j.i - 1
-              from awa._insert_jobs(
-                  array_fill(lanes.g_lane[1], array[n]),
-                  array(select generate_series(lanes.g_base[1], lanes.g_base[1] + n - 1)),
-                  array_fill(q_id, array[n]), priorities, kinds, args, null, max_attempts, null
-              ) with ordinality as j (job_id, i);
+            with ins as (
+                insert into awa.ready (
+                    lane_id, lane_seq, job_id, queue_id, priority, kind, args, ordering_key,
+                    attempt, max_attempts, enqueued_at, ready_at
+                )
+                select lanes.g_lane[1], lanes.g_base[1] + u.i - 1, nextval('awa.job_id_seq'),
+                       q_id, p, u.k, coalesce(u.a, '{}'), null, 0, attempts, now(),
+                       clock_timestamp()
+                  from unnest(kinds, args) with ordinality as u (k, a, i)
+                returning awa.ready.job_id, awa.ready.lane_seq
+            )
+            select ins.job_id, queues[1], p, lanes.g_shard[1], ins.lane_seq
+              from ins
+             order by ins.lane_seq;
             return;
         end if;
     end if;
