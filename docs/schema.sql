@@ -1125,6 +1125,9 @@ begin
                last_errors[r.i]
           from rows as r
          where lanes[r.i] is not null
+         -- Each lane's rows side by side in the heap: a claim reads a lane's
+         -- next rows from few pages.
+         order by lanes[r.i], seqs[r.i]
     ),
     to_scheduled as (
         insert into awa.scheduled (
