@@ -1,11 +1,13 @@
 -- retired.sql: functions earlier versions defined and this one does not.
 --
--- Applied first in the function layer's transaction, so an upgrade drops
--- each one in the same commit that replaces its callers: no moment exists
--- in which a current function calls a dropped one, or an old one a missing
--- one. A function whose arguments or result change is dropped here too
--- (CREATE OR REPLACE cannot change them). Add a line when a function goes;
--- the line may stay: DROP ... IF EXISTS costs nothing on a fresh install.
+-- Applied in the function layer's transaction right after private.sql (the
+-- grant helpers), before the files that define the other functions, so an
+-- upgrade drops each one in the same commit that replaces its callers: no
+-- moment exists in which a current function calls a dropped one, or an old
+-- one a missing one. A function whose arguments or result change is dropped
+-- here too (CREATE OR REPLACE cannot change them). Add a line when a
+-- function goes; the line may stay: DROP ... IF EXISTS costs nothing on a
+-- fresh install.
 
 -- Unreleased (CHANGELOG.md): the row check takes the queue too
 -- (sql/queues.sql); awa.enqueue routes and schedules in its own frame;
