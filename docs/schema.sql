@@ -2458,7 +2458,7 @@ declare
     shards integer;
     lane_ids integer[];
     lane_seqs regclass[];
-    target awa.queue_meta;
+    routed text;  -- the partition or stripe a name was routed to; null on the fast path
     shard integer;
     new_seq bigint;
     new_job bigint;
@@ -2472,23 +2472,22 @@ begin
       from awa.queue_meta as m
      where m.queue = enqueue.queue and m.stripes = 1 and m.partitions = 1;
     if not found or (run_at is not null and run_at > now()) then
-        target := awa._route_queue(awa._ensure_queue(queue), ordering_key);
+        -- Scalars, not a row variable: reading a field of an unassigned
+        -- row variable builds an empty record on every fast-path call.
+        select m.queue_id, m.enqueue_shards, m.lane_ids, m.lane_seqs, m.queue
+          into q_id, shards, lane_ids, lane_seqs, routed
+          from awa._route_queue(awa._ensure_queue(queue), ordering_key) as m;
         if run_at is not null and run_at > now() then
             new_job := nextval('awa.job_id_seq');
             insert into awa.scheduled (
                 job_id, queue_id, priority, kind, args, ordering_key, attempt, max_attempts,
                 enqueued_at, run_at
             ) values (
-                new_job, target.queue_id, enqueue.priority, enqueue.kind,
-                coalesce(enqueue.args, '{}'), enqueue.ordering_key, 0, enqueue.max_attempts,
-                now(), enqueue.run_at
+                new_job, q_id, enqueue.priority, enqueue.kind, coalesce(enqueue.args, '{}'),
+                enqueue.ordering_key, 0, enqueue.max_attempts, now(), enqueue.run_at
             );
-            return row(new_job, target.queue, enqueue.priority, null, null)::awa.enqueued;
+            return row(new_job, routed, enqueue.priority, null, null)::awa.enqueued;
         end if;
-        q_id := target.queue_id;
-        shards := target.enqueue_shards;
-        lane_ids := target.lane_ids;
-        lane_seqs := target.lane_seqs;
     end if;
     shard := awa._take_lane(
         lane_ids, q_id, priority, shards, awa._key_shard(ordering_key, shards), 0
@@ -2504,7 +2503,7 @@ begin
         now(), clock_timestamp()
     );
     return row(
-        new_job, coalesce(target.queue, enqueue.queue), enqueue.priority, shard, new_seq
+        new_job, coalesce(routed, enqueue.queue), enqueue.priority, shard, new_seq
     )::awa.enqueued;
 end;
 $function$;
