@@ -249,7 +249,8 @@ begin
     end if;
     select
         array_agg(x.lane_id), array_agg(x.head_seq), array_agg(x.queue), array_agg(x.shard),
-        count(*) = count(distinct x.priority)
+        -- A sum of one bit per lane is their OR only when no two share a priority.
+        sum(1 << x.priority) = bit_or(1 << x.priority)
       into lane_ids, heads, lane_queues, lane_shards, one_per_priority
       from (
           select l.lane_id, l.priority, l.shard, m.queue, coalesce(h.head_seq, 0) as head_seq
