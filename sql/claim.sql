@@ -37,7 +37,7 @@ begin
 end;
 $$;
 
--- Function: awa._claim_merged(lane_ids integer[], heads bigint[], max_jobs integer, worker text, lease interval)
+-- Function: awa._claim_merged(lane_ids integer[], heads bigint[], max_jobs, worker, lease)
 -- awa.claim's general path, for lanes that share a priority (S > 1, several
 -- queues, stripes, partitions): merges the heads of every lane given, each
 -- read from heads[i], in rounds that widen (ADR 012). The lanes are trusted:

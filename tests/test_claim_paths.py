@@ -53,9 +53,9 @@ def _prepare(admin, s) -> list[int]:
                       [QUEUE, n, n, s["priorities"]])
     admin.execute("delete from awa.ready where job_id in"
                   " (select job_id from awa.ready order by job_id limit %s)", [s["dead"]])
-    lanes = "select l.lane_id from awa.lanes l join awa.queue_meta m using (queue_id) where m.queue = %s"
     if s["hint"] == "zero":
-        admin.execute(f"insert into awa.lane_heads select lane_id, 0 from ({lanes}) x", [QUEUE])
+        admin.execute("insert into awa.lane_heads select l.lane_id, 0 from awa.lanes l"
+                      " join awa.queue_meta m using (queue_id) where m.queue = %s", [QUEUE])
     elif s["hint"] == "first":
         admin.execute("insert into awa.lane_heads select lane_id, min(lane_seq) from awa.ready"
                       " group by lane_id")
