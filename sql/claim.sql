@@ -37,15 +37,19 @@ begin
 end;
 $$;
 
--- Function: awa._claim_merged(lane_ids integer[], heads bigint[], max_jobs, worker, lease)
+-- Function: awa._claim_merged(lane_ids, heads, priorities, shards, queues, max_jobs, worker, lease)
 -- awa.claim's general path, for lanes that share a priority (S > 1, several
--- queues, stripes, partitions): merges the heads of every lane given, each
--- read from heads[i], in rounds that widen (ADR 012). The lanes are trusted:
--- awa.claim looked them up (unpaused queues only) and checked its arguments.
+-- queues, stripes, partitions): merges the heads of every lane given (lane
+-- i: lane_ids[i] of queues[i] at priorities[i] and shards[i], read from
+-- heads[i]) in rounds that widen (ADR 012). The lanes are trusted: awa.claim
+-- looked them up (unpaused queues only) and checked its arguments.
 -- Returns: setof awa.claimed, by priority then claim order.
 create or replace function awa._claim_merged(
     lane_ids integer[],
     heads bigint[],
+    priorities smallint[],
+    shards smallint[],
+    queues text[],
     max_jobs integer,
     worker text,
     lease interval
@@ -76,11 +80,10 @@ begin
     loop
         with lanes as (
             select
-                l.lane_id, l.priority, l.shard, m.queue, x.head_seq,
-                width + greatest(3, 64 / cardinality(_claim_merged.lane_ids)) as take
-              from unnest(_claim_merged.lane_ids, _claim_merged.heads) as x (lane_id, head_seq)
-              join awa.lanes as l on l.lane_id = x.lane_id
-              join awa.queue_meta as m on m.queue_id = l.queue_id
+                x.lane_id, x.priority, x.shard, x.queue, x.head_seq,
+                width + greatest(3, 64 / cardinality(lane_ids)) as take
+              from unnest(lane_ids, heads, priorities, shards, queues)
+                  as x (lane_id, head_seq, priority, shard, queue)
         ),
         ranked as (
             -- The first `take` rows of every lane in merge order (g). The
@@ -223,8 +226,9 @@ declare
     -- its live rows start (awa.lane_heads; 0 without a hint).
     lane_ids integer[];
     heads bigint[];
-    lane_queues text[];
+    lane_priorities smallint[];
     lane_shards smallint[];
+    lane_queues text[];
     one_per_priority boolean;
     stale boolean;
     batch awa.claimed[];
@@ -248,10 +252,11 @@ begin
         return;
     end if;
     select
-        array_agg(x.lane_id), array_agg(x.head_seq), array_agg(x.queue), array_agg(x.shard),
+        array_agg(x.lane_id), array_agg(x.head_seq), array_agg(x.priority),
+        array_agg(x.shard), array_agg(x.queue),
         -- A sum of one bit per lane is their OR only when no two share a priority.
         sum(1 << x.priority) = bit_or(1 << x.priority)
-      into lane_ids, heads, lane_queues, lane_shards, one_per_priority
+      into lane_ids, heads, lane_priorities, lane_shards, lane_queues, one_per_priority
       from (
           select l.lane_id, l.priority, l.shard, m.queue, coalesce(h.head_seq, 0) as head_seq
             from awa.queue_meta as m
@@ -266,7 +271,9 @@ begin
         return;
     end if;
     if not one_per_priority then
-        return query select * from awa._claim_merged(lane_ids, heads, max_jobs, worker, lease);
+        return query select * from awa._claim_merged(
+            lane_ids, heads, lane_priorities, lane_shards, lane_queues, max_jobs, worker, lease
+        );
         return;
     end if;
     with picked as (
@@ -485,7 +492,9 @@ end;
 $$;
 
 select awa._grant_execute('awa._advance_lane_heads(integer[], bigint[])');
-select awa._grant_execute('awa._claim_merged(integer[], bigint[], integer, text, interval)');
+select awa._grant_execute(
+    'awa._claim_merged(int[], bigint[], smallint[], smallint[], text[], int, text, interval)'
+);
 select awa._grant_execute('awa.claim(text[], integer, text, interval)', 'worker');
 select awa._grant_execute('awa.complete(bigint, bigint)', 'worker');
 select awa._grant_execute('awa._retry_or_fail(awa.running, text, timestamptz)');

@@ -43,15 +43,19 @@ def fill(db, logins, queue: str, jobs: int, shards: int, priorities=(2,)) -> Non
 
 @pytest.mark.parametrize("max_jobs", [1, 10])
 @pytest.mark.parametrize("workers", [2, 8])
-def test_workers_drain_with_no_empty_claim_and_fifo_per_lane(db, logins, workers, max_jobs):
-    """4 lanes hold jobs; 2 workers (fewer than the lanes) or 8 (more) claim
-    and complete in separate transactions. A claim comes back short only
-    once every job is claimed or held by another worker's claim in flight;
-    every job completes exactly once; within a lane, a job is never claimed
-    after a later one of its lane was claimed by a claim that ended before
-    this one began."""
+@pytest.mark.parametrize("shards, priorities", [(4, (2,)), (1, (1, 2, 3, 4))],
+                         ids=["merged", "lane-by-lane"])
+def test_workers_drain_with_no_empty_claim_and_fifo_per_lane(
+        db, logins, workers, max_jobs, shards, priorities):
+    """4 lanes hold jobs (S = 4 at one priority: claims merge them; S = 1 at
+    four priorities: claims go lane by lane); 2 workers (fewer than the
+    lanes) or 8 (more) claim and complete in separate transactions. A claim
+    comes back short only once every job is claimed or held by another
+    worker's claim in flight; every job completes exactly once; within a
+    lane, a job is never claimed after a later one of its lane was claimed
+    by a claim that ended before this one began."""
     total = 3000
-    fill(db, logins, "drain", total, shards=4)
+    fill(db, logins, "drain", total, shards=shards, priorities=priorities)
     lock = threading.Lock()
     claimed_count = 0
     short_claims: list[int] = []  # jobs still unclaimed when a claim came back short

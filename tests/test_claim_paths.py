@@ -88,12 +88,14 @@ def test_lane_by_lane_claims_what_the_merge_claims(db, admin, s):
         holder.execute("select from awa.ready where job_id = any(%s) for update", [held])
         lanes = conn.execute(
             "select array_agg(l.lane_id order by l.priority),"
-            "       array_agg(coalesce(h.head_seq, 0) order by l.priority)"
+            "       array_agg(coalesce(h.head_seq, 0) order by l.priority),"
+            "       array_agg(l.priority order by l.priority),"
+            "       array_agg(l.shard order by l.priority), array_agg(m.queue order by l.priority)"
             "  from awa.lanes l join awa.queue_meta m using (queue_id)"
             "  left join awa.lane_heads h using (lane_id) where m.queue = %s", [QUEUE]).fetchone()
         conn.rollback()
         fast = _run(conn, "awa.claim(%s, %s, 'w')", [[QUEUE], s["max_jobs"]])
-        general = _run(conn, "awa._claim_merged(%s, %s, %s, 'w', '5 minutes')",
+        general = _run(conn, "awa._claim_merged(%s, %s, %s, %s, %s, %s, 'w', '5 minutes')",
                        [*lanes, s["max_jobs"]])
         oracle = [j for _, _, j in sorted(
             (p, j, j) for p, j in admin.execute(
@@ -132,4 +134,5 @@ def test_the_merge_runs_only_when_lanes_share_a_priority(db):
                 conn.rollback()
     with pytest.raises(psycopg.errors.InsufficientPrivilege), db.connect() as su:
         su.execute("set role awa_worker")
-        su.execute("select from awa._claim_merged('{1}', '{0}', 1, 'w', '1 minute')")
+        su.execute("select from awa._claim_merged('{1}', '{0}', '{2}', '{0}', '{q}', 1, 'w',"
+                   " '1 minute')")
