@@ -2439,9 +2439,16 @@ begin
         sum(1 << x.priority) = bit_or(1 << x.priority)
       into lane_ids, heads, lane_priorities, lane_shards, lane_queues, one_per_priority
       from (
+          -- Lanes of the named queues only, each hint looked up by key: a
+          -- generic plan must not scan every lane and hint.
           select l.lane_id, l.priority, l.shard, m.queue, coalesce(h.head_seq, 0) as head_seq
             from awa.queue_meta as m
-            join awa.lanes as l on l.queue_id = m.queue_id
+           cross join lateral (
+               select x.lane_id, x.priority, x.shard
+                 from awa.lanes as x
+                where x.queue_id = m.queue_id
+               offset 0
+           ) as l
             left join awa.lane_heads as h on h.lane_id = l.lane_id
            where (m.queue = any(queues) or m.logical_queue = any(queues)
                   or m.root_queue = any(queues))
