@@ -64,14 +64,20 @@ def machine() -> str:
     return f"{platform.node()}: {os.cpu_count()} cores, {total} GiB, {cpu}"
 
 
-def install_enqueue_before(conn: psycopg.Connection, ref: str) -> None:
-    """awa.enqueue as of git revision `ref`, installed beside the current one as
-    public.enqueue_before, so that a change's before and after run side by
-    side on one server. Its body must still work with today's schema."""
-    text = subprocess.run(["git", "show", f"{ref}:sql/enqueue.sql"], capture_output=True,
+def install_before(conn: psycopg.Connection, ref: str, file: str, function: str) -> None:
+    """awa.<function> as of git revision `ref` (from sql/<file>), installed beside
+    the current one as public.<function>_before, so that a change's before and
+    after run side by side on one server. Its body must still work with
+    today's schema."""
+    text = subprocess.run(["git", "show", f"{ref}:sql/{file}"], capture_output=True,
                           text=True, check=True, cwd=Path(__file__).parent).stdout
-    match = re.search(r"create or replace function awa\.enqueue\(.*?\n\$\$;", text, re.S)
+    match = re.search(rf"create or replace function awa\.{function}\(.*?\n\$\$;", text, re.S)
     if not match:
-        raise SystemExit(f"no awa.enqueue in {ref}:sql/enqueue.sql")
-    conn.execute(match.group(0).replace("function awa.enqueue(", "function public.enqueue_before(")
-                 .replace("enqueue.", "enqueue_before."))
+        raise SystemExit(f"no awa.{function} in {ref}:sql/{file}")
+    conn.execute(match.group(0)
+                 .replace(f"function awa.{function}(", f"function public.{function}_before(")
+                 .replace(f"{function}.", f"{function}_before."))
+
+
+def install_enqueue_before(conn: psycopg.Connection, ref: str) -> None:
+    install_before(conn, ref, "enqueue.sql", "enqueue")

@@ -1,10 +1,11 @@
 """What one awa.claim reads: shared buffers (EXPLAIN ANALYZE, BUFFERS) and
 server time, against dead rows and against the number of lanes.
 
-Dead rows: a queue at S = 4 holds 150,000 jobs; claims of 100 + complete
-run N of them through with autovacuum off on awa.ready and an old
-transaction open (so not even index entries can be marked dead), then a
-claim of 1 and of 10 is measured. Lanes: queues at S = 1, 8, 64 with jobs
+Dead rows: a queue at S = 1 (claimed lane by lane) and one at S = 4
+(merged) hold 150,000 jobs each; claims of 100 + complete run N of them
+through with autovacuum off on awa.ready and an old transaction open (so not
+even index entries can be marked dead), then a claim of 1 and of 10 is
+measured. Lanes: queues at S = 1, 8, 64 with jobs
 at one priority and at all four (keyed, so every lane has rows).
 
     python bench/claim_cost.py
@@ -51,19 +52,23 @@ def main() -> None:
         server = conn.execute("show server_version").fetchone()[0]
         conn.execute("set synchronous_commit = off")
         conn.execute("alter table awa.ready set (autovacuum_enabled = off)")
-        conn.execute("select awa.set_enqueue_shards('dead', 4)")
-        fill(conn, "dead", 150_000, 2)
+        for shards in (1, 4):
+            conn.execute("select awa.set_enqueue_shards(%s, %s)", [f"dead_{shards}", shards])
+            fill(conn, f"dead_{shards}", 150_000, 2)
         conn.execute("vacuum analyze awa.ready")
         horizon.execute("select pg_current_xact_id()")
-        dead_rows, done = [], 0
-        for target in (0, 1_000, 10_000, 100_000):
-            while done < target:
-                conn.execute("select awa.complete(job_id, run_lease)"
-                             " from awa.claim(array['dead'], 100, 'w')")
-                done += 100
-            one, ten = measure(conn, "dead", 1), measure(conn, "dead", 10)
-            done += 21 * 11
-            dead_rows.append([f"{target:,}", one[0], f"{one[1]:.0f}", ten[0], f"{ten[1]:.0f}"])
+        dead_rows = []
+        for shards in (1, 4):
+            queue, done = f"dead_{shards}", 0
+            for target in (0, 1_000, 10_000, 100_000):
+                while done < target:
+                    conn.execute("select awa.complete(job_id, run_lease)"
+                                 " from awa.claim(array[%s], 100, 'w')", [queue])
+                    done += 100
+                one, ten = measure(conn, queue, 1), measure(conn, queue, 10)
+                done += 21 * 11
+                dead_rows.append([shards, f"{target:,}", one[0], f"{one[1]:.0f}", ten[0],
+                                  f"{ten[1]:.0f}"])
         horizon.rollback()
         conn.execute("alter table awa.ready reset (autovacuum_enabled)")
         lanes = []
@@ -79,9 +84,9 @@ def main() -> None:
                               f"{ten[1]:.0f}"])
     print(f"machine: {machine()}")
     print(f"PostgreSQL {server}; buffers = shared hit + read of one claim; µs = median of 20")
-    print("Dead rows (S = 4, no vacuum, an old transaction open):")
-    print(table(["jobs through the queue", "claim 1 buffers", "µs", "claim 10 buffers", "µs"],
-                dead_rows))
+    print("Dead rows (no vacuum, an old transaction open):")
+    print(table(["S", "jobs through the queue", "claim 1 buffers", "µs", "claim 10 buffers",
+                 "µs"], dead_rows))
     print("Lanes (keyed jobs in every lane of the priorities used):")
     print(table(["S", "lanes", "priorities used", "claim 1 buffers", "µs", "claim 10 buffers",
                  "µs"], lanes))

@@ -20,6 +20,11 @@ procrastinate, and claim 1 at 4 clients against enqueue at 4 clients.
 
     python bench/claim_pgbench.py [--seconds 10] [--runs 3] [--clients 1,4,16]
                                   [--shards 1] [--preload 100000] [--no-worker]
+                                  [--before REF]
+
+--before REF adds "before 1" and "before 10" cells: awa.claim as it was at git
+revision REF, installed beside the current one as public.claim_before, so a
+change's before and after run side by side on one server.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ import psycopg
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from awa_sql.worker import Worker
 from bench._pgbench import Cell, Grid, install_procrastinate, pgbench_version, table
-from bench._server import bench_server, machine
+from bench._server import bench_server, install_before, machine
 
 QUEUE = "bench"
 
@@ -57,20 +62,28 @@ def preload_procrastinate(conn: psycopg.Connection, jobs: int) -> None:
     conn.execute("vacuum analyze procrastinate_jobs")
 
 
-def cells(preload: int, worker_id: int) -> list[Cell]:
+def claim_cells(function: str, label: str, preload: int) -> list[Cell]:
+    """Claim 1 + complete and claim 10 + complete each, with `function`."""
     complete_each = "".join(
         f"select awa.complete((:ids::bigint[])[{i}], (:leases::bigint[])[{i}]);\n"
         for i in range(1, 11))
     return [
-        Cell("claim 1",
-             f"select job_id, run_lease from awa.claim('{{{QUEUE}}}', 1, 'bench') \\gset\n"
+        Cell(f"{label} 1",
+             f"select job_id, run_lease from {function}('{{{QUEUE}}}', 1, 'bench') \\gset\n"
              "select awa.complete(:job_id, :run_lease);\n",
              reset=lambda conn: preload_awa(conn, preload)),
-        Cell("claim 10",
+        Cell(f"{label} 10",
              "select array_agg(job_id) as ids, array_agg(run_lease) as leases,"
-             f" 1 / (count(*) / 10) as full from awa.claim('{{{QUEUE}}}', 10, 'bench') \\gset\n"
+             f" 1 / (count(*) / 10) as full from {function}('{{{QUEUE}}}', 10, 'bench') \\gset\n"
              + complete_each, rows_per_tx=10,
              reset=lambda conn: preload_awa(conn, preload)),
+    ]
+
+
+def cells(preload: int, worker_id: int, before: bool) -> list[Cell]:
+    return [
+        *claim_cells("awa.claim", "claim", preload),
+        *(claim_cells("claim_before", "before", preload) if before else []),
         Cell("procrastinate",
              "select id, 1 / (id is not null)::int as found"
              f" from procrastinate_fetch_job_v2('{{default}}', {worker_id}) \\gset\n"
@@ -110,6 +123,7 @@ def main() -> None:
     ap.add_argument("--shards", type=int, default=1)
     ap.add_argument("--preload", type=int, default=100_000)
     ap.add_argument("--no-worker", action="store_true")
+    ap.add_argument("--before", metavar="REF", help="also measure awa.claim as of git REF")
     args = ap.parse_args()
     clients = [int(c) for c in args.clients.split(",")]
 
@@ -120,7 +134,10 @@ def main() -> None:
             worker_id = conn.execute(
                 "select worker_id from procrastinate_register_worker_v1()").fetchone()[0]
             server = conn.execute("show server_version").fetchone()[0]
-        grid = Grid(dsn, cells(args.preload, worker_id), clients, args.seconds, args.runs)
+            if args.before:
+                install_before(conn, args.before, "claim.sql", "claim")
+        grid = Grid(dsn, cells(args.preload, worker_id, bool(args.before)), clients,
+                    args.seconds, args.runs)
         grid.measure(lambda line: print(line, file=sys.stderr, flush=True))
         workers: dict[int, list[float]] = {}
         if not args.no_worker:
@@ -135,7 +152,8 @@ def main() -> None:
     print(f"PostgreSQL {server}, {pgbench_version()}, procrastinate {version}, "
           f"S = {args.shards}, {args.seconds:g} s per cell, median of {args.runs}, "
           f"{args.preload:,} jobs preloaded")
-    names = ["claim 1", "claim 10", "procrastinate", "enqueue"]
+    names = ["claim 1", "claim 10", *(["before 1", "before 10"] if args.before else []),
+             "procrastinate", "enqueue"]
     rows = []
     for c in clients:
         peer = grid.median("procrastinate", c)
@@ -144,10 +162,13 @@ def main() -> None:
             row.append(f"{grid.median(name, c):,.0f} ({grid.spread(name, c)})")
         row += [f"{grid.median('claim 1', c) / peer:.2f}x",
                 f"{grid.median('claim 10', c) / peer:.2f}x"]
+        if args.before:
+            row.append(f"{grid.median('claim 1', c) / grid.median('before 1', c):.2f}x")
         if workers:
             row.append(f"{statistics.median(workers[c]):,.0f}")
         rows.append(row)
-    header = ["clients", *names, "claim 1 / procr.", "claim 10 / procr."]
+    header = ["clients", *names, "claim 1 / procr.", "claim 10 / procr.",
+              *(["claim 1 / before 1"] if args.before else [])]
     if workers:
         header.append("Worker (slots = clients)")
     print("jobs/s (spread)")

@@ -854,6 +854,140 @@ begin
 end;
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._claim_merged(lane_ids integer[], heads bigint[], priorities smallint[], shards smallint[], queues text[], max_jobs integer, worker text, lease interval)
+ RETURNS SETOF awa.claimed
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+ SET plan_cache_mode TO 'force_generic_plan'
+ SET enable_hashjoin TO 'off'
+ SET enable_mergejoin TO 'off'
+ SET enable_seqscan TO 'off'
+AS $function$
+declare
+    need integer := max_jobs;
+    -- A round reads width rows of each lane, plus a spare share of 64 rows
+    -- (at least 3): concurrent claimers hold the rows at the head until they
+    -- commit. Each further round reads four times as many.
+    width bigint := max_jobs;
+    rounds integer := 0;
+    more boolean;
+    batch awa.claimed[];
+    claimed awa.claimed[] := '{}';
+    one awa.claimed;
+    hint_lanes integer[];
+    hint_seqs bigint[];
+begin
+    loop
+        with lanes as (
+            select
+                x.lane_id, x.priority, x.shard, x.queue, x.head_seq,
+                width + greatest(3, 64 / cardinality(lane_ids)) as take
+              from unnest(lane_ids, heads, priorities, shards, queues)
+                  as x (lane_id, head_seq, priority, shard, queue)
+        ),
+        ranked as (
+            -- The first `take` rows of every lane in merge order (g). The
+            -- running max of ready_at keeps the merge FIFO within a lane
+            -- whatever the clock did.
+            select
+                c.lane_id, c.lane_seq, c.tid, c.head_seq, c.rn, c.take, c.merge_at,
+                row_number() over (order by c.priority, c.merge_at, c.lane_id, c.lane_seq) as g
+              from (
+                  select
+                      ln.lane_id, ln.priority, ln.head_seq, ln.take, h.lane_seq, h.tid,
+                      max(h.ready_at) over w as merge_at,
+                      row_number() over w as rn
+                    from lanes as ln
+                   cross join lateral (
+                       select r.lane_seq, r.ready_at, r.ctid as tid
+                         from awa.ready as r
+                        where r.lane_id = ln.lane_id and r.lane_seq >= ln.head_seq
+                        order by r.lane_seq
+                        limit ln.take
+                   ) as h
+                  window w as (partition by ln.lane_id order by h.lane_seq)
+              ) as c
+        ),
+        bound as (
+            -- A lane that showed all the rows it was asked for may have more,
+            -- which could rank anywhere after its last shown one: the merge
+            -- order is known up to the first such row.
+            select min(k.g) as g from ranked as k where k.rn = k.take
+        ),
+        picked as (
+            -- In merge order, so that rows are fetched only until `need` are
+            -- locked; by ctid, as the statement's snapshot keeps every row it
+            -- saw in place.
+            select r.ctid as tid, k.g
+              from (
+                  select c.lane_id, c.lane_seq, c.tid, c.g
+                    from ranked as c
+                   where c.g <= coalesce((select b.g from bound as b), c.g)
+                   order by c.g
+                  offset 0
+              ) as k
+              join awa.ready as r
+                on r.ctid = k.tid and r.lane_id = k.lane_id and r.lane_seq = k.lane_seq
+             order by k.g
+             limit need
+               for update of r skip locked
+        ),
+        moved as (
+            delete from awa.ready as r
+             using picked as p
+             where r.ctid = p.tid
+            returning r.*, p.g
+        ),
+        started as (
+            insert into awa.running (
+                job_id, run_lease, lane_id, lane_seq, queue_id, priority, kind, args,
+                ordering_key, attempt, max_attempts, enqueued_at, worker, lease_expires_at
+            )
+            select
+                m.job_id, nextval('awa.run_lease_seq'), m.lane_id, m.lane_seq, m.queue_id,
+                m.priority, m.kind, m.args, m.ordering_key, m.attempt + 1, m.max_attempts,
+                m.enqueued_at, _claim_merged.worker, now() + _claim_merged.lease
+              from moved as m
+             order by m.g
+            returning awa.running.*
+        )
+        select
+            (select b.g is not null from bound as b),
+            array(
+                select row(
+                    s.job_id, s.run_lease, ln.queue, s.priority, ln.shard, s.lane_seq, s.kind,
+                    s.args, s.attempt, s.max_attempts, s.ordering_key
+                )::awa.claimed
+                  from started as s
+                  join lanes as ln on ln.lane_id = s.lane_id
+                 order by s.priority, s.run_lease
+            ),
+            -- Lanes whose first visible row is 64 or more past their hint.
+            array(select k.lane_id from ranked as k
+                   where k.rn = 1 and k.lane_seq >= k.head_seq + 64 order by k.lane_id),
+            array(select k.lane_seq from ranked as k
+                   where k.rn = 1 and k.lane_seq >= k.head_seq + 64 order by k.lane_id)
+          into more, batch, hint_lanes, hint_seqs;
+        if cardinality(hint_lanes) > 0 then
+            perform awa._advance_lane_heads(hint_lanes, hint_seqs);
+        end if;
+        rounds := rounds + 1;
+        claimed := claimed || batch;
+        need := need - cardinality(batch);
+        -- Short only because rows were held: look further down the lanes.
+        exit when need = 0 or not more;
+        width := width * 4;
+    end loop;
+    if rounds = 1 then
+        foreach one in array claimed loop
+            return next one;
+        end loop;
+    else
+        return query select * from unnest(claimed) as c order by c.priority, c.run_lease;
+    end if;
+end;
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._enqueue_rows(queues text[], kinds text[], args jsonb[], priorities smallint[], ordering_keys bytea[], run_ats timestamp with time zone[], max_attempts integer[], row_label text, row_offset bigint)
  RETURNS SETOF awa.enqueued
  LANGUAGE plpgsql
@@ -2269,15 +2403,16 @@ CREATE OR REPLACE FUNCTION awa.claim(queues text[], max_jobs integer, worker tex
  SET enable_seqscan TO 'off'
 AS $function$
 declare
-    need integer := max_jobs;
-    -- A round reads width rows of each lane, plus a spare share of 64 rows
-    -- (at least 3): concurrent claimers hold the rows at the head until they
-    -- commit. Each further round reads four times as many.
-    width bigint := max_jobs;
-    rounds integer := 0;
-    more boolean;
+    -- The lanes of the named, unpaused queues by priority, each with where
+    -- its live rows start (awa.lane_heads; 0 without a hint).
+    lane_ids integer[];
+    heads bigint[];
+    lane_priorities smallint[];
+    lane_shards smallint[];
+    lane_queues text[];
+    one_per_priority boolean;
+    stale boolean;
     batch awa.claimed[];
-    claimed awa.claimed[] := '{}';
     one awa.claimed;
     hint_lanes integer[];
     hint_seqs bigint[];
@@ -2297,127 +2432,107 @@ begin
     if max_jobs = 0 then
         return;
     end if;
-    loop
-        with lanes as (
-            -- Lanes of the named queues only, each with its hint looked up by
-            -- key: a generic plan would otherwise scan every lane and hint.
-            select
-                l.lane_id, l.priority, l.shard, m.queue,
-                coalesce((
-                    select h.head_seq from awa.lane_heads as h where h.lane_id = l.lane_id
-                ), 0) as head_seq,
-                width + greatest(3, 64 / count(*) over ()) as take
-              from awa.queue_meta as m
-             cross join lateral (
-                 select x.lane_id, x.priority, x.shard
-                   from awa.lanes as x
-                  where x.queue_id = m.queue_id
-                 offset 0
-             ) as l
-             where (m.queue = any(queues) or m.logical_queue = any(queues)
-                    or m.root_queue = any(queues))
-               and not m.paused
-        ),
-        ranked as (
-            -- The first `take` rows of every lane in merge order (g). The
-            -- running max of ready_at keeps the merge FIFO within a lane
-            -- whatever the clock did.
-            select
-                c.lane_id, c.lane_seq, c.tid, c.head_seq, c.rn, c.take, c.merge_at,
-                row_number() over (order by c.priority, c.merge_at, c.lane_id, c.lane_seq) as g
-              from (
-                  select
-                      ln.lane_id, ln.priority, ln.head_seq, ln.take, h.lane_seq, h.tid,
-                      max(h.ready_at) over w as merge_at,
-                      row_number() over w as rn
-                    from lanes as ln
-                   cross join lateral (
-                       select r.lane_seq, r.ready_at, r.ctid as tid
-                         from awa.ready as r
-                        where r.lane_id = ln.lane_id and r.lane_seq >= ln.head_seq
-                        order by r.lane_seq
-                        limit ln.take
-                   ) as h
-                  window w as (partition by ln.lane_id order by h.lane_seq)
-              ) as c
-        ),
-        bound as (
-            -- A lane that showed all the rows it was asked for may have more,
-            -- which could rank anywhere after its last shown one: the merge
-            -- order is known up to the first such row.
-            select min(k.g) as g from ranked as k where k.rn = k.take
-        ),
-        picked as (
-            -- In merge order, so that rows are fetched only until `need` are
-            -- locked; by ctid, as the statement's snapshot keeps every row it
-            -- saw in place.
-            select r.ctid as tid, k.g
-              from (
-                  select c.lane_id, c.lane_seq, c.tid, c.g
-                    from ranked as c
-                   where c.g <= coalesce((select b.g from bound as b), c.g)
-                   order by c.g
-                  offset 0
-              ) as k
-              join awa.ready as r
-                on r.ctid = k.tid and r.lane_id = k.lane_id and r.lane_seq = k.lane_seq
-             order by k.g
-             limit need
-               for update of r skip locked
-        ),
-        moved as (
-            delete from awa.ready as r
-             using picked as p
-             where r.ctid = p.tid
-            returning r.*, p.g
-        ),
-        started as (
-            insert into awa.running (
-                job_id, run_lease, lane_id, lane_seq, queue_id, priority, kind, args,
-                ordering_key, attempt, max_attempts, enqueued_at, worker, lease_expires_at
-            )
-            select
-                m.job_id, nextval('awa.run_lease_seq'), m.lane_id, m.lane_seq, m.queue_id,
-                m.priority, m.kind, m.args, m.ordering_key, m.attempt + 1, m.max_attempts,
-                m.enqueued_at, claim.worker, now() + claim.lease
-              from moved as m
-             order by m.g
-            returning awa.running.*
+    select
+        array_agg(x.lane_id), array_agg(x.head_seq), array_agg(x.priority),
+        array_agg(x.shard), array_agg(x.queue),
+        -- A sum of one bit per lane is their OR only when no two share a priority.
+        sum(1 << x.priority) = bit_or(1 << x.priority)
+      into lane_ids, heads, lane_priorities, lane_shards, lane_queues, one_per_priority
+      from (
+          -- Lanes of the named queues only, each hint looked up by key: a
+          -- generic plan must not scan every lane and hint.
+          select l.lane_id, l.priority, l.shard, m.queue, coalesce(h.head_seq, 0) as head_seq
+            from awa.queue_meta as m
+           cross join lateral (
+               select x.lane_id, x.priority, x.shard
+                 from awa.lanes as x
+                where x.queue_id = m.queue_id
+               offset 0
+           ) as l
+            left join awa.lane_heads as h on h.lane_id = l.lane_id
+           where (m.queue = any(queues) or m.logical_queue = any(queues)
+                  or m.root_queue = any(queues))
+             and not m.paused
+           order by l.priority, l.lane_id
+      ) as x;
+    if lane_ids is null then
+        return;
+    end if;
+    if not one_per_priority then
+        return query select * from awa._claim_merged(
+            lane_ids, heads, lane_priorities, lane_shards, lane_queues, max_jobs, worker, lease
+        );
+        return;
+    end if;
+    with picked as (
+        -- Lane by lane in priority order, each from its head; the limits
+        -- stop the scan, and the locking, once max_jobs rows are locked.
+        select h.tid
+          from unnest(lane_ids, heads) as ln (lane_id, head_seq)
+         cross join lateral (
+             select r.ctid as tid
+               from awa.ready as r
+              where r.lane_id = ln.lane_id and r.lane_seq >= ln.head_seq
+              order by r.lane_seq
+              limit max_jobs
+                for update of r skip locked
+         ) as h
+         limit max_jobs
+    ),
+    moved as (
+        delete from awa.ready as r
+         using picked as p
+         where r.ctid = p.tid
+        returning r.*
+    ),
+    started as (
+        insert into awa.running (
+            job_id, run_lease, lane_id, lane_seq, queue_id, priority, kind, args,
+            ordering_key, attempt, max_attempts, enqueued_at, worker, lease_expires_at
         )
         select
-            (select b.g is not null from bound as b),
-            array(
-                select row(
-                    s.job_id, s.run_lease, ln.queue, s.priority, ln.shard, s.lane_seq, s.kind,
-                    s.args, s.attempt, s.max_attempts, s.ordering_key
-                )::awa.claimed
-                  from started as s
-                  join lanes as ln on ln.lane_id = s.lane_id
-                 order by s.priority, s.run_lease
-            ),
-            -- Lanes whose first visible row is 64 or more past their hint.
-            array(select k.lane_id from ranked as k
-                   where k.rn = 1 and k.lane_seq >= k.head_seq + 64 order by k.lane_id),
-            array(select k.lane_seq from ranked as k
-                   where k.rn = 1 and k.lane_seq >= k.head_seq + 64 order by k.lane_id)
-          into more, batch, hint_lanes, hint_seqs;
-        if cardinality(hint_lanes) > 0 then
+            m.job_id, nextval('awa.run_lease_seq'), m.lane_id, m.lane_seq, m.queue_id,
+            m.priority, m.kind, m.args, m.ordering_key, m.attempt + 1, m.max_attempts,
+            m.enqueued_at, claim.worker, now() + claim.lease
+          from moved as m
+         order by m.priority, m.lane_seq
+        returning awa.running.*
+    )
+    select
+        array(
+            select row(
+                s.job_id, s.run_lease, lane_queues[array_position(lane_ids, s.lane_id)],
+                s.priority, lane_shards[array_position(lane_ids, s.lane_id)], s.lane_seq,
+                s.kind, s.args, s.attempt, s.max_attempts, s.ordering_key
+            )::awa.claimed
+              from started as s
+             order by s.priority, s.run_lease
+        ),
+        -- A row claimed 64 or more past its lane's hint: the hint may move.
+        (select bool_or(s.lane_seq >= heads[array_position(lane_ids, s.lane_id)] + 64)
+           from started as s)
+      into batch, stale;
+    if stale then
+        -- Each lane's first row still visible (held by a claim in flight, or
+        -- free) is its new head when 64 or more past the hint.
+        select array_agg(ln.lane_id order by ln.lane_id), array_agg(f.lane_seq order by ln.lane_id)
+          into hint_lanes, hint_seqs
+          from unnest(lane_ids, heads) as ln (lane_id, head_seq)
+         cross join lateral (
+             select r.lane_seq
+               from awa.ready as r
+              where r.lane_id = ln.lane_id and r.lane_seq >= ln.head_seq
+              order by r.lane_seq
+              limit 1
+         ) as f
+         where f.lane_seq >= ln.head_seq + 64;
+        if hint_lanes is not null then
             perform awa._advance_lane_heads(hint_lanes, hint_seqs);
         end if;
-        rounds := rounds + 1;
-        claimed := claimed || batch;
-        need := need - cardinality(batch);
-        -- Short only because rows were held: look further down the lanes.
-        exit when need = 0 or not more;
-        width := width * 4;
-    end loop;
-    if rounds = 1 then
-        foreach one in array claimed loop
-            return next one;
-        end loop;
-    else
-        return query select * from unnest(claimed) as c order by c.priority, c.run_lease;
     end if;
+    foreach one in array batch loop
+        return next one;
+    end loop;
 end;
 $function$;
 

@@ -4,7 +4,8 @@
 -- above the current S included (they drain after S is lowered), from where
 -- awa.lane_heads says the lane's live rows start: its cost follows the number
 -- of lanes, not the rows ever enqueued nor the dead ones vacuum has not yet
--- removed (ADR 012).
+-- removed (ADR 012). When no two of those lanes share a priority, it reads
+-- them one by one in priority order and stops once it has its jobs (ADR 016).
 
 -- Function: awa._advance_lane_heads(lanes integer[], seqs bigint[]) returns void
 -- Moves each lane's claim hint up to seqs[i], the lane's first row visible to
@@ -37,30 +38,27 @@ begin
 end;
 $$;
 
--- Function: awa.claim(queues text[], max_jobs integer, worker text, lease interval)
--- Claims up to max_jobs ready jobs from the named queues and all their
--- partitions and stripes: highest priority first, then the job that has been
--- ready longest across lanes, FIFO within each lane. Rows other transactions
--- hold are skipped, never waited for, and the claim looks further down the
--- lanes instead: it returns fewer than max_jobs only when no other claimable
--- row is left. Paused queues yield nothing.
--- Role: awa_worker.
--- Returns: setof awa.claimed, by priority then claim order; each job's
--- attempt is counted from 1.
--- Errors: 22023 max_jobs < 0 or lease <= 0; 22004 null queues or worker.
-create or replace function awa.claim(
+-- Function: awa._claim_merged(lane_ids, heads, priorities, shards, queues, max_jobs, worker, lease)
+-- awa.claim's general path, for lanes that share a priority (S > 1, several
+-- queues, stripes, partitions): merges the heads of every lane given (lane
+-- i: lane_ids[i] of queues[i] at priorities[i] and shards[i], read from
+-- heads[i]) in rounds that widen (ADR 012). The lanes are trusted: awa.claim
+-- looked them up (unpaused queues only) and checked its arguments.
+-- Returns: setof awa.claimed, by priority then claim order.
+create or replace function awa._claim_merged(
+    lane_ids integer[],
+    heads bigint[],
+    priorities smallint[],
+    shards smallint[],
     queues text[],
     max_jobs integer,
     worker text,
-    lease interval default '5 minutes'
+    lease interval
 )
 returns setof awa.claimed
 language plpgsql
-security definer
 set search_path = pg_catalog, pg_temp
--- The queues array would make the planner re-plan every call, and a generic
--- plan may hash-join awa.ready with a sequential scan, whose cost grows with
--- the table's history: a claim only ever looks rows up by primary key.
+-- As awa.claim's: a claim only ever looks rows up by primary key.
 set plan_cache_mode = force_generic_plan
 set enable_hashjoin = off
 set enable_mergejoin = off
@@ -80,41 +78,13 @@ declare
     hint_lanes integer[];
     hint_seqs bigint[];
 begin
-    if queues is null or worker is null then
-        raise exception '% must not be null', case when queues is null then 'queues' else 'worker' end
-            using errcode = '22004';
-    end if;
-    if max_jobs is null or max_jobs < 0 then
-        raise exception 'max_jobs must be 0 or more, got %', coalesce(max_jobs::text, 'null')
-            using errcode = '22023';
-    end if;
-    if lease is null or lease <= interval '0' then
-        raise exception 'lease must be a positive interval, got %', coalesce(lease::text, 'null')
-            using errcode = '22023';
-    end if;
-    if max_jobs = 0 then
-        return;
-    end if;
     loop
         with lanes as (
-            -- Lanes of the named queues only, each with its hint looked up by
-            -- key: a generic plan would otherwise scan every lane and hint.
             select
-                l.lane_id, l.priority, l.shard, m.queue,
-                coalesce((
-                    select h.head_seq from awa.lane_heads as h where h.lane_id = l.lane_id
-                ), 0) as head_seq,
-                width + greatest(3, 64 / count(*) over ()) as take
-              from awa.queue_meta as m
-             cross join lateral (
-                 select x.lane_id, x.priority, x.shard
-                   from awa.lanes as x
-                  where x.queue_id = m.queue_id
-                 offset 0
-             ) as l
-             where (m.queue = any(queues) or m.logical_queue = any(queues)
-                    or m.root_queue = any(queues))
-               and not m.paused
+                x.lane_id, x.priority, x.shard, x.queue, x.head_seq,
+                width + greatest(3, 64 / cardinality(lane_ids)) as take
+              from unnest(lane_ids, heads, priorities, shards, queues)
+                  as x (lane_id, head_seq, priority, shard, queue)
         ),
         ranked as (
             -- The first `take` rows of every lane in merge order (g). The
@@ -177,7 +147,7 @@ begin
             select
                 m.job_id, nextval('awa.run_lease_seq'), m.lane_id, m.lane_seq, m.queue_id,
                 m.priority, m.kind, m.args, m.ordering_key, m.attempt + 1, m.max_attempts,
-                m.enqueued_at, claim.worker, now() + claim.lease
+                m.enqueued_at, _claim_merged.worker, now() + _claim_merged.lease
               from moved as m
              order by m.g
             returning awa.running.*
@@ -216,6 +186,173 @@ begin
     else
         return query select * from unnest(claimed) as c order by c.priority, c.run_lease;
     end if;
+end;
+$$;
+
+-- Function: awa.claim(queues text[], max_jobs integer, worker text, lease interval)
+-- Claims up to max_jobs ready jobs from the named queues and all their
+-- partitions and stripes: highest priority first, then the job that has been
+-- ready longest across lanes, FIFO within each lane. Rows other transactions
+-- hold are skipped, never waited for, and the claim looks further down the
+-- lanes instead: it returns fewer than max_jobs only when no other claimable
+-- row is left. Paused queues yield nothing.
+-- When no two of the lanes share a priority (one queue at S = 1, the common
+-- case), that order is lane by lane: the claim locks the first free rows of
+-- each lane in priority order and stops once it has max_jobs, in one
+-- statement after the lane lookup. Otherwise awa._claim_merged merges them.
+-- Role: awa_worker.
+-- Returns: setof awa.claimed, by priority then claim order; each job's
+-- attempt is counted from 1.
+-- Errors: 22023 max_jobs < 0 or lease <= 0; 22004 null queues or worker.
+create or replace function awa.claim(
+    queues text[],
+    max_jobs integer,
+    worker text,
+    lease interval default '5 minutes'
+)
+returns setof awa.claimed
+language plpgsql
+security definer
+set search_path = pg_catalog, pg_temp
+-- The queues array would make the planner re-plan every call, and a generic
+-- plan may hash-join awa.ready with a sequential scan, whose cost grows with
+-- the table's history: a claim only ever looks rows up by primary key.
+set plan_cache_mode = force_generic_plan
+set enable_hashjoin = off
+set enable_mergejoin = off
+set enable_seqscan = off
+as $$
+declare
+    -- The lanes of the named, unpaused queues by priority, each with where
+    -- its live rows start (awa.lane_heads; 0 without a hint).
+    lane_ids integer[];
+    heads bigint[];
+    lane_priorities smallint[];
+    lane_shards smallint[];
+    lane_queues text[];
+    one_per_priority boolean;
+    stale boolean;
+    batch awa.claimed[];
+    one awa.claimed;
+    hint_lanes integer[];
+    hint_seqs bigint[];
+begin
+    if queues is null or worker is null then
+        raise exception '% must not be null', case when queues is null then 'queues' else 'worker' end
+            using errcode = '22004';
+    end if;
+    if max_jobs is null or max_jobs < 0 then
+        raise exception 'max_jobs must be 0 or more, got %', coalesce(max_jobs::text, 'null')
+            using errcode = '22023';
+    end if;
+    if lease is null or lease <= interval '0' then
+        raise exception 'lease must be a positive interval, got %', coalesce(lease::text, 'null')
+            using errcode = '22023';
+    end if;
+    if max_jobs = 0 then
+        return;
+    end if;
+    select
+        array_agg(x.lane_id), array_agg(x.head_seq), array_agg(x.priority),
+        array_agg(x.shard), array_agg(x.queue),
+        -- A sum of one bit per lane is their OR only when no two share a priority.
+        sum(1 << x.priority) = bit_or(1 << x.priority)
+      into lane_ids, heads, lane_priorities, lane_shards, lane_queues, one_per_priority
+      from (
+          -- Lanes of the named queues only, each hint looked up by key: a
+          -- generic plan must not scan every lane and hint.
+          select l.lane_id, l.priority, l.shard, m.queue, coalesce(h.head_seq, 0) as head_seq
+            from awa.queue_meta as m
+           cross join lateral (
+               select x.lane_id, x.priority, x.shard
+                 from awa.lanes as x
+                where x.queue_id = m.queue_id
+               offset 0
+           ) as l
+            left join awa.lane_heads as h on h.lane_id = l.lane_id
+           where (m.queue = any(queues) or m.logical_queue = any(queues)
+                  or m.root_queue = any(queues))
+             and not m.paused
+           order by l.priority, l.lane_id
+      ) as x;
+    if lane_ids is null then
+        return;
+    end if;
+    if not one_per_priority then
+        return query select * from awa._claim_merged(
+            lane_ids, heads, lane_priorities, lane_shards, lane_queues, max_jobs, worker, lease
+        );
+        return;
+    end if;
+    with picked as (
+        -- Lane by lane in priority order, each from its head; the limits
+        -- stop the scan, and the locking, once max_jobs rows are locked.
+        select h.tid
+          from unnest(lane_ids, heads) as ln (lane_id, head_seq)
+         cross join lateral (
+             select r.ctid as tid
+               from awa.ready as r
+              where r.lane_id = ln.lane_id and r.lane_seq >= ln.head_seq
+              order by r.lane_seq
+              limit max_jobs
+                for update of r skip locked
+         ) as h
+         limit max_jobs
+    ),
+    moved as (
+        delete from awa.ready as r
+         using picked as p
+         where r.ctid = p.tid
+        returning r.*
+    ),
+    started as (
+        insert into awa.running (
+            job_id, run_lease, lane_id, lane_seq, queue_id, priority, kind, args,
+            ordering_key, attempt, max_attempts, enqueued_at, worker, lease_expires_at
+        )
+        select
+            m.job_id, nextval('awa.run_lease_seq'), m.lane_id, m.lane_seq, m.queue_id,
+            m.priority, m.kind, m.args, m.ordering_key, m.attempt + 1, m.max_attempts,
+            m.enqueued_at, claim.worker, now() + claim.lease
+          from moved as m
+         order by m.priority, m.lane_seq
+        returning awa.running.*
+    )
+    select
+        array(
+            select row(
+                s.job_id, s.run_lease, lane_queues[array_position(lane_ids, s.lane_id)],
+                s.priority, lane_shards[array_position(lane_ids, s.lane_id)], s.lane_seq,
+                s.kind, s.args, s.attempt, s.max_attempts, s.ordering_key
+            )::awa.claimed
+              from started as s
+             order by s.priority, s.run_lease
+        ),
+        -- A row claimed 64 or more past its lane's hint: the hint may move.
+        (select bool_or(s.lane_seq >= heads[array_position(lane_ids, s.lane_id)] + 64)
+           from started as s)
+      into batch, stale;
+    if stale then
+        -- Each lane's first row still visible (held by a claim in flight, or
+        -- free) is its new head when 64 or more past the hint.
+        select array_agg(ln.lane_id order by ln.lane_id), array_agg(f.lane_seq order by ln.lane_id)
+          into hint_lanes, hint_seqs
+          from unnest(lane_ids, heads) as ln (lane_id, head_seq)
+         cross join lateral (
+             select r.lane_seq
+               from awa.ready as r
+              where r.lane_id = ln.lane_id and r.lane_seq >= ln.head_seq
+              order by r.lane_seq
+              limit 1
+         ) as f
+         where f.lane_seq >= ln.head_seq + 64;
+        if hint_lanes is not null then
+            perform awa._advance_lane_heads(hint_lanes, hint_seqs);
+        end if;
+    end if;
+    foreach one in array batch loop
+        return next one;
+    end loop;
 end;
 $$;
 
@@ -363,6 +500,9 @@ end;
 $$;
 
 select awa._grant_execute('awa._advance_lane_heads(integer[], bigint[])');
+select awa._grant_execute(
+    'awa._claim_merged(int[], bigint[], smallint[], smallint[], text[], int, text, interval)'
+);
 select awa._grant_execute('awa.claim(text[], integer, text, interval)', 'worker');
 select awa._grant_execute('awa.complete(bigint, bigint)', 'worker');
 select awa._grant_execute('awa._retry_or_fail(awa.running, text, timestamptz)');
