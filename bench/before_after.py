@@ -2,7 +2,7 @@
 
 For a change that touches many functions, where installing one old function
 beside today's (``--before`` of the enqueue benches) is not enough: the
-revision is checked out into a temporary folder, and each round runs the
+revision is exported into a temporary folder, and each round runs the
 script there (with that checkout's ``awa_sql`` and ``sql/``), then here,
 each against its own fresh server. Rounds alternate so both sides see the
 same machine; the output lines of each run are printed under its label.
@@ -40,17 +40,16 @@ def main() -> None:
     parser.add_argument("args", nargs=argparse.REMAINDER)
     opts = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="awa-before-") as tmp:
+        # An export, not a worktree: an interrupted run leaves nothing in .git.
         before = Path(tmp) / "checkout"
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(before),
-                        opts.before], check=True, capture_output=True)
-        try:
-            for n in range(1, opts.rounds + 1):
-                for label, checkout in ((f"before ({opts.before})", before), ("after", ROOT)):
-                    print(f"## round {n}, {label}", flush=True)
-                    print(_run(checkout, opts.script, opts.args), end="", flush=True)
-        finally:
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(before)],
-                           check=False, capture_output=True)
+        before.mkdir()
+        archive = subprocess.run(["git", "-C", str(ROOT), "archive", opts.before],
+                                 check=True, capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(before)], input=archive, check=True)
+        for n in range(1, opts.rounds + 1):
+            for label, checkout in ((f"before ({opts.before})", before), ("after", ROOT)):
+                print(f"## round {n}, {label}", flush=True)
+                print(_run(checkout, opts.script, opts.args), end="", flush=True)
 
 
 if __name__ == "__main__":
