@@ -16,6 +16,8 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from tests.support.jobs import function_calls
+
 QUEUE = "cp"
 RETURNED = "job_id, queue, priority, enqueue_shard, lane_seq, attempt, run_lease"
 RUNNING = """
@@ -114,9 +116,7 @@ def test_lane_by_lane_claims_what_the_merge_claims(db, admin, s):
 def _merged_calls(conn, queues, max_jobs) -> int:
     conn.execute("set track_functions = 'pl'")
     conn.execute("select from awa.claim(%s, %s, 'w')", [queues, max_jobs])
-    return conn.execute(
-        "select coalesce(pg_stat_get_xact_function_calls('awa._claim_merged'::regproc), 0)"
-    ).fetchone()[0]
+    return function_calls(conn, "awa._claim_merged")
 
 
 def test_the_merge_runs_only_when_lanes_share_a_priority(db):

@@ -20,7 +20,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from awa_sql import client, routing
-from tests.support.jobs import claim_all, copy_rows, enqueue
+from tests.support.jobs import claim_all, copy_rows, enqueue, function_calls
 
 
 @contextlib.contextmanager
@@ -32,20 +32,16 @@ def tracked(db, login):
         yield conn
 
 
-def general_calls(conn, function):
-    """Calls of `function` so far in this transaction."""
-    return conn.execute("select coalesce(pg_stat_get_xact_function_calls(%s::regproc), 0)",
-                        [function]).fetchone()[0]
 
 
 def batch(conn, params):
     """awa.enqueue_batch with these arrays; returns (rows, general path calls)."""
-    before = general_calls(conn, "awa._enqueue_rows")
+    before = function_calls(conn, "awa._enqueue_rows")
     names = ", ".join(f"{k} => %({k})s" for k in params if k not in ("queues", "kinds"))
     rows = conn.execute(
         f"select * from awa.enqueue_batch(%(queues)s::text[], %(kinds)s::text[]"
         f"{', ' if names else ''}{names})", params).fetchall()
-    return rows, general_calls(conn, "awa._enqueue_rows") - before
+    return rows, function_calls(conn, "awa._enqueue_rows") - before
 
 
 def batch_as(db, login, params):
@@ -199,7 +195,7 @@ def test_keyed_enqueue_goes_to_its_key_lane_and_unkeyed_jobs_follow_it(db, login
     with tracked(db, logins.producer) as conn:
         keyed = enqueue(conn, "keyed-fast", ordering_key=keys[0])
         unkeyed = [enqueue(conn, "keyed-fast") for _ in range(3)]
-        assert general_calls(conn, "awa._route_queue") == 0
+        assert function_calls(conn, "awa._route_queue") == 0
     assert {u[3] for u in unkeyed} == {keyed[3]}
     assert [u[4] for u in unkeyed] == [keyed[4] + 1, keyed[4] + 2, keyed[4] + 3]
     with db.connect() as admin:
@@ -220,7 +216,7 @@ def test_keyed_enqueue_to_a_partitioned_or_new_queue_takes_the_general_path(db, 
     with tracked(db, logins.producer) as conn:
         parted = enqueue(conn, "keyed-parted", ordering_key=b"k")
         fresh = enqueue(conn, "keyed-new", ordering_key=b"k")
-        assert general_calls(conn, "awa._route_queue") == 2
+        assert function_calls(conn, "awa._route_queue") == 2
     assert parted[1].startswith("keyed-parted")
     assert (fresh[1], fresh[3]) == ("keyed-new", 0)
 
@@ -232,7 +228,7 @@ def test_the_python_clients_batch_takes_the_fast_path(db, logins):
     with tracked(db, logins.producer) as conn:
         got = client.enqueue_many(conn, [{"kind": f"k{i}"} for i in range(5)],
                                   queue="client-fast")
-        assert general_calls(conn, "awa._enqueue_rows") == 0
+        assert function_calls(conn, "awa._enqueue_rows") == 0
     assert [g.lane_seq for g in got] == list(range(got[0].lane_seq, got[0].lane_seq + 5))
 
 
@@ -276,7 +272,7 @@ def test_copy_to_one_lane_is_one_range_in_copy_order(db, logins, shape, move):
     rows = [COPY_FAST[shape](i) for i in range(500)]
     with tracked(db, logins.producer) as conn:
         copy_and_move(conn, rows, move)
-        assert general_calls(conn, "awa._move_staged_sets") == 0
+        assert function_calls(conn, "awa._move_staged_sets") == 0
     jobs = stored(db, "copy-fast")
     assert len({j[7] for j in jobs}) == 1  # one lane
     first = jobs[0][8]
@@ -296,7 +292,7 @@ def test_keyed_copy_to_one_queue_keeps_each_keys_order_in_its_lane(db, logins, m
             for i, k in enumerate(keys)]
     with tracked(db, logins.producer) as conn:
         copy_and_move(conn, rows, move)
-        assert general_calls(conn, "awa._move_staged_sets") == 0
+        assert function_calls(conn, "awa._move_staged_sets") == 0
     jobs = stored(db, "copy-keyed")
     by_shard: dict[int, list] = {}
     for j in sorted(jobs, key=lambda j: (j[7], j[8])):
@@ -332,7 +328,7 @@ def test_other_copies_take_the_set_based_path(db, logins, shape):
     with tracked(db, logins.producer) as conn:
         copy_rows(conn, [COPY_GENERAL[shape](i) for i in range(20)])
         assert conn.execute("select awa.enqueue_copied()").fetchone()[0] == 20
-        assert general_calls(conn, "awa._move_staged_sets") == 1
+        assert function_calls(conn, "awa._move_staged_sets") == 1
 
 
 @pytest.mark.parametrize(("row", "words"), [

@@ -20,7 +20,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from awa_sql import migrate
-from tests.support.jobs import LANE_CLASS
+from tests.support.catalog import INLINED_FUNCTIONS
+from tests.support.jobs import LANE_CLASS, valid_job
 
 ROOT = Path(__file__).resolve().parent.parent
 UNPINNED = """
@@ -39,11 +40,7 @@ def test_only_inlinable_owner_only_functions_go_without_a_pinned_search_path(db)
     with db.connect() as conn:
         rows = conn.execute(UNPINNED).fetchall()
         names = [r[1] for r in rows]
-        assert sorted(names) == sorted([
-            "_lock_class_lane", "_lock_class_provisioning", "_lock_class_autoscale",
-            "_lock_class_copy", "_lock_class_migrate",
-            "_queue_name_ok", "_priority_ok", "_max_attempts_ok", "_job_ok",
-        ])
+        assert sorted(names) == sorted(INLINED_FUNCTIONS)
         for signature, name, language, volatility, definer, acl, owner, types in rows:
             assert (language, volatility, definer) == ("sql", "i", False), signature
             # Only the owner's own grant: no runtime role, no PUBLIC.
@@ -73,12 +70,6 @@ def test_no_other_sql_file_writes_a_lock_class_number_or_the_row_rule():
             assert not rule.search(code), f"{path.name}: {rule.search(code)}; use awa._job_ok"
 
 
-def _oracle(queue, kind, priority, max_attempts) -> bool:
-    return (queue is not None and 1 <= len(queue.encode()) <= 200 and "#" not in queue
-            and kind is not None and priority is not None and 1 <= priority <= 4
-            and max_attempts is not None and 1 <= max_attempts <= 1000)
-
-
 CHECK = settings(max_examples=150, deadline=None,
                  suppress_health_check=[HealthCheck.function_scoped_fixture])
 
@@ -96,7 +87,7 @@ def test_each_check_raises_exactly_when_its_predicate_refuses(db, queue, kind, p
     args = [queue, kind, priority, max_attempts]
     with db.connect() as conn:
         ok = conn.execute("select awa._job_ok(%s, %s, %s::smallint, %s)", args).fetchone()[0]
-        assert ok is _oracle(queue, kind, priority, max_attempts)
+        assert ok is valid_job(queue, kind, priority, max_attempts)
         try:
             conn.execute("select awa._check_job(%s, %s, %s::smallint, %s)", args)
             raised = None
@@ -105,7 +96,7 @@ def test_each_check_raises_exactly_when_its_predicate_refuses(db, queue, kind, p
         assert (raised is None) is ok
         if not ok:
             # Null where a value is required is 22004; a value out of range 22023.
-            null_first = queue is None or (_oracle(queue, "k", 2, 25) and kind is None)
+            null_first = queue is None or (valid_job(queue, "k", 2, 25) and kind is None)
             assert raised == ("22004" if null_first else "22023")
         for part, check, value in (("_queue_name_ok", "_check_queue_name", "%s::text"),
                                    ("_priority_ok", "_check_priority", "%s::smallint")):

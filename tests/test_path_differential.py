@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from psycopg.types.json import Jsonb
 
-from tests.support.jobs import copy_rows
+from tests.support.jobs import copy_rows, valid_job
 
 QUEUES = ["dp", "dp1", "dpart", "fresh", "dp#1", "", "x" * 201, None]
 NOW_QUEUES = ["dp", "dp1"]
@@ -89,11 +89,10 @@ def edges(test):
 
 
 def _valid(j) -> bool:
-    q = j["queue"]
-    return (q is not None and 1 <= len(q.encode()) <= 200 and "#" not in q
-            and j["kind"] is not None
-            and (j["priority"] if j["priority"] is not None else 2) in range(1, 5)
-            and (j["max_attempts"] if j["max_attempts"] is not None else 25) in range(1, 1001))
+    """A null priority or max_attempts takes its default, as in a batch or COPY."""
+    return valid_job(j["queue"], j["kind"],
+                     j["priority"] if j["priority"] is not None else 2,
+                     j["max_attempts"] if j["max_attempts"] is not None else 25)
 
 
 def _normalise(stored):

@@ -58,6 +58,31 @@ def test_no_routine_is_executable_by_public(db):
     assert not re.search(r"[{,]=X", default_acl[0])  # ... and gives PUBLIC nothing
 
 
+def test_private_routines_are_the_owners_alone(db, logins):
+    """A `_`-named routine trusts its arguments (awa._insert_jobs writes any lane
+    at any lane_seq, awa._take_lane takes any lock): no runtime role may call
+    one, save the one a view needs, and a producer's direct call is refused."""
+    with db.connect() as conn:
+        granted = conn.execute(
+            "select p.oid::regprocedure::text from pg_proc p"
+            " where p.pronamespace = 'awa'::regnamespace and p.proname like '\\_%'"
+            " and exists (select from aclexplode(p.proacl) a where a.grantee <> p.proowner)"
+            " order by 1").fetchall()
+    assert [g[0] for g in granted] == sorted([
+        # Pure functions of their arguments behind the public routing functions,
+        # which run with their caller's rights (sql/routing.sql).
+        "awa._hash64_limbs(bytea)", "awa._key_shard(bytea,integer)",
+        "awa._limbs_mod(bigint[],integer)", "awa._limbs_numeric(bigint[])",
+        "awa._mix_limbs(bytea,bigint,bigint)", "awa._partition_limbs(bytea)",
+        # awa.lane_overview (a view, run with its reader's rights) reads each
+        # lane's sequence.
+        "awa._lane_next_seq(integer)",
+    ])
+    with db.connect(logins.producer) as p, pytest.raises(psycopg.errors.InsufficientPrivilege):
+        p.execute("select awa._insert_jobs(array[1], array[1::bigint], array[1], null,"
+                  " array['k'], null, null, null, null)")
+
+
 def test_single_owner_and_owner_attributes(db, logins):
     _workload(db, logins)
     with db.connect() as conn:

@@ -4,6 +4,14 @@ from __future__ import annotations
 
 import psycopg
 
+# The functions the planner inlines, and so the only ones without a pinned
+# search_path (sql/private.sql says why; docs/security.md lists them).
+INLINED_FUNCTIONS = (
+    "_lock_class_lane", "_lock_class_provisioning", "_lock_class_autoscale",
+    "_lock_class_copy", "_lock_class_migrate",
+    "_queue_name_ok", "_priority_ok", "_max_attempts_ok", "_job_ok",
+)
+
 QUERIES = {
     "schema": """
         select n.nspname, pg_catalog.pg_get_userbyid(n.nspowner), n.nspacl::text

@@ -25,6 +25,19 @@ class Logins:
     reader: str
 
 
+def valid_job(queue, kind, priority, max_attempts) -> bool:
+    """The row rule of awa._job_ok, as a Python oracle (no defaults applied)."""
+    return (queue is not None and 1 <= len(queue.encode()) <= 200 and "#" not in queue
+            and kind is not None and priority is not None and 1 <= priority <= 4
+            and max_attempts is not None and 1 <= max_attempts <= 1000)
+
+
+def function_calls(conn, function: str) -> int:
+    """Calls of `function` so far in this transaction (needs track_functions)."""
+    return conn.execute("select coalesce(pg_stat_get_xact_function_calls(%s::regproc), 0)",
+                        [function]).fetchone()[0]
+
+
 def enqueue(conn, queue, kind="job", **kw):
     cols = ", ".join(f"{k} => %({k})s" for k in kw)
     query = f"select * from awa.enqueue(%(queue)s, %(kind)s{', ' if kw else ''}{cols})"
