@@ -13,6 +13,7 @@ import platform
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -81,3 +82,23 @@ def install_before(conn: psycopg.Connection, ref: str, file: str, function: str)
 
 def install_enqueue_before(conn: psycopg.Connection, ref: str) -> None:
     install_before(conn, ref, "enqueue.sql", "enqueue")
+
+
+def export_revision(ref: str, dest: Path) -> Path:
+    """The tree of git revision `ref`, written into `dest` (an export, not a
+    worktree: an interrupted run leaves nothing in .git)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    archive = subprocess.run(["git", "archive", ref], capture_output=True, check=True,
+                             cwd=Path(__file__).parent).stdout
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+    return dest
+
+
+def install_revision(dsn: str, checkout: Path) -> None:
+    """Migrates the database at `dsn` with the awa_sql package and sql/ of an
+    exported checkout, in a process of its own (this one has today's)."""
+    code = ("import sys, psycopg; from awa_sql import migrate; from awa_sql.roles import Roles;"
+            "c = psycopg.connect(sys.argv[1], autocommit=True);"
+            "migrate.migrate(c, Roles(), create_roles=True, log=lambda _l: None)")
+    subprocess.run([sys.executable, "-c", code, dsn], check=True,
+                   env=dict(os.environ, PYTHONPATH=str(checkout / "installer")))

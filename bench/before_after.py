@@ -20,6 +20,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench._server import export_revision
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -40,12 +43,7 @@ def main() -> None:
     parser.add_argument("args", nargs=argparse.REMAINDER)
     opts = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="awa-before-") as tmp:
-        # An export, not a worktree: an interrupted run leaves nothing in .git.
-        before = Path(tmp) / "checkout"
-        before.mkdir()
-        archive = subprocess.run(["git", "-C", str(ROOT), "archive", opts.before],
-                                 check=True, capture_output=True).stdout
-        subprocess.run(["tar", "-x", "-C", str(before)], input=archive, check=True)
+        before = export_revision(opts.before, Path(tmp) / "checkout")
         for n in range(1, opts.rounds + 1):
             for label, checkout in ((f"before ({opts.before})", before), ("after", ROOT)):
                 print(f"## round {n}, {label}", flush=True)
