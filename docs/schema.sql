@@ -2541,6 +2541,7 @@ CREATE OR REPLACE FUNCTION awa.complete(job_id bigint, run_lease bigint)
  LANGUAGE plpgsql
  SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'pg_temp'
+ SET enable_seqscan TO 'off'
 AS $function$
 begin
     with done as (
@@ -2738,6 +2739,7 @@ CREATE OR REPLACE FUNCTION awa.fail(job_id bigint, run_lease bigint, error text,
  LANGUAGE plpgsql
  SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'pg_temp'
+ SET enable_seqscan TO 'off'
 AS $function$
 declare
     job awa.running;
@@ -2758,6 +2760,7 @@ CREATE OR REPLACE FUNCTION awa.heartbeat(job_id bigint, run_lease bigint, extend
  LANGUAGE plpgsql
  SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'pg_temp'
+ SET enable_seqscan TO 'off'
 AS $function$
 begin
     if extend is null or extend <= interval '0' then
@@ -3007,6 +3010,7 @@ CREATE OR REPLACE FUNCTION awa.rescue_expired(max_jobs integer DEFAULT 10000)
  LANGUAGE plpgsql
  SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'pg_temp'
+ SET enable_seqscan TO 'off'
 AS $function$
 declare
     job awa.running;

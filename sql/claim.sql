@@ -365,6 +365,9 @@ returns boolean
 language plpgsql
 security definer
 set search_path = pg_catalog, pg_temp
+-- awa.running is small and churns: statistics taken when it was nearly
+-- empty must not make a plan scan its heap, dead rows and all.
+set enable_seqscan = off
 as $$
 begin
     with done as (
@@ -426,6 +429,9 @@ returns boolean
 language plpgsql
 security definer
 set search_path = pg_catalog, pg_temp
+-- awa.running is small and churns: statistics taken when it was nearly
+-- empty must not make a plan scan its heap, dead rows and all.
+set enable_seqscan = off
 as $$
 declare
     job awa.running;
@@ -449,6 +455,9 @@ returns boolean
 language plpgsql
 security definer
 set search_path = pg_catalog, pg_temp
+-- awa.running is small and churns: statistics taken when it was nearly
+-- empty must not make a plan scan its heap, dead rows and all.
+set enable_seqscan = off
 as $$
 begin
     if extend is null or extend <= interval '0' then
@@ -472,6 +481,9 @@ returns integer
 language plpgsql
 security definer
 set search_path = pg_catalog, pg_temp
+-- awa.running is small and churns: statistics taken when it was nearly
+-- empty must not make a plan scan its heap, dead rows and all.
+set enable_seqscan = off
 as $$
 declare
     job awa.running;
