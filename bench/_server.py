@@ -88,8 +88,9 @@ def export_revision(ref: str, dest: Path) -> Path:
     """The tree of git revision `ref`, written into `dest` (an export, not a
     worktree: an interrupted run leaves nothing in .git)."""
     dest.mkdir(parents=True, exist_ok=True)
+    # From the top of the tree: run in a subfolder, git archive exports only it.
     archive = subprocess.run(["git", "archive", ref], capture_output=True, check=True,
-                             cwd=Path(__file__).parent).stdout
+                             cwd=Path(__file__).resolve().parent.parent).stdout
     subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
     return dest
 

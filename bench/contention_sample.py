@@ -2,7 +2,9 @@
 
 Opens N connections (default 200), a quarter of them holding a lane lock in
 an open transaction, then times the sample call from one connection (after
-3 warm-up calls). Prints the median and the worst of 50 calls.
+3 warm-up calls). Prints the median and the worst of 50 calls; and the same
+for awa.autoscale_tick(), which takes a sample and counts every lane (one
+sequence read per lane; every queue here is manual, so it decides nothing).
 
     python bench/contention_sample.py [--backends 200]
 """
@@ -19,6 +21,22 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench._server import bench_server, machine
+
+CALLS = ["awa.sample_lane_contention()", "awa.autoscale_tick()"]
+
+
+def timed(conn: psycopg.Connection, call: str, n: int = 50) -> list[float]:
+    """Milliseconds of each of n calls, after 3 warm-up calls: the auto-scaler
+    samples from a long-lived connection, and the first calls of a new one
+    also fill its catalog and plan caches."""
+    for _ in range(3):
+        conn.execute(f"select {call}")
+    times = []
+    for _ in range(n):
+        t = time.perf_counter()
+        conn.execute(f"select {call}")
+        times.append((time.perf_counter() - t) * 1000)
+    return times
 
 
 def main():
@@ -38,21 +56,13 @@ def main():
                 c.execute("select awa.enqueue(%s, 'k')", [f"queue-{(i // 4) % 20}"])
             conns.append(c)
         with psycopg.connect(dsn, autocommit=True) as conn:
-            # The auto-scaler samples from a long-lived connection: the first
-            # calls of a new one also fill its catalog and plan caches.
-            for _ in range(3):
-                conn.execute("select awa.sample_lane_contention()")
-            times = []
-            for _ in range(50):
-                t = time.perf_counter()
-                conn.execute("select awa.sample_lane_contention()")
-                times.append((time.perf_counter() - t) * 1000)
+            times = {call: timed(conn, call) for call in CALLS}
         for c in conns:
             c.close()
         print(f"# contention_sample: {machine()}; PostgreSQL {version}; {args.backends} "
               f"backends, 20 queues x 8 shards (640 lanes)")
-        print(f"sample_lane_contention: median {statistics.median(times):.2f} ms, "
-              f"max {max(times):.2f} ms")
+        for call, ms in times.items():
+            print(f"{call}: median {statistics.median(ms):.2f} ms, max {max(ms):.2f} ms")
 
 
 if __name__ == "__main__":

@@ -95,7 +95,7 @@ CREATE TABLE awa.contention_samples (
     lanes_held integer NOT NULL,
     lanes_waited integer NOT NULL,
     waiters integer NOT NULL,
-    enqueued bigint NOT NULL,
+    enqueued bigint,
     busiest_priority_held integer DEFAULT 0 NOT NULL,
     ready bigint,
     oldest_ready_at timestamp with time zone,
@@ -355,7 +355,7 @@ CREATE VIEW awa.lane_contention AS
     count(*) AS samples,
     avg(r.waiters::numeric / GREATEST(r.lanes_held, 1)::numeric) AS mean_waiters_per_held_lane,
     avg((r.lanes_waited > 0)::integer::numeric) AS wait_share,
-    (max(r.enqueued) - min(r.enqueued))::numeric / NULLIF(EXTRACT(epoch FROM max(r.sampled_at) - min(r.sampled_at)), 0::numeric) AS enqueue_rate,
+    (max(r.enqueued) - min(r.enqueued))::numeric / NULLIF(EXTRACT(epoch FROM max(r.sampled_at) FILTER (WHERE r.enqueued IS NOT NULL) - min(r.sampled_at) FILTER (WHERE r.enqueued IS NOT NULL)), 0::numeric) AS enqueue_rate,
     max(r.sampled_at) AS last_sample
    FROM recent r
      JOIN awa.queue_meta m ON r.queue_id = m.queue_id
@@ -755,8 +755,10 @@ AS $function$
     select count(*)::integer,
            round(avg(p.waiters::numeric / greatest(p.held, 1)), 3),
            round(avg((p.waiters > 0)::integer::numeric), 3),
+           -- the enqueue counter is in the ticks' samples only
            round((max(p.enqueued) - min(p.enqueued))::numeric
-                 / nullif(extract(epoch from max(p.sampled_at) - min(p.sampled_at)), 0), 1),
+                 / nullif(extract(epoch from max(p.sampled_at) filter (where p.enqueued is not null)
+                          - min(p.sampled_at) filter (where p.enqueued is not null)), 0), 1),
            max(p.busiest)::integer,
            round(avg((p.held + p.waiters)::numeric / p.physical), 2)
       from per_instant as p
@@ -985,6 +987,44 @@ begin
     else
         return query select * from unnest(claimed) as c order by c.priority, c.run_lease;
     end if;
+end;
+$function$;
+
+CREATE OR REPLACE FUNCTION awa._count_lanes(at timestamp with time zone)
+ RETURNS void
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+begin
+    update awa.contention_samples as s
+       set enqueued = d.enqueued, ready = d.ready, oldest_ready_at = d.oldest_ready_at
+      from (
+          select x.queue_id,
+                 sum(x.last_seq)::bigint as enqueued,
+                 case when x.watched
+                      then coalesce(sum(x.last_seq - x.head_seq + 1), 0)
+                 end as ready,
+                 min(x.head_ready_at) as oldest_ready_at
+            from (
+                select l.queue_id,
+                       m.shard_mode <> 'manual' as watched,
+                       coalesce(pg_catalog.pg_sequence_last_value(l.seq), 0) as last_seq,
+                       h.lane_seq as head_seq,
+                       h.ready_at as head_ready_at
+                  from awa.queue_meta as m
+                  join awa.lanes as l on l.queue_id = m.queue_id
+                  left join lateral (
+                      select r.lane_seq, r.ready_at from awa.ready as r
+                       where m.shard_mode <> 'manual' and r.lane_id = l.lane_id
+                       order by r.lane_seq
+                       limit 1
+                  ) as h on true
+                -- each sequence read once, not once per aggregate using it
+                offset 0
+            ) as x
+           group by x.queue_id, x.watched
+      ) as d
+     where s.queue_id = d.queue_id and s.sampled_at = at;
 end;
 $function$;
 
@@ -2156,28 +2196,44 @@ begin
          group by k.objid
     ),
     per_priority as (
-        select n.queue_id,
-               count(*)::integer as lanes,
+        -- the lanes that are locked, a handful, not every lane
+        select n.queue_id, n.priority,
                count(*) filter (where k.held)::integer as lanes_held,
                count(*) filter (where k.waiters > 0)::integer as lanes_waited,
-               coalesce(sum(k.waiters), 0)::integer as waiters,
-               sum(coalesce(pg_catalog.pg_sequence_last_value(n.seq), 0))::bigint as enqueued
-          from awa.lanes as n
-          left join locks as k on k.lane_id = n.lane_id
+               sum(k.waiters)::integer as waiters
+          from locks as k
+          join awa.lanes as n on n.lane_id = k.lane_id
          group by n.queue_id, n.priority
+    ),
+    per_queue as (
+        select p.queue_id, sum(p.lanes_held) as lanes_held,
+               sum(p.lanes_waited) as lanes_waited, sum(p.waiters) as waiters,
+               max(p.lanes_held) as busiest_priority_held
+          from per_priority as p
+         group by p.queue_id
+    ),
+    lane_counts as (
+        select l.queue_id, count(*)::integer as lanes
+          from awa.lanes as l
+         group by l.queue_id
+    ),
+    inserted as (
+        insert into awa.contention_samples (
+            sampled_at, queue_id, lanes, lanes_held, lanes_waited, waiters,
+            busiest_priority_held
+        )
+        select at, c.queue_id, c.lanes, coalesce(q.lanes_held, 0), coalesce(q.lanes_waited, 0),
+               coalesce(q.waiters, 0), coalesce(q.busiest_priority_held, 0)
+          from lane_counts as c
+          left join per_queue as q on q.queue_id = c.queue_id
+        on conflict do nothing
+        returning 1
+    ),
+    pruned as (
+        delete from awa.contention_samples as s
+         where s.sampled_at < at - interval '1 hour'
     )
-    insert into awa.contention_samples (
-        sampled_at, queue_id, lanes, lanes_held, lanes_waited, waiters, enqueued,
-        busiest_priority_held
-    )
-    select at, p.queue_id, sum(p.lanes), sum(p.lanes_held), sum(p.lanes_waited),
-           sum(p.waiters), sum(p.enqueued), max(p.lanes_held)
-      from per_priority as p
-     group by p.queue_id
-    on conflict do nothing;
-    get diagnostics sampled = row_count;
-    delete from awa.contention_samples as s
-     where s.sampled_at < at - interval '1 hour';
+    select count(*) into sampled from inserted;
     return sampled;
 end;
 $function$;
@@ -2356,28 +2412,7 @@ begin
         return;
     end if;
     perform awa._sample_lane_contention(at);
-    -- Ready depth from each lane's head (one primary-key probe per lane) and
-    -- its sequence: rows from the head to the last lane_seq handed out. A
-    -- rolled-back enqueue behind the head counts too; no scan of the backlog.
-    update awa.contention_samples as s
-       set ready = d.ready, oldest_ready_at = d.oldest_ready_at
-      from (
-          select l.queue_id,
-                 coalesce(sum(coalesce(pg_catalog.pg_sequence_last_value(l.seq), 0)
-                              - h.lane_seq + 1), 0) as ready,
-                 min(h.ready_at) as oldest_ready_at
-            from awa.queue_meta as m
-            join awa.lanes as l on l.queue_id = m.queue_id
-            left join lateral (
-                select r.lane_seq, r.ready_at from awa.ready as r
-                 where r.lane_id = l.lane_id
-                 order by r.lane_seq
-                 limit 1
-            ) as h on true
-           where m.shard_mode <> 'manual'
-           group by l.queue_id
-      ) as d
-     where s.queue_id = d.queue_id and s.sampled_at = at;
+    perform awa._count_lanes(at);
     at := pg_catalog.clock_timestamp();
     for anchor in
         select m.* from awa.queue_meta as m
@@ -3263,7 +3298,7 @@ COMMENT ON COLUMN awa.autoscale_decisions.repeats IS 'How many ticks made this d
 
 COMMENT ON COLUMN awa.contention_samples.busiest_priority_held IS 'Lanes held at the sample in the queue''s busiest priority: the producers that had to fit into S lanes at that instant.';
 
-COMMENT ON COLUMN awa.contention_samples.enqueued IS 'Sum of the lane sequences of the queue: the difference between two samples is the number of enqueues between them (rolled-back reservations included).';
+COMMENT ON COLUMN awa.contention_samples.enqueued IS 'Sum of the lane sequences of the queue, read by awa.autoscale_tick(): the difference between two such samples is the number of enqueues between them (rolled-back reservations included). Null in a sample taken by awa.sample_lane_contention() alone.';
 
 COMMENT ON COLUMN awa.contention_samples.ready IS 'Ready jobs of the queue at the sample, estimated by awa.autoscale_tick from its lanes'' heads and sequences, for queues in shadow or auto mode; null for the others.';
 
@@ -3311,7 +3346,7 @@ COMMENT ON TABLE awa.autoscale_decisions IS 'Every auto-scaler decision, hold in
 
 COMMENT ON TABLE awa.autoscale_policy IS 'Per-queue overrides of the auto-scaler''s thresholds; a null takes the default.';
 
-COMMENT ON TABLE awa.contention_samples IS 'One row per queue per awa.sample_lane_contention() call: lanes held and waited for, backends waiting for a lane lock, and the sum of the lanes'' sequences (enqueues so far).';
+COMMENT ON TABLE awa.contention_samples IS 'One row per queue per contention sample (awa.sample_lane_contention() or a tick of awa.autoscale_tick()): lanes held and waited for, backends waiting for a lane lock; and, in a tick''s sample, the sum of the lanes'' sequences (enqueues so far).';
 
 COMMENT ON TABLE awa.copy_pending IS 'Transactions with COPY rows staged; a deferred trigger moves their rows into the lanes at commit, so none is left behind.';
 
@@ -3345,11 +3380,11 @@ COMMENT ON TABLE awa.shard_change_lanes IS 'The sequence position of every lane 
 
 COMMENT ON TABLE awa.shard_changes IS 'Every change of a physical queue''s enqueue_shards, by whom (the login), when, and whether an operator (manual) or the auto-scaler (auto) made it.';
 
-COMMENT ON VIEW awa.lane_contention IS 'Per queue over the last minute of awa.sample_lane_contention(): mean backends waiting per held lane, the share of samples with any lane waited for, and enqueues per second.';
+COMMENT ON VIEW awa.lane_contention IS 'Per queue over the last minute of contention samples: mean backends waiting per held lane, the share of samples with any lane waited for, and enqueues per second (from the samples of awa.autoscale_tick(), which read the enqueue counter).';
 
 COMMENT ON VIEW awa.lane_overview IS 'Per lane: ready depth, lag (age of its oldest ready job), the next lane_seq it will hand out, and the claim position (lane_seq of its head). draining: shard >= the current S with ready jobs left.';
 
-COMMENT ON VIEW awa.queue_history IS 'Per physical queue and contention sample (the last hour): lanes held, backends waiting, the sum of the lane sequences (its difference between samples is enqueues), and ready depth and lag (oldest ready job) where the auto-scaler counted them (shadow or auto mode).';
+COMMENT ON VIEW awa.queue_history IS 'Per physical queue and contention sample (the last hour): lanes held, backends waiting, and where awa.autoscale_tick() counted the lanes the sum of the lane sequences (its difference between samples is enqueues; null in a sample taken alone), and ready depth and lag (oldest ready job) for queues in shadow or auto mode.';
 
 COMMENT ON VIEW awa.queue_overview IS 'Per physical queue: S, shard mode, paused, job counts by state, age of the oldest ready job; logical_queue names the logical queue a partition or stripe belongs to (itself otherwise); stripes is K; partitions is P for a partitioned logical queue.';
 

@@ -209,8 +209,10 @@ as $$
     select count(*)::integer,
            round(avg(p.waiters::numeric / greatest(p.held, 1)), 3),
            round(avg((p.waiters > 0)::integer::numeric), 3),
+           -- the enqueue counter is in the ticks' samples only
            round((max(p.enqueued) - min(p.enqueued))::numeric
-                 / nullif(extract(epoch from max(p.sampled_at) - min(p.sampled_at)), 0), 1),
+                 / nullif(extract(epoch from max(p.sampled_at) filter (where p.enqueued is not null)
+                          - min(p.sampled_at) filter (where p.enqueued is not null)), 0), 1),
            max(p.busiest)::integer,
            round(avg((p.held + p.waiters)::numeric / p.physical), 2)
       from per_instant as p
@@ -394,10 +396,11 @@ $$;
 select awa._grant_execute('awa._autoscale_decide(awa.queue_meta, timestamptz)');
 
 -- Function: awa.autoscale_tick() returns setof awa.autoscale_decisions
--- One controller tick: takes a contention sample (with the ready depth and
--- the oldest ready job of the queues in shadow or auto mode, from their
--- lanes' heads and sequences), then one decision for every queue in shadow
--- or auto mode, and prunes decisions whose last tick is older than 24 hours.
+-- One controller tick: takes a contention sample and counts the lanes
+-- (awa._count_lanes: every queue's enqueue counter, and the ready depth and
+-- oldest ready job of the queues in shadow or auto mode), then one decision
+-- for every queue in shadow or auto mode, and prunes decisions whose last
+-- tick is older than 24 hours.
 -- Safe to call from many processes at once: the caller that gets the leader
 -- lock decides, the others return no rows. Run it every 5 seconds (`awa
 -- storage autoscale run`, pg_cron, or any scheduler). Role:
@@ -421,28 +424,7 @@ begin
         return;
     end if;
     perform awa._sample_lane_contention(at);
-    -- Ready depth from each lane's head (one primary-key probe per lane) and
-    -- its sequence: rows from the head to the last lane_seq handed out. A
-    -- rolled-back enqueue behind the head counts too; no scan of the backlog.
-    update awa.contention_samples as s
-       set ready = d.ready, oldest_ready_at = d.oldest_ready_at
-      from (
-          select l.queue_id,
-                 coalesce(sum(coalesce(pg_catalog.pg_sequence_last_value(l.seq), 0)
-                              - h.lane_seq + 1), 0) as ready,
-                 min(h.ready_at) as oldest_ready_at
-            from awa.queue_meta as m
-            join awa.lanes as l on l.queue_id = m.queue_id
-            left join lateral (
-                select r.lane_seq, r.ready_at from awa.ready as r
-                 where r.lane_id = l.lane_id
-                 order by r.lane_seq
-                 limit 1
-            ) as h on true
-           where m.shard_mode <> 'manual'
-           group by l.queue_id
-      ) as d
-     where s.queue_id = d.queue_id and s.sampled_at = at;
+    perform awa._count_lanes(at);
     at := pg_catalog.clock_timestamp();
     for anchor in
         select m.* from awa.queue_meta as m

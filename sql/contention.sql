@@ -4,12 +4,16 @@
 -- Function: awa._sample_lane_contention(at timestamptz) returns integer
 -- Records one sample per physical queue at `at`: how many of its lanes are
 -- held, how many have waiters and how many backends wait (ungranted lane
--- locks, class awa._lock_class_lane(), in this database), the most lanes
--- held at once in one priority, and the sum of its lane sequences. Samples older
--- than one hour are pruned. Returns the number of queues sampled.
+-- locks, class awa._lock_class_lane(), in this database), and the most
+-- lanes held at once in one priority. Samples older than one hour are
+-- pruned. Returns the number of queues sampled.
 --
--- One pass over pg_locks, aggregated per lane before it meets the lanes (a
--- hash join): the cost is that pass plus one sequence read per lane.
+-- One statement: one pass over pg_locks, aggregated per lane; only the
+-- locked lanes are looked up in awa.lanes, and each queue's lanes are
+-- counted. Nothing is read per lane: the counts that need a read of each
+-- lane (enqueued, ready, oldest_ready_at) are awa._count_lanes', once per
+-- tick (ADR 017). Contention is instantaneous and is worth sampling often;
+-- a counter read once per tick gives the same rates.
 create or replace function awa._sample_lane_contention(at timestamptz)
 returns integer
 language plpgsql
@@ -33,37 +37,100 @@ begin
          group by k.objid
     ),
     per_priority as (
-        select n.queue_id,
-               count(*)::integer as lanes,
+        -- the lanes that are locked, a handful, not every lane
+        select n.queue_id, n.priority,
                count(*) filter (where k.held)::integer as lanes_held,
                count(*) filter (where k.waiters > 0)::integer as lanes_waited,
-               coalesce(sum(k.waiters), 0)::integer as waiters,
-               sum(coalesce(pg_catalog.pg_sequence_last_value(n.seq), 0))::bigint as enqueued
-          from awa.lanes as n
-          left join locks as k on k.lane_id = n.lane_id
+               sum(k.waiters)::integer as waiters
+          from locks as k
+          join awa.lanes as n on n.lane_id = k.lane_id
          group by n.queue_id, n.priority
+    ),
+    per_queue as (
+        select p.queue_id, sum(p.lanes_held) as lanes_held,
+               sum(p.lanes_waited) as lanes_waited, sum(p.waiters) as waiters,
+               max(p.lanes_held) as busiest_priority_held
+          from per_priority as p
+         group by p.queue_id
+    ),
+    lane_counts as (
+        select l.queue_id, count(*)::integer as lanes
+          from awa.lanes as l
+         group by l.queue_id
+    ),
+    inserted as (
+        insert into awa.contention_samples (
+            sampled_at, queue_id, lanes, lanes_held, lanes_waited, waiters,
+            busiest_priority_held
+        )
+        select at, c.queue_id, c.lanes, coalesce(q.lanes_held, 0), coalesce(q.lanes_waited, 0),
+               coalesce(q.waiters, 0), coalesce(q.busiest_priority_held, 0)
+          from lane_counts as c
+          left join per_queue as q on q.queue_id = c.queue_id
+        on conflict do nothing
+        returning 1
+    ),
+    pruned as (
+        delete from awa.contention_samples as s
+         where s.sampled_at < at - interval '1 hour'
     )
-    insert into awa.contention_samples (
-        sampled_at, queue_id, lanes, lanes_held, lanes_waited, waiters, enqueued,
-        busiest_priority_held
-    )
-    select at, p.queue_id, sum(p.lanes), sum(p.lanes_held), sum(p.lanes_waited),
-           sum(p.waiters), sum(p.enqueued), max(p.lanes_held)
-      from per_priority as p
-     group by p.queue_id
-    on conflict do nothing;
-    get diagnostics sampled = row_count;
-    delete from awa.contention_samples as s
-     where s.sampled_at < at - interval '1 hour';
+    select count(*) into sampled from inserted;
     return sampled;
 end;
 $$;
 
+-- Function: awa._count_lanes(at timestamptz) returns void
+-- Completes the samples taken at `at` with what needs a read of each lane:
+-- every queue's enqueue counter, the sum of its lanes' sequences; and for
+-- queues in shadow or auto mode the ready depth and the oldest ready job,
+-- from each lane's head (one primary-key probe) and its sequence: rows from
+-- the head to the last lane_seq handed out, a rolled-back enqueue behind the
+-- head counted too, and no scan of the backlog. Each sequence is read once.
+create or replace function awa._count_lanes(at timestamptz)
+returns void
+language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    update awa.contention_samples as s
+       set enqueued = d.enqueued, ready = d.ready, oldest_ready_at = d.oldest_ready_at
+      from (
+          select x.queue_id,
+                 sum(x.last_seq)::bigint as enqueued,
+                 case when x.watched
+                      then coalesce(sum(x.last_seq - x.head_seq + 1), 0)
+                 end as ready,
+                 min(x.head_ready_at) as oldest_ready_at
+            from (
+                select l.queue_id,
+                       m.shard_mode <> 'manual' as watched,
+                       coalesce(pg_catalog.pg_sequence_last_value(l.seq), 0) as last_seq,
+                       h.lane_seq as head_seq,
+                       h.ready_at as head_ready_at
+                  from awa.queue_meta as m
+                  join awa.lanes as l on l.queue_id = m.queue_id
+                  left join lateral (
+                      select r.lane_seq, r.ready_at from awa.ready as r
+                       where m.shard_mode <> 'manual' and r.lane_id = l.lane_id
+                       order by r.lane_seq
+                       limit 1
+                  ) as h on true
+                -- each sequence read once, not once per aggregate using it
+                offset 0
+            ) as x
+           group by x.queue_id, x.watched
+      ) as d
+     where s.queue_id = d.queue_id and s.sampled_at = at;
+end;
+$$;
+
 select awa._grant_execute('awa._sample_lane_contention(timestamptz)');
+select awa._grant_execute('awa._count_lanes(timestamptz)');
 
 -- Function: awa.sample_lane_contention() returns integer
--- One contention sample now (awa._sample_lane_contention). Role:
--- awa_maintenance. Returns the number of queues sampled.
+-- One contention sample now (awa._sample_lane_contention): lanes held and
+-- waited for, without the per-lane counts awa.autoscale_tick adds to its
+-- own sample. Role: awa_maintenance. Returns the number of queues sampled.
 create or replace function awa.sample_lane_contention()
 returns integer
 language sql
@@ -89,23 +156,25 @@ select
     avg(r.waiters::numeric / greatest(r.lanes_held, 1)) as mean_waiters_per_held_lane,
     avg((r.lanes_waited > 0)::integer::numeric) as wait_share,
     (max(r.enqueued) - min(r.enqueued))::numeric
-    / nullif(extract(epoch from max(r.sampled_at) - min(r.sampled_at)), 0) as enqueue_rate,
+    / nullif(extract(epoch from max(r.sampled_at) filter (where r.enqueued is not null)
+        - min(r.sampled_at) filter (where r.enqueued is not null)), 0) as enqueue_rate,
     max(r.sampled_at) as last_sample
 from recent as r
 inner join awa.queue_meta as m on r.queue_id = m.queue_id
 group by m.queue;
 
 comment on view awa.lane_contention is
-'Per queue over the last minute of awa.sample_lane_contention(): mean backends waiting '
-'per held lane, the share of samples with any lane waited for, and enqueues per second.';
+'Per queue over the last minute of contention samples: mean backends waiting per held '
+'lane, the share of samples with any lane waited for, and enqueues per second (from the '
+'samples of awa.autoscale_tick(), which read the enqueue counter).';
 
 select awa._grant_select('awa.lane_contention', 'reader', 'operator');
 
 -- View: awa.queue_history, per physical queue and sample over the last hour
--- (the samples kept): lanes held, backends waiting, the enqueue counter
--- (differences between samples are enqueues), and, for queues in shadow or
--- auto mode, the ready depth and the age of the oldest ready job. The admin
--- page charts it.
+-- (the samples kept): lanes held, backends waiting, and in the samples of
+-- awa.autoscale_tick the enqueue counter (differences between samples are
+-- enqueues) and, for queues in shadow or auto mode, the ready depth and the
+-- age of the oldest ready job. The admin page charts it.
 create or replace view awa.queue_history as
 select
     s.sampled_at,
@@ -121,7 +190,8 @@ inner join awa.queue_meta as m on s.queue_id = m.queue_id;
 
 comment on view awa.queue_history is
 'Per physical queue and contention sample (the last hour): lanes held, backends waiting, '
-'the sum of the lane sequences (its difference between samples is enqueues), and ready '
-'depth and lag (oldest ready job) where the auto-scaler counted them (shadow or auto mode).';
+'and where awa.autoscale_tick() counted the lanes the sum of the lane sequences (its '
+'difference between samples is enqueues; null in a sample taken alone), and ready depth and '
+'lag (oldest ready job) for queues in shadow or auto mode.';
 
 select awa._grant_select('awa.queue_history', 'reader', 'operator');

@@ -383,23 +383,35 @@ def test_history_from_the_samples_with_the_changes_of_s(db, read_only_api):
         conn.execute("select awa.set_enqueue_shards('h', 4)")
         enqueue_jobs(db, "h", 10)
         conn.execute("select awa.autoscale_tick()")
+        # A sample taken alone counts nothing; the next tick's rate runs from
+        # the tick before it, over all 7 enqueues.
+        conn.execute("select awa.sample_lane_contention()")
+        enqueue_jobs(db, "h", 7)
+        conn.execute("select awa.autoscale_tick()")
+        ticks = [r[0] for r in conn.execute(
+            "select sampled_at from awa.queue_history where queue = 'h'"
+            " and enqueued is not null order by sampled_at")]
     got = read_only_api.get("/api/queues/h/history")
     assert got.status_code == 200, got.text
     h = got.json()
     assert (h["queue"], h["shard_mode"], h["max_shards"]) == ("h", "shadow", 8)
     points = h["points"]
-    assert [p["shards"] for p in points] == [1, 1, 4]
-    assert [p["ready"] for p in points] == [3, 13, 23]
+    assert [p["shards"] for p in points] == [1, 1, 4, 4, 4]
+    assert [p["ready"] for p in points] == [3, 13, 23, None, 30]
     assert points[0]["enqueue_rate"] is None  # no sample before it
-    assert all(p["enqueue_rate"] > 0 for p in points[1:])
-    assert all(p["lag_seconds"] > 0 and p["waiters_per_held_lane"] == 0 for p in points)
+    assert points[3]["enqueue_rate"] is None  # taken alone
+    assert all(points[i]["enqueue_rate"] > 0 for i in (1, 2, 4))
+    assert points[4]["enqueue_rate"] == pytest.approx(
+        7 / (ticks[3] - ticks[2]).total_seconds(), rel=1e-6)
+    assert all(p["waiters_per_held_lane"] == 0 for p in points)
+    assert all(points[i]["lag_seconds"] > 0 for i in (0, 1, 2, 4))
     assert [(c["old_shards"], c["new_shards"], c["source"]) for c in h["changes"]] == [
         (1, 4, "manual")]
     assert h["since"] < points[0]["at"] < h["changes"][0]["at"] < points[2]["at"] < h["until"]
     # A manual queue is sampled too, but its ready depth is not counted.
     plain = read_only_api.get("/api/queues/plain/history").json()
-    assert [p["ready"] for p in plain["points"]] == [None] * 3
-    assert [p["shards"] for p in plain["points"]] == [1] * 3 and plain["changes"] == []
+    assert [p["ready"] for p in plain["points"]] == [None] * 5
+    assert [p["shards"] for p in plain["points"]] == [1] * 5 and plain["changes"] == []
     assert read_only_api.get("/api/queues/nope/history").status_code == 404
     assert read_only_api.get("/api/queues/h/history?minutes=61").status_code == 422
 

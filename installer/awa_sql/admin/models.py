@@ -128,7 +128,9 @@ class Decision(BaseModel):
 class HistoryPoint(BaseModel):
     at: datetime
     shards: int = Field(description="S at the sample")
-    enqueue_rate: float | None = Field(description="enqueues per second since the sample before")
+    enqueue_rate: float | None = Field(
+        description="enqueues per second since the tick's sample before (null in a sample "
+                    "taken alone)")
     waiters_per_held_lane: float
     lanes_held: int
     ready: int | None = Field(description="ready jobs; counted for shadow and auto queues only")

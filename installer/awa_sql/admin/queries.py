@@ -131,12 +131,19 @@ def decisions(conn: psycopg.Connection, names: list[str]) -> list[dict] | None:
 
 HISTORY = """
 with h as (
+    -- Only the ticks' samples carry the enqueue counter (it only grows): a
+    -- rate runs from the last sample before that carries one.
     select h.sampled_at, h.lanes_held, h.waiters, h.ready, h.lag,
-           greatest(h.enqueued - lag(h.enqueued) over w, 0) as enqueued_since,
-           extract(epoch from h.sampled_at - lag(h.sampled_at) over w) as seconds_since
+           case when h.enqueued is not null
+                then greatest(h.enqueued - max(h.enqueued) over before, 0)
+           end as enqueued_since,
+           extract(epoch from h.sampled_at
+                   - max(h.sampled_at) filter (where h.enqueued is not null) over before)
+               as seconds_since
       from awa.queue_history as h
      where h.queue = any(%(names)s) and h.sampled_at > %(since)s
-    window w as (partition by h.queue order by h.sampled_at)
+    window w as (partition by h.queue order by h.sampled_at),
+           before as (w rows between unbounded preceding and 1 preceding)
 )
 select h.sampled_at as at,
        sum(h.enqueued_since / nullif(h.seconds_since, 0))::float8 as enqueue_rate,

@@ -187,8 +187,8 @@
           ["Queue", "Samples", "Waiters per held lane", "Samples with waits", "Enqueues/s",
             "Last sample"], rows)
         : el("p", { class: "muted" },
-          "No samples in the last minute (awa.sample_lane_contention() runs in the " +
-          "maintenance tick)."));
+          "No samples in the last minute (the auto-scaler's tick, awa.autoscale_tick(), " +
+          "takes one each tick)."));
   }
 
   function changes(q) {
