@@ -2213,9 +2213,11 @@ begin
          group by p.queue_id
     ),
     lane_counts as (
-        select l.queue_id, count(*)::integer as lanes
-          from awa.lanes as l
-         group by l.queue_id
+        -- from each queue's settings row, which records its lanes, rather
+        -- than a pass over every lane
+        select m.queue_id, pg_catalog.num_nonnulls(variadic m.lane_ids) as lanes
+          from awa.queue_meta as m
+         where pg_catalog.num_nonnulls(variadic m.lane_ids) > 0
     ),
     inserted as (
         insert into awa.contention_samples (

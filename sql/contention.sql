@@ -10,10 +10,11 @@
 --
 -- One statement: one pass over pg_locks, aggregated per lane; only the
 -- locked lanes are looked up in awa.lanes, and each queue's lanes are
--- counted. Nothing is read per lane: the counts that need a read of each
--- lane (enqueued, ready, oldest_ready_at) are awa._count_lanes', once per
--- tick (ADR 017). Contention is instantaneous and is worth sampling often;
--- a counter read once per tick gives the same rates.
+-- counted from its awa.queue_meta.lane_ids. Nothing is read per lane: the
+-- counts that need a read of each lane (enqueued, ready, oldest_ready_at)
+-- are awa._count_lanes', once per tick (ADR 017). Contention is
+-- instantaneous and is worth sampling often; a counter read once per tick
+-- gives the same rates.
 create or replace function awa._sample_lane_contention(at timestamptz)
 returns integer
 language plpgsql
@@ -54,9 +55,11 @@ begin
          group by p.queue_id
     ),
     lane_counts as (
-        select l.queue_id, count(*)::integer as lanes
-          from awa.lanes as l
-         group by l.queue_id
+        -- from each queue's settings row, which records its lanes, rather
+        -- than a pass over every lane
+        select m.queue_id, pg_catalog.num_nonnulls(variadic m.lane_ids) as lanes
+          from awa.queue_meta as m
+         where pg_catalog.num_nonnulls(variadic m.lane_ids) > 0
     ),
     inserted as (
         insert into awa.contention_samples (
