@@ -6,6 +6,11 @@
 -- of lanes, not the rows ever enqueued nor the dead ones vacuum has not yet
 -- removed (ADR 012). When no two of those lanes share a priority, it reads
 -- them one by one in priority order and stops once it has its jobs (ADR 016).
+--
+-- Every entry point here pins enable_seqscan = off: awa.ready and awa.running
+-- are looked up by key only. awa.running is small and churns, so statistics
+-- taken when it was nearly empty would otherwise make a kept plan scan its
+-- heap, dead rows and all, until the next vacuum.
 
 -- Function: awa._advance_lane_heads(lanes integer[], seqs bigint[]) returns void
 -- Moves each lane's claim hint up to seqs[i], the lane's first row visible to
@@ -365,8 +370,6 @@ returns boolean
 language plpgsql
 security definer
 set search_path = pg_catalog, pg_temp
--- awa.running is small and churns: statistics taken when it was nearly
--- empty must not make a plan scan its heap, dead rows and all.
 set enable_seqscan = off
 as $$
 begin
@@ -429,8 +432,6 @@ returns boolean
 language plpgsql
 security definer
 set search_path = pg_catalog, pg_temp
--- awa.running is small and churns: statistics taken when it was nearly
--- empty must not make a plan scan its heap, dead rows and all.
 set enable_seqscan = off
 as $$
 declare
@@ -455,8 +456,6 @@ returns boolean
 language plpgsql
 security definer
 set search_path = pg_catalog, pg_temp
--- awa.running is small and churns: statistics taken when it was nearly
--- empty must not make a plan scan its heap, dead rows and all.
 set enable_seqscan = off
 as $$
 begin
@@ -481,8 +480,6 @@ returns integer
 language plpgsql
 security definer
 set search_path = pg_catalog, pg_temp
--- awa.running is small and churns: statistics taken when it was nearly
--- empty must not make a plan scan its heap, dead rows and all.
 set enable_seqscan = off
 as $$
 declare
