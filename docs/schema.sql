@@ -1564,8 +1564,9 @@ CREATE OR REPLACE FUNCTION awa._max_attempts_ok(max_attempts integer)
  LANGUAGE sql
  IMMUTABLE PARALLEL SAFE
 AS $function$
-    select max_attempts is not null
-       and max_attempts operator(pg_catalog.>=) 1 and max_attempts operator(pg_catalog.<=) 1000
+    select coalesce(
+        max_attempts operator(pg_catalog.<@) '[1,1000]'::pg_catalog.int4range, false
+    )
 $function$;
 
 CREATE OR REPLACE FUNCTION awa._mix_limbs(key bytea, salt_hi bigint, salt_lo bigint)
@@ -1990,8 +1991,9 @@ CREATE OR REPLACE FUNCTION awa._priority_ok(priority smallint)
  LANGUAGE sql
  IMMUTABLE PARALLEL SAFE
 AS $function$
-    select priority is not null
-       and priority operator(pg_catalog.>=) 1 and priority operator(pg_catalog.<=) 4
+    select coalesce(
+        priority operator(pg_catalog.=) any ('{1,2,3,4}'::pg_catalog.int2[]), false
+    )
 $function$;
 
 CREATE OR REPLACE FUNCTION awa._provision_lanes(queue_id integer, shards integer)
@@ -2064,9 +2066,8 @@ CREATE OR REPLACE FUNCTION awa._queue_name_ok(queue text)
  IMMUTABLE PARALLEL SAFE
 AS $function$
     select queue is not null
-       and pg_catalog.octet_length(queue) operator(pg_catalog.>=) 1
-       and pg_catalog.octet_length(queue) operator(pg_catalog.<=) 200
-       and pg_catalog.strpos(queue, '#') operator(pg_catalog.=) 0
+       and pg_catalog.octet_length(queue) operator(pg_catalog.<@) '[1,200]'::pg_catalog.int4range
+       and queue operator(pg_catalog.!~~) '%#%'
 $function$;
 
 CREATE OR REPLACE FUNCTION awa._record_change_lanes()
@@ -2372,6 +2373,7 @@ begin
         end if;
     end if;
     held := set_config(memo, shard::text, true);
+    held := set_config('awa.lane_memo', 'on', true);
     return shard;
 end;
 $function$;
@@ -2609,52 +2611,77 @@ AS $function$
 declare
     q_id integer;
     shards integer;
+    shard integer;
+    lane integer;
+    seq regclass;
     lane_ids integer[];
     lane_seqs regclass[];
-    routed text;  -- the partition or stripe a name was routed to; null on the fast path
-    shard integer;
+    routed text;  -- the partition or stripe a routed name went to
     new_seq bigint;
     new_job bigint;
+    fast boolean := false;
 begin
-    if not awa._job_ok(queue, kind, priority, max_attempts) then
-        perform awa._check_job(queue, kind, priority, max_attempts);
+    if ordering_key is null then
+        select m.queue_id, m.enqueue_shards, pg_backend_pid() % m.enqueue_shards,
+               m.lane_ids[enqueue.priority][pg_backend_pid() % m.enqueue_shards],
+               m.lane_seqs[enqueue.priority][pg_backend_pid() % m.enqueue_shards]
+          into q_id, shards, shard, lane, seq
+          from awa.queue_meta as m
+         where m.queue = enqueue.queue and m.stripes = 1 and m.partitions = 1;
+        -- awa.lane_memo: this transaction has a lane memo (sql/lanes.sql),
+        -- which awa._take_lane reads. A priority out of range finds no
+        -- lane, and pg_try_advisory_xact_lock of null is null.
+        fast := coalesce(
+            found and awa._job_ok(queue, kind, priority, max_attempts)
+            and (run_at is null or run_at <= now())
+            and coalesce(current_setting('awa.lane_memo', true), '') = ''
+            and pg_try_advisory_xact_lock(awa._lock_class_lane(), lane),
+            false
+        );
     end if;
-    -- A stripe's own name ('q#1') never gets here: awa._job_ok refuses '#'.
-    select m.queue_id, m.enqueue_shards, m.lane_ids, m.lane_seqs
-      into q_id, shards, lane_ids, lane_seqs
-      from awa.queue_meta as m
-     where m.queue = enqueue.queue and m.stripes = 1 and m.partitions = 1;
-    if not found or (run_at is not null and run_at > now()) then
-        -- Scalars, not a row variable: reading a field of an unassigned
-        -- row variable builds an empty record on every fast-path call.
-        select m.queue_id, m.enqueue_shards, m.lane_ids, m.lane_seqs, m.queue
-          into q_id, shards, lane_ids, lane_seqs, routed
-          from awa._route_queue(awa._ensure_queue(queue), ordering_key) as m;
-        if run_at is not null and run_at > now() then
-            new_job := nextval('awa.job_id_seq');
-            insert into awa.scheduled (
-                job_id, queue_id, priority, kind, args, ordering_key, attempt, max_attempts,
-                enqueued_at, run_at
-            ) values (
-                new_job, q_id, enqueue.priority, enqueue.kind, coalesce(enqueue.args, '{}'),
-                enqueue.ordering_key, 0, enqueue.max_attempts, now(), enqueue.run_at
-            );
-            return row(new_job, routed, enqueue.priority, null, null)::awa.enqueued;
+    if not fast then
+        if not awa._job_ok(queue, kind, priority, max_attempts) then
+            perform awa._check_job(queue, kind, priority, max_attempts);
         end if;
+        -- S again, with the lanes (whole arrays are cheap to read, not to
+        -- subscript: the fast way reads its one lane in SQL).
+        select m.queue_id, m.enqueue_shards, m.lane_ids, m.lane_seqs
+          into q_id, shards, lane_ids, lane_seqs
+          from awa.queue_meta as m
+         where m.queue = enqueue.queue and m.stripes = 1 and m.partitions = 1;
+        if not found or (run_at is not null and run_at > now()) then
+            -- A stripe's own name ('q#1') never gets here: awa._job_ok refuses '#'.
+            select m.queue_id, m.enqueue_shards, m.lane_ids, m.lane_seqs, m.queue
+              into q_id, shards, lane_ids, lane_seqs, routed
+              from awa._route_queue(awa._ensure_queue(queue), ordering_key) as m;
+            if run_at is not null and run_at > now() then
+                new_job := nextval('awa.job_id_seq');
+                insert into awa.scheduled (
+                    job_id, queue_id, priority, kind, args, ordering_key, attempt, max_attempts,
+                    enqueued_at, run_at
+                ) values (
+                    new_job, q_id, enqueue.priority, enqueue.kind, coalesce(enqueue.args, '{}'),
+                    enqueue.ordering_key, 0, enqueue.max_attempts, now(), enqueue.run_at
+                );
+                return row(new_job, coalesce(routed, enqueue.queue), enqueue.priority, null, null)
+                    ::awa.enqueued;
+            end if;
+        end if;
+        shard := awa._take_lane(
+            lane_ids, q_id, priority, shards, awa._key_shard(ordering_key, shards), 0
+        );
+        lane := lane_ids[priority][shard];
+        seq := lane_seqs[priority][shard];
     end if;
-    shard := awa._take_lane(
-        lane_ids, q_id, priority, shards, awa._key_shard(ordering_key, shards), 0
-    );
-    new_seq := nextval(lane_seqs[priority][shard]);
-    new_job := nextval('awa.job_id_seq');
     insert into awa.ready (
         lane_id, lane_seq, job_id, queue_id, priority, kind, args, ordering_key, attempt,
         max_attempts, enqueued_at, ready_at
     ) values (
-        lane_ids[priority][shard], new_seq, new_job, q_id, enqueue.priority, enqueue.kind,
+        lane, nextval(seq), nextval('awa.job_id_seq'), q_id, enqueue.priority, enqueue.kind,
         coalesce(enqueue.args, '{}'), enqueue.ordering_key, 0, enqueue.max_attempts,
         now(), clock_timestamp()
-    );
+    )
+    returning awa.ready.lane_seq, awa.ready.job_id into new_seq, new_job;
     return row(
         new_job, coalesce(routed, enqueue.queue), enqueue.priority, shard, new_seq
     )::awa.enqueued;

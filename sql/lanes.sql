@@ -1,7 +1,9 @@
 -- lanes.sql: choosing a lane and taking its lock, for every enqueue path.
 --
 -- awa._take_lane is the one definition of lane choice; awa.enqueue calls it
--- for one row, awa._lock_lane_groups for the groups of a multi-row call
+-- for one row (its fast path repeats the commonest case, the sticky lane
+-- taken with no memo; tests/test_path_differential.py compares the two),
+-- awa._lock_lane_groups for the groups of a multi-row call
 -- (awa.enqueue_batch, COPY, awa.promote_due).
 --
 -- No two lane-locking calls can deadlock each other: a call waits for a
@@ -18,7 +20,12 @@
 -- below S of the same (queue, priority) whose lock this transaction holds
 -- or takes now with a try-lock. A forged memo can at most send the caller's
 -- own job to a free lane of its own queue and priority, as an unkeyed job
--- may go anyway (docs/security.md).
+-- may go anyway (docs/security.md). An empty memo means the sticky lane:
+-- awa.enqueue's fast path takes that lane without writing the memo, and
+-- leaves every call to this function once the transaction has a memo, which
+-- it learns from one setting of a constant name, awa.lane_memo (cheaper to
+-- read than a name built from the queue and priority). Forging that
+-- setting only chooses between the two ways, which choose alike.
 
 -- Function: awa._lane_seq_name(lane_id integer) returns text
 -- The name, in schema awa, of a lane's sequence (awa._provision_lanes
@@ -146,6 +153,7 @@ begin
         end if;
     end if;
     held := set_config(memo, shard::text, true);
+    held := set_config('awa.lane_memo', 'on', true);
     return shard;
 end;
 $$;

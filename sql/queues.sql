@@ -6,7 +6,10 @@
 
 -- The rules for a job row, each defined once as an inlined predicate (see
 -- sql/private.sql): every path decides with these, and the awa._check_*
--- functions, which raise the error a caller sees, are built on them.
+-- functions, which raise the error a caller sees, are built on them. Each
+-- is written with as few function calls as it can be: every call in an
+-- expression costs its set-up (an EXECUTE check and a lookup) again in each
+-- transaction, before it computes anything (docs/benchmarks.md).
 
 -- Function: awa._queue_name_ok(queue text) returns boolean
 -- A queue name is 1 to 200 bytes of UTF-8 text without '#', which is
@@ -19,9 +22,8 @@ language sql
 immutable parallel safe
 as $$
     select queue is not null
-       and pg_catalog.octet_length(queue) operator(pg_catalog.>=) 1
-       and pg_catalog.octet_length(queue) operator(pg_catalog.<=) 200
-       and pg_catalog.strpos(queue, '#') operator(pg_catalog.=) 0
+       and pg_catalog.octet_length(queue) operator(pg_catalog.<@) '[1,200]'::pg_catalog.int4range
+       and queue operator(pg_catalog.!~~) '%#%'
 $$;
 
 -- Function: awa._priority_ok(priority smallint) returns boolean
@@ -31,8 +33,9 @@ returns boolean
 language sql
 immutable parallel safe
 as $$
-    select priority is not null
-       and priority operator(pg_catalog.>=) 1 and priority operator(pg_catalog.<=) 4
+    select coalesce(
+        priority operator(pg_catalog.=) any ('{1,2,3,4}'::pg_catalog.int2[]), false
+    )
 $$;
 
 -- Function: awa._max_attempts_ok(max_attempts integer) returns boolean
@@ -42,8 +45,9 @@ returns boolean
 language sql
 immutable parallel safe
 as $$
-    select max_attempts is not null
-       and max_attempts operator(pg_catalog.>=) 1 and max_attempts operator(pg_catalog.<=) 1000
+    select coalesce(
+        max_attempts operator(pg_catalog.<@) '[1,1000]'::pg_catalog.int4range, false
+    )
 $$;
 
 -- Function: awa._job_ok(queue, kind, priority, max_attempts) returns boolean

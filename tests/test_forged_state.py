@@ -91,6 +91,7 @@ def _forgeries(admin, name):
         "not a number": "lane 7; drop table awa.ready",
         "huge": "99999999999999999999999",
         "negative": "-1",
+        "empty": "",
     }
 
 
@@ -99,6 +100,9 @@ def _forge_everything(conn, admin, value):
         for p in range(1, 5):
             conn.execute("select set_config(%s, %s, true)", [f"awa.lane_{qid}_{p}", value])
     conn.execute("select set_config('awa.lane_lock_wait_us', %s, true)", [value])
+    # Whether the transaction has a memo: any value sends awa.enqueue to
+    # awa._take_lane, an empty one lets its fast path take the sticky lane.
+    conn.execute("select set_config('awa.lane_memo', %s, true)", [value])
 
 
 @pytest.mark.parametrize("name", list(NAMES))

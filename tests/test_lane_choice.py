@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from psycopg import sql
 
-from tests.support.jobs import LANE_CLASS, waits_for_a_lock
+from tests.support.jobs import LANE_CLASS, key_for_shard, waits_for_a_lock
 from tests.support.waiting import wait_until
 
 BATCH_SQL = ("select * from awa.enqueue_batch(%s::text[], %s::text[], priorities => %s::smallint[],"
@@ -168,3 +168,43 @@ def test_a_call_waits_only_above_the_lanes_it_holds(db):
         hold.commit()
         call.join(timeout=30)
     assert call.error is None and len(call.result) == 2
+
+
+def _lanes(conn, queue: str) -> list[int]:
+    return [r[0] for r in conn.execute(
+        "select l.lane_id from awa.lanes l join awa.queue_meta m using (queue_id)"
+        " where m.queue = %s and l.priority = 2 order by l.shard", [queue])]
+
+
+def test_a_transaction_keeps_writing_to_the_lane_it_took_first(db):
+    """awa.enqueue's fast path takes the sticky lane only while the transaction
+    has no lane memo: once a keyed job or a busy sticky lane sent it to another
+    lane, its later unkeyed jobs of that queue and priority go there too, even
+    after the sticky lane is free again."""
+    producer = db.login_role("awa_producer")
+    with db.connect() as su:
+        su.execute("select awa.set_enqueue_shards('memo', 4)")
+        lanes = _lanes(su, "memo")
+    with db.connect(producer, autocommit=False) as conn, db.connect(autocommit=False) as hold:
+        sticky = conn.execute("select pg_backend_pid() % 4").fetchone()[0]
+        conn.commit()
+        other = (sticky + 1) % 4
+        keyed = conn.execute("select enqueue_shard from awa.enqueue('memo', 'k',"
+                             " ordering_key => %s)", [key_for_shard(other, 4)]).fetchone()[0]
+        unkeyed = conn.execute("select enqueue_shard from awa.enqueue('memo', 'k')").fetchone()
+        conn.rollback()
+        assert (keyed, unkeyed[0]) == (other, other)
+
+        hold.execute("select pg_advisory_xact_lock(%s, %s)", [LANE_CLASS, lanes[sticky]])
+        first = conn.execute("select enqueue_shard from awa.enqueue('memo', 'k')").fetchone()[0]
+        hold.commit()
+        later = [conn.execute("select enqueue_shard from awa.enqueue('memo', 'k')").fetchone()[0]
+                 for _ in range(3)]
+        conn.rollback()
+        assert first != sticky and later == [first] * 3
+
+        # Without a memo the sticky lane is taken, and taken again.
+        again = [conn.execute("select enqueue_shard from awa.enqueue('memo', 'k')").fetchone()[0]
+                 for _ in range(3)]
+        conn.rollback()
+        assert again == [sticky] * 3

@@ -169,22 +169,43 @@ def single_edges(test):
     return test
 
 
+def _single_params(j):
+    return [j["queue"], j["kind"], Jsonb(j["args"]) if j["args"] is not None else None,
+            j["priority"] if j["priority"] is not None else 2, j["key"], j["run_at"],
+            j["max_attempts"] if j["max_attempts"] is not None else 25]
+
+
+def _single_general(c, params):
+    c.execute("select awa._check_job(%s, %s, %s::smallint, %s)",
+              [params[0], params[1], params[3], params[6]])
+    return c.execute(ROWS, [[v] for v in params]).fetchall()
+
+
+single_job = st.one_of(fast_shaped().map(lambda rows: rows[0]), job)
+
+
 @CHECK_PROFILE
-@given(j=st.one_of(fast_shaped().map(lambda rows: rows[0]), job))
+@given(j=single_job)
 @single_edges
 def test_single_row_fast_path_equals_the_general_path(conn, j):
-    params = [j["queue"], j["kind"], Jsonb(j["args"]) if j["args"] is not None else None,
-              j["priority"] if j["priority"] is not None else 2, j["key"], j["run_at"],
-              j["max_attempts"] if j["max_attempts"] is not None else 25]
-
-    def general(c):
-        c.execute("select awa._check_job(%s, %s, %s::smallint, %s)",
-                  [params[0], params[1], params[3], params[6]])
-        return c.execute(ROWS, [[v] for v in params]).fetchall()
-
+    params = _single_params(j)
     fast = _attempt(conn, lambda c: c.execute(SINGLE, params).fetchall())
-    assert fast == _attempt(conn, general)
+    assert fast == _attempt(conn, lambda c: _single_general(c, params))
     assert (fast[0] == "ok") == _valid(j), fast
+
+
+@CHECK_PROFILE
+@given(js=st.lists(single_job, min_size=2, max_size=6))
+@example(js=[dict(EDGES[11][0]), dict(EDGES[0][0]), dict(EDGES[0][0])])
+def test_single_rows_in_one_transaction_equal_the_general_path(conn, js):
+    """Lane memos carry from call to call within a transaction: a keyed job's
+    lane, or a lane other than the sticky one, takes the transaction's later
+    unkeyed jobs of that queue and priority, whichever path wrote it."""
+    fast = _attempt(conn, lambda c: [c.execute(SINGLE, _single_params(j)).fetchall()
+                                     for j in js])
+    assert fast == _attempt(conn, lambda c: [_single_general(c, _single_params(j))
+                                             for j in js])
+    assert (fast[0] == "ok") == all(_valid(j) for j in js), fast
 
 
 def _copy(rows, mover):

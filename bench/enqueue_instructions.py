@@ -1,0 +1,164 @@
+"""Server instructions per enqueue call, counted by valgrind: the noise-free view.
+
+Timings on a shared 2-core VM swing by tens of percent between runs; the
+number of instructions a backend executes for one call does not. This bench
+runs each cell's statement N times in a single-user backend (``postgres
+--single``, no client, no network, fsync off) under callgrind, once with 100
+calls and once with 600, and prints (Ir(600) - Ir(100)) / 500: the
+instructions one call costs, every per-transaction cost included (each line
+is its own transaction), start-up excluded.
+
+Cells (single row, as in bench/enqueue_pgbench.py):
+  ceiling        a plain INSERT of one job-shaped row
+  floor          the same INSERT inside a SECURITY DEFINER PL/pgSQL function,
+                 owned like awa's functions (by the owner role, not a superuser)
+  enqueue S=N    awa.enqueue, unkeyed, at S = 1 and 16
+  keyed S=16     awa.enqueue with an ordering key
+  batch / 100    awa.enqueue_batch of 100 rows at S = 16, per job
+
+    python bench/enqueue_instructions.py [--before REF] [--profile CELL]
+
+--before REF measures the same cells on a second server migrated with the
+tree of git revision REF. --profile CELL prints the functions whose
+inclusive instruction counts one call of CELL adds up to (callgrind_annotate).
+Needs valgrind (apt-get install valgrind).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import psycopg
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from awa_sql import migrate
+from awa_sql.demo import embedded
+from awa_sql.roles import Roles
+from bench._server import export_revision, install_revision, machine
+from bench.enqueue_pgbench import ROW, VALUES, setup
+
+LOW, HIGH = 100, 600
+BATCH = 100
+
+CELLS = {
+    "ceiling": f"insert into bench_ceiling {ROW} values (1, {VALUES})",
+    "floor": "select bench_floor(1)",
+    "enqueue S=1": "select awa.enqueue('bench_s1', 'bench.job')",
+    "enqueue S=16": "select awa.enqueue('bench_s16', 'bench.job')",
+    "keyed S=16": "select awa.enqueue('bench_s16', 'bench.job', ordering_key => 'customer-42')",
+    "batch S=16 / 100": ("select count(*) from awa.enqueue_batch("
+                         f"array_fill('bench_s16'::text, array[{BATCH}]),"
+                         f" array_fill('bench.job'::text, array[{BATCH}]))"),
+}
+PER_JOB = {"batch S=16 / 100": BATCH}
+
+
+def build(workdir: Path, revision: Path | None) -> Path:
+    """A stopped cluster with awa (today's, or `revision`'s) and the bench objects."""
+    workdir.mkdir(parents=True)
+    os.chmod(workdir, 0o777)
+    server = embedded.LocalServer(embedded.ensure_binaries(18), workdir / "pgdata")
+    server.start()
+    try:
+        dsn = server.dsn()
+        if revision is None:
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                migrate.migrate(conn, Roles(), create_roles=True, log=lambda _line: None)
+        else:
+            install_revision(dsn, revision)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            setup(conn)
+            owner = Roles().owner
+            conn.execute(f"grant insert on public.bench_ceiling to {owner}")
+            conn.execute(f"grant usage on sequence public.bench_seq to {owner}")
+            conn.execute(f"alter function public.bench_floor(integer) owner to {owner}")
+            conn.execute("checkpoint")
+    finally:
+        server.stop()
+    return workdir / "pgdata"
+
+
+def count(pgdata: Path, statement: str, calls: int, out: Path) -> int:
+    """Instructions of a single-user backend that runs `statement` `calls` times."""
+    script = out.with_suffix(".sql")
+    script.write_text(f"prepare p as {statement};\n" + "execute p;\n" * calls)
+    os.chmod(script, 0o644)
+    os.chmod(out.parent, 0o777)
+    user = embedded.server_os_user()
+    ids = {"user": user.pw_uid, "group": user.pw_gid, "extra_groups": []} if user else {}
+    with script.open() as stdin:
+        proc = subprocess.run(
+            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
+             str(embedded.ensure_binaries(18) / "postgres"), "--single", "-D", str(pgdata),
+             "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "jit=off", "postgres"],
+            stdin=stdin, capture_output=True, text=True, cwd="/", check=False, **ids)
+    found = re.search(r"Collected : (\d+)", proc.stderr)
+    if proc.returncode != 0 or not found or "ERROR" in proc.stdout:
+        raise RuntimeError(f"{statement}:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    return int(found.group(1))
+
+
+def per_call(pgdata: Path, name: str, outdir: Path) -> float:
+    tag = re.sub(r"\W+", "_", name)
+    low = count(pgdata, CELLS[name], LOW, outdir / f"{tag}_{LOW}.out")
+    high = count(pgdata, CELLS[name], HIGH, outdir / f"{tag}_{HIGH}.out")
+    return (high - low) / (HIGH - LOW) / PER_JOB.get(name, 1)
+
+
+def profile(outdir: Path, name: str, top: int = 40) -> str:
+    tag = re.sub(r"\W+", "_", name)
+    out = subprocess.run(["callgrind_annotate", "--inclusive=yes",
+                          str(outdir / f"{tag}_{HIGH}.out")],
+                         capture_output=True, text=True, check=True).stdout
+    return "\n".join(out.splitlines()[:top + 25])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--before", metavar="REF", help="also measure git revision REF")
+    ap.add_argument("--profile", metavar="CELL", choices=list(CELLS))
+    args = ap.parse_args()
+    if shutil.which("valgrind") is None:
+        raise SystemExit("valgrind not found: apt-get install valgrind")
+    work = Path(tempfile.mkdtemp(prefix="awa-instr-"))
+    os.chmod(work, 0o777)
+    try:
+        columns = {"now": build(work / "now", None)}
+        if args.before:
+            columns[f"at {args.before}"] = build(
+                work / "before", export_revision(args.before, work / "src"))
+        results: dict[str, dict[str, float]] = {}
+        for label, pgdata in columns.items():
+            outdir = work / f"out-{len(results)}"
+            outdir.mkdir()
+            results[label] = {}
+            for name in CELLS:
+                results[label][name] = per_call(pgdata, name, outdir)
+                print(f"  {label} {name}: {results[label][name] / 1000:,.1f}k",
+                      file=sys.stderr, flush=True)
+            if args.profile and label == "now":
+                print(profile(outdir, args.profile))
+        print(f"# enqueue_instructions: {machine()}; PostgreSQL 18 single-user backend under"
+              f" callgrind; instructions per call (batch: per job), {HIGH} - {LOW} calls")
+        header = ["cell", *(f"{label} (k instr.)" for label in results), "now / floor"]
+        print("| " + " | ".join(header) + " |")
+        print("|---|" + "---:|" * (len(header) - 1))
+        floor = results["now"]["floor"]
+        for name in CELLS:
+            values = [f"{results[label][name] / 1000:,.1f}" for label in results]
+            print(f"| {name} | " + " | ".join(values)
+                  + f" | {results['now'][name] / floor:.2f}x |")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
