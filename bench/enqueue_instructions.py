@@ -14,7 +14,8 @@ Cells (single row, as in bench/enqueue_pgbench.py):
                  owned like awa's functions (by the owner role, not a superuser)
   enqueue S=N    awa.enqueue, unkeyed, at S = 1 and 16
   keyed S=16     awa.enqueue with an ordering key
-  batch / 100    awa.enqueue_batch of 100 rows at S = 16, per job
+  batch INSERT   one INSERT of 100 rows into the ceiling's table, per job
+  batch S=16     awa.enqueue_batch of 100 rows at S = 16, per job
 
     python bench/enqueue_instructions.py [--before REF] [--profile CELL]
 
@@ -53,11 +54,13 @@ CELLS = {
     "enqueue S=1": "select awa.enqueue('bench_s1', 'bench.job')",
     "enqueue S=16": "select awa.enqueue('bench_s16', 'bench.job')",
     "keyed S=16": "select awa.enqueue('bench_s16', 'bench.job', ordering_key => 'customer-42')",
+    "batch INSERT / 100": (f"insert into bench_ceiling {ROW} select 1, {VALUES}"
+                           f" from generate_series(1, {BATCH})"),
     "batch S=16 / 100": ("select count(*) from awa.enqueue_batch("
                          f"array_fill('bench_s16'::text, array[{BATCH}]),"
                          f" array_fill('bench.job'::text, array[{BATCH}]))"),
 }
-PER_JOB = {"batch S=16 / 100": BATCH}
+PER_JOB = {"batch INSERT / 100": BATCH, "batch S=16 / 100": BATCH}
 
 
 def build(workdir: Path, revision: Path | None) -> Path:
@@ -100,7 +103,7 @@ def count(pgdata: Path, statement: str, calls: int, out: Path) -> int:
              "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "jit=off", "postgres"],
             stdin=stdin, capture_output=True, text=True, cwd="/", check=False, **ids)
     found = re.search(r"Collected : (\d+)", proc.stderr)
-    if proc.returncode != 0 or not found or "ERROR" in proc.stdout:
+    if proc.returncode != 0 or not found or "ERROR:" in proc.stdout + proc.stderr:
         raise RuntimeError(f"{statement}:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
     return int(found.group(1))
 

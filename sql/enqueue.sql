@@ -397,7 +397,10 @@ declare
         cardinality(ordering_keys), cardinality(run_ats), cardinality(max_attempts)
     ];
     q_id integer;
-    lanes record;
+    shard smallint;
+    lane integer;
+    seq regclass;
+    base bigint;
 begin
     if queues is null or kinds is null then
         raise exception '% must not be null',
@@ -432,12 +435,25 @@ begin
        and (ordering_keys is null or cardinality(array_remove(ordering_keys, null)) = 0)
        and (run_ats is null or cardinality(array_remove(run_ats, null)) = 0)
     then
-        select m.queue_id into q_id
+        select m.queue_id, pg_backend_pid() % m.enqueue_shards,
+               m.lane_ids[p][pg_backend_pid() % m.enqueue_shards],
+               m.lane_seqs[p][pg_backend_pid() % m.enqueue_shards]
+          into q_id, shard, lane, seq
           from awa.queue_meta as m
          where m.queue = queues[1] and m.stripes = 1 and m.partitions = 1;
         if found then
-            select * into lanes
-              from awa._lock_lane_groups(array[q_id], array[p], array[-1::smallint], array[n::bigint]);
+            -- The sticky lane with no memo, as awa._take_lane would take
+            -- it (sql/lanes.sql); else the group goes to awa._lock_lane_groups.
+            if coalesce(current_setting('awa.lane_memo', true), '') = ''
+               and pg_try_advisory_xact_lock(awa._lock_class_lane(), lane) then
+                -- The range base .. base + n - 1, reserved in one expression.
+                base := setval(seq, nextval(seq) + n - 1) - n + 1;
+            else
+                select l.g_lane[1], l.g_shard[1], l.g_base[1] into lane, shard, base
+                  from awa._lock_lane_groups(
+                      array[q_id], array[p], array[-1::smallint], array[n::bigint]
+                  ) as l;
+            end if;
             -- awa._insert_jobs for one lane range, written out: building its
             -- arrays and calling it cost this path about a fifth more server
             -- CPU (docs/benchmarks.md, "One home per SQL rule").
@@ -447,13 +463,13 @@ begin
                     lane_id, lane_seq, job_id, queue_id, priority, kind, args, ordering_key,
                     attempt, max_attempts, enqueued_at, ready_at
                 )
-                select lanes.g_lane[1], lanes.g_base[1] + u.i - 1, nextval('awa.job_id_seq'),
+                select lane, base + u.i - 1, nextval('awa.job_id_seq'),
                        q_id, p, u.k, coalesce(u.a, '{}'), null, 0, attempts, now(),
                        clock_timestamp()
                   from unnest(kinds, args) with ordinality as u (k, a, i)
                 returning awa.ready.job_id, awa.ready.lane_seq
             )
-            select ins.job_id, queues[1], p, lanes.g_shard[1], ins.lane_seq
+            select ins.job_id, queues[1], p, shard, ins.lane_seq
               from ins
              order by ins.lane_seq;
             return;

@@ -1,10 +1,11 @@
 -- lanes.sql: choosing a lane and taking its lock, for every enqueue path.
 --
 -- awa._take_lane is the one definition of lane choice; awa.enqueue calls it
--- for one row (its fast path repeats the commonest case, the sticky lane
--- taken with no memo; tests/test_path_differential.py compares the two),
--- awa._lock_lane_groups for the groups of a multi-row call
--- (awa.enqueue_batch, COPY, awa.promote_due).
+-- for one row, awa._lock_lane_groups for the groups of a multi-row call
+-- (awa.enqueue_batch, COPY, awa.promote_due). The fast paths of awa.enqueue
+-- and awa.enqueue_batch repeat its commonest case, the sticky lane taken
+-- with no memo (tests/test_path_differential.py and test_lane_choice.py
+-- compare).
 --
 -- No two lane-locking calls can deadlock each other: a call waits for a
 -- lane lock only when that lane's id is above every lane lock it holds, and
@@ -21,8 +22,8 @@
 -- or takes now with a try-lock. A forged memo can at most send the caller's
 -- own job to a free lane of its own queue and priority, as an unkeyed job
 -- may go anyway (docs/security.md). An empty memo means the sticky lane:
--- awa.enqueue's fast path takes that lane without writing the memo, and
--- leaves every call to this function once the transaction has a memo, which
+-- the fast paths take that lane without writing the memo, and leave every
+-- call to this function once the transaction has a memo, which
 -- it learns from one setting of a constant name, awa.lane_memo (cheaper to
 -- read than a name built from the queue and priority). Forging that
 -- setting only chooses between the two ways, which choose alike.
