@@ -63,10 +63,17 @@ CELLS = {
 PER_JOB = {"batch INSERT / 100": BATCH, "batch S=16 / 100": BATCH}
 
 
+def _give_to_server(path: Path) -> None:
+    """The server's OS user (as root: awa-pg) writes here and reads its script."""
+    user = embedded.server_os_user()
+    if user is not None:
+        os.chown(path, user.pw_uid, user.pw_gid)
+
+
 def build(workdir: Path, revision: Path | None) -> Path:
     """A stopped cluster with awa (today's, or `revision`'s) and the bench objects."""
     workdir.mkdir(parents=True)
-    os.chmod(workdir, 0o777)
+    _give_to_server(workdir)
     server = embedded.LocalServer(embedded.ensure_binaries(18), workdir / "pgdata")
     server.start()
     try:
@@ -92,8 +99,8 @@ def count(pgdata: Path, statement: str, calls: int, out: Path) -> int:
     """Instructions of a single-user backend that runs `statement` `calls` times."""
     script = out.with_suffix(".sql")
     script.write_text(f"prepare p as {statement};\n" + "execute p;\n" * calls)
-    os.chmod(script, 0o644)
-    os.chmod(out.parent, 0o777)
+    _give_to_server(script)
+    _give_to_server(out.parent)
     user = embedded.server_os_user()
     ids = {"user": user.pw_uid, "group": user.pw_gid, "extra_groups": []} if user else {}
     with script.open() as stdin:
@@ -132,7 +139,7 @@ def main() -> None:
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind not found: apt-get install valgrind")
     work = Path(tempfile.mkdtemp(prefix="awa-instr-"))
-    os.chmod(work, 0o777)
+    _give_to_server(work)
     try:
         columns = {"now": build(work / "now", None)}
         if args.before:
