@@ -7,7 +7,8 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: dev test lint schema demo demo-stop bench clean system-deps-test system-deps-demo
+.PHONY: dev test lint schema demo demo-stop bench clean system-deps-test system-deps-demo \
+        system-deps-bench
 
 $(STAMP): pyproject.toml examples/node/package.json
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +25,9 @@ system-deps-test:
 
 system-deps-demo:
 	@scripts/system-deps.sh demo
+
+system-deps-bench:
+	@scripts/system-deps.sh bench
 
 # The whole suite, PostgreSQL 17 and 18, lint included.
 test: system-deps-test $(STAMP)
@@ -46,7 +50,7 @@ demo: system-deps-demo $(STAMP)
 demo-stop: $(STAMP)
 	$(BIN)/awa demo --stop
 
-bench: $(STAMP)
+bench: system-deps-bench $(STAMP)
 	@for script in bench/*.py; do \
 	  case $$script in */__init__.py|*/_*) continue;; esac; \
 	  echo "== $$script"; $(BIN)/python $$script || exit 1; \

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The Debian packages `make test` (or `make demo`) needs, installed when
-# missing: as root with apt-get, otherwise printed with the command to run.
-#   scripts/system-deps.sh test|demo
+# The Debian packages `make test` (or `make demo`, `make bench`) needs,
+# installed when missing: as root with apt-get, otherwise printed with the
+# command to run.
+#   scripts/system-deps.sh test|demo|bench
 set -euo pipefail
 target=${1:-test}
 
@@ -13,6 +14,10 @@ if [ "$target" = test ]; then
   command -v chromium >/dev/null 2>&1 || missing+=(chromium)  # the admin page's browser test
   # The pooler tests (tests/test_pgbouncer.py) run through Debian's PgBouncer.
   command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ] || missing+=(pgbouncer)
+fi
+if [ "$target" = bench ]; then
+  command -v pgbench >/dev/null 2>&1 || missing+=(postgresql-client)  # the C client
+  command -v valgrind >/dev/null 2>&1 || missing+=(valgrind)  # bench/enqueue_instructions.py
 fi
 [ ${#missing[@]} -eq 0 ] && exit 0
 
