@@ -1,0 +1,112 @@
+"""Server instructions per claimed job, counted by valgrind, against procrastinate.
+
+The method of bench/enqueue_instructions.py (a single-user backend under
+callgrind, 600 calls minus 100, so start-up cancels out) applied to the
+worker side. Each call takes one job of a preloaded queue and, in the same
+statement, finishes it:
+
+  claim 1 + complete     awa.claim(queue, 1) then awa.complete
+  claim 1                awa.claim alone
+  fetch + finish         procrastinate_fetch_job_v2 then procrastinate_finish_job_v1
+  fetch                  procrastinate_fetch_job_v2 alone
+
+Every count runs on its own copy of the preloaded cluster, since each call
+consumes a job. procrastinate's schema comes from its wheel on PyPI, fetched
+by the bench. Needs valgrind (apt-get install valgrind).
+
+    python bench/claim_instructions.py
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import psycopg
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from awa_sql import migrate
+from awa_sql.demo import embedded
+from awa_sql.roles import Roles
+from bench._pgbench import install_procrastinate
+from bench._server import machine
+from bench.claim_pgbench import QUEUE, preload_awa, preload_procrastinate
+from bench.enqueue_instructions import HIGH, LOW, _give_to_server, count
+
+PRELOAD = HIGH + 100
+
+
+def build(workdir: Path) -> tuple[Path, int]:
+    """A stopped cluster with both queues preloaded; procrastinate's worker id."""
+    workdir.mkdir(parents=True)
+    _give_to_server(workdir)
+    server = embedded.LocalServer(embedded.ensure_binaries(18), workdir / "pgdata")
+    server.start()
+    try:
+        with psycopg.connect(server.dsn(), autocommit=True) as conn:
+            migrate.migrate(conn, Roles(), create_roles=True, log=lambda _line: None)
+            conn.execute("select awa.set_enqueue_shards(%s, 1)", [QUEUE])
+            install_procrastinate(conn)
+            worker = conn.execute(
+                "select worker_id from procrastinate_register_worker_v1()").fetchone()[0]
+            preload_awa(conn, PRELOAD)
+            preload_procrastinate(conn, PRELOAD)
+            conn.execute("checkpoint")
+    finally:
+        server.stop()
+    return workdir / "pgdata", worker
+
+
+def cells(worker: int) -> dict[str, str]:
+    claim = f"awa.claim('{{{QUEUE}}}', 1, 'bench')"
+    fetch = f"procrastinate_fetch_job_v2('{{default}}', {worker})"
+    return {
+        "claim 1 + complete": f"select count(awa.complete(c.job_id, c.run_lease)) from {claim} c",
+        "claim 1": f"select count(*) from {claim} c",
+        "fetch + finish": ("select count(procrastinate_finish_job_v1(j.id, 'succeeded', false))"
+                           f" from {fetch} j"),
+        "fetch": f"select count(*) from {fetch} j",
+    }
+
+
+def per_call(pgdata: Path, statement: str, work: Path) -> float:
+    counts = []
+    for calls in (LOW, HIGH):
+        copy = work / f"copy-{calls}"
+        shutil.rmtree(copy, ignore_errors=True)
+        shutil.copytree(pgdata, copy, symlinks=True)
+        user = embedded.server_os_user()
+        if user is not None:
+            for path in [copy, *copy.rglob("*")]:
+                shutil.chown(path, user.pw_uid, user.pw_gid)
+        counts.append(count(copy, statement, calls, work / f"out-{calls}.out"))
+    return (counts[1] - counts[0]) / (HIGH - LOW)
+
+
+def main() -> None:
+    if shutil.which("valgrind") is None:
+        raise SystemExit("valgrind not found: apt-get install valgrind")
+    work = Path(tempfile.mkdtemp(prefix="awa-claim-instr-"))
+    _give_to_server(work)
+    try:
+        pgdata, worker = build(work / "cluster")
+        results = {}
+        for name, statement in cells(worker).items():
+            results[name] = per_call(pgdata, statement, work)
+            print(f"  {name}: {results[name] / 1000:,.1f}k", file=sys.stderr, flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"# claim_instructions: {machine()}; PostgreSQL 18 single-user backend under"
+          f" callgrind; instructions per call, {HIGH} - {LOW} calls, S = 1")
+    print("| cell | k instructions |")
+    print("|---|---:|")
+    for name, value in results.items():
+        print(f"| {name} | {value / 1000:,.1f} |")
+    print(f"\nawa-sql / procrastinate per job: "
+          f"{results['claim 1 + complete'] / results['fetch + finish']:.2f}")
+
+
+if __name__ == "__main__":
+    main()
