@@ -97,6 +97,8 @@ def build(workdir: Path, revision: Path | None) -> Path:
 
 def count(pgdata: Path, statement: str, calls: int, out: Path) -> int:
     """Instructions of a single-user backend that runs `statement` `calls` times."""
+    if "\n" in statement:
+        raise ValueError("a single-user backend reads one line per command: join the lines")
     script = out.with_suffix(".sql")
     script.write_text(f"prepare p as {statement};\n" + "execute p;\n" * calls)
     _give_to_server(script)
