@@ -1243,6 +1243,15 @@ begin
 end;
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._has_lane_memo()
+ RETURNS boolean
+ LANGUAGE sql
+ STABLE PARALLEL SAFE
+AS $function$
+    select coalesce(pg_catalog.current_setting('awa.lane_memo', true), '')
+           operator(pg_catalog.<>) ''
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._hash64_limbs(key bytea)
  RETURNS bigint[]
  LANGUAGE plpgsql
@@ -1980,7 +1989,7 @@ begin
         case
             when ordering_key is not null
                 then awa.stripe_for_ordering_key(ordering_key, anchor.stripes)
-            else pg_backend_pid() % anchor.stripes
+            else awa._sticky(anchor.stripes)
         end
     );
 end;
@@ -2164,7 +2173,7 @@ begin
         partition := case
             when ordering_key is not null
                 then awa.partition_for_ordering_key(ordering_key, anchor.partitions)
-            else pg_backend_pid() % anchor.partitions
+            else awa._sticky(anchor.partitions)
         end;
         if partition > 0 then
             target := awa._ensure_partition(anchor.queue, partition);
@@ -2308,6 +2317,14 @@ AS $function$
     )
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._sticky(n integer)
+ RETURNS integer
+ LANGUAGE sql
+ STABLE PARALLEL SAFE
+AS $function$
+    select pg_catalog.pg_backend_pid() operator(pg_catalog.%) n
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._take_lane(lane_ids integer[], queue_id integer, priority smallint, shards integer, key_shard integer, above integer)
  RETURNS integer
  LANGUAGE plpgsql
@@ -2330,14 +2347,14 @@ begin
            ) then
             return held::integer;
         end if;
-        shard := pg_backend_pid() % shards;
+        shard := awa._sticky(shards);
         if not coalesce(
             pg_try_advisory_xact_lock(awa._lock_class_lane(), lane_ids[priority][shard]), false
         ) then
             -- The sticky lane is taken: the next free one in turn, else wait
             -- for the first one in turn above `above`.
             for i in 0 .. shards - 1 loop
-                shard := (pg_backend_pid() + i) % shards;
+                shard := (awa._sticky(shards) + i) % shards;
                 exit when pg_try_advisory_xact_lock(
                     awa._lock_class_lane(), lane_ids[priority][shard]
                 );
@@ -2622,19 +2639,19 @@ declare
     fast boolean := false;
 begin
     if ordering_key is null then
-        select m.queue_id, m.enqueue_shards, pg_backend_pid() % m.enqueue_shards,
-               m.lane_ids[enqueue.priority][pg_backend_pid() % m.enqueue_shards],
-               m.lane_seqs[enqueue.priority][pg_backend_pid() % m.enqueue_shards]
+        select m.queue_id, m.enqueue_shards, awa._sticky(m.enqueue_shards),
+               m.lane_ids[enqueue.priority][awa._sticky(m.enqueue_shards)],
+               m.lane_seqs[enqueue.priority][awa._sticky(m.enqueue_shards)]
           into q_id, shards, shard, lane, seq
           from awa.queue_meta as m
          where m.queue = enqueue.queue and m.stripes = 1 and m.partitions = 1;
-        -- awa.lane_memo: this transaction has a lane memo (sql/lanes.sql),
-        -- which awa._take_lane reads. A priority out of range finds no
-        -- lane, and pg_try_advisory_xact_lock of null is null.
+        -- With a lane memo (sql/lanes.sql) the lane is awa._take_lane's to
+        -- choose. A priority out of range finds no lane, and
+        -- pg_try_advisory_xact_lock of null is null.
         fast := coalesce(
             found and awa._job_ok(queue, kind, priority, max_attempts)
             and (run_at is null or run_at <= now())
-            and coalesce(current_setting('awa.lane_memo', true), '') = ''
+            and not awa._has_lane_memo()
             and pg_try_advisory_xact_lock(awa._lock_class_lane(), lane),
             false
         );
@@ -2748,16 +2765,16 @@ begin
        and (ordering_keys is null or cardinality(array_remove(ordering_keys, null)) = 0)
        and (run_ats is null or cardinality(array_remove(run_ats, null)) = 0)
     then
-        select m.queue_id, pg_backend_pid() % m.enqueue_shards,
-               m.lane_ids[p][pg_backend_pid() % m.enqueue_shards],
-               m.lane_seqs[p][pg_backend_pid() % m.enqueue_shards]
+        select m.queue_id, awa._sticky(m.enqueue_shards),
+               m.lane_ids[p][awa._sticky(m.enqueue_shards)],
+               m.lane_seqs[p][awa._sticky(m.enqueue_shards)]
           into q_id, shard, lane, seq
           from awa.queue_meta as m
          where m.queue = queues[1] and m.stripes = 1 and m.partitions = 1;
         if found then
             -- The sticky lane with no memo, as awa._take_lane would take
             -- it (sql/lanes.sql); else the group goes to awa._lock_lane_groups.
-            if coalesce(current_setting('awa.lane_memo', true), '') = ''
+            if not awa._has_lane_memo()
                and pg_try_advisory_xact_lock(awa._lock_class_lane(), lane) then
                 -- The range base .. base + n - 1, reserved in one expression.
                 base := setval(seq, nextval(seq) + n - 1) - n + 1;

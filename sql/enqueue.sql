@@ -57,19 +57,19 @@ declare
     fast boolean := false;
 begin
     if ordering_key is null then
-        select m.queue_id, m.enqueue_shards, pg_backend_pid() % m.enqueue_shards,
-               m.lane_ids[enqueue.priority][pg_backend_pid() % m.enqueue_shards],
-               m.lane_seqs[enqueue.priority][pg_backend_pid() % m.enqueue_shards]
+        select m.queue_id, m.enqueue_shards, awa._sticky(m.enqueue_shards),
+               m.lane_ids[enqueue.priority][awa._sticky(m.enqueue_shards)],
+               m.lane_seqs[enqueue.priority][awa._sticky(m.enqueue_shards)]
           into q_id, shards, shard, lane, seq
           from awa.queue_meta as m
          where m.queue = enqueue.queue and m.stripes = 1 and m.partitions = 1;
-        -- awa.lane_memo: this transaction has a lane memo (sql/lanes.sql),
-        -- which awa._take_lane reads. A priority out of range finds no
-        -- lane, and pg_try_advisory_xact_lock of null is null.
+        -- With a lane memo (sql/lanes.sql) the lane is awa._take_lane's to
+        -- choose. A priority out of range finds no lane, and
+        -- pg_try_advisory_xact_lock of null is null.
         fast := coalesce(
             found and awa._job_ok(queue, kind, priority, max_attempts)
             and (run_at is null or run_at <= now())
-            and coalesce(current_setting('awa.lane_memo', true), '') = ''
+            and not awa._has_lane_memo()
             and pg_try_advisory_xact_lock(awa._lock_class_lane(), lane),
             false
         );
@@ -435,16 +435,16 @@ begin
        and (ordering_keys is null or cardinality(array_remove(ordering_keys, null)) = 0)
        and (run_ats is null or cardinality(array_remove(run_ats, null)) = 0)
     then
-        select m.queue_id, pg_backend_pid() % m.enqueue_shards,
-               m.lane_ids[p][pg_backend_pid() % m.enqueue_shards],
-               m.lane_seqs[p][pg_backend_pid() % m.enqueue_shards]
+        select m.queue_id, awa._sticky(m.enqueue_shards),
+               m.lane_ids[p][awa._sticky(m.enqueue_shards)],
+               m.lane_seqs[p][awa._sticky(m.enqueue_shards)]
           into q_id, shard, lane, seq
           from awa.queue_meta as m
          where m.queue = queues[1] and m.stripes = 1 and m.partitions = 1;
         if found then
             -- The sticky lane with no memo, as awa._take_lane would take
             -- it (sql/lanes.sql); else the group goes to awa._lock_lane_groups.
-            if coalesce(current_setting('awa.lane_memo', true), '') = ''
+            if not awa._has_lane_memo()
                and pg_try_advisory_xact_lock(awa._lock_class_lane(), lane) then
                 -- The range base .. base + n - 1, reserved in one expression.
                 base := setval(seq, nextval(seq) + n - 1) - n + 1;

@@ -24,9 +24,23 @@
 -- may go anyway (docs/security.md). An empty memo means the sticky lane:
 -- the fast paths take that lane without writing the memo, and leave every
 -- call to this function once the transaction has a memo, which
--- it learns from one setting of a constant name, awa.lane_memo (cheaper to
--- read than a name built from the queue and priority). Forging that
--- setting only chooses between the two ways, which choose alike.
+-- they learn from one setting of a constant name, awa.lane_memo
+-- (awa._has_lane_memo; cheaper to read than a name built from the queue
+-- and priority). Forging that setting only chooses between the two ways,
+-- which choose alike.
+
+-- Function: awa._has_lane_memo() returns boolean
+-- Whether this transaction has a lane memo: awa.lane_memo, which
+-- awa._take_lane sets with every memo it writes. The fast paths read it to
+-- know whether to leave the lane to awa._take_lane.
+create or replace function awa._has_lane_memo()
+returns boolean
+language sql
+stable parallel safe
+as $$
+    select coalesce(pg_catalog.current_setting('awa.lane_memo', true), '')
+           operator(pg_catalog.<>) ''
+$$;
 
 -- Function: awa._lane_seq_name(lane_id integer) returns text
 -- The name, in schema awa, of a lane's sequence (awa._provision_lanes
@@ -79,7 +93,7 @@ $$;
 -- its groups so that this lane is above `above`, or held already).
 -- Unkeyed: the lane of the memo if believed (see the header); else the
 -- first free lane tried without waiting, starting at this backend's sticky
--- shard (pid mod S); else wait for the first lane in that order above
+-- shard (awa._sticky(S)); else wait for the first lane in that order above
 -- `above` (the caller guarantees one: its groups come in lane order).
 -- Errors: AW003 a lane missing (a bug: S promises its lanes exist).
 create or replace function awa._take_lane(
@@ -111,14 +125,14 @@ begin
            ) then
             return held::integer;
         end if;
-        shard := pg_backend_pid() % shards;
+        shard := awa._sticky(shards);
         if not coalesce(
             pg_try_advisory_xact_lock(awa._lock_class_lane(), lane_ids[priority][shard]), false
         ) then
             -- The sticky lane is taken: the next free one in turn, else wait
             -- for the first one in turn above `above`.
             for i in 0 .. shards - 1 loop
-                shard := (pg_backend_pid() + i) % shards;
+                shard := (awa._sticky(shards) + i) % shards;
                 exit when pg_try_advisory_xact_lock(
                     awa._lock_class_lane(), lane_ids[priority][shard]
                 );
@@ -270,3 +284,4 @@ select awa._grant_execute(
     'awa._take_lane(integer[], integer, smallint, integer, integer, integer)'
 );
 select awa._grant_execute('awa._lock_lane_groups(integer[], smallint[], smallint[], bigint[])');
+select awa._grant_execute('awa._has_lane_memo()');

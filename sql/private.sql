@@ -23,14 +23,28 @@
 --                                   before this schema exists, so it keeps the
 --                                   number too (a test compares the two)
 --
--- Inlined constants and predicates: the functions above and the row
--- predicates of sql/queues.sql are plain `language sql` with one SELECT of
--- an expression and no SET clause, so the planner inlines them and folds
--- the constants: they cost nothing at run time, where a call with a pinned
--- search_path costs microseconds. Safe without the pin because every
--- operator and function in their bodies is schema-qualified, they only
--- ever run inside the owner's pinned functions, and no runtime role may
--- execute them (tests/test_inlined_functions.py checks all three).
+-- Inlined constants and predicates: the functions below, the row
+-- predicates of sql/queues.sql and awa._has_lane_memo of sql/lanes.sql are
+-- plain `language sql` with one SELECT of an expression and no SET clause,
+-- so the planner inlines them and folds the constants: they cost nothing at
+-- run time, where a call with a pinned search_path costs microseconds. Safe
+-- without the pin because every operator and function in their bodies is
+-- schema-qualified, they read no table, they only ever run inside the
+-- owner's pinned functions, and no runtime role may execute them
+-- (tests/test_inlined_functions.py checks them).
+
+-- Function: awa._sticky(n integer) returns integer
+-- This backend's sticky index among n (0 .. n - 1): where its unkeyed jobs
+-- go first, whether the n are lanes, partitions or stripes, so that one
+-- producer's unkeyed jobs keep to one of them and producers spread over
+-- all. Stable, not immutable: it reads the backend's pid.
+create or replace function awa._sticky(n integer)
+returns integer
+language sql
+stable parallel safe
+as $$
+    select pg_catalog.pg_backend_pid() operator(pg_catalog.%) n
+$$;
 
 -- Function: awa._lock_class_lane() returns integer
 create or replace function awa._lock_class_lane()
@@ -238,6 +252,7 @@ begin
 end;
 $$;
 
+select awa._grant_execute('awa._sticky(integer)');
 select awa._grant_execute('awa._lock_class_lane()');
 select awa._grant_execute('awa._lock_class_provisioning()');
 select awa._grant_execute('awa._lock_class_autoscale()');

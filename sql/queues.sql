@@ -287,7 +287,7 @@ begin
         partition := case
             when ordering_key is not null
                 then awa.partition_for_ordering_key(ordering_key, anchor.partitions)
-            else pg_backend_pid() % anchor.partitions
+            else awa._sticky(anchor.partitions)
         end;
         if partition > 0 then
             target := awa._ensure_partition(anchor.queue, partition);
@@ -315,7 +315,7 @@ begin
         case
             when ordering_key is not null
                 then awa.stripe_for_ordering_key(ordering_key, anchor.stripes)
-            else pg_backend_pid() % anchor.stripes
+            else awa._sticky(anchor.stripes)
         end
     );
 end;

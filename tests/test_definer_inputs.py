@@ -18,16 +18,15 @@ RUNTIME_ROLES = ["awa_producer", "awa_worker", "awa_maintenance", "awa_operator"
 _STAGING = ("reads only its own transaction's staged rows (staged_xid, which producers cannot"
             " write; test_copy) and checks the payload columns like enqueue_batch's arrays")
 
-_MEMO_FLAG = ("whether the transaction has a lane memo, read only to choose between the fast"
-              " path and awa._take_lane, which choose alike; awa._take_lane checks the memo"
-              " itself (test_forged_state, test_lane_choice, test_path_differential)")
-
 ALLOWED = {
     ("awa._take_lane", "setting memo"):
         "the held-lane memo: believed only for a shard below S of the same (queue, priority)"
         " whose lock this transaction holds or takes now (test_forged_state)",
-    ("awa.enqueue", "setting 'awa.lane_memo'"): _MEMO_FLAG,
-    ("awa.enqueue_batch", "setting 'awa.lane_memo'"): _MEMO_FLAG,
+    ("awa._has_lane_memo", "setting 'awa.lane_memo'"):
+        "whether the transaction has a lane memo, read by the fast paths of awa.enqueue and"
+        " awa.enqueue_batch only to choose between them and awa._take_lane, which choose"
+        " alike; awa._take_lane checks the memo itself (test_forged_state, test_lane_choice,"
+        " test_path_differential)",
     ("awa._wait_for_lane", "setting 'awa.lane_lock_wait_us'"):
         "the wait total for the client's metric: a non-number counts as 0, and forging it"
         " misleads only the caller's own numbers (test_forged_state)",

@@ -1,10 +1,12 @@
 """The inlined constants and predicates: safe without a pinned search_path, free
 at run time, and the one home of their rule.
 
-The lock-class functions and the row predicates (awa._job_ok and its parts)
-are plain `language sql` without SET, so the planner inlines them. That is
-safe only while they are immutable, never SECURITY DEFINER, callable by the
-owner alone and schema-qualify every name (pgspot checks the last in
+The lock-class functions, the row predicates (awa._job_ok and its parts),
+awa._sticky and awa._has_lane_memo are plain `language sql` without SET, so
+the planner inlines them. That is safe only while they read no table (they
+are immutable, or stable for the backend's pid and a transaction-local
+setting), are never SECURITY DEFINER, are callable by the owner alone and
+schema-qualify every name (pgspot checks the last in
 test_lint); these tests check the rest, that the planner does inline them,
 that each awa._check_* raises exactly for the rows its predicate refuses, and
 that no other SQL file writes the rule or the number again.
@@ -42,7 +44,9 @@ def test_only_inlinable_owner_only_functions_go_without_a_pinned_search_path(db)
         names = [r[1] for r in rows]
         assert sorted(names) == sorted(INLINED_FUNCTIONS)
         for signature, name, language, volatility, definer, acl, owner, types in rows:
-            assert (language, volatility, definer) == ("sql", "i", False), signature
+            # Immutable, or stable where they read the backend's state (its
+            # pid, a transaction-local setting): never volatile, never tables.
+            assert (language, definer) == ("sql", False) and volatility in "is", signature
             # Only the owner's own grant: no runtime role, no PUBLIC.
             assert acl == f"{{{owner}=X/{owner}}}", (signature, acl)
             call = f"awa.{name}({', '.join(f'null::{t}' for t in types)})"

@@ -134,6 +134,12 @@ def test_random_crossed_batches_never_deadlock(crossed, first, second, held):
         assert [(r[1], r[2]) for r in call.result] == [(q, p) for q, p, _ in call.rows]
 
 
+def _lanes(conn, queue: str) -> list[int]:
+    return [r[0] for r in conn.execute(
+        "select l.lane_id from awa.lanes l join awa.queue_meta m using (queue_id)"
+        " where m.queue = %s and l.priority = 2 order by l.shard", [queue])]
+
+
 def test_a_call_waits_only_above_the_lanes_it_holds(db):
     """An unkeyed group whose lanes are all taken is served before a keyed
     group on a higher lane, so the call waits for it holding nothing, not
@@ -143,12 +149,8 @@ def test_a_call_waits_only_above_the_lanes_it_holds(db):
     with db.connect() as su:
         su.execute("select awa.set_enqueue_shards('low', 2)")
         su.execute("select awa.set_enqueue_shards('high', 1)")
-        low = [r[0] for r in su.execute(
-            "select l.lane_id from awa.lanes l join awa.queue_meta m using (queue_id)"
-            " where m.queue = 'low' and l.priority = 2 order by l.shard")]
-        high = su.execute(
-            "select l.lane_id from awa.lanes l join awa.queue_meta m using (queue_id)"
-            " where m.queue = 'high' and l.priority = 2").fetchone()[0]
+        low = _lanes(su, "low")
+        [high] = _lanes(su, "high")
     assert low[0] < low[1] < high
     with db.connect() as admin, db.connect(autocommit=False) as hold:
         for lane in low:
@@ -168,12 +170,6 @@ def test_a_call_waits_only_above_the_lanes_it_holds(db):
         hold.commit()
         call.join(timeout=30)
     assert call.error is None and len(call.result) == 2
-
-
-def _lanes(conn, queue: str) -> list[int]:
-    return [r[0] for r in conn.execute(
-        "select l.lane_id from awa.lanes l join awa.queue_meta m using (queue_id)"
-        " where m.queue = %s and l.priority = 2 order by l.shard", [queue])]
 
 
 UNKEYED = {
