@@ -27,36 +27,29 @@ from pathlib import Path
 import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from awa_sql import migrate
 from awa_sql.demo import embedded
-from awa_sql.roles import Roles
 from bench._pgbench import install_procrastinate
 from bench._server import machine
 from bench.claim_pgbench import QUEUE, preload_awa, preload_procrastinate
 from bench.enqueue_instructions import HIGH, LOW, _give_to_server, count
+from bench.enqueue_instructions import build as build_cluster
 
 PRELOAD = HIGH + 100
 
 
 def build(workdir: Path) -> tuple[Path, int]:
     """A stopped cluster with both queues preloaded; procrastinate's worker id."""
-    workdir.mkdir(parents=True)
-    _give_to_server(workdir)
-    server = embedded.LocalServer(embedded.ensure_binaries(18), workdir / "pgdata")
-    server.start()
-    try:
-        with psycopg.connect(server.dsn(), autocommit=True) as conn:
-            migrate.migrate(conn, Roles(), create_roles=True, log=lambda _line: None)
-            conn.execute("select awa.set_enqueue_shards(%s, 1)", [QUEUE])
-            install_procrastinate(conn)
-            worker = conn.execute(
-                "select worker_id from procrastinate_register_worker_v1()").fetchone()[0]
-            preload_awa(conn, PRELOAD)
-            preload_procrastinate(conn, PRELOAD)
-            conn.execute("checkpoint")
-    finally:
-        server.stop()
-    return workdir / "pgdata", worker
+    worker = []
+
+    def preload(conn: psycopg.Connection) -> None:
+        conn.execute("select awa.set_enqueue_shards(%s, 1)", [QUEUE])
+        install_procrastinate(conn)
+        worker.append(conn.execute(
+            "select worker_id from procrastinate_register_worker_v1()").fetchone()[0])
+        preload_awa(conn, PRELOAD)
+        preload_procrastinate(conn, PRELOAD)
+
+    return build_cluster(workdir, None, preload), worker[0]
 
 
 def cells(worker: int) -> dict[str, str]:

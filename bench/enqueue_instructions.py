@@ -34,6 +34,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import psycopg
@@ -70,8 +71,9 @@ def _give_to_server(path: Path) -> None:
         os.chown(path, user.pw_uid, user.pw_gid)
 
 
-def build(workdir: Path, revision: Path | None) -> Path:
-    """A stopped cluster with awa (today's, or `revision`'s) and the bench objects."""
+def build(workdir: Path, revision: Path | None,
+          prepare: Callable[[psycopg.Connection], None]) -> Path:
+    """A stopped cluster with awa (today's, or `revision`'s), then `prepare`'s objects."""
     workdir.mkdir(parents=True)
     _give_to_server(workdir)
     server = embedded.LocalServer(embedded.ensure_binaries(18), workdir / "pgdata")
@@ -84,15 +86,20 @@ def build(workdir: Path, revision: Path | None) -> Path:
         else:
             install_revision(dsn, revision)
         with psycopg.connect(dsn, autocommit=True) as conn:
-            setup(conn)
-            owner = Roles().owner
-            conn.execute(f"grant insert on public.bench_ceiling to {owner}")
-            conn.execute(f"grant usage on sequence public.bench_seq to {owner}")
-            conn.execute(f"alter function public.bench_floor(integer) owner to {owner}")
+            prepare(conn)
             conn.execute("checkpoint")
     finally:
         server.stop()
     return workdir / "pgdata"
+
+
+def bench_objects(conn: psycopg.Connection) -> None:
+    """bench/enqueue_pgbench.py's queues and floor, the floor owned like awa's functions."""
+    setup(conn)
+    owner = Roles().owner
+    conn.execute(f"grant insert on public.bench_ceiling to {owner}")
+    conn.execute(f"grant usage on sequence public.bench_seq to {owner}")
+    conn.execute(f"alter function public.bench_floor(integer) owner to {owner}")
 
 
 def count(pgdata: Path, statement: str, calls: int, out: Path) -> int:
@@ -143,10 +150,10 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="awa-instr-"))
     _give_to_server(work)
     try:
-        columns = {"now": build(work / "now", None)}
+        columns = {"now": build(work / "now", None, bench_objects)}
         if args.before:
             columns[f"at {args.before}"] = build(
-                work / "before", export_revision(args.before, work / "src"))
+                work / "before", export_revision(args.before, work / "src"), bench_objects)
         results: dict[str, dict[str, float]] = {}
         for label, pgdata in columns.items():
             outdir = work / f"out-{len(results)}"
