@@ -856,7 +856,7 @@ begin
 end;
 $function$;
 
-CREATE OR REPLACE FUNCTION awa._claim_merged(lane_ids integer[], heads bigint[], priorities smallint[], shards smallint[], queues text[], max_jobs integer, worker text, lease interval)
+CREATE OR REPLACE FUNCTION awa._claim_merged(queues text[], max_jobs integer, worker text, lease interval)
  RETURNS SETOF awa.claimed
  LANGUAGE plpgsql
  SET search_path TO 'pg_catalog', 'pg_temp'
@@ -878,13 +878,43 @@ declare
     one awa.claimed;
     hint_lanes integer[];
     hint_seqs bigint[];
+    -- Lane i: lane_ids[i] of lane_queues[i] at priorities[i] and shards[i],
+    -- read from heads[i] (awa.lane_heads; 0 without a hint).
+    lane_ids integer[];
+    heads bigint[];
+    priorities smallint[];
+    shards smallint[];
+    lane_queues text[];
 begin
+    select
+        array_agg(x.lane_id), array_agg(x.head_seq), array_agg(x.priority),
+        array_agg(x.shard), array_agg(x.queue)
+      into lane_ids, heads, priorities, shards, lane_queues
+      from (
+          -- Lanes of the named queues only, each hint looked up by key: a
+          -- generic plan must not scan every lane and hint.
+          select l.lane_id, l.priority, l.shard, m.queue, coalesce(h.head_seq, 0) as head_seq
+            from awa.queue_meta as m
+           cross join lateral (
+               select x.lane_id, x.priority, x.shard
+                 from awa.lanes as x
+                where x.queue_id = m.queue_id
+               offset 0
+           ) as l
+            left join awa.lane_heads as h on h.lane_id = l.lane_id
+           where (m.queue = any(queues) or m.logical_queue = any(queues)
+                  or m.root_queue = any(queues))
+             and not m.paused
+      ) as x;
+    if lane_ids is null then
+        return;
+    end if;
     loop
         with lanes as (
             select
                 x.lane_id, x.priority, x.shard, x.queue, x.head_seq,
                 width + greatest(3, 64 / cardinality(lane_ids)) as take
-              from unnest(lane_ids, heads, priorities, shards, queues)
+              from unnest(lane_ids, heads, priorities, shards, lane_queues)
                   as x (lane_id, head_seq, priority, shard, queue)
         ),
         ranked as (
@@ -2459,17 +2489,15 @@ CREATE OR REPLACE FUNCTION awa.claim(queues text[], max_jobs integer, worker tex
  SET enable_seqscan TO 'off'
 AS $function$
 declare
-    -- The lanes of the named, unpaused queues by priority, each with where
-    -- its live rows start (awa.lane_heads; 0 without a hint).
-    lane_ids integer[];
-    heads bigint[];
-    lane_priorities smallint[];
-    lane_shards smallint[];
-    lane_queues text[];
-    one_per_priority boolean;
-    stale boolean;
-    batch awa.claimed[];
+    first_queue integer;
+    last_queue integer;
+    queue_name text;
+    -- The lane at priority 1, shard 1: provisioned once the queue has had
+    -- S > 1, and with it a lane per priority at every shard below that S.
+    wide integer;
+    claimed record;
     one awa.claimed;
+    stale boolean := false;
     hint_lanes integer[];
     hint_seqs bigint[];
 begin
@@ -2485,110 +2513,98 @@ begin
         raise exception 'lease must be a positive interval, got %', coalesce(lease::text, 'null')
             using errcode = '22023';
     end if;
-    if max_jobs = 0 then
+    -- Aggregates, not the rows: one statement says whether the names resolve
+    -- to one physical queue, and which.
+    select min(m.queue_id), max(m.queue_id), min(m.queue), max(m.lane_ids[1][1])
+      into first_queue, last_queue, queue_name, wide
+      from awa.queue_meta as m
+     where (m.queue = any(queues) or m.logical_queue = any(queues) or m.root_queue = any(queues))
+       and not m.paused
+       and max_jobs > 0;
+    if first_queue is null then
         return;
     end if;
-    select
-        array_agg(x.lane_id), array_agg(x.head_seq), array_agg(x.priority),
-        array_agg(x.shard), array_agg(x.queue),
-        -- A sum of one bit per lane is their OR only when no two share a priority.
-        sum(1 << x.priority) = bit_or(1 << x.priority)
-      into lane_ids, heads, lane_priorities, lane_shards, lane_queues, one_per_priority
-      from (
-          -- Lanes of the named queues only, each hint looked up by key: a
-          -- generic plan must not scan every lane and hint.
-          select l.lane_id, l.priority, l.shard, m.queue, coalesce(h.head_seq, 0) as head_seq
-            from awa.queue_meta as m
-           cross join lateral (
-               select x.lane_id, x.priority, x.shard
-                 from awa.lanes as x
-                where x.queue_id = m.queue_id
-               offset 0
-           ) as l
-            left join awa.lane_heads as h on h.lane_id = l.lane_id
-           where (m.queue = any(queues) or m.logical_queue = any(queues)
-                  or m.root_queue = any(queues))
-             and not m.paused
-           order by l.priority, l.lane_id
-      ) as x;
-    if lane_ids is null then
+    if first_queue <> last_queue or wide is not null then
+        return query select * from awa._claim_merged(queues, max_jobs, worker, lease);
         return;
     end if;
-    if not one_per_priority then
-        return query select * from awa._claim_merged(
-            lane_ids, heads, lane_priorities, lane_shards, lane_queues, max_jobs, worker, lease
-        );
-        return;
-    end if;
-    with picked as (
-        -- Lane by lane in priority order, each from its head; the limits
-        -- stop the scan, and the locking, once max_jobs rows are locked.
-        select h.tid
-          from unnest(lane_ids, heads) as ln (lane_id, head_seq)
-         cross join lateral (
-             select r.ctid as tid
-               from awa.ready as r
-              where r.lane_id = ln.lane_id and r.lane_seq >= ln.head_seq
-              order by r.lane_seq
-              limit max_jobs
-                for update of r skip locked
-         ) as h
-         limit max_jobs
-    ),
-    moved as (
-        delete from awa.ready as r
-         using picked as p
-         where r.ctid = p.tid
-        returning r.*
-    ),
-    started as (
-        insert into awa.running (
-            job_id, run_lease, lane_id, lane_seq, queue_id, priority, kind, args,
-            ordering_key, attempt, max_attempts, enqueued_at, worker, lease_expires_at
+    -- Every lane of the queue (all at shard 0, so one per priority) in
+    -- priority order, each from its hint; the limits stop the scan, and the
+    -- locking, once max_jobs rows are locked.
+    for claimed in
+        with picked as (
+            select h.tid, l.shard, coalesce(hd.head_seq, 0) as head_seq
+              from awa.lanes as l
+              -- By key: a generic plan must not scan every hint.
+              left join lateral (
+                  select x.head_seq from awa.lane_heads as x where x.lane_id = l.lane_id
+                  offset 0
+              ) as hd on true
+             cross join lateral (
+                 select r.ctid as tid
+                   from awa.ready as r
+                  where r.lane_id = l.lane_id and r.lane_seq >= coalesce(hd.head_seq, 0)
+                  order by r.lane_seq
+                  limit max_jobs
+                    for update of r skip locked
+             ) as h
+             where l.queue_id = first_queue
+             order by l.priority, l.shard
+             limit max_jobs
+        ),
+        moved as (
+            delete from awa.ready as r
+             using picked as p
+             where r.ctid = p.tid
+            returning r.*, p.shard, p.head_seq, nextval('awa.run_lease_seq') as run_lease
+        ),
+        started as (
+            insert into awa.running (
+                job_id, run_lease, lane_id, lane_seq, queue_id, priority, kind, args,
+                ordering_key, attempt, max_attempts, enqueued_at, worker, lease_expires_at
+            )
+            select
+                m.job_id, m.run_lease, m.lane_id, m.lane_seq, m.queue_id, m.priority, m.kind,
+                m.args, m.ordering_key, m.attempt + 1, m.max_attempts, m.enqueued_at,
+                claim.worker, now() + claim.lease
+              from moved as m
         )
         select
-            m.job_id, nextval('awa.run_lease_seq'), m.lane_id, m.lane_seq, m.queue_id,
-            m.priority, m.kind, m.args, m.ordering_key, m.attempt + 1, m.max_attempts,
-            m.enqueued_at, claim.worker, now() + claim.lease
+            row(
+                m.job_id, m.run_lease, queue_name, m.priority, m.shard, m.lane_seq, m.kind,
+                m.args, m.attempt + 1, m.max_attempts, m.ordering_key
+            )::awa.claimed as job,
+            -- 64 or more past its lane's hint: the hint may move.
+            m.lane_seq >= m.head_seq + 64 as far
           from moved as m
          order by m.priority, m.lane_seq
-        returning awa.running.*
-    )
-    select
-        array(
-            select row(
-                s.job_id, s.run_lease, lane_queues[array_position(lane_ids, s.lane_id)],
-                s.priority, lane_shards[array_position(lane_ids, s.lane_id)], s.lane_seq,
-                s.kind, s.args, s.attempt, s.max_attempts, s.ordering_key
-            )::awa.claimed
-              from started as s
-             order by s.priority, s.run_lease
-        ),
-        -- A row claimed 64 or more past its lane's hint: the hint may move.
-        (select bool_or(s.lane_seq >= heads[array_position(lane_ids, s.lane_id)] + 64)
-           from started as s)
-      into batch, stale;
+    loop
+        one := claimed.job;
+        return next one;
+        stale := stale or claimed.far;
+    end loop;
     if stale then
         -- Each lane's first row still visible (held by a claim in flight, or
         -- free) is its new head when 64 or more past the hint.
-        select array_agg(ln.lane_id order by ln.lane_id), array_agg(f.lane_seq order by ln.lane_id)
+        select array_agg(l.lane_id order by l.lane_id), array_agg(f.lane_seq order by l.lane_id)
           into hint_lanes, hint_seqs
-          from unnest(lane_ids, heads) as ln (lane_id, head_seq)
+          from awa.lanes as l
+          left join lateral (
+              select x.head_seq from awa.lane_heads as x where x.lane_id = l.lane_id
+              offset 0
+          ) as hd on true
          cross join lateral (
              select r.lane_seq
                from awa.ready as r
-              where r.lane_id = ln.lane_id and r.lane_seq >= ln.head_seq
+              where r.lane_id = l.lane_id and r.lane_seq >= coalesce(hd.head_seq, 0)
               order by r.lane_seq
               limit 1
          ) as f
-         where f.lane_seq >= ln.head_seq + 64;
+         where l.queue_id = first_queue and f.lane_seq >= coalesce(hd.head_seq, 0) + 64;
         if hint_lanes is not null then
             perform awa._advance_lane_heads(hint_lanes, hint_seqs);
         end if;
     end if;
-    foreach one in array batch loop
-        return next one;
-    end loop;
 end;
 $function$;
 

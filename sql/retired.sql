@@ -17,3 +17,7 @@ drop function if exists awa._enqueue_slow(
     text, text, jsonb, smallint, bytea, timestamptz, integer
 );
 drop function if exists awa._lock_lanes(integer[], smallint[], smallint[]);
+-- Unreleased: awa._claim_merged looks up its lanes itself (ADR 019).
+drop function if exists awa._claim_merged(
+    integer[], bigint[], smallint[], smallint[], text[], integer, text, interval
+);

@@ -1,5 +1,6 @@
-"""awa.claim's lane-by-lane path (no two lanes of its queues share a
-priority) against the general path, awa._claim_merged, fed the same lanes.
+"""awa.claim's lane-by-lane path (one queue that has only had S = 1, so one
+lane per priority) against the general path, awa._claim_merged, fed the same
+queues.
 
 Random states (jobs over the four priorities, a prefix deleted for good, a
 hint at 0, missing or at the first row, rows another transaction holds) go
@@ -88,17 +89,9 @@ def test_lane_by_lane_claims_what_the_merge_claims(db, admin, s):
     held = [ready[i] for i in s["held"] if i < len(ready)]
     with db.connect(autocommit=False) as holder, db.connect(autocommit=False) as conn:
         holder.execute("select from awa.ready where job_id = any(%s) for update", [held])
-        lanes = conn.execute(
-            "select array_agg(l.lane_id order by l.priority),"
-            "       array_agg(coalesce(h.head_seq, 0) order by l.priority),"
-            "       array_agg(l.priority order by l.priority),"
-            "       array_agg(l.shard order by l.priority), array_agg(m.queue order by l.priority)"
-            "  from awa.lanes l join awa.queue_meta m using (queue_id)"
-            "  left join awa.lane_heads h using (lane_id) where m.queue = %s", [QUEUE]).fetchone()
-        conn.rollback()
         fast = _run(conn, "awa.claim(%s, %s, 'w')", [[QUEUE], s["max_jobs"]])
-        general = _run(conn, "awa._claim_merged(%s, %s, %s, %s, %s, %s, 'w', '5 minutes')",
-                       [*lanes, s["max_jobs"]])
+        general = _run(conn, "awa._claim_merged(%s, %s, 'w', '5 minutes')",
+                       [[QUEUE], s["max_jobs"]])
         oracle = [j for _, _, j in sorted(
             (p, j, j) for p, j in admin.execute(
                 "select priority, job_id from awa.ready where job_id <> all(%s)", [held]))]
@@ -124,9 +117,13 @@ def test_the_merge_runs_only_when_lanes_share_a_priority(db):
         su.execute("select awa.set_enqueue_shards('one', 1)")
         su.execute("select awa.set_enqueue_shards('other', 1)")
         su.execute("select awa.set_enqueue_shards('four', 4)")
-        for q in ("one", "other", "four"):
+        # Back at S = 1, but its shard 1 lanes may still drain.
+        su.execute("select awa.set_enqueue_shards('lowered', 2)")
+        su.execute("select awa.set_enqueue_shards('lowered', 1)")
+        for q in ("one", "other", "four", "lowered"):
             su.execute("select awa.enqueue(%s, 'k')", [q])
-    for queues, merged in ((["one"], 0), (["four"], 1), (["one", "other"], 1)):
+    for queues, merged in ((["one"], 0), (["one", "one"], 0), (["four"], 1),
+                           (["one", "other"], 1), (["lowered"], 1)):
         with db.connect(autocommit=False) as conn:
             try:
                 assert _merged_calls(conn, queues, 1) == merged, queues
@@ -134,5 +131,4 @@ def test_the_merge_runs_only_when_lanes_share_a_priority(db):
                 conn.rollback()
     with pytest.raises(psycopg.errors.InsufficientPrivilege), db.connect() as su:
         su.execute("set role awa_worker")
-        su.execute("select from awa._claim_merged('{1}', '{0}', '{2}', '{0}', '{q}', 1, 'w',"
-                   " '1 minute')")
+        su.execute("select from awa._claim_merged('{q}', 1, 'w', '1 minute')")
