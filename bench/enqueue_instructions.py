@@ -94,12 +94,8 @@ def build(workdir: Path, revision: Path | None,
 
 
 def bench_objects(conn: psycopg.Connection) -> None:
-    """bench/enqueue_pgbench.py's queues and floor, the floor owned like awa's functions."""
+    """bench/enqueue_pgbench.py's queues and floors, owned like awa's functions."""
     setup(conn)
-    owner = Roles().owner
-    conn.execute(f"grant insert on public.bench_ceiling to {owner}")
-    conn.execute(f"grant usage on sequence public.bench_seq to {owner}")
-    conn.execute(f"alter function public.bench_floor(integer) owner to {owner}")
 
 
 def count(pgdata: Path, statement: str, calls: int, out: Path) -> int:

@@ -5,6 +5,10 @@ Cells, each at 1 and 16 clients, synchronous commit on, fsync on:
   ceiling        a plain INSERT of one job-shaped row into a table like awa.ready
   floor          the same INSERT inside a SECURITY DEFINER PL/pgSQL function
                  with a pinned search_path: the best any function contract can do
+  lane floor S=N the floor holding one of N advisory locks through its commit
+                 (its own first, any free one next, else it waits for its own):
+                 the best any design can do that keeps lane order = commit
+                 order with N lanes (--only lane)
   enqueue S=N    awa.enqueue, unkeyed, into a queue at S = 1, 8, 16
   keyed S=N      awa.enqueue with an ordering key drawn from 100,000
   batch INSERT   one INSERT of 100 rows into the ceiling table
@@ -32,6 +36,7 @@ from pathlib import Path
 import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from awa_sql.roles import Roles
 from bench._pgbench import Cell, Grid, install_procrastinate, pgbench_version, table
 from bench._server import bench_server, install_enqueue_before, machine
 
@@ -43,6 +48,8 @@ ROW = ("(lane_id, lane_seq, job_id, queue_id, priority, kind, args, attempt, max
        " enqueued_at, ready_at)")
 VALUES = ("nextval('public.bench_seq'), currval('public.bench_seq'), 1, 2, 'bench.job', '{}',"
           " 0, 25, now(), clock_timestamp()")
+# The lane floor's advisory lock class: not awa's (1635213644 and nearby).
+LANE_FLOOR_LOCKS = 4242
 PROCRASTINATE_JOB = ("row('default', 'bench.job', 0, null, null, '{}'::jsonb, null)"
                      "::procrastinate_job_to_defer_v1")
 
@@ -55,6 +62,24 @@ def setup(conn: psycopg.Connection) -> str:
         " language plpgsql security definer set search_path = pg_catalog, pg_temp as $$"
         f" begin insert into public.bench_ceiling {ROW} values (client, {VALUES});"
         " return currval('public.bench_seq'); end $$")
+    conn.execute(
+        "create function bench_lane_floor(client integer, lanes integer) returns bigint"
+        " language plpgsql security definer set search_path = pg_catalog, pg_temp as $$"
+        " declare own integer := client % lanes; got boolean := false; begin"
+        " for i in 0 .. lanes - 1 loop"
+        f"   got := pg_try_advisory_xact_lock({LANE_FLOOR_LOCKS}, (own + i) % lanes);"
+        "   exit when got;"
+        " end loop;"
+        f" if not got then perform pg_advisory_xact_lock({LANE_FLOOR_LOCKS}, own); end if;"
+        f" insert into public.bench_ceiling {ROW} values (client, {VALUES});"
+        " return currval('public.bench_seq'); end $$")
+    # Owned like awa's functions: a superuser's definer skips the EXECUTE
+    # check of every function it sets up, which would flatter the floors.
+    owner = Roles().owner
+    conn.execute(f"grant insert on public.bench_ceiling to {owner}")
+    conn.execute(f"grant usage on sequence public.bench_seq to {owner}")
+    conn.execute(f"alter function public.bench_floor(integer) owner to {owner}")
+    conn.execute(f"alter function public.bench_lane_floor(integer, integer) owner to {owner}")
     for s in sorted({*SHARDS, *BATCH_SHARDS}):
         conn.execute("select awa.set_enqueue_shards(%s, %s)", [f"bench_s{s}", s])
     return install_procrastinate(conn)
@@ -70,6 +95,8 @@ def cells(before: bool = False) -> list[Cell]:
         Cell("ceiling", f"insert into bench_ceiling {ROW} values (:client_id, {VALUES});"),
         Cell("floor", "select bench_floor(:client_id);"),
     ]
+    out += [Cell(f"lane floor S={s}", f"select bench_lane_floor(:client_id, {s});")
+            for s in SHARDS]
     out += [Cell(f"enqueue S={s}", f"select awa.enqueue('bench_s{s}', 'bench.job');")
             for s in SHARDS]
     if before:
