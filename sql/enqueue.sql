@@ -457,21 +457,21 @@ begin
             -- awa._insert_jobs for one lane range, written out: building its
             -- arrays and calling it cost this path about a fifth more server
             -- CPU (docs/benchmarks.md, "One home per SQL rule").
+            -- The rows come back in input order without a sort: the executor
+            -- inserts each row as the unnest yields it (array order) and
+            -- returns it at once. PostgreSQL does not document that order;
+            -- tests/test_path_differential.py checks it on every major we
+            -- support (ADR 020).
             return query
-            with ins as (
-                insert into awa.ready (
-                    lane_id, lane_seq, job_id, queue_id, priority, kind, args, ordering_key,
-                    attempt, max_attempts, enqueued_at, ready_at
-                )
-                select lane, base + u.i - 1, nextval('awa.job_id_seq'),
-                       q_id, p, u.k, coalesce(u.a, '{}'), null, 0, attempts, now(),
-                       clock_timestamp()
-                  from unnest(kinds, args) with ordinality as u (k, a, i)
-                returning awa.ready.job_id, awa.ready.lane_seq
+            insert into awa.ready (
+                lane_id, lane_seq, job_id, queue_id, priority, kind, args, ordering_key,
+                attempt, max_attempts, enqueued_at, ready_at
             )
-            select ins.job_id, queues[1], p, shard, ins.lane_seq
-              from ins
-             order by ins.lane_seq;
+            select lane, base + u.i - 1, nextval('awa.job_id_seq'),
+                   q_id, p, u.k, coalesce(u.a, '{}'), null, 0, attempts, now(),
+                   clock_timestamp()
+              from unnest(kinds, args) with ordinality as u (k, a, i)
+            returning awa.ready.job_id, queues[1], p, shard, awa.ready.lane_seq;
             return;
         end if;
     end if;

@@ -107,6 +107,14 @@ def _normalise(stored):
                    *r[5:]) for r in stored)
 
 
+def _in_returned_order(returned, stored):
+    """The stored rows, without id and lane_seq, in the order the call returned their ids."""
+    if returned is None:
+        return None
+    by_id = {r[0]: (*r[1:4], *r[5:]) for r in stored}
+    return [by_id.get(r[0]) for r in returned]
+
+
 def _without_ids(outcome):
     if outcome[0] != "ok":
         return outcome
@@ -118,7 +126,7 @@ def _attempt(conn, steps):
     try:
         returned = steps(conn)
         stored = conn.execute(STORED).fetchall()
-        outcome = ("ok", _normalise(stored), len(returned) if returned is not None else None)
+        outcome = ("ok", _normalise(stored), _in_returned_order(returned, stored))
     except psycopg.Error as err:
         outcome = ("error", err.sqlstate, err.diag.message_primary)
     conn.rollback()
