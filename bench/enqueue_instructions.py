@@ -72,7 +72,7 @@ def _give_to_server(path: Path) -> None:
 
 
 def build(workdir: Path, revision: Path | None,
-          prepare: Callable[[psycopg.Connection], None]) -> Path:
+          prepare: Callable[[psycopg.Connection], object]) -> Path:
     """A stopped cluster with awa (today's, or `revision`'s), then `prepare`'s objects."""
     workdir.mkdir(parents=True)
     _give_to_server(workdir)
@@ -91,11 +91,6 @@ def build(workdir: Path, revision: Path | None,
     finally:
         server.stop()
     return workdir / "pgdata"
-
-
-def bench_objects(conn: psycopg.Connection) -> None:
-    """bench/enqueue_pgbench.py's queues and floors, owned like awa's functions."""
-    setup(conn)
 
 
 def count(pgdata: Path, statement: str, calls: int, out: Path) -> int:
@@ -146,10 +141,10 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="awa-instr-"))
     _give_to_server(work)
     try:
-        columns = {"now": build(work / "now", None, bench_objects)}
+        columns = {"now": build(work / "now", None, setup)}
         if args.before:
             columns[f"at {args.before}"] = build(
-                work / "before", export_revision(args.before, work / "src"), bench_objects)
+                work / "before", export_revision(args.before, work / "src"), setup)
         results: dict[str, dict[str, float]] = {}
         for label, pgdata in columns.items():
             outdir = work / f"out-{len(results)}"
