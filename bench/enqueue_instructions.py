@@ -14,6 +14,8 @@ Cells (single row, as in bench/enqueue_pgbench.py):
                  owned like awa's functions (by the owner role, not a superuser)
   enqueue S=N    awa.enqueue, unkeyed, at S = 1 and 16
   keyed S=16     awa.enqueue with an ordering key
+  busy S=8       awa.enqueue at S = 8 with its sticky lane held by another
+                 transaction (a prepared one): the call takes the next lane
   batch INSERT   one INSERT of 100 rows into the ceiling's table, per job
   batch S=16     awa.enqueue_batch of 100 rows at S = 16, per job
 
@@ -55,6 +57,7 @@ CELLS = {
     "enqueue S=1": "select awa.enqueue('bench_s1', 'bench.job')",
     "enqueue S=16": "select awa.enqueue('bench_s16', 'bench.job')",
     "keyed S=16": "select awa.enqueue('bench_s16', 'bench.job', ordering_key => 'customer-42')",
+    "busy S=8": "select awa.enqueue('bench_s8', 'bench.job')",
     "batch INSERT / 100": (f"insert into bench_ceiling {ROW} select 1, {VALUES}"
                            f" from generate_series(1, {BATCH})"),
     "batch S=16 / 100": ("select count(*) from awa.enqueue_batch("
@@ -62,6 +65,17 @@ CELLS = {
                          f" array_fill('bench.job'::text, array[{BATCH}]))"),
 }
 PER_JOB = {"batch INSERT / 100": BATCH, "batch S=16 / 100": BATCH}
+# A prepared transaction holds this backend's sticky lane of bench_s8
+# while the cell runs (it outlives the statement that took it, as another
+# producer's open transaction would), and is rolled back after.
+HOLD_STICKY = {
+    "busy S=8": (
+        "begin; select pg_advisory_xact_lock(awa._lock_class_lane(),"
+        " m.lane_ids[2][awa._sticky(8)]) from awa.queue_meta as m where m.queue = 'bench_s8';"
+        " prepare transaction 'busy';\n",
+        "rollback prepared 'busy';\n",
+    ),
+}
 
 
 def _give_to_server(path: Path) -> None:
@@ -93,12 +107,17 @@ def build(workdir: Path, revision: Path | None,
     return workdir / "pgdata"
 
 
-def count(pgdata: Path, statement: str, calls: int, out: Path) -> int:
-    """Instructions of a single-user backend that runs `statement` `calls` times."""
+def count(pgdata: Path, statement: str, calls: int, out: Path,
+          around: tuple[str, str] = ("", "")) -> int:
+    """Instructions of a single-user backend that runs `statement` `calls` times.
+
+    `around` is a line run before the calls and one run after them.
+    """
     if "\n" in statement:
         raise ValueError("a single-user backend reads one line per command: join the lines")
     script = out.with_suffix(".sql")
-    script.write_text(f"prepare p as {statement};\n" + "execute p;\n" * calls)
+    script.write_text(around[0] + f"prepare p as {statement};\n" + "execute p;\n" * calls
+                      + around[1])
     _give_to_server(script)
     _give_to_server(out.parent)
     user = embedded.server_os_user()
@@ -107,7 +126,8 @@ def count(pgdata: Path, statement: str, calls: int, out: Path) -> int:
         proc = subprocess.run(
             ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
              str(embedded.ensure_binaries(18) / "postgres"), "--single", "-D", str(pgdata),
-             "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "jit=off", "postgres"],
+             "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "jit=off",
+             "-c", "max_prepared_transactions=2", "postgres"],
             stdin=stdin, capture_output=True, text=True, cwd="/", check=False, **ids)
     found = re.search(r"Collected : (\d+)", proc.stderr)
     if proc.returncode != 0 or not found or "ERROR:" in proc.stdout + proc.stderr:
@@ -117,8 +137,9 @@ def count(pgdata: Path, statement: str, calls: int, out: Path) -> int:
 
 def per_call(pgdata: Path, name: str, outdir: Path) -> float:
     tag = re.sub(r"\W+", "_", name)
-    low = count(pgdata, CELLS[name], LOW, outdir / f"{tag}_{LOW}.out")
-    high = count(pgdata, CELLS[name], HIGH, outdir / f"{tag}_{HIGH}.out")
+    around = HOLD_STICKY.get(name, ("", ""))
+    low = count(pgdata, CELLS[name], LOW, outdir / f"{tag}_{LOW}.out", around)
+    high = count(pgdata, CELLS[name], HIGH, outdir / f"{tag}_{HIGH}.out", around)
     return (high - low) / (HIGH - LOW) / PER_JOB.get(name, 1)
 
 

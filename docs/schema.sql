@@ -1313,6 +1313,14 @@ begin
 end;
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._in_turn(n integer, i integer)
+ RETURNS integer
+ LANGUAGE sql
+ STABLE PARALLEL SAFE
+AS $function$
+    select (awa._sticky(n) operator(pg_catalog.+) i) operator(pg_catalog.%) n
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._insert_jobs(lanes integer[], seqs bigint[], queue_ids integer[], priorities smallint[], kinds text[], args jsonb[], ordering_keys bytea[], max_attempts integer[], run_ats timestamp with time zone[], job_ids bigint[] DEFAULT NULL::bigint[], attempts integer[] DEFAULT NULL::integer[], enqueued_ats timestamp with time zone[] DEFAULT NULL::timestamp with time zone[], last_errors text[] DEFAULT NULL::text[])
  RETURNS SETOF bigint
  LANGUAGE plpgsql
@@ -1395,6 +1403,15 @@ begin
     h := awa._hash64_limbs(key);
     return ((h[1] % shards) * (4294967296 % shards) + h[2] % shards) % shards;
 end;
+$function$;
+
+CREATE OR REPLACE FUNCTION awa._lane_memo_name(queue_id integer, priority smallint)
+ RETURNS text
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+    select 'awa.lane_' operator(pg_catalog.||) queue_id::pg_catalog.text
+           operator(pg_catalog.||) '_' operator(pg_catalog.||) priority::pg_catalog.text
 $function$;
 
 CREATE OR REPLACE FUNCTION awa._lane_next_seq(lane_id integer)
@@ -2361,7 +2378,7 @@ CREATE OR REPLACE FUNCTION awa._take_lane(lane_ids integer[], queue_id integer, 
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
 declare
-    memo text := 'awa.lane_' || queue_id || '_' || priority;
+    memo text := awa._lane_memo_name(queue_id, priority);
     held text;
     shard integer;
     target integer;
@@ -2384,7 +2401,7 @@ begin
             -- The sticky lane is taken: the next free one in turn, else wait
             -- for the first one in turn above `above`.
             for i in 0 .. shards - 1 loop
-                shard := (awa._sticky(shards) + i) % shards;
+                shard := awa._in_turn(shards, i);
                 exit when pg_try_advisory_xact_lock(
                     awa._lock_class_lane(), lane_ids[priority][shard]
                 );
@@ -2652,7 +2669,8 @@ declare
     routed text;  -- the partition or stripe a routed name went to
     new_seq bigint;
     new_job bigint;
-    fast boolean := false;
+    fast boolean;  -- null: the general way; false: the sticky lane is taken
+    memo text;
 begin
     if ordering_key is null then
         select m.queue_id, m.enqueue_shards, awa._sticky(m.enqueue_shards),
@@ -2664,47 +2682,67 @@ begin
         -- With a lane memo (sql/lanes.sql) the lane is awa._take_lane's to
         -- choose. A priority out of range finds no lane, and
         -- pg_try_advisory_xact_lock of null is null.
-        fast := coalesce(
-            found and awa._job_ok(queue, kind, priority, max_attempts)
-            and (run_at is null or run_at <= now())
-            and not awa._has_lane_memo()
-            and pg_try_advisory_xact_lock(awa._lock_class_lane(), lane),
-            false
-        );
+        fast := case when found and awa._job_ok(queue, kind, priority, max_attempts)
+                               and (run_at is null or run_at <= now())
+                               and not awa._has_lane_memo()
+                          then coalesce(pg_try_advisory_xact_lock(awa._lock_class_lane(), lane),
+                                        false)
+                     end;
     end if;
-    if not fast then
-        if not awa._job_ok(queue, kind, priority, max_attempts) then
-            perform awa._check_job(queue, kind, priority, max_attempts);
-        end if;
-        -- S again, with the lanes (whole arrays are cheap to read, not to
-        -- subscript: the fast way reads its one lane in SQL).
-        select m.queue_id, m.enqueue_shards, m.lane_ids, m.lane_seqs
-          into q_id, shards, lane_ids, lane_seqs
-          from awa.queue_meta as m
-         where m.queue = enqueue.queue and m.stripes = 1 and m.partitions = 1;
-        if not found or (run_at is not null and run_at > now()) then
-            -- A stripe's own name ('q#1') never gets here: awa._job_ok refuses '#'.
-            select m.queue_id, m.enqueue_shards, m.lane_ids, m.lane_seqs, m.queue
-              into q_id, shards, lane_ids, lane_seqs, routed
-              from awa._route_queue(awa._ensure_queue(queue), ordering_key) as m;
-            if run_at is not null and run_at > now() then
-                new_job := nextval('awa.job_id_seq');
-                insert into awa.scheduled (
-                    job_id, queue_id, priority, kind, args, ordering_key, attempt, max_attempts,
-                    enqueued_at, run_at
-                ) values (
-                    new_job, q_id, enqueue.priority, enqueue.kind, coalesce(enqueue.args, '{}'),
-                    enqueue.ordering_key, 0, enqueue.max_attempts, now(), enqueue.run_at
-                );
-                return row(new_job, coalesce(routed, enqueue.queue), enqueue.priority, null, null)
-                    ::awa.enqueued;
+    if fast is not true then
+        if fast is false then
+            -- The sticky lane is taken: the first free lane in turn, as
+            -- awa._take_lane tries them (S and the lanes read again), and a
+            -- memo for it. With none free, the general way waits.
+            select m.enqueue_shards, m.lane_ids, m.lane_seqs into shards, lane_ids, lane_seqs
+              from awa.queue_meta as m
+             where m.queue_id = q_id;
+            for i in 0 .. shards - 1 loop
+                shard := awa._in_turn(shards, i);
+                fast := pg_try_advisory_xact_lock(awa._lock_class_lane(), lane_ids[priority][shard]);
+                exit when fast;
+            end loop;
+            if fast then
+                lane := lane_ids[priority][shard];
+                seq := lane_seqs[priority][shard];
+                memo := set_config(awa._lane_memo_name(q_id, priority), shard::text, true)
+                        || set_config('awa.lane_memo', 'on', true);
             end if;
         end if;
-        shard := awa._take_lane(
-            lane_ids, q_id, priority, shards, awa._key_shard(ordering_key, shards), 0
-        );
-        lane := lane_ids[priority][shard];
-        seq := lane_seqs[priority][shard];
+        if fast is not true then
+            if not awa._job_ok(queue, kind, priority, max_attempts) then
+                perform awa._check_job(queue, kind, priority, max_attempts);
+            end if;
+            -- S again, with the lanes (whole arrays are cheap to read, not to
+            -- subscript: the fast way reads its one lane in SQL).
+            select m.queue_id, m.enqueue_shards, m.lane_ids, m.lane_seqs
+              into q_id, shards, lane_ids, lane_seqs
+              from awa.queue_meta as m
+             where m.queue = enqueue.queue and m.stripes = 1 and m.partitions = 1;
+            if not found or (run_at is not null and run_at > now()) then
+                -- A stripe's own name ('q#1') never gets here: awa._job_ok refuses '#'.
+                select m.queue_id, m.enqueue_shards, m.lane_ids, m.lane_seqs, m.queue
+                  into q_id, shards, lane_ids, lane_seqs, routed
+                  from awa._route_queue(awa._ensure_queue(queue), ordering_key) as m;
+                if run_at is not null and run_at > now() then
+                    new_job := nextval('awa.job_id_seq');
+                    insert into awa.scheduled (
+                        job_id, queue_id, priority, kind, args, ordering_key, attempt, max_attempts,
+                        enqueued_at, run_at
+                    ) values (
+                        new_job, q_id, enqueue.priority, enqueue.kind, coalesce(enqueue.args, '{}'),
+                        enqueue.ordering_key, 0, enqueue.max_attempts, now(), enqueue.run_at
+                    );
+                    return row(new_job, coalesce(routed, enqueue.queue), enqueue.priority, null, null)
+                        ::awa.enqueued;
+                end if;
+            end if;
+            shard := awa._take_lane(
+                lane_ids, q_id, priority, shards, awa._key_shard(ordering_key, shards), 0
+            );
+            lane := lane_ids[priority][shard];
+            seq := lane_seqs[priority][shard];
+        end if;
     end if;
     insert into awa.ready (
         lane_id, lane_seq, job_id, queue_id, priority, kind, args, ordering_key, attempt,

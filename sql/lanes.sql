@@ -4,8 +4,9 @@
 -- for one row, awa._lock_lane_groups for the groups of a multi-row call
 -- (awa.enqueue_batch, COPY, awa.promote_due). The fast paths of awa.enqueue
 -- and awa.enqueue_batch repeat its commonest case, the sticky lane taken
--- with no memo (tests/test_path_differential.py and test_lane_choice.py
--- compare).
+-- with no memo, and awa.enqueue its next, the first free lane in turn
+-- (awa._in_turn) with a memo written (tests/test_path_differential.py and
+-- test_lane_choice.py compare).
 --
 -- No two lane-locking calls can deadlock each other: a call waits for a
 -- lane lock only when that lane's id is above every lane lock it holds, and
@@ -16,7 +17,8 @@
 --
 -- The memo: a transaction that already holds a lane for (queue, priority)
 -- keeps writing to it. The shard of that lane is kept in the
--- transaction-local setting awa.lane_<queue id>_<priority>. Any role can set
+-- transaction-local setting awa.lane_<queue id>_<priority>
+-- (awa._lane_memo_name). Any role can set
 -- a custom setting, so the memo is only a hint: it is believed for a shard
 -- below S of the same (queue, priority) whose lock this transaction holds
 -- or takes now with a try-lock. A forged memo can at most send the caller's
@@ -31,7 +33,8 @@
 
 -- Function: awa._has_lane_memo() returns boolean
 -- Whether this transaction has a lane memo: awa.lane_memo, which
--- awa._take_lane sets with every memo it writes. The fast paths read it to
+-- awa._take_lane and awa.enqueue set with every memo they write. The fast
+-- paths read it to
 -- know whether to leave the lane to awa._take_lane.
 create or replace function awa._has_lane_memo()
 returns boolean
@@ -40,6 +43,18 @@ stable parallel safe
 as $$
     select coalesce(pg_catalog.current_setting('awa.lane_memo', true), '')
            operator(pg_catalog.<>) ''
+$$;
+
+-- Function: awa._lane_memo_name(queue_id integer, priority smallint) returns text
+-- The name of the transaction-local setting that holds the lane memo of
+-- (queue, priority): the shard of the lane this transaction writes to.
+create or replace function awa._lane_memo_name(queue_id integer, priority smallint)
+returns text
+language sql
+immutable parallel safe
+as $$
+    select 'awa.lane_' operator(pg_catalog.||) queue_id::pg_catalog.text
+           operator(pg_catalog.||) '_' operator(pg_catalog.||) priority::pg_catalog.text
 $$;
 
 -- Function: awa._lane_seq_name(lane_id integer) returns text
@@ -109,7 +124,7 @@ language plpgsql
 set search_path = pg_catalog, pg_temp
 as $$
 declare
-    memo text := 'awa.lane_' || queue_id || '_' || priority;
+    memo text := awa._lane_memo_name(queue_id, priority);
     held text;
     shard integer;
     target integer;
@@ -132,7 +147,7 @@ begin
             -- The sticky lane is taken: the next free one in turn, else wait
             -- for the first one in turn above `above`.
             for i in 0 .. shards - 1 loop
-                shard := (awa._sticky(shards) + i) % shards;
+                shard := awa._in_turn(shards, i);
                 exit when pg_try_advisory_xact_lock(
                     awa._lock_class_lane(), lane_ids[priority][shard]
                 );
@@ -285,3 +300,4 @@ select awa._grant_execute(
 );
 select awa._grant_execute('awa._lock_lane_groups(integer[], smallint[], smallint[], bigint[])');
 select awa._grant_execute('awa._has_lane_memo()');
+select awa._grant_execute('awa._lane_memo_name(integer, smallint)');

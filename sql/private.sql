@@ -46,6 +46,18 @@ as $$
     select pg_catalog.pg_backend_pid() operator(pg_catalog.%) n
 $$;
 
+-- Function: awa._in_turn(n integer, i integer) returns integer
+-- The index this backend tries i-th among n (i = 0 .. n - 1): its sticky
+-- index first, then the next ones, wrapping. Every path that looks for a
+-- free lane walks them in this order.
+create or replace function awa._in_turn(n integer, i integer)
+returns integer
+language sql
+stable parallel safe
+as $$
+    select (awa._sticky(n) operator(pg_catalog.+) i) operator(pg_catalog.%) n
+$$;
+
 -- Function: awa._lock_class_lane() returns integer
 create or replace function awa._lock_class_lane()
 returns integer
@@ -253,6 +265,7 @@ end;
 $$;
 
 select awa._grant_execute('awa._sticky(integer)');
+select awa._grant_execute('awa._in_turn(integer, integer)');
 select awa._grant_execute('awa._lock_class_lane()');
 select awa._grant_execute('awa._lock_class_provisioning()');
 select awa._grant_execute('awa._lock_class_autoscale()');
