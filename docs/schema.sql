@@ -1434,6 +1434,20 @@ AS $function$
     select 'lane_seq_' || lane_id
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._lane_wait_total(started timestamp with time zone, finished timestamp with time zone)
+ RETURNS text
+ LANGUAGE sql
+ STABLE PARALLEL SAFE
+AS $function$
+    select ((case when pg_catalog.current_setting('awa.lane_lock_wait_us', true)
+                       operator(pg_catalog.~) '^[0-9]{1,15}$'
+                  then pg_catalog.current_setting('awa.lane_lock_wait_us', true)::pg_catalog.int8
+                  else 0 end)
+            operator(pg_catalog.+)
+            (pg_catalog.date_part('epoch', finished operator(pg_catalog.-) started)
+             operator(pg_catalog.*) 1000000)::pg_catalog.int8)::pg_catalog.text
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._limbs_mod(limbs bigint[], m integer)
  RETURNS integer
  LANGUAGE sql
@@ -2449,14 +2463,10 @@ CREATE OR REPLACE FUNCTION awa._wait_for_lane(lane_id integer)
 AS $function$
 declare
     started timestamptz := pg_catalog.clock_timestamp();
-    waited text := pg_catalog.current_setting('awa.lane_lock_wait_us', true);
 begin
     perform pg_catalog.pg_advisory_xact_lock(awa._lock_class_lane(), lane_id);
     perform pg_catalog.set_config(
-        'awa.lane_lock_wait_us',
-        ((case when waited operator(pg_catalog.~) '^[0-9]{1,15}$' then waited::bigint else 0 end)
-         + (extract(epoch from pg_catalog.clock_timestamp() - started) * 1000000)::bigint)::text,
-        true
+        'awa.lane_lock_wait_us', awa._lane_wait_total(started, pg_catalog.clock_timestamp()), true
     );
 end;
 $function$;
@@ -2671,6 +2681,7 @@ declare
     new_job bigint;
     fast boolean;  -- null: the general way; false: the sticky lane is taken
     memo text;
+    started timestamptz;
 begin
     if ordering_key is null then
         select m.queue_id, m.enqueue_shards, awa._sticky(m.enqueue_shards),
@@ -2691,9 +2702,13 @@ begin
     end if;
     if fast is not true then
         if fast is false then
-            -- The sticky lane is taken: the first free lane in turn, as
-            -- awa._take_lane tries them (S and the lanes read again), and a
-            -- memo for it. With none free, the general way waits.
+            -- The sticky lane is taken: what awa._take_lane does for an
+            -- unkeyed row with no memo. The first free lane in turn (S and
+            -- the lanes read again), else a wait for the sticky lane; and a
+            -- memo for the lane. Everything but the wait's total is done
+            -- before the wait: other producers wait while this one holds
+            -- the lane. A missing lane (a bug) goes the general way, which
+            -- names it.
             select m.enqueue_shards, m.lane_ids, m.lane_seqs into shards, lane_ids, lane_seqs
               from awa.queue_meta as m
              where m.queue_id = q_id;
@@ -2702,11 +2717,23 @@ begin
                 fast := pg_try_advisory_xact_lock(awa._lock_class_lane(), lane_ids[priority][shard]);
                 exit when fast;
             end loop;
-            if fast then
-                lane := lane_ids[priority][shard];
-                seq := lane_seqs[priority][shard];
+            if not fast then
+                shard := awa._sticky(shards);
+            end if;
+            lane := lane_ids[priority][shard];
+            seq := lane_seqs[priority][shard];
+            if lane is not null then
                 memo := set_config(awa._lane_memo_name(q_id, priority), shard::text, true)
                         || set_config('awa.lane_memo', 'on', true);
+                if not fast then
+                    started := clock_timestamp();
+                    perform pg_advisory_xact_lock(awa._lock_class_lane(), lane);
+                    memo := set_config(
+                        'awa.lane_lock_wait_us', awa._lane_wait_total(started, clock_timestamp()),
+                        true
+                    );
+                end if;
+                fast := true;
             end if;
         end if;
         if fast is not true then

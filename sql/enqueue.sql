@@ -25,14 +25,13 @@
 -- call in it costs an EXECUTE check and a lookup there: that set-up, not the
 -- work, was most of this function's cost, so the common case has few
 -- statements and few calls (docs/benchmarks.md). When only the sticky lane
--- was missing (another producer holds it), the lanes are read again and
--- tried in turn without waiting, as awa._take_lane tries them (ADR 021).
--- Anything else goes the general way: the full check, S and the lanes read
--- again, routing (a new queue, a partitioned or striped name),
--- awa.scheduled for a job for later, and awa._take_lane, which would also
--- take the sticky lane or the first free one with no memo, and waits when
--- none is free (tests/test_path_differential.py compares the ways, with
--- lanes held by another transaction).
+-- was missing (another producer holds it), the call does what
+-- awa._take_lane does for that case: the lanes read again and tried in
+-- turn, else a wait for the sticky lane, and a memo (ADR 021). Anything
+-- else goes the general way: the full check, S and the lanes read again,
+-- routing (a new queue, a partitioned or striped name), awa.scheduled for a
+-- job for later, and awa._take_lane (tests/test_path_differential.py
+-- compares the ways, with lanes held by another transaction).
 create or replace function awa.enqueue(
     queue text,
     kind text,
@@ -60,6 +59,7 @@ declare
     new_job bigint;
     fast boolean;  -- null: the general way; false: the sticky lane is taken
     memo text;
+    started timestamptz;
 begin
     if ordering_key is null then
         select m.queue_id, m.enqueue_shards, awa._sticky(m.enqueue_shards),
@@ -80,9 +80,13 @@ begin
     end if;
     if fast is not true then
         if fast is false then
-            -- The sticky lane is taken: the first free lane in turn, as
-            -- awa._take_lane tries them (S and the lanes read again), and a
-            -- memo for it. With none free, the general way waits.
+            -- The sticky lane is taken: what awa._take_lane does for an
+            -- unkeyed row with no memo. The first free lane in turn (S and
+            -- the lanes read again), else a wait for the sticky lane; and a
+            -- memo for the lane. Everything but the wait's total is done
+            -- before the wait: other producers wait while this one holds
+            -- the lane. A missing lane (a bug) goes the general way, which
+            -- names it.
             select m.enqueue_shards, m.lane_ids, m.lane_seqs into shards, lane_ids, lane_seqs
               from awa.queue_meta as m
              where m.queue_id = q_id;
@@ -91,11 +95,23 @@ begin
                 fast := pg_try_advisory_xact_lock(awa._lock_class_lane(), lane_ids[priority][shard]);
                 exit when fast;
             end loop;
-            if fast then
-                lane := lane_ids[priority][shard];
-                seq := lane_seqs[priority][shard];
+            if not fast then
+                shard := awa._sticky(shards);
+            end if;
+            lane := lane_ids[priority][shard];
+            seq := lane_seqs[priority][shard];
+            if lane is not null then
                 memo := set_config(awa._lane_memo_name(q_id, priority), shard::text, true)
                         || set_config('awa.lane_memo', 'on', true);
+                if not fast then
+                    started := clock_timestamp();
+                    perform pg_advisory_xact_lock(awa._lock_class_lane(), lane);
+                    memo := set_config(
+                        'awa.lane_lock_wait_us', awa._lane_wait_total(started, clock_timestamp()),
+                        true
+                    );
+                end if;
+                fast := true;
             end if;
         end if;
         if fast is not true then

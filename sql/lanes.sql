@@ -69,13 +69,30 @@ as $$
     select 'lane_seq_' || lane_id
 $$;
 
+-- Function: awa._lane_wait_total(started timestamptz, finished timestamptz) returns text
+-- This transaction's total wait for lane locks, in microseconds, once a
+-- wait from `started` to `finished` is added to it: the value for the
+-- transaction-local setting awa.lane_lock_wait_us (read by the client for
+-- its metric only). A value the caller set that is not a count is taken as
+-- 0: it can only mislead the caller's own metric.
+create or replace function awa._lane_wait_total(started timestamptz, finished timestamptz)
+returns text
+language sql
+stable parallel safe
+as $$
+    select ((case when pg_catalog.current_setting('awa.lane_lock_wait_us', true)
+                       operator(pg_catalog.~) '^[0-9]{1,15}$'
+                  then pg_catalog.current_setting('awa.lane_lock_wait_us', true)::pg_catalog.int8
+                  else 0 end)
+            operator(pg_catalog.+)
+            (pg_catalog.date_part('epoch', finished operator(pg_catalog.-) started)
+             operator(pg_catalog.*) 1000000)::pg_catalog.int8)::pg_catalog.text
+$$;
+
 -- Function: awa._wait_for_lane(lane_id integer)
 -- Takes a lane lock that a try has just failed to get, and adds the time
--- spent waiting to the transaction-local setting awa.lane_lock_wait_us
--- (microseconds this transaction waited for lane locks; read by the client
--- for its metric only). The uncontended path never comes here, so it reads
--- no clock and sets nothing. A value the caller set that is not a count is
--- taken as 0: it can only mislead the caller's own metric.
+-- spent waiting to awa.lane_lock_wait_us (awa._lane_wait_total). The
+-- uncontended path never comes here, so it reads no clock and sets nothing.
 create or replace function awa._wait_for_lane(lane_id integer)
 returns void
 language plpgsql
@@ -83,14 +100,10 @@ set search_path = pg_catalog, pg_temp
 as $$
 declare
     started timestamptz := pg_catalog.clock_timestamp();
-    waited text := pg_catalog.current_setting('awa.lane_lock_wait_us', true);
 begin
     perform pg_catalog.pg_advisory_xact_lock(awa._lock_class_lane(), lane_id);
     perform pg_catalog.set_config(
-        'awa.lane_lock_wait_us',
-        ((case when waited operator(pg_catalog.~) '^[0-9]{1,15}$' then waited::bigint else 0 end)
-         + (extract(epoch from pg_catalog.clock_timestamp() - started) * 1000000)::bigint)::text,
-        true
+        'awa.lane_lock_wait_us', awa._lane_wait_total(started, pg_catalog.clock_timestamp()), true
     );
 end;
 $$;
@@ -295,6 +308,7 @@ $$;
 
 select awa._grant_execute('awa._lane_seq_name(integer)');
 select awa._grant_execute('awa._wait_for_lane(integer)');
+select awa._grant_execute('awa._lane_wait_total(timestamptz, timestamptz)');
 select awa._grant_execute(
     'awa._take_lane(integer[], integer, smallint, integer, integer, integer)'
 );

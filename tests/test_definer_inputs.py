@@ -27,7 +27,7 @@ ALLOWED = {
         " awa.enqueue_batch only to choose between them and awa._take_lane, which choose"
         " alike; awa._take_lane checks the memo itself (test_forged_state, test_lane_choice,"
         " test_path_differential)",
-    ("awa._wait_for_lane", "setting 'awa.lane_lock_wait_us'"):
+    ("awa._lane_wait_total", "setting 'awa.lane_lock_wait_us'"):
         "the wait total for the client's metric: a non-number counts as 0, and forging it"
         " misleads only the caller's own numbers (test_forged_state)",
     ("awa._move_staged", "table awa.copy_staging"): _STAGING,

@@ -211,3 +211,50 @@ def test_a_transaction_keeps_writing_to_the_lane_it_took_first(db, call):
         again = [conn.execute(unkeyed).fetchall() for _ in range(3)]
         conn.rollback()
         assert again == [[(sticky,)]] * 3
+
+
+WAITING_FOR = """
+    select objid::integer from pg_locks
+     where pid = %s and not granted and locktype = 'advisory' and classid = %s
+"""
+
+
+@pytest.mark.parametrize("shards", [1, 3])
+def test_an_unkeyed_call_with_every_lane_taken_waits_for_its_sticky_lane(db, shards):
+    """awa.enqueue whose every lane is held waits for its sticky lane, not
+    another (as awa._take_lane does), even once the others are free; then it
+    writes there, counts the wait, and keeps to that lane in the transaction."""
+    producer = db.login_role("awa_producer")
+    with db.connect() as su:
+        su.execute("select awa.set_enqueue_shards('every', %s)", [shards])
+        lanes = _lanes(su, "every")
+    with (db.connect(producer, autocommit=False) as conn, db.connect() as admin,
+          db.connect(autocommit=False) as on_sticky, db.connect(autocommit=False) as on_others):
+        pid, sticky = conn.execute("select pg_backend_pid(), pg_backend_pid() %% %s",
+                                   [shards]).fetchone()
+        conn.commit()
+        on_sticky.execute("select pg_advisory_xact_lock(%s, %s)", [LANE_CLASS, lanes[sticky]])
+        on_others.execute("select count(pg_advisory_xact_lock(%s, l)) from unnest(%s::int[]) l",
+                          [LANE_CLASS, [lane for i, lane in enumerate(lanes) if i != sticky]])
+        done: dict = {}
+
+        def enqueue():
+            try:
+                done["shards"] = [conn.execute(
+                    "select enqueue_shard from awa.enqueue('every', 'k')").fetchone()[0]
+                    for _ in range(2)]
+                done["waited"] = conn.execute(
+                    "select current_setting('awa.lane_lock_wait_us')::bigint").fetchone()[0]
+                conn.commit()
+            except psycopg.Error as err:
+                done["error"] = err
+
+        call = threading.Thread(target=enqueue, daemon=True)
+        call.start()
+        wait_until(lambda: waits_for_a_lock(admin, pid), what="the call to wait")
+        on_others.commit()
+        assert admin.execute(WAITING_FOR, [pid, LANE_CLASS]).fetchall() == [(lanes[sticky],)]
+        on_sticky.commit()
+        call.join(timeout=30)
+        assert not call.is_alive() and "error" not in done, done
+        assert done["shards"] == [sticky, sticky] and done["waited"] > 0
