@@ -12,12 +12,26 @@ Cells (single row, as in bench/enqueue_pgbench.py):
   ceiling        a plain INSERT of one job-shaped row
   floor          the same INSERT inside a SECURITY DEFINER PL/pgSQL function,
                  owned like awa's functions (by the owner role, not a superuser)
-  enqueue S=N    awa.enqueue, unkeyed, at S = 1 and 16
+  + ...          the ladder: awa.enqueue's fast path rebuilt one piece at a
+                 time on the floor: the queue_meta lookup of the sticky lane
+                 with the row into awa.ready at the lane's sequence, then the
+                 lane's try-lock, then the awa.enqueued result
+  enqueue S=N    awa.enqueue, unkeyed, at S = 1 and 16 (S = 16 adds to the
+                 ladder's top its checks and the tests that pick its path)
   keyed S=16     awa.enqueue with an ordering key
   busy S=8       awa.enqueue at S = 8 with its sticky lane held by another
                  transaction (a prepared one): the call takes the next lane
-  batch INSERT   one INSERT of 100 rows into the ceiling's table, per job
-  batch S=16     awa.enqueue_batch of 100 rows at S = 16, per job
+Cells of 100 rows, per job:
+  batch INSERT   one INSERT of 100 rows into the ceiling's table
+  + ...          the batch ladder: that INSERT from the arrays inside a
+                 definer, then awa.enqueue_batch's sticky lane (the lookup,
+                 the try-lock, one reserved range) with the rows into
+                 awa.ready, then the awa.enqueued rows returned
+  batch S=16     awa.enqueue_batch at S = 16 (adds its argument checks and
+                 the test that picks its fast path)
+
+"adds" is each ladder cell's count less the cell below it. Every count runs
+on a fresh copy of one cluster, so no cell pays for rows an earlier one left.
 
     python bench/enqueue_instructions.py [--before REF] [--profile CELL]
 
@@ -50,21 +64,102 @@ from bench.enqueue_pgbench import ROW, VALUES, setup
 
 LOW, HIGH = 100, 600
 BATCH = 100
+# awa's enqueue functions rebuilt one piece at a time (the ladders): each rung
+# is a SECURITY DEFINER function owned like awa's, and adds one piece to the
+# rung before it. Their statements are those of awa.enqueue's and
+# awa.enqueue_batch's fast paths (sql/enqueue.sql) without the checks.
+_RUNG = ("create function public.{name}(queue_name text{args}) returns {returns}"
+         " language plpgsql security definer set search_path = pg_catalog, pg_temp"
+         " set plan_cache_mode = force_generic_plan as $$ declare n integer; q_id integer;"
+         " shard {shard}; lane integer; seq regclass; base bigint; new_seq bigint;"
+         " new_job bigint; begin {body} end $$")
+_LOOKUP = ("select m.queue_id, awa._sticky(m.enqueue_shards),"
+           " m.lane_ids[2][awa._sticky(m.enqueue_shards)],"
+           " m.lane_seqs[2][awa._sticky(m.enqueue_shards)] into q_id, shard, lane, seq"
+           " from awa.queue_meta as m"
+           " where m.queue = queue_name and m.stripes = 1 and m.partitions = 1;")
+_LOCK = "perform pg_try_advisory_xact_lock(awa._lock_class_lane(), lane);"
+_ONE = ("insert into awa.ready (lane_id, lane_seq, job_id, queue_id, priority, kind, args,"
+        " ordering_key, attempt, max_attempts, enqueued_at, ready_at)"
+        " values (lane, nextval(seq), nextval('awa.job_id_seq'), q_id, 2, 'bench.job', '{}',"
+        " null, 0, 25, now(), clock_timestamp())")
+_RANGE = "n := cardinality(kinds); base := setval(seq, nextval(seq) + n - 1) - n + 1;"
+_MANY = ("insert into awa.ready (lane_id, lane_seq, job_id, queue_id, priority, kind, args,"
+         " ordering_key, attempt, max_attempts, enqueued_at, ready_at)"
+         " select lane, base + u.i - 1, nextval('awa.job_id_seq'), q_id, 2, u.k,"
+         " coalesce(u.a, '{}'), null, 0, 25, now(), clock_timestamp()"
+         " from unnest(kinds, args) with ordinality as u (k, a, i)")
+_ARRAYS = ", kinds text[], args jsonb[]"
+# name: (extra arguments, return type, body)
+RUNGS = {
+    # single row, after the floor
+    "rung_lane": ("", "bigint",
+                  f"{_LOOKUP} {_ONE}; return currval('awa.job_id_seq');"),
+    "rung_lock": ("", "bigint",
+                  f"{_LOOKUP} {_LOCK} {_ONE}; return currval('awa.job_id_seq');"),
+    "rung_result": ("", "awa.enqueued",
+                    f"{_LOOKUP} {_LOCK} {_ONE} returning awa.ready.lane_seq, awa.ready.job_id"
+                    " into new_seq, new_job;"
+                    " return row(new_job, queue_name, 2::smallint, shard, new_seq)"
+                    "::awa.enqueued;"),
+    # 100 rows, after the batched INSERT
+    "rung_batch_floor": (_ARRAYS, "void",
+                         f"insert into public.bench_ceiling {ROW}"
+                         " select 1, nextval('public.bench_seq'), currval('public.bench_seq'),"
+                         " 1, 2, u.k, coalesce(u.a, '{}'), 0, 25, now(), clock_timestamp()"
+                         " from unnest(kinds, args) as u (k, a);"),
+    "rung_batch_lane": (_ARRAYS, "void", f"{_LOOKUP} {_LOCK} {_RANGE} {_MANY};"),
+    "rung_batch_rows": (_ARRAYS, "setof awa.enqueued",
+                        f"{_LOOKUP} {_LOCK} {_RANGE} return query {_MANY}"
+                        " returning awa.ready.job_id, queue_name, 2::smallint, shard,"
+                        " awa.ready.lane_seq;"),
+}
+_FILL = f"array_fill('bench.job'::text, array[{BATCH}])"
 
 CELLS = {
     "ceiling": f"insert into bench_ceiling {ROW} values (1, {VALUES})",
     "floor": "select bench_floor(1)",
+    "+ lookup, lane seq": "select public.rung_lane('bench_s16')",
+    "+ lane lock": "select public.rung_lock('bench_s16')",
+    "+ awa.enqueued result": "select public.rung_result('bench_s16')",
     "enqueue S=1": "select awa.enqueue('bench_s1', 'bench.job')",
     "enqueue S=16": "select awa.enqueue('bench_s16', 'bench.job')",
     "keyed S=16": "select awa.enqueue('bench_s16', 'bench.job', ordering_key => 'customer-42')",
     "busy S=8": "select awa.enqueue('bench_s8', 'bench.job')",
     "batch INSERT / 100": (f"insert into bench_ceiling {ROW} select 1, {VALUES}"
                            f" from generate_series(1, {BATCH})"),
+    "in a definer / 100": f"select public.rung_batch_floor('bench_s16', {_FILL}, null)",
+    "+ lookup, lock, range / 100": f"select public.rung_batch_lane('bench_s16', {_FILL}, null)",
+    "+ rows returned / 100": ("select count(*) from"
+                              f" public.rung_batch_rows('bench_s16', {_FILL}, null)"),
     "batch S=16 / 100": ("select count(*) from awa.enqueue_batch("
-                         f"array_fill('bench_s16'::text, array[{BATCH}]),"
-                         f" array_fill('bench.job'::text, array[{BATCH}]))"),
+                         f"array_fill('bench_s16'::text, array[{BATCH}]), {_FILL})"),
 }
-PER_JOB = {"batch INSERT / 100": BATCH, "batch S=16 / 100": BATCH}
+PER_JOB = {name: BATCH for name in CELLS if name.endswith(f"/ {BATCH}")}
+# Each ladder cell and the cell below it: the "adds" column is the difference.
+STEPS = {
+    "+ lookup, lane seq": "floor",
+    "+ lane lock": "+ lookup, lane seq",
+    "+ awa.enqueued result": "+ lane lock",
+    "enqueue S=16": "+ awa.enqueued result",
+    "in a definer / 100": "batch INSERT / 100",
+    "+ lookup, lock, range / 100": "in a definer / 100",
+    "+ rows returned / 100": "+ lookup, lock, range / 100",
+    "batch S=16 / 100": "+ rows returned / 100",
+}
+
+
+def setup_ladders(conn: psycopg.Connection) -> None:
+    """The pgbench harness's objects, and the ladders' rungs."""
+    setup(conn)
+    owner = Roles().owner
+    for name, (args, returns, body) in RUNGS.items():
+        # The shard's type as in awa.enqueue (integer) and awa.enqueue_batch (smallint).
+        shard = "smallint" if args else "integer"
+        conn.execute(_RUNG.format(name=name, args=args, returns=returns, shard=shard, body=body))
+        conn.execute(f"alter function public.{name} owner to {owner}")
+
+
 # A prepared transaction holds this backend's sticky lane of bench_s8
 # while the cell runs (it outlives the statement that took it, as another
 # producer's open transaction would), and is rolled back after.
@@ -135,11 +230,24 @@ def count(pgdata: Path, statement: str, calls: int, out: Path,
     return int(found.group(1))
 
 
+def fresh_copy(pgdata: Path) -> Path:
+    """A copy of the built cluster beside it, for one count: each count starts
+    from the same tables (rows left by earlier counts make index inserts dearer)."""
+    copy = pgdata.with_name(pgdata.name + "-run")
+    shutil.rmtree(copy, ignore_errors=True)
+    shutil.copytree(pgdata, copy, symlinks=True)
+    user = embedded.server_os_user()
+    if user is not None:
+        for path in (copy, *copy.rglob("*")):
+            os.chown(path, user.pw_uid, user.pw_gid, follow_symlinks=False)
+    return copy
+
+
 def per_call(pgdata: Path, name: str, outdir: Path) -> float:
     tag = re.sub(r"\W+", "_", name)
     around = HOLD_STICKY.get(name, ("", ""))
-    low = count(pgdata, CELLS[name], LOW, outdir / f"{tag}_{LOW}.out", around)
-    high = count(pgdata, CELLS[name], HIGH, outdir / f"{tag}_{HIGH}.out", around)
+    low = count(fresh_copy(pgdata), CELLS[name], LOW, outdir / f"{tag}_{LOW}.out", around)
+    high = count(fresh_copy(pgdata), CELLS[name], HIGH, outdir / f"{tag}_{HIGH}.out", around)
     return (high - low) / (HIGH - LOW) / PER_JOB.get(name, 1)
 
 
@@ -162,10 +270,10 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="awa-instr-"))
     _give_to_server(work)
     try:
-        columns = {"now": build(work / "now", None, setup)}
+        columns = {"now": build(work / "now", None, setup_ladders)}
         if args.before:
             columns[f"at {args.before}"] = build(
-                work / "before", export_revision(args.before, work / "src"), setup)
+                work / "before", export_revision(args.before, work / "src"), setup_ladders)
         results: dict[str, dict[str, float]] = {}
         for label, pgdata in columns.items():
             outdir = work / f"out-{len(results)}"
@@ -179,14 +287,16 @@ def main() -> None:
                 print(profile(outdir, args.profile))
         print(f"# enqueue_instructions: {machine()}; PostgreSQL 18 single-user backend under"
               f" callgrind; instructions per call (batch: per job), {HIGH} - {LOW} calls")
-        header = ["cell", *(f"{label} (k instr.)" for label in results), "now / floor"]
+        header = ["cell", *(f"{label} (k instr.)" for label in results), "now / floor",
+                  "adds (now)"]
         print("| " + " | ".join(header) + " |")
         print("|---|" + "---:|" * (len(header) - 1))
-        floor = results["now"]["floor"]
+        now = results["now"]
         for name in CELLS:
             values = [f"{results[label][name] / 1000:,.1f}" for label in results]
+            adds = f"{(now[name] - now[STEPS[name]]) / 1000:+,.1f}" if name in STEPS else ""
             print(f"| {name} | " + " | ".join(values)
-                  + f" | {results['now'][name] / floor:.2f}x |")
+                  + f" | {now[name] / now['floor']:.2f}x | {adds} |")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
