@@ -2684,10 +2684,13 @@ declare
     started timestamptz;
 begin
     if ordering_key is null then
-        select m.queue_id, m.enqueue_shards, awa._sticky(m.enqueue_shards),
+        -- S itself is not read here: only the other ways use it, and each
+        -- reads it again (an integer variable set from a smallint column
+        -- costs a cast set up per transaction).
+        select m.queue_id, awa._sticky(m.enqueue_shards),
                m.lane_ids[enqueue.priority][awa._sticky(m.enqueue_shards)],
                m.lane_seqs[enqueue.priority][awa._sticky(m.enqueue_shards)]
-          into q_id, shards, shard, lane, seq
+          into q_id, shard, lane, seq
           from awa.queue_meta as m
          where m.queue = enqueue.queue and m.stripes = 1 and m.partitions = 1;
         -- With a lane memo (sql/lanes.sql) the lane is awa._take_lane's to
