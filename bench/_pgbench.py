@@ -112,6 +112,13 @@ class Grid:
     def median(self, name: str, clients: int) -> float:
         return statistics.median(self.results[(name, clients)])
 
+    def paired(self, name: str, base: str, clients: int) -> float:
+        """The median over runs of `name` / `base` within each run: steadier
+        than a ratio of medians when the machine's speed drifts between runs."""
+        return statistics.median(
+            v / b for v, b in zip(self.results[(name, clients)],
+                                  self.results[(base, clients)], strict=True))
+
     def spread(self, name: str, clients: int) -> str:
         values = self.results[(name, clients)]
         return f"{min(values):,.0f}-{max(values):,.0f}"

@@ -17,7 +17,9 @@ Cells, each at 1 and 16 clients, synchronous commit on, fsync on:
 
 Prints, per client count, the median of the runs (jobs/s), the spread, each
 single-row cell as a fraction of the floor and each batch cell as a fraction
-of the batched INSERT, and every awa cell against procrastinate's.
+of the batched INSERT (of the medians, and "per run": the median of each
+run's fraction, steadier when the machine's speed drifts), and every awa
+cell against procrastinate's.
 
     python bench/enqueue_pgbench.py [--seconds 10] [--runs 3] [--clients 1,16]
                                     [--only enqueue,keyed,...] [--before REF]
@@ -135,10 +137,13 @@ def report(grid: Grid, clients: int) -> str:
         batched = cell.rows_per_tx > 1
         peer = grid.median("procrastinate batch" if batched else "procrastinate", clients)
         base = batch_ceiling if batched else floor
+        base_name = "batch INSERT" if batched else "floor"
         rows.append([name, f"{rate:,.0f}", grid.spread(name, clients),
-                     f"{rate / base:.0%} of {'batch INSERT' if batched else 'floor'}",
+                     f"{rate / base:.0%} of {base_name}",
+                     f"{grid.paired(name, base_name, clients):.0%}",
                      f"{rate / peer:.2f}x"])
-    return table(["cell", "jobs/s (median)", "runs", "fraction", "vs procrastinate"], rows)
+    return table(["cell", "jobs/s (median)", "runs", "fraction", "per run", "vs procrastinate"],
+                 rows)
 
 
 def main() -> None:
