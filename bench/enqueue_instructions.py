@@ -51,6 +51,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
+from itertools import pairwise
 from pathlib import Path
 
 import psycopg
@@ -79,14 +80,12 @@ _LOOKUP = ("select m.queue_id, awa._sticky(m.enqueue_shards),"
            " from awa.queue_meta as m"
            " where m.queue = queue_name and m.stripes = 1 and m.partitions = 1;")
 _LOCK = "perform pg_try_advisory_xact_lock(awa._lock_class_lane(), lane);"
-_ONE = ("insert into awa.ready (lane_id, lane_seq, job_id, queue_id, priority, kind, args,"
-        " ordering_key, attempt, max_attempts, enqueued_at, ready_at)"
-        " values (lane, nextval(seq), nextval('awa.job_id_seq'), q_id, 2, 'bench.job', '{}',"
-        " null, 0, 25, now(), clock_timestamp())")
+_INTO_READY = ("insert into awa.ready (lane_id, lane_seq, job_id, queue_id, priority, kind,"
+               " args, ordering_key, attempt, max_attempts, enqueued_at, ready_at)")
+_ONE = (f"{_INTO_READY} values (lane, nextval(seq), nextval('awa.job_id_seq'), q_id, 2,"
+        " 'bench.job', '{}', null, 0, 25, now(), clock_timestamp())")
 _RANGE = "n := cardinality(kinds); base := setval(seq, nextval(seq) + n - 1) - n + 1;"
-_MANY = ("insert into awa.ready (lane_id, lane_seq, job_id, queue_id, priority, kind, args,"
-         " ordering_key, attempt, max_attempts, enqueued_at, ready_at)"
-         " select lane, base + u.i - 1, nextval('awa.job_id_seq'), q_id, 2, u.k,"
+_MANY = (f"{_INTO_READY} select lane, base + u.i - 1, nextval('awa.job_id_seq'), q_id, 2, u.k,"
          " coalesce(u.a, '{}'), null, 0, 25, now(), clock_timestamp()"
          " from unnest(kinds, args) with ordinality as u (k, a, i)")
 _ARRAYS = ", kinds text[], args jsonb[]"
@@ -136,17 +135,13 @@ CELLS = {
                          f"array_fill('bench_s16'::text, array[{BATCH}]), {_FILL})"),
 }
 PER_JOB = {name: BATCH for name in CELLS if name.endswith(f"/ {BATCH}")}
-# Each ladder cell and the cell below it: the "adds" column is the difference.
-STEPS = {
-    "+ lookup, lane seq": "floor",
-    "+ lane lock": "+ lookup, lane seq",
-    "+ awa.enqueued result": "+ lane lock",
-    "enqueue S=16": "+ awa.enqueued result",
-    "in a definer / 100": "batch INSERT / 100",
-    "+ lookup, lock, range / 100": "in a definer / 100",
-    "+ rows returned / 100": "+ lookup, lock, range / 100",
-    "batch S=16 / 100": "+ rows returned / 100",
-}
+# The ladders, bottom rung first; "adds" is each cell less the one before it.
+LADDERS = (
+    ("floor", "+ lookup, lane seq", "+ lane lock", "+ awa.enqueued result", "enqueue S=16"),
+    ("batch INSERT / 100", "in a definer / 100", "+ lookup, lock, range / 100",
+     "+ rows returned / 100", "batch S=16 / 100"),
+)
+STEPS = {upper: lower for ladder in LADDERS for lower, upper in pairwise(ladder)}
 
 
 def setup_ladders(conn: psycopg.Connection) -> None:

@@ -128,18 +128,15 @@ def cells(before: bool = False) -> list[Cell]:
 
 
 def report(grid: Grid, clients: int) -> str:
-    floor = grid.median("floor", clients)
-    batch_ceiling = grid.median("batch INSERT", clients)
     rows = []
     for cell in grid.cells:
         name = cell.name
         rate = grid.median(name, clients)
         batched = cell.rows_per_tx > 1
         peer = grid.median("procrastinate batch" if batched else "procrastinate", clients)
-        base = batch_ceiling if batched else floor
         base_name = "batch INSERT" if batched else "floor"
         rows.append([name, f"{rate:,.0f}", grid.spread(name, clients),
-                     f"{rate / base:.0%} of {base_name}",
+                     f"{rate / grid.median(base_name, clients):.0%} of {base_name}",
                      f"{grid.paired(name, base_name, clients):.0%}",
                      f"{rate / peer:.2f}x"])
     return table(["cell", "jobs/s (median)", "runs", "fraction", "per run", "vs procrastinate"],
