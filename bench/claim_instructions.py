@@ -7,6 +7,9 @@ statement, finishes it:
 
   claim 1 + complete     awa.claim(queue, 1) then awa.complete
   claim 1                awa.claim alone
+  claim 1 S=8, S=16      awa.claim alone on a queue at that S, its jobs keyed
+                         over every lane of priority 2 (the default), so a
+                         claim passes the empty lanes of priority 1 first
   fetch + finish         procrastinate_fetch_job_v2 then procrastinate_finish_job_v1
   fetch                  procrastinate_fetch_job_v2 alone
 
@@ -35,6 +38,21 @@ from bench.enqueue_instructions import HIGH, LOW, _give_to_server, count
 from bench.enqueue_instructions import build as build_cluster
 
 PRELOAD = HIGH + 100
+SHARDS = (8, 16)
+
+
+def _wide_queue(s: int) -> str:
+    return f"{QUEUE}-s{s}"
+
+
+def preload_wide(conn: psycopg.Connection, shards: int, jobs: int) -> None:
+    """`jobs` jobs keyed over every lane of a queue at S = `shards`."""
+    queue = _wide_queue(shards)
+    conn.execute("select awa.set_enqueue_shards(%s, %s)", [queue, shards])
+    conn.execute("select count(*) from awa.enqueue_batch(array_fill(%s::text, array[%s]),"
+                 " array_fill('bench.job'::text, array[%s]), ordering_keys =>"
+                 " array(select convert_to('key-' || i, 'UTF8') from generate_series(1, %s) i))",
+                 [queue, jobs, jobs, jobs])
 
 
 def build(workdir: Path) -> tuple[Path, int]:
@@ -48,6 +66,9 @@ def build(workdir: Path) -> tuple[Path, int]:
             "select worker_id from procrastinate_register_worker_v1()").fetchone()[0])
         preload_awa(conn, PRELOAD)
         preload_procrastinate(conn, PRELOAD)
+        for shards in SHARDS:
+            preload_wide(conn, shards, PRELOAD)
+        conn.execute("vacuum analyze awa.ready")
 
     return build_cluster(workdir, None, preload), worker[0]
 
@@ -58,6 +79,8 @@ def cells(worker: int) -> dict[str, str]:
     return {
         "claim 1 + complete": f"select count(awa.complete(c.job_id, c.run_lease)) from {claim} c",
         "claim 1": f"select count(*) from {claim} c",
+        **{f"claim 1 S={n}": f"select count(*) from awa.claim('{{{_wide_queue(n)}}}', 1, 'bench') c"
+           for n in SHARDS},
         "fetch + finish": ("select count(procrastinate_finish_job_v1(j.id, 'succeeded', false))"
                            f" from {fetch} j"),
         "fetch": f"select count(*) from {fetch} j",
@@ -92,13 +115,16 @@ def main() -> None:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(f"# claim_instructions: {machine()}; PostgreSQL 18 single-user backend under"
-          f" callgrind; instructions per call, {HIGH} - {LOW} calls, S = 1")
+          f" callgrind; instructions per call, {HIGH} - {LOW} calls, S = 1 unless named")
     print("| cell | k instructions |")
     print("|---|---:|")
     for name, value in results.items():
         print(f"| {name} | {value / 1000:,.1f} |")
     print(f"\nawa-sql / procrastinate per job: "
           f"{results['claim 1 + complete'] / results['fetch + finish']:.2f}")
+    for n in SHARDS:
+        print(f"claim 1 at S = {n} / at S = 1: {results[f'claim 1 S={n}'] / results['claim 1']:.2f}"
+              " (target at S = 16: 1.30 at most)")
 
 
 if __name__ == "__main__":

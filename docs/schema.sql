@@ -856,168 +856,22 @@ begin
 end;
 $function$;
 
-CREATE OR REPLACE FUNCTION awa._claim_merged(queues text[], max_jobs integer, worker text, lease interval)
- RETURNS SETOF awa.claimed
- LANGUAGE plpgsql
- SET search_path TO 'pg_catalog', 'pg_temp'
- SET plan_cache_mode TO 'force_generic_plan'
- SET enable_hashjoin TO 'off'
- SET enable_mergejoin TO 'off'
- SET enable_seqscan TO 'off'
+CREATE OR REPLACE FUNCTION awa._claim_hint_step()
+ RETURNS integer
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
 AS $function$
-declare
-    need integer := max_jobs;
-    -- A round reads width rows of each lane, plus a spare share of 64 rows
-    -- (at least 3): concurrent claimers hold the rows at the head until they
-    -- commit. Each further round reads four times as many.
-    width bigint := max_jobs;
-    rounds integer := 0;
-    more boolean;
-    batch awa.claimed[];
-    claimed awa.claimed[] := '{}';
-    one awa.claimed;
-    hint_lanes integer[];
-    hint_seqs bigint[];
-    -- Lane i: lane_ids[i] of lane_queues[i] at priorities[i] and shards[i],
-    -- read from heads[i] (awa.lane_heads; 0 without a hint).
-    lane_ids integer[];
-    heads bigint[];
-    priorities smallint[];
-    shards smallint[];
-    lane_queues text[];
-begin
-    select
-        array_agg(x.lane_id), array_agg(x.head_seq), array_agg(x.priority),
-        array_agg(x.shard), array_agg(x.queue)
-      into lane_ids, heads, priorities, shards, lane_queues
-      from (
-          -- Lanes of the named queues only, each hint looked up by key: a
-          -- generic plan must not scan every lane and hint.
-          select l.lane_id, l.priority, l.shard, m.queue, coalesce(h.head_seq, 0) as head_seq
-            from awa.queue_meta as m
-           cross join lateral (
-               select x.lane_id, x.priority, x.shard
-                 from awa.lanes as x
-                where x.queue_id = m.queue_id
-               offset 0
-           ) as l
-            left join awa.lane_heads as h on h.lane_id = l.lane_id
-           where (m.queue = any(queues) or m.logical_queue = any(queues)
-                  or m.root_queue = any(queues))
-             and not m.paused
-      ) as x;
-    if lane_ids is null then
-        return;
-    end if;
-    loop
-        with lanes as (
-            select
-                x.lane_id, x.priority, x.shard, x.queue, x.head_seq,
-                width + greatest(3, 64 / cardinality(lane_ids)) as take
-              from unnest(lane_ids, heads, priorities, shards, lane_queues)
-                  as x (lane_id, head_seq, priority, shard, queue)
-        ),
-        ranked as (
-            -- The first `take` rows of every lane in merge order (g). The
-            -- running max of ready_at keeps the merge FIFO within a lane
-            -- whatever the clock did.
-            select
-                c.lane_id, c.lane_seq, c.tid, c.head_seq, c.rn, c.take, c.merge_at,
-                row_number() over (order by c.priority, c.merge_at, c.lane_id, c.lane_seq) as g
-              from (
-                  select
-                      ln.lane_id, ln.priority, ln.head_seq, ln.take, h.lane_seq, h.tid,
-                      max(h.ready_at) over w as merge_at,
-                      row_number() over w as rn
-                    from lanes as ln
-                   cross join lateral (
-                       select r.lane_seq, r.ready_at, r.ctid as tid
-                         from awa.ready as r
-                        where r.lane_id = ln.lane_id and r.lane_seq >= ln.head_seq
-                        order by r.lane_seq
-                        limit ln.take
-                   ) as h
-                  window w as (partition by ln.lane_id order by h.lane_seq)
-              ) as c
-        ),
-        bound as (
-            -- A lane that showed all the rows it was asked for may have more,
-            -- which could rank anywhere after its last shown one: the merge
-            -- order is known up to the first such row.
-            select min(k.g) as g from ranked as k where k.rn = k.take
-        ),
-        picked as (
-            -- In merge order, so that rows are fetched only until `need` are
-            -- locked; by ctid, as the statement's snapshot keeps every row it
-            -- saw in place.
-            select r.ctid as tid, k.g
-              from (
-                  select c.lane_id, c.lane_seq, c.tid, c.g
-                    from ranked as c
-                   where c.g <= coalesce((select b.g from bound as b), c.g)
-                   order by c.g
-                  offset 0
-              ) as k
-              join awa.ready as r
-                on r.ctid = k.tid and r.lane_id = k.lane_id and r.lane_seq = k.lane_seq
-             order by k.g
-             limit need
-               for update of r skip locked
-        ),
-        moved as (
-            delete from awa.ready as r
-             using picked as p
-             where r.ctid = p.tid
-            returning r.*, p.g
-        ),
-        started as (
-            insert into awa.running (
-                job_id, run_lease, lane_id, lane_seq, queue_id, priority, kind, args,
-                ordering_key, attempt, max_attempts, enqueued_at, worker, lease_expires_at
-            )
-            select
-                m.job_id, nextval('awa.run_lease_seq'), m.lane_id, m.lane_seq, m.queue_id,
-                m.priority, m.kind, m.args, m.ordering_key, m.attempt + 1, m.max_attempts,
-                m.enqueued_at, _claim_merged.worker, now() + _claim_merged.lease
-              from moved as m
-             order by m.g
-            returning awa.running.*
-        )
-        select
-            (select b.g is not null from bound as b),
-            array(
-                select row(
-                    s.job_id, s.run_lease, ln.queue, s.priority, ln.shard, s.lane_seq, s.kind,
-                    s.args, s.attempt, s.max_attempts, s.ordering_key
-                )::awa.claimed
-                  from started as s
-                  join lanes as ln on ln.lane_id = s.lane_id
-                 order by s.priority, s.run_lease
-            ),
-            -- Lanes whose first visible row is 64 or more past their hint.
-            array(select k.lane_id from ranked as k
-                   where k.rn = 1 and k.lane_seq >= k.head_seq + 64 order by k.lane_id),
-            array(select k.lane_seq from ranked as k
-                   where k.rn = 1 and k.lane_seq >= k.head_seq + 64 order by k.lane_id)
-          into more, batch, hint_lanes, hint_seqs;
-        if cardinality(hint_lanes) > 0 then
-            perform awa._advance_lane_heads(hint_lanes, hint_seqs);
-        end if;
-        rounds := rounds + 1;
-        claimed := claimed || batch;
-        need := need - cardinality(batch);
-        -- Short only because rows were held: look further down the lanes.
-        exit when need = 0 or not more;
-        width := width * 4;
-    end loop;
-    if rounds = 1 then
-        foreach one in array claimed loop
-            return next one;
-        end loop;
-    else
-        return query select * from unnest(claimed) as c order by c.priority, c.run_lease;
-    end if;
-end;
+    select 64
+$function$;
+
+CREATE OR REPLACE FUNCTION awa._claim_lane_order(priority smallint, lane_id integer, seed integer)
+ RETURNS bigint
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+    select priority::bigint operator(pg_catalog.*) 4294967296
+        operator(pg_catalog.+) pg_catalog.hashint4(lane_id operator(pg_catalog.#) seed)
+        operator(pg_catalog.+) 2147483648
 $function$;
 
 CREATE OR REPLACE FUNCTION awa._count_lanes(at timestamp with time zone)
@@ -2516,15 +2370,13 @@ CREATE OR REPLACE FUNCTION awa.claim(queues text[], max_jobs integer, worker tex
  SET enable_seqscan TO 'off'
 AS $function$
 declare
-    first_queue integer;
-    last_queue integer;
-    queue_name text;
-    -- The lane at priority 1, shard 1: provisioned once the queue has had
-    -- S > 1, and with it a lane per priority at every shard below that S.
-    wide integer;
+    -- Orders the lanes of a priority for this call: each lane is as likely
+    -- as any other to be tried first, so no lane waits behind another's
+    -- backlog.
+    seed integer := (random() * 2147483647)::integer;
     claimed record;
     one awa.claimed;
-    stale boolean := false;
+    far_lanes integer[] := '{}';
     hint_lanes integer[];
     hint_seqs bigint[];
 begin
@@ -2540,33 +2392,31 @@ begin
         raise exception 'lease must be a positive interval, got %', coalesce(lease::text, 'null')
             using errcode = '22023';
     end if;
-    -- Aggregates, not the rows: one statement says whether the names resolve
-    -- to one physical queue, and which.
-    select min(m.queue_id), max(m.queue_id), min(m.queue), max(m.lane_ids[1][1])
-      into first_queue, last_queue, queue_name, wide
-      from awa.queue_meta as m
-     where (m.queue = any(queues) or m.logical_queue = any(queues) or m.root_queue = any(queues))
-       and not m.paused
-       and max_jobs > 0;
-    if first_queue is null then
+    if max_jobs = 0 then
         return;
     end if;
-    if first_queue <> last_queue or wide is not null then
-        return query select * from awa._claim_merged(queues, max_jobs, worker, lease);
-        return;
-    end if;
-    -- Every lane of the queue (all at shard 0, so one per priority) in
-    -- priority order, each from its hint; the limits stop the scan, and the
+    -- The lanes in the order they are tried; each lane's hint and rows are
+    -- read only when the claim reaches it: the limits stop the scan, and the
     -- locking, once max_jobs rows are locked.
     for claimed in
         with picked as (
-            select h.tid, l.shard, coalesce(hd.head_seq, 0) as head_seq
-              from awa.lanes as l
-              -- By key: a generic plan must not scan every hint.
-              left join lateral (
-                  select x.head_seq from awa.lane_heads as x where x.lane_id = l.lane_id
+            select h.tid, l.queue, l.shard, coalesce(hd.head_seq, 0) as head_seq
+              from (
+                  select x.lane_id, x.priority, x.shard, m.queue
+                    from awa.queue_meta as m
+                   cross join lateral (
+                       select y.lane_id, y.priority, y.shard
+                         from awa.lanes as y
+                        where y.queue_id = m.queue_id
+                       offset 0
+                   ) as x
+                   where (m.queue = any(queues) or m.logical_queue = any(queues)
+                          or m.root_queue = any(queues))
+                     and not m.paused
+                   order by awa._claim_lane_order(x.priority, x.lane_id, seed)
                   offset 0
-              ) as hd on true
+              ) as l
+              left join awa.lane_heads as hd on hd.lane_id = l.lane_id
              cross join lateral (
                  select r.ctid as tid
                    from awa.ready as r
@@ -2575,15 +2425,14 @@ begin
                   limit max_jobs
                     for update of r skip locked
              ) as h
-             where l.queue_id = first_queue
-             order by l.priority, l.shard
              limit max_jobs
         ),
         moved as (
             delete from awa.ready as r
              using picked as p
              where r.ctid = p.tid
-            returning r.*, p.shard, p.head_seq, nextval('awa.run_lease_seq') as run_lease
+            returning r.*, p.queue as lane_queue, p.shard, p.head_seq,
+                nextval('awa.run_lease_seq') as run_lease
         ),
         started as (
             insert into awa.running (
@@ -2598,36 +2447,40 @@ begin
         )
         select
             row(
-                m.job_id, m.run_lease, queue_name, m.priority, m.shard, m.lane_seq, m.kind,
+                m.job_id, m.run_lease, m.lane_queue, m.priority, m.shard, m.lane_seq, m.kind,
                 m.args, m.attempt + 1, m.max_attempts, m.ordering_key
             )::awa.claimed as job,
-            -- 64 or more past its lane's hint: the hint may move.
-            m.lane_seq >= m.head_seq + 64 as far
+            m.lane_id,
+            -- Far enough past its lane's hint that the hint may move.
+            m.lane_seq >= m.head_seq + awa._claim_hint_step() as far
           from moved as m
-         order by m.priority, m.lane_seq
+         order by m.priority, m.run_lease
     loop
         one := claimed.job;
         return next one;
-        stale := stale or claimed.far;
+        if claimed.far and not claimed.lane_id = any(far_lanes) then
+            far_lanes := far_lanes || claimed.lane_id;
+        end if;
     end loop;
-    if stale then
-        -- Each lane's first row still visible (held by a claim in flight, or
-        -- free) is its new head when 64 or more past the hint.
+    if cardinality(far_lanes) > 0 then
+        -- Each such lane's first row still visible (held by a claim in
+        -- flight, or free) is its new head.
         select array_agg(l.lane_id order by l.lane_id), array_agg(f.lane_seq order by l.lane_id)
           into hint_lanes, hint_seqs
-          from awa.lanes as l
-          left join lateral (
-              select x.head_seq from awa.lane_heads as x where x.lane_id = l.lane_id
-              offset 0
-          ) as hd on true
+          from unnest(far_lanes) as l (lane_id)
+         cross join lateral (
+             select coalesce(max(y.head_seq), 0) as head_seq
+               from awa.lane_heads as y
+              where y.lane_id = l.lane_id
+         ) as hd
          cross join lateral (
              select r.lane_seq
                from awa.ready as r
-              where r.lane_id = l.lane_id and r.lane_seq >= coalesce(hd.head_seq, 0)
+              where r.lane_id = l.lane_id and r.lane_seq >= hd.head_seq
               order by r.lane_seq
               limit 1
          ) as f
-         where l.queue_id = first_queue and f.lane_seq >= coalesce(hd.head_seq, 0) + 64;
+         where f.lane_seq >= hd.head_seq + awa._claim_hint_step();
         if hint_lanes is not null then
             perform awa._advance_lane_heads(hint_lanes, hint_seqs);
         end if;

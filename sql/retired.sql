@@ -21,3 +21,6 @@ drop function if exists awa._lock_lanes(integer[], smallint[], smallint[]);
 drop function if exists awa._claim_merged(
     integer[], bigint[], smallint[], smallint[], text[], integer, text, interval
 );
+-- Unreleased: one claim path walks the lanes from a random start (ADR 023);
+-- the merge is gone.
+drop function if exists awa._claim_merged(text[], integer, text, interval);

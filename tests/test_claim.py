@@ -44,10 +44,10 @@ def fill(db, logins, queue: str, jobs: int, shards: int, priorities=(2,)) -> Non
 @pytest.mark.parametrize("max_jobs", [1, 10])
 @pytest.mark.parametrize("workers", [2, 8])
 @pytest.mark.parametrize("shards, priorities", [(4, (2,)), (1, (1, 2, 3, 4))],
-                         ids=["merged", "lane-by-lane"])
+                         ids=["S4", "S1"])
 def test_workers_drain_with_no_empty_claim_and_fifo_per_lane(
         db, logins, workers, max_jobs, shards, priorities):
-    """4 lanes hold jobs (S = 4 at one priority: claims merge them; S = 1 at
+    """4 lanes hold jobs (S = 4 at one priority: claims walk them from a random lane; S = 1 at
     four priorities: claims go lane by lane); 2 workers (fewer than the
     lanes) or 8 (more) claim and complete in separate transactions. A claim
     comes back short only once every job is claimed or held by another
@@ -186,7 +186,7 @@ def test_claim_cost_does_not_follow_dead_rows(db, logins, shards):
     """No vacuum runs, and an open transaction keeps every dead row visible
     to someone, so not even index entries can be marked dead: a claim after
     20,000 jobs went through the lanes reads what it read after 1,000, lane
-    by lane (S = 1) and merged (S = 4)."""
+    by lane at S = 1 and at S = 4."""
     fill(db, logins, "dead", 25_000, shards=shards)
     with db.connect() as admin, db.connect(autocommit=False) as horizon:
         admin.execute("alter table awa.ready set (autovacuum_enabled = off)")
