@@ -2453,8 +2453,10 @@ begin
             m.lane_id,
             -- Far enough past its lane's hint that the hint may move.
             m.lane_seq >= m.head_seq + awa._claim_hint_step() as far
+          -- In claim order (priority, then the walk): the order the DELETE
+          -- yields its rows, which assigned run_lease in that order; no sort
+          -- (ADR 020's rule for RETURNING rows; tests/test_claim_order.py).
           from moved as m
-         order by m.priority, m.run_lease
     loop
         one := claimed.job;
         return next one;
