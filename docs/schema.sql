@@ -122,17 +122,150 @@ CREATE UNLOGGED TABLE awa.copy_staging (
 
 CREATE TABLE awa.finished (
     job_id bigint NOT NULL,
+    slot smallint NOT NULL,
     queue_id integer NOT NULL,
     priority smallint NOT NULL,
     kind text NOT NULL,
     state text NOT NULL,
     attempt integer NOT NULL,
+    max_attempts integer NOT NULL,
     enqueued_at timestamp with time zone NOT NULL,
     finished_at timestamp with time zone DEFAULT now() NOT NULL,
+    args jsonb,
+    ordering_key bytea,
     last_error text,
-    CONSTRAINT finished_pkey PRIMARY KEY (job_id),
-    CONSTRAINT finished_state_known CHECK ((state = ANY (ARRAY['completed'::text, 'failed'::text])))
-);
+    CONSTRAINT finished_pkey PRIMARY KEY (job_id, slot),
+    CONSTRAINT finished_slot_range CHECK (((slot >= 0) AND (slot <= 63))),
+    CONSTRAINT finished_state_known CHECK ((state = ANY (ARRAY['completed'::text, 'failed'::text, 'cancelled'::text])))
+) PARTITION BY LIST (slot);
+
+CREATE TABLE awa.finished_00 PARTITION OF awa.finished FOR VALUES IN ('0');
+
+CREATE TABLE awa.finished_01 PARTITION OF awa.finished FOR VALUES IN ('1');
+
+CREATE TABLE awa.finished_02 PARTITION OF awa.finished FOR VALUES IN ('2');
+
+CREATE TABLE awa.finished_03 PARTITION OF awa.finished FOR VALUES IN ('3');
+
+CREATE TABLE awa.finished_04 PARTITION OF awa.finished FOR VALUES IN ('4');
+
+CREATE TABLE awa.finished_05 PARTITION OF awa.finished FOR VALUES IN ('5');
+
+CREATE TABLE awa.finished_06 PARTITION OF awa.finished FOR VALUES IN ('6');
+
+CREATE TABLE awa.finished_07 PARTITION OF awa.finished FOR VALUES IN ('7');
+
+CREATE TABLE awa.finished_08 PARTITION OF awa.finished FOR VALUES IN ('8');
+
+CREATE TABLE awa.finished_09 PARTITION OF awa.finished FOR VALUES IN ('9');
+
+CREATE TABLE awa.finished_10 PARTITION OF awa.finished FOR VALUES IN ('10');
+
+CREATE TABLE awa.finished_11 PARTITION OF awa.finished FOR VALUES IN ('11');
+
+CREATE TABLE awa.finished_12 PARTITION OF awa.finished FOR VALUES IN ('12');
+
+CREATE TABLE awa.finished_13 PARTITION OF awa.finished FOR VALUES IN ('13');
+
+CREATE TABLE awa.finished_14 PARTITION OF awa.finished FOR VALUES IN ('14');
+
+CREATE TABLE awa.finished_15 PARTITION OF awa.finished FOR VALUES IN ('15');
+
+CREATE TABLE awa.finished_16 PARTITION OF awa.finished FOR VALUES IN ('16');
+
+CREATE TABLE awa.finished_17 PARTITION OF awa.finished FOR VALUES IN ('17');
+
+CREATE TABLE awa.finished_18 PARTITION OF awa.finished FOR VALUES IN ('18');
+
+CREATE TABLE awa.finished_19 PARTITION OF awa.finished FOR VALUES IN ('19');
+
+CREATE TABLE awa.finished_20 PARTITION OF awa.finished FOR VALUES IN ('20');
+
+CREATE TABLE awa.finished_21 PARTITION OF awa.finished FOR VALUES IN ('21');
+
+CREATE TABLE awa.finished_22 PARTITION OF awa.finished FOR VALUES IN ('22');
+
+CREATE TABLE awa.finished_23 PARTITION OF awa.finished FOR VALUES IN ('23');
+
+CREATE TABLE awa.finished_24 PARTITION OF awa.finished FOR VALUES IN ('24');
+
+CREATE TABLE awa.finished_25 PARTITION OF awa.finished FOR VALUES IN ('25');
+
+CREATE TABLE awa.finished_26 PARTITION OF awa.finished FOR VALUES IN ('26');
+
+CREATE TABLE awa.finished_27 PARTITION OF awa.finished FOR VALUES IN ('27');
+
+CREATE TABLE awa.finished_28 PARTITION OF awa.finished FOR VALUES IN ('28');
+
+CREATE TABLE awa.finished_29 PARTITION OF awa.finished FOR VALUES IN ('29');
+
+CREATE TABLE awa.finished_30 PARTITION OF awa.finished FOR VALUES IN ('30');
+
+CREATE TABLE awa.finished_31 PARTITION OF awa.finished FOR VALUES IN ('31');
+
+CREATE TABLE awa.finished_32 PARTITION OF awa.finished FOR VALUES IN ('32');
+
+CREATE TABLE awa.finished_33 PARTITION OF awa.finished FOR VALUES IN ('33');
+
+CREATE TABLE awa.finished_34 PARTITION OF awa.finished FOR VALUES IN ('34');
+
+CREATE TABLE awa.finished_35 PARTITION OF awa.finished FOR VALUES IN ('35');
+
+CREATE TABLE awa.finished_36 PARTITION OF awa.finished FOR VALUES IN ('36');
+
+CREATE TABLE awa.finished_37 PARTITION OF awa.finished FOR VALUES IN ('37');
+
+CREATE TABLE awa.finished_38 PARTITION OF awa.finished FOR VALUES IN ('38');
+
+CREATE TABLE awa.finished_39 PARTITION OF awa.finished FOR VALUES IN ('39');
+
+CREATE TABLE awa.finished_40 PARTITION OF awa.finished FOR VALUES IN ('40');
+
+CREATE TABLE awa.finished_41 PARTITION OF awa.finished FOR VALUES IN ('41');
+
+CREATE TABLE awa.finished_42 PARTITION OF awa.finished FOR VALUES IN ('42');
+
+CREATE TABLE awa.finished_43 PARTITION OF awa.finished FOR VALUES IN ('43');
+
+CREATE TABLE awa.finished_44 PARTITION OF awa.finished FOR VALUES IN ('44');
+
+CREATE TABLE awa.finished_45 PARTITION OF awa.finished FOR VALUES IN ('45');
+
+CREATE TABLE awa.finished_46 PARTITION OF awa.finished FOR VALUES IN ('46');
+
+CREATE TABLE awa.finished_47 PARTITION OF awa.finished FOR VALUES IN ('47');
+
+CREATE TABLE awa.finished_48 PARTITION OF awa.finished FOR VALUES IN ('48');
+
+CREATE TABLE awa.finished_49 PARTITION OF awa.finished FOR VALUES IN ('49');
+
+CREATE TABLE awa.finished_50 PARTITION OF awa.finished FOR VALUES IN ('50');
+
+CREATE TABLE awa.finished_51 PARTITION OF awa.finished FOR VALUES IN ('51');
+
+CREATE TABLE awa.finished_52 PARTITION OF awa.finished FOR VALUES IN ('52');
+
+CREATE TABLE awa.finished_53 PARTITION OF awa.finished FOR VALUES IN ('53');
+
+CREATE TABLE awa.finished_54 PARTITION OF awa.finished FOR VALUES IN ('54');
+
+CREATE TABLE awa.finished_55 PARTITION OF awa.finished FOR VALUES IN ('55');
+
+CREATE TABLE awa.finished_56 PARTITION OF awa.finished FOR VALUES IN ('56');
+
+CREATE TABLE awa.finished_57 PARTITION OF awa.finished FOR VALUES IN ('57');
+
+CREATE TABLE awa.finished_58 PARTITION OF awa.finished FOR VALUES IN ('58');
+
+CREATE TABLE awa.finished_59 PARTITION OF awa.finished FOR VALUES IN ('59');
+
+CREATE TABLE awa.finished_60 PARTITION OF awa.finished FOR VALUES IN ('60');
+
+CREATE TABLE awa.finished_61 PARTITION OF awa.finished FOR VALUES IN ('61');
+
+CREATE TABLE awa.finished_62 PARTITION OF awa.finished FOR VALUES IN ('62');
+
+CREATE TABLE awa.finished_63 PARTITION OF awa.finished FOR VALUES IN ('63');
 
 CREATE UNLOGGED TABLE awa.lane_heads (
     lane_id integer NOT NULL,
@@ -171,6 +304,11 @@ CREATE TABLE awa.queue_meta (
     partitioned_fifo_accepted_at timestamp with time zone,
     lane_ids integer[] DEFAULT array_fill(NULL::integer, ARRAY[4, 64], ARRAY[1, 0]) NOT NULL,
     lane_seqs regclass[] DEFAULT array_fill(NULL::regclass, ARRAY[4, 64], ARRAY[1, 0]) NOT NULL,
+    retain_completed interval,
+    retain_failed interval,
+    completed_seq regclass,
+    failed_seq regclass,
+    cancelled_seq regclass,
     CONSTRAINT queue_meta_pkey PRIMARY KEY (queue),
     CONSTRAINT queue_meta_enqueue_shards_range CHECK (((enqueue_shards >= 1) AND (enqueue_shards <= 64))),
     CONSTRAINT queue_meta_lane_ids_shape CHECK ((array_dims(lane_ids) = '[1:4][0:63]'::text)),
@@ -178,6 +316,7 @@ CREATE TABLE awa.queue_meta (
     CONSTRAINT queue_meta_max_shards_range CHECK (((max_shards >= 1) AND (max_shards <= 64))),
     CONSTRAINT queue_meta_partitions_range CHECK (((partitions >= 1) AND (partitions <= 32767))),
     CONSTRAINT queue_meta_queue_id_key UNIQUE (queue_id),
+    CONSTRAINT queue_meta_retention_positive CHECK (((retain_completed > '00:00:00'::interval) AND (retain_failed > '00:00:00'::interval))),
     CONSTRAINT queue_meta_shard_mode_known CHECK ((shard_mode = ANY (ARRAY['manual'::text, 'shadow'::text, 'auto'::text]))),
     CONSTRAINT queue_meta_stripes_range CHECK (((stripes >= 1) AND (stripes <= 64)))
 );
@@ -224,6 +363,7 @@ CREATE TABLE awa.running (
     claimed_at timestamp with time zone DEFAULT now() NOT NULL,
     heartbeat_at timestamp with time zone DEFAULT now() NOT NULL,
     lease_expires_at timestamp with time zone NOT NULL,
+    completed_seq regclass,
     CONSTRAINT running_pkey PRIMARY KEY (job_id)
 ) WITH (autovacuum_vacuum_scale_factor=0.0, autovacuum_vacuum_threshold=5000);
 
@@ -322,13 +462,15 @@ CREATE INDEX contention_samples_sampled_at_idx ON awa.contention_samples USING b
 
 CREATE INDEX copy_staging_xid_idx ON awa.copy_staging USING btree (staged_xid, staged_id);
 
-CREATE INDEX finished_queue_state_idx ON awa.finished USING btree (queue_id, state);
+CREATE INDEX finished_queue_state_idx ON ONLY awa.finished USING btree (queue_id, state, job_id);
 
 CREATE INDEX queue_meta_logical_queue_idx ON awa.queue_meta USING btree (logical_queue) WHERE (logical_queue IS NOT NULL);
 
 CREATE INDEX queue_meta_root_queue_idx ON awa.queue_meta USING btree (root_queue) WHERE (root_queue IS NOT NULL);
 
 CREATE INDEX running_lease_expires_at_idx ON awa.running USING btree (lease_expires_at);
+
+CREATE INDEX scheduled_queue_idx ON awa.scheduled USING btree (queue_id, job_id);
 
 CREATE INDEX scheduled_run_at_idx ON awa.scheduled USING btree (run_at);
 
@@ -366,20 +508,14 @@ CREATE VIEW awa.lane_overview AS
     l.priority,
     l.shard,
     l.lane_id,
-    l.shard >= m.enqueue_shards AND COALESCE(r.ready, 0::bigint) > 0 AS draining,
-    COALESCE(r.ready, 0::bigint) AS ready,
-    now() - r.oldest_ready_at AS lag,
-    awa._lane_next_seq(l.lane_id) AS next_seq,
-    r.head_seq AS claim_position,
+    l.shard >= m.enqueue_shards AND l.ready > 0 AS draining,
+    l.ready,
+    now() - l.oldest_ready_at AS lag,
+    l.next_seq,
+    l.head_seq AS claim_position,
     COALESCE(m.root_queue, m.logical_queue, m.queue) AS logical_queue
-   FROM awa.lanes l
-     JOIN awa.queue_meta m ON l.queue_id = m.queue_id
-     LEFT JOIN ( SELECT x.lane_id,
-            count(*) AS ready,
-            min(x.ready_at) AS oldest_ready_at,
-            min(x.lane_seq) AS head_seq
-           FROM awa.ready x
-          GROUP BY x.lane_id) r ON l.lane_id = r.lane_id;
+   FROM awa.queue_meta m
+     CROSS JOIN LATERAL awa._lane_states(m.queue_id) l(lane_id, priority, shard, ready, oldest_ready_at, next_seq, head_seq);
 
 CREATE VIEW awa.queue_history AS
  SELECT s.sampled_at,
@@ -399,34 +535,32 @@ CREATE VIEW awa.queue_overview AS
     m.shard_mode,
     m.max_shards,
     m.paused,
-    COALESCE(r.ready, 0::bigint) AS ready,
+    COALESCE(r.ready, 0::numeric)::bigint AS ready,
     COALESCE(ru.running, 0::bigint) AS running,
-    COALESCE(s.scheduled, 0::bigint) AS scheduled,
-    COALESCE(f.failed, 0::bigint) AS failed,
-    COALESCE(f.completed, 0::bigint) AS completed,
+    s.scheduled,
+    t.failed,
+    t.completed,
     now() - r.oldest_ready_at AS oldest_ready_age,
     COALESCE(m.root_queue, m.logical_queue, m.queue) AS logical_queue,
     m.stripes,
-    m.partitions
+    m.partitions,
+    t.cancelled,
+    t.retain_completed,
+    t.retain_failed
    FROM awa.queue_meta m
-     LEFT JOIN ( SELECT x.queue_id,
-            count(*) AS ready,
-            min(x.ready_at) AS oldest_ready_at
-           FROM awa.ready x
-          GROUP BY x.queue_id) r ON m.queue_id = r.queue_id
+     CROSS JOIN LATERAL ( SELECT sum(x.ready) AS ready,
+            min(x.oldest_ready_at) AS oldest_ready_at
+           FROM awa._lane_states(m.queue_id) x(lane_id, priority, shard, ready, oldest_ready_at, next_seq, head_seq)) r
+     CROSS JOIN LATERAL awa._finished_totals(m.queue_id) t(completed, failed, cancelled, retain_completed, retain_failed)
+     CROSS JOIN LATERAL ( SELECT count(*) AS scheduled
+           FROM ( SELECT
+                   FROM awa.scheduled x
+                  WHERE x.queue_id = m.queue_id
+                 LIMIT 10000) capped) s
      LEFT JOIN ( SELECT x.queue_id,
             count(*) AS running
            FROM awa.running x
-          GROUP BY x.queue_id) ru ON m.queue_id = ru.queue_id
-     LEFT JOIN ( SELECT x.queue_id,
-            count(*) AS scheduled
-           FROM awa.scheduled x
-          GROUP BY x.queue_id) s ON m.queue_id = s.queue_id
-     LEFT JOIN ( SELECT x.queue_id,
-            count(*) FILTER (WHERE x.state = 'failed'::text) AS failed,
-            count(*) FILTER (WHERE x.state = 'completed'::text) AS completed
-           FROM awa.finished x
-          GROUP BY x.queue_id) f ON m.queue_id = f.queue_id;
+          GROUP BY x.queue_id) ru ON m.queue_id = ru.queue_id;
 
 CREATE VIEW awa.runtime_overview AS
  SELECT instance_id,
@@ -883,30 +1017,15 @@ begin
     update awa.contention_samples as s
        set enqueued = d.enqueued, ready = d.ready, oldest_ready_at = d.oldest_ready_at
       from (
-          select x.queue_id,
-                 sum(x.last_seq)::bigint as enqueued,
-                 case when x.watched
-                      then coalesce(sum(x.last_seq - x.head_seq + 1), 0)
-                 end as ready,
-                 min(x.head_ready_at) as oldest_ready_at
-            from (
-                select l.queue_id,
-                       m.shard_mode <> 'manual' as watched,
-                       coalesce(pg_catalog.pg_sequence_last_value(l.seq), 0) as last_seq,
-                       h.lane_seq as head_seq,
-                       h.ready_at as head_ready_at
-                  from awa.queue_meta as m
-                  join awa.lanes as l on l.queue_id = m.queue_id
-                  left join lateral (
-                      select r.lane_seq, r.ready_at from awa.ready as r
-                       where m.shard_mode <> 'manual' and r.lane_id = l.lane_id
-                       order by r.lane_seq
-                       limit 1
-                  ) as h on true
-                -- each sequence read once, not once per aggregate using it
-                offset 0
-            ) as x
-           group by x.queue_id, x.watched
+          select m.queue_id,
+                 sum(x.next_seq - 1)::bigint as enqueued,
+                 case when m.shard_mode <> 'manual' then coalesce(sum(x.ready), 0) end
+                     ::bigint as ready,
+                 case when m.shard_mode <> 'manual' then min(x.oldest_ready_at) end
+                     as oldest_ready_at
+            from awa.queue_meta as m
+           cross join lateral awa._lane_states(m.queue_id) as x
+           group by m.queue_id, m.shard_mode
       ) as d
      where s.queue_id = d.queue_id and s.sampled_at = at;
 end;
@@ -1074,6 +1193,74 @@ CREATE OR REPLACE FUNCTION awa._ensure_stripe(logical text, stripe integer)
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
     select * from awa._ensure_linked(logical || '#' || stripe, logical, true)
+$function$;
+
+CREATE OR REPLACE FUNCTION awa._finish(job awa.running, state text, error text)
+ RETURNS void
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+begin
+    insert into awa.finished (
+        job_id, slot, queue_id, priority, kind, state, attempt, max_attempts, enqueued_at,
+        args, ordering_key, last_error
+    ) values (
+        job.job_id, awa._finished_slot(state, now()), job.queue_id, job.priority, job.kind,
+        state, job.attempt, job.max_attempts, job.enqueued_at, job.args, job.ordering_key,
+        error
+    );
+    perform nextval(case state when 'failed' then m.failed_seq else m.cancelled_seq end)
+       from awa.queue_meta as m
+      where m.queue_id = job.queue_id;
+end;
+$function$;
+
+CREATE OR REPLACE FUNCTION awa._finished_ring_slots()
+ RETURNS integer
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+    select 32
+$function$;
+
+CREATE OR REPLACE FUNCTION awa._finished_slot(state text, at timestamp with time zone)
+ RETURNS smallint
+ LANGUAGE sql
+ STABLE PARALLEL SAFE
+AS $function$
+    select (
+        case when state operator(pg_catalog.=) 'completed' then 0
+             else awa._finished_ring_slots() end
+        operator(pg_catalog.+)
+        (pg_catalog.floor(
+            pg_catalog.date_part('epoch', at)
+            operator(pg_catalog./) awa._finished_slot_seconds(state)
+        )::bigint operator(pg_catalog.%) awa._finished_ring_slots())
+    )::smallint
+$function$;
+
+CREATE OR REPLACE FUNCTION awa._finished_slot_seconds(state text)
+ RETURNS integer
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+    select case when state operator(pg_catalog.=) 'completed' then 3600 else 21600 end
+$function$;
+
+CREATE OR REPLACE FUNCTION awa._finished_totals(queue_id integer)
+ RETURNS TABLE(completed bigint, failed bigint, cancelled bigint, retain_completed interval, retain_failed interval)
+ LANGUAGE sql
+ STABLE SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+    select
+        coalesce(pg_sequence_last_value(m.completed_seq), 0),
+        coalesce(pg_sequence_last_value(m.failed_seq), 0),
+        coalesce(pg_sequence_last_value(m.cancelled_seq), 0),
+        awa._retention('completed', m.retain_completed, m.retain_failed),
+        awa._retention('failed', m.retain_completed, m.retain_failed)
+      from awa.queue_meta as m
+     where m.queue_id = _finished_totals.queue_id
 $function$;
 
 CREATE OR REPLACE FUNCTION awa._grant_execute(routine regprocedure, VARIADIC capabilities text[] DEFAULT '{}'::text[])
@@ -1288,6 +1475,59 @@ AS $function$
     select 'lane_seq_' || lane_id
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._lane_states(queue_id integer)
+ RETURNS TABLE(lane_id integer, priority smallint, shard smallint, ready bigint, oldest_ready_at timestamp with time zone, next_seq bigint, head_seq bigint)
+ LANGUAGE plpgsql
+ STABLE SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+ SET enable_seqscan TO 'off'
+AS $function$
+declare
+    -- awa.lane_heads is unlogged: a standby cannot read it, and starts at
+    -- the beginning of each lane instead.
+    hints boolean := not pg_is_in_recovery();
+begin
+    if hints then
+        return query
+        select
+            l.lane_id, l.priority, l.shard,
+            case when f.lane_seq is null then 0
+                 else pg_sequence_last_value(l.seq) - f.lane_seq + 1 end,
+            f.ready_at,
+            coalesce(pg_sequence_last_value(l.seq), 0) + 1,
+            f.lane_seq
+          from awa.lanes as l
+          left join awa.lane_heads as h on h.lane_id = l.lane_id
+          left join lateral (
+              select r.lane_seq, r.ready_at
+                from awa.ready as r
+               where r.lane_id = l.lane_id and r.lane_seq >= coalesce(h.head_seq, 0)
+               order by r.lane_seq
+               limit 1
+          ) as f on true
+         where l.queue_id = _lane_states.queue_id;
+    else
+        return query
+        select
+            l.lane_id, l.priority, l.shard,
+            case when f.lane_seq is null then 0
+                 else pg_sequence_last_value(l.seq) - f.lane_seq + 1 end,
+            f.ready_at,
+            coalesce(pg_sequence_last_value(l.seq), 0) + 1,
+            f.lane_seq
+          from awa.lanes as l
+          left join lateral (
+              select r.lane_seq, r.ready_at
+                from awa.ready as r
+               where r.lane_id = l.lane_id
+               order by r.lane_seq
+               limit 1
+          ) as f on true
+         where l.queue_id = _lane_states.queue_id;
+    end if;
+end;
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._lane_wait_total(started timestamp with time zone, finished timestamp with time zone)
  RETURNS text
  LANGUAGE sql
@@ -1358,6 +1598,14 @@ CREATE OR REPLACE FUNCTION awa._lock_class_provisioning()
  IMMUTABLE PARALLEL SAFE
 AS $function$
     select 1635213648
+$function$;
+
+CREATE OR REPLACE FUNCTION awa._lock_class_prune()
+ RETURNS integer
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+    select 1635213650
 $function$;
 
 CREATE OR REPLACE FUNCTION awa._lock_lane_groups(qids integer[], ps smallint[], kss smallint[], ns bigint[], OUT g_qid integer[], OUT g_p smallint[], OUT g_ks smallint[], OUT g_lane integer[], OUT g_shard smallint[], OUT g_base bigint[])
@@ -1920,6 +2168,37 @@ AS $function$
     )
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._provision_counters(queue_id integer)
+ RETURNS void
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+declare
+    st text;
+    seqs regclass[] := '{}';
+    so_far bigint;
+begin
+    if exists (select from awa.queue_meta as m
+                where m.queue_id = _provision_counters.queue_id and m.completed_seq is not null) then
+        return;
+    end if;
+    foreach st in array array['completed', 'failed', 'cancelled'] loop
+        execute format('create sequence if not exists awa.%I as bigint',
+                       'queue_' || queue_id || '_' || st);
+        seqs := seqs || format('awa.%I', 'queue_' || queue_id || '_' || st)::regclass;
+        select count(*) into so_far
+          from awa.finished as f
+         where f.queue_id = _provision_counters.queue_id and f.state = st;
+        if so_far > 0 then
+            perform setval(seqs[cardinality(seqs)], so_far);
+        end if;
+    end loop;
+    update awa.queue_meta as m
+       set completed_seq = seqs[1], failed_seq = seqs[2], cancelled_seq = seqs[3]
+     where m.queue_id = _provision_counters.queue_id;
+end;
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._provision_lanes(queue_id integer, shards integer)
  RETURNS integer
  LANGUAGE plpgsql
@@ -1961,7 +2240,73 @@ begin
         update awa.queue_meta as m set lane_ids = ids, lane_seqs = seqs
          where m.queue_id = _provision_lanes.queue_id;
     end if;
+    perform awa._provision_counters(_provision_lanes.queue_id);
     return created;
+end;
+$function$;
+
+CREATE OR REPLACE FUNCTION awa._prune_slot(slot integer)
+ RETURNS bigint
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+declare
+    ring_state text := case when slot < awa._finished_ring_slots() then 'completed' else 'failed' end;
+    width integer := awa._finished_slot_seconds(ring_state);
+    n integer := awa._finished_ring_slots();
+    current_period bigint := floor(date_part('epoch', now()) / width)::bigint;
+    current_slot integer := awa._finished_slot(ring_state, now());
+    -- The latest period this slot was written in: no row in it finished later.
+    written_until timestamptz;
+    longest interval;
+    part text := format('awa.%I', 'finished_' || lpad(slot::text, 2, '0'));
+    any_rows boolean;
+    rows_in bigint;
+    kept bigint := 0;
+begin
+    if slot = current_slot then
+        return 0;
+    end if;
+    written_until := to_timestamp(
+        (current_period - ((current_slot - slot + n) % n) + 1)::double precision * width
+    );
+    execute format('select exists (select from %s)', part) into strict any_rows;
+    if not any_rows then
+        return 0;
+    end if;
+    select max(awa._retention(ring_state, m.retain_completed, m.retain_failed))
+      into longest
+      from awa.queue_meta as m;
+    longest := coalesce(longest, awa._retention(ring_state, null, null));
+    if written_until + longest >= now() and slot % n <> (current_slot + 1) % n then
+        return 0;
+    end if;
+    begin
+        execute format('lock table %s in access exclusive mode', part);
+    exception when lock_not_available then
+        return 0;
+    end;
+    execute format('select count(*) from %s', part) into strict rows_in;
+    if written_until + longest >= now() then
+        -- The ring's next slot, with rows still to keep: they move on.
+        execute format($f$
+            insert into awa.finished (
+                job_id, slot, queue_id, priority, kind, state, attempt, max_attempts,
+                enqueued_at, finished_at, args, ordering_key, last_error
+            )
+            select
+                f.job_id, awa._finished_slot(f.state, now()), f.queue_id, f.priority, f.kind,
+                f.state, f.attempt, f.max_attempts, f.enqueued_at, f.finished_at, f.args,
+                f.ordering_key, f.last_error
+              from %s as f
+              join awa.queue_meta as m on m.queue_id = f.queue_id
+             where f.finished_at + awa._retention(f.state, m.retain_completed, m.retain_failed)
+                   >= now()
+        $f$, part);
+        get diagnostics kept = row_count;
+    end if;
+    execute format('truncate %s', part);
+    return rows_in - kept;
 end;
 $function$;
 
@@ -2024,6 +2369,16 @@ begin
 end;
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._retention(state text, retain_completed interval, retain_failed interval)
+ RETURNS interval
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+    select case when state operator(pg_catalog.=) 'completed'
+                then coalesce(retain_completed, interval '24 hours')
+                else coalesce(retain_failed, interval '7 days') end
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._retry_or_fail(job awa.running, error text, retry_at timestamp with time zone)
  RETURNS void
  LANGUAGE plpgsql
@@ -2031,12 +2386,7 @@ CREATE OR REPLACE FUNCTION awa._retry_or_fail(job awa.running, error text, retry
 AS $function$
 begin
     if job.attempt >= job.max_attempts then
-        insert into awa.finished (
-            job_id, queue_id, priority, kind, state, attempt, enqueued_at, last_error
-        ) values (
-            job.job_id, job.queue_id, job.priority, job.kind, 'failed', job.attempt,
-            job.enqueued_at, error
-        );
+        perform awa._finish(job, 'failed', error);
     else
         insert into awa.scheduled (
             job_id, queue_id, priority, kind, args, ordering_key, attempt, max_attempts,
@@ -2400,9 +2750,9 @@ begin
     -- locking, once max_jobs rows are locked.
     for claimed in
         with picked as (
-            select h.tid, l.queue, l.shard, coalesce(hd.head_seq, 0) as head_seq
+            select h.tid, l.queue, l.shard, coalesce(hd.head_seq, 0) as head_seq, l.completed_seq
               from (
-                  select x.lane_id, x.priority, x.shard, m.queue
+                  select x.lane_id, x.priority, x.shard, m.queue, m.completed_seq
                     from awa.queue_meta as m
                    cross join lateral (
                        select y.lane_id, y.priority, y.shard
@@ -2431,18 +2781,19 @@ begin
             delete from awa.ready as r
              using picked as p
              where r.ctid = p.tid
-            returning r.*, p.queue as lane_queue, p.shard, p.head_seq,
+            returning r.*, p.queue as lane_queue, p.shard, p.head_seq, p.completed_seq,
                 nextval('awa.run_lease_seq') as run_lease
         ),
         started as (
             insert into awa.running (
                 job_id, run_lease, lane_id, lane_seq, queue_id, priority, kind, args,
-                ordering_key, attempt, max_attempts, enqueued_at, worker, lease_expires_at
+                ordering_key, attempt, max_attempts, enqueued_at, worker, lease_expires_at,
+                completed_seq
             )
             select
                 m.job_id, m.run_lease, m.lane_id, m.lane_seq, m.queue_id, m.priority, m.kind,
                 m.args, m.ordering_key, m.attempt + 1, m.max_attempts, m.enqueued_at,
-                claim.worker, now() + claim.lease
+                claim.worker, now() + claim.lease, m.completed_seq
               from moved as m
         )
         select
@@ -2497,15 +2848,26 @@ CREATE OR REPLACE FUNCTION awa.complete(job_id bigint, run_lease bigint)
  SET search_path TO 'pg_catalog', 'pg_temp'
  SET enable_seqscan TO 'off'
 AS $function$
+declare
+    counted bigint;
 begin
     with done as (
         delete from awa.running as r
          where r.job_id = complete.job_id and r.run_lease = complete.run_lease
-        returning r.*
+        returning r.job_id, r.queue_id, r.priority, r.kind, r.attempt, r.max_attempts,
+            r.enqueued_at, r.completed_seq
+    ),
+    kept as (
+        insert into awa.finished (
+            job_id, slot, queue_id, priority, kind, state, attempt, max_attempts, enqueued_at
+        )
+        select
+            d.job_id, awa._finished_slot('completed', now()), d.queue_id, d.priority, d.kind,
+            'completed', d.attempt, d.max_attempts, d.enqueued_at
+          from done as d
     )
-    insert into awa.finished (job_id, queue_id, priority, kind, state, attempt, enqueued_at)
-    select d.job_id, d.queue_id, d.priority, d.kind, 'completed', d.attempt, d.enqueued_at
-      from done as d;
+    -- The queue's counter, which the claim copied into the running row.
+    select nextval(d.completed_seq) into counted from done as d;
     return found;
 end;
 $function$;
@@ -2961,6 +3323,26 @@ begin
 end;
 $function$;
 
+CREATE OR REPLACE FUNCTION awa.prune_finished()
+ RETURNS bigint
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+ SET lock_timeout TO '100ms'
+AS $function$
+declare
+    removed bigint := 0;
+begin
+    if not pg_try_advisory_xact_lock(awa._lock_class_prune(), 0) then
+        return 0;
+    end if;
+    for s in 0 .. 2 * awa._finished_ring_slots() - 1 loop
+        removed := removed + awa._prune_slot(s);
+    end loop;
+    return removed;
+end;
+$function$;
+
 CREATE OR REPLACE FUNCTION awa.publish_runtime(instance_id uuid, kind text, host text, pid integer, version text, in_flight integer, activity jsonb)
  RETURNS integer
  LANGUAGE plpgsql
@@ -3025,6 +3407,29 @@ begin
     get diagnostics removed = row_count;
     return removed;
 end;
+$function$;
+
+CREATE OR REPLACE FUNCTION awa.queue_counts(queue text)
+ RETURNS TABLE(queue text, ready bigint, running bigint, scheduled bigint, completed_kept bigint, failed_kept bigint, cancelled_kept bigint)
+ LANGUAGE sql
+ STABLE SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+    select
+        m.queue,
+        (select count(*) from awa.ready as x where x.queue_id = m.queue_id),
+        (select count(*) from awa.running as x where x.queue_id = m.queue_id),
+        (select count(*) from awa.scheduled as x where x.queue_id = m.queue_id),
+        (select count(*) from awa.finished as x
+          where x.queue_id = m.queue_id and x.state = 'completed'),
+        (select count(*) from awa.finished as x
+          where x.queue_id = m.queue_id and x.state = 'failed'),
+        (select count(*) from awa.finished as x
+          where x.queue_id = m.queue_id and x.state = 'cancelled')
+      from awa.queue_meta as m
+     where m.queue = queue_counts.queue or m.logical_queue = queue_counts.queue
+        or m.root_queue = queue_counts.queue
+     order by m.queue
 $function$;
 
 CREATE OR REPLACE FUNCTION awa.remove_runtime(instance_id uuid)
@@ -3201,6 +3606,33 @@ begin
 end;
 $function$;
 
+CREATE OR REPLACE FUNCTION awa.set_retention(queue text, completed interval, failed interval)
+ RETURNS void
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+declare
+    changed integer;
+begin
+    if completed <= interval '0' or completed > interval '10 years'
+       or failed <= interval '0' or failed > interval '10 years' then
+        raise exception 'retention must be above 0 and at most 10 years, got completed %, failed %',
+            coalesce(completed::text, 'default'), coalesce(failed::text, 'default')
+            using errcode = '22023';
+    end if;
+    update awa.queue_meta as m
+       set retain_completed = set_retention.completed, retain_failed = set_retention.failed
+     where m.queue = set_retention.queue or m.logical_queue = set_retention.queue
+        or m.root_queue = set_retention.queue;
+    get diagnostics changed = row_count;
+    if changed = 0 then
+        raise exception 'queue % does not exist', coalesce(queue, 'null')
+            using errcode = '42704';
+    end if;
+end;
+$function$;
+
 CREATE OR REPLACE FUNCTION awa.set_shard_mode(queue text, mode text, max_shards integer DEFAULT NULL::integer)
  RETURNS TABLE(logical_queue text, shard_mode text, max_enqueue_shards smallint)
  LANGUAGE plpgsql
@@ -3309,7 +3741,11 @@ COMMENT ON COLUMN awa.copy_staging.staged_by IS 'Provenance: the login that stag
 
 COMMENT ON COLUMN awa.copy_staging.staged_xid IS 'The staging transaction; awa.enqueue_copied() moves only its own transaction''s rows.';
 
+COMMENT ON COLUMN awa.finished.slot IS 'The slot the row was written in (awa._finished_slot): 0-31 completed, one per hour; 32-63 failed and cancelled, one per 6 hours.';
+
 COMMENT ON COLUMN awa.lanes.seq IS 'The lane''s own sequence, awa.lane_seq_<lane_id>, owned by the owner role.';
+
+COMMENT ON COLUMN awa.queue_meta.completed_seq IS 'Counter of the queue''s completed jobs (a sequence; see awa.queue_overview).';
 
 COMMENT ON COLUMN awa.queue_meta.enqueue_shards IS 'S: lanes per (queue, priority); 1 keeps strict FIFO, more gives partitioned FIFO.';
 
@@ -3326,6 +3762,10 @@ COMMENT ON COLUMN awa.queue_meta.partitions IS 'P: how many partitions new enque
 COMMENT ON COLUMN awa.queue_meta.paused IS 'A paused queue accepts enqueues but yields nothing to claim.';
 
 COMMENT ON COLUMN awa.queue_meta.queue_id IS 'Stable numeric id of the physical queue, used in lock keys and internal names.';
+
+COMMENT ON COLUMN awa.queue_meta.retain_completed IS 'How long completed jobs are kept (awa.set_retention); null: the default, 24 hours.';
+
+COMMENT ON COLUMN awa.queue_meta.retain_failed IS 'How long failed and cancelled jobs are kept (awa.set_retention); null: the default, 7 days.';
 
 COMMENT ON COLUMN awa.queue_meta.root_queue IS 'For a partition or a stripe: the logical queue at the top (claims, pauses and shard changes by that name cover this queue). Null for a logical name''s own row.';
 
@@ -3353,7 +3793,7 @@ COMMENT ON TABLE awa.copy_pending IS 'Transactions with COPY rows staged; a defe
 
 COMMENT ON TABLE awa.copy_staging IS 'COPY target for producers: COPY awa.copy_staging (queue, priority, ordering_key, kind, args, run_at, max_attempts) FROM STDIN, then select awa.enqueue_copied() in the same transaction (or just commit: the rows are enqueued at commit). Unlogged: no staged row outlives its transaction.';
 
-COMMENT ON TABLE awa.finished IS 'Terminal jobs: completed, or failed after max_attempts. Prune with awa.prune_finished().';
+COMMENT ON TABLE awa.finished IS 'Terminal jobs: completed, failed after max_attempts, or cancelled; kept for the queue''s retention, then removed by awa.prune_finished(), which empties whole slots with TRUNCATE. Failed and cancelled rows keep args, ordering_key and max_attempts.';
 
 COMMENT ON TABLE awa.lane_heads IS 'Claim hint per lane: every row of the lane below head_seq is gone for good, so claims start their scan there. Written by awa.claim; a missing row means lane_seq 0.';
 
@@ -3383,11 +3823,11 @@ COMMENT ON TABLE awa.shard_changes IS 'Every change of a physical queue''s enque
 
 COMMENT ON VIEW awa.lane_contention IS 'Per queue over the last minute of contention samples: mean backends waiting per held lane, the share of samples with any lane waited for, and enqueues per second (from the samples of awa.autoscale_tick(), which read the enqueue counter).';
 
-COMMENT ON VIEW awa.lane_overview IS 'Per lane: ready depth, lag (age of its oldest ready job), the next lane_seq it will hand out, and the claim position (lane_seq of its head). draining: shard >= the current S with ready jobs left.';
+COMMENT ON VIEW awa.lane_overview IS 'Per lane: ready depth (the span of its live lane_seqs), lag (age of its oldest ready job), the next lane_seq it will hand out, and the claim position (lane_seq of its head). draining: shard >= the current S with ready jobs left.';
 
 COMMENT ON VIEW awa.queue_history IS 'Per physical queue and contention sample (the last hour): lanes held, backends waiting, and where awa.autoscale_tick() counted the lanes the sum of the lane sequences (its difference between samples is enqueues; null in a sample taken alone), and ready depth and lag (oldest ready job) for queues in shadow or auto mode.';
 
-COMMENT ON VIEW awa.queue_overview IS 'Per physical queue: S, shard mode, paused, job counts by state, age of the oldest ready job; logical_queue names the logical queue a partition or stripe belongs to (itself otherwise); stripes is K; partitions is P for a partitioned logical queue.';
+COMMENT ON VIEW awa.queue_overview IS 'Per physical queue: S, shard mode, paused; ready (the span of its lanes'' live lane_seqs), running, scheduled (counted up to 10,000), and counters of completed, failed and cancelled jobs; age of the oldest ready job; retention. logical_queue names the logical queue a partition or stripe belongs to (itself otherwise); stripes is K; partitions is P for a partitioned logical queue. Its cost follows queues and lanes, not jobs: exact counts are awa.queue_counts(queue).';
 
 COMMENT ON VIEW awa.runtime_overview IS 'Python producers and workers that published a snapshot in the last 30 seconds.';
 
@@ -3409,9 +3849,11 @@ GRANT SELECT ON TABLE awa.runtime_overview TO awa_operator, awa_reader;
 GRANT SELECT ON TABLE awa.runtime_queue_overview TO awa_operator, awa_reader;
 GRANT SELECT ON TABLE awa.shard_change_evidence TO awa_operator, awa_reader;
 GRANT SELECT ON TABLE awa.shard_changes TO awa_operator, awa_reader;
+GRANT EXECUTE ON FUNCTION awa._finished_totals(integer) TO awa_operator, awa_reader;
 GRANT EXECUTE ON FUNCTION awa._hash64_limbs(bytea) TO awa_maintenance, awa_operator, awa_producer, awa_reader, awa_worker;
 GRANT EXECUTE ON FUNCTION awa._key_shard(bytea,integer) TO awa_maintenance, awa_operator, awa_producer, awa_reader, awa_worker;
 GRANT EXECUTE ON FUNCTION awa._lane_next_seq(integer) TO awa_operator, awa_reader;
+GRANT EXECUTE ON FUNCTION awa._lane_states(integer) TO awa_operator, awa_reader;
 GRANT EXECUTE ON FUNCTION awa._limbs_mod(bigint[],integer) TO awa_maintenance, awa_operator, awa_producer, awa_reader, awa_worker;
 GRANT EXECUTE ON FUNCTION awa._limbs_numeric(bigint[]) TO awa_maintenance, awa_operator, awa_producer, awa_reader, awa_worker;
 GRANT EXECUTE ON FUNCTION awa._mix_limbs(bytea,bigint,bigint) TO awa_maintenance, awa_operator, awa_producer, awa_reader, awa_worker;
@@ -3433,7 +3875,9 @@ GRANT EXECUTE ON FUNCTION awa.partition_hash64(bytea) TO awa_maintenance, awa_op
 GRANT EXECUTE ON FUNCTION awa.partition_queue_names(text,integer) TO awa_maintenance, awa_operator, awa_producer, awa_reader, awa_worker;
 GRANT EXECUTE ON FUNCTION awa.pause_queue(text) TO awa_operator;
 GRANT EXECUTE ON FUNCTION awa.promote_due(integer) TO awa_maintenance;
+GRANT EXECUTE ON FUNCTION awa.prune_finished() TO awa_maintenance;
 GRANT EXECUTE ON FUNCTION awa.publish_runtime(uuid,text,text,integer,text,integer,jsonb) TO awa_producer, awa_worker;
+GRANT EXECUTE ON FUNCTION awa.queue_counts(text) TO awa_operator, awa_reader;
 GRANT EXECUTE ON FUNCTION awa.remove_runtime(uuid) TO awa_producer, awa_worker;
 GRANT EXECUTE ON FUNCTION awa.rescue_expired(integer) TO awa_maintenance;
 GRANT EXECUTE ON FUNCTION awa.resume_queue(text) TO awa_operator;
@@ -3442,6 +3886,7 @@ GRANT EXECUTE ON FUNCTION awa.set_autoscale_policy(text,interval,numeric,numeric
 GRANT EXECUTE ON FUNCTION awa.set_enqueue_shards(text,integer) TO awa_operator;
 GRANT EXECUTE ON FUNCTION awa.set_queue_partitions(text,integer) TO awa_operator;
 GRANT EXECUTE ON FUNCTION awa.set_queue_stripes(text,integer) TO awa_operator;
+GRANT EXECUTE ON FUNCTION awa.set_retention(text,interval,interval) TO awa_operator;
 GRANT EXECUTE ON FUNCTION awa.set_shard_mode(text,text,integer) TO awa_operator;
 GRANT EXECUTE ON FUNCTION awa.shard_for_ordering_key(bytea,integer) TO awa_maintenance, awa_operator, awa_producer, awa_reader, awa_worker;
 GRANT EXECUTE ON FUNCTION awa.stripe_for_ordering_key(bytea,integer) TO awa_maintenance, awa_operator, awa_producer, awa_reader, awa_worker;

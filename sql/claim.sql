@@ -135,9 +135,9 @@ begin
     -- locking, once max_jobs rows are locked.
     for claimed in
         with picked as (
-            select h.tid, l.queue, l.shard, coalesce(hd.head_seq, 0) as head_seq
+            select h.tid, l.queue, l.shard, coalesce(hd.head_seq, 0) as head_seq, l.completed_seq
               from (
-                  select x.lane_id, x.priority, x.shard, m.queue
+                  select x.lane_id, x.priority, x.shard, m.queue, m.completed_seq
                     from awa.queue_meta as m
                    cross join lateral (
                        select y.lane_id, y.priority, y.shard
@@ -166,18 +166,19 @@ begin
             delete from awa.ready as r
              using picked as p
              where r.ctid = p.tid
-            returning r.*, p.queue as lane_queue, p.shard, p.head_seq,
+            returning r.*, p.queue as lane_queue, p.shard, p.head_seq, p.completed_seq,
                 nextval('awa.run_lease_seq') as run_lease
         ),
         started as (
             insert into awa.running (
                 job_id, run_lease, lane_id, lane_seq, queue_id, priority, kind, args,
-                ordering_key, attempt, max_attempts, enqueued_at, worker, lease_expires_at
+                ordering_key, attempt, max_attempts, enqueued_at, worker, lease_expires_at,
+                completed_seq
             )
             select
                 m.job_id, m.run_lease, m.lane_id, m.lane_seq, m.queue_id, m.priority, m.kind,
                 m.args, m.ordering_key, m.attempt + 1, m.max_attempts, m.enqueued_at,
-                claim.worker, now() + claim.lease
+                claim.worker, now() + claim.lease, m.completed_seq
               from moved as m
         )
         select
@@ -226,7 +227,10 @@ end;
 $$;
 
 -- Function: awa.complete(job_id bigint, run_lease bigint) returns boolean
--- Marks a running job completed. False, changing nothing, when the lease is
+-- Marks a running job completed: a narrow row in the completed ring of
+-- awa.finished (no args: a completed job is not run again) and one more on
+-- the queue's completed counter (copied into the running row by the
+-- claim: no lookup of the queue). False, changing nothing, when the lease is
 -- stale (the job was rescued and claimed again, or already finished).
 -- Role: awa_worker.
 create or replace function awa.complete(job_id bigint, run_lease bigint)
@@ -236,16 +240,52 @@ security definer
 set search_path = pg_catalog, pg_temp
 set enable_seqscan = off
 as $$
+declare
+    counted bigint;
 begin
     with done as (
         delete from awa.running as r
          where r.job_id = complete.job_id and r.run_lease = complete.run_lease
-        returning r.*
+        returning r.job_id, r.queue_id, r.priority, r.kind, r.attempt, r.max_attempts,
+            r.enqueued_at, r.completed_seq
+    ),
+    kept as (
+        insert into awa.finished (
+            job_id, slot, queue_id, priority, kind, state, attempt, max_attempts, enqueued_at
+        )
+        select
+            d.job_id, awa._finished_slot('completed', now()), d.queue_id, d.priority, d.kind,
+            'completed', d.attempt, d.max_attempts, d.enqueued_at
+          from done as d
     )
-    insert into awa.finished (job_id, queue_id, priority, kind, state, attempt, enqueued_at)
-    select d.job_id, d.queue_id, d.priority, d.kind, 'completed', d.attempt, d.enqueued_at
-      from done as d;
+    -- The queue's counter, which the claim copied into the running row.
+    select nextval(d.completed_seq) into counted from done as d;
     return found;
+end;
+$$;
+
+-- Function: awa._finish(job awa.running, state text, error text) returns void
+-- A job that will not run again unless an operator retries it: a row in
+-- the failed-and-cancelled ring of awa.finished with what a retry needs
+-- (args, ordering key, max_attempts), and one more on the queue's counter
+-- for `state` ('failed' or 'cancelled').
+create or replace function awa._finish(job awa.running, state text, error text)
+returns void
+language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    insert into awa.finished (
+        job_id, slot, queue_id, priority, kind, state, attempt, max_attempts, enqueued_at,
+        args, ordering_key, last_error
+    ) values (
+        job.job_id, awa._finished_slot(state, now()), job.queue_id, job.priority, job.kind,
+        state, job.attempt, job.max_attempts, job.enqueued_at, job.args, job.ordering_key,
+        error
+    );
+    perform nextval(case state when 'failed' then m.failed_seq else m.cancelled_seq end)
+       from awa.queue_meta as m
+      where m.queue_id = job.queue_id;
 end;
 $$;
 
@@ -262,12 +302,7 @@ set search_path = pg_catalog, pg_temp
 as $$
 begin
     if job.attempt >= job.max_attempts then
-        insert into awa.finished (
-            job_id, queue_id, priority, kind, state, attempt, enqueued_at, last_error
-        ) values (
-            job.job_id, job.queue_id, job.priority, job.kind, 'failed', job.attempt,
-            job.enqueued_at, error
-        );
+        perform awa._finish(job, 'failed', error);
     else
         insert into awa.scheduled (
             job_id, queue_id, priority, kind, args, ordering_key, attempt, max_attempts,
@@ -377,6 +412,7 @@ select awa._grant_execute('awa._claim_hint_step()');
 select awa._grant_execute('awa._claim_lane_order(smallint, integer, integer)');
 select awa._grant_execute('awa.claim(text[], integer, text, interval)', 'worker');
 select awa._grant_execute('awa.complete(bigint, bigint)', 'worker');
+select awa._grant_execute('awa._finish(awa.running, text, text)');
 select awa._grant_execute('awa._retry_or_fail(awa.running, text, timestamptz)');
 select awa._grant_execute('awa.fail(bigint, bigint, text, timestamptz)', 'worker');
 select awa._grant_execute('awa.heartbeat(bigint, bigint, interval)', 'worker');

@@ -83,12 +83,11 @@ end;
 $$;
 
 -- Function: awa._count_lanes(at timestamptz) returns void
--- Completes the samples taken at `at` with what needs a read of each lane:
--- every queue's enqueue counter, the sum of its lanes' sequences; and for
--- queues in shadow or auto mode the ready depth and the oldest ready job,
--- from each lane's head (one primary-key probe) and its sequence: rows from
--- the head to the last lane_seq handed out, a rolled-back enqueue behind the
--- head counted too, and no scan of the backlog. Each sequence is read once.
+-- Completes the samples taken at `at` with what needs a read of each lane
+-- (awa._lane_states: a head probe from the claim hint and a sequence read
+-- per lane, no scan of the backlog): every queue's enqueue counter, the sum
+-- of its lanes' sequences; and for queues in shadow or auto mode the ready
+-- depth and the oldest ready job.
 create or replace function awa._count_lanes(at timestamptz)
 returns void
 language plpgsql
@@ -98,30 +97,15 @@ begin
     update awa.contention_samples as s
        set enqueued = d.enqueued, ready = d.ready, oldest_ready_at = d.oldest_ready_at
       from (
-          select x.queue_id,
-                 sum(x.last_seq)::bigint as enqueued,
-                 case when x.watched
-                      then coalesce(sum(x.last_seq - x.head_seq + 1), 0)
-                 end as ready,
-                 min(x.head_ready_at) as oldest_ready_at
-            from (
-                select l.queue_id,
-                       m.shard_mode <> 'manual' as watched,
-                       coalesce(pg_catalog.pg_sequence_last_value(l.seq), 0) as last_seq,
-                       h.lane_seq as head_seq,
-                       h.ready_at as head_ready_at
-                  from awa.queue_meta as m
-                  join awa.lanes as l on l.queue_id = m.queue_id
-                  left join lateral (
-                      select r.lane_seq, r.ready_at from awa.ready as r
-                       where m.shard_mode <> 'manual' and r.lane_id = l.lane_id
-                       order by r.lane_seq
-                       limit 1
-                  ) as h on true
-                -- each sequence read once, not once per aggregate using it
-                offset 0
-            ) as x
-           group by x.queue_id, x.watched
+          select m.queue_id,
+                 sum(x.next_seq - 1)::bigint as enqueued,
+                 case when m.shard_mode <> 'manual' then coalesce(sum(x.ready), 0) end
+                     ::bigint as ready,
+                 case when m.shard_mode <> 'manual' then min(x.oldest_ready_at) end
+                     as oldest_ready_at
+            from awa.queue_meta as m
+           cross join lateral awa._lane_states(m.queue_id) as x
+           group by m.queue_id, m.shard_mode
       ) as d
      where s.queue_id = d.queue_id and s.sampled_at = at;
 end;

@@ -94,6 +94,16 @@ as $$
     select 1635213635
 $$;
 
+-- Function: awa._lock_class_prune() returns integer
+-- Held by awa.prune_finished, so that one prune runs at a time.
+create or replace function awa._lock_class_prune()
+returns integer
+language sql
+immutable parallel safe
+as $$
+    select 1635213650
+$$;
+
 -- Function: awa._lock_class_migrate() returns integer
 create or replace function awa._lock_class_migrate()
 returns integer
@@ -270,6 +280,7 @@ select awa._grant_execute('awa._lock_class_lane()');
 select awa._grant_execute('awa._lock_class_provisioning()');
 select awa._grant_execute('awa._lock_class_autoscale()');
 select awa._grant_execute('awa._lock_class_copy()');
+select awa._grant_execute('awa._lock_class_prune()');
 select awa._grant_execute('awa._lock_class_migrate()');
 select awa._grant_execute('awa._role_for(text)');
 select awa._grant_execute('awa._grant_execute(regprocedure, text[])');

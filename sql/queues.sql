@@ -137,11 +137,51 @@ begin
 end;
 $$;
 
+-- Function: awa._provision_counters(queue_id integer) returns void
+-- Gives a physical queue its terminal counters when it has none: one
+-- sequence per terminal state, awa.queue_<queue_id>_<state>, recorded in
+-- awa.queue_meta (completed_seq, failed_seq, cancelled_seq). A sequence,
+-- because every worker that finishes a job moves it: nextval never waits
+-- for another transaction and leaves no dead row. A queue that already had
+-- terminal jobs (an upgrade) starts at their count. The caller holds the
+-- provisioning lock, or runs in the function layer's transaction.
+create or replace function awa._provision_counters(queue_id integer)
+returns void
+language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    st text;
+    seqs regclass[] := '{}';
+    so_far bigint;
+begin
+    if exists (select from awa.queue_meta as m
+                where m.queue_id = _provision_counters.queue_id and m.completed_seq is not null) then
+        return;
+    end if;
+    foreach st in array array['completed', 'failed', 'cancelled'] loop
+        execute format('create sequence if not exists awa.%I as bigint',
+                       'queue_' || queue_id || '_' || st);
+        seqs := seqs || format('awa.%I', 'queue_' || queue_id || '_' || st)::regclass;
+        select count(*) into so_far
+          from awa.finished as f
+         where f.queue_id = _provision_counters.queue_id and f.state = st;
+        if so_far > 0 then
+            perform setval(seqs[cardinality(seqs)], so_far);
+        end if;
+    end loop;
+    update awa.queue_meta as m
+       set completed_seq = seqs[1], failed_seq = seqs[2], cancelled_seq = seqs[3]
+     where m.queue_id = _provision_counters.queue_id;
+end;
+$$;
+
 -- Function: awa._provision_lanes(queue_id integer, shards integer) returns integer
 -- Creates every missing (priority, shard) lane below shards for one physical
 -- queue, each with its own sequence awa.lane_seq_<lane_id>, and records
--- them in the queue's awa.queue_meta.lane_ids and lane_seqs. Returns how
--- many lanes it created. The caller holds the provisioning lock.
+-- them in the queue's awa.queue_meta.lane_ids and lane_seqs; and the
+-- queue's terminal counters (awa._provision_counters) when it has none.
+-- Returns how many lanes it created. The caller holds the provisioning lock.
 create or replace function awa._provision_lanes(queue_id integer, shards integer)
 returns integer
 language plpgsql
@@ -183,6 +223,7 @@ begin
         update awa.queue_meta as m set lane_ids = ids, lane_seqs = seqs
          where m.queue_id = _provision_lanes.queue_id;
     end if;
+    perform awa._provision_counters(_provision_lanes.queue_id);
     return created;
 end;
 $$;
@@ -387,6 +428,7 @@ select awa._grant_execute('awa._job_ok(text, text, smallint, integer)');
 select awa._grant_execute('awa._check_queue_name(text)');
 select awa._grant_execute('awa._check_job(text, text, smallint, integer)');
 select awa._grant_execute('awa._check_priority(smallint)');
+select awa._grant_execute('awa._provision_counters(integer)');
 select awa._grant_execute('awa._provision_lanes(integer, integer)');
 select awa._grant_execute('awa._ensure_queue(text)');
 select awa._grant_execute('awa._queue(text)');
@@ -396,3 +438,13 @@ select awa._grant_execute('awa._pick_stripe(awa.queue_meta, bytea)');
 select awa._grant_execute('awa._ensure_partition(text, integer)');
 select awa._grant_execute('awa._route_queue(awa.queue_meta, bytea)');
 select awa._grant_execute('awa._physical_queues(text)');
+
+-- Queues created before the counters existed get theirs, and the jobs
+-- their workers hold carry the completed one, as a claim copies it.
+select awa._provision_counters(m.queue_id)
+  from awa.queue_meta as m
+ where m.completed_seq is null;
+update awa.running as r
+   set completed_seq = m.completed_seq
+  from awa.queue_meta as m
+ where m.queue_id = r.queue_id and r.completed_seq is null;

@@ -18,7 +18,118 @@ $$;
 
 select awa._grant_execute('awa._lane_next_seq(integer)', 'reader', 'operator');
 
+-- Function: awa._lane_states(queue_id integer)
+-- Per lane of one physical queue, from its sequence and its first live row
+-- (found from the claim hint, awa.lane_heads): the ready depth as the span
+-- of lane_seqs from that row to the last one handed out, its ready_at, the
+-- next lane_seq and the claim position. A probe and a sequence read per
+-- lane: the cost of the queue's shape, never of its backlog or history.
+-- The span counts as ready the lane_seqs of enqueues still in flight or
+-- rolled back after that row (exact counts: awa.queue_counts). A definer:
+-- reading a sequence needs a privilege only the owner role has.
+-- Role: awa_reader, awa_operator.
+create or replace function awa._lane_states(queue_id integer)
+returns table (
+    lane_id integer,
+    priority smallint,
+    shard smallint,
+    ready bigint,
+    oldest_ready_at timestamptz,
+    next_seq bigint,
+    head_seq bigint
+)
+language plpgsql
+stable
+security definer
+set search_path = pg_catalog, pg_temp
+set enable_seqscan = off
+as $$
+declare
+    -- awa.lane_heads is unlogged: a standby cannot read it, and starts at
+    -- the beginning of each lane instead.
+    hints boolean := not pg_is_in_recovery();
+begin
+    if hints then
+        return query
+        select
+            l.lane_id, l.priority, l.shard,
+            case when f.lane_seq is null then 0
+                 else pg_sequence_last_value(l.seq) - f.lane_seq + 1 end,
+            f.ready_at,
+            coalesce(pg_sequence_last_value(l.seq), 0) + 1,
+            f.lane_seq
+          from awa.lanes as l
+          left join awa.lane_heads as h on h.lane_id = l.lane_id
+          left join lateral (
+              select r.lane_seq, r.ready_at
+                from awa.ready as r
+               where r.lane_id = l.lane_id and r.lane_seq >= coalesce(h.head_seq, 0)
+               order by r.lane_seq
+               limit 1
+          ) as f on true
+         where l.queue_id = _lane_states.queue_id;
+    else
+        return query
+        select
+            l.lane_id, l.priority, l.shard,
+            case when f.lane_seq is null then 0
+                 else pg_sequence_last_value(l.seq) - f.lane_seq + 1 end,
+            f.ready_at,
+            coalesce(pg_sequence_last_value(l.seq), 0) + 1,
+            f.lane_seq
+          from awa.lanes as l
+          left join lateral (
+              select r.lane_seq, r.ready_at
+                from awa.ready as r
+               where r.lane_id = l.lane_id
+               order by r.lane_seq
+               limit 1
+          ) as f on true
+         where l.queue_id = _lane_states.queue_id;
+    end if;
+end;
+$$;
+
+-- Function: awa._finished_totals(queue_id integer)
+-- The queue's terminal counters (awa._provision_counters): jobs completed,
+-- failed and cancelled since the counters were made, whatever retention
+-- removed since. Non-transactional, as sequences are: a finish that rolls
+-- back still counts. And the retention in force for each. A definer for the
+-- same reason as awa._lane_states, and to apply awa._retention, which only
+-- the owner may call.
+-- Role: awa_reader, awa_operator.
+create or replace function awa._finished_totals(queue_id integer)
+returns table (
+    completed bigint,
+    failed bigint,
+    cancelled bigint,
+    retain_completed interval,
+    retain_failed interval
+)
+language sql
+stable
+security definer
+set search_path = pg_catalog, pg_temp
+as $$
+    select
+        coalesce(pg_sequence_last_value(m.completed_seq), 0),
+        coalesce(pg_sequence_last_value(m.failed_seq), 0),
+        coalesce(pg_sequence_last_value(m.cancelled_seq), 0),
+        awa._retention('completed', m.retain_completed, m.retain_failed),
+        awa._retention('failed', m.retain_completed, m.retain_failed)
+      from awa.queue_meta as m
+     where m.queue_id = _finished_totals.queue_id
+$$;
+
+select awa._grant_execute('awa._lane_states(integer)', 'reader', 'operator');
+select awa._grant_execute('awa._finished_totals(integer)', 'reader', 'operator');
+
 -- View: awa.queue_overview, one row per physical queue.
+-- Reads what the queue's shape costs (its lanes, its counters, its jobs in
+-- flight), never its backlog or history: ready is the lanes' span
+-- (awa._lane_states); scheduled counts up to 10,000; completed,
+-- failed and cancelled are counters since the counters were made.
+-- awa.queue_counts(queue) counts every row, on purpose.
 create or replace view awa.queue_overview as
 select
     m.queue,
@@ -26,51 +137,91 @@ select
     m.shard_mode,
     m.max_shards,
     m.paused,
-    coalesce(r.ready, 0) as ready,
+    coalesce(r.ready, 0)::bigint as ready,
     coalesce(ru.running, 0) as running,
-    coalesce(s.scheduled, 0) as scheduled,
-    coalesce(f.failed, 0) as failed,
-    coalesce(f.completed, 0) as completed,
+    s.scheduled,
+    t.failed,
+    t.completed,
     now() - r.oldest_ready_at as oldest_ready_age,
     coalesce(m.root_queue, m.logical_queue, m.queue) as logical_queue,
     m.stripes,
-    m.partitions
+    m.partitions,
+    t.cancelled,
+    t.retain_completed,
+    t.retain_failed
 from awa.queue_meta as m
-left join (
+cross join lateral (
     select
-        x.queue_id,
-        count(*) as ready,
-        min(x.ready_at) as oldest_ready_at
-    from awa.ready as x
-    group by x.queue_id
-) as r on m.queue_id = r.queue_id
+        sum(x.ready) as ready,
+        min(x.oldest_ready_at) as oldest_ready_at
+    from awa._lane_states(m.queue_id) as x
+) as r
+cross join lateral awa._finished_totals(m.queue_id) as t
+cross join lateral (
+    select count(*) as scheduled
+    from (
+        select from awa.scheduled as x
+        where x.queue_id = m.queue_id
+        -- A count at this cap means at least that many.
+        limit 10000
+    ) as capped
+) as s
 left join (
     select
         x.queue_id,
         count(*) as running
     from awa.running as x
     group by x.queue_id
-) as ru on m.queue_id = ru.queue_id
-left join (
-    select
-        x.queue_id,
-        count(*) as scheduled
-    from awa.scheduled as x
-    group by x.queue_id
-) as s on m.queue_id = s.queue_id
-left join (
-    select
-        x.queue_id,
-        count(*) filter (where x.state = 'failed') as failed,
-        count(*) filter (where x.state = 'completed') as completed
-    from awa.finished as x
-    group by x.queue_id
-) as f on m.queue_id = f.queue_id;
+) as ru on m.queue_id = ru.queue_id;
 
 comment on view awa.queue_overview is
-'Per physical queue: S, shard mode, paused, job counts by state, age of the oldest ready '
-'job; logical_queue names the logical queue a partition or stripe belongs to (itself '
-'otherwise); stripes is K; partitions is P for a partitioned logical queue.';
+'Per physical queue: S, shard mode, paused; ready (the span of its lanes'' live lane_seqs), '
+'running, scheduled (counted up to 10,000), and counters of completed, failed and cancelled '
+'jobs; age of the oldest ready job; retention. logical_queue names the logical queue a '
+'partition or stripe belongs to (itself otherwise); stripes is K; partitions is P for a '
+'partitioned logical queue. Its cost follows queues and lanes, not jobs: exact counts are '
+'awa.queue_counts(queue).';
+
+-- Function: awa.queue_counts(queue text)
+-- Exact job counts of a queue (a logical name covers its partitions and
+-- stripes), one row per physical queue: every ready, running, scheduled
+-- and kept terminal row is counted. It reads every row, so its cost grows
+-- with the backlog and the history: for a dashboard, use
+-- awa.queue_overview; call this on purpose.
+-- Role: awa_reader, awa_operator.
+create or replace function awa.queue_counts(queue text)
+returns table (
+    queue text,
+    ready bigint,
+    running bigint,
+    scheduled bigint,
+    completed_kept bigint,
+    failed_kept bigint,
+    cancelled_kept bigint
+)
+language sql
+stable
+security definer
+set search_path = pg_catalog, pg_temp
+as $$
+    select
+        m.queue,
+        (select count(*) from awa.ready as x where x.queue_id = m.queue_id),
+        (select count(*) from awa.running as x where x.queue_id = m.queue_id),
+        (select count(*) from awa.scheduled as x where x.queue_id = m.queue_id),
+        (select count(*) from awa.finished as x
+          where x.queue_id = m.queue_id and x.state = 'completed'),
+        (select count(*) from awa.finished as x
+          where x.queue_id = m.queue_id and x.state = 'failed'),
+        (select count(*) from awa.finished as x
+          where x.queue_id = m.queue_id and x.state = 'cancelled')
+      from awa.queue_meta as m
+     where m.queue = queue_counts.queue or m.logical_queue = queue_counts.queue
+        or m.root_queue = queue_counts.queue
+     order by m.queue
+$$;
+
+select awa._grant_execute('awa.queue_counts(text)', 'reader', 'operator');
 
 -- View: awa.lane_overview, one row per lane.
 create or replace view awa.lane_overview as
@@ -79,28 +230,19 @@ select
     l.priority,
     l.shard,
     l.lane_id,
-    l.shard >= m.enqueue_shards and coalesce(r.ready, 0) > 0 as draining,
-    coalesce(r.ready, 0) as ready,
-    now() - r.oldest_ready_at as lag,
-    awa._lane_next_seq(l.lane_id) as next_seq,
-    r.head_seq as claim_position,
+    l.shard >= m.enqueue_shards and l.ready > 0 as draining,
+    l.ready,
+    now() - l.oldest_ready_at as lag,
+    l.next_seq,
+    l.head_seq as claim_position,
     coalesce(m.root_queue, m.logical_queue, m.queue) as logical_queue
-from awa.lanes as l
-inner join awa.queue_meta as m on l.queue_id = m.queue_id
-left join (
-    select
-        x.lane_id,
-        count(*) as ready,
-        min(x.ready_at) as oldest_ready_at,
-        min(x.lane_seq) as head_seq
-    from awa.ready as x
-    group by x.lane_id
-) as r on l.lane_id = r.lane_id;
+from awa.queue_meta as m
+cross join lateral awa._lane_states(m.queue_id) as l;
 
 comment on view awa.lane_overview is
-'Per lane: ready depth, lag (age of its oldest ready job), the next lane_seq it will hand '
-'out, and the claim position (lane_seq of its head). draining: shard >= the current S '
-'with ready jobs left.';
+'Per lane: ready depth (the span of its live lane_seqs), lag (age of its oldest ready job), '
+'the next lane_seq it will hand out, and the claim position (lane_seq of its head). '
+'draining: shard >= the current S with ready jobs left.';
 
 select awa._grant_select('awa.queue_overview', 'reader', 'operator');
 select awa._grant_select('awa.lane_overview', 'reader', 'operator');

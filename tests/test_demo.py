@@ -91,7 +91,8 @@ def test_demo_serves_admin_and_metrics_and_sigint_leaves_no_process():
             nonlocal metrics
             metrics = _get(f"{base}/metrics")[1]
             completed = re.search(
-                r'awa_queue_jobs\{[^}]*queue="emails"[^}]*state="completed"[^}]*\} (\d+)', metrics)
+                r'awa_queue_finished_total\{[^}]*queue="emails"[^}]*state="completed"[^}]*\} (\d+)',
+                metrics)
             decided = re.search(
                 r'awa_autoscale_decisions_recent\{action="held",queue="emails"\} (\d+)', metrics)
             return bool(completed and decided and float(completed[1]) > 0

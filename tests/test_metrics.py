@@ -261,8 +261,9 @@ def test_both_exporters_report_the_workload(db, logins, registry, served):
         value(s, "awa_queue_lag_seconds", **orders), abs=0.5)
     assert value(s, "awa_queue_depth", queue="work") == 0
     assert value(s, "awa_queue_lag_seconds", queue="work") == 0
-    assert value(s, "awa_queue_jobs", queue="work", state="completed") == 4
-    assert value(s, "awa_queue_jobs", queue="work", state="failed") == 2
+    assert value(s, "awa_queue_finished_total", queue="work", state="completed") == 4
+    assert value(s, "awa_queue_finished_total", queue="work", state="failed") == 2
+    assert value(s, "awa_queue_finished_total", queue="work", state="cancelled") == 0
 
     # S and the mode are what was set.
     assert value(s, "awa_queue_enqueue_shards", **orders) == 4

@@ -12,6 +12,8 @@ INLINED_FUNCTIONS = (
     "_queue_name_ok", "_priority_ok", "_max_attempts_ok", "_job_ok",
     "_sticky", "_in_turn", "_has_lane_memo", "_lane_memo_name", "_lane_wait_total",
     "_claim_hint_step", "_claim_lane_order",
+    "_lock_class_prune", "_finished_slot_seconds", "_finished_ring_slots", "_finished_slot",
+    "_retention",
 )
 
 QUERIES = {

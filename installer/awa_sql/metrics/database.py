@@ -16,12 +16,14 @@ from typing import Any
 
 import psycopg
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 log = logging.getLogger("awa_sql.metrics")
 
 MODES = ("manual", "shadow", "auto")
+LIVE_STATES = ("ready", "running", "scheduled")
+TERMINAL_STATES = ("completed", "failed", "cancelled")
 ACTIONS = ("raised", "lowered", "would_raise", "would_lower", "held")
 RECENT_DECISIONS = "5 minutes"
 
@@ -31,7 +33,7 @@ select 'queue' as kind, pg_catalog.jsonb_build_object(
     'queue', q.queue, 'logical_queue', q.logical_queue, 'shards', q.enqueue_shards,
     'mode', q.shard_mode, 'max_shards', q.max_shards, 'paused', q.paused,
     'ready', q.ready, 'running', q.running, 'scheduled', q.scheduled, 'failed', q.failed,
-    'completed', q.completed,
+    'completed', q.completed, 'cancelled', q.cancelled,
     'lag', coalesce(extract(epoch from q.oldest_ready_age), 0)) as row
   from awa.queue_overview as q
 union all
@@ -79,8 +81,12 @@ def metric_families(rows: list[tuple[str, dict[str, Any]]]) -> list[Metric]:
         by_kind[kind].append(row)
     ql = ["queue", "logical_queue"]
     depth = _gauge("awa_queue_depth", "Ready jobs (enqueued, not claimed, due now).", ql)
-    jobs = _gauge("awa_queue_jobs", "Jobs by state: ready, running, scheduled, failed, "
-                  "completed (finished rows still kept).", [*ql, "state"])
+    jobs = _gauge("awa_queue_jobs", "Live jobs by state: ready, running, scheduled "
+                  "(scheduled counted up to 10,000).", [*ql, "state"])
+    finished = CounterMetricFamily(
+        "awa_queue_finished", "Jobs that reached a terminal state (completed, failed, "
+        "cancelled), counted in the database whatever retention removed since.",
+        labels=[*ql, "state"])
     lag = _gauge("awa_queue_lag", "Age of the oldest ready job; 0 when none is ready.", ql,
                  unit="seconds")
     shards = _gauge("awa_queue_enqueue_shards", "S, the enqueue shards of the queue.", ql)
@@ -93,8 +99,10 @@ def metric_families(rows: list[tuple[str, dict[str, Any]]]) -> list[Metric]:
     for q in by_kind["queue"]:
         values = [q["queue"], q["logical_queue"]]
         depth.add_metric(values, q["ready"])
-        for state in ("ready", "running", "scheduled", "failed", "completed"):
+        for state in LIVE_STATES:
             jobs.add_metric([*values, state], q[state])
+        for state in TERMINAL_STATES:
+            finished.add_metric([*values, state], q[state])
         lag.add_metric(values, q["lag"])
         shards.add_metric(values, q["shards"])
         if q["max_shards"] is not None:
@@ -159,7 +167,7 @@ def metric_families(rows: list[tuple[str, dict[str, Any]]]) -> list[Metric]:
     for d in by_kind["last_decision"]:
         proposed.add_metric([d["queue"]], d["proposed"])
         last.add_metric([d["queue"]], d["at"])
-    return [depth, jobs, lag, shards, max_shards, mode, paused, lane_depth, lane_lag, draining,
+    return [depth, jobs, finished, lag, shards, max_shards, mode, paused, lane_depth, lane_lag, draining,
             waiters, share, rate, samples, age, logged, recent, proposed, last]
 
 

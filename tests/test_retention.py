@@ -1,0 +1,229 @@
+"""Retention of terminal jobs and their removal by rotation, on real
+PostgreSQL 17 and 18: what a finished row keeps, awa.set_retention's
+checks, awa.prune_finished emptying whole slots (at once when everything in
+a slot is past retention; the ring's next slot after carrying the rows still
+kept), skipping a slot it cannot lock at once, one prune at a time, and no
+job lost while workers complete jobs during prunes.
+
+Rows from the past are written straight into awa.finished as the superuser,
+in the slot awa._finished_slot gives for the moment they finished: the
+state a queue that ran at that time would have left.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import psycopg
+import pytest
+from psycopg.types.json import Jsonb
+
+from tests.support.jobs import claim, enqueue
+
+INSERT_PAST = """
+    insert into awa.finished (job_id, slot, queue_id, priority, kind, state, attempt,
+                              max_attempts, enqueued_at, finished_at)
+    select nextval('awa.job_id_seq'), awa._finished_slot(%(state)s, %(at)s), m.queue_id, 2,
+           'past', %(state)s, 1, 1, %(at)s, %(at)s
+      from awa.queue_meta m, generate_series(1, %(n)s)
+     where m.queue = %(queue)s
+    returning job_id
+"""
+
+
+def past(su, queue: str, state: str, at: str, n: int = 1) -> list[int]:
+    """n terminal rows of `queue` that finished at `at` (an SQL timestamptz expression)."""
+    at_value = su.execute(f"select {at}").fetchone()[0]
+    rows = su.execute(INSERT_PAST, {"queue": queue, "state": state, "at": at_value, "n": n})
+    return [r[0] for r in rows.fetchall()]
+
+
+def kept(su, job_ids: list[int]) -> set[int]:
+    return {r[0] for r in su.execute("select job_id from awa.finished where job_id = any(%s)",
+                                     [job_ids]).fetchall()}
+
+
+def slot_of(su, job_id: int) -> int:
+    return su.execute("select slot from awa.finished where job_id = %s", [job_id]).fetchone()[0]
+
+
+def next_slot(su, state: str) -> int:
+    """The slot of `state`'s ring that is written to next, and when it last was."""
+    return su.execute("select awa._finished_slot(%s, now() + awa._finished_slot_seconds(%s)"
+                      " * interval '1 second')", [state, state]).fetchone()[0]
+
+
+@pytest.fixture
+def su(db):
+    with db.connect() as conn:
+        for q in ("short", "long"):
+            conn.execute("select awa.set_enqueue_shards(%s, 1)", [q])
+        yield conn
+
+
+def test_a_failed_job_keeps_what_a_retry_needs_and_a_completed_one_stays_narrow(db, logins):
+    with db.connect(logins.producer) as p:
+        done = enqueue(p, "keep", args=Jsonb({"n": 1}), ordering_key=b"k1")[0]
+        failed = enqueue(p, "keep", args=Jsonb({"n": 2}), ordering_key=b"k2", max_attempts=1)[0]
+    with db.connect(logins.worker) as w:
+        jobs = {c[0]: c for c in claim(w, ["keep"])}
+        assert w.execute("select awa.complete(%s, %s)", [done, jobs[done][1]]).fetchone()[0]
+        assert w.execute("select awa.fail(%s, %s, 'boom')", [failed, jobs[failed][1]]).fetchone()[0]
+    with db.connect() as su:
+        rows = dict((r[0], r[1:]) for r in su.execute(
+            "select job_id, state, args, ordering_key, max_attempts, attempt, last_error, slot"
+            " from awa.finished").fetchall())
+        assert rows[done][:6] == ("completed", None, None, 25, 1, None)
+        assert rows[failed][:6] == ("failed", {"n": 2}, b"k2", 1, 1, "boom")
+        assert rows[done][6] < 32 <= rows[failed][6]
+        counts = su.execute("select completed, failed, cancelled from awa.queue_overview"
+                            " where queue = 'keep'").fetchone()
+    assert counts == (1, 1, 0)
+
+
+def test_set_retention_checks_its_input_and_covers_every_partition(db, logins):
+    with db.connect(logins.operator) as op:
+        op.execute("select awa.set_queue_partitions('parts', 3)")
+        op.execute("select awa.set_retention('parts', '2 hours', '3 days')")
+        rows = op.execute("select queue, retain_completed, retain_failed from awa.queue_overview"
+                          " where logical_queue = 'parts' order by queue").fetchall()
+        assert [r[0] for r in rows] == ["parts", "parts__p1", "parts__p2"]
+        assert len({r[1:] for r in rows}) == 1
+        assert str(rows[0][1]) == "2:00:00" and rows[0][2].days == 3
+        for bad in (("0 seconds", "1 day"), ("1 hour", "-1 day"), ("11 years", "1 day")):
+            with pytest.raises(psycopg.errors.InvalidParameterValue, match="retention must"):
+                op.execute("select awa.set_retention('parts', %s, %s)", bad)
+        with pytest.raises(psycopg.errors.UndefinedObject, match="queue nope does not exist"):
+            op.execute("select awa.set_retention('nope', '1 hour', '1 day')")
+        op.execute("select awa.set_retention('parts', null, null)")
+        assert op.execute("select retain_completed, retain_failed from awa.queue_overview"
+                          " where queue = 'parts__p2'").fetchone() == (
+            op.execute("select interval '24 hours', interval '7 days'").fetchone())
+    for login in (logins.producer, logins.worker, logins.maintenance, logins.reader):
+        with db.connect(login) as conn, pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("select awa.set_retention('parts', '1 hour', '1 day')")
+
+
+def test_a_slot_past_every_retention_goes_whole(db, su, logins):
+    su.execute("select awa.set_retention('short', '1 hour', '1 day')")
+    su.execute("select awa.set_retention('long', '1 hour', '1 day')")
+    old = past(su, "short", "completed", "now() - interval '3 hours'", 50)
+    recent = past(su, "long", "completed", "now()", 5)
+    with db.connect(logins.maintenance) as m:
+        assert m.execute("select awa.prune_finished()").fetchone()[0] == 50
+        assert m.execute("select awa.prune_finished()").fetchone()[0] == 0
+    assert kept(su, old) == set()
+    assert kept(su, recent) == set(recent)
+
+
+def test_a_slot_with_a_job_still_in_retention_stays_until_its_ring_comes_round(db, su, logins):
+    su.execute("select awa.set_retention('short', '1 hour', '1 day')")
+    su.execute("select awa.set_retention('long', '48 hours', '1 day')")
+    both = past(su, "short", "completed", "now() - interval '3 hours'")
+    both += past(su, "long", "completed", "now() - interval '3 hours'")
+    with db.connect(logins.maintenance) as m:
+        assert m.execute("select awa.prune_finished()").fetchone()[0] == 0
+    assert kept(su, both) == set(both)
+
+
+@pytest.mark.parametrize("state, keep, drop", [
+    ("completed", "48 hours", "1 hour"),
+    ("failed", "10 days", "1 day"),
+    ("cancelled", "10 days", "1 day"),
+])
+def test_the_next_slot_keeps_what_is_still_retained_and_drops_the_rest(
+        db, su, logins, state, keep, drop):
+    """The ring's next slot was last written one ring ago (31 hours for
+    completed jobs, 7.75 days for failed and cancelled ones): before it is
+    written again, its rows still within their queue's retention move to the
+    current slot, and the rest go."""
+    completed = state == "completed"
+    su.execute("select awa.set_retention('long', %s, %s)",
+               [keep, "1 day"] if completed else ["1 hour", keep])
+    su.execute("select awa.set_retention('short', %s, %s)",
+               [drop, "1 day"] if completed else ["1 hour", drop])
+    target = next_slot(su, state)
+    ago = "now() - interval '31 hours'" if completed else "now() - interval '186 hours'"
+    kept_ids = past(su, "long", state, ago, 3)
+    dropped = past(su, "short", state, ago, 4)
+    assert {slot_of(su, j) for j in kept_ids + dropped} == {target}
+    before = su.execute("select job_id, queue_id, state, finished_at from awa.finished"
+                        " where job_id = any(%s) order by job_id", [kept_ids]).fetchall()
+    with db.connect(logins.maintenance) as m:
+        assert m.execute("select awa.prune_finished()").fetchone()[0] == 4
+    assert kept(su, kept_ids + dropped) == set(kept_ids)
+    current = su.execute("select awa._finished_slot(%s, now())", [state]).fetchone()[0]
+    assert {slot_of(su, j) for j in kept_ids} == {current}
+    assert su.execute("select job_id, queue_id, state, finished_at from awa.finished"
+                      " where job_id = any(%s) order by job_id", [kept_ids]).fetchall() == before
+
+
+def test_a_slot_a_reader_holds_is_skipped_then_pruned(db, su, logins):
+    su.execute("select awa.set_retention('short', '1 hour', '1 day')")
+    su.execute("select awa.set_retention('long', '1 hour', '1 day')")
+    old = past(su, "short", "completed", "now() - interval '3 hours'", 10)
+    part = f"awa.finished_{slot_of(su, old[0]):02d}"
+    with db.connect(autocommit=False) as reader, db.connect(logins.maintenance) as m:
+        reader.execute(f"select count(*) from {part}")  # holds its AccessShareLock
+        assert m.execute("select awa.prune_finished()").fetchone()[0] == 0
+        assert kept(su, old) == set(old)
+        reader.rollback()
+        assert m.execute("select awa.prune_finished()").fetchone()[0] == 10
+    assert kept(su, old) == set()
+
+
+def test_one_prune_at_a_time(db, su, logins):
+    su.execute("select awa.set_retention('short', '1 hour', '1 day')")
+    su.execute("select awa.set_retention('long', '1 hour', '1 day')")
+    old = past(su, "short", "completed", "now() - interval '3 hours'", 10)
+    with db.connect(logins.maintenance, autocommit=False) as first, \
+            db.connect(logins.maintenance) as second:
+        assert first.execute("select awa.prune_finished()").fetchone()[0] == 10
+        assert second.execute("select awa.prune_finished()").fetchone()[0] == 0
+        first.rollback()
+    assert kept(su, old) == set(old)
+
+
+def test_no_job_is_lost_while_workers_complete_jobs_during_prunes(db, su, logins):
+    """4 workers claim and complete 2,000 jobs while a maintenance login
+    prunes in a loop; rows put in the ring's next slot, some to drop and
+    some to carry, keep the prunes busy. Every completed job is in
+    awa.finished at the end, and the counter says 2,000."""
+    su.execute("select awa.set_retention('short', '1 hour', '1 day')")
+    su.execute("select awa.set_retention('long', '48 hours', '1 day')")
+    total = 2000
+    with db.connect(logins.producer) as p:
+        p.execute("select awa.enqueue_batch(array_fill('work'::text, array[%s]),"
+                  " array_fill('k'::text, array[%s]))", [total, total])
+    stop = threading.Event()
+    removed: list[int] = []
+
+    def prune() -> None:
+        with db.connect(logins.maintenance) as m:
+            while not stop.is_set():
+                past(su_thread, "short", "completed", "now() - interval '31 hours'", 20)
+                past(su_thread, "long", "completed", "now() - interval '31 hours'", 5)
+                removed.append(m.execute("select awa.prune_finished()").fetchone()[0])
+
+    def work() -> int:
+        done = 0
+        with db.connect(logins.worker) as w:
+            while rows := claim(w, ["work"], 5):
+                for job_id, lease, *_ in rows:
+                    assert w.execute("select awa.complete(%s, %s)", [job_id, lease]).fetchone()[0]
+                    done += 1
+        return done
+
+    with db.connect() as su_thread, ThreadPoolExecutor(5) as pool:
+        pruner = pool.submit(prune)
+        workers = [pool.submit(work) for _ in range(4)]
+        assert sum(f.result() for f in workers) == total
+        stop.set()
+        pruner.result()
+    assert sum(removed) > 0
+    assert su.execute("select count(*), count(distinct job_id) from awa.finished f"
+                      " join awa.queue_meta m using (queue_id) where m.queue = 'work'"
+                      ).fetchone() == (total, total)
+    assert su.execute("select completed from awa.queue_overview where queue = 'work'"
+                      ).fetchone()[0] == total
