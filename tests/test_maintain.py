@@ -27,6 +27,7 @@ from tests.support.pgbouncer import Pooled, log_problems, mark
 from tests.support.waiting import wait_until
 
 LOCKS = {t.name: t.lock_class for t in TASKS}
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def claim(conn, queue: str, lease: str = "5 minutes") -> list[tuple]:
@@ -64,7 +65,7 @@ def test_a_job_for_later_is_claimable_within_two_promote_cadences(db, logins):
             (job,) = m.wait(lambda: claim(w, "later"), "the job to be claimable", 2 + 2 * 1)
         assert job[2] == 1
         assert m.handled("promote") == 1
-        assert "promote: 1 due jobs moved into their lanes" in m.log()
+        assert "promote: moved 1 due job(s) into their lanes" in m.log()
 
 
 def test_a_job_whose_worker_vanished_is_claimable_again_with_its_attempt_counted(db, logins):
@@ -78,7 +79,7 @@ def test_a_job_whose_worker_vanished_is_claimable_again_with_its_attempt_counted
             # Rescued to a retry 2 s later (2^attempt), then promoted.
             again = m.wait(lambda: claim(w, "vanish"), "the job to be claimable again", 20)
             assert m.handled("rescue") == 1
-            assert "rescue: 1 jobs with expired leases" in m.log()
+            assert "rescue: sent 1 job(s) whose lease expired back to retry" in m.log()
         assert [(j, a) for j, _, a in again] == [(job_id, 2)]
         assert w.execute("select awa.complete(%s, %s)", [job_id, lease]).fetchone()[0] is False
 
@@ -97,7 +98,7 @@ def test_a_copy_left_without_enqueue_copied_is_moved(db, logins):
         with MaintainProcess(db.dsn(logins.maintenance), "--move-staged-every", "200ms") as m:
             m.wait(lambda: count(admin, "copy_staging") == 0, "the staged rows to move")
             assert m.handled("move_staged") == 300
-            assert "move_staged: 300 staged COPY rows enqueued" in m.log()
+            assert "move_staged: enqueued 300 staged COPY row(s)" in m.log()
         assert count(admin, "ready", "leftover") == 301
 
 
@@ -143,6 +144,14 @@ def test_the_lock_classes_are_the_packages_own(db):
     assert len(sql_classes) >= 5, sql_classes
     assert len(set(LOCKS.values())) == len(LOCKS)
     assert not set(LOCKS.values()) & set(sql_classes.values()), (LOCKS, sql_classes)
+
+
+def test_operations_md_gives_each_task_its_lock_class_flag_and_cadence():
+    ops = (ROOT / "docs" / "operations.md").read_text()
+    for t in TASKS:
+        tag = t.lock_class.to_bytes(4, "big").decode()
+        assert f"| {t.name} | {t.lock_class} (`{tag}`)" in ops, t.name
+        assert f"| {t.every:g} s | `{t.flag}` |" in ops, t.name
 
 
 # -- stopping, restarts, the prune task, flags ----------------------------------------
@@ -230,7 +239,7 @@ def test_prune_is_skipped_while_prune_finished_is_not_installed(db, logins):
             m.wait_for_pass("prune")
             assert m.handled("prune") >= 7
             assert "prune: awa.prune_finished() is installed now" in m.log()
-            assert "prune: 7 finished jobs pruned" in m.log()
+            assert "prune: pruned 7 finished job(s)" in m.log()
 
 
 @pytest.mark.parametrize(("flag", "value", "says"), [

@@ -61,11 +61,12 @@ class Task:
         return f"--{self.name.replace('_', '-')}-every"
 
 
-def _scalar(statement: str, params: tuple, noun: str) -> Callable[[psycopg.Connection],
-                                                                   tuple[int, str]]:
+def _scalar(statement: str, params: tuple, did: str) -> Callable[[psycopg.Connection],
+                                                                  tuple[int, str]]:
+    """A call that returns how many it handled; ``did`` says what, with {n}."""
     def call(conn: psycopg.Connection) -> tuple[int, str]:
         count = conn.execute(statement, params).fetchone()[0] or 0
-        return count, f"{count} {noun}"
+        return count, did.format(n=count)
     return call
 
 
@@ -79,21 +80,22 @@ def _autoscale(conn: psycopg.Connection) -> tuple[int, str]:
 # (L, P, A, C, M), and differ from all of them; tests/test_maintain.py checks.
 TASKS: tuple[Task, ...] = (
     Task("promote", "awa.promote_due(integer)", _lock_class(b"awaD"), 1.0,
-         _scalar("select awa.promote_due(%s)", (BATCH,), "due jobs moved into their lanes"),
+         _scalar("select awa.promote_due(%s)", (BATCH,), "moved {n} due job(s) into their lanes"),
          batch=BATCH),
     Task("rescue", "awa.rescue_expired(integer)", _lock_class(b"awaR"), 5.0,
          _scalar("select awa.rescue_expired(%s)", (BATCH,),
-                 "jobs with expired leases sent back to retry (or failed)"),
+                 "sent {n} job(s) whose lease expired back to retry (or failed them)"),
          batch=BATCH),
     Task("move_staged", "awa.move_staged(integer)", _lock_class(b"awaS"), 5.0,
-         _scalar("select awa.move_staged()", (), "staged COPY rows enqueued")),
+         _scalar("select awa.move_staged()", (), "enqueued {n} staged COPY row(s)")),
     Task("autoscale", "awa.autoscale_tick()", _lock_class(b"awaT"), 5.0, _autoscale),
     Task("prune", "awa.prune_finished()", _lock_class(b"awaF"), 60.0,
-         _scalar("select awa.prune_finished()", (), "finished jobs pruned")),
+         _scalar("select awa.prune_finished()", (), "pruned {n} finished job(s)")),
 )
 TASK_NAMES = tuple(t.name for t in TASKS)
 
-# One statement before the call, in the pass's transaction.
+# The first statement of each pass's transaction. The setting and the lock
+# end with the transaction: nothing stays on the server connection.
 PROLOGUE = (
     "select pg_catalog.set_config('statement_timeout', %s, true),"
     " pg_catalog.to_regprocedure(%s) is not null,"
