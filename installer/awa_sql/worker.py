@@ -102,7 +102,7 @@ class Worker:
             self.dsn, "worker", every=snapshot_every, in_flight=lambda: len(self._running))
         # The maintenance loop in-process (its login needs awa_maintenance too):
         # True for the default cadences, or {task: seconds or None} for others.
-        self.maintainer = None if maintain is False else Maintainer(
+        self.maintainer = None if maintain is None or maintain is False else Maintainer(
             self.dsn, every=None if maintain is True else maintain)
 
     def stop(self) -> None:
