@@ -158,6 +158,9 @@ def _one_line(err: BaseException) -> str:
 
 
 class Maintainer:
+    """The loop: ``run()`` blocks until ``stop()``; ``every`` maps task names
+    (TASK_NAMES) to cadences in seconds, None turning a task off."""
+
     def __init__(self, dsn: str | None = None, *,
                  every: Mapping[str, float | None] | None = None,
                  statement_timeout: float = STATEMENT_TIMEOUT,
@@ -250,7 +253,7 @@ class Maintainer:
     def _serve(self, conn: psycopg.Connection) -> None:
         """Passes, each task when it is due, until stopped; raises when the
         connection is gone."""
-        while self.tasks and not self._stop.is_set():
+        while not self._stop.is_set():
             task = min(self.tasks, key=lambda t: self._due[t.name])
             if self._stop.wait(max(0.0, self._due[task.name] - time.monotonic())):
                 return
