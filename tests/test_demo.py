@@ -99,6 +99,12 @@ def test_demo_serves_admin_and_metrics_and_sigint_leaves_no_process():
                         and float(decided[1]) > 0)
         wait_until(scraped, 30, "jobs completed and auto-scaler decisions in /metrics")
         assert 'awa_queue_enqueue_shards{logical_queue="emails",queue="emails"} 1.0' in metrics
+        # The maintenance loop runs in the demo: a job that failed its first
+        # attempt was promoted for its retry and completed.
+        with psycopg.connect(psql, autocommit=True) as conn:
+            wait_until(lambda: conn.execute(
+                "select exists (select from awa.finished where state = 'completed'"
+                " and attempt > 1)").fetchone()[0], 30, "a retried job to complete")
         assert re.search(r'awa_queue_shard_mode\{[^}]*mode="shadow"[^}]*\} 1\.0', metrics)
         assert _server_processes(data_dir)
     finally:

@@ -12,7 +12,6 @@ import collections
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import timedelta
 
 import psycopg
@@ -24,47 +23,10 @@ from awa_sql.connect import behind_pooler, connect
 from awa_sql.roles import Roles
 from awa_sql.source import Migration, checksum, load_migrations
 from awa_sql.worker import Worker
-from tests.support.database import Database
-from tests.support.pgbouncer import POOL_SIZE, PgBouncer
+from tests.support.pgbouncer import POOL_SIZE, Pooled, log_problems, mark
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.pgbouncer
-
-
-@dataclass
-class Pooled:
-    """A test database reached through PgBouncer."""
-
-    db: Database
-    bouncer: PgBouncer
-
-    def dsn(self, user: str | None = None) -> str:
-        return self.bouncer.dsn(self.db.dsn(user))
-
-    def connect(self, user: str | None = None, autocommit: bool = True) -> psycopg.Connection:
-        return connect(self.dsn(user), autocommit=autocommit)
-
-
-@dataclass
-class LogMark:
-    bouncer_at: int
-    server_at: int
-
-
-def mark(p: Pooled) -> LogMark:
-    return LogMark(p.bouncer.log_size(), p.db.cluster.server.log_file.stat().st_size)
-
-
-def log_problems(p: Pooled, since: LogMark) -> list[str]:
-    """PgBouncer's warnings and errors, and the server's errors, since ``since``."""
-    found = [f"pgbouncer: {line}" for line in p.bouncer.log_text(since.bouncer_at).splitlines()
-             if " WARNING " in line or " ERROR " in line]
-    with p.db.cluster.server.log_file.open("rb") as f:
-        f.seek(since.server_at)
-        server = f.read().decode("utf-8", "replace")
-    found += [f"server: {line}" for line in server.splitlines()
-              if "ERROR:" in line or "FATAL:" in line]
-    return found
 
 
 @pytest.fixture

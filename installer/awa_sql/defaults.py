@@ -6,3 +6,4 @@ from __future__ import annotations
 LOCAL_HOST = "127.0.0.1"  # the embedded server's address; HTTP servers bind it by default
 ADMIN_PORT = 8700  # awa admin serve, and the demo's admin page and /metrics
 METRICS_PORT = 9187  # awa metrics serve
+MAINTAIN_METRICS_PORT = 9189  # awa maintain's own /metrics

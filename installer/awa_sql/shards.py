@@ -92,6 +92,10 @@ class Decision:
         d["decided_at"] = self.decided_at.isoformat()
         return d
 
+    def summary(self) -> str:
+        return (f"{self.queue}: {self.action} S {self.current_shards} -> {self.proposed_shards}"
+                f" ({self.mode}): {self.reason}")
+
 
 # last_decided_at: a run of identical holds is one row of the log (its latest tick).
 DECISION_COLUMNS = (

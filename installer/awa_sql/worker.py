@@ -10,7 +10,9 @@ job that arrives in an idle queue waits at most ``poll_interval``. It polls
 rather than LISTENs because workers run behind transaction-pooling PgBouncer
 (docs/python.md). A single heartbeat thread extends the leases of running
 jobs. ``stop()`` (or SIGTERM when ``run()`` is on the main thread) stops the
-claimers, lets every slot finish the job it holds, then returns.
+claimers, lets every slot finish the job it holds, then returns. With
+``maintain=True`` a thread runs the loop of ``awa maintain``
+(awa_sql.maintain.Maintainer) beside them.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from typing import Any
 import psycopg
 
 from awa_sql.connect import connect, prepared_mode, resolve_dsn
+from awa_sql.maintain import Maintainer
 from awa_sql.metrics import client_metrics
 from awa_sql.partitions import iter_configs
 from awa_sql.runtimes import RuntimePublisher
@@ -71,6 +74,7 @@ class Worker:
         name: str | None = None,
         snapshot_every: float | None = 10.0,
         prepared_statements: str | bool | None = None,
+        maintain: bool | Mapping[str, float | None] = False,
     ) -> None:
         self.dsn = resolve_dsn(dsn)
         # Every call runs in autocommit (one transaction per statement), so a
@@ -96,6 +100,10 @@ class Worker:
         # A snapshot for the admin page every snapshot_every seconds (None: off).
         self.runtime = None if snapshot_every is None else RuntimePublisher(
             self.dsn, "worker", every=snapshot_every, in_flight=lambda: len(self._running))
+        # The maintenance loop in-process (its login needs awa_maintenance too):
+        # True for the default cadences, or {task: seconds or None} for others.
+        self.maintainer = None if maintain is None or maintain is False else Maintainer(
+            self.dsn, every=None if maintain is True else maintain)
 
     def stop(self) -> None:
         self._stop.set()
@@ -115,12 +123,16 @@ class Worker:
                                          name=f"awa-{name}-{slot}") for slot in range(slots)]
         if self.runtime is not None:
             self.runtime.start()
+        maintaining = self.maintainer.start() if self.maintainer is not None else None
         for t in threads:
             t.start()
         for t in threads[1:]:
             t.join()
         self._stop.set()
         threads[0].join()
+        if maintaining is not None:
+            self.maintainer.stop()
+            maintaining.join()
         if self.runtime is not None:
             self.runtime.stop()
 

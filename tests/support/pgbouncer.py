@@ -18,7 +18,9 @@ from pathlib import Path
 
 import psycopg
 
+from awa_sql.connect import connect
 from awa_sql.demo import embedded
+from tests.support.database import Database
 
 POOL_SIZE = 4  # server connections per database
 MAX_CLIENTS = 200
@@ -114,6 +116,42 @@ class PgBouncer:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+
+
+@dataclass
+class Pooled:
+    """A test database reached through PgBouncer."""
+
+    db: Database
+    bouncer: PgBouncer
+
+    def dsn(self, user: str | None = None) -> str:
+        return self.bouncer.dsn(self.db.dsn(user))
+
+    def connect(self, user: str | None = None, autocommit: bool = True) -> psycopg.Connection:
+        return connect(self.dsn(user), autocommit=autocommit)
+
+
+@dataclass
+class LogMark:
+    bouncer_at: int
+    server_at: int
+
+
+def mark(p: Pooled) -> LogMark:
+    return LogMark(p.bouncer.log_size(), p.db.cluster.server.log_file.stat().st_size)
+
+
+def log_problems(p: Pooled, since: LogMark) -> list[str]:
+    """PgBouncer's warnings and errors, and the server's errors, since ``since``."""
+    found = [f"pgbouncer: {line}" for line in p.bouncer.log_text(since.bouncer_at).splitlines()
+             if " WARNING " in line or " ERROR " in line]
+    with p.db.cluster.server.log_file.open("rb") as f:
+        f.seek(since.server_at)
+        server = f.read().decode("utf-8", "replace")
+    found += [f"server: {line}" for line in server.splitlines()
+              if "ERROR:" in line or "FATAL:" in line]
+    return found
 
 
 def start(server_port: int, workdir: Path, superuser: str = "postgres") -> PgBouncer:

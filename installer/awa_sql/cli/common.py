@@ -1,4 +1,5 @@
-"""What several commands share: the connection and role-name options, errors."""
+"""What several commands share: the connection and role-name options, the
+parsers of intervals and ports, errors."""
 
 from __future__ import annotations
 
@@ -32,3 +33,34 @@ def roles_from(args: argparse.Namespace) -> Roles:
 
 def err(message: str) -> None:
     print(f"awa: {message}", file=sys.stderr)
+
+
+def parse_interval(text: str) -> float:
+    """Seconds from 5s, 500ms, 2m or a plain number of seconds, 50ms..1h."""
+    units = {"ms": 0.001, "s": 1.0, "m": 60.0}
+    value = text.strip()
+    factor = 1.0
+    for suffix in ("ms", "s", "m"):
+        if value.endswith(suffix):
+            value, factor = value[: -len(suffix)], units[suffix]
+            break
+    try:
+        seconds = float(value) * factor
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"interval must look like 5s, 500ms or 1m, got {text!r}") from None
+    if not 0.05 <= seconds <= 3600:
+        raise argparse.ArgumentTypeError(
+            f"interval must be between 50ms and 1h, got {text!r}")
+    return seconds
+
+
+def parse_port(text: str) -> int:
+    """A TCP port, 0..65535 (0: the system picks a free one)."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"port must be a number, got {text!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"port must be between 0 and 65535, got {port}")
+    return port

@@ -12,9 +12,9 @@ from awa_sql.demo import DEFAULT_PORT
 def register(sub: argparse._SubParsersAction) -> None:
     d = sub.add_parser("demo", help="the contract running: PostgreSQL 18, load, admin, metrics",
                        description="Start a local PostgreSQL 18 under --dir (or use --dsn), "
-                       "install awa, run producers, a worker and the auto-scaler (shadow mode) "
-                       "on a demo queue, and serve the admin page and /metrics. Ctrl-C stops "
-                       "everything.")
+                       "install awa, run producers and a worker that runs the awa maintain loop "
+                       "(the auto-scaler in shadow mode, due jobs, retries) on a demo queue, "
+                       "and serve the admin page and /metrics. Ctrl-C stops everything.")
     d.add_argument("--dir", default=".awa", help="folder for the server (default %(default)s)")
     d.add_argument("--port", type=int,
                    help=f"PostgreSQL port on {LOCAL_HOST} (default {DEFAULT_PORT})")

@@ -6,18 +6,8 @@ import argparse
 import signal
 import threading
 
-from awa_sql.cli.common import add_connection
+from awa_sql.cli.common import add_connection, parse_port
 from awa_sql.defaults import LOCAL_HOST, METRICS_PORT
-
-
-def _port(text: str) -> int:
-    try:
-        port = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"port must be a number, got {text!r}") from None
-    if not 0 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"port must be between 0 and 65535, got {port}")
-    return port
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -31,7 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_connection(s)
     s.add_argument("--host", default=LOCAL_HOST,
                    help="address to listen on (default %(default)s)")
-    s.add_argument("--port", type=_port, default=METRICS_PORT,
+    s.add_argument("--port", type=parse_port, default=METRICS_PORT,
                    help="TCP port; 0 picks a free one (default %(default)s)")
     s.set_defaults(func=cmd_metrics_serve)
 

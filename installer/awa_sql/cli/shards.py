@@ -10,7 +10,7 @@ import threading
 from collections.abc import Sequence
 
 from awa_sql import shards
-from awa_sql.cli.common import add_connection
+from awa_sql.cli.common import add_connection, parse_interval
 from awa_sql.connect import connect
 from awa_sql.migrate import EXIT_USAGE
 from awa_sql.routing import MAX_SHARDS
@@ -79,26 +79,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--once", action="store_true", help="one tick, then exit")
     r.add_argument("--verbose", action="store_true", help="print holds too")
     r.set_defaults(func=cmd_autoscale_run)
-
-
-def parse_interval(text: str) -> float:
-    """Seconds from 5s, 500ms, 2m or a plain number of seconds."""
-    units = {"ms": 0.001, "s": 1.0, "m": 60.0}
-    value = text.strip()
-    factor = 1.0
-    for suffix in ("ms", "s", "m"):
-        if value.endswith(suffix):
-            value, factor = value[: -len(suffix)], units[suffix]
-            break
-    try:
-        seconds = float(value) * factor
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"interval must look like 5s, 500ms or 1m, got {text!r}") from None
-    if not 0.05 <= seconds <= 3600:
-        raise argparse.ArgumentTypeError(
-            f"interval must be between 50ms and 1h, got {text!r}")
-    return seconds
 
 
 def _confirm(question: str) -> bool:
@@ -186,8 +166,7 @@ def cmd_set_shard_mode(args: argparse.Namespace) -> int:
 
 
 def _print_decision(d: shards.Decision) -> None:
-    print(f"{d.decided_at:%H:%M:%S} {d.queue}: {d.action} S {d.current_shards}"
-          f" -> {d.proposed_shards} ({d.mode}): {d.reason}", flush=True)
+    print(f"{d.decided_at:%H:%M:%S} {d.summary()}", flush=True)
 
 
 def cmd_autoscale_run(args: argparse.Namespace) -> int:

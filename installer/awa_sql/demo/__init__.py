@@ -3,8 +3,9 @@
 Starts a local PostgreSQL 18 (a real server build from npm, kept under
 ``.awa/``, listening on 127.0.0.1 only with trust authentication) or uses
 ``--dsn``; installs awa; creates the queue ``emails`` in shadow mode; runs
-producers that contend for its lanes, a worker and the auto-scaler; serves
-the admin page and ``/metrics``. Ctrl-C (SIGINT) or SIGTERM stops all of it,
+producers that contend for its lanes, a worker and, in it, the ``awa
+maintain`` loop (the auto-scaler, due jobs and retries); serves the admin
+page and ``/metrics``. Ctrl-C (SIGINT) or SIGTERM stops all of it,
 the server included.
 """
 
@@ -149,8 +150,8 @@ def run(folder: Path, *, port: int | None = None, http_port: int = ADMIN_PORT,
         log("[1/4] using the database given by --dsn")
     try:
         install(dsn, log)
-        log(f"[3/4] queue {QUEUE}: shadow mode, max 8; starting producers, a worker and "
-            "the auto-scaler")
+        log(f"[3/4] queue {QUEUE}: shadow mode, max 8; starting producers, and a worker "
+            "running the maintenance loop (the auto-scaler, due jobs, retries)")
         prepare_queue(dsn, QUEUE)
         load = DemoLoad(dsn, QUEUE)
         load.start()
@@ -173,7 +174,7 @@ def run(folder: Path, *, port: int | None = None, http_port: int = ADMIN_PORT,
             pass
         finally:
             signal.signal(signal.SIGTERM, previous)
-            log("stopping: producers, worker, auto-scaler")
+            log("stopping: producers, worker, maintenance loop")
             load.stop()
     finally:
         if stop_server is not None:

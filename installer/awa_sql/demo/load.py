@@ -1,5 +1,7 @@
-"""The load ``awa demo`` runs: producers that contend for lanes, a worker,
-and the auto-scaler ticking in shadow mode, all in background threads."""
+"""The load ``awa demo`` runs: producers that contend for lanes, now and then
+a job for later and one that fails its first attempt, and a worker that runs
+the ``awa maintain`` loop too (the auto-scaler ticking in shadow mode, due
+jobs and retries promoted), all in background threads."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import random
 import threading
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 
 import psycopg
 
@@ -18,6 +21,7 @@ log = logging.getLogger(__name__)
 
 KINDS = ("send_welcome", "send_receipt", "send_digest")
 KEYS = [f"customer-{i}".encode() for i in range(8)]
+LATER = timedelta(seconds=3)  # how far ahead a producer now and then schedules a job
 
 
 def prepare_queue(dsn: str, queue: str, max_shards: int = 8) -> None:
@@ -38,11 +42,14 @@ class DemoLoad:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self.worker = Worker(dsn, queues=[{"queue": queue, "max_workers": 2}],
-                             handlers={k: self._handle for k in KINDS}, poll_interval=0.1)
+                             handlers={k: self._handle for k in KINDS}, poll_interval=0.1,
+                             maintain={"autoscale": tick_every})
         self.errors: list[str] = []
 
     @staticmethod
-    def _handle(_job) -> None:
+    def _handle(job) -> None:
+        if job.args.get("flaky") and job.attempt == 1:
+            raise RuntimeError("demo: fails its first attempt, retried in 2 s")
         time.sleep(0.004)  # the work a job stands for
 
     def _guard(self, fn: Callable[[], None]) -> Callable[[], None]:
@@ -73,14 +80,20 @@ class DemoLoad:
                     conn.commit()
                 self._stop.wait(0.02)
 
-    def _tick(self) -> None:
+    def _later(self) -> None:
+        """Every few seconds a job for later and one that fails its first
+        attempt: the maintenance loop promotes both when they are due."""
         with psycopg.connect(self.dsn, autocommit=True) as conn:
-            while not self._stop.wait(self.tick_every):
-                shards.autoscale_tick(conn)
+            while True:
+                client.enqueue(conn, "send_digest", {"later": True}, queue=self.queue,
+                               run_at=datetime.now(UTC) + LATER)
+                client.enqueue(conn, "send_receipt", {"flaky": True}, queue=self.queue)
+                if self._stop.wait(LATER.total_seconds()):
+                    return
 
     def start(self) -> None:
         targets = [lambda i=i: self._produce(i) for i in range(self.producers)]
-        targets += [self.worker.run, self._tick]
+        targets += [self.worker.run, self._later]
         for i, target in enumerate(targets):
             t = threading.Thread(target=self._guard(target), name=f"awa-demo-{i}", daemon=True)
             t.start()

@@ -30,11 +30,12 @@ import threading
 import time
 import weakref
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
 
 SEVERAL = "(several)"
+M = TypeVar("M")
 
 # Appended to the select list of every enqueue statement, so the lane wait is
 # read in the same statement, after the function ran: this transaction's
@@ -86,21 +87,28 @@ class ClientMetrics:
 
 
 _lock = threading.Lock()
-_by_registry: weakref.WeakKeyDictionary[CollectorRegistry, ClientMetrics] = (
+# Per registry, each metrics class made once (a registry refuses a second
+# metric of one name): ClientMetrics, awa_sql.maintain.MaintainMetrics.
+_by_registry: weakref.WeakKeyDictionary[CollectorRegistry, dict[type, Any]] = (
     weakref.WeakKeyDictionary())
 _current: ClientMetrics | None = None
 # Per connection: (transaction id, running lane-wait total in µs) last seen.
 _last_wait: weakref.WeakKeyDictionary[Any, tuple[str | None, int]] = weakref.WeakKeyDictionary()
 
 
-def metrics(registry: CollectorRegistry | None = None) -> ClientMetrics:
-    """The client metrics on ``registry`` (default: prometheus_client's), made once."""
+def on_registry(kind: type[M], registry: CollectorRegistry | None = None) -> M:
+    """``kind(registry)`` (default registry: prometheus_client's), made once per registry."""
     registry = REGISTRY if registry is None else registry
     with _lock:
-        found = _by_registry.get(registry)
-        if found is None:
-            found = _by_registry[registry] = ClientMetrics(registry)
-        return found
+        made = _by_registry.setdefault(registry, {})
+        if kind not in made:
+            made[kind] = kind(registry)
+        return made[kind]
+
+
+def metrics(registry: CollectorRegistry | None = None) -> ClientMetrics:
+    """The client metrics on ``registry`` (default: prometheus_client's), made once."""
+    return on_registry(ClientMetrics, registry)
 
 
 def use_registry(registry: CollectorRegistry | None) -> ClientMetrics:

@@ -1,0 +1,100 @@
+"""``awa maintain``: promote, rescue, move-staged, the auto-scaler tick and
+prune in one long-running process (awa_sql.maintain), with its own /metrics."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+
+from awa_sql.cli.common import add_connection, err, parse_interval, parse_port
+from awa_sql.defaults import LOCAL_HOST, MAINTAIN_METRICS_PORT
+from awa_sql.maintain import STATEMENT_TIMEOUT, TASKS
+from awa_sql.migrate import EXIT_ERROR
+
+JOIN_TIMEOUT = 0.8  # seconds; stop() has cancelled any statement, so the loop ends sooner
+
+HELP = {
+    "promote": "move due scheduled jobs and retries into their lanes (awa.promote_due)",
+    "rescue": "send jobs whose lease expired back to retry (awa.rescue_expired)",
+    "move_staged": "enqueue COPY rows committed without awa.enqueue_copied() "
+                   "(awa.move_staged)",
+    "autoscale": "the enqueue-shard auto-scaler's tick (awa.autoscale_tick), as "
+                 "`awa storage autoscale run` calls it",
+    "prune": "delete old finished jobs (awa.prune_finished, skipped while it is not "
+             "installed)",
+}
+
+
+def parse_every(text: str) -> float | None:
+    """An interval as parse_interval reads it, or ``off``."""
+    if text.strip().lower() == "off":
+        return None
+    try:
+        return parse_interval(text)
+    except argparse.ArgumentTypeError as error:
+        raise argparse.ArgumentTypeError(f"{error}, or off") from None
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    m = sub.add_parser(
+        "maintain", help="run the maintenance calls in one long-running process",
+        description="Call awa.promote_due, awa.rescue_expired, awa.move_staged, "
+        "awa.autoscale_tick and awa.prune_finished, each at its own cadence, until SIGINT "
+        "or SIGTERM. Safe to run on every host at once: each pass takes its task's "
+        "transaction-scoped advisory lock and skips when another process holds it. Works "
+        "through PgBouncer in transaction mode; reconnects after a database restart. "
+        "Needs a login holding awa_maintenance.")
+    add_connection(m)
+    for task in TASKS:
+        m.add_argument(task.flag, type=parse_every, default=task.every, metavar="INTERVAL",
+                       help=f"{HELP[task.name]}; 50ms..1h or off (default {task.every:g}s)")
+    m.add_argument("--statement-timeout", type=parse_interval, default=STATEMENT_TIMEOUT,
+                   metavar="INTERVAL",
+                   help=f"statement_timeout of each call (default {STATEMENT_TIMEOUT:g}s)")
+    m.add_argument("--metrics-host", default=LOCAL_HOST,
+                   help="address of the /metrics listener (default %(default)s)")
+    m.add_argument("--metrics-port", type=parse_port, default=MAINTAIN_METRICS_PORT,
+                   help="TCP port of /metrics; 0 picks a free one (default %(default)s)")
+    m.set_defaults(func=cmd_maintain)
+
+
+def cmd_maintain(args: argparse.Namespace) -> int:
+    from prometheus_client import start_http_server
+
+    from awa_sql.maintain import Maintainer
+
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s awa maintain: %(message)s")
+    maintainer = Maintainer(
+        args.dsn, every={t.name: getattr(args, t.name + "_every") for t in TASKS},
+        statement_timeout=args.statement_timeout)
+    try:
+        server, _thread = start_http_server(args.metrics_port, args.metrics_host)
+    except OSError as error:
+        err(f"cannot serve metrics on {args.metrics_host}:{args.metrics_port}: {error}")
+        return EXIT_ERROR
+    log = logging.getLogger("awa_sql.maintain")
+    log.info("%s; metrics at http://%s:%d/metrics; Ctrl-C stops", maintainer.describe(),
+             args.metrics_host, server.server_port)
+    stop = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stop.set())
+                for sig in (signal.SIGINT, signal.SIGTERM)}
+    loop = maintainer.start()
+    try:
+        while loop.is_alive() and not stop.wait(0.1):
+            pass
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        maintainer.stop()
+        loop.join(JOIN_TIMEOUT)
+    # The /metrics server's thread is a daemon: it ends with the process.
+    # (Its shutdown() alone may take half a second, a poll interval.)
+    if not stop.is_set():
+        err("the maintenance loop ended on an error (see above)")
+        return EXIT_ERROR
+    log.info("stopped")
+    return 0

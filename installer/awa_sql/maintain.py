@@ -1,0 +1,309 @@
+"""``awa maintain``: the maintenance calls of the contract in one loop.
+
+One connection, one thread. Each task (promote, rescue, move_staged,
+autoscale, prune) runs at its own cadence; every pass is one short
+transaction that sets a local ``statement_timeout``, checks that the task's
+function is installed (``to_regprocedure``), takes the task's
+transaction-scoped advisory lock ``(class, 0)`` with
+``pg_try_advisory_xact_lock`` and, only if it got it, makes the call. So any
+number of processes may run the loop at once, on every host: one of them does
+each pass, the others skip it. Nothing outlives a transaction and nothing is
+prepared, so it runs through PgBouncer in transaction mode.
+
+A lost connection is reopened with exponential back-off (0.5 s up to 30 s).
+``stop()`` sets an event the loop waits on and cancels a statement in flight,
+so the loop ends well within a second. ``awa maintain`` (awa_sql.cli.maintain)
+and ``Worker(maintain=True)`` both run this class.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import psycopg
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from awa_sql import shards
+from awa_sql.connect import connect, resolve_dsn
+from awa_sql.metrics import client_metrics
+
+log = logging.getLogger("awa_sql.maintain")
+
+BACKOFF_MIN = 0.5  # seconds before the first reconnect; doubles up to BACKOFF_MAX
+BACKOFF_MAX = 30.0
+STATEMENT_TIMEOUT = 10.0
+BATCH = 1000  # jobs per promote or rescue call; a full pass runs again at once
+CONNECT_TIMEOUT = 10  # unless the DSN or PGCONNECT_TIMEOUT says otherwise
+
+
+def _lock_class(tag: bytes) -> int:
+    """An advisory-lock class as sql/private.sql spells them: four ASCII bytes as an int4."""
+    return int.from_bytes(tag, "big")
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str  # metric label, log prefix; the flag is --<name with dashes>-every
+    function: str  # its regprocedure: a pass skips while it is not installed
+    lock_class: int  # the pass's lock is (lock_class, 0), transaction-scoped
+    every: float  # default cadence, seconds
+    call: Callable[[psycopg.Connection], tuple[int, str]]  # -> (how many, what it did)
+    batch: int | None = None  # a pass that handled this many runs again at once
+
+    @property
+    def flag(self) -> str:
+        return f"--{self.name.replace('_', '-')}-every"
+
+
+def _scalar(statement: str, params: tuple, did: str) -> Callable[[psycopg.Connection],
+                                                                  tuple[int, str]]:
+    """A call that returns how many it handled; ``did`` says what, with {n}."""
+    def call(conn: psycopg.Connection) -> tuple[int, str]:
+        count = conn.execute(statement, params).fetchone()[0] or 0
+        return count, did.format(n=count)
+    return call
+
+
+def _autoscale(conn: psycopg.Connection) -> tuple[int, str]:
+    """Counts the decisions that change S or would (holds are routine)."""
+    acted = [d for d in shards.autoscale_tick(conn) if d.action != "held"]
+    return len(acted), "; ".join(d.summary() for d in acted)
+
+
+# The lock classes are 'awa' and one letter, like those of sql/private.sql
+# (L, P, A, C, M), and differ from all of them; tests/test_maintain.py checks.
+TASKS: tuple[Task, ...] = (
+    Task("promote", "awa.promote_due(integer)", _lock_class(b"awaD"), 1.0,
+         _scalar("select awa.promote_due(%s)", (BATCH,), "moved {n} due job(s) into their lanes"),
+         batch=BATCH),
+    Task("rescue", "awa.rescue_expired(integer)", _lock_class(b"awaR"), 5.0,
+         _scalar("select awa.rescue_expired(%s)", (BATCH,),
+                 "sent {n} job(s) whose lease expired back to retry (or failed them)"),
+         batch=BATCH),
+    Task("move_staged", "awa.move_staged(integer)", _lock_class(b"awaS"), 5.0,
+         _scalar("select awa.move_staged()", (), "enqueued {n} staged COPY row(s)")),
+    Task("autoscale", "awa.autoscale_tick()", _lock_class(b"awaT"), 5.0, _autoscale),
+    Task("prune", "awa.prune_finished()", _lock_class(b"awaF"), 60.0,
+         _scalar("select awa.prune_finished()", (), "pruned {n} finished job(s)")),
+)
+TASK_NAMES = tuple(t.name for t in TASKS)
+
+# The first statement of each pass's transaction. The setting and the lock
+# end with the transaction: nothing stays on the server connection.
+PROLOGUE = (
+    "select pg_catalog.set_config('statement_timeout', %s, true),"
+    " pg_catalog.to_regprocedure(%s) is not null,"
+    " pg_catalog.pg_try_advisory_xact_lock(%s, 0)"
+)
+
+
+class MaintainMetrics:
+    """The loop's metrics on one registry (client_metrics.on_registry makes it once)."""
+
+    def __init__(self, registry: CollectorRegistry):
+        self.passes = Counter(
+            "awa_maintain_passes",
+            "awa.maintain.passes: passes of each task by outcome: ran (this process held "
+            "the task's lock and made the call), skipped (another process held it), absent "
+            "(the function is not installed), failed.",
+            ["task", "outcome"], registry=registry)
+        self.handled = Counter(
+            "awa_maintain_handled",
+            "awa.maintain.handled: what the calls of this process handled: jobs promoted "
+            "(promote), rescued (rescue), staged rows enqueued (move_staged), finished jobs "
+            "pruned (prune), decisions that change S or would (autoscale).",
+            ["task"], registry=registry)
+        self.errors = Counter(
+            "awa_maintain_errors",
+            "awa.maintain.errors: passes that failed with an error, the connection lost "
+            "included.", ["task"], registry=registry)
+        self.connect_failures = Counter(
+            "awa_maintain_connect_failures",
+            "awa.maintain.connect_failures: attempts to open the connection that failed.",
+            registry=registry)
+        self.last_success = Gauge(
+            "awa_maintain_last_success_timestamp_seconds",
+            "awa.maintain.last_success: Unix time of the task's last pass that this process "
+            "ran to completion (skipped passes do not count).",
+            ["task"], registry=registry)
+        for task in TASK_NAMES:
+            self.handled.labels(task)
+            self.errors.labels(task)
+            for outcome in ("ran", "skipped", "absent", "failed"):
+                self.passes.labels(task, outcome)
+
+
+def cadences(every: Mapping[str, float | None] | None = None) -> dict[str, float | None]:
+    """Each task's cadence in seconds (None: off), the defaults overridden by ``every``."""
+    unknown = set(every or {}) - set(TASK_NAMES)
+    if unknown:
+        raise ValueError(f"unknown maintenance tasks {sorted(unknown)}; "
+                         f"known: {', '.join(TASK_NAMES)}")
+    chosen = {t.name: t.every for t in TASKS} | dict(every or {})
+    for name, seconds in chosen.items():
+        if seconds is not None and not seconds > 0:
+            raise ValueError(f"the cadence of {name} must be > 0 seconds or None (off), "
+                             f"got {seconds!r}")
+    return chosen
+
+
+def _one_line(err: BaseException) -> str:
+    return " ".join(str(err).split()) or type(err).__name__
+
+
+class Maintainer:
+    """The loop: ``run()`` blocks until ``stop()``; ``every`` maps task names
+    (TASK_NAMES) to cadences in seconds, None turning a task off."""
+
+    def __init__(self, dsn: str | None = None, *,
+                 every: Mapping[str, float | None] | None = None,
+                 statement_timeout: float = STATEMENT_TIMEOUT,
+                 registry: CollectorRegistry | None = None) -> None:
+        self.dsn = resolve_dsn(dsn)
+        psycopg.conninfo.conninfo_to_dict(self.dsn)  # a malformed DSN fails here, not later
+        self.every = cadences(every)
+        self.tasks = [t for t in TASKS if self.every[t.name] is not None]
+        if not self.tasks:
+            raise ValueError("every maintenance task is off: nothing to run")
+        if not statement_timeout > 0:
+            raise ValueError(f"statement_timeout must be > 0 seconds, got {statement_timeout!r}")
+        self.statement_timeout = f"{max(1, round(statement_timeout * 1000))}ms"
+        if registry is None:
+            registry = client_metrics.current().registry
+        self.metrics = client_metrics.on_registry(MaintainMetrics, registry)
+        self._stop = threading.Event()
+        self._conn: psycopg.Connection | None = None
+        self._busy = False  # a pass's transaction is open on _conn
+        self._due = dict.fromkeys(self.every, 0.0)  # monotonic time of each task's next pass
+        self._absent: set[str] = set()  # tasks whose function was missing at the last pass
+        self._failing: dict[str, str] = {}  # task -> the error its last pass logged
+        self._backoff = BACKOFF_MIN
+
+    def describe(self) -> str:
+        return ", ".join(f"{name} every {seconds:g}s" if seconds is not None else f"{name} off"
+                         for name, seconds in self.every.items())
+
+    def stop(self) -> None:
+        """Ends ``run()`` soon: the loop's waits end at once and a statement in
+        flight is cancelled (its transaction rolls back)."""
+        self._stop.set()
+        conn = self._conn
+        if conn is not None and self._busy:
+            with contextlib.suppress(psycopg.Error):
+                conn.cancel_safe(timeout=0.5)
+
+    def start(self) -> threading.Thread:
+        """``run()`` in a daemon thread of its own, started."""
+        thread = threading.Thread(target=self.run, name="awa-maintain", daemon=True)
+        thread.start()
+        return thread
+
+    def run(self) -> None:
+        """Blocks until ``stop()``."""
+        troubled = False  # the last connection failed or was lost
+        while not self._stop.is_set():
+            try:
+                conn = self._connect()
+            except psycopg.OperationalError as err:
+                self.metrics.connect_failures.inc()
+                if self._stop.is_set():
+                    break
+                log.warning("cannot connect: %s; retrying in %.1f s", _one_line(err),
+                            self._backoff)
+                troubled = True
+                self._wait_backoff()
+                continue
+            if troubled:
+                log.info("connected again")
+                troubled = False
+            try:
+                with conn:
+                    self._conn = conn
+                    self._serve(conn)
+            except psycopg.Error as err:
+                if self._stop.is_set():
+                    break
+                log.warning("connection lost: %s; reconnecting in %.1f s", _one_line(err),
+                            self._backoff)
+                troubled = True
+                self._wait_backoff()
+            finally:
+                self._conn = None
+
+    def _connect(self) -> psycopg.Connection:
+        kwargs = {}
+        if ("connect_timeout" not in psycopg.conninfo.conninfo_to_dict(self.dsn)
+                and not os.environ.get("PGCONNECT_TIMEOUT")):
+            kwargs["connect_timeout"] = CONNECT_TIMEOUT
+        # A few statements a second gain nothing from server-side prepared
+        # statements, and behind a transaction pooler they break.
+        return connect(self.dsn, autocommit=True, prepared_statements="off",
+                       application_name="awa-sql maintain", **kwargs)
+
+    def _wait_backoff(self) -> None:
+        self._stop.wait(self._backoff)
+        self._backoff = min(self._backoff * 2, BACKOFF_MAX)
+
+    def _serve(self, conn: psycopg.Connection) -> None:
+        """Passes, each task when it is due, until stopped; raises when the
+        connection is gone."""
+        while not self._stop.is_set():
+            task = min(self.tasks, key=lambda t: self._due[t.name])
+            if self._stop.wait(max(0.0, self._due[task.name] - time.monotonic())):
+                return
+            self._pass(conn, task)
+
+    def _pass(self, conn: psycopg.Connection, task: Task) -> None:
+        started = time.monotonic()
+        self._due[task.name] = started + self.every[task.name]
+        try:
+            self._busy = True
+            with conn.transaction():
+                _, available, locked = conn.execute(
+                    PROLOGUE, [self.statement_timeout, task.function, task.lock_class]
+                ).fetchone()
+                if available and locked:
+                    count, did = task.call(conn)
+        except psycopg.Error as err:
+            if self._stop.is_set():
+                raise  # cancelled by stop(): not a failure
+            self.metrics.errors.labels(task.name).inc()
+            self.metrics.passes.labels(task.name, "failed").inc()
+            if conn.closed:
+                raise
+            message = _one_line(err)
+            if self._failing.get(task.name) != message:  # the same error again: logged once
+                log.warning("%s: %s failed: %s", task.name, task.function, message)
+            self._failing[task.name] = message
+            return
+        finally:
+            self._busy = False
+        self._backoff = BACKOFF_MIN  # the connection works
+        if not available:
+            self.metrics.passes.labels(task.name, "absent").inc()
+            if task.name not in self._absent:
+                log.info("%s: %s is not installed; skipping %s until it is",
+                         task.name, task.function, task.name)
+                self._absent.add(task.name)
+            return
+        if task.name in self._absent:
+            log.info("%s: %s is installed now", task.name, task.function)
+            self._absent.discard(task.name)
+        if not locked:
+            self.metrics.passes.labels(task.name, "skipped").inc()
+            return
+        self.metrics.passes.labels(task.name, "ran").inc()
+        self.metrics.handled.labels(task.name).inc(count)
+        self.metrics.last_success.labels(task.name).set(time.time())
+        if self._failing.pop(task.name, None) is not None:
+            log.info("%s: working again", task.name)
+        if count:
+            log.info("%s: %s", task.name, did)
+        if task.batch is not None and count >= task.batch:
+            self._due[task.name] = started

@@ -1,0 +1,311 @@
+"""`awa maintain` (issue 29): the real process, on PostgreSQL 17 and 18, as
+logins that hold only awa_maintenance (and, for the jobs, the other roles)."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from awa_sql import migrate
+from awa_sql.demo import embedded
+from awa_sql.maintain import TASKS
+from awa_sql.roles import Roles
+from awa_sql.worker import Worker
+from tests.support.cluster import TEST_SETTINGS
+from tests.support.maintain import AWA, MaintainProcess
+from tests.support.pgbouncer import Pooled, log_problems, mark
+from tests.support.waiting import wait_until
+
+LOCKS = {t.name: t.lock_class for t in TASKS}
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def claim(conn, queue: str, lease: str = "5 minutes") -> list[tuple]:
+    return conn.execute(
+        "select job_id, run_lease, attempt from awa.claim(%s::text[], 10, 'w', %s::interval)",
+        [[queue], lease]).fetchall()
+
+
+def count(conn, table: str, queue: str | None = None) -> int:
+    query = sql.SQL("select count(*) from {}").format(sql.Identifier("awa", table))
+    if queue is not None:
+        query += sql.SQL(" where queue_id = (select queue_id from awa.queue_meta"
+                         " where queue = {})").format(sql.Literal(queue))
+    return conn.execute(query).fetchone()[0]
+
+
+def schedule(conn, queue: str, jobs: int = 1, ahead: str = "2 seconds",
+             key: bytes | None = None) -> None:
+    conn.execute("select awa.enqueue(%s, 'k', ordering_key => %s,"
+                 " run_at => now() + %s::interval) from generate_series(1, %s)",
+                 [queue, key, ahead, jobs])
+
+
+# -- the three maintenance calls ------------------------------------------------------
+
+
+def test_a_job_for_later_is_claimable_within_two_promote_cadences(db, logins):
+    with MaintainProcess(db.dsn(logins.maintenance)) as m:  # the default cadence: 1 s
+        m.wait_for_pass("promote")
+        with db.connect(logins.producer) as p:
+            schedule(p, "later", ahead="2 seconds")
+        with db.connect(logins.worker) as w:
+            assert claim(w, "later") == []
+            # Nothing but awa maintain promotes: due in 2 s, then at most two passes.
+            (job,) = m.wait(lambda: claim(w, "later"), "the job to be claimable", 2 + 2 * 1)
+        assert job[2] == 1
+        assert m.handled("promote") == 1
+        assert "promote: moved 1 due job(s) into their lanes" in m.log()
+
+
+def test_a_job_whose_worker_vanished_is_claimable_again_with_its_attempt_counted(db, logins):
+    with db.connect(logins.producer) as p:
+        p.execute("select awa.enqueue('vanish', 'k')")
+    with db.connect(logins.worker) as w:
+        ((job_id, lease, attempt),) = claim(w, "vanish", lease="300 milliseconds")
+        assert attempt == 1  # and the worker is gone: no heartbeat, no completion
+        with MaintainProcess(db.dsn(logins.maintenance), "--rescue-every", "200ms",
+                             "--promote-every", "200ms") as m:
+            # Rescued to a retry 2 s later (2^attempt), then promoted.
+            again = m.wait(lambda: claim(w, "vanish"), "the job to be claimable again", 20)
+            assert m.handled("rescue") == 1
+            assert "rescue: sent 1 job(s) whose lease expired back to retry" in m.log()
+        assert [(j, a) for j, _, a in again] == [(job_id, 2)]
+        assert w.execute("select awa.complete(%s, %s)", [job_id, lease]).fetchone()[0] is False
+
+
+def test_a_copy_left_without_enqueue_copied_is_moved(db, logins):
+    with db.connect(logins.producer) as p:
+        p.execute("select awa.enqueue('leftover', 'k')")
+    with db.connect() as admin:
+        # Rows as a transaction committed them before migration 0010: the
+        # commit-time move is a trigger, off in replica mode.
+        admin.execute("set session_replication_role = replica")
+        admin.execute("insert into awa.copy_staging (queue, kind, args)"
+                      " select 'leftover', 'k', jsonb_build_object('i', i)"
+                      " from generate_series(1, 300) as i")
+        assert count(admin, "copy_staging") == 300
+        with MaintainProcess(db.dsn(logins.maintenance), "--move-staged-every", "200ms") as m:
+            m.wait(lambda: count(admin, "copy_staging") == 0, "the staged rows to move")
+            assert m.handled("move_staged") == 300
+            assert "move_staged: enqueued 300 staged COPY row(s)" in m.log()
+        assert count(admin, "ready", "leftover") == 301
+
+
+# -- many hosts at once ---------------------------------------------------------------
+
+
+def test_two_processes_at_once_move_each_job_once_and_skip_while_the_lock_is_taken(
+        db, logins):
+    fast = ("--promote-every", "100ms")
+    with MaintainProcess(db.dsn(logins.maintenance), *fast) as a, \
+            MaintainProcess(db.dsn(db.login_role("awa_maintenance")), *fast) as b, \
+            db.connect() as admin:
+        a.wait_for_pass("promote")
+        b.wait_for_pass("promote")
+        with db.connect(autocommit=False) as holder:
+            # The promote lock, held elsewhere: both processes skip, nothing moves.
+            holder.execute("select pg_advisory_xact_lock(%s, 0)", [LOCKS["promote"]])
+            schedule(admin, "pair", jobs=200, ahead="100 milliseconds")
+            wait_until(lambda: admin.execute(
+                "select count(*) from awa.scheduled where run_at <= now()").fetchone()[0] == 200,
+                what="the jobs to be due")
+            skipped = a.passes("promote", "skipped"), b.passes("promote", "skipped")
+            a.wait_for_pass("promote", "skipped", more_than=skipped[0] + 2)
+            b.wait_for_pass("promote", "skipped", more_than=skipped[1] + 2)
+            assert count(admin, "scheduled") == 200 and count(admin, "ready", "pair") == 0
+            holder.rollback()
+        a.wait(lambda: count(admin, "ready", "pair") == 200, "the 200 jobs to be promoted")
+        for _ in range(5):  # more rounds, the two competing for each
+            schedule(admin, "pair", jobs=100, ahead="50 milliseconds")
+        a.wait(lambda: count(admin, "ready", "pair") == 700, "700 jobs promoted")
+        assert count(admin, "scheduled") == 0
+        assert admin.execute("select count(distinct job_id) from awa.ready").fetchone()[0] == 700
+        assert a.handled("promote") + b.handled("promote") == 700
+        assert a.passes("promote") >= 1 and b.passes("promote") >= 1
+
+
+def test_the_lock_classes_are_the_packages_own(db):
+    with db.connect() as admin:
+        sql_classes = {name: admin.execute(f"select awa.{name}()").fetchone()[0]
+                       for (name,) in admin.execute(
+                           "select proname from pg_proc where pronamespace = 'awa'::regnamespace"
+                           " and proname like '\\_lock\\_class\\_%'")}
+    assert len(sql_classes) >= 5, sql_classes
+    assert len(set(LOCKS.values())) == len(LOCKS)
+    assert not set(LOCKS.values()) & set(sql_classes.values()), (LOCKS, sql_classes)
+
+
+def test_operations_md_gives_each_task_its_lock_class_flag_and_cadence():
+    ops = (ROOT / "docs" / "operations.md").read_text()
+    for t in TASKS:
+        tag = t.lock_class.to_bytes(4, "big").decode()
+        assert f"| {t.name} | {t.lock_class} (`{tag}`)" in ops, t.name
+        assert f"| {t.every:g} s | `{t.flag}` |" in ops, t.name
+
+
+# -- stopping, restarts, the prune task, flags ----------------------------------------
+
+
+def test_sigterm_exits_0_within_a_second(db, logins):
+    with MaintainProcess(db.dsn(logins.maintenance)) as m:
+        m.wait_for_pass("autoscale")
+        code, seconds = m.stop(signal.SIGTERM)
+        assert code == 0, m.log()
+        assert seconds < 1.0, m.log()
+        assert "awa maintain: stopped" in m.log() and "Traceback" not in m.log()
+
+
+def test_sigint_during_a_blocked_call_exits_0_within_a_second(db, logins):
+    """The promote call waits for a lane a producer holds: stopping cancels it
+    and its transaction rolls back."""
+    with db.connect(logins.producer, autocommit=False) as holder, db.connect() as admin:
+        admin.execute("select awa.enqueue('blocked', 'k')")  # the queue exists
+        holder.execute("select awa.enqueue('blocked', 'k', ordering_key => 'x')")
+        schedule(admin, "blocked", ahead="0.2 seconds", key=b"x")
+        with MaintainProcess(db.dsn(logins.maintenance), "--promote-every", "100ms") as m:
+            m.wait(lambda: admin.execute(
+                "select exists (select from pg_stat_activity a join pg_locks l using (pid)"
+                " where a.application_name = 'awa-sql maintain' and not l.granted)"
+            ).fetchone()[0], "promote to wait for the held lane")
+            code, seconds = m.stop(signal.SIGINT)
+            assert code == 0, m.log()
+            assert seconds < 1.0, m.log()
+        # Cancelled, not left waiting behind the lane after the process ended.
+        wait_until(lambda: not admin.execute(
+            "select exists (select from pg_stat_activity"
+            " where application_name = 'awa-sql maintain' and datname = current_database())"
+        ).fetchone()[0], 5, "the maintain backend to end")
+        holder.rollback()
+        assert count(admin, "scheduled") == 1
+
+
+def test_it_carries_on_after_the_database_restarts(cluster):
+    """A server of its own, stopped and started again under a running process."""
+    if cluster.server is None:
+        pytest.skip("needs the suite's own server binaries")
+    workdir = Path(tempfile.mkdtemp(prefix=f"awa-sql-maintain{cluster.major}-"))
+    server = embedded.LocalServer(cluster.server.bindir, workdir / "pg", settings=TEST_SETTINGS)
+    server.start()
+    try:
+        with psycopg.connect(server.dsn(), autocommit=True) as conn:
+            migrate.migrate(conn, Roles(), create_roles=True, log=lambda _line: None)
+            conn.execute("create role restart_maintenance login in role awa_maintenance")
+        dsn = server.dsn(user="restart_maintenance")
+        with MaintainProcess(dsn, "--promote-every", "200ms") as m:
+            m.wait_for_pass("promote")
+            server.stop("fast")
+            m.wait_for_log("WARNING awa maintain: connection lost")
+            m.wait_for_log("WARNING awa maintain: cannot connect")
+            server.start()
+            m.wait_for_log("INFO awa maintain: connected again")
+            with psycopg.connect(server.dsn(), autocommit=True) as conn:
+                schedule(conn, "after", ahead="0.1 seconds")
+                m.wait(lambda: count(conn, "ready", "after") == 1,
+                       "a job promoted after the restart")
+            assert m.proc.poll() is None
+            assert m.value("awa_maintain_connect_failures_total") >= 1
+            code, _ = m.stop()
+            assert code == 0, m.log()
+        assert "retrying in 0.5 s" in m.log() or "reconnecting in 0.5 s" in m.log()
+    finally:
+        server.stop("immediate")
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def test_prune_is_skipped_while_prune_finished_is_not_installed(db, logins):
+    """Before and after awa.prune_finished() ships: missing, it is skipped with
+    one info line; present, it is called."""
+    with db.connect() as admin:
+        admin.execute("drop function if exists awa.prune_finished()")
+        with MaintainProcess(db.dsn(logins.maintenance), "--prune-every", "100ms") as m:
+            m.wait_for_pass("prune", "absent", more_than=3)
+            assert m.log().count("awa.prune_finished() is not installed") == 1
+            assert m.passes("prune") == 0 and m.value(
+                "awa_maintain_errors_total", task="prune") == 0
+            admin.execute("create function awa.prune_finished() returns bigint"
+                          " language sql as 'select 7::bigint'")
+            admin.execute("grant execute on function awa.prune_finished() to awa_maintenance")
+            m.wait_for_pass("prune")
+            assert m.handled("prune") >= 7
+            assert "prune: awa.prune_finished() is installed now" in m.log()
+            assert "prune: pruned 7 finished job(s)" in m.log()
+
+
+@pytest.mark.parametrize(("flag", "value", "says"), [
+    ("--promote-every", "10ms", "interval must be between 50ms and 1h, got '10ms'"),
+    ("--prune-every", "90m", "interval must be between 50ms and 1h, got '90m'"),
+    ("--rescue-every", "soon", "interval must look like 5s, 500ms or 1m, got 'soon'"),
+    ("--statement-timeout", "0s", "interval must be between 50ms and 1h, got '0s'"),
+    ("--metrics-port", "70000", "port must be between 0 and 65535, got 70000"),
+])
+def test_a_bad_flag_exits_2_naming_the_value_and_the_range(flag, value, says):
+    result = subprocess.run([str(AWA), "maintain", flag, value], capture_output=True,
+                            text=True, timeout=60, check=False)
+    assert result.returncode == 2, result.stderr
+    assert f"argument {flag}: {says}" in result.stderr
+
+
+# -- through PgBouncer, and in a Worker -----------------------------------------------
+
+
+@pytest.mark.pgbouncer
+def test_through_pgbouncer_in_transaction_mode(db, logins, pgbouncer):
+    pooled = Pooled(db, pgbouncer)
+    since = mark(pooled)
+    with db.connect(logins.producer) as p:
+        p.execute("select awa.enqueue('pooled-rescue', 'k')")
+    with db.connect(logins.worker) as w:
+        assert len(claim(w, "pooled-rescue", lease="200 milliseconds")) == 1
+    with MaintainProcess(pooled.dsn(logins.maintenance), "--promote-every", "100ms",
+                         "--rescue-every", "100ms", "--autoscale-every", "100ms") as m, \
+            db.connect() as admin:
+        schedule(admin, "pooled", jobs=5, ahead="1 second")
+        m.wait(lambda: count(admin, "ready", "pooled") == 5, "promotion through the pooler")
+        m.wait(lambda: m.handled("rescue") == 1, "the rescue through the pooler")
+        m.wait_for_pass("autoscale", more_than=10)  # past psycopg's prepare threshold of 5
+        # Before stopping, which may cancel a call (an ERROR in the server's log).
+        problems = log_problems(pooled, since)
+        assert sum(m.value("awa_maintain_errors_total", task=t.name) for t in TASKS) == 0
+        code, _ = m.stop()
+        assert code == 0, m.log()
+        assert "WARNING" not in m.log()
+    assert problems == []
+
+
+def test_a_worker_runs_the_same_loop_in_process(db, logins):
+    both = db.login_role("awa_worker", "awa_maintenance")
+    with db.connect(logins.producer) as p:
+        schedule(p, "inproc", ahead="1 second")
+        p.execute("select awa.enqueue('inproc', 'flaky', '{\"flaky\": true}')")
+    attempts: list[tuple[str, int]] = []
+
+    def handle(job):
+        attempts.append((job.kind, job.attempt))
+        if job.kind == "flaky" and job.attempt == 1:
+            raise RuntimeError("first attempt fails")
+
+    worker = Worker(db.dsn(both), queues=["inproc"], handlers={"k": handle, "flaky": handle},
+                    poll_interval=0.05, snapshot_every=None, lease=timedelta(minutes=1),
+                    maintain={"promote": 0.2, "prune": None})
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        wait_until(lambda: worker.completed == 2, 20, "the job for later and the retry")
+    finally:
+        worker.stop()
+        started = time.monotonic()
+        thread.join(10)
+    assert not thread.is_alive() and time.monotonic() - started < 2
+    assert sorted(attempts) == [("flaky", 1), ("flaky", 2), ("k", 1)]
+    assert not any(t.name == "awa-maintain" for t in threading.enumerate())
