@@ -1605,7 +1605,7 @@ CREATE OR REPLACE FUNCTION awa._lock_class_prune()
  LANGUAGE sql
  IMMUTABLE PARALLEL SAFE
 AS $function$
-    select 1635213650
+    select 1635213638
 $function$;
 
 CREATE OR REPLACE FUNCTION awa._lock_lane_groups(qids integer[], ps smallint[], kss smallint[], ns bigint[], OUT g_qid integer[], OUT g_p smallint[], OUT g_ks smallint[], OUT g_lane integer[], OUT g_shard smallint[], OUT g_base bigint[])

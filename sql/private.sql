@@ -22,6 +22,13 @@
 --                                   a run and each step; the runner takes it
 --                                   before this schema exists, so it keeps the
 --                                   number too (a test compares the two)
+--   awa._lock_class_prune()         1635213638 'awaF' (class, 0): one
+--                                   awa.prune_finished at a time
+--                                   (sql/retention.sql); awa maintain's prune
+--                                   pass holds the same lock around the call
+-- awa maintain (installer/awa_sql/maintain.py) also takes, around each of
+-- its passes, 'awaD' 1635213636 (promote), 'awaR' 1635213650 (rescue), 'awaS'
+-- 1635213651 (move staged) and 'awaT' 1635213652 (auto-scaler tick), (class, 0).
 --
 -- Inlined constants and predicates: the functions below, the row
 -- predicates of sql/queues.sql and awa._has_lane_memo of sql/lanes.sql are
@@ -101,7 +108,7 @@ returns integer
 language sql
 immutable parallel safe
 as $$
-    select 1635213650
+    select 1635213638
 $$;
 
 -- Function: awa._lock_class_migrate() returns integer
