@@ -1,0 +1,5 @@
+-- 0016_job_tools: a placeholder on branch `deadlines` only. The job tools
+-- branch owns this number (migrations/0016_job_tools.sql there); migration
+-- versions must run without gaps, so this branch carries an empty file of
+-- the same name until that one lands. At the merge, take the job tools
+-- branch's file.
