@@ -557,12 +557,17 @@ CREATE VIEW awa.queue_overview AS
     m.partitions,
     t.cancelled,
     t.retain_completed,
-    t.retain_failed
+    t.retain_failed,
+    p.max_run_time,
+    p.retry_base,
+    p.retry_cap,
+    p.retry_jitter
    FROM awa.queue_meta m
      CROSS JOIN LATERAL ( SELECT sum(x.ready) AS ready,
             min(x.oldest_ready_at) AS oldest_ready_at
            FROM awa._lane_states(m.queue_id) x(lane_id, priority, shard, ready, oldest_ready_at, next_seq, head_seq)) r
      CROSS JOIN LATERAL awa._finished_totals(m.queue_id) t(completed, failed, cancelled, retain_completed, retain_failed)
+     CROSS JOIN LATERAL awa._run_policy(m.queue_id) p(max_run_time, retry_base, retry_cap, retry_jitter)
      CROSS JOIN LATERAL ( SELECT count(*) AS scheduled
            FROM ( SELECT
                    FROM awa.scheduled x
@@ -2559,6 +2564,21 @@ begin
 end;
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._run_policy(queue_id integer)
+ RETURNS TABLE(max_run_time interval, retry_base interval, retry_cap interval, retry_jitter numeric)
+ LANGUAGE sql
+ STABLE SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+    select
+        m.max_run_time,
+        coalesce(m.retry_base, awa._retry_default_base()),
+        coalesce(m.retry_cap, awa._retry_default_cap()),
+        coalesce(m.retry_jitter, awa._retry_default_jitter())
+      from awa.queue_meta as m
+     where m.queue_id = _run_policy.queue_id
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._sample_lane_contention(at timestamp with time zone)
  RETURNS integer
  LANGUAGE plpgsql
@@ -4048,7 +4068,7 @@ COMMENT ON VIEW awa.lane_overview IS 'Per lane: ready depth (the span of its liv
 
 COMMENT ON VIEW awa.queue_history IS 'Per physical queue and contention sample (the last hour): lanes held, backends waiting, and where awa.autoscale_tick() counted the lanes the sum of the lane sequences (its difference between samples is enqueues; null in a sample taken alone), and ready depth and lag (oldest ready job) for queues in shadow or auto mode.';
 
-COMMENT ON VIEW awa.queue_overview IS 'Per physical queue: S, shard mode, paused; ready (the span of its lanes'' live lane_seqs), running, scheduled (counted up to 10,000), and counters of completed, failed and cancelled jobs; age of the oldest ready job; retention. logical_queue names the logical queue a partition or stripe belongs to (itself otherwise); stripes is K; partitions is P for a partitioned logical queue. Its cost follows queues and lanes, not jobs: exact counts are awa.queue_counts(queue).';
+COMMENT ON VIEW awa.queue_overview IS 'Per physical queue: S, shard mode, paused; ready (the span of its lanes'' live lane_seqs), running, scheduled (counted up to 10,000), and counters of completed, failed and cancelled jobs; age of the oldest ready job; retention; max run time (null: none) and retry policy in force. logical_queue names the logical queue a partition or stripe belongs to (itself otherwise); stripes is K; partitions is P for a partitioned logical queue. Its cost follows queues and lanes, not jobs: exact counts are awa.queue_counts(queue).';
 
 COMMENT ON VIEW awa.runtime_overview IS 'Python producers and workers that published a snapshot in the last 30 seconds.';
 
@@ -4079,6 +4099,7 @@ GRANT EXECUTE ON FUNCTION awa._limbs_mod(bigint[],integer) TO awa_maintenance, a
 GRANT EXECUTE ON FUNCTION awa._limbs_numeric(bigint[]) TO awa_maintenance, awa_operator, awa_producer, awa_reader, awa_worker;
 GRANT EXECUTE ON FUNCTION awa._mix_limbs(bytea,bigint,bigint) TO awa_maintenance, awa_operator, awa_producer, awa_reader, awa_worker;
 GRANT EXECUTE ON FUNCTION awa._partition_limbs(bytea) TO awa_maintenance, awa_operator, awa_producer, awa_reader, awa_worker;
+GRANT EXECUTE ON FUNCTION awa._run_policy(integer) TO awa_operator, awa_reader;
 GRANT EXECUTE ON FUNCTION awa.autoscale_tick() TO awa_maintenance;
 GRANT EXECUTE ON FUNCTION awa.claim(text[],integer,text,interval) TO awa_worker;
 GRANT EXECUTE ON FUNCTION awa.complete(bigint,bigint) TO awa_worker;

@@ -77,6 +77,8 @@ def test_private_routines_are_the_owners_alone(db, logins):
         # awa.lane_overview (a view, run with its reader's rights) reads each
         # lane's sequence.
         "awa._lane_next_seq(integer)",
+        # awa.queue_overview applies the retry policy's defaults.
+        "awa._run_policy(integer)",
     ])
     with db.connect(logins.producer) as p, pytest.raises(psycopg.errors.InsufficientPrivilege):
         p.execute("select awa._insert_jobs(array[1], array[1::bigint], array[1], null,"

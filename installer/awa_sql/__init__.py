@@ -26,6 +26,7 @@ from awa_sql.shards import (
     set_shard_mode,
     show,
 )
+from awa_sql.worker import Retry
 
 __all__ = [
     "Decision",
@@ -34,6 +35,7 @@ __all__ = [
     "PartitionedQueue",
     "Producer",
     "QueueStatus",
+    "Retry",
     "ShardChange",
     "__version__",
     "autoscale_tick",
