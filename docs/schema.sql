@@ -3056,21 +3056,6 @@ begin
                      end;
     end if;
     if fast is not true then
-        if fast is null and q_id is not null and max_run_time is not null then
-            -- The same test for a job that carries its own max run time,
-            -- with that checked too: only such calls pay for the check.
-            fast := case when awa._job_ok(queue, kind, priority, max_attempts)
-                                   and awa._max_run_time_ok(max_run_time)
-                                   and (run_at is null or run_at <= now())
-                                   and not awa._has_lane_memo()
-                              then coalesce(
-                                  pg_try_advisory_xact_lock(awa._lock_class_lane(), lane), false
-                              )
-                         end;
-            if fast is not null then
-                max_run_time := awa._in_seconds(max_run_time);
-            end if;
-        end if;
         if fast is false then
             -- The sticky lane is taken: what awa._take_lane does for an
             -- unkeyed row with no memo. The first free lane in turn (S and
@@ -3107,12 +3092,30 @@ begin
             end if;
         end if;
         if fast is not true then
-            -- A job with its own max run time is checked here too (the null
-            -- test costs the others nothing), and the value stored in seconds.
+            -- A job with its own max run time is checked here (the null test
+            -- costs the others nothing), its value stored in seconds; then,
+            -- if the fast way's lookup found its queue, it takes the sticky
+            -- lane as the fast way does. Written out here so that no call
+            -- without the option evaluates a statement more.
             if not awa._job_ok(queue, kind, priority, max_attempts)
                or max_run_time is not null then
                 perform awa._check_job(queue, kind, priority, max_attempts, max_run_time);
                 max_run_time := awa._in_seconds(max_run_time);
+                if q_id is not null and (run_at is null or run_at <= now())
+                   and not awa._has_lane_memo()
+                   and pg_try_advisory_xact_lock(awa._lock_class_lane(), lane) then
+                    insert into awa.ready (
+                        lane_id, lane_seq, job_id, queue_id, priority, kind, args, ordering_key,
+                        attempt, max_attempts, enqueued_at, ready_at, max_run_time
+                    ) values (
+                        lane, nextval(seq), nextval('awa.job_id_seq'), q_id, enqueue.priority,
+                        enqueue.kind, coalesce(enqueue.args, '{}'), null, 0,
+                        enqueue.max_attempts, now(), clock_timestamp(), enqueue.max_run_time
+                    )
+                    returning awa.ready.lane_seq, awa.ready.job_id into new_seq, new_job;
+                    return row(new_job, enqueue.queue, enqueue.priority, shard, new_seq)
+                        ::awa.enqueued;
+                end if;
             end if;
             -- S again, with the lanes (whole arrays are cheap to read, not to
             -- subscript: the fast way reads its one lane in SQL).

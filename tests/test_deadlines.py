@@ -206,8 +206,9 @@ def test_a_jobs_own_max_run_time_rides_every_path_and_its_retries(db, logins):
 
 
 def test_a_job_with_its_own_max_run_time_still_takes_the_fast_way(db, logins):
-    """awa.enqueue tests the fast way again for it: no row check, no lane choice
-    by awa._take_lane; a batch of such jobs goes the general way."""
+    """awa.enqueue checks its value, then takes the sticky lane as the fast way
+    does: no lane choice by awa._take_lane, no routing; a batch of such jobs
+    goes the general way."""
     with db.connect(logins.producer) as p:
         enqueue(p, "fastrun", "seed")
     with db.connect(autocommit=False) as conn:
@@ -215,8 +216,9 @@ def test_a_job_with_its_own_max_run_time_still_takes_the_fast_way(db, logins):
         conn.execute(f"set local role {logins.producer}")
         for _ in range(3):
             enqueue(conn, "fastrun", max_run_time="1 minute")
-        assert function_calls(conn, "awa._check_job") == 0
+        assert function_calls(conn, "awa._check_job") == 3
         assert function_calls(conn, "awa._take_lane") == 0
+        assert function_calls(conn, "awa._route_queue") == 0
         conn.execute("select awa.enqueue_batch(array['fastrun'], array['k'],"
                      " max_run_times => array['1 minute']::interval[])")
         assert function_calls(conn, "awa._enqueue_rows") == 1
