@@ -7,7 +7,6 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Query, Request
 
-from awa_sql import __version__
 from awa_sql.admin import queries
 from awa_sql.admin.errors import ApiError
 from awa_sql.admin.guard import require_write
@@ -26,6 +25,7 @@ from awa_sql.admin.models import (
 )
 from awa_sql.routing import MAX_SHARDS
 from awa_sql.shards import ordering_consequence, plan_enqueue_shards, set_enqueue_shards
+from awa_sql.version import __version__
 
 router = APIRouter(prefix="/api")
 QueueName = Annotated[str, Path(description="a queue name (logical or physical)")]
