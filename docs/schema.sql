@@ -572,6 +572,7 @@ CREATE VIEW awa.queue_overview AS
            FROM ( SELECT
                    FROM awa.scheduled x
                   WHERE x.queue_id = m.queue_id
+                  ORDER BY x.job_id
                  LIMIT 10000) capped) s
      LEFT JOIN ( SELECT x.queue_id,
             count(*) AS running

@@ -91,7 +91,8 @@ select
             then (floor(extract(epoch from pg_catalog.now()) / 3600)::bigint % 32)
         else 32 + (floor(extract(epoch from pg_catalog.now()) / 21600)::bigint % 32)
     end::smallint,
-    f.queue_id, f.priority, f.kind, f.state, f.attempt, f.attempt, f.enqueued_at,
+    f.queue_id, f.priority, f.kind, f.state, f.attempt, f.attempt as max_attempts,
+    f.enqueued_at,
     f.finished_at, f.last_error
 from awa.finished_0014 as f;
 

@@ -191,7 +191,7 @@ $$;
 
 -- Function: awa._provision_counters(queue_id integer) returns void
 -- Gives a physical queue its terminal counters when it has none: one
--- sequence per terminal state, awa.queue_<queue_id>_<state>, recorded in
+-- sequence per terminal state (queue_<queue_id>_<state> in schema awa), kept in
 -- awa.queue_meta (completed_seq, failed_seq, cancelled_seq). A sequence,
 -- because every worker that finishes a job moves it: nextval never waits
 -- for another transaction and leaves no dead row. A queue that already had

@@ -195,6 +195,7 @@ cross join lateral (
     from (
         select from awa.scheduled as x
         where x.queue_id = m.queue_id
+        order by x.job_id
         -- A count at this cap means at least that many.
         limit 10000
     ) as capped

@@ -372,8 +372,8 @@ def test_concurrent_migrate_runners_through_the_pooler(empty_db, pgbouncer, role
 def test_a_no_transaction_migration_needs_a_direct_connection(pooled):
     known = load_migrations()
     text = ("-- awa:no-transaction\n"
-            "create index concurrently finished_kind_idx on awa.finished (kind);\n")
-    extra = Migration(version=len(known) + 1, name="finished_kind", text=text,
+            "create index concurrently scheduled_kind_idx on awa.scheduled (kind);\n")
+    extra = Migration(version=len(known) + 1, name="scheduled_kind", text=text,
                       checksum=checksum(text.encode()), transactional=False)
 
     def run(conn):
@@ -387,7 +387,7 @@ def test_a_no_transaction_migration_needs_a_direct_connection(pooled):
 
     def index_and_record(conn):
         return conn.execute(
-            "select to_regclass('awa.finished_kind_idx') is not null,"
+            "select to_regclass('awa.scheduled_kind_idx') is not null,"
             " exists (select from awa.schema_migrations where version = %s)",
             [extra.version]).fetchone()
 

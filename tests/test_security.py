@@ -38,8 +38,10 @@ def test_definers_pin_search_path(db, logins):
     for name, config in rows:
         paths = [c for c in config or [] if c.startswith("search_path=")]
         assert paths == ["search_path=pg_catalog, pg_temp"], name
-        # Anything else pinned is a planner setting, never a path or a role.
-        assert all(c.startswith(("search_path=", "plan_cache_mode=", "enable_"))
+        # Anything else pinned is a planner setting or a bound on lock waits
+        # (awa.prune_finished), never a path or a role.
+        assert all(c.startswith(("search_path=", "plan_cache_mode=", "enable_",
+                                 "lock_timeout="))
                    for c in config), name
 
 
@@ -74,9 +76,11 @@ def test_private_routines_are_the_owners_alone(db, logins):
         "awa._hash64_limbs(bytea)", "awa._key_shard(bytea,integer)",
         "awa._limbs_mod(bigint[],integer)", "awa._limbs_numeric(bigint[])",
         "awa._mix_limbs(bytea,bigint,bigint)", "awa._partition_limbs(bytea)",
-        # awa.lane_overview (a view, run with its reader's rights) reads each
-        # lane's sequence.
-        "awa._lane_next_seq(integer)",
+        # The views (run with their reader's rights) read each lane's
+        # sequence and head, and each queue's counters: sequences only the
+        # owner may read. Read-only, whatever queue id they are given.
+        "awa._lane_next_seq(integer)", "awa._lane_states(integer)",
+        "awa._finished_totals(integer)",
         # awa.queue_overview applies the retry policy's defaults.
         "awa._run_policy(integer)",
     ])

@@ -4,8 +4,6 @@ The Python package installs and upgrades the SQL (``awa_sql.migrate``) and
 carries the operator surfaces (the ``awa`` CLI).
 """
 
-__version__ = "0.1.0"
-
 from awa_sql.client import (
     Enqueued,
     Producer,
@@ -26,6 +24,7 @@ from awa_sql.shards import (
     set_shard_mode,
     show,
 )
+from awa_sql.version import __version__
 from awa_sql.worker import Retry
 
 __all__ = [

@@ -18,12 +18,13 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
+from awa_sql import routing
+from awa_sql.connect import connect, resolve_dsn
 from awa_sql.metrics import client_metrics
 from awa_sql.metrics.client_metrics import WAIT_COLUMNS
+from awa_sql.runtimes import RuntimePublisher
 
-# worker.py imports it from here (another branch edits worker.py): drop once it imports partitions
-
-Key = bytes | bytearray | memoryview | str | None
+Key = routing.Key | None
 
 ENQUEUE_SQL = (
     f"select job_id, queue, priority, enqueue_shard, lane_seq, {WAIT_COLUMNS} from awa.enqueue("
@@ -191,9 +192,6 @@ class Producer:
     def __init__(self, dsn: str | None = None, *, conn: psycopg.Connection | None = None,
                  snapshot_every: float | None = 10.0,
                  prepared_statements: str | bool | None = None):
-        from awa_sql.connect import connect, resolve_dsn
-        from awa_sql.runtimes import RuntimePublisher
-
         self._conn = conn if conn is not None else connect(
             dsn, prepared_statements=prepared_statements)
         self.runtime = None

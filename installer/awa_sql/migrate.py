@@ -35,10 +35,10 @@ from dataclasses import dataclass, field
 import psycopg
 from psycopg import sql
 
-from awa_sql import __version__
 from awa_sql.connect import behind_pooler
 from awa_sql.roles import RUNTIME_CAPABILITIES, Roles
 from awa_sql.source import CHECKSUM_ALGORITHM, LayerFile, Migration, load_layer, load_migrations
+from awa_sql.version import __version__
 
 MIGRATION_LOCK = (1635213645, 0)  # 'awaM' as int4, then 0: held for a whole run
 STEP_LOCK = (1635213645, 1)  # held by each step's transaction

@@ -21,8 +21,8 @@ from collections.abc import Callable
 import psycopg
 from psycopg.types.json import Jsonb
 
-from awa_sql import __version__
 from awa_sql.connect import connect
+from awa_sql.version import __version__
 
 log = logging.getLogger("awa_sql.runtimes")
 

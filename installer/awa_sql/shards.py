@@ -191,14 +191,21 @@ def mode_consequence(queue: str, mode: str, max_shards: int | None) -> str:
     return MODE_NOTES[mode].format(queue=queue, max=max_shards)
 
 
-def set_shard_mode(conn: psycopg.Connection, queue: str, mode: str,
-                   max_shards: int | None = None) -> tuple[str, str, int | None]:
+def set_shard_modes(conn: psycopg.Connection, queue: str, mode: str,
+                    max_shards: int | None = None) -> list[tuple[str, str, int | None]]:
     """Opt a queue into ``shadow`` or ``auto`` (or back to ``manual``), in the
-    caller's transaction. Returns (queue, mode, max_shards)."""
+    caller's transaction: (queue, mode, max_shards) for each queue it set,
+    the logical queue first."""
     return conn.execute(
         "select logical_queue, shard_mode, max_enqueue_shards"
         " from awa.set_shard_mode(%s::text, %s::text, %s::integer)", [queue, mode, max_shards]
-    ).fetchone()
+    ).fetchall()
+
+
+def set_shard_mode(conn: psycopg.Connection, queue: str, mode: str,
+                   max_shards: int | None = None) -> tuple[str, str, int | None]:
+    """As set_shard_modes; returns the logical queue's (queue, mode, max_shards)."""
+    return set_shard_modes(conn, queue, mode, max_shards)[0]
 
 
 def autoscale_tick(conn: psycopg.Connection) -> list[Decision]:

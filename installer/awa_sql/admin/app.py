@@ -13,10 +13,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from psycopg_pool import ConnectionPool
 
-from awa_sql import __version__
 from awa_sql.admin import pages, routes
 from awa_sql.admin.errors import ApiError, from_database
 from awa_sql.connect import configure as prepared_statements
+from awa_sql.version import __version__
 
 log = logging.getLogger("awa_sql.admin")
 

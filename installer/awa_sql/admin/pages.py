@@ -13,7 +13,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 
-from awa_sql import __version__
+from awa_sql.version import __version__
 
 STATIC = Path(__file__).resolve().parent / "static"
 

@@ -7,7 +7,6 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Query, Request
 
-from awa_sql import __version__
 from awa_sql.admin import queries
 from awa_sql.admin.errors import ApiError
 from awa_sql.admin.guard import require_write
@@ -25,7 +24,13 @@ from awa_sql.admin.models import (
     ShardsBody,
 )
 from awa_sql.routing import MAX_SHARDS
-from awa_sql.shards import ordering_consequence, plan_enqueue_shards, set_enqueue_shards
+from awa_sql.shards import (
+    ordering_consequence,
+    plan_enqueue_shards,
+    set_enqueue_shards,
+    set_shard_modes,
+)
+from awa_sql.version import __version__
 
 router = APIRouter(prefix="/api")
 QueueName = Annotated[str, Path(description="a queue name (logical or physical)")]
@@ -117,9 +122,7 @@ def put_shard_mode(request: Request, queue: QueueName, body: ShardModeBody) -> d
         if not queries.has_function(conn, "awa.set_shard_mode(text, text, integer)"):
             raise ApiError(501, "this database has no auto-scaler (awa.set_shard_mode); "
                            "run awa migrate", "42883")
-        rows = conn.execute(
-            "select * from awa.set_shard_mode(%s::text, %s::text, %s::integer)",
-            [queue, body.mode.value, body.max_shards]).fetchall()
+        rows = set_shard_modes(conn, queue, body.mode.value, body.max_shards)
     return {"queue": queue, "queues": [
         {"queue": q, "shard_mode": m, "max_shards": x} for q, m, x in rows]}
 

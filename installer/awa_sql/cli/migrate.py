@@ -6,11 +6,11 @@ import argparse
 import json
 import sys
 
-from awa_sql import __version__
 from awa_sql import migrate as runner
 from awa_sql.cli.common import add_connection, add_roles, err, roles_from
 from awa_sql.connect import connect
 from awa_sql.roles import DESCRIPTIONS, Roles
+from awa_sql.version import __version__
 
 
 def register(sub: argparse._SubParsersAction) -> None:

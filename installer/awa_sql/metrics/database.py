@@ -167,8 +167,8 @@ def metric_families(rows: list[tuple[str, dict[str, Any]]]) -> list[Metric]:
     for d in by_kind["last_decision"]:
         proposed.add_metric([d["queue"]], d["proposed"])
         last.add_metric([d["queue"]], d["at"])
-    return [depth, jobs, finished, lag, shards, max_shards, mode, paused, lane_depth, lane_lag, draining,
-            waiters, share, rate, samples, age, logged, recent, proposed, last]
+    return [depth, jobs, finished, lag, shards, max_shards, mode, paused, lane_depth, lane_lag,
+            draining, waiters, share, rate, samples, age, logged, recent, proposed, last]
 
 
 def scrape(conn: psycopg.Connection) -> list[Metric]:
