@@ -3015,7 +3015,7 @@ CREATE OR REPLACE FUNCTION awa.contract_version()
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$select '0.1.0'::text$function$;
 
-CREATE OR REPLACE FUNCTION awa.enqueue(queue text, kind text, args jsonb DEFAULT '{}'::jsonb, priority smallint DEFAULT 2, ordering_key bytea DEFAULT NULL::bytea, run_at timestamp with time zone DEFAULT NULL::timestamp with time zone, max_attempts integer DEFAULT 25, max_run_time interval DEFAULT NULL::interval)
+CREATE OR REPLACE FUNCTION awa.enqueue(queue text, kind text, args jsonb DEFAULT '{}'::jsonb, priority smallint DEFAULT 2, ordering_key bytea DEFAULT NULL::bytea, run_at timestamp with time zone DEFAULT NULL::timestamp with time zone, max_attempts integer DEFAULT 25)
  RETURNS awa.enqueued
  LANGUAGE plpgsql
  SECURITY DEFINER
@@ -3051,7 +3051,7 @@ begin
         -- pg_try_advisory_xact_lock of null is null.
         fast := case when found and awa._job_ok(queue, kind, priority, max_attempts)
                                and (run_at is null or run_at <= now())
-                               and not awa._has_lane_memo() and max_run_time is null
+                               and not awa._has_lane_memo()
                           then coalesce(pg_try_advisory_xact_lock(awa._lock_class_lane(), lane),
                                         false)
                      end;
@@ -3093,30 +3093,8 @@ begin
             end if;
         end if;
         if fast is not true then
-            -- A job with its own max run time is checked here (the null test
-            -- costs the others nothing), its value stored in seconds; then,
-            -- if the fast way's lookup found its queue, it takes the sticky
-            -- lane as the fast way does. Written out here so that no call
-            -- without the option evaluates a statement more.
-            if not awa._job_ok(queue, kind, priority, max_attempts)
-               or max_run_time is not null then
-                perform awa._check_job(queue, kind, priority, max_attempts, max_run_time);
-                max_run_time := awa._in_seconds(max_run_time);
-                if q_id is not null and (run_at is null or run_at <= now())
-                   and not awa._has_lane_memo()
-                   and pg_try_advisory_xact_lock(awa._lock_class_lane(), lane) then
-                    insert into awa.ready (
-                        lane_id, lane_seq, job_id, queue_id, priority, kind, args, ordering_key,
-                        attempt, max_attempts, enqueued_at, ready_at, max_run_time
-                    ) values (
-                        lane, nextval(seq), nextval('awa.job_id_seq'), q_id, enqueue.priority,
-                        enqueue.kind, coalesce(enqueue.args, '{}'), null, 0,
-                        enqueue.max_attempts, now(), clock_timestamp(), enqueue.max_run_time
-                    )
-                    returning awa.ready.lane_seq, awa.ready.job_id into new_seq, new_job;
-                    return row(new_job, enqueue.queue, enqueue.priority, shard, new_seq)
-                        ::awa.enqueued;
-                end if;
+            if not awa._job_ok(queue, kind, priority, max_attempts) then
+                perform awa._check_job(queue, kind, priority, max_attempts);
             end if;
             -- S again, with the lanes (whole arrays are cheap to read, not to
             -- subscript: the fast way reads its one lane in SQL).
@@ -3133,11 +3111,10 @@ begin
                     new_job := nextval('awa.job_id_seq');
                     insert into awa.scheduled (
                         job_id, queue_id, priority, kind, args, ordering_key, attempt, max_attempts,
-                        enqueued_at, run_at, max_run_time
+                        enqueued_at, run_at
                     ) values (
                         new_job, q_id, enqueue.priority, enqueue.kind, coalesce(enqueue.args, '{}'),
-                        enqueue.ordering_key, 0, enqueue.max_attempts, now(), enqueue.run_at,
-                        enqueue.max_run_time
+                        enqueue.ordering_key, 0, enqueue.max_attempts, now(), enqueue.run_at
                     );
                     return row(new_job, coalesce(routed, enqueue.queue), enqueue.priority, null, null)
                         ::awa.enqueued;
@@ -3152,11 +3129,11 @@ begin
     end if;
     insert into awa.ready (
         lane_id, lane_seq, job_id, queue_id, priority, kind, args, ordering_key, attempt,
-        max_attempts, enqueued_at, ready_at, max_run_time
+        max_attempts, enqueued_at, ready_at
     ) values (
         lane, nextval(seq), nextval('awa.job_id_seq'), q_id, enqueue.priority, enqueue.kind,
         coalesce(enqueue.args, '{}'), enqueue.ordering_key, 0, enqueue.max_attempts,
-        now(), clock_timestamp(), enqueue.max_run_time
+        now(), clock_timestamp()
     )
     returning awa.ready.lane_seq, awa.ready.job_id into new_seq, new_job;
     return row(
@@ -3215,10 +3192,10 @@ begin
     end loop;
     -- The common call, every row due now, unkeyed, valid, without a max
     -- run time of its own, for one plain queue at one priority (a null
-    -- element meaning the default), is one lane range: tested with array operators, not row by row (every row
-    -- has the first row's queue, priority and max_attempts, and a kind, so
-    -- checking the first checks all). Any other call, and every error,
-    -- takes awa._enqueue_rows.
+    -- element meaning the default), is one lane range: tested with array
+    -- operators, not row by row (every row has the first row's queue,
+    -- priority and max_attempts, and a kind, so checking the first checks
+    -- all). Any other call, and every error, takes awa._enqueue_rows.
     if n > 0 and queues <@ array[queues[1]]
        and array_position(kinds, null) is null
        and awa._job_ok(queues[1], kinds[1], p, attempts)
@@ -4108,7 +4085,7 @@ GRANT EXECUTE ON FUNCTION awa.autoscale_tick() TO awa_maintenance;
 GRANT EXECUTE ON FUNCTION awa.claim(text[],integer,text,interval) TO awa_worker;
 GRANT EXECUTE ON FUNCTION awa.complete(bigint,bigint) TO awa_worker;
 GRANT EXECUTE ON FUNCTION awa.contract_version() TO awa_maintenance, awa_operator, awa_producer, awa_reader, awa_worker;
-GRANT EXECUTE ON FUNCTION awa.enqueue(text,text,jsonb,smallint,bytea,timestamp with time zone,integer,interval) TO awa_producer;
+GRANT EXECUTE ON FUNCTION awa.enqueue(text,text,jsonb,smallint,bytea,timestamp with time zone,integer) TO awa_producer;
 GRANT EXECUTE ON FUNCTION awa.enqueue_batch(text[],text[],jsonb[],smallint[],bytea[],timestamp with time zone[],integer[],interval[]) TO awa_producer;
 GRANT EXECUTE ON FUNCTION awa.enqueue_copied() TO awa_producer;
 GRANT EXECUTE ON FUNCTION awa.enqueue_shards(text) TO awa_maintenance, awa_operator, awa_producer, awa_reader, awa_worker;

@@ -361,8 +361,9 @@ $$;
 
 -- Function: awa.heartbeat(job_id bigint, run_lease bigint, extend interval) returns boolean
 -- Extends a running job's lease to now() + extend, never past the job's
--- deadline: true while the lease is live, though past the deadline it no
--- longer moves, and the rescue takes the job. False for a stale lease.
+-- deadline: true while the run is the caller's, though past the deadline
+-- the lease no longer moves and the rescue takes the job. False for a
+-- stale lease.
 -- Role: awa_worker.
 create or replace function awa.heartbeat(job_id bigint, run_lease bigint, extend interval)
 returns boolean

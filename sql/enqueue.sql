@@ -12,14 +12,13 @@
 -- tests/test_path_differential.py: awa.enqueue (one row), awa.enqueue_batch
 -- (one lane range) and COPY's set-based movers (sql/copy.sql).
 
--- Function: awa.enqueue(queue, kind, args, priority, ordering_key, run_at, max_attempts,
---                       max_run_time)
--- Enqueues one job. max_run_time is the job's own (null: its queue's, see
--- awa.set_max_run_time). Role: awa_producer.
+-- Function: awa.enqueue(queue, kind, args, priority, ordering_key, run_at, max_attempts)
+-- Enqueues one job. Role: awa_producer. A job with a max run time of its
+-- own goes through awa.enqueue_batch (one element is a batch): an argument
+-- here would cost every call its test on the fast path (ADR 026).
 -- Returns: awa.enqueued (job_id, queue, priority, enqueue_shard, lane_seq);
 --   enqueue_shard and lane_seq are null when run_at is in the future.
--- Errors: 22004 null queue or kind; 22023 bad queue name, priority, max_attempts or
---   max_run_time.
+-- Errors: 22004 null queue or kind; 22023 bad queue name, priority or max_attempts.
 -- A fast path of awa._insert_jobs for one row. The common case (a known
 -- plain queue, a valid unkeyed job due now, no lane memo in this
 -- transaction, the sticky lane free) is one index lookup that reads the
@@ -34,10 +33,7 @@
 -- else goes the general way: the full check, S and the lanes read again,
 -- routing (a new queue, a partitioned or striped name), awa.scheduled for a
 -- job for later, and awa._take_lane (tests/test_path_differential.py
--- compares the ways, with lanes held by another transaction). A job that
--- carries its own max_run_time goes to the general way's check, then takes
--- the sticky lane there when the fast way would have: a call without one
--- pays for a null test only (ADR 026).
+-- compares the ways, with lanes held by another transaction).
 create or replace function awa.enqueue(
     queue text,
     kind text,
@@ -45,8 +41,7 @@ create or replace function awa.enqueue(
     priority smallint default 2,
     ordering_key bytea default null,
     run_at timestamptz default null,
-    max_attempts integer default 25,
-    max_run_time interval default null
+    max_attempts integer default 25
 )
 returns awa.enqueued
 language plpgsql
@@ -83,7 +78,7 @@ begin
         -- pg_try_advisory_xact_lock of null is null.
         fast := case when found and awa._job_ok(queue, kind, priority, max_attempts)
                                and (run_at is null or run_at <= now())
-                               and not awa._has_lane_memo() and max_run_time is null
+                               and not awa._has_lane_memo()
                           then coalesce(pg_try_advisory_xact_lock(awa._lock_class_lane(), lane),
                                         false)
                      end;
@@ -125,30 +120,8 @@ begin
             end if;
         end if;
         if fast is not true then
-            -- A job with its own max run time is checked here (the null test
-            -- costs the others nothing), its value stored in seconds; then,
-            -- if the fast way's lookup found its queue, it takes the sticky
-            -- lane as the fast way does. Written out here so that no call
-            -- without the option evaluates a statement more.
-            if not awa._job_ok(queue, kind, priority, max_attempts)
-               or max_run_time is not null then
-                perform awa._check_job(queue, kind, priority, max_attempts, max_run_time);
-                max_run_time := awa._in_seconds(max_run_time);
-                if q_id is not null and (run_at is null or run_at <= now())
-                   and not awa._has_lane_memo()
-                   and pg_try_advisory_xact_lock(awa._lock_class_lane(), lane) then
-                    insert into awa.ready (
-                        lane_id, lane_seq, job_id, queue_id, priority, kind, args, ordering_key,
-                        attempt, max_attempts, enqueued_at, ready_at, max_run_time
-                    ) values (
-                        lane, nextval(seq), nextval('awa.job_id_seq'), q_id, enqueue.priority,
-                        enqueue.kind, coalesce(enqueue.args, '{}'), null, 0,
-                        enqueue.max_attempts, now(), clock_timestamp(), enqueue.max_run_time
-                    )
-                    returning awa.ready.lane_seq, awa.ready.job_id into new_seq, new_job;
-                    return row(new_job, enqueue.queue, enqueue.priority, shard, new_seq)
-                        ::awa.enqueued;
-                end if;
+            if not awa._job_ok(queue, kind, priority, max_attempts) then
+                perform awa._check_job(queue, kind, priority, max_attempts);
             end if;
             -- S again, with the lanes (whole arrays are cheap to read, not to
             -- subscript: the fast way reads its one lane in SQL).
@@ -165,11 +138,10 @@ begin
                     new_job := nextval('awa.job_id_seq');
                     insert into awa.scheduled (
                         job_id, queue_id, priority, kind, args, ordering_key, attempt, max_attempts,
-                        enqueued_at, run_at, max_run_time
+                        enqueued_at, run_at
                     ) values (
                         new_job, q_id, enqueue.priority, enqueue.kind, coalesce(enqueue.args, '{}'),
-                        enqueue.ordering_key, 0, enqueue.max_attempts, now(), enqueue.run_at,
-                        enqueue.max_run_time
+                        enqueue.ordering_key, 0, enqueue.max_attempts, now(), enqueue.run_at
                     );
                     return row(new_job, coalesce(routed, enqueue.queue), enqueue.priority, null, null)
                         ::awa.enqueued;
@@ -184,11 +156,11 @@ begin
     end if;
     insert into awa.ready (
         lane_id, lane_seq, job_id, queue_id, priority, kind, args, ordering_key, attempt,
-        max_attempts, enqueued_at, ready_at, max_run_time
+        max_attempts, enqueued_at, ready_at
     ) values (
         lane, nextval(seq), nextval('awa.job_id_seq'), q_id, enqueue.priority, enqueue.kind,
         coalesce(enqueue.args, '{}'), enqueue.ordering_key, 0, enqueue.max_attempts,
-        now(), clock_timestamp(), enqueue.max_run_time
+        now(), clock_timestamp()
     )
     returning awa.ready.lane_seq, awa.ready.job_id into new_seq, new_job;
     return row(
@@ -505,10 +477,10 @@ begin
     end loop;
     -- The common call, every row due now, unkeyed, valid, without a max
     -- run time of its own, for one plain queue at one priority (a null
-    -- element meaning the default), is one lane range: tested with array operators, not row by row (every row
-    -- has the first row's queue, priority and max_attempts, and a kind, so
-    -- checking the first checks all). Any other call, and every error,
-    -- takes awa._enqueue_rows.
+    -- element meaning the default), is one lane range: tested with array
+    -- operators, not row by row (every row has the first row's queue,
+    -- priority and max_attempts, and a kind, so checking the first checks
+    -- all). Any other call, and every error, takes awa._enqueue_rows.
     if n > 0 and queues <@ array[queues[1]]
        and array_position(kinds, null) is null
        and awa._job_ok(queues[1], kinds[1], p, attempts)
@@ -633,7 +605,7 @@ end;
 $$;
 
 select awa._grant_execute(
-    'awa.enqueue(text, text, jsonb, smallint, bytea, timestamptz, integer, interval)', 'producer'
+    'awa.enqueue(text, text, jsonb, smallint, bytea, timestamptz, integer)', 'producer'
 );
 select awa._grant_execute('awa._lock_lanes(integer[], smallint[], smallint[])');
 select awa._grant_execute(

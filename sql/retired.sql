@@ -24,9 +24,12 @@ drop function if exists awa._claim_merged(
 -- Unreleased: one claim path walks the lanes from a random start (ADR 023);
 -- the merge is gone.
 drop function if exists awa._claim_merged(text[], integer, text, interval);
--- Unreleased: a job may carry its own max run time (ADR 026): the enqueue
--- paths and the row check take it.
-drop function if exists awa.enqueue(text, text, jsonb, smallint, bytea, timestamptz, integer);
+-- Unreleased: a job may carry its own max run time (ADR 026): the batch
+-- and general enqueue paths and the row check take it. awa.enqueue took it
+-- too for a while on the branch that added it: that overload goes.
+drop function if exists awa.enqueue(
+    text, text, jsonb, smallint, bytea, timestamptz, integer, interval
+);
 drop function if exists awa.enqueue_batch(
     text[], text[], jsonb[], smallint[], bytea[], timestamptz[], integer[]
 );

@@ -28,6 +28,16 @@ RUNNING = ("select claimed_at, deadline_at, lease_expires_at, max_run_time from 
 SCHEDULED = "select attempt, last_error, max_run_time, run_at from awa.scheduled where job_id = %s"
 
 
+def timed(conn, queue, kind="job", *, max_run_time, max_attempts=None, ordering_key=None,
+          run_at=None) -> int:
+    """One job with a max run time of its own: a batch of one (awa.enqueue takes none)."""
+    return conn.execute(
+        "select job_id from awa.enqueue_batch(array[%s::text], array[%s::text],"
+        " ordering_keys => array[%s::bytea], run_ats => array[%s::timestamptz],"
+        " max_attempts => array[%s::integer], max_run_times => array[%s::interval])",
+        [queue, kind, ordering_key, run_at, max_attempts, max_run_time]).fetchone()[0]
+
+
 def running(admin, job_id):
     return admin.execute(RUNNING, [job_id]).fetchone()
 
@@ -43,8 +53,8 @@ def test_the_claim_gives_each_job_its_own_max_run_time_else_its_queues(db, login
         op.execute("select awa.set_max_run_time('dq', '1 hour')")
     with db.connect(logins.producer) as p:
         default = enqueue(p, "dq", "default")[0]
-        own = enqueue(p, "dq", "own", max_run_time="90 seconds")[0]
-        day = enqueue(p, "dq", "day", max_run_time="1 day")[0]
+        own = timed(p, "dq", "own", max_run_time="90 seconds")
+        day = timed(p, "dq", "day", max_run_time="1 day")
         none = enqueue(p, "plain", "none")[0]
     with db.connect(logins.worker) as w, db.connect() as admin:
         claimed = {c[0]: c for c in claim(w, ["dq", "plain"], lease="5 minutes")}
@@ -148,7 +158,7 @@ def test_a_heartbeating_job_past_its_deadline_is_rescued_by_awa_maintain(db, log
 
 def test_past_its_deadline_on_its_last_attempt_a_job_fails_for_good(db, logins):
     with db.connect(logins.producer) as p:
-        job = enqueue(p, "last", max_attempts=1, max_run_time="1.5 seconds")[0]
+        job = timed(p, "last", max_attempts=1, max_run_time="1.5 seconds")
     with db.connect(logins.worker) as w, db.connect(logins.maintenance) as m, \
             db.connect() as admin:
         claim(w, ["last"])
@@ -164,7 +174,7 @@ def test_past_its_deadline_on_its_last_attempt_a_job_fails_for_good(db, logins):
 
 def test_a_lease_that_ends_before_the_deadline_is_a_lease_expiry(db, logins):
     with db.connect(logins.producer) as p:
-        job = enqueue(p, "early", max_run_time="1 hour")[0]
+        job = timed(p, "early", max_run_time="1 hour")
     with db.connect(logins.worker) as w, db.connect(logins.maintenance) as m, \
             db.connect() as admin:
         claim(w, ["early"], lease="300 milliseconds")
@@ -183,8 +193,7 @@ def test_a_jobs_own_max_run_time_rides_every_path_and_its_retries(db, logins):
         with p.transaction():
             copy_rows(p, [("ride", None, None, "copied", Jsonb({}), None, None, "2 minutes"),
                           ("ride", None, None, "plain", Jsonb({}), None, None, None)])
-        later = enqueue(p, "ride", "later", run_at="2100-01-01T00:00:00Z",
-                        max_run_time="2 days")[0]
+        later = timed(p, "ride", "later", run_at="2100-01-01T00:00:00Z", max_run_time="2 days")
     with db.connect() as admin:
         stored = dict(admin.execute(
             "select kind, max_run_time::text from awa.ready union all"
@@ -205,36 +214,43 @@ def test_a_jobs_own_max_run_time_rides_every_path_and_its_retries(db, logins):
     assert later not in claimed
 
 
-def test_a_job_with_its_own_max_run_time_still_takes_the_fast_way(db, logins):
-    """awa.enqueue checks its value, then takes the sticky lane as the fast way
-    does: no lane choice by awa._take_lane, no routing; a batch of such jobs
-    goes the general way."""
+def test_one_job_with_its_own_max_run_time_is_a_batch_of_one(db, logins):
+    """awa.enqueue keeps its signature and its fast path (a test there would cost
+    every call, ADR 026): a job with its own max run time is a batch of one,
+    which the general way serves; without one the batch takes its lane range."""
     with db.connect(logins.producer) as p:
         enqueue(p, "fastrun", "seed")
+        with pytest.raises(psycopg.errors.UndefinedFunction):
+            p.execute("select awa.enqueue('fastrun', 'k', max_run_time => '1 minute')")
     with db.connect(autocommit=False) as conn:
         conn.execute("set local track_functions = 'all'")
         conn.execute(f"set local role {logins.producer}")
-        for _ in range(3):
-            enqueue(conn, "fastrun", max_run_time="1 minute")
-        assert function_calls(conn, "awa._check_job") == 3
-        assert function_calls(conn, "awa._take_lane") == 0
-        assert function_calls(conn, "awa._route_queue") == 0
+        timed(conn, "fastrun", max_run_time="1 minute")
+        assert function_calls(conn, "awa._enqueue_rows") == 1
         conn.execute("select awa.enqueue_batch(array['fastrun'], array['k'],"
-                     " max_run_times => array['1 minute']::interval[])")
+                     " max_run_times => array[null]::interval[])")
         assert function_calls(conn, "awa._enqueue_rows") == 1
         conn.commit()
 
 
+def _one(extra: str, run_time: str) -> str:
+    return ("select awa.enqueue_batch(array['bad'], array['k']" + extra
+            + f", max_run_times => array['{run_time}']::interval[])")
+
+
 BAD = [
-    ("select awa.enqueue('bad', 'k', max_run_time => '0 seconds')",
-     "max_run_time must be between 1 second and 30 days, got 00:00:00"),
-    ("select awa.enqueue('bad', 'k', max_run_time => '31 days')",
-     "max_run_time must be between 1 second and 30 days, got 31 days"),
-    ("select awa.enqueue('bad', 'k', ordering_key => 'x', max_run_time => '-1 second')",
-     "max_run_time must be between 1 second and 30 days, got -00:00:01"),
-    ("select awa.enqueue('bad', 'k', run_at => now() + interval '1 day',"
-     " max_run_time => '0.5 seconds')",
-     "max_run_time must be between 1 second and 30 days, got 00:00:00.5"),
+    (_one("", "0 seconds"),
+     "batch element 1 (1-based): max_run_time must be between 1 second and 30 days,"
+     " got 00:00:00"),
+    (_one("", "31 days"),
+     "batch element 1 (1-based): max_run_time must be between 1 second and 30 days,"
+     " got 31 days"),
+    (_one(", ordering_keys => array['x']::bytea[]", "-1 second"),
+     "batch element 1 (1-based): max_run_time must be between 1 second and 30 days,"
+     " got -00:00:01"),
+    (_one(", run_ats => array[now() + interval '1 day']", "0.5 seconds"),
+     "batch element 1 (1-based): max_run_time must be between 1 second and 30 days,"
+     " got 00:00:00.5"),
     ("select awa.enqueue_batch(array['bad', 'bad'], array['k', 'k'],"
      " max_run_times => array['1 minute', '0 seconds']::interval[])",
      "batch element 2 (1-based): max_run_time must be between 1 second and 30 days,"
@@ -309,7 +325,7 @@ def _start(worker: Worker) -> threading.Thread:
 def test_the_worker_cancels_an_async_handler_at_its_deadline(db, logins, caplog):
     caplog.set_level(logging.INFO, logger="awa_sql.worker")
     with db.connect(logins.producer) as p:
-        job = enqueue(p, "acancel", "slow", max_run_time="1 second")[0]
+        job = timed(p, "acancel", "slow", max_run_time="1 second")
     with db.connect(logins.operator) as op:
         op.execute("select awa.set_retry_policy('acancel', '1 hour', '1 hour', 0)")
     cancelled = threading.Event()
@@ -348,7 +364,7 @@ def test_the_worker_cancels_an_async_handler_at_its_deadline(db, logins, caplog)
 def test_a_plain_handler_runs_on_past_its_deadline_without_a_lease(db, logins, caplog):
     caplog.set_level(logging.INFO, logger="awa_sql.worker")
     with db.connect(logins.producer) as p:
-        job = enqueue(p, "sync", "blocking", max_run_time="1 second")[0]
+        job = timed(p, "sync", "blocking", max_run_time="1 second")
     with db.connect(logins.operator) as op:
         op.execute("select awa.set_retry_policy('sync', '1 hour', '1 hour', 0)")
     started, release = threading.Event(), threading.Event()

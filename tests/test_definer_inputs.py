@@ -96,8 +96,7 @@ def test_the_scan_sees_a_new_read(db):
 # movers' reads of the new column are the _STAGING entries above).
 NEW_IN_ADR_026 = ["awa.set_max_run_time", "awa.set_retry_policy", "awa._run_policy",
                   "awa._check_max_run_time", "awa.claim", "awa.heartbeat",
-                  "awa.rescue_expired", "awa._retry_or_fail", "awa.enqueue",
-                  "awa.enqueue_batch"]
+                  "awa.rescue_expired", "awa._retry_or_fail", "awa.enqueue_batch"]
 
 
 def test_the_deadline_and_backoff_functions_are_scanned_and_read_nothing_settable(db):

@@ -10,9 +10,9 @@ memo to a lane another open transaction holds, to a lane of another queue, to
 a lane of another priority, and to values that are no lane at all. Its jobs
 must land in a free lane of their own (queue, priority), with no error.
 (A keyed single row never read the memo; its case guards that it never
-does.) Jobs with a max run time of their own take each path too (awa.enqueue
-tests its fast way again for them). And no heartbeat, whatever its extend or
-the settings around it, moves a lease past its job's deadline.
+does.) Jobs with a max run time of their own take the batch and COPY paths
+too. And no heartbeat, whatever its extend or the settings around it, moves
+a lease past its job's deadline.
 """
 
 from __future__ import annotations
@@ -55,8 +55,6 @@ ENTRY_POINTS = {
     "copy enqueue_copied": lambda c, q, kind: (
         _copy(c, q, kind, MIXED), c.execute("select awa.enqueue_copied()")),
     "copy commit": lambda c, q, kind: _copy(c, q, kind, MIXED),
-    "enqueue max_run_time": lambda c, q, kind: c.execute(
-        "select awa.enqueue(%s, %s, max_run_time => '1 minute')", [q, kind]),
     "batch max_run_times": lambda c, q, kind: c.execute(
         "select * from awa.enqueue_batch(%s::text[], %s::text[],"
         " max_run_times => array['1 minute', null, '1 hour']::interval[])", [[q] * 3, [kind] * 3]),
@@ -180,7 +178,8 @@ def test_no_heartbeat_moves_a_lease_past_its_deadline(db):
     deadline is the claim's, in a row it cannot write."""
     worker = db.login_role("awa_worker")
     with db.connect() as su:
-        su.execute("select awa.enqueue('fdl', 'k', max_run_time => '1 hour')")
+        su.execute("select awa.enqueue_batch(array['fdl'], array['k'],"
+                   " max_run_times => array['1 hour']::interval[])")
     with db.connect(worker) as w, db.connect() as admin:
         (job_id, lease) = w.execute(
             "select job_id, run_lease from awa.claim(array['fdl'], 1, 'w', '1 minute')").fetchone()

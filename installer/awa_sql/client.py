@@ -31,10 +31,15 @@ ENQUEUE_SQL = (
     "%(queue)s::text, %(kind)s::text, %(args)s::jsonb, %(priority)s::smallint,"
     " %(ordering_key)s::bytea, %(run_at)s::timestamptz, %(max_attempts)s::integer)"
 )
-# A job with its own max run time; the statements above stay as they were
-# for the others (one prepared statement, and a server without the argument
-# still serves them).
-ENQUEUE_RUN_TIME_SQL = ENQUEUE_SQL[:-1] + ", %(max_run_time)s::interval)"
+# A job with its own max run time: a batch of one, as awa.enqueue takes none
+# (ADR 026). The statements of the others stay as they were.
+ENQUEUE_RUN_TIME_SQL = (
+    f"select job_id, queue, priority, enqueue_shard, lane_seq, {WAIT_COLUMNS}"
+    " from awa.enqueue_batch(array[%(queue)s::text], array[%(kind)s::text],"
+    " array[%(args)s::jsonb], array[%(priority)s::smallint], array[%(ordering_key)s::bytea],"
+    " array[%(run_at)s::timestamptz], array[%(max_attempts)s::integer],"
+    " array[%(max_run_time)s::interval])"
+)
 BATCH_SQL = (
     f"select job_id, queue, priority, enqueue_shard, lane_seq, {WAIT_COLUMNS}"
     " from awa.enqueue_batch("
@@ -79,7 +84,7 @@ def enqueue(conn: psycopg.Connection, kind: str, args: Mapping[str, Any] | None 
             run_at: datetime | None = None, max_attempts: int = 25,
             max_run_time: timedelta | None = None) -> Enqueued:
     """One job, in ``conn``'s current transaction. ``max_run_time``: the job's own
-    (None: its queue's, ``awa.set_max_run_time``)."""
+    (None: its queue's, ``awa.set_max_run_time``), through ``awa.enqueue_batch``."""
     started = perf_counter()
     row = conn.execute(ENQUEUE_SQL if max_run_time is None else ENQUEUE_RUN_TIME_SQL,
                        _params(kind, args, queue, priority, ordering_key, run_at, max_attempts,
