@@ -15,11 +15,11 @@ import psycopg
 
 from awa_sql import __version__
 from awa_sql import migrate as runner
-from awa_sql.cli import admin, demo, metrics, migrate, shards
+from awa_sql.cli import admin, demo, jobs, metrics, migrate, shards
 from awa_sql.cli.common import err
 from awa_sql.demo.embedded import EmbeddedError
 
-COMMANDS = (migrate, shards, metrics, demo, admin)
+COMMANDS = (migrate, shards, jobs, metrics, demo, admin)
 
 
 def build_parser() -> argparse.ArgumentParser:
