@@ -942,7 +942,10 @@ CREATE OR REPLACE FUNCTION awa._cancelled_error(last_error text)
  STABLE
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
-    select 'cancelled by ' || session_user || coalesce('; last error: ' || last_error, '')
+    select 'cancelled by ' || session_user
+        || coalesce('; last error: ' || nullif(
+            regexp_replace(last_error, '^cancelled by [^;]*(; last error: )?', ''), ''
+        ), '')
 $function$;
 
 CREATE OR REPLACE FUNCTION awa._check_job(queue text, kind text, priority smallint, max_attempts integer)
@@ -1491,6 +1494,7 @@ CREATE OR REPLACE FUNCTION awa._job_at(id bigint)
  LANGUAGE sql
  STABLE
  SET search_path TO 'pg_catalog', 'pg_temp'
+ SET max_parallel_workers_per_gather TO '0'
 AS $function$
     select j.*
       from (

@@ -124,6 +124,10 @@ returns table (
 language sql
 stable
 set search_path = pg_catalog, pg_temp
+-- A parallel scan of awa.ready would not stop at the row it finds: its
+-- workers read on to the end of the table, where one backend stops at the
+-- first match.
+set max_parallel_workers_per_gather = 0
 as $$
     select j.*
       from (
@@ -387,14 +391,19 @@ $$;
 
 -- Function: awa._cancelled_error(last_error text) returns text
 -- What a cancelled job keeps as its last error: who cancelled it (the
--- login), and the error of its last failed attempt, if it had one.
+-- login), and the error of its last failed attempt, if it had one (without
+-- the note of an earlier cancel, for a job cancelled, retried and
+-- cancelled again).
 create or replace function awa._cancelled_error(last_error text)
 returns text
 language sql
 stable
 set search_path = pg_catalog, pg_temp
 as $$
-    select 'cancelled by ' || session_user || coalesce('; last error: ' || last_error, '')
+    select 'cancelled by ' || session_user
+        || coalesce('; last error: ' || nullif(
+            regexp_replace(last_error, '^cancelled by [^;]*(; last error: )?', ''), ''
+        ), '')
 $$;
 
 -- Function: awa._cancel_waiting(job_id, queue_id, priority, kind, args, ordering_key,
