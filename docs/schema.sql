@@ -3633,14 +3633,17 @@ begin
             from unnest(ids) as q (id)
            cross join unnest(terminal) as t (st)
            cross join lateral (
-               -- Ranges for the same reason: each slot's (queue_id, state,
-               -- job_id) index, merged, never a primary key walked past the
-               -- rows of other states and queues.
+               -- A range on state for the same reason: only each slot's
+               -- (queue_id, state, job_id) index gives this order, merged;
+               -- never a primary key walked past the rows of other states
+               -- and queues. queue_id stays an equality, so that the state
+               -- range bounds the index scan on PostgreSQL 17 too (it stops
+               -- at the state's last row).
                select x.*
                  from awa.finished as x
-                where x.queue_id between q.id and q.id and x.state between t.st and t.st
+                where x.queue_id = q.id and x.state between t.st and t.st
                   and x.job_id > from_id and (jobs.kind is null or x.kind = jobs.kind)
-                order by x.queue_id, x.state, x.job_id
+                order by x.state, x.job_id
                 limit jobs.max_jobs
            ) as f
       ) as j
@@ -4017,14 +4020,14 @@ begin
              select x.job_id, x.slot
                from unnest(ids) as q (id)
               cross join lateral (
-                  -- Ranges, not equalities, as in awa.jobs: the (queue_id,
-                  -- state, job_id) index of each slot, merged.
+                  -- A range on state, as in awa.jobs: the (queue_id, state,
+                  -- job_id) index of each slot, merged.
                   select y.job_id, y.slot
                     from awa.finished as y
-                   where y.queue_id between q.id and q.id and y.state between 'failed' and 'failed'
+                   where y.queue_id = q.id and y.state between 'failed' and 'failed'
                      and y.args is not null
                      and (retry_jobs.kind is null or y.kind = retry_jobs.kind)
-                   order by y.queue_id, y.state, y.job_id
+                   order by y.state, y.job_id
                    limit retry_jobs.max_jobs
                      for update of y skip locked
               ) as x

@@ -553,3 +553,53 @@ def test_bad_input_gets_a_clear_error_and_changes_nothing(db, logins, statement,
     with db.connect() as su:
         assert su.execute("select count(*) from awa.ready").fetchone()[0] == 1
         assert su.execute("select count(*) from awa.finished").fetchone()[0] == 0
+
+
+# -- cost ---------------------------------------------------------------------------------
+
+HISTORY = """
+    insert into awa.finished (job_id, slot, queue_id, priority, kind, state, attempt,
+                              max_attempts, enqueued_at, args)
+    select nextval('awa.job_id_seq'), awa._finished_slot(%(state)s, now()), m.queue_id, 2, 'h',
+           %(state)s, 1, 1, now(), case when %(state)s <> 'completed' then '{}'::jsonb end
+      from awa.queue_meta m, generate_series(1, %(n)s)
+     where m.queue = %(queue)s
+"""
+
+
+def _blocks(conn) -> int:
+    """Blocks of schema awa's tables and indexes this database has read so far."""
+    return conn.execute(
+        "select sum(coalesce(heap_blks_hit, 0) + coalesce(heap_blks_read, 0)"
+        " + coalesce(idx_blks_hit, 0) + coalesce(idx_blks_read, 0))::bigint"
+        " from pg_statio_all_tables where schemaname = 'awa'").fetchone()[0]
+
+
+def test_a_page_reads_what_it_lists_not_the_queues_history(db, logins):
+    """A page reads its rows by key: with 120,000 completed, 120,000 failed
+    and 3 cancelled jobs in one slot each (and another queue's 120,000 failed
+    ones beside them), 5,000 scheduled and 20,000 ready in one lane, every
+    page of 100 reads a few hundred blocks at most, where walking any of
+    those rows would read thousands. Catches a plan that walks the primary
+    key or an index past other states (as a generic plan did, ADR 025)."""
+    with db.connect() as su:
+        su.execute("select awa.enqueue('hist', 'k'), awa.enqueue('beside', 'k')")
+        for queue, state, n in [("hist", "completed", 120_000), ("hist", "failed", 120_000),
+                                ("hist", "cancelled", 3), ("beside", "failed", 120_000)]:
+            su.execute(HISTORY, {"queue": queue, "state": state, "n": n})
+        su.execute("select count(*) from awa.enqueue_batch(array_fill('hist'::text,"
+                   " array[20000]), array_fill('k'::text, array[20000]))")
+        su.execute("select count(*) from awa.enqueue_batch(array_fill('hist'::text,"
+                   " array[5000]), array_fill('k'::text, array[5000]),"
+                   " run_ats => array_fill(now() + interval '1 day', array[5000]))")
+        su.execute("analyze")
+        for state in (*STATES, None):
+            su.execute("select count(*) from awa.jobs('hist', %s)", [state])  # plan, cache
+            su.execute("select pg_stat_force_next_flush()")
+            before = _blocks(su)
+            got = su.execute("select count(*) from awa.jobs('hist', %s)", [state]).fetchone()[0]
+            su.execute("select pg_stat_force_next_flush()")
+            read = _blocks(su) - before
+            assert got == (3 if state == "cancelled" else 0 if state == "running" else 100)
+            # The ready window: 1,000 rows of the one lane with jobs.
+            assert read < (600 if state in ("ready", None) else 400), (state, read)
