@@ -18,8 +18,13 @@ itself costs. The calls:
   count failed       awa.count_jobs(Q, 'failed')            up to 10,000
   job (failed)       awa.job(id)                            by key
   job (ready)        awa.job(id), the queue's newest ready job: a scan of
-                     awa.ready up to it
+                     awa.ready up to it (near its end)
   job (unknown)      awa.job(id) of an id no job has: a whole scan of awa.ready
+
+The session runs with synchronize_seqscans off, so that each scan starts
+at the table's first block (with it on, a scan of a big table starts where
+the last one stopped, and finds a row near there at once: faster, but by
+chance).
 
 Targets: with 1,000,000 jobs, every page, the count and the keyed lookup
 take at most 2x their time with 1,000, except the pages that list ready
@@ -137,6 +142,7 @@ def main() -> None:
             print(f"filling {queue}: {n:,} jobs per state ...", file=sys.stderr, flush=True)
             fill(conn, queue, n)
             conn.execute("vacuum analyze")
+            conn.execute("set synchronize_seqscans = off")
             results[n] = {name: timed(conn, sql, params)
                           for name, (sql, params) in calls(conn, queue).items()}
         server = conn.execute("show server_version").fetchone()[0]
