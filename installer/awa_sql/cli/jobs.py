@@ -22,7 +22,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from awa_sql.cli.common import add_connection, err
-from awa_sql.cli.shards import table
+from awa_sql.cli.storage import table
 from awa_sql.connect import connect
 from awa_sql.migrate import EXIT_USAGE
 
