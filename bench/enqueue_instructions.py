@@ -33,10 +33,17 @@ Cells of 100 rows, per job:
 "adds" is each ladder cell's count less the cell below it. Every count runs
 on a fresh copy of one cluster, so no cell pays for rows an earlier one left.
 
-    python bench/enqueue_instructions.py [--before REF] [--profile CELL]
+    python bench/enqueue_instructions.py [--before REF] [--beside REF] [--profile CELL]
 
 --before REF measures the same cells on a second server migrated with the
-tree of git revision REF. --profile CELL prints the functions whose
+tree of git revision REF. Two servers built from two trees differ by a few
+thousand instructions for the same statement (the ceiling and the floor
+move too: where each catalog row lands changes the caches' probes), so
+--beside REF adds cells for REF's awa.enqueue and awa.enqueue_batch
+installed beside today's on the same server (public.enqueue_before,
+public.enqueue_batch_before; their fast paths must still work with today's
+schema), the closest before/after of a change to those functions.
+--profile CELL prints the functions whose
 inclusive instruction counts one call of CELL adds up to (callgrind_annotate).
 Needs valgrind (apt-get install valgrind).
 """
@@ -60,7 +67,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from awa_sql import migrate
 from awa_sql.demo import embedded
 from awa_sql.roles import Roles
-from bench._server import export_revision, install_revision, machine
+from bench._server import export_revision, install_before, install_revision, machine
 from bench.enqueue_pgbench import ROW, VALUES, setup
 
 LOW, HIGH = 100, 600
@@ -134,6 +141,28 @@ CELLS = {
     "batch S=16 / 100": ("select count(*) from awa.enqueue_batch("
                          f"array_fill('bench_s16'::text, array[{BATCH}]), {_FILL})"),
 }
+BESIDE = {
+    "enqueue S=16": "select public.enqueue_before('bench_s16', 'bench.job')",
+    "keyed S=16": ("select public.enqueue_before('bench_s16', 'bench.job',"
+                   " ordering_key => 'customer-42')"),
+    "busy S=8": "select public.enqueue_before('bench_s8', 'bench.job')",
+    "batch S=16 / 100": ("select count(*) from public.enqueue_batch_before("
+                         f"array_fill('bench_s16'::text, array[{BATCH}]), {_FILL})"),
+}
+
+
+def add_beside(ref: str) -> str:
+    """Cells of REF's functions beside today's; the suffix that names them."""
+    suffix = f" ({ref}, beside)"
+    for name, statement in BESIDE.items():
+        CELLS[name + suffix] = statement
+        if name in HOLD_STICKY:
+            HOLD_STICKY[name + suffix] = HOLD_STICKY[name]
+        if name.endswith(f"/ {BATCH}"):
+            PER_JOB[name + suffix] = BATCH
+    return suffix
+
+
 PER_JOB = {name: BATCH for name in CELLS if name.endswith(f"/ {BATCH}")}
 # The ladders, bottom rung first; "adds" is each cell less the one before it.
 LADDERS = (
@@ -258,14 +287,24 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--before", metavar="REF", help="also measure git revision REF")
+    ap.add_argument("--beside", metavar="REF",
+                    help="also measure REF's enqueue functions beside today's")
     ap.add_argument("--profile", metavar="CELL", choices=list(CELLS))
     args = ap.parse_args()
+    prepare = setup_ladders
+    if args.beside:
+        add_beside(args.beside)
+
+        def prepare(conn: psycopg.Connection) -> None:
+            setup_ladders(conn)
+            install_before(conn, args.beside, "enqueue.sql", "enqueue")
+            install_before(conn, args.beside, "enqueue.sql", "enqueue_batch")
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind not found: apt-get install valgrind")
     work = Path(tempfile.mkdtemp(prefix="awa-instr-"))
     _give_to_server(work)
     try:
-        columns = {"now": build(work / "now", None, setup_ladders)}
+        columns = {"now": build(work / "now", None, prepare)}
         if args.before:
             columns[f"at {args.before}"] = build(
                 work / "before", export_revision(args.before, work / "src"), setup_ladders)
@@ -275,6 +314,8 @@ def main() -> None:
             outdir.mkdir()
             results[label] = {}
             for name in CELLS:
+                if label != "now" and name.endswith(", beside)"):
+                    continue
                 results[label][name] = per_call(pgdata, name, outdir)
                 print(f"  {label} {name}: {results[label][name] / 1000:,.1f}k",
                       file=sys.stderr, flush=True)
@@ -288,7 +329,8 @@ def main() -> None:
         print("|---|" + "---:|" * (len(header) - 1))
         now = results["now"]
         for name in CELLS:
-            values = [f"{results[label][name] / 1000:,.1f}" for label in results]
+            values = [f"{results[label][name] / 1000:,.1f}" if name in results[label] else ""
+                      for label in results]
             adds = f"{(now[name] - now[STEPS[name]]) / 1000:+,.1f}" if name in STEPS else ""
             print(f"| {name} | " + " | ".join(values)
                   + f" | {now[name] / now['floor']:.2f}x | {adds} |")

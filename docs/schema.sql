@@ -18,7 +18,8 @@ CREATE TYPE awa.claimed AS (
     args jsonb,
     attempt integer,
     max_attempts integer,
-    ordering_key bytea
+    ordering_key bytea,
+    deadline_at timestamp with time zone
 );
 
 CREATE TYPE awa.enqueued AS (
@@ -136,7 +137,8 @@ CREATE UNLOGGED TABLE awa.copy_staging (
     kind text,
     args jsonb,
     run_at timestamp with time zone,
-    max_attempts integer
+    max_attempts integer,
+    max_run_time interval
 );
 
 CREATE TABLE awa.finished (
@@ -153,6 +155,7 @@ CREATE TABLE awa.finished (
     args jsonb,
     ordering_key bytea,
     last_error text,
+    max_run_time interval,
     CONSTRAINT finished_pkey PRIMARY KEY (job_id, slot),
     CONSTRAINT finished_slot_range CHECK (((slot >= 0) AND (slot <= 63))),
     CONSTRAINT finished_state_known CHECK ((state = ANY (ARRAY['completed'::text, 'failed'::text, 'cancelled'::text])))
@@ -328,6 +331,10 @@ CREATE TABLE awa.queue_meta (
     completed_seq regclass,
     failed_seq regclass,
     cancelled_seq regclass,
+    max_run_time interval,
+    retry_base interval,
+    retry_cap interval,
+    retry_jitter numeric,
     CONSTRAINT queue_meta_pkey PRIMARY KEY (queue),
     CONSTRAINT queue_meta_enqueue_shards_range CHECK (((enqueue_shards >= 1) AND (enqueue_shards <= 64))),
     CONSTRAINT queue_meta_lane_ids_shape CHECK ((array_dims(lane_ids) = '[1:4][0:63]'::text)),
@@ -354,6 +361,7 @@ CREATE TABLE awa.ready (
     enqueued_at timestamp with time zone NOT NULL,
     ready_at timestamp with time zone DEFAULT now() NOT NULL,
     last_error text,
+    max_run_time interval,
     CONSTRAINT ready_pkey PRIMARY KEY (lane_id, lane_seq)
 ) WITH (autovacuum_vacuum_scale_factor=0.0, autovacuum_vacuum_threshold=5000, autovacuum_vacuum_insert_scale_factor=0.0, autovacuum_vacuum_insert_threshold=50000);
 
@@ -383,6 +391,8 @@ CREATE TABLE awa.running (
     heartbeat_at timestamp with time zone DEFAULT now() NOT NULL,
     lease_expires_at timestamp with time zone NOT NULL,
     completed_seq regclass,
+    max_run_time interval,
+    deadline_at timestamp with time zone,
     CONSTRAINT running_pkey PRIMARY KEY (job_id)
 ) WITH (autovacuum_vacuum_scale_factor=0.0, autovacuum_vacuum_threshold=5000);
 
@@ -423,6 +433,7 @@ CREATE TABLE awa.scheduled (
     enqueued_at timestamp with time zone NOT NULL,
     run_at timestamp with time zone NOT NULL,
     last_error text,
+    max_run_time interval,
     CONSTRAINT scheduled_pkey PRIMARY KEY (job_id),
     CONSTRAINT scheduled_queue_id_fkey FOREIGN KEY (queue_id) REFERENCES awa.queue_meta(queue_id)
 );
@@ -565,12 +576,17 @@ CREATE VIEW awa.queue_overview AS
     m.partitions,
     t.cancelled,
     t.retain_completed,
-    t.retain_failed
+    t.retain_failed,
+    p.max_run_time,
+    p.retry_base,
+    p.retry_cap,
+    p.retry_jitter
    FROM awa.queue_meta m
      CROSS JOIN LATERAL ( SELECT sum(x.ready) AS ready,
             min(x.oldest_ready_at) AS oldest_ready_at
            FROM awa._lane_states(m.queue_id) x(lane_id, priority, shard, ready, oldest_ready_at, next_seq, head_seq)) r
      CROSS JOIN LATERAL awa._finished_totals(m.queue_id) t(completed, failed, cancelled, retain_completed, retain_failed)
+     CROSS JOIN LATERAL awa._run_policy(m.queue_id) p(max_run_time, retry_base, retry_cap, retry_jitter)
      CROSS JOIN LATERAL ( SELECT count(*) AS scheduled
            FROM ( SELECT
                    FROM awa.scheduled x
@@ -949,14 +965,15 @@ AS $function$
         ), '')
 $function$;
 
-CREATE OR REPLACE FUNCTION awa._check_job(queue text, kind text, priority smallint, max_attempts integer)
+CREATE OR REPLACE FUNCTION awa._check_job(queue text, kind text, priority smallint, max_attempts integer, max_run_time interval DEFAULT NULL::interval)
  RETURNS void
  LANGUAGE plpgsql
  IMMUTABLE PARALLEL SAFE
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
 begin
-    if awa._job_ok(queue, kind, priority, max_attempts) then
+    if awa._job_ok(queue, kind, priority, max_attempts)
+       and awa._max_run_time_ok(max_run_time) then
         return;
     end if;
     perform awa._check_queue_name(queue);
@@ -965,9 +982,12 @@ begin
             using errcode = '22004';
     end if;
     perform awa._check_priority(priority);
-    raise exception 'max_attempts must be between 1 and 1000, got %',
-        coalesce(max_attempts::text, 'null')
-        using errcode = '22023';
+    if not awa._max_attempts_ok(max_attempts) then
+        raise exception 'max_attempts must be between 1 and 1000, got %',
+            coalesce(max_attempts::text, 'null')
+            using errcode = '22023';
+    end if;
+    perform awa._check_max_run_time(max_run_time);
 end;
 $function$;
 
@@ -1013,6 +1033,21 @@ begin
     end if;
     if value < 1 or value > 100000 then
         raise exception '% must be between 1 and 100000, got %', what, value
+            using errcode = '22023';
+    end if;
+end;
+$function$;
+
+CREATE OR REPLACE FUNCTION awa._check_max_run_time(max_run_time interval)
+ RETURNS void
+ LANGUAGE plpgsql
+ IMMUTABLE PARALLEL SAFE
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+begin
+    if not awa._max_run_time_ok(max_run_time) then
+        raise exception 'max_run_time must be between 1 second and 30 days, got %',
+            max_run_time
             using errcode = '22023';
     end if;
 end;
@@ -1116,7 +1151,7 @@ begin
 end;
 $function$;
 
-CREATE OR REPLACE FUNCTION awa._enqueue_rows(queues text[], kinds text[], args jsonb[], priorities smallint[], ordering_keys bytea[], run_ats timestamp with time zone[], max_attempts integer[], row_label text, row_offset bigint)
+CREATE OR REPLACE FUNCTION awa._enqueue_rows(queues text[], kinds text[], args jsonb[], priorities smallint[], ordering_keys bytea[], run_ats timestamp with time zone[], max_attempts integer[], max_run_times interval[], row_label text, row_offset bigint)
  RETURNS SETOF awa.enqueued
  LANGUAGE plpgsql
  SET search_path TO 'pg_catalog', 'pg_temp'
@@ -1138,12 +1173,12 @@ begin
       from generate_series(1, n) as i
      where not awa._job_ok(
          queues[i], kinds[i], coalesce(priorities[i], 2)::smallint, coalesce(max_attempts[i], 25)
-     );
+     ) or not awa._max_run_time_ok(max_run_times[i]);
     if bad is not null then
         begin
             perform awa._check_job(
                 queues[bad], kinds[bad], coalesce(priorities[bad], 2)::smallint,
-                coalesce(max_attempts[bad], 25)
+                coalesce(max_attempts[bad], 25), max_run_times[bad]
             );
         exception when others then
             raise exception '% % (1-based): %', row_label, bad + row_offset, sqlerrm
@@ -1205,7 +1240,7 @@ begin
            taken.shards[j.i], taken.seqs[j.i]
       from awa._insert_jobs(
           taken.lanes, taken.seqs, queue_ids, priorities, kinds, args, ordering_keys,
-          max_attempts, run_ats
+          max_attempts, run_ats, max_run_times => max_run_times
       ) with ordinality as j (job_id, i);
 end;
 $function$;
@@ -1225,10 +1260,14 @@ begin
     end if;
     anchor := awa._ensure_queue(logical);
     perform pg_advisory_xact_lock(awa._lock_class_provisioning(), 0);
-    insert into awa.queue_meta (queue, logical_queue, root_queue, enqueue_shards, paused)
+    insert into awa.queue_meta (
+        queue, logical_queue, root_queue, enqueue_shards, paused, max_run_time, retry_base,
+        retry_cap, retry_jitter
+    )
     values (
         physical, case when is_stripe then logical end,
-        coalesce(anchor.root_queue, logical), anchor.enqueue_shards, anchor.paused
+        coalesce(anchor.root_queue, logical), anchor.enqueue_shards, anchor.paused,
+        anchor.max_run_time, anchor.retry_base, anchor.retry_cap, anchor.retry_jitter
     )
     on conflict (queue) do update
         set root_queue = excluded.root_queue, logical_queue = excluded.logical_queue;
@@ -1288,11 +1327,11 @@ AS $function$
 begin
     insert into awa.finished (
         job_id, slot, queue_id, priority, kind, state, attempt, max_attempts, enqueued_at,
-        args, ordering_key, last_error
+        args, ordering_key, last_error, max_run_time
     ) values (
         job.job_id, awa._finished_slot(state, now()), job.queue_id, job.priority, job.kind,
         state, job.attempt, job.max_attempts, job.enqueued_at, job.args, job.ordering_key,
-        error
+        error, job.max_run_time
     );
     perform nextval(case state when 'failed' then m.failed_seq else m.cancelled_seq end)
        from awa.queue_meta as m
@@ -1439,6 +1478,15 @@ begin
 end;
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._in_seconds(duration interval)
+ RETURNS interval
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+    select '1 second'::pg_catalog.interval
+        operator(pg_catalog.*) pg_catalog.date_part('epoch', duration)
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._in_turn(n integer, i integer)
  RETURNS integer
  LANGUAGE sql
@@ -1447,7 +1495,7 @@ AS $function$
     select (awa._sticky(n) operator(pg_catalog.+) i) operator(pg_catalog.%) n
 $function$;
 
-CREATE OR REPLACE FUNCTION awa._insert_jobs(lanes integer[], seqs bigint[], queue_ids integer[], priorities smallint[], kinds text[], args jsonb[], ordering_keys bytea[], max_attempts integer[], run_ats timestamp with time zone[], job_ids bigint[] DEFAULT NULL::bigint[], attempts integer[] DEFAULT NULL::integer[], enqueued_ats timestamp with time zone[] DEFAULT NULL::timestamp with time zone[], last_errors text[] DEFAULT NULL::text[])
+CREATE OR REPLACE FUNCTION awa._insert_jobs(lanes integer[], seqs bigint[], queue_ids integer[], priorities smallint[], kinds text[], args jsonb[], ordering_keys bytea[], max_attempts integer[], run_ats timestamp with time zone[], job_ids bigint[] DEFAULT NULL::bigint[], attempts integer[] DEFAULT NULL::integer[], enqueued_ats timestamp with time zone[] DEFAULT NULL::timestamp with time zone[], last_errors text[] DEFAULT NULL::text[], max_run_times interval[] DEFAULT NULL::interval[])
  RETURNS SETOF bigint
  LANGUAGE plpgsql
  SET search_path TO 'pg_catalog', 'pg_temp'
@@ -1459,17 +1507,18 @@ begin
         select i, coalesce(job_ids[i], nextval('awa.job_id_seq')) as job_id,
                coalesce(priorities[i], 2)::smallint as p, coalesce(args[i], '{}') as a,
                coalesce(attempts[i], 0) as attempt, coalesce(max_attempts[i], 25) as m,
-               coalesce(enqueued_ats[i], now()) as enqueued_at
+               coalesce(enqueued_ats[i], now()) as enqueued_at,
+               awa._in_seconds(max_run_times[i]) as run_time
           from generate_series(1, cardinality(kinds)) as i
     ),
     to_ready as (
         insert into awa.ready (
             lane_id, lane_seq, job_id, queue_id, priority, kind, args, ordering_key, attempt,
-            max_attempts, enqueued_at, ready_at, last_error
+            max_attempts, enqueued_at, ready_at, last_error, max_run_time
         )
         select lanes[r.i], seqs[r.i], r.job_id, queue_ids[r.i], r.p, kinds[r.i], r.a,
                ordering_keys[r.i], r.attempt, r.m, r.enqueued_at, clock_timestamp(),
-               last_errors[r.i]
+               last_errors[r.i], r.run_time
           from rows as r
          where lanes[r.i] is not null
          -- Each lane's rows side by side in the heap: a claim reads a lane's
@@ -1479,10 +1528,10 @@ begin
     to_scheduled as (
         insert into awa.scheduled (
             job_id, queue_id, priority, kind, args, ordering_key, attempt, max_attempts,
-            enqueued_at, run_at, last_error
+            enqueued_at, run_at, last_error, max_run_time
         )
         select r.job_id, queue_ids[r.i], r.p, kinds[r.i], r.a, ordering_keys[r.i], r.attempt,
-               r.m, r.enqueued_at, run_ats[r.i], last_errors[r.i]
+               r.m, r.enqueued_at, run_ats[r.i], last_errors[r.i], r.run_time
           from rows as r
          where lanes[r.i] is null
     )
@@ -1881,6 +1930,16 @@ AS $function$
     )
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._max_run_time_ok(max_run_time interval)
+ RETURNS boolean
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+    select max_run_time is null
+        or (max_run_time operator(pg_catalog.>=) '1 second'::pg_catalog.interval
+            and max_run_time operator(pg_catalog.<=) '30 days'::pg_catalog.interval)
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._mix_limbs(key bytea, salt_hi bigint, salt_lo bigint)
  RETURNS bigint[]
  LANGUAGE plpgsql
@@ -1944,7 +2003,7 @@ begin
            count(s.ordering_key) as keyed, count(*) filter (where s.run_at > now()) as later,
            coalesce(bool_or(not awa._job_ok(
                s.queue, s.kind, coalesce(s.priority, 2)::smallint, coalesce(s.max_attempts, 25)
-           )), false) as bad
+           ) or not awa._max_run_time_ok(s.max_run_time)), false) as bad
       into shape
       from awa.copy_staging as s
      where s.staged_xid = _move_staged.xid;
@@ -2005,12 +2064,13 @@ begin
                                  array_fill(priority, array[cardinality(kss)]), kss, ns);
     insert into awa.ready (
         lane_id, lane_seq, job_id, queue_id, priority, kind, args, ordering_key, attempt,
-        max_attempts, enqueued_at, ready_at
+        max_attempts, enqueued_at, ready_at, max_run_time
     )
     select g.lane, g.base + row_number() over (partition by g.lane order by s.staged_id) - 1,
            nextval('awa.job_id_seq'), _move_staged_by_key.queue_id,
            _move_staged_by_key.priority, s.kind, coalesce(s.args, '{}'), s.ordering_key, 0,
-           coalesce(s.max_attempts, 25), now(), clock_timestamp()
+           coalesce(s.max_attempts, 25), now(), clock_timestamp(),
+           awa._in_seconds(s.max_run_time)
       from awa.copy_staging as s
       left join unnest(k_key, k_shard) as k (key, shard) on k.key = s.ordering_key
       join unnest(lanes.g_ks, lanes.g_lane, lanes.g_base) as g (ks, lane, base)
@@ -2043,6 +2103,7 @@ declare
     args jsonb[];
     run_ats timestamptz[];
     max_attempts integer[];
+    max_run_times interval[];
 begin
     loop
         select array_agg(s.staged_id order by s.staged_id),
@@ -2052,8 +2113,10 @@ begin
                array_agg(s.kind order by s.staged_id),
                array_agg(s.args order by s.staged_id),
                array_agg(s.run_at order by s.staged_id),
-               array_agg(s.max_attempts order by s.staged_id)
-          into ids, queues, priorities, ordering_keys, kinds, args, run_ats, max_attempts
+               array_agg(s.max_attempts order by s.staged_id),
+               array_agg(s.max_run_time order by s.staged_id)
+          into ids, queues, priorities, ordering_keys, kinds, args, run_ats, max_attempts,
+               max_run_times
           from (
               select c.* from awa.copy_staging as c
                where c.staged_xid = _move_staged_in_batches.xid
@@ -2066,7 +2129,7 @@ begin
           ) as s;
         exit when ids is null;
         perform count(*) from awa._enqueue_rows(
-            queues, kinds, args, priorities, ordering_keys, run_ats, max_attempts,
+            queues, kinds, args, priorities, ordering_keys, run_ats, max_attempts, max_run_times,
             'COPY row', moved
         );
         delete from awa.copy_staging as c
@@ -2094,12 +2157,13 @@ begin
                                  array[n]);
     insert into awa.ready (
         lane_id, lane_seq, job_id, queue_id, priority, kind, args, ordering_key, attempt,
-        max_attempts, enqueued_at, ready_at
+        max_attempts, enqueued_at, ready_at, max_run_time
     )
     select lanes.g_lane[1], lanes.g_base[1] + row_number() over (order by s.staged_id) - 1,
            nextval('awa.job_id_seq'), _move_staged_one_lane.queue_id,
            _move_staged_one_lane.priority, s.kind, coalesce(s.args, '{}'), null, 0,
-           coalesce(s.max_attempts, 25), now(), clock_timestamp()
+           coalesce(s.max_attempts, 25), now(), clock_timestamp(),
+           awa._in_seconds(s.max_run_time)
       from awa.copy_staging as s
      where s.staged_xid = _move_staged_one_lane.xid
      order by s.staged_id;
@@ -2134,6 +2198,7 @@ begin
                    s.queue, s.kind, coalesce(s.priority, 2)::smallint,
                    coalesce(s.max_attempts, 25)
                )
+               or not awa._max_run_time_ok(s.max_run_time)
                or m.stripes > 1 or m.partitions > 1
            ), false),
            array_agg(distinct s.queue order by s.queue) filter (where m.queue is null)
@@ -2179,7 +2244,8 @@ begin
 
     with rows as (
         select s.staged_id, m.queue_id as qid, coalesce(s.priority, 2)::smallint as p,
-               s.kind, s.args, s.ordering_key, s.max_attempts, s.run_at, l.lane,
+               s.kind, s.args, s.ordering_key, s.max_attempts, s.run_at,
+               awa._in_seconds(s.max_run_time) as run_time, l.lane,
                l.base + row_number() over (partition by l.lane order by s.staged_id) - 1
                as seq
           from awa.copy_staging as s
@@ -2196,11 +2262,11 @@ begin
     to_ready as (
         insert into awa.ready (
             lane_id, lane_seq, job_id, queue_id, priority, kind, args, ordering_key, attempt,
-            max_attempts, enqueued_at, ready_at
+            max_attempts, enqueued_at, ready_at, max_run_time
         )
         select r.lane, r.seq, nextval('awa.job_id_seq'), r.qid, r.p, r.kind,
                coalesce(r.args, '{}'), r.ordering_key, 0, coalesce(r.max_attempts, 25), now(),
-               clock_timestamp()
+               clock_timestamp(), r.run_time
           from rows as r
          where r.lane is not null
         returning 1
@@ -2208,10 +2274,10 @@ begin
     to_scheduled as (
         insert into awa.scheduled (
             job_id, queue_id, priority, kind, args, ordering_key, attempt, max_attempts,
-            enqueued_at, run_at
+            enqueued_at, run_at, max_run_time
         )
         select nextval('awa.job_id_seq'), r.qid, r.p, r.kind, coalesce(r.args, '{}'),
-               r.ordering_key, 0, coalesce(r.max_attempts, 25), now(), r.run_at
+               r.ordering_key, 0, coalesce(r.max_attempts, 25), now(), r.run_at, r.run_time
           from rows as r
          where r.lane is null
         returning 1
@@ -2432,12 +2498,12 @@ begin
         execute format($f$
             insert into awa.finished (
                 job_id, slot, queue_id, priority, kind, state, attempt, max_attempts,
-                enqueued_at, finished_at, args, ordering_key, last_error
+                enqueued_at, finished_at, args, ordering_key, last_error, max_run_time
             )
             select
                 f.job_id, awa._finished_slot(f.state, now()), f.queue_id, f.priority, f.kind,
                 f.state, f.attempt, f.max_attempts, f.enqueued_at, f.finished_at, f.args,
-                f.ordering_key, f.last_error
+                f.ordering_key, f.last_error, f.max_run_time
               from %s as f
               join awa.queue_meta as m on m.queue_id = f.queue_id
              where f.finished_at + awa._retention(f.state, m.retain_completed, m.retain_failed)
@@ -2546,6 +2612,52 @@ AS $function$
                 else coalesce(retain_failed, interval '7 days') end
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._retry_default_base()
+ RETURNS interval
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+    select '2 seconds'::pg_catalog.interval
+$function$;
+
+CREATE OR REPLACE FUNCTION awa._retry_default_cap()
+ RETURNS interval
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+    select '1 hour'::pg_catalog.interval
+$function$;
+
+CREATE OR REPLACE FUNCTION awa._retry_default_jitter()
+ RETURNS numeric
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+    select 0.5::pg_catalog.numeric
+$function$;
+
+CREATE OR REPLACE FUNCTION awa._retry_delay(attempt integer, base interval, cap interval, jitter numeric, draw double precision)
+ RETURNS interval
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+    select '1 second'::pg_catalog.interval operator(pg_catalog.*) (
+        least(
+            pg_catalog.date_part('epoch', coalesce(cap, awa._retry_default_cap())),
+            pg_catalog.date_part('epoch', coalesce(base, awa._retry_default_base()))
+            operator(pg_catalog.*) pg_catalog.power(
+                2::pg_catalog.float8, least(attempt operator(pg_catalog.-) 1, 60)::pg_catalog.float8
+            )
+        )
+        operator(pg_catalog.*) (
+            1::pg_catalog.float8 operator(pg_catalog.-) (
+                coalesce(jitter, awa._retry_default_jitter())::pg_catalog.float8
+                operator(pg_catalog.*) draw
+            )
+        )
+    )
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._retry_or_fail(job awa.running, error text, retry_at timestamp with time zone)
  RETURNS void
  LANGUAGE plpgsql
@@ -2557,16 +2669,20 @@ begin
     else
         insert into awa.scheduled (
             job_id, queue_id, priority, kind, args, ordering_key, attempt, max_attempts,
-            enqueued_at, run_at, last_error
-        ) values (
+            enqueued_at, run_at, last_error, max_run_time
+        )
+        select
             job.job_id, job.queue_id, job.priority, job.kind, job.args, job.ordering_key,
             job.attempt, job.max_attempts, job.enqueued_at,
             coalesce(
                 retry_at,
-                now() + interval '1 second' * least(power(2, job.attempt), 3600)
+                now() + awa._retry_delay(
+                    job.attempt, m.retry_base, m.retry_cap, m.retry_jitter, random()
+                )
             ),
-            error
-        );
+            error, job.max_run_time
+          from awa.queue_meta as m
+         where m.queue_id = job.queue_id;
     end if;
 end;
 $function$;
@@ -2613,6 +2729,21 @@ begin
     end if;
     return awa._pick_stripe(target, ordering_key);
 end;
+$function$;
+
+CREATE OR REPLACE FUNCTION awa._run_policy(queue_id integer)
+ RETURNS TABLE(max_run_time interval, retry_base interval, retry_cap interval, retry_jitter numeric)
+ LANGUAGE sql
+ STABLE SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+    select
+        m.max_run_time,
+        coalesce(m.retry_base, awa._retry_default_base()),
+        coalesce(m.retry_cap, awa._retry_default_cap()),
+        coalesce(m.retry_jitter, awa._retry_default_jitter())
+      from awa.queue_meta as m
+     where m.queue_id = _run_policy.queue_id
 $function$;
 
 CREATE OR REPLACE FUNCTION awa._sample_lane_contention(at timestamp with time zone)
@@ -3044,9 +3175,10 @@ begin
     -- locking, once max_jobs rows are locked.
     for claimed in
         with picked as (
-            select h.tid, l.queue, l.shard, coalesce(hd.head_seq, 0) as head_seq, l.completed_seq
+            select h.tid, l.queue, l.shard, coalesce(hd.head_seq, 0) as head_seq, l.completed_seq,
+                   l.max_run_time as queue_run_time
               from (
-                  select x.lane_id, x.priority, x.shard, m.queue, m.completed_seq
+                  select x.lane_id, x.priority, x.shard, m.queue, m.completed_seq, m.max_run_time
                     from awa.queue_meta as m
                    cross join lateral (
                        select y.lane_id, y.priority, y.shard
@@ -3076,24 +3208,27 @@ begin
              using picked as p
              where r.ctid = p.tid
             returning r.*, p.queue as lane_queue, p.shard, p.head_seq, p.completed_seq,
-                nextval('awa.run_lease_seq') as run_lease
+                nextval('awa.run_lease_seq') as run_lease,
+                now() + coalesce(r.max_run_time, p.queue_run_time) as deadline_at
         ),
         started as (
             insert into awa.running (
                 job_id, run_lease, lane_id, lane_seq, queue_id, priority, kind, args,
                 ordering_key, attempt, max_attempts, enqueued_at, worker, lease_expires_at,
-                completed_seq
+                completed_seq, max_run_time, deadline_at
             )
             select
                 m.job_id, m.run_lease, m.lane_id, m.lane_seq, m.queue_id, m.priority, m.kind,
                 m.args, m.ordering_key, m.attempt + 1, m.max_attempts, m.enqueued_at,
-                claim.worker, now() + claim.lease, m.completed_seq
+                -- least() passes over a null deadline.
+                claim.worker, least(now() + claim.lease, m.deadline_at), m.completed_seq,
+                m.max_run_time, m.deadline_at
               from moved as m
         )
         select
             row(
                 m.job_id, m.run_lease, m.lane_queue, m.priority, m.shard, m.lane_seq, m.kind,
-                m.args, m.attempt + 1, m.max_attempts, m.ordering_key
+                m.args, m.attempt + 1, m.max_attempts, m.ordering_key, m.deadline_at
             )::awa.claimed as job,
             m.lane_id,
             -- Far enough past its lane's hint that the hint may move.
@@ -3235,7 +3370,7 @@ begin
 end;
 $function$;
 
-CREATE OR REPLACE FUNCTION awa.enqueue(queue text, kind text, args jsonb DEFAULT '{}'::jsonb, priority smallint DEFAULT 2, ordering_key bytea DEFAULT NULL::bytea, run_at timestamp with time zone DEFAULT NULL::timestamp with time zone, max_attempts integer DEFAULT 25)
+CREATE OR REPLACE FUNCTION awa.enqueue(queue text, kind text, args jsonb DEFAULT '{}'::jsonb, priority smallint DEFAULT 2, ordering_key bytea DEFAULT NULL::bytea, run_at timestamp with time zone DEFAULT NULL::timestamp with time zone, max_attempts integer DEFAULT 25, max_run_time interval DEFAULT NULL::interval)
  RETURNS awa.enqueued
  LANGUAGE plpgsql
  SECURITY DEFINER
@@ -3271,7 +3406,7 @@ begin
         -- pg_try_advisory_xact_lock of null is null.
         fast := case when found and awa._job_ok(queue, kind, priority, max_attempts)
                                and (run_at is null or run_at <= now())
-                               and not awa._has_lane_memo()
+                               and not awa._has_lane_memo() and max_run_time is null
                           then coalesce(pg_try_advisory_xact_lock(awa._lock_class_lane(), lane),
                                         false)
                      end;
@@ -3313,8 +3448,30 @@ begin
             end if;
         end if;
         if fast is not true then
-            if not awa._job_ok(queue, kind, priority, max_attempts) then
-                perform awa._check_job(queue, kind, priority, max_attempts);
+            -- A job with its own max run time is checked here (the null test
+            -- costs the others nothing), its value stored in seconds; then,
+            -- if the fast way's lookup found its queue, it takes the sticky
+            -- lane as the fast way does. Written out here so that no call
+            -- without the option evaluates a statement more.
+            if not awa._job_ok(queue, kind, priority, max_attempts)
+               or max_run_time is not null then
+                perform awa._check_job(queue, kind, priority, max_attempts, max_run_time);
+                max_run_time := awa._in_seconds(max_run_time);
+                if q_id is not null and (run_at is null or run_at <= now())
+                   and not awa._has_lane_memo()
+                   and pg_try_advisory_xact_lock(awa._lock_class_lane(), lane) then
+                    insert into awa.ready (
+                        lane_id, lane_seq, job_id, queue_id, priority, kind, args, ordering_key,
+                        attempt, max_attempts, enqueued_at, ready_at, max_run_time
+                    ) values (
+                        lane, nextval(seq), nextval('awa.job_id_seq'), q_id, enqueue.priority,
+                        enqueue.kind, coalesce(enqueue.args, '{}'), null, 0,
+                        enqueue.max_attempts, now(), clock_timestamp(), enqueue.max_run_time
+                    )
+                    returning awa.ready.lane_seq, awa.ready.job_id into new_seq, new_job;
+                    return row(new_job, enqueue.queue, enqueue.priority, shard, new_seq)
+                        ::awa.enqueued;
+                end if;
             end if;
             -- S again, with the lanes (whole arrays are cheap to read, not to
             -- subscript: the fast way reads its one lane in SQL).
@@ -3331,10 +3488,11 @@ begin
                     new_job := nextval('awa.job_id_seq');
                     insert into awa.scheduled (
                         job_id, queue_id, priority, kind, args, ordering_key, attempt, max_attempts,
-                        enqueued_at, run_at
+                        enqueued_at, run_at, max_run_time
                     ) values (
                         new_job, q_id, enqueue.priority, enqueue.kind, coalesce(enqueue.args, '{}'),
-                        enqueue.ordering_key, 0, enqueue.max_attempts, now(), enqueue.run_at
+                        enqueue.ordering_key, 0, enqueue.max_attempts, now(), enqueue.run_at,
+                        enqueue.max_run_time
                     );
                     return row(new_job, coalesce(routed, enqueue.queue), enqueue.priority, null, null)
                         ::awa.enqueued;
@@ -3349,11 +3507,11 @@ begin
     end if;
     insert into awa.ready (
         lane_id, lane_seq, job_id, queue_id, priority, kind, args, ordering_key, attempt,
-        max_attempts, enqueued_at, ready_at
+        max_attempts, enqueued_at, ready_at, max_run_time
     ) values (
         lane, nextval(seq), nextval('awa.job_id_seq'), q_id, enqueue.priority, enqueue.kind,
         coalesce(enqueue.args, '{}'), enqueue.ordering_key, 0, enqueue.max_attempts,
-        now(), clock_timestamp()
+        now(), clock_timestamp(), enqueue.max_run_time
     )
     returning awa.ready.lane_seq, awa.ready.job_id into new_seq, new_job;
     return row(
@@ -3362,7 +3520,7 @@ begin
 end;
 $function$;
 
-CREATE OR REPLACE FUNCTION awa.enqueue_batch(queues text[], kinds text[], args jsonb[] DEFAULT NULL::jsonb[], priorities smallint[] DEFAULT NULL::smallint[], ordering_keys bytea[] DEFAULT NULL::bytea[], run_ats timestamp with time zone[] DEFAULT NULL::timestamp with time zone[], max_attempts integer[] DEFAULT NULL::integer[])
+CREATE OR REPLACE FUNCTION awa.enqueue_batch(queues text[], kinds text[], args jsonb[] DEFAULT NULL::jsonb[], priorities smallint[] DEFAULT NULL::smallint[], ordering_keys bytea[] DEFAULT NULL::bytea[], run_ats timestamp with time zone[] DEFAULT NULL::timestamp with time zone[], max_attempts integer[] DEFAULT NULL::integer[], max_run_times interval[] DEFAULT NULL::interval[])
  RETURNS SETOF awa.enqueued
  LANGUAGE plpgsql
  SECURITY DEFINER
@@ -3374,14 +3532,16 @@ declare
     p smallint := coalesce(priorities[1], 2);
     attempts integer := coalesce(max_attempts[1], 25);
     names text[] := array['queues', 'kinds', 'args', 'priorities', 'ordering_keys', 'run_ats',
-                          'max_attempts'];
+                          'max_attempts', 'max_run_times'];
     dims text[] := array[
         array_dims(queues), array_dims(kinds), array_dims(args), array_dims(priorities),
-        array_dims(ordering_keys), array_dims(run_ats), array_dims(max_attempts)
+        array_dims(ordering_keys), array_dims(run_ats), array_dims(max_attempts),
+        array_dims(max_run_times)
     ];
     lens integer[] := array[
         n, cardinality(kinds), cardinality(args), cardinality(priorities),
-        cardinality(ordering_keys), cardinality(run_ats), cardinality(max_attempts)
+        cardinality(ordering_keys), cardinality(run_ats), cardinality(max_attempts),
+        cardinality(max_run_times)
     ];
     q_id integer;
     shard smallint;
@@ -3396,7 +3556,7 @@ begin
     end if;
     -- Rows are read by position 1 .. n: a subscript from another base, a
     -- second dimension or a missing element would pair the wrong elements.
-    for i in 1 .. 7 loop
+    for i in 1 .. 8 loop
         if left(dims[i], 3) <> '[1:' or strpos(dims[i], '][') > 0 then
             raise exception 'array % must be one-dimensional and indexed from 1, got %',
                 names[i], dims[i]
@@ -3408,9 +3568,9 @@ begin
                       hint = 'Every array holds one element per job, in the same order.';
         end if;
     end loop;
-    -- The common call, every row due now, unkeyed, valid, for one plain
-    -- queue at one priority (a null element meaning the default), is one
-    -- lane range: tested with array operators, not row by row (every row
+    -- The common call, every row due now, unkeyed, valid, without a max
+    -- run time of its own, for one plain queue at one priority (a null
+    -- element meaning the default), is one lane range: tested with array operators, not row by row (every row
     -- has the first row's queue, priority and max_attempts, and a kind, so
     -- checking the first checks all). Any other call, and every error,
     -- takes awa._enqueue_rows.
@@ -3421,6 +3581,7 @@ begin
        and (max_attempts is null or array_replace(max_attempts, null, 25) <@ array[attempts])
        and (ordering_keys is null or cardinality(array_remove(ordering_keys, null)) = 0)
        and (run_ats is null or cardinality(array_remove(run_ats, null)) = 0)
+       and (max_run_times is null or cardinality(array_remove(max_run_times, null)) = 0)
     then
         select m.queue_id, awa._sticky(m.enqueue_shards),
                m.lane_ids[p][awa._sticky(m.enqueue_shards)],
@@ -3464,7 +3625,7 @@ begin
     end if;
     return query
     select * from awa._enqueue_rows(
-        queues, kinds, args, priorities, ordering_keys, run_ats, max_attempts,
+        queues, kinds, args, priorities, ordering_keys, run_ats, max_attempts, max_run_times,
         'batch element', 0
     );
 end;
@@ -3523,7 +3684,7 @@ begin
             using errcode = '22023';
     end if;
     update awa.running as r
-       set heartbeat_at = now(), lease_expires_at = now() + extend
+       set heartbeat_at = now(), lease_expires_at = least(now() + extend, r.deadline_at)
      where r.job_id = heartbeat.job_id and r.run_lease = heartbeat.run_lease;
     return found;
 end;
@@ -3779,7 +3940,8 @@ begin
            array_agg(d.attempt order by d.run_at, d.job_id) as attempts,
            array_agg(d.max_attempts order by d.run_at, d.job_id) as max_attempts,
            array_agg(d.enqueued_at order by d.run_at, d.job_id) as enqueued_ats,
-           array_agg(d.last_error order by d.run_at, d.job_id) as last_errors
+           array_agg(d.last_error order by d.run_at, d.job_id) as last_errors,
+           array_agg(d.max_run_time order by d.run_at, d.job_id) as max_run_times
       into due
       from (
           select s.*
@@ -3797,7 +3959,7 @@ begin
     perform count(*) from awa._insert_jobs(
         taken.lanes, taken.seqs, due.queue_ids, due.priorities, due.kinds, due.args,
         due.ordering_keys, due.max_attempts, null, due.job_ids, due.attempts, due.enqueued_ats,
-        due.last_errors
+        due.last_errors, due.max_run_times
     );
     delete from awa.scheduled as s where s.job_id = any(due.job_ids);
     return cardinality(due.job_ids);
@@ -3953,7 +4115,14 @@ begin
          )
         returning r.*
     loop
-        perform awa._retry_or_fail(job, 'lease expired', null);
+        perform awa._retry_or_fail(
+            job,
+            case when job.lease_expires_at >= job.deadline_at
+                 then format('deadline exceeded after %s s',
+                             trim_scale(extract(epoch from job.deadline_at - job.claimed_at)))
+                 else 'lease expired' end,
+            null
+        );
         rescued := rescued + 1;
     end loop;
     return rescued;
@@ -4120,6 +4289,28 @@ AS $function$
     select * from awa._set_enqueue_shards(queue, shards, 'manual')
 $function$;
 
+CREATE OR REPLACE FUNCTION awa.set_max_run_time(queue text, max_run_time interval)
+ RETURNS void
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+declare
+    changed integer;
+begin
+    perform awa._check_max_run_time(max_run_time);
+    update awa.queue_meta as m
+       set max_run_time = awa._in_seconds(set_max_run_time.max_run_time)
+     where m.queue = set_max_run_time.queue or m.logical_queue = set_max_run_time.queue
+        or m.root_queue = set_max_run_time.queue;
+    get diagnostics changed = row_count;
+    if changed = 0 then
+        raise exception 'queue % does not exist', coalesce(quote_literal(queue), 'null')
+            using errcode = '42704';
+    end if;
+end;
+$function$;
+
 CREATE OR REPLACE FUNCTION awa.set_queue_partitions(queue text, partitions integer)
  RETURNS TABLE(partition integer, physical_queue text)
  LANGUAGE plpgsql
@@ -4199,6 +4390,47 @@ begin
     get diagnostics changed = row_count;
     if changed = 0 then
         raise exception 'queue % does not exist', coalesce(queue, 'null')
+            using errcode = '42704';
+    end if;
+end;
+$function$;
+
+CREATE OR REPLACE FUNCTION awa.set_retry_policy(queue text, base interval, cap interval, jitter numeric)
+ RETURNS void
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+declare
+    changed integer;
+begin
+    if base <= interval '0' or base > interval '1 day' then
+        raise exception 'retry base must be above 0 and at most 1 day, got %', base
+            using errcode = '22023';
+    end if;
+    if cap <= interval '0' or cap > interval '30 days' then
+        raise exception 'retry cap must be above 0 and at most 30 days, got %', cap
+            using errcode = '22023';
+    end if;
+    if jitter < 0 or jitter > 1 then
+        raise exception 'retry jitter must be between 0 and 1, got %', jitter
+            using errcode = '22023';
+    end if;
+    if coalesce(base, awa._retry_default_base()) > coalesce(cap, awa._retry_default_cap()) then
+        raise exception 'retry base must not be above the cap, got base %, cap %',
+            coalesce(base::text, awa._retry_default_base() || ' (the default)'),
+            coalesce(cap::text, awa._retry_default_cap() || ' (the default)')
+            using errcode = '22023';
+    end if;
+    update awa.queue_meta as m
+       set retry_base = awa._in_seconds(set_retry_policy.base),
+           retry_cap = awa._in_seconds(set_retry_policy.cap),
+           retry_jitter = set_retry_policy.jitter
+     where m.queue = set_retry_policy.queue or m.logical_queue = set_retry_policy.queue
+        or m.root_queue = set_retry_policy.queue;
+    get diagnostics changed = row_count;
+    if changed = 0 then
+        raise exception 'queue % does not exist', coalesce(quote_literal(queue), 'null')
             using errcode = '42704';
     end if;
 end;
@@ -4326,6 +4558,8 @@ COMMENT ON COLUMN awa.queue_meta.lane_seqs IS 'Each lane''s sequence by [priorit
 
 COMMENT ON COLUMN awa.queue_meta.logical_queue IS 'For a stripe (name#k): the logical queue it belongs to. Null for a logical name''s own row.';
 
+COMMENT ON COLUMN awa.queue_meta.max_run_time IS 'Max run time of the queue''s jobs that carry none of their own (awa.set_max_run_time); null: no deadline.';
+
 COMMENT ON COLUMN awa.queue_meta.partitioned_fifo_accepted_at IS 'When a login opted the queue into shadow or auto mode, accepting that S may rise above 1 and order then holds per lane and per ordering key only.';
 
 COMMENT ON COLUMN awa.queue_meta.partitions IS 'P: how many partitions new enqueues to this logical name spread over (keyed jobs by partition_hash64(key) mod P); 1 means not partitioned.';
@@ -4338,11 +4572,21 @@ COMMENT ON COLUMN awa.queue_meta.retain_completed IS 'How long completed jobs ar
 
 COMMENT ON COLUMN awa.queue_meta.retain_failed IS 'How long failed and cancelled jobs are kept (awa.set_retention); null: the default, 7 days.';
 
+COMMENT ON COLUMN awa.queue_meta.retry_base IS 'Retry delay of the first retry, doubled at each further attempt (awa.set_retry_policy); null: the default.';
+
+COMMENT ON COLUMN awa.queue_meta.retry_cap IS 'Longest retry delay (awa.set_retry_policy); null: the default.';
+
+COMMENT ON COLUMN awa.queue_meta.retry_jitter IS 'Share of the retry delay drawn at random, 0 to 1 (awa.set_retry_policy); null: the default.';
+
 COMMENT ON COLUMN awa.queue_meta.root_queue IS 'For a partition or a stripe: the logical queue at the top (claims, pauses and shard changes by that name cover this queue). Null for a logical name''s own row.';
 
 COMMENT ON COLUMN awa.queue_meta.shard_mode IS 'manual (S is set by hand), shadow (the auto-scaler logs only) or auto.';
 
 COMMENT ON COLUMN awa.queue_meta.stripes IS 'K: how many stripes new enqueues to this logical name spread over; 1 means no striping.';
+
+COMMENT ON COLUMN awa.running.deadline_at IS 'When this run must have finished: claimed_at plus the max run time in force at the claim; lease_expires_at never passes it. Null: no deadline.';
+
+COMMENT ON COLUMN awa.running.max_run_time IS 'The job''s own max run time, as enqueued (null: its queue''s applies).';
 
 COMMENT ON COLUMN awa.schema_migrations.applied_by IS 'Login (session_user) that ran the migration.';
 
@@ -4398,7 +4642,7 @@ COMMENT ON VIEW awa.lane_overview IS 'Per lane: ready depth (the span of its liv
 
 COMMENT ON VIEW awa.queue_history IS 'Per physical queue and contention sample (the last hour): lanes held, backends waiting, and where awa.autoscale_tick() counted the lanes the sum of the lane sequences (its difference between samples is enqueues; null in a sample taken alone), and ready depth and lag (oldest ready job) for queues in shadow or auto mode.';
 
-COMMENT ON VIEW awa.queue_overview IS 'Per physical queue: S, shard mode, paused; ready (the span of its lanes'' live lane_seqs), running, scheduled (counted up to 10,000), and counters of completed, failed and cancelled jobs; age of the oldest ready job; retention. logical_queue names the logical queue a partition or stripe belongs to (itself otherwise); stripes is K; partitions is P for a partitioned logical queue. Its cost follows queues and lanes, not jobs: exact counts are awa.queue_counts(queue).';
+COMMENT ON VIEW awa.queue_overview IS 'Per physical queue: S, shard mode, paused; ready (the span of its lanes'' live lane_seqs), running, scheduled (counted up to 10,000), and counters of completed, failed and cancelled jobs; age of the oldest ready job; retention; max run time (null: none) and retry policy in force. logical_queue names the logical queue a partition or stripe belongs to (itself otherwise); stripes is K; partitions is P for a partitioned logical queue. Its cost follows queues and lanes, not jobs: exact counts are awa.queue_counts(queue).';
 
 COMMENT ON VIEW awa.runtime_overview IS 'Python producers and workers that published a snapshot in the last 30 seconds.';
 
@@ -4429,6 +4673,7 @@ GRANT EXECUTE ON FUNCTION awa._limbs_mod(bigint[],integer) TO awa_maintenance, a
 GRANT EXECUTE ON FUNCTION awa._limbs_numeric(bigint[]) TO awa_maintenance, awa_operator, awa_producer, awa_reader, awa_worker;
 GRANT EXECUTE ON FUNCTION awa._mix_limbs(bytea,bigint,bigint) TO awa_maintenance, awa_operator, awa_producer, awa_reader, awa_worker;
 GRANT EXECUTE ON FUNCTION awa._partition_limbs(bytea) TO awa_maintenance, awa_operator, awa_producer, awa_reader, awa_worker;
+GRANT EXECUTE ON FUNCTION awa._run_policy(integer) TO awa_operator, awa_reader;
 GRANT EXECUTE ON FUNCTION awa.autoscale_tick() TO awa_maintenance;
 GRANT EXECUTE ON FUNCTION awa.cancel_job(bigint) TO awa_operator;
 GRANT EXECUTE ON FUNCTION awa.cancel_jobs(text,text,integer) TO awa_operator;
@@ -4436,8 +4681,8 @@ GRANT EXECUTE ON FUNCTION awa.claim(text[],integer,text,interval) TO awa_worker;
 GRANT EXECUTE ON FUNCTION awa.complete(bigint,bigint) TO awa_worker;
 GRANT EXECUTE ON FUNCTION awa.contract_version() TO awa_maintenance, awa_operator, awa_producer, awa_reader, awa_worker;
 GRANT EXECUTE ON FUNCTION awa.count_jobs(text,text,text,integer) TO awa_operator, awa_reader;
-GRANT EXECUTE ON FUNCTION awa.enqueue(text,text,jsonb,smallint,bytea,timestamp with time zone,integer) TO awa_producer;
-GRANT EXECUTE ON FUNCTION awa.enqueue_batch(text[],text[],jsonb[],smallint[],bytea[],timestamp with time zone[],integer[]) TO awa_producer;
+GRANT EXECUTE ON FUNCTION awa.enqueue(text,text,jsonb,smallint,bytea,timestamp with time zone,integer,interval) TO awa_producer;
+GRANT EXECUTE ON FUNCTION awa.enqueue_batch(text[],text[],jsonb[],smallint[],bytea[],timestamp with time zone[],integer[],interval[]) TO awa_producer;
 GRANT EXECUTE ON FUNCTION awa.enqueue_copied() TO awa_producer;
 GRANT EXECUTE ON FUNCTION awa.enqueue_shards(text) TO awa_maintenance, awa_operator, awa_producer, awa_reader, awa_worker;
 GRANT EXECUTE ON FUNCTION awa.fail(bigint,bigint,text,timestamp with time zone) TO awa_worker;
@@ -4462,9 +4707,11 @@ GRANT EXECUTE ON FUNCTION awa.retry_jobs(text,text,integer) TO awa_operator;
 GRANT EXECUTE ON FUNCTION awa.sample_lane_contention() TO awa_maintenance;
 GRANT EXECUTE ON FUNCTION awa.set_autoscale_policy(text,interval,numeric,numeric,interval,numeric,interval,integer) TO awa_operator;
 GRANT EXECUTE ON FUNCTION awa.set_enqueue_shards(text,integer) TO awa_operator;
+GRANT EXECUTE ON FUNCTION awa.set_max_run_time(text,interval) TO awa_operator;
 GRANT EXECUTE ON FUNCTION awa.set_queue_partitions(text,integer) TO awa_operator;
 GRANT EXECUTE ON FUNCTION awa.set_queue_stripes(text,integer) TO awa_operator;
 GRANT EXECUTE ON FUNCTION awa.set_retention(text,interval,interval) TO awa_operator;
+GRANT EXECUTE ON FUNCTION awa.set_retry_policy(text,interval,interval,numeric) TO awa_operator;
 GRANT EXECUTE ON FUNCTION awa.set_shard_mode(text,text,integer) TO awa_operator;
 GRANT EXECUTE ON FUNCTION awa.shard_for_ordering_key(bytea,integer) TO awa_maintenance, awa_operator, awa_producer, awa_reader, awa_worker;
 GRANT EXECUTE ON FUNCTION awa.stripe_for_ordering_key(bytea,integer) TO awa_maintenance, awa_operator, awa_producer, awa_reader, awa_worker;

@@ -82,9 +82,12 @@ $$;
 -- At S = 1 (one lane per priority) this is strict FIFO per priority; at
 -- S > 1 it is partitioned FIFO: FIFO within a lane, priority first, and no
 -- order between the lanes of a priority (docs/concepts.md).
+-- Each job's deadline is now plus its own max run time, else its queue's
+-- (read from the queue_meta row the walk reads anyway); the lease never
+-- runs past it (ADR 026).
 -- Role: awa_worker.
 -- Returns: setof awa.claimed, by priority then claim order; each job's
--- attempt is counted from 1.
+-- attempt is counted from 1; deadline_at null for a job without one.
 -- Errors: 22023 max_jobs < 0 or lease <= 0; 22004 null queues or worker.
 create or replace function awa.claim(
     queues text[],
@@ -135,9 +138,10 @@ begin
     -- locking, once max_jobs rows are locked.
     for claimed in
         with picked as (
-            select h.tid, l.queue, l.shard, coalesce(hd.head_seq, 0) as head_seq, l.completed_seq
+            select h.tid, l.queue, l.shard, coalesce(hd.head_seq, 0) as head_seq, l.completed_seq,
+                   l.max_run_time as queue_run_time
               from (
-                  select x.lane_id, x.priority, x.shard, m.queue, m.completed_seq
+                  select x.lane_id, x.priority, x.shard, m.queue, m.completed_seq, m.max_run_time
                     from awa.queue_meta as m
                    cross join lateral (
                        select y.lane_id, y.priority, y.shard
@@ -167,24 +171,27 @@ begin
              using picked as p
              where r.ctid = p.tid
             returning r.*, p.queue as lane_queue, p.shard, p.head_seq, p.completed_seq,
-                nextval('awa.run_lease_seq') as run_lease
+                nextval('awa.run_lease_seq') as run_lease,
+                now() + coalesce(r.max_run_time, p.queue_run_time) as deadline_at
         ),
         started as (
             insert into awa.running (
                 job_id, run_lease, lane_id, lane_seq, queue_id, priority, kind, args,
                 ordering_key, attempt, max_attempts, enqueued_at, worker, lease_expires_at,
-                completed_seq
+                completed_seq, max_run_time, deadline_at
             )
             select
                 m.job_id, m.run_lease, m.lane_id, m.lane_seq, m.queue_id, m.priority, m.kind,
                 m.args, m.ordering_key, m.attempt + 1, m.max_attempts, m.enqueued_at,
-                claim.worker, now() + claim.lease, m.completed_seq
+                -- least() passes over a null deadline.
+                claim.worker, least(now() + claim.lease, m.deadline_at), m.completed_seq,
+                m.max_run_time, m.deadline_at
               from moved as m
         )
         select
             row(
                 m.job_id, m.run_lease, m.lane_queue, m.priority, m.shard, m.lane_seq, m.kind,
-                m.args, m.attempt + 1, m.max_attempts, m.ordering_key
+                m.args, m.attempt + 1, m.max_attempts, m.ordering_key, m.deadline_at
             )::awa.claimed as job,
             m.lane_id,
             -- Far enough past its lane's hint that the hint may move.
@@ -267,8 +274,8 @@ $$;
 -- Function: awa._finish(job awa.running, state text, error text) returns void
 -- A job that will not run again unless an operator retries it: a row in
 -- the failed-and-cancelled ring of awa.finished with what a retry needs
--- (args, ordering key, max_attempts), and one more on the queue's counter
--- for `state` ('failed' or 'cancelled').
+-- (args, ordering key, max_attempts, its own max run time), and one more on
+-- the queue's counter for `state` ('failed' or 'cancelled').
 create or replace function awa._finish(job awa.running, state text, error text)
 returns void
 language plpgsql
@@ -277,11 +284,11 @@ as $$
 begin
     insert into awa.finished (
         job_id, slot, queue_id, priority, kind, state, attempt, max_attempts, enqueued_at,
-        args, ordering_key, last_error
+        args, ordering_key, last_error, max_run_time
     ) values (
         job.job_id, awa._finished_slot(state, now()), job.queue_id, job.priority, job.kind,
         state, job.attempt, job.max_attempts, job.enqueued_at, job.args, job.ordering_key,
-        error
+        error, job.max_run_time
     );
     perform nextval(case state when 'failed' then m.failed_seq else m.cancelled_seq end)
        from awa.queue_meta as m
@@ -290,9 +297,10 @@ end;
 $$;
 
 -- Function: awa._retry_or_fail(job awa.running, error text, retry_at timestamptz) returns void
--- After a failed attempt: back to awa.scheduled for a retry (exponential
--- backoff, 2^attempt seconds capped at one hour, unless retry_at says when),
--- or finished as failed once attempt reaches max_attempts.
+-- After a failed attempt: back to awa.scheduled for a retry, at retry_at
+-- when given, else after the queue's backoff (awa._retry_delay with its
+-- retry policy: exponential with jitter), with its own max run time; or
+-- finished as failed once attempt reaches max_attempts.
 create or replace function awa._retry_or_fail(
     job awa.running, error text, retry_at timestamptz
 )
@@ -306,16 +314,20 @@ begin
     else
         insert into awa.scheduled (
             job_id, queue_id, priority, kind, args, ordering_key, attempt, max_attempts,
-            enqueued_at, run_at, last_error
-        ) values (
+            enqueued_at, run_at, last_error, max_run_time
+        )
+        select
             job.job_id, job.queue_id, job.priority, job.kind, job.args, job.ordering_key,
             job.attempt, job.max_attempts, job.enqueued_at,
             coalesce(
                 retry_at,
-                now() + interval '1 second' * least(power(2, job.attempt), 3600)
+                now() + awa._retry_delay(
+                    job.attempt, m.retry_base, m.retry_cap, m.retry_jitter, random()
+                )
             ),
-            error
-        );
+            error, job.max_run_time
+          from awa.queue_meta as m
+         where m.queue_id = job.queue_id;
     end if;
 end;
 $$;
@@ -348,7 +360,9 @@ end;
 $$;
 
 -- Function: awa.heartbeat(job_id bigint, run_lease bigint, extend interval) returns boolean
--- Extends a running job's lease to now() + extend. False for a stale lease.
+-- Extends a running job's lease to now() + extend, never past the job's
+-- deadline: true while the lease is live, though past the deadline it no
+-- longer moves, and the rescue takes the job. False for a stale lease.
 -- Role: awa_worker.
 create or replace function awa.heartbeat(job_id bigint, run_lease bigint, extend interval)
 returns boolean
@@ -364,7 +378,7 @@ begin
             using errcode = '22023';
     end if;
     update awa.running as r
-       set heartbeat_at = now(), lease_expires_at = now() + extend
+       set heartbeat_at = now(), lease_expires_at = least(now() + extend, r.deadline_at)
      where r.job_id = heartbeat.job_id and r.run_lease = heartbeat.run_lease;
     return found;
 end;
@@ -373,7 +387,11 @@ $$;
 -- Function: awa.rescue_expired(max_jobs integer default 10000) returns integer
 -- Running jobs whose lease expired go back to retry with the attempt
 -- counted (or fail after max_attempts). The old run_lease is dead from then
--- on. Role: awa_maintenance. Returns how many jobs it rescued.
+-- on. A lease never runs past the job's deadline (awa.claim,
+-- awa.heartbeat), so a job past its deadline is one of them; its last error
+-- says 'deadline exceeded after N s' (N its max run time) when the lease
+-- ended at the deadline, else 'lease expired'.
+-- Role: awa_maintenance. Returns how many jobs it rescued.
 create or replace function awa.rescue_expired(max_jobs integer default 10000)
 returns integer
 language plpgsql
@@ -400,7 +418,14 @@ begin
          )
         returning r.*
     loop
-        perform awa._retry_or_fail(job, 'lease expired', null);
+        perform awa._retry_or_fail(
+            job,
+            case when job.lease_expires_at >= job.deadline_at
+                 then format('deadline exceeded after %s s',
+                             trim_scale(extract(epoch from job.deadline_at - job.claimed_at)))
+                 else 'lease expired' end,
+            null
+        );
         rescued := rescued + 1;
     end loop;
     return rescued;

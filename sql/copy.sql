@@ -2,7 +2,7 @@
 --
 -- A producer, in one transaction:
 --   COPY awa.copy_staging (queue, priority, ordering_key, kind, args, run_at,
---                          max_attempts) FROM STDIN;
+--                          max_attempts, max_run_time) FROM STDIN;
 --   SELECT awa.enqueue_copied();   -- optional: commit does it too
 -- The rows of that transaction, and only those, are enqueued in COPY order
 -- with the lanes awa._lock_lane_groups takes (sql/lanes.sql). The general
@@ -42,6 +42,7 @@ declare
     args jsonb[];
     run_ats timestamptz[];
     max_attempts integer[];
+    max_run_times interval[];
 begin
     loop
         select array_agg(s.staged_id order by s.staged_id),
@@ -51,8 +52,10 @@ begin
                array_agg(s.kind order by s.staged_id),
                array_agg(s.args order by s.staged_id),
                array_agg(s.run_at order by s.staged_id),
-               array_agg(s.max_attempts order by s.staged_id)
-          into ids, queues, priorities, ordering_keys, kinds, args, run_ats, max_attempts
+               array_agg(s.max_attempts order by s.staged_id),
+               array_agg(s.max_run_time order by s.staged_id)
+          into ids, queues, priorities, ordering_keys, kinds, args, run_ats, max_attempts,
+               max_run_times
           from (
               select c.* from awa.copy_staging as c
                where c.staged_xid = _move_staged_in_batches.xid
@@ -65,7 +68,7 @@ begin
           ) as s;
         exit when ids is null;
         perform count(*) from awa._enqueue_rows(
-            queues, kinds, args, priorities, ordering_keys, run_ats, max_attempts,
+            queues, kinds, args, priorities, ordering_keys, run_ats, max_attempts, max_run_times,
             'COPY row', moved
         );
         delete from awa.copy_staging as c
@@ -101,12 +104,13 @@ begin
                                  array[n]);
     insert into awa.ready (
         lane_id, lane_seq, job_id, queue_id, priority, kind, args, ordering_key, attempt,
-        max_attempts, enqueued_at, ready_at
+        max_attempts, enqueued_at, ready_at, max_run_time
     )
     select lanes.g_lane[1], lanes.g_base[1] + row_number() over (order by s.staged_id) - 1,
            nextval('awa.job_id_seq'), _move_staged_one_lane.queue_id,
            _move_staged_one_lane.priority, s.kind, coalesce(s.args, '{}'), null, 0,
-           coalesce(s.max_attempts, 25), now(), clock_timestamp()
+           coalesce(s.max_attempts, 25), now(), clock_timestamp(),
+           awa._in_seconds(s.max_run_time)
       from awa.copy_staging as s
      where s.staged_xid = _move_staged_one_lane.xid
      order by s.staged_id;
@@ -163,12 +167,13 @@ begin
                                  array_fill(priority, array[cardinality(kss)]), kss, ns);
     insert into awa.ready (
         lane_id, lane_seq, job_id, queue_id, priority, kind, args, ordering_key, attempt,
-        max_attempts, enqueued_at, ready_at
+        max_attempts, enqueued_at, ready_at, max_run_time
     )
     select g.lane, g.base + row_number() over (partition by g.lane order by s.staged_id) - 1,
            nextval('awa.job_id_seq'), _move_staged_by_key.queue_id,
            _move_staged_by_key.priority, s.kind, coalesce(s.args, '{}'), s.ordering_key, 0,
-           coalesce(s.max_attempts, 25), now(), clock_timestamp()
+           coalesce(s.max_attempts, 25), now(), clock_timestamp(),
+           awa._in_seconds(s.max_run_time)
       from awa.copy_staging as s
       left join unnest(k_key, k_shard) as k (key, shard) on k.key = s.ordering_key
       join unnest(lanes.g_ks, lanes.g_lane, lanes.g_base) as g (ks, lane, base)
@@ -215,6 +220,7 @@ begin
                    s.queue, s.kind, coalesce(s.priority, 2)::smallint,
                    coalesce(s.max_attempts, 25)
                )
+               or not awa._max_run_time_ok(s.max_run_time)
                or m.stripes > 1 or m.partitions > 1
            ), false),
            array_agg(distinct s.queue order by s.queue) filter (where m.queue is null)
@@ -260,7 +266,8 @@ begin
 
     with rows as (
         select s.staged_id, m.queue_id as qid, coalesce(s.priority, 2)::smallint as p,
-               s.kind, s.args, s.ordering_key, s.max_attempts, s.run_at, l.lane,
+               s.kind, s.args, s.ordering_key, s.max_attempts, s.run_at,
+               awa._in_seconds(s.max_run_time) as run_time, l.lane,
                l.base + row_number() over (partition by l.lane order by s.staged_id) - 1
                as seq
           from awa.copy_staging as s
@@ -277,11 +284,11 @@ begin
     to_ready as (
         insert into awa.ready (
             lane_id, lane_seq, job_id, queue_id, priority, kind, args, ordering_key, attempt,
-            max_attempts, enqueued_at, ready_at
+            max_attempts, enqueued_at, ready_at, max_run_time
         )
         select r.lane, r.seq, nextval('awa.job_id_seq'), r.qid, r.p, r.kind,
                coalesce(r.args, '{}'), r.ordering_key, 0, coalesce(r.max_attempts, 25), now(),
-               clock_timestamp()
+               clock_timestamp(), r.run_time
           from rows as r
          where r.lane is not null
         returning 1
@@ -289,10 +296,10 @@ begin
     to_scheduled as (
         insert into awa.scheduled (
             job_id, queue_id, priority, kind, args, ordering_key, attempt, max_attempts,
-            enqueued_at, run_at
+            enqueued_at, run_at, max_run_time
         )
         select nextval('awa.job_id_seq'), r.qid, r.p, r.kind, coalesce(r.args, '{}'),
-               r.ordering_key, 0, coalesce(r.max_attempts, 25), now(), r.run_at
+               r.ordering_key, 0, coalesce(r.max_attempts, 25), now(), r.run_at, r.run_time
           from rows as r
          where r.lane is null
         returning 1
@@ -327,7 +334,7 @@ begin
            count(s.ordering_key) as keyed, count(*) filter (where s.run_at > now()) as later,
            coalesce(bool_or(not awa._job_ok(
                s.queue, s.kind, coalesce(s.priority, 2)::smallint, coalesce(s.max_attempts, 25)
-           )), false) as bad
+           ) or not awa._max_run_time_ok(s.max_run_time)), false) as bad
       into shape
       from awa.copy_staging as s
      where s.staged_xid = _move_staged.xid;
@@ -465,6 +472,7 @@ select awa._grant_execute('awa.enqueue_copied()', 'producer');
 select awa._grant_execute('awa.move_staged(integer)', 'maintenance');
 select awa._grant_insert(
     'awa.copy_staging',
-    array['queue', 'priority', 'ordering_key', 'kind', 'args', 'run_at', 'max_attempts'],
+    array['queue', 'priority', 'ordering_key', 'kind', 'args', 'run_at', 'max_attempts',
+          'max_run_time'],
     'producer'
 );

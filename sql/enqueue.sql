@@ -12,11 +12,14 @@
 -- tests/test_path_differential.py: awa.enqueue (one row), awa.enqueue_batch
 -- (one lane range) and COPY's set-based movers (sql/copy.sql).
 
--- Function: awa.enqueue(queue, kind, args, priority, ordering_key, run_at, max_attempts)
--- Enqueues one job. Role: awa_producer.
+-- Function: awa.enqueue(queue, kind, args, priority, ordering_key, run_at, max_attempts,
+--                       max_run_time)
+-- Enqueues one job. max_run_time is the job's own (null: its queue's, see
+-- awa.set_max_run_time). Role: awa_producer.
 -- Returns: awa.enqueued (job_id, queue, priority, enqueue_shard, lane_seq);
 --   enqueue_shard and lane_seq are null when run_at is in the future.
--- Errors: 22004 null queue or kind; 22023 bad queue name, priority or max_attempts.
+-- Errors: 22004 null queue or kind; 22023 bad queue name, priority, max_attempts or
+--   max_run_time.
 -- A fast path of awa._insert_jobs for one row. The common case (a known
 -- plain queue, a valid unkeyed job due now, no lane memo in this
 -- transaction, the sticky lane free) is one index lookup that reads the
@@ -31,7 +34,10 @@
 -- else goes the general way: the full check, S and the lanes read again,
 -- routing (a new queue, a partitioned or striped name), awa.scheduled for a
 -- job for later, and awa._take_lane (tests/test_path_differential.py
--- compares the ways, with lanes held by another transaction).
+-- compares the ways, with lanes held by another transaction). A job that
+-- carries its own max_run_time goes to the general way's check, then takes
+-- the sticky lane there when the fast way would have: a call without one
+-- pays for a null test only (ADR 026).
 create or replace function awa.enqueue(
     queue text,
     kind text,
@@ -39,7 +45,8 @@ create or replace function awa.enqueue(
     priority smallint default 2,
     ordering_key bytea default null,
     run_at timestamptz default null,
-    max_attempts integer default 25
+    max_attempts integer default 25,
+    max_run_time interval default null
 )
 returns awa.enqueued
 language plpgsql
@@ -76,7 +83,7 @@ begin
         -- pg_try_advisory_xact_lock of null is null.
         fast := case when found and awa._job_ok(queue, kind, priority, max_attempts)
                                and (run_at is null or run_at <= now())
-                               and not awa._has_lane_memo()
+                               and not awa._has_lane_memo() and max_run_time is null
                           then coalesce(pg_try_advisory_xact_lock(awa._lock_class_lane(), lane),
                                         false)
                      end;
@@ -118,8 +125,30 @@ begin
             end if;
         end if;
         if fast is not true then
-            if not awa._job_ok(queue, kind, priority, max_attempts) then
-                perform awa._check_job(queue, kind, priority, max_attempts);
+            -- A job with its own max run time is checked here (the null test
+            -- costs the others nothing), its value stored in seconds; then,
+            -- if the fast way's lookup found its queue, it takes the sticky
+            -- lane as the fast way does. Written out here so that no call
+            -- without the option evaluates a statement more.
+            if not awa._job_ok(queue, kind, priority, max_attempts)
+               or max_run_time is not null then
+                perform awa._check_job(queue, kind, priority, max_attempts, max_run_time);
+                max_run_time := awa._in_seconds(max_run_time);
+                if q_id is not null and (run_at is null or run_at <= now())
+                   and not awa._has_lane_memo()
+                   and pg_try_advisory_xact_lock(awa._lock_class_lane(), lane) then
+                    insert into awa.ready (
+                        lane_id, lane_seq, job_id, queue_id, priority, kind, args, ordering_key,
+                        attempt, max_attempts, enqueued_at, ready_at, max_run_time
+                    ) values (
+                        lane, nextval(seq), nextval('awa.job_id_seq'), q_id, enqueue.priority,
+                        enqueue.kind, coalesce(enqueue.args, '{}'), null, 0,
+                        enqueue.max_attempts, now(), clock_timestamp(), enqueue.max_run_time
+                    )
+                    returning awa.ready.lane_seq, awa.ready.job_id into new_seq, new_job;
+                    return row(new_job, enqueue.queue, enqueue.priority, shard, new_seq)
+                        ::awa.enqueued;
+                end if;
             end if;
             -- S again, with the lanes (whole arrays are cheap to read, not to
             -- subscript: the fast way reads its one lane in SQL).
@@ -136,10 +165,11 @@ begin
                     new_job := nextval('awa.job_id_seq');
                     insert into awa.scheduled (
                         job_id, queue_id, priority, kind, args, ordering_key, attempt, max_attempts,
-                        enqueued_at, run_at
+                        enqueued_at, run_at, max_run_time
                     ) values (
                         new_job, q_id, enqueue.priority, enqueue.kind, coalesce(enqueue.args, '{}'),
-                        enqueue.ordering_key, 0, enqueue.max_attempts, now(), enqueue.run_at
+                        enqueue.ordering_key, 0, enqueue.max_attempts, now(), enqueue.run_at,
+                        enqueue.max_run_time
                     );
                     return row(new_job, coalesce(routed, enqueue.queue), enqueue.priority, null, null)
                         ::awa.enqueued;
@@ -154,11 +184,11 @@ begin
     end if;
     insert into awa.ready (
         lane_id, lane_seq, job_id, queue_id, priority, kind, args, ordering_key, attempt,
-        max_attempts, enqueued_at, ready_at
+        max_attempts, enqueued_at, ready_at, max_run_time
     ) values (
         lane, nextval(seq), nextval('awa.job_id_seq'), q_id, enqueue.priority, enqueue.kind,
         coalesce(enqueue.args, '{}'), enqueue.ordering_key, 0, enqueue.max_attempts,
-        now(), clock_timestamp()
+        now(), clock_timestamp(), enqueue.max_run_time
     )
     returning awa.ready.lane_seq, awa.ready.job_id into new_seq, new_job;
     return row(
@@ -222,11 +252,12 @@ $$;
 
 -- Function: awa._insert_jobs(lanes, seqs, queue_ids, priorities, kinds, args, ordering_keys,
 --                            max_attempts, run_ats, job_ids, attempts, enqueued_ats,
---                            last_errors) returns setof bigint
+--                            last_errors, max_run_times) returns setof bigint
 -- Writes one job per element i: into lane lanes[i] at lane_seq seqs[i],
 -- ready now, or, where lanes[i] is null, into awa.scheduled to run at
 -- run_ats[i]. A null element takes its default: priority 2, args '{}',
--- max_attempts 25; a new job id, attempt 0 and enqueued now, unless the
+-- max_attempts 25, no max run time of its own (stored in seconds,
+-- awa._in_seconds); a new job id, attempt 0 and enqueued now, unless the
 -- job is moved (awa.promote_due passes job_ids, attempts, enqueued_ats and
 -- last_errors). Returns the job ids in element order. The arrays come
 -- checked and one element per job, indexed from 1; the caller holds the
@@ -244,7 +275,8 @@ create or replace function awa._insert_jobs(
     job_ids bigint[] default null,
     attempts integer[] default null,
     enqueued_ats timestamptz[] default null,
-    last_errors text[] default null
+    last_errors text[] default null,
+    max_run_times interval[] default null
 )
 returns setof bigint
 language plpgsql
@@ -258,17 +290,18 @@ begin
         select i, coalesce(job_ids[i], nextval('awa.job_id_seq')) as job_id,
                coalesce(priorities[i], 2)::smallint as p, coalesce(args[i], '{}') as a,
                coalesce(attempts[i], 0) as attempt, coalesce(max_attempts[i], 25) as m,
-               coalesce(enqueued_ats[i], now()) as enqueued_at
+               coalesce(enqueued_ats[i], now()) as enqueued_at,
+               awa._in_seconds(max_run_times[i]) as run_time
           from generate_series(1, cardinality(kinds)) as i
     ),
     to_ready as (
         insert into awa.ready (
             lane_id, lane_seq, job_id, queue_id, priority, kind, args, ordering_key, attempt,
-            max_attempts, enqueued_at, ready_at, last_error
+            max_attempts, enqueued_at, ready_at, last_error, max_run_time
         )
         select lanes[r.i], seqs[r.i], r.job_id, queue_ids[r.i], r.p, kinds[r.i], r.a,
                ordering_keys[r.i], r.attempt, r.m, r.enqueued_at, clock_timestamp(),
-               last_errors[r.i]
+               last_errors[r.i], r.run_time
           from rows as r
          where lanes[r.i] is not null
          -- Each lane's rows side by side in the heap: a claim reads a lane's
@@ -278,10 +311,10 @@ begin
     to_scheduled as (
         insert into awa.scheduled (
             job_id, queue_id, priority, kind, args, ordering_key, attempt, max_attempts,
-            enqueued_at, run_at, last_error
+            enqueued_at, run_at, last_error, max_run_time
         )
         select r.job_id, queue_ids[r.i], r.p, kinds[r.i], r.a, ordering_keys[r.i], r.attempt,
-               r.m, r.enqueued_at, run_ats[r.i], last_errors[r.i]
+               r.m, r.enqueued_at, run_ats[r.i], last_errors[r.i], r.run_time
           from rows as r
          where lanes[r.i] is null
     )
@@ -290,7 +323,7 @@ end;
 $$;
 
 -- Function: awa._enqueue_rows(queues, kinds, args, priorities, ordering_keys, run_ats,
---                             max_attempts, row_label, row_offset)
+--                             max_attempts, max_run_times, row_label, row_offset)
 -- The general multi-row enqueue, behind awa.enqueue_batch and COPY
 -- ingestion. A bad row is named as "<row_label> <index + row_offset>". The
 -- arrays come checked: queues and kinds not null, every array one element
@@ -303,6 +336,7 @@ create or replace function awa._enqueue_rows(
     ordering_keys bytea[],
     run_ats timestamptz[],
     max_attempts integer[],
+    max_run_times interval[],
     row_label text,
     row_offset bigint
 )
@@ -329,12 +363,12 @@ begin
       from generate_series(1, n) as i
      where not awa._job_ok(
          queues[i], kinds[i], coalesce(priorities[i], 2)::smallint, coalesce(max_attempts[i], 25)
-     );
+     ) or not awa._max_run_time_ok(max_run_times[i]);
     if bad is not null then
         begin
             perform awa._check_job(
                 queues[bad], kinds[bad], coalesce(priorities[bad], 2)::smallint,
-                coalesce(max_attempts[bad], 25)
+                coalesce(max_attempts[bad], 25), max_run_times[bad]
             );
         exception when others then
             raise exception '% % (1-based): %', row_label, bad + row_offset, sqlerrm
@@ -396,16 +430,17 @@ begin
            taken.shards[j.i], taken.seqs[j.i]
       from awa._insert_jobs(
           taken.lanes, taken.seqs, queue_ids, priorities, kinds, args, ordering_keys,
-          max_attempts, run_ats
+          max_attempts, run_ats, max_run_times => max_run_times
       ) with ordinality as j (job_id, i);
 end;
 $$;
 
 -- Function: awa.enqueue_batch(queues, kinds, args, priorities, ordering_keys, run_ats,
---                             max_attempts)
+--                             max_attempts, max_run_times)
 -- Enqueues many jobs in one call from typed parallel arrays, one element per
 -- job. queues and kinds are required; the other arrays may be null (all
--- defaults) and a null element takes the default. Role: awa_producer.
+-- defaults) and a null element takes the default (for max_run_times: the
+-- queue's max run time). Role: awa_producer.
 -- Returns: one awa.enqueued row per input, in input order.
 -- Errors: 22023 arrays of different lengths (naming them), an array with a
 --   second dimension or not indexed from 1 (naming it), bad elements (naming
@@ -417,7 +452,8 @@ create or replace function awa.enqueue_batch(
     priorities smallint[] default null,
     ordering_keys bytea[] default null,
     run_ats timestamptz[] default null,
-    max_attempts integer[] default null
+    max_attempts integer[] default null,
+    max_run_times interval[] default null
 )
 returns setof awa.enqueued
 language plpgsql
@@ -431,14 +467,16 @@ declare
     p smallint := coalesce(priorities[1], 2);
     attempts integer := coalesce(max_attempts[1], 25);
     names text[] := array['queues', 'kinds', 'args', 'priorities', 'ordering_keys', 'run_ats',
-                          'max_attempts'];
+                          'max_attempts', 'max_run_times'];
     dims text[] := array[
         array_dims(queues), array_dims(kinds), array_dims(args), array_dims(priorities),
-        array_dims(ordering_keys), array_dims(run_ats), array_dims(max_attempts)
+        array_dims(ordering_keys), array_dims(run_ats), array_dims(max_attempts),
+        array_dims(max_run_times)
     ];
     lens integer[] := array[
         n, cardinality(kinds), cardinality(args), cardinality(priorities),
-        cardinality(ordering_keys), cardinality(run_ats), cardinality(max_attempts)
+        cardinality(ordering_keys), cardinality(run_ats), cardinality(max_attempts),
+        cardinality(max_run_times)
     ];
     q_id integer;
     shard smallint;
@@ -453,7 +491,7 @@ begin
     end if;
     -- Rows are read by position 1 .. n: a subscript from another base, a
     -- second dimension or a missing element would pair the wrong elements.
-    for i in 1 .. 7 loop
+    for i in 1 .. 8 loop
         if left(dims[i], 3) <> '[1:' or strpos(dims[i], '][') > 0 then
             raise exception 'array % must be one-dimensional and indexed from 1, got %',
                 names[i], dims[i]
@@ -465,9 +503,9 @@ begin
                       hint = 'Every array holds one element per job, in the same order.';
         end if;
     end loop;
-    -- The common call, every row due now, unkeyed, valid, for one plain
-    -- queue at one priority (a null element meaning the default), is one
-    -- lane range: tested with array operators, not row by row (every row
+    -- The common call, every row due now, unkeyed, valid, without a max
+    -- run time of its own, for one plain queue at one priority (a null
+    -- element meaning the default), is one lane range: tested with array operators, not row by row (every row
     -- has the first row's queue, priority and max_attempts, and a kind, so
     -- checking the first checks all). Any other call, and every error,
     -- takes awa._enqueue_rows.
@@ -478,6 +516,7 @@ begin
        and (max_attempts is null or array_replace(max_attempts, null, 25) <@ array[attempts])
        and (ordering_keys is null or cardinality(array_remove(ordering_keys, null)) = 0)
        and (run_ats is null or cardinality(array_remove(run_ats, null)) = 0)
+       and (max_run_times is null or cardinality(array_remove(max_run_times, null)) = 0)
     then
         select m.queue_id, awa._sticky(m.enqueue_shards),
                m.lane_ids[p][awa._sticky(m.enqueue_shards)],
@@ -521,7 +560,7 @@ begin
     end if;
     return query
     select * from awa._enqueue_rows(
-        queues, kinds, args, priorities, ordering_keys, run_ats, max_attempts,
+        queues, kinds, args, priorities, ordering_keys, run_ats, max_attempts, max_run_times,
         'batch element', 0
     );
 end;
@@ -567,7 +606,8 @@ begin
            array_agg(d.attempt order by d.run_at, d.job_id) as attempts,
            array_agg(d.max_attempts order by d.run_at, d.job_id) as max_attempts,
            array_agg(d.enqueued_at order by d.run_at, d.job_id) as enqueued_ats,
-           array_agg(d.last_error order by d.run_at, d.job_id) as last_errors
+           array_agg(d.last_error order by d.run_at, d.job_id) as last_errors,
+           array_agg(d.max_run_time order by d.run_at, d.job_id) as max_run_times
       into due
       from (
           select s.*
@@ -585,7 +625,7 @@ begin
     perform count(*) from awa._insert_jobs(
         taken.lanes, taken.seqs, due.queue_ids, due.priorities, due.kinds, due.args,
         due.ordering_keys, due.max_attempts, null, due.job_ids, due.attempts, due.enqueued_ats,
-        due.last_errors
+        due.last_errors, due.max_run_times
     );
     delete from awa.scheduled as s where s.job_id = any(due.job_ids);
     return cardinality(due.job_ids);
@@ -593,19 +633,20 @@ end;
 $$;
 
 select awa._grant_execute(
-    'awa.enqueue(text, text, jsonb, smallint, bytea, timestamptz, integer)', 'producer'
+    'awa.enqueue(text, text, jsonb, smallint, bytea, timestamptz, integer, interval)', 'producer'
 );
 select awa._grant_execute('awa._lock_lanes(integer[], smallint[], smallint[])');
 select awa._grant_execute(
     'awa._insert_jobs(integer[], bigint[], integer[], smallint[], text[], jsonb[], bytea[],'
-    ' integer[], timestamptz[], bigint[], integer[], timestamptz[], text[])'
+    ' integer[], timestamptz[], bigint[], integer[], timestamptz[], text[], interval[])'
 );
 select awa._grant_execute(
     'awa._enqueue_rows(text[], text[], jsonb[], smallint[], bytea[], timestamptz[], integer[],'
-    ' text, bigint)'
+    ' interval[], text, bigint)'
 );
 select awa._grant_execute(
-    'awa.enqueue_batch(text[], text[], jsonb[], smallint[], bytea[], timestamptz[], integer[])',
+    'awa.enqueue_batch(text[], text[], jsonb[], smallint[], bytea[], timestamptz[], integer[],'
+    ' interval[])',
     'producer'
 );
 select awa._grant_execute('awa.promote_due(integer)', 'maintenance');

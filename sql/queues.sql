@@ -65,6 +65,35 @@ as $$
        and awa._max_attempts_ok(max_attempts)
 $$;
 
+-- Function: awa._max_run_time_ok(max_run_time interval) returns boolean
+-- A job's own max run time: none (null), or 1 second to 30 days. Not part
+-- of awa._job_ok: the fast paths serve only jobs that carry none (a null
+-- test costs them nothing, two interval comparisons would), and test this
+-- where a job carries one.
+create or replace function awa._max_run_time_ok(max_run_time interval)
+returns boolean
+language sql
+immutable parallel safe
+as $$
+    select max_run_time is null
+        or (max_run_time operator(pg_catalog.>=) '1 second'::pg_catalog.interval
+            and max_run_time operator(pg_catalog.<=) '30 days'::pg_catalog.interval)
+$$;
+
+-- Function: awa._in_seconds(duration interval) returns interval
+-- A duration as seconds only (days count 24 hours, months 30 days), the
+-- form every max run time is stored in: a deadline is claimed_at plus it
+-- whatever the session's time zone, where a '1 day' would be 23 or 25 hours
+-- across a daylight-saving change.
+create or replace function awa._in_seconds(duration interval)
+returns interval
+language sql
+immutable parallel safe
+as $$
+    select '1 second'::pg_catalog.interval
+        operator(pg_catalog.*) pg_catalog.date_part('epoch', duration)
+$$;
+
 -- Function: awa._check_queue_name(queue text) returns void
 -- Raises the error for a name awa._queue_name_ok refuses: 22004 for null,
 -- else 22023.
@@ -110,11 +139,13 @@ begin
 end;
 $$;
 
--- Function: awa._check_job(queue, kind, priority, max_attempts) returns void
--- Raises the error for the first part of a row awa._job_ok refuses, in the
--- order queue, kind, priority, max_attempts; returns for a row it accepts.
+-- Function: awa._check_job(queue, kind, priority, max_attempts, max_run_time) returns void
+-- Raises the error for the first part of a row awa._job_ok or
+-- awa._max_run_time_ok refuses, in the order queue, kind, priority,
+-- max_attempts, max_run_time; returns for a row they accept.
 create or replace function awa._check_job(
-    queue text, kind text, priority smallint, max_attempts integer
+    queue text, kind text, priority smallint, max_attempts integer,
+    max_run_time interval default null
 )
 returns void
 language plpgsql
@@ -122,7 +153,8 @@ immutable parallel safe
 set search_path = pg_catalog, pg_temp
 as $$
 begin
-    if awa._job_ok(queue, kind, priority, max_attempts) then
+    if awa._job_ok(queue, kind, priority, max_attempts)
+       and awa._max_run_time_ok(max_run_time) then
         return;
     end if;
     perform awa._check_queue_name(queue);
@@ -131,9 +163,29 @@ begin
             using errcode = '22004';
     end if;
     perform awa._check_priority(priority);
-    raise exception 'max_attempts must be between 1 and 1000, got %',
-        coalesce(max_attempts::text, 'null')
-        using errcode = '22023';
+    if not awa._max_attempts_ok(max_attempts) then
+        raise exception 'max_attempts must be between 1 and 1000, got %',
+            coalesce(max_attempts::text, 'null')
+            using errcode = '22023';
+    end if;
+    perform awa._check_max_run_time(max_run_time);
+end;
+$$;
+
+-- Function: awa._check_max_run_time(max_run_time interval) returns void
+-- Raises 22023 for a max run time awa._max_run_time_ok refuses.
+create or replace function awa._check_max_run_time(max_run_time interval)
+returns void
+language plpgsql
+immutable parallel safe
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    if not awa._max_run_time_ok(max_run_time) then
+        raise exception 'max_run_time must be between 1 second and 30 days, got %',
+            max_run_time
+            using errcode = '22023';
+    end if;
 end;
 $$;
 
@@ -258,8 +310,9 @@ $$;
 
 -- Function: awa._ensure_linked(physical text, logical text, is_stripe boolean)
 -- A physical queue that belongs to a logical one (a stripe or a partition),
--- created with the logical queue's S, pause state and lanes when missing; an
--- existing ordinary queue of that name joins it.
+-- created with the logical queue's S, pause state, max run time, retry
+-- policy and lanes when missing; an existing ordinary queue of that name
+-- joins it.
 create or replace function awa._ensure_linked(physical text, logical text, is_stripe boolean)
 returns awa.queue_meta
 language plpgsql
@@ -275,10 +328,14 @@ begin
     end if;
     anchor := awa._ensure_queue(logical);
     perform pg_advisory_xact_lock(awa._lock_class_provisioning(), 0);
-    insert into awa.queue_meta (queue, logical_queue, root_queue, enqueue_shards, paused)
+    insert into awa.queue_meta (
+        queue, logical_queue, root_queue, enqueue_shards, paused, max_run_time, retry_base,
+        retry_cap, retry_jitter
+    )
     values (
         physical, case when is_stripe then logical end,
-        coalesce(anchor.root_queue, logical), anchor.enqueue_shards, anchor.paused
+        coalesce(anchor.root_queue, logical), anchor.enqueue_shards, anchor.paused,
+        anchor.max_run_time, anchor.retry_base, anchor.retry_cap, anchor.retry_jitter
     )
     on conflict (queue) do update
         set root_queue = excluded.root_queue, logical_queue = excluded.logical_queue;
@@ -425,8 +482,11 @@ select awa._grant_execute('awa._queue_name_ok(text)');
 select awa._grant_execute('awa._priority_ok(smallint)');
 select awa._grant_execute('awa._max_attempts_ok(integer)');
 select awa._grant_execute('awa._job_ok(text, text, smallint, integer)');
+select awa._grant_execute('awa._max_run_time_ok(interval)');
+select awa._grant_execute('awa._in_seconds(interval)');
 select awa._grant_execute('awa._check_queue_name(text)');
-select awa._grant_execute('awa._check_job(text, text, smallint, integer)');
+select awa._grant_execute('awa._check_job(text, text, smallint, integer, interval)');
+select awa._grant_execute('awa._check_max_run_time(interval)');
 select awa._grant_execute('awa._check_priority(smallint)');
 select awa._grant_execute('awa._provision_counters(integer)');
 select awa._grant_execute('awa._provision_lanes(integer, integer)');

@@ -157,12 +157,12 @@ begin
         execute format($f$
             insert into awa.finished (
                 job_id, slot, queue_id, priority, kind, state, attempt, max_attempts,
-                enqueued_at, finished_at, args, ordering_key, last_error
+                enqueued_at, finished_at, args, ordering_key, last_error, max_run_time
             )
             select
                 f.job_id, awa._finished_slot(f.state, now()), f.queue_id, f.priority, f.kind,
                 f.state, f.attempt, f.max_attempts, f.enqueued_at, f.finished_at, f.args,
-                f.ordering_key, f.last_error
+                f.ordering_key, f.last_error, f.max_run_time
               from %s as f
               join awa.queue_meta as m on m.queue_id = f.queue_id
              where f.finished_at + awa._retention(f.state, m.retain_completed, m.retain_failed)

@@ -24,3 +24,17 @@ drop function if exists awa._claim_merged(
 -- Unreleased: one claim path walks the lanes from a random start (ADR 023);
 -- the merge is gone.
 drop function if exists awa._claim_merged(text[], integer, text, interval);
+-- Unreleased: a job may carry its own max run time (ADR 026): the enqueue
+-- paths and the row check take it.
+drop function if exists awa.enqueue(text, text, jsonb, smallint, bytea, timestamptz, integer);
+drop function if exists awa.enqueue_batch(
+    text[], text[], jsonb[], smallint[], bytea[], timestamptz[], integer[]
+);
+drop function if exists awa._enqueue_rows(
+    text[], text[], jsonb[], smallint[], bytea[], timestamptz[], integer[], text, bigint
+);
+drop function if exists awa._insert_jobs(
+    integer[], bigint[], integer[], smallint[], text[], jsonb[], bytea[], integer[],
+    timestamptz[], bigint[], integer[], timestamptz[], text[]
+);
+drop function if exists awa._check_job(text, text, smallint, integer);

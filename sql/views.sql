@@ -124,6 +124,34 @@ $$;
 select awa._grant_execute('awa._lane_states(integer)', 'reader', 'operator');
 select awa._grant_execute('awa._finished_totals(integer)', 'reader', 'operator');
 
+-- Function: awa._run_policy(queue_id integer)
+-- The queue's max run time (null: none) and its retry policy in force,
+-- defaults applied (sql/deadlines.sql). A definer, to apply the defaults,
+-- which only the owner may call.
+-- Role: awa_reader, awa_operator.
+create or replace function awa._run_policy(queue_id integer)
+returns table (
+    max_run_time interval,
+    retry_base interval,
+    retry_cap interval,
+    retry_jitter numeric
+)
+language sql
+stable
+security definer
+set search_path = pg_catalog, pg_temp
+as $$
+    select
+        m.max_run_time,
+        coalesce(m.retry_base, awa._retry_default_base()),
+        coalesce(m.retry_cap, awa._retry_default_cap()),
+        coalesce(m.retry_jitter, awa._retry_default_jitter())
+      from awa.queue_meta as m
+     where m.queue_id = _run_policy.queue_id
+$$;
+
+select awa._grant_execute('awa._run_policy(integer)', 'reader', 'operator');
+
 -- View: awa.queue_overview, one row per physical queue.
 -- Reads what the queue's shape costs (its lanes, its counters, its jobs in
 -- flight), never its backlog or history: ready is the lanes' span
@@ -148,7 +176,11 @@ select
     m.partitions,
     t.cancelled,
     t.retain_completed,
-    t.retain_failed
+    t.retain_failed,
+    p.max_run_time,
+    p.retry_base,
+    p.retry_cap,
+    p.retry_jitter
 from awa.queue_meta as m
 cross join lateral (
     select
@@ -157,6 +189,7 @@ cross join lateral (
     from awa._lane_states(m.queue_id) as x
 ) as r
 cross join lateral awa._finished_totals(m.queue_id) as t
+cross join lateral awa._run_policy(m.queue_id) as p
 cross join lateral (
     select count(*) as scheduled
     from (
@@ -178,7 +211,8 @@ left join (
 comment on view awa.queue_overview is
 'Per physical queue: S, shard mode, paused; ready (the span of its lanes'' live lane_seqs), '
 'running, scheduled (counted up to 10,000), and counters of completed, failed and cancelled '
-'jobs; age of the oldest ready job; retention. logical_queue names the logical queue a '
+'jobs; age of the oldest ready job; retention; max run time (null: none) and retry policy '
+'in force. logical_queue names the logical queue a '
 'partition or stripe belongs to (itself otherwise); stripes is K; partitions is P for a '
 'partitioned logical queue. Its cost follows queues and lanes, not jobs: exact counts are '
 'awa.queue_counts(queue).';

@@ -108,3 +108,23 @@ def test_the_scan_covers_the_job_tools_and_they_read_nothing_a_caller_sets(db):
         found = _reads(conn)
     assert names >= JOB_TOOLS
     assert not {name for name, _ in found} & JOB_TOOLS
+
+
+# The functions of the deadlines and backoff work (ADR 026): each is in the
+# catalog the scan reads, and reads nothing a caller can set (the COPY
+# movers' reads of the new column are the _STAGING entries above).
+NEW_IN_ADR_026 = ["awa.set_max_run_time", "awa.set_retry_policy", "awa._run_policy",
+                  "awa._check_max_run_time", "awa.claim", "awa.heartbeat",
+                  "awa.rescue_expired", "awa._retry_or_fail", "awa.enqueue",
+                  "awa.enqueue_batch"]
+
+
+def test_the_deadline_and_backoff_functions_are_scanned_and_read_nothing_settable(db):
+    with db.connect() as conn:
+        names = {r[0] for r in conn.execute(
+            "select p.oid::regproc::text from pg_catalog.pg_proc p"
+            " where p.pronamespace = 'awa'::regnamespace")}
+        found = _reads(conn)
+    assert set(NEW_IN_ADR_026) <= names
+    reads = sorted(r for r in found if r[0] in NEW_IN_ADR_026)
+    assert not reads, reads

@@ -10,7 +10,9 @@ memo to a lane another open transaction holds, to a lane of another queue, to
 a lane of another priority, and to values that are no lane at all. Its jobs
 must land in a free lane of their own (queue, priority), with no error.
 (A keyed single row never read the memo; its case guards that it never
-does.)
+does.) Jobs with a max run time of their own take each path too (awa.enqueue
+tests its fast way again for them). And no heartbeat, whatever its extend or
+the settings around it, moves a lease past its job's deadline.
 """
 
 from __future__ import annotations
@@ -29,8 +31,9 @@ FREE_SHARD = 3  # every other priority-2 lane of the target is held by another t
 KEY = key_for_shard(FREE_SHARD, S)
 
 
-def _copy(conn, queue, kind, rows):
-    copy_rows(conn, [(queue, priority, key, kind, Jsonb({}), None, None)
+def _copy(conn, queue, kind, rows, max_run_time=None):
+    copy_rows(conn, [(queue, priority, key, kind, Jsonb({}), None, None,
+                      *([max_run_time] if max_run_time else []))
                      for priority, key in rows])
 
 
@@ -52,6 +55,13 @@ ENTRY_POINTS = {
     "copy enqueue_copied": lambda c, q, kind: (
         _copy(c, q, kind, MIXED), c.execute("select awa.enqueue_copied()")),
     "copy commit": lambda c, q, kind: _copy(c, q, kind, MIXED),
+    "enqueue max_run_time": lambda c, q, kind: c.execute(
+        "select awa.enqueue(%s, %s, max_run_time => '1 minute')", [q, kind]),
+    "batch max_run_times": lambda c, q, kind: c.execute(
+        "select * from awa.enqueue_batch(%s::text[], %s::text[],"
+        " max_run_times => array['1 minute', null, '1 hour']::interval[])", [[q] * 3, [kind] * 3]),
+    "copy max_run_time": lambda c, q, kind: (
+        _copy(c, q, kind, MIXED, "1 minute"), c.execute("select awa.enqueue_copied()")),
 }
 NAMES = {"plain": "fq", "partitioned": "fpart", "striped": "fstripe"}
 
@@ -213,3 +223,22 @@ def test_forged_memos_never_move_a_retried_job_out_of_its_own_free_lane(forged, 
                 assert (lane_queue, lane_priority) == (job_queue, job_priority), what
                 assert lane not in held, f"{what}: a retried job went into a held lane"
                 assert not keyed or shard == FREE_SHARD, what
+
+
+def test_no_heartbeat_moves_a_lease_past_its_deadline(db):
+    """A worker controls the extend and every setting around its calls; the
+    deadline is the claim's, in a row it cannot write."""
+    worker = db.login_role("awa_worker")
+    with db.connect() as su:
+        su.execute("select awa.enqueue('fdl', 'k', max_run_time => '1 hour')")
+    with db.connect(worker) as w, db.connect() as admin:
+        (job_id, lease) = w.execute(
+            "select job_id, run_lease from awa.claim(array['fdl'], 1, 'w', '1 minute')").fetchone()
+        for name in ("awa.max_run_time", "awa.deadline_at", "awa.lane_memo", "awa.extend"):
+            w.execute("select set_config(%s, '1000 years', false)", [name])
+        assert w.execute("select awa.heartbeat(%s, %s, '1000 years')",
+                         [job_id, lease]).fetchone()[0]
+        until, deadline = admin.execute(
+            "select lease_expires_at, deadline_at from awa.running where job_id = %s",
+            [job_id]).fetchone()
+        assert until == deadline

@@ -5,7 +5,9 @@ awa._enqueue_rows); awa.enqueue_batch serves valid, unkeyed, due rows of one
 plain queue at one priority with one lane range (general: awa._enqueue_rows);
 COPY's dispatcher moves one-queue loads with awa._move_staged_one_lane /
 _by_key and others with awa._move_staged_sets (general: the batch path,
-awa._move_staged_in_batches). Random
+awa._move_staged_in_batches). A job's own max run time goes through each of
+them too (awa.enqueue tests the fast way again for it; stored in seconds,
+compared as text). Random
 inputs, biased to the shapes the fast paths serve, go through both in rolled
 back transactions of one backend (so the sticky lane is the same): the
 stored rows, their lanes, their order within each lane and the errors must
@@ -29,18 +31,23 @@ QUEUES = ["dp", "dp1", "dpart", "fresh", "dp#1", "", "x" * 201, None]
 NOW_QUEUES = ["dp", "dp1"]
 STORED = """
     select r.job_id, m.queue, r.priority, l.shard, r.lane_seq, r.kind, r.args, r.ordering_key,
-           r.max_attempts, null::timestamptz
+           r.max_attempts, null::timestamptz, r.max_run_time::text
       from awa.ready r join awa.lanes l using (lane_id)
       join awa.queue_meta m on m.queue_id = r.queue_id
      where r.xmin = pg_current_xact_id()::xid
     union all
     select s.job_id, m.queue, s.priority, null, null, s.kind, s.args, s.ordering_key,
-           s.max_attempts, s.run_at
+           s.max_attempts, s.run_at, s.max_run_time::text
       from awa.scheduled s join awa.queue_meta m using (queue_id)
      where s.xmin = pg_current_xact_id()::xid
 """
 FUTURE = datetime(2999, 1, 1, tzinfo=UTC)
 PAST = datetime(2000, 1, 1, tzinfo=UTC)
+MIN_RUN, MAX_RUN = timedelta(seconds=1), timedelta(days=30)
+# Max run times: none, in range (a day is stored as 24:00:00), at and past the limits.
+RUN_TIMES = [None, MIN_RUN, timedelta(minutes=5), timedelta(days=1), MAX_RUN,
+             timedelta(milliseconds=999), MAX_RUN + timedelta(microseconds=1), timedelta(0),
+             timedelta(seconds=-5)]
 
 job = st.fixed_dictionaries({
     "queue": st.sampled_from(QUEUES),
@@ -50,6 +57,7 @@ job = st.fixed_dictionaries({
     "key": st.sampled_from([None, b"a", b"customer-42", b""]),
     "run_at": st.sampled_from([None, PAST, FUTURE]),
     "max_attempts": st.sampled_from([None, 0, 1, 25, 1001]),
+    "max_run_time": st.sampled_from(RUN_TIMES),
 })
 
 
@@ -61,9 +69,11 @@ def fast_shaped(draw):
     priority = draw(st.sampled_from([None, 1, 3, 4, 0, 5]))
     attempts = draw(st.sampled_from([None, 1, 1000, 0, 1001]))
     keyed = draw(st.booleans())
+    run_time = draw(st.sampled_from([None, None, None, *RUN_TIMES]))
     return [{"queue": queue, "kind": "k", "args": {"i": i}, "priority": priority,
              "key": (b"key-%d" % (i % 3)) if keyed else None, "run_at": None,
-             "max_attempts": attempts} for i in range(draw(st.integers(1, 12)))]
+             "max_attempts": attempts, "max_run_time": run_time}
+            for i in range(draw(st.integers(1, 12)))]
 
 
 jobs = st.one_of(fast_shaped(), st.lists(job, min_size=1, max_size=8))
@@ -72,14 +82,21 @@ jobs = st.one_of(fast_shaped(), st.lists(job, min_size=1, max_size=8))
 def _shaped(**change):
     """Two rows of the fast shape, with `change` applied to both."""
     return [{"queue": "dp", "kind": "k", "args": None, "priority": None, "key": None,
-             "run_at": None, "max_attempts": None, **change} for _ in range(2)]
+             "run_at": None, "max_attempts": None, "max_run_time": None, **change}
+            for _ in range(2)]
 
 
 # Each limit the fast paths check, just inside and just outside.
 EDGES = [_shaped(), _shaped(priority=1), _shaped(priority=4), _shaped(priority=0),
          _shaped(priority=5), _shaped(max_attempts=1), _shaped(max_attempts=1000),
          _shaped(max_attempts=0), _shaped(max_attempts=1001), _shaped(kind=None),
-         _shaped(queue="dp#1"), _shaped(key=b"a"), _shaped(run_at=FUTURE)]
+         _shaped(queue="dp#1"), _shaped(key=b"a"), _shaped(run_at=FUTURE),
+         _shaped(max_run_time=MIN_RUN), _shaped(max_run_time=MAX_RUN),
+         _shaped(max_run_time=timedelta(milliseconds=999)),
+         _shaped(max_run_time=MAX_RUN + timedelta(microseconds=1)),
+         _shaped(max_run_time=timedelta(days=1)),
+         _shaped(max_run_time=timedelta(days=1), key=b"a"),
+         _shaped(max_run_time=timedelta(days=1), run_at=FUTURE)]
 
 
 def edges(test):
@@ -89,10 +106,12 @@ def edges(test):
 
 
 def _valid(j) -> bool:
-    """A null priority or max_attempts takes its default, as in a batch or COPY."""
+    """A null priority or max_attempts takes its default, as in a batch or COPY;
+    a null max run time is none of the job's own."""
     return valid_job(j["queue"], j["kind"],
                      j["priority"] if j["priority"] is not None else 2,
-                     j["max_attempts"] if j["max_attempts"] is not None else 25)
+                     j["max_attempts"] if j["max_attempts"] is not None else 25) and (
+        j["max_run_time"] is None or MIN_RUN <= j["max_run_time"] <= MAX_RUN)
 
 
 def _normalise(stored):
@@ -147,13 +166,13 @@ def _arrays(rows):
     return [[r["queue"] for r in rows], [r["kind"] for r in rows],
             [Jsonb(r["args"]) if r["args"] is not None else None for r in rows],
             [r["priority"] for r in rows], [r["key"] for r in rows], [r["run_at"] for r in rows],
-            [r["max_attempts"] for r in rows]]
+            [r["max_attempts"] for r in rows], [r["max_run_time"] for r in rows]]
 
 
 BATCH = ("select * from awa.enqueue_batch(%s::text[], %s::text[], %s::jsonb[], %s::smallint[],"
-         " %s::bytea[], %s::timestamptz[], %s::integer[])")
+         " %s::bytea[], %s::timestamptz[], %s::integer[], %s::interval[])")
 ROWS = ("select * from awa._enqueue_rows(%s::text[], %s::text[], %s::jsonb[], %s::smallint[],"
-        " %s::bytea[], %s::timestamptz[], %s::integer[], 'batch element', 0)")
+        " %s::bytea[], %s::timestamptz[], %s::integer[], %s::interval[], 'batch element', 0)")
 CHECK_PROFILE = settings(max_examples=60, deadline=None,
                          suppress_health_check=[HealthCheck.function_scoped_fixture])
 
@@ -168,7 +187,7 @@ def test_batch_fast_path_equals_the_general_path(conn, rows):
     assert (fast[0] == "ok") == all(_valid(r) for r in rows), fast
 
 
-SINGLE = ("select * from awa.enqueue(%s, %s, %s, %s::smallint, %s, %s, %s)")
+SINGLE = ("select * from awa.enqueue(%s, %s, %s, %s::smallint, %s, %s, %s, %s::interval)")
 
 
 def single_edges(test):
@@ -180,12 +199,12 @@ def single_edges(test):
 def _single_params(j):
     return [j["queue"], j["kind"], Jsonb(j["args"]) if j["args"] is not None else None,
             j["priority"] if j["priority"] is not None else 2, j["key"], j["run_at"],
-            j["max_attempts"] if j["max_attempts"] is not None else 25]
+            j["max_attempts"] if j["max_attempts"] is not None else 25, j["max_run_time"]]
 
 
 def _single_general(c, params):
-    c.execute("select awa._check_job(%s, %s, %s::smallint, %s)",
-              [params[0], params[1], params[3], params[6]])
+    c.execute("select awa._check_job(%s, %s, %s::smallint, %s, %s::interval)",
+              [params[0], params[1], params[3], params[6], params[7]])
     return c.execute(ROWS, [[v] for v in params]).fetchall()
 
 
@@ -260,7 +279,7 @@ def _copy(rows, mover):
     def steps(c):
         copy_rows(c, [(r["queue"], r["priority"], r["key"], r["kind"],
                        Jsonb(r["args"]) if r["args"] is not None else None,
-                       r["run_at"], r["max_attempts"]) for r in rows])
+                       r["run_at"], r["max_attempts"], r["max_run_time"]) for r in rows])
         c.execute(mover)
     return steps
 
@@ -285,9 +304,12 @@ def test_copy_fast_movers_equal_the_general_mover(conn, rows):
 
 def test_the_oracle_knows_the_limits():
     base = {"queue": "q", "kind": "k", "args": None, "priority": None, "key": None,
-            "run_at": None, "max_attempts": None}
+            "run_at": None, "max_attempts": None, "max_run_time": None}
     assert _valid(base)
     assert not _valid(dict(base, priority=5)) and not _valid(dict(base, max_attempts=0))
     assert not _valid(dict(base, priority=0))
     assert not _valid(dict(base, queue="a#b")) and not _valid(dict(base, kind=None))
     assert _valid(dict(base, run_at=datetime.now(UTC) + timedelta(days=1)))
+    assert _valid(dict(base, max_run_time=MIN_RUN)) and _valid(dict(base, max_run_time=MAX_RUN))
+    assert not _valid(dict(base, max_run_time=timedelta(milliseconds=999)))
+    assert not _valid(dict(base, max_run_time=MAX_RUN + timedelta(microseconds=1)))

@@ -25,6 +25,7 @@ from awa_sql.shards import (
     show,
 )
 from awa_sql.version import __version__
+from awa_sql.worker import Retry
 
 __all__ = [
     "Decision",
@@ -33,6 +34,7 @@ __all__ = [
     "PartitionedQueue",
     "Producer",
     "QueueStatus",
+    "Retry",
     "ShardChange",
     "__version__",
     "autoscale_tick",

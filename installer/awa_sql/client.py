@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from time import perf_counter
 from typing import Any
 
@@ -31,19 +31,24 @@ ENQUEUE_SQL = (
     "%(queue)s::text, %(kind)s::text, %(args)s::jsonb, %(priority)s::smallint,"
     " %(ordering_key)s::bytea, %(run_at)s::timestamptz, %(max_attempts)s::integer)"
 )
+# A job with its own max run time; the statements above stay as they were
+# for the others (one prepared statement, and a server without the argument
+# still serves them).
+ENQUEUE_RUN_TIME_SQL = ENQUEUE_SQL[:-1] + ", %(max_run_time)s::interval)"
 BATCH_SQL = (
     f"select job_id, queue, priority, enqueue_shard, lane_seq, {WAIT_COLUMNS}"
     " from awa.enqueue_batch("
     "%s::text[], %s::text[], %s::jsonb[], %s::smallint[], %s::bytea[], %s::timestamptz[],"
     " %s::integer[])"
 )
-COPY_SQL = (
-    "copy awa.copy_staging (queue, priority, ordering_key, kind, args, run_at, max_attempts)"
-    " from stdin"
-)
+BATCH_RUN_TIME_SQL = BATCH_SQL[:-1] + ", %s::interval[])"
+COPY_COLUMNS = "queue, priority, ordering_key, kind, args, run_at, max_attempts"
+COPY_SQL = f"copy awa.copy_staging ({COPY_COLUMNS}) from stdin"
+COPY_RUN_TIME_SQL = f"copy awa.copy_staging ({COPY_COLUMNS}, max_run_time) from stdin"
 _NO_OVERRIDE: Mapping[str, Any] = {}
 COPIED_SQL = f"select n, {WAIT_COLUMNS} from awa.enqueue_copied() as n"
-JOB_FIELDS = ("kind", "args", "queue", "priority", "ordering_key", "run_at", "max_attempts")
+JOB_FIELDS = ("kind", "args", "queue", "priority", "ordering_key", "run_at", "max_attempts",
+              "max_run_time")
 
 
 @dataclass(frozen=True)
@@ -62,19 +67,23 @@ def _key(key: Key) -> bytes | None:
 
 
 def _params(kind: str, args: Mapping[str, Any] | None, queue: str, priority: int,
-            ordering_key: Key, run_at: datetime | None, max_attempts: int) -> dict:
+            ordering_key: Key, run_at: datetime | None, max_attempts: int,
+            max_run_time: timedelta | None) -> dict:
     return {"queue": queue, "kind": kind, "args": Jsonb(dict(args or {})),
             "priority": priority, "ordering_key": _key(ordering_key), "run_at": run_at,
-            "max_attempts": max_attempts}
+            "max_attempts": max_attempts, "max_run_time": max_run_time}
 
 
 def enqueue(conn: psycopg.Connection, kind: str, args: Mapping[str, Any] | None = None, *,
             queue: str, priority: int = 2, ordering_key: Key = None,
-            run_at: datetime | None = None, max_attempts: int = 25) -> Enqueued:
-    """One job, in ``conn``'s current transaction."""
+            run_at: datetime | None = None, max_attempts: int = 25,
+            max_run_time: timedelta | None = None) -> Enqueued:
+    """One job, in ``conn``'s current transaction. ``max_run_time``: the job's own
+    (None: its queue's, ``awa.set_max_run_time``)."""
     started = perf_counter()
-    row = conn.execute(ENQUEUE_SQL, _params(kind, args, queue, priority, ordering_key,
-                                            run_at, max_attempts)).fetchone()
+    row = conn.execute(ENQUEUE_SQL if max_run_time is None else ENQUEUE_RUN_TIME_SQL,
+                       _params(kind, args, queue, priority, ordering_key, run_at, max_attempts,
+                               max_run_time)).fetchone()
     client_metrics.enqueued(conn, queue, "enqueue", 1, started, row[5:])
     return Enqueued(*row[:5])
 
@@ -95,8 +104,16 @@ def _columns(jobs: Sequence[Mapping[str, Any]], defaults: Mapping[str, Any]) -> 
             elif f == "ordering_key":
                 value = _key(value)
             cols[f].append(value)
-    return [cols["queue"], cols["kind"], cols["args"], cols["priority"],
-            cols["ordering_key"], cols["run_at"], cols["max_attempts"]]
+    columns = [cols["queue"], cols["kind"], cols["args"], cols["priority"],
+               cols["ordering_key"], cols["run_at"], cols["max_attempts"]]
+    # The max run times only when a job has one: BATCH_RUN_TIME_SQL takes them.
+    if any(v is not None for v in cols["max_run_time"]):
+        columns.append(cols["max_run_time"])
+    return columns
+
+
+def _batch_sql(columns: list[list]) -> str:
+    return BATCH_SQL if len(columns) == 7 else BATCH_RUN_TIME_SQL
 
 
 def enqueue_many(conn: psycopg.Connection, jobs: Sequence[Mapping[str, Any]],
@@ -104,14 +121,14 @@ def enqueue_many(conn: psycopg.Connection, jobs: Sequence[Mapping[str, Any]],
     """Many jobs in one round trip (``awa.enqueue_batch``), results in input order.
 
     Each job is a mapping with ``kind`` and any of ``args``, ``queue``,
-    ``priority``, ``ordering_key``, ``run_at``, ``max_attempts``; ``defaults``
-    fill what a job leaves out.
+    ``priority``, ``ordering_key``, ``run_at``, ``max_attempts``,
+    ``max_run_time``; ``defaults`` fill what a job leaves out.
     """
     columns = _columns(jobs, defaults)
     if not jobs:
         return []
     started = perf_counter()
-    rows = conn.execute(BATCH_SQL, columns).fetchall()
+    rows = conn.execute(_batch_sql(columns), columns).fetchall()
     client_metrics.enqueued(conn, columns[0], "batch", len(rows), started, rows[-1][5:])
     return [Enqueued(*r[:5]) for r in rows]
 
@@ -139,7 +156,8 @@ def _copy_and_enqueue(conn: psycopg.Connection, jobs: Sequence[Mapping[str, Any]
                       queue: str | None, ordering_key: Key,
                       opts: Sequence[Mapping[str, Any] | None] | None) -> int:
     started, queues = perf_counter(), set()
-    with conn.cursor() as cur, cur.copy(COPY_SQL) as cp:
+    run_times = any(job.get("max_run_time") is not None for job in jobs)
+    with conn.cursor() as cur, cur.copy(COPY_RUN_TIME_SQL if run_times else COPY_SQL) as cp:
         for i, job in enumerate(jobs):
             override = (opts[i] or _NO_OVERRIDE) if opts is not None else _NO_OVERRIDE
             if override and not override.keys() <= {"queue", "ordering_key"}:
@@ -151,9 +169,10 @@ def _copy_and_enqueue(conn: psycopg.Connection, jobs: Sequence[Mapping[str, Any]
             queues.add(row_queue)
             key = override.get("ordering_key", job.get("ordering_key", ordering_key))
             args = job.get("args")
-            cp.write_row((row_queue, job.get("priority"), _key(key), job["kind"],
-                          Jsonb(args if type(args) is dict else dict(args or {})),
-                          job.get("run_at"), job.get("max_attempts")))
+            row = (row_queue, job.get("priority"), _key(key), job["kind"],
+                   Jsonb(args if type(args) is dict else dict(args or {})),
+                   job.get("run_at"), job.get("max_attempts"))
+            cp.write_row((*row, job.get("max_run_time")) if run_times else row)
     row = conn.execute(COPIED_SQL).fetchone()
     client_metrics.enqueued(conn, queues, "copy", row[0], started, row[1:])
     return row[0]
@@ -223,10 +242,12 @@ class Producer:
 async def enqueue_async(conn: psycopg.AsyncConnection, kind: str,
                         args: Mapping[str, Any] | None = None, *, queue: str,
                         priority: int = 2, ordering_key: Key = None,
-                        run_at: datetime | None = None, max_attempts: int = 25) -> Enqueued:
+                        run_at: datetime | None = None, max_attempts: int = 25,
+                        max_run_time: timedelta | None = None) -> Enqueued:
     started = perf_counter()
-    cur = await conn.execute(ENQUEUE_SQL, _params(kind, args, queue, priority, ordering_key,
-                                                  run_at, max_attempts))
+    cur = await conn.execute(ENQUEUE_SQL if max_run_time is None else ENQUEUE_RUN_TIME_SQL,
+                             _params(kind, args, queue, priority, ordering_key, run_at,
+                                     max_attempts, max_run_time))
     row = await cur.fetchone()
     client_metrics.enqueued(conn, queue, "enqueue", 1, started, row[5:])
     return Enqueued(*row[:5])
@@ -239,7 +260,7 @@ async def enqueue_many_async(conn: psycopg.AsyncConnection,
     if not jobs:
         return []
     started = perf_counter()
-    cur = await conn.execute(BATCH_SQL, columns)
+    cur = await conn.execute(_batch_sql(columns), columns)
     rows = await cur.fetchall()
     client_metrics.enqueued(conn, columns[0], "batch", len(rows), started, rows[-1][5:])
     return [Enqueued(*r[:5]) for r in rows]

@@ -3,13 +3,19 @@
 Per queue, one claimer thread and ``max_workers`` slot threads, each with its
 own connection. The claimer claims as many jobs as there are free slots (at
 most ``batch``) in one ``awa.claim`` call and hands them to the slots, which
-run the handlers and complete or fail the jobs. On an empty claim the claimer
+run the handlers and complete or fail the jobs. A handler is a function or
+an ``async def``; a coroutine runs in an event loop of its slot. On an empty claim the claimer
 backs off, from 10 ms doubling up to ``poll_interval``, and is back at 10 ms
 as soon as a claim returns a job: one poller per queue, no busy loop, and a
 job that arrives in an idle queue waits at most ``poll_interval``. It polls
 rather than LISTENs because workers run behind transaction-pooling PgBouncer
 (docs/python.md). A single heartbeat thread extends the leases of running
-jobs. ``stop()`` (or SIGTERM when ``run()`` is on the main thread) stops the
+jobs, never past a job's deadline (``deadline_at``, from its max run time):
+at the deadline an async handler is cancelled and the attempt failed, while
+a plain function, which Python cannot interrupt, runs on without a lease
+until ``awa.rescue_expired`` takes the job. A handler that raises
+``Retry(at=...)`` or ``Retry(after=...)`` chooses when its job runs again.
+``stop()`` (or SIGTERM when ``run()`` is on the main thread) stops the
 claimers, lets every slot finish the job it holds, then returns. With
 ``maintain=True`` a thread runs the loop of ``awa maintain``
 (awa_sql.maintain.Maintainer) beside them.
@@ -17,15 +23,18 @@ claimers, lets every slot finish the job it holds, then returns. With
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import logging
 import queue as queue_mod
 import signal
 import socket
 import threading
+import time
 import traceback
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -38,9 +47,12 @@ from awa_sql.runtimes import RuntimePublisher
 
 log = logging.getLogger("awa_sql.worker")
 
+# deadline_at - now() is the job's max run time by the server's clock: now()
+# is the claim's own (one statement, one transaction).
 CLAIM_SQL = (
     "select job_id, run_lease, queue, priority, enqueue_shard, lane_seq, kind, args, attempt,"
-    " max_attempts, ordering_key from awa.claim(%s::text[], %s, %s::text, %s::interval)"
+    " max_attempts, ordering_key, deadline_at, deadline_at - now()"
+    " from awa.claim(%s::text[], %s, %s::text, %s::interval)"
 )
 MIN_POLL = 0.01  # seconds; the first wait after an empty claim
 
@@ -58,6 +70,61 @@ class Job:
     attempt: int
     max_attempts: int
     ordering_key: bytes | None
+    deadline_at: datetime | None = None  # the server's; None: no deadline
+    max_run_time: timedelta | None = None  # deadline_at less the claim's time
+
+
+class Retry(Exception):
+    """Raised by a handler: this attempt failed, run the job again at ``at``
+    (an aware datetime) or ``after`` from now (the server's clock); with
+    neither, after the queue's backoff, as for any exception. The attempt
+    counts: after ``max_attempts`` the job fails for good."""
+
+    def __init__(self, reason: str = "retry requested", *, at: datetime | None = None,
+                 after: timedelta | None = None) -> None:
+        if at is not None and after is not None:
+            raise ValueError("Retry takes at= or after=, not both")
+        if at is not None and at.tzinfo is None:
+            raise ValueError("Retry(at=...) needs an aware datetime (with tzinfo)")
+        if after is not None and after < timedelta(0):
+            raise ValueError("Retry(after=...) must not be negative")
+        super().__init__(reason)
+        self.at = at
+        self.after = after
+
+
+class DeadlineExceeded(Exception):
+    """An async handler was cancelled at its job's deadline."""
+
+
+def deadline_message(max_run_time: timedelta) -> str:
+    """'deadline exceeded after N s', N as awa.rescue_expired writes it (trim_scale)."""
+    seconds, micros = divmod(max_run_time // timedelta(microseconds=1), 1_000_000)
+    n = str(seconds) if not micros else f"{seconds}.{micros:06d}".rstrip("0")
+    return f"deadline exceeded after {n} s"
+
+
+@dataclass
+class _Held:
+    """A job a slot holds: its lease and its deadline on this host's monotonic clock."""
+
+    run_lease: int
+    deadline: float | None
+    passed: bool = False  # the heartbeat thread saw the deadline pass
+    is_async: bool = False
+
+
+async def _within(awaitable: Awaitable[Any], seconds: float | None) -> Any:
+    """Awaits the handler's coroutine, cancelled after ``seconds`` (None: never)."""
+    if seconds is None:
+        return await awaitable
+    try:
+        async with asyncio.timeout(max(seconds, 0.0)) as scope:
+            return await awaitable
+    except TimeoutError:
+        if scope.expired():
+            raise DeadlineExceeded from None
+        raise
 
 
 class Worker:
@@ -93,7 +160,7 @@ class Worker:
         self.claims = 0  # awa.claim calls, empty ones included
         self.name = name or f"{socket.gethostname()}:{threading.get_native_id()}"
         self._stop = threading.Event()
-        self._running: dict[int, int] = {}  # job_id -> run_lease
+        self._running: dict[int, _Held] = {}  # job_id -> lease and deadline
         self._lock = threading.Lock()
         self.completed = 0
         self.failed = 0
@@ -158,13 +225,16 @@ class Worker:
                         self.claims += 1
                     for _ in range(want - len(rows)):
                         free.release()
+                    claimed_at = time.monotonic()
                     for row in rows:
                         job = Job(*row)
                         if self.runtime is not None:
                             self.runtime.note(job.queue, "claim")
                         client_metrics.job_claimed(job)
+                        deadline = (None if job.max_run_time is None
+                                    else claimed_at + job.max_run_time.total_seconds())
                         with self._lock:
-                            self._running[job.job_id] = job.run_lease
+                            self._running[job.job_id] = _Held(job.run_lease, deadline)
                         jobs.put(job)
                     if rows:
                         delay = MIN_POLL
@@ -176,25 +246,60 @@ class Worker:
                 jobs.put(None)
 
     def _slot(self, free: threading.Semaphore, jobs: queue_mod.SimpleQueue) -> None:
-        with self._connect() as conn:
+        # The slot's event loop, made for its first async handler.
+        with self._connect() as conn, asyncio.Runner() as loop:
             while (job := jobs.get()) is not None:
                 try:
-                    self._handle(conn, job)
+                    self._handle(conn, job, loop)
                 finally:
                     free.release()
 
-    def _handle(self, conn: psycopg.Connection, job: Job) -> None:
+    def _call(self, job: Job, loop: asyncio.Runner) -> None:
+        """Runs the job's handler; a coroutine it returns runs until the job's
+        deadline, then is cancelled (DeadlineExceeded)."""
+        handler = self.handlers.get(job.kind)
+        if handler is None:
+            raise LookupError(f"no handler for kind {job.kind!r}")
+        result = handler(job)
+        if inspect.isawaitable(result):
+            with self._lock:
+                held = self._running.get(job.job_id)
+                if held is not None:
+                    held.is_async = True
+            left = None if held is None or held.deadline is None \
+                else held.deadline - time.monotonic()
+            loop.run(_within(result, left))
+
+    def _fail(self, conn: psycopg.Connection, job: Job, error: str,
+              retry: Retry | None = None) -> None:
+        if retry is not None and retry.at is not None:
+            conn.execute("select awa.fail(%s, %s, %s, %s::timestamptz)",
+                         [job.job_id, job.run_lease, error, retry.at])
+        elif retry is not None and retry.after is not None:
+            conn.execute("select awa.fail(%s, %s, %s, now() + %s::interval)",
+                         [job.job_id, job.run_lease, error, retry.after])
+        else:
+            conn.execute("select awa.fail(%s, %s, %s)", [job.job_id, job.run_lease, error])
+        with self._lock:
+            self.failed += 1
+        client_metrics.job_failed(job)
+
+    def _handle(self, conn: psycopg.Connection, job: Job, loop: asyncio.Runner) -> None:
         try:
-            handler = self.handlers.get(job.kind)
-            if handler is None:
-                raise LookupError(f"no handler for kind {job.kind!r}")
-            handler(job)
+            self._call(job, loop)
+        except DeadlineExceeded:
+            error = deadline_message(job.max_run_time or timedelta(0))
+            log.warning("job %s (%s): %s; its handler was cancelled", job.job_id, job.kind,
+                        error)
+            self._fail(conn, job, error)
+        except Retry as retry:
+            self._fail(conn, job, str(retry), retry)
+            log.info("job %s (%s) asked for a retry%s: %s", job.job_id, job.kind,
+                     f" at {retry.at}" if retry.at is not None
+                     else f" after {retry.after}" if retry.after is not None else "", retry)
         except Exception as err:
             error = "".join(traceback.format_exception_only(err)).strip()
-            conn.execute("select awa.fail(%s, %s, %s)", [job.job_id, job.run_lease, error])
-            with self._lock:
-                self.failed += 1
-            client_metrics.job_failed(job)
+            self._fail(conn, job, error)
             log.warning("job %s (%s) failed: %s", job.job_id, job.kind, error)
         else:
             done = conn.execute("select awa.complete(%s, %s)",
@@ -211,10 +316,21 @@ class Worker:
                 self._running.pop(job.job_id, None)
 
     def _heartbeat(self) -> None:
+        """Extends the lease of every held job until its deadline, not after: the
+        server would not extend it anyway (awa.heartbeat)."""
         with self._connect() as conn:
             while not self._stop.wait(self.heartbeat_every.total_seconds()):
+                now = time.monotonic()
                 with self._lock:
                     held = list(self._running.items())
-                for job_id, run_lease in held:
+                for job_id, h in held:
+                    if h.deadline is not None and now >= h.deadline:
+                        if not h.passed and not h.is_async:
+                            log.warning(
+                                "job %s passed its deadline; its handler is a plain function,"
+                                " which cannot be interrupted: its lease is no longer extended,"
+                                " and awa.rescue_expired will retry the job", job_id)
+                        h.passed = True
+                        continue
                     conn.execute("select awa.heartbeat(%s, %s, %s)",
-                                 [job_id, run_lease, self.lease])
+                                 [job_id, h.run_lease, self.lease])

@@ -14,6 +14,8 @@ INLINED_FUNCTIONS = (
     "_claim_hint_step", "_claim_lane_order",
     "_lock_class_prune", "_finished_slot_seconds", "_finished_ring_slots", "_finished_slot",
     "_retention",
+    "_max_run_time_ok", "_in_seconds",
+    "_retry_default_base", "_retry_default_cap", "_retry_default_jitter", "_retry_delay",
 )
 
 QUERIES = {

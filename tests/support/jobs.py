@@ -57,7 +57,12 @@ def claim_all(conn, queues, n=100):
 
 
 def copy_rows(conn: psycopg.Connection, rows) -> None:
-    with conn.cursor().copy(COPY_SQL) as cp:
+    """COPY rows of COPY_COLUMNS; rows of one value more carry max_run_time too."""
+    rows = list(rows)
+    statement = COPY_SQL
+    if rows and len(rows[0]) == len(COPY_COLUMNS.split(", ")) + 1:
+        statement = f"copy awa.copy_staging ({COPY_COLUMNS}, max_run_time) from stdin"
+    with conn.cursor().copy(statement) as cp:
         for row in rows:
             cp.write_row(row)
 
