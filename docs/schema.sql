@@ -30,6 +30,25 @@ CREATE TYPE awa.enqueued AS (
     lane_seq bigint
 );
 
+CREATE TYPE awa.job_info AS (
+    job_id bigint,
+    queue text,
+    logical_queue text,
+    kind text,
+    state text,
+    priority smallint,
+    ordering_key bytea,
+    args jsonb,
+    attempt integer,
+    max_attempts integer,
+    enqueued_at timestamp with time zone,
+    run_at timestamp with time zone,
+    finished_at timestamp with time zone,
+    last_error text,
+    worker text,
+    lease_expires_at timestamp with time zone
+);
+
 -- Sequences
 
 CREATE SEQUENCE awa.job_id_seq
@@ -915,6 +934,38 @@ AS $function$
       from per_instant as p
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._cancel_waiting(job_id bigint, queue_id integer, priority smallint, kind text, args jsonb, ordering_key bytea, attempt integer, max_attempts integer, enqueued_at timestamp with time zone, last_error text, max_run_time interval)
+ RETURNS void
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+begin
+    -- The running-row value awa._finish takes, built by column name (its
+    -- lane, lease, worker and deadline columns stay null).
+    perform awa._finish(
+        jsonb_populate_record(null::awa.running, jsonb_build_object(
+            'job_id', job_id, 'queue_id', queue_id, 'priority', priority, 'kind', kind,
+            'args', args, 'ordering_key', ordering_key, 'attempt', attempt,
+            'max_attempts', max_attempts, 'enqueued_at', enqueued_at,
+            'max_run_time', max_run_time
+        )),
+        'cancelled', awa._cancelled_error(last_error)
+    );
+end;
+$function$;
+
+CREATE OR REPLACE FUNCTION awa._cancelled_error(last_error text)
+ RETURNS text
+ LANGUAGE sql
+ STABLE
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+    select 'cancelled by ' || session_user
+        || coalesce('; last error: ' || nullif(
+            regexp_replace(last_error, '^cancelled by [^;]*(; last error: )?', ''), ''
+        ), '')
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._check_job(queue text, kind text, priority smallint, max_attempts integer, max_run_time interval DEFAULT NULL::interval)
  RETURNS void
  LANGUAGE plpgsql
@@ -941,6 +992,22 @@ begin
 end;
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._check_job_state(state text)
+ RETURNS void
+ LANGUAGE plpgsql
+ IMMUTABLE
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+begin
+    if state is not null
+       and state not in ('scheduled', 'ready', 'running', 'completed', 'failed', 'cancelled') then
+        raise exception 'state must be one of scheduled, ready, running, completed, failed, '
+                        'cancelled, got %', quote_literal(state)
+            using errcode = '22023';
+    end if;
+end;
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._check_layout_change(queue text, what text, value integer, max_value integer)
  RETURNS void
  LANGUAGE plpgsql
@@ -951,6 +1018,24 @@ begin
     perform awa._check_range(what, value, max_value);
     perform awa._require_primary('change ' || what);
     perform awa._check_queue_name(queue);
+end;
+$function$;
+
+CREATE OR REPLACE FUNCTION awa._check_max_jobs(what text, value integer)
+ RETURNS void
+ LANGUAGE plpgsql
+ IMMUTABLE
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+begin
+    if value is null then
+        raise exception '% must not be null', what
+            using errcode = '22004';
+    end if;
+    if value < 1 or value > 100000 then
+        raise exception '% must be between 1 and 100000, got %', what, value
+            using errcode = '22023';
+    end if;
 end;
 $function$;
 
@@ -1455,6 +1540,43 @@ begin
 end;
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._job_at(id bigint)
+ RETURNS TABLE(job_id bigint, queue_id integer, state text, priority smallint, kind text, args jsonb, ordering_key bytea, attempt integer, max_attempts integer, enqueued_at timestamp with time zone, run_at timestamp with time zone, finished_at timestamp with time zone, last_error text, worker text, lease_expires_at timestamp with time zone, lane_id integer, lane_seq bigint)
+ LANGUAGE sql
+ STABLE
+ SET search_path TO 'pg_catalog', 'pg_temp'
+ SET max_parallel_workers_per_gather TO '0'
+AS $function$
+    select j.*
+      from (
+          select s.job_id, s.queue_id, 'scheduled'::text, s.priority, s.kind, s.args,
+                 s.ordering_key, s.attempt, s.max_attempts, s.enqueued_at, s.run_at,
+                 null::timestamptz, s.last_error, null::text, null::timestamptz, null::integer,
+                 null::bigint
+            from awa.scheduled as s
+           where s.job_id = _job_at.id
+          union all
+          select r.job_id, r.queue_id, 'running', r.priority, r.kind, r.args, r.ordering_key,
+                 r.attempt, r.max_attempts, r.enqueued_at, r.claimed_at, null, null, r.worker,
+                 r.lease_expires_at, r.lane_id, r.lane_seq
+            from awa.running as r
+           where r.job_id = _job_at.id
+          union all
+          select f.job_id, f.queue_id, f.state, f.priority, f.kind, f.args, f.ordering_key,
+                 f.attempt, f.max_attempts, f.enqueued_at, null, f.finished_at, f.last_error,
+                 null, null, null, null
+            from awa.finished as f
+           where f.job_id = _job_at.id
+          union all
+          select r.job_id, r.queue_id, 'ready', r.priority, r.kind, r.args, r.ordering_key,
+                 r.attempt, r.max_attempts, r.enqueued_at, r.ready_at, null, r.last_error,
+                 null, null, r.lane_id, r.lane_seq
+            from awa.ready as r
+           where r.job_id = _job_at.id
+      ) as j
+     limit 1
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._job_ok(queue text, kind text, priority smallint, max_attempts integer)
  RETURNS boolean
  LANGUAGE sql
@@ -1462,6 +1584,24 @@ CREATE OR REPLACE FUNCTION awa._job_ok(queue text, kind text, priority smallint,
 AS $function$
     select awa._queue_name_ok(queue) and kind is not null and awa._priority_ok(priority)
        and awa._max_attempts_ok(max_attempts)
+$function$;
+
+CREATE OR REPLACE FUNCTION awa._job_queue_ids(queue text)
+ RETURNS integer[]
+ LANGUAGE plpgsql
+ STABLE
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+begin
+    perform awa._queue(queue);
+    return array(
+        select m.queue_id
+          from awa.queue_meta as m
+         where m.queue = _job_queue_ids.queue or m.logical_queue = _job_queue_ids.queue
+            or m.root_queue = _job_queue_ids.queue
+         order by m.queue_id
+    );
+end;
 $function$;
 
 CREATE OR REPLACE FUNCTION awa._key_shard(key bytea, shards integer)
@@ -2421,6 +2561,33 @@ begin
 end;
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._requeue(job_ids bigint[], queue_ids integer[], priorities smallint[], kinds text[], args jsonb[], ordering_keys bytea[], max_attempts integer[], enqueued_ats timestamp with time zone[], last_errors text[], max_run_times interval[])
+ RETURNS void
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+ SET plan_cache_mode TO 'force_generic_plan'
+AS $function$
+declare
+    key_shards smallint[];
+    taken record;
+begin
+    select array_agg(
+               case when ordering_keys[i] is not null
+                    then awa._key_shard(ordering_keys[i], m.enqueue_shards) end
+               order by i
+           )
+      into key_shards
+      from generate_series(1, cardinality(job_ids)) as i
+      left join awa.queue_meta as m on m.queue_id = queue_ids[i];
+    select * into taken from awa._lock_lanes(queue_ids, priorities, key_shards);
+    perform count(*) from awa._insert_jobs(
+        taken.lanes, taken.seqs, queue_ids, priorities, kinds, args, ordering_keys,
+        max_attempts, null, job_ids, array_fill(0, array[cardinality(job_ids)]), enqueued_ats,
+        last_errors, max_run_times
+    );
+end;
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._require_primary(action text)
  RETURNS void
  LANGUAGE plpgsql
@@ -2841,6 +3008,134 @@ begin
 end;
 $function$;
 
+CREATE OR REPLACE FUNCTION awa.cancel_job(job_id bigint)
+ RETURNS boolean
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+declare
+    here record;
+    gone record;
+    job awa.running;
+begin
+    if job_id is null then
+        raise exception 'job_id must not be null'
+            using errcode = '22004';
+    end if;
+    -- Where the job is, then its row taken there; a job that moved in
+    -- between (promoted, claimed, failed an attempt) is looked for again.
+    for round in 1 .. 10 loop
+        select j.state, j.lane_id, j.lane_seq into here
+          from awa._job_at(cancel_job.job_id) as j;
+        if not found or here.state in ('completed', 'failed', 'cancelled') then
+            return false;
+        end if;
+        if here.state = 'running' then
+            delete from awa.running as r
+             where r.job_id = cancel_job.job_id
+            returning r.* into job;
+            if found then
+                perform awa._finish(job, 'cancelled', awa._cancelled_error(null));
+                return true;
+            end if;
+        else
+            if here.state = 'scheduled' then
+                delete from awa.scheduled as s
+                 where s.job_id = cancel_job.job_id
+                returning s.* into gone;
+            else
+                -- Waits for a claim that holds the row: committed, the row
+                -- is gone (the job runs: the next round); rolled back, it is
+                -- deleted here.
+                delete from awa.ready as r
+                 where r.lane_id = here.lane_id and r.lane_seq = here.lane_seq
+                   and r.job_id = cancel_job.job_id
+                returning r.* into gone;
+            end if;
+            if found then
+                perform awa._cancel_waiting(
+                    gone.job_id, gone.queue_id, gone.priority, gone.kind, gone.args,
+                    gone.ordering_key, gone.attempt, gone.max_attempts, gone.enqueued_at,
+                    gone.last_error, gone.max_run_time
+                );
+                return true;
+            end if;
+        end if;
+    end loop;
+    raise exception 'job % moved on each of 10 looks; try again', job_id
+        using errcode = '40001';
+end;
+$function$;
+
+CREATE OR REPLACE FUNCTION awa.cancel_jobs(queue text, kind text DEFAULT NULL::text, max_jobs integer DEFAULT 10000)
+ RETURNS bigint
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+ SET enable_hashjoin TO 'off'
+ SET enable_mergejoin TO 'off'
+ SET enable_seqscan TO 'off'
+AS $function$
+declare
+    ids integer[] := awa._job_queue_ids(queue);
+    gone record;
+    cancelled bigint := 0;
+begin
+    perform awa._check_max_jobs('max_jobs', max_jobs);
+    for gone in
+        delete from awa.ready as r
+         using (
+             select h.tid
+               from unnest(ids) as q (id)
+              cross join lateral awa._lane_states(q.id) as l
+              cross join lateral (
+                  select x.ctid as tid
+                    from awa.ready as x
+                   where x.lane_id = l.lane_id and x.lane_seq >= l.head_seq
+                     and (cancel_jobs.kind is null or x.kind = cancel_jobs.kind)
+                   order by x.lane_seq
+                   limit cancel_jobs.max_jobs
+                     for update of x skip locked
+              ) as h
+              where l.head_seq is not null
+              limit cancel_jobs.max_jobs
+         ) as p
+         where r.ctid = p.tid
+        returning r.*
+    loop
+        perform awa._cancel_waiting(
+            gone.job_id, gone.queue_id, gone.priority, gone.kind, gone.args, gone.ordering_key,
+            gone.attempt, gone.max_attempts, gone.enqueued_at, gone.last_error,
+            gone.max_run_time
+        );
+        cancelled := cancelled + 1;
+    end loop;
+    if cancelled < max_jobs then
+        for gone in
+            delete from awa.scheduled as s
+             where s.job_id in (
+                 select x.job_id
+                   from awa.scheduled as x
+                  where x.queue_id = any(ids)
+                    and (cancel_jobs.kind is null or x.kind = cancel_jobs.kind)
+                  limit cancel_jobs.max_jobs - cancelled
+                    for update skip locked
+             )
+            returning s.*
+        loop
+            perform awa._cancel_waiting(
+                gone.job_id, gone.queue_id, gone.priority, gone.kind, gone.args,
+                gone.ordering_key, gone.attempt, gone.max_attempts, gone.enqueued_at,
+                gone.last_error, gone.max_run_time
+            );
+            cancelled := cancelled + 1;
+        end loop;
+    end if;
+    return cancelled;
+end;
+$function$;
+
 CREATE OR REPLACE FUNCTION awa.claim(queues text[], max_jobs integer, worker text, lease interval DEFAULT '00:05:00'::interval)
  RETURNS SETOF awa.claimed
  LANGUAGE plpgsql
@@ -3014,6 +3309,68 @@ CREATE OR REPLACE FUNCTION awa.contract_version()
  IMMUTABLE PARALLEL SAFE
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$select '0.1.0'::text$function$;
+
+CREATE OR REPLACE FUNCTION awa.count_jobs(queue text, state text, kind text DEFAULT NULL::text, up_to integer DEFAULT 10000)
+ RETURNS bigint
+ LANGUAGE plpgsql
+ STABLE SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+ SET enable_seqscan TO 'off'
+AS $function$
+declare
+    ids integer[] := awa._job_queue_ids(queue);
+    counted bigint;
+begin
+    if state is null then
+        raise exception 'state must not be null'
+            using errcode = '22004';
+    end if;
+    perform awa._check_job_state(state);
+    perform awa._check_max_jobs('up_to', up_to);
+    select count(*) into counted
+      from (
+          select 1
+            from unnest(ids) as q (id)
+           cross join lateral (
+               select
+                 from awa.scheduled as x
+                where x.queue_id = q.id and (count_jobs.kind is null or x.kind = count_jobs.kind)
+                limit count_jobs.up_to
+           ) as s
+           where count_jobs.state = 'scheduled'
+          union all
+          select 1
+            from awa.running as x
+           where count_jobs.state = 'running' and x.queue_id = any(ids)
+             and (count_jobs.kind is null or x.kind = count_jobs.kind)
+          union all
+          select 1
+            from unnest(ids) as q (id)
+           cross join lateral awa._lane_states(q.id) as l
+           cross join lateral (
+               select
+                 from awa.ready as x
+                where x.lane_id = l.lane_id and x.lane_seq >= l.head_seq
+                  and (count_jobs.kind is null or x.kind = count_jobs.kind)
+                limit count_jobs.up_to
+           ) as r
+           where count_jobs.state = 'ready' and l.head_seq is not null
+          union all
+          select 1
+            from unnest(ids) as q (id)
+           cross join lateral (
+               select
+                 from awa.finished as x
+                where x.queue_id = q.id and x.state = count_jobs.state
+                  and (count_jobs.kind is null or x.kind = count_jobs.kind)
+                limit count_jobs.up_to
+           ) as f
+           where count_jobs.state in ('completed', 'failed', 'cancelled')
+          limit count_jobs.up_to
+      ) as c;
+    return counted;
+end;
+$function$;
 
 CREATE OR REPLACE FUNCTION awa.enqueue(queue text, kind text, args jsonb DEFAULT '{}'::jsonb, priority smallint DEFAULT 2, ordering_key bytea DEFAULT NULL::bytea, run_at timestamp with time zone DEFAULT NULL::timestamp with time zone, max_attempts integer DEFAULT 25)
  RETURNS awa.enqueued
@@ -3309,6 +3666,131 @@ begin
        set heartbeat_at = now(), lease_expires_at = least(now() + extend, r.deadline_at)
      where r.job_id = heartbeat.job_id and r.run_lease = heartbeat.run_lease;
     return found;
+end;
+$function$;
+
+CREATE OR REPLACE FUNCTION awa.job(job_id bigint)
+ RETURNS SETOF awa.job_info
+ LANGUAGE plpgsql
+ STABLE SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+begin
+    if job_id is null then
+        raise exception 'job_id must not be null'
+            using errcode = '22004';
+    end if;
+    -- Above every id handed out: no job, and no scan.
+    if job_id > coalesce(pg_sequence_last_value('awa.job_id_seq'), 0) then
+        return;
+    end if;
+    return query
+    select j.job_id, m.queue, coalesce(m.root_queue, m.logical_queue, m.queue), j.kind,
+           j.state, j.priority, j.ordering_key, j.args, j.attempt, j.max_attempts,
+           j.enqueued_at, j.run_at, j.finished_at, j.last_error, j.worker, j.lease_expires_at
+      from awa._job_at(job_id) as j
+      join awa.queue_meta as m on m.queue_id = j.queue_id;
+end;
+$function$;
+
+CREATE OR REPLACE FUNCTION awa.jobs(queue text, state text DEFAULT NULL::text, kind text DEFAULT NULL::text, after_job_id bigint DEFAULT NULL::bigint, max_jobs integer DEFAULT 100)
+ RETURNS SETOF awa.job_info
+ LANGUAGE plpgsql
+ STABLE SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+ SET plan_cache_mode TO 'force_generic_plan'
+ SET enable_seqscan TO 'off'
+AS $function$
+declare
+    ids integer[] := awa._job_queue_ids(queue);
+    from_id bigint := coalesce(after_job_id, 0);
+    terminal text[];
+    -- How far into each lane ready jobs are listed: a page never reads more.
+    front integer := greatest(max_jobs, 1000);
+begin
+    perform awa._check_job_state(state);
+    perform awa._check_max_jobs('max_jobs', max_jobs);
+    terminal := case when jobs.state is null then array['completed', 'failed', 'cancelled']
+                     when jobs.state in ('completed', 'failed', 'cancelled') then array[jobs.state]
+                     else '{}'::text[] end;
+    return query
+    select j.job_id, m.queue, coalesce(m.root_queue, m.logical_queue, m.queue), j.kind,
+           j.state, j.priority, j.ordering_key, j.args, j.attempt, j.max_attempts,
+           j.enqueued_at, j.run_at, j.finished_at, j.last_error, j.worker, j.lease_expires_at
+      from (
+          select s.job_id, s.queue_id, 'scheduled'::text as state, s.priority, s.kind, s.args,
+                 s.ordering_key, s.attempt, s.max_attempts, s.enqueued_at, s.run_at,
+                 null::timestamptz as finished_at, s.last_error, null::text as worker,
+                 null::timestamptz as lease_expires_at
+            from unnest(ids) as q (id)
+           cross join lateral (
+               -- A range on the leading column, not an equality: then only
+               -- the (queue_id, job_id) index gives this order, and a generic
+               -- plan never walks the primary key instead (it would, where
+               -- the statistics see one queue, reading every other queue's
+               -- rows too).
+               select x.*
+                 from awa.scheduled as x
+                where x.queue_id between q.id and q.id and x.job_id > from_id
+                  and (jobs.kind is null or x.kind = jobs.kind)
+                order by x.queue_id, x.job_id
+                limit jobs.max_jobs
+           ) as s
+           where jobs.state is null or jobs.state = 'scheduled'
+          union all
+          select r.job_id, r.queue_id, 'running', r.priority, r.kind, r.args, r.ordering_key,
+                 r.attempt, r.max_attempts, r.enqueued_at, r.claimed_at, null, null, r.worker,
+                 r.lease_expires_at
+            from (
+                -- Running jobs are as many as the workers hold.
+                select x.*
+                  from awa.running as x
+                 where x.queue_id = any(ids) and x.job_id > from_id
+                   and (jobs.kind is null or x.kind = jobs.kind)
+                 order by x.job_id
+                 limit jobs.max_jobs
+            ) as r
+           where jobs.state is null or jobs.state = 'running'
+          union all
+          select w.job_id, w.queue_id, 'ready', w.priority, w.kind, w.args, w.ordering_key,
+                 w.attempt, w.max_attempts, w.enqueued_at, w.ready_at, null, w.last_error,
+                 null, null
+            from unnest(ids) as q (id)
+           cross join lateral awa._lane_states(q.id) as l
+           cross join lateral (
+               -- The lane's front, from its first live row.
+               select x.*
+                 from awa.ready as x
+                where x.lane_id = l.lane_id and x.lane_seq >= l.head_seq
+                order by x.lane_seq
+                limit front
+           ) as w
+           where (jobs.state is null or jobs.state = 'ready') and l.head_seq is not null
+             and w.job_id > from_id and (jobs.kind is null or w.kind = jobs.kind)
+          union all
+          select f.job_id, f.queue_id, f.state, f.priority, f.kind, f.args, f.ordering_key,
+                 f.attempt, f.max_attempts, f.enqueued_at, null, f.finished_at, f.last_error,
+                 null, null
+            from unnest(ids) as q (id)
+           cross join unnest(terminal) as t (st)
+           cross join lateral (
+               -- A range on state for the same reason: only each slot's
+               -- (queue_id, state, job_id) index gives this order, merged;
+               -- never a primary key walked past the rows of other states
+               -- and queues. queue_id stays an equality, so that the state
+               -- range bounds the index scan on PostgreSQL 17 too (it stops
+               -- at the state's last row).
+               select x.*
+                 from awa.finished as x
+                where x.queue_id = q.id and x.state between t.st and t.st
+                  and x.job_id > from_id and (jobs.kind is null or x.kind = jobs.kind)
+                order by x.state, x.job_id
+                limit jobs.max_jobs
+           ) as f
+      ) as j
+      join awa.queue_meta as m on m.queue_id = j.queue_id
+     order by j.job_id
+     limit jobs.max_jobs;
 end;
 $function$;
 
@@ -3633,6 +4115,97 @@ CREATE OR REPLACE FUNCTION awa.resume_queue(queue text)
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
     select awa._set_paused(queue, false)
+$function$;
+
+CREATE OR REPLACE FUNCTION awa.retry_job(job_id bigint)
+ RETURNS boolean
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+ SET enable_seqscan TO 'off'
+AS $function$
+declare
+    f record;
+begin
+    if job_id is null then
+        raise exception 'job_id must not be null'
+            using errcode = '22004';
+    end if;
+    -- A row a concurrent awa.prune_finished() emptied with its slot is not
+    -- there to delete: not found, like any job retention removed.
+    delete from awa.finished as x
+     where x.job_id = retry_job.job_id and x.state in ('failed', 'cancelled')
+       and x.args is not null
+    returning x.* into f;
+    if not found then
+        return false;
+    end if;
+    perform awa._requeue(
+        array[f.job_id], array[f.queue_id], array[f.priority], array[f.kind], array[f.args],
+        array[f.ordering_key], array[f.max_attempts], array[f.enqueued_at],
+        array[f.last_error], array[f.max_run_time]
+    );
+    return true;
+end;
+$function$;
+
+CREATE OR REPLACE FUNCTION awa.retry_jobs(queue text, kind text DEFAULT NULL::text, max_jobs integer DEFAULT 10000)
+ RETURNS bigint
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+ SET enable_hashjoin TO 'off'
+ SET enable_mergejoin TO 'off'
+ SET enable_seqscan TO 'off'
+AS $function$
+declare
+    ids integer[] := awa._job_queue_ids(queue);
+    due record;
+begin
+    perform awa._check_max_jobs('max_jobs', max_jobs);
+    with gone as (
+        delete from awa.finished as f
+         using (
+             select x.job_id, x.slot
+               from unnest(ids) as q (id)
+              cross join lateral (
+                  -- A range on state, as in awa.jobs: the (queue_id, state,
+                  -- job_id) index of each slot, merged.
+                  select y.job_id, y.slot
+                    from awa.finished as y
+                   where y.queue_id = q.id and y.state between 'failed' and 'failed'
+                     and y.args is not null
+                     and (retry_jobs.kind is null or y.kind = retry_jobs.kind)
+                   order by y.state, y.job_id
+                   limit retry_jobs.max_jobs
+                     for update of y skip locked
+              ) as x
+              limit retry_jobs.max_jobs
+         ) as p
+         where f.job_id = p.job_id and f.slot = p.slot
+        returning f.*
+    )
+    select array_agg(g.job_id order by g.job_id) as job_ids,
+           array_agg(g.queue_id order by g.job_id) as queue_ids,
+           array_agg(g.priority order by g.job_id) as priorities,
+           array_agg(g.kind order by g.job_id) as kinds,
+           array_agg(g.args order by g.job_id) as args,
+           array_agg(g.ordering_key order by g.job_id) as ordering_keys,
+           array_agg(g.max_attempts order by g.job_id) as max_attempts,
+           array_agg(g.enqueued_at order by g.job_id) as enqueued_ats,
+           array_agg(g.last_error order by g.job_id) as last_errors,
+           array_agg(g.max_run_time order by g.job_id) as max_run_times
+      into due
+      from gone as g;
+    if due.job_ids is null then
+        return 0;
+    end if;
+    perform awa._requeue(
+        due.job_ids, due.queue_ids, due.priorities, due.kinds, due.args, due.ordering_keys,
+        due.max_attempts, due.enqueued_ats, due.last_errors, due.max_run_times
+    );
+    return cardinality(due.job_ids);
+end;
 $function$;
 
 CREATE OR REPLACE FUNCTION awa.sample_lane_contention()
@@ -4082,15 +4655,20 @@ GRANT EXECUTE ON FUNCTION awa._mix_limbs(bytea,bigint,bigint) TO awa_maintenance
 GRANT EXECUTE ON FUNCTION awa._partition_limbs(bytea) TO awa_maintenance, awa_operator, awa_producer, awa_reader, awa_worker;
 GRANT EXECUTE ON FUNCTION awa._run_policy(integer) TO awa_operator, awa_reader;
 GRANT EXECUTE ON FUNCTION awa.autoscale_tick() TO awa_maintenance;
+GRANT EXECUTE ON FUNCTION awa.cancel_job(bigint) TO awa_operator;
+GRANT EXECUTE ON FUNCTION awa.cancel_jobs(text,text,integer) TO awa_operator;
 GRANT EXECUTE ON FUNCTION awa.claim(text[],integer,text,interval) TO awa_worker;
 GRANT EXECUTE ON FUNCTION awa.complete(bigint,bigint) TO awa_worker;
 GRANT EXECUTE ON FUNCTION awa.contract_version() TO awa_maintenance, awa_operator, awa_producer, awa_reader, awa_worker;
+GRANT EXECUTE ON FUNCTION awa.count_jobs(text,text,text,integer) TO awa_operator, awa_reader;
 GRANT EXECUTE ON FUNCTION awa.enqueue(text,text,jsonb,smallint,bytea,timestamp with time zone,integer) TO awa_producer;
 GRANT EXECUTE ON FUNCTION awa.enqueue_batch(text[],text[],jsonb[],smallint[],bytea[],timestamp with time zone[],integer[],interval[]) TO awa_producer;
 GRANT EXECUTE ON FUNCTION awa.enqueue_copied() TO awa_producer;
 GRANT EXECUTE ON FUNCTION awa.enqueue_shards(text) TO awa_maintenance, awa_operator, awa_producer, awa_reader, awa_worker;
 GRANT EXECUTE ON FUNCTION awa.fail(bigint,bigint,text,timestamp with time zone) TO awa_worker;
 GRANT EXECUTE ON FUNCTION awa.heartbeat(bigint,bigint,interval) TO awa_worker;
+GRANT EXECUTE ON FUNCTION awa.job(bigint) TO awa_operator, awa_reader;
+GRANT EXECUTE ON FUNCTION awa.jobs(text,text,text,bigint,integer) TO awa_operator, awa_reader;
 GRANT EXECUTE ON FUNCTION awa.move_staged(integer) TO awa_maintenance;
 GRANT EXECUTE ON FUNCTION awa.ordering_key_hash64(bytea) TO awa_maintenance, awa_operator, awa_producer, awa_reader, awa_worker;
 GRANT EXECUTE ON FUNCTION awa.partition_for_ordering_key(bytea,integer) TO awa_maintenance, awa_operator, awa_producer, awa_reader, awa_worker;
@@ -4104,6 +4682,8 @@ GRANT EXECUTE ON FUNCTION awa.queue_counts(text) TO awa_operator, awa_reader;
 GRANT EXECUTE ON FUNCTION awa.remove_runtime(uuid) TO awa_producer, awa_worker;
 GRANT EXECUTE ON FUNCTION awa.rescue_expired(integer) TO awa_maintenance;
 GRANT EXECUTE ON FUNCTION awa.resume_queue(text) TO awa_operator;
+GRANT EXECUTE ON FUNCTION awa.retry_job(bigint) TO awa_operator;
+GRANT EXECUTE ON FUNCTION awa.retry_jobs(text,text,integer) TO awa_operator;
 GRANT EXECUTE ON FUNCTION awa.sample_lane_contention() TO awa_maintenance;
 GRANT EXECUTE ON FUNCTION awa.set_autoscale_policy(text,interval,numeric,numeric,interval,numeric,interval,integer) TO awa_operator;
 GRANT EXECUTE ON FUNCTION awa.set_enqueue_shards(text,integer) TO awa_operator;

@@ -41,3 +41,11 @@ drop function if exists awa._insert_jobs(
     timestamptz[], bigint[], integer[], timestamptz[], text[]
 );
 drop function if exists awa._check_job(text, text, smallint, integer);
+-- Unreleased: the job tools carry a job's own max run time (ADR 026) when
+-- they cancel and retry it.
+drop function if exists awa._cancel_waiting(
+    bigint, integer, smallint, text, jsonb, bytea, integer, integer, timestamptz, text
+);
+drop function if exists awa._requeue(
+    bigint[], integer[], smallint[], text[], jsonb[], bytea[], integer[], timestamptz[], text[]
+);

@@ -111,6 +111,11 @@ def test_unknown_queue_is_404_on_every_route(api):
         ("PUT", "/api/queues/nope/shard-mode", {"mode": "auto", "max_shards": 8}),
         ("POST", "/api/queues/nope/pause", None),
         ("POST", "/api/queues/nope/resume", None),
+        ("GET", "/api/queues/nope/jobs", None),
+        ("GET", "/api/queues/nope/jobs/retry/plan", None),
+        ("GET", "/api/queues/nope/jobs/cancel/plan", None),
+        ("POST", "/api/queues/nope/jobs/retry", {}),
+        ("POST", "/api/queues/nope/jobs/cancel", None),
     ]:
         got = api.request(method, path, json=body, headers=auth())
         assert got.status_code == 404, (method, path, got.text)
@@ -147,6 +152,13 @@ def test_queue_names_with_slashes_and_escapes_work_on_every_route(db, api, name)
     assert (mode.status_code, mode.json()["queue"]) == (200, name)
     assert api.post(path + "/pause", headers=auth()).json()["paused"] is True
     assert api.post(path + "/resume", headers=auth()).json()["paused"] is False
+    jobs = api.get(path + "/jobs", params={"state": "ready"})
+    assert (jobs.status_code, len(jobs.json()["jobs"])) == (200, 2)
+    assert {j["logical_queue"] for j in jobs.json()["jobs"]} == {name}
+    plan = api.get(path + "/jobs/cancel/plan")
+    assert (plan.status_code, plan.json()["counts"]["ready"]) == (200, 2)
+    cancelled = api.post(path + "/jobs/cancel", json={}, headers=auth())
+    assert (cancelled.status_code, cancelled.json()["jobs"]) == (200, 2)
     page = api.get("/queues/" + quote(name, safe=""))
     assert page.status_code == 200
     assert html.escape(name, quote=True) in page.text
@@ -251,6 +263,83 @@ def test_detail_shows_autoscaler_decisions_with_reasons(db, read_only_api):
         ("would_raise", 2, "waiters per held lane 1.5 >= 1.0")]
 
 
+# -- jobs ----------------------------------------------------------------------------------
+
+
+def _failed_jobs(db, queue: str, n: int, kind: str = "t") -> list[int]:
+    with db.connect() as conn:
+        ids = [r[0] for r in conn.execute(
+            "select (awa.enqueue(%s, %s, jsonb_build_object('i', i), 2::smallint,"
+            " convert_to('key-' || i, 'UTF8'), null, 1)).job_id"
+            " from generate_series(1, %s) as i", [queue, kind, n]).fetchall()]
+        conn.execute("select count(awa.fail(c.job_id, c.run_lease, 'failed ' || c.job_id))"
+                     " from awa.claim(array[%s], %s, 'w') as c", [queue, n])
+    return ids
+
+
+def test_job_pages_list_a_queues_failed_jobs_and_show_one(db, read_only_api):
+    ids = _failed_jobs(db, "fj", 5)
+    first = read_only_api.get("/api/queues/fj/jobs", params={"state": "failed", "limit": 3})
+    assert first.status_code == 200
+    body = first.json()
+    assert [j["job_id"] for j in body["jobs"]] == ids[:3]
+    assert body["next_after_job_id"] == ids[2]
+    job = body["jobs"][0]
+    assert (job["state"], job["args"], job["ordering_key"], job["ordering_key_hex"]) == (
+        "failed", {"i": 1}, "key-1", b"key-1".hex())
+    assert (job["attempt"], job["max_attempts"], job["last_error"]) == (1, 1, f"failed {ids[0]}")
+    rest = read_only_api.get("/api/queues/fj/jobs", params={
+        "state": "failed", "limit": 3, "after_job_id": ids[2]}).json()
+    assert [j["job_id"] for j in rest["jobs"]] == ids[3:] and rest["next_after_job_id"] is None
+    one = read_only_api.get(f"/api/jobs/{ids[4]}")
+    assert (one.status_code, one.json()["job_id"], one.json()["args"]) == (200, ids[4], {"i": 5})
+    assert read_only_api.get("/api/jobs/999999999").status_code == 404
+    assert read_only_api.get("/api/queues/fj/jobs", params={"state": "done"}).status_code == 422
+    page = read_only_api.get(f"/jobs/{ids[0]}")
+    assert page.status_code == 200 and f'data-job="{ids[0]}"' in page.text
+    assert read_only_api.get("/jobs/0").status_code == 422
+
+
+def test_retry_and_cancel_one_job(db, api):
+    (job_id,) = _failed_jobs(db, "one", 1)
+    got = api.post(f"/api/jobs/{job_id}/retry", headers=auth())
+    assert got.json() == {"job_id": job_id, "action": "retry", "state": "ready"}
+    again = api.post(f"/api/jobs/{job_id}/retry", headers=auth())
+    assert again.status_code == 409
+    assert again.json()["error"] == (f"job {job_id} is ready: only failed or cancelled jobs can"
+                                     " be retried; nothing changed")
+    cancelled = api.post(f"/api/jobs/{job_id}/cancel", headers=auth())
+    assert cancelled.json() == {"job_id": job_id, "action": "cancel", "state": "cancelled"}
+    assert api.post(f"/api/jobs/{job_id}/cancel", headers=auth()).status_code == 409
+    missing = api.post("/api/jobs/999999999/cancel", headers=auth())
+    assert missing.status_code == 404 and "no job 999999999" in missing.json()["error"]
+
+
+def test_bulk_plan_says_how_many_and_the_bulk_call_takes_them(db, api):
+    ids = _failed_jobs(db, "bulk", 4) + _failed_jobs(db, "bulk", 2, kind="other")
+    plan = api.get("/api/queues/bulk/jobs/retry/plan").json()
+    assert (plan["counts"], plan["jobs"], plan["more"]) == ({"failed": 6}, 6, False)
+    assert plan["question"] == "Retry 6 failed jobs of bulk?"
+    one = api.get("/api/queues/bulk/jobs/retry/plan", params={"kind": "other"}).json()
+    assert one["question"] == "Retry 2 failed jobs of kind 'other' of bulk?"
+    got = api.post("/api/queues/bulk/jobs/retry", json={"kind": "other"}, headers=auth())
+    assert got.json() == {"queue": "bulk", "action": "retry", "kind": "other", "jobs": 2}
+    assert api.post("/api/queues/bulk/jobs/retry", json={"max_jobs": 3},
+                    headers=auth()).json()["jobs"] == 3
+    bad = api.post("/api/queues/bulk/jobs/retry", json={"max_jobs": 0}, headers=auth())
+    assert bad.status_code == 400 and "max_jobs must be between 1 and 100000" in bad.text
+    cancel = api.get("/api/queues/bulk/jobs/cancel/plan").json()
+    assert cancel["counts"] == {"ready": 5, "scheduled": 0}
+    assert cancel["question"] == "Cancel 5 ready jobs of bulk?"
+    assert api.post("/api/queues/bulk/jobs/cancel", headers=auth()).json()["jobs"] == 5
+    states = [j["state"] for j in api.get("/api/queues/bulk/jobs").json()["jobs"]]
+    assert states == ["cancelled"] * 3 + ["failed"] + ["cancelled"] * 2  # job 4 is left
+    with db.connect() as conn:
+        conn.execute("select awa.set_queue_partitions('bulk', 2)")
+    assert api.get("/api/queues/bulk/jobs/cancel/plan").json()["jobs"] == 0
+    assert len(ids) == 6
+
+
 # -- the guard ---------------------------------------------------------------------------
 
 WRITES = [
@@ -258,7 +347,17 @@ WRITES = [
     ("PUT", "/api/queues/g/shard-mode", {"mode": "shadow"}),
     ("POST", "/api/queues/g/pause", None),
     ("POST", "/api/queues/g/resume", None),
+    ("POST", "/api/queues/g/jobs/retry", {}),
+    ("POST", "/api/queues/g/jobs/cancel", {}),
+    ("POST", "/api/jobs/1/retry", None),
+    ("POST", "/api/jobs/1/cancel", None),
 ]
+
+
+def _ready(db, queue: str) -> int:
+    with db.connect() as conn:
+        return conn.execute("select count(*) from awa.ready r join awa.queue_meta m"
+                            " using (queue_id) where m.queue = %s", [queue]).fetchone()[0]
 
 
 @pytest.mark.parametrize(("method", "path", "body"), WRITES)
@@ -271,6 +370,7 @@ def test_guard_refuses_without_the_right_token(db, api, method, path, body):
         assert "token" in got.json()["error"] or "Bearer" in got.json()["error"]
     assert _shards(db, "g") == 1
     assert api.get("/api/queues/g").json()["paused"] is False
+    assert _ready(db, "g") == 1  # job 1 is neither cancelled nor retried
 
 
 @pytest.mark.parametrize(("method", "path", "body"), WRITES)
@@ -281,6 +381,7 @@ def test_guard_refuses_on_a_read_only_server_even_with_the_token(db, read_only_a
     assert got.status_code == 403
     assert "read-only" in got.json()["error"]
     assert _shards(db, "g") == 1
+    assert _ready(db, "g") == 1
 
 
 def test_writable_server_on_a_reader_login_is_403_from_the_database(db):
@@ -352,15 +453,17 @@ def test_openapi_schema_finds_no_server_error(db):
     with shared_pool_app(db.dsn(operator_login(db)), writable=True) as app:
         api_schema = schemathesis.openapi.from_asgi("/openapi.json", app)
         operations = [result.ok() for result in api_schema.get_all_operations()]
-        assert len(operations) == 9
+        assert len(operations) == 15
         for operation in operations:
 
             @given(case=operation.as_strategy(), existing=st.booleans())
             @settings(max_examples=15, derandomize=True, deadline=None, database=None,
                       suppress_health_check=list(HealthCheck))
             def check(case, existing):
-                if existing and case.path_parameters:
+                if existing and case.path_parameters and "queue" in case.path_parameters:
                     case.path_parameters["queue"] = "fuzz"
+                if existing and case.path_parameters and "job_id" in case.path_parameters:
+                    case.path_parameters["job_id"] = 1
                 # S outside 1..64 is schema-valid (the database owns the range) and
                 # answered 400, which this one check would call a rejection.
                 case.call_and_validate(headers=auth(),

@@ -12,6 +12,7 @@ import pytest
 
 import awa_sql
 from tests.support.admin import TOKEN, enqueue_jobs, operator_login, reader_login, serve_cli
+from tests.support.jobs import claim, enqueue
 
 CHROMIUM = "/usr/bin/chromium"
 LAUNCH_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -205,3 +206,110 @@ def test_read_only_mode_has_no_write_control(db, page):
         expect(page.locator("#lanes-table tbody tr")).to_have_count(4)
         assert page.locator("button, input, select, form, dialog").count() == 0
         expect(page.locator("header")).to_contain_text("read-only")
+
+
+def _state(db, job_id):
+    with db.connect() as conn:
+        return conn.execute("select state from awa.job(%s)", [job_id]).fetchone()[0]
+
+
+def test_fail_a_job_find_it_on_the_queue_page_retry_it_and_see_it_run(db, page):
+    """A worker fails a job for good; the queue page lists it and links to
+    its page (args, last error, attempts, times); Retry, confirmed in the
+    dialog, sends it back; the page then shows a worker running it, with the
+    same args and key, and completing it."""
+    from playwright.sync_api import expect
+    from psycopg.types.json import Jsonb
+
+    worker = db.login_role("awa_worker")
+    with db.connect(db.login_role("awa_producer")) as p:
+        job_id = enqueue(p, "orders", "charge", args=Jsonb({"order": 1001}),
+                         ordering_key=b"cust-42", max_attempts=1)[0]
+    with db.connect(worker) as w:
+        (c,) = claim(w, ["orders"])
+        assert w.execute("select awa.fail(%s, %s, 'card declined')", [c[0], c[1]]).fetchone()[0]
+    with serve_cli(db.dsn(operator_login(db)), "--writable", token=TOKEN) as base:
+        page.goto(f"{base}/queues/orders")
+        row = page.locator(f"#failed-jobs tbody tr[data-job-id='{job_id}']")
+        expect(row).to_contain_text("charge")
+        expect(row).to_contain_text("card declined")
+        expect(row).to_contain_text("1/1")
+        row.locator("a.job-link").click()
+
+        expect(page).to_have_url(f"{base}/jobs/{job_id}")
+        expect(page.locator("h1")).to_have_text(f"Job {job_id}")
+        expect(page.locator("#job-state")).to_have_text("failed")
+        expect(page.locator("#job-args")).to_contain_text('"order": 1001')
+        expect(page.locator("#job-error")).to_have_text("card declined")
+        expect(page.locator("#job-attempts")).to_have_text("1 of 1")
+        expect(page.locator("#job-key")).to_have_text("cust-42")
+        expect(page.locator("#job-finished")).to_contain_text("20")  # a date
+        expect(page.locator("#cancel-job")).to_be_disabled()
+
+        page.fill("#token", TOKEN)
+        page.click("#retry-job")
+        expect(page.locator("#confirm-jobs")).to_be_visible()
+        expect(page.locator("#confirm-jobs-title")).to_have_text(
+            f"Retry 1 job: job {job_id} (charge, failed) of orders? It runs again now, with a"
+            " fresh set of attempts.")
+        assert _state(db, job_id) == "failed"  # nothing is sent before the confirmation
+        page.click("#confirm-jobs-ok")
+        expect(page.locator("#status")).to_have_text(f"Job {job_id} retried: now ready.")
+        expect(page.locator("#job-state")).to_have_text("ready")
+        expect(page.locator("#job-attempts")).to_have_text("0 of 1")
+        expect(page.locator("#retry-job")).to_be_disabled()
+
+        with db.connect(worker) as w:  # it runs again: same job, args and key
+            (c,) = claim(w, ["orders"], worker="browser-worker")
+            assert (c[0], c[7], c[10], c[8]) == (job_id, {"order": 1001}, b"cust-42", 1)
+            expect(page.locator("#job-state")).to_have_text("running", timeout=10_000)
+            expect(page.locator("#job-worker")).to_have_text("browser-worker")
+            expect(page.locator("#job-attempts")).to_have_text("1 of 1")
+            assert w.execute("select awa.complete(%s, %s)", [c[0], c[1]]).fetchone()[0]
+        expect(page.locator("#job-state")).to_have_text("completed", timeout=10_000)
+        expect(page.locator("#job-args")).to_have_text("(not kept for a completed job)")
+
+        page.click("#job-queue a")
+        expect(page).to_have_url(f"{base}/queues/orders")
+        expect(page.locator("#failed-jobs")).to_have_text("No failed jobs.")
+
+
+def test_bulk_retry_and_cancel_say_how_many_jobs_and_the_list_pages(db, page):
+    from playwright.sync_api import expect
+
+    with db.connect() as conn:
+        conn.execute("select awa.enqueue('bulk', 'k', jsonb_build_object('i', i), 2::smallint,"
+                     " null, null, 1) from generate_series(1, 25) as i")
+        conn.execute("select count(awa.fail(c.job_id, c.run_lease, 'boom'))"
+                     " from awa.claim(array['bulk'], 25, 'w') as c")
+    enqueue_jobs(db, "bulk", 3, keyed=False)
+    with serve_cli(db.dsn(operator_login(db)), "--writable", token=TOKEN) as base:
+        page.goto(f"{base}/queues/bulk")
+        rows = page.locator("#failed-jobs tbody tr")
+        expect(rows).to_have_count(20)
+        page.click("#failed-next")
+        expect(rows).to_have_count(5)
+        page.click("#failed-first")
+        expect(rows).to_have_count(20)
+
+        page.fill("#token", TOKEN)
+        page.click("#retry-failed")
+        expect(page.locator("#confirm-jobs-title")).to_have_text("Retry 25 failed jobs of bulk?")
+        expect(page.locator("#confirm-jobs-ok")).to_have_text("Retry 25 jobs")
+        page.click("#confirm-jobs-cancel")
+        expect(page.locator("#confirm-jobs")).to_be_hidden()
+        with db.connect() as conn:
+            assert conn.execute("select awa.count_jobs('bulk', 'failed')").fetchone()[0] == 25
+
+        page.click("#retry-failed")
+        page.click("#confirm-jobs-ok")
+        expect(page.locator("#status")).to_have_text("Retried 25 jobs.")
+        expect(page.locator("#failed-jobs")).to_have_text("No failed jobs.")
+
+        page.click("#cancel-waiting")
+        expect(page.locator("#confirm-jobs-title")).to_have_text("Cancel 28 ready jobs of bulk?")
+        page.click("#confirm-jobs-ok")
+        expect(page.locator("#status")).to_have_text("Cancelled 28 jobs.")
+        with db.connect() as conn:
+            assert conn.execute("select awa.count_jobs('bulk', 'cancelled')").fetchone()[0] == 28
+            assert conn.execute("select awa.count_jobs('bulk', 'ready')").fetchone()[0] == 0

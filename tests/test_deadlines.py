@@ -396,3 +396,23 @@ def test_a_plain_handler_runs_on_past_its_deadline_without_a_lease(db, logins, c
         worker.stop()
         t.join(timeout=30)
     assert worker.completed == 0
+
+
+def test_the_job_tools_keep_a_jobs_own_max_run_time(db, logins):
+    """A failed job retried, and a waiting job cancelled then retried, by the
+    operators' job tools (ADR 025) run again with their own max run time."""
+    with db.connect(logins.producer) as p:
+        failing = timed(p, "tools", "fails", max_attempts=1, max_run_time="3 minutes")
+        waiting = timed(p, "tools", "waits", run_at="2100-01-01T00:00:00Z",
+                        max_run_time="4 minutes")
+    with db.connect(logins.worker) as w:
+        ((job_id, lease, *_),) = claim(w, ["tools"])
+        assert job_id == failing
+        w.execute("select awa.fail(%s, %s, 'boom')", [job_id, lease])
+    with db.connect(logins.operator) as op:
+        assert op.execute("select awa.cancel_job(%s)", [waiting]).fetchone()[0]
+        assert op.execute("select awa.retry_job(%s)", [waiting]).fetchone()[0]
+        assert op.execute("select awa.retry_jobs('tools')").fetchone()[0] == 1
+    with db.connect() as admin:
+        assert dict(admin.execute("select job_id, max_run_time from awa.ready").fetchall()) == {
+            failing: timedelta(minutes=3), waiting: timedelta(minutes=4)}

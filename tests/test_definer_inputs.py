@@ -91,6 +91,25 @@ def test_the_scan_sees_a_new_read(db):
     assert tables == ["awa.copy_staging"]
 
 
+JOB_TOOLS = {"awa.job", "awa.jobs", "awa.count_jobs", "awa.cancel_job", "awa.cancel_jobs",
+             "awa.retry_job", "awa.retry_jobs", "awa._job_at", "awa._requeue",
+             "awa._cancel_waiting", "awa._job_queue_ids"}
+
+
+def test_the_scan_covers_the_job_tools_and_they_read_nothing_a_caller_sets(db):
+    """The operators' job tools (ADR 025) are in the catalog the scan reads,
+    and none of them reads a setting, a temp object or a caller-written
+    table (their retries take lanes through awa._take_lane, whose memo read
+    is on the list; test_forged_state retries with forged memos)."""
+    with db.connect() as conn:
+        names = {r[0] for r in conn.execute(
+            "select p.oid::regproc::text from pg_catalog.pg_proc p"
+            " where p.pronamespace = 'awa'::regnamespace")}
+        found = _reads(conn)
+    assert names >= JOB_TOOLS
+    assert not {name for name, _ in found} & JOB_TOOLS
+
+
 # The functions of the deadlines and backoff work (ADR 026): each is in the
 # catalog the scan reads, and reads nothing a caller can set (the COPY
 # movers' reads of the new column are the _STAGING entries above).

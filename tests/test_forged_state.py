@@ -173,6 +173,56 @@ def test_a_forged_wait_total_is_ignored_when_the_call_waits(db):
     assert int(outcome["wait"]) >= 0
 
 
+# The operators' retries take lanes through the same choice (awa._lock_lanes,
+# awa._take_lane): a forged memo must not send a retried job anywhere else.
+RETRIES = {
+    "retry_job": lambda c, q, ids: [c.execute("select awa.retry_job(%s)", [i]) for i in ids],
+    "retry_jobs": lambda c, q, ids: c.execute("select awa.retry_jobs(%s)", [q]),
+}
+
+FAILED = """
+    insert into awa.finished (job_id, slot, queue_id, priority, kind, state, attempt,
+                              max_attempts, enqueued_at, args, ordering_key)
+    select nextval('awa.job_id_seq'), awa._finished_slot('failed', now()), q.id, 2, %(kind)s,
+           'failed', 1, 1, now(), '{}', k.key
+      from unnest(%(queues)s::integer[]) as q (id),
+           unnest(array[null, null, %(key)s::bytea]) as k (key)
+    returning job_id
+"""
+
+
+@pytest.mark.parametrize("name", list(NAMES))
+@pytest.mark.parametrize("entry", list(RETRIES))
+def test_forged_memos_never_move_a_retried_job_out_of_its_own_free_lane(forged, entry, name):
+    db, _producer = forged
+    operator = db.login_role("awa_operator")
+    queue = NAMES[name]
+    with db.connect() as admin, db.connect(autocommit=False) as hold:
+        physical = _physical(admin, queue)
+        held = {_lane(admin, qid, 2, shard) for qid in physical for shard in range(FREE_SHARD)}
+        for lane in sorted(held):
+            hold.execute("select pg_advisory_xact_lock(%s, %s)", [LANE_CLASS, lane])
+        for what, value in _forgeries(admin, queue).items():
+            kind = f"retried {what}"
+            # Two unkeyed and one keyed failed job in every physical queue.
+            ids = [r[0] for r in admin.execute(
+                FAILED, {"kind": kind, "queues": physical, "key": KEY}).fetchall()]
+            with db.connect(operator, autocommit=False) as op:
+                op.execute("set local lock_timeout = '5s'")
+                _forge_everything(op, admin, value)
+                RETRIES[entry](op, queue, ids)
+                op.commit()
+            landed = admin.execute(
+                "select r.queue_id, r.priority, l.queue_id, l.priority, l.lane_id, l.shard,"
+                " r.ordering_key is not null from awa.ready r join awa.lanes l using (lane_id)"
+                " where r.kind = %s", [kind]).fetchall()
+            assert len(landed) == len(ids), what
+            for job_queue, job_priority, lane_queue, lane_priority, lane, shard, keyed in landed:
+                assert (lane_queue, lane_priority) == (job_queue, job_priority), what
+                assert lane not in held, f"{what}: a retried job went into a held lane"
+                assert not keyed or shard == FREE_SHARD, what
+
+
 def test_no_heartbeat_moves_a_lease_past_its_deadline(db):
     """A worker controls the extend and every setting around its calls; the
     deadline is the claim's, in a row it cannot write."""

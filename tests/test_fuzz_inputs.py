@@ -69,3 +69,25 @@ def test_operator_inputs(producer_conn, queue, shards):
 def test_claim_inputs(producer_conn, queues, n, worker):
     _call(producer_conn, "select * from awa.claim(%s::text[], %s::integer, %s::text)",
           [queues, n, worker])
+
+
+job_ids = st.one_of(st.none(), st.integers(min_value=-(2**63), max_value=2**63 - 1))
+states = st.one_of(st.none(), st.sampled_from(
+    ["scheduled", "ready", "running", "completed", "failed", "cancelled"]), texts)
+
+
+@settings(max_examples=40, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(queue=texts, state=states, kind=texts, after=job_ids, n=ints, job_id=job_ids)
+def test_job_tool_inputs(producer_conn, queue, state, kind, after, n, job_id):
+    _call(producer_conn, "select * from awa.jobs(%s::text, %s::text, %s::text, %s::bigint,"
+          " %s::integer)", [queue, state, kind, after, n])
+    _call(producer_conn, "select awa.count_jobs(%s::text, %s::text, %s::text, %s::integer)",
+          [queue, state, kind, n])
+    _call(producer_conn, "select * from awa.job(%s::bigint)", [job_id])
+    _call(producer_conn, "select awa.cancel_job(%s::bigint)", [job_id])
+    _call(producer_conn, "select awa.retry_job(%s::bigint)", [job_id])
+    _call(producer_conn, "select awa.retry_jobs(%s::text, %s::text, %s::integer)",
+          [queue, kind, n])
+    _call(producer_conn, "select awa.cancel_jobs(%s::text, %s::text, %s::integer)",
+          [queue, kind, n])

@@ -157,12 +157,17 @@ MUTATING = {
     "resume_queue": "select awa.resume_queue('cap')",
     "promote_due": "select awa.promote_due()",
     "rescue_expired": "select awa.rescue_expired()",
+    "retry_job": "select awa.retry_job(1)",
+    "cancel_job": "select awa.cancel_job(1)",
+    "retry_jobs": "select awa.retry_jobs('cap')",
+    "cancel_jobs": "select awa.cancel_jobs('cap')",
 }
 ALLOWED = {
     "producer": {"enqueue", "enqueue_batch"},
     "worker": {"claim", "complete", "fail", "heartbeat"},
     "maintenance": {"promote_due", "rescue_expired"},
-    "operator": {"set_enqueue_shards", "pause_queue", "resume_queue"},
+    "operator": {"set_enqueue_shards", "pause_queue", "resume_queue", "retry_job", "cancel_job",
+                 "retry_jobs", "cancel_jobs"},
     "reader": set(),
     "nobody": set(),
 }

@@ -11,6 +11,8 @@ STATUS_BY_SQLSTATE = {
     "42501": 403,  # the server's login lacks awa_operator
     "25006": 503,  # read-only transaction: a standby
     "42883": 501,  # function missing: an older awa contract
+    "55P03": 409,  # lock timeout: a cancel waited for a claim in flight; try again
+    "40001": 409,  # the job moved on every look; try again
 }
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
-from typing import Annotated
+from typing import Annotated, Any
 
 from annotated_types import Interval
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
@@ -246,3 +246,79 @@ class ServerInfo(BaseModel):
     version: str
     writable: bool
     in_recovery: bool
+
+
+# -- jobs (awa.job, awa.jobs, retry and cancel; ADR 025) ---------------------------------
+
+
+class JobState(StrEnum):
+    scheduled = "scheduled"
+    ready = "ready"
+    running = "running"
+    completed = "completed"
+    failed = "failed"
+    cancelled = "cancelled"
+
+
+class Job(BaseModel):
+    job_id: int
+    queue: str = Field(description="the physical queue (a partition or stripe, or the queue)")
+    logical_queue: str = Field(description="the name the job was enqueued to")
+    kind: str
+    state: str = Field(description="scheduled, ready, running, completed, failed, cancelled")
+    priority: int
+    ordering_key: str | None = Field(
+        description="the ordering key as text, when it is printable UTF-8")
+    ordering_key_hex: str | None = Field(description="the ordering key's bytes, in hex")
+    args: Any = Field(None, description="the job's args; null for a completed job")
+    attempt: int = Field(description="attempts made (a running job's current one counts)")
+    max_attempts: int
+    enqueued_at: datetime
+    run_at: datetime | None = Field(
+        description="when a scheduled job is due, a ready one became ready, a running one "
+                    "was claimed")
+    finished_at: datetime | None
+    last_error: str | None
+    worker: str | None
+    lease_expires_at: datetime | None
+
+
+class JobPage(BaseModel):
+    queue: str
+    state: str | None
+    kind: str | None
+    jobs: list[Job]
+    next_after_job_id: int | None = Field(
+        description="pass as after_job_id for the next page; null on the last page")
+
+
+class BulkBody(Body):
+    kind: str | None = Field(default=None, description="only jobs of this kind")
+    max_jobs: Int32 | None = Field(
+        default=None, description="at most this many in this call, 1..100000 (default 10000)")
+
+
+class BulkPlan(BaseModel):
+    queue: str
+    action: str = Field(description="retry or cancel")
+    kind: str | None
+    counts: dict[str, int] = Field(
+        description="jobs per state the call would take (retry: failed; cancel: ready and "
+                    "scheduled), each counted up to max_jobs + 1")
+    jobs: int = Field(description="how many jobs one call takes: at most max_jobs")
+    more: bool = Field(description="more jobs than one call takes")
+    max_jobs: int
+    question: str = Field(description="the confirmation to show, with the number of jobs")
+
+
+class BulkResult(BaseModel):
+    queue: str
+    action: str
+    kind: str | None
+    jobs: int = Field(description="how many jobs the call retried or cancelled")
+
+
+class JobChange(BaseModel):
+    job_id: int
+    action: str
+    state: str | None = Field(description="the job's state after the change")

@@ -1,4 +1,5 @@
-"""The two HTML pages: a shell each, filled in by static/admin.js from the API.
+"""The HTML pages (queues, a queue, a job): a shell each, filled in by
+static/admin.js from the API.
 
 Everything the browser loads ships in this package (static/); nothing is
 fetched from anywhere else at run time.
@@ -7,15 +8,16 @@ fetched from anywhere else at run time.
 from __future__ import annotations
 
 import html
-from pathlib import Path
+from pathlib import Path as FilePath
+from typing import Annotated
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Path, Request
 from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 
 from awa_sql.version import __version__
 
-STATIC = Path(__file__).resolve().parent / "static"
+STATIC = FilePath(__file__).resolve().parent / "static"
 
 SHELL = """<!doctype html>
 <html lang="en">
@@ -25,7 +27,7 @@ SHELL = """<!doctype html>
 <title>{title} · awa admin</title>
 <link rel="stylesheet" href="/static/admin.css?v={version}">
 </head>
-<body data-page="{page}" data-queue="{queue}" data-writable="{writable}">
+<body data-page="{page}" data-queue="{queue}" data-job="{job}" data-writable="{writable}">
 <header><a href="/">awa admin</a> <span class="mode">{mode}</span></header>
 <main id="app"><p class="muted">Loading…</p></main>
 <script src="/static/admin.js?v={version}"></script>
@@ -34,10 +36,12 @@ SHELL = """<!doctype html>
 """
 
 
-def _shell(request: Request, page: str, title: str, queue: str = "") -> HTMLResponse:
+def _shell(request: Request, page: str, title: str, queue: str = "",
+           job: int | None = None) -> HTMLResponse:
     writable = request.app.state.settings.writable
     body = SHELL.format(
         title=html.escape(title), page=page, queue=html.escape(queue, quote=True),
+        job="" if job is None else job,
         writable="true" if writable else "false", version=__version__,
         mode="writable" if writable else "read-only",
     )
@@ -54,3 +58,8 @@ def install(app: FastAPI) -> None:
     @app.get("/queues/{queue:path}", response_class=HTMLResponse, include_in_schema=False)
     def queue_page(request: Request, queue: str) -> HTMLResponse:
         return _shell(request, "queue", queue, queue)
+
+    @app.get("/jobs/{job_id}", response_class=HTMLResponse, include_in_schema=False)
+    def job_page(request: Request, job_id: Annotated[int, Path(ge=1, le=2**63 - 1)]
+                 ) -> HTMLResponse:
+        return _shell(request, "job", f"Job {job_id}", job=job_id)

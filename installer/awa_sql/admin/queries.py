@@ -230,3 +230,73 @@ def runtimes(conn: psycopg.Connection, queue: dict, changes: list[dict]) -> dict
         },
         "lane_evidence": evidence,
     }
+
+
+# -- jobs (ADR 025) ----------------------------------------------------------------------
+
+# One bulk call takes at most this many jobs (the functions' default).
+BULK_MAX_JOBS = 10_000
+BULK_STATES = {"retry": ("failed",), "cancel": ("ready", "scheduled")}
+
+
+def _key_text(key: bytes | None) -> str | None:
+    if key is None:
+        return None
+    try:
+        text = key.decode()
+    except UnicodeDecodeError:
+        return None
+    return text if text.isprintable() else None
+
+
+def _job(row: dict) -> dict:
+    out = dict(row)
+    key = out.pop("ordering_key")
+    out["ordering_key"] = _key_text(key)
+    out["ordering_key_hex"] = None if key is None else key.hex()
+    return out
+
+
+def job(conn: psycopg.Connection, job_id: int) -> dict:
+    """One job (awa.job), or 404."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        row = cur.execute("select * from awa.job(%s::bigint)", [job_id]).fetchone()
+    if row is None:
+        raise ApiError(404, f"no job {job_id} (unknown, or removed by retention)")
+    return _job(row)
+
+
+def jobs_page(conn: psycopg.Connection, queue: str, state: str | None, kind: str | None,
+              after_job_id: int | None, limit: int) -> dict:
+    """A page of the queue's jobs by job id (awa.jobs); 404 for an unknown queue."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        rows = cur.execute(
+            "select * from awa.jobs(%s::text, %s::text, %s::text, %s::bigint, %s::integer)",
+            [queue, state, kind, after_job_id, limit]).fetchall()
+    return {"queue": queue, "state": state, "kind": kind, "jobs": [_job(r) for r in rows],
+            "next_after_job_id": rows[-1]["job_id"] if len(rows) == limit else None}
+
+
+def bulk_plan(conn: psycopg.Connection, queue: str, action: str, kind: str | None,
+              max_jobs: int = BULK_MAX_JOBS) -> dict:
+    """How many jobs a bulk retry or cancel would take, counted (awa.count_jobs) up to
+    one more than a call takes, and the question to confirm it with."""
+    counts = {state: conn.execute(
+        "select awa.count_jobs(%s::text, %s::text, %s::text, %s::integer)",
+        [queue, state, kind, max_jobs + 1]).fetchone()[0] for state in BULK_STATES[action]}
+    total = sum(counts.values())
+    jobs = min(total, max_jobs)
+    more = total > max_jobs
+    what = " and ".join(f"{n:,} {state}" for state, n in counts.items() if n)
+    of_kind = f" of kind {kind!r}" if kind else ""
+    verb = action.capitalize()
+    if total == 0:
+        question = f"No {' or '.join(BULK_STATES[action])} jobs{of_kind} in {queue}."
+    elif more:
+        question = (f"{verb} {jobs:,} of more than {max_jobs:,} "
+                    f"{' and '.join(BULK_STATES[action])} jobs{of_kind} of {queue}? One call "
+                    f"takes {max_jobs:,}; repeat it for the rest.")
+    else:
+        question = f"{verb} {what} job{'s' if total > 1 else ''}{of_kind} of {queue}?"
+    return {"queue": queue, "action": action, "kind": kind, "counts": counts, "jobs": jobs,
+            "more": more, "max_jobs": max_jobs, "question": question}

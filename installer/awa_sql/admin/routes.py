@@ -11,7 +11,14 @@ from awa_sql.admin import queries
 from awa_sql.admin.errors import ApiError
 from awa_sql.admin.guard import require_write
 from awa_sql.admin.models import (
+    BulkBody,
+    BulkPlan,
+    BulkResult,
     Error,
+    Job,
+    JobChange,
+    JobPage,
+    JobState,
     PauseResult,
     QueueDetail,
     QueueHistory,
@@ -91,6 +98,42 @@ def queue_history(request: Request, queue: QueueName,
     return found
 
 
+# -- jobs (awa.jobs, awa.count_jobs; ADR 025) ----------------------------------------------
+
+JOBS_READ = {
+    **NOT_FOUND,
+    400: {"model": Error, "description": "a name or value the database refuses (SQLSTATE "
+                                         "22xxx)"},
+}
+BulkAction = Annotated[str, Path(pattern="^(retry|cancel)$",
+                                 description="retry (failed jobs) or cancel (ready and "
+                                             "scheduled jobs)")]
+
+
+@router.get("/queues/{queue:path}/jobs/{action}/plan", response_model=BulkPlan,
+            responses=JOBS_READ)
+def bulk_plan(request: Request, queue: QueueName, action: BulkAction,
+              kind: Annotated[str | None, Query(description="only jobs of this kind")] = None
+              ) -> dict:
+    """How many jobs a bulk retry or cancel would take, and the question that
+    confirms it; changes nothing."""
+    with _pool(request).connection() as conn, conn.transaction():
+        return queries.bulk_plan(conn, queue, action, kind)
+
+
+@router.get("/queues/{queue:path}/jobs", response_model=JobPage, responses=JOBS_READ)
+def list_jobs(request: Request, queue: QueueName,
+              state: Annotated[JobState | None, Query(description="only this state")] = None,
+              kind: Annotated[str | None, Query(description="only this kind")] = None,
+              after_job_id: Annotated[int | None, Query(ge=0, le=2**63 - 1)] = None,
+              limit: Annotated[int, Query(ge=1, le=1000)] = 50) -> dict:
+    """A page of the queue's jobs in job id order (awa.jobs): page on with
+    ``next_after_job_id``. Ready jobs: the front of each lane only."""
+    with _pool(request).connection() as conn, conn.transaction():
+        return queries.jobs_page(conn, queue, state.value if state else None, kind,
+                                 after_job_id, limit)
+
+
 # Queue names may hold "/": every route takes the rest of the path as the
 # name ({queue:path}), so this catch-all comes after the GET routes that end
 # in a fixed suffix.
@@ -144,3 +187,66 @@ def pause(request: Request, queue: QueueName) -> dict:
              dependencies=[Depends(require_write)], responses=WRITE)
 def resume(request: Request, queue: QueueName) -> dict:
     return _set_paused(request, queue, False)
+
+
+@router.post("/queues/{queue:path}/jobs/{action}", response_model=BulkResult,
+             dependencies=[Depends(require_write)], responses=WRITE)
+def bulk_change(request: Request, queue: QueueName, action: BulkAction,
+                body: BulkBody | None = None) -> dict:
+    """``awa.retry_jobs`` (failed jobs) or ``awa.cancel_jobs`` (ready and
+    scheduled ones): one call, at most ``max_jobs`` (default 10,000)."""
+    body = body or BulkBody()
+    function = "awa.retry_jobs" if action == "retry" else "awa.cancel_jobs"
+    with _pool(request).connection() as conn, conn.transaction():
+        changed = conn.execute(
+            f"select {function}(%s::text, %s::text, %s::integer)",
+            [queue, body.kind,
+             queries.BULK_MAX_JOBS if body.max_jobs is None else body.max_jobs]).fetchone()[0]
+    return {"queue": queue, "action": action, "kind": body.kind, "jobs": changed}
+
+
+JobId = Annotated[int, Path(ge=1, le=2**63 - 1, description="a job id")]
+JOB_NOT_FOUND = {404: {"model": Error, "description": "no such job (or removed by retention)"}}
+JOB_WRITE = {
+    **WRITE,
+    **JOB_NOT_FOUND,
+    409: {"model": Error, "description": "the job is in a state this does not apply to, or "
+                                         "was being claimed for longer than 5 s"},
+}
+APPLIES_TO = {"retry": ("failed or cancelled", "retried"),
+              "cancel": ("scheduled, ready or running", "cancelled")}
+# A cancel waits for a claim in flight that holds its job (ADR 025), this long at most.
+LOCK_TIMEOUT = "5s"
+
+
+@router.get("/jobs/{job_id}", response_model=Job, responses=JOB_NOT_FOUND)
+def get_job(request: Request, job_id: JobId) -> dict:
+    """One job (awa.job): state, args, attempts, last error, times."""
+    with _pool(request).connection() as conn, conn.transaction():
+        return queries.job(conn, job_id)
+
+
+def _change_job(request: Request, job_id: int, action: str) -> dict:
+    with _pool(request).connection() as conn, conn.transaction():
+        conn.execute(f"set local lock_timeout = '{LOCK_TIMEOUT}'")
+        changed = conn.execute(f"select awa.{action}_job(%s::bigint)", [job_id]).fetchone()[0]
+        found = queries.job(conn, job_id)  # 404 for an unknown job
+        if not changed:
+            states, done = APPLIES_TO[action]
+            raise ApiError(409, f"job {job_id} is {found['state']}: only {states} jobs can be "
+                           f"{done}; nothing changed")
+    return {"job_id": job_id, "action": action, "state": found["state"]}
+
+
+@router.post("/jobs/{job_id}/retry", response_model=JobChange,
+             dependencies=[Depends(require_write)], responses=JOB_WRITE)
+def retry_job(request: Request, job_id: JobId) -> dict:
+    """``awa.retry_job``: a failed or cancelled job runs again now."""
+    return _change_job(request, job_id, "retry")
+
+
+@router.post("/jobs/{job_id}/cancel", response_model=JobChange,
+             dependencies=[Depends(require_write)], responses=JOB_WRITE)
+def cancel_job(request: Request, job_id: JobId) -> dict:
+    """``awa.cancel_job``: a scheduled, ready or running job ends cancelled."""
+    return _change_job(request, job_id, "cancel")

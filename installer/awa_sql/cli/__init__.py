@@ -14,12 +14,12 @@ from collections.abc import Sequence
 import psycopg
 
 from awa_sql import migrate as runner
-from awa_sql.cli import admin, demo, maintain, metrics, migrate, storage
+from awa_sql.cli import admin, demo, jobs, maintain, metrics, migrate, storage
 from awa_sql.cli.common import err
 from awa_sql.demo.embedded import EmbeddedError
 from awa_sql.version import __version__
 
-COMMANDS = (migrate, storage, maintain, metrics, demo, admin)
+COMMANDS = (migrate, storage, jobs, maintain, metrics, demo, admin)
 
 
 def build_parser() -> argparse.ArgumentParser:

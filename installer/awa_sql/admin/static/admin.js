@@ -8,6 +8,7 @@
   const body = document.body;
   const page = body.dataset.page;
   const queueName = body.dataset.queue;
+  const jobId = body.dataset.job;
   const writable = body.dataset.writable === "true";
   const app = document.getElementById("app");
 
@@ -420,13 +421,235 @@
     await loadQueue();
   }
 
+  // -- jobs: a queue's failed jobs, a job's page, retry and cancel (ADR 025) -------------
+  //
+  // Every change is confirmed first in the jobs dialog, which says how many
+  // jobs it takes (the bulk plan counts them), and sent with the token, as a
+  // change of S is.
+
+  const FAILED_PAGE = 20;
+  let failedPages = [null];  // after_job_id of each page shown so far; the last is shown
+  let failedShown = "";
+  let pendingJobs = null;
+
+  function jobPath(id) {
+    return `/api/jobs/${encodeURIComponent(id)}`;
+  }
+
+  function oneLine(text, width) {
+    if (!text) return "";
+    const line = text.split(/\s+/).join(" ").trim();
+    return line.length <= width ? line : `${line.slice(0, width - 1)}…`;
+  }
+
+  function tokenInput() {
+    return el("label", {}, "Admin token ",
+      el("input", { id: "token", type: "password", autocomplete: "off",
+        placeholder: "AWA_ADMIN_TOKEN" }));
+  }
+
+  function askJobs(question, okLabel, action) {
+    document.getElementById("confirm-jobs-title").textContent = question;
+    document.getElementById("confirm-jobs-ok").textContent = okLabel;
+    pendingJobs = action;
+    document.getElementById("confirm-jobs").showModal();
+  }
+
+  async function confirmJobs() {
+    document.getElementById("confirm-jobs").close();
+    const action = pendingJobs;
+    pendingJobs = null;
+    if (action) await action();
+  }
+
+  function jobsDialog() {
+    return el("dialog", { id: "confirm-jobs" },
+      el("h3", { id: "confirm-jobs-title" }),
+      el("p", { id: "confirm-jobs-text", class: "muted" }, "Nothing is sent until you confirm."),
+      el("button", { id: "confirm-jobs-ok", type: "button", onclick: confirmJobs }, "OK"),
+      el("button", { id: "confirm-jobs-cancel", type: "button", onclick: () => {
+        pendingJobs = null;
+        document.getElementById("confirm-jobs").close();
+      } }, "Cancel"));
+  }
+
+  function plural(n, word) {
+    return `${n} ${word}${n === 1 ? "" : "s"}`;
+  }
+
+  function changeJob(j, action, reload) {
+    const what = `job ${j.job_id} (${j.kind}, ${j.state}) of ${j.logical_queue}`;
+    const question = action === "retry"
+      ? `Retry 1 job: ${what}? It runs again now, with a fresh set of attempts.`
+      : `Cancel 1 job: ${what}? It will not run again unless it is retried.`;
+    askJobs(question, action === "retry" ? "Retry 1 job" : "Cancel 1 job", async () => {
+      const result = await api("POST", `${jobPath(j.job_id)}/${action}`);
+      if (result.ok) {
+        setStatus(`Job ${j.job_id} ${action === "retry" ? "retried" : "cancelled"}: ` +
+          `now ${result.data.state}.`, "ok");
+      } else setStatus(`${result.status}: ${result.data.error}`, "error");
+      await reload();
+    });
+  }
+
+  async function changeJobs(action) {
+    const plan = await api("GET", `${queuePath(queueName)}/jobs/${action}/plan`);
+    if (!plan.ok) {
+      setStatus(`${plan.status}: ${plan.data.error}`, "error");
+      return;
+    }
+    if (!plan.data.jobs) {
+      setStatus(plan.data.question, "ok");
+      return;
+    }
+    const label = `${action === "retry" ? "Retry" : "Cancel"} ${plural(plan.data.jobs, "job")}`;
+    askJobs(plan.data.question, label, async () => {
+      const result = await api("POST", `${queuePath(queueName)}/jobs/${action}`, {});
+      if (result.ok) {
+        setStatus(`${action === "retry" ? "Retried" : "Cancelled"} ` +
+          `${plural(result.data.jobs, "job")}.`, "ok");
+      } else setStatus(`${result.status}: ${result.data.error}`, "error");
+      failedPages = [null];
+      await loadQueue();
+    });
+  }
+
+  function pageLink(id, text, onclick) {
+    return el("a", { href: "#", id, onclick: (event) => {
+      event.preventDefault();
+      onclick();
+      refresh(loadQueue);
+    } }, text);
+  }
+
+  function failedJobs(p) {
+    const many = new Set(p.jobs.map((j) => j.queue)).size > 1;
+    const rows = p.jobs.map((j) => el("tr", { "data-job-id": j.job_id },
+      el("td", { class: "num" },
+        el("a", { class: "job-link", href: `/jobs/${encodeURIComponent(j.job_id)}` }, j.job_id)),
+      many ? el("td", {}, j.queue) : null,
+      el("td", {}, j.kind),
+      el("td", { class: "num" }, `${j.attempt}/${j.max_attempts}`),
+      el("td", {}, when(j.finished_at)),
+      el("td", { class: "error" }, oneLine(j.last_error, 80)),
+      writable ? el("td", {}, el("button", { type: "button", class: "retry-one",
+        onclick: () => changeJob(j, "retry", loadQueue) }, "Retry…")) : null));
+    const first = failedPages[failedPages.length - 1] === null;
+    const headers = ["Job", ...(many ? ["Queue"] : []), "Kind", "Attempts", "Failed at",
+      "Last error", ...(writable ? [""] : [])];
+    return el("section", { id: "failed" },
+      el("h2", {}, "Failed jobs"),
+      el("p", { class: "muted" },
+        "Kept with their args for the queue's failed retention, oldest first. " +
+        "Open one for its args, last error, attempts and times."),
+      rows.length
+        ? table("failed-jobs", headers, rows)
+        : el("p", { id: "failed-jobs", class: "muted" },
+          first ? "No failed jobs." : "No more failed jobs."),
+      el("p", { class: "pager" },
+        first ? null : pageLink("failed-first", "First page", () => { failedPages = [null]; }),
+        first || p.next_after_job_id === null ? null : " · ",
+        p.next_after_job_id === null ? null : pageLink("failed-next", "Next page",
+          () => { failedPages.push(p.next_after_job_id); })));
+  }
+
+  async function loadFailed() {
+    const after = failedPages[failedPages.length - 1];
+    const { ok, status, data } = await api("GET", `${queuePath(queueName)}/jobs?state=failed` +
+      `&limit=${FAILED_PAGE}${after === null ? "" : `&after_job_id=${after}`}`);
+    if (!ok) {
+      setStatus(`${status}: ${data.error}`, "error");
+      return;
+    }
+    // Redrawn only when it changed, so that a button is not replaced under the pointer.
+    const shown = JSON.stringify([failedPages, data]);
+    if (shown !== failedShown) {
+      failedShown = shown;
+      replace("failed", failedJobs(data));
+    }
+  }
+
+  let currentJob = null;
+  let jobShown = "";
+
+  function jobFields(j) {
+    const hex = j.ordering_key_hex === null ? "–" : `\\x${j.ordering_key_hex}`;
+    const key = j.ordering_key ?? hex;
+    const runLabel = { scheduled: "Runs at", ready: "Ready since", running: "Claimed" }[j.state];
+    const fields = [
+      ["State", j.state, "job-state"],
+      ["Queue", el("a", { href: `/queues/${encodeURIComponent(j.logical_queue)}` },
+        j.logical_queue), "job-queue"],
+      ...(j.queue !== j.logical_queue ? [["Physical queue", j.queue, "job-physical"]] : []),
+      ["Kind", j.kind, "job-kind"],
+      ["Priority", j.priority, "job-priority"],
+      ["Ordering key", key, "job-key"],
+      ["Attempts", `${j.attempt} of ${j.max_attempts}`, "job-attempts"],
+      ["Enqueued", when(j.enqueued_at), "job-enqueued"],
+      ...(runLabel ? [[runLabel, when(j.run_at), "job-run-at"]] : []),
+      ...(j.finished_at ? [["Finished", when(j.finished_at), "job-finished"]] : []),
+      ...(j.worker ? [["Worker", j.worker, "job-worker"],
+        ["Lease expires", when(j.lease_expires_at), "job-lease"]] : []),
+    ];
+    return el("section", { id: "job" },
+      el("dl", { class: "fields" },
+        fields.flatMap(([label, value, id]) => [el("dt", {}, label), el("dd", { id }, value)])),
+      el("h2", {}, "Args"),
+      el("pre", { id: "job-args" },
+        j.args === null ? "(not kept for a completed job)" : JSON.stringify(j.args, null, 2)),
+      el("h2", {}, "Last error"),
+      el("pre", { id: "job-error" }, j.last_error || "–"));
+  }
+
+  async function loadJob() {
+    const { ok, status, data } = await api("GET", jobPath(jobId));
+    if (!ok) {
+      setStatus(`${status}: ${data.error}`, "error");
+      currentJob = null;
+      jobShown = "";
+      replace("job", el("section", { id: "job" }, el("p", { class: "muted" }, data.error)));
+    } else {
+      currentJob = data;
+      const shown = JSON.stringify(data);
+      if (shown !== jobShown) {
+        jobShown = shown;
+        replace("job", jobFields(data));
+      }
+    }
+    const retry = document.getElementById("retry-job");
+    const cancel = document.getElementById("cancel-job");
+    const state = currentJob ? currentJob.state : null;
+    if (retry) retry.disabled = !["failed", "cancelled"].includes(state);
+    if (cancel) cancel.disabled = !["scheduled", "ready", "running"].includes(state);
+    app.dataset.refreshed = String(Date.now());
+  }
+
+  function jobControls() {
+    if (!writable) return null;
+    return el("section", { id: "controls" },
+      el("h2", {}, "Change"),
+      tokenInput(),
+      el("div", {},
+        el("button", { id: "retry-job", type: "button", disabled: true,
+          onclick: () => currentJob && changeJob(currentJob, "retry", loadJob) }, "Retry…"),
+        el("button", { id: "cancel-job", type: "button", disabled: true,
+          onclick: () => currentJob && changeJob(currentJob, "cancel", loadJob) }, "Cancel…")),
+      jobsDialog());
+  }
+
+  function renderJobPage() {
+    app.replaceChildren(...[
+      el("h1", {}, `Job ${jobId}`),
+      el("p", { id: "status", role: "status" }),
+      el("section", { id: "job" }),
+      jobControls()].filter((node) => node !== null));
+  }
+
   function controls() {
     if (!writable) return null;
     return el("section", { id: "controls" },
       el("h2", {}, "Change"),
-      el("label", {}, "Admin token ",
-        el("input", { id: "token", type: "password", autocomplete: "off",
-          placeholder: "AWA_ADMIN_TOKEN" })),
+      tokenInput(),
       el("form", { id: "shards-form", onsubmit: changeShards },
         el("label", {}, "New S ",
           el("input", { id: "new-shards", type: "number", min: "1", max: "64", required: true })),
@@ -443,6 +666,12 @@
         el("button", { id: "pause", type: "button", onclick: () => setPaused(true) }, "Pause"),
         el("button", { id: "resume", type: "button", onclick: () => setPaused(false) },
           "Resume")),
+      el("div", {},
+        el("button", { id: "retry-failed", type: "button", onclick: () => changeJobs("retry") },
+          "Retry failed jobs…"),
+        el("button", { id: "cancel-waiting", type: "button",
+          onclick: () => changeJobs("cancel") }, "Cancel ready and scheduled jobs…")),
+      jobsDialog(),
       el("dialog", { id: "confirm" },
         el("h3", { id: "confirm-title" }),
         el("p", { id: "confirm-text" }),
@@ -459,6 +688,7 @@
       el("section", { id: "summary" }),
       el("section", { id: "history" }),
       controls(),
+      el("section", { id: "failed" }),
       el("section", { id: "lanes" }),
       el("section", { id: "contention" }),
       el("section", { id: "changes" }),
@@ -476,6 +706,7 @@
       return;
     }
     replace("history", historyCharts(past.ok ? past.data : null));
+    await loadFailed();
     const first = current === null;
     current = data;
     replace("summary", summary(data));
@@ -504,6 +735,10 @@
     renderQueuePage();
     refresh(loadQueue);
     setInterval(() => refresh(loadQueue), REFRESH_MS);
+  } else if (page === "job") {
+    renderJobPage();
+    refresh(loadJob);
+    setInterval(() => refresh(loadJob), REFRESH_MS);
   } else {
     renderQueueList();
     refresh(loadQueues);

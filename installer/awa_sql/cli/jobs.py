@@ -1,0 +1,336 @@
+"""``awa jobs ...``: look at jobs, retry and cancel them (awa.job, awa.jobs,
+awa.retry_job(s), awa.cancel_job(s); docs/sql-api.md, ADR 025).
+
+Exit codes (docs/admin.md): 0 done; 2 bad arguments, or a bulk change not
+confirmed; 5 a lock timeout (a cancel waited 5 s for a claim in flight);
+7 could not connect, permission denied, or the server failed; 8 no such job
+(unknown, or removed by retention); 9 the job is in a state the command does
+not apply to (nothing changed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import sys
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+from awa_sql.cli.common import add_connection, err
+from awa_sql.cli.storage import table
+from awa_sql.connect import connect
+from awa_sql.migrate import EXIT_USAGE
+
+EXIT_NO_SUCH_JOB = 8
+EXIT_WRONG_STATE = 9
+
+STATES = ("scheduled", "ready", "running", "completed", "failed", "cancelled")
+MAX_JOBS = 100_000
+# A cancel waits for a claim in flight that holds its job (ADR 025); this
+# long at most.
+LOCK_TIMEOUT = "5s"
+ERROR_WIDTH = 60
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    jobs_parser = sub.add_parser(
+        "jobs", help="look at jobs, retry and cancel them",
+        description="Show, list, retry and cancel jobs. Reading needs awa_reader or "
+        "awa_operator; retry and cancel need awa_operator. Exit codes: 0 done, 2 bad "
+        "arguments or not confirmed, 5 lock timeout, 7 connection or server error, 8 no such "
+        "job, 9 the job is not in a state the command applies to.")
+    js = jobs_parser.add_subparsers(dest="jobs_command", required=True)
+
+    s = js.add_parser("show", help="one job: state, args, attempts, last error, times")
+    add_connection(s)
+    s.add_argument("job_id", type=int, metavar="ID")
+    s.add_argument("--json", action="store_true", help="machine-readable output")
+    s.set_defaults(func=cmd_show)
+
+    ls = js.add_parser(
+        "list", help="a page of a queue's jobs, by job id",
+        description="A page of a queue's jobs (a logical name covers its partitions and "
+        "stripes) in job id order; page on with --after. Ready jobs are listed from the "
+        "front of each lane only (its first 1,000, or --limit if more): the jobs claims take "
+        "next.")
+    add_connection(ls)
+    ls.add_argument("--queue", required=True)
+    ls.add_argument("--state", choices=STATES, help="only jobs in this state")
+    ls.add_argument("--kind", help="only jobs of this kind")
+    ls.add_argument("--after", type=int, metavar="ID",
+                    help="jobs after this job id (the last of the previous page)")
+    ls.add_argument("--limit", type=int, default=100, help="jobs per page, 1..100000 "
+                    "(default %(default)s)")
+    ls.add_argument("--json", action="store_true", help="machine-readable output")
+    ls.set_defaults(func=cmd_list)
+
+    for name, verb, what in (
+        ("retry", "retry", "a failed or cancelled job runs again now, with fresh attempts; "
+         "--queue: every failed job of the queue"),
+        ("cancel", "cancel", "a scheduled, ready or running job ends cancelled; --queue: "
+         "every scheduled and ready job of the queue"),
+    ):
+        p = js.add_parser(name, help=what, description=f"{verb.capitalize()} one job by id, "
+                          f"or in bulk with --queue (asks first). {what[0].upper()}{what[1:]}.")
+        add_connection(p)
+        p.add_argument("job_id", type=int, nargs="?", metavar="ID")
+        p.add_argument("--queue", help="every job of this queue it applies to")
+        p.add_argument("--kind", help="with --queue: only jobs of this kind")
+        p.add_argument("--batch", type=int, default=10_000,
+                       help="with --queue: jobs per transaction, 1..100000 (default "
+                       "%(default)s)")
+        p.add_argument("--yes", action="store_true",
+                       help="with --queue: do not ask for confirmation")
+        p.add_argument("--json", action="store_true", help="machine-readable output")
+        p.set_defaults(func=cmd_retry if name == "retry" else cmd_cancel)
+
+
+# -- values as people and scripts read them ------------------------------------------------
+
+
+def _key_text(key: bytes | None) -> str | None:
+    if key is None:
+        return None
+    try:
+        text = key.decode()
+    except UnicodeDecodeError:
+        return "\\x" + key.hex()
+    return text if text.isprintable() else "\\x" + key.hex()
+
+
+def as_json(row: dict) -> dict:
+    """A job for --json: times in ISO 8601, the ordering key as hex and, when
+    it is printable UTF-8, as text."""
+    out: dict[str, Any] = {}
+    for key, value in row.items():
+        if isinstance(value, datetime):
+            value = value.isoformat()
+        if key == "ordering_key":
+            out["ordering_key_hex"] = None if value is None else value.hex()
+            text = _key_text(value)
+            value = None if text is None or text.startswith("\\x") else text
+        out[key] = value
+    return out
+
+
+def _when(value: datetime | None) -> str:
+    return "-" if value is None else value.isoformat(sep=" ", timespec="seconds")
+
+
+def _short(text: str | None, width: int = ERROR_WIDTH) -> str:
+    if not text:
+        return ""
+    line = " ".join(text.split())
+    return line if len(line) <= width else line[: width - 1] + "…"
+
+
+def _print_job(job: dict) -> None:
+    lines = [
+        ("job", job["job_id"]),
+        ("state", job["state"]),
+        ("queue", job["queue"] if job["queue"] == job["logical_queue"]
+         else f"{job['queue']} (of {job['logical_queue']})"),
+        ("kind", job["kind"]),
+        ("priority", job["priority"]),
+        ("ordering key", _key_text(job["ordering_key"]) or "-"),
+        ("attempts", f"{job['attempt']} of {job['max_attempts']}"),
+        ("enqueued", _when(job["enqueued_at"])),
+    ]
+    if job["state"] == "scheduled":
+        lines.append(("runs at", _when(job["run_at"])))
+    elif job["state"] == "ready":
+        lines.append(("ready since", _when(job["run_at"])))
+    elif job["state"] == "running":
+        lines += [("claimed", _when(job["run_at"])), ("worker", job["worker"]),
+                  ("lease expires", _when(job["lease_expires_at"]))]
+    else:
+        lines.append(("finished", _when(job["finished_at"])))
+    width = max(len(label) for label, _ in lines)
+    for label, value in lines:
+        print(f"{label.ljust(width)}  {value}")
+    print("args" if job["args"] is not None else "args: (not kept for a completed job)")
+    if job["args"] is not None:
+        print(json.dumps(job["args"], indent=2, sort_keys=True, ensure_ascii=False))
+    if job["last_error"]:
+        print("last error")
+        print(job["last_error"])
+
+
+# -- commands -----------------------------------------------------------------------------
+
+
+def _bad_input_is_usage(command: Callable[[argparse.Namespace], int]
+                        ) -> Callable[[argparse.Namespace], int]:
+    """A value the database refuses (SQLSTATE class 22: a bad name, a value
+    out of range) or an unknown queue (42704) is a bad argument: exit 2."""
+    @functools.wraps(command)
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return command(args)
+        except psycopg.Error as error:
+            if error.sqlstate and (error.sqlstate.startswith("22") or error.sqlstate == "42704"):
+                err(f"{error.diag.message_primary or str(error).strip()} [{error.sqlstate}]")
+                return EXIT_USAGE
+            raise
+    return run
+
+
+def _fetch_job(conn: psycopg.Connection, job_id: int) -> dict | None:
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute("select * from awa.job(%s::bigint)", [job_id]).fetchone()
+
+
+@_bad_input_is_usage
+def cmd_show(args: argparse.Namespace) -> int:
+    with connect(args.dsn) as conn:
+        job = _fetch_job(conn, args.job_id)
+    if job is None:
+        err(f"no job {args.job_id} (unknown, or removed by retention)")
+        return EXIT_NO_SUCH_JOB
+    if args.json:
+        print(json.dumps(as_json(job), indent=2, sort_keys=True, ensure_ascii=False))
+    else:
+        _print_job(job)
+    return 0
+
+
+def _in_range(flag: str, value: int) -> bool:
+    if 1 <= value <= MAX_JOBS:
+        return True
+    err(f"{flag} must be between 1 and {MAX_JOBS}, got {value}")
+    return False
+
+
+@_bad_input_is_usage
+def cmd_list(args: argparse.Namespace) -> int:
+    if not _in_range("--limit", args.limit):
+        return EXIT_USAGE
+    with connect(args.dsn) as conn, conn.cursor(row_factory=dict_row) as cur:
+        rows = cur.execute(
+            "select * from awa.jobs(%s::text, %s::text, %s::text, %s::bigint, %s::integer)",
+            [args.queue, args.state, args.kind, args.after, args.limit]).fetchall()
+    more = len(rows) == args.limit
+    if args.json:
+        print(json.dumps({"jobs": [as_json(r) for r in rows],
+                          "next_after": rows[-1]["job_id"] if more else None},
+                         indent=2, sort_keys=True, ensure_ascii=False))
+        return 0
+    if not rows:
+        print("no jobs")
+        return 0
+    several = len({r["queue"] for r in rows}) > 1
+    print(table(
+        ["job", "state", *(["queue"] if several else []), "kind", "attempts", "enqueued",
+         "at", "last error"],
+        [(r["job_id"], r["state"], *([r["queue"]] if several else []), r["kind"],
+          f"{r['attempt']}/{r['max_attempts']}", _when(r["enqueued_at"]),
+          _when(r["finished_at"] or r["run_at"]), _short(r["last_error"]))
+         for r in rows]))
+    if more:
+        print(f"\nmore: --after {rows[-1]['job_id']}")
+    if args.state in (None, "ready"):
+        print("(ready jobs: the front of each lane only)")
+    return 0
+
+
+def _confirm(question: str) -> bool:
+    if not sys.stdin.isatty():
+        return False
+    return input(f"{question} [y/N] ").strip().lower() in ("y", "yes")
+
+
+def _one(args: argparse.Namespace, function: str, verb: str, applies_to: str) -> int:
+    with connect(args.dsn) as conn:
+        conn.execute(f"set local lock_timeout = '{LOCK_TIMEOUT}'")
+        changed = conn.execute(f"select awa.{function}(%s::bigint)",
+                               [args.job_id]).fetchone()[0]
+        job = _fetch_job(conn, args.job_id)
+        conn.commit()
+    if changed:
+        if args.json:
+            print(json.dumps({"job_id": args.job_id, "changed": True,
+                              "state": job["state"] if job else None}))
+        else:
+            print(f"{verb} job {args.job_id}: now {job['state'] if job else 'gone'}")
+        return 0
+    if job is None:
+        err(f"no job {args.job_id} (unknown, or removed by retention)")
+        return EXIT_NO_SUCH_JOB
+    if args.json:
+        print(json.dumps({"job_id": args.job_id, "changed": False, "state": job["state"]}))
+    err(f"job {args.job_id} is {job['state']}: only {applies_to} jobs can be {verb}; "
+        "nothing changed")
+    return EXIT_WRONG_STATE
+
+
+def _bulk(args: argparse.Namespace, function: str, states: tuple[str, ...], ask: str,
+          verb: str) -> int:
+    if not _in_range("--batch", args.batch):
+        return EXIT_USAGE
+    with connect(args.dsn, autocommit=True) as conn:
+        # How many there are now, counted up to the most one call may take:
+        # the confirmation names it, and the loop stops there, so jobs that
+        # fail again meanwhile are not retried round and round.
+        counts = {s: conn.execute("select awa.count_jobs(%s::text, %s::text, %s::text, %s)",
+                                  [args.queue, s, args.kind, MAX_JOBS]).fetchone()[0]
+                  for s in states}
+        total = sum(counts.values())
+        what = " and ".join(f"{n} {s}" for s, n in counts.items() if n)
+        kind = f" of kind {args.kind!r}" if args.kind else ""
+        if total == 0:
+            print(f"no {' or '.join(states)} jobs{kind} in {args.queue}")
+            return 0
+        at_least = "at least " if any(n >= MAX_JOBS for n in counts.values()) else ""
+        question = f"{ask} {at_least}{what} jobs{kind} of {args.queue}?"
+        if not args.yes and not _confirm(question):
+            err(f"not {verb} ({question}): pass --yes when not attached to a terminal, "
+                "or answer y")
+            return EXIT_USAGE
+        done = 0
+        while done < total:
+            with conn.transaction():
+                conn.execute(f"set local lock_timeout = '{LOCK_TIMEOUT}'")
+                n = conn.execute(f"select awa.{function}(%s::text, %s::text, %s::integer)",
+                                 [args.queue, args.kind, min(args.batch, total - done)]
+                                 ).fetchone()[0]
+            if n == 0:
+                break
+            done += n
+    if args.json:
+        print(json.dumps({"queue": args.queue, "kind": args.kind, verb: done}))
+    else:
+        print(f"{verb} {done} jobs{kind} of {args.queue}")
+    return 0
+
+
+def _check_target(args: argparse.Namespace) -> bool:
+    if (args.job_id is None) == (args.queue is None):
+        err("give a job id, or --queue Q for every job of a queue")
+        return False
+    if args.job_id is not None and args.kind is not None:
+        err("--kind goes with --queue")
+        return False
+    return True
+
+
+@_bad_input_is_usage
+def cmd_retry(args: argparse.Namespace) -> int:
+    if not _check_target(args):
+        return EXIT_USAGE
+    if args.job_id is not None:
+        return _one(args, "retry_job", "retried", "failed or cancelled")
+    return _bulk(args, "retry_jobs", ("failed",), "Retry", "retried")
+
+
+@_bad_input_is_usage
+def cmd_cancel(args: argparse.Namespace) -> int:
+    if not _check_target(args):
+        return EXIT_USAGE
+    if args.job_id is not None:
+        return _one(args, "cancel_job", "cancelled", "scheduled, ready or running")
+    return _bulk(args, "cancel_jobs", ("ready", "scheduled"), "Cancel", "cancelled")

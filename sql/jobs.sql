@@ -1,0 +1,784 @@
+-- jobs.sql: the operators' job tools (ADR 025): one job by id, a page of a
+-- queue's jobs, and retry and cancel, of one job or many.
+--
+-- Finding jobs. awa.scheduled, awa.running and awa.finished are read by
+-- their keys (job_id; awa.scheduled and awa.finished also by queue).
+-- awa.ready has its primary key (lane_id, lane_seq) only, on purpose: an
+-- index on job_id would cost every enqueue. So:
+--   - one job by id (awa.job, awa.cancel_job) is looked for in the keyed
+--     tables first and, only when it is in none of them, in awa.ready by a
+--     sequential scan: a ready, an unknown and a pruned job cost a scan of
+--     awa.ready;
+--   - a page of ready jobs (awa.jobs) reads the front of each lane: its
+--     first 1,000 rows (or max_jobs, if more) from where its live rows start
+--     (awa._lane_states), the jobs the claims take next, ordered and
+--     keyset-paged by job_id within that window. A ready job further back
+--     in a long lane is not listed; awa.queue_overview counts it, and
+--     awa.job finds it.
+--
+-- Moving jobs. A cancelled job is written by awa._finish (sql/claim.sql),
+-- as a failed one is: into the failed-and-cancelled ring of awa.finished,
+-- with its args and ordering key, for the failed retention. A retried job
+-- goes back into a lane as awa.promote_due moves a due one, through
+-- awa._lock_lanes and awa._insert_jobs (sql/enqueue.sql): under its queue's
+-- current S, a keyed job to its key's shard, with attempt 0.
+--
+-- Cancelling a ready job deletes its row: the claim hints (awa.lane_heads)
+-- stay true, as a deleted row never comes back. A ready row a claim in
+-- flight holds is being claimed: awa.cancel_job waits for that claim (the
+-- caller's lock_timeout bounds the wait) and then cancels the job where it
+-- is, running or, if the claim rolled back, still ready. The bulk
+-- awa.cancel_jobs skips such rows: they run.
+--
+-- Calls: awa._queue, awa._lane_states, awa._finish, awa._key_shard,
+-- awa._lock_lanes, awa._insert_jobs.
+-- Tables directly manipulated: awa.ready, awa.scheduled, awa.running,
+-- awa.finished.
+
+-- Function: awa._job_queue_ids(queue text) returns integer[]
+-- The physical queues of a name: the queue itself, its partitions and
+-- their stripes. Errors: 22004 null, 22023 a bad name, 42704 no such queue.
+create or replace function awa._job_queue_ids(queue text)
+returns integer[]
+language plpgsql
+stable
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    perform awa._queue(queue);
+    return array(
+        select m.queue_id
+          from awa.queue_meta as m
+         where m.queue = _job_queue_ids.queue or m.logical_queue = _job_queue_ids.queue
+            or m.root_queue = _job_queue_ids.queue
+         order by m.queue_id
+    );
+end;
+$$;
+
+-- Function: awa._check_job_state(state text) returns void
+-- Raises 22023 for a state that is not one of a job's six (null passes:
+-- the callers say what null means).
+create or replace function awa._check_job_state(state text)
+returns void
+language plpgsql
+immutable
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    if state is not null
+       and state not in ('scheduled', 'ready', 'running', 'completed', 'failed', 'cancelled') then
+        raise exception 'state must be one of scheduled, ready, running, completed, failed, '
+                        'cancelled, got %', quote_literal(state)
+            using errcode = '22023';
+    end if;
+end;
+$$;
+
+-- Function: awa._check_max_jobs(what text, value integer) returns void
+-- Raises 22004 for null and 22023 outside 1 .. 100000, naming `what`.
+create or replace function awa._check_max_jobs(what text, value integer)
+returns void
+language plpgsql
+immutable
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    if value is null then
+        raise exception '% must not be null', what
+            using errcode = '22004';
+    end if;
+    if value < 1 or value > 100000 then
+        raise exception '% must be between 1 and 100000, got %', what, value
+            using errcode = '22023';
+    end if;
+end;
+$$;
+
+-- Function: awa._job_at(id bigint)
+-- Where job `id` is, in one snapshot (every move of a job is one
+-- transaction, so it is in one table at most), with its columns, and for a
+-- ready or running job its lane position. The keyed tables first; only a
+-- job in none of them costs the sequential scan of awa.ready (the LIMIT
+-- stops the scans at the first row). No row for an unknown or pruned job.
+create or replace function awa._job_at(id bigint)
+returns table (
+    job_id bigint,
+    queue_id integer,
+    state text,
+    priority smallint,
+    kind text,
+    args jsonb,
+    ordering_key bytea,
+    attempt integer,
+    max_attempts integer,
+    enqueued_at timestamptz,
+    run_at timestamptz,
+    finished_at timestamptz,
+    last_error text,
+    worker text,
+    lease_expires_at timestamptz,
+    lane_id integer,
+    lane_seq bigint
+)
+language sql
+stable
+set search_path = pg_catalog, pg_temp
+-- A parallel scan of awa.ready would not stop at the row it finds: its
+-- workers read on to the end of the table, where one backend stops at the
+-- first match.
+set max_parallel_workers_per_gather = 0
+as $$
+    select j.*
+      from (
+          select s.job_id, s.queue_id, 'scheduled'::text, s.priority, s.kind, s.args,
+                 s.ordering_key, s.attempt, s.max_attempts, s.enqueued_at, s.run_at,
+                 null::timestamptz, s.last_error, null::text, null::timestamptz, null::integer,
+                 null::bigint
+            from awa.scheduled as s
+           where s.job_id = _job_at.id
+          union all
+          select r.job_id, r.queue_id, 'running', r.priority, r.kind, r.args, r.ordering_key,
+                 r.attempt, r.max_attempts, r.enqueued_at, r.claimed_at, null, null, r.worker,
+                 r.lease_expires_at, r.lane_id, r.lane_seq
+            from awa.running as r
+           where r.job_id = _job_at.id
+          union all
+          select f.job_id, f.queue_id, f.state, f.priority, f.kind, f.args, f.ordering_key,
+                 f.attempt, f.max_attempts, f.enqueued_at, null, f.finished_at, f.last_error,
+                 null, null, null, null
+            from awa.finished as f
+           where f.job_id = _job_at.id
+          union all
+          select r.job_id, r.queue_id, 'ready', r.priority, r.kind, r.args, r.ordering_key,
+                 r.attempt, r.max_attempts, r.enqueued_at, r.ready_at, null, r.last_error,
+                 null, null, r.lane_id, r.lane_seq
+            from awa.ready as r
+           where r.job_id = _job_at.id
+      ) as j
+     limit 1
+$$;
+
+-- Function: awa.job(job_id bigint) returns setof awa.job_info
+-- One job, whatever its state: one row, or none for an unknown job and for
+-- a terminal job retention has removed. Scheduled, running and terminal
+-- jobs are found by key; a ready job (and an unknown one) costs a
+-- sequential scan of awa.ready, which has no index on job_id (ADR 025).
+-- Role: awa_reader, awa_operator.
+-- Errors: 22004 null job_id.
+create or replace function awa.job(job_id bigint)
+returns setof awa.job_info
+language plpgsql
+stable
+security definer
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    if job_id is null then
+        raise exception 'job_id must not be null'
+            using errcode = '22004';
+    end if;
+    -- Above every id handed out: no job, and no scan.
+    if job_id > coalesce(pg_sequence_last_value('awa.job_id_seq'), 0) then
+        return;
+    end if;
+    return query
+    select j.job_id, m.queue, coalesce(m.root_queue, m.logical_queue, m.queue), j.kind,
+           j.state, j.priority, j.ordering_key, j.args, j.attempt, j.max_attempts,
+           j.enqueued_at, j.run_at, j.finished_at, j.last_error, j.worker, j.lease_expires_at
+      from awa._job_at(job_id) as j
+      join awa.queue_meta as m on m.queue_id = j.queue_id;
+end;
+$$;
+
+-- Function: awa.jobs(queue, state, kind, after_job_id, max_jobs) returns setof awa.job_info
+-- A page of a queue's jobs (a logical name covers its partitions and
+-- stripes), optionally of one state and one kind: the max_jobs lowest
+-- job_ids above after_job_id, in job_id order. Page on with the last
+-- job_id of a page as the next after_job_id. Each state is read by its
+-- keys, per physical queue, up to max_jobs rows, so a page costs what the
+-- page holds, not what the queue or its history holds; with a kind, the
+-- rows of other kinds it passes over count too. Ready jobs are listed from
+-- the front of each lane only: its first 1,000 rows (or max_jobs, if more),
+-- the jobs the claims take next; within that window they page by job_id
+-- like the rest (ADR 025).
+-- Role: awa_reader, awa_operator.
+-- Errors: 22004 null queue or max_jobs; 22023 an unknown state, max_jobs
+-- outside 1 .. 100000, a bad name; 42704 no such queue.
+create or replace function awa.jobs(
+    queue text,
+    state text default null,
+    kind text default null,
+    after_job_id bigint default null,
+    max_jobs integer default 100
+)
+returns setof awa.job_info
+language plpgsql
+stable
+security definer
+set search_path = pg_catalog, pg_temp
+-- One plan for every call: planning the union over 64 slots costs more than
+-- running it, and the plan is written for any parameter (the ranges below).
+set plan_cache_mode = force_generic_plan
+-- Every state is read by a key, never by a scan.
+set enable_seqscan = off
+as $$
+declare
+    ids integer[] := awa._job_queue_ids(queue);
+    from_id bigint := coalesce(after_job_id, 0);
+    terminal text[];
+    -- How far into each lane ready jobs are listed: a page never reads more.
+    front integer := greatest(max_jobs, 1000);
+begin
+    perform awa._check_job_state(state);
+    perform awa._check_max_jobs('max_jobs', max_jobs);
+    terminal := case when jobs.state is null then array['completed', 'failed', 'cancelled']
+                     when jobs.state in ('completed', 'failed', 'cancelled') then array[jobs.state]
+                     else '{}'::text[] end;
+    return query
+    select j.job_id, m.queue, coalesce(m.root_queue, m.logical_queue, m.queue), j.kind,
+           j.state, j.priority, j.ordering_key, j.args, j.attempt, j.max_attempts,
+           j.enqueued_at, j.run_at, j.finished_at, j.last_error, j.worker, j.lease_expires_at
+      from (
+          select s.job_id, s.queue_id, 'scheduled'::text as state, s.priority, s.kind, s.args,
+                 s.ordering_key, s.attempt, s.max_attempts, s.enqueued_at, s.run_at,
+                 null::timestamptz as finished_at, s.last_error, null::text as worker,
+                 null::timestamptz as lease_expires_at
+            from unnest(ids) as q (id)
+           cross join lateral (
+               -- A range on the leading column, not an equality: then only
+               -- the (queue_id, job_id) index gives this order, and a generic
+               -- plan never walks the primary key instead (it would, where
+               -- the statistics see one queue, reading every other queue's
+               -- rows too).
+               select x.*
+                 from awa.scheduled as x
+                where x.queue_id between q.id and q.id and x.job_id > from_id
+                  and (jobs.kind is null or x.kind = jobs.kind)
+                order by x.queue_id, x.job_id
+                limit jobs.max_jobs
+           ) as s
+           where jobs.state is null or jobs.state = 'scheduled'
+          union all
+          select r.job_id, r.queue_id, 'running', r.priority, r.kind, r.args, r.ordering_key,
+                 r.attempt, r.max_attempts, r.enqueued_at, r.claimed_at, null, null, r.worker,
+                 r.lease_expires_at
+            from (
+                -- Running jobs are as many as the workers hold.
+                select x.*
+                  from awa.running as x
+                 where x.queue_id = any(ids) and x.job_id > from_id
+                   and (jobs.kind is null or x.kind = jobs.kind)
+                 order by x.job_id
+                 limit jobs.max_jobs
+            ) as r
+           where jobs.state is null or jobs.state = 'running'
+          union all
+          select w.job_id, w.queue_id, 'ready', w.priority, w.kind, w.args, w.ordering_key,
+                 w.attempt, w.max_attempts, w.enqueued_at, w.ready_at, null, w.last_error,
+                 null, null
+            from unnest(ids) as q (id)
+           cross join lateral awa._lane_states(q.id) as l
+           cross join lateral (
+               -- The lane's front, from its first live row.
+               select x.*
+                 from awa.ready as x
+                where x.lane_id = l.lane_id and x.lane_seq >= l.head_seq
+                order by x.lane_seq
+                limit front
+           ) as w
+           where (jobs.state is null or jobs.state = 'ready') and l.head_seq is not null
+             and w.job_id > from_id and (jobs.kind is null or w.kind = jobs.kind)
+          union all
+          select f.job_id, f.queue_id, f.state, f.priority, f.kind, f.args, f.ordering_key,
+                 f.attempt, f.max_attempts, f.enqueued_at, null, f.finished_at, f.last_error,
+                 null, null
+            from unnest(ids) as q (id)
+           cross join unnest(terminal) as t (st)
+           cross join lateral (
+               -- A range on state for the same reason: only each slot's
+               -- (queue_id, state, job_id) index gives this order, merged;
+               -- never a primary key walked past the rows of other states
+               -- and queues. queue_id stays an equality, so that the state
+               -- range bounds the index scan on PostgreSQL 17 too (it stops
+               -- at the state's last row).
+               select x.*
+                 from awa.finished as x
+                where x.queue_id = q.id and x.state between t.st and t.st
+                  and x.job_id > from_id and (jobs.kind is null or x.kind = jobs.kind)
+                order by x.state, x.job_id
+                limit jobs.max_jobs
+           ) as f
+      ) as j
+      join awa.queue_meta as m on m.queue_id = j.queue_id
+     order by j.job_id
+     limit jobs.max_jobs;
+end;
+$$;
+
+-- Function: awa.count_jobs(queue text, state text, kind text, up_to integer) returns bigint
+-- How many jobs of a queue (a logical name covers its partitions and
+-- stripes) are in `state`, optionally of one kind, counted up to `up_to`:
+-- a count of up_to means at least that many. Reads at most up_to rows,
+-- by key (with a kind, the rows of other kinds it passes over too): for a
+-- confirmation before a bulk call (the admin page asks it how many jobs a
+-- bulk retry or cancel takes). Ready jobs are counted lane by lane from
+-- each lane's first live row.
+-- Role: awa_reader, awa_operator.
+-- Errors: 22004 null queue, state or up_to; 22023 an unknown state, up_to
+-- outside 1 .. 100000, a bad name; 42704 no such queue.
+create or replace function awa.count_jobs(
+    queue text, state text, kind text default null, up_to integer default 10000
+)
+returns bigint
+language plpgsql
+stable
+security definer
+set search_path = pg_catalog, pg_temp
+set enable_seqscan = off
+as $$
+declare
+    ids integer[] := awa._job_queue_ids(queue);
+    counted bigint;
+begin
+    if state is null then
+        raise exception 'state must not be null'
+            using errcode = '22004';
+    end if;
+    perform awa._check_job_state(state);
+    perform awa._check_max_jobs('up_to', up_to);
+    select count(*) into counted
+      from (
+          select 1
+            from unnest(ids) as q (id)
+           cross join lateral (
+               select
+                 from awa.scheduled as x
+                where x.queue_id = q.id and (count_jobs.kind is null or x.kind = count_jobs.kind)
+                limit count_jobs.up_to
+           ) as s
+           where count_jobs.state = 'scheduled'
+          union all
+          select 1
+            from awa.running as x
+           where count_jobs.state = 'running' and x.queue_id = any(ids)
+             and (count_jobs.kind is null or x.kind = count_jobs.kind)
+          union all
+          select 1
+            from unnest(ids) as q (id)
+           cross join lateral awa._lane_states(q.id) as l
+           cross join lateral (
+               select
+                 from awa.ready as x
+                where x.lane_id = l.lane_id and x.lane_seq >= l.head_seq
+                  and (count_jobs.kind is null or x.kind = count_jobs.kind)
+                limit count_jobs.up_to
+           ) as r
+           where count_jobs.state = 'ready' and l.head_seq is not null
+          union all
+          select 1
+            from unnest(ids) as q (id)
+           cross join lateral (
+               select
+                 from awa.finished as x
+                where x.queue_id = q.id and x.state = count_jobs.state
+                  and (count_jobs.kind is null or x.kind = count_jobs.kind)
+                limit count_jobs.up_to
+           ) as f
+           where count_jobs.state in ('completed', 'failed', 'cancelled')
+          limit count_jobs.up_to
+      ) as c;
+    return counted;
+end;
+$$;
+
+-- Function: awa._cancelled_error(last_error text) returns text
+-- What a cancelled job keeps as its last error: who cancelled it (the
+-- login), and the error of its last failed attempt, if it had one (without
+-- the note of an earlier cancel, for a job cancelled, retried and
+-- cancelled again).
+create or replace function awa._cancelled_error(last_error text)
+returns text
+language sql
+stable
+set search_path = pg_catalog, pg_temp
+as $$
+    select 'cancelled by ' || session_user
+        || coalesce('; last error: ' || nullif(
+            regexp_replace(last_error, '^cancelled by [^;]*(; last error: )?', ''), ''
+        ), '')
+$$;
+
+-- Function: awa._cancel_waiting(job_id, queue_id, priority, kind, args, ordering_key,
+--                               attempt, max_attempts, enqueued_at, last_error,
+--                               max_run_time) returns void
+-- Finishes as cancelled a scheduled or ready job whose row the caller has
+-- just deleted, through awa._finish (a row in the failed-and-cancelled
+-- ring, with the job's own max run time for a retry, one more on the
+-- queue's cancelled counter).
+create or replace function awa._cancel_waiting(
+    job_id bigint,
+    queue_id integer,
+    priority smallint,
+    kind text,
+    args jsonb,
+    ordering_key bytea,
+    attempt integer,
+    max_attempts integer,
+    enqueued_at timestamptz,
+    last_error text,
+    max_run_time interval
+)
+returns void
+language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    -- The running-row value awa._finish takes, built by column name (its
+    -- lane, lease, worker and deadline columns stay null).
+    perform awa._finish(
+        jsonb_populate_record(null::awa.running, jsonb_build_object(
+            'job_id', job_id, 'queue_id', queue_id, 'priority', priority, 'kind', kind,
+            'args', args, 'ordering_key', ordering_key, 'attempt', attempt,
+            'max_attempts', max_attempts, 'enqueued_at', enqueued_at,
+            'max_run_time', max_run_time
+        )),
+        'cancelled', awa._cancelled_error(last_error)
+    );
+end;
+$$;
+
+-- Function: awa.cancel_job(job_id bigint) returns boolean
+-- Ends a scheduled, ready or running job as cancelled: it is never claimed
+-- again, and a running job's worker gets false from awa.complete,
+-- awa.fail and awa.heartbeat. Kept with its args like a failed job, for
+-- the failed retention. A ready job a claim in flight holds is waited for
+-- (up to the caller's lock_timeout, then 55P03): once the claim commits it
+-- is cancelled as running. False, changing nothing, for a job already
+-- completed, failed or cancelled, and for an unknown or pruned one. Cost:
+-- as awa.job (a ready job costs a sequential scan of awa.ready).
+-- Role: awa_operator.
+-- Errors: 22004 null job_id; 40001 the job moved on every look (retry).
+create or replace function awa.cancel_job(job_id bigint)
+returns boolean
+language plpgsql
+security definer
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    here record;
+    gone record;
+    job awa.running;
+begin
+    if job_id is null then
+        raise exception 'job_id must not be null'
+            using errcode = '22004';
+    end if;
+    -- Where the job is, then its row taken there; a job that moved in
+    -- between (promoted, claimed, failed an attempt) is looked for again.
+    for round in 1 .. 10 loop
+        select j.state, j.lane_id, j.lane_seq into here
+          from awa._job_at(cancel_job.job_id) as j;
+        if not found or here.state in ('completed', 'failed', 'cancelled') then
+            return false;
+        end if;
+        if here.state = 'running' then
+            delete from awa.running as r
+             where r.job_id = cancel_job.job_id
+            returning r.* into job;
+            if found then
+                perform awa._finish(job, 'cancelled', awa._cancelled_error(null));
+                return true;
+            end if;
+        else
+            if here.state = 'scheduled' then
+                delete from awa.scheduled as s
+                 where s.job_id = cancel_job.job_id
+                returning s.* into gone;
+            else
+                -- Waits for a claim that holds the row: committed, the row
+                -- is gone (the job runs: the next round); rolled back, it is
+                -- deleted here.
+                delete from awa.ready as r
+                 where r.lane_id = here.lane_id and r.lane_seq = here.lane_seq
+                   and r.job_id = cancel_job.job_id
+                returning r.* into gone;
+            end if;
+            if found then
+                perform awa._cancel_waiting(
+                    gone.job_id, gone.queue_id, gone.priority, gone.kind, gone.args,
+                    gone.ordering_key, gone.attempt, gone.max_attempts, gone.enqueued_at,
+                    gone.last_error, gone.max_run_time
+                );
+                return true;
+            end if;
+        end if;
+    end loop;
+    raise exception 'job % moved on each of 10 looks; try again', job_id
+        using errcode = '40001';
+end;
+$$;
+
+-- Function: awa.cancel_jobs(queue text, kind text, max_jobs integer) returns bigint
+-- Cancels up to max_jobs ready and scheduled jobs of a queue (a logical
+-- name covers its partitions and stripes), optionally of one kind: ready
+-- jobs first, lane by lane from the front of each lane, then scheduled
+-- ones. Running jobs are left to run (awa.cancel_job cancels one), and so
+-- are ready rows a claim in flight holds: they are being claimed. Call it
+-- again until it returns 0 to cancel more than max_jobs, each call its own
+-- transaction. Returns how many jobs it cancelled.
+-- Role: awa_operator.
+-- Errors: 22004 null queue or max_jobs; 22023 max_jobs outside 1 .. 100000,
+-- a bad name; 42704 no such queue.
+create or replace function awa.cancel_jobs(
+    queue text, kind text default null, max_jobs integer default 10000
+)
+returns bigint
+language plpgsql
+security definer
+set search_path = pg_catalog, pg_temp
+-- Rows are found by key and deleted by ctid, as a claim does.
+set enable_hashjoin = off
+set enable_mergejoin = off
+set enable_seqscan = off
+as $$
+declare
+    ids integer[] := awa._job_queue_ids(queue);
+    gone record;
+    cancelled bigint := 0;
+begin
+    perform awa._check_max_jobs('max_jobs', max_jobs);
+    for gone in
+        delete from awa.ready as r
+         using (
+             select h.tid
+               from unnest(ids) as q (id)
+              cross join lateral awa._lane_states(q.id) as l
+              cross join lateral (
+                  select x.ctid as tid
+                    from awa.ready as x
+                   where x.lane_id = l.lane_id and x.lane_seq >= l.head_seq
+                     and (cancel_jobs.kind is null or x.kind = cancel_jobs.kind)
+                   order by x.lane_seq
+                   limit cancel_jobs.max_jobs
+                     for update of x skip locked
+              ) as h
+              where l.head_seq is not null
+              limit cancel_jobs.max_jobs
+         ) as p
+         where r.ctid = p.tid
+        returning r.*
+    loop
+        perform awa._cancel_waiting(
+            gone.job_id, gone.queue_id, gone.priority, gone.kind, gone.args, gone.ordering_key,
+            gone.attempt, gone.max_attempts, gone.enqueued_at, gone.last_error,
+            gone.max_run_time
+        );
+        cancelled := cancelled + 1;
+    end loop;
+    if cancelled < max_jobs then
+        for gone in
+            delete from awa.scheduled as s
+             where s.job_id in (
+                 select x.job_id
+                   from awa.scheduled as x
+                  where x.queue_id = any(ids)
+                    and (cancel_jobs.kind is null or x.kind = cancel_jobs.kind)
+                  limit cancel_jobs.max_jobs - cancelled
+                    for update skip locked
+             )
+            returning s.*
+        loop
+            perform awa._cancel_waiting(
+                gone.job_id, gone.queue_id, gone.priority, gone.kind, gone.args,
+                gone.ordering_key, gone.attempt, gone.max_attempts, gone.enqueued_at,
+                gone.last_error, gone.max_run_time
+            );
+            cancelled := cancelled + 1;
+        end loop;
+    end if;
+    return cancelled;
+end;
+$$;
+
+-- Function: awa._requeue(job_ids, queue_ids, priorities, kinds, args, ordering_keys,
+--                        max_attempts, enqueued_ats, last_errors, max_run_times)
+--                        returns void
+-- Puts jobs an operator retries back into lanes, ready now, with attempt
+-- 0, their own job ids and their own max run times: routed as awa.promote_due routes a due job,
+-- under each queue's current S (a keyed job to its key's shard), with the
+-- lanes taken by awa._lock_lanes and the rows written by awa._insert_jobs.
+-- The arrays come one element per job, indexed from 1.
+create or replace function awa._requeue(
+    job_ids bigint[],
+    queue_ids integer[],
+    priorities smallint[],
+    kinds text[],
+    args jsonb[],
+    ordering_keys bytea[],
+    max_attempts integer[],
+    enqueued_ats timestamptz[],
+    last_errors text[],
+    max_run_times interval[]
+)
+returns void
+language plpgsql
+set search_path = pg_catalog, pg_temp
+-- Array parameters make the planner re-plan every call.
+set plan_cache_mode = force_generic_plan
+as $$
+declare
+    key_shards smallint[];
+    taken record;
+begin
+    select array_agg(
+               case when ordering_keys[i] is not null
+                    then awa._key_shard(ordering_keys[i], m.enqueue_shards) end
+               order by i
+           )
+      into key_shards
+      from generate_series(1, cardinality(job_ids)) as i
+      left join awa.queue_meta as m on m.queue_id = queue_ids[i];
+    select * into taken from awa._lock_lanes(queue_ids, priorities, key_shards);
+    perform count(*) from awa._insert_jobs(
+        taken.lanes, taken.seqs, queue_ids, priorities, kinds, args, ordering_keys,
+        max_attempts, null, job_ids, array_fill(0, array[cardinality(job_ids)]), enqueued_ats,
+        last_errors, max_run_times
+    );
+end;
+$$;
+
+-- Function: awa.retry_job(job_id bigint) returns boolean
+-- A failed or cancelled job runs again now: back into a lane of its queue
+-- with its job_id, args, ordering key, priority and max_attempts, and a
+-- fresh set of attempts (attempt 0), routed under the queue's current S
+-- (a keyed job to its key's lane). Its last error stays on it until it
+-- runs. False, changing nothing, for a job in any other state, an unknown
+-- one, one retention removed (a prune emptying its slot meanwhile
+-- included), and one that failed before migration 0015 (it kept no args).
+-- Role: awa_operator.
+-- Errors: 22004 null job_id.
+create or replace function awa.retry_job(job_id bigint)
+returns boolean
+language plpgsql
+security definer
+set search_path = pg_catalog, pg_temp
+set enable_seqscan = off
+as $$
+declare
+    f record;
+begin
+    if job_id is null then
+        raise exception 'job_id must not be null'
+            using errcode = '22004';
+    end if;
+    -- A row a concurrent awa.prune_finished() emptied with its slot is not
+    -- there to delete: not found, like any job retention removed.
+    delete from awa.finished as x
+     where x.job_id = retry_job.job_id and x.state in ('failed', 'cancelled')
+       and x.args is not null
+    returning x.* into f;
+    if not found then
+        return false;
+    end if;
+    perform awa._requeue(
+        array[f.job_id], array[f.queue_id], array[f.priority], array[f.kind], array[f.args],
+        array[f.ordering_key], array[f.max_attempts], array[f.enqueued_at],
+        array[f.last_error], array[f.max_run_time]
+    );
+    return true;
+end;
+$$;
+
+-- Function: awa.retry_jobs(queue text, kind text, max_jobs integer) returns bigint
+-- awa.retry_job for up to max_jobs failed jobs of a queue (a logical name
+-- covers its partitions and stripes), optionally of one kind, oldest job
+-- id first within each physical queue. Cancelled jobs stay cancelled
+-- (retry one with awa.retry_job). Rows another transaction is retrying
+-- are skipped. Call it again until it returns 0 to retry more than
+-- max_jobs, each call its own transaction. Returns how many jobs it
+-- retried.
+-- Role: awa_operator.
+-- Errors: 22004 null queue or max_jobs; 22023 max_jobs outside 1 .. 100000,
+-- a bad name; 42704 no such queue.
+create or replace function awa.retry_jobs(
+    queue text, kind text default null, max_jobs integer default 10000
+)
+returns bigint
+language plpgsql
+security definer
+set search_path = pg_catalog, pg_temp
+set enable_hashjoin = off
+set enable_mergejoin = off
+set enable_seqscan = off
+as $$
+declare
+    ids integer[] := awa._job_queue_ids(queue);
+    due record;
+begin
+    perform awa._check_max_jobs('max_jobs', max_jobs);
+    with gone as (
+        delete from awa.finished as f
+         using (
+             select x.job_id, x.slot
+               from unnest(ids) as q (id)
+              cross join lateral (
+                  -- A range on state, as in awa.jobs: the (queue_id, state,
+                  -- job_id) index of each slot, merged.
+                  select y.job_id, y.slot
+                    from awa.finished as y
+                   where y.queue_id = q.id and y.state between 'failed' and 'failed'
+                     and y.args is not null
+                     and (retry_jobs.kind is null or y.kind = retry_jobs.kind)
+                   order by y.state, y.job_id
+                   limit retry_jobs.max_jobs
+                     for update of y skip locked
+              ) as x
+              limit retry_jobs.max_jobs
+         ) as p
+         where f.job_id = p.job_id and f.slot = p.slot
+        returning f.*
+    )
+    select array_agg(g.job_id order by g.job_id) as job_ids,
+           array_agg(g.queue_id order by g.job_id) as queue_ids,
+           array_agg(g.priority order by g.job_id) as priorities,
+           array_agg(g.kind order by g.job_id) as kinds,
+           array_agg(g.args order by g.job_id) as args,
+           array_agg(g.ordering_key order by g.job_id) as ordering_keys,
+           array_agg(g.max_attempts order by g.job_id) as max_attempts,
+           array_agg(g.enqueued_at order by g.job_id) as enqueued_ats,
+           array_agg(g.last_error order by g.job_id) as last_errors,
+           array_agg(g.max_run_time order by g.job_id) as max_run_times
+      into due
+      from gone as g;
+    if due.job_ids is null then
+        return 0;
+    end if;
+    perform awa._requeue(
+        due.job_ids, due.queue_ids, due.priorities, due.kinds, due.args, due.ordering_keys,
+        due.max_attempts, due.enqueued_ats, due.last_errors, due.max_run_times
+    );
+    return cardinality(due.job_ids);
+end;
+$$;
+
+select awa._grant_execute('awa._job_queue_ids(text)');
+select awa._grant_execute('awa._check_job_state(text)');
+select awa._grant_execute('awa._check_max_jobs(text, integer)');
+select awa._grant_execute('awa._job_at(bigint)');
+select awa._grant_execute('awa.job(bigint)', 'reader', 'operator');
+select awa._grant_execute('awa.jobs(text, text, text, bigint, integer)', 'reader', 'operator');
+select awa._grant_execute('awa.count_jobs(text, text, text, integer)', 'reader', 'operator');
+select awa._grant_execute('awa._cancelled_error(text)');
+select awa._grant_execute(
+    'awa._cancel_waiting(bigint, integer, smallint, text, jsonb, bytea, integer, integer,'
+    ' timestamptz, text, interval)'
+);
+select awa._grant_execute('awa.cancel_job(bigint)', 'operator');
+select awa._grant_execute('awa.cancel_jobs(text, text, integer)', 'operator');
+select awa._grant_execute(
+    'awa._requeue(bigint[], integer[], smallint[], text[], jsonb[], bytea[], integer[],'
+    ' timestamptz[], text[], interval[])'
+);
+select awa._grant_execute('awa.retry_job(bigint)', 'operator');
+select awa._grant_execute('awa.retry_jobs(text, text, integer)', 'operator');

@@ -1,0 +1,605 @@
+"""The operators' job tools (ADR 025) on PostgreSQL 17 and 18, each call made
+by a login holding only the role it names: awa.job and awa.jobs (reader,
+operator), awa.cancel_job / cancel_jobs and awa.retry_job / retry_jobs
+(operator), by plain, partitioned and striped names; what a worker sees
+after a cancel or a retry; bulk retry while workers run; bad input."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import psycopg
+import pytest
+from psycopg.types.json import Jsonb
+
+from tests.support.jobs import claim, claim_all, enqueue, waits_for_a_lock
+from tests.support.waiting import wait_until
+
+STATES = ["scheduled", "ready", "running", "completed", "failed", "cancelled"]
+INFO = ["job_id", "queue", "logical_queue", "kind", "state", "priority", "ordering_key",
+        "args", "attempt", "max_attempts", "enqueued_at", "run_at", "finished_at",
+        "last_error", "worker", "lease_expires_at"]
+
+
+def job(conn, job_id) -> dict | None:
+    row = conn.execute("select * from awa.job(%s)", [job_id]).fetchone()
+    return None if row is None else dict(zip(INFO, row, strict=True))
+
+
+def page(conn, queue, state=None, kind=None, after=None, n=100) -> list[tuple[int, str]]:
+    return [tuple(r) for r in conn.execute(
+        "select job_id, state from awa.jobs(%s, %s, %s, %s, %s)",
+        [queue, state, kind, after, n]).fetchall()]
+
+
+def all_pages(conn, queue, state=None, kind=None, n=3) -> list[tuple[int, str]]:
+    out, after = [], None
+    while rows := page(conn, queue, state, kind, after, n):
+        assert len(rows) <= n
+        out += rows
+        after = rows[-1][0]
+    return out
+
+
+def fail_all(conn, queue, error="boom") -> list[int]:
+    """Claims every ready job of `queue` and fails each attempt."""
+    failed = []
+    for job_id, lease, *_ in claim_all(conn, [queue], 1000):
+        assert conn.execute("select awa.fail(%s, %s, %s)", [job_id, lease, error]).fetchone()[0]
+        failed.append(job_id)
+    return failed
+
+
+def one_of_each(db, logins, queue="mix") -> dict[str, int]:
+    """One job in every state, made by the roles that make them."""
+    with db.connect(logins.producer) as p:
+        ids = {
+            "scheduled": enqueue(p, queue, "later", run_at="2999-01-01")[0],
+            "completed": enqueue(p, queue, "done")[0],
+            "failed": enqueue(p, queue, "bad", args=Jsonb({"n": 3}), ordering_key=b"kf",
+                              max_attempts=1)[0],
+            "cancelled": enqueue(p, queue, "stop", args=Jsonb({"n": 4}))[0],
+            "running": enqueue(p, queue, "busy")[0],
+        }
+    with db.connect(logins.worker) as w:
+        leases = {c[0]: c[1] for c in claim(w, [queue])}
+        assert w.execute("select awa.complete(%s, %s)",
+                         [ids["completed"], leases[ids["completed"]]]).fetchone()[0]
+        assert w.execute("select awa.fail(%s, %s, 'it broke')",
+                         [ids["failed"], leases[ids["failed"]]]).fetchone()[0]
+        # Back to ready, so that the operator cancels a ready job.
+        w.execute("select awa.fail(%s, %s, 'first try', now())",
+                  [ids["cancelled"], leases[ids["cancelled"]]])
+    with db.connect() as su:
+        su.execute("select awa.promote_due()")
+    with db.connect(logins.operator) as op:
+        assert op.execute("select awa.cancel_job(%s)", [ids["cancelled"]]).fetchone()[0]
+    with db.connect(logins.producer) as p:
+        ids["ready"] = enqueue(p, queue, "waiting", args=Jsonb({"n": 6}), ordering_key=b"kr")[0]
+    return ids
+
+
+# -- reading ------------------------------------------------------------------------------
+
+
+def test_job_shows_every_state_and_nothing_for_unknown_or_pruned(db, logins):
+    ids = one_of_each(db, logins)
+    with db.connect(logins.reader) as r:
+        seen = {state: job(r, job_id) for state, job_id in ids.items()}
+        assert {s: j["state"] for s, j in seen.items()} == {s: s for s in ids}
+        assert all(j["queue"] == j["logical_queue"] == "mix" for j in seen.values())
+        ready, failed = seen["ready"], seen["failed"]
+        assert (ready["args"], ready["ordering_key"], ready["attempt"]) == ({"n": 6}, b"kr", 0)
+        assert ready["run_at"] is not None and ready["finished_at"] is None
+        assert (failed["args"], failed["ordering_key"], failed["last_error"]) == (
+            {"n": 3}, b"kf", "it broke")
+        assert (failed["attempt"], failed["max_attempts"]) == (1, 1)
+        assert failed["finished_at"] is not None and failed["worker"] is None
+        running = seen["running"]
+        assert running["worker"] == "w" and running["lease_expires_at"] is not None
+        assert running["attempt"] == 1
+        assert seen["scheduled"]["run_at"].year == 2999
+        assert seen["completed"]["args"] is None  # completed rows are narrow
+        cancelled = seen["cancelled"]
+        assert cancelled["args"] == {"n": 4}
+        assert cancelled["last_error"] == f"cancelled by {logins.operator}; last error: first try"
+        assert job(r, 10**12) is None
+        assert job(r, 0) is None
+    with db.connect() as su:
+        su.execute("delete from awa.finished where job_id = %s", [ids["completed"]])
+    with db.connect(logins.operator) as op:
+        assert job(op, ids["completed"]) is None
+
+
+def test_jobs_pages_every_state_by_job_id_as_an_oracle_says(db, logins):
+    ids = one_of_each(db, logins)
+    with db.connect(logins.producer) as p:
+        more = [enqueue(p, "mix", f"k{i % 3}")[0] for i in range(10)]
+    with db.connect() as su:
+        oracle = {}
+        for table, state in [("scheduled", "'scheduled'"), ("ready", "'ready'"),
+                             ("running", "'running'"), ("finished", "state")]:
+            oracle.update(su.execute(f"select job_id, {state} from awa.{table}").fetchall())
+    with db.connect(logins.reader) as r:
+        for n in (1, 3, 100):
+            assert all_pages(r, "mix", n=n) == sorted(oracle.items())
+        for state in STATES:
+            want = sorted((j, s) for j, s in oracle.items() if s == state)
+            assert all_pages(r, "mix", state) == want, state
+        assert [j for j, _ in all_pages(r, "mix", "ready", kind="k1")] == more[1::3]
+        assert page(r, "mix", after=ids["ready"]) == [(j, "ready") for j in more]
+        assert page(r, "mix", "failed", kind="nope") == []
+
+
+def test_ready_jobs_are_listed_from_the_front_of_each_lane(db, logins):
+    """Ready jobs page by job_id within each lane's first 1,000 rows (or
+    max_jobs if more): the jobs claims take next. Rows further back are not
+    listed, whatever the backlog (ADR 025)."""
+    with db.connect(logins.producer) as p:
+        ids = [r[0] for r in p.execute(
+            "select job_id from awa.enqueue_batch(array_fill('deep'::text, array[1500]),"
+            " array_fill('k'::text, array[1500]))").fetchall()]
+    with db.connect(logins.worker) as w:
+        taken = [c[0] for c in claim(w, ["deep"], 200)]
+    assert taken == ids[:200]
+    with db.connect(logins.reader) as r:
+        listed = [j for j, _ in all_pages(r, "deep", "ready", n=250)]
+        assert listed == ids[200:1200]
+        assert [j for j, _ in page(r, "deep", "ready", n=1300)] == ids[200:1500]
+        assert r.execute("select awa.count_jobs('deep', 'ready')").fetchone()[0] == 1300
+        assert r.execute("select awa.count_jobs('deep', 'ready', up_to => 10)").fetchone()[0] == 10
+        assert job(r, ids[-1])["state"] == "ready"  # awa.job finds any of them
+
+
+def test_partitioned_and_striped_queues_work_by_their_logical_name(db, logins):
+    with db.connect(logins.operator) as op:
+        op.execute("select awa.set_queue_partitions('parts', 3)")
+        op.execute("select awa.set_queue_stripes('strips', 2)")
+        op.execute("select awa.set_enqueue_shards('parts', 2)")
+    for name in ("parts", "strips"):
+        with db.connect(logins.producer) as p:
+            keyed = [enqueue(p, name, "k", ordering_key=f"key-{i}".encode(),
+                             args=Jsonb({"i": i}), max_attempts=1)[0] for i in range(24)]
+        with db.connect(logins.reader) as r:
+            rows = r.execute("select queue, logical_queue from awa.jobs(%s, 'ready')",
+                             [name]).fetchall()
+            assert len(rows) == 24 and {lq for _, lq in rows} == {name}
+            homes = {j: q for j, q in r.execute(
+                "select job_id, queue from awa.jobs(%s)", [name]).fetchall()}
+            assert len(set(homes.values())) > 1  # the jobs are spread over its parts
+        with db.connect(logins.worker) as w:
+            assert sorted(fail_all(w, name)) == keyed
+        with db.connect(logins.operator) as op:
+            assert op.execute("select awa.count_jobs(%s, 'failed')", [name]).fetchone()[0] == 24
+            assert op.execute("select awa.retry_jobs(%s, max_jobs => 10)",
+                              [name]).fetchone()[0] == 10
+            assert op.execute("select awa.retry_jobs(%s)", [name]).fetchone()[0] == 14
+            after = {j: q for j, q in op.execute(
+                "select job_id, queue from awa.jobs(%s, 'ready')", [name]).fetchall()}
+            assert after == homes  # back in their own partition or stripe
+            assert op.execute("select awa.cancel_jobs(%s, max_jobs => 20)",
+                              [name]).fetchone()[0] == 20
+            assert op.execute("select awa.cancel_jobs(%s)", [name]).fetchone()[0] == 4
+            assert [s for _, s in all_pages(op, name, n=10)] == ["cancelled"] * 24
+        with db.connect(logins.worker) as w:
+            assert claim(w, [name]) == []
+
+
+# -- cancel -------------------------------------------------------------------------------
+
+
+def test_a_cancelled_ready_job_is_never_claimed(db, logins):
+    with db.connect(logins.producer) as p:
+        ids = [enqueue(p, "c", "k", args=Jsonb({"i": i}))[0] for i in range(5)]
+    with db.connect(logins.operator) as op:
+        assert op.execute("select awa.cancel_job(%s)", [ids[2]]).fetchone()[0] is True
+        assert op.execute("select awa.cancel_job(%s)", [ids[2]]).fetchone()[0] is False
+    with db.connect(logins.worker) as w:
+        assert [c[0] for c in claim_all(w, ["c"])] == ids[:2] + ids[3:]
+    with db.connect(logins.reader) as r:
+        cancelled = job(r, ids[2])
+        assert (cancelled["state"], cancelled["args"]) == ("cancelled", {"i": 2})
+        assert r.execute("select cancelled, ready from awa.queue_overview"
+                         " where queue = 'c'").fetchone() == (1, 0)
+
+
+def test_a_cancelled_scheduled_job_is_never_promoted(db, logins):
+    with db.connect(logins.producer) as p:
+        later = enqueue(p, "cs", "k", run_at="2999-01-01")
+    with db.connect() as su:  # its time has come, and promote_due has not run yet
+        su.execute("update awa.scheduled set run_at = now() - interval '1 second'")
+    with db.connect(logins.operator) as op:
+        assert op.execute("select awa.cancel_job(%s)", [later[0]]).fetchone()[0] is True
+    with db.connect(logins.maintenance) as m:
+        assert m.execute("select awa.promote_due()").fetchone()[0] == 0
+    with db.connect(logins.worker) as w:
+        assert claim(w, ["cs"]) == []
+
+
+def test_a_cancelled_running_job_ends_cancelled_and_its_worker_gets_false(db, logins):
+    with db.connect(logins.producer) as p:
+        job_id = enqueue(p, "cr", "k", args=Jsonb({"x": 1}))[0]
+    with db.connect(logins.worker) as w:
+        (c,) = claim(w, ["cr"])
+        with db.connect(logins.operator) as op:
+            assert op.execute("select awa.cancel_job(%s)", [job_id]).fetchone()[0] is True
+        assert w.execute("select awa.heartbeat(%s, %s, '1 minute')", [job_id, c[1]]).fetchone()[0] \
+            is False
+        assert w.execute("select awa.complete(%s, %s)", [job_id, c[1]]).fetchone()[0] is False
+        assert w.execute("select awa.fail(%s, %s, 'x')", [job_id, c[1]]).fetchone()[0] is False
+        assert claim(w, ["cr"]) == []
+    with db.connect(logins.maintenance) as m:
+        assert m.execute("select awa.rescue_expired()").fetchone()[0] == 0
+    with db.connect(logins.reader) as r:
+        ended = job(r, job_id)
+        assert (ended["state"], ended["attempt"], ended["args"]) == ("cancelled", 1, {"x": 1})
+        assert ended["last_error"] == f"cancelled by {logins.operator}"
+
+
+@pytest.mark.parametrize("claim_commits", [True, False])
+def test_cancel_waits_for_a_claim_in_flight_then_cancels_where_the_job_is(
+        db, logins, claim_commits):
+    with db.connect(logins.producer) as p:
+        job_id = enqueue(p, "cw", "k")[0]
+    outcome = {}
+    with db.connect(logins.worker, autocommit=False) as w, db.connect() as watch:
+        (c,) = claim(w, ["cw"])  # holds the ready row until it ends
+
+        def cancel():
+            with db.connect(logins.operator) as op:
+                outcome["pid"] = op.info.backend_pid
+                op.execute("set lock_timeout = '30s'")
+                outcome["cancelled"] = op.execute("select awa.cancel_job(%s)",
+                                                  [job_id]).fetchone()[0]
+
+        t = threading.Thread(target=cancel, daemon=True)
+        t.start()
+        wait_until(lambda: "pid" in outcome and waits_for_a_lock(watch, outcome["pid"]),
+                   what="the cancel to wait for the claim")
+        assert "cancelled" not in outcome
+        if claim_commits:
+            w.commit()
+        else:
+            w.rollback()
+        t.join(timeout=30)
+        assert outcome["cancelled"] is True
+        assert w.execute("select awa.complete(%s, %s)", [job_id, c[1]]).fetchone()[0] is False
+        assert claim(w, ["cw"]) == []
+        w.commit()
+    with db.connect(logins.reader) as r:
+        ended = job(r, job_id)
+        assert (ended["state"], ended["attempt"]) == ("cancelled", 1 if claim_commits else 0)
+
+
+def test_cancel_of_a_terminal_or_unknown_job_is_false_and_changes_nothing(db, logins):
+    ids = one_of_each(db, logins)
+    with db.connect() as su:
+        before = su.execute("select job_id, state, slot, last_error from awa.finished"
+                            " order by job_id").fetchall()
+    with db.connect(logins.operator) as op:
+        for state in ("completed", "failed", "cancelled"):
+            assert op.execute("select awa.cancel_job(%s)", [ids[state]]).fetchone()[0] is False
+        assert op.execute("select awa.cancel_job(%s)", [10**12]).fetchone()[0] is False
+    with db.connect() as su:
+        assert su.execute("select job_id, state, slot, last_error from awa.finished"
+                          " order by job_id").fetchall() == before
+
+
+def test_bulk_cancel_takes_ready_and_scheduled_jobs_up_to_max_jobs_and_leaves_running(
+        db, logins):
+    with db.connect(logins.producer) as p:
+        p.execute("select awa.enqueue_batch(array_fill('bc'::text, array[30]),"
+                  " array(select 'k' || (i % 2) from generate_series(1, 30) i))")
+        for _ in range(4):
+            enqueue(p, "bc", "k0", run_at="2999-01-01")
+    with db.connect(logins.worker) as w:
+        running = claim(w, ["bc"], 6)
+    with db.connect(logins.operator) as op:
+        assert op.execute("select awa.cancel_jobs('bc', 'k1', 5)").fetchone()[0] == 5
+        # 19 ready left and 4 scheduled: 23, at most 10 per call.
+        counts = [op.execute("select awa.cancel_jobs('bc', max_jobs => 10)").fetchone()[0]
+                  for _ in range(4)]
+        assert counts == [10, 10, 3, 0]
+        states = [s for _, s in all_pages(op, "bc", n=7)]
+    assert states.count("cancelled") == 28 and states.count("running") == 6
+    with db.connect(logins.worker) as w:
+        for job_id, lease, *_ in running:
+            assert w.execute("select awa.complete(%s, %s)", [job_id, lease]).fetchone()[0]
+
+
+# -- retry --------------------------------------------------------------------------------
+
+
+def test_a_retried_job_reaches_a_worker_with_its_args_key_and_id_under_the_current_s(
+        db, logins):
+    with db.connect(logins.operator) as op:
+        op.execute("select awa.set_enqueue_shards('r', 4)")
+    with db.connect(logins.producer) as p:
+        keyed = enqueue(p, "r", "charge", args=Jsonb({"order": 7}), ordering_key=b"cust-42",
+                        priority=1, max_attempts=3)[0]
+        plain = enqueue(p, "r", "plain", args=Jsonb({"n": 1}), max_attempts=1)[0]
+    with db.connect(logins.worker) as w:
+        for _ in range(3):  # three attempts of the keyed job: failed for good
+            for job_id, lease, *_ in claim(w, ["r"]):
+                w.execute("select awa.fail(%s, %s, 'declined', now())", [job_id, lease])
+            with db.connect() as su:
+                su.execute("select awa.promote_due()")
+    with db.connect(logins.operator) as op:
+        assert job(op, keyed)["state"] == "failed" and job(op, plain)["state"] == "failed"
+        op.execute("select awa.set_enqueue_shards('r', 8)")
+        assert op.execute("select awa.retry_job(%s)", [keyed]).fetchone()[0] is True
+        assert op.execute("select awa.retry_job(%s)", [keyed]).fetchone()[0] is False
+        again = job(op, keyed)
+        assert (again["state"], again["attempt"], again["max_attempts"]) == ("ready", 0, 3)
+        assert again["last_error"] == "declined"
+    with db.connect() as su:
+        shard = su.execute("select l.shard from awa.ready r join awa.lanes l using (lane_id)"
+                           " where r.job_id = %s", [keyed]).fetchone()[0]
+        expected = su.execute("select awa.shard_for_ordering_key('cust-42', 8)").fetchone()[0]
+    assert shard == expected
+    with db.connect(logins.worker) as w:
+        (c,) = claim(w, ["r"])
+        assert (c[0], c[3], c[4], c[7], c[8], c[9], c[10]) == (
+            keyed, 1, expected, {"order": 7}, 1, 3, b"cust-42")
+        assert w.execute("select awa.complete(%s, %s)", [c[0], c[1]]).fetchone()[0]
+    with db.connect(logins.operator) as op:
+        assert job(op, keyed)["state"] == "completed"
+        assert op.execute("select awa.retry_job(%s)", [plain]).fetchone()[0] is True
+    with db.connect(logins.worker) as w:
+        (c,) = claim(w, ["r"])
+        assert (c[0], c[4] < 8, c[7], c[10]) == (plain, True, {"n": 1}, None)
+
+
+def test_a_cancelled_job_can_be_retried(db, logins):
+    with db.connect(logins.producer) as p:
+        job_id = enqueue(p, "rc", "k", args=Jsonb({"a": 1}), ordering_key=b"k")[0]
+    with db.connect(logins.operator) as op:
+        assert op.execute("select awa.cancel_job(%s)", [job_id]).fetchone()[0]
+        assert op.execute("select awa.retry_jobs('rc')").fetchone()[0] == 0  # failed only
+        assert op.execute("select awa.retry_job(%s)", [job_id]).fetchone()[0]
+    with db.connect(logins.worker) as w:
+        (c,) = claim(w, ["rc"])
+        assert (c[0], c[7], c[10]) == (job_id, {"a": 1}, b"k")
+
+
+def test_retry_of_a_job_in_any_other_state_is_false_and_changes_nothing(db, logins):
+    ids = one_of_each(db, logins)
+    with db.connect() as su:
+        before = su.execute("select (select count(*) from awa.ready),"
+                            " (select count(*) from awa.scheduled),"
+                            " (select count(*) from awa.running),"
+                            " (select count(*) from awa.finished)").fetchone()
+    with db.connect(logins.operator) as op:
+        for state in ("scheduled", "ready", "running", "completed"):
+            assert op.execute("select awa.retry_job(%s)", [ids[state]]).fetchone()[0] is False
+            assert job(op, ids[state])["state"] == state
+        assert op.execute("select awa.retry_job(%s)", [10**12]).fetchone()[0] is False
+    with db.connect() as su:
+        assert su.execute("select (select count(*) from awa.ready),"
+                          " (select count(*) from awa.scheduled),"
+                          " (select count(*) from awa.running),"
+                          " (select count(*) from awa.finished)").fetchone() == before
+
+
+def test_a_row_a_prune_removed_meanwhile_is_not_found(db, logins):
+    """A retry whose snapshot predates a prune that TRUNCATEd the row's slot
+    finds nothing to move: false, no error, nothing written."""
+    with db.connect(logins.producer) as p:
+        job_id = enqueue(p, "gone", "k", max_attempts=1)[0]
+    with db.connect(logins.worker) as w:
+        fail_all(w, "gone")
+    with db.connect() as su:
+        su.execute("select awa.set_retention('gone', '1 hour', '1 day')")
+        su.execute("update awa.finished set finished_at = now() - interval '3 days',"
+                   " slot = awa._finished_slot('failed', now() - interval '3 days')"
+                   " where job_id = %s", [job_id])
+    with db.connect(logins.operator, autocommit=False) as op:
+        op.execute("set transaction isolation level repeatable read")
+        # The snapshot is taken (from a view that does not lock awa.finished).
+        op.execute("select count(*) from awa.queue_overview").fetchone()
+        with db.connect(logins.maintenance) as m:
+            assert m.execute("select awa.prune_finished()").fetchone()[0] == 1
+        assert op.execute("select awa.retry_job(%s)", [job_id]).fetchone()[0] is False
+        op.commit()
+    with db.connect(logins.reader) as r:
+        assert job(r, job_id) is None
+        assert page(r, "gone") == []
+
+
+def test_bulk_retry_of_10000_failed_jobs_while_workers_run_completes_each_once(db, logins):
+    total = 10_000
+    with db.connect(logins.producer) as p:
+        ids = [r[0] for r in p.execute(
+            "select job_id from awa.enqueue_batch(array_fill('bulk'::text, array[%s]),"
+            " array_fill('k'::text, array[%s]),"
+            " args => array(select jsonb_build_object('i', i) from generate_series(1, %s) i),"
+            " max_attempts => array_fill(1, array[%s]))", [total] * 4).fetchall()]
+    with db.connect(logins.worker) as w:
+        claimed = claim(w, ["bulk"], total)
+        assert w.execute("select count(*) filter (where awa.fail(j, l, 'boom'))"
+                         " from unnest(%s::bigint[], %s::bigint[]) as u (j, l)",
+                         [[c[0] for c in claimed], [c[1] for c in claimed]]).fetchone()[0] == total
+    args = {c[0]: c[7] for c in claimed}
+    with db.connect(logins.producer) as p:  # the workers have other work too
+        p.execute("select awa.enqueue_batch(array_fill('bulk'::text, array[500]),"
+                  " array_fill('other'::text, array[500]))")
+    done: list[tuple[int, dict]] = []
+    stop = threading.Event()
+
+    def work() -> None:
+        with db.connect(logins.worker) as w:
+            while not stop.is_set():
+                rows = claim(w, ["bulk"], 20)
+                for job_id, lease, *rest in rows:
+                    if w.execute("select awa.complete(%s, %s)", [job_id, lease]).fetchone()[0]:
+                        done.append((job_id, rest[5]))
+                if not rows:
+                    stop.wait(0.01)  # an idle worker's poll interval
+
+    with ThreadPoolExecutor(4) as pool:
+        workers = [pool.submit(work) for _ in range(3)]
+        with db.connect(logins.operator) as op:
+            calls = []
+            while n := op.execute("select awa.retry_jobs('bulk', max_jobs => 3000)").fetchone()[0]:
+                calls.append(n)
+        try:
+            wait_until(lambda: len(done) >= total + 500, timeout=180,
+                       what="the workers to complete every job")
+        finally:
+            stop.set()
+        for f in workers:
+            f.result()
+    assert calls == [3000, 3000, 3000, 1000]
+    retried = [(j, a) for j, a in done if j in args]
+    assert len(retried) == total and len({j for j, _ in retried}) == total
+    assert all(a == args[j] for j, a in retried)
+    with db.connect() as su:
+        assert su.execute("select count(*), count(distinct job_id) from awa.finished"
+                          " where job_id = any(%s) and state = 'completed'",
+                          [ids]).fetchone() == (total, total)
+        assert su.execute("select count(*) from awa.finished where state = 'failed'"
+                          ).fetchone()[0] == 0
+
+
+# -- retention ----------------------------------------------------------------------------
+
+
+def test_a_cancelled_job_keeps_its_args_and_goes_with_the_failed_retention(db, logins):
+    with db.connect(logins.producer) as p:
+        job_id = enqueue(p, "ret", "k", args=Jsonb({"keep": True}), ordering_key=b"rk")[0]
+    with db.connect(logins.operator) as op:
+        assert op.execute("select awa.cancel_job(%s)", [job_id]).fetchone()[0]
+        op.execute("select awa.set_retention('ret', '1 hour', '3 days')")
+    with db.connect() as su:
+        row = su.execute("select state, args, ordering_key, slot = awa._finished_slot("
+                         "'failed', finished_at) from awa.finished where job_id = %s",
+                         [job_id]).fetchone()
+        assert row == ("cancelled", {"keep": True}, b"rk", True)  # the failed ring's slot
+        # Two days on: past the completed retention, within the failed one.
+        su.execute("update awa.finished set finished_at = now() - interval '2 days',"
+                   " slot = awa._finished_slot('cancelled', now() - interval '2 days')"
+                   " where job_id = %s", [job_id])
+    with db.connect(logins.maintenance) as m:
+        assert m.execute("select awa.prune_finished()").fetchone()[0] == 0
+    with db.connect(logins.operator) as op:
+        assert job(op, job_id)["state"] == "cancelled"
+        op.execute("select awa.set_retention('ret', '10 years', '1 day')")
+    with db.connect(logins.maintenance) as m:
+        assert m.execute("select awa.prune_finished()").fetchone()[0] == 1
+    with db.connect(logins.operator) as op:
+        assert job(op, job_id) is None
+
+
+# -- who may, and bad input -----------------------------------------------------------------
+
+OPERATOR_CALLS = [
+    "select awa.retry_job(1)", "select awa.cancel_job(1)",
+    "select awa.retry_jobs('who')", "select awa.cancel_jobs('who')",
+]
+READER_CALLS = [
+    "select * from awa.job(1)", "select * from awa.jobs('who')",
+    "select awa.count_jobs('who', 'failed')",
+]
+
+
+@pytest.mark.parametrize("cap", ["producer", "worker", "maintenance", "operator", "reader"])
+def test_who_may_call_the_job_tools(db, logins, cap):
+    with db.connect() as su:
+        su.execute("select awa.enqueue('who', 'k')")
+    with db.connect(getattr(logins, cap)) as conn:
+        for statement in OPERATOR_CALLS + READER_CALLS:
+            allowed = cap == "operator" or (cap == "reader" and statement in READER_CALLS)
+            if allowed:
+                conn.execute(statement).fetchall()
+            else:
+                with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                    conn.execute(statement)
+
+
+BAD = [
+    ("select * from awa.job(null)", "22004", "job_id must not be null"),
+    ("select awa.cancel_job(null)", "22004", "job_id must not be null"),
+    ("select awa.retry_job(null)", "22004", "job_id must not be null"),
+    ("select * from awa.jobs(null)", "22004", "queue must not be null"),
+    ("select * from awa.jobs('nope')", "42704", "queue 'nope' does not exist"),
+    ("select * from awa.jobs('bad', 'done')", "22023",
+     "state must be one of scheduled, ready, running, completed, failed, cancelled, got 'done'"),
+    ("select * from awa.jobs('bad', max_jobs => 0)", "22023",
+     "max_jobs must be between 1 and 100000, got 0"),
+    ("select * from awa.jobs('bad', max_jobs => 100001)", "22023", "got 100001"),
+    ("select * from awa.jobs('bad', max_jobs => null)", "22004", "max_jobs must not be null"),
+    ("select awa.count_jobs('bad', null)", "22004", "state must not be null"),
+    ("select awa.count_jobs('bad', 'x')", "22023", "state must be one of"),
+    ("select awa.count_jobs('bad', 'ready', up_to => -1)", "22023",
+     "up_to must be between 1 and 100000, got -1"),
+    ("select awa.retry_jobs('bad', max_jobs => 0)", "22023", "max_jobs must be between 1"),
+    ("select awa.cancel_jobs('bad', max_jobs => 200000)", "22023", "got 200000"),
+    ("select awa.cancel_jobs('bad', max_jobs => null)", "22004", "max_jobs must not be null"),
+    ("select awa.retry_jobs('nope')", "42704", "does not exist"),
+    ("select awa.cancel_jobs(null)", "22004", "queue must not be null"),
+]
+
+
+@pytest.mark.parametrize(("statement", "sqlstate", "message"), BAD)
+def test_bad_input_gets_a_clear_error_and_changes_nothing(db, logins, statement, sqlstate,
+                                                         message):
+    with db.connect(logins.producer) as p:
+        enqueue(p, "bad", "k")
+    with db.connect(logins.operator) as op, pytest.raises(psycopg.Error) as err:
+        op.execute(statement).fetchall()
+    assert err.value.sqlstate == sqlstate
+    assert message in str(err.value)
+    with db.connect() as su:
+        assert su.execute("select count(*) from awa.ready").fetchone()[0] == 1
+        assert su.execute("select count(*) from awa.finished").fetchone()[0] == 0
+
+
+# -- cost ---------------------------------------------------------------------------------
+
+HISTORY = """
+    insert into awa.finished (job_id, slot, queue_id, priority, kind, state, attempt,
+                              max_attempts, enqueued_at, args)
+    select nextval('awa.job_id_seq'), awa._finished_slot(%(state)s, now()), m.queue_id, 2, 'h',
+           %(state)s, 1, 1, now(), case when %(state)s <> 'completed' then '{}'::jsonb end
+      from awa.queue_meta m, generate_series(1, %(n)s)
+     where m.queue = %(queue)s
+"""
+
+
+def _blocks(conn) -> int:
+    """Blocks of schema awa's tables and indexes this database has read so far."""
+    return conn.execute(
+        "select sum(coalesce(heap_blks_hit, 0) + coalesce(heap_blks_read, 0)"
+        " + coalesce(idx_blks_hit, 0) + coalesce(idx_blks_read, 0))::bigint"
+        " from pg_statio_all_tables where schemaname = 'awa'").fetchone()[0]
+
+
+def test_a_page_reads_what_it_lists_not_the_queues_history(db, logins):
+    """A page reads its rows by key: with 120,000 completed, 120,000 failed
+    and 3 cancelled jobs in one slot each (and another queue's 120,000 failed
+    ones beside them), 5,000 scheduled and 20,000 ready in one lane, every
+    page of 100 reads a few hundred blocks at most, where walking any of
+    those rows would read thousands. Catches a plan that walks the primary
+    key or an index past other states (as a generic plan did, ADR 025)."""
+    with db.connect() as su:
+        su.execute("select awa.enqueue('hist', 'k'), awa.enqueue('beside', 'k')")
+        for queue, state, n in [("hist", "completed", 120_000), ("hist", "failed", 120_000),
+                                ("hist", "cancelled", 3), ("beside", "failed", 120_000)]:
+            su.execute(HISTORY, {"queue": queue, "state": state, "n": n})
+        su.execute("select count(*) from awa.enqueue_batch(array_fill('hist'::text,"
+                   " array[20000]), array_fill('k'::text, array[20000]))")
+        su.execute("select count(*) from awa.enqueue_batch(array_fill('hist'::text,"
+                   " array[5000]), array_fill('k'::text, array[5000]),"
+                   " run_ats => array_fill(now() + interval '1 day', array[5000]))")
+        su.execute("analyze")
+        for state in (*STATES, None):
+            su.execute("select count(*) from awa.jobs('hist', %s)", [state])  # plan, cache
+            su.execute("select pg_stat_force_next_flush()")
+            before = _blocks(su)
+            got = su.execute("select count(*) from awa.jobs('hist', %s)", [state]).fetchone()[0]
+            su.execute("select pg_stat_force_next_flush()")
+            read = _blocks(su) - before
+            assert got == (3 if state == "cancelled" else 0 if state == "running" else 100)
+            # The ready window: 1,000 rows of the one lane with jobs.
+            assert read < (600 if state in ("ready", None) else 400), (state, read)

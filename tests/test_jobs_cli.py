@@ -1,0 +1,140 @@
+"""``awa jobs show|list|retry|cancel`` as a real process, as logins holding
+only awa_reader or awa_operator: tables, --json, and the exit codes of
+docs/admin.md (2 bad arguments or not confirmed, 7 refused by the server,
+8 no such job, 9 a job in a state the command does not apply to)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from psycopg.types.json import Jsonb
+
+from tests.support.jobs import claim, enqueue
+
+NO_SUCH_JOB = 8
+WRONG_STATE = 9
+
+
+@pytest.fixture
+def failed(db, logins):
+    """Five failed jobs of queue 'cli' (two of kind 'mail'), one ready, one running."""
+    with db.connect(logins.producer) as p:
+        ids = [enqueue(p, "cli", "mail" if i < 2 else "sms", args=Jsonb({"i": i}),
+                       ordering_key=b"acct-1" if i == 0 else None, max_attempts=1)[0]
+               for i in range(5)]
+    with db.connect(logins.worker) as w:
+        for job_id, lease, *_ in claim(w, ["cli"]):
+            w.execute("select awa.fail(%s, %s, %s)", [job_id, lease, f"error {job_id}\nline 2"])
+    with db.connect(logins.producer) as p:
+        running = enqueue(p, "cli", "mail")[0]
+    with db.connect(logins.worker) as w:
+        assert claim(w, ["cli"])[0][0] == running
+    with db.connect(logins.producer) as p:
+        ready = enqueue(p, "cli", "mail")[0]
+    return {"failed": ids, "ready": ready, "running": running}
+
+
+def _state(db, job_id):
+    with db.connect() as su:
+        row = su.execute("select state from awa.job(%s)", [job_id]).fetchone()
+    return None if row is None else row[0]
+
+
+def test_show_prints_a_job_for_people_and_for_scripts(db, logins, failed):
+    job_id = failed["failed"][0]
+    out = db.awa("jobs", "show", str(job_id), user=logins.reader, check=True).stdout
+    assert "state         failed" in out
+    assert "ordering key  acct-1" in out and "attempts      1 of 1" in out
+    assert '"i": 0' in out and f"error {job_id}\nline 2" in out
+    data = json.loads(db.awa("jobs", "show", str(job_id), "--json", user=logins.reader,
+                             check=True).stdout)
+    assert (data["job_id"], data["state"], data["args"]) == (job_id, "failed", {"i": 0})
+    assert (data["ordering_key"], data["ordering_key_hex"]) == ("acct-1", b"acct-1".hex())
+    assert data["finished_at"].startswith("20")
+    missing = db.awa("jobs", "show", "999999999", user=logins.reader)
+    assert missing.returncode == NO_SUCH_JOB
+    assert "no job 999999999" in missing.stderr
+
+
+def test_list_pages_with_after_and_filters(db, logins, failed):
+    everything = json.loads(db.awa("jobs", "list", "--queue", "cli", "--json",
+                                   user=logins.reader, check=True).stdout)
+    ids = [j["job_id"] for j in everything["jobs"]]
+    assert ids == sorted(ids) and len(ids) == 7 and everything["next_after"] is None
+    first = json.loads(db.awa("jobs", "list", "--queue", "cli", "--state", "failed",
+                              "--limit", "3", "--json", user=logins.reader, check=True).stdout)
+    assert [j["job_id"] for j in first["jobs"]] == failed["failed"][:3]
+    rest = json.loads(db.awa("jobs", "list", "--queue", "cli", "--state", "failed", "--after",
+                             str(first["next_after"]), "--json", user=logins.reader,
+                             check=True).stdout)
+    assert [j["job_id"] for j in rest["jobs"]] == failed["failed"][3:]
+    mail = db.awa("jobs", "list", "--queue", "cli", "--state", "failed", "--kind", "mail",
+                  user=logins.reader, check=True).stdout
+    lines = mail.splitlines()
+    assert lines[0].split()[:4] == ["job", "state", "kind", "attempts"]
+    assert [int(line.split()[0]) for line in lines[2:]] == failed["failed"][:2]
+    assert "error" in lines[2] and "line 2" in lines[2]  # one line per job
+    page = db.awa("jobs", "list", "--queue", "cli", "--limit", "2", user=logins.reader,
+                  check=True).stdout
+    assert f"more: --after {ids[1]}" in page
+
+
+@pytest.mark.parametrize("args", [
+    ["list", "--queue", "cli", "--limit", "0"],
+    ["list", "--queue", "cli", "--state", "done"],
+    ["list", "--queue", "nope"],
+    ["list", "--queue", "bad#name"],
+    ["retry"],
+    ["retry", "1", "--queue", "cli"],
+    ["cancel", "1", "--kind", "mail"],
+    ["cancel", "--queue", "cli", "--batch", "0"],
+    ["show", "x"],
+])
+def test_bad_arguments_exit_2_and_change_nothing(db, logins, failed, args):
+    result = db.awa("jobs", *args, user=logins.operator)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip()
+    assert [_state(db, j) for j in failed["failed"]] == ["failed"] * 5
+
+
+def test_retry_and_cancel_one_job_with_their_exit_codes(db, logins, failed):
+    job_id = failed["failed"][1]
+    done = db.awa("jobs", "retry", str(job_id), user=logins.operator, check=True)
+    assert f"retried job {job_id}: now ready" in done.stdout
+    again = db.awa("jobs", "retry", str(job_id), user=logins.operator)
+    assert again.returncode == WRONG_STATE and "is ready" in again.stderr
+    cancel = db.awa("jobs", "cancel", str(job_id), "--json", user=logins.operator, check=True)
+    assert json.loads(cancel.stdout) == {"job_id": job_id, "changed": True, "state": "cancelled"}
+    twice = db.awa("jobs", "cancel", str(job_id), user=logins.operator)
+    assert twice.returncode == WRONG_STATE and "is cancelled" in twice.stderr
+    assert db.awa("jobs", "cancel", "999999999", user=logins.operator).returncode == NO_SUCH_JOB
+    refused = db.awa("jobs", "retry", str(failed["failed"][2]), user=logins.reader)
+    assert refused.returncode == 7 and "42501" in refused.stderr
+    assert _state(db, failed["failed"][2]) == "failed"
+
+
+def test_bulk_retry_and_cancel_ask_first_then_loop_in_batches(db, logins, failed):
+    unconfirmed = db.awa("jobs", "retry", "--queue", "cli", user=logins.operator)
+    assert unconfirmed.returncode == 2
+    assert "Retry 5 failed jobs of cli?" in unconfirmed.stderr
+    assert [_state(db, j) for j in failed["failed"]] == ["failed"] * 5
+    mail = db.awa("jobs", "retry", "--queue", "cli", "--kind", "mail", "--yes",
+                  user=logins.operator, check=True)
+    assert "retried 2 jobs of kind 'mail' of cli" in mail.stdout
+    rest = json.loads(db.awa("jobs", "retry", "--queue", "cli", "--batch", "2", "--yes",
+                             "--json", user=logins.operator, check=True).stdout)
+    assert rest == {"queue": "cli", "kind": None, "retried": 3}
+    assert [_state(db, j) for j in failed["failed"]] == ["ready"] * 5
+    with db.connect(logins.producer) as p:
+        later = enqueue(p, "cli", "mail", run_at="2999-01-01")[0]
+    asked = db.awa("jobs", "cancel", "--queue", "cli", user=logins.operator)
+    assert "Cancel 6 ready and 1 scheduled jobs of cli?" in asked.stderr
+    cancelled = db.awa("jobs", "cancel", "--queue", "cli", "--batch", "4", "--yes",
+                       user=logins.operator, check=True)
+    assert "cancelled 7 jobs of cli" in cancelled.stdout
+    assert _state(db, later) == "cancelled"
+    assert _state(db, failed["running"]) == "running"  # bulk cancel leaves running jobs
+    none = db.awa("jobs", "cancel", "--queue", "cli", "--yes", user=logins.operator,
+                  check=True)
+    assert "no ready or scheduled jobs in cli" in none.stdout
