@@ -1586,24 +1586,6 @@ AS $function$
        and awa._max_attempts_ok(max_attempts)
 $function$;
 
-CREATE OR REPLACE FUNCTION awa._job_queue_ids(queue text)
- RETURNS integer[]
- LANGUAGE plpgsql
- STABLE
- SET search_path TO 'pg_catalog', 'pg_temp'
-AS $function$
-begin
-    perform awa._queue(queue);
-    return array(
-        select m.queue_id
-          from awa.queue_meta as m
-         where m.queue = _job_queue_ids.queue or m.logical_queue = _job_queue_ids.queue
-            or m.root_queue = _job_queue_ids.queue
-         order by m.queue_id
-    );
-end;
-$function$;
-
 CREATE OR REPLACE FUNCTION awa._key_shard(key bytea, shards integer)
  RETURNS smallint
  LANGUAGE plpgsql
@@ -2536,6 +2518,24 @@ begin
 end;
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._queue_ids(queue text)
+ RETURNS integer[]
+ LANGUAGE plpgsql
+ STABLE
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+begin
+    perform awa._queue(queue);
+    return array(
+        select m.queue_id
+          from awa.queue_meta as m
+         where m.queue = _queue_ids.queue or m.logical_queue = _queue_ids.queue
+            or m.root_queue = _queue_ids.queue
+         order by m.queue_id
+    );
+end;
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._queue_name_ok(queue text)
  RETURNS boolean
  LANGUAGE sql
@@ -3078,7 +3078,7 @@ CREATE OR REPLACE FUNCTION awa.cancel_jobs(queue text, kind text DEFAULT NULL::t
  SET enable_seqscan TO 'off'
 AS $function$
 declare
-    ids integer[] := awa._job_queue_ids(queue);
+    ids integer[] := awa._queue_ids(queue);
     gone record;
     cancelled bigint := 0;
 begin
@@ -3318,7 +3318,7 @@ CREATE OR REPLACE FUNCTION awa.count_jobs(queue text, state text, kind text DEFA
  SET enable_seqscan TO 'off'
 AS $function$
 declare
-    ids integer[] := awa._job_queue_ids(queue);
+    ids integer[] := awa._queue_ids(queue);
     counted bigint;
 begin
     if state is null then
@@ -3702,7 +3702,7 @@ CREATE OR REPLACE FUNCTION awa.jobs(queue text, state text DEFAULT NULL::text, k
  SET enable_seqscan TO 'off'
 AS $function$
 declare
-    ids integer[] := awa._job_queue_ids(queue);
+    ids integer[] := awa._queue_ids(queue);
     from_id bigint := coalesce(after_job_id, 0);
     terminal text[];
     -- How far into each lane ready jobs are listed: a page never reads more.
@@ -4159,7 +4159,7 @@ CREATE OR REPLACE FUNCTION awa.retry_jobs(queue text, kind text DEFAULT NULL::te
  SET enable_seqscan TO 'off'
 AS $function$
 declare
-    ids integer[] := awa._job_queue_ids(queue);
+    ids integer[] := awa._queue_ids(queue);
     due record;
 begin
     perform awa._check_max_jobs('max_jobs', max_jobs);
@@ -4276,18 +4276,14 @@ CREATE OR REPLACE FUNCTION awa.set_max_run_time(queue text, max_run_time interva
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
 declare
-    changed integer;
+    -- Resolved once, before the update: an unknown name fails even when
+    -- no row would be scanned.
+    ids integer[] := awa._queue_ids(set_max_run_time.queue);
 begin
     perform awa._check_max_run_time(max_run_time);
     update awa.queue_meta as m
        set max_run_time = awa._in_seconds(set_max_run_time.max_run_time)
-     where m.queue = set_max_run_time.queue or m.logical_queue = set_max_run_time.queue
-        or m.root_queue = set_max_run_time.queue;
-    get diagnostics changed = row_count;
-    if changed = 0 then
-        raise exception 'queue % does not exist', coalesce(quote_literal(queue), 'null')
-            using errcode = '42704';
-    end if;
+     where m.queue_id = any(ids);
 end;
 $function$;
 
@@ -4355,7 +4351,9 @@ CREATE OR REPLACE FUNCTION awa.set_retention(queue text, completed interval, fai
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
 declare
-    changed integer;
+    -- Resolved once, before the update: an unknown name fails even when
+    -- no row would be scanned.
+    ids integer[] := awa._queue_ids(set_retention.queue);
 begin
     if completed <= interval '0' or completed > interval '10 years'
        or failed <= interval '0' or failed > interval '10 years' then
@@ -4365,13 +4363,7 @@ begin
     end if;
     update awa.queue_meta as m
        set retain_completed = set_retention.completed, retain_failed = set_retention.failed
-     where m.queue = set_retention.queue or m.logical_queue = set_retention.queue
-        or m.root_queue = set_retention.queue;
-    get diagnostics changed = row_count;
-    if changed = 0 then
-        raise exception 'queue % does not exist', coalesce(queue, 'null')
-            using errcode = '42704';
-    end if;
+     where m.queue_id = any(ids);
 end;
 $function$;
 
@@ -4382,7 +4374,9 @@ CREATE OR REPLACE FUNCTION awa.set_retry_policy(queue text, base interval, cap i
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
 declare
-    changed integer;
+    -- Resolved once, before the update: an unknown name fails even when
+    -- no row would be scanned.
+    ids integer[] := awa._queue_ids(set_retry_policy.queue);
 begin
     if base <= interval '0' or base > interval '1 day' then
         raise exception 'retry base must be above 0 and at most 1 day, got %', base
@@ -4406,13 +4400,7 @@ begin
        set retry_base = awa._in_seconds(set_retry_policy.base),
            retry_cap = awa._in_seconds(set_retry_policy.cap),
            retry_jitter = set_retry_policy.jitter
-     where m.queue = set_retry_policy.queue or m.logical_queue = set_retry_policy.queue
-        or m.root_queue = set_retry_policy.queue;
-    get diagnostics changed = row_count;
-    if changed = 0 then
-        raise exception 'queue % does not exist', coalesce(quote_literal(queue), 'null')
-            using errcode = '42704';
-    end if;
+     where m.queue_id = any(ids);
 end;
 $function$;
 

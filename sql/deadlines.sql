@@ -101,7 +101,9 @@ security definer
 set search_path = pg_catalog, pg_temp
 as $$
 declare
-    changed integer;
+    -- Resolved once, before the update: an unknown name fails even when
+    -- no row would be scanned.
+    ids integer[] := awa._queue_ids(set_retry_policy.queue);
 begin
     if base <= interval '0' or base > interval '1 day' then
         raise exception 'retry base must be above 0 and at most 1 day, got %', base
@@ -125,13 +127,7 @@ begin
        set retry_base = awa._in_seconds(set_retry_policy.base),
            retry_cap = awa._in_seconds(set_retry_policy.cap),
            retry_jitter = set_retry_policy.jitter
-     where m.queue = set_retry_policy.queue or m.logical_queue = set_retry_policy.queue
-        or m.root_queue = set_retry_policy.queue;
-    get diagnostics changed = row_count;
-    if changed = 0 then
-        raise exception 'queue % does not exist', coalesce(quote_literal(queue), 'null')
-            using errcode = '42704';
-    end if;
+     where m.queue_id = any(ids);
 end;
 $$;
 
@@ -148,18 +144,14 @@ security definer
 set search_path = pg_catalog, pg_temp
 as $$
 declare
-    changed integer;
+    -- Resolved once, before the update: an unknown name fails even when
+    -- no row would be scanned.
+    ids integer[] := awa._queue_ids(set_max_run_time.queue);
 begin
     perform awa._check_max_run_time(max_run_time);
     update awa.queue_meta as m
        set max_run_time = awa._in_seconds(set_max_run_time.max_run_time)
-     where m.queue = set_max_run_time.queue or m.logical_queue = set_max_run_time.queue
-        or m.root_queue = set_max_run_time.queue;
-    get diagnostics changed = row_count;
-    if changed = 0 then
-        raise exception 'queue % does not exist', coalesce(quote_literal(queue), 'null')
-            using errcode = '42704';
-    end if;
+     where m.queue_id = any(ids);
 end;
 $$;
 

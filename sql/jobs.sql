@@ -35,27 +35,6 @@
 -- Tables directly manipulated: awa.ready, awa.scheduled, awa.running,
 -- awa.finished.
 
--- Function: awa._job_queue_ids(queue text) returns integer[]
--- The physical queues of a name: the queue itself, its partitions and
--- their stripes. Errors: 22004 null, 22023 a bad name, 42704 no such queue.
-create or replace function awa._job_queue_ids(queue text)
-returns integer[]
-language plpgsql
-stable
-set search_path = pg_catalog, pg_temp
-as $$
-begin
-    perform awa._queue(queue);
-    return array(
-        select m.queue_id
-          from awa.queue_meta as m
-         where m.queue = _job_queue_ids.queue or m.logical_queue = _job_queue_ids.queue
-            or m.root_queue = _job_queue_ids.queue
-         order by m.queue_id
-    );
-end;
-$$;
-
 -- Function: awa._check_job_state(state text) returns void
 -- Raises 22023 for a state that is not one of a job's six (null passes:
 -- the callers say what null means).
@@ -224,7 +203,7 @@ set plan_cache_mode = force_generic_plan
 set enable_seqscan = off
 as $$
 declare
-    ids integer[] := awa._job_queue_ids(queue);
+    ids integer[] := awa._queue_ids(queue);
     from_id bigint := coalesce(after_job_id, 0);
     terminal text[];
     -- How far into each lane ready jobs are listed: a page never reads more.
@@ -338,7 +317,7 @@ set search_path = pg_catalog, pg_temp
 set enable_seqscan = off
 as $$
 declare
-    ids integer[] := awa._job_queue_ids(queue);
+    ids integer[] := awa._queue_ids(queue);
     counted bigint;
 begin
     if state is null then
@@ -543,7 +522,7 @@ set enable_mergejoin = off
 set enable_seqscan = off
 as $$
 declare
-    ids integer[] := awa._job_queue_ids(queue);
+    ids integer[] := awa._queue_ids(queue);
     gone record;
     cancelled bigint := 0;
 begin
@@ -713,7 +692,7 @@ set enable_mergejoin = off
 set enable_seqscan = off
 as $$
 declare
-    ids integer[] := awa._job_queue_ids(queue);
+    ids integer[] := awa._queue_ids(queue);
     due record;
 begin
     perform awa._check_max_jobs('max_jobs', max_jobs);
@@ -762,7 +741,6 @@ begin
 end;
 $$;
 
-select awa._grant_execute('awa._job_queue_ids(text)');
 select awa._grant_execute('awa._check_job_state(text)');
 select awa._grant_execute('awa._check_max_jobs(text, integer)');
 select awa._grant_execute('awa._job_at(bigint)');

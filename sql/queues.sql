@@ -478,6 +478,29 @@ begin
 end;
 $$;
 
+-- Function: awa._queue_ids(queue text) returns integer[]
+-- The physical queues of an existing name: the queue itself, its partitions
+-- and their stripes, by queue_id. What every operator call that takes a
+-- logical name acts on. Errors: 22004 null, 22023 a bad name, 42704 no such
+-- queue (awa._queue).
+create or replace function awa._queue_ids(queue text)
+returns integer[]
+language plpgsql
+stable
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    perform awa._queue(queue);
+    return array(
+        select m.queue_id
+          from awa.queue_meta as m
+         where m.queue = _queue_ids.queue or m.logical_queue = _queue_ids.queue
+            or m.root_queue = _queue_ids.queue
+         order by m.queue_id
+    );
+end;
+$$;
+
 select awa._grant_execute('awa._queue_name_ok(text)');
 select awa._grant_execute('awa._priority_ok(smallint)');
 select awa._grant_execute('awa._max_attempts_ok(integer)');
@@ -492,6 +515,7 @@ select awa._grant_execute('awa._provision_counters(integer)');
 select awa._grant_execute('awa._provision_lanes(integer, integer)');
 select awa._grant_execute('awa._ensure_queue(text)');
 select awa._grant_execute('awa._queue(text)');
+select awa._grant_execute('awa._queue_ids(text)');
 select awa._grant_execute('awa._ensure_linked(text, text, boolean)');
 select awa._grant_execute('awa._ensure_stripe(text, integer)');
 select awa._grant_execute('awa._pick_stripe(awa.queue_meta, bytea)');

@@ -85,7 +85,9 @@ security definer
 set search_path = pg_catalog, pg_temp
 as $$
 declare
-    changed integer;
+    -- Resolved once, before the update: an unknown name fails even when
+    -- no row would be scanned.
+    ids integer[] := awa._queue_ids(set_retention.queue);
 begin
     if completed <= interval '0' or completed > interval '10 years'
        or failed <= interval '0' or failed > interval '10 years' then
@@ -95,13 +97,7 @@ begin
     end if;
     update awa.queue_meta as m
        set retain_completed = set_retention.completed, retain_failed = set_retention.failed
-     where m.queue = set_retention.queue or m.logical_queue = set_retention.queue
-        or m.root_queue = set_retention.queue;
-    get diagnostics changed = row_count;
-    if changed = 0 then
-        raise exception 'queue % does not exist', coalesce(queue, 'null')
-            using errcode = '42704';
-    end if;
+     where m.queue_id = any(ids);
 end;
 $$;
 

@@ -49,3 +49,5 @@ drop function if exists awa._cancel_waiting(
 drop function if exists awa._requeue(
     bigint[], integer[], smallint[], text[], jsonb[], bytea[], integer[], timestamptz[], text[]
 );
+-- Unreleased: the physical queues of a name have one home in queues.sql.
+drop function if exists awa._job_queue_ids(text);

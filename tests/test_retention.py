@@ -94,7 +94,7 @@ def test_set_retention_checks_its_input_and_covers_every_partition(db, logins):
         for bad in (("0 seconds", "1 day"), ("1 hour", "-1 day"), ("11 years", "1 day")):
             with pytest.raises(psycopg.errors.InvalidParameterValue, match="retention must"):
                 op.execute("select awa.set_retention('parts', %s, %s)", bad)
-        with pytest.raises(psycopg.errors.UndefinedObject, match="queue nope does not exist"):
+        with pytest.raises(psycopg.errors.UndefinedObject, match="queue 'nope' does not exist"):
             op.execute("select awa.set_retention('nope', '1 hour', '1 day')")
         op.execute("select awa.set_retention('parts', null, null)")
         assert op.execute("select retain_completed, retain_failed from awa.queue_overview"
