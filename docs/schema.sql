@@ -1263,12 +1263,13 @@ begin
     perform pg_advisory_xact_lock(awa._lock_class_provisioning(), 0);
     insert into awa.queue_meta (
         queue, logical_queue, root_queue, enqueue_shards, paused, max_run_time, retry_base,
-        retry_cap, retry_jitter
+        retry_cap, retry_jitter, retain_completed, retain_failed
     )
     values (
         physical, case when is_stripe then logical end,
         coalesce(anchor.root_queue, logical), anchor.enqueue_shards, anchor.paused,
-        anchor.max_run_time, anchor.retry_base, anchor.retry_cap, anchor.retry_jitter
+        anchor.max_run_time, anchor.retry_base, anchor.retry_cap, anchor.retry_jitter,
+        anchor.retain_completed, anchor.retain_failed
     )
     on conflict (queue) do update
         set root_queue = excluded.root_queue, logical_queue = excluded.logical_queue;

@@ -311,7 +311,7 @@ $$;
 -- Function: awa._ensure_linked(physical text, logical text, is_stripe boolean)
 -- A physical queue that belongs to a logical one (a stripe or a partition),
 -- created with the logical queue's S, pause state, max run time, retry
--- policy and lanes when missing; an existing ordinary queue of that name
+-- policy, retention and lanes when missing; an existing ordinary queue of that name
 -- joins it.
 create or replace function awa._ensure_linked(physical text, logical text, is_stripe boolean)
 returns awa.queue_meta
@@ -330,12 +330,13 @@ begin
     perform pg_advisory_xact_lock(awa._lock_class_provisioning(), 0);
     insert into awa.queue_meta (
         queue, logical_queue, root_queue, enqueue_shards, paused, max_run_time, retry_base,
-        retry_cap, retry_jitter
+        retry_cap, retry_jitter, retain_completed, retain_failed
     )
     values (
         physical, case when is_stripe then logical end,
         coalesce(anchor.root_queue, logical), anchor.enqueue_shards, anchor.paused,
-        anchor.max_run_time, anchor.retry_base, anchor.retry_cap, anchor.retry_jitter
+        anchor.max_run_time, anchor.retry_base, anchor.retry_cap, anchor.retry_jitter,
+        anchor.retain_completed, anchor.retain_failed
     )
     on conflict (queue) do update
         set root_queue = excluded.root_queue, logical_queue = excluded.logical_queue;

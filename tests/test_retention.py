@@ -105,6 +105,17 @@ def test_set_retention_checks_its_input_and_covers_every_partition(db, logins):
             conn.execute("select awa.set_retention('parts', '1 hour', '1 day')")
 
 
+def test_a_partition_made_after_set_retention_keeps_the_queues_retention(db, logins):
+    with db.connect(logins.operator) as op:
+        op.execute("select awa.set_queue_partitions('later', 2)")
+        op.execute("select awa.set_retention('later', '2 hours', '3 days')")
+        op.execute("select awa.set_queue_partitions('later', 4)")
+        rows = op.execute("select queue, retain_completed, retain_failed from awa.queue_overview"
+                          " where logical_queue = 'later' order by queue").fetchall()
+    assert [r[0] for r in rows] == ["later", "later__p1", "later__p2", "later__p3"]
+    assert {(str(r[1]), r[2].days) for r in rows} == {("2:00:00", 3)}
+
+
 def test_a_slot_past_every_retention_goes_whole(db, su, logins):
     su.execute("select awa.set_retention('short', '1 hour', '1 day')")
     su.execute("select awa.set_retention('long', '1 hour', '1 day')")
