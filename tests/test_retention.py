@@ -238,3 +238,34 @@ def test_no_job_is_lost_while_workers_complete_jobs_during_prunes(db, su, logins
                       ).fetchone() == (total, total)
     assert su.execute("select completed from awa.queue_overview where queue = 'work'"
                       ).fetchone()[0] == total
+
+
+def test_queue_counts_counts_every_row_for_a_reader_and_the_overview_agrees(db, logins):
+    """awa.queue_counts (reader, operator) counts each state's rows exactly,
+    partitions included; the overview's lane span and counters agree on a
+    queue whose producers committed; runtime roles other than these may
+    not call it."""
+    with db.connect(logins.operator) as op:
+        op.execute("select awa.set_queue_partitions('counted', 2)")
+    with db.connect(logins.producer) as p:
+        for i in range(12):
+            enqueue(p, "counted", ordering_key=f"k{i}".encode())
+        enqueue(p, "counted", run_at="2999-01-01T00:00:00Z")
+    with db.connect(logins.worker) as w:
+        jobs = claim(w, ["counted"], 5)
+        for job_id, lease, *_ in jobs[:3]:
+            assert w.execute("select awa.complete(%s, %s)", [job_id, lease]).fetchone()[0]
+        assert w.execute("select awa.fail(%s, %s, 'x')", jobs[3][:2]).fetchone()[0]
+    with db.connect(logins.reader) as r:
+        rows = r.execute("select * from awa.queue_counts('counted')").fetchall()
+        totals = [sum(col) for col in zip(*(row[1:] for row in rows), strict=True)]
+        overview = r.execute(
+            "select sum(ready), sum(running), sum(scheduled), sum(completed), sum(failed)"
+            " from awa.queue_overview where logical_queue = 'counted'").fetchone()
+    assert [row[0] for row in rows] == ["counted", "counted__p1"]
+    # ready, running, scheduled (the future job and the failed one's retry), kept terminal
+    assert totals == [7, 1, 2, 3, 0, 0]
+    assert list(overview) == [7, 1, 2, 3, 0]
+    for login in (logins.producer, logins.worker, logins.maintenance):
+        with db.connect(login) as conn, pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("select * from awa.queue_counts('counted')")
