@@ -50,11 +50,16 @@ demo: system-deps-demo $(STAMP)
 demo-stop: $(STAMP)
 	$(BIN)/awa demo --stop
 
+# Every bench, each replacing its block of the Current numbers in
+# docs/benchmarks.md (hours: the auto-scaler experiment alone takes 50
+# minutes). backend_cpu.py and before_after.py compare with a git revision
+# and need --before REF: run them by hand.
 bench: system-deps-bench $(STAMP)
 	@for script in bench/*.py; do \
-	  case $$script in */__init__.py|*/_*) continue;; esac; \
-	  echo "== $$script"; $(BIN)/python $$script || exit 1; \
+	  case $$script in */__init__.py|*/_*|*/backend_cpu.py|*/before_after.py) continue;; esac; \
+	  echo "== $$script"; $(BIN)/python $$script --write-docs || exit 1; \
 	done
+	@echo "== bench/e2e_pgbench.py --long"; $(BIN)/python bench/e2e_pgbench.py --long --write-docs
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis build dist

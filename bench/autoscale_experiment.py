@@ -33,8 +33,9 @@ from pathlib import Path
 
 import psycopg
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _server import bench_server, machine
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench import _docs
+from bench._server import bench_server, machine
 
 QUEUE = "experiment"
 HOT_KEYS = [f"hot-{i}".encode() for i in range(4)]
@@ -149,7 +150,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=60.0, help="per run (default 60)")
     parser.add_argument("--shapes", default="steady,bursty,skewed")
     parser.add_argument("--runs", type=int, default=3, help="runs per shape (default 3)")
+    _docs.add_argument(parser)
     args = parser.parse_args()
+    block = _docs.Block(__file__, "Auto-scaler experiment", args.write_docs)
     shapes = args.shapes.split(",")
     with bench_server() as dsn:
         with psycopg.connect(dsn, autocommit=True) as conn:
@@ -158,6 +161,7 @@ def main() -> None:
         print(f"# autoscale_experiment: {machine()}; PostgreSQL {version}; "
               f"synchronous_commit=on; {args.seconds:g} s per run", flush=True)
         verdicts = []
+        gate = []
         for shape in shapes:
             print(f"\n## {shape}: jobs/s, p99 enqueue latency, S changes")
             print(f"{'run':>3} | {'config':>8} | {'jobs/s':>9} | {'p99 ms':>8} | "
@@ -178,6 +182,10 @@ def main() -> None:
             most = max(n for r in runs["auto"] for _, n in r["per_phase"])
             ok = share >= 0.9 and most <= 2 and latency <= 1.2
             verdicts.append(ok)
+            gate.append(_docs.Target(
+                f"{shape}: auto within 10% of the best static S's throughput, p99 at most"
+                " 120% of its, at most 2 changes of S per phase", ok,
+                f"{share:.0%} of {best}, p99 {latency:.0%}, {most} changes"))
             print("medians: " + ", ".join(f"{c} {rate[c]:,.0f}/s p99 {p99[c]:.1f} ms"
                                           for c in CONFIGS))
             print(f"auto vs best static ({best}): throughput {share:.0%}, p99 {latency:.0%}; "
@@ -186,6 +194,7 @@ def main() -> None:
         verdict = ("PASS: auto may ship as recommended" if all(verdicts)
                    else "FAIL: shadow stays the default")
         print(f"\ngate: {verdict}")
+    block.write(gate)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ two sides alternated over R rounds; the CPU each backend used comes from
 time is what a busy machine disturbs least, where wall-clock benches swing
 by 2x. Prints medians, the rounds and after / before.
 
-    python bench/backend_cpu.py --before REF [--rounds 7] [--transactions 3000]
+    python bench/backend_cpu.py --before REF [--rounds 7] [--transactions 3000] [--write-docs]
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from pathlib import Path
 import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench import _docs
 from bench._server import bench_server, export_revision, install_revision, machine
 
 SHARDS = 16
@@ -58,7 +59,10 @@ def main() -> None:
     parser.add_argument("--before", required=True, metavar="REF")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--transactions", type=int, default=3000)
+    _docs.add_argument(parser)
     opts = parser.parse_args()
+    block = _docs.Block(__file__, "Backend CPU per enqueue transaction, before and after",
+                         opts.write_docs)
     with bench_server() as after_dsn, tempfile.TemporaryDirectory() as tmp:
         with psycopg.connect(after_dsn, autocommit=True) as admin:
             admin.execute("create database before_db")
@@ -99,6 +103,7 @@ def main() -> None:
         for conns in sides.values():
             for conn, _pid in conns:
                 conn.close()
+    block.write()
 
 
 if __name__ == "__main__":

@@ -8,11 +8,12 @@ even index entries can be marked dead), then a claim of 1 and of 10 is
 measured. Lanes: queues at S = 1, 8, 64 with jobs
 at one priority and at all four (keyed, so every lane has rows).
 
-    python bench/claim_cost.py
+    python bench/claim_cost.py [--write-docs]
 """
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import sys
 from pathlib import Path
@@ -20,6 +21,7 @@ from pathlib import Path
 import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench import _docs
 from bench._pgbench import table
 from bench._server import bench_server, machine
 
@@ -47,6 +49,11 @@ def fill(conn: psycopg.Connection, queue: str, jobs: int, priority: int) -> None
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawTextHelpFormatter)
+    _docs.add_argument(ap)
+    args = ap.parse_args()
+    block = _docs.Block(__file__, "Claim cost: dead rows and lanes", args.write_docs)
     with bench_server() as dsn, psycopg.connect(dsn, autocommit=True) as conn, \
             psycopg.connect(dsn) as horizon:
         server = conn.execute("show server_version").fetchone()[0]
@@ -90,6 +97,7 @@ def main() -> None:
     print("Lanes (keyed jobs in every lane of the priorities used):")
     print(table(["S", "lanes", "priorities used", "claim 1 buffers", "µs", "claim 10 buffers",
                  "µs"], lanes))
+    block.write()
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ procrastinate, and claim 1 at 4 clients against enqueue at 4 clients.
 
     python bench/claim_pgbench.py [--seconds 10] [--runs 3] [--clients 1,4,16]
                                   [--shards 1] [--preload 100000] [--no-worker]
-                                  [--before REF]
+                                  [--before REF] [--write-docs]
 
 --before REF adds "before 1" and "before 10" cells: awa.claim as it was at git
 revision REF, installed beside the current one as public.claim_before, so a
@@ -40,6 +40,7 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from awa_sql.worker import Worker
+from bench import _docs
 from bench._pgbench import Cell, Grid, install_procrastinate, pgbench_version, table
 from bench._server import bench_server, install_before, machine
 
@@ -124,7 +125,9 @@ def main() -> None:
     ap.add_argument("--preload", type=int, default=100_000)
     ap.add_argument("--no-worker", action="store_true")
     ap.add_argument("--before", metavar="REF", help="also measure awa.claim as of git REF")
+    _docs.add_argument(ap)
     args = ap.parse_args()
+    block = _docs.Block(__file__, "Claim throughput", args.write_docs)
     clients = [int(c) for c in args.clients.split(",")]
 
     with bench_server() as dsn:
@@ -173,9 +176,17 @@ def main() -> None:
         header.append("Worker (slots = clients)")
     print("jobs/s (spread)")
     print(table(header, rows))
+    targets = []
+    for c in clients:
+        ahead = grid.median("claim 1", c) / grid.median("procrastinate", c)
+        targets.append(_docs.Target(f"claim 1 + complete ahead of procrastinate at {c} client"
+                                    + ("s" if c > 1 else ""), ahead > 1, f"{ahead:.2f}x"))
     if 4 in clients:
         ratio = grid.median("claim 1", 4) / grid.median("enqueue", 4)
         print(f"claim 1 + complete at 4 clients / enqueue at 4 clients: {ratio:.0%}")
+        targets.append(_docs.Target("claim 1 + complete at 4 clients at least 60% of awa.enqueue"
+                                    " at 4", ratio >= 0.6, f"{ratio:.0%}"))
+    block.write(targets)
 
 
 if __name__ == "__main__":

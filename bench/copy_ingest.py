@@ -7,7 +7,10 @@ dicts in, the same COPY and call underneath); compares both with a raw COPY
 of the same text lines into a table shaped like awa.ready, measured in the
 same run. Prints rows/s and the fractions.
 
-    python bench/copy_ingest.py [--rows 1000000] [--shards 4]
+Target (the partitioned-queues issue): enqueue_many_copy at least 75% of the
+raw COPY's rows/s.
+
+    python bench/copy_ingest.py [--rows 1000000] [--shards 4] [--write-docs]
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from awa_sql.client import enqueue_many_copy
+from bench import _docs
 from bench._server import bench_server, machine
 
 STAGING = ("copy awa.copy_staging (queue, priority, ordering_key, kind, args, run_at,"
@@ -81,7 +85,10 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--shards", type=int, default=4)
+    _docs.add_argument(parser)
     args = parser.parse_args()
+    block = _docs.Block(__file__, "COPY ingestion", args.write_docs)
+    targets = []
     with bench_server() as dsn:
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute("create table copy_ceiling (like awa.ready including all)")
@@ -102,6 +109,9 @@ def main():
                   f"COPY + awa.enqueue_copied() {args.rows / ours:>10,.0f} rows/s "
                   f"({raw / ours:.0%} of raw) | enqueue_many_copy "
                   f"{args.rows / client:>10,.0f} rows/s ({raw / client:.0%} of raw)", flush=True)
+            targets.append(_docs.Target(f"{label}: enqueue_many_copy at least 75% of a raw COPY",
+                                        raw / client >= 0.75, f"{raw / client:.0%}"))
+    block.write(targets)
 
 
 if __name__ == "__main__":

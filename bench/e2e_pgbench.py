@@ -49,6 +49,9 @@ partitions summed, if any) and awa.lane_heads. Target: the last minute's
 consumed/s >= 0.9 x the first minute's.
 
     python bench/e2e_pgbench.py --long [--long-seconds 600]
+
+--write-docs writes the run's block of docs/benchmarks.md (--long has a
+block of its own).
 """
 
 from __future__ import annotations
@@ -75,6 +78,7 @@ from psycopg.conninfo import make_conninfo
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from awa_sql import migrate
 from awa_sql.roles import Roles
+from bench import _docs
 from bench._pgbench import install_procrastinate, pgbench_binary, pgbench_version, table
 from bench._server import bench_server, machine
 from bench.enqueue_pgbench import PROCRASTINATE_JOB
@@ -481,6 +485,23 @@ def report(chosen: Sequence[System], results: dict[str, list[Outcome]],
     return "\n".join(out)
 
 
+def targets(chosen: Sequence[System], results: dict[str, list[Outcome]]) -> list[_docs.Target]:
+    out = []
+    for s in chosen:
+        if s.shards not in TARGET_SHARDS:
+            continue
+        runs = results[s.key]
+        produced = statistics.median(o.produced_rate for o in runs)
+        consumed = statistics.median(o.consumed_rate for o in runs)
+        share = statistics.median(o.share for o in runs)
+        out.append(_docs.Target(
+            f"{s.name}: consumed/s >= produced/s (within 1 job/s), backlog"
+            f" < {MAX_BACKLOG_SHARE:.0%} of produced",
+            keeps_up(produced, consumed) and share < MAX_BACKLOG_SHARE,
+            f"{consumed:,.0f} of {produced:,.0f}/s, backlog {share:.1%}"))
+    return out
+
+
 # --- --long ----------------------------------------------------------------
 
 
@@ -522,7 +543,8 @@ def long_reader(conn: psycopg.Connection) -> tuple[str, Callable[[psycopg.Connec
     return note, read
 
 
-def long_run(dsn: str, args: argparse.Namespace, hold_snapshot: bool) -> list[str]:
+def long_run(dsn: str, args: argparse.Namespace, hold_snapshot: bool) -> tuple[list[str], float]:
+    """The lines printed, and the last minute's consumed/s over the first's."""
     system = next(s for s in systems() if s.key == "s8")
     label = "snapshot held" if hold_snapshot else "plain"
     seconds, every = args.long_seconds, args.every
@@ -579,7 +601,7 @@ def long_run(dsn: str, args: argparse.Namespace, hold_snapshot: bool) -> list[st
         emit(f"NOTE: the sampled consumed count ({end['consumed']:,}, read once both had"
              f" stopped) differs from produced less backlog ({exact:,}): the per-{every} s"
              " rates are not to be trusted")
-    return lines
+    return lines, ratio
 
 
 # --- main --------------------------------------------------------------------
@@ -598,7 +620,13 @@ def main() -> None:
     ap.add_argument("--every", type=int, default=30, help="--long: seconds between samples")
     ap.add_argument("--idle-sleep-ms", type=int, default=0,
                     help="workers sleep this long after an empty claim (default 0: never)")
+    _docs.add_argument(ap)
     args = ap.parse_args()
+    if args.long:
+        block = _docs.Block(__file__, "Ten minutes at S = 8, plain and with a snapshot held",
+                            args.write_docs, variant="long")
+    else:
+        block = _docs.Block(__file__, "Producers and workers at once", args.write_docs)
     all_systems = systems()
     wanted = [w.strip() for w in args.cells.split(",") if w.strip()]
     unknown = set(wanted) - {s.key for s in all_systems}
@@ -617,8 +645,11 @@ def main() -> None:
             if args.long:
                 print(head + f"; {args.long_seconds} s, sampled every {args.every} s",
                       flush=True)
-                for hold in (False, True):
-                    long_run(dsn, args, hold)
+                ratios = {hold: long_run(dsn, args, hold)[1] for hold in (False, True)}
+                block.write([_docs.Target(
+                    f"{'snapshot held' if hold else 'plain'}: the last minute's consumed/s"
+                    f" >= {MIN_LONG_RATIO} x the first minute's", ratio >= MIN_LONG_RATIO,
+                    f"{ratio:.2f}") for hold, ratio in ratios.items()])
                 return
             results: dict[str, list[Outcome]] = {}
             for run_no in range(1, args.runs + 1):
@@ -636,6 +667,7 @@ def main() -> None:
     print(head + f"; procrastinate {peer_version}; {args.seconds} s per cell,"
           f" median of {args.runs}, cells interleaved per run, each in a fresh database\n")
     print(report(chosen, results, args))
+    block.write(targets(chosen, results))
 
 
 if __name__ == "__main__":

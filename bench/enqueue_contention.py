@@ -13,11 +13,15 @@ third table: single-row transactions each with an ordering key drawn from
 one). Synchronous commit stays on.
 
     python bench/enqueue_contention.py [--seconds 5] [--producers 1,4,16] [--shards 1,2,4,8,16]
-                                       [--keyed] [--before REF]
+                                       [--keyed] [--before REF] [--write-docs]
 
 --before REF adds a table for single-row transactions through awa.enqueue as
 of git revision REF (installed beside today's as public.enqueue_before), so
 a change's before and after run side by side.
+
+Targets (the storage-core issue), as fractions of the ceiling: 1 producer,
+single rows, 85% at every S; 16 producers, single rows, 90% at S = 16 and
+75% at S = 8; 16 producers, 100-row batches, 80% at S = 8.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from pathlib import Path
 import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench import _docs
 from bench._server import bench_server, install_enqueue_before, machine
 
 BATCH = 100
@@ -137,6 +142,27 @@ def hashing_cost(dsn):
         return out
 
 
+# (kind, producers, S or None for every S, fraction of the ceiling)
+TARGETS = (("single", 1, None, 0.85), ("single", 16, 16, 0.90), ("single", 16, 8, 0.75),
+           ("batch", 16, 8, 0.80))
+
+
+def targets(shares: dict[tuple[str, int, int], float]) -> list[_docs.Target]:
+    out = []
+    for kind, producers, shards, goal in TARGETS:
+        got = [v for (k, p, s), v in shares.items()
+               if (k, p) == (kind, producers) and shards in (None, s)]
+        if not got:
+            continue
+        rows = "single rows" if kind == "single" else f"{BATCH}-row batches"
+        where = "every S" if shards is None else f"S = {shards}"
+        measured = f"{min(got):.0%}" + (f"-{max(got):.0%}" if len(got) > 1 else "")
+        out.append(_docs.Target(f"{producers} producer{'s' if producers > 1 else ''}, {rows}:"
+                                f" at least {goal:.0%} of the ceiling at {where}",
+                                min(got) >= goal, measured))
+    return out
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=5.0)
@@ -146,7 +172,10 @@ def main():
                         help="also run single-row transactions with ordering keys")
     parser.add_argument("--before", metavar="REF",
                         help="also run single-row transactions through awa.enqueue as of git REF")
+    _docs.add_argument(parser)
     args = parser.parse_args()
+    block = _docs.Block(__file__, "Enqueue under contention", args.write_docs)
+    shares = {}
     producer_counts = [int(x) for x in args.producers.split(",")]
     shard_counts = [int(x) for x in args.shards.split(",")]
 
@@ -191,11 +220,13 @@ def main():
                     reset(dsn, shards)
                     rate = run_cell(dsn, kind, producers, args.seconds)
                     cells.append(f"{rate:,.0f} ({rate / ceiling:.0%})")
+                    shares[(kind, producers, shards)] = rate / ceiling
                 row = [str(producers), f"{ceiling:,.0f}", *cells]
                 print(" | ".join(f"{c:>16}" for c in row), flush=True)
         print("\n## routing hash cost (µs per key, awa.shard_for_ordering_key)")
         for label, micros in hashing_cost(dsn).items():
             print(f"{label:>16}: {micros:.2f} µs")
+    block.write(targets(shares))
 
 
 if __name__ == "__main__":

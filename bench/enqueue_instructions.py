@@ -34,6 +34,7 @@ Cells of 100 rows, per job:
 on a fresh copy of one cluster, so no cell pays for rows an earlier one left.
 
     python bench/enqueue_instructions.py [--before REF] [--beside REF] [--profile CELL]
+                                         [--write-docs]
 
 --before REF measures the same cells on a second server migrated with the
 tree of git revision REF. Two servers built from two trees differ by a few
@@ -45,6 +46,8 @@ public.enqueue_batch_before; their fast paths must still work with today's
 schema), the closest before/after of a change to those functions.
 --profile CELL prints the functions whose
 inclusive instruction counts one call of CELL adds up to (callgrind_annotate).
+Target (ADR 026): a change that adds no option costs awa.enqueue and
+awa.enqueue_batch at most 2% more instructions than REF.
 Needs valgrind (apt-get install valgrind).
 """
 
@@ -67,6 +70,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from awa_sql import migrate
 from awa_sql.demo import embedded
 from awa_sql.roles import Roles
+from bench import _docs
 from bench._server import export_revision, install_before, install_revision, machine
 from bench.enqueue_pgbench import ROW, VALUES, setup
 
@@ -290,10 +294,13 @@ def main() -> None:
     ap.add_argument("--beside", metavar="REF",
                     help="also measure REF's enqueue functions beside today's")
     ap.add_argument("--profile", metavar="CELL", choices=list(CELLS))
+    _docs.add_argument(ap)
     args = ap.parse_args()
+    block = _docs.Block(__file__, "Server instructions per enqueue", args.write_docs)
     prepare = setup_ladders
+    beside = ""
     if args.beside:
-        add_beside(args.beside)
+        beside = add_beside(args.beside)
 
         def prepare(conn: psycopg.Connection) -> None:
             setup_ladders(conn)
@@ -336,6 +343,29 @@ def main() -> None:
                   + f" | {now[name] / now['floor']:.2f}x | {adds} |")
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    block.write(targets(results, args.before, args.beside, beside))
+
+
+BUDGET = 0.02
+BUDGET_CELLS = ("enqueue S=1", "enqueue S=16", "keyed S=16", "busy S=8", f"batch S=16 / {BATCH}")
+
+
+def targets(results: dict[str, dict[str, float]], before: str | None, beside_ref: str | None,
+            beside: str) -> list[_docs.Target]:
+    """The 2% budget, against --before REF's tree and --beside REF's functions."""
+    now = results["now"]
+    pairs = []
+    if before:
+        pairs += [(f"{name} at most {BUDGET:.0%} over {before}", now[name],
+                   results[f"at {before}"][name]) for name in BUDGET_CELLS]
+    if beside_ref:
+        pairs += [(f"{name} at most {BUDGET:.0%} over {beside_ref}'s function, beside",
+                   now[name], now[name + beside]) for name in BUDGET_CELLS if name + beside in now]
+    if not pairs:
+        return [_docs.Target(f"awa.enqueue, awa.enqueue_batch at most {BUDGET:.0%} over REF", None,
+                             "run with --before REF or --beside REF")]
+    return [_docs.Target(label, value <= base * (1 + BUDGET), f"{value / base - 1:+.1%}")
+            for label, value, base in pairs]
 
 
 if __name__ == "__main__":

@@ -23,10 +23,16 @@ cell against procrastinate's.
 
     python bench/enqueue_pgbench.py [--seconds 10] [--runs 3] [--clients 1,16]
                                     [--only enqueue,keyed,...] [--before REF]
+                                    [--write-docs]
 
 --before REF adds "before S=N" cells: awa.enqueue as it was at git revision
 REF, installed beside the current one as public.enqueue_before, so a change's
 before and after run side by side on one server.
+
+Targets (the enqueue-core issue; ADR 022 judges the 16-client ones against
+the lane floor): with 16 clients awa.enqueue at S = 16 at least 85% of the
+floor and at S = 8 70%; with 1 client 85%; 100-row batches at S = 16 at
+least 75% of the batched INSERT.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from awa_sql.roles import Roles
+from bench import _docs
 from bench._pgbench import Cell, Grid, install_procrastinate, pgbench_version, table
 from bench._server import bench_server, install_enqueue_before, machine
 
@@ -143,6 +150,35 @@ def report(grid: Grid, clients: int) -> str:
                  rows)
 
 
+def targets(grid: Grid) -> list[_docs.Target]:
+    """The targets whose cells ran, each with the lane floor that bounds it."""
+    def ran(name: str, clients: int) -> bool:
+        return (name, clients) in grid.results
+
+    def share(name: str, base: str, clients: int) -> float:
+        return grid.median(name, clients) / grid.median(base, clients)
+
+    out = []
+    for s, goal in ((16, 0.85), (8, 0.70)):
+        if ran(f"enqueue S={s}", 16):
+            got = share(f"enqueue S={s}", "floor", 16)
+            bound = (f"; lane floor S = {s}: {share(f'lane floor S={s}', 'floor', 16):.0%}"
+                     if ran(f"lane floor S={s}", 16) else "")
+            out.append(_docs.Target(f"16 clients: awa.enqueue S = {s} at least {goal:.0%} of the"
+                                    " floor", got >= goal, f"{got:.0%}{bound}"))
+    single = [share(f"enqueue S={s}", "floor", 1) for s in SHARDS if ran(f"enqueue S={s}", 1)]
+    if single:
+        out.append(_docs.Target("1 client: awa.enqueue at least 85% of the floor at every S",
+                                min(single) >= 0.85, f"{min(single):.0%}-{max(single):.0%}"))
+    for c in grid.clients:
+        if ran("batch S=16", c):
+            got = share("batch S=16", "batch INSERT", c)
+            out.append(_docs.Target(f"{c} client{'s' if c > 1 else ''}: awa.enqueue_batch S = 16"
+                                    " at least 75% of the batched INSERT", got >= 0.75,
+                                    f"{got:.0%}"))
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--seconds", type=float, default=10)
@@ -152,7 +188,9 @@ def main() -> None:
     ap.add_argument("--only", default="",
                     help="comma-separated name prefixes; floor, batch INSERT and the"
                          " procrastinate cells always run")
+    _docs.add_argument(ap)
     args = ap.parse_args()
+    block = _docs.Block(__file__, "Enqueue with a C client", args.write_docs)
     wanted = [w.strip() for w in args.only.split(",") if w.strip()]
     always = {"floor", "batch INSERT", "procrastinate", "procrastinate batch"}
     chosen = [c for c in cells(before=bool(args.before))
@@ -172,6 +210,7 @@ def main() -> None:
     for c in clients:
         print(f"\n## {c} client{'s' if c > 1 else ''}\n")
         print(report(grid, c))
+    block.write(targets(grid))
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ S = 8), so they grow until that window is full (from 8,000 ready jobs on)
 and then no more: with 1,000,000 at most 2x their time with 10,000.
 awa.job on a ready or unknown job scans awa.ready, as documented.
 
-    python bench/jobs_page.py [--sizes 1000,10000,1000000]
+    python bench/jobs_page.py [--sizes 1000,10000,1000000] [--write-docs]
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ from pathlib import Path
 import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench import _docs
 from bench._server import bench_server, machine
 
 RUNS = 15
@@ -133,7 +134,9 @@ def main() -> None:
                                  formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--sizes", default="1000,10000,1000000",
                     help="jobs per state of each queue, ascending (default %(default)s)")
+    _docs.add_argument(ap)
     args = ap.parse_args()
+    block = _docs.Block(__file__, "The job tools", args.write_docs)
     sizes = sorted(int(n) for n in args.sizes.split(","))
     results = {}
     with bench_server() as dsn, psycopg.connect(dsn, autocommit=True) as conn:
@@ -154,16 +157,22 @@ def main() -> None:
           + f"  {sizes[-1]:,} / baseline")
     full = next((n for n in sizes if n >= WINDOW), sizes[-1])
     missed = []
+    worst = (0.0, "")
     for name in names:
         base = full if name in WINDOW_CALLS else sizes[0]
         ratio = results[sizes[-1]][name] / results[base][name]
         mark = "  (scan)" if name in SCANS else f"  vs {base:,}"
         print(f"{name.ljust(width)}  " + "  ".join(f"{results[n][name]:10.2f}" for n in sizes)
               + f"  {ratio:6.2f}{mark}")
-        if name not in SCANS and ratio > 2:
-            missed.append(name)
+        if name not in SCANS:
+            worst = max(worst, (ratio, name))
+            if ratio > 2:
+                missed.append(name)
     print("targets (pages, count, keyed job within 2x of their baseline):",
           "met" if not missed else f"missed by {', '.join(missed)}")
+    block.write([_docs.Target("pages, count and keyed job at most 2x their baseline", not missed,
+                              f"at most {worst[0]:.2f}x ({worst[1]})"
+                              + (f"; over: {', '.join(missed)}" if missed else ""))])
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ registered with P = 1, 2, 4, 8 partitions (awa.set_queue_partitions; the
 database routes each job), at S = 1, unkeyed; then one keyed cell with
 P = 4 partitions x S = 4 shards. Prints jobs/s per cell.
 
-    python bench/partitions.py [--seconds 5] [--producers 16]
+    python bench/partitions.py [--seconds 5] [--producers 16] [--write-docs]
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from pathlib import Path
 import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench import _docs
 from bench._server import bench_server, machine
 
 
@@ -56,7 +57,9 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--producers", type=int, default=16)
+    _docs.add_argument(parser)
     args = parser.parse_args()
+    block = _docs.Block(__file__, "Partitioned queues", args.write_docs)
     with bench_server() as dsn:
         with psycopg.connect(dsn, autocommit=True) as conn:
             version = conn.execute("show server_version").fetchone()[0]
@@ -72,6 +75,7 @@ def main():
             rate = run_cell(dsn, queue, keyed, args.producers, args.seconds)
             print(f"P = {partitions}, S = {shards}, {'keyed' if keyed else 'unkeyed':>8}:"
                   f" {rate:>8,.0f} jobs/s", flush=True)
+    block.write()
 
 
 if __name__ == "__main__":

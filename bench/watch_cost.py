@@ -14,7 +14,7 @@ awa.finished. For each, the median of 9 timings of:
 Target (the steady-state issue): the overview and a scrape with `full` take
 at most 2x their time with only `empty`.
 
-    python bench/watch_cost.py [--ready 1000000] [--finished 5000000]
+    python bench/watch_cost.py [--ready 1000000] [--finished 5000000] [--write-docs]
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from awa_sql.metrics.database import render
+from bench import _docs
 from bench._server import bench_server, machine
 
 RUNS = 9
@@ -70,7 +71,9 @@ def main() -> None:
                                  formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--ready", type=int, default=1_000_000)
     ap.add_argument("--finished", type=int, default=5_000_000)
+    _docs.add_argument(ap)
     args = ap.parse_args()
+    block = _docs.Block(__file__, "Watching a queue", args.write_docs)
     with bench_server() as dsn, psycopg.connect(dsn, autocommit=True) as conn:
         for q in ("empty", "full"):
             conn.execute("select awa.set_enqueue_shards(%s, 8)", [q])
@@ -104,6 +107,10 @@ def main() -> None:
     ok = (rows["full"]["overview"] <= 2 * rows["empty"]["overview"]
           and scrape_full <= 2 * scrape_empty)
     print(f"\ntarget (overview and scrape at most 2x empty): {'met' if ok else 'missed'}")
+    overview = rows["full"]["overview"] / rows["empty"]["overview"]
+    block.write([_docs.Target("the overview and a scrape with `full` at most 2x with only `empty`",
+                              ok, f"overview {overview:.2f}x, scrape"
+                                  f" {scrape_full / scrape_empty:.2f}x")])
 
 
 if __name__ == "__main__":
