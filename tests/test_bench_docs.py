@@ -4,10 +4,15 @@ bench's place in it. No bench runs here."""
 from __future__ import annotations
 
 import re
+import runpy
 import sys
+from pathlib import Path
 
 import pytest
 from bench import _docs
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCHES = sorted(p for p in (ROOT / "bench").glob("*.py") if not p.name.startswith("_"))
 
 DOC = """\
 # Benchmarks
@@ -122,3 +127,16 @@ def test_a_block_without_its_block_fails_before_the_run(tmp_path):
         _docs.Block("bench/claim_cost.py", "Claim cost", True, docs=docs)
     _docs.Block("bench/claim_cost.py", "Claim cost", False, docs=docs).write()
     assert docs.read_text() == DOC
+
+
+@pytest.mark.parametrize("script", BENCHES, ids=lambda p: p.name)
+def test_every_bench_has_a_block_and_takes_write_docs(script, monkeypatch, capsys):
+    _docs.replace_block(_docs.DOCS.read_text(), script.stem, "checked")
+    # Checked first: a script without the flag may have no parser to stop at --help.
+    assert "_docs.add_argument(" in script.read_text(), f"{script.name} takes no --write-docs"
+    # As `python bench/NAME.py --help`: argparse prints and exits before any work.
+    monkeypatch.setattr(sys, "argv", [str(script), "--help"])
+    with pytest.raises(SystemExit) as exit_:
+        runpy.run_path(str(script), run_name="__main__")
+    assert exit_.value.code == 0
+    assert "--write-docs" in capsys.readouterr().out
