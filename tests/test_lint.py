@@ -127,7 +127,7 @@ NOT_OBJECTS = {
     "_check_",  # "awa._check_*", the family
     "anything", "f", "job",  # placeholders in examples
     "maintain",  # docs/observability.md: the metric names awa.maintain.*
-    "_enqueue_slow",  # docs/benchmarks.md: a measurement from before it was retired
+    "_enqueue_slow",  # docs/benchmarks-history.md: a measurement from before it was retired
 }
 
 

@@ -355,7 +355,7 @@ def test_claim_cost_follows_lanes_not_history(db, logins):
     """A claim after 20,000 jobs went through a queue costs about what it cost
     after 10,000: the cost follows lanes, not history. Both are measured after
     a VACUUM (what autovacuum does on its cadence; awa.ready and awa.running
-    are tuned for it). Between vacuums dead heads do cost: docs/benchmarks.md
+    are tuned for it). Between vacuums dead heads do cost: docs/benchmarks-history.md
     has the number."""
     stats = (
         "select relname, heap_blks_read + heap_blks_hit + coalesce(idx_blks_read, 0)"
