@@ -134,11 +134,11 @@ def command(script: str, argv: Sequence[str]) -> str:
     return " ".join([".venv/bin/python", f"bench/{Path(script).name}", *map(shlex.quote, args)])
 
 
-def render(title: str, script: str, cmd: str, at: str, machine: str, date: str, printed: str,
+def render(title: str, script: str, cmd: str, at: str, host: str, date: str, printed: str,
            targets: Sequence[Target]) -> str:
     parts = [f"### {title} (`bench/{Path(script).name}`)",
              f"```sh\n{cmd}\n```",
-             f"At {at}, {date}, written by `--write-docs`. Machine: {machine}.",
+             f"At {at}, {date}, written by `--write-docs`. Machine: {host}.",
              render_output(printed)]
     if targets:
         parts.append(render_targets(targets))
@@ -166,19 +166,21 @@ class _Tee(io.TextIOBase):
 
 
 class Block:
-    """A bench's block. When enabled: its markers are checked now, stdout is
-    teed from now on, and write() puts the block in docs/benchmarks.md.
-    When not, write() does nothing. `variant` names a second block of the
-    same script (e2e_pgbench's --long run)."""
+    """A bench's block. When enabled: its markers are checked and the commit
+    and date taken now (what the run measures is the tree as it starts),
+    stdout is teed from now on, and write() puts the block in
+    docs/benchmarks.md. When not, write() does nothing. `variant` names a
+    second block of the same script (e2e_pgbench's --long run)."""
 
     def __init__(self, script: str, title: str, enabled: bool, variant: str = "",
                  docs: Path = DOCS) -> None:
-        self.script, self.title, self.enabled, self.docs = script, title, enabled, docs
+        self.script, self.title, self.docs = script, title, docs
         self.name = Path(script).stem + (f"-{variant}" if variant else "")
         self.argv = sys.argv[1:]
         self._tee: _Tee | None = None
         if enabled:
             _block_span(docs.read_text(), self.name)
+            self.at, self.date = commit(), datetime.now(UTC).date().isoformat()
             self._tee = _Tee(sys.stdout)
             sys.stdout = self._tee
 
@@ -186,8 +188,7 @@ class Block:
         if self._tee is None:
             return
         sys.stdout = self._tee.stream
-        body = render(self.title, self.script, command(self.script, self.argv), commit(),
-                      machine(), datetime.now(UTC).date().isoformat(),
-                      self._tee.copy.getvalue(), targets)
+        body = render(self.title, self.script, command(self.script, self.argv), self.at,
+                      machine(), self.date, self._tee.copy.getvalue(), targets)
         write_block(self.name, body, self.docs)
         print(f"wrote the block {self.name} of {self.docs}", file=sys.stderr)

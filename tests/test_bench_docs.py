@@ -114,6 +114,7 @@ def test_a_block_writes_the_run_and_its_targets(tmp_path, monkeypatch, capsys):
     block = text.split("<!-- bench:claim_instructions -->\n")[1].split("<!-- /bench")[0]
     assert block.startswith("### Claims (`bench/claim_instructions.py`)\n")
     assert ".venv/bin/python bench/claim_instructions.py --x 'a b'\n" in block
+    assert f"\nAt {_docs.commit()}, " in block
     assert "| claim 1 | 662.1 |" in block
     assert "| S = 16 / S = 1 <= 1.30x | missed, 1.50x |" in block
     assert "| within 2% of REF | not measured, needs --before REF |" in block
