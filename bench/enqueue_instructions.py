@@ -110,7 +110,7 @@ RUNGS = {
     "rung_result": ("", "awa.enqueued",
                     f"{_LOOKUP} {_LOCK} {_ONE} returning awa.ready.lane_seq, awa.ready.job_id"
                     " into new_seq, new_job;"
-                    " return row(new_job, queue_name, 2::smallint, shard, new_seq)"
+                    " return row(new_job, queue_name, 2::smallint, shard, new_seq{duplicate})"
                     "::awa.enqueued;"),
     # 100 rows, after the batched INSERT
     "rung_batch_floor": (_ARRAYS, "void",
@@ -122,7 +122,7 @@ RUNGS = {
     "rung_batch_rows": (_ARRAYS, "setof awa.enqueued",
                         f"{_LOOKUP} {_LOCK} {_RANGE} return query {_MANY}"
                         " returning awa.ready.job_id, queue_name, 2::smallint, shard,"
-                        " awa.ready.lane_seq;"),
+                        " awa.ready.lane_seq{duplicate};"),
 }
 _FILL = f"array_fill('bench.job'::text, array[{BATCH}])"
 
@@ -145,6 +145,19 @@ CELLS = {
     "batch S=16 / 100": ("select count(*) from awa.enqueue_batch("
                          f"array_fill('bench_s16'::text, array[{BATCH}]), {_FILL})"),
 }
+# Unique keys (ADR 027), in trees that have them: a new key at every call,
+# the same key at every call (all but the first are duplicates), a batch of
+# new keys.
+_NEW_KEY = "int8send(nextval('public.bench_keys'))"
+UNIQUE = {
+    "unique key S=16": f"select awa.enqueue('bench_s16', 'bench.job', unique_key => {_NEW_KEY})",
+    "duplicate S=16": "select awa.enqueue('bench_s16', 'bench.job', unique_key => 'same')",
+    "unique batch S=16 / 100": (
+        "select count(*) from awa.enqueue_batch("
+        f"array_fill('bench_s16'::text, array[{BATCH}]), {_FILL}, unique_keys => array("
+        f"select {_NEW_KEY} from generate_series(1, {BATCH})))"),
+}
+CELLS.update(UNIQUE)
 BESIDE = {
     "enqueue S=16": "select public.enqueue_before('bench_s16', 'bench.job')",
     "keyed S=16": ("select public.enqueue_before('bench_s16', 'bench.job',"
@@ -181,10 +194,16 @@ def setup_ladders(conn: psycopg.Connection) -> None:
     """The pgbench harness's objects, and the ladders' rungs."""
     setup(conn)
     owner = Roles().owner
+    conn.execute("create sequence public.bench_keys")
+    # awa.enqueued's columns as this tree has them (duplicate since ADR 027).
+    duplicate = ", false" if conn.execute(
+        "select exists (select from pg_attribute where attrelid = 'awa.enqueued'::regclass"
+        " and attname = 'duplicate')").fetchone()[0] else ""
     for name, (args, returns, body) in RUNGS.items():
         # The shard's type as in awa.enqueue (integer) and awa.enqueue_batch (smallint).
         shard = "smallint" if args else "integer"
-        conn.execute(_RUNG.format(name=name, args=args, returns=returns, shard=shard, body=body))
+        conn.execute(_RUNG.format(name=name, args=args, returns=returns, shard=shard,
+                                  body=body.replace("{duplicate}", duplicate)))
         conn.execute(f"alter function public.{name} owner to {owner}")
 
 
@@ -321,7 +340,7 @@ def main() -> None:
             outdir.mkdir()
             results[label] = {}
             for name in CELLS:
-                if label != "now" and name.endswith(", beside)"):
+                if label != "now" and (name.endswith(", beside)") or name in UNIQUE):
                     continue
                 results[label][name] = per_call(pgdata, name, outdir)
                 print(f"  {label} {name}: {results[label][name] / 1000:,.1f}k",

@@ -27,7 +27,8 @@ CREATE TYPE awa.enqueued AS (
     queue text,
     priority smallint,
     enqueue_shard smallint,
-    lane_seq bigint
+    lane_seq bigint,
+    duplicate boolean
 );
 
 CREATE TYPE awa.job_info AS (
@@ -138,7 +139,9 @@ CREATE UNLOGGED TABLE awa.copy_staging (
     args jsonb,
     run_at timestamp with time zone,
     max_attempts integer,
-    max_run_time interval
+    max_run_time interval,
+    unique_key bytea,
+    unique_window interval
 );
 
 CREATE TABLE awa.finished (
@@ -156,6 +159,8 @@ CREATE TABLE awa.finished (
     ordering_key bytea,
     last_error text,
     max_run_time interval,
+    unique_key bytea,
+    unique_window interval,
     CONSTRAINT finished_pkey PRIMARY KEY (job_id, slot),
     CONSTRAINT finished_slot_range CHECK (((slot >= 0) AND (slot <= 63))),
     CONSTRAINT finished_state_known CHECK ((state = ANY (ARRAY['completed'::text, 'failed'::text, 'cancelled'::text])))
@@ -335,6 +340,7 @@ CREATE TABLE awa.queue_meta (
     retry_base interval,
     retry_cap interval,
     retry_jitter numeric,
+    unique_jobs boolean DEFAULT false NOT NULL,
     CONSTRAINT queue_meta_pkey PRIMARY KEY (queue),
     CONSTRAINT queue_meta_enqueue_shards_range CHECK (((enqueue_shards >= 1) AND (enqueue_shards <= 64))),
     CONSTRAINT queue_meta_lane_ids_shape CHECK ((array_dims(lane_ids) = '[1:4][0:63]'::text)),
@@ -393,6 +399,7 @@ CREATE TABLE awa.running (
     completed_seq regclass,
     max_run_time interval,
     deadline_at timestamp with time zone,
+    unique_jobs boolean DEFAULT false NOT NULL,
     CONSTRAINT running_pkey PRIMARY KEY (job_id)
 ) WITH (autovacuum_vacuum_scale_factor=0.0, autovacuum_vacuum_threshold=5000);
 
@@ -482,6 +489,17 @@ CREATE TABLE awa.shard_changes (
     CONSTRAINT shard_changes_source_known CHECK ((source = ANY (ARRAY['manual'::text, 'auto'::text])))
 );
 
+CREATE TABLE awa.unique_keys (
+    queue text NOT NULL,
+    unique_key bytea NOT NULL,
+    job_id bigint NOT NULL,
+    queue_id integer NOT NULL,
+    priority smallint NOT NULL,
+    unique_window interval,
+    held_until timestamp with time zone,
+    CONSTRAINT unique_keys_pkey PRIMARY KEY (queue, unique_key)
+);
+
 -- Indexes
 
 CREATE INDEX autoscale_decisions_last_decided_at_idx ON awa.autoscale_decisions USING btree (last_decided_at);
@@ -505,6 +523,10 @@ CREATE INDEX scheduled_queue_idx ON awa.scheduled USING btree (queue_id, job_id)
 CREATE INDEX scheduled_run_at_idx ON awa.scheduled USING btree (run_at);
 
 CREATE INDEX shard_changes_queue_changed_at_idx ON awa.shard_changes USING btree (queue, changed_at);
+
+CREATE INDEX unique_keys_held_until_idx ON awa.unique_keys USING btree (held_until) WHERE (held_until IS NOT NULL);
+
+CREATE INDEX unique_keys_job_id_idx ON awa.unique_keys USING btree (job_id);
 
 -- Views
 
@@ -941,13 +963,14 @@ CREATE OR REPLACE FUNCTION awa._cancel_waiting(job_id bigint, queue_id integer, 
 AS $function$
 begin
     -- The running-row value awa._finish takes, built by column name (its
-    -- lane, lease, worker and deadline columns stay null).
+    -- lane, lease, worker and deadline columns stay null). unique_jobs:
+    -- look for a key (a waiting job's table does not say whether it has one).
     perform awa._finish(
         jsonb_populate_record(null::awa.running, jsonb_build_object(
             'job_id', job_id, 'queue_id', queue_id, 'priority', priority, 'kind', kind,
             'args', args, 'ordering_key', ordering_key, 'attempt', attempt,
             'max_attempts', max_attempts, 'enqueued_at', enqueued_at,
-            'max_run_time', max_run_time
+            'max_run_time', max_run_time, 'unique_jobs', true
         )),
         'cancelled', awa._cancelled_error(last_error)
     );
@@ -1111,6 +1134,28 @@ begin
 end;
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._check_unique(unique_key bytea, unique_window interval)
+ RETURNS void
+ LANGUAGE plpgsql
+ IMMUTABLE
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+begin
+    if unique_key is null and unique_window is not null then
+        raise exception 'unique_window % needs a unique_key', unique_window
+            using errcode = '22023';
+    end if;
+    if length(unique_key) not between 1 and 1024 then
+        raise exception 'unique_key must be 1 to 1024 bytes, got %', length(unique_key)
+            using errcode = '22023';
+    end if;
+    if not awa._unique_ok(unique_key, unique_window) then
+        raise exception 'unique_window must be 1 second to 365 days, got %', unique_window
+            using errcode = '22023';
+    end if;
+end;
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._claim_hint_step()
  RETURNS integer
  LANGUAGE sql
@@ -1152,7 +1197,7 @@ begin
 end;
 $function$;
 
-CREATE OR REPLACE FUNCTION awa._enqueue_rows(queues text[], kinds text[], args jsonb[], priorities smallint[], ordering_keys bytea[], run_ats timestamp with time zone[], max_attempts integer[], max_run_times interval[], row_label text, row_offset bigint)
+CREATE OR REPLACE FUNCTION awa._enqueue_rows(queues text[], kinds text[], args jsonb[], priorities smallint[], ordering_keys bytea[], run_ats timestamp with time zone[], max_attempts integer[], max_run_times interval[], unique_keys bytea[], unique_windows interval[], row_label text, row_offset bigint)
  RETURNS SETOF awa.enqueued
  LANGUAGE plpgsql
  SET search_path TO 'pg_catalog', 'pg_temp'
@@ -1165,6 +1210,11 @@ declare
     queue_ids integer[];
     key_shards smallint[];
     taken record;
+    job_ids bigint[];
+    dup_i integer[];
+    dup_job bigint[];
+    dup_qid integer[];
+    dup_p smallint[];
 begin
     if n = 0 then
         return;
@@ -1174,13 +1224,15 @@ begin
       from generate_series(1, n) as i
      where not awa._job_ok(
          queues[i], kinds[i], coalesce(priorities[i], 2)::smallint, coalesce(max_attempts[i], 25)
-     ) or not awa._max_run_time_ok(max_run_times[i]);
+     ) or not awa._max_run_time_ok(max_run_times[i])
+        or not awa._unique_ok(unique_keys[i], unique_windows[i]);
     if bad is not null then
         begin
             perform awa._check_job(
                 queues[bad], kinds[bad], coalesce(priorities[bad], 2)::smallint,
                 coalesce(max_attempts[bad], 25), max_run_times[bad]
             );
+            perform awa._check_unique(unique_keys[bad], unique_windows[bad]);
         exception when others then
             raise exception '% % (1-based): %', row_label, bad + row_offset, sqlerrm
                 using errcode = sqlstate;
@@ -1227,6 +1279,37 @@ begin
            where x.queue = any(queues)
       ) as m on m.queue = queues[i];
 
+    -- Unique keys first, in one order for every caller (awa._take_unique_keys):
+    -- a duplicate takes no lane (its queue id goes null) and no row (its
+    -- kind goes null, which awa._insert_jobs skips).
+    if cardinality(array_remove(unique_keys, null)) > 0 then
+        job_ids := array(select nextval('awa.job_id_seq') from generate_series(1, n));
+        select array_agg(d.i), array_agg(d.job_id), array_agg(d.queue_id),
+               array_agg(d.priority)
+          into dup_i, dup_job, dup_qid, dup_p
+          from awa._take_unique_keys(
+              array(
+                  select awa._unique_scope(m.queue, m.root_queue)
+                    from generate_series(1, n) as i
+                    join awa.queue_meta as m on m.queue_id = queue_ids[i]
+                   order by i
+              ),
+              unique_keys, job_ids, queue_ids, priorities, unique_windows
+          ) as d;
+        if dup_i is not null then
+            queue_ids := array(
+                select case when i = any(dup_i) then null else queue_ids[i] end
+                  from generate_series(1, n) as i
+                 order by i
+            );
+            kinds := array(
+                select case when i = any(dup_i) then null else kinds[i] end
+                  from generate_series(1, n) as i
+                 order by i
+            );
+        end if;
+    end if;
+
     -- The lanes of the rows due now; a row for later waits in awa.scheduled.
     select * into taken from awa._lock_lanes(
         case when run_ats is null then queue_ids else array(
@@ -1237,12 +1320,18 @@ begin
         priorities, key_shards
     );
     return query
-    select j.job_id, queues[j.i], coalesce(priorities[j.i], 2)::smallint,
-           taken.shards[j.i], taken.seqs[j.i]
+    select coalesce(d.job_id, j.job_id), coalesce(h.queue, queues[j.i]),
+           coalesce(d.priority, coalesce(priorities[j.i], 2)::smallint),
+           taken.shards[j.i], taken.seqs[j.i], d.i is not null
       from awa._insert_jobs(
           taken.lanes, taken.seqs, queue_ids, priorities, kinds, args, ordering_keys,
-          max_attempts, run_ats, max_run_times => max_run_times
-      ) with ordinality as j (job_id, i);
+          max_attempts, run_ats, job_ids, max_run_times => max_run_times
+      ) with ordinality as j (job_id, i)
+      left join unnest(dup_i, dup_job, dup_qid, dup_p)
+                as d (i, job_id, queue_id, priority)
+        on d.i = j.i
+      left join awa.queue_meta as h on h.queue_id = d.queue_id
+     order by j.i;
 end;
 $function$;
 
@@ -1326,14 +1415,21 @@ CREATE OR REPLACE FUNCTION awa._finish(job awa.running, state text, error text)
  LANGUAGE plpgsql
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
+declare
+    key bytea;
+    key_window interval;
 begin
+    if job.unique_jobs then
+        select u.unique_key, u.unique_window into key, key_window
+          from awa._release_unique_key(job.job_id, false) as u;
+    end if;
     insert into awa.finished (
         job_id, slot, queue_id, priority, kind, state, attempt, max_attempts, enqueued_at,
-        args, ordering_key, last_error, max_run_time
+        args, ordering_key, last_error, max_run_time, unique_key, unique_window
     ) values (
         job.job_id, awa._finished_slot(state, now()), job.queue_id, job.priority, job.kind,
         state, job.attempt, job.max_attempts, job.enqueued_at, job.args, job.ordering_key,
-        error, job.max_run_time
+        error, job.max_run_time, key, key_window
     );
     perform nextval(case state when 'failed' then m.failed_seq else m.cancelled_seq end)
        from awa.queue_meta as m
@@ -1522,7 +1618,7 @@ begin
                ordering_keys[r.i], r.attempt, r.m, r.enqueued_at, clock_timestamp(),
                last_errors[r.i], r.run_time
           from rows as r
-         where lanes[r.i] is not null
+         where lanes[r.i] is not null and kinds[r.i] is not null
          -- Each lane's rows side by side in the heap: a claim reads a lane's
          -- next rows from few pages.
          order by lanes[r.i], seqs[r.i]
@@ -1535,7 +1631,7 @@ begin
         select r.job_id, queue_ids[r.i], r.p, kinds[r.i], r.a, ordering_keys[r.i], r.attempt,
                r.m, r.enqueued_at, run_ats[r.i], last_errors[r.i], r.run_time
           from rows as r
-         where lanes[r.i] is null
+         where lanes[r.i] is null and kinds[r.i] is not null
     )
     select r.job_id from rows as r order by r.i;
 end;
@@ -1984,7 +2080,10 @@ begin
     select count(*) as n, min(s.queue) as q, max(s.queue) as q_last,
            min(coalesce(s.priority, 2))::smallint as p,
            max(coalesce(s.priority, 2))::smallint as p_last,
-           count(s.ordering_key) as keyed, count(*) filter (where s.run_at > now()) as later,
+           count(s.ordering_key) as keyed,
+           -- rows for later or with a unique key: not for the one-queue movers
+           count(*) filter (where s.run_at > now() or s.unique_key is not null
+                                  or s.unique_window is not null) as general,
            coalesce(bool_or(not awa._job_ok(
                s.queue, s.kind, coalesce(s.priority, 2)::smallint, coalesce(s.max_attempts, 25)
            ) or not awa._max_run_time_ok(s.max_run_time)), false) as bad
@@ -1995,7 +2094,7 @@ begin
         return 0;
     end if;
     if not shape.bad and shape.q = shape.q_last and shape.p = shape.p_last
-       and shape.later = 0 then
+       and shape.general = 0 then
         select m.* into target
           from awa.queue_meta as m
          where m.queue = shape.q and m.stripes = 1 and m.partitions = 1;
@@ -2088,6 +2187,8 @@ declare
     run_ats timestamptz[];
     max_attempts integer[];
     max_run_times interval[];
+    unique_keys bytea[];
+    unique_windows interval[];
 begin
     loop
         select array_agg(s.staged_id order by s.staged_id),
@@ -2098,9 +2199,11 @@ begin
                array_agg(s.args order by s.staged_id),
                array_agg(s.run_at order by s.staged_id),
                array_agg(s.max_attempts order by s.staged_id),
-               array_agg(s.max_run_time order by s.staged_id)
+               array_agg(s.max_run_time order by s.staged_id),
+               array_agg(s.unique_key order by s.staged_id),
+               array_agg(s.unique_window order by s.staged_id)
           into ids, queues, priorities, ordering_keys, kinds, args, run_ats, max_attempts,
-               max_run_times
+               max_run_times, unique_keys, unique_windows
           from (
               select c.* from awa.copy_staging as c
                where c.staged_xid = _move_staged_in_batches.xid
@@ -2114,7 +2217,7 @@ begin
         exit when ids is null;
         perform count(*) from awa._enqueue_rows(
             queues, kinds, args, priorities, ordering_keys, run_ats, max_attempts, max_run_times,
-            'COPY row', moved
+            unique_keys, unique_windows, 'COPY row', moved
         );
         delete from awa.copy_staging as c
          where c.staged_xid = _move_staged_in_batches.xid and c.staged_id = any(ids);
@@ -2183,6 +2286,7 @@ begin
                    coalesce(s.max_attempts, 25)
                )
                or not awa._max_run_time_ok(s.max_run_time)
+               or s.unique_key is not null or s.unique_window is not null
                or m.stripes > 1 or m.partitions > 1
            ), false),
            array_agg(distinct s.queue order by s.queue) filter (where m.queue is null)
@@ -2562,16 +2666,69 @@ begin
 end;
 $function$;
 
-CREATE OR REPLACE FUNCTION awa._requeue(job_ids bigint[], queue_ids integer[], priorities smallint[], kinds text[], args jsonb[], ordering_keys bytea[], max_attempts integer[], enqueued_ats timestamp with time zone[], last_errors text[], max_run_times interval[])
- RETURNS void
+CREATE OR REPLACE FUNCTION awa._release_unique_key(job_id bigint, completed boolean)
+ RETURNS TABLE(unique_key bytea, unique_window interval)
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+begin
+    if completed then
+        return query
+        update awa.unique_keys as u
+           set held_until = now() + u.unique_window
+         where u.job_id = _release_unique_key.job_id and u.held_until is null
+           and u.unique_window is not null
+        returning u.unique_key, u.unique_window;
+        if found then
+            return;
+        end if;
+    end if;
+    return query
+    delete from awa.unique_keys as u
+     where u.job_id = _release_unique_key.job_id and u.held_until is null
+    returning u.unique_key, u.unique_window;
+end;
+$function$;
+
+CREATE OR REPLACE FUNCTION awa._requeue(job_ids bigint[], queue_ids integer[], priorities smallint[], kinds text[], args jsonb[], ordering_keys bytea[], max_attempts integer[], enqueued_ats timestamp with time zone[], last_errors text[], max_run_times interval[], unique_keys bytea[], unique_windows interval[])
+ RETURNS bigint[]
  LANGUAGE plpgsql
  SET search_path TO 'pg_catalog', 'pg_temp'
  SET plan_cache_mode TO 'force_generic_plan'
 AS $function$
 declare
+    n integer := cardinality(job_ids);
     key_shards smallint[];
     taken record;
+    dup_i integer[];
 begin
+    -- Keys before lanes, as every enqueue takes them; a job whose key is
+    -- held gets no lane (its queue id goes null) and no row (its kind goes
+    -- null, which awa._insert_jobs skips).
+    if cardinality(array_remove(unique_keys, null)) > 0 then
+        select array_agg(d.i) into dup_i
+          from awa._take_unique_keys(
+              array(
+                  select awa._unique_scope(m.queue, m.root_queue)
+                    from generate_series(1, n) as i
+                    join awa.queue_meta as m on m.queue_id = queue_ids[i]
+                   order by i
+              ),
+              unique_keys, job_ids, queue_ids, priorities, unique_windows
+          ) as d;
+        if dup_i is not null then
+            queue_ids := array(
+                select case when i = any(dup_i) then null else queue_ids[i] end
+                  from generate_series(1, n) as i
+                 order by i
+            );
+            kinds := array(
+                select case when i = any(dup_i) then null else kinds[i] end
+                  from generate_series(1, n) as i
+                 order by i
+            );
+        end if;
+    end if;
     select array_agg(
                case when ordering_keys[i] is not null
                     then awa._key_shard(ordering_keys[i], m.enqueue_shards) end
@@ -2583,8 +2740,13 @@ begin
     select * into taken from awa._lock_lanes(queue_ids, priorities, key_shards);
     perform count(*) from awa._insert_jobs(
         taken.lanes, taken.seqs, queue_ids, priorities, kinds, args, ordering_keys,
-        max_attempts, null, job_ids, array_fill(0, array[cardinality(job_ids)]), enqueued_ats,
+        max_attempts, null, job_ids, array_fill(0, array[n]), enqueued_ats,
         last_errors, max_run_times
+    );
+    return array(
+        select job_ids[i] from generate_series(1, n) as i
+         where kinds[i] is not null
+         order by i
     );
 end;
 $function$;
@@ -2960,6 +3122,66 @@ begin
 end;
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._take_unique_keys(scopes text[], unique_keys bytea[], job_ids bigint[], queue_ids integer[], priorities smallint[], unique_windows interval[])
+ RETURNS TABLE(i integer, job_id bigint, queue_id integer, priority smallint)
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+ SET plan_cache_mode TO 'force_generic_plan'
+AS $function$
+begin
+    insert into awa.unique_keys as u (
+        queue, unique_key, job_id, queue_id, priority, unique_window, held_until
+    )
+    select distinct on (scopes[x.i], unique_keys[x.i])
+           scopes[x.i], unique_keys[x.i], job_ids[x.i], queue_ids[x.i],
+           coalesce(priorities[x.i], 2)::smallint, unique_windows[x.i], null::timestamptz
+      from generate_series(1, cardinality(unique_keys)) as x (i)
+     where unique_keys[x.i] is not null
+     order by scopes[x.i], unique_keys[x.i], x.i
+        on conflict (queue, unique_key) do update
+       set job_id = excluded.job_id, queue_id = excluded.queue_id,
+           priority = excluded.priority, unique_window = excluded.unique_window,
+           held_until = null
+     where u.held_until <= now();
+    update awa.queue_meta as m
+       set unique_jobs = true
+     where m.queue_id in (
+         select queue_ids[x.i] from generate_series(1, cardinality(unique_keys)) as x (i)
+          where unique_keys[x.i] is not null
+     )
+       and not m.unique_jobs;
+    return query
+    select x.i, u.job_id, u.queue_id, u.priority
+      from generate_series(1, cardinality(unique_keys)) as x (i)
+      join awa.unique_keys as u on u.queue = scopes[x.i] and u.unique_key = unique_keys[x.i]
+     where u.job_id <> job_ids[x.i]
+     order by x.i;
+end;
+$function$;
+
+CREATE OR REPLACE FUNCTION awa._unique_ok(unique_key bytea, unique_window interval)
+ RETURNS boolean
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+    select case
+        when unique_key is null then unique_window is null
+        else pg_catalog.length(unique_key) operator(pg_catalog.>=) 1
+            and pg_catalog.length(unique_key) operator(pg_catalog.<=) 1024
+            and (unique_window is null
+                 or (unique_window operator(pg_catalog.>=) '1 second'::pg_catalog.interval
+                     and unique_window operator(pg_catalog.<=) '365 days'::pg_catalog.interval))
+    end
+$function$;
+
+CREATE OR REPLACE FUNCTION awa._unique_scope(queue text, root_queue text)
+ RETURNS text
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+    select coalesce(root_queue, queue)
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._wait_for_lane(lane_id integer)
  RETURNS void
  LANGUAGE plpgsql
@@ -3179,9 +3401,10 @@ begin
     for claimed in
         with picked as (
             select h.tid, l.queue, l.shard, coalesce(hd.head_seq, 0) as head_seq, l.completed_seq,
-                   l.max_run_time as queue_run_time
+                   l.max_run_time as queue_run_time, l.unique_jobs
               from (
-                  select x.lane_id, x.priority, x.shard, m.queue, m.completed_seq, m.max_run_time
+                  select x.lane_id, x.priority, x.shard, m.queue, m.completed_seq, m.max_run_time,
+                         m.unique_jobs
                     from awa.queue_meta as m
                    cross join lateral (
                        select y.lane_id, y.priority, y.shard
@@ -3211,21 +3434,21 @@ begin
              using picked as p
              where r.ctid = p.tid
             returning r.*, p.queue as lane_queue, p.shard, p.head_seq, p.completed_seq,
-                nextval('awa.run_lease_seq') as run_lease,
+                p.unique_jobs, nextval('awa.run_lease_seq') as run_lease,
                 now() + coalesce(r.max_run_time, p.queue_run_time) as deadline_at
         ),
         started as (
             insert into awa.running (
                 job_id, run_lease, lane_id, lane_seq, queue_id, priority, kind, args,
                 ordering_key, attempt, max_attempts, enqueued_at, worker, lease_expires_at,
-                completed_seq, max_run_time, deadline_at
+                completed_seq, max_run_time, deadline_at, unique_jobs
             )
             select
                 m.job_id, m.run_lease, m.lane_id, m.lane_seq, m.queue_id, m.priority, m.kind,
                 m.args, m.ordering_key, m.attempt + 1, m.max_attempts, m.enqueued_at,
                 -- least() passes over a null deadline.
                 claim.worker, least(now() + claim.lease, m.deadline_at), m.completed_seq,
-                m.max_run_time, m.deadline_at
+                m.max_run_time, m.deadline_at, m.unique_jobs
               from moved as m
         )
         select
@@ -3282,12 +3505,13 @@ CREATE OR REPLACE FUNCTION awa.complete(job_id bigint, run_lease bigint)
 AS $function$
 declare
     counted bigint;
+    keyed boolean;
 begin
     with done as (
         delete from awa.running as r
          where r.job_id = complete.job_id and r.run_lease = complete.run_lease
         returning r.job_id, r.queue_id, r.priority, r.kind, r.attempt, r.max_attempts,
-            r.enqueued_at, r.completed_seq
+            r.enqueued_at, r.completed_seq, r.unique_jobs
     ),
     kept as (
         insert into awa.finished (
@@ -3299,8 +3523,11 @@ begin
           from done as d
     )
     -- The queue's counter, which the claim copied into the running row.
-    select nextval(d.completed_seq) into counted from done as d;
-    return found;
+    select nextval(d.completed_seq), d.unique_jobs into counted, keyed from done as d;
+    if keyed then
+        perform awa._release_unique_key(complete.job_id, true);
+    end if;
+    return counted is not null;
 end;
 $function$;
 
@@ -3373,7 +3600,7 @@ begin
 end;
 $function$;
 
-CREATE OR REPLACE FUNCTION awa.enqueue(queue text, kind text, args jsonb DEFAULT '{}'::jsonb, priority smallint DEFAULT 2, ordering_key bytea DEFAULT NULL::bytea, run_at timestamp with time zone DEFAULT NULL::timestamp with time zone, max_attempts integer DEFAULT 25)
+CREATE OR REPLACE FUNCTION awa.enqueue(queue text, kind text, args jsonb DEFAULT '{}'::jsonb, priority smallint DEFAULT 2, ordering_key bytea DEFAULT NULL::bytea, run_at timestamp with time zone DEFAULT NULL::timestamp with time zone, max_attempts integer DEFAULT 25, unique_key bytea DEFAULT NULL::bytea, unique_window interval DEFAULT NULL::interval)
  RETURNS awa.enqueued
  LANGUAGE plpgsql
  SECURITY DEFINER
@@ -3388,13 +3615,15 @@ declare
     lane_ids integer[];
     lane_seqs regclass[];
     routed text;  -- the partition or stripe a routed name went to
+    root text;  -- its logical queue, for a unique key
+    held record;  -- the job that holds the unique key
     new_seq bigint;
     new_job bigint;
     fast boolean;  -- null: the general way; false: the sticky lane is taken
     memo text;
     started timestamptz;
 begin
-    if ordering_key is null then
+    if ordering_key is null and unique_key is null and unique_window is null then
         -- S itself is not read here: only the other ways use it, and each
         -- reads it again (an integer variable set from a smallint column
         -- costs a cast set up per transaction).
@@ -3454,29 +3683,51 @@ begin
             if not awa._job_ok(queue, kind, priority, max_attempts) then
                 perform awa._check_job(queue, kind, priority, max_attempts);
             end if;
+            if unique_key is not null or unique_window is not null then
+                perform awa._check_unique(unique_key, unique_window);
+            end if;
             -- S again, with the lanes (whole arrays are cheap to read, not to
             -- subscript: the fast way reads its one lane in SQL).
-            select m.queue_id, m.enqueue_shards, m.lane_ids, m.lane_seqs
-              into q_id, shards, lane_ids, lane_seqs
+            select m.queue_id, m.enqueue_shards, m.lane_ids, m.lane_seqs, m.root_queue
+              into q_id, shards, lane_ids, lane_seqs, root
               from awa.queue_meta as m
              where m.queue = enqueue.queue and m.stripes = 1 and m.partitions = 1;
             if not found or (run_at is not null and run_at > now()) then
                 -- A stripe's own name ('q#1') never gets here: awa._job_ok refuses '#'.
-                select m.queue_id, m.enqueue_shards, m.lane_ids, m.lane_seqs, m.queue
-                  into q_id, shards, lane_ids, lane_seqs, routed
+                select m.queue_id, m.enqueue_shards, m.lane_ids, m.lane_seqs, m.queue, m.root_queue
+                  into q_id, shards, lane_ids, lane_seqs, routed, root
                   from awa._route_queue(awa._ensure_queue(queue), ordering_key) as m;
-                if run_at is not null and run_at > now() then
-                    new_job := nextval('awa.job_id_seq');
-                    insert into awa.scheduled (
-                        job_id, queue_id, priority, kind, args, ordering_key, attempt, max_attempts,
-                        enqueued_at, run_at
-                    ) values (
-                        new_job, q_id, enqueue.priority, enqueue.kind, coalesce(enqueue.args, '{}'),
-                        enqueue.ordering_key, 0, enqueue.max_attempts, now(), enqueue.run_at
-                    );
-                    return row(new_job, coalesce(routed, enqueue.queue), enqueue.priority, null, null)
-                        ::awa.enqueued;
+            end if;
+            if unique_key is not null then
+                -- The key before any lane, as every path takes it (sql/unique.sql):
+                -- held by another job, this call is its duplicate.
+                new_job := nextval('awa.job_id_seq');
+                select d.job_id, d.queue_id, d.priority into held
+                  from awa._take_unique_keys(
+                      array[awa._unique_scope(coalesce(routed, enqueue.queue), root)],
+                      array[unique_key], array[new_job], array[q_id], array[enqueue.priority],
+                      array[unique_window]
+                  ) as d;
+                if found then
+                    return row(
+                        held.job_id,
+                        (select m.queue from awa.queue_meta as m where m.queue_id = held.queue_id),
+                        held.priority, null, null, true
+                    )::awa.enqueued;
                 end if;
+            end if;
+            if run_at is not null and run_at > now() then
+                new_job := coalesce(new_job, nextval('awa.job_id_seq'));
+                insert into awa.scheduled (
+                    job_id, queue_id, priority, kind, args, ordering_key, attempt, max_attempts,
+                    enqueued_at, run_at
+                ) values (
+                    new_job, q_id, enqueue.priority, enqueue.kind, coalesce(enqueue.args, '{}'),
+                    enqueue.ordering_key, 0, enqueue.max_attempts, now(), enqueue.run_at
+                );
+                return row(
+                    new_job, coalesce(routed, enqueue.queue), enqueue.priority, null, null, false
+                )::awa.enqueued;
             end if;
             shard := awa._take_lane(
                 lane_ids, q_id, priority, shards, awa._key_shard(ordering_key, shards), 0
@@ -3489,18 +3740,19 @@ begin
         lane_id, lane_seq, job_id, queue_id, priority, kind, args, ordering_key, attempt,
         max_attempts, enqueued_at, ready_at
     ) values (
-        lane, nextval(seq), nextval('awa.job_id_seq'), q_id, enqueue.priority, enqueue.kind,
+        lane, nextval(seq), coalesce(new_job, nextval('awa.job_id_seq')), q_id, enqueue.priority,
+        enqueue.kind,
         coalesce(enqueue.args, '{}'), enqueue.ordering_key, 0, enqueue.max_attempts,
         now(), clock_timestamp()
     )
     returning awa.ready.lane_seq, awa.ready.job_id into new_seq, new_job;
     return row(
-        new_job, coalesce(routed, enqueue.queue), enqueue.priority, shard, new_seq
+        new_job, coalesce(routed, enqueue.queue), enqueue.priority, shard, new_seq, false
     )::awa.enqueued;
 end;
 $function$;
 
-CREATE OR REPLACE FUNCTION awa.enqueue_batch(queues text[], kinds text[], args jsonb[] DEFAULT NULL::jsonb[], priorities smallint[] DEFAULT NULL::smallint[], ordering_keys bytea[] DEFAULT NULL::bytea[], run_ats timestamp with time zone[] DEFAULT NULL::timestamp with time zone[], max_attempts integer[] DEFAULT NULL::integer[], max_run_times interval[] DEFAULT NULL::interval[])
+CREATE OR REPLACE FUNCTION awa.enqueue_batch(queues text[], kinds text[], args jsonb[] DEFAULT NULL::jsonb[], priorities smallint[] DEFAULT NULL::smallint[], ordering_keys bytea[] DEFAULT NULL::bytea[], run_ats timestamp with time zone[] DEFAULT NULL::timestamp with time zone[], max_attempts integer[] DEFAULT NULL::integer[], max_run_times interval[] DEFAULT NULL::interval[], unique_keys bytea[] DEFAULT NULL::bytea[], unique_windows interval[] DEFAULT NULL::interval[])
  RETURNS SETOF awa.enqueued
  LANGUAGE plpgsql
  SECURITY DEFINER
@@ -3512,16 +3764,16 @@ declare
     p smallint := coalesce(priorities[1], 2);
     attempts integer := coalesce(max_attempts[1], 25);
     names text[] := array['queues', 'kinds', 'args', 'priorities', 'ordering_keys', 'run_ats',
-                          'max_attempts', 'max_run_times'];
+                          'max_attempts', 'max_run_times', 'unique_keys', 'unique_windows'];
     dims text[] := array[
         array_dims(queues), array_dims(kinds), array_dims(args), array_dims(priorities),
         array_dims(ordering_keys), array_dims(run_ats), array_dims(max_attempts),
-        array_dims(max_run_times)
+        array_dims(max_run_times), array_dims(unique_keys), array_dims(unique_windows)
     ];
     lens integer[] := array[
         n, cardinality(kinds), cardinality(args), cardinality(priorities),
         cardinality(ordering_keys), cardinality(run_ats), cardinality(max_attempts),
-        cardinality(max_run_times)
+        cardinality(max_run_times), cardinality(unique_keys), cardinality(unique_windows)
     ];
     q_id integer;
     shard smallint;
@@ -3536,7 +3788,7 @@ begin
     end if;
     -- Rows are read by position 1 .. n: a subscript from another base, a
     -- second dimension or a missing element would pair the wrong elements.
-    for i in 1 .. 8 loop
+    for i in 1 .. 10 loop
         if left(dims[i], 3) <> '[1:' or strpos(dims[i], '][') > 0 then
             raise exception 'array % must be one-dimensional and indexed from 1, got %',
                 names[i], dims[i]
@@ -3549,7 +3801,7 @@ begin
         end if;
     end loop;
     -- The common call, every row due now, unkeyed, valid, without a max
-    -- run time of its own, for one plain queue at one priority (a null
+    -- run time or a unique key of its own, for one plain queue at one priority (a null
     -- element meaning the default), is one lane range: tested with array
     -- operators, not row by row (every row has the first row's queue,
     -- priority and max_attempts, and a kind, so checking the first checks
@@ -3562,6 +3814,8 @@ begin
        and (ordering_keys is null or cardinality(array_remove(ordering_keys, null)) = 0)
        and (run_ats is null or cardinality(array_remove(run_ats, null)) = 0)
        and (max_run_times is null or cardinality(array_remove(max_run_times, null)) = 0)
+       and (unique_keys is null or cardinality(array_remove(unique_keys, null)) = 0)
+       and (unique_windows is null or cardinality(array_remove(unique_windows, null)) = 0)
     then
         select m.queue_id, awa._sticky(m.enqueue_shards),
                m.lane_ids[p][awa._sticky(m.enqueue_shards)],
@@ -3599,14 +3853,14 @@ begin
                    q_id, p, u.k, coalesce(u.a, '{}'), null, 0, attempts, now(),
                    clock_timestamp()
               from unnest(kinds, args) with ordinality as u (k, a, i)
-            returning awa.ready.job_id, queues[1], p, shard, awa.ready.lane_seq;
+            returning awa.ready.job_id, queues[1], p, shard, awa.ready.lane_seq, false;
             return;
         end if;
     end if;
     return query
     select * from awa._enqueue_rows(
         queues, kinds, args, priorities, ordering_keys, run_ats, max_attempts, max_run_times,
-        'batch element', 0
+        unique_keys, unique_windows, 'batch element', 0
     );
 end;
 $function$;
@@ -3966,6 +4220,33 @@ begin
 end;
 $function$;
 
+CREATE OR REPLACE FUNCTION awa.prune_unique_keys(max_keys integer DEFAULT 10000)
+ RETURNS bigint
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+ SET enable_seqscan TO 'off'
+AS $function$
+declare
+    removed bigint;
+begin
+    if max_keys is null or max_keys < 0 then
+        raise exception 'max_keys must be 0 or more, got %', coalesce(max_keys::text, 'null')
+            using errcode = '22023';
+    end if;
+    delete from awa.unique_keys as u
+     where u.ctid = any(array(
+         select x.ctid from awa.unique_keys as x
+          where x.held_until <= now()
+          order by x.held_until
+          limit max_keys
+            for update skip locked
+     ));
+    get diagnostics removed = row_count;
+    return removed;
+end;
+$function$;
+
 CREATE OR REPLACE FUNCTION awa.publish_runtime(instance_id uuid, kind text, host text, pid integer, version text, in_flight integer, activity jsonb)
  RETURNS integer
  LANGUAGE plpgsql
@@ -4133,19 +4414,25 @@ begin
             using errcode = '22004';
     end if;
     -- A row a concurrent awa.prune_finished() emptied with its slot is not
-    -- there to delete: not found, like any job retention removed.
-    delete from awa.finished as x
+    -- there: not found, like any job retention removed. Locked, the row
+    -- keeps its slot from a prune until it is deleted here.
+    select x.* into f
+      from awa.finished as x
      where x.job_id = retry_job.job_id and x.state in ('failed', 'cancelled')
        and x.args is not null
-    returning x.* into f;
+       for update;
     if not found then
         return false;
     end if;
-    perform awa._requeue(
+    if cardinality(awa._requeue(
         array[f.job_id], array[f.queue_id], array[f.priority], array[f.kind], array[f.args],
         array[f.ordering_key], array[f.max_attempts], array[f.enqueued_at],
-        array[f.last_error], array[f.max_run_time]
-    );
+        array[f.last_error], array[f.max_run_time], array[f.unique_key],
+        array[f.unique_window]
+    )) = 0 then
+        return false;
+    end if;
+    delete from awa.finished as x where x.job_id = f.job_id and x.slot = f.slot;
     return true;
 end;
 $function$;
@@ -4162,29 +4449,34 @@ AS $function$
 declare
     ids integer[] := awa._queue_ids(queue);
     due record;
+    requeued bigint[];
 begin
     perform awa._check_max_jobs('max_jobs', max_jobs);
     with gone as (
-        delete from awa.finished as f
-         using (
-             select x.job_id, x.slot
-               from unnest(ids) as q (id)
-              cross join lateral (
-                  -- A range on state, as in awa.jobs: the (queue_id, state,
-                  -- job_id) index of each slot, merged.
-                  select y.job_id, y.slot
-                    from awa.finished as y
-                   where y.queue_id = q.id and y.state between 'failed' and 'failed'
-                     and y.args is not null
-                     and (retry_jobs.kind is null or y.kind = retry_jobs.kind)
-                   order by y.state, y.job_id
-                   limit retry_jobs.max_jobs
-                     for update of y skip locked
-              ) as x
+        select x.*
+          from (
+              select m.queue_id as id, awa._unique_scope(m.queue, m.root_queue) as scope
+                from awa.queue_meta as m
+               where m.queue_id = any(ids)
+          ) as q
+         cross join lateral (
+             -- A range on state, as in awa.jobs: the (queue_id, state,
+             -- job_id) index of each slot, merged.
+             select y.*
+               from awa.finished as y
+              where y.queue_id = q.id and y.state between 'failed' and 'failed'
+                and y.args is not null
+                and (retry_jobs.kind is null or y.kind = retry_jobs.kind)
+                and (y.unique_key is null or not exists (
+                    select from awa.unique_keys as u
+                     where u.queue = q.scope and u.unique_key = y.unique_key
+                       and (u.held_until is null or u.held_until > now())
+                ))
+              order by y.state, y.job_id
               limit retry_jobs.max_jobs
-         ) as p
-         where f.job_id = p.job_id and f.slot = p.slot
-        returning f.*
+                for update of y skip locked
+         ) as x
+         limit retry_jobs.max_jobs
     )
     select array_agg(g.job_id order by g.job_id) as job_ids,
            array_agg(g.queue_id order by g.job_id) as queue_ids,
@@ -4195,17 +4487,24 @@ begin
            array_agg(g.max_attempts order by g.job_id) as max_attempts,
            array_agg(g.enqueued_at order by g.job_id) as enqueued_ats,
            array_agg(g.last_error order by g.job_id) as last_errors,
-           array_agg(g.max_run_time order by g.job_id) as max_run_times
+           array_agg(g.max_run_time order by g.job_id) as max_run_times,
+           array_agg(g.unique_key order by g.job_id) as unique_keys,
+           array_agg(g.unique_window order by g.job_id) as unique_windows,
+           array_agg(g.slot order by g.job_id) as slots
       into due
       from gone as g;
     if due.job_ids is null then
         return 0;
     end if;
-    perform awa._requeue(
+    requeued := awa._requeue(
         due.job_ids, due.queue_ids, due.priorities, due.kinds, due.args, due.ordering_keys,
-        due.max_attempts, due.enqueued_ats, due.last_errors, due.max_run_times
+        due.max_attempts, due.enqueued_ats, due.last_errors, due.max_run_times,
+        due.unique_keys, due.unique_windows
     );
-    return cardinality(due.job_ids);
+    delete from awa.finished as f
+     using unnest(due.job_ids, due.slots) as x (job_id, slot)
+     where f.job_id = x.job_id and f.slot = x.slot and x.job_id = any(requeued);
+    return cardinality(requeued);
 end;
 $function$;
 
@@ -4553,9 +4852,13 @@ COMMENT ON COLUMN awa.queue_meta.shard_mode IS 'manual (S is set by hand), shado
 
 COMMENT ON COLUMN awa.queue_meta.stripes IS 'K: how many stripes new enqueues to this logical name spread over; 1 means no striping.';
 
+COMMENT ON COLUMN awa.queue_meta.unique_jobs IS 'A job with a unique key was enqueued to this queue: claims and completes look its jobs'' keys up from then on.';
+
 COMMENT ON COLUMN awa.running.deadline_at IS 'When this run must have finished: claimed_at plus the max run time in force at the claim; lease_expires_at never passes it. Null: no deadline.';
 
 COMMENT ON COLUMN awa.running.max_run_time IS 'The job''s own max run time, as enqueued (null: its queue''s applies).';
+
+COMMENT ON COLUMN awa.running.unique_jobs IS 'The queue''s unique_jobs at the claim: the job may hold a unique key, which its end frees.';
 
 COMMENT ON COLUMN awa.schema_migrations.applied_by IS 'Login (session_user) that ran the migration.';
 
@@ -4566,6 +4869,12 @@ COMMENT ON COLUMN awa.schema_migrations.checksum_algorithm IS 'Name of the diges
 COMMENT ON COLUMN awa.schema_migrations.contract_version IS 'awa-sql package version that applied the migration.';
 
 COMMENT ON COLUMN awa.schema_migrations.execution_ms IS 'Wall time of the migration transaction in milliseconds.';
+
+COMMENT ON COLUMN awa.unique_keys.queue IS 'The logical queue at the top of the holder''s partitions and stripes: the key''s scope.';
+
+COMMENT ON COLUMN awa.unique_keys.queue_id IS 'The physical queue the holding job was enqueued to.';
+
+COMMENT ON COLUMN awa.unique_keys.unique_window IS 'How long the key stays held after the job completes; null: it is free at once.';
 
 COMMENT ON TABLE awa.autoscale_decisions IS 'Every auto-scaler decision, hold included: the signal it saw over its window, S before and proposed, what it did (raised / lowered in auto mode, would_raise / would_lower in shadow mode, held) and why in words. Pruned by awa.autoscale_tick after 24 hours.';
 
@@ -4604,6 +4913,8 @@ COMMENT ON TABLE awa.schema_migrations IS 'Numbered migrations applied by awa mi
 COMMENT ON TABLE awa.shard_change_lanes IS 'The sequence position of every lane of a queue when its S changed: enqueues since the change per lane are the lane''s sequence now minus this.';
 
 COMMENT ON TABLE awa.shard_changes IS 'Every change of a physical queue''s enqueue_shards, by whom (the login), when, and whether an operator (manual) or the auto-scaler (auto) made it.';
+
+COMMENT ON TABLE awa.unique_keys IS 'The unique keys held now, one row per (logical queue, key): by a live job (held_until null), or by a completed one until held_until (its unique window). A row whose held_until has passed holds nothing; awa.prune_unique_keys() removes it.';
 
 COMMENT ON VIEW awa.lane_contention IS 'Per queue over the last minute of contention samples: mean backends waiting per held lane, the share of samples with any lane waited for, and enqueues per second (from the samples of awa.autoscale_tick(), which read the enqueue counter).';
 
@@ -4650,8 +4961,8 @@ GRANT EXECUTE ON FUNCTION awa.claim(text[],integer,text,interval) TO awa_worker;
 GRANT EXECUTE ON FUNCTION awa.complete(bigint,bigint) TO awa_worker;
 GRANT EXECUTE ON FUNCTION awa.contract_version() TO awa_maintenance, awa_operator, awa_producer, awa_reader, awa_worker;
 GRANT EXECUTE ON FUNCTION awa.count_jobs(text,text,text,integer) TO awa_operator, awa_reader;
-GRANT EXECUTE ON FUNCTION awa.enqueue(text,text,jsonb,smallint,bytea,timestamp with time zone,integer) TO awa_producer;
-GRANT EXECUTE ON FUNCTION awa.enqueue_batch(text[],text[],jsonb[],smallint[],bytea[],timestamp with time zone[],integer[],interval[]) TO awa_producer;
+GRANT EXECUTE ON FUNCTION awa.enqueue(text,text,jsonb,smallint,bytea,timestamp with time zone,integer,bytea,interval) TO awa_producer;
+GRANT EXECUTE ON FUNCTION awa.enqueue_batch(text[],text[],jsonb[],smallint[],bytea[],timestamp with time zone[],integer[],interval[],bytea[],interval[]) TO awa_producer;
 GRANT EXECUTE ON FUNCTION awa.enqueue_copied() TO awa_producer;
 GRANT EXECUTE ON FUNCTION awa.enqueue_shards(text) TO awa_maintenance, awa_operator, awa_producer, awa_reader, awa_worker;
 GRANT EXECUTE ON FUNCTION awa.fail(bigint,bigint,text,timestamp with time zone) TO awa_worker;
@@ -4666,6 +4977,7 @@ GRANT EXECUTE ON FUNCTION awa.partition_queue_names(text,integer) TO awa_mainten
 GRANT EXECUTE ON FUNCTION awa.pause_queue(text) TO awa_operator;
 GRANT EXECUTE ON FUNCTION awa.promote_due(integer) TO awa_maintenance;
 GRANT EXECUTE ON FUNCTION awa.prune_finished() TO awa_maintenance;
+GRANT EXECUTE ON FUNCTION awa.prune_unique_keys(integer) TO awa_maintenance;
 GRANT EXECUTE ON FUNCTION awa.publish_runtime(uuid,text,text,integer,text,integer,jsonb) TO awa_producer, awa_worker;
 GRANT EXECUTE ON FUNCTION awa.queue_counts(text) TO awa_operator, awa_reader;
 GRANT EXECUTE ON FUNCTION awa.remove_runtime(uuid) TO awa_producer, awa_worker;

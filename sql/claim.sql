@@ -84,7 +84,9 @@ $$;
 -- order between the lanes of a priority (docs/concepts.md).
 -- Each job's deadline is now plus its own max run time, else its queue's
 -- (read from the queue_meta row the walk reads anyway); the lease never
--- runs past it (ADR 026).
+-- runs past it (ADR 026). The running row notes whether the queue has had
+-- keyed jobs (queue_meta.unique_jobs), so that the job's end looks for a
+-- unique key only then (ADR 027).
 -- Role: awa_worker.
 -- Returns: setof awa.claimed, by priority then claim order; each job's
 -- attempt is counted from 1; deadline_at null for a job without one.
@@ -139,9 +141,10 @@ begin
     for claimed in
         with picked as (
             select h.tid, l.queue, l.shard, coalesce(hd.head_seq, 0) as head_seq, l.completed_seq,
-                   l.max_run_time as queue_run_time
+                   l.max_run_time as queue_run_time, l.unique_jobs
               from (
-                  select x.lane_id, x.priority, x.shard, m.queue, m.completed_seq, m.max_run_time
+                  select x.lane_id, x.priority, x.shard, m.queue, m.completed_seq, m.max_run_time,
+                         m.unique_jobs
                     from awa.queue_meta as m
                    cross join lateral (
                        select y.lane_id, y.priority, y.shard
@@ -171,21 +174,21 @@ begin
              using picked as p
              where r.ctid = p.tid
             returning r.*, p.queue as lane_queue, p.shard, p.head_seq, p.completed_seq,
-                nextval('awa.run_lease_seq') as run_lease,
+                p.unique_jobs, nextval('awa.run_lease_seq') as run_lease,
                 now() + coalesce(r.max_run_time, p.queue_run_time) as deadline_at
         ),
         started as (
             insert into awa.running (
                 job_id, run_lease, lane_id, lane_seq, queue_id, priority, kind, args,
                 ordering_key, attempt, max_attempts, enqueued_at, worker, lease_expires_at,
-                completed_seq, max_run_time, deadline_at
+                completed_seq, max_run_time, deadline_at, unique_jobs
             )
             select
                 m.job_id, m.run_lease, m.lane_id, m.lane_seq, m.queue_id, m.priority, m.kind,
                 m.args, m.ordering_key, m.attempt + 1, m.max_attempts, m.enqueued_at,
                 -- least() passes over a null deadline.
                 claim.worker, least(now() + claim.lease, m.deadline_at), m.completed_seq,
-                m.max_run_time, m.deadline_at
+                m.max_run_time, m.deadline_at, m.unique_jobs
               from moved as m
         )
         select
@@ -237,8 +240,10 @@ $$;
 -- Marks a running job completed: a narrow row in the completed ring of
 -- awa.finished (no args: a completed job is not run again) and one more on
 -- the queue's completed counter (copied into the running row by the
--- claim: no lookup of the queue). False, changing nothing, when the lease is
--- stale (the job was rescued and claimed again, or already finished).
+-- claim: no lookup of the queue), and its unique key, if it holds one,
+-- given back (kept for its unique window, if it has one: sql/unique.sql).
+-- False, changing nothing, when the lease is stale (the job was rescued and
+-- claimed again, or already finished).
 -- Role: awa_worker.
 create or replace function awa.complete(job_id bigint, run_lease bigint)
 returns boolean
@@ -249,12 +254,13 @@ set enable_seqscan = off
 as $$
 declare
     counted bigint;
+    keyed boolean;
 begin
     with done as (
         delete from awa.running as r
          where r.job_id = complete.job_id and r.run_lease = complete.run_lease
         returning r.job_id, r.queue_id, r.priority, r.kind, r.attempt, r.max_attempts,
-            r.enqueued_at, r.completed_seq
+            r.enqueued_at, r.completed_seq, r.unique_jobs
     ),
     kept as (
         insert into awa.finished (
@@ -266,29 +272,40 @@ begin
           from done as d
     )
     -- The queue's counter, which the claim copied into the running row.
-    select nextval(d.completed_seq) into counted from done as d;
-    return found;
+    select nextval(d.completed_seq), d.unique_jobs into counted, keyed from done as d;
+    if keyed then
+        perform awa._release_unique_key(complete.job_id, true);
+    end if;
+    return counted is not null;
 end;
 $$;
 
 -- Function: awa._finish(job awa.running, state text, error text) returns void
 -- A job that will not run again unless an operator retries it: a row in
 -- the failed-and-cancelled ring of awa.finished with what a retry needs
--- (args, ordering key, max_attempts, its own max run time), and one more on
--- the queue's counter for `state` ('failed' or 'cancelled').
+-- (args, ordering key, max_attempts, its own max run time, the unique key
+-- it gives back here), and one more on the queue's counter for `state`
+-- ('failed' or 'cancelled').
 create or replace function awa._finish(job awa.running, state text, error text)
 returns void
 language plpgsql
 set search_path = pg_catalog, pg_temp
 as $$
+declare
+    key bytea;
+    key_window interval;
 begin
+    if job.unique_jobs then
+        select u.unique_key, u.unique_window into key, key_window
+          from awa._release_unique_key(job.job_id, false) as u;
+    end if;
     insert into awa.finished (
         job_id, slot, queue_id, priority, kind, state, attempt, max_attempts, enqueued_at,
-        args, ordering_key, last_error, max_run_time
+        args, ordering_key, last_error, max_run_time, unique_key, unique_window
     ) values (
         job.job_id, awa._finished_slot(state, now()), job.queue_id, job.priority, job.kind,
         state, job.attempt, job.max_attempts, job.enqueued_at, job.args, job.ordering_key,
-        error, job.max_run_time
+        error, job.max_run_time, key, key_window
     );
     perform nextval(case state when 'failed' then m.failed_seq else m.cancelled_seq end)
        from awa.queue_meta as m

@@ -2,12 +2,14 @@
 --
 -- A producer, in one transaction:
 --   COPY awa.copy_staging (queue, priority, ordering_key, kind, args, run_at,
---                          max_attempts, max_run_time) FROM STDIN;
+--                          max_attempts, max_run_time, unique_key, unique_window)
+--   FROM STDIN;
 --   SELECT awa.enqueue_copied();   -- optional: commit does it too
 -- The rows of that transaction, and only those, are enqueued in COPY order
 -- with the lanes awa._lock_lane_groups takes (sql/lanes.sql). The general
 -- mover is the batch path, 10,000 rows at a time (awa._move_staged_in_batches:
--- partitioned or striped queues, and naming a bad row); set-based fast
+-- partitioned or striped queues, rows with a unique key, and naming a bad
+-- row); set-based fast
 -- paths of it move the rest: one-queue loads by awa._move_staged_one_lane
 -- or _by_key, others by awa._move_staged_sets. tests/test_path_differential.py
 -- compares them with the batch path. A staged row never outlives its
@@ -18,7 +20,9 @@
 -- Moves the staged rows of one transaction into the lanes, in COPY order,
 -- 10,000 rows per pass through awa._enqueue_rows (the batch path). Rows
 -- another mover holds are skipped. The path for partitioned and striped
--- queues and for naming a bad row; awa._move_staged_sets takes the rest.
+-- queues, for rows with unique keys (the first row of a key in the
+-- transaction takes it, later ones are duplicates) and for naming a bad
+-- row; awa._move_staged_sets takes the rest.
 create or replace function awa._move_staged_in_batches(xid xid8)
 returns bigint
 language plpgsql
@@ -43,6 +47,8 @@ declare
     run_ats timestamptz[];
     max_attempts integer[];
     max_run_times interval[];
+    unique_keys bytea[];
+    unique_windows interval[];
 begin
     loop
         select array_agg(s.staged_id order by s.staged_id),
@@ -53,9 +59,11 @@ begin
                array_agg(s.args order by s.staged_id),
                array_agg(s.run_at order by s.staged_id),
                array_agg(s.max_attempts order by s.staged_id),
-               array_agg(s.max_run_time order by s.staged_id)
+               array_agg(s.max_run_time order by s.staged_id),
+               array_agg(s.unique_key order by s.staged_id),
+               array_agg(s.unique_window order by s.staged_id)
           into ids, queues, priorities, ordering_keys, kinds, args, run_ats, max_attempts,
-               max_run_times
+               max_run_times, unique_keys, unique_windows
           from (
               select c.* from awa.copy_staging as c
                where c.staged_xid = _move_staged_in_batches.xid
@@ -69,7 +77,7 @@ begin
         exit when ids is null;
         perform count(*) from awa._enqueue_rows(
             queues, kinds, args, priorities, ordering_keys, run_ats, max_attempts, max_run_times,
-            'COPY row', moved
+            unique_keys, unique_windows, 'COPY row', moved
         );
         delete from awa.copy_staging as c
          where c.staged_xid = _move_staged_in_batches.xid and c.staged_id = any(ids);
@@ -190,9 +198,9 @@ $$;
 -- set-based: one pass groups the rows by (queue, priority, key shard),
 -- hashing each distinct key once; awa._lock_lane_groups locks the lanes and
 -- reserves one range per lane; one INSERT ... SELECT numbers the rows of
--- each lane in COPY order. Rows for partitioned or striped queues, and a
--- transaction with a bad row (to name it), go through
--- awa._move_staged_in_batches instead.
+-- each lane in COPY order. Rows for partitioned or striped queues, rows
+-- with a unique key, and a transaction with a bad row (to name it), go
+-- through awa._move_staged_in_batches instead.
 create or replace function awa._move_staged_sets(xid xid8)
 returns bigint
 language plpgsql
@@ -221,6 +229,7 @@ begin
                    coalesce(s.max_attempts, 25)
                )
                or not awa._max_run_time_ok(s.max_run_time)
+               or s.unique_key is not null or s.unique_window is not null
                or m.stripes > 1 or m.partitions > 1
            ), false),
            array_agg(distinct s.queue order by s.queue) filter (where m.queue is null)
@@ -313,9 +322,9 @@ $$;
 -- Function: awa._move_staged(xid xid8) returns bigint
 -- Moves the staged rows of one transaction into the lanes, in COPY order,
 -- and returns how many. One pass reads their shape: all valid and due now,
--- for one plain queue at one priority, they take awa._move_staged_one_lane
--- (unkeyed) or awa._move_staged_by_key; any other load takes
--- awa._move_staged_sets.
+-- without unique keys, for one plain queue at one priority, they take
+-- awa._move_staged_one_lane (unkeyed) or awa._move_staged_by_key; any
+-- other load takes awa._move_staged_sets.
 create or replace function awa._move_staged(xid xid8)
 returns bigint
 language plpgsql
@@ -331,7 +340,10 @@ begin
     select count(*) as n, min(s.queue) as q, max(s.queue) as q_last,
            min(coalesce(s.priority, 2))::smallint as p,
            max(coalesce(s.priority, 2))::smallint as p_last,
-           count(s.ordering_key) as keyed, count(*) filter (where s.run_at > now()) as later,
+           count(s.ordering_key) as keyed,
+           -- rows for later or with a unique key: not for the one-queue movers
+           count(*) filter (where s.run_at > now() or s.unique_key is not null
+                                  or s.unique_window is not null) as general,
            coalesce(bool_or(not awa._job_ok(
                s.queue, s.kind, coalesce(s.priority, 2)::smallint, coalesce(s.max_attempts, 25)
            ) or not awa._max_run_time_ok(s.max_run_time)), false) as bad
@@ -342,7 +354,7 @@ begin
         return 0;
     end if;
     if not shape.bad and shape.q = shape.q_last and shape.p = shape.p_last
-       and shape.later = 0 then
+       and shape.general = 0 then
         select m.* into target
           from awa.queue_meta as m
          where m.queue = shape.q and m.stripes = 1 and m.partitions = 1;
@@ -473,6 +485,6 @@ select awa._grant_execute('awa.move_staged(integer)', 'maintenance');
 select awa._grant_insert(
     'awa.copy_staging',
     array['queue', 'priority', 'ordering_key', 'kind', 'args', 'run_at', 'max_attempts',
-          'max_run_time'],
+          'max_run_time', 'unique_key', 'unique_window'],
     'producer'
 );

@@ -12,13 +12,19 @@
 -- tests/test_path_differential.py: awa.enqueue (one row), awa.enqueue_batch
 -- (one lane range) and COPY's set-based movers (sql/copy.sql).
 
--- Function: awa.enqueue(queue, kind, args, priority, ordering_key, run_at, max_attempts)
+-- Function: awa.enqueue(queue, kind, args, priority, ordering_key, run_at, max_attempts,
+--                       unique_key, unique_window)
 -- Enqueues one job. Role: awa_producer. A job with a max run time of its
 -- own goes through awa.enqueue_batch (one element is a batch): an argument
--- here would cost every call its test on the fast path (ADR 026).
--- Returns: awa.enqueued (job_id, queue, priority, enqueue_shard, lane_seq);
---   enqueue_shard and lane_seq are null when run_at is in the future.
--- Errors: 22004 null queue or kind; 22023 bad queue name, priority or max_attempts.
+-- here would cost every call its test on the fast path (ADR 026). A job
+-- with a unique key goes the general way, which takes the key before any
+-- lane (awa._take_unique_keys, ADR 027): while another job of the logical
+-- queue holds it, nothing is inserted and the holder is returned.
+-- Returns: awa.enqueued (job_id, queue, priority, enqueue_shard, lane_seq,
+--   duplicate); enqueue_shard and lane_seq are null when run_at is in the
+--   future or for a duplicate.
+-- Errors: 22004 null queue or kind; 22023 bad queue name, priority,
+--   max_attempts, unique_key or unique_window.
 -- A fast path of awa._insert_jobs for one row. The common case (a known
 -- plain queue, a valid unkeyed job due now, no lane memo in this
 -- transaction, the sticky lane free) is one index lookup that reads the
@@ -41,7 +47,9 @@ create or replace function awa.enqueue(
     priority smallint default 2,
     ordering_key bytea default null,
     run_at timestamptz default null,
-    max_attempts integer default 25
+    max_attempts integer default 25,
+    unique_key bytea default null,
+    unique_window interval default null
 )
 returns awa.enqueued
 language plpgsql
@@ -57,13 +65,15 @@ declare
     lane_ids integer[];
     lane_seqs regclass[];
     routed text;  -- the partition or stripe a routed name went to
+    root text;  -- its logical queue, for a unique key
+    held record;  -- the job that holds the unique key
     new_seq bigint;
     new_job bigint;
     fast boolean;  -- null: the general way; false: the sticky lane is taken
     memo text;
     started timestamptz;
 begin
-    if ordering_key is null then
+    if ordering_key is null and unique_key is null and unique_window is null then
         -- S itself is not read here: only the other ways use it, and each
         -- reads it again (an integer variable set from a smallint column
         -- costs a cast set up per transaction).
@@ -123,29 +133,51 @@ begin
             if not awa._job_ok(queue, kind, priority, max_attempts) then
                 perform awa._check_job(queue, kind, priority, max_attempts);
             end if;
+            if unique_key is not null or unique_window is not null then
+                perform awa._check_unique(unique_key, unique_window);
+            end if;
             -- S again, with the lanes (whole arrays are cheap to read, not to
             -- subscript: the fast way reads its one lane in SQL).
-            select m.queue_id, m.enqueue_shards, m.lane_ids, m.lane_seqs
-              into q_id, shards, lane_ids, lane_seqs
+            select m.queue_id, m.enqueue_shards, m.lane_ids, m.lane_seqs, m.root_queue
+              into q_id, shards, lane_ids, lane_seqs, root
               from awa.queue_meta as m
              where m.queue = enqueue.queue and m.stripes = 1 and m.partitions = 1;
             if not found or (run_at is not null and run_at > now()) then
                 -- A stripe's own name ('q#1') never gets here: awa._job_ok refuses '#'.
-                select m.queue_id, m.enqueue_shards, m.lane_ids, m.lane_seqs, m.queue
-                  into q_id, shards, lane_ids, lane_seqs, routed
+                select m.queue_id, m.enqueue_shards, m.lane_ids, m.lane_seqs, m.queue, m.root_queue
+                  into q_id, shards, lane_ids, lane_seqs, routed, root
                   from awa._route_queue(awa._ensure_queue(queue), ordering_key) as m;
-                if run_at is not null and run_at > now() then
-                    new_job := nextval('awa.job_id_seq');
-                    insert into awa.scheduled (
-                        job_id, queue_id, priority, kind, args, ordering_key, attempt, max_attempts,
-                        enqueued_at, run_at
-                    ) values (
-                        new_job, q_id, enqueue.priority, enqueue.kind, coalesce(enqueue.args, '{}'),
-                        enqueue.ordering_key, 0, enqueue.max_attempts, now(), enqueue.run_at
-                    );
-                    return row(new_job, coalesce(routed, enqueue.queue), enqueue.priority, null, null)
-                        ::awa.enqueued;
+            end if;
+            if unique_key is not null then
+                -- The key before any lane, as every path takes it (sql/unique.sql):
+                -- held by another job, this call is its duplicate.
+                new_job := nextval('awa.job_id_seq');
+                select d.job_id, d.queue_id, d.priority into held
+                  from awa._take_unique_keys(
+                      array[awa._unique_scope(coalesce(routed, enqueue.queue), root)],
+                      array[unique_key], array[new_job], array[q_id], array[enqueue.priority],
+                      array[unique_window]
+                  ) as d;
+                if found then
+                    return row(
+                        held.job_id,
+                        (select m.queue from awa.queue_meta as m where m.queue_id = held.queue_id),
+                        held.priority, null, null, true
+                    )::awa.enqueued;
                 end if;
+            end if;
+            if run_at is not null and run_at > now() then
+                new_job := coalesce(new_job, nextval('awa.job_id_seq'));
+                insert into awa.scheduled (
+                    job_id, queue_id, priority, kind, args, ordering_key, attempt, max_attempts,
+                    enqueued_at, run_at
+                ) values (
+                    new_job, q_id, enqueue.priority, enqueue.kind, coalesce(enqueue.args, '{}'),
+                    enqueue.ordering_key, 0, enqueue.max_attempts, now(), enqueue.run_at
+                );
+                return row(
+                    new_job, coalesce(routed, enqueue.queue), enqueue.priority, null, null, false
+                )::awa.enqueued;
             end if;
             shard := awa._take_lane(
                 lane_ids, q_id, priority, shards, awa._key_shard(ordering_key, shards), 0
@@ -158,13 +190,14 @@ begin
         lane_id, lane_seq, job_id, queue_id, priority, kind, args, ordering_key, attempt,
         max_attempts, enqueued_at, ready_at
     ) values (
-        lane, nextval(seq), nextval('awa.job_id_seq'), q_id, enqueue.priority, enqueue.kind,
+        lane, nextval(seq), coalesce(new_job, nextval('awa.job_id_seq')), q_id, enqueue.priority,
+        enqueue.kind,
         coalesce(enqueue.args, '{}'), enqueue.ordering_key, 0, enqueue.max_attempts,
         now(), clock_timestamp()
     )
     returning awa.ready.lane_seq, awa.ready.job_id into new_seq, new_job;
     return row(
-        new_job, coalesce(routed, enqueue.queue), enqueue.priority, shard, new_seq
+        new_job, coalesce(routed, enqueue.queue), enqueue.priority, shard, new_seq, false
     )::awa.enqueued;
 end;
 $$;
@@ -231,9 +264,10 @@ $$;
 -- max_attempts 25, no max run time of its own (stored in seconds,
 -- awa._in_seconds); a new job id, attempt 0 and enqueued now, unless the
 -- job is moved (awa.promote_due passes job_ids, attempts, enqueued_ats and
--- last_errors). Returns the job ids in element order. The arrays come
--- checked and one element per job, indexed from 1; the caller holds the
--- lanes and reserved the sequence values.
+-- last_errors). An element whose kind is null is written nowhere (a
+-- duplicate of a unique key, awa._enqueue_rows). Returns the job ids in
+-- element order. The arrays come checked and one element per job, indexed
+-- from 1; the caller holds the lanes and reserved the sequence values.
 create or replace function awa._insert_jobs(
     lanes integer[],
     seqs bigint[],
@@ -275,7 +309,7 @@ begin
                ordering_keys[r.i], r.attempt, r.m, r.enqueued_at, clock_timestamp(),
                last_errors[r.i], r.run_time
           from rows as r
-         where lanes[r.i] is not null
+         where lanes[r.i] is not null and kinds[r.i] is not null
          -- Each lane's rows side by side in the heap: a claim reads a lane's
          -- next rows from few pages.
          order by lanes[r.i], seqs[r.i]
@@ -288,18 +322,23 @@ begin
         select r.job_id, queue_ids[r.i], r.p, kinds[r.i], r.a, ordering_keys[r.i], r.attempt,
                r.m, r.enqueued_at, run_ats[r.i], last_errors[r.i], r.run_time
           from rows as r
-         where lanes[r.i] is null
+         where lanes[r.i] is null and kinds[r.i] is not null
     )
     select r.job_id from rows as r order by r.i;
 end;
 $$;
 
 -- Function: awa._enqueue_rows(queues, kinds, args, priorities, ordering_keys, run_ats,
---                             max_attempts, max_run_times, row_label, row_offset)
+--                             max_attempts, max_run_times, unique_keys, unique_windows,
+--                             row_label, row_offset)
 -- The general multi-row enqueue, behind awa.enqueue_batch and COPY
--- ingestion. A bad row is named as "<row_label> <index + row_offset>". The
--- arrays come checked: queues and kinds not null, every array one element
--- per job, indexed from 1 (awa.enqueue_batch checks them; COPY builds them).
+-- ingestion. A bad row is named as "<row_label>
+-- <index + row_offset>". The arrays come checked: queues and kinds not
+-- null, every array one element per job, indexed from 1 (awa.enqueue_batch
+-- checks them; COPY builds them). Rows with a unique key take it
+-- (awa._take_unique_keys) before any lane is locked; a row whose key
+-- another job holds is written nowhere and returned as that job, with
+-- duplicate true.
 create or replace function awa._enqueue_rows(
     queues text[],
     kinds text[],
@@ -309,6 +348,8 @@ create or replace function awa._enqueue_rows(
     run_ats timestamptz[],
     max_attempts integer[],
     max_run_times interval[],
+    unique_keys bytea[],
+    unique_windows interval[],
     row_label text,
     row_offset bigint
 )
@@ -326,6 +367,11 @@ declare
     queue_ids integer[];
     key_shards smallint[];
     taken record;
+    job_ids bigint[];
+    dup_i integer[];
+    dup_job bigint[];
+    dup_qid integer[];
+    dup_p smallint[];
 begin
     if n = 0 then
         return;
@@ -335,13 +381,15 @@ begin
       from generate_series(1, n) as i
      where not awa._job_ok(
          queues[i], kinds[i], coalesce(priorities[i], 2)::smallint, coalesce(max_attempts[i], 25)
-     ) or not awa._max_run_time_ok(max_run_times[i]);
+     ) or not awa._max_run_time_ok(max_run_times[i])
+        or not awa._unique_ok(unique_keys[i], unique_windows[i]);
     if bad is not null then
         begin
             perform awa._check_job(
                 queues[bad], kinds[bad], coalesce(priorities[bad], 2)::smallint,
                 coalesce(max_attempts[bad], 25), max_run_times[bad]
             );
+            perform awa._check_unique(unique_keys[bad], unique_windows[bad]);
         exception when others then
             raise exception '% % (1-based): %', row_label, bad + row_offset, sqlerrm
                 using errcode = sqlstate;
@@ -388,6 +436,37 @@ begin
            where x.queue = any(queues)
       ) as m on m.queue = queues[i];
 
+    -- Unique keys first, in one order for every caller (awa._take_unique_keys):
+    -- a duplicate takes no lane (its queue id goes null) and no row (its
+    -- kind goes null, which awa._insert_jobs skips).
+    if cardinality(array_remove(unique_keys, null)) > 0 then
+        job_ids := array(select nextval('awa.job_id_seq') from generate_series(1, n));
+        select array_agg(d.i), array_agg(d.job_id), array_agg(d.queue_id),
+               array_agg(d.priority)
+          into dup_i, dup_job, dup_qid, dup_p
+          from awa._take_unique_keys(
+              array(
+                  select awa._unique_scope(m.queue, m.root_queue)
+                    from generate_series(1, n) as i
+                    join awa.queue_meta as m on m.queue_id = queue_ids[i]
+                   order by i
+              ),
+              unique_keys, job_ids, queue_ids, priorities, unique_windows
+          ) as d;
+        if dup_i is not null then
+            queue_ids := array(
+                select case when i = any(dup_i) then null else queue_ids[i] end
+                  from generate_series(1, n) as i
+                 order by i
+            );
+            kinds := array(
+                select case when i = any(dup_i) then null else kinds[i] end
+                  from generate_series(1, n) as i
+                 order by i
+            );
+        end if;
+    end if;
+
     -- The lanes of the rows due now; a row for later waits in awa.scheduled.
     select * into taken from awa._lock_lanes(
         case when run_ats is null then queue_ids else array(
@@ -398,22 +477,31 @@ begin
         priorities, key_shards
     );
     return query
-    select j.job_id, queues[j.i], coalesce(priorities[j.i], 2)::smallint,
-           taken.shards[j.i], taken.seqs[j.i]
+    select coalesce(d.job_id, j.job_id), coalesce(h.queue, queues[j.i]),
+           coalesce(d.priority, coalesce(priorities[j.i], 2)::smallint),
+           taken.shards[j.i], taken.seqs[j.i], d.i is not null
       from awa._insert_jobs(
           taken.lanes, taken.seqs, queue_ids, priorities, kinds, args, ordering_keys,
-          max_attempts, run_ats, max_run_times => max_run_times
-      ) with ordinality as j (job_id, i);
+          max_attempts, run_ats, job_ids, max_run_times => max_run_times
+      ) with ordinality as j (job_id, i)
+      left join unnest(dup_i, dup_job, dup_qid, dup_p)
+                as d (i, job_id, queue_id, priority)
+        on d.i = j.i
+      left join awa.queue_meta as h on h.queue_id = d.queue_id
+     order by j.i;
 end;
 $$;
 
 -- Function: awa.enqueue_batch(queues, kinds, args, priorities, ordering_keys, run_ats,
---                             max_attempts, max_run_times)
+--                             max_attempts, max_run_times, unique_keys, unique_windows)
 -- Enqueues many jobs in one call from typed parallel arrays, one element per
 -- job. queues and kinds are required; the other arrays may be null (all
 -- defaults) and a null element takes the default (for max_run_times: the
--- queue's max run time). Role: awa_producer.
--- Returns: one awa.enqueued row per input, in input order.
+-- queue's max run time; for unique_keys: no key). Role: awa_producer.
+-- Returns: one awa.enqueued row per input, in input order; an element
+--   whose unique key another job holds (an earlier element of the same
+--   call included) is inserted nowhere and returned as that job, with
+--   duplicate true.
 -- Errors: 22023 arrays of different lengths (naming them), an array with a
 --   second dimension or not indexed from 1 (naming it), bad elements (naming
 --   the 1-based index); 22004 null queue or kind elements.
@@ -425,7 +513,9 @@ create or replace function awa.enqueue_batch(
     ordering_keys bytea[] default null,
     run_ats timestamptz[] default null,
     max_attempts integer[] default null,
-    max_run_times interval[] default null
+    max_run_times interval[] default null,
+    unique_keys bytea[] default null,
+    unique_windows interval[] default null
 )
 returns setof awa.enqueued
 language plpgsql
@@ -439,16 +529,16 @@ declare
     p smallint := coalesce(priorities[1], 2);
     attempts integer := coalesce(max_attempts[1], 25);
     names text[] := array['queues', 'kinds', 'args', 'priorities', 'ordering_keys', 'run_ats',
-                          'max_attempts', 'max_run_times'];
+                          'max_attempts', 'max_run_times', 'unique_keys', 'unique_windows'];
     dims text[] := array[
         array_dims(queues), array_dims(kinds), array_dims(args), array_dims(priorities),
         array_dims(ordering_keys), array_dims(run_ats), array_dims(max_attempts),
-        array_dims(max_run_times)
+        array_dims(max_run_times), array_dims(unique_keys), array_dims(unique_windows)
     ];
     lens integer[] := array[
         n, cardinality(kinds), cardinality(args), cardinality(priorities),
         cardinality(ordering_keys), cardinality(run_ats), cardinality(max_attempts),
-        cardinality(max_run_times)
+        cardinality(max_run_times), cardinality(unique_keys), cardinality(unique_windows)
     ];
     q_id integer;
     shard smallint;
@@ -463,7 +553,7 @@ begin
     end if;
     -- Rows are read by position 1 .. n: a subscript from another base, a
     -- second dimension or a missing element would pair the wrong elements.
-    for i in 1 .. 8 loop
+    for i in 1 .. 10 loop
         if left(dims[i], 3) <> '[1:' or strpos(dims[i], '][') > 0 then
             raise exception 'array % must be one-dimensional and indexed from 1, got %',
                 names[i], dims[i]
@@ -476,7 +566,7 @@ begin
         end if;
     end loop;
     -- The common call, every row due now, unkeyed, valid, without a max
-    -- run time of its own, for one plain queue at one priority (a null
+    -- run time or a unique key of its own, for one plain queue at one priority (a null
     -- element meaning the default), is one lane range: tested with array
     -- operators, not row by row (every row has the first row's queue,
     -- priority and max_attempts, and a kind, so checking the first checks
@@ -489,6 +579,8 @@ begin
        and (ordering_keys is null or cardinality(array_remove(ordering_keys, null)) = 0)
        and (run_ats is null or cardinality(array_remove(run_ats, null)) = 0)
        and (max_run_times is null or cardinality(array_remove(max_run_times, null)) = 0)
+       and (unique_keys is null or cardinality(array_remove(unique_keys, null)) = 0)
+       and (unique_windows is null or cardinality(array_remove(unique_windows, null)) = 0)
     then
         select m.queue_id, awa._sticky(m.enqueue_shards),
                m.lane_ids[p][awa._sticky(m.enqueue_shards)],
@@ -526,14 +618,14 @@ begin
                    q_id, p, u.k, coalesce(u.a, '{}'), null, 0, attempts, now(),
                    clock_timestamp()
               from unnest(kinds, args) with ordinality as u (k, a, i)
-            returning awa.ready.job_id, queues[1], p, shard, awa.ready.lane_seq;
+            returning awa.ready.job_id, queues[1], p, shard, awa.ready.lane_seq, false;
             return;
         end if;
     end if;
     return query
     select * from awa._enqueue_rows(
         queues, kinds, args, priorities, ordering_keys, run_ats, max_attempts, max_run_times,
-        'batch element', 0
+        unique_keys, unique_windows, 'batch element', 0
     );
 end;
 $$;
@@ -605,7 +697,8 @@ end;
 $$;
 
 select awa._grant_execute(
-    'awa.enqueue(text, text, jsonb, smallint, bytea, timestamptz, integer)', 'producer'
+    'awa.enqueue(text, text, jsonb, smallint, bytea, timestamptz, integer, bytea, interval)',
+    'producer'
 );
 select awa._grant_execute('awa._lock_lanes(integer[], smallint[], smallint[])');
 select awa._grant_execute(
@@ -614,11 +707,11 @@ select awa._grant_execute(
 );
 select awa._grant_execute(
     'awa._enqueue_rows(text[], text[], jsonb[], smallint[], bytea[], timestamptz[], integer[],'
-    ' interval[], text, bigint)'
+    ' interval[], bytea[], interval[], text, bigint)'
 );
 select awa._grant_execute(
     'awa.enqueue_batch(text[], text[], jsonb[], smallint[], bytea[], timestamptz[], integer[],'
-    ' interval[])',
+    ' interval[], bytea[], interval[])',
     'producer'
 );
 select awa._grant_execute('awa.promote_due(integer)', 'maintenance');

@@ -393,8 +393,8 @@ $$;
 --                               max_run_time) returns void
 -- Finishes as cancelled a scheduled or ready job whose row the caller has
 -- just deleted, through awa._finish (a row in the failed-and-cancelled
--- ring, with the job's own max run time for a retry, one more on the
--- queue's cancelled counter).
+-- ring, with the job's own max run time and unique key for a retry, one
+-- more on the queue's cancelled counter; the key, if any, given back).
 create or replace function awa._cancel_waiting(
     job_id bigint,
     queue_id integer,
@@ -414,13 +414,14 @@ set search_path = pg_catalog, pg_temp
 as $$
 begin
     -- The running-row value awa._finish takes, built by column name (its
-    -- lane, lease, worker and deadline columns stay null).
+    -- lane, lease, worker and deadline columns stay null). unique_jobs:
+    -- look for a key (a waiting job's table does not say whether it has one).
     perform awa._finish(
         jsonb_populate_record(null::awa.running, jsonb_build_object(
             'job_id', job_id, 'queue_id', queue_id, 'priority', priority, 'kind', kind,
             'args', args, 'ordering_key', ordering_key, 'attempt', attempt,
             'max_attempts', max_attempts, 'enqueued_at', enqueued_at,
-            'max_run_time', max_run_time
+            'max_run_time', max_run_time, 'unique_jobs', true
         )),
         'cancelled', awa._cancelled_error(last_error)
     );
@@ -581,13 +582,15 @@ end;
 $$;
 
 -- Function: awa._requeue(job_ids, queue_ids, priorities, kinds, args, ordering_keys,
---                        max_attempts, enqueued_ats, last_errors, max_run_times)
---                        returns void
+--                        max_attempts, enqueued_ats, last_errors, max_run_times,
+--                        unique_keys, unique_windows) returns bigint[]
 -- Puts jobs an operator retries back into lanes, ready now, with attempt
--- 0, their own job ids and their own max run times: routed as awa.promote_due routes a due job,
--- under each queue's current S (a keyed job to its key's shard), with the
--- lanes taken by awa._lock_lanes and the rows written by awa._insert_jobs.
--- The arrays come one element per job, indexed from 1.
+-- 0, their own job ids, max run times and unique keys: routed as
+-- awa.promote_due routes a due job, under each queue's current S (a keyed
+-- job to its key's shard), with the lanes taken by awa._lock_lanes and the
+-- rows written by awa._insert_jobs. A job whose unique key another job
+-- holds now stays where it is. Returns the ids of the jobs it put back. The
+-- arrays come one element per job, indexed from 1.
 create or replace function awa._requeue(
     job_ids bigint[],
     queue_ids integer[],
@@ -598,18 +601,49 @@ create or replace function awa._requeue(
     max_attempts integer[],
     enqueued_ats timestamptz[],
     last_errors text[],
-    max_run_times interval[]
+    max_run_times interval[],
+    unique_keys bytea[],
+    unique_windows interval[]
 )
-returns void
+returns bigint[]
 language plpgsql
 set search_path = pg_catalog, pg_temp
 -- Array parameters make the planner re-plan every call.
 set plan_cache_mode = force_generic_plan
 as $$
 declare
+    n integer := cardinality(job_ids);
     key_shards smallint[];
     taken record;
+    dup_i integer[];
 begin
+    -- Keys before lanes, as every enqueue takes them; a job whose key is
+    -- held gets no lane (its queue id goes null) and no row (its kind goes
+    -- null, which awa._insert_jobs skips).
+    if cardinality(array_remove(unique_keys, null)) > 0 then
+        select array_agg(d.i) into dup_i
+          from awa._take_unique_keys(
+              array(
+                  select awa._unique_scope(m.queue, m.root_queue)
+                    from generate_series(1, n) as i
+                    join awa.queue_meta as m on m.queue_id = queue_ids[i]
+                   order by i
+              ),
+              unique_keys, job_ids, queue_ids, priorities, unique_windows
+          ) as d;
+        if dup_i is not null then
+            queue_ids := array(
+                select case when i = any(dup_i) then null else queue_ids[i] end
+                  from generate_series(1, n) as i
+                 order by i
+            );
+            kinds := array(
+                select case when i = any(dup_i) then null else kinds[i] end
+                  from generate_series(1, n) as i
+                 order by i
+            );
+        end if;
+    end if;
     select array_agg(
                case when ordering_keys[i] is not null
                     then awa._key_shard(ordering_keys[i], m.enqueue_shards) end
@@ -621,8 +655,13 @@ begin
     select * into taken from awa._lock_lanes(queue_ids, priorities, key_shards);
     perform count(*) from awa._insert_jobs(
         taken.lanes, taken.seqs, queue_ids, priorities, kinds, args, ordering_keys,
-        max_attempts, null, job_ids, array_fill(0, array[cardinality(job_ids)]), enqueued_ats,
+        max_attempts, null, job_ids, array_fill(0, array[n]), enqueued_ats,
         last_errors, max_run_times
+    );
+    return array(
+        select job_ids[i] from generate_series(1, n) as i
+         where kinds[i] is not null
+         order by i
     );
 end;
 $$;
@@ -632,9 +671,11 @@ $$;
 -- with its job_id, args, ordering key, priority and max_attempts, and a
 -- fresh set of attempts (attempt 0), routed under the queue's current S
 -- (a keyed job to its key's lane). Its last error stays on it until it
--- runs. False, changing nothing, for a job in any other state, an unknown
--- one, one retention removed (a prune emptying its slot meanwhile
--- included), and one that failed before migration 0015 (it kept no args).
+-- runs. A job with a unique key takes it again. False, changing nothing,
+-- for a job in any other state, an unknown one, one retention removed (a
+-- prune emptying its slot meanwhile included), one that failed before
+-- migration 0015 (it kept no args), and one whose unique key another job
+-- holds now (ADR 027).
 -- Role: awa_operator.
 -- Errors: 22004 null job_id.
 create or replace function awa.retry_job(job_id bigint)
@@ -652,19 +693,25 @@ begin
             using errcode = '22004';
     end if;
     -- A row a concurrent awa.prune_finished() emptied with its slot is not
-    -- there to delete: not found, like any job retention removed.
-    delete from awa.finished as x
+    -- there: not found, like any job retention removed. Locked, the row
+    -- keeps its slot from a prune until it is deleted here.
+    select x.* into f
+      from awa.finished as x
      where x.job_id = retry_job.job_id and x.state in ('failed', 'cancelled')
        and x.args is not null
-    returning x.* into f;
+       for update;
     if not found then
         return false;
     end if;
-    perform awa._requeue(
+    if cardinality(awa._requeue(
         array[f.job_id], array[f.queue_id], array[f.priority], array[f.kind], array[f.args],
         array[f.ordering_key], array[f.max_attempts], array[f.enqueued_at],
-        array[f.last_error], array[f.max_run_time]
-    );
+        array[f.last_error], array[f.max_run_time], array[f.unique_key],
+        array[f.unique_window]
+    )) = 0 then
+        return false;
+    end if;
+    delete from awa.finished as x where x.job_id = f.job_id and x.slot = f.slot;
     return true;
 end;
 $$;
@@ -674,7 +721,8 @@ $$;
 -- covers its partitions and stripes), optionally of one kind, oldest job
 -- id first within each physical queue. Cancelled jobs stay cancelled
 -- (retry one with awa.retry_job). Rows another transaction is retrying
--- are skipped. Call it again until it returns 0 to retry more than
+-- are skipped, and so are jobs whose unique key another job holds now
+-- (they stay failed). Call it again until it returns 0 to retry more than
 -- max_jobs, each call its own transaction. Returns how many jobs it
 -- retried.
 -- Role: awa_operator.
@@ -694,29 +742,34 @@ as $$
 declare
     ids integer[] := awa._queue_ids(queue);
     due record;
+    requeued bigint[];
 begin
     perform awa._check_max_jobs('max_jobs', max_jobs);
     with gone as (
-        delete from awa.finished as f
-         using (
-             select x.job_id, x.slot
-               from unnest(ids) as q (id)
-              cross join lateral (
-                  -- A range on state, as in awa.jobs: the (queue_id, state,
-                  -- job_id) index of each slot, merged.
-                  select y.job_id, y.slot
-                    from awa.finished as y
-                   where y.queue_id = q.id and y.state between 'failed' and 'failed'
-                     and y.args is not null
-                     and (retry_jobs.kind is null or y.kind = retry_jobs.kind)
-                   order by y.state, y.job_id
-                   limit retry_jobs.max_jobs
-                     for update of y skip locked
-              ) as x
+        select x.*
+          from (
+              select m.queue_id as id, awa._unique_scope(m.queue, m.root_queue) as scope
+                from awa.queue_meta as m
+               where m.queue_id = any(ids)
+          ) as q
+         cross join lateral (
+             -- A range on state, as in awa.jobs: the (queue_id, state,
+             -- job_id) index of each slot, merged.
+             select y.*
+               from awa.finished as y
+              where y.queue_id = q.id and y.state between 'failed' and 'failed'
+                and y.args is not null
+                and (retry_jobs.kind is null or y.kind = retry_jobs.kind)
+                and (y.unique_key is null or not exists (
+                    select from awa.unique_keys as u
+                     where u.queue = q.scope and u.unique_key = y.unique_key
+                       and (u.held_until is null or u.held_until > now())
+                ))
+              order by y.state, y.job_id
               limit retry_jobs.max_jobs
-         ) as p
-         where f.job_id = p.job_id and f.slot = p.slot
-        returning f.*
+                for update of y skip locked
+         ) as x
+         limit retry_jobs.max_jobs
     )
     select array_agg(g.job_id order by g.job_id) as job_ids,
            array_agg(g.queue_id order by g.job_id) as queue_ids,
@@ -727,17 +780,24 @@ begin
            array_agg(g.max_attempts order by g.job_id) as max_attempts,
            array_agg(g.enqueued_at order by g.job_id) as enqueued_ats,
            array_agg(g.last_error order by g.job_id) as last_errors,
-           array_agg(g.max_run_time order by g.job_id) as max_run_times
+           array_agg(g.max_run_time order by g.job_id) as max_run_times,
+           array_agg(g.unique_key order by g.job_id) as unique_keys,
+           array_agg(g.unique_window order by g.job_id) as unique_windows,
+           array_agg(g.slot order by g.job_id) as slots
       into due
       from gone as g;
     if due.job_ids is null then
         return 0;
     end if;
-    perform awa._requeue(
+    requeued := awa._requeue(
         due.job_ids, due.queue_ids, due.priorities, due.kinds, due.args, due.ordering_keys,
-        due.max_attempts, due.enqueued_ats, due.last_errors, due.max_run_times
+        due.max_attempts, due.enqueued_ats, due.last_errors, due.max_run_times,
+        due.unique_keys, due.unique_windows
     );
-    return cardinality(due.job_ids);
+    delete from awa.finished as f
+     using unnest(due.job_ids, due.slots) as x (job_id, slot)
+     where f.job_id = x.job_id and f.slot = x.slot and x.job_id = any(requeued);
+    return cardinality(requeued);
 end;
 $$;
 
@@ -756,7 +816,7 @@ select awa._grant_execute('awa.cancel_job(bigint)', 'operator');
 select awa._grant_execute('awa.cancel_jobs(text, text, integer)', 'operator');
 select awa._grant_execute(
     'awa._requeue(bigint[], integer[], smallint[], text[], jsonb[], bytea[], integer[],'
-    ' timestamptz[], text[], interval[])'
+    ' timestamptz[], text[], interval[], bytea[], interval[])'
 );
 select awa._grant_execute('awa.retry_job(bigint)', 'operator');
 select awa._grant_execute('awa.retry_jobs(text, text, integer)', 'operator');

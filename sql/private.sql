@@ -28,7 +28,8 @@
 --                                   pass holds the same lock around the call
 -- awa maintain (installer/awa_sql/maintain.py) also takes, around each of
 -- its passes, 'awaD' 1635213636 (promote), 'awaR' 1635213650 (rescue), 'awaS'
--- 1635213651 (move staged) and 'awaT' 1635213652 (auto-scaler tick), (class, 0).
+-- 1635213651 (move staged), 'awaT' 1635213652 (auto-scaler tick) and 'awaK'
+-- 1635213643 (unique keys whose window passed), (class, 0).
 --
 -- Inlined constants and predicates: the functions below, the row
 -- predicates of sql/queues.sql and awa._has_lane_memo of sql/lanes.sql are

@@ -51,3 +51,19 @@ drop function if exists awa._requeue(
 );
 -- Unreleased: the physical queues of a name have one home in queues.sql.
 drop function if exists awa._job_queue_ids(text);
+-- Unreleased: unique keys (ADR 027): the enqueue paths take a unique key
+-- and window, and awa.enqueued says whether a row was a duplicate.
+drop function if exists awa.enqueue(
+    text, text, jsonb, smallint, bytea, timestamptz, integer
+);
+drop function if exists awa.enqueue_batch(
+    text[], text[], jsonb[], smallint[], bytea[], timestamptz[], integer[], interval[]
+);
+drop function if exists awa._enqueue_rows(
+    text[], text[], jsonb[], smallint[], bytea[], timestamptz[], integer[], interval[], text,
+    bigint
+);
+drop function if exists awa._requeue(
+    bigint[], integer[], smallint[], text[], jsonb[], bytea[], integer[], timestamptz[], text[],
+    interval[]
+);

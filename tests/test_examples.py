@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -26,7 +27,11 @@ def test_psql_example(db):
     with db.connect(db.login_role("awa_worker")) as w:
         jobs = claim_all(w, ["psql-example"])
     assert sorted(c[6] for c in jobs) == sorted(
-        ["send_welcome", "charge", "send", "send", "charge", "copy.job", "copy.job", "copy.job"])
+        ["send_welcome", "charge", "invoice.send", "send", "send", "charge", "copy.job",
+         "copy.job", "copy.job"])
+    # The unique job's second enqueue: the first job's id, duplicate true.
+    first, again = re.findall(r"^\s*(\d+) \| ([tf])\s*$", result.stdout, re.MULTILINE)
+    assert first[1] == "f" and again == (first[0], "t")
     keyed = [c for c in jobs if c[10] == b"customer-42"]
     assert len(keyed) == 3  # the single enqueue, the batch row and the COPY row
 
@@ -44,10 +49,31 @@ def test_node_example(db):
                             capture_output=True, text=True, timeout=120, check=False)
     assert result.returncode == 0, result.stderr
     assert "copied 100" in result.stdout
+    unique = [line.split() for line in result.stdout.splitlines() if line.startswith("unique")]
+    assert [u[3] for u in unique] == ["false", "true"] and unique[0][1] == unique[1][1]
     with db.connect(db.login_role("awa_worker")) as w:
         jobs = claim_all(w, ["node-example"], 50)
-    assert len(jobs) == 10 + 2 + 100
+    assert len(jobs) == 10 + 1 + 2 + 100
     charges = [c for c in jobs if c[6] == "charge"]
     for i in range(3):
         mine = [c[7]["i"] for c in charges if c[10] == f"customer-{i}".encode()]
         assert mine == sorted(mine) and mine
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="Node.js is not installed")
+@pytest.mark.parametrize("args", [
+    {}, {"to": "a@b", "n": 1}, {"b": [1, "two", None, True, {"z": 0, "a": -5}], "a": "x"},
+    {"é": "ü", "e": "\u2028 \"quoted\" \\ \n\t\u0001", "Z": "upper first"},
+    {"😀": 1, "\uffff": 2},
+])
+def test_the_node_unique_key_is_the_python_one(args):
+    """docs/sql-api.md's recipe, in examples/node/unique-key.mjs, gives the key
+    awa_sql.unique_key gives."""
+    import json
+
+    from awa_sql import unique_key
+
+    result = subprocess.run(["node", "unique-key.mjs", "email.send", json.dumps(args)],
+                            cwd=EXAMPLES / "node", capture_output=True, text=True, timeout=60,
+                            check=True)
+    assert result.stdout.strip() == unique_key("email.send", args).hex()

@@ -10,14 +10,15 @@ memo to a lane another open transaction holds, to a lane of another queue, to
 a lane of another priority, and to values that are no lane at all. Its jobs
 must land in a free lane of their own (queue, priority), with no error.
 (A keyed single row never read the memo; its case guards that it never
-does.) Jobs with a max run time of their own take the batch and COPY paths
-too. And no heartbeat, whatever its extend or the settings around it, moves
+does.) Jobs with a max run time of their own, and jobs with unique keys, take the
+batch and COPY paths too. And no heartbeat, whatever its extend or the settings around it, moves
 a lease past its job's deadline.
 """
 
 from __future__ import annotations
 
 import threading
+import uuid
 
 import psycopg
 import pytest
@@ -35,6 +36,18 @@ def _copy(conn, queue, kind, rows, max_run_time=None):
     copy_rows(conn, [(queue, priority, key, kind, Jsonb({}), None, None,
                       *([max_run_time] if max_run_time else []))
                      for priority, key in rows])
+
+
+def _copy_unique(conn, queue, kind, rows):
+    """MIXED with a fresh unique key on every row."""
+    with conn.cursor().copy("copy awa.copy_staging (queue, priority, ordering_key, kind,"
+                            " unique_key) from stdin") as cp:
+        for priority, key in rows:
+            cp.write_row([queue, priority, key, kind, uuid.uuid4().bytes])
+
+
+def _fresh_keys(n):
+    return [uuid.uuid4().bytes for _ in range(n)]
 
 
 # Mixed calls put their keyed row at priority 1, so that it cannot overwrite
@@ -60,6 +73,15 @@ ENTRY_POINTS = {
         " max_run_times => array['1 minute', null, '1 hour']::interval[])", [[q] * 3, [kind] * 3]),
     "copy max_run_time": lambda c, q, kind: (
         _copy(c, q, kind, MIXED, "1 minute"), c.execute("select awa.enqueue_copied()")),
+    # Unique keys take the general paths (ADR 027).
+    "enqueue unique": lambda c, q, kind: c.execute(
+        "select awa.enqueue(%s, %s, unique_key => %s)", [q, kind, uuid.uuid4().bytes]),
+    "batch unique": lambda c, q, kind: c.execute(
+        "select * from awa.enqueue_batch(%s::text[], %s::text[], priorities => %s::smallint[],"
+        " ordering_keys => %s::bytea[], unique_keys => %s::bytea[])",
+        [[q] * 3, [kind] * 3, [p for p, _ in MIXED], [k for _, k in MIXED], _fresh_keys(3)]),
+    "copy unique": lambda c, q, kind: (
+        _copy_unique(c, q, kind, MIXED), c.execute("select awa.enqueue_copied()")),
 }
 NAMES = {"plain": "fq", "partitioned": "fpart", "striped": "fstripe"}
 

@@ -172,7 +172,8 @@ def _arrays(rows):
 BATCH = ("select * from awa.enqueue_batch(%s::text[], %s::text[], %s::jsonb[], %s::smallint[],"
          " %s::bytea[], %s::timestamptz[], %s::integer[], %s::interval[])")
 ROWS = ("select * from awa._enqueue_rows(%s::text[], %s::text[], %s::jsonb[], %s::smallint[],"
-        " %s::bytea[], %s::timestamptz[], %s::integer[], %s::interval[], 'batch element', 0)")
+        " %s::bytea[], %s::timestamptz[], %s::integer[], %s::interval[], null, null,"
+        " 'batch element', 0)")
 CHECK_PROFILE = settings(max_examples=60, deadline=None,
                          suppress_health_check=[HealthCheck.function_scoped_fixture])
 

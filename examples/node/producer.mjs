@@ -4,6 +4,7 @@ import pg from "pg";
 import { from as copyFrom } from "pg-copy-streams";
 import { pipeline } from "node:stream/promises";
 import { Readable } from "node:stream";
+import { uniqueKey } from "./unique-key.mjs";
 
 const client = new pg.Client({ connectionString: process.env.DATABASE_URL });
 await client.connect();
@@ -16,6 +17,17 @@ for (let i = 0; i < 10; i++) {
     [queue, "charge", { i }, Buffer.from(`customer-${i % 3}`)],
   );
   console.log("enqueued", rows[0].job_id, "shard", rows[0].enqueue_shard);
+}
+
+// A unique job: while it is live, a second enqueue of its key inserts
+// nothing and returns it, with duplicate true.
+const key = uniqueKey("invoice.send", { invoice: 7 });
+for (let n = 0; n < 2; n++) {
+  const { rows } = await client.query(
+    "select job_id, duplicate from awa.enqueue($1::text, $2::text, $3::jsonb, unique_key => $4::bytea)",
+    [queue, "invoice.send", { invoice: 7 }, key],
+  );
+  console.log("unique", rows[0].job_id, "duplicate", rows[0].duplicate);
 }
 
 // A batch call with typed arrays.

@@ -11,6 +11,19 @@ from awa.enqueue(
     ordering_key => convert_to('customer-42', 'UTF8')
 );
 
+-- A unique job: while it is live, a second enqueue of its key inserts
+-- nothing and returns it, with duplicate true.
+select job_id, duplicate
+from awa.enqueue(
+    'psql-example'::text, 'invoice.send'::text, '{"invoice": 7}'::jsonb,
+    unique_key => convert_to('invoice-7', 'UTF8')
+);
+select job_id, duplicate
+from awa.enqueue(
+    'psql-example'::text, 'invoice.send'::text, '{"invoice": 7}'::jsonb,
+    unique_key => convert_to('invoice-7', 'UTF8')
+);
+
 -- Four shards for the queue: partitioned FIFO from this commit on.
 select * from awa.set_enqueue_shards('psql-example', 4);
 

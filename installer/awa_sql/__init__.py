@@ -24,6 +24,7 @@ from awa_sql.shards import (
     set_shard_mode,
     show,
 )
+from awa_sql.unique import unique_key
 from awa_sql.version import __version__
 from awa_sql.worker import Retry
 
@@ -46,4 +47,5 @@ __all__ = [
     "set_enqueue_shards",
     "set_shard_mode",
     "show",
+    "unique_key",
 ]

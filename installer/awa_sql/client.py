@@ -26,43 +26,62 @@ from awa_sql.runtimes import RuntimePublisher
 
 Key = routing.Key | None
 
+RESULT = f"job_id, queue, priority, enqueue_shard, lane_seq, duplicate, {WAIT_COLUMNS}"
+WAITS = 6  # the row's index of the first of WAIT_COLUMNS
 ENQUEUE_SQL = (
-    f"select job_id, queue, priority, enqueue_shard, lane_seq, {WAIT_COLUMNS} from awa.enqueue("
+    f"select {RESULT} from awa.enqueue("
     "%(queue)s::text, %(kind)s::text, %(args)s::jsonb, %(priority)s::smallint,"
     " %(ordering_key)s::bytea, %(run_at)s::timestamptz, %(max_attempts)s::integer)"
 )
-# A job with its own max run time: a batch of one, as awa.enqueue takes none
-# (ADR 026). The statements of the others stay as they were.
-ENQUEUE_RUN_TIME_SQL = (
-    f"select job_id, queue, priority, enqueue_shard, lane_seq, {WAIT_COLUMNS}"
+# A job with its own max run time or a unique key: a batch of one, as
+# awa.enqueue takes no max run time (ADR 026) and takes a unique key the
+# batch's way (ADR 027). The statement of the others stays as it was.
+ENQUEUE_OPTIONS_SQL = (
+    f"select {RESULT}"
     " from awa.enqueue_batch(array[%(queue)s::text], array[%(kind)s::text],"
     " array[%(args)s::jsonb], array[%(priority)s::smallint], array[%(ordering_key)s::bytea],"
     " array[%(run_at)s::timestamptz], array[%(max_attempts)s::integer],"
-    " array[%(max_run_time)s::interval])"
+    " array[%(max_run_time)s::interval], array[%(unique_key)s::bytea],"
+    " array[%(unique_window)s::interval])"
 )
 BATCH_SQL = (
-    f"select job_id, queue, priority, enqueue_shard, lane_seq, {WAIT_COLUMNS}"
+    f"select {RESULT}"
     " from awa.enqueue_batch("
     "%s::text[], %s::text[], %s::jsonb[], %s::smallint[], %s::bytea[], %s::timestamptz[],"
     " %s::integer[])"
 )
-BATCH_RUN_TIME_SQL = BATCH_SQL[:-1] + ", %s::interval[])"
+# By how many columns a batch sends: the optional ones only when a job has one.
+BATCH_SQLS = {
+    7: BATCH_SQL,
+    8: BATCH_SQL[:-1] + ", %s::interval[])",
+    10: BATCH_SQL[:-1] + ", %s::interval[], %s::bytea[], %s::interval[])",
+}
 COPY_COLUMNS = "queue, priority, ordering_key, kind, args, run_at, max_attempts"
-COPY_SQL = f"copy awa.copy_staging ({COPY_COLUMNS}) from stdin"
-COPY_RUN_TIME_SQL = f"copy awa.copy_staging ({COPY_COLUMNS}, max_run_time) from stdin"
+COPY_SQLS = {
+    7: f"copy awa.copy_staging ({COPY_COLUMNS}) from stdin",
+    8: f"copy awa.copy_staging ({COPY_COLUMNS}, max_run_time) from stdin",
+    10: f"copy awa.copy_staging ({COPY_COLUMNS}, max_run_time, unique_key, unique_window)"
+        " from stdin",
+}
+COPY_SQL = COPY_SQLS[7]
 _NO_OVERRIDE: Mapping[str, Any] = {}
 COPIED_SQL = f"select n, {WAIT_COLUMNS} from awa.enqueue_copied() as n"
 JOB_FIELDS = ("kind", "args", "queue", "priority", "ordering_key", "run_at", "max_attempts",
-              "max_run_time")
+              "max_run_time", "unique_key", "unique_window")
 
 
 @dataclass(frozen=True)
 class Enqueued:
+    """What an enqueue did. ``duplicate``: the job was not inserted because
+    another job holds its unique key; ``job_id``, ``queue`` and ``priority``
+    are then that job's, ``enqueue_shard`` and ``lane_seq`` None."""
+
     job_id: int
     queue: str
     priority: int
     enqueue_shard: int | None
     lane_seq: int | None
+    duplicate: bool = False
 
 
 def _key(key: Key) -> bytes | None:
@@ -73,24 +92,35 @@ def _key(key: Key) -> bytes | None:
 
 def _params(kind: str, args: Mapping[str, Any] | None, queue: str, priority: int,
             ordering_key: Key, run_at: datetime | None, max_attempts: int,
-            max_run_time: timedelta | None) -> dict:
+            max_run_time: timedelta | None, unique_key: Key,
+            unique_window: timedelta | None) -> dict:
     return {"queue": queue, "kind": kind, "args": Jsonb(dict(args or {})),
             "priority": priority, "ordering_key": _key(ordering_key), "run_at": run_at,
-            "max_attempts": max_attempts, "max_run_time": max_run_time}
+            "max_attempts": max_attempts, "max_run_time": max_run_time,
+            "unique_key": _key(unique_key), "unique_window": unique_window}
+
+
+def _enqueue_sql(params: Mapping[str, Any]) -> str:
+    options = ("max_run_time", "unique_key", "unique_window")
+    return ENQUEUE_SQL if all(params[o] is None for o in options) else ENQUEUE_OPTIONS_SQL
 
 
 def enqueue(conn: psycopg.Connection, kind: str, args: Mapping[str, Any] | None = None, *,
             queue: str, priority: int = 2, ordering_key: Key = None,
             run_at: datetime | None = None, max_attempts: int = 25,
-            max_run_time: timedelta | None = None) -> Enqueued:
+            max_run_time: timedelta | None = None, unique_key: Key = None,
+            unique_window: timedelta | None = None) -> Enqueued:
     """One job, in ``conn``'s current transaction. ``max_run_time``: the job's own
-    (None: its queue's, ``awa.set_max_run_time``), through ``awa.enqueue_batch``."""
+    (None: its queue's, ``awa.set_max_run_time``). ``unique_key`` (bytes or str,
+    see ``awa_sql.unique_key``): while another job of the logical queue holds
+    it, nothing is inserted and the result is that job, ``duplicate`` True;
+    ``unique_window``: how long a completed job keeps holding it."""
     started = perf_counter()
-    row = conn.execute(ENQUEUE_SQL if max_run_time is None else ENQUEUE_RUN_TIME_SQL,
-                       _params(kind, args, queue, priority, ordering_key, run_at, max_attempts,
-                               max_run_time)).fetchone()
-    client_metrics.enqueued(conn, queue, "enqueue", 1, started, row[5:])
-    return Enqueued(*row[:5])
+    params = _params(kind, args, queue, priority, ordering_key, run_at, max_attempts,
+                     max_run_time, unique_key, unique_window)
+    row = conn.execute(_enqueue_sql(params), params).fetchone()
+    client_metrics.enqueued(conn, queue, "enqueue", 1, started, row[WAITS:])
+    return Enqueued(*row[:WAITS])
 
 
 def _columns(jobs: Sequence[Mapping[str, Any]], defaults: Mapping[str, Any]) -> list[list]:
@@ -106,19 +136,26 @@ def _columns(jobs: Sequence[Mapping[str, Any]], defaults: Mapping[str, Any]) -> 
             value = merged.get(f)
             if f == "args":
                 value = Jsonb(dict(value or {}))
-            elif f == "ordering_key":
+            elif f in ("ordering_key", "unique_key"):
                 value = _key(value)
             cols[f].append(value)
-    columns = [cols["queue"], cols["kind"], cols["args"], cols["priority"],
-               cols["ordering_key"], cols["run_at"], cols["max_attempts"]]
-    # The max run times only when a job has one: BATCH_RUN_TIME_SQL takes them.
-    if any(v is not None for v in cols["max_run_time"]):
-        columns.append(cols["max_run_time"])
-    return columns
+    return _optional([cols[f] for f in (
+        "queue", "kind", "args", "priority", "ordering_key", "run_at", "max_attempts",
+        "max_run_time", "unique_key", "unique_window")])
+
+
+def _optional(columns: list[list]) -> list[list]:
+    """The seven columns every job has, then the optional ones (max run time,
+    unique key and window) only as far as a job gives one (BATCH_SQLS, COPY_SQLS)."""
+    if any(v is not None for col in columns[8:] for v in col):
+        return columns
+    if any(v is not None for v in columns[7]):
+        return columns[:8]
+    return columns[:7]
 
 
 def _batch_sql(columns: list[list]) -> str:
-    return BATCH_SQL if len(columns) == 7 else BATCH_RUN_TIME_SQL
+    return BATCH_SQLS[len(columns)]
 
 
 def enqueue_many(conn: psycopg.Connection, jobs: Sequence[Mapping[str, Any]],
@@ -127,15 +164,17 @@ def enqueue_many(conn: psycopg.Connection, jobs: Sequence[Mapping[str, Any]],
 
     Each job is a mapping with ``kind`` and any of ``args``, ``queue``,
     ``priority``, ``ordering_key``, ``run_at``, ``max_attempts``,
-    ``max_run_time``; ``defaults`` fill what a job leaves out.
+    ``max_run_time``, ``unique_key``, ``unique_window``; ``defaults`` fill
+    what a job leaves out. Of jobs with one unique key, the first is inserted
+    and the others come back as duplicates of it.
     """
     columns = _columns(jobs, defaults)
     if not jobs:
         return []
     started = perf_counter()
     rows = conn.execute(_batch_sql(columns), columns).fetchall()
-    client_metrics.enqueued(conn, columns[0], "batch", len(rows), started, rows[-1][5:])
-    return [Enqueued(*r[:5]) for r in rows]
+    client_metrics.enqueued(conn, columns[0], "batch", len(rows), started, rows[-1][WAITS:])
+    return [Enqueued(*r[:WAITS]) for r in rows]
 
 
 def enqueue_many_copy(conn: psycopg.Connection, jobs: Sequence[Mapping[str, Any]], *,
@@ -147,7 +186,9 @@ def enqueue_many_copy(conn: psycopg.Connection, jobs: Sequence[Mapping[str, Any]
     ``queue`` and ``ordering_key`` for its job. The COPY and the call that
     enqueues its rows share one transaction: the caller's, or on an
     autocommit connection one of their own (so a transaction pooler keeps
-    them on one server connection).
+    them on one server connection). A job may carry ``max_run_time``,
+    ``unique_key`` and ``unique_window``; the count includes duplicates of a
+    unique key, which COPY does not report one by one.
     """
     if opts is not None and len(opts) != len(jobs):
         raise ValueError(
@@ -161,8 +202,12 @@ def _copy_and_enqueue(conn: psycopg.Connection, jobs: Sequence[Mapping[str, Any]
                       queue: str | None, ordering_key: Key,
                       opts: Sequence[Mapping[str, Any] | None] | None) -> int:
     started, queues = perf_counter(), set()
-    run_times = any(job.get("max_run_time") is not None for job in jobs)
-    with conn.cursor() as cur, cur.copy(COPY_RUN_TIME_SQL if run_times else COPY_SQL) as cp:
+    width = 7
+    if any(job.get(f) is not None for job in jobs for f in ("unique_key", "unique_window")):
+        width = 10
+    elif any(job.get("max_run_time") is not None for job in jobs):
+        width = 8
+    with conn.cursor() as cur, cur.copy(COPY_SQLS[width]) as cp:
         for i, job in enumerate(jobs):
             override = (opts[i] or _NO_OVERRIDE) if opts is not None else _NO_OVERRIDE
             if override and not override.keys() <= {"queue", "ordering_key"}:
@@ -176,8 +221,9 @@ def _copy_and_enqueue(conn: psycopg.Connection, jobs: Sequence[Mapping[str, Any]
             args = job.get("args")
             row = (row_queue, job.get("priority"), _key(key), job["kind"],
                    Jsonb(args if type(args) is dict else dict(args or {})),
-                   job.get("run_at"), job.get("max_attempts"))
-            cp.write_row((*row, job.get("max_run_time")) if run_times else row)
+                   job.get("run_at"), job.get("max_attempts"), job.get("max_run_time"),
+                   _key(job.get("unique_key")), job.get("unique_window"))
+            cp.write_row(row[:width])
     row = conn.execute(COPIED_SQL).fetchone()
     client_metrics.enqueued(conn, queues, "copy", row[0], started, row[1:])
     return row[0]
@@ -248,14 +294,15 @@ async def enqueue_async(conn: psycopg.AsyncConnection, kind: str,
                         args: Mapping[str, Any] | None = None, *, queue: str,
                         priority: int = 2, ordering_key: Key = None,
                         run_at: datetime | None = None, max_attempts: int = 25,
-                        max_run_time: timedelta | None = None) -> Enqueued:
+                        max_run_time: timedelta | None = None, unique_key: Key = None,
+                        unique_window: timedelta | None = None) -> Enqueued:
     started = perf_counter()
-    cur = await conn.execute(ENQUEUE_SQL if max_run_time is None else ENQUEUE_RUN_TIME_SQL,
-                             _params(kind, args, queue, priority, ordering_key, run_at,
-                                     max_attempts, max_run_time))
+    params = _params(kind, args, queue, priority, ordering_key, run_at, max_attempts,
+                     max_run_time, unique_key, unique_window)
+    cur = await conn.execute(_enqueue_sql(params), params)
     row = await cur.fetchone()
-    client_metrics.enqueued(conn, queue, "enqueue", 1, started, row[5:])
-    return Enqueued(*row[:5])
+    client_metrics.enqueued(conn, queue, "enqueue", 1, started, row[WAITS:])
+    return Enqueued(*row[:WAITS])
 
 
 async def enqueue_many_async(conn: psycopg.AsyncConnection,
@@ -267,6 +314,6 @@ async def enqueue_many_async(conn: psycopg.AsyncConnection,
     started = perf_counter()
     cur = await conn.execute(_batch_sql(columns), columns)
     rows = await cur.fetchall()
-    client_metrics.enqueued(conn, columns[0], "batch", len(rows), started, rows[-1][5:])
-    return [Enqueued(*r[:5]) for r in rows]
+    client_metrics.enqueued(conn, columns[0], "batch", len(rows), started, rows[-1][WAITS:])
+    return [Enqueued(*r[:WAITS]) for r in rows]
 

@@ -91,6 +91,10 @@ TASKS: tuple[Task, ...] = (
     Task("autoscale", "awa.autoscale_tick()", _lock_class(b"awaT"), 5.0, _autoscale),
     Task("prune", "awa.prune_finished()", _lock_class(b"awaF"), 60.0,
          _scalar("select awa.prune_finished()", (), "pruned {n} finished job(s)")),
+    Task("unique_keys", "awa.prune_unique_keys(integer)", _lock_class(b"awaK"), 60.0,
+         _scalar("select awa.prune_unique_keys(%s)", (BATCH,),
+                 "removed {n} unique key(s) whose window had passed"),
+         batch=BATCH),
 )
 TASK_NAMES = tuple(t.name for t in TASKS)
 
@@ -117,7 +121,8 @@ class MaintainMetrics:
             "awa_maintain_handled",
             "awa.maintain.handled: what the calls of this process handled: jobs promoted "
             "(promote), rescued (rescue), staged rows enqueued (move_staged), finished jobs "
-            "pruned (prune), decisions that change S or would (autoscale).",
+            "pruned (prune), unique keys whose window had passed removed (unique_keys), "
+            "decisions that change S or would (autoscale).",
             ["task"], registry=registry)
         self.errors = Counter(
             "awa_maintain_errors",

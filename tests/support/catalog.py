@@ -16,6 +16,7 @@ INLINED_FUNCTIONS = (
     "_retention",
     "_max_run_time_ok", "_in_seconds",
     "_retry_default_base", "_retry_default_cap", "_retry_default_jitter", "_retry_delay",
+    "_unique_scope", "_unique_ok",
 )
 
 QUERIES = {

@@ -1,5 +1,6 @@
-"""``awa maintain``: promote, rescue, move-staged, the auto-scaler tick and
-prune in one long-running process (awa_sql.maintain), with its own /metrics."""
+"""``awa maintain``: promote, rescue, move-staged, the auto-scaler tick,
+prune and the unique keys' sweep in one long-running process
+(awa_sql.maintain), with its own /metrics."""
 
 from __future__ import annotations
 
@@ -25,6 +26,8 @@ HELP = {
                  "`awa storage autoscale run` calls it",
     "prune": "delete old finished jobs (awa.prune_finished, skipped while it is not "
              "installed)",
+    "unique_keys": "remove the unique keys of completed jobs whose window has passed "
+                   "(awa.prune_unique_keys, skipped while it is not installed)",
 }
 
 
@@ -42,7 +45,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     m = sub.add_parser(
         "maintain", help="run the maintenance calls in one long-running process",
         description="Call awa.promote_due, awa.rescue_expired, awa.move_staged, "
-        "awa.autoscale_tick and awa.prune_finished, each at its own cadence, until SIGINT "
+        "awa.autoscale_tick, awa.prune_finished and awa.prune_unique_keys, each at its own "
+        "cadence, until SIGINT "
         "or SIGTERM. Safe to run on every host at once: each pass takes its task's "
         "transaction-scoped advisory lock and skips when another process holds it. Works "
         "through PgBouncer in transaction mode; reconnects after a database restart. "

@@ -1,0 +1,199 @@
+-- unique.sql: unique keys (ADR 027).
+--
+-- A job enqueued with a unique key holds it in awa.unique_keys while it is
+-- scheduled, ready or running, and for its unique window after it
+-- completes; another enqueue of the key to the same logical queue inserts
+-- nothing and reports the holder (awa.enqueued.duplicate). Keys are taken
+-- by awa._take_unique_keys, the one home of the rule, from the general
+-- multi-row enqueue (awa._enqueue_rows: awa.enqueue with a key, the batch
+-- and COPY) and from the retries of the job tools; they are given back by
+-- awa._release_unique_key when a job ends (awa.complete, awa._finish).
+--
+-- Calls: nothing outside this file.
+-- Tables directly manipulated: awa.unique_keys, awa.queue_meta (unique_jobs).
+
+-- Function: awa._unique_scope(queue text, root_queue text) returns text
+-- The logical queue a unique key is unique in: the top name of a
+-- physical queue's partitions and stripes. Inlined.
+create or replace function awa._unique_scope(queue text, root_queue text)
+returns text
+language sql
+immutable parallel safe
+as $$
+    select coalesce(root_queue, queue)
+$$;
+
+-- Function: awa._unique_ok(unique_key bytea, unique_window interval) returns boolean
+-- A job's unique key and window: no key and no window, or a key of 1 to
+-- 1024 bytes with no window or one of 1 second to 365 days. Inlined.
+create or replace function awa._unique_ok(unique_key bytea, unique_window interval)
+returns boolean
+language sql
+immutable parallel safe
+as $$
+    select case
+        when unique_key is null then unique_window is null
+        else pg_catalog.length(unique_key) operator(pg_catalog.>=) 1
+            and pg_catalog.length(unique_key) operator(pg_catalog.<=) 1024
+            and (unique_window is null
+                 or (unique_window operator(pg_catalog.>=) '1 second'::pg_catalog.interval
+                     and unique_window operator(pg_catalog.<=) '365 days'::pg_catalog.interval))
+    end
+$$;
+
+-- Function: awa._check_unique(unique_key bytea, unique_window interval) returns void
+-- Raises the error for what awa._unique_ok refuses: 22023 naming the value
+-- and the allowed range.
+create or replace function awa._check_unique(unique_key bytea, unique_window interval)
+returns void
+language plpgsql
+immutable
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    if unique_key is null and unique_window is not null then
+        raise exception 'unique_window % needs a unique_key', unique_window
+            using errcode = '22023';
+    end if;
+    if length(unique_key) not between 1 and 1024 then
+        raise exception 'unique_key must be 1 to 1024 bytes, got %', length(unique_key)
+            using errcode = '22023';
+    end if;
+    if not awa._unique_ok(unique_key, unique_window) then
+        raise exception 'unique_window must be 1 second to 365 days, got %', unique_window
+            using errcode = '22023';
+    end if;
+end;
+$$;
+
+-- Function: awa._take_unique_keys(scopes, unique_keys, job_ids, queue_ids, priorities,
+--                                 unique_windows) returns table (i, job_id, queue_id, priority)
+-- Takes the unique key of each element i that has one (unique_keys[i] in
+-- scope scopes[i]) for job job_ids[i] of queue queue_ids[i], and returns
+-- the elements another job holds the key of, with that job: those are
+-- duplicates, to be inserted nowhere. Within the call the first element
+-- of each key takes it and the later ones are its duplicates. A key is
+-- free when no row holds it or its row's held_until has passed (a
+-- completed job's window ended): the row is then taken over. Keys are
+-- taken in (scope, key) order, so concurrent callers wait for each other
+-- in one order and never deadlock; the row of a key another job holds is
+-- locked until commit, so the holder cannot give it back while the caller
+-- reports it (the holder's end waits for the caller's commit). Marks the
+-- queues that now have keyed jobs (awa.queue_meta.unique_jobs). The
+-- arrays come checked, one element per job, indexed from 1.
+create or replace function awa._take_unique_keys(
+    scopes text[],
+    unique_keys bytea[],
+    job_ids bigint[],
+    queue_ids integer[],
+    priorities smallint[],
+    unique_windows interval[]
+)
+returns table (i integer, job_id bigint, queue_id integer, priority smallint)
+language plpgsql
+set search_path = pg_catalog, pg_temp
+set plan_cache_mode = force_generic_plan
+as $$
+begin
+    insert into awa.unique_keys as u (
+        queue, unique_key, job_id, queue_id, priority, unique_window, held_until
+    )
+    select distinct on (scopes[x.i], unique_keys[x.i])
+           scopes[x.i], unique_keys[x.i], job_ids[x.i], queue_ids[x.i],
+           coalesce(priorities[x.i], 2)::smallint, unique_windows[x.i], null::timestamptz
+      from generate_series(1, cardinality(unique_keys)) as x (i)
+     where unique_keys[x.i] is not null
+     order by scopes[x.i], unique_keys[x.i], x.i
+        on conflict (queue, unique_key) do update
+       set job_id = excluded.job_id, queue_id = excluded.queue_id,
+           priority = excluded.priority, unique_window = excluded.unique_window,
+           held_until = null
+     where u.held_until <= now();
+    update awa.queue_meta as m
+       set unique_jobs = true
+     where m.queue_id in (
+         select queue_ids[x.i] from generate_series(1, cardinality(unique_keys)) as x (i)
+          where unique_keys[x.i] is not null
+     )
+       and not m.unique_jobs;
+    return query
+    select x.i, u.job_id, u.queue_id, u.priority
+      from generate_series(1, cardinality(unique_keys)) as x (i)
+      join awa.unique_keys as u on u.queue = scopes[x.i] and u.unique_key = unique_keys[x.i]
+     where u.job_id <> job_ids[x.i]
+     order by x.i;
+end;
+$$;
+
+-- Function: awa._release_unique_key(job_id bigint, completed boolean)
+--           returns table (unique_key bytea, unique_window interval)
+-- Gives back the unique key a job that ends holds: at once, or for a
+-- completed job with a unique window once the window has passed. Returns
+-- the key and window the job held (no row when it held none), which a
+-- failed or cancelled job keeps for a retry.
+create or replace function awa._release_unique_key(job_id bigint, completed boolean)
+returns table (unique_key bytea, unique_window interval)
+language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    if completed then
+        return query
+        update awa.unique_keys as u
+           set held_until = now() + u.unique_window
+         where u.job_id = _release_unique_key.job_id and u.held_until is null
+           and u.unique_window is not null
+        returning u.unique_key, u.unique_window;
+        if found then
+            return;
+        end if;
+    end if;
+    return query
+    delete from awa.unique_keys as u
+     where u.job_id = _release_unique_key.job_id and u.held_until is null
+    returning u.unique_key, u.unique_window;
+end;
+$$;
+
+-- Function: awa.prune_unique_keys(max_keys integer default 10000) returns bigint
+-- Removes up to max_keys rows of awa.unique_keys that hold nothing any
+-- more (a completed job's window has passed), oldest first; rows another
+-- transaction holds are skipped. A passed row is taken over by the next
+-- enqueue of its key anyway: this keeps the table to the keys held.
+-- Role: awa_maintenance. Returns how many rows it removed.
+-- Errors: 22023 max_keys null or below 0.
+create or replace function awa.prune_unique_keys(max_keys integer default 10000)
+returns bigint
+language plpgsql
+security definer
+set search_path = pg_catalog, pg_temp
+set enable_seqscan = off
+as $$
+declare
+    removed bigint;
+begin
+    if max_keys is null or max_keys < 0 then
+        raise exception 'max_keys must be 0 or more, got %', coalesce(max_keys::text, 'null')
+            using errcode = '22023';
+    end if;
+    delete from awa.unique_keys as u
+     where u.ctid = any(array(
+         select x.ctid from awa.unique_keys as x
+          where x.held_until <= now()
+          order by x.held_until
+          limit max_keys
+            for update skip locked
+     ));
+    get diagnostics removed = row_count;
+    return removed;
+end;
+$$;
+
+select awa._grant_execute('awa._unique_scope(text, text)');
+select awa._grant_execute('awa._unique_ok(bytea, interval)');
+select awa._grant_execute('awa._check_unique(bytea, interval)');
+select awa._grant_execute(
+    'awa._take_unique_keys(text[], bytea[], bigint[], integer[], smallint[], interval[])'
+);
+select awa._grant_execute('awa._release_unique_key(bigint, boolean)');
+select awa._grant_execute('awa.prune_unique_keys(integer)', 'maintenance');

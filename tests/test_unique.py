@@ -1,0 +1,476 @@
+"""Unique jobs (ADR 027) on PostgreSQL 17 and 18, each call made by a login
+holding only the role it names: a unique key refuses a second live job of
+the same logical queue on every enqueue path (single, batch, COPY), across
+partitions and stripes; the key is free again when its job ends (after its
+window, for a completed job), and a retry takes it back; concurrent
+producers and workers never see two live jobs share a key, and nothing
+deadlocks."""
+
+from __future__ import annotations
+
+import threading
+
+import psycopg
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from psycopg.types.json import Jsonb
+
+from tests.support.jobs import claim, claim_all, enqueue
+
+ENQUEUED = ["job_id", "queue", "priority", "enqueue_shard", "lane_seq", "duplicate"]
+
+
+def put(conn, queue, key, kind="job", **kw) -> dict:
+    return dict(zip(ENQUEUED, enqueue(conn, queue, kind, unique_key=key, **kw), strict=True))
+
+
+def batch(conn, queues, keys, windows=None, **kw) -> list[dict]:
+    kinds = ["job"] * len(queues)
+    extra = "".join(f", {k} => %({k})s" for k in kw)
+    rows = conn.execute(
+        "select * from awa.enqueue_batch(%(queues)s, %(kinds)s, unique_keys => %(keys)s,"
+        f" unique_windows => %(windows)s::interval[]{extra})",
+        {"queues": queues, "kinds": kinds, "keys": keys, "windows": windows, **kw}).fetchall()
+    return [dict(zip(ENQUEUED, r, strict=True)) for r in rows]
+
+
+def live(conn, queue_like="%") -> int:
+    return conn.execute(
+        "select (select count(*) from awa.ready r join awa.queue_meta m using (queue_id)"
+        "         where m.queue like %(q)s)"
+        "     + (select count(*) from awa.scheduled s join awa.queue_meta m using (queue_id)"
+        "         where m.queue like %(q)s)"
+        "     + (select count(*) from awa.running r join awa.queue_meta m using (queue_id)"
+        "         where m.queue like %(q)s)", {"q": queue_like}).fetchone()[0]
+
+
+def finish(worker, queue, how="complete"):
+    (job_id, lease, *_), = claim(worker, [queue], 1)
+    if how == "complete":
+        assert worker.execute("select awa.complete(%s, %s)", [job_id, lease]).fetchone()[0]
+    else:
+        assert worker.execute("select awa.fail(%s, %s, 'boom')", [job_id, lease]).fetchone()[0]
+    return job_id
+
+
+# -- one enqueue at a time ------------------------------------------------------------------
+
+
+def test_a_second_enqueue_of_a_key_inserts_nothing_and_returns_the_holder(db, logins):
+    with db.connect(logins.producer) as p:
+        first = put(p, "u", b"order-1", args=Jsonb({"n": 1}))
+        again = put(p, "u", b"order-1", args=Jsonb({"n": 2}))
+        other = put(p, "u", b"order-2")
+        plain = dict(zip(ENQUEUED, enqueue(p, "u", "job"), strict=True))
+    assert first["duplicate"] is False and first["lane_seq"] is not None
+    assert again == {"job_id": first["job_id"], "queue": "u", "priority": 2,
+                     "enqueue_shard": None, "lane_seq": None, "duplicate": True}
+    assert other["duplicate"] is False and other["job_id"] != first["job_id"]
+    assert plain["duplicate"] is False
+    with db.connect() as su:
+        assert live(su, "u") == 3
+        assert su.execute("select args from awa.ready where job_id = %s",
+                          [first["job_id"]]).fetchone()[0] == {"n": 1}
+
+
+def test_a_key_is_held_while_scheduled_ready_and_running_and_through_retries(db, logins):
+    with db.connect(logins.producer) as p:
+        later = put(p, "hold", b"k-later", run_at="2999-01-01")
+        assert later["duplicate"] is False and later["enqueue_shard"] is None
+        assert put(p, "hold", b"k-later")["duplicate"] is True
+        job = put(p, "hold", b"k-run", max_attempts=3)["job_id"]
+    with db.connect(logins.worker) as w:
+        (claimed,) = claim(w, ["hold"], 1)
+        assert claimed[0] == job
+        with db.connect(logins.producer) as p:
+            assert put(p, "hold", b"k-run")["duplicate"] is True  # running
+        # A failed attempt with attempts left is a retry: the key stays taken.
+        assert w.execute("select awa.fail(%s, %s, 'try again', now())",
+                         [job, claimed[1]]).fetchone()[0]
+    with db.connect(logins.producer) as p:
+        assert put(p, "hold", b"k-run") == {
+            "job_id": job, "queue": "hold", "priority": 2, "enqueue_shard": None,
+            "lane_seq": None, "duplicate": True}
+    with db.connect(logins.maintenance) as m:
+        assert m.execute("select awa.promote_due()").fetchone()[0] == 1
+    with db.connect(logins.producer) as p:
+        assert put(p, "hold", b"k-run")["job_id"] == job
+
+
+@pytest.mark.parametrize("end", ["complete", "fail for good", "cancel ready",
+                                 "cancel scheduled", "cancel running"])
+def test_the_key_is_free_again_when_its_job_ends(db, logins, end):
+    with db.connect(logins.producer) as p:
+        first = put(p, "free", b"k", max_attempts=1,
+                    run_at="2999-01-01" if end == "cancel scheduled" else None)["job_id"]
+    with db.connect(logins.worker) as w:
+        if end in ("complete", "fail for good"):
+            assert finish(w, "free", "complete" if end == "complete" else "fail") == first
+        elif end == "cancel running":
+            (claimed,) = claim(w, ["free"], 1)
+        if end.startswith("cancel"):
+            with db.connect(logins.operator) as op:
+                assert op.execute("select awa.cancel_job(%s)", [first]).fetchone()[0]
+        if end == "cancel running":
+            assert w.execute("select awa.complete(%s, %s)",
+                             [first, claimed[1]]).fetchone()[0] is False
+    with db.connect(logins.producer) as p:
+        second = put(p, "free", b"k")
+    assert second["duplicate"] is False and second["job_id"] != first
+    with db.connect() as su:
+        assert su.execute("select job_id from awa.unique_keys where unique_key = 'k'"
+                          ).fetchall() == [(second["job_id"],)]
+
+
+def test_a_completed_job_with_a_window_holds_its_key_until_the_window_ends(db, logins):
+    with db.connect(logins.producer) as p:
+        first = put(p, "win", b"hourly", unique_window="1 hour")["job_id"]
+    with db.connect(logins.worker) as w:
+        assert finish(w, "win") == first
+    with db.connect(logins.producer) as p:
+        assert put(p, "win", b"hourly") == {
+            "job_id": first, "queue": "win", "priority": 2, "enqueue_shard": None,
+            "lane_seq": None, "duplicate": True}
+    with db.connect() as su:
+        held_until, = su.execute(
+            "select held_until - now() from awa.unique_keys where unique_key = 'hourly'"
+        ).fetchone()
+        assert held_until.total_seconds() == pytest.approx(3600, abs=60)
+        # The hour passes.
+        su.execute("update awa.unique_keys set held_until = now() - interval '1 second'"
+                   " where unique_key = 'hourly'")
+    with db.connect(logins.producer) as p:
+        second = put(p, "win", b"hourly")
+    assert second["duplicate"] is False and second["job_id"] != first
+    with db.connect() as su:
+        assert su.execute("select job_id, held_until, unique_window from awa.unique_keys"
+                          " where unique_key = 'hourly'").fetchone() == (
+                              second["job_id"], None, None)
+
+
+def test_a_failed_job_gives_its_key_back_despite_a_window(db, logins):
+    with db.connect(logins.producer) as p:
+        first = put(p, "winf", b"w", unique_window="1 day", max_attempts=1)["job_id"]
+    with db.connect(logins.worker) as w:
+        assert finish(w, "winf", "fail") == first
+    with db.connect(logins.producer) as p:
+        assert put(p, "winf", b"w")["duplicate"] is False
+
+
+def test_prune_unique_keys_removes_only_rows_whose_window_passed(db, logins):
+    with db.connect(logins.producer) as p:
+        ids = [put(p, "prune", k.encode(), unique_window="1 hour")["job_id"]
+               for k in ("a", "b", "c")]
+    with db.connect(logins.worker) as w:
+        for _ in ids[:2]:
+            finish(w, "prune")
+    with db.connect() as su:
+        su.execute("update awa.unique_keys set held_until = now() - interval '1 minute'"
+                   " where unique_key = 'a'")
+    with db.connect(logins.maintenance) as m:
+        assert m.execute("select awa.prune_unique_keys()").fetchone()[0] == 1
+        assert m.execute("select awa.prune_unique_keys()").fetchone()[0] == 0
+    with db.connect() as su:
+        assert sorted(k for k, in su.execute(
+            "select convert_from(unique_key, 'UTF8') from awa.unique_keys").fetchall()) == [
+                "b", "c"]
+
+
+# -- batches, COPY, partitions and stripes --------------------------------------------------
+
+
+def test_in_a_batch_the_first_row_of_a_key_wins_and_the_rest_are_duplicates(db, logins):
+    with db.connect(logins.producer) as p:
+        held = put(p, "b", b"held")["job_id"]
+        rows = batch(p, ["b"] * 6, [b"x", None, b"x", b"held", b"y", None])
+    assert [r["duplicate"] for r in rows] == [False, False, True, True, False, False]
+    assert rows[2]["job_id"] == rows[0]["job_id"]
+    assert rows[3]["job_id"] == held and rows[3]["lane_seq"] is None
+    assert len({r["job_id"] for r in rows}) == 5
+    with db.connect() as su:
+        assert live(su, "b") == 5
+
+
+def test_copy_rows_take_keys_like_a_batch(db, logins):
+    with db.connect(logins.producer) as p:
+        held = put(p, "c", b"held")["job_id"]
+        with p.transaction():
+            with p.cursor().copy("copy awa.copy_staging (queue, kind, args, unique_key)"
+                                 " from stdin") as cp:
+                for i, key in enumerate([b"x", b"x", None, b"held", b"z"]):
+                    cp.write_row(["c", "job", Jsonb({"i": i}), key])
+            assert p.execute("select awa.enqueue_copied()").fetchone()[0] == 5
+    with db.connect() as su:
+        assert sorted(a["i"] for a, in su.execute(
+            "select r.args from awa.ready r join awa.queue_meta m using (queue_id)"
+            " where m.queue = 'c' and r.job_id <> %s", [held]).fetchall()) == [0, 2, 4]
+        assert su.execute("select count(*) from awa.unique_keys where queue = 'c'"
+                          ).fetchone()[0] == 3
+
+
+def test_a_key_is_unique_across_the_partitions_and_stripes_of_a_logical_queue(db, logins):
+    with db.connect() as su:
+        su.execute("select awa.set_queue_partitions('parts', 4)")
+        su.execute("select awa.set_queue_stripes('striped', 4)")
+    with db.connect(logins.producer) as p:
+        # Different ordering keys route to different partitions (and stripes).
+        first = put(p, "parts", b"same", ordering_key=b"route-1")
+        seconds = [put(p, "parts", b"same", ordering_key=f"route-{i}".encode())
+                   for i in range(2, 12)]
+        partitions = {put(p, "parts", f"k{i}".encode(), ordering_key=f"route-{i}".encode())
+                      ["queue"] for i in range(12)}
+        s_first = put(p, "striped", b"same", ordering_key=b"route-1")
+        s_seconds = batch(p, ["striped"] * 5, [b"same"] * 5,
+                          ordering_keys=[f"route-{i}".encode() for i in range(5)])
+        # The same key in another logical queue is another key.
+        elsewhere = put(p, "u2", b"same")
+    assert len(partitions) > 1
+    assert all(s["duplicate"] and s["job_id"] == first["job_id"] for s in seconds)
+    assert all(s["duplicate"] and s["job_id"] == s_first["job_id"] for s in s_seconds)
+    assert elsewhere["duplicate"] is False
+
+
+def test_a_retried_job_takes_its_key_back_or_stays_failed_when_it_is_held(db, logins):
+    with db.connect(logins.producer) as p:
+        a = put(p, "r", b"ka", args=Jsonb({"n": 1}), ordering_key=b"ok", max_attempts=1)
+        b = put(p, "r", b"kb", max_attempts=1)
+    with db.connect(logins.worker) as w:
+        finish(w, "r", "fail")
+        finish(w, "r", "fail")
+    with db.connect(logins.producer) as p:
+        taken = put(p, "r", b"kb")  # the key is free: another job takes it
+    assert taken["duplicate"] is False
+    with db.connect(logins.operator) as op:
+        assert op.execute("select awa.retry_job(%s)", [a["job_id"]]).fetchone()[0] is True
+        assert op.execute("select awa.retry_job(%s)", [b["job_id"]]).fetchone()[0] is False
+        assert op.execute("select state from awa.job(%s)", [b["job_id"]]).fetchone()[0] == "failed"
+    with db.connect(logins.producer) as p:
+        assert put(p, "r", b"ka")["job_id"] == a["job_id"]
+    with db.connect(logins.worker) as w:
+        got = {c[0]: (c[7], c[10]) for c in claim_all(w, ["r"])}
+    assert got[a["job_id"]] == ({"n": 1}, b"ok")
+
+
+def test_bulk_retry_skips_jobs_whose_key_is_held_and_retries_the_rest(db, logins):
+    with db.connect(logins.producer) as p:
+        ids = [put(p, "rb", f"k{i}".encode(), max_attempts=1)["job_id"] for i in range(6)]
+    with db.connect(logins.worker) as w:
+        for _ in ids:
+            finish(w, "rb", "fail")
+    with db.connect(logins.producer) as p:
+        assert put(p, "rb", b"k0")["duplicate"] is False
+        assert put(p, "rb", b"k3")["duplicate"] is False
+    with db.connect(logins.operator) as op:
+        assert op.execute("select awa.retry_jobs('rb')").fetchone()[0] == 4
+        assert op.execute("select awa.retry_jobs('rb')").fetchone()[0] == 0
+        states = {i: op.execute("select state from awa.job(%s)", [i]).fetchone()[0] for i in ids}
+    assert [states[i] for i in ids] == ["failed", "ready", "ready", "failed", "ready", "ready"]
+
+
+# -- bad input ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("call", "message"), [
+    ("select awa.enqueue('q', 'k', unique_window => '1 hour')",
+     "unique_window 01:00:00 needs a unique_key"),
+    ("select awa.enqueue('q', 'k', unique_key => '')", "1 to 1024 bytes, got 0"),
+    ("select awa.enqueue('q', 'k', unique_key => convert_to(repeat('x', 1025), 'UTF8'))",
+     "got 1025"),
+    ("select awa.enqueue('q', 'k', unique_key => 'k', unique_window => '0 seconds')",
+     "1 second to 365 days, got 00:00:00"),
+    ("select awa.enqueue('q', 'k', unique_key => 'k', unique_window => '366 days')",
+     "got 366 days"),
+    ("select awa.enqueue_batch(array['q', 'q'], array['k', 'k'],"
+     " unique_keys => array['a', '']::bytea[])",
+     "batch element 2 (1-based): unique_key must be 1 to 1024 bytes, got 0"),
+    ("select awa.enqueue_batch(array['q'], array['k'], unique_keys => array['a', 'b']::bytea[])",
+     "array unique_keys has 2 elements but queues has 1"),
+    ("select awa.enqueue_batch(array['q'], array['k'],"
+     " unique_windows => array['1 hour']::interval[])",
+     "batch element 1 (1-based): unique_window 01:00:00 needs a unique_key"),
+])
+def test_bad_unique_keys_and_windows_are_refused_with_22023_naming_them(db, logins, call,
+                                                                         message):
+    with db.connect(logins.producer) as p:
+        with pytest.raises(psycopg.errors.InvalidParameterValue) as err:
+            p.execute(call)
+        assert message in str(err.value)
+    with db.connect() as su:
+        assert su.execute("select count(*) from awa.unique_keys").fetchone()[0] == 0
+
+
+def test_a_bad_copy_row_with_a_key_is_named_and_nothing_is_enqueued(db, logins):
+    copy = "copy awa.copy_staging (queue, kind, unique_key, unique_window) from stdin"
+    with (db.connect(logins.producer) as p,
+          pytest.raises(psycopg.errors.InvalidParameterValue, match="COPY row 2"),
+          p.transaction()):
+        with p.cursor().copy(copy) as cp:
+            cp.write_row(["cb", "job", b"a", None])
+            cp.write_row(["cb", "job", None, "1 hour"])
+        p.execute("select awa.enqueue_copied()")
+    with db.connect() as su:
+        assert su.execute("select count(*) from awa.unique_keys").fetchone()[0] == 0
+
+
+# -- concurrency ----------------------------------------------------------------------------
+
+KEYS = [f"key-{i}".encode() for i in range(12)]
+QUEUES = ["cq1", "cq2", "cq3"]
+
+
+CALLS = st.tuples(
+    st.sampled_from(["single", "batch", "copy"]), st.sampled_from(QUEUES),
+    st.lists(st.one_of(st.none(), st.sampled_from(KEYS)), min_size=1, max_size=6))
+PLANS = st.lists(st.lists(CALLS, min_size=4, max_size=12), min_size=16, max_size=16)
+
+
+def _produce(conn: psycopg.Connection, calls) -> list[bool]:
+    """Single, batch and COPY calls, keyed and unkeyed, each its own transaction;
+    the duplicate flag of each row single and batch calls returned."""
+    made = []
+    for how, queue, keys in calls:
+        args = [Jsonb({"key": None if k is None else k.decode(), "queue": queue}) for k in keys]
+        if how == "single":
+            row = conn.execute("select duplicate from awa.enqueue(%s, 'job', %s,"
+                               " unique_key => %s)", [queue, args[0], keys[0]]).fetchone()
+            made.append(row[0])
+        elif how == "batch":
+            made += [r[0] for r in conn.execute(
+                "select duplicate from awa.enqueue_batch(array_fill(%s::text, array[%s]),"
+                " array_fill('job'::text, array[%s]), %s::jsonb[], unique_keys => %s::bytea[])",
+                [queue, len(keys), len(keys), args, keys]).fetchall()]
+        else:
+            with conn.cursor().copy("copy awa.copy_staging (queue, kind, args, unique_key)"
+                                    " from stdin") as cp:
+                for a, k in zip(args, keys, strict=True):
+                    cp.write_row([queue, "job", a, k])
+        conn.commit()
+    return made
+
+
+LIVE_KEYS_SHARED = """
+    select a.args->>'queue', a.args->>'key', count(*)
+      from (select args from awa.ready union all select args from awa.scheduled
+            union all select args from awa.running) as a
+     where a.args->>'key' is not null
+     group by 1, 2
+    having count(*) > 1
+"""
+
+
+@settings(max_examples=4, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(plans=PLANS)
+def test_concurrent_producers_and_workers_never_see_two_live_jobs_share_a_key(db, logins,
+                                                                              plans):
+    errors: list[BaseException] = []
+    stop = threading.Event()
+    completed: list[int] = []
+    duplicates: list[bool] = []
+    with db.connect() as su:
+        done_before = su.execute("select count(*) from awa.finished").fetchone()[0]
+
+    def producer(calls) -> None:
+        try:
+            with db.connect(logins.producer, autocommit=False) as conn:
+                duplicates.extend(_produce(conn, calls))
+        except BaseException as exc:
+            errors.append(exc)
+
+    def worker() -> None:
+        try:
+            with db.connect(logins.worker) as w:
+                while True:
+                    # Set once the producers are done: then an empty claim means done.
+                    last = stop.is_set()
+                    rows = claim(w, QUEUES, 5)
+                    if last and not rows:
+                        return
+                    for job_id, lease, *_ in rows:
+                        if w.execute("select awa.complete(%s, %s)", [job_id, lease]).fetchone()[0]:
+                            completed.append(job_id)
+                    if not rows:
+                        stop.wait(0.01)  # an idle worker's poll interval
+        except BaseException as exc:
+            errors.append(exc)
+
+    producers = [threading.Thread(target=producer, args=(calls,)) for calls in plans]
+    workers = [threading.Thread(target=worker) for _ in range(3)]
+    for t in producers + workers:
+        t.start()
+    samples = 0
+    with db.connect() as su:
+        while any(t.is_alive() for t in producers):
+            assert su.execute(LIVE_KEYS_SHARED).fetchall() == []
+            samples += 1
+        stop.set()
+        for t in producers + workers:
+            t.join(timeout=120)
+        assert not errors, errors
+        assert samples > 0
+        assert su.execute(LIVE_KEYS_SHARED).fetchall() == []
+        assert live(su) == 0
+        # Every job ran once; no key is held once its job is done.
+        assert len(completed) == len(set(completed)) > 0
+        assert su.execute("select count(*) from awa.unique_keys").fetchone()[0] == 0
+        assert su.execute("select count(*) from awa.finished where state = 'completed'"
+                          ).fetchone()[0] == done_before + len(completed)
+    assert len(duplicates) > 0
+
+
+# -- the Python client ----------------------------------------------------------------------
+
+
+def test_the_python_client_takes_unique_keys_on_every_path(db, logins):
+    import asyncio
+    from datetime import timedelta
+
+    import awa_sql
+
+    with db.connect(logins.producer) as conn:
+        first = awa_sql.enqueue(conn, "send", {"n": 1}, queue="py", unique_key="k1")
+        again = awa_sql.enqueue(conn, "send", {"n": 2}, queue="py", unique_key=b"k1")
+        windowed = awa_sql.enqueue(conn, "send", queue="py", unique_key="w",
+                                   unique_window=timedelta(hours=1),
+                                   max_run_time=timedelta(minutes=5))
+        many = awa_sql.enqueue_many(conn, [{"kind": "a", "unique_key": "k2"},
+                                           {"kind": "b", "unique_key": "k2"},
+                                           {"kind": "c"}, {"kind": "d", "unique_key": "k1"}],
+                                    queue="py")
+        copied = awa_sql.enqueue_many_copy(conn, [{"kind": "e", "unique_key": "k3"},
+                                                  {"kind": "f", "unique_key": "k3"}], queue="py")
+        plain = awa_sql.enqueue(conn, "send", queue="py")
+
+    async def in_async():
+        async with await psycopg.AsyncConnection.connect(db.dsn(logins.producer),
+                                                         autocommit=True) as aconn:
+            return await awa_sql.enqueue_async(aconn, "send", queue="py", unique_key="k1")
+
+    from_async = asyncio.run(in_async())
+    assert first.duplicate is False and plain.duplicate is False
+    assert again == awa_sql.Enqueued(first.job_id, "py", 2, None, None, True)
+    assert windowed.duplicate is False
+    assert [m.duplicate for m in many] == [False, True, False, True]
+    assert many[1].job_id == many[0].job_id and many[3].job_id == first.job_id
+    assert copied == 2 and from_async.job_id == first.job_id and from_async.duplicate
+    with db.connect() as su:
+        assert su.execute("select count(*) from awa.ready r join awa.queue_meta m"
+                          " using (queue_id) where m.queue = 'py'").fetchone()[0] == 6
+        assert su.execute("select unique_window from awa.unique_keys where unique_key = 'w'"
+                          ).fetchone()[0] == timedelta(hours=1)
+
+
+def test_a_derived_key_is_stable_and_follows_kind_and_args():
+    from awa_sql import unique_key
+
+    # A fixed value: the recipe may never change (other languages reproduce it).
+    assert unique_key("email.send", {"to": "a@b", "n": 1}).hex() == (
+        "ce16aecf8d619456e44167b914556541457f64f2d62ff979b3b5af190382c47c")
+    assert unique_key("email.send", {"n": 1, "to": "a@b"}) == unique_key(
+        "email.send", {"to": "a@b", "n": 1})
+    assert unique_key("email.send", {"to": "a@b"}) != unique_key("email.sent", {"to": "a@b"})
+    assert unique_key("k", {"a": 1}) != unique_key("k", {"a": "1"})
+    assert unique_key("k") == unique_key("k", {}) and len(unique_key("k")) == 32
+    with pytest.raises(ValueError, match="kind must be a non-empty string"):
+        unique_key("")
