@@ -313,8 +313,12 @@ def main() -> None:
     ap.add_argument("--beside", metavar="REF",
                     help="also measure REF's enqueue functions beside today's")
     ap.add_argument("--profile", metavar="CELL", choices=list(CELLS))
+    ap.add_argument("--only", metavar="CELL", action="append",
+                    help="measure only this cell (repeatable; the floor is always measured)")
     _docs.add_argument(ap)
     args = ap.parse_args()
+    if args.only and args.write_docs:
+        ap.error("--only measures part of the table: not with --write-docs")
     block = _docs.Block(__file__, "Server instructions per enqueue", args.write_docs)
     prepare = setup_ladders
     beside = ""
@@ -342,6 +346,8 @@ def main() -> None:
             for name in CELLS:
                 if label != "now" and (name.endswith(", beside)") or name in UNIQUE):
                     continue
+                if args.only and name not in (*args.only, "floor"):
+                    continue
                 results[label][name] = per_call(pgdata, name, outdir)
                 print(f"  {label} {name}: {results[label][name] / 1000:,.1f}k",
                       file=sys.stderr, flush=True)
@@ -355,9 +361,12 @@ def main() -> None:
         print("|---|" + "---:|" * (len(header) - 1))
         now = results["now"]
         for name in CELLS:
+            if name not in now:
+                continue
             values = [f"{results[label][name] / 1000:,.1f}" if name in results[label] else ""
                       for label in results]
-            adds = f"{(now[name] - now[STEPS[name]]) / 1000:+,.1f}" if name in STEPS else ""
+            adds = (f"{(now[name] - now[STEPS[name]]) / 1000:+,.1f}"
+                    if name in STEPS and STEPS[name] in now else "")
             print(f"| {name} | " + " | ".join(values)
                   + f" | {now[name] / now['floor']:.2f}x | {adds} |")
     finally:
@@ -376,7 +385,7 @@ def targets(results: dict[str, dict[str, float]], before: str | None, beside_ref
     pairs = []
     if before:
         pairs += [(f"{name} at most {BUDGET:.0%} over {before}", now[name],
-                   results[f"at {before}"][name]) for name in BUDGET_CELLS]
+                   results[f"at {before}"][name]) for name in BUDGET_CELLS if name in now]
     if beside_ref:
         pairs += [(f"{name} at most {BUDGET:.0%} over {beside_ref}'s function, beside",
                    now[name], now[name + beside]) for name in BUDGET_CELLS if name + beside in now]

@@ -65,8 +65,6 @@ declare
     lane_ids integer[];
     lane_seqs regclass[];
     routed text;  -- the partition or stripe a routed name went to
-    root text;  -- its logical queue, for a unique key
-    held record;  -- the job that holds the unique key
     new_seq bigint;
     new_job bigint;
     fast boolean;  -- null: the general way; false: the sticky lane is taken
@@ -133,51 +131,74 @@ begin
             if not awa._job_ok(queue, kind, priority, max_attempts) then
                 perform awa._check_job(queue, kind, priority, max_attempts);
             end if;
-            if unique_key is not null or unique_window is not null then
-                perform awa._check_unique(unique_key, unique_window);
-            end if;
             -- S again, with the lanes (whole arrays are cheap to read, not to
             -- subscript: the fast way reads its one lane in SQL).
-            select m.queue_id, m.enqueue_shards, m.lane_ids, m.lane_seqs, m.root_queue
-              into q_id, shards, lane_ids, lane_seqs, root
+            select m.queue_id, m.enqueue_shards, m.lane_ids, m.lane_seqs
+              into q_id, shards, lane_ids, lane_seqs
               from awa.queue_meta as m
              where m.queue = enqueue.queue and m.stripes = 1 and m.partitions = 1;
-            if not found or (run_at is not null and run_at > now()) then
-                -- A stripe's own name ('q#1') never gets here: awa._job_ok refuses '#'.
-                select m.queue_id, m.enqueue_shards, m.lane_ids, m.lane_seqs, m.queue, m.root_queue
-                  into q_id, shards, lane_ids, lane_seqs, routed, root
-                  from awa._route_queue(awa._ensure_queue(queue), ordering_key) as m;
-            end if;
-            if unique_key is not null then
-                -- The key before any lane, as every path takes it (sql/unique.sql):
-                -- held by another job, this call is its duplicate.
-                new_job := nextval('awa.job_id_seq');
-                select d.job_id, d.queue_id, d.priority into held
-                  from awa._take_unique_keys(
-                      array[awa._unique_scope(coalesce(routed, enqueue.queue), root)],
-                      array[unique_key], array[new_job], array[q_id], array[enqueue.priority],
-                      array[unique_window]
-                  ) as d;
-                if found then
+            -- One test for the rarer ways (each statement costs every call that
+            -- evaluates it): a routed name, a job for later, a unique key.
+            if not found or (run_at is not null and run_at > now()) or unique_key is not null
+               or unique_window is not null then
+                if not found or (run_at is not null and run_at > now()) then
+                    -- A stripe's own name ('q#1') never gets here: awa._job_ok refuses '#'.
+                    select m.queue_id, m.enqueue_shards, m.lane_ids, m.lane_seqs, m.queue
+                      into q_id, shards, lane_ids, lane_seqs, routed
+                      from awa._route_queue(awa._ensure_queue(queue), ordering_key) as m;
+                end if;
+                if unique_key is not null or unique_window is not null then
+                    -- The key before any lane, as every path takes it (sql/unique.sql):
+                    -- held by another job, this call is its duplicate; else the job,
+                    -- with the id it took the key for, goes the general insert's way
+                    -- (into a lane, or awa.scheduled for later).
+                    perform awa._check_unique(unique_key, unique_window);
+                    new_job := nextval('awa.job_id_seq');
+                    select d.job_id, m.queue, d.priority into new_seq, memo, shard
+                      from awa._take_unique_keys(
+                          array[unique_key], array[new_job], array[q_id],
+                          array[enqueue.priority], array[unique_window]
+                      ) as d
+                      join awa.queue_meta as m on m.queue_id = d.queue_id;
+                    if found then
+                        -- new_seq, memo, shard: the holder's job id, queue and priority
+                        return row(new_seq, memo, shard, null, null, true)::awa.enqueued;
+                    end if;
+                    new_seq := null;
+                    shard := null;
+                    if run_at is null or run_at <= now() then
+                        shard := awa._take_lane(
+                            lane_ids, q_id, priority, shards,
+                            awa._key_shard(ordering_key, shards), 0
+                        );
+                        new_seq := nextval(lane_seqs[priority][shard]);
+                    end if;
+                    perform awa._insert_jobs(
+                        array[lane_ids[priority][shard]], array[new_seq], array[q_id],
+                        array[enqueue.priority], array[enqueue.kind], array[enqueue.args],
+                        array[enqueue.ordering_key], array[enqueue.max_attempts],
+                        array[enqueue.run_at], array[new_job]
+                    );
                     return row(
-                        held.job_id,
-                        (select m.queue from awa.queue_meta as m where m.queue_id = held.queue_id),
-                        held.priority, null, null, true
+                        new_job, coalesce(routed, enqueue.queue), enqueue.priority, shard,
+                        new_seq, false
                     )::awa.enqueued;
                 end if;
-            end if;
-            if run_at is not null and run_at > now() then
-                new_job := coalesce(new_job, nextval('awa.job_id_seq'));
-                insert into awa.scheduled (
-                    job_id, queue_id, priority, kind, args, ordering_key, attempt, max_attempts,
-                    enqueued_at, run_at
-                ) values (
-                    new_job, q_id, enqueue.priority, enqueue.kind, coalesce(enqueue.args, '{}'),
-                    enqueue.ordering_key, 0, enqueue.max_attempts, now(), enqueue.run_at
-                );
-                return row(
-                    new_job, coalesce(routed, enqueue.queue), enqueue.priority, null, null, false
-                )::awa.enqueued;
+                if run_at is not null and run_at > now() then
+                    new_job := nextval('awa.job_id_seq');
+                    insert into awa.scheduled (
+                        job_id, queue_id, priority, kind, args, ordering_key, attempt,
+                        max_attempts, enqueued_at, run_at
+                    ) values (
+                        new_job, q_id, enqueue.priority, enqueue.kind,
+                        coalesce(enqueue.args, '{}'), enqueue.ordering_key, 0,
+                        enqueue.max_attempts, now(), enqueue.run_at
+                    );
+                    return row(
+                        new_job, coalesce(routed, enqueue.queue), enqueue.priority, null, null,
+                        false
+                    )::awa.enqueued;
+                end if;
             end if;
             shard := awa._take_lane(
                 lane_ids, q_id, priority, shards, awa._key_shard(ordering_key, shards), 0
@@ -190,8 +211,7 @@ begin
         lane_id, lane_seq, job_id, queue_id, priority, kind, args, ordering_key, attempt,
         max_attempts, enqueued_at, ready_at
     ) values (
-        lane, nextval(seq), coalesce(new_job, nextval('awa.job_id_seq')), q_id, enqueue.priority,
-        enqueue.kind,
+        lane, nextval(seq), nextval('awa.job_id_seq'), q_id, enqueue.priority, enqueue.kind,
         coalesce(enqueue.args, '{}'), enqueue.ordering_key, 0, enqueue.max_attempts,
         now(), clock_timestamp()
     )
@@ -445,12 +465,6 @@ begin
                array_agg(d.priority)
           into dup_i, dup_job, dup_qid, dup_p
           from awa._take_unique_keys(
-              array(
-                  select awa._unique_scope(m.queue, m.root_queue)
-                    from generate_series(1, n) as i
-                    join awa.queue_meta as m on m.queue_id = queue_ids[i]
-                   order by i
-              ),
               unique_keys, job_ids, queue_ids, priorities, unique_windows
           ) as d;
         if dup_i is not null then

@@ -623,12 +623,6 @@ begin
     if cardinality(array_remove(unique_keys, null)) > 0 then
         select array_agg(d.i) into dup_i
           from awa._take_unique_keys(
-              array(
-                  select awa._unique_scope(m.queue, m.root_queue)
-                    from generate_series(1, n) as i
-                    join awa.queue_meta as m on m.queue_id = queue_ids[i]
-                   order by i
-              ),
               unique_keys, job_ids, queue_ids, priorities, unique_windows
           ) as d;
         if dup_i is not null then

@@ -67,3 +67,6 @@ drop function if exists awa._requeue(
     bigint[], integer[], smallint[], text[], jsonb[], bytea[], integer[], timestamptz[], text[],
     interval[]
 );
+drop function if exists awa._take_unique_keys(
+    text[], bytea[], bigint[], integer[], smallint[], interval[]
+);

@@ -66,23 +66,23 @@ begin
 end;
 $$;
 
--- Function: awa._take_unique_keys(scopes, unique_keys, job_ids, queue_ids, priorities,
+-- Function: awa._take_unique_keys(unique_keys, job_ids, queue_ids, priorities,
 --                                 unique_windows) returns table (i, job_id, queue_id, priority)
--- Takes the unique key of each element i that has one (unique_keys[i] in
--- scope scopes[i]) for job job_ids[i] of queue queue_ids[i], and returns
--- the elements another job holds the key of, with that job: those are
--- duplicates, to be inserted nowhere. Within the call the first element
--- of each key takes it and the later ones are its duplicates. A key is
--- free when no row holds it or its row's held_until has passed (a
--- completed job's window ended): the row is then taken over. Keys are
--- taken in (scope, key) order, so concurrent callers wait for each other
--- in one order and never deadlock; the row of a key another job holds is
--- locked until commit, so the holder cannot give it back while the caller
--- reports it (the holder's end waits for the caller's commit). Marks the
--- queues that now have keyed jobs (awa.queue_meta.unique_jobs). The
--- arrays come checked, one element per job, indexed from 1.
+-- Takes the unique key of each element i that has one (unique_keys[i]) for
+-- job job_ids[i] of physical queue queue_ids[i], in that queue's logical
+-- queue (awa._unique_scope), and returns the elements another job holds
+-- the key of, with that job: those are duplicates, to be inserted nowhere.
+-- Within the call the first element of each key takes it and the later
+-- ones are its duplicates. A key is free when no row holds it or its row's
+-- held_until has passed (a completed job's window ended): the row is then
+-- taken over. Keys are taken in (scope, key) order, so concurrent callers
+-- wait for each other in one order and never deadlock; the row of a key
+-- another job holds is locked until commit, so the holder cannot give it
+-- back while the caller reports it (the holder's end waits for the
+-- caller's commit). Marks the queues that now have keyed jobs
+-- (awa.queue_meta.unique_jobs). The arrays come checked, one element per
+-- job, indexed from 1.
 create or replace function awa._take_unique_keys(
-    scopes text[],
     unique_keys bytea[],
     job_ids bigint[],
     queue_ids integer[],
@@ -93,7 +93,19 @@ returns table (i integer, job_id bigint, queue_id integer, priority smallint)
 language plpgsql
 set search_path = pg_catalog, pg_temp
 set plan_cache_mode = force_generic_plan
+-- Keys are looked up by key, queues by id: a generic plan would otherwise
+-- hash the whole table of keys for a call of one.
+set enable_hashjoin = off
+set enable_mergejoin = off
+set enable_seqscan = off
 as $$
+declare
+    scopes text[] := array(
+        select awa._unique_scope(m.queue, m.root_queue)
+          from generate_series(1, cardinality(unique_keys)) as x (i)
+          left join awa.queue_meta as m on m.queue_id = queue_ids[x.i]
+         order by x.i
+    );
 begin
     insert into awa.unique_keys as u (
         queue, unique_key, job_id, queue_id, priority, unique_window, held_until
@@ -111,10 +123,10 @@ begin
      where u.held_until <= now();
     update awa.queue_meta as m
        set unique_jobs = true
-     where m.queue_id in (
+     where m.queue_id = any(array(
          select queue_ids[x.i] from generate_series(1, cardinality(unique_keys)) as x (i)
           where unique_keys[x.i] is not null
-     )
+     ))
        and not m.unique_jobs;
     return query
     select x.i, u.job_id, u.queue_id, u.priority
@@ -193,7 +205,7 @@ select awa._grant_execute('awa._unique_scope(text, text)');
 select awa._grant_execute('awa._unique_ok(bytea, interval)');
 select awa._grant_execute('awa._check_unique(bytea, interval)');
 select awa._grant_execute(
-    'awa._take_unique_keys(text[], bytea[], bigint[], integer[], smallint[], interval[])'
+    'awa._take_unique_keys(bytea[], bigint[], integer[], smallint[], interval[])'
 );
 select awa._grant_execute('awa._release_unique_key(bigint, boolean)');
 select awa._grant_execute('awa.prune_unique_keys(integer)', 'maintenance');
