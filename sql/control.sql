@@ -33,7 +33,9 @@ as $$
 $$;
 
 -- Function: awa.resume_queue(queue text) returns boolean
--- Role: awa_operator. Errors as awa.pause_queue.
+-- Undoes awa.pause_queue: claims take the queue's jobs again. Returns true
+-- when this call changed the state. Role: awa_operator. Errors as
+-- awa.pause_queue.
 create or replace function awa.resume_queue(queue text)
 returns boolean
 language sql

@@ -16,8 +16,6 @@
 -- "full jitter"; the cap bounds every delay. Defaults: base 2 seconds, cap
 -- 1 hour, jitter 0.5. A queue's policy (awa.set_retry_policy) replaces any
 -- of the three.
---
--- Tables directly manipulated: awa.queue_meta.
 
 -- Function: awa._retry_default_base() returns interval
 -- The first retry's delay before jitter, unless the queue sets its own. Inlined.

@@ -29,11 +29,6 @@
 -- caller's lock_timeout bounds the wait) and then cancels the job where it
 -- is, running or, if the claim rolled back, still ready. The bulk
 -- awa.cancel_jobs skips such rows: they run.
---
--- Calls: awa._queue, awa._lane_states, awa._finish, awa._key_shard,
--- awa._lock_lanes, awa._insert_jobs.
--- Tables directly manipulated: awa.ready, awa.scheduled, awa.running,
--- awa.finished.
 
 -- Function: awa._check_job_state(state text) returns void
 -- Raises 22023 for a state that is not one of a job's six (null passes:

@@ -67,6 +67,8 @@ as $$
 $$;
 
 -- Function: awa._lock_class_lane() returns integer
+-- The advisory lock class of lanes, 'awaL': (class, lane id), held from
+-- before the lane's sequence advances until commit.
 create or replace function awa._lock_class_lane()
 returns integer
 language sql
@@ -76,6 +78,7 @@ as $$
 $$;
 
 -- Function: awa._lock_class_provisioning() returns integer
+-- The advisory lock class of creating queues and lanes, 'awaP': (class, 0).
 create or replace function awa._lock_class_provisioning()
 returns integer
 language sql
@@ -85,6 +88,7 @@ as $$
 $$;
 
 -- Function: awa._lock_class_autoscale() returns integer
+-- The advisory lock class of the auto-scaler tick's leader, 'awaA': (class, 0).
 create or replace function awa._lock_class_autoscale()
 returns integer
 language sql
@@ -94,6 +98,8 @@ as $$
 $$;
 
 -- Function: awa._lock_class_copy() returns integer
+-- The advisory lock class of the COPY movers, 'awaC': (class, xid), one mover
+-- per staging transaction.
 create or replace function awa._lock_class_copy()
 returns integer
 language sql
@@ -103,7 +109,8 @@ as $$
 $$;
 
 -- Function: awa._lock_class_prune() returns integer
--- Held by awa.prune_finished, so that one prune runs at a time.
+-- The advisory lock class of pruning, 'awaF': (class, 0), held by
+-- awa.prune_finished so that one prune runs at a time.
 create or replace function awa._lock_class_prune()
 returns integer
 language sql
@@ -113,6 +120,8 @@ as $$
 $$;
 
 -- Function: awa._lock_class_migrate() returns integer
+-- The advisory lock class of awa migrate, 'awaM': (class, 0) a run and
+-- (class, 1) each step; the runner keeps the number too.
 create or replace function awa._lock_class_migrate()
 returns integer
 language sql

@@ -9,9 +9,6 @@
 -- to, after copying the rows still within their queue's retention into the
 -- current slot. No row-by-row DELETE, so nothing for vacuum to chase and no
 -- bloat, whatever a held snapshot does.
---
--- Calls: awa._finished_slot, awa._retention, awa._lock_class_prune.
--- Tables directly manipulated: awa.finished (its partitions), awa.queue_meta.
 
 -- Function: awa._finished_slot_seconds(state text) returns integer
 -- How long a slot of the state's ring is written to. Inlined.

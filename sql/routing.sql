@@ -51,6 +51,7 @@ as $$
 $$;
 
 -- Function: awa._limbs_numeric(limbs bigint[]) returns numeric
+-- The two limbs as one unsigned 64-bit number: hi * 2^32 + lo.
 create or replace function awa._limbs_numeric(limbs bigint[])
 returns numeric
 language sql
@@ -187,6 +188,7 @@ end;
 $$;
 
 -- Function: awa.partition_hash64(key bytea) returns numeric
+-- The unsigned 64-bit partition hash.
 create or replace function awa.partition_hash64(key bytea)
 returns numeric
 language sql

@@ -8,9 +8,6 @@
 -- multi-row enqueue (awa._enqueue_rows: awa.enqueue with a key, the batch
 -- and COPY) and from the retries of the job tools; they are given back by
 -- awa._release_unique_key when a job ends (awa.complete, awa._finish).
---
--- Calls: nothing outside this file.
--- Tables directly manipulated: awa.unique_keys, awa.queue_meta (unique_jobs).
 
 -- Function: awa._unique_scope(queue text, root_queue text) returns text
 -- The logical queue a unique key is unique in: the top name of a
