@@ -12,6 +12,8 @@
 -- Function: awa._unique_scope(queue text, root_queue text) returns text
 -- The logical queue a unique key is unique in: the top name of a
 -- physical queue's partitions and stripes. Inlined.
+-- Calls: nothing
+-- Writes: nothing
 create or replace function awa._unique_scope(queue text, root_queue text)
 returns text
 language sql
@@ -23,6 +25,8 @@ $$;
 -- Function: awa._unique_ok(unique_key bytea, unique_window interval) returns boolean
 -- A job's unique key and window: no key and no window, or a key of 1 to
 -- 1024 bytes with no window or one of 1 second to 365 days. Inlined.
+-- Calls: nothing
+-- Writes: nothing
 create or replace function awa._unique_ok(unique_key bytea, unique_window interval)
 returns boolean
 language sql
@@ -41,6 +45,8 @@ $$;
 -- Function: awa._check_unique(unique_key bytea, unique_window interval) returns void
 -- Raises the error for what awa._unique_ok refuses: 22023 naming the value
 -- and the allowed range.
+-- Calls: awa._unique_ok
+-- Writes: nothing
 create or replace function awa._check_unique(unique_key bytea, unique_window interval)
 returns void
 language plpgsql
@@ -78,6 +84,8 @@ $$;
 -- reports it (the holder's end waits for the caller's commit). Marks the
 -- queues that now have keyed jobs (awa.queue_meta.unique_jobs). The
 -- arrays come checked, one element per job, indexed from 1.
+-- Calls: nothing
+-- Writes: awa.queue_meta, awa.unique_keys
 create or replace function awa._take_unique_keys(
     scopes text[],
     unique_keys bytea[],
@@ -128,6 +136,8 @@ $$;
 -- completed job with a unique window once the window has passed. Returns
 -- the key and window the job held (no row when it held none), which a
 -- failed or cancelled job keeps for a retry.
+-- Calls: nothing
+-- Writes: awa.unique_keys
 create or replace function awa._release_unique_key(job_id bigint, completed boolean)
 returns table (unique_key bytea, unique_window interval)
 language plpgsql
@@ -159,6 +169,8 @@ $$;
 -- enqueue of its key anyway: this keeps the table to the keys held.
 -- Role: awa_maintenance. Returns how many rows it removed.
 -- Errors: 22023 max_keys null or below 0.
+-- Calls: nothing
+-- Writes: awa.unique_keys
 create or replace function awa.prune_unique_keys(max_keys integer default 10000)
 returns bigint
 language plpgsql
