@@ -29,7 +29,8 @@ PL/pgSQL bodies are read with pglast.parse_plpgsql and the SQL of each
 statement and expression with pglast.parse_sql; ``language sql`` bodies
 with pglast.parse_sql.
 
-    python -m tests.support.sql_headers --write   # rewrite the headers and docs/sql-map.md
+    python -m tests.support.sql_headers --write   # (make sql-headers) rewrite the
+                                                  # headers and docs/sql-map.md
     python -m tests.support.sql_headers           # list what is out of date, exit 1 if any
 
 tests/test_sql_headers.py fails while a header or docs/sql-map.md is out of
@@ -46,6 +47,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pglast import parser
+
+from awa_sql.roles import RUNTIME_CAPABILITIES
 
 ROOT = Path(__file__).resolve().parents[2]
 SQL_DIR = ROOT / "sql"
@@ -490,14 +493,23 @@ def rewrite(sf: SqlFile) -> str:
 
 def _md(text: str) -> str:
     text = re.sub(r"`?\b(awa\.[a-z_][a-z0-9_]*(\(\))?)`?", r"`\1`", text)
-    return text.replace("|", "\\|")
+    return text.replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def _roles(caps: tuple[str, ...] | None) -> str:
-    return ", ".join(f"awa_{c}" for c in caps) if caps else "—"
+    if not caps:
+        return "—"
+    if sorted(caps) == sorted(RUNTIME_CAPABILITIES):
+        return "every runtime role"
+    return ", ".join(f"awa_{c}" for c in caps)
+
+
+def _names(names) -> str:
+    return ", ".join(f"`{n}`" if n != DYNAMIC else n for n in names)
 
 
 def render_map(files: list[SqlFile]) -> str:
+    order = [sf.name for sf in files]
     defined = {f.name: sf.name for sf in files for f in sf.functions}
     out = [
         "# The SQL map",
@@ -511,44 +523,57 @@ def render_map(files: list[SqlFile]) -> str:
         "of each. What callers may rely on is [docs/sql-api.md](sql-api.md); this",
         "page is for changing them.",
         "",
-        "- **role**: who may execute it, by the default role names (`awa migrate",
-        "  --role-prefix` changes them), from the file's `awa._grant_execute` lines;",
-        "  — means none: only the owner, that is, the other functions of the layer.",
+        "- **role**: the roles that may execute the function, from the file's",
+        "  `awa._grant_execute` lines, by their default names (`awa migrate",
+        "  --role-prefix` changes them). Every runtime role: `awa_producer`,",
+        "  `awa_worker`, `awa_maintenance`, `awa_operator` and `awa_reader`. A",
+        "  dash: none; only the owner may, which is to say the functions of the",
+        "  layer that call it.",
         "- **summary**: the first sentence of the function's header.",
         "",
         "Each function's header in its file ends with two generated lines:",
         "`-- Calls:` (the `awa.*` functions its body calls) and `-- Writes:` (the",
         "tables it inserts into, updates, deletes from or truncates itself);",
-        "`(dynamic)` marks a name found only in dynamic SQL. Below each file,",
-        "the same summed up: the tables the file writes and the functions of",
-        "other files it calls. After changing a body or a header run",
-        "`python -m tests.support.sql_headers --write` (with `PYTHONPATH=installer:.`)",
-        "to regenerate the lines and this page.",
+        "`(dynamic)` marks a name found only in dynamic SQL. Under each file's",
+        "table, the same summed up: the tables the file writes and the functions",
+        "of other files it calls. After changing a body or a header, regenerate",
+        "the lines and this page rather than edit them:",
+        "",
+        "```sh",
+        "make sql-headers   # .venv/bin/python -m tests.support.sql_headers --write",
+        "```",
         "",
     ]
     for sf in files:
-        out += [f"## {sf.name}", "", _md(sf.purpose), ""]
-        if sf.functions:
+        purpose = sf.purpose[:1].upper() + sf.purpose[1:]
+        out += [f"## {sf.name}", "", _md(purpose), ""]
+        if not sf.functions:
+            out += ["No functions.", ""]
+        else:
             out += ["| function | role | summary |", "|---|---|---|"]
             for f in sf.functions:
                 out.append(f"| `{f.name}` | {_roles(f.roles)} | {_md(f.summary) or '—'} |")
             out.append("")
             writes = sorted({w.removesuffix(f" {DYNAMIC}") for f in sf.functions
                              for w in write_items(f) if w != NOTHING})
-            outside = sorted({c for f in sf.functions for c in f.uses.calls
-                              if defined.get(c) != sf.name})
-            calls = [f"`{c}` ({defined.get(c, '?')})" for c in outside]
-            out.append(f"Writes: {', '.join(f'`{w}`' if w != DYNAMIC else w for w in writes)}"
-                       if writes else "Writes: nothing.")
-            out.append("")
-            out.append(f"Calls in other files: {', '.join(calls)}." if calls
-                       else "Calls in other files: nothing.")
-            out.append("")
-        else:
-            out += ["No functions.", ""]
+            outside: dict[str, set[str]] = {}
+            for f in sf.functions:
+                for c in f.uses.calls:
+                    if defined.get(c) != sf.name:
+                        outside.setdefault(defined.get(c, "?"), set()).add(c)
+            calls = "; ".join(
+                f"{where}: {_names(sorted(outside[where]))}"
+                for where in sorted(outside, key=lambda w: (w not in order, order.index(w)
+                                                            if w in order else 0, w)))
+            out.append(f"- Writes: {_names(writes) if writes else 'nothing'}.")
+            out.append(f"- Calls in other files: {calls or 'nothing'}.")
         if sf.views:
             views = ", ".join(f"`{v}` ({_roles(caps)})" for v, caps in sf.views)
-            out += [f"Views: {views}.", ""]
+            if sf.functions:
+                out.append(f"- Views: {views}.")
+            else:
+                out += [f"Views: {views}."]
+        out.append("")
     return "\n".join(out).rstrip("\n") + "\n"
 
 
