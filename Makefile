@@ -7,8 +7,8 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: dev test lint schema demo demo-stop bench clean system-deps-test system-deps-demo \
-        system-deps-bench
+.PHONY: dev test lint schema sql-headers demo demo-stop bench clean system-deps-test \
+        system-deps-demo system-deps-bench
 
 $(STAMP): pyproject.toml examples/node/package.json
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +41,13 @@ lint: $(STAMP)
 # fails until you do.
 schema: system-deps-test $(STAMP)
 	$(BIN)/python -m tests.support.schema
+
+# The generated -- Calls: / -- Writes: lines of every function header in sql/
+# and docs/sql-map.md, from the function bodies (no database needed). Run it
+# after changing a function or its header; tests/test_sql_headers.py fails
+# until you do.
+sql-headers: $(STAMP)
+	$(BIN)/python -m tests.support.sql_headers --write
 
 # The demo: PostgreSQL 18 under .awa/, load, admin page and /metrics; Ctrl-C stops it.
 # `make demo-stop` stops a server left by a killed demo.

@@ -12,6 +12,8 @@
 -- Function: awa._autoscale_policy(queue_id integer)
 -- The queue's effective thresholds: its awa.autoscale_policy row over the
 -- defaults documented in docs/configuration.md.
+-- Calls: nothing
+-- Writes: nothing
 create or replace function awa._autoscale_policy(
     queue_id integer,
     out grow_window interval,
@@ -49,6 +51,8 @@ select awa._grant_execute('awa._autoscale_policy(integer)');
 -- Errors: 42704 unknown queue; 22004 null mode, or no max_shards for
 --   shadow/auto; 22023 unknown mode, max_shards outside 1..64, or a
 --   partition or stripe named instead of its logical queue; 25006 standby.
+-- Calls: awa._check_range, awa._queue, awa._require_primary
+-- Writes: awa.queue_meta
 create or replace function awa.set_shard_mode(
     queue text, mode text, max_shards integer default null
 )
@@ -115,6 +119,8 @@ select awa._grant_execute('awa.set_shard_mode(text, text, integer)', 'operator')
 -- the default. Role: awa_operator. Errors: 42704 unknown queue; 22023 a
 -- value out of range (windows > 0 and at most 1 hour, the samples kept;
 -- cooldown >= 0, shares in 0..1, min_samples in 1..10000).
+-- Calls: awa._queue
+-- Writes: awa.autoscale_policy
 create or replace function awa.set_autoscale_policy(
     queue text,
     grow_window interval default null,
@@ -179,6 +185,8 @@ select awa._grant_execute(
 -- per held lane, the share of samples with any waiter, enqueues per second,
 -- the most lanes held at once in one priority, and the demand: lanes held
 -- plus backends waiting for one, per physical queue, on average.
+-- Calls: nothing
+-- Writes: nothing
 create or replace function awa._autoscale_signal(
     anchor awa.queue_meta,
     since timestamptz,
@@ -240,6 +248,8 @@ select awa._grant_execute('awa._autoscale_signal(awa.queue_meta, timestamptz)');
 -- signal and reason) instead of a new one. Steps, and holds for a new
 -- reason, are rows of their own. The row returned carries this tick's time
 -- as decided_at (a folded row's first tick stays in the log).
+-- Calls: awa._autoscale_policy, awa._autoscale_signal, awa._set_enqueue_shards
+-- Writes: awa.autoscale_decisions
 create or replace function awa._autoscale_decide(anchor awa.queue_meta, at timestamptz)
 returns awa.autoscale_decisions
 language plpgsql
@@ -405,6 +415,9 @@ select awa._grant_execute('awa._autoscale_decide(awa.queue_meta, timestamptz)');
 -- lock decides, the others return no rows. Run it every 5 seconds (`awa
 -- storage autoscale run`, pg_cron, or any scheduler). Role:
 -- awa_maintenance. Errors: 25006 on a standby.
+-- Calls: awa._autoscale_decide, awa._count_lanes, awa._lock_class_autoscale, awa._require_primary,
+--   awa._sample_lane_contention
+-- Writes: awa.autoscale_decisions
 create or replace function awa.autoscale_tick()
 returns setof awa.autoscale_decisions
 language plpgsql

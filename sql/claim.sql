@@ -17,6 +17,8 @@
 -- the claim that calls it: every row below it is gone for good (lane_seq
 -- order is commit order, and a deleted row never comes back), so any later
 -- claim may start there. Skips a hint another claim is writing.
+-- Calls: nothing
+-- Writes: awa.lane_heads
 create or replace function awa._advance_lane_heads(lanes integer[], seqs bigint[])
 returns void
 language plpgsql
@@ -47,6 +49,8 @@ $$;
 -- How far past its hint a lane's first claimable row must be before a claim
 -- moves the hint: often enough that a claim walks few dead rows, rarely
 -- enough that the hint row is not rewritten by every claim. Inlined.
+-- Calls: nothing
+-- Writes: nothing
 create or replace function awa._claim_hint_step()
 returns integer
 language sql
@@ -59,6 +63,8 @@ $$;
 -- The order a claim tries lanes in: priority first, then a permutation of
 -- the lanes that the claim's seed draws (hashint4 mixes the bits). One
 -- bigint, because a sort on one key costs far less than on two. Inlined.
+-- Calls: nothing
+-- Writes: nothing
 create or replace function awa._claim_lane_order(priority smallint, lane_id integer, seed integer)
 returns bigint
 language sql
@@ -91,6 +97,8 @@ $$;
 -- Returns: setof awa.claimed, by priority then claim order; each job's
 -- attempt is counted from 1; deadline_at null for a job without one.
 -- Errors: 22023 max_jobs < 0 or lease <= 0; 22004 null queues or worker.
+-- Calls: awa._advance_lane_heads, awa._claim_hint_step, awa._claim_lane_order
+-- Writes: awa.ready, awa.running
 create or replace function awa.claim(
     queues text[],
     max_jobs integer,
@@ -245,6 +253,8 @@ $$;
 -- False, changing nothing, when the lease is stale (the job was rescued and
 -- claimed again, or already finished).
 -- Role: awa_worker.
+-- Calls: awa._finished_slot, awa._release_unique_key
+-- Writes: awa.finished, awa.running
 create or replace function awa.complete(job_id bigint, run_lease bigint)
 returns boolean
 language plpgsql
@@ -286,6 +296,8 @@ $$;
 -- (args, ordering key, max_attempts, its own max run time, the unique key
 -- it gives back here), and one more on the queue's counter for `state`
 -- ('failed' or 'cancelled').
+-- Calls: awa._finished_slot, awa._release_unique_key
+-- Writes: awa.finished
 create or replace function awa._finish(job awa.running, state text, error text)
 returns void
 language plpgsql
@@ -318,6 +330,8 @@ $$;
 -- when given, else after the queue's backoff (awa._retry_delay with its
 -- retry policy: exponential with jitter), with its own max run time; or
 -- finished as failed once attempt reaches max_attempts.
+-- Calls: awa._finish, awa._retry_delay
+-- Writes: awa.scheduled
 create or replace function awa._retry_or_fail(
     job awa.running, error text, retry_at timestamptz
 )
@@ -353,6 +367,8 @@ $$;
 -- Records a failed attempt: retried later (see awa._retry_or_fail) or failed
 -- for good after max_attempts. False, changing nothing, for a stale lease.
 -- Role: awa_worker.
+-- Calls: awa._retry_or_fail
+-- Writes: awa.running
 create or replace function awa.fail(
     job_id bigint, run_lease bigint, error text, retry_at timestamptz default null
 )
@@ -382,6 +398,8 @@ $$;
 -- the lease no longer moves and the rescue takes the job. False for a
 -- stale lease.
 -- Role: awa_worker.
+-- Calls: nothing
+-- Writes: awa.running
 create or replace function awa.heartbeat(job_id bigint, run_lease bigint, extend interval)
 returns boolean
 language plpgsql
@@ -410,6 +428,8 @@ $$;
 -- says 'deadline exceeded after N s' (N its max run time) when the lease
 -- ended at the deadline, else 'lease expired'.
 -- Role: awa_maintenance. Returns how many jobs it rescued.
+-- Calls: awa._retry_or_fail
+-- Writes: awa.running
 create or replace function awa.rescue_expired(max_jobs integer default 10000)
 returns integer
 language plpgsql

@@ -15,6 +15,8 @@
 -- are awa._count_lanes', once per tick (ADR 017). Contention is
 -- instantaneous and is worth sampling often; a counter read once per tick
 -- gives the same rates.
+-- Calls: awa._lock_class_lane
+-- Writes: awa.contention_samples
 create or replace function awa._sample_lane_contention(at timestamptz)
 returns integer
 language plpgsql
@@ -88,6 +90,8 @@ $$;
 -- per lane, no scan of the backlog): every queue's enqueue counter, the sum
 -- of its lanes' sequences; and for queues in shadow or auto mode the ready
 -- depth and the oldest ready job.
+-- Calls: awa._lane_states
+-- Writes: awa.contention_samples
 create or replace function awa._count_lanes(at timestamptz)
 returns void
 language plpgsql
@@ -118,6 +122,8 @@ select awa._grant_execute('awa._count_lanes(timestamptz)');
 -- One contention sample now (awa._sample_lane_contention): lanes held and
 -- waited for, without the per-lane counts awa.autoscale_tick adds to its
 -- own sample. Role: awa_maintenance. Returns the number of queues sampled.
+-- Calls: awa._sample_lane_contention
+-- Writes: nothing
 create or replace function awa.sample_lane_contention()
 returns integer
 language sql

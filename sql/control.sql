@@ -3,6 +3,8 @@
 -- Function: awa._set_paused(queue text, paused boolean) returns boolean
 -- Pauses or resumes a queue with all its partitions and stripes; true when
 -- anything changed.
+-- Calls: awa._queue
+-- Writes: awa.queue_meta
 create or replace function awa._set_paused(queue text, paused boolean)
 returns boolean
 language plpgsql
@@ -23,6 +25,8 @@ $$;
 -- claims yield nothing from it. Returns true when this call changed the
 -- state. Role: awa_operator.
 -- Errors: 42704 unknown queue; 22004/22023 bad name.
+-- Calls: awa._set_paused
+-- Writes: nothing
 create or replace function awa.pause_queue(queue text)
 returns boolean
 language sql
@@ -33,7 +37,11 @@ as $$
 $$;
 
 -- Function: awa.resume_queue(queue text) returns boolean
--- Role: awa_operator. Errors as awa.pause_queue.
+-- Undoes awa.pause_queue: claims take the queue's jobs again. Returns true
+-- when this call changed the state. Role: awa_operator. Errors as
+-- awa.pause_queue.
+-- Calls: awa._set_paused
+-- Writes: nothing
 create or replace function awa.resume_queue(queue text)
 returns boolean
 language sql

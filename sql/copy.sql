@@ -23,6 +23,8 @@
 -- queues, for rows with unique keys (the first row of a key in the
 -- transaction takes it, later ones are duplicates) and for naming a bad
 -- row; awa._move_staged_sets takes the rest.
+-- Calls: awa._enqueue_rows
+-- Writes: awa.copy_staging
 create or replace function awa._move_staged_in_batches(xid xid8)
 returns bigint
 language plpgsql
@@ -92,6 +94,8 @@ $$;
 -- Moves the n staged rows of one transaction, all unkeyed and due now, for
 -- one plain queue at one priority, into one lane range with one INSERT in
 -- COPY order. Returns how many rows it moved.
+-- Calls: awa._in_seconds, awa._lock_lane_groups
+-- Writes: awa.copy_staging, awa.ready
 create or replace function awa._move_staged_one_lane(
     xid xid8, queue_id integer, priority smallint, n bigint
 )
@@ -134,6 +138,8 @@ $$;
 -- key and hashes it once, awa._lock_lane_groups takes one range per lane,
 -- one INSERT numbers each lane's rows in COPY order. Returns how many rows
 -- it moved.
+-- Calls: awa._in_seconds, awa._key_shard, awa._lock_lane_groups
+-- Writes: awa.copy_staging, awa.ready
 create or replace function awa._move_staged_by_key(
     xid xid8, queue_id integer, shards integer, priority smallint, n bigint
 )
@@ -201,6 +207,9 @@ $$;
 -- each lane in COPY order. Rows for partitioned or striped queues, rows
 -- with a unique key, and a transaction with a bad row (to name it), go
 -- through awa._move_staged_in_batches instead.
+-- Calls: awa._ensure_queue, awa._in_seconds, awa._job_ok, awa._key_shard, awa._lock_lane_groups,
+--   awa._max_run_time_ok, awa._move_staged_in_batches
+-- Writes: awa.copy_staging, awa.ready, awa.scheduled
 create or replace function awa._move_staged_sets(xid xid8)
 returns bigint
 language plpgsql
@@ -325,6 +334,9 @@ $$;
 -- without unique keys, for one plain queue at one priority, they take
 -- awa._move_staged_one_lane (unkeyed) or awa._move_staged_by_key; any
 -- other load takes awa._move_staged_sets.
+-- Calls: awa._job_ok, awa._max_run_time_ok, awa._move_staged_by_key, awa._move_staged_one_lane,
+--   awa._move_staged_sets
+-- Writes: nothing
 create or replace function awa._move_staged(xid xid8)
 returns bigint
 language plpgsql
@@ -375,6 +387,8 @@ $$;
 -- returns how many. Role: awa_producer.
 -- Errors: as awa.enqueue_batch, naming the bad row as "COPY row N (1-based)";
 --   the whole transaction's COPY then fails and nothing is enqueued.
+-- Calls: awa._move_staged
+-- Writes: nothing
 create or replace function awa.enqueue_copied()
 returns bigint
 language sql
@@ -392,6 +406,8 @@ $$;
 -- rows are moved by one of them, under the try-lock (awa._lock_class_copy(),
 -- low 31 bits of its xid)) and to interrupt: a row is moved and deleted in
 -- one transaction. Role: awa_maintenance. Returns how many rows it moved.
+-- Calls: awa._lock_class_copy, awa._move_staged
+-- Writes: nothing
 create or replace function awa.move_staged(max_transactions integer default 100)
 returns bigint
 language plpgsql
@@ -430,6 +446,8 @@ $$;
 -- Function: awa._note_copy() returns trigger
 -- After each COPY (or INSERT) statement into awa.copy_staging: records the
 -- transaction in awa.copy_pending, once, so that its commit trigger fires.
+-- Calls: nothing
+-- Writes: awa.copy_pending
 create or replace function awa._note_copy()
 returns trigger
 language plpgsql
@@ -447,6 +465,8 @@ $$;
 -- Deferred to commit: enqueues the rows the committing transaction left
 -- staged (none when it called awa.enqueue_copied()). An error here (a bad
 -- row) fails the commit, naming the row, and nothing is enqueued.
+-- Calls: awa._move_staged
+-- Writes: awa.copy_pending
 create or replace function awa._move_at_commit()
 returns trigger
 language plpgsql

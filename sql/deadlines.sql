@@ -16,11 +16,11 @@
 -- "full jitter"; the cap bounds every delay. Defaults: base 2 seconds, cap
 -- 1 hour, jitter 0.5. A queue's policy (awa.set_retry_policy) replaces any
 -- of the three.
---
--- Tables directly manipulated: awa.queue_meta.
 
 -- Function: awa._retry_default_base() returns interval
 -- The first retry's delay before jitter, unless the queue sets its own. Inlined.
+-- Calls: nothing
+-- Writes: nothing
 create or replace function awa._retry_default_base()
 returns interval
 language sql
@@ -31,6 +31,8 @@ $$;
 
 -- Function: awa._retry_default_cap() returns interval
 -- The longest retry delay, unless the queue sets its own. Inlined.
+-- Calls: nothing
+-- Writes: nothing
 create or replace function awa._retry_default_cap()
 returns interval
 language sql
@@ -42,6 +44,8 @@ $$;
 -- Function: awa._retry_default_jitter() returns numeric
 -- The share of a retry delay drawn at random, unless the queue sets its
 -- own. Inlined.
+-- Calls: nothing
+-- Writes: nothing
 create or replace function awa._retry_default_jitter()
 returns numeric
 language sql
@@ -58,6 +62,8 @@ $$;
 -- passes any cap. Inlined; immutable, as the caller draws the number.
 -- (OPERATOR() syntax gives every operator one precedence, left to right:
 -- hence the parentheses.)
+-- Calls: awa._retry_default_base, awa._retry_default_cap, awa._retry_default_jitter
+-- Writes: nothing
 create or replace function awa._retry_delay(
     attempt integer, base interval, cap interval, jitter numeric, draw double precision
 )
@@ -92,6 +98,8 @@ $$;
 -- Errors: 22023 base not above 0 or above 1 day, cap not above 0 or above
 -- 30 days, jitter outside 0 to 1, or base above cap (defaults applied);
 -- 42704 no such queue.
+-- Calls: awa._in_seconds, awa._queue_ids, awa._retry_default_base, awa._retry_default_cap
+-- Writes: awa.queue_meta
 create or replace function awa.set_retry_policy(
     queue text, base interval, cap interval, jitter numeric
 )
@@ -137,6 +145,8 @@ $$;
 -- stripe of a logical queue, from the next claim on (a running job keeps
 -- the deadline its claim gave it). Role: awa_operator.
 -- Errors: 22023 out of range; 42704 no such queue.
+-- Calls: awa._check_max_run_time, awa._in_seconds, awa._queue_ids
+-- Writes: awa.queue_meta
 create or replace function awa.set_max_run_time(queue text, max_run_time interval)
 returns void
 language plpgsql

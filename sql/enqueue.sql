@@ -40,6 +40,10 @@
 -- routing (a new queue, a partitioned or striped name), awa.scheduled for a
 -- job for later, and awa._take_lane (tests/test_path_differential.py
 -- compares the ways, with lanes held by another transaction).
+-- Calls: awa._check_job, awa._check_unique, awa._ensure_queue, awa._has_lane_memo, awa._in_turn,
+--   awa._insert_jobs, awa._job_ok, awa._key_shard, awa._lane_memo_name, awa._lane_wait_total,
+--   awa._lock_class_lane, awa._route_queue, awa._sticky, awa._take_lane, awa._take_unique_keys
+-- Writes: awa.ready, awa.scheduled
 create or replace function awa.enqueue(
     queue text,
     kind text,
@@ -230,6 +234,8 @@ $$;
 -- rows, hands the groups to awa._lock_lane_groups, which locks the lanes
 -- and reserves one sequence range per lane, and numbers each lane's rows
 -- in row order.
+-- Calls: awa._lock_lane_groups
+-- Writes: nothing
 create or replace function awa._lock_lanes(
     queue_ids integer[],
     priorities smallint[],
@@ -288,6 +294,8 @@ $$;
 -- duplicate of a unique key, awa._enqueue_rows). Returns the job ids in
 -- element order. The arrays come checked and one element per job, indexed
 -- from 1; the caller holds the lanes and reserved the sequence values.
+-- Calls: awa._in_seconds
+-- Writes: awa.ready, awa.scheduled
 create or replace function awa._insert_jobs(
     lanes integer[],
     seqs bigint[],
@@ -359,6 +367,10 @@ $$;
 -- (awa._take_unique_keys) before any lane is locked; a row whose key
 -- another job holds is written nowhere and returned as that job, with
 -- duplicate true.
+-- Calls: awa._check_job, awa._check_unique, awa._ensure_queue, awa._insert_jobs, awa._job_ok,
+--   awa._key_shard, awa._lock_lanes, awa._max_run_time_ok, awa._route_queue, awa._take_unique_keys,
+--   awa._unique_ok
+-- Writes: nothing
 create or replace function awa._enqueue_rows(
     queues text[],
     kinds text[],
@@ -519,6 +531,9 @@ $$;
 -- Errors: 22023 arrays of different lengths (naming them), an array with a
 --   second dimension or not indexed from 1 (naming it), bad elements (naming
 --   the 1-based index); 22004 null queue or kind elements.
+-- Calls: awa._enqueue_rows, awa._has_lane_memo, awa._job_ok, awa._lock_class_lane,
+--   awa._lock_lane_groups, awa._sticky
+-- Writes: awa.ready
 create or replace function awa.enqueue_batch(
     queues text[],
     kinds text[],
@@ -649,6 +664,8 @@ $$;
 -- queue's current S (a keyed job goes back to its key's shard). Role:
 -- awa_maintenance. Returns how many jobs it moved. Concurrent callers skip
 -- each other's rows.
+-- Calls: awa._insert_jobs, awa._key_shard, awa._lock_lanes
+-- Writes: awa.scheduled
 create or replace function awa.promote_due(max_jobs integer default 10000)
 returns integer
 language plpgsql

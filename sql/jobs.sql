@@ -29,15 +29,12 @@
 -- caller's lock_timeout bounds the wait) and then cancels the job where it
 -- is, running or, if the claim rolled back, still ready. The bulk
 -- awa.cancel_jobs skips such rows: they run.
---
--- Calls: awa._queue, awa._lane_states, awa._finish, awa._key_shard,
--- awa._lock_lanes, awa._insert_jobs.
--- Tables directly manipulated: awa.ready, awa.scheduled, awa.running,
--- awa.finished.
 
 -- Function: awa._check_job_state(state text) returns void
 -- Raises 22023 for a state that is not one of a job's six (null passes:
 -- the callers say what null means).
+-- Calls: nothing
+-- Writes: nothing
 create or replace function awa._check_job_state(state text)
 returns void
 language plpgsql
@@ -56,6 +53,8 @@ $$;
 
 -- Function: awa._check_max_jobs(what text, value integer) returns void
 -- Raises 22004 for null and 22023 outside 1 .. 100000, naming `what`.
+-- Calls: nothing
+-- Writes: nothing
 create or replace function awa._check_max_jobs(what text, value integer)
 returns void
 language plpgsql
@@ -80,6 +79,8 @@ $$;
 -- ready or running job its lane position. The keyed tables first; only a
 -- job in none of them costs the sequential scan of awa.ready (the LIMIT
 -- stops the scans at the first row). No row for an unknown or pruned job.
+-- Calls: nothing
+-- Writes: nothing
 create or replace function awa._job_at(id bigint)
 returns table (
     job_id bigint,
@@ -145,6 +146,8 @@ $$;
 -- sequential scan of awa.ready, which has no index on job_id (ADR 025).
 -- Role: awa_reader, awa_operator.
 -- Errors: 22004 null job_id.
+-- Calls: awa._job_at
+-- Writes: nothing
 create or replace function awa.job(job_id bigint)
 returns setof awa.job_info
 language plpgsql
@@ -184,6 +187,8 @@ $$;
 -- Role: awa_reader, awa_operator.
 -- Errors: 22004 null queue or max_jobs; 22023 an unknown state, max_jobs
 -- outside 1 .. 100000, a bad name; 42704 no such queue.
+-- Calls: awa._check_job_state, awa._check_max_jobs, awa._lane_states, awa._queue_ids
+-- Writes: nothing
 create or replace function awa.jobs(
     queue text,
     state text default null,
@@ -306,6 +311,8 @@ $$;
 -- Role: awa_reader, awa_operator.
 -- Errors: 22004 null queue, state or up_to; 22023 an unknown state, up_to
 -- outside 1 .. 100000, a bad name; 42704 no such queue.
+-- Calls: awa._check_job_state, awa._check_max_jobs, awa._lane_states, awa._queue_ids
+-- Writes: nothing
 create or replace function awa.count_jobs(
     queue text, state text, kind text default null, up_to integer default 10000
 )
@@ -376,6 +383,8 @@ $$;
 -- login), and the error of its last failed attempt, if it had one (without
 -- the note of an earlier cancel, for a job cancelled, retried and
 -- cancelled again).
+-- Calls: nothing
+-- Writes: nothing
 create or replace function awa._cancelled_error(last_error text)
 returns text
 language sql
@@ -395,6 +404,8 @@ $$;
 -- just deleted, through awa._finish (a row in the failed-and-cancelled
 -- ring, with the job's own max run time and unique key for a retry, one
 -- more on the queue's cancelled counter; the key, if any, given back).
+-- Calls: awa._cancelled_error, awa._finish
+-- Writes: nothing
 create or replace function awa._cancel_waiting(
     job_id bigint,
     queue_id integer,
@@ -439,6 +450,8 @@ $$;
 -- as awa.job (a ready job costs a sequential scan of awa.ready).
 -- Role: awa_operator.
 -- Errors: 22004 null job_id; 40001 the job moved on every look (retry).
+-- Calls: awa._cancel_waiting, awa._cancelled_error, awa._finish, awa._job_at
+-- Writes: awa.ready, awa.running, awa.scheduled
 create or replace function awa.cancel_job(job_id bigint)
 returns boolean
 language plpgsql
@@ -510,6 +523,8 @@ $$;
 -- Role: awa_operator.
 -- Errors: 22004 null queue or max_jobs; 22023 max_jobs outside 1 .. 100000,
 -- a bad name; 42704 no such queue.
+-- Calls: awa._cancel_waiting, awa._check_max_jobs, awa._lane_states, awa._queue_ids
+-- Writes: awa.ready, awa.scheduled
 create or replace function awa.cancel_jobs(
     queue text, kind text default null, max_jobs integer default 10000
 )
@@ -591,6 +606,8 @@ $$;
 -- rows written by awa._insert_jobs. A job whose unique key another job
 -- holds now stays where it is. Returns the ids of the jobs it put back. The
 -- arrays come one element per job, indexed from 1.
+-- Calls: awa._insert_jobs, awa._key_shard, awa._lock_lanes, awa._take_unique_keys
+-- Writes: nothing
 create or replace function awa._requeue(
     job_ids bigint[],
     queue_ids integer[],
@@ -672,6 +689,8 @@ $$;
 -- holds now (ADR 027).
 -- Role: awa_operator.
 -- Errors: 22004 null job_id.
+-- Calls: awa._requeue
+-- Writes: awa.finished
 create or replace function awa.retry_job(job_id bigint)
 returns boolean
 language plpgsql
@@ -722,6 +741,8 @@ $$;
 -- Role: awa_operator.
 -- Errors: 22004 null queue or max_jobs; 22023 max_jobs outside 1 .. 100000,
 -- a bad name; 42704 no such queue.
+-- Calls: awa._check_max_jobs, awa._queue_ids, awa._requeue, awa._unique_scope
+-- Writes: awa.finished
 create or replace function awa.retry_jobs(
     queue text, kind text default null, max_jobs integer default 10000
 )

@@ -36,6 +36,8 @@
 -- awa._take_lane and awa.enqueue set with every memo they write. The fast
 -- paths read it to
 -- know whether to leave the lane to awa._take_lane.
+-- Calls: nothing
+-- Writes: nothing
 create or replace function awa._has_lane_memo()
 returns boolean
 language sql
@@ -48,6 +50,8 @@ $$;
 -- Function: awa._lane_memo_name(queue_id integer, priority smallint) returns text
 -- The name of the transaction-local setting that holds the lane memo of
 -- (queue, priority): the shard of the lane this transaction writes to.
+-- Calls: nothing
+-- Writes: nothing
 create or replace function awa._lane_memo_name(queue_id integer, priority smallint)
 returns text
 language sql
@@ -60,6 +64,8 @@ $$;
 -- Function: awa._lane_seq_name(lane_id integer) returns text
 -- The name, in schema awa, of a lane's sequence (awa._provision_lanes
 -- creates it; awa.queue_meta.lane_seqs and awa.lanes.seq record it).
+-- Calls: nothing
+-- Writes: nothing
 create or replace function awa._lane_seq_name(lane_id integer)
 returns text
 language sql
@@ -75,6 +81,8 @@ $$;
 -- transaction-local setting awa.lane_lock_wait_us (read by the client for
 -- its metric only). A value the caller set that is not a count is taken as
 -- 0: it can only mislead the caller's own metric.
+-- Calls: nothing
+-- Writes: nothing
 create or replace function awa._lane_wait_total(started timestamptz, finished timestamptz)
 returns text
 language sql
@@ -93,6 +101,8 @@ $$;
 -- Takes a lane lock that a try has just failed to get, and adds the time
 -- spent waiting to awa.lane_lock_wait_us (awa._lane_wait_total). The
 -- uncontended path never comes here, so it reads no clock and sets nothing.
+-- Calls: awa._lane_wait_total, awa._lock_class_lane
+-- Writes: nothing
 create or replace function awa._wait_for_lane(lane_id integer)
 returns void
 language plpgsql
@@ -124,6 +134,8 @@ $$;
 -- shard (awa._sticky(S)); else wait for the first lane in that order above
 -- `above` (the caller guarantees one: its groups come in lane order).
 -- Errors: AW003 a lane missing (a bug: S promises its lanes exist).
+-- Calls: awa._in_turn, awa._lane_memo_name, awa._lock_class_lane, awa._sticky, awa._wait_for_lane
+-- Writes: nothing
 create or replace function awa._take_lane(
     lane_ids integer[],
     queue_id integer,
@@ -210,6 +222,8 @@ $$;
 -- Returns one element per group: its queue id, priority, key shard (-1 for
 -- unkeyed), lane, the lane's shard, and the first lane_seq of the lane's
 -- range, which covers every row of the call in that lane.
+-- Calls: awa._take_lane
+-- Writes: nothing
 create or replace function awa._lock_lane_groups(
     qids integer[],
     ps smallint[],

@@ -46,6 +46,8 @@
 -- go first, whether the n are lanes, partitions or stripes, so that one
 -- producer's unkeyed jobs keep to one of them and producers spread over
 -- all. Stable, not immutable: it reads the backend's pid.
+-- Calls: nothing
+-- Writes: nothing
 create or replace function awa._sticky(n integer)
 returns integer
 language sql
@@ -58,6 +60,8 @@ $$;
 -- The index this backend tries i-th among n (i = 0 .. n - 1): its sticky
 -- index first, then the next ones, wrapping. Every path that looks for a
 -- free lane walks them in this order.
+-- Calls: awa._sticky
+-- Writes: nothing
 create or replace function awa._in_turn(n integer, i integer)
 returns integer
 language sql
@@ -67,6 +71,10 @@ as $$
 $$;
 
 -- Function: awa._lock_class_lane() returns integer
+-- The advisory lock class of lanes, 'awaL': (class, lane id), held from
+-- before the lane's sequence advances until commit.
+-- Calls: nothing
+-- Writes: nothing
 create or replace function awa._lock_class_lane()
 returns integer
 language sql
@@ -76,6 +84,9 @@ as $$
 $$;
 
 -- Function: awa._lock_class_provisioning() returns integer
+-- The advisory lock class of creating queues and lanes, 'awaP': (class, 0).
+-- Calls: nothing
+-- Writes: nothing
 create or replace function awa._lock_class_provisioning()
 returns integer
 language sql
@@ -85,6 +96,9 @@ as $$
 $$;
 
 -- Function: awa._lock_class_autoscale() returns integer
+-- The advisory lock class of the auto-scaler tick's leader, 'awaA': (class, 0).
+-- Calls: nothing
+-- Writes: nothing
 create or replace function awa._lock_class_autoscale()
 returns integer
 language sql
@@ -94,6 +108,10 @@ as $$
 $$;
 
 -- Function: awa._lock_class_copy() returns integer
+-- The advisory lock class of the COPY movers, 'awaC': (class, xid), one mover
+-- per staging transaction.
+-- Calls: nothing
+-- Writes: nothing
 create or replace function awa._lock_class_copy()
 returns integer
 language sql
@@ -103,7 +121,10 @@ as $$
 $$;
 
 -- Function: awa._lock_class_prune() returns integer
--- Held by awa.prune_finished, so that one prune runs at a time.
+-- The advisory lock class of pruning, 'awaF': (class, 0), held by
+-- awa.prune_finished so that one prune runs at a time.
+-- Calls: nothing
+-- Writes: nothing
 create or replace function awa._lock_class_prune()
 returns integer
 language sql
@@ -113,6 +134,10 @@ as $$
 $$;
 
 -- Function: awa._lock_class_migrate() returns integer
+-- The advisory lock class of awa migrate, 'awaM': (class, 0) a run and
+-- (class, 1) each step; the runner keeps the number too.
+-- Calls: nothing
+-- Writes: nothing
 create or replace function awa._lock_class_migrate()
 returns integer
 language sql
@@ -123,6 +148,8 @@ $$;
 
 -- Function: awa._role_for(capability text) returns name
 -- The role bound to a capability in awa.role_binding.
+-- Calls: nothing
+-- Writes: nothing
 create or replace function awa._role_for(capability text)
 returns name
 language plpgsql
@@ -149,6 +176,8 @@ $$;
 -- given capabilities (none: only the owner may call it). Each file calls it
 -- once for every routine it defines, in one block at its end or after the
 -- function; awa._assert_security() refuses a routine that was left out.
+-- Calls: awa._role_for
+-- Writes: nothing
 create or replace function awa._grant_execute(
     routine regprocedure, variadic capabilities text[] default '{}'
 )
@@ -170,6 +199,8 @@ $$;
 
 -- Function: awa._grant_select(relation regclass, variadic capabilities text[])
 -- Grants SELECT on a view or table to the roles bound to the capabilities.
+-- Calls: awa._role_for
+-- Writes: nothing
 create or replace function awa._grant_select(
     relation regclass, variadic capabilities text[] default '{}'
 )
@@ -190,6 +221,8 @@ $$;
 
 -- Function: awa._grant_insert(relation regclass, columns text[], variadic capabilities text[])
 -- Grants INSERT on some columns of a table to the roles bound to the capabilities.
+-- Calls: awa._role_for
+-- Writes: nothing
 create or replace function awa._grant_insert(
     relation regclass, columns text[], variadic capabilities text[]
 )
@@ -213,6 +246,8 @@ $$;
 -- Function: awa._assert_security() returns void
 -- The invariants every install and upgrade must leave behind. Raises AW001,
 -- naming the offending objects, so the migration transaction rolls back.
+-- Calls: awa._role_for
+-- Writes: nothing
 create or replace function awa._assert_security()
 returns void
 language plpgsql

@@ -16,6 +16,8 @@
 -- reserved for stripes (name#0, name#1, ...). Anything else is allowed:
 -- quotes, ';', spaces, newlines, any script. Names are compared byte for
 -- byte, so NFC and NFD spellings are two queues. False for null.
+-- Calls: nothing
+-- Writes: nothing
 create or replace function awa._queue_name_ok(queue text)
 returns boolean
 language sql
@@ -28,6 +30,8 @@ $$;
 
 -- Function: awa._priority_ok(priority smallint) returns boolean
 -- 1 (highest) to 4 (lowest). False for null.
+-- Calls: nothing
+-- Writes: nothing
 create or replace function awa._priority_ok(priority smallint)
 returns boolean
 language sql
@@ -40,6 +44,8 @@ $$;
 
 -- Function: awa._max_attempts_ok(max_attempts integer) returns boolean
 -- 1 to 1000. False for null.
+-- Calls: nothing
+-- Writes: nothing
 create or replace function awa._max_attempts_ok(max_attempts integer)
 returns boolean
 language sql
@@ -54,6 +60,8 @@ $$;
 -- The row check of every enqueue path: a valid queue name, a kind, a valid
 -- priority and max_attempts. Paths that default a null element (batch,
 -- COPY) pass the defaulted value.
+-- Calls: awa._max_attempts_ok, awa._priority_ok, awa._queue_name_ok
+-- Writes: nothing
 create or replace function awa._job_ok(
     queue text, kind text, priority smallint, max_attempts integer
 )
@@ -70,6 +78,8 @@ $$;
 -- of awa._job_ok: the fast paths serve only jobs that carry none (a null
 -- test costs them nothing, two interval comparisons would), and test this
 -- where a job carries one.
+-- Calls: nothing
+-- Writes: nothing
 create or replace function awa._max_run_time_ok(max_run_time interval)
 returns boolean
 language sql
@@ -85,6 +95,8 @@ $$;
 -- form every max run time is stored in: a deadline is claimed_at plus it
 -- whatever the session's time zone, where a '1 day' would be 23 or 25 hours
 -- across a daylight-saving change.
+-- Calls: nothing
+-- Writes: nothing
 create or replace function awa._in_seconds(duration interval)
 returns interval
 language sql
@@ -97,6 +109,8 @@ $$;
 -- Function: awa._check_queue_name(queue text) returns void
 -- Raises the error for a name awa._queue_name_ok refuses: 22004 for null,
 -- else 22023.
+-- Calls: awa._queue_name_ok
+-- Writes: nothing
 create or replace function awa._check_queue_name(queue text)
 returns void
 language plpgsql
@@ -124,6 +138,8 @@ $$;
 
 -- Function: awa._check_priority(priority smallint) returns void
 -- Raises 22023 for a priority awa._priority_ok refuses.
+-- Calls: awa._priority_ok
+-- Writes: nothing
 create or replace function awa._check_priority(priority smallint)
 returns void
 language plpgsql
@@ -143,6 +159,9 @@ $$;
 -- Raises the error for the first part of a row awa._job_ok or
 -- awa._max_run_time_ok refuses, in the order queue, kind, priority,
 -- max_attempts, max_run_time; returns for a row they accept.
+-- Calls: awa._check_max_run_time, awa._check_priority, awa._check_queue_name, awa._job_ok,
+--   awa._max_attempts_ok, awa._max_run_time_ok
+-- Writes: nothing
 create or replace function awa._check_job(
     queue text, kind text, priority smallint, max_attempts integer,
     max_run_time interval default null
@@ -174,6 +193,8 @@ $$;
 
 -- Function: awa._check_max_run_time(max_run_time interval) returns void
 -- Raises 22023 for a max run time awa._max_run_time_ok refuses.
+-- Calls: awa._max_run_time_ok
+-- Writes: nothing
 create or replace function awa._check_max_run_time(max_run_time interval)
 returns void
 language plpgsql
@@ -197,6 +218,8 @@ $$;
 -- for another transaction and leaves no dead row. A queue that already had
 -- terminal jobs (an upgrade) starts at their count. The caller holds the
 -- provisioning lock, or runs in the function layer's transaction.
+-- Calls: nothing
+-- Writes: awa.queue_meta
 create or replace function awa._provision_counters(queue_id integer)
 returns void
 language plpgsql
@@ -234,6 +257,8 @@ $$;
 -- them in the queue's awa.queue_meta.lane_ids and lane_seqs; and the
 -- queue's terminal counters (awa._provision_counters) when it has none.
 -- Returns how many lanes it created. The caller holds the provisioning lock.
+-- Calls: awa._lane_seq_name, awa._provision_counters
+-- Writes: awa.lanes, awa.queue_meta
 create or replace function awa._provision_lanes(queue_id integer, shards integer)
 returns integer
 language plpgsql
@@ -284,6 +309,8 @@ $$;
 -- The queue's settings row; a queue seen for the first time is created with
 -- S = 1 and its four lanes, under the provisioning lock so that concurrent
 -- first enqueues cannot race.
+-- Calls: awa._check_queue_name, awa._lock_class_provisioning, awa._provision_lanes
+-- Writes: awa.queue_meta
 create or replace function awa._ensure_queue(queue text)
 returns awa.queue_meta
 language plpgsql
@@ -313,6 +340,8 @@ $$;
 -- created with the logical queue's S, pause state, max run time, retry
 -- policy, retention and lanes when missing; an existing ordinary queue of that name
 -- joins it.
+-- Calls: awa._ensure_queue, awa._lock_class_provisioning, awa._provision_lanes
+-- Writes: awa.queue_meta
 create or replace function awa._ensure_linked(physical text, logical text, is_stripe boolean)
 returns awa.queue_meta
 language plpgsql
@@ -350,6 +379,8 @@ $$;
 
 -- Function: awa._ensure_stripe(logical text, stripe integer) returns awa.queue_meta
 -- Stripe k of a logical queue: logical#k.
+-- Calls: awa._ensure_linked
+-- Writes: nothing
 create or replace function awa._ensure_stripe(logical text, stripe integer)
 returns awa.queue_meta
 language sql
@@ -360,6 +391,8 @@ $$;
 
 -- Function: awa._ensure_partition(logical text, partition integer) returns awa.queue_meta
 -- Partition k > 0 of a logical queue: logical__pk.
+-- Calls: awa._ensure_linked
+-- Writes: nothing
 create or replace function awa._ensure_partition(logical text, partition integer)
 returns awa.queue_meta
 language sql
@@ -373,6 +406,8 @@ $$;
 -- (by the partition hash, or this backend's sticky partition when
 -- unkeyed), then that partition's stripe. The ordering key goes on
 -- unchanged, so inside the partition it picks the shard.
+-- Calls: awa._ensure_partition, awa._pick_stripe, awa._sticky, awa.partition_for_ordering_key
+-- Writes: nothing
 create or replace function awa._route_queue(anchor awa.queue_meta, ordering_key bytea)
 returns awa.queue_meta
 language plpgsql
@@ -400,6 +435,8 @@ $$;
 -- The physical queue a new job of a logical queue goes to: the queue itself
 -- when it has one stripe; else the key's stripe, or this backend's sticky
 -- stripe for an unkeyed job.
+-- Calls: awa._ensure_stripe, awa._sticky, awa.stripe_for_ordering_key
+-- Writes: nothing
 create or replace function awa._pick_stripe(anchor awa.queue_meta, ordering_key bytea)
 returns awa.queue_meta
 language plpgsql
@@ -424,6 +461,8 @@ $$;
 -- Every physical queue of a logical name: its own row, its partitions and
 -- all their stripes, the current ones created when missing. Locked against
 -- concurrent changes.
+-- Calls: awa._ensure_partition, awa._ensure_queue, awa._ensure_stripe
+-- Writes: nothing
 create or replace function awa._physical_queues(queue text)
 returns setof awa.queue_meta
 language plpgsql
@@ -460,6 +499,8 @@ $$;
 
 -- Function: awa._queue(queue text) returns awa.queue_meta
 -- The settings row of an existing queue, or 42704 naming it.
+-- Calls: awa._check_queue_name
+-- Writes: nothing
 create or replace function awa._queue(queue text)
 returns awa.queue_meta
 language plpgsql
@@ -484,6 +525,8 @@ $$;
 -- and their stripes, by queue_id. What every operator call that takes a
 -- logical name acts on. Errors: 22004 null, 22023 a bad name, 42704 no such
 -- queue (awa._queue).
+-- Calls: awa._queue
+-- Writes: nothing
 create or replace function awa._queue_ids(queue text)
 returns integer[]
 language plpgsql

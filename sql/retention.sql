@@ -9,12 +9,11 @@
 -- to, after copying the rows still within their queue's retention into the
 -- current slot. No row-by-row DELETE, so nothing for vacuum to chase and no
 -- bloat, whatever a held snapshot does.
---
--- Calls: awa._finished_slot, awa._retention, awa._lock_class_prune.
--- Tables directly manipulated: awa.finished (its partitions), awa.queue_meta.
 
 -- Function: awa._finished_slot_seconds(state text) returns integer
 -- How long a slot of the state's ring is written to. Inlined.
+-- Calls: nothing
+-- Writes: nothing
 create or replace function awa._finished_slot_seconds(state text)
 returns integer
 language sql
@@ -25,6 +24,8 @@ $$;
 
 -- Function: awa._finished_ring_slots() returns integer
 -- Slots per ring. Inlined.
+-- Calls: nothing
+-- Writes: nothing
 create or replace function awa._finished_ring_slots()
 returns integer
 language sql
@@ -39,6 +40,8 @@ $$;
 -- `at` falls in, modulo the ring. Every INSERT into awa.finished uses it.
 -- Inlined; stable, not immutable, as the epoch of a timestamptz is (an
 -- immutable SQL function whose body is not would not be inlined).
+-- Calls: awa._finished_ring_slots, awa._finished_slot_seconds
+-- Writes: nothing
 create or replace function awa._finished_slot(state text, at timestamptz)
 returns smallint
 language sql
@@ -59,6 +62,8 @@ $$;
 -- How long a terminal job in `state` is kept, given its queue's settings
 -- (awa.queue_meta.retain_completed, retain_failed; null: the defaults, 24
 -- hours completed, 7 days failed and cancelled). Inlined.
+-- Calls: nothing
+-- Writes: nothing
 create or replace function awa._retention(
     state text, retain_completed interval, retain_failed interval
 )
@@ -78,6 +83,8 @@ $$;
 -- Role: awa_operator.
 -- Errors: 22023 a retention not above 0 or above 10 years; 42704 no such
 -- queue.
+-- Calls: awa._queue_ids
+-- Writes: awa.queue_meta
 create or replace function awa.set_retention(queue text, completed interval, failed interval)
 returns void
 language plpgsql
@@ -106,6 +113,8 @@ $$;
 -- its lock can be had at once; returns how many jobs it removed (rows
 -- copied to the current slot do not count). The caller holds the prune
 -- lock.
+-- Calls: awa._finished_ring_slots, awa._finished_slot, awa._finished_slot_seconds, awa._retention
+-- Writes: awa.finished (dynamic)
 create or replace function awa._prune_slot(slot integer)
 returns bigint
 language plpgsql
@@ -182,6 +191,8 @@ $$;
 -- once an hour.
 -- Role: awa_maintenance.
 -- Returns: how many jobs it removed.
+-- Calls: awa._finished_ring_slots, awa._lock_class_prune, awa._prune_slot
+-- Writes: nothing
 create or replace function awa.prune_finished()
 returns bigint
 language plpgsql

@@ -8,6 +8,8 @@
 -- Function: awa._hash64_limbs(key bytea) returns bigint[]
 -- hash64 as {high 32 bits, low 32 bits}: h = 14695981039346656037, then for
 -- each byte h = h * 1099511628211 + b. 1099511628211 = 256 * 2^32 + 435.
+-- Calls: nothing
+-- Writes: nothing
 create or replace function awa._hash64_limbs(key bytea)
 returns bigint[]
 language plpgsql
@@ -41,6 +43,8 @@ $$;
 
 -- Function: awa._limbs_mod(limbs bigint[], m integer) returns integer
 -- (hi * 2^32 + lo) mod m without leaving bigint.
+-- Calls: nothing
+-- Writes: nothing
 create or replace function awa._limbs_mod(limbs bigint[], m integer)
 returns integer
 language sql
@@ -51,6 +55,9 @@ as $$
 $$;
 
 -- Function: awa._limbs_numeric(limbs bigint[]) returns numeric
+-- The two limbs as one unsigned 64-bit number: hi * 2^32 + lo.
+-- Calls: nothing
+-- Writes: nothing
 create or replace function awa._limbs_numeric(limbs bigint[])
 returns numeric
 language sql
@@ -64,6 +71,8 @@ $$;
 -- v = hash64(key) xor salt, then the splitmix64 finaliser. Shifts and xors
 -- run on the limbs; the two 64-bit multiplications run in numeric (two per
 -- key, cheap).
+-- Calls: awa._hash64_limbs
+-- Writes: nothing
 create or replace function awa._mix_limbs(key bytea, salt_hi bigint, salt_lo bigint)
 returns bigint[]
 language plpgsql
@@ -99,6 +108,8 @@ $$;
 
 -- Function: awa._partition_limbs(key bytea) returns bigint[]
 -- The partition hash: salt 0x9d4d1b2f53a70c91.
+-- Calls: awa._mix_limbs
+-- Writes: nothing
 create or replace function awa._partition_limbs(key bytea)
 returns bigint[]
 language sql
@@ -113,6 +124,8 @@ $$;
 -- of the shard hash and the partition hash (salt 0x6a09e667f3bcc909), so
 -- that stripes, partitions and shards do not correlate. awa-sql's own;
 -- stripes are internal storage, not part of Awa's routing contract.
+-- Calls: awa._limbs_mod, awa._mix_limbs
+-- Writes: nothing
 create or replace function awa.stripe_for_ordering_key(key bytea, stripes integer)
 returns integer
 language sql
@@ -127,6 +140,8 @@ $$;
 
 -- Function: awa.ordering_key_hash64(key bytea) returns numeric
 -- The unsigned 64-bit ordering-key hash.
+-- Calls: awa._hash64_limbs, awa._limbs_numeric
+-- Writes: nothing
 create or replace function awa.ordering_key_hash64(key bytea)
 returns numeric
 language sql
@@ -141,6 +156,8 @@ $$;
 -- PL/pgSQL calling PL/pgSQL; a chain of SQL-language helpers cost three
 -- times as much. When shards is a power of two it divides 2^64, so only
 -- hash64 mod 64 matters: six bits of state, four bytes per step, no limbs.
+-- Calls: awa._hash64_limbs
+-- Writes: nothing
 create or replace function awa._key_shard(key bytea, shards integer)
 returns smallint
 language plpgsql
@@ -175,6 +192,8 @@ $$;
 
 -- Function: awa.shard_for_ordering_key(key bytea, shards integer) returns smallint
 -- 0 when shards <= 1, else hash64(key) mod shards.
+-- Calls: awa._key_shard
+-- Writes: nothing
 create or replace function awa.shard_for_ordering_key(key bytea, shards integer)
 returns smallint
 language plpgsql
@@ -187,6 +206,9 @@ end;
 $$;
 
 -- Function: awa.partition_hash64(key bytea) returns numeric
+-- The unsigned 64-bit partition hash.
+-- Calls: awa._limbs_numeric, awa._partition_limbs
+-- Writes: nothing
 create or replace function awa.partition_hash64(key bytea)
 returns numeric
 language sql
@@ -198,6 +220,8 @@ $$;
 
 -- Function: awa.partition_for_ordering_key(key bytea, partitions integer) returns integer
 -- 0 when partitions <= 1, else partition_hash64(key) mod partitions.
+-- Calls: awa._limbs_mod, awa._partition_limbs
+-- Writes: nothing
 create or replace function awa.partition_for_ordering_key(key bytea, partitions integer)
 returns integer
 language sql
@@ -212,6 +236,8 @@ $$;
 
 -- Function: awa.partition_queue_names(logical_queue text, partitions integer) returns text[]
 -- [name] for one partition, else [name, name__p1, ..., name__p(P-1)].
+-- Calls: nothing
+-- Writes: nothing
 create or replace function awa.partition_queue_names(logical_queue text, partitions integer)
 returns text[]
 language plpgsql

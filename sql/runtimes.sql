@@ -3,6 +3,8 @@
 -- Function: awa._record_change_lanes() returns trigger
 -- After a row lands in awa.shard_changes: record where each lane of that
 -- queue stands, in the same transaction as the change.
+-- Calls: nothing
+-- Writes: awa.shard_change_lanes
 create or replace function awa._record_change_lanes()
 returns trigger
 language plpgsql
@@ -26,6 +28,8 @@ for each row execute function awa._record_change_lanes();
 
 -- Function: awa._shards_at(queue text, at timestamptz) returns smallint
 -- The S a physical queue had at a moment, from its change history.
+-- Calls: nothing
+-- Writes: nothing
 create or replace function awa._shards_at(queue text, at timestamptz)
 returns smallint
 language sql
@@ -55,6 +59,8 @@ select awa._grant_execute('awa._shards_at(text, timestamptz)');
 -- returns how many. Roles: awa_producer, awa_worker.
 -- Errors: 22023 bad kind, pid, in_flight, text length or activity;
 --   22004 nulls; 42501 the instance belongs to another login.
+-- Calls: awa._shards_at
+-- Writes: awa.runtime_queues, awa.runtimes
 create or replace function awa.publish_runtime(
     instance_id uuid, kind text, host text, pid integer, version text,
     in_flight integer, activity jsonb
@@ -131,6 +137,8 @@ select awa._grant_execute(
 
 -- Function: awa.remove_runtime(instance_id uuid) returns boolean
 -- A runtime stopping cleanly removes its snapshot. Roles: awa_producer, awa_worker.
+-- Calls: nothing
+-- Writes: awa.runtimes
 create or replace function awa.remove_runtime(instance_id uuid)
 returns boolean
 language sql

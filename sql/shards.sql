@@ -3,6 +3,8 @@
 -- Function: awa.enqueue_shards(queue text) returns smallint
 -- The queue's current S. Roles: every awa role.
 -- Errors: 42704 unknown queue; 22004/22023 bad name.
+-- Calls: awa._queue
+-- Writes: nothing
 create or replace function awa.enqueue_shards(queue text)
 returns smallint
 language sql
@@ -16,6 +18,8 @@ $$;
 -- Function: awa._check_range(what text, value integer, max_value integer)
 -- A setting in 1..max_value: 22004 when null, 22023 naming the value and
 -- the range otherwise.
+-- Calls: nothing
+-- Writes: nothing
 create or replace function awa._check_range(what text, value integer, max_value integer)
 returns void
 language plpgsql
@@ -35,6 +39,8 @@ $$;
 
 -- Function: awa._require_primary(action text)
 -- Every change to queue settings happens on the primary: 25006 on a standby.
+-- Calls: nothing
+-- Writes: nothing
 create or replace function awa._require_primary(action text)
 returns void
 language plpgsql
@@ -53,6 +59,8 @@ $$;
 -- Function: awa._check_layout_change(queue text, what text, value integer, max_value integer)
 -- The checks every change of a queue's layout (S, stripes, partitions) makes
 -- first: a value in 1..max_value, a primary server, a valid queue name.
+-- Calls: awa._check_queue_name, awa._check_range, awa._require_primary
+-- Writes: nothing
 create or replace function awa._check_layout_change(
     queue text, what text, value integer, max_value integer
 )
@@ -75,6 +83,9 @@ $$;
 -- blocked), provision every priority x shard lane of each when raising, then
 -- update S. Producers read S per statement, so none can see the new S
 -- before its lanes exist, and every producer sees it at this commit.
+-- Calls: awa._check_layout_change, awa._lock_class_provisioning, awa._physical_queues,
+--   awa._provision_lanes
+-- Writes: awa.queue_meta, awa.shard_changes
 create or replace function awa._set_enqueue_shards(queue text, shards integer, source text)
 returns table (
     physical_queue text, old_shards smallint, new_shards smallint, lanes_created integer
@@ -120,6 +131,8 @@ $$;
 --   new_shards, lanes_created).
 -- Errors: 22004 null shards; 22023 out of range or bad queue name;
 --   25006 on a standby.
+-- Calls: awa._set_enqueue_shards
+-- Writes: nothing
 create or replace function awa.set_enqueue_shards(queue text, shards integer)
 returns table (
     physical_queue text, old_shards smallint, new_shards smallint, lanes_created integer
@@ -149,6 +162,8 @@ select awa._grant_execute('awa.set_enqueue_shards(text, integer)', 'operator');
 -- raise S first, then partition. Role: awa_operator.
 -- Returns one row per physical queue that new enqueues now use.
 -- Errors: 22004 null; 22023 out of range (1..64) or bad name; 25006 standby.
+-- Calls: awa._check_layout_change, awa._ensure_queue, awa._physical_queues
+-- Writes: awa.queue_meta
 create or replace function awa.set_queue_stripes(queue text, stripes integer)
 returns table (physical_queue text, enqueue_shards smallint, lanes integer)
 language plpgsql
@@ -189,6 +204,9 @@ select awa._grant_execute('awa.set_queue_stripes(text, integer)', 'operator');
 -- and per-key order returns once the old partitions drain (ADR 004).
 -- Role: awa_operator. Returns one row per partition.
 -- Errors: 22004 null; 22023 out of range (1..32767) or bad name; 25006 standby.
+-- Calls: awa._check_layout_change, awa._ensure_partition, awa._ensure_queue,
+--   awa.partition_queue_names
+-- Writes: awa.queue_meta
 create or replace function awa.set_queue_partitions(queue text, partitions integer)
 returns table (partition integer, physical_queue text)
 language plpgsql

@@ -4,17 +4,16 @@
 -- scheduled, ready or running, and for its unique window after it
 -- completes; another enqueue of the key to the same logical queue inserts
 -- nothing and reports the holder (awa.enqueued.duplicate). Keys are taken
--- by awa._take_unique_keys, the one home of the rule, from the general
--- multi-row enqueue (awa._enqueue_rows: awa.enqueue with a key, the batch
--- and COPY) and from the retries of the job tools; they are given back by
+-- by awa._take_unique_keys, the one home of the rule, from awa.enqueue's
+-- general way, the general multi-row enqueue (awa._enqueue_rows: the batch
+-- and COPY) and the retries of the job tools; they are given back by
 -- awa._release_unique_key when a job ends (awa.complete, awa._finish).
---
--- Calls: nothing outside this file.
--- Tables directly manipulated: awa.unique_keys, awa.queue_meta (unique_jobs).
 
 -- Function: awa._unique_scope(queue text, root_queue text) returns text
 -- The logical queue a unique key is unique in: the top name of a
 -- physical queue's partitions and stripes. Inlined.
+-- Calls: nothing
+-- Writes: nothing
 create or replace function awa._unique_scope(queue text, root_queue text)
 returns text
 language sql
@@ -26,6 +25,8 @@ $$;
 -- Function: awa._unique_ok(unique_key bytea, unique_window interval) returns boolean
 -- A job's unique key and window: no key and no window, or a key of 1 to
 -- 1024 bytes with no window or one of 1 second to 365 days. Inlined.
+-- Calls: nothing
+-- Writes: nothing
 create or replace function awa._unique_ok(unique_key bytea, unique_window interval)
 returns boolean
 language sql
@@ -44,6 +45,8 @@ $$;
 -- Function: awa._check_unique(unique_key bytea, unique_window interval) returns void
 -- Raises the error for what awa._unique_ok refuses: 22023 naming the value
 -- and the allowed range.
+-- Calls: awa._unique_ok
+-- Writes: nothing
 create or replace function awa._check_unique(unique_key bytea, unique_window interval)
 returns void
 language plpgsql
@@ -82,6 +85,8 @@ $$;
 -- caller's commit). Marks the queues that now have keyed jobs
 -- (awa.queue_meta.unique_jobs). The arrays come checked, one element per
 -- job, indexed from 1.
+-- Calls: awa._unique_scope
+-- Writes: awa.queue_meta, awa.unique_keys
 create or replace function awa._take_unique_keys(
     unique_keys bytea[],
     job_ids bigint[],
@@ -143,6 +148,8 @@ $$;
 -- completed job with a unique window once the window has passed. Returns
 -- the key and window the job held (no row when it held none), which a
 -- failed or cancelled job keeps for a retry.
+-- Calls: nothing
+-- Writes: awa.unique_keys
 create or replace function awa._release_unique_key(job_id bigint, completed boolean)
 returns table (unique_key bytea, unique_window interval)
 language plpgsql
@@ -174,6 +181,8 @@ $$;
 -- enqueue of its key anyway: this keeps the table to the keys held.
 -- Role: awa_maintenance. Returns how many rows it removed.
 -- Errors: 22023 max_keys null or below 0.
+-- Calls: nothing
+-- Writes: awa.unique_keys
 create or replace function awa.prune_unique_keys(max_keys integer default 10000)
 returns bigint
 language plpgsql

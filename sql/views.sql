@@ -4,6 +4,8 @@
 -- Function: awa._lane_next_seq(lane_id integer) returns bigint
 -- The lane_seq the lane's next job will get. A definer because reading a
 -- sequence needs a privilege on it, which only the owner role has.
+-- Calls: nothing
+-- Writes: nothing
 create or replace function awa._lane_next_seq(lane_id integer)
 returns bigint
 language sql
@@ -28,6 +30,8 @@ select awa._grant_execute('awa._lane_next_seq(integer)', 'reader', 'operator');
 -- rolled back after that row (exact counts: awa.queue_counts). A definer:
 -- reading a sequence needs a privilege only the owner role has.
 -- Role: awa_reader, awa_operator.
+-- Calls: nothing
+-- Writes: nothing
 create or replace function awa._lane_states(queue_id integer)
 returns table (
     lane_id integer,
@@ -98,6 +102,8 @@ $$;
 -- same reason as awa._lane_states, and to apply awa._retention, which only
 -- the owner may call.
 -- Role: awa_reader, awa_operator.
+-- Calls: awa._retention
+-- Writes: nothing
 create or replace function awa._finished_totals(queue_id integer)
 returns table (
     completed bigint,
@@ -129,6 +135,8 @@ select awa._grant_execute('awa._finished_totals(integer)', 'reader', 'operator')
 -- defaults applied (sql/deadlines.sql). A definer, to apply the defaults,
 -- which only the owner may call.
 -- Role: awa_reader, awa_operator.
+-- Calls: awa._retry_default_base, awa._retry_default_cap, awa._retry_default_jitter
+-- Writes: nothing
 create or replace function awa._run_policy(queue_id integer)
 returns table (
     max_run_time interval,
@@ -224,6 +232,8 @@ comment on view awa.queue_overview is
 -- with the backlog and the history: for a dashboard, use
 -- awa.queue_overview; call this on purpose.
 -- Role: awa_reader, awa_operator.
+-- Calls: nothing
+-- Writes: nothing
 create or replace function awa.queue_counts(queue text)
 returns table (
     queue text,
