@@ -1,9 +1,13 @@
-"""Fixtures: a real PostgreSQL 17 and 18 per test session, a fresh database per test."""
+"""Fixtures: a real PostgreSQL 17 and 18 per test session, a fresh database per test.
+
+Under pytest-xdist (``make test`` runs ``-n 2 --dist loadgroup``) each version's
+tests form one group, so one worker holds the PostgreSQL 17 server and the other
+the 18 one; tests of no version go to either.
+"""
 
 from __future__ import annotations
 
 import shutil
-import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +18,7 @@ import pytest
 from awa_sql import migrate
 from awa_sql.roles import Roles
 from tests.support import pgbouncer as bouncer
+from tests.support import scratch
 from tests.support.cluster import Cluster, start_cluster
 from tests.support.database import Database
 from tests.support.jobs import Logins
@@ -30,10 +35,12 @@ VERSIONS = [
 def cluster(request) -> Iterator[Cluster]:
     # Not pytest's tmp_path: it is private to root, and the server may run as
     # an unprivileged OS user.
-    workdir = Path(tempfile.mkdtemp(prefix=f"awa-sql-pg{request.param}-"))
+    workdir = scratch.mkdtemp(f"awa-sql-pg{request.param}-")
     c = start_cluster(request.param, workdir)
     with c.admin() as conn:
         _SERVERS_SEEN[c.major] = conn.execute("show server_version").fetchone()[0]
+    if hasattr(request.config, "workeroutput"):  # an xdist worker: for the controller
+        request.config.workeroutput["awa_servers"] = dict(_SERVERS_SEEN)
     yield c
     if c.stop:
         c.stop()
@@ -47,7 +54,7 @@ def pgbouncer(cluster: Cluster) -> Iterator[bouncer.PgBouncer]:
     if cluster.server is None:
         pytest.skip("PgBouncer fronts the suite's own servers; this one came from a DSN "
                     "or a container")
-    workdir = Path(tempfile.mkdtemp(prefix=f"awa-sql-pgbouncer{cluster.major}-"))
+    workdir = scratch.mkdtemp(f"awa-sql-pgbouncer{cluster.major}-")
     try:
         b = bouncer.start(cluster.server.port, workdir, cluster.server.superuser)
     except bouncer.PgBouncerError as err:
@@ -90,6 +97,24 @@ def logins(db: Database) -> Logins:
 def role_prefix() -> str:
     """A fresh prefix, for tests that need roles of their own in the shared cluster."""
     return f"r{uuid.uuid4().hex[:8]}_"
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(config, items):
+    """In an xdist worker, one group per PostgreSQL version: its tests, and so its
+    session fixtures (``cluster``, ``template_db``, ``pgbouncer``), stay in one worker."""
+    if not hasattr(config, "workerinput"):
+        return
+    for item in items:
+        for major in (17, 18):
+            if item.get_closest_marker(f"pg{major}"):
+                item.add_marker(pytest.mark.xdist_group(f"pg{major}"))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """The controller of an xdist run: the servers its worker reached."""
+    _SERVERS_SEEN.update(getattr(node, "workeroutput", {}).get("awa_servers", {}))
 
 
 def pytest_terminal_summary(terminalreporter):
