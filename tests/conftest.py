@@ -7,6 +7,7 @@ the 18 one; tests of no version go to either.
 
 from __future__ import annotations
 
+import re
 import shutil
 import uuid
 from collections.abc import Iterator
@@ -99,16 +100,31 @@ def role_prefix() -> str:
     return f"r{uuid.uuid4().hex[:8]}_"
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
-def pytest_collection_modifyitems(config, items):
-    """In an xdist worker, one group per PostgreSQL version: its tests, and so its
-    session fixtures (``cluster``, ``template_db``, ``pgbouncer``), stay in one worker."""
-    if not hasattr(config, "workerinput"):
-        return
-    for item in items:
-        for major in (17, 18):
-            if item.get_closest_marker(f"pg{major}"):
-                item.add_marker(pytest.mark.xdist_group(f"pg{major}"))
+# A versioned test's id starts with its version: test_x[pg17], test_y[pg18-S4].
+_VERSION_ID = re.compile(r"\[(" + "|".join(re.escape(v.id) for v in VERSIONS) + r")[\]-]")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadgroup`` with one group per PostgreSQL version, so that each
+    version's tests, and its session fixtures (``cluster``, ``template_db``,
+    ``pgbouncer``), stay in one worker; tests of no version go to either.
+
+    Not ``xdist_group`` marks added at collection: pytest-xdist 3.8 applies them
+    by rewriting each item's node id, which pytest 9.2 ignores, so the marks
+    silently group nothing (pytest-xdist issue 1386). The scheduler reads the
+    version from the node id instead."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class ByVersion(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            if m := _VERSION_ID.search(nodeid):
+                return m[1]
+            return super()._split_scope(nodeid)
+
+    return ByVersion(config, log)
 
 
 @pytest.hookimpl(optionalhook=True)
