@@ -91,7 +91,8 @@ def empty_db(cluster: Cluster) -> Iterator[Database]:
 @pytest.fixture
 def logins(db: Database) -> Logins:
     """A new login for each runtime role of ``db``."""
-    return Logins(**{cap: db.login_role(f"awa_{cap}") for cap in Logins.__dataclass_fields__})
+    caps = list(Logins.__dataclass_fields__)
+    return Logins(**dict(zip(caps, db.login_roles(*(f"awa_{cap}" for cap in caps)), strict=True)))
 
 
 @pytest.fixture
