@@ -3,10 +3,11 @@
 The suite creates and drops a database per test, a few hundred files each time.
 On ext4 without a journal (the root file system of this project's machines),
 allocating an inode skips the inodes freed in the last minutes
-(``recently_deleted`` in the kernel), so every ``create database`` gets slower
-as the suite goes on: 20 ms at first, 400-650 ms after a few hundred tests, most
-of it in the kernel. On tmpfs it stays at 20 ms. The servers run with
-``fsync=off`` and are thrown away, so memory is all they need.
+(``recently_deleted`` in the kernel), so ``create database`` slows down as
+files come and go: 400-650 ms a clone of the migrated template once the suite
+(and whatever else runs) has churned for a while, nearly all of it in the
+kernel, against 20-50 ms on tmpfs. The servers run with ``fsync=off`` and are
+thrown away, so memory is all they need: about 0.5 GB at the peak of a run.
 
 ``AWA_TEST_TMPDIR`` names the folder to use instead; otherwise ``/dev/shm`` when
 it is a tmpfs with room, else the usual temporary folder. A server whose test is
