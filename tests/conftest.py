@@ -1,9 +1,14 @@
-"""Fixtures: a real PostgreSQL 17 and 18 per test session, a fresh database per test."""
+"""Fixtures: a real PostgreSQL 17 and 18 per test session, a fresh database per test.
+
+Under pytest-xdist (``make test`` runs ``-n 2 --dist loadgroup``) each version's
+tests form one group, so one worker holds the PostgreSQL 17 server and the other
+the 18 one; tests of no version go to either.
+"""
 
 from __future__ import annotations
 
+import re
 import shutil
-import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +19,7 @@ import pytest
 from awa_sql import migrate
 from awa_sql.roles import Roles
 from tests.support import pgbouncer as bouncer
+from tests.support import scratch
 from tests.support.cluster import Cluster, start_cluster
 from tests.support.database import Database
 from tests.support.jobs import Logins
@@ -30,10 +36,12 @@ VERSIONS = [
 def cluster(request) -> Iterator[Cluster]:
     # Not pytest's tmp_path: it is private to root, and the server may run as
     # an unprivileged OS user.
-    workdir = Path(tempfile.mkdtemp(prefix=f"awa-sql-pg{request.param}-"))
+    workdir = scratch.mkdtemp(f"awa-sql-pg{request.param}-")
     c = start_cluster(request.param, workdir)
     with c.admin() as conn:
         _SERVERS_SEEN[c.major] = conn.execute("show server_version").fetchone()[0]
+    if hasattr(request.config, "workeroutput"):  # an xdist worker: for the controller
+        request.config.workeroutput["awa_servers"] = dict(_SERVERS_SEEN)
     yield c
     if c.stop:
         c.stop()
@@ -47,7 +55,7 @@ def pgbouncer(cluster: Cluster) -> Iterator[bouncer.PgBouncer]:
     if cluster.server is None:
         pytest.skip("PgBouncer fronts the suite's own servers; this one came from a DSN "
                     "or a container")
-    workdir = Path(tempfile.mkdtemp(prefix=f"awa-sql-pgbouncer{cluster.major}-"))
+    workdir = scratch.mkdtemp(f"awa-sql-pgbouncer{cluster.major}-")
     try:
         b = bouncer.start(cluster.server.port, workdir, cluster.server.superuser)
     except bouncer.PgBouncerError as err:
@@ -83,13 +91,47 @@ def empty_db(cluster: Cluster) -> Iterator[Database]:
 @pytest.fixture
 def logins(db: Database) -> Logins:
     """A new login for each runtime role of ``db``."""
-    return Logins(**{cap: db.login_role(f"awa_{cap}") for cap in Logins.__dataclass_fields__})
+    caps = list(Logins.__dataclass_fields__)
+    return Logins(**dict(zip(caps, db.login_roles(*(f"awa_{cap}" for cap in caps)), strict=True)))
 
 
 @pytest.fixture
 def role_prefix() -> str:
     """A fresh prefix, for tests that need roles of their own in the shared cluster."""
     return f"r{uuid.uuid4().hex[:8]}_"
+
+
+# A versioned test's id starts with its version: test_x[pg17], test_y[pg18-S4].
+_VERSION_ID = re.compile(r"\[(" + "|".join(re.escape(v.id) for v in VERSIONS) + r")[\]-]")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadgroup`` with one group per PostgreSQL version, so that each
+    version's tests, and its session fixtures (``cluster``, ``template_db``,
+    ``pgbouncer``), stay in one worker; tests of no version go to either.
+
+    Not ``xdist_group`` marks added at collection: pytest-xdist 3.8 applies them
+    by rewriting each item's node id, which pytest 9.2 ignores, so the marks
+    silently group nothing (pytest-xdist issue 1386). The scheduler reads the
+    version from the node id instead."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class ByVersion(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            if m := _VERSION_ID.search(nodeid):
+                return m[1]
+            return super()._split_scope(nodeid)
+
+    return ByVersion(config, log)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """The controller of an xdist run: the servers its worker reached."""
+    _SERVERS_SEEN.update(getattr(node, "workeroutput", {}).get("awa_servers", {}))
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import html
 import shutil
-import tempfile
 from pathlib import Path
 from urllib.parse import quote
 
@@ -14,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
+from tests.support import scratch
 from tests.support.admin import (
     TOKEN,
     auth,
@@ -400,7 +400,7 @@ def test_writable_server_needs_a_token():
 def test_guard_is_503_on_a_streaming_standby(cluster):
     if cluster.server is None:
         pytest.skip("the standby is built from the embedded server binaries")
-    workdir = Path(tempfile.mkdtemp(prefix=f"awa-admin-standby-{cluster.major}-"))
+    workdir = scratch.mkdtemp(f"awa-admin-standby-{cluster.major}-")
     with (primary_and_standby(cluster.major, workdir) as (_primary, standby),
           client_for(standby, writable=True) as client):
         assert client.get("/api/server").json()["in_recovery"] is True

@@ -15,6 +15,7 @@ from psycopg.types.json import Jsonb
 from awa_sql import migrate
 from awa_sql.demo import embedded
 from awa_sql.roles import Roles
+from tests.support.cluster import ensure_binaries
 from tests.support.jobs import COPY_SQL
 
 
@@ -31,7 +32,7 @@ def _copy(conn: psycopg.Connection, queue: str, n: int) -> None:
 def test_committed_copies_survive_an_immediate_restart_and_in_flight_ones_vanish(major):
     workdir = Path(tempfile.mkdtemp(prefix=f"awa-durability-pg{major}-"))
     workdir.chmod(0o755)
-    server = embedded.LocalServer(embedded.ensure_binaries(major), workdir / "data",
+    server = embedded.LocalServer(ensure_binaries(major), workdir / "data",
                                   settings={"fsync": "on", "synchronous_commit": "on"})
     server.start()
     try:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import shutil
 import signal
 import subprocess
-import tempfile
 import threading
 import time
 from datetime import timedelta
@@ -21,6 +20,7 @@ from awa_sql.demo import embedded
 from awa_sql.maintain import TASKS
 from awa_sql.roles import Roles
 from awa_sql.worker import Worker
+from tests.support import scratch
 from tests.support.cluster import TEST_SETTINGS
 from tests.support.maintain import AWA, MaintainProcess
 from tests.support.pgbouncer import Pooled, log_problems, mark
@@ -199,7 +199,7 @@ def test_it_carries_on_after_the_database_restarts(cluster):
     """A server of its own, stopped and started again under a running process."""
     if cluster.server is None:
         pytest.skip("needs the suite's own server binaries")
-    workdir = Path(tempfile.mkdtemp(prefix=f"awa-sql-maintain{cluster.major}-"))
+    workdir = scratch.mkdtemp(f"awa-sql-maintain{cluster.major}-")
     server = embedded.LocalServer(cluster.server.bindir, workdir / "pg", settings=TEST_SETTINGS)
     server.start()
     try:

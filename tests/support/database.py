@@ -43,11 +43,21 @@ class Database:
 
     def login_role(self, *grants: str, prefix: str = "awa_t_", extra: str = "") -> str:
         """A new login role holding the given roles."""
-        name = f"{prefix}{uuid.uuid4().hex[:10]}"
         with self.cluster.admin() as conn:
-            conn.execute(sql.SQL("create role {} login password {} " + extra).format(
-                sql.Identifier(name), sql.Literal(LOGIN_PASSWORD)))
-            for g in grants:
-                conn.execute(sql.SQL("grant {} to {}").format(
-                    sql.Identifier(g), sql.Identifier(name)))
-        return name
+            return _create_login(conn, grants, prefix, extra)
+
+    def login_roles(self, *roles: str) -> list[str]:
+        """A new login for each of ``roles``, holding that role: ``login_role``
+        for each, over one connection."""
+        with self.cluster.admin() as conn:
+            return [_create_login(conn, [role]) for role in roles]
+
+
+def _create_login(conn: psycopg.Connection, grants, prefix: str = "awa_t_",
+                  extra: str = "") -> str:
+    name = f"{prefix}{uuid.uuid4().hex[:10]}"
+    conn.execute(sql.SQL("create role {} login password {} " + extra).format(
+        sql.Identifier(name), sql.Literal(LOGIN_PASSWORD)))
+    for g in grants:
+        conn.execute(sql.SQL("grant {} to {}").format(sql.Identifier(g), sql.Identifier(name)))
+    return name
