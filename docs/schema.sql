@@ -1197,6 +1197,30 @@ begin
 end;
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._default_args()
+ RETURNS jsonb
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+    select '{}'::pg_catalog.jsonb
+$function$;
+
+CREATE OR REPLACE FUNCTION awa._default_max_attempts()
+ RETURNS integer
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+    select 25
+$function$;
+
+CREATE OR REPLACE FUNCTION awa._default_priority()
+ RETURNS smallint
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+    select 2::pg_catalog.int2
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._enqueue_rows(queues text[], kinds text[], args jsonb[], priorities smallint[], ordering_keys bytea[], run_ats timestamp with time zone[], max_attempts integer[], max_run_times interval[], unique_keys bytea[], unique_windows interval[], row_label text, row_offset bigint)
  RETURNS SETOF awa.enqueued
  LANGUAGE plpgsql
@@ -1223,14 +1247,15 @@ begin
     select min(i) into bad
       from generate_series(1, n) as i
      where not awa._job_ok(
-         queues[i], kinds[i], coalesce(priorities[i], 2)::smallint, coalesce(max_attempts[i], 25)
+         queues[i], kinds[i], coalesce(priorities[i], awa._default_priority()),
+         coalesce(max_attempts[i], awa._default_max_attempts())
      ) or not awa._max_run_time_ok(max_run_times[i])
         or not awa._unique_ok(unique_keys[i], unique_windows[i]);
     if bad is not null then
         begin
             perform awa._check_job(
-                queues[bad], kinds[bad], coalesce(priorities[bad], 2)::smallint,
-                coalesce(max_attempts[bad], 25), max_run_times[bad]
+                queues[bad], kinds[bad], coalesce(priorities[bad], awa._default_priority()),
+                coalesce(max_attempts[bad], awa._default_max_attempts()), max_run_times[bad]
             );
             perform awa._check_unique(unique_keys[bad], unique_windows[bad]);
         exception when others then
@@ -1315,7 +1340,7 @@ begin
     );
     return query
     select coalesce(d.job_id, j.job_id), coalesce(h.queue, queues[j.i]),
-           coalesce(d.priority, coalesce(priorities[j.i], 2)::smallint),
+           coalesce(d.priority, priorities[j.i], awa._default_priority()),
            taken.shards[j.i], taken.seqs[j.i], d.i is not null
       from awa._insert_jobs(
           taken.lanes, taken.seqs, queue_ids, priorities, kinds, args, ordering_keys,
@@ -1419,11 +1444,11 @@ begin
     end if;
     insert into awa.finished (
         job_id, slot, queue_id, priority, kind, state, attempt, max_attempts, enqueued_at,
-        args, ordering_key, last_error, max_run_time, unique_key, unique_window
+        finished_at, args, ordering_key, last_error, max_run_time, unique_key, unique_window
     ) values (
         job.job_id, awa._finished_slot(state, now()), job.queue_id, job.priority, job.kind,
-        state, job.attempt, job.max_attempts, job.enqueued_at, job.args, job.ordering_key,
-        error, job.max_run_time, key, key_window
+        state, job.attempt, job.max_attempts, job.enqueued_at, now(), job.args,
+        job.ordering_key, error, job.max_run_time, key, key_window
     );
     perform nextval(case state when 'failed' then m.failed_seq else m.cancelled_seq end)
        from awa.queue_meta as m
@@ -1477,6 +1502,14 @@ AS $function$
         awa._retention('failed', m.retain_completed, m.retain_failed)
       from awa.queue_meta as m
      where m.queue_id = _finished_totals.queue_id
+$function$;
+
+CREATE OR REPLACE FUNCTION awa._first_attempt()
+ RETURNS integer
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+    select 0
 $function$;
 
 CREATE OR REPLACE FUNCTION awa._grant_execute(routine regprocedure, VARIADIC capabilities text[] DEFAULT '{}'::text[])
@@ -1597,8 +1630,10 @@ begin
     return query
     with rows as (
         select i, coalesce(job_ids[i], nextval('awa.job_id_seq')) as job_id,
-               coalesce(priorities[i], 2)::smallint as p, coalesce(args[i], '{}') as a,
-               coalesce(attempts[i], 0) as attempt, coalesce(max_attempts[i], 25) as m,
+               coalesce(priorities[i], awa._default_priority()) as p,
+               coalesce(args[i], awa._default_args()) as a,
+               coalesce(attempts[i], awa._first_attempt()) as attempt,
+               coalesce(max_attempts[i], awa._default_max_attempts()) as m,
                coalesce(enqueued_ats[i], now()) as enqueued_at,
                awa._in_seconds(max_run_times[i]) as run_time
           from generate_series(1, cardinality(kinds)) as i
@@ -1967,7 +2002,8 @@ AS $function$
               select array_agg(u.qid) as qids, array_agg(u.p) as ps, array_agg(u.ks) as kss,
                      array_agg(u.n) as ns
                 from (
-                    select queue_ids[i] as qid, coalesce(priorities[i], 2)::smallint as p,
+                    select queue_ids[i] as qid,
+                           coalesce(priorities[i], awa._default_priority()) as p,
                            coalesce(key_shards[i], -1)::smallint as ks, count(*) as n
                       from generate_series(1, cardinality(queue_ids)) as i
                      where queue_ids[i] is not null
@@ -1989,7 +2025,7 @@ AS $function$
             left join unnest(g.g_qid, g.g_p, g.g_ks, g.g_lane, g.g_shard, g.g_base)
                       as x (qid, p, ks, lane, shard, base)
               on x.qid = queue_ids[i]
-             and x.p = coalesce(priorities[i], 2)
+             and x.p = coalesce(priorities[i], awa._default_priority())
              and x.ks = coalesce(key_shards[i], -1)
       ) as r
 $function$;
@@ -2072,14 +2108,15 @@ declare
     target awa.queue_meta;
 begin
     select count(*) as n, min(s.queue) as q, max(s.queue) as q_last,
-           min(coalesce(s.priority, 2))::smallint as p,
-           max(coalesce(s.priority, 2))::smallint as p_last,
+           min(coalesce(s.priority, awa._default_priority())) as p,
+           max(coalesce(s.priority, awa._default_priority())) as p_last,
            count(s.ordering_key) as keyed,
            -- rows for later or with a unique key: not for the one-queue movers
            count(*) filter (where s.run_at > now() or s.unique_key is not null
                                   or s.unique_window is not null) as general,
            coalesce(bool_or(not awa._job_ok(
-               s.queue, s.kind, coalesce(s.priority, 2)::smallint, coalesce(s.max_attempts, 25)
+               s.queue, s.kind, coalesce(s.priority, awa._default_priority()),
+               coalesce(s.max_attempts, awa._default_max_attempts())
            ) or not awa._max_run_time_ok(s.max_run_time)), false) as bad
       into shape
       from awa.copy_staging as s
@@ -2141,13 +2178,14 @@ begin
                                  array_fill(priority, array[cardinality(kss)]), kss, ns);
     insert into awa.ready (
         lane_id, lane_seq, job_id, queue_id, priority, kind, args, ordering_key, attempt,
-        max_attempts, enqueued_at, ready_at, max_run_time
+        max_attempts, enqueued_at, ready_at, last_error, max_run_time
     )
     select g.lane, g.base + row_number() over (partition by g.lane order by s.staged_id) - 1,
            nextval('awa.job_id_seq'), _move_staged_by_key.queue_id,
-           _move_staged_by_key.priority, s.kind, coalesce(s.args, '{}'), s.ordering_key, 0,
-           coalesce(s.max_attempts, 25), now(), clock_timestamp(),
-           awa._in_seconds(s.max_run_time)
+           _move_staged_by_key.priority, s.kind, coalesce(s.args, awa._default_args()),
+           s.ordering_key, awa._first_attempt(),
+           coalesce(s.max_attempts, awa._default_max_attempts()), now(), clock_timestamp(),
+           null, awa._in_seconds(s.max_run_time)
       from awa.copy_staging as s
       left join unnest(k_key, k_shard) as k (key, shard) on k.key = s.ordering_key
       join unnest(lanes.g_ks, lanes.g_lane, lanes.g_base) as g (ks, lane, base)
@@ -2238,13 +2276,14 @@ begin
                                  array[n]);
     insert into awa.ready (
         lane_id, lane_seq, job_id, queue_id, priority, kind, args, ordering_key, attempt,
-        max_attempts, enqueued_at, ready_at, max_run_time
+        max_attempts, enqueued_at, ready_at, last_error, max_run_time
     )
     select lanes.g_lane[1], lanes.g_base[1] + row_number() over (order by s.staged_id) - 1,
            nextval('awa.job_id_seq'), _move_staged_one_lane.queue_id,
-           _move_staged_one_lane.priority, s.kind, coalesce(s.args, '{}'), null, 0,
-           coalesce(s.max_attempts, 25), now(), clock_timestamp(),
-           awa._in_seconds(s.max_run_time)
+           _move_staged_one_lane.priority, s.kind, coalesce(s.args, awa._default_args()),
+           null, awa._first_attempt(),
+           coalesce(s.max_attempts, awa._default_max_attempts()), now(), clock_timestamp(),
+           null, awa._in_seconds(s.max_run_time)
       from awa.copy_staging as s
      where s.staged_xid = _move_staged_one_lane.xid
      order by s.staged_id;
@@ -2276,8 +2315,8 @@ begin
     -- striped queue (both take the batch path), and the queues to create.
     select coalesce(bool_or(
                not awa._job_ok(
-                   s.queue, s.kind, coalesce(s.priority, 2)::smallint,
-                   coalesce(s.max_attempts, 25)
+                   s.queue, s.kind, coalesce(s.priority, awa._default_priority()),
+                   coalesce(s.max_attempts, awa._default_max_attempts())
                )
                or not awa._max_run_time_ok(s.max_run_time)
                or s.unique_key is not null or s.unique_window is not null
@@ -2312,7 +2351,7 @@ begin
            coalesce(array_agg(x.ks), '{}') as kss, coalesce(array_agg(x.n), '{}') as ns
       into g
       from (
-          select m.queue_id as qid, coalesce(s.priority, 2)::smallint as p,
+          select m.queue_id as qid, coalesce(s.priority, awa._default_priority()) as p,
                  coalesce(k.shard, -1)::smallint as ks, count(*) as n
             from awa.copy_staging as s
             join awa.queue_meta as m on m.queue = s.queue
@@ -2325,7 +2364,8 @@ begin
     select * into lanes from awa._lock_lane_groups(g.qids, g.ps, g.kss, g.ns);
 
     with rows as (
-        select s.staged_id, m.queue_id as qid, coalesce(s.priority, 2)::smallint as p,
+        select s.staged_id, m.queue_id as qid,
+               coalesce(s.priority, awa._default_priority()) as p,
                s.kind, s.args, s.ordering_key, s.max_attempts, s.run_at,
                awa._in_seconds(s.max_run_time) as run_time, l.lane,
                l.base + row_number() over (partition by l.lane order by s.staged_id) - 1
@@ -2337,18 +2377,19 @@ begin
           left join unnest(lanes.g_qid, lanes.g_p, lanes.g_ks, lanes.g_lane, lanes.g_base)
                     as l (qid, p, ks, lane, base)
             on (s.run_at is null or s.run_at <= now())
-           and l.qid = m.queue_id and l.p = coalesce(s.priority, 2)
+           and l.qid = m.queue_id and l.p = coalesce(s.priority, awa._default_priority())
            and l.ks = coalesce(k.shard, -1)
          where s.staged_xid = _move_staged_sets.xid
     ),
     to_ready as (
         insert into awa.ready (
             lane_id, lane_seq, job_id, queue_id, priority, kind, args, ordering_key, attempt,
-            max_attempts, enqueued_at, ready_at, max_run_time
+            max_attempts, enqueued_at, ready_at, last_error, max_run_time
         )
         select r.lane, r.seq, nextval('awa.job_id_seq'), r.qid, r.p, r.kind,
-               coalesce(r.args, '{}'), r.ordering_key, 0, coalesce(r.max_attempts, 25), now(),
-               clock_timestamp(), r.run_time
+               coalesce(r.args, awa._default_args()), r.ordering_key, awa._first_attempt(),
+               coalesce(r.max_attempts, awa._default_max_attempts()), now(),
+               clock_timestamp(), null, r.run_time
           from rows as r
          where r.lane is not null
         returning 1
@@ -2356,10 +2397,12 @@ begin
     to_scheduled as (
         insert into awa.scheduled (
             job_id, queue_id, priority, kind, args, ordering_key, attempt, max_attempts,
-            enqueued_at, run_at, max_run_time
+            enqueued_at, run_at, last_error, max_run_time
         )
-        select nextval('awa.job_id_seq'), r.qid, r.p, r.kind, coalesce(r.args, '{}'),
-               r.ordering_key, 0, coalesce(r.max_attempts, 25), now(), r.run_at, r.run_time
+        select nextval('awa.job_id_seq'), r.qid, r.p, r.kind,
+               coalesce(r.args, awa._default_args()), r.ordering_key, awa._first_attempt(),
+               coalesce(r.max_attempts, awa._default_max_attempts()), now(), r.run_at, null,
+               r.run_time
           from rows as r
          where r.lane is null
         returning 1
@@ -2580,12 +2623,13 @@ begin
         execute format($f$
             insert into awa.finished (
                 job_id, slot, queue_id, priority, kind, state, attempt, max_attempts,
-                enqueued_at, finished_at, args, ordering_key, last_error, max_run_time
+                enqueued_at, finished_at, args, ordering_key, last_error, max_run_time,
+                unique_key, unique_window
             )
             select
                 f.job_id, awa._finished_slot(f.state, now()), f.queue_id, f.priority, f.kind,
                 f.state, f.attempt, f.max_attempts, f.enqueued_at, f.finished_at, f.args,
-                f.ordering_key, f.last_error, f.max_run_time
+                f.ordering_key, f.last_error, f.max_run_time, f.unique_key, f.unique_window
               from %s as f
               join awa.queue_meta as m on m.queue_id = f.queue_id
              where f.finished_at + awa._retention(f.state, m.retain_completed, m.retain_failed)
@@ -2728,7 +2772,7 @@ begin
     select * into taken from awa._lock_lanes(queue_ids, priorities, key_shards);
     perform count(*) from awa._insert_jobs(
         taken.lanes, taken.seqs, queue_ids, priorities, kinds, args, ordering_keys,
-        max_attempts, null, job_ids, array_fill(0, array[n]), enqueued_ats,
+        max_attempts, null, job_ids, array_fill(awa._first_attempt(), array[n]), enqueued_ats,
         last_errors, max_run_times
     );
     return array(
@@ -3132,7 +3176,8 @@ begin
     )
     select distinct on (scopes[x.i], unique_keys[x.i])
            scopes[x.i], unique_keys[x.i], job_ids[x.i], queue_ids[x.i],
-           coalesce(priorities[x.i], 2)::smallint, unique_windows[x.i], null::timestamptz
+           coalesce(priorities[x.i], awa._default_priority()), unique_windows[x.i],
+           null::timestamptz
       from generate_series(1, cardinality(unique_keys)) as x (i)
      where unique_keys[x.i] is not null
      order by scopes[x.i], unique_keys[x.i], x.i
@@ -3438,15 +3483,16 @@ begin
         started as (
             insert into awa.running (
                 job_id, run_lease, lane_id, lane_seq, queue_id, priority, kind, args,
-                ordering_key, attempt, max_attempts, enqueued_at, worker, lease_expires_at,
-                completed_seq, max_run_time, deadline_at, unique_jobs
+                ordering_key, attempt, max_attempts, enqueued_at, worker, claimed_at,
+                heartbeat_at, lease_expires_at, completed_seq, max_run_time, deadline_at,
+                unique_jobs
             )
             select
                 m.job_id, m.run_lease, m.lane_id, m.lane_seq, m.queue_id, m.priority, m.kind,
                 m.args, m.ordering_key, m.attempt + 1, m.max_attempts, m.enqueued_at,
                 -- least() passes over a null deadline.
-                claim.worker, least(now() + claim.lease, m.deadline_at), m.completed_seq,
-                m.max_run_time, m.deadline_at, m.unique_jobs
+                claim.worker, now(), now(), least(now() + claim.lease, m.deadline_at),
+                m.completed_seq, m.max_run_time, m.deadline_at, m.unique_jobs
               from moved as m
         )
         select
@@ -3512,12 +3558,15 @@ begin
             r.enqueued_at, r.completed_seq, r.unique_jobs
     ),
     kept as (
+        -- A completed job keeps no args, key or error: it never runs again.
         insert into awa.finished (
-            job_id, slot, queue_id, priority, kind, state, attempt, max_attempts, enqueued_at
+            job_id, slot, queue_id, priority, kind, state, attempt, max_attempts, enqueued_at,
+            finished_at, args, ordering_key, last_error, max_run_time, unique_key, unique_window
         )
         select
             d.job_id, awa._finished_slot('completed', now()), d.queue_id, d.priority, d.kind,
-            'completed', d.attempt, d.max_attempts, d.enqueued_at
+            'completed', d.attempt, d.max_attempts, d.enqueued_at, now(), null, null, null,
+            null, null, null
           from done as d
     )
     -- The queue's counter, which the claim copied into the running row.
@@ -3736,11 +3785,12 @@ begin
                     new_job := nextval('awa.job_id_seq');
                     insert into awa.scheduled (
                         job_id, queue_id, priority, kind, args, ordering_key, attempt,
-                        max_attempts, enqueued_at, run_at
+                        max_attempts, enqueued_at, run_at, last_error, max_run_time
                     ) values (
                         new_job, q_id, enqueue.priority, enqueue.kind,
-                        coalesce(enqueue.args, '{}'), enqueue.ordering_key, 0,
-                        enqueue.max_attempts, now(), enqueue.run_at
+                        coalesce(enqueue.args, awa._default_args()), enqueue.ordering_key,
+                        awa._first_attempt(), enqueue.max_attempts, now(), enqueue.run_at,
+                        null, null
                     );
                     return row(
                         new_job, coalesce(routed, enqueue.queue), enqueue.priority, null, null,
@@ -3757,11 +3807,11 @@ begin
     end if;
     insert into awa.ready (
         lane_id, lane_seq, job_id, queue_id, priority, kind, args, ordering_key, attempt,
-        max_attempts, enqueued_at, ready_at
+        max_attempts, enqueued_at, ready_at, last_error, max_run_time
     ) values (
         lane, nextval(seq), nextval('awa.job_id_seq'), q_id, enqueue.priority, enqueue.kind,
-        coalesce(enqueue.args, '{}'), enqueue.ordering_key, 0, enqueue.max_attempts,
-        now(), clock_timestamp()
+        coalesce(enqueue.args, awa._default_args()), enqueue.ordering_key,
+        awa._first_attempt(), enqueue.max_attempts, now(), clock_timestamp(), null, null
     )
     returning awa.ready.lane_seq, awa.ready.job_id into new_seq, new_job;
     return row(
@@ -3779,8 +3829,8 @@ CREATE OR REPLACE FUNCTION awa.enqueue_batch(queues text[], kinds text[], args j
 AS $function$
 declare
     n integer := coalesce(cardinality(queues), 0);
-    p smallint := coalesce(priorities[1], 2);
-    attempts integer := coalesce(max_attempts[1], 25);
+    p smallint := coalesce(priorities[1], awa._default_priority());
+    attempts integer := coalesce(max_attempts[1], awa._default_max_attempts());
     names text[] := array['queues', 'kinds', 'args', 'priorities', 'ordering_keys', 'run_ats',
                           'max_attempts', 'max_run_times', 'unique_keys', 'unique_windows'];
     dims text[] := array[
@@ -3827,8 +3877,10 @@ begin
     if n > 0 and queues <@ array[queues[1]]
        and array_position(kinds, null) is null
        and awa._job_ok(queues[1], kinds[1], p, attempts)
-       and (priorities is null or array_replace(priorities, null, 2::smallint) <@ array[p])
-       and (max_attempts is null or array_replace(max_attempts, null, 25) <@ array[attempts])
+       and (priorities is null
+            or array_replace(priorities, null, awa._default_priority()) <@ array[p])
+       and (max_attempts is null
+            or array_replace(max_attempts, null, awa._default_max_attempts()) <@ array[attempts])
        and (ordering_keys is null or cardinality(array_remove(ordering_keys, null)) = 0)
        and (run_ats is null or cardinality(array_remove(run_ats, null)) = 0)
        and (max_run_times is null or cardinality(array_remove(max_run_times, null)) = 0)
@@ -3865,11 +3917,11 @@ begin
             return query
             insert into awa.ready (
                 lane_id, lane_seq, job_id, queue_id, priority, kind, args, ordering_key,
-                attempt, max_attempts, enqueued_at, ready_at
+                attempt, max_attempts, enqueued_at, ready_at, last_error, max_run_time
             )
             select lane, base + u.i - 1, nextval('awa.job_id_seq'),
-                   q_id, p, u.k, coalesce(u.a, '{}'), null, 0, attempts, now(),
-                   clock_timestamp()
+                   q_id, p, u.k, coalesce(u.a, awa._default_args()), null,
+                   awa._first_attempt(), attempts, now(), clock_timestamp(), null, null
               from unnest(kinds, args) with ordinality as u (k, a, i)
             returning awa.ready.job_id, queues[1], p, shard, awa.ready.lane_seq, false;
             return;

@@ -40,9 +40,10 @@
 -- routing (a new queue, a partitioned or striped name), awa.scheduled for a
 -- job for later, and awa._take_lane (tests/test_path_differential.py
 -- compares the ways, with lanes held by another transaction).
--- Calls: awa._check_job, awa._check_unique, awa._ensure_queue, awa._has_lane_memo, awa._in_turn,
---   awa._insert_jobs, awa._job_ok, awa._key_shard, awa._lane_memo_name, awa._lane_wait_total,
---   awa._lock_class_lane, awa._route_queue, awa._sticky, awa._take_lane, awa._take_unique_keys
+-- Calls: awa._check_job, awa._check_unique, awa._default_args, awa._ensure_queue,
+--   awa._first_attempt, awa._has_lane_memo, awa._in_turn, awa._insert_jobs, awa._job_ok,
+--   awa._key_shard, awa._lane_memo_name, awa._lane_wait_total, awa._lock_class_lane,
+--   awa._route_queue, awa._sticky, awa._take_lane, awa._take_unique_keys
 -- Writes: awa.ready, awa.scheduled
 create or replace function awa.enqueue(
     queue text,
@@ -192,11 +193,12 @@ begin
                     new_job := nextval('awa.job_id_seq');
                     insert into awa.scheduled (
                         job_id, queue_id, priority, kind, args, ordering_key, attempt,
-                        max_attempts, enqueued_at, run_at
+                        max_attempts, enqueued_at, run_at, last_error, max_run_time
                     ) values (
                         new_job, q_id, enqueue.priority, enqueue.kind,
-                        coalesce(enqueue.args, '{}'), enqueue.ordering_key, 0,
-                        enqueue.max_attempts, now(), enqueue.run_at
+                        coalesce(enqueue.args, awa._default_args()), enqueue.ordering_key,
+                        awa._first_attempt(), enqueue.max_attempts, now(), enqueue.run_at,
+                        null, null
                     );
                     return row(
                         new_job, coalesce(routed, enqueue.queue), enqueue.priority, null, null,
@@ -213,11 +215,11 @@ begin
     end if;
     insert into awa.ready (
         lane_id, lane_seq, job_id, queue_id, priority, kind, args, ordering_key, attempt,
-        max_attempts, enqueued_at, ready_at
+        max_attempts, enqueued_at, ready_at, last_error, max_run_time
     ) values (
         lane, nextval(seq), nextval('awa.job_id_seq'), q_id, enqueue.priority, enqueue.kind,
-        coalesce(enqueue.args, '{}'), enqueue.ordering_key, 0, enqueue.max_attempts,
-        now(), clock_timestamp()
+        coalesce(enqueue.args, awa._default_args()), enqueue.ordering_key,
+        awa._first_attempt(), enqueue.max_attempts, now(), clock_timestamp(), null, null
     )
     returning awa.ready.lane_seq, awa.ready.job_id into new_seq, new_job;
     return row(
@@ -229,12 +231,12 @@ $$;
 -- Function: awa._lock_lanes(queue_ids, priorities, key_shards) returns each row's lane
 -- Takes the lanes for the rows of a multi-row call and gives each row its
 -- lane, shard and lane_seq. A row is (queue_ids[i], priorities[i] (null:
--- 2), key_shards[i]); key_shards[i] is the keyed shard, or null for an
+-- awa._default_priority()), key_shards[i]); key_shards[i] is the keyed shard, or null for an
 -- unkeyed row; a row whose queue id is null (not due) gets nulls. Groups the
 -- rows, hands the groups to awa._lock_lane_groups, which locks the lanes
 -- and reserves one sequence range per lane, and numbers each lane's rows
 -- in row order.
--- Calls: awa._lock_lane_groups
+-- Calls: awa._default_priority, awa._lock_lane_groups
 -- Writes: nothing
 create or replace function awa._lock_lanes(
     queue_ids integer[],
@@ -254,7 +256,8 @@ as $$
               select array_agg(u.qid) as qids, array_agg(u.p) as ps, array_agg(u.ks) as kss,
                      array_agg(u.n) as ns
                 from (
-                    select queue_ids[i] as qid, coalesce(priorities[i], 2)::smallint as p,
+                    select queue_ids[i] as qid,
+                           coalesce(priorities[i], awa._default_priority()) as p,
                            coalesce(key_shards[i], -1)::smallint as ks, count(*) as n
                       from generate_series(1, cardinality(queue_ids)) as i
                      where queue_ids[i] is not null
@@ -276,7 +279,7 @@ as $$
             left join unnest(g.g_qid, g.g_p, g.g_ks, g.g_lane, g.g_shard, g.g_base)
                       as x (qid, p, ks, lane, shard, base)
               on x.qid = queue_ids[i]
-             and x.p = coalesce(priorities[i], 2)
+             and x.p = coalesce(priorities[i], awa._default_priority())
              and x.ks = coalesce(key_shards[i], -1)
       ) as r
 $$;
@@ -286,15 +289,17 @@ $$;
 --                            last_errors, max_run_times) returns setof bigint
 -- Writes one job per element i: into lane lanes[i] at lane_seq seqs[i],
 -- ready now, or, where lanes[i] is null, into awa.scheduled to run at
--- run_ats[i]. A null element takes its default: priority 2, args '{}',
--- max_attempts 25, no max run time of its own (stored in seconds,
--- awa._in_seconds); a new job id, attempt 0 and enqueued now, unless the
+-- run_ats[i]. A null element takes its default (awa._default_priority,
+-- _default_args, _default_max_attempts), and no max run time of its own
+-- (stored in seconds, awa._in_seconds); a new job id, awa._first_attempt
+-- and enqueued now, unless the
 -- job is moved (awa.promote_due passes job_ids, attempts, enqueued_ats and
 -- last_errors). An element whose kind is null is written nowhere (a
 -- duplicate of a unique key, awa._enqueue_rows). Returns the job ids in
 -- element order. The arrays come checked and one element per job, indexed
 -- from 1; the caller holds the lanes and reserved the sequence values.
--- Calls: awa._in_seconds
+-- Calls: awa._default_args, awa._default_max_attempts, awa._default_priority, awa._first_attempt,
+--   awa._in_seconds
 -- Writes: awa.ready, awa.scheduled
 create or replace function awa._insert_jobs(
     lanes integer[],
@@ -322,8 +327,10 @@ begin
     return query
     with rows as (
         select i, coalesce(job_ids[i], nextval('awa.job_id_seq')) as job_id,
-               coalesce(priorities[i], 2)::smallint as p, coalesce(args[i], '{}') as a,
-               coalesce(attempts[i], 0) as attempt, coalesce(max_attempts[i], 25) as m,
+               coalesce(priorities[i], awa._default_priority()) as p,
+               coalesce(args[i], awa._default_args()) as a,
+               coalesce(attempts[i], awa._first_attempt()) as attempt,
+               coalesce(max_attempts[i], awa._default_max_attempts()) as m,
                coalesce(enqueued_ats[i], now()) as enqueued_at,
                awa._in_seconds(max_run_times[i]) as run_time
           from generate_series(1, cardinality(kinds)) as i
@@ -367,9 +374,9 @@ $$;
 -- (awa._take_unique_keys) before any lane is locked; a row whose key
 -- another job holds is written nowhere and returned as that job, with
 -- duplicate true.
--- Calls: awa._check_job, awa._check_unique, awa._ensure_queue, awa._insert_jobs, awa._job_ok,
---   awa._key_shard, awa._lock_lanes, awa._max_run_time_ok, awa._route_queue, awa._take_unique_keys,
---   awa._unique_ok
+-- Calls: awa._check_job, awa._check_unique, awa._default_max_attempts, awa._default_priority,
+--   awa._ensure_queue, awa._insert_jobs, awa._job_ok, awa._key_shard, awa._lock_lanes,
+--   awa._max_run_time_ok, awa._route_queue, awa._take_unique_keys, awa._unique_ok
 -- Writes: nothing
 create or replace function awa._enqueue_rows(
     queues text[],
@@ -412,14 +419,15 @@ begin
     select min(i) into bad
       from generate_series(1, n) as i
      where not awa._job_ok(
-         queues[i], kinds[i], coalesce(priorities[i], 2)::smallint, coalesce(max_attempts[i], 25)
+         queues[i], kinds[i], coalesce(priorities[i], awa._default_priority()),
+         coalesce(max_attempts[i], awa._default_max_attempts())
      ) or not awa._max_run_time_ok(max_run_times[i])
         or not awa._unique_ok(unique_keys[i], unique_windows[i]);
     if bad is not null then
         begin
             perform awa._check_job(
-                queues[bad], kinds[bad], coalesce(priorities[bad], 2)::smallint,
-                coalesce(max_attempts[bad], 25), max_run_times[bad]
+                queues[bad], kinds[bad], coalesce(priorities[bad], awa._default_priority()),
+                coalesce(max_attempts[bad], awa._default_max_attempts()), max_run_times[bad]
             );
             perform awa._check_unique(unique_keys[bad], unique_windows[bad]);
         exception when others then
@@ -504,7 +512,7 @@ begin
     );
     return query
     select coalesce(d.job_id, j.job_id), coalesce(h.queue, queues[j.i]),
-           coalesce(d.priority, coalesce(priorities[j.i], 2)::smallint),
+           coalesce(d.priority, priorities[j.i], awa._default_priority()),
            taken.shards[j.i], taken.seqs[j.i], d.i is not null
       from awa._insert_jobs(
           taken.lanes, taken.seqs, queue_ids, priorities, kinds, args, ordering_keys,
@@ -531,7 +539,8 @@ $$;
 -- Errors: 22023 arrays of different lengths (naming them), an array with a
 --   second dimension or not indexed from 1 (naming it), bad elements (naming
 --   the 1-based index); 22004 null queue or kind elements.
--- Calls: awa._enqueue_rows, awa._has_lane_memo, awa._job_ok, awa._lock_class_lane,
+-- Calls: awa._default_args, awa._default_max_attempts, awa._default_priority, awa._enqueue_rows,
+--   awa._first_attempt, awa._has_lane_memo, awa._job_ok, awa._lock_class_lane,
 --   awa._lock_lane_groups, awa._sticky
 -- Writes: awa.ready
 create or replace function awa.enqueue_batch(
@@ -555,8 +564,8 @@ set plan_cache_mode = force_generic_plan
 as $$
 declare
     n integer := coalesce(cardinality(queues), 0);
-    p smallint := coalesce(priorities[1], 2);
-    attempts integer := coalesce(max_attempts[1], 25);
+    p smallint := coalesce(priorities[1], awa._default_priority());
+    attempts integer := coalesce(max_attempts[1], awa._default_max_attempts());
     names text[] := array['queues', 'kinds', 'args', 'priorities', 'ordering_keys', 'run_ats',
                           'max_attempts', 'max_run_times', 'unique_keys', 'unique_windows'];
     dims text[] := array[
@@ -603,8 +612,10 @@ begin
     if n > 0 and queues <@ array[queues[1]]
        and array_position(kinds, null) is null
        and awa._job_ok(queues[1], kinds[1], p, attempts)
-       and (priorities is null or array_replace(priorities, null, 2::smallint) <@ array[p])
-       and (max_attempts is null or array_replace(max_attempts, null, 25) <@ array[attempts])
+       and (priorities is null
+            or array_replace(priorities, null, awa._default_priority()) <@ array[p])
+       and (max_attempts is null
+            or array_replace(max_attempts, null, awa._default_max_attempts()) <@ array[attempts])
        and (ordering_keys is null or cardinality(array_remove(ordering_keys, null)) = 0)
        and (run_ats is null or cardinality(array_remove(run_ats, null)) = 0)
        and (max_run_times is null or cardinality(array_remove(max_run_times, null)) = 0)
@@ -641,11 +652,11 @@ begin
             return query
             insert into awa.ready (
                 lane_id, lane_seq, job_id, queue_id, priority, kind, args, ordering_key,
-                attempt, max_attempts, enqueued_at, ready_at
+                attempt, max_attempts, enqueued_at, ready_at, last_error, max_run_time
             )
             select lane, base + u.i - 1, nextval('awa.job_id_seq'),
-                   q_id, p, u.k, coalesce(u.a, '{}'), null, 0, attempts, now(),
-                   clock_timestamp()
+                   q_id, p, u.k, coalesce(u.a, awa._default_args()), null,
+                   awa._first_attempt(), attempts, now(), clock_timestamp(), null, null
               from unnest(kinds, args) with ordinality as u (k, a, i)
             returning awa.ready.job_id, queues[1], p, shard, awa.ready.lane_seq, false;
             return;
