@@ -87,7 +87,9 @@ $$;
 -- no other claimable row is left. Paused queues yield nothing.
 -- At S = 1 (one lane per priority) this is strict FIFO per priority; at
 -- S > 1 it is partitioned FIFO: FIFO within a lane, priority first, and no
--- order between the lanes of a priority (docs/concepts.md).
+-- order between the lanes of a priority (docs/concepts.md). A fast path
+-- (docs/fast-paths.md) with no general twin: the lane walk is the one claim
+-- path, checked against an oracle of its order.
 -- Each job's deadline is now plus its own max run time, else its queue's
 -- (read from the queue_meta row the walk reads anyway); the lease never
 -- runs past it (ADR 026). The running row notes whether the queue has had

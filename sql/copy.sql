@@ -93,7 +93,8 @@ $$;
 -- Function: awa._move_staged_one_lane(xid, queue_id, priority, n) returns bigint
 -- Moves the n staged rows of one transaction, all unkeyed and due now, for
 -- one plain queue at one priority, into one lane range with one INSERT in
--- COPY order. Returns how many rows it moved.
+-- COPY order. Returns how many rows it moved. A fast path
+-- (docs/fast-paths.md) of awa._move_staged_in_batches.
 -- Calls: awa._default_args, awa._default_max_attempts, awa._first_attempt, awa._in_seconds,
 --   awa._lock_lane_groups
 -- Writes: awa.copy_staging, awa.ready
@@ -139,7 +140,7 @@ $$;
 -- at one priority, some keyed: one pass counts the rows of each distinct
 -- key and hashes it once, awa._lock_lane_groups takes one range per lane,
 -- one INSERT numbers each lane's rows in COPY order. Returns how many rows
--- it moved.
+-- it moved. A fast path (docs/fast-paths.md) of awa._move_staged_in_batches.
 -- Calls: awa._default_args, awa._default_max_attempts, awa._first_attempt, awa._in_seconds,
 --   awa._key_shard, awa._lock_lane_groups
 -- Writes: awa.copy_staging, awa.ready
@@ -210,7 +211,8 @@ $$;
 -- reserves one range per lane; one INSERT ... SELECT numbers the rows of
 -- each lane in COPY order. Rows for partitioned or striped queues, rows
 -- with a unique key, and a transaction with a bad row (to name it), go
--- through awa._move_staged_in_batches instead.
+-- through awa._move_staged_in_batches instead. A fast path
+-- (docs/fast-paths.md) of awa._move_staged_in_batches.
 -- Calls: awa._default_args, awa._default_max_attempts, awa._default_priority, awa._ensure_queue,
 --   awa._first_attempt, awa._in_seconds, awa._job_ok, awa._key_shard, awa._lock_lane_groups,
 --   awa._max_run_time_ok, awa._move_staged_in_batches

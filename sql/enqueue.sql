@@ -25,7 +25,8 @@
 --   future or for a duplicate.
 -- Errors: 22004 null queue or kind; 22023 bad queue name, priority,
 --   max_attempts, unique_key or unique_window.
--- A fast path of awa._insert_jobs for one row. The common case (a known
+-- A fast path (docs/fast-paths.md) of awa._insert_jobs for one row, in
+-- two branches: the sticky lane, and the lanes in turn. The common case (a known
 -- plain queue, a valid unkeyed job due now, no lane memo in this
 -- transaction, the sticky lane free) is one index lookup that reads the
 -- sticky lane, one condition and the insert. PL/pgSQL sets up each
@@ -539,6 +540,8 @@ $$;
 -- Errors: 22023 arrays of different lengths (naming them), an array with a
 --   second dimension or not indexed from 1 (naming it), bad elements (naming
 --   the 1-based index); 22004 null queue or kind elements.
+-- A fast path (docs/fast-paths.md) of awa._enqueue_rows for one lane range:
+-- valid, unkeyed rows due now for one plain queue at one priority.
 -- Calls: awa._default_args, awa._default_max_attempts, awa._default_priority, awa._enqueue_rows,
 --   awa._first_attempt, awa._has_lane_memo, awa._job_ok, awa._lock_class_lane,
 --   awa._lock_lane_groups, awa._sticky
