@@ -26,7 +26,8 @@
 -- Errors: 22004 null queue or kind; 22023 bad queue name, priority,
 --   max_attempts, unique_key or unique_window.
 -- A fast path (docs/fast-paths.md) of awa._insert_jobs for one row, in
--- two branches: the sticky lane, and the lanes in turn. The common case (a known
+-- two labelled blocks: sticky (its test: awa._sticky_ok, sql/lanes.sql)
+-- and in_turn within it; the rest is the block general. The common case (a known
 -- plain queue, a valid unkeyed job due now, no lane memo in this
 -- transaction, the sticky lane free) is one index lookup that reads the
 -- sticky lane, one condition and the insert. PL/pgSQL sets up each
@@ -42,9 +43,9 @@
 -- job for later, and awa._take_lane (tests/test_path_differential.py
 -- compares the ways, with lanes held by another transaction).
 -- Calls: awa._check_job, awa._check_unique, awa._default_args, awa._ensure_queue,
---   awa._first_attempt, awa._has_lane_memo, awa._in_turn, awa._insert_jobs, awa._job_ok,
---   awa._key_shard, awa._lane_memo_name, awa._lane_wait_total, awa._lock_class_lane,
---   awa._route_queue, awa._sticky, awa._take_lane, awa._take_unique_keys
+--   awa._first_attempt, awa._in_turn, awa._insert_jobs, awa._job_ok, awa._key_shard,
+--   awa._lane_memo_name, awa._lane_wait_total, awa._lock_class_lane, awa._route_queue, awa._sticky,
+--   awa._sticky_ok, awa._take_lane, awa._take_unique_keys
 -- Writes: awa.ready, awa.scheduled
 create or replace function awa.enqueue(
     queue text,
@@ -73,56 +74,65 @@ declare
     routed text;  -- the partition or stripe a routed name went to
     new_seq bigint;
     new_job bigint;
-    fast boolean;  -- null: the general way; false: the sticky lane is taken
+    took boolean;  -- in turn: whether the try-lock took the lane
     memo text;
     started timestamptz;
 begin
-    if ordering_key is null and unique_key is null and unique_window is null then
-        -- S itself is not read here: only the other ways use it, and each
-        -- reads it again (an integer variable set from a smallint column
-        -- costs a cast set up per transaction).
-        select m.queue_id, awa._sticky(m.enqueue_shards),
-               m.lane_ids[enqueue.priority][awa._sticky(m.enqueue_shards)],
-               m.lane_seqs[enqueue.priority][awa._sticky(m.enqueue_shards)]
-          into q_id, shard, lane, seq
-          from awa.queue_meta as m
-         where m.queue = enqueue.queue and m.stripes = 1 and m.partitions = 1;
-        -- With a lane memo (sql/lanes.sql) the lane is awa._take_lane's to
-        -- choose. A priority out of range finds no lane, and
-        -- pg_try_advisory_xact_lock of null is null.
-        fast := case when found and awa._job_ok(queue, kind, priority, max_attempts)
-                               and (run_at is null or run_at <= now())
-                               and not awa._has_lane_memo()
-                          then coalesce(pg_try_advisory_xact_lock(awa._lock_class_lane(), lane),
-                                        false)
-                     end;
-    end if;
-    if fast is not true then
-        if fast is false then
-            -- The sticky lane is taken: what awa._take_lane does for an
-            -- unkeyed row with no memo. The first free lane in turn (S and
-            -- the lanes read again), else a wait for the sticky lane; and a
-            -- memo for the lane. Everything but the wait's total is done
-            -- before the wait: other producers wait while this one holds
-            -- the lane. A missing lane (a bug) goes the general way, which
-            -- names it.
-            select m.enqueue_shards, m.lane_ids, m.lane_seqs into shards, lane_ids, lane_seqs
+    -- Three ways, each a labelled block (docs/fast-paths.md): sticky, then
+    -- in_turn when the sticky lane is taken, both ending with `exit
+    -- general` once they hold a lane; else the general way. Each exit
+    -- test is one expression, as few as the flag they replace cost
+    -- (every expression costs every call its set-up).
+    <<general>>
+    begin
+        <<sticky>>
+        begin
+            exit sticky when ordering_key is not null or unique_key is not null
+                          or unique_window is not null;
+            -- S itself is not read here: only the other ways use it, and each
+            -- reads it again (an integer variable set from a smallint column
+            -- costs a cast set up per transaction).
+            select m.queue_id, awa._sticky(m.enqueue_shards),
+                   m.lane_ids[enqueue.priority][awa._sticky(m.enqueue_shards)],
+                   m.lane_seqs[enqueue.priority][awa._sticky(m.enqueue_shards)]
+              into q_id, shard, lane, seq
               from awa.queue_meta as m
-             where m.queue_id = q_id;
-            for i in 0 .. shards - 1 loop
-                shard := awa._in_turn(shards, i);
-                fast := pg_try_advisory_xact_lock(awa._lock_class_lane(), lane_ids[priority][shard]);
-                exit when fast;
-            end loop;
-            if not fast then
-                shard := awa._sticky(shards);
-            end if;
-            lane := lane_ids[priority][shard];
-            seq := lane_seqs[priority][shard];
-            if lane is not null then
+             where m.queue = enqueue.queue and m.stripes = 1 and m.partitions = 1;
+            exit sticky when not found
+                          or not awa._sticky_ok(queue, kind, priority, max_attempts, run_at);
+            -- A priority out of range finds no lane, and
+            -- pg_try_advisory_xact_lock of null is null: not taken.
+            exit general when pg_try_advisory_xact_lock(awa._lock_class_lane(), lane);
+
+            <<in_turn>>
+            begin
+                -- The sticky lane is taken: what awa._take_lane does for an
+                -- unkeyed row with no memo. The first free lane in turn (S and
+                -- the lanes read again), else a wait for the sticky lane; and a
+                -- memo for the lane. Everything but the wait's total is done
+                -- before the wait: other producers wait while this one holds
+                -- the lane. A missing lane (a bug) goes the general way, which
+                -- names it.
+                select m.enqueue_shards, m.lane_ids, m.lane_seqs
+                  into shards, lane_ids, lane_seqs
+                  from awa.queue_meta as m
+                 where m.queue_id = q_id;
+                for i in 0 .. shards - 1 loop
+                    shard := awa._in_turn(shards, i);
+                    took := pg_try_advisory_xact_lock(
+                        awa._lock_class_lane(), lane_ids[priority][shard]
+                    );
+                    exit when took;
+                end loop;
+                if not took then
+                    shard := awa._sticky(shards);
+                end if;
+                lane := lane_ids[priority][shard];
+                seq := lane_seqs[priority][shard];
+                exit in_turn when lane is null;
                 memo := set_config(awa._lane_memo_name(q_id, priority), shard::text, true)
                         || set_config('awa.lane_memo', 'on', true);
-                if not fast then
+                if not took then
                     started := clock_timestamp();
                     perform pg_advisory_xact_lock(awa._lock_class_lane(), lane);
                     memo := set_config(
@@ -130,90 +140,90 @@ begin
                         true
                     );
                 end if;
-                fast := true;
+                exit general;
+            end in_turn;
+        end sticky;
+
+        -- The general way.
+        if not awa._job_ok(queue, kind, priority, max_attempts) then
+            perform awa._check_job(queue, kind, priority, max_attempts);
+        end if;
+        -- S again, with the lanes (whole arrays are cheap to read, not to
+        -- subscript: the fast way reads its one lane in SQL).
+        select m.queue_id, m.enqueue_shards, m.lane_ids, m.lane_seqs
+          into q_id, shards, lane_ids, lane_seqs
+          from awa.queue_meta as m
+         where m.queue = enqueue.queue and m.stripes = 1 and m.partitions = 1;
+        -- One test for the rarer ways (each statement costs every call that
+        -- evaluates it): a routed name, a job for later, a unique key.
+        if not found or (run_at is not null and run_at > now()) or unique_key is not null
+           or unique_window is not null then
+            if not found or (run_at is not null and run_at > now()) then
+                -- A stripe's own name ('q#1') never gets here: awa._job_ok refuses '#'.
+                select m.queue_id, m.enqueue_shards, m.lane_ids, m.lane_seqs, m.queue
+                  into q_id, shards, lane_ids, lane_seqs, routed
+                  from awa._route_queue(awa._ensure_queue(queue), ordering_key) as m;
+            end if;
+            if unique_key is not null or unique_window is not null then
+                -- The key before any lane, as every path takes it (sql/unique.sql):
+                -- held by another job, this call is its duplicate; else the job,
+                -- with the id it took the key for, goes the general insert's way
+                -- (into a lane, or awa.scheduled for later).
+                perform awa._check_unique(unique_key, unique_window);
+                new_job := nextval('awa.job_id_seq');
+                select d.job_id, m.queue, d.priority into new_seq, memo, shard
+                  from awa._take_unique_keys(
+                      array[unique_key], array[new_job], array[q_id],
+                      array[enqueue.priority], array[unique_window]
+                  ) as d
+                  join awa.queue_meta as m on m.queue_id = d.queue_id;
+                if found then
+                    -- new_seq, memo, shard: the holder's job id, queue and priority
+                    return row(new_seq, memo, shard, null, null, true)::awa.enqueued;
+                end if;
+                new_seq := null;
+                shard := null;
+                if run_at is null or run_at <= now() then
+                    shard := awa._take_lane(
+                        lane_ids, q_id, priority, shards,
+                        awa._key_shard(ordering_key, shards), 0
+                    );
+                    new_seq := nextval(lane_seqs[priority][shard]);
+                end if;
+                perform awa._insert_jobs(
+                    array[lane_ids[priority][shard]], array[new_seq], array[q_id],
+                    array[enqueue.priority], array[enqueue.kind], array[enqueue.args],
+                    array[enqueue.ordering_key], array[enqueue.max_attempts],
+                    array[enqueue.run_at], array[new_job]
+                );
+                return row(
+                    new_job, coalesce(routed, enqueue.queue), enqueue.priority, shard,
+                    new_seq, false
+                )::awa.enqueued;
+            end if;
+            if run_at is not null and run_at > now() then
+                new_job := nextval('awa.job_id_seq');
+                insert into awa.scheduled (
+                    job_id, queue_id, priority, kind, args, ordering_key, attempt,
+                    max_attempts, enqueued_at, run_at, last_error, max_run_time
+                ) values (
+                    new_job, q_id, enqueue.priority, enqueue.kind,
+                    coalesce(enqueue.args, awa._default_args()), enqueue.ordering_key,
+                    awa._first_attempt(), enqueue.max_attempts, now(), enqueue.run_at,
+                    null, null
+                );
+                return row(
+                    new_job, coalesce(routed, enqueue.queue), enqueue.priority, null, null,
+                    false
+                )::awa.enqueued;
             end if;
         end if;
-        if fast is not true then
-            if not awa._job_ok(queue, kind, priority, max_attempts) then
-                perform awa._check_job(queue, kind, priority, max_attempts);
-            end if;
-            -- S again, with the lanes (whole arrays are cheap to read, not to
-            -- subscript: the fast way reads its one lane in SQL).
-            select m.queue_id, m.enqueue_shards, m.lane_ids, m.lane_seqs
-              into q_id, shards, lane_ids, lane_seqs
-              from awa.queue_meta as m
-             where m.queue = enqueue.queue and m.stripes = 1 and m.partitions = 1;
-            -- One test for the rarer ways (each statement costs every call that
-            -- evaluates it): a routed name, a job for later, a unique key.
-            if not found or (run_at is not null and run_at > now()) or unique_key is not null
-               or unique_window is not null then
-                if not found or (run_at is not null and run_at > now()) then
-                    -- A stripe's own name ('q#1') never gets here: awa._job_ok refuses '#'.
-                    select m.queue_id, m.enqueue_shards, m.lane_ids, m.lane_seqs, m.queue
-                      into q_id, shards, lane_ids, lane_seqs, routed
-                      from awa._route_queue(awa._ensure_queue(queue), ordering_key) as m;
-                end if;
-                if unique_key is not null or unique_window is not null then
-                    -- The key before any lane, as every path takes it (sql/unique.sql):
-                    -- held by another job, this call is its duplicate; else the job,
-                    -- with the id it took the key for, goes the general insert's way
-                    -- (into a lane, or awa.scheduled for later).
-                    perform awa._check_unique(unique_key, unique_window);
-                    new_job := nextval('awa.job_id_seq');
-                    select d.job_id, m.queue, d.priority into new_seq, memo, shard
-                      from awa._take_unique_keys(
-                          array[unique_key], array[new_job], array[q_id],
-                          array[enqueue.priority], array[unique_window]
-                      ) as d
-                      join awa.queue_meta as m on m.queue_id = d.queue_id;
-                    if found then
-                        -- new_seq, memo, shard: the holder's job id, queue and priority
-                        return row(new_seq, memo, shard, null, null, true)::awa.enqueued;
-                    end if;
-                    new_seq := null;
-                    shard := null;
-                    if run_at is null or run_at <= now() then
-                        shard := awa._take_lane(
-                            lane_ids, q_id, priority, shards,
-                            awa._key_shard(ordering_key, shards), 0
-                        );
-                        new_seq := nextval(lane_seqs[priority][shard]);
-                    end if;
-                    perform awa._insert_jobs(
-                        array[lane_ids[priority][shard]], array[new_seq], array[q_id],
-                        array[enqueue.priority], array[enqueue.kind], array[enqueue.args],
-                        array[enqueue.ordering_key], array[enqueue.max_attempts],
-                        array[enqueue.run_at], array[new_job]
-                    );
-                    return row(
-                        new_job, coalesce(routed, enqueue.queue), enqueue.priority, shard,
-                        new_seq, false
-                    )::awa.enqueued;
-                end if;
-                if run_at is not null and run_at > now() then
-                    new_job := nextval('awa.job_id_seq');
-                    insert into awa.scheduled (
-                        job_id, queue_id, priority, kind, args, ordering_key, attempt,
-                        max_attempts, enqueued_at, run_at, last_error, max_run_time
-                    ) values (
-                        new_job, q_id, enqueue.priority, enqueue.kind,
-                        coalesce(enqueue.args, awa._default_args()), enqueue.ordering_key,
-                        awa._first_attempt(), enqueue.max_attempts, now(), enqueue.run_at,
-                        null, null
-                    );
-                    return row(
-                        new_job, coalesce(routed, enqueue.queue), enqueue.priority, null, null,
-                        false
-                    )::awa.enqueued;
-                end if;
-            end if;
-            shard := awa._take_lane(
-                lane_ids, q_id, priority, shards, awa._key_shard(ordering_key, shards), 0
-            );
-            lane := lane_ids[priority][shard];
-            seq := lane_seqs[priority][shard];
-        end if;
-    end if;
+        shard := awa._take_lane(
+            lane_ids, q_id, priority, shards, awa._key_shard(ordering_key, shards), 0
+        );
+        lane := lane_ids[priority][shard];
+        seq := lane_seqs[priority][shard];
+    end general;
     insert into awa.ready (
         lane_id, lane_seq, job_id, queue_id, priority, kind, args, ordering_key, attempt,
         max_attempts, enqueued_at, ready_at, last_error, max_run_time
@@ -543,8 +553,8 @@ $$;
 -- A fast path (docs/fast-paths.md) of awa._enqueue_rows for one lane range:
 -- valid, unkeyed rows due now for one plain queue at one priority.
 -- Calls: awa._default_args, awa._default_max_attempts, awa._default_priority, awa._enqueue_rows,
---   awa._first_attempt, awa._has_lane_memo, awa._job_ok, awa._lock_class_lane,
---   awa._lock_lane_groups, awa._sticky
+--   awa._first_attempt, awa._has_lane_memo, awa._lock_class_lane, awa._lock_lane_groups,
+--   awa._one_range_ok, awa._sticky
 -- Writes: awa.ready
 create or replace function awa.enqueue_batch(
     queues text[],
@@ -606,25 +616,13 @@ begin
                       hint = 'Every array holds one element per job, in the same order.';
         end if;
     end loop;
-    -- The common call, every row due now, unkeyed, valid, without a max
-    -- run time or a unique key of its own, for one plain queue at one priority (a null
-    -- element meaning the default), is one lane range: tested with array
-    -- operators, not row by row (every row has the first row's queue,
-    -- priority and max_attempts, and a kind, so checking the first checks
-    -- all). Any other call, and every error, takes awa._enqueue_rows.
-    if n > 0 and queues <@ array[queues[1]]
-       and array_position(kinds, null) is null
-       and awa._job_ok(queues[1], kinds[1], p, attempts)
-       and (priorities is null
-            or array_replace(priorities, null, awa._default_priority()) <@ array[p])
-       and (max_attempts is null
-            or array_replace(max_attempts, null, awa._default_max_attempts()) <@ array[attempts])
-       and (ordering_keys is null or cardinality(array_remove(ordering_keys, null)) = 0)
-       and (run_ats is null or cardinality(array_remove(run_ats, null)) = 0)
-       and (max_run_times is null or cardinality(array_remove(max_run_times, null)) = 0)
-       and (unique_keys is null or cardinality(array_remove(unique_keys, null)) = 0)
-       and (unique_windows is null or cardinality(array_remove(unique_windows, null)) = 0)
-    then
+    -- The common call, one lane range (awa._one_range_ok, sql/lanes.sql:
+    -- every row valid, unkeyed and due now, for one plain queue at one
+    -- priority). Any other call, and every error, takes awa._enqueue_rows.
+    if awa._one_range_ok(
+        n, queues, kinds, priorities, max_attempts, ordering_keys, run_ats, max_run_times,
+        unique_keys, unique_windows, p, attempts
+    ) then
         select m.queue_id, awa._sticky(m.enqueue_shards),
                m.lane_ids[p][awa._sticky(m.enqueue_shards)],
                m.lane_seqs[p][awa._sticky(m.enqueue_shards)]

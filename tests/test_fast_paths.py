@@ -1,7 +1,8 @@
 """docs/fast-paths.md, the registry of fast paths, agrees with sql/ and the tests.
 
 Every function whose header in sql/ calls itself "a fast path" has a row;
-every row names a function defined in sql/ whose header says so, general
+every row names a function defined in sql/ whose header says so (and the
+inlined predicates that test its eligibility, which it calls), general
 twins defined in sql/ (or "none"), tests that exist, and an ADR that
 exists. No server needed.
 """
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import sql_headers
+from tests.support.catalog import INLINED_FUNCTIONS
 
 ROOT = Path(__file__).resolve().parent.parent
 REGISTRY = ROOT / "docs" / "fast-paths.md"
@@ -50,9 +52,15 @@ def functions() -> dict[str, sql_headers.Function]:
 
 
 def _function(row: dict[str, str]) -> str:
+    """The row's function: the first name in its cell (the others are its tests)."""
     names = NAME.findall(row["function"])
-    assert len(names) == 1, f"{row['path']}: name one function, got {row['function']!r}"
+    assert names, f"{row['path']}: name its function, got {row['function']!r}"
     return names[0]
+
+
+def _predicates(row: dict[str, str]) -> list[str]:
+    """The named predicates the row gives for its eligibility, after the function."""
+    return NAME.findall(row["function"])[1:]
 
 
 def test_every_function_that_calls_itself_a_fast_path_is_registered(rows, functions):
@@ -69,6 +77,13 @@ def test_every_row_names_functions_tests_and_an_adr_that_exist(rows, functions):
     for row in rows:
         where = f"docs/fast-paths.md, {row['path']}"
         assert _function(row) in functions, f"{where}: no function {_function(row)} in sql/"
+        for predicate in _predicates(row):
+            # An eligibility test is an inlined predicate: free at run time.
+            assert predicate in functions, f"{where}: no function {predicate} in sql/"
+            assert predicate.removeprefix("awa.") in INLINED_FUNCTIONS, \
+                f"{where}: {predicate} is not an inlined function (tests/support/catalog.py)"
+            assert predicate in functions[_function(row)].uses.calls, \
+                f"{where}: {_function(row)} does not call {predicate}"
         twins = NAME.findall(row["general twin"])
         assert twins or row["general twin"].startswith("none"), \
             f"{where}: name its general twin, or say none"
@@ -94,5 +109,6 @@ def test_the_registry_reader_reads_a_table():
     text = ("| " + " | ".join(COLUMNS) + " |\n|---|---|---|---|---|---|\n"
             "| p | `awa.x` | s | none | `tests/t.py::test_a` | [ADR 001](adr/001-a.md) |\n")
     (row,) = registry_rows(text)
-    assert _function(row) == "awa.x" and TEST.findall(row["test"]) == [("tests/t.py", "test_a")]
+    assert _function(row) == "awa.x" and _predicates(row) == []
+    assert TEST.findall(row["test"]) == [("tests/t.py", "test_a")]
     assert ADR.findall(row["ADR"]) == [("001", "adr/001-a.md")]
