@@ -1197,6 +1197,30 @@ begin
 end;
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._default_args()
+ RETURNS jsonb
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+    select '{}'::pg_catalog.jsonb
+$function$;
+
+CREATE OR REPLACE FUNCTION awa._default_max_attempts()
+ RETURNS integer
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+    select 25
+$function$;
+
+CREATE OR REPLACE FUNCTION awa._default_priority()
+ RETURNS smallint
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+    select 2::pg_catalog.int2
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._enqueue_rows(queues text[], kinds text[], args jsonb[], priorities smallint[], ordering_keys bytea[], run_ats timestamp with time zone[], max_attempts integer[], max_run_times interval[], unique_keys bytea[], unique_windows interval[], row_label text, row_offset bigint)
  RETURNS SETOF awa.enqueued
  LANGUAGE plpgsql
@@ -1223,14 +1247,15 @@ begin
     select min(i) into bad
       from generate_series(1, n) as i
      where not awa._job_ok(
-         queues[i], kinds[i], coalesce(priorities[i], 2)::smallint, coalesce(max_attempts[i], 25)
+         queues[i], kinds[i], coalesce(priorities[i], awa._default_priority()),
+         coalesce(max_attempts[i], awa._default_max_attempts())
      ) or not awa._max_run_time_ok(max_run_times[i])
         or not awa._unique_ok(unique_keys[i], unique_windows[i]);
     if bad is not null then
         begin
             perform awa._check_job(
-                queues[bad], kinds[bad], coalesce(priorities[bad], 2)::smallint,
-                coalesce(max_attempts[bad], 25), max_run_times[bad]
+                queues[bad], kinds[bad], coalesce(priorities[bad], awa._default_priority()),
+                coalesce(max_attempts[bad], awa._default_max_attempts()), max_run_times[bad]
             );
             perform awa._check_unique(unique_keys[bad], unique_windows[bad]);
         exception when others then
@@ -1315,7 +1340,7 @@ begin
     );
     return query
     select coalesce(d.job_id, j.job_id), coalesce(h.queue, queues[j.i]),
-           coalesce(d.priority, coalesce(priorities[j.i], 2)::smallint),
+           coalesce(d.priority, priorities[j.i], awa._default_priority()),
            taken.shards[j.i], taken.seqs[j.i], d.i is not null
       from awa._insert_jobs(
           taken.lanes, taken.seqs, queue_ids, priorities, kinds, args, ordering_keys,
@@ -1419,11 +1444,11 @@ begin
     end if;
     insert into awa.finished (
         job_id, slot, queue_id, priority, kind, state, attempt, max_attempts, enqueued_at,
-        args, ordering_key, last_error, max_run_time, unique_key, unique_window
+        finished_at, args, ordering_key, last_error, max_run_time, unique_key, unique_window
     ) values (
         job.job_id, awa._finished_slot(state, now()), job.queue_id, job.priority, job.kind,
-        state, job.attempt, job.max_attempts, job.enqueued_at, job.args, job.ordering_key,
-        error, job.max_run_time, key, key_window
+        state, job.attempt, job.max_attempts, job.enqueued_at, now(), job.args,
+        job.ordering_key, error, job.max_run_time, key, key_window
     );
     perform nextval(case state when 'failed' then m.failed_seq else m.cancelled_seq end)
        from awa.queue_meta as m
@@ -1477,6 +1502,14 @@ AS $function$
         awa._retention('failed', m.retain_completed, m.retain_failed)
       from awa.queue_meta as m
      where m.queue_id = _finished_totals.queue_id
+$function$;
+
+CREATE OR REPLACE FUNCTION awa._first_attempt()
+ RETURNS integer
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+    select 0
 $function$;
 
 CREATE OR REPLACE FUNCTION awa._grant_execute(routine regprocedure, VARIADIC capabilities text[] DEFAULT '{}'::text[])
@@ -1597,8 +1630,10 @@ begin
     return query
     with rows as (
         select i, coalesce(job_ids[i], nextval('awa.job_id_seq')) as job_id,
-               coalesce(priorities[i], 2)::smallint as p, coalesce(args[i], '{}') as a,
-               coalesce(attempts[i], 0) as attempt, coalesce(max_attempts[i], 25) as m,
+               coalesce(priorities[i], awa._default_priority()) as p,
+               coalesce(args[i], awa._default_args()) as a,
+               coalesce(attempts[i], awa._first_attempt()) as attempt,
+               coalesce(max_attempts[i], awa._default_max_attempts()) as m,
                coalesce(enqueued_ats[i], now()) as enqueued_at,
                awa._in_seconds(max_run_times[i]) as run_time
           from generate_series(1, cardinality(kinds)) as i
@@ -1967,7 +2002,8 @@ AS $function$
               select array_agg(u.qid) as qids, array_agg(u.p) as ps, array_agg(u.ks) as kss,
                      array_agg(u.n) as ns
                 from (
-                    select queue_ids[i] as qid, coalesce(priorities[i], 2)::smallint as p,
+                    select queue_ids[i] as qid,
+                           coalesce(priorities[i], awa._default_priority()) as p,
                            coalesce(key_shards[i], -1)::smallint as ks, count(*) as n
                       from generate_series(1, cardinality(queue_ids)) as i
                      where queue_ids[i] is not null
@@ -1989,7 +2025,7 @@ AS $function$
             left join unnest(g.g_qid, g.g_p, g.g_ks, g.g_lane, g.g_shard, g.g_base)
                       as x (qid, p, ks, lane, shard, base)
               on x.qid = queue_ids[i]
-             and x.p = coalesce(priorities[i], 2)
+             and x.p = coalesce(priorities[i], awa._default_priority())
              and x.ks = coalesce(key_shards[i], -1)
       ) as r
 $function$;
@@ -2072,14 +2108,15 @@ declare
     target awa.queue_meta;
 begin
     select count(*) as n, min(s.queue) as q, max(s.queue) as q_last,
-           min(coalesce(s.priority, 2))::smallint as p,
-           max(coalesce(s.priority, 2))::smallint as p_last,
+           min(coalesce(s.priority, awa._default_priority())) as p,
+           max(coalesce(s.priority, awa._default_priority())) as p_last,
            count(s.ordering_key) as keyed,
            -- rows for later or with a unique key: not for the one-queue movers
            count(*) filter (where s.run_at > now() or s.unique_key is not null
                                   or s.unique_window is not null) as general,
            coalesce(bool_or(not awa._job_ok(
-               s.queue, s.kind, coalesce(s.priority, 2)::smallint, coalesce(s.max_attempts, 25)
+               s.queue, s.kind, coalesce(s.priority, awa._default_priority()),
+               coalesce(s.max_attempts, awa._default_max_attempts())
            ) or not awa._max_run_time_ok(s.max_run_time)), false) as bad
       into shape
       from awa.copy_staging as s
@@ -2141,13 +2178,14 @@ begin
                                  array_fill(priority, array[cardinality(kss)]), kss, ns);
     insert into awa.ready (
         lane_id, lane_seq, job_id, queue_id, priority, kind, args, ordering_key, attempt,
-        max_attempts, enqueued_at, ready_at, max_run_time
+        max_attempts, enqueued_at, ready_at, last_error, max_run_time
     )
     select g.lane, g.base + row_number() over (partition by g.lane order by s.staged_id) - 1,
            nextval('awa.job_id_seq'), _move_staged_by_key.queue_id,
-           _move_staged_by_key.priority, s.kind, coalesce(s.args, '{}'), s.ordering_key, 0,
-           coalesce(s.max_attempts, 25), now(), clock_timestamp(),
-           awa._in_seconds(s.max_run_time)
+           _move_staged_by_key.priority, s.kind, coalesce(s.args, awa._default_args()),
+           s.ordering_key, awa._first_attempt(),
+           coalesce(s.max_attempts, awa._default_max_attempts()), now(), clock_timestamp(),
+           null, awa._in_seconds(s.max_run_time)
       from awa.copy_staging as s
       left join unnest(k_key, k_shard) as k (key, shard) on k.key = s.ordering_key
       join unnest(lanes.g_ks, lanes.g_lane, lanes.g_base) as g (ks, lane, base)
@@ -2238,13 +2276,14 @@ begin
                                  array[n]);
     insert into awa.ready (
         lane_id, lane_seq, job_id, queue_id, priority, kind, args, ordering_key, attempt,
-        max_attempts, enqueued_at, ready_at, max_run_time
+        max_attempts, enqueued_at, ready_at, last_error, max_run_time
     )
     select lanes.g_lane[1], lanes.g_base[1] + row_number() over (order by s.staged_id) - 1,
            nextval('awa.job_id_seq'), _move_staged_one_lane.queue_id,
-           _move_staged_one_lane.priority, s.kind, coalesce(s.args, '{}'), null, 0,
-           coalesce(s.max_attempts, 25), now(), clock_timestamp(),
-           awa._in_seconds(s.max_run_time)
+           _move_staged_one_lane.priority, s.kind, coalesce(s.args, awa._default_args()),
+           null, awa._first_attempt(),
+           coalesce(s.max_attempts, awa._default_max_attempts()), now(), clock_timestamp(),
+           null, awa._in_seconds(s.max_run_time)
       from awa.copy_staging as s
      where s.staged_xid = _move_staged_one_lane.xid
      order by s.staged_id;
@@ -2276,8 +2315,8 @@ begin
     -- striped queue (both take the batch path), and the queues to create.
     select coalesce(bool_or(
                not awa._job_ok(
-                   s.queue, s.kind, coalesce(s.priority, 2)::smallint,
-                   coalesce(s.max_attempts, 25)
+                   s.queue, s.kind, coalesce(s.priority, awa._default_priority()),
+                   coalesce(s.max_attempts, awa._default_max_attempts())
                )
                or not awa._max_run_time_ok(s.max_run_time)
                or s.unique_key is not null or s.unique_window is not null
@@ -2312,7 +2351,7 @@ begin
            coalesce(array_agg(x.ks), '{}') as kss, coalesce(array_agg(x.n), '{}') as ns
       into g
       from (
-          select m.queue_id as qid, coalesce(s.priority, 2)::smallint as p,
+          select m.queue_id as qid, coalesce(s.priority, awa._default_priority()) as p,
                  coalesce(k.shard, -1)::smallint as ks, count(*) as n
             from awa.copy_staging as s
             join awa.queue_meta as m on m.queue = s.queue
@@ -2325,7 +2364,8 @@ begin
     select * into lanes from awa._lock_lane_groups(g.qids, g.ps, g.kss, g.ns);
 
     with rows as (
-        select s.staged_id, m.queue_id as qid, coalesce(s.priority, 2)::smallint as p,
+        select s.staged_id, m.queue_id as qid,
+               coalesce(s.priority, awa._default_priority()) as p,
                s.kind, s.args, s.ordering_key, s.max_attempts, s.run_at,
                awa._in_seconds(s.max_run_time) as run_time, l.lane,
                l.base + row_number() over (partition by l.lane order by s.staged_id) - 1
@@ -2337,18 +2377,19 @@ begin
           left join unnest(lanes.g_qid, lanes.g_p, lanes.g_ks, lanes.g_lane, lanes.g_base)
                     as l (qid, p, ks, lane, base)
             on (s.run_at is null or s.run_at <= now())
-           and l.qid = m.queue_id and l.p = coalesce(s.priority, 2)
+           and l.qid = m.queue_id and l.p = coalesce(s.priority, awa._default_priority())
            and l.ks = coalesce(k.shard, -1)
          where s.staged_xid = _move_staged_sets.xid
     ),
     to_ready as (
         insert into awa.ready (
             lane_id, lane_seq, job_id, queue_id, priority, kind, args, ordering_key, attempt,
-            max_attempts, enqueued_at, ready_at, max_run_time
+            max_attempts, enqueued_at, ready_at, last_error, max_run_time
         )
         select r.lane, r.seq, nextval('awa.job_id_seq'), r.qid, r.p, r.kind,
-               coalesce(r.args, '{}'), r.ordering_key, 0, coalesce(r.max_attempts, 25), now(),
-               clock_timestamp(), r.run_time
+               coalesce(r.args, awa._default_args()), r.ordering_key, awa._first_attempt(),
+               coalesce(r.max_attempts, awa._default_max_attempts()), now(),
+               clock_timestamp(), null, r.run_time
           from rows as r
          where r.lane is not null
         returning 1
@@ -2356,10 +2397,12 @@ begin
     to_scheduled as (
         insert into awa.scheduled (
             job_id, queue_id, priority, kind, args, ordering_key, attempt, max_attempts,
-            enqueued_at, run_at, max_run_time
+            enqueued_at, run_at, last_error, max_run_time
         )
-        select nextval('awa.job_id_seq'), r.qid, r.p, r.kind, coalesce(r.args, '{}'),
-               r.ordering_key, 0, coalesce(r.max_attempts, 25), now(), r.run_at, r.run_time
+        select nextval('awa.job_id_seq'), r.qid, r.p, r.kind,
+               coalesce(r.args, awa._default_args()), r.ordering_key, awa._first_attempt(),
+               coalesce(r.max_attempts, awa._default_max_attempts()), now(), r.run_at, null,
+               r.run_time
           from rows as r
          where r.lane is null
         returning 1
@@ -2381,6 +2424,38 @@ begin
     on conflict do nothing;
     return null;
 end;
+$function$;
+
+CREATE OR REPLACE FUNCTION awa._one_range_ok(n integer, queues text[], kinds text[], priorities smallint[], max_attempts integer[], ordering_keys bytea[], run_ats timestamp with time zone[], max_run_times interval[], unique_keys bytea[], unique_windows interval[], priority smallint, attempts integer)
+ RETURNS boolean
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+    select n operator(pg_catalog.>) 0
+       and queues operator(pg_catalog.<@) array[queues[1]]
+       and pg_catalog.array_position(kinds, null) is null
+       and awa._job_ok(queues[1], kinds[1], priority, attempts)
+       and (priorities is null
+            or pg_catalog.array_replace(priorities, null, awa._default_priority())
+               operator(pg_catalog.<@) array[priority])
+       and (max_attempts is null
+            or pg_catalog.array_replace(max_attempts, null, awa._default_max_attempts())
+               operator(pg_catalog.<@) array[attempts])
+       and (ordering_keys is null
+            or pg_catalog.cardinality(pg_catalog.array_remove(ordering_keys, null))
+               operator(pg_catalog.=) 0)
+       and (run_ats is null
+            or pg_catalog.cardinality(pg_catalog.array_remove(run_ats, null))
+               operator(pg_catalog.=) 0)
+       and (max_run_times is null
+            or pg_catalog.cardinality(pg_catalog.array_remove(max_run_times, null))
+               operator(pg_catalog.=) 0)
+       and (unique_keys is null
+            or pg_catalog.cardinality(pg_catalog.array_remove(unique_keys, null))
+               operator(pg_catalog.=) 0)
+       and (unique_windows is null
+            or pg_catalog.cardinality(pg_catalog.array_remove(unique_windows, null))
+               operator(pg_catalog.=) 0)
 $function$;
 
 CREATE OR REPLACE FUNCTION awa._partition_limbs(key bytea)
@@ -2580,12 +2655,13 @@ begin
         execute format($f$
             insert into awa.finished (
                 job_id, slot, queue_id, priority, kind, state, attempt, max_attempts,
-                enqueued_at, finished_at, args, ordering_key, last_error, max_run_time
+                enqueued_at, finished_at, args, ordering_key, last_error, max_run_time,
+                unique_key, unique_window
             )
             select
                 f.job_id, awa._finished_slot(f.state, now()), f.queue_id, f.priority, f.kind,
                 f.state, f.attempt, f.max_attempts, f.enqueued_at, f.finished_at, f.args,
-                f.ordering_key, f.last_error, f.max_run_time
+                f.ordering_key, f.last_error, f.max_run_time, f.unique_key, f.unique_window
               from %s as f
               join awa.queue_meta as m on m.queue_id = f.queue_id
              where f.finished_at + awa._retention(f.state, m.retain_completed, m.retain_failed)
@@ -2728,7 +2804,7 @@ begin
     select * into taken from awa._lock_lanes(queue_ids, priorities, key_shards);
     perform count(*) from awa._insert_jobs(
         taken.lanes, taken.seqs, queue_ids, priorities, kinds, args, ordering_keys,
-        max_attempts, null, job_ids, array_fill(0, array[n]), enqueued_ats,
+        max_attempts, null, job_ids, array_fill(awa._first_attempt(), array[n]), enqueued_ats,
         last_errors, max_run_times
     );
     return array(
@@ -3040,6 +3116,16 @@ AS $function$
     select pg_catalog.pg_backend_pid() operator(pg_catalog.%) n
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._sticky_ok(queue text, kind text, priority smallint, max_attempts integer, run_at timestamp with time zone)
+ RETURNS boolean
+ LANGUAGE sql
+ STABLE PARALLEL SAFE
+AS $function$
+    select awa._job_ok(queue, kind, priority, max_attempts)
+       and (run_at is null or run_at operator(pg_catalog.<=) pg_catalog.now())
+       and not awa._has_lane_memo()
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._take_lane(lane_ids integer[], queue_id integer, priority smallint, shards integer, key_shard integer, above integer)
  RETURNS integer
  LANGUAGE plpgsql
@@ -3132,7 +3218,8 @@ begin
     )
     select distinct on (scopes[x.i], unique_keys[x.i])
            scopes[x.i], unique_keys[x.i], job_ids[x.i], queue_ids[x.i],
-           coalesce(priorities[x.i], 2)::smallint, unique_windows[x.i], null::timestamptz
+           coalesce(priorities[x.i], awa._default_priority()), unique_windows[x.i],
+           null::timestamptz
       from generate_series(1, cardinality(unique_keys)) as x (i)
      where unique_keys[x.i] is not null
      order by scopes[x.i], unique_keys[x.i], x.i
@@ -3438,15 +3525,16 @@ begin
         started as (
             insert into awa.running (
                 job_id, run_lease, lane_id, lane_seq, queue_id, priority, kind, args,
-                ordering_key, attempt, max_attempts, enqueued_at, worker, lease_expires_at,
-                completed_seq, max_run_time, deadline_at, unique_jobs
+                ordering_key, attempt, max_attempts, enqueued_at, worker, claimed_at,
+                heartbeat_at, lease_expires_at, completed_seq, max_run_time, deadline_at,
+                unique_jobs
             )
             select
                 m.job_id, m.run_lease, m.lane_id, m.lane_seq, m.queue_id, m.priority, m.kind,
                 m.args, m.ordering_key, m.attempt + 1, m.max_attempts, m.enqueued_at,
                 -- least() passes over a null deadline.
-                claim.worker, least(now() + claim.lease, m.deadline_at), m.completed_seq,
-                m.max_run_time, m.deadline_at, m.unique_jobs
+                claim.worker, now(), now(), least(now() + claim.lease, m.deadline_at),
+                m.completed_seq, m.max_run_time, m.deadline_at, m.unique_jobs
               from moved as m
         )
         select
@@ -3512,12 +3600,15 @@ begin
             r.enqueued_at, r.completed_seq, r.unique_jobs
     ),
     kept as (
+        -- A completed job keeps no args, key or error: it never runs again.
         insert into awa.finished (
-            job_id, slot, queue_id, priority, kind, state, attempt, max_attempts, enqueued_at
+            job_id, slot, queue_id, priority, kind, state, attempt, max_attempts, enqueued_at,
+            finished_at, args, ordering_key, last_error, max_run_time, unique_key, unique_window
         )
         select
             d.job_id, awa._finished_slot('completed', now()), d.queue_id, d.priority, d.kind,
-            'completed', d.attempt, d.max_attempts, d.enqueued_at
+            'completed', d.attempt, d.max_attempts, d.enqueued_at, now(), null, null, null,
+            null, null, null
           from done as d
     )
     -- The queue's counter, which the claim copied into the running row.
@@ -3615,56 +3706,65 @@ declare
     routed text;  -- the partition or stripe a routed name went to
     new_seq bigint;
     new_job bigint;
-    fast boolean;  -- null: the general way; false: the sticky lane is taken
+    took boolean;  -- in turn: whether the try-lock took the lane
     memo text;
     started timestamptz;
 begin
-    if ordering_key is null and unique_key is null and unique_window is null then
-        -- S itself is not read here: only the other ways use it, and each
-        -- reads it again (an integer variable set from a smallint column
-        -- costs a cast set up per transaction).
-        select m.queue_id, awa._sticky(m.enqueue_shards),
-               m.lane_ids[enqueue.priority][awa._sticky(m.enqueue_shards)],
-               m.lane_seqs[enqueue.priority][awa._sticky(m.enqueue_shards)]
-          into q_id, shard, lane, seq
-          from awa.queue_meta as m
-         where m.queue = enqueue.queue and m.stripes = 1 and m.partitions = 1;
-        -- With a lane memo (sql/lanes.sql) the lane is awa._take_lane's to
-        -- choose. A priority out of range finds no lane, and
-        -- pg_try_advisory_xact_lock of null is null.
-        fast := case when found and awa._job_ok(queue, kind, priority, max_attempts)
-                               and (run_at is null or run_at <= now())
-                               and not awa._has_lane_memo()
-                          then coalesce(pg_try_advisory_xact_lock(awa._lock_class_lane(), lane),
-                                        false)
-                     end;
-    end if;
-    if fast is not true then
-        if fast is false then
-            -- The sticky lane is taken: what awa._take_lane does for an
-            -- unkeyed row with no memo. The first free lane in turn (S and
-            -- the lanes read again), else a wait for the sticky lane; and a
-            -- memo for the lane. Everything but the wait's total is done
-            -- before the wait: other producers wait while this one holds
-            -- the lane. A missing lane (a bug) goes the general way, which
-            -- names it.
-            select m.enqueue_shards, m.lane_ids, m.lane_seqs into shards, lane_ids, lane_seqs
+    -- Three ways, each a labelled block (docs/fast-paths.md): sticky, then
+    -- in_turn when the sticky lane is taken, both ending with `exit
+    -- general` once they hold a lane; else the general way. Each exit
+    -- test is one expression, as few as the flag they replace cost
+    -- (every expression costs every call its set-up).
+    <<general>>
+    begin
+        <<sticky>>
+        begin
+            exit sticky when ordering_key is not null or unique_key is not null
+                          or unique_window is not null;
+            -- S itself is not read here: only the other ways use it, and each
+            -- reads it again (an integer variable set from a smallint column
+            -- costs a cast set up per transaction).
+            select m.queue_id, awa._sticky(m.enqueue_shards),
+                   m.lane_ids[enqueue.priority][awa._sticky(m.enqueue_shards)],
+                   m.lane_seqs[enqueue.priority][awa._sticky(m.enqueue_shards)]
+              into q_id, shard, lane, seq
               from awa.queue_meta as m
-             where m.queue_id = q_id;
-            for i in 0 .. shards - 1 loop
-                shard := awa._in_turn(shards, i);
-                fast := pg_try_advisory_xact_lock(awa._lock_class_lane(), lane_ids[priority][shard]);
-                exit when fast;
-            end loop;
-            if not fast then
-                shard := awa._sticky(shards);
-            end if;
-            lane := lane_ids[priority][shard];
-            seq := lane_seqs[priority][shard];
-            if lane is not null then
+             where m.queue = enqueue.queue and m.stripes = 1 and m.partitions = 1;
+            exit sticky when not found
+                          or not awa._sticky_ok(queue, kind, priority, max_attempts, run_at);
+            -- A priority out of range finds no lane, and
+            -- pg_try_advisory_xact_lock of null is null: not taken.
+            exit general when pg_try_advisory_xact_lock(awa._lock_class_lane(), lane);
+
+            <<in_turn>>
+            begin
+                -- The sticky lane is taken: what awa._take_lane does for an
+                -- unkeyed row with no memo. The first free lane in turn (S and
+                -- the lanes read again), else a wait for the sticky lane; and a
+                -- memo for the lane. Everything but the wait's total is done
+                -- before the wait: other producers wait while this one holds
+                -- the lane. A missing lane (a bug) goes the general way, which
+                -- names it.
+                select m.enqueue_shards, m.lane_ids, m.lane_seqs
+                  into shards, lane_ids, lane_seqs
+                  from awa.queue_meta as m
+                 where m.queue_id = q_id;
+                for i in 0 .. shards - 1 loop
+                    shard := awa._in_turn(shards, i);
+                    took := pg_try_advisory_xact_lock(
+                        awa._lock_class_lane(), lane_ids[priority][shard]
+                    );
+                    exit when took;
+                end loop;
+                if not took then
+                    shard := awa._sticky(shards);
+                end if;
+                lane := lane_ids[priority][shard];
+                seq := lane_seqs[priority][shard];
+                exit in_turn when lane is null;
                 memo := set_config(awa._lane_memo_name(q_id, priority), shard::text, true)
                         || set_config('awa.lane_memo', 'on', true);
-                if not fast then
+                if not took then
                     started := clock_timestamp();
                     perform pg_advisory_xact_lock(awa._lock_class_lane(), lane);
                     memo := set_config(
@@ -3672,96 +3772,97 @@ begin
                         true
                     );
                 end if;
-                fast := true;
+                exit general;
+            end in_turn;
+        end sticky;
+
+        -- The general way.
+        if not awa._job_ok(queue, kind, priority, max_attempts) then
+            perform awa._check_job(queue, kind, priority, max_attempts);
+        end if;
+        -- S again, with the lanes (whole arrays are cheap to read, not to
+        -- subscript: the fast way reads its one lane in SQL).
+        select m.queue_id, m.enqueue_shards, m.lane_ids, m.lane_seqs
+          into q_id, shards, lane_ids, lane_seqs
+          from awa.queue_meta as m
+         where m.queue = enqueue.queue and m.stripes = 1 and m.partitions = 1;
+        -- One test for the rarer ways (each statement costs every call that
+        -- evaluates it): a routed name, a job for later, a unique key.
+        if not found or (run_at is not null and run_at > now()) or unique_key is not null
+           or unique_window is not null then
+            if not found or (run_at is not null and run_at > now()) then
+                -- A stripe's own name ('q#1') never gets here: awa._job_ok refuses '#'.
+                select m.queue_id, m.enqueue_shards, m.lane_ids, m.lane_seqs, m.queue
+                  into q_id, shards, lane_ids, lane_seqs, routed
+                  from awa._route_queue(awa._ensure_queue(queue), ordering_key) as m;
+            end if;
+            if unique_key is not null or unique_window is not null then
+                -- The key before any lane, as every path takes it (sql/unique.sql):
+                -- held by another job, this call is its duplicate; else the job,
+                -- with the id it took the key for, goes the general insert's way
+                -- (into a lane, or awa.scheduled for later).
+                perform awa._check_unique(unique_key, unique_window);
+                new_job := nextval('awa.job_id_seq');
+                select d.job_id, m.queue, d.priority into new_seq, memo, shard
+                  from awa._take_unique_keys(
+                      array[unique_key], array[new_job], array[q_id],
+                      array[enqueue.priority], array[unique_window]
+                  ) as d
+                  join awa.queue_meta as m on m.queue_id = d.queue_id;
+                if found then
+                    -- new_seq, memo, shard: the holder's job id, queue and priority
+                    return row(new_seq, memo, shard, null, null, true)::awa.enqueued;
+                end if;
+                new_seq := null;
+                shard := null;
+                if run_at is null or run_at <= now() then
+                    shard := awa._take_lane(
+                        lane_ids, q_id, priority, shards,
+                        awa._key_shard(ordering_key, shards), 0
+                    );
+                    new_seq := nextval(lane_seqs[priority][shard]);
+                end if;
+                perform awa._insert_jobs(
+                    array[lane_ids[priority][shard]], array[new_seq], array[q_id],
+                    array[enqueue.priority], array[enqueue.kind], array[enqueue.args],
+                    array[enqueue.ordering_key], array[enqueue.max_attempts],
+                    array[enqueue.run_at], array[new_job]
+                );
+                return row(
+                    new_job, coalesce(routed, enqueue.queue), enqueue.priority, shard,
+                    new_seq, false
+                )::awa.enqueued;
+            end if;
+            if run_at is not null and run_at > now() then
+                new_job := nextval('awa.job_id_seq');
+                insert into awa.scheduled (
+                    job_id, queue_id, priority, kind, args, ordering_key, attempt,
+                    max_attempts, enqueued_at, run_at, last_error, max_run_time
+                ) values (
+                    new_job, q_id, enqueue.priority, enqueue.kind,
+                    coalesce(enqueue.args, awa._default_args()), enqueue.ordering_key,
+                    awa._first_attempt(), enqueue.max_attempts, now(), enqueue.run_at,
+                    null, null
+                );
+                return row(
+                    new_job, coalesce(routed, enqueue.queue), enqueue.priority, null, null,
+                    false
+                )::awa.enqueued;
             end if;
         end if;
-        if fast is not true then
-            if not awa._job_ok(queue, kind, priority, max_attempts) then
-                perform awa._check_job(queue, kind, priority, max_attempts);
-            end if;
-            -- S again, with the lanes (whole arrays are cheap to read, not to
-            -- subscript: the fast way reads its one lane in SQL).
-            select m.queue_id, m.enqueue_shards, m.lane_ids, m.lane_seqs
-              into q_id, shards, lane_ids, lane_seqs
-              from awa.queue_meta as m
-             where m.queue = enqueue.queue and m.stripes = 1 and m.partitions = 1;
-            -- One test for the rarer ways (each statement costs every call that
-            -- evaluates it): a routed name, a job for later, a unique key.
-            if not found or (run_at is not null and run_at > now()) or unique_key is not null
-               or unique_window is not null then
-                if not found or (run_at is not null and run_at > now()) then
-                    -- A stripe's own name ('q#1') never gets here: awa._job_ok refuses '#'.
-                    select m.queue_id, m.enqueue_shards, m.lane_ids, m.lane_seqs, m.queue
-                      into q_id, shards, lane_ids, lane_seqs, routed
-                      from awa._route_queue(awa._ensure_queue(queue), ordering_key) as m;
-                end if;
-                if unique_key is not null or unique_window is not null then
-                    -- The key before any lane, as every path takes it (sql/unique.sql):
-                    -- held by another job, this call is its duplicate; else the job,
-                    -- with the id it took the key for, goes the general insert's way
-                    -- (into a lane, or awa.scheduled for later).
-                    perform awa._check_unique(unique_key, unique_window);
-                    new_job := nextval('awa.job_id_seq');
-                    select d.job_id, m.queue, d.priority into new_seq, memo, shard
-                      from awa._take_unique_keys(
-                          array[unique_key], array[new_job], array[q_id],
-                          array[enqueue.priority], array[unique_window]
-                      ) as d
-                      join awa.queue_meta as m on m.queue_id = d.queue_id;
-                    if found then
-                        -- new_seq, memo, shard: the holder's job id, queue and priority
-                        return row(new_seq, memo, shard, null, null, true)::awa.enqueued;
-                    end if;
-                    new_seq := null;
-                    shard := null;
-                    if run_at is null or run_at <= now() then
-                        shard := awa._take_lane(
-                            lane_ids, q_id, priority, shards,
-                            awa._key_shard(ordering_key, shards), 0
-                        );
-                        new_seq := nextval(lane_seqs[priority][shard]);
-                    end if;
-                    perform awa._insert_jobs(
-                        array[lane_ids[priority][shard]], array[new_seq], array[q_id],
-                        array[enqueue.priority], array[enqueue.kind], array[enqueue.args],
-                        array[enqueue.ordering_key], array[enqueue.max_attempts],
-                        array[enqueue.run_at], array[new_job]
-                    );
-                    return row(
-                        new_job, coalesce(routed, enqueue.queue), enqueue.priority, shard,
-                        new_seq, false
-                    )::awa.enqueued;
-                end if;
-                if run_at is not null and run_at > now() then
-                    new_job := nextval('awa.job_id_seq');
-                    insert into awa.scheduled (
-                        job_id, queue_id, priority, kind, args, ordering_key, attempt,
-                        max_attempts, enqueued_at, run_at
-                    ) values (
-                        new_job, q_id, enqueue.priority, enqueue.kind,
-                        coalesce(enqueue.args, '{}'), enqueue.ordering_key, 0,
-                        enqueue.max_attempts, now(), enqueue.run_at
-                    );
-                    return row(
-                        new_job, coalesce(routed, enqueue.queue), enqueue.priority, null, null,
-                        false
-                    )::awa.enqueued;
-                end if;
-            end if;
-            shard := awa._take_lane(
-                lane_ids, q_id, priority, shards, awa._key_shard(ordering_key, shards), 0
-            );
-            lane := lane_ids[priority][shard];
-            seq := lane_seqs[priority][shard];
-        end if;
-    end if;
+        shard := awa._take_lane(
+            lane_ids, q_id, priority, shards, awa._key_shard(ordering_key, shards), 0
+        );
+        lane := lane_ids[priority][shard];
+        seq := lane_seqs[priority][shard];
+    end general;
     insert into awa.ready (
         lane_id, lane_seq, job_id, queue_id, priority, kind, args, ordering_key, attempt,
-        max_attempts, enqueued_at, ready_at
+        max_attempts, enqueued_at, ready_at, last_error, max_run_time
     ) values (
         lane, nextval(seq), nextval('awa.job_id_seq'), q_id, enqueue.priority, enqueue.kind,
-        coalesce(enqueue.args, '{}'), enqueue.ordering_key, 0, enqueue.max_attempts,
-        now(), clock_timestamp()
+        coalesce(enqueue.args, awa._default_args()), enqueue.ordering_key,
+        awa._first_attempt(), enqueue.max_attempts, now(), clock_timestamp(), null, null
     )
     returning awa.ready.lane_seq, awa.ready.job_id into new_seq, new_job;
     return row(
@@ -3779,8 +3880,8 @@ CREATE OR REPLACE FUNCTION awa.enqueue_batch(queues text[], kinds text[], args j
 AS $function$
 declare
     n integer := coalesce(cardinality(queues), 0);
-    p smallint := coalesce(priorities[1], 2);
-    attempts integer := coalesce(max_attempts[1], 25);
+    p smallint := coalesce(priorities[1], awa._default_priority());
+    attempts integer := coalesce(max_attempts[1], awa._default_max_attempts());
     names text[] := array['queues', 'kinds', 'args', 'priorities', 'ordering_keys', 'run_ats',
                           'max_attempts', 'max_run_times', 'unique_keys', 'unique_windows'];
     dims text[] := array[
@@ -3818,23 +3919,13 @@ begin
                       hint = 'Every array holds one element per job, in the same order.';
         end if;
     end loop;
-    -- The common call, every row due now, unkeyed, valid, without a max
-    -- run time or a unique key of its own, for one plain queue at one priority (a null
-    -- element meaning the default), is one lane range: tested with array
-    -- operators, not row by row (every row has the first row's queue,
-    -- priority and max_attempts, and a kind, so checking the first checks
-    -- all). Any other call, and every error, takes awa._enqueue_rows.
-    if n > 0 and queues <@ array[queues[1]]
-       and array_position(kinds, null) is null
-       and awa._job_ok(queues[1], kinds[1], p, attempts)
-       and (priorities is null or array_replace(priorities, null, 2::smallint) <@ array[p])
-       and (max_attempts is null or array_replace(max_attempts, null, 25) <@ array[attempts])
-       and (ordering_keys is null or cardinality(array_remove(ordering_keys, null)) = 0)
-       and (run_ats is null or cardinality(array_remove(run_ats, null)) = 0)
-       and (max_run_times is null or cardinality(array_remove(max_run_times, null)) = 0)
-       and (unique_keys is null or cardinality(array_remove(unique_keys, null)) = 0)
-       and (unique_windows is null or cardinality(array_remove(unique_windows, null)) = 0)
-    then
+    -- The common call, one lane range (awa._one_range_ok, sql/lanes.sql:
+    -- every row valid, unkeyed and due now, for one plain queue at one
+    -- priority). Any other call, and every error, takes awa._enqueue_rows.
+    if awa._one_range_ok(
+        n, queues, kinds, priorities, max_attempts, ordering_keys, run_ats, max_run_times,
+        unique_keys, unique_windows, p, attempts
+    ) then
         select m.queue_id, awa._sticky(m.enqueue_shards),
                m.lane_ids[p][awa._sticky(m.enqueue_shards)],
                m.lane_seqs[p][awa._sticky(m.enqueue_shards)]
@@ -3865,11 +3956,11 @@ begin
             return query
             insert into awa.ready (
                 lane_id, lane_seq, job_id, queue_id, priority, kind, args, ordering_key,
-                attempt, max_attempts, enqueued_at, ready_at
+                attempt, max_attempts, enqueued_at, ready_at, last_error, max_run_time
             )
             select lane, base + u.i - 1, nextval('awa.job_id_seq'),
-                   q_id, p, u.k, coalesce(u.a, '{}'), null, 0, attempts, now(),
-                   clock_timestamp()
+                   q_id, p, u.k, coalesce(u.a, awa._default_args()), null,
+                   awa._first_attempt(), attempts, now(), clock_timestamp(), null, null
               from unnest(kinds, args) with ordinality as u (k, a, i)
             returning awa.ready.job_id, queues[1], p, shard, awa.ready.lane_seq, false;
             return;

@@ -87,7 +87,9 @@ $$;
 -- no other claimable row is left. Paused queues yield nothing.
 -- At S = 1 (one lane per priority) this is strict FIFO per priority; at
 -- S > 1 it is partitioned FIFO: FIFO within a lane, priority first, and no
--- order between the lanes of a priority (docs/concepts.md).
+-- order between the lanes of a priority (docs/concepts.md). A fast path
+-- (docs/fast-paths.md) with no general twin: the lane walk is the one claim
+-- path, checked against an oracle of its order.
 -- Each job's deadline is now plus its own max run time, else its queue's
 -- (read from the queue_meta row the walk reads anyway); the lease never
 -- runs past it (ADR 026). The running row notes whether the queue has had
@@ -188,15 +190,16 @@ begin
         started as (
             insert into awa.running (
                 job_id, run_lease, lane_id, lane_seq, queue_id, priority, kind, args,
-                ordering_key, attempt, max_attempts, enqueued_at, worker, lease_expires_at,
-                completed_seq, max_run_time, deadline_at, unique_jobs
+                ordering_key, attempt, max_attempts, enqueued_at, worker, claimed_at,
+                heartbeat_at, lease_expires_at, completed_seq, max_run_time, deadline_at,
+                unique_jobs
             )
             select
                 m.job_id, m.run_lease, m.lane_id, m.lane_seq, m.queue_id, m.priority, m.kind,
                 m.args, m.ordering_key, m.attempt + 1, m.max_attempts, m.enqueued_at,
                 -- least() passes over a null deadline.
-                claim.worker, least(now() + claim.lease, m.deadline_at), m.completed_seq,
-                m.max_run_time, m.deadline_at, m.unique_jobs
+                claim.worker, now(), now(), least(now() + claim.lease, m.deadline_at),
+                m.completed_seq, m.max_run_time, m.deadline_at, m.unique_jobs
               from moved as m
         )
         select
@@ -273,12 +276,15 @@ begin
             r.enqueued_at, r.completed_seq, r.unique_jobs
     ),
     kept as (
+        -- A completed job keeps no args, key or error: it never runs again.
         insert into awa.finished (
-            job_id, slot, queue_id, priority, kind, state, attempt, max_attempts, enqueued_at
+            job_id, slot, queue_id, priority, kind, state, attempt, max_attempts, enqueued_at,
+            finished_at, args, ordering_key, last_error, max_run_time, unique_key, unique_window
         )
         select
             d.job_id, awa._finished_slot('completed', now()), d.queue_id, d.priority, d.kind,
-            'completed', d.attempt, d.max_attempts, d.enqueued_at
+            'completed', d.attempt, d.max_attempts, d.enqueued_at, now(), null, null, null,
+            null, null, null
           from done as d
     )
     -- The queue's counter, which the claim copied into the running row.
@@ -313,11 +319,11 @@ begin
     end if;
     insert into awa.finished (
         job_id, slot, queue_id, priority, kind, state, attempt, max_attempts, enqueued_at,
-        args, ordering_key, last_error, max_run_time, unique_key, unique_window
+        finished_at, args, ordering_key, last_error, max_run_time, unique_key, unique_window
     ) values (
         job.job_id, awa._finished_slot(state, now()), job.queue_id, job.priority, job.kind,
-        state, job.attempt, job.max_attempts, job.enqueued_at, job.args, job.ordering_key,
-        error, job.max_run_time, key, key_window
+        state, job.attempt, job.max_attempts, job.enqueued_at, now(), job.args,
+        job.ordering_key, error, job.max_run_time, key, key_window
     );
     perform nextval(case state when 'failed' then m.failed_seq else m.cancelled_seq end)
        from awa.queue_meta as m

@@ -93,8 +93,10 @@ $$;
 -- Function: awa._move_staged_one_lane(xid, queue_id, priority, n) returns bigint
 -- Moves the n staged rows of one transaction, all unkeyed and due now, for
 -- one plain queue at one priority, into one lane range with one INSERT in
--- COPY order. Returns how many rows it moved.
--- Calls: awa._in_seconds, awa._lock_lane_groups
+-- COPY order. Returns how many rows it moved. A fast path
+-- (docs/fast-paths.md) of awa._move_staged_in_batches.
+-- Calls: awa._default_args, awa._default_max_attempts, awa._first_attempt, awa._in_seconds,
+--   awa._lock_lane_groups
 -- Writes: awa.copy_staging, awa.ready
 create or replace function awa._move_staged_one_lane(
     xid xid8, queue_id integer, priority smallint, n bigint
@@ -116,13 +118,14 @@ begin
                                  array[n]);
     insert into awa.ready (
         lane_id, lane_seq, job_id, queue_id, priority, kind, args, ordering_key, attempt,
-        max_attempts, enqueued_at, ready_at, max_run_time
+        max_attempts, enqueued_at, ready_at, last_error, max_run_time
     )
     select lanes.g_lane[1], lanes.g_base[1] + row_number() over (order by s.staged_id) - 1,
            nextval('awa.job_id_seq'), _move_staged_one_lane.queue_id,
-           _move_staged_one_lane.priority, s.kind, coalesce(s.args, '{}'), null, 0,
-           coalesce(s.max_attempts, 25), now(), clock_timestamp(),
-           awa._in_seconds(s.max_run_time)
+           _move_staged_one_lane.priority, s.kind, coalesce(s.args, awa._default_args()),
+           null, awa._first_attempt(),
+           coalesce(s.max_attempts, awa._default_max_attempts()), now(), clock_timestamp(),
+           null, awa._in_seconds(s.max_run_time)
       from awa.copy_staging as s
      where s.staged_xid = _move_staged_one_lane.xid
      order by s.staged_id;
@@ -137,8 +140,9 @@ $$;
 -- at one priority, some keyed: one pass counts the rows of each distinct
 -- key and hashes it once, awa._lock_lane_groups takes one range per lane,
 -- one INSERT numbers each lane's rows in COPY order. Returns how many rows
--- it moved.
--- Calls: awa._in_seconds, awa._key_shard, awa._lock_lane_groups
+-- it moved. A fast path (docs/fast-paths.md) of awa._move_staged_in_batches.
+-- Calls: awa._default_args, awa._default_max_attempts, awa._first_attempt, awa._in_seconds,
+--   awa._key_shard, awa._lock_lane_groups
 -- Writes: awa.copy_staging, awa.ready
 create or replace function awa._move_staged_by_key(
     xid xid8, queue_id integer, shards integer, priority smallint, n bigint
@@ -181,13 +185,14 @@ begin
                                  array_fill(priority, array[cardinality(kss)]), kss, ns);
     insert into awa.ready (
         lane_id, lane_seq, job_id, queue_id, priority, kind, args, ordering_key, attempt,
-        max_attempts, enqueued_at, ready_at, max_run_time
+        max_attempts, enqueued_at, ready_at, last_error, max_run_time
     )
     select g.lane, g.base + row_number() over (partition by g.lane order by s.staged_id) - 1,
            nextval('awa.job_id_seq'), _move_staged_by_key.queue_id,
-           _move_staged_by_key.priority, s.kind, coalesce(s.args, '{}'), s.ordering_key, 0,
-           coalesce(s.max_attempts, 25), now(), clock_timestamp(),
-           awa._in_seconds(s.max_run_time)
+           _move_staged_by_key.priority, s.kind, coalesce(s.args, awa._default_args()),
+           s.ordering_key, awa._first_attempt(),
+           coalesce(s.max_attempts, awa._default_max_attempts()), now(), clock_timestamp(),
+           null, awa._in_seconds(s.max_run_time)
       from awa.copy_staging as s
       left join unnest(k_key, k_shard) as k (key, shard) on k.key = s.ordering_key
       join unnest(lanes.g_ks, lanes.g_lane, lanes.g_base) as g (ks, lane, base)
@@ -206,8 +211,10 @@ $$;
 -- reserves one range per lane; one INSERT ... SELECT numbers the rows of
 -- each lane in COPY order. Rows for partitioned or striped queues, rows
 -- with a unique key, and a transaction with a bad row (to name it), go
--- through awa._move_staged_in_batches instead.
--- Calls: awa._ensure_queue, awa._in_seconds, awa._job_ok, awa._key_shard, awa._lock_lane_groups,
+-- through awa._move_staged_in_batches instead. A fast path
+-- (docs/fast-paths.md) of awa._move_staged_in_batches.
+-- Calls: awa._default_args, awa._default_max_attempts, awa._default_priority, awa._ensure_queue,
+--   awa._first_attempt, awa._in_seconds, awa._job_ok, awa._key_shard, awa._lock_lane_groups,
 --   awa._max_run_time_ok, awa._move_staged_in_batches
 -- Writes: awa.copy_staging, awa.ready, awa.scheduled
 create or replace function awa._move_staged_sets(xid xid8)
@@ -234,8 +241,8 @@ begin
     -- striped queue (both take the batch path), and the queues to create.
     select coalesce(bool_or(
                not awa._job_ok(
-                   s.queue, s.kind, coalesce(s.priority, 2)::smallint,
-                   coalesce(s.max_attempts, 25)
+                   s.queue, s.kind, coalesce(s.priority, awa._default_priority()),
+                   coalesce(s.max_attempts, awa._default_max_attempts())
                )
                or not awa._max_run_time_ok(s.max_run_time)
                or s.unique_key is not null or s.unique_window is not null
@@ -270,7 +277,7 @@ begin
            coalesce(array_agg(x.ks), '{}') as kss, coalesce(array_agg(x.n), '{}') as ns
       into g
       from (
-          select m.queue_id as qid, coalesce(s.priority, 2)::smallint as p,
+          select m.queue_id as qid, coalesce(s.priority, awa._default_priority()) as p,
                  coalesce(k.shard, -1)::smallint as ks, count(*) as n
             from awa.copy_staging as s
             join awa.queue_meta as m on m.queue = s.queue
@@ -283,7 +290,8 @@ begin
     select * into lanes from awa._lock_lane_groups(g.qids, g.ps, g.kss, g.ns);
 
     with rows as (
-        select s.staged_id, m.queue_id as qid, coalesce(s.priority, 2)::smallint as p,
+        select s.staged_id, m.queue_id as qid,
+               coalesce(s.priority, awa._default_priority()) as p,
                s.kind, s.args, s.ordering_key, s.max_attempts, s.run_at,
                awa._in_seconds(s.max_run_time) as run_time, l.lane,
                l.base + row_number() over (partition by l.lane order by s.staged_id) - 1
@@ -295,18 +303,19 @@ begin
           left join unnest(lanes.g_qid, lanes.g_p, lanes.g_ks, lanes.g_lane, lanes.g_base)
                     as l (qid, p, ks, lane, base)
             on (s.run_at is null or s.run_at <= now())
-           and l.qid = m.queue_id and l.p = coalesce(s.priority, 2)
+           and l.qid = m.queue_id and l.p = coalesce(s.priority, awa._default_priority())
            and l.ks = coalesce(k.shard, -1)
          where s.staged_xid = _move_staged_sets.xid
     ),
     to_ready as (
         insert into awa.ready (
             lane_id, lane_seq, job_id, queue_id, priority, kind, args, ordering_key, attempt,
-            max_attempts, enqueued_at, ready_at, max_run_time
+            max_attempts, enqueued_at, ready_at, last_error, max_run_time
         )
         select r.lane, r.seq, nextval('awa.job_id_seq'), r.qid, r.p, r.kind,
-               coalesce(r.args, '{}'), r.ordering_key, 0, coalesce(r.max_attempts, 25), now(),
-               clock_timestamp(), r.run_time
+               coalesce(r.args, awa._default_args()), r.ordering_key, awa._first_attempt(),
+               coalesce(r.max_attempts, awa._default_max_attempts()), now(),
+               clock_timestamp(), null, r.run_time
           from rows as r
          where r.lane is not null
         returning 1
@@ -314,10 +323,12 @@ begin
     to_scheduled as (
         insert into awa.scheduled (
             job_id, queue_id, priority, kind, args, ordering_key, attempt, max_attempts,
-            enqueued_at, run_at, max_run_time
+            enqueued_at, run_at, last_error, max_run_time
         )
-        select nextval('awa.job_id_seq'), r.qid, r.p, r.kind, coalesce(r.args, '{}'),
-               r.ordering_key, 0, coalesce(r.max_attempts, 25), now(), r.run_at, r.run_time
+        select nextval('awa.job_id_seq'), r.qid, r.p, r.kind,
+               coalesce(r.args, awa._default_args()), r.ordering_key, awa._first_attempt(),
+               coalesce(r.max_attempts, awa._default_max_attempts()), now(), r.run_at, null,
+               r.run_time
           from rows as r
          where r.lane is null
         returning 1
@@ -334,8 +345,8 @@ $$;
 -- without unique keys, for one plain queue at one priority, they take
 -- awa._move_staged_one_lane (unkeyed) or awa._move_staged_by_key; any
 -- other load takes awa._move_staged_sets.
--- Calls: awa._job_ok, awa._max_run_time_ok, awa._move_staged_by_key, awa._move_staged_one_lane,
---   awa._move_staged_sets
+-- Calls: awa._default_max_attempts, awa._default_priority, awa._job_ok, awa._max_run_time_ok,
+--   awa._move_staged_by_key, awa._move_staged_one_lane, awa._move_staged_sets
 -- Writes: nothing
 create or replace function awa._move_staged(xid xid8)
 returns bigint
@@ -350,14 +361,15 @@ declare
     target awa.queue_meta;
 begin
     select count(*) as n, min(s.queue) as q, max(s.queue) as q_last,
-           min(coalesce(s.priority, 2))::smallint as p,
-           max(coalesce(s.priority, 2))::smallint as p_last,
+           min(coalesce(s.priority, awa._default_priority())) as p,
+           max(coalesce(s.priority, awa._default_priority())) as p_last,
            count(s.ordering_key) as keyed,
            -- rows for later or with a unique key: not for the one-queue movers
            count(*) filter (where s.run_at > now() or s.unique_key is not null
                                   or s.unique_window is not null) as general,
            coalesce(bool_or(not awa._job_ok(
-               s.queue, s.kind, coalesce(s.priority, 2)::smallint, coalesce(s.max_attempts, 25)
+               s.queue, s.kind, coalesce(s.priority, awa._default_priority()),
+               coalesce(s.max_attempts, awa._default_max_attempts())
            ) or not awa._max_run_time_ok(s.max_run_time)), false) as bad
       into shape
       from awa.copy_staging as s

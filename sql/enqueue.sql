@@ -25,7 +25,9 @@
 --   future or for a duplicate.
 -- Errors: 22004 null queue or kind; 22023 bad queue name, priority,
 --   max_attempts, unique_key or unique_window.
--- A fast path of awa._insert_jobs for one row. The common case (a known
+-- A fast path (docs/fast-paths.md) of awa._insert_jobs for one row, in
+-- two labelled blocks: sticky (its test: awa._sticky_ok, sql/lanes.sql)
+-- and in_turn within it; the rest is the block general. The common case (a known
 -- plain queue, a valid unkeyed job due now, no lane memo in this
 -- transaction, the sticky lane free) is one index lookup that reads the
 -- sticky lane, one condition and the insert. PL/pgSQL sets up each
@@ -40,9 +42,10 @@
 -- routing (a new queue, a partitioned or striped name), awa.scheduled for a
 -- job for later, and awa._take_lane (tests/test_path_differential.py
 -- compares the ways, with lanes held by another transaction).
--- Calls: awa._check_job, awa._check_unique, awa._ensure_queue, awa._has_lane_memo, awa._in_turn,
---   awa._insert_jobs, awa._job_ok, awa._key_shard, awa._lane_memo_name, awa._lane_wait_total,
---   awa._lock_class_lane, awa._route_queue, awa._sticky, awa._take_lane, awa._take_unique_keys
+-- Calls: awa._check_job, awa._check_unique, awa._default_args, awa._ensure_queue,
+--   awa._first_attempt, awa._in_turn, awa._insert_jobs, awa._job_ok, awa._key_shard,
+--   awa._lane_memo_name, awa._lane_wait_total, awa._lock_class_lane, awa._route_queue, awa._sticky,
+--   awa._sticky_ok, awa._take_lane, awa._take_unique_keys
 -- Writes: awa.ready, awa.scheduled
 create or replace function awa.enqueue(
     queue text,
@@ -71,56 +74,65 @@ declare
     routed text;  -- the partition or stripe a routed name went to
     new_seq bigint;
     new_job bigint;
-    fast boolean;  -- null: the general way; false: the sticky lane is taken
+    took boolean;  -- in turn: whether the try-lock took the lane
     memo text;
     started timestamptz;
 begin
-    if ordering_key is null and unique_key is null and unique_window is null then
-        -- S itself is not read here: only the other ways use it, and each
-        -- reads it again (an integer variable set from a smallint column
-        -- costs a cast set up per transaction).
-        select m.queue_id, awa._sticky(m.enqueue_shards),
-               m.lane_ids[enqueue.priority][awa._sticky(m.enqueue_shards)],
-               m.lane_seqs[enqueue.priority][awa._sticky(m.enqueue_shards)]
-          into q_id, shard, lane, seq
-          from awa.queue_meta as m
-         where m.queue = enqueue.queue and m.stripes = 1 and m.partitions = 1;
-        -- With a lane memo (sql/lanes.sql) the lane is awa._take_lane's to
-        -- choose. A priority out of range finds no lane, and
-        -- pg_try_advisory_xact_lock of null is null.
-        fast := case when found and awa._job_ok(queue, kind, priority, max_attempts)
-                               and (run_at is null or run_at <= now())
-                               and not awa._has_lane_memo()
-                          then coalesce(pg_try_advisory_xact_lock(awa._lock_class_lane(), lane),
-                                        false)
-                     end;
-    end if;
-    if fast is not true then
-        if fast is false then
-            -- The sticky lane is taken: what awa._take_lane does for an
-            -- unkeyed row with no memo. The first free lane in turn (S and
-            -- the lanes read again), else a wait for the sticky lane; and a
-            -- memo for the lane. Everything but the wait's total is done
-            -- before the wait: other producers wait while this one holds
-            -- the lane. A missing lane (a bug) goes the general way, which
-            -- names it.
-            select m.enqueue_shards, m.lane_ids, m.lane_seqs into shards, lane_ids, lane_seqs
+    -- Three ways, each a labelled block (docs/fast-paths.md): sticky, then
+    -- in_turn when the sticky lane is taken, both ending with `exit
+    -- general` once they hold a lane; else the general way. Each exit
+    -- test is one expression, as few as the flag they replace cost
+    -- (every expression costs every call its set-up).
+    <<general>>
+    begin
+        <<sticky>>
+        begin
+            exit sticky when ordering_key is not null or unique_key is not null
+                          or unique_window is not null;
+            -- S itself is not read here: only the other ways use it, and each
+            -- reads it again (an integer variable set from a smallint column
+            -- costs a cast set up per transaction).
+            select m.queue_id, awa._sticky(m.enqueue_shards),
+                   m.lane_ids[enqueue.priority][awa._sticky(m.enqueue_shards)],
+                   m.lane_seqs[enqueue.priority][awa._sticky(m.enqueue_shards)]
+              into q_id, shard, lane, seq
               from awa.queue_meta as m
-             where m.queue_id = q_id;
-            for i in 0 .. shards - 1 loop
-                shard := awa._in_turn(shards, i);
-                fast := pg_try_advisory_xact_lock(awa._lock_class_lane(), lane_ids[priority][shard]);
-                exit when fast;
-            end loop;
-            if not fast then
-                shard := awa._sticky(shards);
-            end if;
-            lane := lane_ids[priority][shard];
-            seq := lane_seqs[priority][shard];
-            if lane is not null then
+             where m.queue = enqueue.queue and m.stripes = 1 and m.partitions = 1;
+            exit sticky when not found
+                          or not awa._sticky_ok(queue, kind, priority, max_attempts, run_at);
+            -- A priority out of range finds no lane, and
+            -- pg_try_advisory_xact_lock of null is null: not taken.
+            exit general when pg_try_advisory_xact_lock(awa._lock_class_lane(), lane);
+
+            <<in_turn>>
+            begin
+                -- The sticky lane is taken: what awa._take_lane does for an
+                -- unkeyed row with no memo. The first free lane in turn (S and
+                -- the lanes read again), else a wait for the sticky lane; and a
+                -- memo for the lane. Everything but the wait's total is done
+                -- before the wait: other producers wait while this one holds
+                -- the lane. A missing lane (a bug) goes the general way, which
+                -- names it.
+                select m.enqueue_shards, m.lane_ids, m.lane_seqs
+                  into shards, lane_ids, lane_seqs
+                  from awa.queue_meta as m
+                 where m.queue_id = q_id;
+                for i in 0 .. shards - 1 loop
+                    shard := awa._in_turn(shards, i);
+                    took := pg_try_advisory_xact_lock(
+                        awa._lock_class_lane(), lane_ids[priority][shard]
+                    );
+                    exit when took;
+                end loop;
+                if not took then
+                    shard := awa._sticky(shards);
+                end if;
+                lane := lane_ids[priority][shard];
+                seq := lane_seqs[priority][shard];
+                exit in_turn when lane is null;
                 memo := set_config(awa._lane_memo_name(q_id, priority), shard::text, true)
                         || set_config('awa.lane_memo', 'on', true);
-                if not fast then
+                if not took then
                     started := clock_timestamp();
                     perform pg_advisory_xact_lock(awa._lock_class_lane(), lane);
                     memo := set_config(
@@ -128,96 +140,97 @@ begin
                         true
                     );
                 end if;
-                fast := true;
+                exit general;
+            end in_turn;
+        end sticky;
+
+        -- The general way.
+        if not awa._job_ok(queue, kind, priority, max_attempts) then
+            perform awa._check_job(queue, kind, priority, max_attempts);
+        end if;
+        -- S again, with the lanes (whole arrays are cheap to read, not to
+        -- subscript: the fast way reads its one lane in SQL).
+        select m.queue_id, m.enqueue_shards, m.lane_ids, m.lane_seqs
+          into q_id, shards, lane_ids, lane_seqs
+          from awa.queue_meta as m
+         where m.queue = enqueue.queue and m.stripes = 1 and m.partitions = 1;
+        -- One test for the rarer ways (each statement costs every call that
+        -- evaluates it): a routed name, a job for later, a unique key.
+        if not found or (run_at is not null and run_at > now()) or unique_key is not null
+           or unique_window is not null then
+            if not found or (run_at is not null and run_at > now()) then
+                -- A stripe's own name ('q#1') never gets here: awa._job_ok refuses '#'.
+                select m.queue_id, m.enqueue_shards, m.lane_ids, m.lane_seqs, m.queue
+                  into q_id, shards, lane_ids, lane_seqs, routed
+                  from awa._route_queue(awa._ensure_queue(queue), ordering_key) as m;
+            end if;
+            if unique_key is not null or unique_window is not null then
+                -- The key before any lane, as every path takes it (sql/unique.sql):
+                -- held by another job, this call is its duplicate; else the job,
+                -- with the id it took the key for, goes the general insert's way
+                -- (into a lane, or awa.scheduled for later).
+                perform awa._check_unique(unique_key, unique_window);
+                new_job := nextval('awa.job_id_seq');
+                select d.job_id, m.queue, d.priority into new_seq, memo, shard
+                  from awa._take_unique_keys(
+                      array[unique_key], array[new_job], array[q_id],
+                      array[enqueue.priority], array[unique_window]
+                  ) as d
+                  join awa.queue_meta as m on m.queue_id = d.queue_id;
+                if found then
+                    -- new_seq, memo, shard: the holder's job id, queue and priority
+                    return row(new_seq, memo, shard, null, null, true)::awa.enqueued;
+                end if;
+                new_seq := null;
+                shard := null;
+                if run_at is null or run_at <= now() then
+                    shard := awa._take_lane(
+                        lane_ids, q_id, priority, shards,
+                        awa._key_shard(ordering_key, shards), 0
+                    );
+                    new_seq := nextval(lane_seqs[priority][shard]);
+                end if;
+                perform awa._insert_jobs(
+                    array[lane_ids[priority][shard]], array[new_seq], array[q_id],
+                    array[enqueue.priority], array[enqueue.kind], array[enqueue.args],
+                    array[enqueue.ordering_key], array[enqueue.max_attempts],
+                    array[enqueue.run_at], array[new_job]
+                );
+                return row(
+                    new_job, coalesce(routed, enqueue.queue), enqueue.priority, shard,
+                    new_seq, false
+                )::awa.enqueued;
+            end if;
+            if run_at is not null and run_at > now() then
+                new_job := nextval('awa.job_id_seq');
+                insert into awa.scheduled (
+                    job_id, queue_id, priority, kind, args, ordering_key, attempt,
+                    max_attempts, enqueued_at, run_at, last_error, max_run_time
+                ) values (
+                    new_job, q_id, enqueue.priority, enqueue.kind,
+                    coalesce(enqueue.args, awa._default_args()), enqueue.ordering_key,
+                    awa._first_attempt(), enqueue.max_attempts, now(), enqueue.run_at,
+                    null, null
+                );
+                return row(
+                    new_job, coalesce(routed, enqueue.queue), enqueue.priority, null, null,
+                    false
+                )::awa.enqueued;
             end if;
         end if;
-        if fast is not true then
-            if not awa._job_ok(queue, kind, priority, max_attempts) then
-                perform awa._check_job(queue, kind, priority, max_attempts);
-            end if;
-            -- S again, with the lanes (whole arrays are cheap to read, not to
-            -- subscript: the fast way reads its one lane in SQL).
-            select m.queue_id, m.enqueue_shards, m.lane_ids, m.lane_seqs
-              into q_id, shards, lane_ids, lane_seqs
-              from awa.queue_meta as m
-             where m.queue = enqueue.queue and m.stripes = 1 and m.partitions = 1;
-            -- One test for the rarer ways (each statement costs every call that
-            -- evaluates it): a routed name, a job for later, a unique key.
-            if not found or (run_at is not null and run_at > now()) or unique_key is not null
-               or unique_window is not null then
-                if not found or (run_at is not null and run_at > now()) then
-                    -- A stripe's own name ('q#1') never gets here: awa._job_ok refuses '#'.
-                    select m.queue_id, m.enqueue_shards, m.lane_ids, m.lane_seqs, m.queue
-                      into q_id, shards, lane_ids, lane_seqs, routed
-                      from awa._route_queue(awa._ensure_queue(queue), ordering_key) as m;
-                end if;
-                if unique_key is not null or unique_window is not null then
-                    -- The key before any lane, as every path takes it (sql/unique.sql):
-                    -- held by another job, this call is its duplicate; else the job,
-                    -- with the id it took the key for, goes the general insert's way
-                    -- (into a lane, or awa.scheduled for later).
-                    perform awa._check_unique(unique_key, unique_window);
-                    new_job := nextval('awa.job_id_seq');
-                    select d.job_id, m.queue, d.priority into new_seq, memo, shard
-                      from awa._take_unique_keys(
-                          array[unique_key], array[new_job], array[q_id],
-                          array[enqueue.priority], array[unique_window]
-                      ) as d
-                      join awa.queue_meta as m on m.queue_id = d.queue_id;
-                    if found then
-                        -- new_seq, memo, shard: the holder's job id, queue and priority
-                        return row(new_seq, memo, shard, null, null, true)::awa.enqueued;
-                    end if;
-                    new_seq := null;
-                    shard := null;
-                    if run_at is null or run_at <= now() then
-                        shard := awa._take_lane(
-                            lane_ids, q_id, priority, shards,
-                            awa._key_shard(ordering_key, shards), 0
-                        );
-                        new_seq := nextval(lane_seqs[priority][shard]);
-                    end if;
-                    perform awa._insert_jobs(
-                        array[lane_ids[priority][shard]], array[new_seq], array[q_id],
-                        array[enqueue.priority], array[enqueue.kind], array[enqueue.args],
-                        array[enqueue.ordering_key], array[enqueue.max_attempts],
-                        array[enqueue.run_at], array[new_job]
-                    );
-                    return row(
-                        new_job, coalesce(routed, enqueue.queue), enqueue.priority, shard,
-                        new_seq, false
-                    )::awa.enqueued;
-                end if;
-                if run_at is not null and run_at > now() then
-                    new_job := nextval('awa.job_id_seq');
-                    insert into awa.scheduled (
-                        job_id, queue_id, priority, kind, args, ordering_key, attempt,
-                        max_attempts, enqueued_at, run_at
-                    ) values (
-                        new_job, q_id, enqueue.priority, enqueue.kind,
-                        coalesce(enqueue.args, '{}'), enqueue.ordering_key, 0,
-                        enqueue.max_attempts, now(), enqueue.run_at
-                    );
-                    return row(
-                        new_job, coalesce(routed, enqueue.queue), enqueue.priority, null, null,
-                        false
-                    )::awa.enqueued;
-                end if;
-            end if;
-            shard := awa._take_lane(
-                lane_ids, q_id, priority, shards, awa._key_shard(ordering_key, shards), 0
-            );
-            lane := lane_ids[priority][shard];
-            seq := lane_seqs[priority][shard];
-        end if;
-    end if;
+        shard := awa._take_lane(
+            lane_ids, q_id, priority, shards, awa._key_shard(ordering_key, shards), 0
+        );
+        lane := lane_ids[priority][shard];
+        seq := lane_seqs[priority][shard];
+    end general;
     insert into awa.ready (
         lane_id, lane_seq, job_id, queue_id, priority, kind, args, ordering_key, attempt,
-        max_attempts, enqueued_at, ready_at
+        max_attempts, enqueued_at, ready_at, last_error, max_run_time
     ) values (
         lane, nextval(seq), nextval('awa.job_id_seq'), q_id, enqueue.priority, enqueue.kind,
-        coalesce(enqueue.args, '{}'), enqueue.ordering_key, 0, enqueue.max_attempts,
-        now(), clock_timestamp()
+        coalesce(enqueue.args, awa._default_args()), enqueue.ordering_key,
+        awa._first_attempt(), enqueue.max_attempts, now(), clock_timestamp(), null, null
     )
     returning awa.ready.lane_seq, awa.ready.job_id into new_seq, new_job;
     return row(
@@ -229,12 +242,12 @@ $$;
 -- Function: awa._lock_lanes(queue_ids, priorities, key_shards) returns each row's lane
 -- Takes the lanes for the rows of a multi-row call and gives each row its
 -- lane, shard and lane_seq. A row is (queue_ids[i], priorities[i] (null:
--- 2), key_shards[i]); key_shards[i] is the keyed shard, or null for an
+-- awa._default_priority()), key_shards[i]); key_shards[i] is the keyed shard, or null for an
 -- unkeyed row; a row whose queue id is null (not due) gets nulls. Groups the
 -- rows, hands the groups to awa._lock_lane_groups, which locks the lanes
 -- and reserves one sequence range per lane, and numbers each lane's rows
 -- in row order.
--- Calls: awa._lock_lane_groups
+-- Calls: awa._default_priority, awa._lock_lane_groups
 -- Writes: nothing
 create or replace function awa._lock_lanes(
     queue_ids integer[],
@@ -254,7 +267,8 @@ as $$
               select array_agg(u.qid) as qids, array_agg(u.p) as ps, array_agg(u.ks) as kss,
                      array_agg(u.n) as ns
                 from (
-                    select queue_ids[i] as qid, coalesce(priorities[i], 2)::smallint as p,
+                    select queue_ids[i] as qid,
+                           coalesce(priorities[i], awa._default_priority()) as p,
                            coalesce(key_shards[i], -1)::smallint as ks, count(*) as n
                       from generate_series(1, cardinality(queue_ids)) as i
                      where queue_ids[i] is not null
@@ -276,7 +290,7 @@ as $$
             left join unnest(g.g_qid, g.g_p, g.g_ks, g.g_lane, g.g_shard, g.g_base)
                       as x (qid, p, ks, lane, shard, base)
               on x.qid = queue_ids[i]
-             and x.p = coalesce(priorities[i], 2)
+             and x.p = coalesce(priorities[i], awa._default_priority())
              and x.ks = coalesce(key_shards[i], -1)
       ) as r
 $$;
@@ -286,15 +300,17 @@ $$;
 --                            last_errors, max_run_times) returns setof bigint
 -- Writes one job per element i: into lane lanes[i] at lane_seq seqs[i],
 -- ready now, or, where lanes[i] is null, into awa.scheduled to run at
--- run_ats[i]. A null element takes its default: priority 2, args '{}',
--- max_attempts 25, no max run time of its own (stored in seconds,
--- awa._in_seconds); a new job id, attempt 0 and enqueued now, unless the
+-- run_ats[i]. A null element takes its default (awa._default_priority,
+-- _default_args, _default_max_attempts), and no max run time of its own
+-- (stored in seconds, awa._in_seconds); a new job id, awa._first_attempt
+-- and enqueued now, unless the
 -- job is moved (awa.promote_due passes job_ids, attempts, enqueued_ats and
 -- last_errors). An element whose kind is null is written nowhere (a
 -- duplicate of a unique key, awa._enqueue_rows). Returns the job ids in
 -- element order. The arrays come checked and one element per job, indexed
 -- from 1; the caller holds the lanes and reserved the sequence values.
--- Calls: awa._in_seconds
+-- Calls: awa._default_args, awa._default_max_attempts, awa._default_priority, awa._first_attempt,
+--   awa._in_seconds
 -- Writes: awa.ready, awa.scheduled
 create or replace function awa._insert_jobs(
     lanes integer[],
@@ -322,8 +338,10 @@ begin
     return query
     with rows as (
         select i, coalesce(job_ids[i], nextval('awa.job_id_seq')) as job_id,
-               coalesce(priorities[i], 2)::smallint as p, coalesce(args[i], '{}') as a,
-               coalesce(attempts[i], 0) as attempt, coalesce(max_attempts[i], 25) as m,
+               coalesce(priorities[i], awa._default_priority()) as p,
+               coalesce(args[i], awa._default_args()) as a,
+               coalesce(attempts[i], awa._first_attempt()) as attempt,
+               coalesce(max_attempts[i], awa._default_max_attempts()) as m,
                coalesce(enqueued_ats[i], now()) as enqueued_at,
                awa._in_seconds(max_run_times[i]) as run_time
           from generate_series(1, cardinality(kinds)) as i
@@ -367,9 +385,9 @@ $$;
 -- (awa._take_unique_keys) before any lane is locked; a row whose key
 -- another job holds is written nowhere and returned as that job, with
 -- duplicate true.
--- Calls: awa._check_job, awa._check_unique, awa._ensure_queue, awa._insert_jobs, awa._job_ok,
---   awa._key_shard, awa._lock_lanes, awa._max_run_time_ok, awa._route_queue, awa._take_unique_keys,
---   awa._unique_ok
+-- Calls: awa._check_job, awa._check_unique, awa._default_max_attempts, awa._default_priority,
+--   awa._ensure_queue, awa._insert_jobs, awa._job_ok, awa._key_shard, awa._lock_lanes,
+--   awa._max_run_time_ok, awa._route_queue, awa._take_unique_keys, awa._unique_ok
 -- Writes: nothing
 create or replace function awa._enqueue_rows(
     queues text[],
@@ -412,14 +430,15 @@ begin
     select min(i) into bad
       from generate_series(1, n) as i
      where not awa._job_ok(
-         queues[i], kinds[i], coalesce(priorities[i], 2)::smallint, coalesce(max_attempts[i], 25)
+         queues[i], kinds[i], coalesce(priorities[i], awa._default_priority()),
+         coalesce(max_attempts[i], awa._default_max_attempts())
      ) or not awa._max_run_time_ok(max_run_times[i])
         or not awa._unique_ok(unique_keys[i], unique_windows[i]);
     if bad is not null then
         begin
             perform awa._check_job(
-                queues[bad], kinds[bad], coalesce(priorities[bad], 2)::smallint,
-                coalesce(max_attempts[bad], 25), max_run_times[bad]
+                queues[bad], kinds[bad], coalesce(priorities[bad], awa._default_priority()),
+                coalesce(max_attempts[bad], awa._default_max_attempts()), max_run_times[bad]
             );
             perform awa._check_unique(unique_keys[bad], unique_windows[bad]);
         exception when others then
@@ -504,7 +523,7 @@ begin
     );
     return query
     select coalesce(d.job_id, j.job_id), coalesce(h.queue, queues[j.i]),
-           coalesce(d.priority, coalesce(priorities[j.i], 2)::smallint),
+           coalesce(d.priority, priorities[j.i], awa._default_priority()),
            taken.shards[j.i], taken.seqs[j.i], d.i is not null
       from awa._insert_jobs(
           taken.lanes, taken.seqs, queue_ids, priorities, kinds, args, ordering_keys,
@@ -531,8 +550,11 @@ $$;
 -- Errors: 22023 arrays of different lengths (naming them), an array with a
 --   second dimension or not indexed from 1 (naming it), bad elements (naming
 --   the 1-based index); 22004 null queue or kind elements.
--- Calls: awa._enqueue_rows, awa._has_lane_memo, awa._job_ok, awa._lock_class_lane,
---   awa._lock_lane_groups, awa._sticky
+-- A fast path (docs/fast-paths.md) of awa._enqueue_rows for one lane range:
+-- valid, unkeyed rows due now for one plain queue at one priority.
+-- Calls: awa._default_args, awa._default_max_attempts, awa._default_priority, awa._enqueue_rows,
+--   awa._first_attempt, awa._has_lane_memo, awa._lock_class_lane, awa._lock_lane_groups,
+--   awa._one_range_ok, awa._sticky
 -- Writes: awa.ready
 create or replace function awa.enqueue_batch(
     queues text[],
@@ -555,8 +577,8 @@ set plan_cache_mode = force_generic_plan
 as $$
 declare
     n integer := coalesce(cardinality(queues), 0);
-    p smallint := coalesce(priorities[1], 2);
-    attempts integer := coalesce(max_attempts[1], 25);
+    p smallint := coalesce(priorities[1], awa._default_priority());
+    attempts integer := coalesce(max_attempts[1], awa._default_max_attempts());
     names text[] := array['queues', 'kinds', 'args', 'priorities', 'ordering_keys', 'run_ats',
                           'max_attempts', 'max_run_times', 'unique_keys', 'unique_windows'];
     dims text[] := array[
@@ -594,23 +616,13 @@ begin
                       hint = 'Every array holds one element per job, in the same order.';
         end if;
     end loop;
-    -- The common call, every row due now, unkeyed, valid, without a max
-    -- run time or a unique key of its own, for one plain queue at one priority (a null
-    -- element meaning the default), is one lane range: tested with array
-    -- operators, not row by row (every row has the first row's queue,
-    -- priority and max_attempts, and a kind, so checking the first checks
-    -- all). Any other call, and every error, takes awa._enqueue_rows.
-    if n > 0 and queues <@ array[queues[1]]
-       and array_position(kinds, null) is null
-       and awa._job_ok(queues[1], kinds[1], p, attempts)
-       and (priorities is null or array_replace(priorities, null, 2::smallint) <@ array[p])
-       and (max_attempts is null or array_replace(max_attempts, null, 25) <@ array[attempts])
-       and (ordering_keys is null or cardinality(array_remove(ordering_keys, null)) = 0)
-       and (run_ats is null or cardinality(array_remove(run_ats, null)) = 0)
-       and (max_run_times is null or cardinality(array_remove(max_run_times, null)) = 0)
-       and (unique_keys is null or cardinality(array_remove(unique_keys, null)) = 0)
-       and (unique_windows is null or cardinality(array_remove(unique_windows, null)) = 0)
-    then
+    -- The common call, one lane range (awa._one_range_ok, sql/lanes.sql:
+    -- every row valid, unkeyed and due now, for one plain queue at one
+    -- priority). Any other call, and every error, takes awa._enqueue_rows.
+    if awa._one_range_ok(
+        n, queues, kinds, priorities, max_attempts, ordering_keys, run_ats, max_run_times,
+        unique_keys, unique_windows, p, attempts
+    ) then
         select m.queue_id, awa._sticky(m.enqueue_shards),
                m.lane_ids[p][awa._sticky(m.enqueue_shards)],
                m.lane_seqs[p][awa._sticky(m.enqueue_shards)]
@@ -641,11 +653,11 @@ begin
             return query
             insert into awa.ready (
                 lane_id, lane_seq, job_id, queue_id, priority, kind, args, ordering_key,
-                attempt, max_attempts, enqueued_at, ready_at
+                attempt, max_attempts, enqueued_at, ready_at, last_error, max_run_time
             )
             select lane, base + u.i - 1, nextval('awa.job_id_seq'),
-                   q_id, p, u.k, coalesce(u.a, '{}'), null, 0, attempts, now(),
-                   clock_timestamp()
+                   q_id, p, u.k, coalesce(u.a, awa._default_args()), null,
+                   awa._first_attempt(), attempts, now(), clock_timestamp(), null, null
               from unnest(kinds, args) with ordinality as u (k, a, i)
             returning awa.ready.job_id, queues[1], p, shard, awa.ready.lane_seq, false;
             return;

@@ -606,7 +606,8 @@ $$;
 -- rows written by awa._insert_jobs. A job whose unique key another job
 -- holds now stays where it is. Returns the ids of the jobs it put back. The
 -- arrays come one element per job, indexed from 1.
--- Calls: awa._insert_jobs, awa._key_shard, awa._lock_lanes, awa._take_unique_keys
+-- Calls: awa._first_attempt, awa._insert_jobs, awa._key_shard, awa._lock_lanes,
+--   awa._take_unique_keys
 -- Writes: nothing
 create or replace function awa._requeue(
     job_ids bigint[],
@@ -666,7 +667,7 @@ begin
     select * into taken from awa._lock_lanes(queue_ids, priorities, key_shards);
     perform count(*) from awa._insert_jobs(
         taken.lanes, taken.seqs, queue_ids, priorities, kinds, args, ordering_keys,
-        max_attempts, null, job_ids, array_fill(0, array[n]), enqueued_ats,
+        max_attempts, null, job_ids, array_fill(awa._first_attempt(), array[n]), enqueued_ats,
         last_errors, max_run_times
     );
     return array(

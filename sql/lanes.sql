@@ -47,6 +47,75 @@ as $$
            operator(pg_catalog.<>) ''
 $$;
 
+-- Function: awa._sticky_ok(queue, kind, priority, max_attempts, run_at) returns boolean
+-- Whether awa.enqueue's sticky branch may serve an unkeyed job without a
+-- unique key whose queue it found plain (docs/fast-paths.md): a valid job
+-- (awa._job_ok), due now, in a transaction without a lane memo (with one,
+-- the lane is awa._take_lane's to choose). The lane is then the sticky
+-- one, as awa._take_lane would choose, if its try-lock takes it. Inlined.
+-- Calls: awa._has_lane_memo, awa._job_ok
+-- Writes: nothing
+create or replace function awa._sticky_ok(
+    queue text, kind text, priority smallint, max_attempts integer, run_at timestamptz
+)
+returns boolean
+language sql
+stable parallel safe
+as $$
+    select awa._job_ok(queue, kind, priority, max_attempts)
+       and (run_at is null or run_at operator(pg_catalog.<=) pg_catalog.now())
+       and not awa._has_lane_memo()
+$$;
+
+-- Function: awa._one_range_ok(n, queues, kinds, priorities, max_attempts, ordering_keys,
+--                             run_ats, max_run_times, unique_keys, unique_windows,
+--                             priority, attempts) returns boolean
+-- Whether awa.enqueue_batch's one-range branch may serve a call of n rows
+-- (docs/fast-paths.md): at least one row, every row for the first row's
+-- queue at the first row's priority and max_attempts (given as priority
+-- and attempts, a null element meaning the default), each with a kind,
+-- the first valid (awa._job_ok; so all are), none keyed, for later, or
+-- with a max run time or unique key of its own. Tested with array
+-- operators, not row by row. The queue must then be plain, and its sticky
+-- lane free with no lane memo, as awa._take_lane would take it. Inlined.
+-- Calls: awa._default_max_attempts, awa._default_priority, awa._job_ok
+-- Writes: nothing
+create or replace function awa._one_range_ok(
+    n integer, queues text[], kinds text[], priorities smallint[], max_attempts integer[],
+    ordering_keys bytea[], run_ats timestamptz[], max_run_times interval[],
+    unique_keys bytea[], unique_windows interval[], priority smallint, attempts integer
+)
+returns boolean
+language sql
+immutable parallel safe
+as $$
+    select n operator(pg_catalog.>) 0
+       and queues operator(pg_catalog.<@) array[queues[1]]
+       and pg_catalog.array_position(kinds, null) is null
+       and awa._job_ok(queues[1], kinds[1], priority, attempts)
+       and (priorities is null
+            or pg_catalog.array_replace(priorities, null, awa._default_priority())
+               operator(pg_catalog.<@) array[priority])
+       and (max_attempts is null
+            or pg_catalog.array_replace(max_attempts, null, awa._default_max_attempts())
+               operator(pg_catalog.<@) array[attempts])
+       and (ordering_keys is null
+            or pg_catalog.cardinality(pg_catalog.array_remove(ordering_keys, null))
+               operator(pg_catalog.=) 0)
+       and (run_ats is null
+            or pg_catalog.cardinality(pg_catalog.array_remove(run_ats, null))
+               operator(pg_catalog.=) 0)
+       and (max_run_times is null
+            or pg_catalog.cardinality(pg_catalog.array_remove(max_run_times, null))
+               operator(pg_catalog.=) 0)
+       and (unique_keys is null
+            or pg_catalog.cardinality(pg_catalog.array_remove(unique_keys, null))
+               operator(pg_catalog.=) 0)
+       and (unique_windows is null
+            or pg_catalog.cardinality(pg_catalog.array_remove(unique_windows, null))
+               operator(pg_catalog.=) 0)
+$$;
+
 -- Function: awa._lane_memo_name(queue_id integer, priority smallint) returns text
 -- The name of the transaction-local setting that holds the lane memo of
 -- (queue, priority): the shard of the lane this transaction writes to.
@@ -328,4 +397,11 @@ select awa._grant_execute(
 );
 select awa._grant_execute('awa._lock_lane_groups(integer[], smallint[], smallint[], bigint[])');
 select awa._grant_execute('awa._has_lane_memo()');
+select awa._grant_execute(
+    'awa._sticky_ok(text, text, smallint, integer, timestamptz)'
+);
+select awa._grant_execute(
+    'awa._one_range_ok(integer, text[], text[], smallint[], integer[], bytea[], timestamptz[],'
+    ' interval[], bytea[], interval[], smallint, integer)'
+);
 select awa._grant_execute('awa._lane_memo_name(integer, smallint)');

@@ -73,6 +73,65 @@ as $$
        and awa._max_attempts_ok(max_attempts)
 $$;
 
+-- The job row's defaults, each defined once as an inlined constant (see
+-- sql/private.sql): every path that fills in a value the caller left out
+-- (a null element of a batch or a COPY row, a new job's first attempt)
+-- uses these, so the planner folds them and they cost nothing at run
+-- time. The public signatures (awa.enqueue's parameter defaults, the
+-- Python client's) write the same numbers, since a default expression runs
+-- as the caller, who may not execute these; tests/test_inlined_functions.py
+-- checks that they agree.
+
+-- Function: awa._default_priority() returns smallint
+-- The priority of a job that names none: 2 (1 is the highest, 4 the
+-- lowest). Inlined.
+-- Calls: nothing
+-- Writes: nothing
+create or replace function awa._default_priority()
+returns smallint
+language sql
+immutable parallel safe
+as $$
+    select 2::pg_catalog.int2
+$$;
+
+-- Function: awa._default_max_attempts() returns integer
+-- How many attempts a job that names no max_attempts gets: 25. Inlined.
+-- Calls: nothing
+-- Writes: nothing
+create or replace function awa._default_max_attempts()
+returns integer
+language sql
+immutable parallel safe
+as $$
+    select 25
+$$;
+
+-- Function: awa._default_args() returns jsonb
+-- The args of a job that names none: the empty object. Inlined.
+-- Calls: nothing
+-- Writes: nothing
+create or replace function awa._default_args()
+returns jsonb
+language sql
+immutable parallel safe
+as $$
+    select '{}'::pg_catalog.jsonb
+$$;
+
+-- Function: awa._first_attempt() returns integer
+-- The attempt of a job that has not run yet (a new job, or one an operator
+-- retries): 0; each claim adds one. Inlined.
+-- Calls: nothing
+-- Writes: nothing
+create or replace function awa._first_attempt()
+returns integer
+language sql
+immutable parallel safe
+as $$
+    select 0
+$$;
+
 -- Function: awa._max_run_time_ok(max_run_time interval) returns boolean
 -- A job's own max run time: none (null), or 1 second to 30 days. Not part
 -- of awa._job_ok: the fast paths serve only jobs that carry none (a null
@@ -549,6 +608,10 @@ select awa._grant_execute('awa._queue_name_ok(text)');
 select awa._grant_execute('awa._priority_ok(smallint)');
 select awa._grant_execute('awa._max_attempts_ok(integer)');
 select awa._grant_execute('awa._job_ok(text, text, smallint, integer)');
+select awa._grant_execute('awa._default_priority()');
+select awa._grant_execute('awa._default_max_attempts()');
+select awa._grant_execute('awa._default_args()');
+select awa._grant_execute('awa._first_attempt()');
 select awa._grant_execute('awa._max_run_time_ok(interval)');
 select awa._grant_execute('awa._in_seconds(interval)');
 select awa._grant_execute('awa._check_queue_name(text)');

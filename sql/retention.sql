@@ -162,12 +162,13 @@ begin
         execute format($f$
             insert into awa.finished (
                 job_id, slot, queue_id, priority, kind, state, attempt, max_attempts,
-                enqueued_at, finished_at, args, ordering_key, last_error, max_run_time
+                enqueued_at, finished_at, args, ordering_key, last_error, max_run_time,
+                unique_key, unique_window
             )
             select
                 f.job_id, awa._finished_slot(f.state, now()), f.queue_id, f.priority, f.kind,
                 f.state, f.attempt, f.max_attempts, f.enqueued_at, f.finished_at, f.args,
-                f.ordering_key, f.last_error, f.max_run_time
+                f.ordering_key, f.last_error, f.max_run_time, f.unique_key, f.unique_window
               from %s as f
               join awa.queue_meta as m on m.queue_id = f.queue_id
              where f.finished_at + awa._retention(f.state, m.retain_completed, m.retain_failed)

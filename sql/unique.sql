@@ -85,7 +85,7 @@ $$;
 -- caller's commit). Marks the queues that now have keyed jobs
 -- (awa.queue_meta.unique_jobs). The arrays come checked, one element per
 -- job, indexed from 1.
--- Calls: awa._unique_scope
+-- Calls: awa._default_priority, awa._unique_scope
 -- Writes: awa.queue_meta, awa.unique_keys
 create or replace function awa._take_unique_keys(
     unique_keys bytea[],
@@ -117,7 +117,8 @@ begin
     )
     select distinct on (scopes[x.i], unique_keys[x.i])
            scopes[x.i], unique_keys[x.i], job_ids[x.i], queue_ids[x.i],
-           coalesce(priorities[x.i], 2)::smallint, unique_windows[x.i], null::timestamptz
+           coalesce(priorities[x.i], awa._default_priority()), unique_windows[x.i],
+           null::timestamptz
       from generate_series(1, cardinality(unique_keys)) as x (i)
      where unique_keys[x.i] is not null
      order by scopes[x.i], unique_keys[x.i], x.i

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from awa_sql import migrate
 from tests.support.catalog import INLINED_FUNCTIONS
-from tests.support.jobs import LANE_CLASS, valid_job
+from tests.support.jobs import LANE_CLASS, copy_rows, valid_job
 
 ROOT = Path(__file__).resolve().parent.parent
 UNPINNED = """
@@ -111,3 +111,74 @@ def test_each_check_raises_exactly_when_its_predicate_refuses(db, queue, kind, p
                 assert part_ok
             except psycopg.Error:
                 assert not part_ok
+
+
+# The job row's defaults: awa._default_priority, _default_max_attempts,
+# _default_args and _first_attempt (sql/queues.sql) are their one home.
+DEFAULTS = {"priority": 2, "max_attempts": 25, "args": {}, "attempt": 0}
+# A default written out: a value of the job (named priority, attempt(s) or
+# args, or a.../p... as the batch and COPY paths alias them) coalesced or
+# replaced with a literal, or an array of first attempts.
+LITERAL_DEFAULT = re.compile(
+    r"coalesce\(\s*(\w+\.)?(priority|priorities|max_attempts|attempts?|args|a|p)"
+    r"(\[[^\]]*\])?\s*,\s*(\d+|'\{\}')(::\w+)?\s*\)"
+    r"|array_replace\([^()]*,\s*null\s*,\s*(\d+|'\{\}')"
+    r"|array_fill\(\s*\d+\s*,",
+    re.IGNORECASE)
+
+
+def test_no_sql_file_writes_a_job_default_again():
+    for path in sorted(ROOT.glob("sql/*.sql")):
+        code = "\n".join(line.split("--")[0] for line in path.read_text().splitlines())
+        found = LITERAL_DEFAULT.search(code)
+        assert not found, f"{path.name}: {found.group(0)}; use awa._default_*() or " \
+                          "awa._first_attempt()"
+    assert LITERAL_DEFAULT.search("coalesce(priorities[i], 2)::smallint")
+    assert LITERAL_DEFAULT.search("coalesce(s.args, '{}')")
+    assert LITERAL_DEFAULT.search("array_replace(max_attempts, null, 25)")
+    assert not LITERAL_DEFAULT.search("coalesce(g.qids, '{}')")
+    assert not LITERAL_DEFAULT.search("coalesce(p.min_samples, 3)")
+
+
+def test_the_defaults_are_what_every_path_and_signature_gives(db, logins):
+    """The public signatures write the numbers (a default expression runs as
+    the caller, who may not execute the owner's constants): awa.enqueue's
+    parameter defaults, the null elements of a batch and of COPY, and the
+    Python client's keyword defaults all give the constants' values."""
+    import inspect
+
+    from awa_sql import client
+
+    with db.connect() as conn:
+        got = conn.execute("select awa._default_priority(), awa._default_max_attempts(),"
+                           " awa._default_args(), awa._first_attempt()").fetchone()
+    assert dict(zip(DEFAULTS, got, strict=True)) == DEFAULTS
+    with db.connect(logins.producer) as conn:
+        conn.execute("select awa.enqueue('defaults', 'k')")
+        conn.execute("select awa.enqueue('defaults', 'k', run_at => now() + interval '1 day')")
+        conn.execute("select awa.enqueue_batch(array['defaults'], array['k'])")
+        conn.execute("select awa.enqueue_batch(array['defaults', 'defaults'], array['k', 'k'],"
+                     " null, null, array[null, 'x']::bytea[])")
+        with conn.transaction():
+            copy_rows(conn, [("defaults", None, None, "k", None, None, None),
+                             ("defaults", None, b"x", "k", None, None, None)])
+    with db.connect() as conn:
+        rows = conn.execute(
+            "select count(*), count(*) filter (where priority = 2 and max_attempts = 25"
+            " and args = '{}' and attempt = 0)"
+            " from (select priority, max_attempts, args, attempt from awa.ready"
+            "       union all"
+            "       select priority, max_attempts, args, attempt from awa.scheduled) as j"
+        ).fetchone()
+    assert rows == (7, 7)
+    for fn in (client.enqueue, client.enqueue_async):
+        params = inspect.signature(fn).parameters
+        assert params["priority"].default == DEFAULTS["priority"]
+        assert params["max_attempts"].default == DEFAULTS["max_attempts"]
+    with db.connect() as conn:
+        signature = conn.execute(
+            "select pg_get_function_arguments('awa.enqueue(text, text, jsonb, smallint, bytea,"
+            " timestamptz, integer, bytea, interval)'::regprocedure)").fetchone()[0]
+    assert "args jsonb DEFAULT '{}'::jsonb" in signature
+    assert "priority smallint DEFAULT 2" in signature
+    assert "max_attempts integer DEFAULT 25" in signature

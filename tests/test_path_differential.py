@@ -12,7 +12,10 @@ inputs, biased to the shapes the fast paths serve, go through both in rolled
 back transactions of one backend (so the sticky lane is the same): the
 stored rows, their lanes, their order within each lane and the errors must
 be equal, and both must agree with a Python oracle of what is valid, so a
-check weakened on either path fails here.
+check weakened on either path fails here. The stored rows are compared
+column by column from the catalog (every column of awa.ready and
+awa.scheduled but those NOT_COMPARED says differ by nature), so a column a
+new migration adds and one path forgets fails here too.
 """
 
 from __future__ import annotations
@@ -29,18 +32,61 @@ from tests.support.jobs import LANE_CLASS, copy_rows, valid_job
 
 QUEUES = ["dp", "dp1", "dpart", "fresh", "dp#1", "", "x" * 201, None]
 NOW_QUEUES = ["dp", "dp1"]
-STORED = """
-    select r.job_id, m.queue, r.priority, l.shard, r.lane_seq, r.kind, r.args, r.ordering_key,
-           r.max_attempts, null::timestamptz, r.max_run_time::text
-      from awa.ready r join awa.lanes l using (lane_id)
-      join awa.queue_meta m on m.queue_id = r.queue_id
-     where r.xmin = pg_current_xact_id()::xid
-    union all
-    select s.job_id, m.queue, s.priority, null, null, s.kind, s.args, s.ordering_key,
-           s.max_attempts, s.run_at, s.max_run_time::text
-      from awa.scheduled s join awa.queue_meta m using (queue_id)
-     where s.xmin = pg_current_xact_id()::xid
+# The columns of awa.ready and awa.scheduled that two runs of the same input
+# store differently by nature, and what is compared instead. Every other
+# column, read from the catalog, is compared as text (a max run time is
+# stored in seconds: 24:00:00, not 1 day).
+NOT_COMPARED = {
+    "job_id": "drawn from a sequence: compared as its rank among the jobs stored",
+    "lane_seq": "drawn from the lane's sequence: compared as the offset from the lane's "
+                "first row stored",
+    "lane_id": "a lane's id: compared as its (queue, priority, shard)",
+    "queue_id": "a queue created in one run is created again, with a new id, in the next "
+                "(each run is rolled back): compared as the queue's name",
+    "enqueued_at": "a timestamp of the run (now())",
+    "ready_at": "a timestamp of the run (clock_timestamp())",
+}
+JOB_TABLES = ("ready", "scheduled")
+CATALOG_COLUMNS = """
+    select c.relname, a.attname
+      from pg_attribute a join pg_class c on c.oid = a.attrelid
+     where c.relnamespace = 'awa'::regnamespace and c.relname = any(%s)
+       and a.attnum > 0 and not a.attisdropped
+     order by array_position(%s, c.relname::text), a.attnum
 """
+_STORED: dict[int, tuple[list[str], str]] = {}
+
+
+def compared_columns(conn) -> list[str]:
+    """The columns compared, in the catalog's order (awa.ready's first)."""
+    return _stored(conn)[0]
+
+
+def _stored(conn) -> tuple[list[str], str]:
+    """The compared columns, and the query of what this transaction stored:
+    job_id, the lane (queue, priority, shard; nulls for awa.scheduled),
+    lane_seq, then each compared column as text (null where a table has none)."""
+    key = conn.info.server_version
+    if key not in _STORED:
+        rows = conn.execute(CATALOG_COLUMNS, [list(JOB_TABLES), list(JOB_TABLES)]).fetchall()
+        have = {t: [c for r, c in rows if r == t] for t in JOB_TABLES}
+        columns = list(dict.fromkeys(c for _, c in rows if c not in NOT_COMPARED))
+
+        def values(table, alias):
+            return ", ".join(f"{alias}.{c}::text" if c in have[table] else "null::text"
+                             for c in columns)
+        query = f"""
+            select r.job_id, m.queue, l.priority, l.shard, r.lane_seq, {values("ready", "r")}
+              from awa.ready r join awa.lanes l using (lane_id)
+              join awa.queue_meta m on m.queue_id = r.queue_id
+             where r.xmin = pg_current_xact_id()::xid
+            union all
+            select s.job_id, m.queue, null, null, null, {values("scheduled", "s")}
+              from awa.scheduled s join awa.queue_meta m using (queue_id)
+             where s.xmin = pg_current_xact_id()::xid
+        """
+        _STORED[key] = (columns, query)
+    return _STORED[key]
 FUTURE = datetime(2999, 1, 1, tzinfo=UTC)
 PAST = datetime(2000, 1, 1, tzinfo=UTC)
 MIN_RUN, MAX_RUN = timedelta(seconds=1), timedelta(days=30)
@@ -144,7 +190,7 @@ def _attempt(conn, steps):
     """Runs `steps(conn)` in a transaction that is rolled back; what it stored, or its error."""
     try:
         returned = steps(conn)
-        stored = conn.execute(STORED).fetchall()
+        stored = conn.execute(_stored(conn)[1]).fetchall()
         outcome = ("ok", _normalise(stored), _in_returned_order(returned, stored))
     except psycopg.Error as err:
         outcome = ("error", err.sqlstate, err.diag.message_primary)
@@ -159,6 +205,8 @@ def conn(db):
         su.execute("select awa.set_enqueue_shards('dp1', 1)")
         su.execute("select awa.set_queue_partitions('dpart', 2)")
     with db.connect(autocommit=False) as c:
+        _stored(c)
+        c.rollback()
         yield c
 
 
@@ -317,3 +365,16 @@ def test_the_oracle_knows_the_limits():
     assert _valid(dict(base, max_run_time=MIN_RUN)) and _valid(dict(base, max_run_time=MAX_RUN))
     assert not _valid(dict(base, max_run_time=timedelta(milliseconds=999)))
     assert not _valid(dict(base, max_run_time=MAX_RUN + timedelta(microseconds=1)))
+
+
+def test_every_column_is_compared_but_those_that_differ_by_nature(conn):
+    """NOT_COMPARED names only columns the tables have, and the rest, all of
+    them, are compared: a column added to awa.ready or awa.scheduled is
+    compared without a change here."""
+    rows = conn.execute(CATALOG_COLUMNS, [list(JOB_TABLES), list(JOB_TABLES)]).fetchall()
+    conn.rollback()
+    every = {c for _, c in rows}
+    assert set(NOT_COMPARED) <= every
+    assert set(compared_columns(conn)) == every - set(NOT_COMPARED)
+    assert {"priority", "kind", "args", "ordering_key", "attempt", "max_attempts", "run_at",
+            "last_error", "max_run_time"} <= set(compared_columns(conn))

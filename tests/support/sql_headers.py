@@ -86,6 +86,10 @@ class Uses:
     writes: dict[str, bool] = field(default_factory=dict)
     dynamic_target: bool = False  # a dynamic write whose table is a placeholder
     opaque: bool = False  # dynamic SQL that is not a literal format string
+    # Every piece of SQL read from the body: (its text, its parse tree, False
+    # if from dynamic SQL's format string); what inserts() reads.
+    statements: list[tuple[str, dict, bool]] = field(default_factory=list, compare=False,
+                                                     repr=False)
 
     def add(self, kind: dict[str, bool], name: str, static: bool) -> None:
         kind[name] = kind.get(name, False) or static
@@ -155,7 +159,9 @@ def _range_var(node: dict) -> str:
     return ".".join(p for p in (rv.get("schemaname"), rv.get("relname")) if p)
 
 
-def _collect_sql(tree, uses: Uses, static: bool) -> None:
+def _collect_sql(tree, uses: Uses, static: bool, text: str) -> None:
+    uses.statements.append((text, tree, static))
+
     def visit(key, value):
         if key == "FuncCall":
             name = _strings(value.get("funcname"))
@@ -190,7 +196,8 @@ def _format_template(template: str) -> str:
 def _dynamic(query: str, uses: Uses) -> None:
     """The expression of EXECUTE, RETURN QUERY EXECUTE, FOR ... IN EXECUTE."""
     tree = _json(f"SELECT {query}")
-    _collect_sql(tree, uses, static=True)  # the expression itself: format's arguments
+    # The expression itself: format's arguments.
+    _collect_sql(tree, uses, static=True, text=query)
     target = tree["stmts"][0]["stmt"]["SelectStmt"]["targetList"][0]["ResTarget"]["val"]
     template = None
     if "A_Const" in target and "sval" in target["A_Const"]:
@@ -203,12 +210,13 @@ def _dynamic(query: str, uses: Uses) -> None:
     if template is None:
         uses.opaque = True
         return
+    filled = _format_template(template)
     try:
-        inner = _json(_format_template(template))
+        inner = _json(filled)
     except parser.ParseError:
         uses.opaque = True
         return
-    _collect_sql(inner, uses, static=False)
+    _collect_sql(inner, uses, static=False, text=filled)
 
 
 def _assignment_sides(query: str) -> list[str]:
@@ -223,12 +231,12 @@ def _assignment_sides(query: str) -> list[str]:
 def _expression(expr: dict, uses: Uses) -> None:
     query, mode = expr["query"], expr.get("parseMode", 0)
     if mode == 0:  # a whole statement
-        _collect_sql(_json(query), uses, static=True)
+        _collect_sql(_json(query), uses, static=True, text=query)
     elif mode == 2:  # an expression
-        _collect_sql(_json(f"SELECT {query}"), uses, static=True)
+        _collect_sql(_json(f"SELECT {query}"), uses, static=True, text=query)
     else:  # an assignment (RAW_PARSE_PLPGSQL_ASSIGN1..3)
         for side in _assignment_sides(query):
-            _collect_sql(_json(f"SELECT {side}"), uses, static=True)
+            _collect_sql(_json(f"SELECT {side}"), uses, static=True, text=side)
 
 
 def _collect_plpgsql(function_sql: str, uses: Uses) -> None:
@@ -262,15 +270,51 @@ def body_uses(function_sql: str) -> Uses:
     language = _option(stmt, "language")["String"]["sval"]
     uses = Uses()
     if stmt.get("sql_body"):  # BEGIN ATOMIC
-        _collect_sql(stmt["sql_body"], uses, static=True)
+        _collect_sql(stmt["sql_body"], uses, static=True, text=function_sql)
     elif language == "plpgsql":
         _collect_plpgsql(function_sql, uses)
     elif language == "sql":
-        _collect_sql(_json(_strings(_option(stmt, "as")["List"]["items"])[0]), uses,
-                     static=True)
+        body = _strings(_option(stmt, "as")["List"]["items"])[0]
+        _collect_sql(_json(body), uses, static=True, text=body)
     else:
         raise HeaderError(f"language {language}: no reader for its body")
     return uses
+
+
+@dataclass
+class Insert:
+    """One INSERT a body makes."""
+
+    table: str  # awa.ready
+    columns: tuple[str, ...] | None  # its column list; None: it gives none
+    sql: str  # its text, from INSERT on (dynamic SQL: its format string's, filled in)
+    static: bool  # False: from dynamic SQL
+
+
+def _from_keyword(text: str, location: int | None, keyword: str) -> str:
+    """The text from the last `keyword` before byte offset `location` on."""
+    data = text.encode()
+    if location is None or location < 0:
+        return text
+    start = data.lower().rfind(keyword.encode(), 0, location)
+    return data[max(start, 0):].decode(errors="replace")
+
+
+def inserts(uses: Uses) -> list[Insert]:
+    """Every INSERT in a body, CTEs and dynamic SQL's format strings included."""
+    out: list[Insert] = []
+    for text, tree, static in uses.statements:
+        def visit(key, value, text=text, static=static):
+            if key == "InsertStmt" and "relation" in value:
+                cols = value.get("cols")
+                location = value["relation"].get("RangeVar", value["relation"]).get("location")
+                out.append(Insert(
+                    table=_range_var(value["relation"]),
+                    columns=None if not cols else tuple(c["ResTarget"]["name"] for c in cols),
+                    sql=_from_keyword(text, location, "insert"), static=static))
+            return True
+        _walk(tree, visit)
+    return out
 
 
 # Rendering the generated lines.
@@ -521,7 +565,9 @@ def render_map(files: list[SqlFile]) -> str:
         "The table of contents of the function layer: the files of `sql/`, in the",
         "order `awa migrate` applies them (`sql/manifest.txt`), and the functions",
         "of each. What callers may rely on is [docs/sql-api.md](sql-api.md); this",
-        "page is for changing them.",
+        "page is for changing them. The fast paths, each with the general path it",
+        "repeats for one input shape and the test that compares the two, are in",
+        "[docs/fast-paths.md](fast-paths.md).",
         "",
         "- **role**: the roles that may execute the function, from the file's",
         "  `awa._grant_execute` lines, by their default names (`awa migrate",
