@@ -79,10 +79,10 @@ declare
     started timestamptz;
 begin
     -- Three ways, each a labelled block (docs/fast-paths.md): sticky, then
-    -- in_turn when the sticky lane is taken, both ending with `exit
+    -- in_turn when the sticky lane is taken, both leaving with `exit
     -- general` once they hold a lane; else the general way. Each exit
-    -- test is one expression, as few as the flag they replace cost
-    -- (every expression costs every call its set-up).
+    -- test is one expression (every expression costs every call its
+    -- set-up): the common case evaluates no more than before the blocks.
     <<general>>
     begin
         <<sticky>>
