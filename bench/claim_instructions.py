@@ -19,7 +19,7 @@ by the bench. Needs valgrind (apt-get install valgrind).
 
 Target: a claim of one at S = 16 costs at most 1.30x a claim of one at S = 1.
 
-    python bench/claim_instructions.py [--write-docs]
+    python bench/claim_instructions.py [--write-docs | --only CELL ...]
 """
 
 from __future__ import annotations
@@ -110,7 +110,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawTextHelpFormatter)
     _docs.add_argument(ap)
+    ap.add_argument("--only", metavar="CELL", action="append",
+                    help="measure only this cell (repeatable; 'claim 1' is always measured)")
     args = ap.parse_args()
+    if args.only and args.write_docs:
+        ap.error("--only measures part of the table: not with --write-docs")
     block = _docs.Block(__file__, "Server instructions per claim", args.write_docs)
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind not found: apt-get install valgrind")
@@ -120,6 +124,8 @@ def main() -> None:
         pgdata, worker = build(work / "cluster")
         results = {}
         for name, statement in cells(worker).items():
+            if args.only and name not in (*args.only, "claim 1"):
+                continue
             results[name] = per_call(pgdata, statement, work)
             print(f"  {name}: {results[name] / 1000:,.1f}k", file=sys.stderr, flush=True)
     finally:
@@ -130,6 +136,8 @@ def main() -> None:
     print("|---|---:|")
     for name, value in results.items():
         print(f"| {name} | {value / 1000:,.1f} |")
+    if args.only:
+        return
     print(f"\nawa-sql / procrastinate per job: "
           f"{results['claim 1 + complete'] / results['fetch + finish']:.2f}")
     for n in SHARDS:

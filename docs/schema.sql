@@ -341,10 +341,12 @@ CREATE TABLE awa.queue_meta (
     retry_cap interval,
     retry_jitter numeric,
     unique_jobs boolean DEFAULT false NOT NULL,
+    lane_shards smallint DEFAULT 0 NOT NULL,
     CONSTRAINT queue_meta_pkey PRIMARY KEY (queue),
     CONSTRAINT queue_meta_enqueue_shards_range CHECK (((enqueue_shards >= 1) AND (enqueue_shards <= 64))),
     CONSTRAINT queue_meta_lane_ids_shape CHECK ((array_dims(lane_ids) = '[1:4][0:63]'::text)),
     CONSTRAINT queue_meta_lane_seqs_shape CHECK ((array_dims(lane_seqs) = '[1:4][0:63]'::text)),
+    CONSTRAINT queue_meta_lane_shards_range CHECK (((lane_shards >= 0) AND (lane_shards <= 64))),
     CONSTRAINT queue_meta_max_shards_range CHECK (((max_shards >= 1) AND (max_shards <= 64))),
     CONSTRAINT queue_meta_partitions_range CHECK (((partitions >= 1) AND (partitions <= 32767))),
     CONSTRAINT queue_meta_queue_id_key UNIQUE (queue_id),
@@ -1164,14 +1166,13 @@ AS $function$
     select 64
 $function$;
 
-CREATE OR REPLACE FUNCTION awa._claim_lane_order(priority smallint, lane_id integer, seed integer)
- RETURNS bigint
+CREATE OR REPLACE FUNCTION awa._claim_walk_shard(step integer, shards integer, start integer, stride integer)
+ RETURNS integer
  LANGUAGE sql
  IMMUTABLE PARALLEL SAFE
 AS $function$
-    select priority::bigint operator(pg_catalog.*) 4294967296
-        operator(pg_catalog.+) pg_catalog.hashint4(lane_id operator(pg_catalog.#) seed)
-        operator(pg_catalog.+) 2147483648
+    select (start operator(pg_catalog.+) step operator(pg_catalog.*) stride)
+        operator(pg_catalog.%) shards
 $function$;
 
 CREATE OR REPLACE FUNCTION awa._count_lanes(at timestamp with time zone)
@@ -2600,7 +2601,8 @@ begin
         created := created + 1;
     end loop;
     if created > 0 then
-        update awa.queue_meta as m set lane_ids = ids, lane_seqs = seqs
+        update awa.queue_meta as m
+           set lane_ids = ids, lane_seqs = seqs, lane_shards = greatest(m.lane_shards, shards)
          where m.queue_id = _provision_lanes.queue_id;
     end if;
     perform awa._provision_counters(_provision_lanes.queue_id);
@@ -3455,10 +3457,12 @@ CREATE OR REPLACE FUNCTION awa.claim(queues text[], max_jobs integer, worker tex
  SET enable_seqscan TO 'off'
 AS $function$
 declare
-    -- Orders the lanes of a priority for this call: each lane is as likely
-    -- as any other to be tried first, so no lane waits behind another's
-    -- backlog.
+    -- Orders the queues and lanes of a priority for this call: each lane is
+    -- as likely as any other to be tried first, so no lane waits behind
+    -- another's backlog.
     seed integer := (random() * 2147483647)::integer;
+    -- A prime above 64, so coprime with every queue's lane count.
+    stride integer := (array[67, 71, 73, 79, 83, 89, 97, 101])[1 + seed % 8];
     claimed record;
     one awa.claimed;
     far_lanes integer[] := '{}';
@@ -3484,25 +3488,44 @@ begin
     -- read only when the claim reaches it: the limits stop the scan, and the
     -- locking, once max_jobs rows are locked.
     for claimed in
-        with picked as (
+        -- The named queues, each read once, in an order drawn for this call,
+        -- with the shard their walk starts at (nullif: a queue with no lanes
+        -- yields no steps rather than a division by zero).
+        with walked as materialized (
+            select m.queue, m.lane_ids, m.lane_shards,
+                   seed / 8 % nullif(m.lane_shards, 0) as start,
+                   m.completed_seq, m.max_run_time, m.unique_jobs
+              from awa.queue_meta as m
+             where (m.queue = any(queues) or m.logical_queue = any(queues)
+                    or m.root_queue = any(queues))
+               and not m.paused
+             order by pg_catalog.hashint4(m.queue_id operator(pg_catalog.#) seed)
+        ),
+        picked as (
             select h.tid, l.queue, l.shard, coalesce(hd.head_seq, 0) as head_seq, l.completed_seq,
-                   l.max_run_time as queue_run_time, l.unique_jobs
-              from (
-                  select x.lane_id, x.priority, x.shard, m.queue, m.completed_seq, m.max_run_time,
-                         m.unique_jobs
-                    from awa.queue_meta as m
-                   cross join lateral (
-                       select y.lane_id, y.priority, y.shard
-                         from awa.lanes as y
-                        where y.queue_id = m.queue_id
-                       offset 0
-                   ) as x
-                   where (m.queue = any(queues) or m.logical_queue = any(queues)
-                          or m.root_queue = any(queues))
-                     and not m.paused
-                   order by awa._claim_lane_order(x.priority, x.lane_id, seed)
-                  offset 0
-              ) as l
+                   l.queue_run_time, l.unique_jobs
+              -- Priority by priority (the lanes_priority_range check: 1 to 4):
+              -- offset 0 keeps the subquery whole, and its lateral reference
+              -- to p inside p's loop (without it the planner joins the
+              -- priorities innermost); then queue by queue, each queue's
+              -- lanes in its walk's order.
+              from (values (1), (2), (3), (4)) as p (priority)
+             cross join lateral (
+                 select w.queue, s.shard, s.lane_id,
+                        w.completed_seq, w.max_run_time as queue_run_time, w.unique_jobs
+                   from walked as w
+                  -- The steps as a set-returning function in the select list
+                  -- (no tuplestore built on every rescan, as in FROM); offset
+                  -- 0 computes each step's shard once.
+                  cross join lateral (
+                      select x.shard, w.lane_ids[p.priority][x.shard] as lane_id
+                        from (select awa._claim_walk_shard(
+                                         generate_series(0, w.lane_shards - 1), w.lane_shards,
+                                         w.start, stride) as shard
+                              offset 0) as x
+                  ) as s
+                 offset 0
+             ) as l
               left join awa.lane_heads as hd on hd.lane_id = l.lane_id
              cross join lateral (
                  select r.ctid as tid
@@ -4938,6 +4961,8 @@ COMMENT ON COLUMN awa.queue_meta.enqueue_shards IS 'S: lanes per (queue, priorit
 COMMENT ON COLUMN awa.queue_meta.lane_ids IS 'Lane ids by [priority][shard], null where no lane is provisioned. Kept in step with awa.lanes by awa._provision_lanes.';
 
 COMMENT ON COLUMN awa.queue_meta.lane_seqs IS 'Each lane''s sequence by [priority][shard], as lane_ids.';
+
+COMMENT ON COLUMN awa.queue_meta.lane_shards IS 'How many shards the queue''s lanes span: lanes exist for shards 0 .. lane_shards - 1 at every priority (kept by awa._provision_lanes; lanes are never dropped). A claim walks them.';
 
 COMMENT ON COLUMN awa.queue_meta.logical_queue IS 'For a stripe (name#k): the logical queue it belongs to. Null for a logical name''s own row.';
 

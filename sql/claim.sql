@@ -59,30 +59,34 @@ as $$
     select 64
 $$;
 
--- Function: awa._claim_lane_order(priority smallint, lane_id integer, seed integer) returns bigint
--- The order a claim tries lanes in: priority first, then a permutation of
--- the lanes that the claim's seed draws (hashint4 mixes the bits). One
--- bigint, because a sort on one key costs far less than on two. Inlined.
+-- Function: awa._claim_walk_shard(step, shards, start, stride) returns integer
+-- The shard a claim tries at its step-th lane of a queue whose lanes span
+-- `shards` shards: from `start`, `stride` shards on each time. A stride
+-- coprime with every lane count (a prime above 64) visits each shard once
+-- in `shards` steps; start and stride are drawn for each call. Inlined.
 -- Calls: nothing
 -- Writes: nothing
-create or replace function awa._claim_lane_order(priority smallint, lane_id integer, seed integer)
-returns bigint
+create or replace function awa._claim_walk_shard(
+    step integer, shards integer, start integer, stride integer
+)
+returns integer
 language sql
 immutable parallel safe
 as $$
-    select priority::bigint operator(pg_catalog.*) 4294967296
-        operator(pg_catalog.+) pg_catalog.hashint4(lane_id operator(pg_catalog.#) seed)
-        operator(pg_catalog.+) 2147483648
+    select (start operator(pg_catalog.+) step operator(pg_catalog.*) stride)
+        operator(pg_catalog.%) shards
 $$;
 
 -- Function: awa.claim(queues text[], max_jobs integer, worker text, lease interval)
 -- Claims up to max_jobs ready jobs from the named queues and all their
 -- partitions and stripes, lane by lane: the lanes of the highest priority
--- first, and within a priority in an order drawn at random for each call;
--- from each lane its first free rows, FIFO. It stops once it has max_jobs,
--- so a claim reads the lanes it takes from and the empty ones before them,
--- not every lane (ADR 023). Lanes at or above the current S are visited
--- too: they drain after S is lowered. Rows other transactions hold are
+-- first; within a priority the queues in an order drawn for each call, and
+-- each queue's lanes from a shard drawn for each call, by a stride drawn
+-- too (awa._claim_walk_shard); from each lane its first free rows, FIFO.
+-- The lanes come from queue_meta.lane_ids, not awa.lanes, and it stops once
+-- it has max_jobs, so a claim reads the lanes it takes from and the empty
+-- ones before them, not every lane (ADR 023, ADR 028). Lanes at or above
+-- the current S are visited too: they drain after S is lowered. Rows other transactions hold are
 -- skipped, never waited for: a claim returns fewer than max_jobs only when
 -- no other claimable row is left. Paused queues yield nothing.
 -- At S = 1 (one lane per priority) this is strict FIFO per priority; at
@@ -99,7 +103,7 @@ $$;
 -- Returns: setof awa.claimed, by priority then claim order; each job's
 -- attempt is counted from 1; deadline_at null for a job without one.
 -- Errors: 22023 max_jobs < 0 or lease <= 0; 22004 null queues or worker.
--- Calls: awa._advance_lane_heads, awa._claim_hint_step, awa._claim_lane_order
+-- Calls: awa._advance_lane_heads, awa._claim_hint_step, awa._claim_walk_shard
 -- Writes: awa.ready, awa.running
 create or replace function awa.claim(
     queues text[],
@@ -120,10 +124,12 @@ set enable_mergejoin = off
 set enable_seqscan = off
 as $$
 declare
-    -- Orders the lanes of a priority for this call: each lane is as likely
-    -- as any other to be tried first, so no lane waits behind another's
-    -- backlog.
+    -- Orders the queues and lanes of a priority for this call: each lane is
+    -- as likely as any other to be tried first, so no lane waits behind
+    -- another's backlog.
     seed integer := (random() * 2147483647)::integer;
+    -- A prime above 64, so coprime with every queue's lane count.
+    stride integer := (array[67, 71, 73, 79, 83, 89, 97, 101])[1 + seed % 8];
     claimed record;
     one awa.claimed;
     far_lanes integer[] := '{}';
@@ -149,25 +155,44 @@ begin
     -- read only when the claim reaches it: the limits stop the scan, and the
     -- locking, once max_jobs rows are locked.
     for claimed in
-        with picked as (
+        -- The named queues, each read once, in an order drawn for this call,
+        -- with the shard their walk starts at (nullif: a queue with no lanes
+        -- yields no steps rather than a division by zero).
+        with walked as materialized (
+            select m.queue, m.lane_ids, m.lane_shards,
+                   seed / 8 % nullif(m.lane_shards, 0) as start,
+                   m.completed_seq, m.max_run_time, m.unique_jobs
+              from awa.queue_meta as m
+             where (m.queue = any(queues) or m.logical_queue = any(queues)
+                    or m.root_queue = any(queues))
+               and not m.paused
+             order by pg_catalog.hashint4(m.queue_id operator(pg_catalog.#) seed)
+        ),
+        picked as (
             select h.tid, l.queue, l.shard, coalesce(hd.head_seq, 0) as head_seq, l.completed_seq,
-                   l.max_run_time as queue_run_time, l.unique_jobs
-              from (
-                  select x.lane_id, x.priority, x.shard, m.queue, m.completed_seq, m.max_run_time,
-                         m.unique_jobs
-                    from awa.queue_meta as m
-                   cross join lateral (
-                       select y.lane_id, y.priority, y.shard
-                         from awa.lanes as y
-                        where y.queue_id = m.queue_id
-                       offset 0
-                   ) as x
-                   where (m.queue = any(queues) or m.logical_queue = any(queues)
-                          or m.root_queue = any(queues))
-                     and not m.paused
-                   order by awa._claim_lane_order(x.priority, x.lane_id, seed)
-                  offset 0
-              ) as l
+                   l.queue_run_time, l.unique_jobs
+              -- Priority by priority (the lanes_priority_range check: 1 to 4):
+              -- offset 0 keeps the subquery whole, and its lateral reference
+              -- to p inside p's loop (without it the planner joins the
+              -- priorities innermost); then queue by queue, each queue's
+              -- lanes in its walk's order.
+              from (values (1), (2), (3), (4)) as p (priority)
+             cross join lateral (
+                 select w.queue, s.shard, s.lane_id,
+                        w.completed_seq, w.max_run_time as queue_run_time, w.unique_jobs
+                   from walked as w
+                  -- The steps as a set-returning function in the select list
+                  -- (no tuplestore built on every rescan, as in FROM); offset
+                  -- 0 computes each step's shard once.
+                  cross join lateral (
+                      select x.shard, w.lane_ids[p.priority][x.shard] as lane_id
+                        from (select awa._claim_walk_shard(
+                                         generate_series(0, w.lane_shards - 1), w.lane_shards,
+                                         w.start, stride) as shard
+                              offset 0) as x
+                  ) as s
+                 offset 0
+             ) as l
               left join awa.lane_heads as hd on hd.lane_id = l.lane_id
              cross join lateral (
                  select r.ctid as tid
@@ -478,7 +503,7 @@ $$;
 
 select awa._grant_execute('awa._advance_lane_heads(integer[], bigint[])');
 select awa._grant_execute('awa._claim_hint_step()');
-select awa._grant_execute('awa._claim_lane_order(smallint, integer, integer)');
+select awa._grant_execute('awa._claim_walk_shard(integer, integer, integer, integer)');
 select awa._grant_execute('awa.claim(text[], integer, text, interval)', 'worker');
 select awa._grant_execute('awa.complete(bigint, bigint)', 'worker');
 select awa._grant_execute('awa._finish(awa.running, text, text)');

@@ -313,7 +313,8 @@ $$;
 -- Function: awa._provision_lanes(queue_id integer, shards integer) returns integer
 -- Creates every missing (priority, shard) lane below shards for one physical
 -- queue, each with its own sequence awa.lane_seq_<lane_id>, and records
--- them in the queue's awa.queue_meta.lane_ids and lane_seqs; and the
+-- them in the queue's awa.queue_meta.lane_ids, lane_seqs and lane_shards
+-- (the shards they span, which a claim walks); and the
 -- queue's terminal counters (awa._provision_counters) when it has none.
 -- Returns how many lanes it created. The caller holds the provisioning lock.
 -- Calls: awa._lane_seq_name, awa._provision_counters
@@ -356,7 +357,8 @@ begin
         created := created + 1;
     end loop;
     if created > 0 then
-        update awa.queue_meta as m set lane_ids = ids, lane_seqs = seqs
+        update awa.queue_meta as m
+           set lane_ids = ids, lane_seqs = seqs, lane_shards = greatest(m.lane_shards, shards)
          where m.queue_id = _provision_lanes.queue_id;
     end if;
     perform awa._provision_counters(_provision_lanes.queue_id);

@@ -70,3 +70,6 @@ drop function if exists awa._requeue(
 drop function if exists awa._take_unique_keys(
     text[], bytea[], bigint[], integer[], smallint[], interval[]
 );
+-- Unreleased: a claim walks each queue's lanes from queue_meta.lane_ids by a
+-- drawn stride (ADR 028) instead of sorting awa.lanes.
+drop function if exists awa._claim_lane_order(smallint, integer, integer);

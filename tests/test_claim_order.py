@@ -145,3 +145,25 @@ def test_the_lane_tried_first_is_drawn_for_every_call(db, queues):
             conn.rollback()
     assert len(seen) == lanes, seen
     assert max(seen.values()) <= 3 * calls / lanes, seen
+
+
+def test_priority_first_across_the_named_queues(db):
+    """A claim naming several queues takes every free row of a priority, from
+    all of them, before any row of a lower one: the walk loops over the
+    priorities outermost (sql/claim.sql), whatever order it draws for the
+    queues and their lanes."""
+    with db.connect() as admin:
+        admin.execute("select awa.set_enqueue_shards('pa', 4)")
+        admin.execute("select awa.set_enqueue_shards('pb', 2)")
+        for queue, priority, n in [("pa", 3, 30), ("pb", 1, 7), ("pb", 4, 5), ("pa", 1, 6)]:
+            admin.execute("select awa.enqueue_batch(array_fill(%s::text, array[%s]),"
+                          " array_fill('k'::text, array[%s]),"
+                          " priorities => array_fill(%s::smallint, array[%s]),"
+                          " ordering_keys => array(select convert_to(%s || i, 'UTF8')"
+                          " from generate_series(1, %s) i))",
+                          [queue, n, n, priority, n, f"{queue}{priority}-", n])
+        for _ in range(10):
+            with admin.transaction(force_rollback=True):
+                got = admin.execute("select priority from awa.claim(array['pa', 'pb'], 20, 'w')"
+                                    ).fetchall()
+                assert [p for (p,) in got] == [1] * 13 + [3] * 7

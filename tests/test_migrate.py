@@ -419,3 +419,30 @@ def test_fresh_install_equals_an_upgrade(cluster, empty_db, role_prefix):
             assert snapshot(a) == snapshot(b)
     finally:
         cluster.drop_database(fresh.name)
+
+
+def test_lane_shards_backfill_gives_the_shards_lanes_span(db):
+    """Migration 0019's backfill: every queue's lane_shards is the number of
+    shards its lanes span, lanes of a lowered S included, as
+    awa._provision_lanes keeps it from then on."""
+    from awa_sql.source import load_migrations
+
+    (migration,) = [m for m in load_migrations() if m.version == 19]
+    backfill = next(s for s in migration.text.split(";\n") if "set lane_shards" in s)
+    with db.connect() as conn:
+        conn.execute("select awa.set_enqueue_shards('ls-one', 1)")
+        conn.execute("select awa.set_enqueue_shards('ls-low', 8)")
+        conn.execute("select awa.set_enqueue_shards('ls-low', 2)")
+        conn.execute("select awa.set_queue_partitions('ls-parts', 3)")
+        conn.execute("select awa.set_enqueue_shards('ls-parts', 5)")
+        spans = "select queue, lane_shards from awa.queue_meta order by queue"
+        kept = conn.execute(spans).fetchall()
+        truth = conn.execute(
+            "select m.queue, (select count(distinct l.shard) from awa.lanes l"
+            " where l.queue_id = m.queue_id)::smallint from awa.queue_meta m order by m.queue"
+        ).fetchall()
+        assert kept == truth and ("ls-low", 8) in kept
+        with conn.transaction(force_rollback=True):
+            conn.execute("update awa.queue_meta set lane_shards = 0")
+            conn.execute(backfill)
+            assert conn.execute(spans).fetchall() == kept

@@ -11,7 +11,7 @@ INLINED_FUNCTIONS = (
     "_lock_class_copy", "_lock_class_migrate",
     "_queue_name_ok", "_priority_ok", "_max_attempts_ok", "_job_ok",
     "_sticky", "_in_turn", "_has_lane_memo", "_lane_memo_name", "_lane_wait_total",
-    "_claim_hint_step", "_claim_lane_order",
+    "_claim_hint_step", "_claim_walk_shard",
     "_lock_class_prune", "_finished_slot_seconds", "_finished_ring_slots", "_finished_slot",
     "_retention",
     "_max_run_time_ok", "_in_seconds",
