@@ -1,5 +1,5 @@
 """What the operators' job tools cost with 1,000 jobs per state against
-1,000,000, on one server (ADR 025).
+1,000,000, on one server (ADR 025, ADR 029).
 
 For each size N (1,000, 10,000 and 1,000,000), in turn, a queue at S = 8
 gets N ready jobs (keyed over all its lanes), N scheduled ones, and N
@@ -13,7 +13,8 @@ itself costs. The calls:
   failed deep page   awa.jobs(Q, 'failed', after => mid)    from the middle
   completed page     awa.jobs(Q, 'completed')
   scheduled page     awa.jobs(Q, 'scheduled')
-  ready page         awa.jobs(Q, 'ready')     the front of each lane
+  ready page         awa.jobs(Q, 'ready')     every lane from its head
+  ready deep page    awa.jobs(Q, 'ready', after => mid)     each lane bisected
   all states page    awa.jobs(Q)
   count failed       awa.count_jobs(Q, 'failed')            up to 10,000
   job (failed)       awa.job(id)                            by key
@@ -26,12 +27,10 @@ at the table's first block (with it on, a scan of a big table starts where
 the last one stopped, and finds a row near there at once: faster, but by
 chance).
 
-Targets: with 1,000,000 jobs, every page, the count and the keyed lookup
-take at most 2x their time with 1,000, except the pages that list ready
-jobs: they read the front of each lane, up to 1,000 rows per lane (8,000 at
-S = 8), so they grow until that window is full (from 8,000 ready jobs on)
-and then no more: with 1,000,000 at most 2x their time with 10,000.
-awa.job on a ready or unknown job scans awa.ready, as documented.
+Targets: with 1,000,000 jobs, every page (ready ones included, from the
+front and from the middle of the backlog), the count and the keyed lookup
+take at most 2x their time with 1,000. awa.job on a ready or unknown job
+scans awa.ready, as documented.
 
     python bench/jobs_page.py [--sizes 1000,10000,1000000] [--write-docs]
 """
@@ -105,9 +104,12 @@ def calls(conn: psycopg.Connection, queue: str) -> dict[str, tuple[str, list]]:
                   from awa.finished f join awa.queue_meta m using (queue_id)
                  where m.queue = %(q)s and f.state = 'failed'),
                (select max(r.job_id) from awa.ready r join awa.queue_meta m using (queue_id)
+                 where m.queue = %(q)s),
+               (select percentile_disc(0.5) within group (order by r.job_id)
+                  from awa.ready r join awa.queue_meta m using (queue_id)
                  where m.queue = %(q)s)
     """, {"q": queue}).fetchone()
-    first_failed, mid_failed, last_ready = ids
+    first_failed, mid_failed, last_ready, mid_ready = ids
     unknown = conn.execute("select nextval('awa.job_id_seq')").fetchone()[0]  # no job has it
     return {
         "failed page": ("select * from awa.jobs(%s, 'failed')", [queue]),
@@ -116,6 +118,8 @@ def calls(conn: psycopg.Connection, queue: str) -> dict[str, tuple[str, list]]:
         "completed page": ("select * from awa.jobs(%s, 'completed')", [queue]),
         "scheduled page": ("select * from awa.jobs(%s, 'scheduled')", [queue]),
         "ready page": ("select * from awa.jobs(%s, 'ready')", [queue]),
+        "ready deep page": ("select * from awa.jobs(%s, 'ready', after_job_id => %s)",
+                            [queue, mid_ready]),
         "all states page": ("select * from awa.jobs(%s)", [queue]),
         "count failed": ("select awa.count_jobs(%s, 'failed')", [queue]),
         "job (failed)": ("select * from awa.job(%s)", [first_failed]),
@@ -124,8 +128,6 @@ def calls(conn: psycopg.Connection, queue: str) -> dict[str, tuple[str, list]]:
     }
 
 
-WINDOW = 8 * 1000  # ready rows a page reads at most at S = 8 (ADR 025)
-WINDOW_CALLS = ("ready page", "all states page")
 SCANS = ("job (ready)", "job (unknown)")
 
 
@@ -155,11 +157,10 @@ def main() -> None:
     width = max(len(name) for name in names)
     print(f"{'call'.ljust(width)}  " + "  ".join(f"{n:>10,}" for n in sizes)
           + f"  {sizes[-1]:,} / baseline")
-    full = next((n for n in sizes if n >= WINDOW), sizes[-1])
     missed = []
     worst = (0.0, "")
     for name in names:
-        base = full if name in WINDOW_CALLS else sizes[0]
+        base = sizes[0]
         ratio = results[sizes[-1]][name] / results[base][name]
         mark = "  (scan)" if name in SCANS else f"  vs {base:,}"
         print(f"{name.ljust(width)}  " + "  ".join(f"{results[n][name]:10.2f}" for n in sizes)

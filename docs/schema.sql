@@ -373,6 +373,15 @@ CREATE TABLE awa.ready (
     CONSTRAINT ready_pkey PRIMARY KEY (lane_id, lane_seq)
 ) WITH (autovacuum_vacuum_scale_factor=0.0, autovacuum_vacuum_threshold=5000, autovacuum_vacuum_insert_scale_factor=0.0, autovacuum_vacuum_insert_threshold=50000);
 
+CREATE TABLE awa.ready_late (
+    job_id bigint NOT NULL,
+    queue_id integer NOT NULL,
+    lane_id integer NOT NULL,
+    lane_seq bigint NOT NULL,
+    stamp bigint NOT NULL,
+    CONSTRAINT ready_late_pkey PRIMARY KEY (lane_id, lane_seq)
+);
+
 CREATE TABLE awa.role_binding (
     capability text NOT NULL,
     role_name name NOT NULL,
@@ -517,6 +526,8 @@ CREATE INDEX finished_queue_state_idx ON ONLY awa.finished USING btree (queue_id
 CREATE INDEX queue_meta_logical_queue_idx ON awa.queue_meta USING btree (logical_queue) WHERE (logical_queue IS NOT NULL);
 
 CREATE INDEX queue_meta_root_queue_idx ON awa.queue_meta USING btree (root_queue) WHERE (root_queue IS NOT NULL);
+
+CREATE INDEX ready_late_queue_job_idx ON awa.ready_late USING btree (queue_id, job_id);
 
 CREATE INDEX running_lease_expires_at_idx ON awa.running USING btree (lease_expires_at);
 
@@ -1664,6 +1675,16 @@ begin
          where lanes[r.i] is null and kinds[r.i] is not null
     )
     select r.job_id from rows as r order by r.i;
+    if job_ids is not null then
+        -- Rows entering a lane with an id they already had (ADR 029): with
+        -- the highest id handed out so far, which every later row of the
+        -- lane's own ids will be above (the caller holds the lanes).
+        insert into awa.ready_late (job_id, queue_id, lane_id, lane_seq, stamp)
+        select job_ids[i], queue_ids[i], lanes[i], seqs[i],
+               pg_sequence_last_value('awa.job_id_seq')
+          from generate_series(1, cardinality(kinds)) as i
+         where job_ids[i] is not null and lanes[i] is not null and kinds[i] is not null;
+    end if;
 end;
 $function$;
 
@@ -2721,6 +2742,52 @@ AS $function$
     select queue is not null
        and pg_catalog.octet_length(queue) operator(pg_catalog.<@) '[1,200]'::pg_catalog.int4range
        and queue operator(pg_catalog.!~~) '%#%'
+$function$;
+
+CREATE OR REPLACE FUNCTION awa._ready_from(lane integer, head_seq bigint, next_seq bigint, after bigint)
+ RETURNS bigint
+ LANGUAGE plpgsql
+ STABLE
+ SET search_path TO 'pg_catalog', 'pg_temp'
+ SET enable_seqscan TO 'off'
+AS $function$
+declare
+    lo bigint := head_seq;
+    top bigint := next_seq;
+    mid bigint := head_seq;
+    answer bigint;
+    at_seq bigint;
+    at_f bigint;
+begin
+    -- Invariant: rows below lo have f <= after; no row at or above top is
+    -- before the answer. The first probe is the head: on a first page, or
+    -- a cursor behind the lane, it is the answer.
+    while lo < top loop
+        at_seq := null;
+        -- The stamp by a probe per row, never a join that reads the lane's
+        -- every awa.ready_late row.
+        select r.lane_seq, greatest(r.job_id, (
+                   select x.stamp from awa.ready_late as x
+                    where x.job_id = r.job_id and x.lane_id = r.lane_id
+                      and x.lane_seq = r.lane_seq
+               ))
+          into at_seq, at_f
+          from awa.ready as r
+         where r.lane_id = lane and r.lane_seq >= mid and r.lane_seq < top
+         order by r.lane_seq
+         limit 1;
+        if at_seq is null then
+            top := mid;
+        elsif at_f > after then
+            answer := at_seq;
+            top := at_seq;
+        else
+            lo := at_seq + 1;
+        end if;
+        mid := lo + (top - lo) / 2;
+    end loop;
+    return answer;
+end;
 $function$;
 
 CREATE OR REPLACE FUNCTION awa._record_change_lanes()
@@ -4093,13 +4160,13 @@ CREATE OR REPLACE FUNCTION awa.jobs(queue text, state text DEFAULT NULL::text, k
  SET search_path TO 'pg_catalog', 'pg_temp'
  SET plan_cache_mode TO 'force_generic_plan'
  SET enable_seqscan TO 'off'
+ SET enable_hashjoin TO 'off'
+ SET enable_mergejoin TO 'off'
 AS $function$
 declare
     ids integer[] := awa._queue_ids(queue);
     from_id bigint := coalesce(after_job_id, 0);
     terminal text[];
-    -- How far into each lane ready jobs are listed: a page never reads more.
-    front integer := greatest(max_jobs, 1000);
 begin
     perform awa._check_job_state(state);
     perform awa._check_max_jobs('max_jobs', max_jobs);
@@ -4151,15 +4218,40 @@ begin
             from unnest(ids) as q (id)
            cross join lateral awa._lane_states(q.id) as l
            cross join lateral (
-               -- The lane's front, from its first live row.
+               -- The lane's own jobs above from_id: in lane_seq order, which
+               -- is their job id order, from where their ids pass it.
                select x.*
                  from awa.ready as x
-                where x.lane_id = l.lane_id and x.lane_seq >= l.head_seq
+                where x.lane_id = l.lane_id
+                  and x.lane_seq >= awa._ready_from(l.lane_id, l.head_seq, l.next_seq, from_id)
+                  and x.job_id > from_id and (jobs.kind is null or x.kind = jobs.kind)
+                  and not exists (
+                      select from awa.ready_late as y
+                       where y.job_id = x.job_id and y.lane_id = x.lane_id
+                         and y.lane_seq = x.lane_seq
+                  )
                 order by x.lane_seq
-                limit front
+                limit jobs.max_jobs
            ) as w
            where (jobs.state is null or jobs.state = 'ready') and l.head_seq is not null
-             and w.job_id > from_id and (jobs.kind is null or w.kind = jobs.kind)
+          union all
+          select v.job_id, v.queue_id, 'ready', v.priority, v.kind, v.args, v.ordering_key,
+                 v.attempt, v.max_attempts, v.enqueued_at, v.ready_at, null, v.last_error,
+                 null, null
+            from unnest(ids) as q (id)
+           cross join lateral (
+               -- The jobs that entered their lane with an older id, by id
+               -- (a range on queue_id, as for awa.scheduled above).
+               select x.*
+                 from awa.ready_late as y
+                 join awa.ready as x
+                   on x.lane_id = y.lane_id and x.lane_seq = y.lane_seq and x.job_id = y.job_id
+                where y.queue_id between q.id and q.id and y.job_id > from_id
+                  and (jobs.kind is null or x.kind = jobs.kind)
+                order by y.queue_id, y.job_id
+                limit jobs.max_jobs
+           ) as v
+           where jobs.state is null or jobs.state = 'ready'
           union all
           select f.job_id, f.queue_id, f.state, f.priority, f.kind, f.args, f.ordering_key,
                  f.attempt, f.max_attempts, f.enqueued_at, null, f.finished_at, f.last_error,
@@ -4354,6 +4446,51 @@ begin
     for s in 0 .. 2 * awa._finished_ring_slots() - 1 loop
         removed := removed + awa._prune_slot(s);
     end loop;
+    return removed;
+end;
+$function$;
+
+CREATE OR REPLACE FUNCTION awa.prune_ready_late(max_rows integer DEFAULT 10000)
+ RETURNS bigint
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+ SET enable_seqscan TO 'off'
+ SET enable_hashjoin TO 'off'
+ SET enable_mergejoin TO 'off'
+AS $function$
+declare
+    removed bigint;
+begin
+    if max_rows is null or max_rows < 0 then
+        raise exception 'max_rows must be 0 or more, got %', coalesce(max_rows::text, 'null')
+            using errcode = '22023';
+    end if;
+    delete from awa.ready_late as y
+     where y.ctid = any(array(
+         select x.ctid
+           from awa.lanes as l
+           left join awa.lane_heads as h on h.lane_id = l.lane_id
+          cross join lateral (
+              select coalesce(
+                  (select r.lane_seq from awa.ready as r
+                    where r.lane_id = l.lane_id and r.lane_seq >= coalesce(h.head_seq, 0)
+                    order by r.lane_seq
+                    limit 1),
+                  pg_sequence_last_value(l.seq) + 1,
+                  0
+              ) as live_from
+          ) as b
+          cross join lateral (
+              select z.ctid from awa.ready_late as z
+               where z.lane_id = l.lane_id and z.lane_seq < b.live_from
+               order by z.lane_seq
+               limit max_rows
+                 for update skip locked
+          ) as x
+          limit max_rows
+     ));
+    get diagnostics removed = row_count;
     return removed;
 end;
 $function$;
@@ -5036,6 +5173,8 @@ COMMENT ON TABLE awa.queue_meta IS 'Per physical queue settings. Change them thr
 
 COMMENT ON TABLE awa.ready IS 'Claimable jobs. FIFO within a lane by lane_seq; claim merges lanes by (priority, job_id).';
 
+COMMENT ON TABLE awa.ready_late IS 'Ready jobs that entered their lane with a job id older than the lane''s (promoted, retried, rescued, unique-keyed): lane, lane_seq and the highest job id handed out then (stamp). Written by awa._insert_jobs; rows whose job left the lane are removed by awa.prune_ready_late. Read by awa.jobs (ADR 029).';
+
 COMMENT ON TABLE awa.role_binding IS 'Which database role holds each capability; grants in the function layer follow it.';
 
 COMMENT ON TABLE awa.running IS 'Claimed jobs. run_lease changes at every claim, so a stale worker cannot finish a job.';
@@ -5117,6 +5256,7 @@ GRANT EXECUTE ON FUNCTION awa.partition_queue_names(text,integer) TO awa_mainten
 GRANT EXECUTE ON FUNCTION awa.pause_queue(text) TO awa_operator;
 GRANT EXECUTE ON FUNCTION awa.promote_due(integer) TO awa_maintenance;
 GRANT EXECUTE ON FUNCTION awa.prune_finished() TO awa_maintenance;
+GRANT EXECUTE ON FUNCTION awa.prune_ready_late(integer) TO awa_maintenance;
 GRANT EXECUTE ON FUNCTION awa.prune_unique_keys(integer) TO awa_maintenance;
 GRANT EXECUTE ON FUNCTION awa.publish_runtime(uuid,text,text,integer,text,integer,jsonb) TO awa_producer, awa_worker;
 GRANT EXECUTE ON FUNCTION awa.queue_counts(text) TO awa_operator, awa_reader;

@@ -306,12 +306,14 @@ $$;
 -- and enqueued now, unless the
 -- job is moved (awa.promote_due passes job_ids, attempts, enqueued_ats and
 -- last_errors). An element whose kind is null is written nowhere (a
--- duplicate of a unique key, awa._enqueue_rows). Returns the job ids in
+-- duplicate of a unique key, awa._enqueue_rows). A row written into a lane
+-- with a job id it already had is recorded in awa.ready_late too, the one
+-- place such rows are written (ADR 029). Returns the job ids in
 -- element order. The arrays come checked and one element per job, indexed
 -- from 1; the caller holds the lanes and reserved the sequence values.
 -- Calls: awa._default_args, awa._default_max_attempts, awa._default_priority, awa._first_attempt,
 --   awa._in_seconds
--- Writes: awa.ready, awa.scheduled
+-- Writes: awa.ready, awa.ready_late, awa.scheduled
 create or replace function awa._insert_jobs(
     lanes integer[],
     seqs bigint[],
@@ -371,6 +373,16 @@ begin
          where lanes[r.i] is null and kinds[r.i] is not null
     )
     select r.job_id from rows as r order by r.i;
+    if job_ids is not null then
+        -- Rows entering a lane with an id they already had (ADR 029): with
+        -- the highest id handed out so far, which every later row of the
+        -- lane's own ids will be above (the caller holds the lanes).
+        insert into awa.ready_late (job_id, queue_id, lane_id, lane_seq, stamp)
+        select job_ids[i], queue_ids[i], lanes[i], seqs[i],
+               pg_sequence_last_value('awa.job_id_seq')
+          from generate_series(1, cardinality(kinds)) as i
+         where job_ids[i] is not null and lanes[i] is not null and kinds[i] is not null;
+    end if;
 end;
 $$;
 

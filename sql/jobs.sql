@@ -9,12 +9,13 @@
 --     tables first and, only when it is in none of them, in awa.ready by a
 --     sequential scan: a ready, an unknown and a pruned job cost a scan of
 --     awa.ready;
---   - a page of ready jobs (awa.jobs) reads the front of each lane: its
---     first 1,000 rows (or max_jobs, if more) from where its live rows start
---     (awa._lane_states), the jobs the claims take next, ordered and
---     keyset-paged by job_id within that window. A ready job further back
---     in a long lane is not listed; awa.queue_overview counts it, and
---     awa.job finds it.
+--   - a page of ready jobs (awa.jobs) is exact and costs the page and the
+--     lanes, not the backlog (ADR 029): within a lane the jobs enqueued
+--     there have ids rising with lane_seq, and the others (moved in with an
+--     older id) are recorded in awa.ready_late with a stamp, so
+--     awa._ready_from finds where a lane's ids pass the cursor by bisecting
+--     lane_seq, the lane's own jobs are read from there in lane_seq order,
+--     and the moved-in ones by job id from awa.ready_late.
 --
 -- Moving jobs. A cancelled job is written by awa._finish (sql/claim.sql),
 -- as a failed one is: into the failed-and-cancelled ring of awa.finished,
@@ -173,6 +174,64 @@ begin
 end;
 $$;
 
+-- Function: awa._ready_from(lane, head_seq, next_seq, after) returns bigint
+-- The lane_seq from which every live row of a lane has f > after, where f
+-- is a row's stamp in awa.ready_late if it has one, else its job id (null
+-- if no row has). f never falls as lane_seq rises (ADR 029) and is never
+-- below the job id, so no row before it has a job id above after. Bisects
+-- [head_seq, next_seq) (the lane's first live row and the next lane_seq, as
+-- awa._lane_states gives them) with one probe a step: about log2 of the
+-- lane's span, whatever its rows.
+-- Calls: nothing
+-- Writes: nothing
+create or replace function awa._ready_from(
+    lane integer, head_seq bigint, next_seq bigint, after bigint
+)
+returns bigint
+language plpgsql
+stable
+set search_path = pg_catalog, pg_temp
+set enable_seqscan = off
+as $$
+declare
+    lo bigint := head_seq;
+    top bigint := next_seq;
+    mid bigint := head_seq;
+    answer bigint;
+    at_seq bigint;
+    at_f bigint;
+begin
+    -- Invariant: rows below lo have f <= after; no row at or above top is
+    -- before the answer. The first probe is the head: on a first page, or
+    -- a cursor behind the lane, it is the answer.
+    while lo < top loop
+        at_seq := null;
+        -- The stamp by a probe per row, never a join that reads the lane's
+        -- every awa.ready_late row.
+        select r.lane_seq, greatest(r.job_id, (
+                   select x.stamp from awa.ready_late as x
+                    where x.job_id = r.job_id and x.lane_id = r.lane_id
+                      and x.lane_seq = r.lane_seq
+               ))
+          into at_seq, at_f
+          from awa.ready as r
+         where r.lane_id = lane and r.lane_seq >= mid and r.lane_seq < top
+         order by r.lane_seq
+         limit 1;
+        if at_seq is null then
+            top := mid;
+        elsif at_f > after then
+            answer := at_seq;
+            top := at_seq;
+        else
+            lo := at_seq + 1;
+        end if;
+        mid := lo + (top - lo) / 2;
+    end loop;
+    return answer;
+end;
+$$;
+
 -- Function: awa.jobs(queue, state, kind, after_job_id, max_jobs) returns setof awa.job_info
 -- A page of a queue's jobs (a logical name covers its partitions and
 -- stripes), optionally of one state and one kind: the max_jobs lowest
@@ -180,14 +239,15 @@ $$;
 -- job_id of a page as the next after_job_id. Each state is read by its
 -- keys, per physical queue, up to max_jobs rows, so a page costs what the
 -- page holds, not what the queue or its history holds; with a kind, the
--- rows of other kinds it passes over count too. Ready jobs are listed from
--- the front of each lane only: its first 1,000 rows (or max_jobs, if more),
--- the jobs the claims take next; within that window they page by job_id
--- like the rest (ADR 025).
+-- rows of other kinds it passes over count too. Ready jobs are read per
+-- lane from where its job ids pass after_job_id (awa._ready_from: a
+-- bisection of the lane), and those that entered their lane with an older
+-- id from awa.ready_late by job id (ADR 029): every ready job is listed.
 -- Role: awa_reader, awa_operator.
 -- Errors: 22004 null queue or max_jobs; 22023 an unknown state, max_jobs
 -- outside 1 .. 100000, a bad name; 42704 no such queue.
--- Calls: awa._check_job_state, awa._check_max_jobs, awa._lane_states, awa._queue_ids
+-- Calls: awa._check_job_state, awa._check_max_jobs, awa._lane_states, awa._queue_ids,
+--   awa._ready_from
 -- Writes: nothing
 create or replace function awa.jobs(
     queue text,
@@ -204,15 +264,16 @@ set search_path = pg_catalog, pg_temp
 -- One plan for every call: planning the union over 64 slots costs more than
 -- running it, and the plan is written for any parameter (the ranges below).
 set plan_cache_mode = force_generic_plan
--- Every state is read by a key, never by a scan.
+-- Every state is read by a key, never by a scan, and every join is a probe
+-- per row (a hash join would read a queue's every awa.ready_late row).
 set enable_seqscan = off
+set enable_hashjoin = off
+set enable_mergejoin = off
 as $$
 declare
     ids integer[] := awa._queue_ids(queue);
     from_id bigint := coalesce(after_job_id, 0);
     terminal text[];
-    -- How far into each lane ready jobs are listed: a page never reads more.
-    front integer := greatest(max_jobs, 1000);
 begin
     perform awa._check_job_state(state);
     perform awa._check_max_jobs('max_jobs', max_jobs);
@@ -264,15 +325,40 @@ begin
             from unnest(ids) as q (id)
            cross join lateral awa._lane_states(q.id) as l
            cross join lateral (
-               -- The lane's front, from its first live row.
+               -- The lane's own jobs above from_id: in lane_seq order, which
+               -- is their job id order, from where their ids pass it.
                select x.*
                  from awa.ready as x
-                where x.lane_id = l.lane_id and x.lane_seq >= l.head_seq
+                where x.lane_id = l.lane_id
+                  and x.lane_seq >= awa._ready_from(l.lane_id, l.head_seq, l.next_seq, from_id)
+                  and x.job_id > from_id and (jobs.kind is null or x.kind = jobs.kind)
+                  and not exists (
+                      select from awa.ready_late as y
+                       where y.job_id = x.job_id and y.lane_id = x.lane_id
+                         and y.lane_seq = x.lane_seq
+                  )
                 order by x.lane_seq
-                limit front
+                limit jobs.max_jobs
            ) as w
            where (jobs.state is null or jobs.state = 'ready') and l.head_seq is not null
-             and w.job_id > from_id and (jobs.kind is null or w.kind = jobs.kind)
+          union all
+          select v.job_id, v.queue_id, 'ready', v.priority, v.kind, v.args, v.ordering_key,
+                 v.attempt, v.max_attempts, v.enqueued_at, v.ready_at, null, v.last_error,
+                 null, null
+            from unnest(ids) as q (id)
+           cross join lateral (
+               -- The jobs that entered their lane with an older id, by id
+               -- (a range on queue_id, as for awa.scheduled above).
+               select x.*
+                 from awa.ready_late as y
+                 join awa.ready as x
+                   on x.lane_id = y.lane_id and x.lane_seq = y.lane_seq and x.job_id = y.job_id
+                where y.queue_id between q.id and q.id and y.job_id > from_id
+                  and (jobs.kind is null or x.kind = jobs.kind)
+                order by y.queue_id, y.job_id
+                limit jobs.max_jobs
+           ) as v
+           where jobs.state is null or jobs.state = 'ready'
           union all
           select f.job_id, f.queue_id, f.state, f.priority, f.kind, f.args, f.ordering_key,
                  f.attempt, f.max_attempts, f.enqueued_at, null, f.finished_at, f.last_error,
@@ -297,6 +383,62 @@ begin
       join awa.queue_meta as m on m.queue_id = j.queue_id
      order by j.job_id
      limit jobs.max_jobs;
+end;
+$$;
+
+-- Function: awa.prune_ready_late(max_rows integer default 10000) returns bigint
+-- Removes up to max_rows rows of awa.ready_late whose job has left its lane
+-- (claimed, cancelled): those below the lane's first live row (from the
+-- claim hint, as awa._lane_states finds it; for an empty lane, below the
+-- next lane_seq). A row left behind by a job taken out of turn goes once
+-- the lane's head passes it. Rows another transaction holds are skipped.
+-- Reads each lane once (the queues' shape) and the rows it removes.
+-- Role: awa_maintenance. Returns how many rows it removed.
+-- Errors: 22023 max_rows null or below 0.
+-- Calls: nothing
+-- Writes: awa.ready_late
+create or replace function awa.prune_ready_late(max_rows integer default 10000)
+returns bigint
+language plpgsql
+security definer
+set search_path = pg_catalog, pg_temp
+set enable_seqscan = off
+set enable_hashjoin = off
+set enable_mergejoin = off
+as $$
+declare
+    removed bigint;
+begin
+    if max_rows is null or max_rows < 0 then
+        raise exception 'max_rows must be 0 or more, got %', coalesce(max_rows::text, 'null')
+            using errcode = '22023';
+    end if;
+    delete from awa.ready_late as y
+     where y.ctid = any(array(
+         select x.ctid
+           from awa.lanes as l
+           left join awa.lane_heads as h on h.lane_id = l.lane_id
+          cross join lateral (
+              select coalesce(
+                  (select r.lane_seq from awa.ready as r
+                    where r.lane_id = l.lane_id and r.lane_seq >= coalesce(h.head_seq, 0)
+                    order by r.lane_seq
+                    limit 1),
+                  pg_sequence_last_value(l.seq) + 1,
+                  0
+              ) as live_from
+          ) as b
+          cross join lateral (
+              select z.ctid from awa.ready_late as z
+               where z.lane_id = l.lane_id and z.lane_seq < b.live_from
+               order by z.lane_seq
+               limit max_rows
+                 for update skip locked
+          ) as x
+          limit max_rows
+     ));
+    get diagnostics removed = row_count;
+    return removed;
 end;
 $$;
 
@@ -821,7 +963,9 @@ select awa._grant_execute('awa._check_job_state(text)');
 select awa._grant_execute('awa._check_max_jobs(text, integer)');
 select awa._grant_execute('awa._job_at(bigint)');
 select awa._grant_execute('awa.job(bigint)', 'reader', 'operator');
+select awa._grant_execute('awa._ready_from(integer, bigint, bigint, bigint)');
 select awa._grant_execute('awa.jobs(text, text, text, bigint, integer)', 'reader', 'operator');
+select awa._grant_execute('awa.prune_ready_late(integer)', 'maintenance');
 select awa._grant_execute('awa.count_jobs(text, text, text, integer)', 'reader', 'operator');
 select awa._grant_execute('awa._cancelled_error(text)');
 select awa._grant_execute(

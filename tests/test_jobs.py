@@ -132,24 +132,29 @@ def test_jobs_pages_every_state_by_job_id_as_an_oracle_says(db, logins):
         assert page(r, "mix", "failed", kind="nope") == []
 
 
-def test_ready_jobs_are_listed_from_the_front_of_each_lane(db, logins):
-    """Ready jobs page by job_id within each lane's first 1,000 rows (or
-    max_jobs if more): the jobs claims take next. Rows further back are not
-    listed, whatever the backlog (ADR 025)."""
+def test_ready_jobs_page_through_the_whole_backlog(db, logins):
+    """Ready jobs page by job_id through every lane to its end, jobs that
+    entered their lane with an older id (retried) included (ADR 029)."""
     with db.connect(logins.producer) as p:
         ids = [r[0] for r in p.execute(
             "select job_id from awa.enqueue_batch(array_fill('deep'::text, array[1500]),"
-            " array_fill('k'::text, array[1500]))").fetchall()]
+            " array_fill('k'::text, array[1500]), max_attempts => array_fill(1, array[1500]))"
+        ).fetchall()]
     with db.connect(logins.worker) as w:
-        taken = [c[0] for c in claim(w, ["deep"], 200)]
-    assert taken == ids[:200]
+        taken = claim(w, ["deep"], 200)
+        assert [c[0] for c in taken] == ids[:200]
+        for job_id, lease, *_ in taken[:50]:
+            w.execute("select awa.fail(%s, %s, 'x')", [job_id, lease])
+    with db.connect(logins.operator) as op:
+        assert op.execute("select awa.retry_jobs('deep')").fetchone()[0] == 50
+    ready = ids[:50] + ids[200:]  # the retried ones at the end of the lane
     with db.connect(logins.reader) as r:
-        listed = [j for j, _ in all_pages(r, "deep", "ready", n=250)]
-        assert listed == ids[200:1200]
-        assert [j for j, _ in page(r, "deep", "ready", n=1300)] == ids[200:1500]
-        assert r.execute("select awa.count_jobs('deep', 'ready')").fetchone()[0] == 1300
-        assert r.execute("select awa.count_jobs('deep', 'ready', up_to => 10)").fetchone()[0] == 10
-        assert job(r, ids[-1])["state"] == "ready"  # awa.job finds any of them
+        assert [j for j, _ in all_pages(r, "deep", "ready", n=250)] == sorted(ready)
+        assert [j for j, _ in all_pages(r, "deep", "ready", n=7)] == sorted(ready)
+        assert [j for j, _ in page(r, "deep", "ready", after=ids[700], n=3)] == ids[701:704]
+        assert [j for j, _ in page(r, "deep", "ready", after=ids[-1])] == []
+        assert r.execute("select awa.count_jobs('deep', 'ready')").fetchone()[0] == 1350
+        assert job(r, ids[-1])["state"] == "ready"
 
 
 def test_partitioned_and_striped_queues_work_by_their_logical_name(db, logins):

@@ -95,6 +95,10 @@ TASKS: tuple[Task, ...] = (
          _scalar("select awa.prune_unique_keys(%s)", (BATCH,),
                  "removed {n} unique key(s) whose window had passed"),
          batch=BATCH),
+    Task("ready_late", "awa.prune_ready_late(integer)", _lock_class(b"awaJ"), 60.0,
+         _scalar("select awa.prune_ready_late(%s)", (BATCH,),
+                 "removed {n} awa.ready_late row(s) of jobs gone from their lanes"),
+         batch=BATCH),
 )
 TASK_NAMES = tuple(t.name for t in TASKS)
 
@@ -122,6 +126,7 @@ class MaintainMetrics:
             "awa.maintain.handled: what the calls of this process handled: jobs promoted "
             "(promote), rescued (rescue), staged rows enqueued (move_staged), finished jobs "
             "pruned (prune), unique keys whose window had passed removed (unique_keys), "
+            "awa.ready_late rows of jobs gone from their lanes removed (ready_late), "
             "decisions that change S or would (autoscale).",
             ["task"], registry=registry)
         self.errors = Counter(

@@ -128,7 +128,7 @@ def list_jobs(request: Request, queue: QueueName,
               after_job_id: Annotated[int | None, Query(ge=0, le=2**63 - 1)] = None,
               limit: Annotated[int, Query(ge=1, le=1000)] = 50) -> dict:
     """A page of the queue's jobs in job id order (awa.jobs): page on with
-    ``next_after_job_id``. Ready jobs: the front of each lane only."""
+    ``next_after_job_id``. Every job is listed, ready ones included."""
     with _pool(request).connection() as conn, conn.transaction():
         return queries.jobs_page(conn, queue, state.value if state else None, kind,
                                  after_job_id, limit)

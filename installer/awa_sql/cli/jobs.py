@@ -55,9 +55,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     ls = js.add_parser(
         "list", help="a page of a queue's jobs, by job id",
         description="A page of a queue's jobs (a logical name covers its partitions and "
-        "stripes) in job id order; page on with --after. Ready jobs are listed from the "
-        "front of each lane only (its first 1,000, or --limit if more): the jobs claims take "
-        "next.")
+        "stripes) in job id order; page on with --after. Every job is listed, ready "
+        "ones deep in a backlog included.")
     add_connection(ls)
     ls.add_argument("--queue", required=True)
     ls.add_argument("--state", choices=STATES, help="only jobs in this state")
@@ -233,8 +232,6 @@ def cmd_list(args: argparse.Namespace) -> int:
          for r in rows]))
     if more:
         print(f"\nmore: --after {rows[-1]['job_id']}")
-    if args.state in (None, "ready"):
-        print("(ready jobs: the front of each lane only)")
     return 0
 
 

@@ -28,6 +28,8 @@ HELP = {
              "installed)",
     "unique_keys": "remove the unique keys of completed jobs whose window has passed "
                    "(awa.prune_unique_keys, skipped while it is not installed)",
+    "ready_late": "remove the awa.ready_late rows of jobs gone from their lanes "
+                  "(awa.prune_ready_late, skipped while it is not installed)",
 }
 
 
@@ -45,7 +47,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     m = sub.add_parser(
         "maintain", help="run the maintenance calls in one long-running process",
         description="Call awa.promote_due, awa.rescue_expired, awa.move_staged, "
-        "awa.autoscale_tick, awa.prune_finished and awa.prune_unique_keys, each at its own "
+        "awa.autoscale_tick, awa.prune_finished, awa.prune_unique_keys and "
+        "awa.prune_ready_late, each at its own "
         "cadence, until SIGINT "
         "or SIGTERM. Safe to run on every host at once: each pass takes its task's "
         "transaction-scoped advisory lock and skips when another process holds it. Works "
