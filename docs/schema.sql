@@ -1795,6 +1795,16 @@ AS $function$
     select 'lane_seq_' || lane_id
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._lane_shards(queue_id integer)
+ RETURNS smallint
+ LANGUAGE sql
+ STABLE
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+    select count(*)::smallint from awa.lanes as l
+     where l.queue_id = _lane_shards.queue_id and l.priority = 1
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._lane_states(queue_id integer)
  RETURNS TABLE(lane_id integer, priority smallint, shard smallint, ready bigint, oldest_ready_at timestamp with time zone, next_seq bigint, head_seq bigint)
  LANGUAGE plpgsql
@@ -2622,10 +2632,15 @@ begin
         created := created + 1;
     end loop;
     if created > 0 then
-        update awa.queue_meta as m
-           set lane_ids = ids, lane_seqs = seqs, lane_shards = greatest(m.lane_shards, shards)
+        update awa.queue_meta as m set lane_ids = ids, lane_seqs = seqs
          where m.queue_id = _provision_lanes.queue_id;
     end if;
+    -- Counted, not assumed: lanes an earlier function layer made (during an
+    -- upgrade) count too.
+    update awa.queue_meta as m
+       set lane_shards = awa._lane_shards(m.queue_id)
+     where m.queue_id = _provision_lanes.queue_id
+       and m.lane_shards <> awa._lane_shards(m.queue_id);
     perform awa._provision_counters(_provision_lanes.queue_id);
     return created;
 end;
@@ -3124,7 +3139,9 @@ begin
         physical_queue := meta.queue;
         old_shards := meta.enqueue_shards;
         new_shards := shards;
-        if shards > meta.enqueue_shards then
+        -- Lowering creates nothing, but counts the lanes again
+        -- (queue_meta.lane_shards, which claims walk).
+        if shards <> meta.enqueue_shards then
             perform pg_advisory_xact_lock(awa._lock_class_provisioning(), 0);
             perform awa._provision_lanes(meta.queue_id, shards);
         end if;
@@ -3556,11 +3573,14 @@ begin
     -- locking, once max_jobs rows are locked.
     for claimed in
         -- The named queues, each read once, in an order drawn for this call,
-        -- with the shard their walk starts at (nullif: a queue with no lanes
-        -- yields no steps rather than a division by zero).
+        -- with the shard their walk starts at (S >= 1: never a division by
+        -- zero).
         with walked as materialized (
-            select m.queue, m.lane_ids, m.lane_shards,
-                   seed / 8 % nullif(m.lane_shards, 0) as start,
+            -- Lanes exist for every shard below S too (greatest: a raise
+            -- an earlier layer made during an upgrade, not yet counted).
+            select m.queue, m.lane_ids,
+                   greatest(m.lane_shards, m.enqueue_shards) as lane_shards,
+                   seed / 8 % greatest(m.lane_shards, m.enqueue_shards) as start,
                    m.completed_seq, m.max_run_time, m.unique_jobs
               from awa.queue_meta as m
              where (m.queue = any(queues) or m.logical_queue = any(queues)

@@ -156,11 +156,14 @@ begin
     -- locking, once max_jobs rows are locked.
     for claimed in
         -- The named queues, each read once, in an order drawn for this call,
-        -- with the shard their walk starts at (nullif: a queue with no lanes
-        -- yields no steps rather than a division by zero).
+        -- with the shard their walk starts at (S >= 1: never a division by
+        -- zero).
         with walked as materialized (
-            select m.queue, m.lane_ids, m.lane_shards,
-                   seed / 8 % nullif(m.lane_shards, 0) as start,
+            -- Lanes exist for every shard below S too (greatest: a raise
+            -- an earlier layer made during an upgrade, not yet counted).
+            select m.queue, m.lane_ids,
+                   greatest(m.lane_shards, m.enqueue_shards) as lane_shards,
+                   seed / 8 % greatest(m.lane_shards, m.enqueue_shards) as start,
                    m.completed_seq, m.max_run_time, m.unique_jobs
               from awa.queue_meta as m
              where (m.queue = any(queues) or m.logical_queue = any(queues)

@@ -310,6 +310,22 @@ begin
 end;
 $$;
 
+-- Function: awa._lane_shards(queue_id integer) returns smallint
+-- How many shards a physical queue's lanes span: its lanes of priority 1
+-- (every priority has the same, awa._provision_lanes makes them together).
+-- The one count of queue_meta.lane_shards.
+-- Calls: nothing
+-- Writes: nothing
+create or replace function awa._lane_shards(queue_id integer)
+returns smallint
+language sql
+stable
+set search_path = pg_catalog, pg_temp
+as $$
+    select count(*)::smallint from awa.lanes as l
+     where l.queue_id = _lane_shards.queue_id and l.priority = 1
+$$;
+
 -- Function: awa._provision_lanes(queue_id integer, shards integer) returns integer
 -- Creates every missing (priority, shard) lane below shards for one physical
 -- queue, each with its own sequence awa.lane_seq_<lane_id>, and records
@@ -317,7 +333,7 @@ $$;
 -- (the shards they span, which a claim walks); and the
 -- queue's terminal counters (awa._provision_counters) when it has none.
 -- Returns how many lanes it created. The caller holds the provisioning lock.
--- Calls: awa._lane_seq_name, awa._provision_counters
+-- Calls: awa._lane_seq_name, awa._lane_shards, awa._provision_counters
 -- Writes: awa.lanes, awa.queue_meta
 create or replace function awa._provision_lanes(queue_id integer, shards integer)
 returns integer
@@ -357,10 +373,15 @@ begin
         created := created + 1;
     end loop;
     if created > 0 then
-        update awa.queue_meta as m
-           set lane_ids = ids, lane_seqs = seqs, lane_shards = greatest(m.lane_shards, shards)
+        update awa.queue_meta as m set lane_ids = ids, lane_seqs = seqs
          where m.queue_id = _provision_lanes.queue_id;
     end if;
+    -- Counted, not assumed: lanes an earlier function layer made (during an
+    -- upgrade) count too.
+    update awa.queue_meta as m
+       set lane_shards = awa._lane_shards(m.queue_id)
+     where m.queue_id = _provision_lanes.queue_id
+       and m.lane_shards <> awa._lane_shards(m.queue_id);
     perform awa._provision_counters(_provision_lanes.queue_id);
     return created;
 end;
@@ -621,6 +642,7 @@ select awa._grant_execute('awa._check_job(text, text, smallint, integer, interva
 select awa._grant_execute('awa._check_max_run_time(interval)');
 select awa._grant_execute('awa._check_priority(smallint)');
 select awa._grant_execute('awa._provision_counters(integer)');
+select awa._grant_execute('awa._lane_shards(integer)');
 select awa._grant_execute('awa._provision_lanes(integer, integer)');
 select awa._grant_execute('awa._ensure_queue(text)');
 select awa._grant_execute('awa._queue(text)');
@@ -631,6 +653,13 @@ select awa._grant_execute('awa._pick_stripe(awa.queue_meta, bytea)');
 select awa._grant_execute('awa._ensure_partition(text, integer)');
 select awa._grant_execute('awa._route_queue(awa.queue_meta, bytea)');
 select awa._grant_execute('awa._physical_queues(text)');
+
+-- Lanes made while migration 0019 and this layer were applied, by the
+-- earlier layer (which did not count them): every queue's lane_shards
+-- counted again, as awa._provision_lanes counts it.
+update awa.queue_meta as m
+   set lane_shards = awa._lane_shards(m.queue_id)
+ where m.lane_shards <> awa._lane_shards(m.queue_id);
 
 -- Queues created before the counters existed get theirs, and the jobs
 -- their workers hold carry the completed one, as a claim copies it.

@@ -102,7 +102,9 @@ begin
         physical_queue := meta.queue;
         old_shards := meta.enqueue_shards;
         new_shards := shards;
-        if shards > meta.enqueue_shards then
+        -- Lowering creates nothing, but counts the lanes again
+        -- (queue_meta.lane_shards, which claims walk).
+        if shards <> meta.enqueue_shards then
             perform pg_advisory_xact_lock(awa._lock_class_provisioning(), 0);
             perform awa._provision_lanes(meta.queue_id, shards);
         end if;

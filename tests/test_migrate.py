@@ -446,3 +446,29 @@ def test_lane_shards_backfill_gives_the_shards_lanes_span(db):
             conn.execute("update awa.queue_meta set lane_shards = 0")
             conn.execute(backfill)
             assert conn.execute(spans).fetchall() == kept
+
+
+def test_lanes_an_earlier_layer_made_are_walked(db, logins):
+    """A raise of S by the function layer before migration 0019 (which did
+    not count lanes) while an upgrade runs: the claim still walks every
+    shard below S, the next provisioning call counts the lanes again, and
+    so does the next layer apply."""
+    with db.connect() as conn:
+        conn.execute("select awa.set_enqueue_shards('ls-up', 8)")
+        conn.execute("select awa.enqueue_batch(array_fill('ls-up'::text, array[64]),"
+                     " array_fill('j'::text, array[64]), ordering_keys =>"
+                     " array(select convert_to('k' || i, 'UTF8') from generate_series(1, 64) i))")
+        # What the earlier layer left: the lanes, uncounted.
+        conn.execute("update awa.queue_meta set lane_shards = 1 where queue = 'ls-up'")
+        with conn.transaction(force_rollback=True):
+            assert conn.execute("select count(*) from awa.claim(array['ls-up'], 100, 'w')"
+                                ).fetchone()[0] == 64
+        conn.execute("select awa.set_enqueue_shards('ls-up', 2)")
+        assert conn.execute("select lane_shards from awa.queue_meta where queue = 'ls-up'"
+                            ).fetchone()[0] == 8
+        conn.execute("update awa.queue_meta set lane_shards = 1 where queue = 'ls-up'")
+        conn.execute("delete from awa.schema_functions")  # the layer is applied again
+    db.awa("migrate", check=True)
+    with db.connect() as conn:
+        assert conn.execute("select lane_shards from awa.queue_meta where queue = 'ls-up'"
+                            ).fetchone()[0] == 8
