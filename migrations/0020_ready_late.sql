@@ -33,17 +33,7 @@ comment on table awa.ready_late is
 'Written by awa._insert_jobs; rows whose job left the lane are removed by '
 'awa.prune_ready_late. Read by awa.jobs (ADR 029).';
 
--- Ready rows that entered with an existing id before this migration cannot
--- be told apart from the others now: record every ready row whose job id
--- is not above the lane's earlier ones, stamped with the highest id so far.
-insert into awa.ready_late (job_id, queue_id, lane_id, lane_seq, stamp)
-select r.job_id, r.queue_id, r.lane_id, r.lane_seq, r.prior_max
-  from (
-      select x.job_id, x.queue_id, x.lane_id, x.lane_seq,
-             max(x.job_id) over (
-                 partition by x.lane_id order by x.lane_seq
-                 rows between unbounded preceding and 1 preceding
-             ) as prior_max
-        from awa.ready as x
-  ) as r
- where r.job_id < r.prior_max;
+-- The rows already ready that entered with an older id are recorded by the
+-- function layer's first apply after this migration (sql/jobs.sql), in the
+-- transaction that makes awa._insert_jobs record new ones: the earlier
+-- layer keeps moving jobs into lanes until then.

@@ -980,3 +980,34 @@ select awa._grant_execute(
 );
 select awa._grant_execute('awa.retry_job(bigint)', 'operator');
 select awa._grant_execute('awa.retry_jobs(text, text, integer)', 'operator');
+
+-- The first apply of this layer after migration 0020 (the earlier layer's
+-- last apply predates it): record the ready rows that entered their lane
+-- with an older id before awa._insert_jobs did, those whose id is below an
+-- earlier one of their lane, stamped with the lane's highest id before them
+-- (ADR 029). Every mover of a job into a lane with its old id writes one of
+-- these tables before it calls awa._insert_jobs (promote: awa.scheduled;
+-- retry: awa.finished; a unique key: awa.unique_keys): the lock waits for
+-- the movers in flight, whose rows the scan then sees, and holds the next
+-- ones off until this layer commits, when their call reaches this layer's
+-- awa._insert_jobs. Once: later applies skip it.
+do $$
+begin
+    if coalesce((select max(f.applied_at) from awa.schema_functions as f), '-infinity')
+       < (select m.applied_at from awa.schema_migrations as m where m.version = 20) then
+        lock table awa.unique_keys, awa.scheduled, awa.finished in exclusive mode;
+        insert into awa.ready_late (job_id, queue_id, lane_id, lane_seq, stamp)
+        select r.job_id, r.queue_id, r.lane_id, r.lane_seq, r.prior_max
+          from (
+              select x.job_id, x.queue_id, x.lane_id, x.lane_seq,
+                     max(x.job_id) over (
+                         partition by x.lane_id order by x.lane_seq
+                         rows between unbounded preceding and 1 preceding
+                     ) as prior_max
+                from awa.ready as x
+          ) as r
+         where r.job_id < r.prior_max
+            on conflict (lane_id, lane_seq) do nothing;
+    end if;
+end;
+$$;

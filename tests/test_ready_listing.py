@@ -279,13 +279,11 @@ def test_job_ids_are_handed_out_one_at_a_time(db):
                              " where seqrelid = 'awa.job_id_seq'::regclass").fetchone()[0] == 1
 
 
-def test_the_migration_records_the_rows_already_moved_in(db):
-    """Migration 0020's backfill finds, among rows already ready, those whose
-    id is below an earlier one of their lane; with it every page is exact."""
-    from awa_sql.source import load_migrations
-
-    (migration,) = [m for m in load_migrations() if m.version == 20]
-    backfill = migration.text[migration.text.index("insert into awa.ready_late"):]
+def test_the_first_layer_after_0020_records_the_rows_already_moved_in(db):
+    """Rows an earlier function layer moved into lanes (before migration 0020,
+    or while the upgrade ran) are recorded by this layer's first apply after
+    0020, which finds those whose id is below an earlier one of their lane;
+    with them every page is exact. A later apply leaves the table alone."""
     with db.connect() as admin:
         admin.execute("select awa.set_enqueue_shards('bf', 2)")
         for _ in range(3):
@@ -295,9 +293,21 @@ def test_the_migration_records_the_rows_already_moved_in(db):
             admin.execute("select awa.enqueue_batch(array_fill('bf'::text, array[40]),"
                           " array_fill('j'::text, array[40]))")
         promote_all(admin)
-        admin.execute("delete from awa.ready_late")
+        admin.execute("delete from awa.ready_late")  # as the earlier layer left them
         assert admin.execute(BREACHES).fetchall() != []
-        admin.execute(backfill)
+        # As if the layer had last been applied before 0020: none recorded.
+        admin.execute("delete from awa.schema_functions")
+    db.awa("migrate", check=True)
+    with db.connect() as admin:
         assert admin.execute(BREACHES).fetchall() == []
         every = [tuple(r) for r in admin.execute(ALL_JOBS, {"q": queue_ids(admin, "bf")})]
         assert pages(admin, "bf", "ready", 7) == every
+        admin.execute("delete from awa.ready_late")
+        # A later layer change: applied again, its last apply after 0020.
+        admin.execute("update awa.schema_functions set checksum = 'stale'")
+    assert "function layer" in db.awa("migrate", check=True).stdout
+    with db.connect() as admin:
+        assert admin.execute("select count(*) from awa.schema_functions"
+                             " where checksum = 'stale'").fetchone()[0] == 0
+    with db.connect() as admin:
+        assert admin.execute("select count(*) from awa.ready_late").fetchone()[0] == 0
