@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 
 from awa_sql import client
 from tests.support.jobs import claim, copy_rows
+from tests.support.waiting import wait_until
 
 # Rows whose f is below an earlier row's f in the same lane, or below their
 # own job id: the invariant's breaches (none expected).
@@ -311,3 +312,43 @@ def test_the_first_layer_after_0020_records_the_rows_already_moved_in(db):
                              " where checksum = 'stale'").fetchone()[0] == 0
     with db.connect() as admin:
         assert admin.execute("select count(*) from awa.ready_late").fetchone()[0] == 0
+
+
+def test_a_move_in_flight_across_the_upgrade_is_recorded(db):
+    """The earlier layer's awa._insert_jobs (no recording) promotes a job in a
+    transaction still open when the first layer apply after 0020 starts: the
+    apply waits for it (it has written awa.scheduled), then scans, and the
+    job is recorded; a move started meanwhile reaches this layer's
+    awa._insert_jobs."""
+    with db.connect() as admin:
+        admin.execute("select awa.set_enqueue_shards('up', 1)")
+        later = admin.execute("select job_id from awa.enqueue('up', 'j', run_at => '2999-01-01')"
+                              ).fetchone()[0]
+        admin.execute("select awa.enqueue_batch(array_fill('up'::text, array[3]),"
+                      " array_fill('j'::text, array[3]))")
+        admin.execute("update awa.scheduled set run_at = now() - interval '1 second'")
+        # The earlier layer: the same awa._insert_jobs without its last statement.
+        body = admin.execute("select pg_get_functiondef('awa._insert_jobs(integer[], bigint[],"
+                             " integer[], smallint[], text[], jsonb[], bytea[], integer[],"
+                             " timestamptz[], bigint[], integer[], timestamptz[], text[],"
+                             " interval[])'::regprocedure)").fetchone()[0]
+        start = body.index("    if job_ids is not null then")
+        admin.execute(body[:start] + body[body.index("    end if;\n", start) + 12:])
+        admin.execute("delete from awa.schema_functions")  # the layer predates 0020
+    with db.connect(autocommit=False) as mover, db.connect() as watcher:
+        assert mover.execute("select awa.promote_due()").fetchone()[0] == 1
+        ran = []
+        migration = threading.Thread(target=lambda: ran.append(db.awa("migrate").returncode))
+        migration.start()
+        wait_until(lambda: watcher.execute(
+            "select exists (select from pg_locks where not granted and mode = 'ExclusiveLock'"
+            " and relation = 'awa.scheduled'::regclass)").fetchone()[0],
+            what="the layer waiting for the mover")
+        assert watcher.execute("select count(*) from awa.ready_late").fetchone()[0] == 0
+        mover.commit()
+        migration.join(60)
+        assert ran == [0]
+        assert watcher.execute("select job_id from awa.ready_late").fetchall() == [(later,)]
+        assert watcher.execute(BREACHES).fetchall() == []
+        every = [tuple(r) for r in watcher.execute(ALL_JOBS, {"q": queue_ids(watcher, "up")})]
+        assert pages(watcher, "up", "ready", 1) == every
