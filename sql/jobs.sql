@@ -15,7 +15,9 @@
 --     older id) are recorded in awa.ready_late with a stamp, so
 --     awa._ready_from finds where a lane's ids pass the cursor by bisecting
 --     lane_seq, the lane's own jobs are read from there in lane_seq order,
---     and the moved-in ones by job id from awa.ready_late.
+--     and the moved-in ones by job id from awa.ready_late (its rows match
+--     their ready rows by place, lane_id and lane_seq: a lane_seq is handed
+--     out once, so one job only ever holds a place).
 --
 -- Moving jobs. A cancelled job is written by awa._finish (sql/claim.sql),
 -- as a failed one is: into the failed-and-cancelled ring of awa.finished,
@@ -210,8 +212,7 @@ begin
         -- every awa.ready_late row.
         select r.lane_seq, greatest(r.job_id, (
                    select x.stamp from awa.ready_late as x
-                    where x.job_id = r.job_id and x.lane_id = r.lane_id
-                      and x.lane_seq = r.lane_seq
+                    where x.lane_id = r.lane_id and x.lane_seq = r.lane_seq
                ))
           into at_seq, at_f
           from awa.ready as r
@@ -334,8 +335,7 @@ begin
                   and x.job_id > from_id and (jobs.kind is null or x.kind = jobs.kind)
                   and not exists (
                       select from awa.ready_late as y
-                       where y.job_id = x.job_id and y.lane_id = x.lane_id
-                         and y.lane_seq = x.lane_seq
+                       where y.lane_id = x.lane_id and y.lane_seq = x.lane_seq
                   )
                 order by x.lane_seq
                 limit jobs.max_jobs
@@ -351,8 +351,7 @@ begin
                -- (a range on queue_id, as for awa.scheduled above).
                select x.*
                  from awa.ready_late as y
-                 join awa.ready as x
-                   on x.lane_id = y.lane_id and x.lane_seq = y.lane_seq and x.job_id = y.job_id
+                 join awa.ready as x on x.lane_id = y.lane_id and x.lane_seq = y.lane_seq
                 where y.queue_id between q.id and q.id and y.job_id > from_id
                   and (jobs.kind is null or x.kind = jobs.kind)
                 order by y.queue_id, y.job_id
