@@ -48,7 +48,7 @@ QUEUE = "bench"
 
 
 def preload_awa(conn: psycopg.Connection, jobs: int) -> None:
-    conn.execute("truncate awa.ready, awa.running, awa.finished, awa.lane_heads")
+    conn.execute("truncate awa.ready, awa.running, awa.finished, awa.lane_hints")
     for start in range(0, jobs, 50_000):
         n = min(50_000, jobs - start)
         conn.execute("select count(*) from awa.enqueue_batch(array_fill(%s::text, array[%s]),"

@@ -45,7 +45,7 @@ whole run; every --every (30) s it prints consumed/s, the backlog (the lane
 sequences' last values less awa.run_lease_seq's, i.e. produced less claimed:
 no scan; without that sequence, count(*) of awa.ready and awa.running; the
 output says which) and the dead tuples of awa.ready, awa.running, awa.finished (their
-partitions summed, if any) and awa.lane_heads. Target: the last minute's
+partitions summed, if any) and awa.lane_hints. Target: the last minute's
 consumed/s >= 0.9 x the first minute's.
 
     python bench/e2e_pgbench.py --long [--long-seconds 600]
@@ -89,7 +89,7 @@ CELL_DB = "awa_e2e_cell"
 TARGET_SHARDS = (8, 16)
 MAX_BACKLOG_SHARE = 0.05
 MIN_LONG_RATIO = 0.9
-HOT_TABLES = ("awa.ready", "awa.running", "awa.finished", "awa.lane_heads")
+HOT_TABLES = ("awa.ready", "awa.running", "awa.finished", "awa.lane_hints")
 
 AWA_PRODUCED = ("select coalesce((select sum(pg_sequence_last_value(l.seq))"
                 " from awa.lanes as l), 0)::bigint")

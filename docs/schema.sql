@@ -161,9 +161,7 @@ CREATE TABLE awa.finished (
     max_run_time interval,
     unique_key bytea,
     unique_window interval,
-    CONSTRAINT finished_pkey PRIMARY KEY (job_id, slot),
-    CONSTRAINT finished_slot_range CHECK (((slot >= 0) AND (slot <= 63))),
-    CONSTRAINT finished_state_known CHECK ((state = ANY (ARRAY['completed'::text, 'failed'::text, 'cancelled'::text])))
+    CONSTRAINT finished_pkey PRIMARY KEY (job_id, slot)
 ) PARTITION BY LIST (slot);
 
 CREATE TABLE awa.finished_00 PARTITION OF awa.finished FOR VALUES IN ('0');
@@ -299,6 +297,11 @@ CREATE UNLOGGED TABLE awa.lane_heads (
     head_seq bigint NOT NULL,
     CONSTRAINT lane_heads_pkey PRIMARY KEY (lane_id)
 ) WITH (fillfactor=50);
+
+CREATE UNLOGGED TABLE awa.lane_hints (
+    lane_id integer NOT NULL,
+    head_seq bigint NOT NULL
+);
 
 CREATE TABLE awa.lanes (
     lane_id integer GENERATED ALWAYS AS IDENTITY NOT NULL,
@@ -523,6 +526,8 @@ CREATE INDEX copy_staging_xid_idx ON awa.copy_staging USING btree (staged_xid, s
 
 CREATE INDEX finished_queue_state_idx ON ONLY awa.finished USING btree (queue_id, state, job_id);
 
+CREATE INDEX lane_hints_lane_idx ON awa.lane_hints USING btree (lane_id, head_seq);
+
 CREATE INDEX queue_meta_logical_queue_idx ON awa.queue_meta USING btree (logical_queue) WHERE (logical_queue IS NOT NULL);
 
 CREATE INDEX queue_meta_root_queue_idx ON awa.queue_meta USING btree (root_queue) WHERE (root_queue IS NOT NULL);
@@ -673,29 +678,36 @@ CREATE VIEW awa.shard_change_evidence AS
 
 -- Functions and procedures
 
-CREATE OR REPLACE FUNCTION awa._advance_lane_heads(lanes integer[], seqs bigint[])
+CREATE OR REPLACE FUNCTION awa._advance_lane_hints(lanes integer[], heads bigint[], seqs bigint[])
  RETURNS void
  LANGUAGE plpgsql
  SET search_path TO 'pg_catalog', 'pg_temp'
+ SET enable_seqscan TO 'off'
 AS $function$
 begin
-    with lockable as (
-        select h.lane_id, x.seq
-          from awa.lane_heads as h
-          join unnest(lanes, seqs) as x (lane_id, seq) on x.lane_id = h.lane_id
+    with held as (
+        select h.ctid as tid, x.lane_id, x.seq
+          from unnest(lanes, heads, seqs) as x (lane_id, head, seq)
+          join awa.lane_hints as h on h.lane_id = x.lane_id and h.head_seq = x.head
+         where x.seq > x.head
            for update of h skip locked
     ),
-    moved as (
-        update awa.lane_heads as h
-           set head_seq = l.seq
-          from lockable as l
-         where h.lane_id = l.lane_id and h.head_seq < l.seq
+    gone as (
+        delete from awa.lane_hints as h
+         using held
+         where h.ctid = held.tid
     )
-    insert into awa.lane_heads (lane_id, head_seq)
+    insert into awa.lane_hints (lane_id, head_seq)
+    select distinct held.lane_id, held.seq
+      from held
+     union all
+    -- A lane read without a hint (0): its first, unless one came meanwhile.
+    -- Only then: the probe reads a lane's hints from the bottom, where the
+    -- rows moved up from lie.
     select x.lane_id, x.seq
-      from unnest(lanes, seqs) as x (lane_id, seq)
-     where not exists (select from awa.lane_heads as h where h.lane_id = x.lane_id)
-        on conflict (lane_id) do nothing;
+      from unnest(lanes, heads, seqs) as x (lane_id, head, seq)
+     where x.head = 0
+       and not exists (select from awa.lane_hints as h where h.lane_id = x.lane_id);
 end;
 $function$;
 
@@ -1450,6 +1462,10 @@ declare
     key bytea;
     key_window interval;
 begin
+    if state is null or state not in ('failed', 'cancelled') then
+        raise exception 'state must be failed or cancelled, got %', coalesce(state, 'null')
+            using errcode = '22023';
+    end if;
     if job.unique_jobs then
         select u.unique_key, u.unique_window into key, key_window
           from awa._release_unique_key(job.job_id, false) as u;
@@ -1813,7 +1829,7 @@ CREATE OR REPLACE FUNCTION awa._lane_states(queue_id integer)
  SET enable_seqscan TO 'off'
 AS $function$
 declare
-    -- awa.lane_heads is unlogged: a standby cannot read it, and starts at
+    -- awa.lane_hints is unlogged: a standby cannot read it, and starts at
     -- the beginning of each lane instead.
     hints boolean := not pg_is_in_recovery();
 begin
@@ -1827,11 +1843,16 @@ begin
             coalesce(pg_sequence_last_value(l.seq), 0) + 1,
             f.lane_seq
           from awa.lanes as l
-          left join awa.lane_heads as h on h.lane_id = l.lane_id
+          cross join lateral (
+              -- The lane's claim hint: its highest (ADR 030).
+              select coalesce(max(hint.head_seq), 0) as head_seq
+                from awa.lane_hints as hint
+               where hint.lane_id = l.lane_id
+          ) as h
           left join lateral (
               select r.lane_seq, r.ready_at
                 from awa.ready as r
-               where r.lane_id = l.lane_id and r.lane_seq >= coalesce(h.head_seq, 0)
+               where r.lane_id = l.lane_id and r.lane_seq >= h.head_seq
                order by r.lane_seq
                limit 1
           ) as f on true
@@ -3550,6 +3571,7 @@ declare
     one awa.claimed;
     far_lanes integer[] := '{}';
     hint_lanes integer[];
+    hint_heads bigint[];
     hint_seqs bigint[];
 begin
     if queues is null or worker is null then
@@ -3612,7 +3634,15 @@ begin
                   ) as s
                  offset 0
              ) as l
-              left join awa.lane_heads as hd on hd.lane_id = l.lane_id
+              -- The lane's highest hint, from the top of the index: the
+              -- hints below it are never read (ADR 030).
+              left join lateral (
+                  select y.head_seq
+                    from awa.lane_hints as y
+                   where y.lane_id = l.lane_id
+                   order by y.head_seq desc
+                   limit 1
+              ) as hd on true
              cross join lateral (
                  select r.ctid as tid
                    from awa.ready as r
@@ -3668,12 +3698,14 @@ begin
     if cardinality(far_lanes) > 0 then
         -- Each such lane's first row still visible (held by a claim in
         -- flight, or free) is its new head.
-        select array_agg(l.lane_id order by l.lane_id), array_agg(f.lane_seq order by l.lane_id)
-          into hint_lanes, hint_seqs
+        select array_agg(l.lane_id order by l.lane_id),
+               array_agg(hd.head_seq order by l.lane_id),
+               array_agg(f.lane_seq order by l.lane_id)
+          into hint_lanes, hint_heads, hint_seqs
           from unnest(far_lanes) as l (lane_id)
          cross join lateral (
              select coalesce(max(y.head_seq), 0) as head_seq
-               from awa.lane_heads as y
+               from awa.lane_hints as y
               where y.lane_id = l.lane_id
          ) as hd
          cross join lateral (
@@ -3685,7 +3717,7 @@ begin
          ) as f
          where f.lane_seq >= hd.head_seq + awa._claim_hint_step();
         if hint_lanes is not null then
-            perform awa._advance_lane_heads(hint_lanes, hint_seqs);
+            perform awa._advance_lane_hints(hint_lanes, hint_heads, hint_seqs);
         end if;
     end if;
 end;
@@ -4487,11 +4519,16 @@ begin
      where y.ctid = any(array(
          select x.ctid
            from awa.lanes as l
-           left join awa.lane_heads as h on h.lane_id = l.lane_id
+           cross join lateral (
+               -- The lane's claim hint: its highest (ADR 030).
+               select coalesce(max(hint.head_seq), 0) as head_seq
+                 from awa.lane_hints as hint
+                where hint.lane_id = l.lane_id
+           ) as h
           cross join lateral (
               select coalesce(
                   (select r.lane_seq from awa.ready as r
-                    where r.lane_id = l.lane_id and r.lane_seq >= coalesce(h.head_seq, 0)
+                    where r.lane_id = l.lane_id and r.lane_seq >= h.head_seq
                     order by r.lane_seq
                     limit 1),
                   pg_sequence_last_value(l.seq) + 1,
@@ -5182,7 +5219,9 @@ COMMENT ON TABLE awa.copy_staging IS 'COPY target for producers: COPY awa.copy_s
 
 COMMENT ON TABLE awa.finished IS 'Terminal jobs: completed, failed after max_attempts, or cancelled; kept for the queue''s retention, then removed by awa.prune_finished(), which empties whole slots with TRUNCATE. Failed and cancelled rows keep args, ordering_key and max_attempts.';
 
-COMMENT ON TABLE awa.lane_heads IS 'Claim hint per lane: every row of the lane below head_seq is gone for good, so claims start their scan there. Written by awa.claim; a missing row means lane_seq 0.';
+COMMENT ON TABLE awa.lane_heads IS 'Retired by migration 0022 (awa.lane_hints): written only by a function layer older than it.';
+
+COMMENT ON TABLE awa.lane_hints IS 'Claim hints: every row of lane lane_id below its highest head_seq is gone for good, so claims start their scan there. Inserted by awa.claim, which deletes the hint it moves up from; never updated. A lane with no row starts at lane_seq 0 (ADR 030).';
 
 COMMENT ON TABLE awa.lanes IS 'One lane per (physical queue, priority, enqueue shard). Its sequence and its advisory lock (1635213644, lane_id) derive from lane_id, never from the queue name.';
 

@@ -3,7 +3,7 @@
 -- A claim walks the lanes of the requested queues, lanes at or above the
 -- current S included (they drain after S is lowered), priority first and in
 -- a fresh random order within a priority, and takes each lane's first free
--- rows from where awa.lane_heads says its live rows start, until it has its
+-- rows from where awa.lane_hints says its live rows start, until it has its
 -- jobs. Its cost follows the lanes it reaches, not the rows ever enqueued
 -- nor the dead ones vacuum has not yet removed (ADR 012, ADR 023).
 --
@@ -12,36 +12,48 @@
 -- taken when it was nearly empty would otherwise make a kept plan scan its
 -- heap, dead rows and all, until the next vacuum.
 
--- Function: awa._advance_lane_heads(lanes integer[], seqs bigint[]) returns void
--- Moves each lane's claim hint up to seqs[i], the lane's first row visible to
--- the claim that calls it: every row below it is gone for good (lane_seq
--- order is commit order, and a deleted row never comes back), so any later
--- claim may start there. Skips a hint another claim is writing.
+-- Function: awa._advance_lane_hints(lanes integer[], heads bigint[], seqs bigint[])
+-- Moves each lane's claim hint from heads[i], the hint the claim read, up
+-- to seqs[i], the lane's first row visible to the claim that calls it:
+-- every row below it is gone for good (lane_seq order is commit order, and
+-- a deleted row never comes back), so any later claim may start there. The
+-- hint is a row of awa.lane_hints, inserted, never updated (ADR 030): the
+-- row it was read at is locked, deleted and replaced; a lane read with no
+-- row gets its first. Skips a hint another claim is moving.
 -- Calls: nothing
--- Writes: awa.lane_heads
-create or replace function awa._advance_lane_heads(lanes integer[], seqs bigint[])
+-- Writes: awa.lane_hints
+create or replace function awa._advance_lane_hints(
+    lanes integer[], heads bigint[], seqs bigint[]
+)
 returns void
 language plpgsql
 set search_path = pg_catalog, pg_temp
+set enable_seqscan = off
 as $$
 begin
-    with lockable as (
-        select h.lane_id, x.seq
-          from awa.lane_heads as h
-          join unnest(lanes, seqs) as x (lane_id, seq) on x.lane_id = h.lane_id
+    with held as (
+        select h.ctid as tid, x.lane_id, x.seq
+          from unnest(lanes, heads, seqs) as x (lane_id, head, seq)
+          join awa.lane_hints as h on h.lane_id = x.lane_id and h.head_seq = x.head
+         where x.seq > x.head
            for update of h skip locked
     ),
-    moved as (
-        update awa.lane_heads as h
-           set head_seq = l.seq
-          from lockable as l
-         where h.lane_id = l.lane_id and h.head_seq < l.seq
+    gone as (
+        delete from awa.lane_hints as h
+         using held
+         where h.ctid = held.tid
     )
-    insert into awa.lane_heads (lane_id, head_seq)
+    insert into awa.lane_hints (lane_id, head_seq)
+    select distinct held.lane_id, held.seq
+      from held
+     union all
+    -- A lane read without a hint (0): its first, unless one came meanwhile.
+    -- Only then: the probe reads a lane's hints from the bottom, where the
+    -- rows moved up from lie.
     select x.lane_id, x.seq
-      from unnest(lanes, seqs) as x (lane_id, seq)
-     where not exists (select from awa.lane_heads as h where h.lane_id = x.lane_id)
-        on conflict (lane_id) do nothing;
+      from unnest(lanes, heads, seqs) as x (lane_id, head, seq)
+     where x.head = 0
+       and not exists (select from awa.lane_hints as h where h.lane_id = x.lane_id);
 end;
 $$;
 
@@ -103,7 +115,7 @@ $$;
 -- Returns: setof awa.claimed, by priority then claim order; each job's
 -- attempt is counted from 1; deadline_at null for a job without one.
 -- Errors: 22023 max_jobs < 0 or lease <= 0; 22004 null queues or worker.
--- Calls: awa._advance_lane_heads, awa._claim_hint_step, awa._claim_walk_shard
+-- Calls: awa._advance_lane_hints, awa._claim_hint_step, awa._claim_walk_shard
 -- Writes: awa.ready, awa.running
 create or replace function awa.claim(
     queues text[],
@@ -134,6 +146,7 @@ declare
     one awa.claimed;
     far_lanes integer[] := '{}';
     hint_lanes integer[];
+    hint_heads bigint[];
     hint_seqs bigint[];
 begin
     if queues is null or worker is null then
@@ -196,7 +209,15 @@ begin
                   ) as s
                  offset 0
              ) as l
-              left join awa.lane_heads as hd on hd.lane_id = l.lane_id
+              -- The lane's highest hint, from the top of the index: the
+              -- hints below it are never read (ADR 030).
+              left join lateral (
+                  select y.head_seq
+                    from awa.lane_hints as y
+                   where y.lane_id = l.lane_id
+                   order by y.head_seq desc
+                   limit 1
+              ) as hd on true
              cross join lateral (
                  select r.ctid as tid
                    from awa.ready as r
@@ -252,12 +273,14 @@ begin
     if cardinality(far_lanes) > 0 then
         -- Each such lane's first row still visible (held by a claim in
         -- flight, or free) is its new head.
-        select array_agg(l.lane_id order by l.lane_id), array_agg(f.lane_seq order by l.lane_id)
-          into hint_lanes, hint_seqs
+        select array_agg(l.lane_id order by l.lane_id),
+               array_agg(hd.head_seq order by l.lane_id),
+               array_agg(f.lane_seq order by l.lane_id)
+          into hint_lanes, hint_heads, hint_seqs
           from unnest(far_lanes) as l (lane_id)
          cross join lateral (
              select coalesce(max(y.head_seq), 0) as head_seq
-               from awa.lane_heads as y
+               from awa.lane_hints as y
               where y.lane_id = l.lane_id
          ) as hd
          cross join lateral (
@@ -269,7 +292,7 @@ begin
          ) as f
          where f.lane_seq >= hd.head_seq + awa._claim_hint_step();
         if hint_lanes is not null then
-            perform awa._advance_lane_heads(hint_lanes, hint_seqs);
+            perform awa._advance_lane_hints(hint_lanes, hint_heads, hint_seqs);
         end if;
     end if;
 end;
@@ -329,7 +352,9 @@ $$;
 -- the failed-and-cancelled ring of awa.finished with what a retry needs
 -- (args, ordering key, max_attempts, its own max run time, the unique key
 -- it gives back here), and one more on the queue's counter for `state`
--- ('failed' or 'cancelled').
+-- ('failed' or 'cancelled'). awa.finished has no CHECK on its state (ADR
+-- 030): this is where any other value is refused.
+-- Errors: 22023 a state other than 'failed' or 'cancelled'.
 -- Calls: awa._finished_slot, awa._release_unique_key
 -- Writes: awa.finished
 create or replace function awa._finish(job awa.running, state text, error text)
@@ -341,6 +366,10 @@ declare
     key bytea;
     key_window interval;
 begin
+    if state is null or state not in ('failed', 'cancelled') then
+        raise exception 'state must be failed or cancelled, got %', coalesce(state, 'null')
+            using errcode = '22023';
+    end if;
     if job.unique_jobs then
         select u.unique_key, u.unique_window into key, key_window
           from awa._release_unique_key(job.job_id, false) as u;
@@ -504,7 +533,7 @@ begin
 end;
 $$;
 
-select awa._grant_execute('awa._advance_lane_heads(integer[], bigint[])');
+select awa._grant_execute('awa._advance_lane_hints(integer[], bigint[], bigint[])');
 select awa._grant_execute('awa._claim_hint_step()');
 select awa._grant_execute('awa._claim_walk_shard(integer, integer, integer, integer)');
 select awa._grant_execute('awa.claim(text[], integer, text, interval)', 'worker');

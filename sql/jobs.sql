@@ -26,7 +26,7 @@
 -- awa._lock_lanes and awa._insert_jobs (sql/enqueue.sql): under its queue's
 -- current S, a keyed job to its key's shard, with attempt 0.
 --
--- Cancelling a ready job deletes its row: the claim hints (awa.lane_heads)
+-- Cancelling a ready job deletes its row: the claim hints (awa.lane_hints)
 -- stay true, as a deleted row never comes back. A ready row a claim in
 -- flight holds is being claimed: awa.cancel_job waits for that claim (the
 -- caller's lock_timeout bounds the wait) and then cancels the job where it
@@ -416,11 +416,16 @@ begin
      where y.ctid = any(array(
          select x.ctid
            from awa.lanes as l
-           left join awa.lane_heads as h on h.lane_id = l.lane_id
+           cross join lateral (
+               -- The lane's claim hint: its highest (ADR 030).
+               select coalesce(max(hint.head_seq), 0) as head_seq
+                 from awa.lane_hints as hint
+                where hint.lane_id = l.lane_id
+           ) as h
           cross join lateral (
               select coalesce(
                   (select r.lane_seq from awa.ready as r
-                    where r.lane_id = l.lane_id and r.lane_seq >= coalesce(h.head_seq, 0)
+                    where r.lane_id = l.lane_id and r.lane_seq >= h.head_seq
                     order by r.lane_seq
                     limit 1),
                   pg_sequence_last_value(l.seq) + 1,

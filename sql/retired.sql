@@ -73,3 +73,6 @@ drop function if exists awa._take_unique_keys(
 -- Unreleased: a claim walks each queue's lanes from queue_meta.lane_ids by a
 -- drawn stride (ADR 028) instead of sorting awa.lanes.
 drop function if exists awa._claim_lane_order(smallint, integer, integer);
+-- Unreleased: claim hints are rows inserted, never updated (ADR 030,
+-- migration 0022): moving one takes the hint it was read at.
+drop function if exists awa._advance_lane_heads(integer[], bigint[]);

@@ -22,7 +22,7 @@ select awa._grant_execute('awa._lane_next_seq(integer)', 'reader', 'operator');
 
 -- Function: awa._lane_states(queue_id integer)
 -- Per lane of one physical queue, from its sequence and its first live row
--- (found from the claim hint, awa.lane_heads): the ready depth as the span
+-- (found from the claim hint, awa.lane_hints): the ready depth as the span
 -- of lane_seqs from that row to the last one handed out, its ready_at, the
 -- next lane_seq and the claim position. A probe and a sequence read per
 -- lane: the cost of the queue's shape, never of its backlog or history.
@@ -49,7 +49,7 @@ set search_path = pg_catalog, pg_temp
 set enable_seqscan = off
 as $$
 declare
-    -- awa.lane_heads is unlogged: a standby cannot read it, and starts at
+    -- awa.lane_hints is unlogged: a standby cannot read it, and starts at
     -- the beginning of each lane instead.
     hints boolean := not pg_is_in_recovery();
 begin
@@ -63,11 +63,16 @@ begin
             coalesce(pg_sequence_last_value(l.seq), 0) + 1,
             f.lane_seq
           from awa.lanes as l
-          left join awa.lane_heads as h on h.lane_id = l.lane_id
+          cross join lateral (
+              -- The lane's claim hint: its highest (ADR 030).
+              select coalesce(max(hint.head_seq), 0) as head_seq
+                from awa.lane_hints as hint
+               where hint.lane_id = l.lane_id
+          ) as h
           left join lateral (
               select r.lane_seq, r.ready_at
                 from awa.ready as r
-               where r.lane_id = l.lane_id and r.lane_seq >= coalesce(h.head_seq, 0)
+               where r.lane_id = l.lane_id and r.lane_seq >= h.head_seq
                order by r.lane_seq
                limit 1
           ) as f on true

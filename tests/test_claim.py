@@ -165,7 +165,7 @@ def test_a_rolled_back_claim_puts_the_job_back_at_its_place(db, logins):
 
 
 # Where a claim walks dead rows: the lanes and their hints.
-LANE_RELATIONS = ["awa.ready", "awa.ready_pkey", "awa.lane_heads", "awa.lane_heads_pkey"]
+LANE_RELATIONS = ["awa.ready", "awa.ready_pkey", "awa.lane_hints", "awa.lane_hints_lane_idx"]
 FETCHED = ("select sum(pg_stat_get_xact_blocks_fetched(r::regclass))::int"
            " from unnest(%s::text[]) as r")
 
@@ -215,6 +215,38 @@ def test_claim_cost_does_not_follow_dead_rows(db, logins, shards):
             " where relid = 'awa.ready'::regclass").fetchone()[0], what="20,000 dead rows")
         horizon.rollback()
     assert late[0] <= early[0] + 10 and late[1] <= early[1] + 10, (early, late)
+
+
+HINT_ENTRIES = ("select pg_stat_get_xact_tuples_returned('awa.lane_hints_lane_idx'::regclass)"
+                "::int")
+
+
+def test_a_claim_reads_one_hint_however_often_the_hints_moved(db, logins):
+    """Claim hints are rows inserted, never updated (ADR 030). With a
+    transaction holding the horizon, no hint a claim moved up from can be
+    removed; after hundreds of moves, a claim still reads one hint entry per
+    lane it walks, from the top of the lane's index range, and each lane has
+    one live hint."""
+    fill(db, logins, "hints", 30_000, shards=1)
+    with db.connect() as admin, db.connect(autocommit=False) as horizon:
+        horizon.execute("select pg_current_xact_id()")
+        with db.connect(logins["worker"]) as w:
+            # A claim of 65 passes its lane's hint by 64 or more: each moves it.
+            for _ in range(400):
+                w.execute("select awa.complete(job_id, run_lease)"
+                          " from awa.claim(array['hints'], 65, 'w')")
+            with w.transaction():
+                before = w.execute(HINT_ENTRIES).fetchone()[0]
+                assert len(w.execute("select from awa.claim(array['hints'], 1, 'w')")
+                           .fetchall()) == 1
+                read = w.execute(HINT_ENTRIES).fetchone()[0] - before
+        hints = admin.execute(
+            "select count(*), min(head_seq) from awa.lane_hints h join awa.lanes l using (lane_id)"
+            " join awa.queue_meta m using (queue_id) where m.queue = 'hints'").fetchone()
+        horizon.rollback()
+    # Priority 1's lane (no hint, nothing ready) and priority 2's.
+    assert read <= 2, read
+    assert hints[0] == 1 and hints[1] >= 400 * 64, hints
 
 
 def running_buffers(conn, statement: str, params) -> int:

@@ -29,7 +29,9 @@ QUEUE = "cp"
 RETURNED = "job_id, priority, enqueue_shard, lane_seq, run_lease"
 RUNNING = "select job_id, run_lease from awa.running order by run_lease"
 HINT_PASSES_A_ROW = """
-    select exists (select from awa.ready r join awa.lane_heads h using (lane_id)
+    select exists (select from awa.ready r
+                     join (select lane_id, max(head_seq) as head_seq from awa.lane_hints
+                            group by lane_id) h using (lane_id)
                     where r.lane_seq < h.head_seq)
 """
 READY = "select job_id, priority, lane_id, lane_seq from awa.ready order by lane_id, lane_seq"
@@ -38,7 +40,7 @@ scenario = st.fixed_dictionaries({
     "shards": st.sampled_from([1, 4]),
     "priorities": st.lists(st.sampled_from([1, 2, 3, 4]), max_size=150),
     "dead": st.integers(0, 110),
-    "hint": st.sampled_from(["none", "zero", "first"]),
+    "hint": st.sampled_from(["none", "zero", "first", "stacked"]),
     "held": st.sets(st.integers(0, 149), max_size=25),
     "max_jobs": st.sampled_from([1, 2, 3, 10, 60]),
 })
@@ -46,7 +48,7 @@ scenario = st.fixed_dictionaries({
 
 def _prepare(admin, s) -> list[tuple[int, int, int, int]]:
     """The state of scenario `s`, committed; returns the ready rows."""
-    admin.execute("truncate awa.ready, awa.running, awa.lane_heads")
+    admin.execute("truncate awa.ready, awa.running, awa.lane_hints")
     admin.execute("select awa.set_enqueue_shards(%s, %s)", [QUEUE, s["shards"]])
     n = len(s["priorities"])
     if n:
@@ -57,11 +59,16 @@ def _prepare(admin, s) -> list[tuple[int, int, int, int]]:
     admin.execute("delete from awa.ready where job_id in"
                   " (select job_id from awa.ready order by job_id limit %s)", [s["dead"]])
     if s["hint"] == "zero":
-        admin.execute("insert into awa.lane_heads select l.lane_id, 0 from awa.lanes l"
+        admin.execute("insert into awa.lane_hints select l.lane_id, 0 from awa.lanes l"
                       " join awa.queue_meta m using (queue_id) where m.queue = %s", [QUEUE])
-    elif s["hint"] == "first":
-        admin.execute("insert into awa.lane_heads select lane_id, min(lane_seq) from awa.ready"
+    elif s["hint"] in ("first", "stacked"):
+        # stacked: a lane's older hints stay below its highest, which claims read.
+        admin.execute("insert into awa.lane_hints select lane_id, min(lane_seq) from awa.ready"
                       " group by lane_id")
+        if s["hint"] == "stacked":
+            admin.execute("insert into awa.lane_hints select f.lane_id, h from"
+                          " (select lane_id, min(lane_seq) as m from awa.ready group by lane_id)"
+                          " as f, generate_series(0, f.m - 1, 7) as h")
     return admin.execute(READY).fetchall()
 
 

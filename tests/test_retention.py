@@ -85,6 +85,35 @@ def test_a_failed_job_keeps_what_a_retry_needs_and_a_completed_one_stays_narrow(
     assert counts == (1, 1, 0)
 
 
+def test_finished_rows_keep_a_known_slot_and_state_without_check_constraints(db, su, logins):
+    """awa.finished has no CHECK constraints (compiled again for every insert
+    routed to a partition): a slot outside 0-63 has no partition, and
+    awa._finish refuses a state other than failed or cancelled, writing
+    nothing."""
+    assert su.execute("select count(*) from pg_constraint c join pg_class t on t.oid = c.conrelid"
+                      " join pg_namespace n on n.oid = t.relnamespace"
+                      " where n.nspname = 'awa' and t.relname like 'finished%%'"
+                      " and c.contype = 'c'").fetchone()[0] == 0
+    for slot in (-1, 64):
+        with pytest.raises(psycopg.errors.CheckViolation, match="no partition"), su.transaction():
+            su.execute(INSERT_PAST.replace("awa._finished_slot(%(state)s, %(at)s)", str(slot)),
+                       {"queue": "short", "state": "failed", "at": "2026-01-01", "n": 1})
+    with db.connect(logins.producer) as p:
+        job = enqueue(p, "short")[0]
+    with db.connect(logins.worker) as w:
+        lease = claim(w, ["short"])[0][1]
+    for state in ("completed", "ready", None):
+        with pytest.raises(psycopg.errors.InvalidParameterValue,
+                           match=f"state must be failed or cancelled, got {state or 'null'}"), \
+                su.transaction():
+            su.execute("select awa._finish(r, %s, 'boom') from awa.running r where r.job_id = %s",
+                       [state, job])
+    finished = su.execute("select count(*) from awa.finished where job_id = %s", [job])
+    assert finished.fetchone() == (0,)
+    with db.connect(logins.worker) as w:
+        assert w.execute("select awa.fail(%s, %s, 'boom', now())", [job, lease]).fetchone()[0]
+
+
 def test_set_retention_checks_its_input_and_covers_every_partition(db, logins):
     with db.connect(logins.operator) as op:
         op.execute("select awa.set_queue_partitions('parts', 3)")
