@@ -1198,6 +1198,24 @@ AS $function$
         operator(pg_catalog.%) shards
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._count_lane_shards(queue_id integer)
+ RETURNS void
+ LANGUAGE sql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+    update awa.queue_meta as m
+       set lane_shards = c.shards
+      from (
+          select l.queue_id, count(*)::smallint as shards
+            from awa.lanes as l
+           where l.priority = 1
+             and (_count_lane_shards.queue_id is null
+                  or l.queue_id = _count_lane_shards.queue_id)
+           group by l.queue_id
+      ) as c
+     where m.queue_id = c.queue_id and m.lane_shards <> c.shards
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._count_lanes(at timestamp with time zone)
  RETURNS void
  LANGUAGE plpgsql
@@ -1809,16 +1827,6 @@ CREATE OR REPLACE FUNCTION awa._lane_seq_name(lane_id integer)
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
     select 'lane_seq_' || lane_id
-$function$;
-
-CREATE OR REPLACE FUNCTION awa._lane_shards(queue_id integer)
- RETURNS smallint
- LANGUAGE sql
- STABLE
- SET search_path TO 'pg_catalog', 'pg_temp'
-AS $function$
-    select count(*)::smallint from awa.lanes as l
-     where l.queue_id = _lane_shards.queue_id and l.priority = 1
 $function$;
 
 CREATE OR REPLACE FUNCTION awa._lane_states(queue_id integer)
@@ -2656,12 +2664,7 @@ begin
         update awa.queue_meta as m set lane_ids = ids, lane_seqs = seqs
          where m.queue_id = _provision_lanes.queue_id;
     end if;
-    -- Counted, not assumed: lanes an earlier function layer made (during an
-    -- upgrade) count too.
-    update awa.queue_meta as m
-       set lane_shards = awa._lane_shards(m.queue_id)
-     where m.queue_id = _provision_lanes.queue_id
-       and m.lane_shards <> awa._lane_shards(m.queue_id);
+    perform awa._count_lane_shards(_provision_lanes.queue_id);
     perform awa._provision_counters(_provision_lanes.queue_id);
     return created;
 end;

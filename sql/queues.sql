@@ -310,20 +310,31 @@ begin
 end;
 $$;
 
--- Function: awa._lane_shards(queue_id integer) returns smallint
--- How many shards a physical queue's lanes span: its lanes of priority 1
--- (every priority has the same, awa._provision_lanes makes them together).
--- The one count of queue_meta.lane_shards.
+-- Function: awa._count_lane_shards(queue_id integer) returns void
+-- Sets queue_meta.lane_shards of one physical queue (every queue for null)
+-- to the shards its lanes span, counted from its lanes of priority 1
+-- (every priority has the same, awa._provision_lanes makes them together):
+-- counted, not assumed, so lanes an earlier function layer made during an
+-- upgrade count too. The one count of queue_meta.lane_shards; each queue's
+-- lanes are read once.
 -- Calls: nothing
--- Writes: nothing
-create or replace function awa._lane_shards(queue_id integer)
-returns smallint
+-- Writes: awa.queue_meta
+create or replace function awa._count_lane_shards(queue_id integer)
+returns void
 language sql
-stable
 set search_path = pg_catalog, pg_temp
 as $$
-    select count(*)::smallint from awa.lanes as l
-     where l.queue_id = _lane_shards.queue_id and l.priority = 1
+    update awa.queue_meta as m
+       set lane_shards = c.shards
+      from (
+          select l.queue_id, count(*)::smallint as shards
+            from awa.lanes as l
+           where l.priority = 1
+             and (_count_lane_shards.queue_id is null
+                  or l.queue_id = _count_lane_shards.queue_id)
+           group by l.queue_id
+      ) as c
+     where m.queue_id = c.queue_id and m.lane_shards <> c.shards
 $$;
 
 -- Function: awa._provision_lanes(queue_id integer, shards integer) returns integer
@@ -333,7 +344,7 @@ $$;
 -- (the shards they span, which a claim walks); and the
 -- queue's terminal counters (awa._provision_counters) when it has none.
 -- Returns how many lanes it created. The caller holds the provisioning lock.
--- Calls: awa._lane_seq_name, awa._lane_shards, awa._provision_counters
+-- Calls: awa._count_lane_shards, awa._lane_seq_name, awa._provision_counters
 -- Writes: awa.lanes, awa.queue_meta
 create or replace function awa._provision_lanes(queue_id integer, shards integer)
 returns integer
@@ -376,12 +387,7 @@ begin
         update awa.queue_meta as m set lane_ids = ids, lane_seqs = seqs
          where m.queue_id = _provision_lanes.queue_id;
     end if;
-    -- Counted, not assumed: lanes an earlier function layer made (during an
-    -- upgrade) count too.
-    update awa.queue_meta as m
-       set lane_shards = awa._lane_shards(m.queue_id)
-     where m.queue_id = _provision_lanes.queue_id
-       and m.lane_shards <> awa._lane_shards(m.queue_id);
+    perform awa._count_lane_shards(_provision_lanes.queue_id);
     perform awa._provision_counters(_provision_lanes.queue_id);
     return created;
 end;
@@ -642,7 +648,7 @@ select awa._grant_execute('awa._check_job(text, text, smallint, integer, interva
 select awa._grant_execute('awa._check_max_run_time(interval)');
 select awa._grant_execute('awa._check_priority(smallint)');
 select awa._grant_execute('awa._provision_counters(integer)');
-select awa._grant_execute('awa._lane_shards(integer)');
+select awa._grant_execute('awa._count_lane_shards(integer)');
 select awa._grant_execute('awa._provision_lanes(integer, integer)');
 select awa._grant_execute('awa._ensure_queue(text)');
 select awa._grant_execute('awa._queue(text)');
@@ -657,9 +663,7 @@ select awa._grant_execute('awa._physical_queues(text)');
 -- Lanes made while migration 0019 and this layer were applied, by the
 -- earlier layer (which did not count them): every queue's lane_shards
 -- counted again, as awa._provision_lanes counts it.
-update awa.queue_meta as m
-   set lane_shards = awa._lane_shards(m.queue_id)
- where m.lane_shards <> awa._lane_shards(m.queue_id);
+select awa._count_lane_shards(null);
 
 -- Queues created before the counters existed get theirs, and the jobs
 -- their workers hold carry the completed one, as a claim copies it.

@@ -76,3 +76,6 @@ drop function if exists awa._claim_lane_order(smallint, integer, integer);
 -- Unreleased: claim hints are rows inserted, never updated (ADR 030,
 -- migration 0022): moving one takes the hint it was read at.
 drop function if exists awa._advance_lane_heads(integer[], bigint[]);
+-- Unreleased: queue_meta.lane_shards is set by awa._count_lane_shards,
+-- which reads each queue's lanes once.
+drop function if exists awa._lane_shards(integer);
