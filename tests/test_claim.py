@@ -249,6 +249,40 @@ def test_a_claim_reads_one_hint_however_often_the_hints_moved(db, logins):
     assert hints[0] == 1 and hints[1] >= 400 * 64, hints
 
 
+def test_concurrent_claims_move_a_lanes_hint_one_at_a_time(db, logins):
+    """8 workers claim one job at a time from one lane (S = 1), so most claims
+    find its hint passed and try to move it at once: none waits for another
+    (each skips a hint another claim is moving), no claim comes back empty,
+    the lane keeps one live hint (two at most, should two give it its first
+    at once), and no hint stands above a job still ready."""
+    fill(db, logins, "race", 3_000, shards=1)
+
+    def work(_: int) -> int:
+        # 2,000 of the 3,000 in all: the hints are checked against the rest.
+        with db.connect(logins["worker"]) as w:
+            return sum(w.execute("select count(awa.complete(c.job_id, c.run_lease))"
+                                 " from awa.claim(array['race'], 1, 'w') c").fetchone()[0]
+                       for _ in range(250))
+
+    with ThreadPoolExecutor(8) as pool:
+        assert sum(pool.map(work, range(8))) == 2_000
+    with db.connect() as admin:
+        hints = admin.execute(
+            "select l.lane_id, count(h.lane_id), max(h.head_seq) from awa.lanes l"
+            " join awa.queue_meta m"
+            " using (queue_id) left join awa.lane_hints h using (lane_id)"
+            " where m.queue = 'race' and l.priority = 2 group by l.lane_id").fetchall()
+        passed = admin.execute(
+            "select count(*) from awa.ready r join (select lane_id, max(head_seq) as head_seq"
+            " from awa.lane_hints group by lane_id) h using (lane_id)"
+            " where r.lane_seq < h.head_seq").fetchone()[0]
+        left = admin.execute("select count(*) from awa.ready").fetchone()[0]
+    # The hint moved with the claims: some 2,000 rows up, within a step of the
+    # first row still ready.
+    assert len(hints) == 1 and 1 <= hints[0][1] <= 2 and hints[0][2] >= 1_900, hints
+    assert left == 1_000 and passed == 0
+
+
 def running_buffers(conn, statement: str, params) -> int:
     """Heap buffers of awa.running that one call reads."""
     with conn.transaction():
