@@ -20,6 +20,15 @@ Cells:
   procrastinate   procrastinate_defer_jobs_v1, and procrastinate_fetch_job_v2
                   with procrastinate_finish_job_v1 (the job kept, as
                   succeeded) in the same statement
+Two more cells (not targets; --cells mirror,s8x2) show what the worker's
+cost decides:
+  mirror          awa S=8 producers, and workers that do exactly a producer's
+                  work: awa.enqueue into a second queue at S=8 (consumed
+                  counts those jobs). At equal cost per transaction the two
+                  sides run at the same rate: this is the boundary a
+                  claim-one worker has to reach.
+  s8x2            awa S=8, workers claiming up to 2 jobs per transaction
+                  (awa.claim(array['q'], 2, 'w')) and completing them in it
 Cells are interleaved per run (run 1 of every cell, then run 2, ...).
 
 Per cell, the median of the runs: produced/s and consumed/s over the cell,
@@ -36,7 +45,7 @@ left at the end is what was in flight) and the backlog < 5% of the jobs
 produced.
 
     python bench/e2e_pgbench.py [--seconds 60] [--runs 3] [--producers 8]
-                                [--workers 8] [--cells s1,s8,s16,plain,procrastinate]
+                                [--workers 8] [--cells s1,s8,s16,plain,procrastinate,mirror,s8x2]
                                 [--idle-sleep-ms 0]
 
 --long: awa at S = 8 only, one run of --long-seconds (600) plain and one
@@ -84,6 +93,7 @@ from bench._server import bench_server, machine
 from bench.enqueue_pgbench import PROCRASTINATE_JOB
 
 QUEUE = "q"
+MIRROR_QUEUE = "q2"
 TEMPLATE = "awa_e2e_template"
 CELL_DB = "awa_e2e_cell"
 TARGET_SHARDS = (8, 16)
@@ -127,6 +137,10 @@ class System:
     # One row: jobs produced so far (a sequence, so no scan), and the backlog.
     counts: str
     shards: int | None = None
+    # A cell the targets are read from (awa S = 8 and 16, claiming one).
+    targeted: bool = False
+    # Queues beside QUEUE the cell sets to `shards` lanes.
+    extra_queues: tuple[str, ...] = ()
     # The worker's statement returning one row, count: the jobs it finished
     # (for --idle-sleep-ms); the worker's own when it already does.
     counted: str | None = None
@@ -138,6 +152,12 @@ class System:
                 + f" \\gset\n\\if :count = 0\n\\sleep {idle_ms} ms\n\\endif\n")
 
 
+def produced_in(queue: str) -> str:
+    """Jobs enqueued into one queue so far: its lanes' sequences, no scan."""
+    return ("(select coalesce(sum(pg_sequence_last_value(l.seq)), 0)::bigint from awa.lanes as l"
+            f" join awa.queue_meta as m using (queue_id) where m.queue = '{queue}')")
+
+
 def systems() -> list[System]:
     awa = [System(
         f"s{s}", f"awa S={s}",
@@ -146,7 +166,19 @@ def systems() -> list[System]:
         f" from awa.claim(array['{QUEUE}'], 1, 'w') c",
         f"select ({AWA_PRODUCED}), (select count(*) from awa.ready)"
         " + (select count(*) from awa.running)",
-        shards=s) for s in (1, 8, 16)]
+        shards=s, targeted=s in TARGET_SHARDS) for s in (1, 8, 16)]
+    mirror = System(
+        "mirror", "mirror S=8",
+        awa[1].producer,
+        f"select awa.enqueue('{MIRROR_QUEUE}', 'bench.job')",
+        f"select {produced_in(QUEUE)}, {produced_in(QUEUE)} - {produced_in(MIRROR_QUEUE)}",
+        shards=8, extra_queues=(MIRROR_QUEUE,),
+        counted=f"select count(awa.enqueue('{MIRROR_QUEUE}', 'bench.job'))")
+    pairs = System(
+        "s8x2", "awa S=8, claims of 2", awa[1].producer,
+        "select count(awa.complete(c.job_id, c.run_lease))"
+        f" from awa.claim(array['{QUEUE}'], 2, 'w') c",
+        awa[1].counts, shards=8)
     take = ("with j as (delete from plain_jobs where id = (select id from plain_jobs order by id"
             " for update skip locked limit 1) returning *)")
     move = ("insert into plain_history (job_id, queue, kind, state, attempt, enqueued_at)"
@@ -166,7 +198,7 @@ def systems() -> list[System]:
         " as done where f.id is not null",
         "select coalesce(pg_sequence_last_value('public.procrastinate_jobs_id_seq'), 0),"
         " (select count(*) from public.procrastinate_jobs where status in ('todo', 'doing'))")
-    return [*awa, plain, peer]
+    return [*awa, plain, peer, mirror, pairs]
 
 
 # --- pure parts (tests/test_e2e_pgbench.py) ---------------------------------
@@ -270,8 +302,9 @@ def cell_database(dsn: str, system: System) -> Iterator[tuple[str, dict[str, str
         try:
             with psycopg.connect(cell, autocommit=True) as conn:
                 if system.shards is not None:
-                    conn.execute("select awa.set_enqueue_shards(%s, %s)",
-                                 [QUEUE, system.shards])
+                    for queue in (QUEUE, *system.extra_queues):
+                        conn.execute("select awa.set_enqueue_shards(%s, %s)",
+                                     [queue, system.shards])
                 if system.key == "procrastinate":
                     values["worker_id"] = str(conn.execute(
                         "select worker_id from procrastinate_register_worker_v1()"
@@ -468,7 +501,7 @@ def report(chosen: Sequence[System], results: dict[str, list[Outcome]],
     every = min(10, args.seconds)
     out = [table(["cell", "produced/s", "consumed/s", "consumed spread", "backlog", "of produced",
                   "worker tx/s", "consumed vs plain", f"consumed/s per {every} s"], rows)]
-    targets = [s for s in chosen if s.shards in TARGET_SHARDS]
+    targets = [s for s in chosen if s.targeted]
     if not targets:
         return "\n".join(out)
     out.append("")
@@ -488,7 +521,7 @@ def report(chosen: Sequence[System], results: dict[str, list[Outcome]],
 def targets(chosen: Sequence[System], results: dict[str, list[Outcome]]) -> list[_docs.Target]:
     out = []
     for s in chosen:
-        if s.shards not in TARGET_SHARDS:
+        if not s.targeted:
             continue
         runs = results[s.key]
         produced = statistics.median(o.produced_rate for o in runs)
@@ -614,7 +647,7 @@ def main() -> None:
     ap.add_argument("--producers", type=int, default=8)
     ap.add_argument("--workers", type=int, default=8)
     ap.add_argument("--cells", default="",
-                    help="comma-separated subset of s1,s8,s16,plain,procrastinate")
+                    help="comma-separated subset of s1,s8,s16,plain,procrastinate,mirror,s8x2")
     ap.add_argument("--long", action="store_true", help="the long run at S = 8 instead")
     ap.add_argument("--long-seconds", type=int, default=600)
     ap.add_argument("--every", type=int, default=30, help="--long: seconds between samples")
