@@ -1727,7 +1727,9 @@ CREATE OR REPLACE FUNCTION awa._job_at(id bigint)
  LANGUAGE sql
  STABLE
  SET search_path TO 'pg_catalog', 'pg_temp'
- SET max_parallel_workers_per_gather TO '0'
+ SET enable_seqscan TO 'off'
+ SET enable_hashjoin TO 'off'
+ SET enable_mergejoin TO 'off'
 AS $function$
     select j.*
       from (
@@ -1753,8 +1755,22 @@ AS $function$
           select r.job_id, r.queue_id, 'ready', r.priority, r.kind, r.args, r.ordering_key,
                  r.attempt, r.max_attempts, r.enqueued_at, r.ready_at, null, r.last_error,
                  null, null, r.lane_id, r.lane_seq
-            from awa.ready as r
-           where r.job_id = _job_at.id
+            from awa.queue_meta as m
+            join awa.ready_late as y on y.queue_id = m.queue_id and y.job_id = _job_at.id
+            join awa.ready as r on r.lane_id = y.lane_id and r.lane_seq = y.lane_seq
+          union all
+          select r.job_id, r.queue_id, 'ready', r.priority, r.kind, r.args, r.ordering_key,
+                 r.attempt, r.max_attempts, r.enqueued_at, r.ready_at, null, r.last_error,
+                 null, null, r.lane_id, r.lane_seq
+            from awa.queue_meta as m
+           cross join lateral awa._lane_states(m.queue_id) as l
+           cross join lateral (
+               -- Lanes whose rows are all below `id` give null: no probe.
+               select awa._ready_from(l.lane_id, l.head_seq, l.next_seq, _job_at.id - 1) as seq
+               offset 0
+           ) as f
+            join awa.ready as r on r.lane_id = l.lane_id and r.lane_seq = f.seq
+           where l.head_seq is not null and r.job_id = _job_at.id
       ) as j
      limit 1
 $function$;

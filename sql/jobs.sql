@@ -6,9 +6,10 @@
 -- awa.ready has its primary key (lane_id, lane_seq) only, on purpose: an
 -- index on job_id would cost every enqueue. So:
 --   - one job by id (awa.job, awa.cancel_job) is looked for in the keyed
---     tables first and, only when it is in none of them, in awa.ready by a
---     sequential scan: a ready, an unknown and a pruned job cost a scan of
---     awa.ready;
+--     tables first and, only when it is in none of them, in awa.ready
+--     lane by lane, each lane bisected for where its ids reach it (ADR
+--     031): a ready, an unknown and a pruned job cost the lanes, not the
+--     backlog;
 --   - a page of ready jobs (awa.jobs) is exact and costs the page and the
 --     lanes, not the backlog (ADR 029): within a lane the jobs enqueued
 --     there have ids rising with lane_seq, and the others (moved in with an
@@ -76,106 +77,6 @@ begin
 end;
 $$;
 
--- Function: awa._job_at(id bigint)
--- Where job `id` is, in one snapshot (every move of a job is one
--- transaction, so it is in one table at most), with its columns, and for a
--- ready or running job its lane position. The keyed tables first; only a
--- job in none of them costs the sequential scan of awa.ready (the LIMIT
--- stops the scans at the first row). No row for an unknown or pruned job.
--- Calls: nothing
--- Writes: nothing
-create or replace function awa._job_at(id bigint)
-returns table (
-    job_id bigint,
-    queue_id integer,
-    state text,
-    priority smallint,
-    kind text,
-    args jsonb,
-    ordering_key bytea,
-    attempt integer,
-    max_attempts integer,
-    enqueued_at timestamptz,
-    run_at timestamptz,
-    finished_at timestamptz,
-    last_error text,
-    worker text,
-    lease_expires_at timestamptz,
-    lane_id integer,
-    lane_seq bigint
-)
-language sql
-stable
-set search_path = pg_catalog, pg_temp
--- A parallel scan of awa.ready would not stop at the row it finds: its
--- workers read on to the end of the table, where one backend stops at the
--- first match.
-set max_parallel_workers_per_gather = 0
-as $$
-    select j.*
-      from (
-          select s.job_id, s.queue_id, 'scheduled'::text, s.priority, s.kind, s.args,
-                 s.ordering_key, s.attempt, s.max_attempts, s.enqueued_at, s.run_at,
-                 null::timestamptz, s.last_error, null::text, null::timestamptz, null::integer,
-                 null::bigint
-            from awa.scheduled as s
-           where s.job_id = _job_at.id
-          union all
-          select r.job_id, r.queue_id, 'running', r.priority, r.kind, r.args, r.ordering_key,
-                 r.attempt, r.max_attempts, r.enqueued_at, r.claimed_at, null, null, r.worker,
-                 r.lease_expires_at, r.lane_id, r.lane_seq
-            from awa.running as r
-           where r.job_id = _job_at.id
-          union all
-          select f.job_id, f.queue_id, f.state, f.priority, f.kind, f.args, f.ordering_key,
-                 f.attempt, f.max_attempts, f.enqueued_at, null, f.finished_at, f.last_error,
-                 null, null, null, null
-            from awa.finished as f
-           where f.job_id = _job_at.id
-          union all
-          select r.job_id, r.queue_id, 'ready', r.priority, r.kind, r.args, r.ordering_key,
-                 r.attempt, r.max_attempts, r.enqueued_at, r.ready_at, null, r.last_error,
-                 null, null, r.lane_id, r.lane_seq
-            from awa.ready as r
-           where r.job_id = _job_at.id
-      ) as j
-     limit 1
-$$;
-
--- Function: awa.job(job_id bigint) returns setof awa.job_info
--- One job, whatever its state: one row, or none for an unknown job and for
--- a terminal job retention has removed. Scheduled, running and terminal
--- jobs are found by key; a ready job (and an unknown one) costs a
--- sequential scan of awa.ready, which has no index on job_id (ADR 025).
--- Role: awa_reader, awa_operator.
--- Errors: 22004 null job_id.
--- Calls: awa._job_at
--- Writes: nothing
-create or replace function awa.job(job_id bigint)
-returns setof awa.job_info
-language plpgsql
-stable
-security definer
-set search_path = pg_catalog, pg_temp
-as $$
-begin
-    if job_id is null then
-        raise exception 'job_id must not be null'
-            using errcode = '22004';
-    end if;
-    -- Above every id handed out: no job, and no scan.
-    if job_id > coalesce(pg_sequence_last_value('awa.job_id_seq'), 0) then
-        return;
-    end if;
-    return query
-    select j.job_id, m.queue, coalesce(m.root_queue, m.logical_queue, m.queue), j.kind,
-           j.state, j.priority, j.ordering_key, j.args, j.attempt, j.max_attempts,
-           j.enqueued_at, j.run_at, j.finished_at, j.last_error, j.worker, j.lease_expires_at
-      from awa._job_at(job_id) as j
-      join awa.queue_meta as m on m.queue_id = j.queue_id;
-end;
-$$;
-
 -- Function: awa._ready_from(lane, head_seq, next_seq, after) returns bigint
 -- The lane_seq from which every live row of a lane has f > after, where f
 -- is a row's stamp in awa.ready_late if it has one, else its job id (null
@@ -230,6 +131,125 @@ begin
         mid := lo + (top - lo) / 2;
     end loop;
     return answer;
+end;
+$$;
+
+-- Function: awa._job_at(id bigint)
+-- Where job `id` is, in one snapshot (every move of a job is one
+-- transaction, so it is in one table at most), with its columns, and for a
+-- ready or running job its lane position. The keyed tables first, then
+-- awa.ready_late by job id per queue (a job that entered its lane with an
+-- older id), then each lane with ready rows, bisected for where its ids
+-- reach `id` (awa._ready_from, ADR 031): the first row whose f (stamp, else
+-- job id) is at least `id` is the job's own row if the lane holds it. The
+-- LIMIT stops at the first row found. No row for an unknown or pruned job,
+-- which costs every lane's bisection: the queues' shape, not the backlog.
+-- Calls: awa._lane_states, awa._ready_from
+-- Writes: nothing
+create or replace function awa._job_at(id bigint)
+returns table (
+    job_id bigint,
+    queue_id integer,
+    state text,
+    priority smallint,
+    kind text,
+    args jsonb,
+    ordering_key bytea,
+    attempt integer,
+    max_attempts integer,
+    enqueued_at timestamptz,
+    run_at timestamptz,
+    finished_at timestamptz,
+    last_error text,
+    worker text,
+    lease_expires_at timestamptz,
+    lane_id integer,
+    lane_seq bigint
+)
+language sql
+stable
+set search_path = pg_catalog, pg_temp
+-- Every table is read by a key, every join is a probe per row.
+set enable_seqscan = off
+set enable_hashjoin = off
+set enable_mergejoin = off
+as $$
+    select j.*
+      from (
+          select s.job_id, s.queue_id, 'scheduled'::text, s.priority, s.kind, s.args,
+                 s.ordering_key, s.attempt, s.max_attempts, s.enqueued_at, s.run_at,
+                 null::timestamptz, s.last_error, null::text, null::timestamptz, null::integer,
+                 null::bigint
+            from awa.scheduled as s
+           where s.job_id = _job_at.id
+          union all
+          select r.job_id, r.queue_id, 'running', r.priority, r.kind, r.args, r.ordering_key,
+                 r.attempt, r.max_attempts, r.enqueued_at, r.claimed_at, null, null, r.worker,
+                 r.lease_expires_at, r.lane_id, r.lane_seq
+            from awa.running as r
+           where r.job_id = _job_at.id
+          union all
+          select f.job_id, f.queue_id, f.state, f.priority, f.kind, f.args, f.ordering_key,
+                 f.attempt, f.max_attempts, f.enqueued_at, null, f.finished_at, f.last_error,
+                 null, null, null, null
+            from awa.finished as f
+           where f.job_id = _job_at.id
+          union all
+          select r.job_id, r.queue_id, 'ready', r.priority, r.kind, r.args, r.ordering_key,
+                 r.attempt, r.max_attempts, r.enqueued_at, r.ready_at, null, r.last_error,
+                 null, null, r.lane_id, r.lane_seq
+            from awa.queue_meta as m
+            join awa.ready_late as y on y.queue_id = m.queue_id and y.job_id = _job_at.id
+            join awa.ready as r on r.lane_id = y.lane_id and r.lane_seq = y.lane_seq
+          union all
+          select r.job_id, r.queue_id, 'ready', r.priority, r.kind, r.args, r.ordering_key,
+                 r.attempt, r.max_attempts, r.enqueued_at, r.ready_at, null, r.last_error,
+                 null, null, r.lane_id, r.lane_seq
+            from awa.queue_meta as m
+           cross join lateral awa._lane_states(m.queue_id) as l
+           cross join lateral (
+               -- Lanes whose rows are all below `id` give null: no probe.
+               select awa._ready_from(l.lane_id, l.head_seq, l.next_seq, _job_at.id - 1) as seq
+               offset 0
+           ) as f
+            join awa.ready as r on r.lane_id = l.lane_id and r.lane_seq = f.seq
+           where l.head_seq is not null and r.job_id = _job_at.id
+      ) as j
+     limit 1
+$$;
+
+-- Function: awa.job(job_id bigint) returns setof awa.job_info
+-- One job, whatever its state: one row, or none for an unknown job and for
+-- a terminal job retention has removed. Scheduled, running and terminal
+-- jobs are found by key; a ready job (and an unknown one) costs a
+-- bisection of each lane with ready rows (awa.ready has no index on
+-- job_id: ADR 025, ADR 031).
+-- Role: awa_reader, awa_operator.
+-- Errors: 22004 null job_id.
+-- Calls: awa._job_at
+-- Writes: nothing
+create or replace function awa.job(job_id bigint)
+returns setof awa.job_info
+language plpgsql
+stable
+security definer
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    if job_id is null then
+        raise exception 'job_id must not be null'
+            using errcode = '22004';
+    end if;
+    -- Above every id handed out: no job, and no scan.
+    if job_id > coalesce(pg_sequence_last_value('awa.job_id_seq'), 0) then
+        return;
+    end if;
+    return query
+    select j.job_id, m.queue, coalesce(m.root_queue, m.logical_queue, m.queue), j.kind,
+           j.state, j.priority, j.ordering_key, j.args, j.attempt, j.max_attempts,
+           j.enqueued_at, j.run_at, j.finished_at, j.last_error, j.worker, j.lease_expires_at
+      from awa._job_at(job_id) as j
+      join awa.queue_meta as m on m.queue_id = j.queue_id;
 end;
 $$;
 
@@ -593,7 +613,7 @@ $$;
 -- (up to the caller's lock_timeout, then 55P03): once the claim commits it
 -- is cancelled as running. False, changing nothing, for a job already
 -- completed, failed or cancelled, and for an unknown or pruned one. Cost:
--- as awa.job (a ready job costs a sequential scan of awa.ready).
+-- as awa.job (a ready job costs a bisection of each lane with ready rows).
 -- Role: awa_operator.
 -- Errors: 22004 null job_id; 40001 the job moved on every look (retry).
 -- Calls: awa._cancel_waiting, awa._cancelled_error, awa._finish, awa._job_at

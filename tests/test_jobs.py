@@ -112,6 +112,55 @@ def test_job_shows_every_state_and_nothing_for_unknown_or_pruned(db, logins):
         assert job(op, ids["completed"]) is None
 
 
+READY_SCANS = ("select coalesce(sum(seq_scan), 0) from pg_stat_xact_user_tables"
+               " where relid = 'awa.ready'::regclass")
+
+
+def test_job_finds_ready_jobs_lane_by_lane_without_scanning_awa_ready(db, logins):
+    """awa.job of every ready job, its own lane's or moved in with an older id
+    (promoted, retried), at a lane's head or deep in it, and of ids no table
+    holds (rolled back, pruned): the right answer, and no sequential scan of
+    awa.ready (ADR 031). awa.cancel_job of a deep ready job, the same."""
+    with db.connect(logins.operator) as op:
+        op.execute("select awa.set_enqueue_shards('deep', 4)")
+    with db.connect(logins.producer) as p:
+        retried = [enqueue(p, "deep", "retried")[0] for _ in range(3)]
+    with db.connect(logins.worker) as w:
+        for job_id, lease, *_ in claim(w, ["deep"]):
+            w.execute("select awa.fail(%s, %s, 'again', now())", [job_id, lease])
+    with db.connect(logins.producer) as p:
+        later = [enqueue(p, "deep", "later", run_at="2999-01-01")[0] for _ in range(5)]
+        p.execute("select count(*) from awa.enqueue_batch(array_fill('deep'::text, array[600]),"
+                  " array_fill('job'::text, array[600]), ordering_keys => array("
+                  "select convert_to('k' || i, 'UTF8') from generate_series(1, 600) as i))")
+        with p.transaction():
+            rolled_back = enqueue(p, "deep", "gone")[0]
+            raise psycopg.Rollback()
+    with db.connect(logins.worker) as w:
+        done = [j for j, lease, *_ in claim(w, ["deep"], 60)
+                if w.execute("select awa.complete(%s, %s)", [j, lease]).fetchone()[0]]
+    with db.connect() as su:
+        su.execute("update awa.scheduled set run_at = now() where job_id = any(%s)", [later])
+        assert su.execute("select awa.promote_due()").fetchone()[0] == len(later + retried)
+        su.execute("delete from awa.finished where job_id = %s", [done[0]])
+        ready = {j for (j,) in su.execute("select job_id from awa.ready")}
+        late = {j for (j,) in su.execute("select job_id from awa.ready_late")}
+    assert set(later + retried) <= late & ready and len(ready) == 600 + 8 - 60
+    with db.connect(logins.reader, autocommit=False) as r:
+        before = r.execute(READY_SCANS).fetchone()[0]
+        assert {j for j in ready if (job(r, j) or {}).get("state") == "ready"} == ready
+        assert job(r, rolled_back) is None and job(r, done[0]) is None
+        assert job(r, done[1])["state"] == "completed"
+        assert r.execute(READY_SCANS).fetchone()[0] == before
+    deep = sorted(ready)[len(ready) // 2]
+    with db.connect(logins.operator, autocommit=False) as op:
+        before = op.execute(READY_SCANS).fetchone()[0]
+        assert op.execute("select awa.cancel_job(%s)", [deep]).fetchone()[0]
+        assert op.execute(READY_SCANS).fetchone()[0] == before
+        op.commit()
+        assert job(op, deep)["state"] == "cancelled"
+
+
 def test_jobs_pages_every_state_by_job_id_as_an_oracle_says(db, logins):
     ids = one_of_each(db, logins)
     with db.connect(logins.producer) as p:
