@@ -1069,6 +1069,20 @@ begin
 end;
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._check_limit(what text, value integer)
+ RETURNS void
+ LANGUAGE plpgsql
+ IMMUTABLE PARALLEL SAFE
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+begin
+    if not awa._limit_ok(value) then
+        raise exception '% must be 0 or more, got %', what, coalesce(value::text, 'null')
+            using errcode = '22023';
+    end if;
+end;
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._check_max_jobs(what text, value integer)
  RETURNS void
  LANGUAGE plpgsql
@@ -1933,6 +1947,14 @@ CREATE OR REPLACE FUNCTION awa._limbs_numeric(limbs bigint[])
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
     select limbs[1]::numeric * 4294967296 + limbs[2]
+$function$;
+
+CREATE OR REPLACE FUNCTION awa._limit_ok(value integer)
+ RETURNS boolean
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+    select coalesce(value operator(pg_catalog.>=) 0, false)
 $function$;
 
 CREATE OR REPLACE FUNCTION awa._lock_class_autoscale()
@@ -3597,9 +3619,8 @@ begin
         raise exception '% must not be null', case when queues is null then 'queues' else 'worker' end
             using errcode = '22004';
     end if;
-    if max_jobs is null or max_jobs < 0 then
-        raise exception 'max_jobs must be 0 or more, got %', coalesce(max_jobs::text, 'null')
-            using errcode = '22023';
+    if not awa._limit_ok(max_jobs) then
+        perform awa._check_limit('max_jobs', max_jobs);
     end if;
     if lease is null or lease <= interval '0' then
         raise exception 'lease must be a positive interval, got %', coalesce(lease::text, 'null')
@@ -4357,11 +4378,7 @@ declare
     moved bigint := 0;
     xid xid8;
 begin
-    if max_transactions is null or max_transactions < 0 then
-        raise exception 'max_transactions must be 0 or more, got %',
-            coalesce(max_transactions::text, 'null')
-            using errcode = '22023';
-    end if;
+    perform awa._check_limit('max_transactions', max_transactions);
     for xid in
         select c.staged_xid
           from awa.copy_staging as c
@@ -4454,10 +4471,7 @@ declare
     due record;
     taken record;
 begin
-    if max_jobs is null or max_jobs < 0 then
-        raise exception 'max_jobs must be 0 or more, got %', coalesce(max_jobs::text, 'null')
-            using errcode = '22023';
-    end if;
+    perform awa._check_limit('max_jobs', max_jobs);
     select array_agg(d.job_id order by d.run_at, d.job_id) as job_ids,
            array_agg(d.queue_id order by d.run_at, d.job_id) as queue_ids,
            array_agg(d.priority order by d.run_at, d.job_id) as priorities,
@@ -4530,10 +4544,7 @@ AS $function$
 declare
     removed bigint;
 begin
-    if max_rows is null or max_rows < 0 then
-        raise exception 'max_rows must be 0 or more, got %', coalesce(max_rows::text, 'null')
-            using errcode = '22023';
-    end if;
+    perform awa._check_limit('max_rows', max_rows);
     delete from awa.ready_late as y
      where y.ctid = any(array(
          select x.ctid
@@ -4578,10 +4589,7 @@ AS $function$
 declare
     removed bigint;
 begin
-    if max_keys is null or max_keys < 0 then
-        raise exception 'max_keys must be 0 or more, got %', coalesce(max_keys::text, 'null')
-            using errcode = '22023';
-    end if;
+    perform awa._check_limit('max_keys', max_keys);
     delete from awa.unique_keys as u
      where u.ctid = any(array(
          select x.ctid from awa.unique_keys as x
@@ -4709,10 +4717,7 @@ declare
     job awa.running;
     rescued integer := 0;
 begin
-    if max_jobs is null or max_jobs < 0 then
-        raise exception 'max_jobs must be 0 or more, got %', coalesce(max_jobs::text, 'null')
-            using errcode = '22023';
-    end if;
+    perform awa._check_limit('max_jobs', max_jobs);
     for job in
         delete from awa.running as r
          where r.job_id in (

@@ -115,7 +115,8 @@ $$;
 -- Returns: setof awa.claimed, by priority then claim order; each job's
 -- attempt is counted from 1; deadline_at null for a job without one.
 -- Errors: 22023 max_jobs < 0 or lease <= 0; 22004 null queues or worker.
--- Calls: awa._advance_lane_hints, awa._claim_hint_step, awa._claim_walk_shard
+-- Calls: awa._advance_lane_hints, awa._check_limit, awa._claim_hint_step, awa._claim_walk_shard,
+--   awa._limit_ok
 -- Writes: awa.ready, awa.running
 create or replace function awa.claim(
     queues text[],
@@ -153,9 +154,8 @@ begin
         raise exception '% must not be null', case when queues is null then 'queues' else 'worker' end
             using errcode = '22004';
     end if;
-    if max_jobs is null or max_jobs < 0 then
-        raise exception 'max_jobs must be 0 or more, got %', coalesce(max_jobs::text, 'null')
-            using errcode = '22023';
+    if not awa._limit_ok(max_jobs) then
+        perform awa._check_limit('max_jobs', max_jobs);
     end if;
     if lease is null or lease <= interval '0' then
         raise exception 'lease must be a positive interval, got %', coalesce(lease::text, 'null')
@@ -491,7 +491,7 @@ $$;
 -- says 'deadline exceeded after N s' (N its max run time) when the lease
 -- ended at the deadline, else 'lease expired'.
 -- Role: awa_maintenance. Returns how many jobs it rescued.
--- Calls: awa._retry_or_fail
+-- Calls: awa._check_limit, awa._retry_or_fail
 -- Writes: awa.running
 create or replace function awa.rescue_expired(max_jobs integer default 10000)
 returns integer
@@ -504,10 +504,7 @@ declare
     job awa.running;
     rescued integer := 0;
 begin
-    if max_jobs is null or max_jobs < 0 then
-        raise exception 'max_jobs must be 0 or more, got %', coalesce(max_jobs::text, 'null')
-            using errcode = '22023';
-    end if;
+    perform awa._check_limit('max_jobs', max_jobs);
     for job in
         delete from awa.running as r
          where r.job_id in (

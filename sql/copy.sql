@@ -418,7 +418,7 @@ $$;
 -- rows are moved by one of them, under the try-lock (awa._lock_class_copy(),
 -- low 31 bits of its xid)) and to interrupt: a row is moved and deleted in
 -- one transaction. Role: awa_maintenance. Returns how many rows it moved.
--- Calls: awa._lock_class_copy, awa._move_staged
+-- Calls: awa._check_limit, awa._lock_class_copy, awa._move_staged
 -- Writes: nothing
 create or replace function awa.move_staged(max_transactions integer default 100)
 returns bigint
@@ -430,11 +430,7 @@ declare
     moved bigint := 0;
     xid xid8;
 begin
-    if max_transactions is null or max_transactions < 0 then
-        raise exception 'max_transactions must be 0 or more, got %',
-            coalesce(max_transactions::text, 'null')
-            using errcode = '22023';
-    end if;
+    perform awa._check_limit('max_transactions', max_transactions);
     for xid in
         select c.staged_xid
           from awa.copy_staging as c

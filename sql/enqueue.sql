@@ -694,7 +694,7 @@ $$;
 -- queue's current S (a keyed job goes back to its key's shard). Role:
 -- awa_maintenance. Returns how many jobs it moved. Concurrent callers skip
 -- each other's rows.
--- Calls: awa._insert_jobs, awa._key_shard, awa._lock_lanes
+-- Calls: awa._check_limit, awa._insert_jobs, awa._key_shard, awa._lock_lanes
 -- Writes: awa.scheduled
 create or replace function awa.promote_due(max_jobs integer default 10000)
 returns integer
@@ -713,10 +713,7 @@ declare
     due record;
     taken record;
 begin
-    if max_jobs is null or max_jobs < 0 then
-        raise exception 'max_jobs must be 0 or more, got %', coalesce(max_jobs::text, 'null')
-            using errcode = '22023';
-    end if;
+    perform awa._check_limit('max_jobs', max_jobs);
     select array_agg(d.job_id order by d.run_at, d.job_id) as job_ids,
            array_agg(d.queue_id order by d.run_at, d.job_id) as queue_ids,
            array_agg(d.priority order by d.run_at, d.job_id) as priorities,

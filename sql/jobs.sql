@@ -414,7 +414,7 @@ $$;
 -- Reads each lane once (the queues' shape) and the rows it removes.
 -- Role: awa_maintenance. Returns how many rows it removed.
 -- Errors: 22023 max_rows null or below 0.
--- Calls: nothing
+-- Calls: awa._check_limit
 -- Writes: awa.ready_late
 create or replace function awa.prune_ready_late(max_rows integer default 10000)
 returns bigint
@@ -428,10 +428,7 @@ as $$
 declare
     removed bigint;
 begin
-    if max_rows is null or max_rows < 0 then
-        raise exception 'max_rows must be 0 or more, got %', coalesce(max_rows::text, 'null')
-            using errcode = '22023';
-    end if;
+    perform awa._check_limit('max_rows', max_rows);
     delete from awa.ready_late as y
      where y.ctid = any(array(
          select x.ctid

@@ -269,6 +269,38 @@ begin
 end;
 $$;
 
+-- Function: awa._limit_ok(value integer) returns boolean
+-- A call's limit on what it handles (max_jobs of a claim, a promote or a
+-- rescue, max_rows, max_keys, max_transactions): 0 or more (0 does
+-- nothing). False for null. Inlined, so the claim's check costs no call.
+-- Calls: nothing
+-- Writes: nothing
+create or replace function awa._limit_ok(value integer)
+returns boolean
+language sql
+immutable parallel safe
+as $$
+    select coalesce(value operator(pg_catalog.>=) 0, false)
+$$;
+
+-- Function: awa._check_limit(what text, value integer) returns void
+-- Raises 22023 for a limit awa._limit_ok refuses, naming `what`.
+-- Calls: awa._limit_ok
+-- Writes: nothing
+create or replace function awa._check_limit(what text, value integer)
+returns void
+language plpgsql
+immutable parallel safe
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    if not awa._limit_ok(value) then
+        raise exception '% must be 0 or more, got %', what, coalesce(value::text, 'null')
+            using errcode = '22023';
+    end if;
+end;
+$$;
+
 -- Function: awa._provision_counters(queue_id integer) returns void
 -- Gives a physical queue its terminal counters when it has none: one
 -- sequence per terminal state (queue_<queue_id>_<state> in schema awa), kept in
@@ -647,6 +679,8 @@ select awa._grant_execute('awa._check_queue_name(text)');
 select awa._grant_execute('awa._check_job(text, text, smallint, integer, interval)');
 select awa._grant_execute('awa._check_max_run_time(interval)');
 select awa._grant_execute('awa._check_priority(smallint)');
+select awa._grant_execute('awa._limit_ok(integer)');
+select awa._grant_execute('awa._check_limit(text, integer)');
 select awa._grant_execute('awa._provision_counters(integer)');
 select awa._grant_execute('awa._count_lane_shards(integer)');
 select awa._grant_execute('awa._provision_lanes(integer, integer)');

@@ -182,7 +182,7 @@ $$;
 -- enqueue of its key anyway: this keeps the table to the keys held.
 -- Role: awa_maintenance. Returns how many rows it removed.
 -- Errors: 22023 max_keys null or below 0.
--- Calls: nothing
+-- Calls: awa._check_limit
 -- Writes: awa.unique_keys
 create or replace function awa.prune_unique_keys(max_keys integer default 10000)
 returns bigint
@@ -194,10 +194,7 @@ as $$
 declare
     removed bigint;
 begin
-    if max_keys is null or max_keys < 0 then
-        raise exception 'max_keys must be 0 or more, got %', coalesce(max_keys::text, 'null')
-            using errcode = '22023';
-    end if;
+    perform awa._check_limit('max_keys', max_keys);
     delete from awa.unique_keys as u
      where u.ctid = any(array(
          select x.ctid from awa.unique_keys as x

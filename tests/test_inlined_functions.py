@@ -18,6 +18,7 @@ import re
 from pathlib import Path
 
 import psycopg
+import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -111,6 +112,31 @@ def test_each_check_raises_exactly_when_its_predicate_refuses(db, queue, kind, p
                 assert part_ok
             except psycopg.Error:
                 assert not part_ok
+
+
+@pytest.mark.parametrize("value", [None, -2147483648, -1, 0, 1, 2147483647])
+def test_the_limit_check_raises_exactly_when_its_predicate_refuses(db, value):
+    with db.connect() as conn:
+        ok = conn.execute("select awa._limit_ok(%s::integer)", [value]).fetchone()[0]
+        assert ok is (value is not None and value >= 0)
+        try:
+            conn.execute("select awa._check_limit('max_things', %s::integer)", [value])
+            raised = None
+        except psycopg.Error as err:
+            raised = (err.sqlstate, err.diag.message_primary)
+    shown = "null" if value is None else value
+    assert raised == (None if ok else ("22023", f"max_things must be 0 or more, got {shown}"))
+
+
+def test_no_other_sql_file_writes_the_limit_rule():
+    """A limit argument (max_jobs, max_rows, ...) is checked by
+    awa._limit_ok / awa._check_limit, in sql/queues.sql only."""
+    rule = re.compile(r"\b(max_\w+) is null or \1 < 0|must be 0 or more")
+    for path in sorted(ROOT.glob("sql/*.sql")):
+        if path.name == "queues.sql":
+            continue
+        code = "\n".join(line.split("--")[0] for line in path.read_text().splitlines())
+        assert not rule.search(code), f"{path.name}: {rule.search(code)}; use awa._check_limit"
 
 
 # The job row's defaults: awa._default_priority, _default_max_attempts,
