@@ -316,8 +316,11 @@ def test_nothing_lost_nothing_doubled(db, logins):
     def consume(_):
         with db.connect(logins.worker) as conn:
             while True:
+                # Read before the claim: an empty claim means done only if it
+                # began after stop was set, so after the promote committed.
+                stopping = stop.is_set()
                 batch = claim(conn, ["history"], 50)
-                if not batch and stop.is_set():
+                if not batch and stopping:
                     return
                 for c in batch:
                     assert conn.execute("select awa.complete(%s, %s)",
