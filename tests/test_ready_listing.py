@@ -8,7 +8,8 @@ writes, with producers running at once: within a lane f never falls as
 lane_seq rises, and is never below the row's job id. Then random states go
 through every path (single, batch, keyed, unique, COPY, scheduled and
 promoted, failed and retried, cancelled, claimed and completed, pruned) and
-every page of awa.jobs must be what sorting the tables gives; a page deep
+every page of awa.jobs must be what sorting the tables gives, and awa.job
+of each job its state; a page deep
 in a long lane reads what a page at its front reads; awa.prune_ready_late
 removes the rows of jobs gone and keeps the others.
 """
@@ -208,6 +209,11 @@ def test_every_page_is_what_sorting_the_tables_gives(db, shards, steps, page_siz
         after = every[cursor % len(every)][0] if every else cursor
         assert pages(admin, queue, "ready", page_size, after) == [r for r in ready
                                                                     if r[0] > after]
+        # One job by id finds each where it is, ready ones by bisection (ADR 031).
+        assert [tuple(r) for r in admin.execute(
+            "select j.job_id, j.state from unnest(%s::bigint[]) as x (id)"
+            " cross join lateral awa.job(x.id) as j order by 1",
+            [[r[0] for r in every]])] == every
 
 
 def test_prune_removes_the_rows_of_jobs_gone_and_keeps_the_others(db, logins):
