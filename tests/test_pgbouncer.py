@@ -184,7 +184,10 @@ class Producers:
         self.stop = threading.Event()
         self.committed: set[str] = set()
         self.handled: list[str] = []
-        self.calls = 0
+        # A call that starts after the test bumps ``epoch`` reads what the test
+        # committed before it; ``done`` counts committed calls by (kind, epoch).
+        self.epoch = 0
+        self.done: collections.Counter[tuple[str, int]] = collections.Counter()
         self.cond = threading.Condition()
 
     def handle(self, job) -> None:
@@ -199,21 +202,28 @@ class Producers:
             self.cond.wait_for(lambda: self.stop.is_set()
                                or len(self.committed) - len(self.handled) < self.backlog)
 
-    def _commit(self, tags: list[str]) -> None:
+    def _commit(self, kind: str, epoch: int, tags: list[str]) -> None:
         with self.cond:
             self.committed.update(tags)
-            self.calls += 1
+            self.done[kind, epoch] += 1
             self.cond.notify_all()
+
+    def calls_since(self, epoch: int, kind: str | None = None) -> int:
+        with self.cond:
+            return sum(n for (k, e), n in self.done.items()
+                       if e >= epoch and kind in (None, k))
 
     def _loop(self, name: str, call: Callable[[awa_sql.Producer, list[str]], None]) -> None:
         with awa_sql.Producer(self.dsn) as p:
             i = 0
+            kind = name.split("-")[0]
             while not self.stop.is_set():
                 self._room()
-                size = {"one": 1, "batch": 10, "copy": 20}[name.split("-")[0]]
+                epoch = self.epoch
+                size = {"one": 1, "batch": 10, "copy": 20}[kind]
                 tags = [f"{name}-{i}-{j}" for j in range(size)]
                 call(p, tags)
-                self._commit(tags)
+                self._commit(kind, epoch, tags)
                 i += 1
 
     def targets(self) -> list[Callable[[], None]]:
@@ -250,11 +260,15 @@ def test_set_enqueue_shards_while_producers_run(pooled, logins):
             t.start()
         try:
             for shards in (4, 8, 2):
-                seen = producers.calls
-                _wait_for(lambda seen=seen: producers.calls >= seen + 20 or errors,
-                          "producers to make progress")
+                # Calls of every kind, keyed batches among them, that began
+                # after the previous change committed and so routed by it.
+                epoch = producers.epoch
+                _wait_for(lambda e=epoch: errors or (
+                    producers.calls_since(e) >= 20
+                    and producers.calls_since(e, "batch") >= 1), "producers to make progress")
                 changes = awa_sql.set_enqueue_shards(op, "reshard", shards)
                 op.commit()
+                producers.epoch += 1
                 assert [c.new_shards for c in changes] == [shards]
         finally:
             producers.stop.set()
