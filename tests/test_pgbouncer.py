@@ -217,10 +217,10 @@ class Producers:
         with awa_sql.Producer(self.dsn) as p:
             i = 0
             kind = name.split("-")[0]
+            size = {"one": 1, "batch": 10, "copy": 20}[kind]
             while not self.stop.is_set():
                 self._room()
                 epoch = self.epoch
-                size = {"one": 1, "batch": 10, "copy": 20}[kind]
                 tags = [f"{name}-{i}-{j}" for j in range(size)]
                 call(p, tags)
                 self._commit(kind, epoch, tags)
