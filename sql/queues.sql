@@ -369,6 +369,30 @@ as $$
      where m.queue_id = c.queue_id and m.lane_shards <> c.shards
 $$;
 
+-- Function: awa._count_linked() returns void
+-- Sets queue_meta.has_linked on every queue another queue links to (the
+-- logical queue of a stripe, the root of a partition or stripe): a claim by
+-- its name must read those too, so awa.claim reads a queue's row alone only
+-- where it is false. Never cleared: a link is never removed. The one writer
+-- of has_linked; counted, not assumed, so links an earlier function layer
+-- made during an upgrade count too.
+-- Calls: nothing
+-- Writes: awa.queue_meta
+create or replace function awa._count_linked()
+returns void
+language sql
+set search_path = pg_catalog, pg_temp
+as $$
+    update awa.queue_meta as m
+       set has_linked = true
+     where not m.has_linked
+       and exists (
+           select
+             from awa.queue_meta as x
+            where x.logical_queue = m.queue or x.root_queue = m.queue
+       )
+$$;
+
 -- Function: awa._provision_lanes(queue_id integer, shards integer) returns integer
 -- Creates every missing (priority, shard) lane below shards for one physical
 -- queue, each with its own sequence awa.lane_seq_<lane_id>, and records
@@ -460,7 +484,7 @@ $$;
 -- created with the logical queue's S, pause state, max run time, retry
 -- policy, retention and lanes when missing; an existing ordinary queue of that name
 -- joins it.
--- Calls: awa._ensure_queue, awa._lock_class_provisioning, awa._provision_lanes
+-- Calls: awa._count_linked, awa._ensure_queue, awa._lock_class_provisioning, awa._provision_lanes
 -- Writes: awa.queue_meta
 create or replace function awa._ensure_linked(physical text, logical text, is_stripe boolean)
 returns awa.queue_meta
@@ -489,6 +513,7 @@ begin
     )
     on conflict (queue) do update
         set root_queue = excluded.root_queue, logical_queue = excluded.logical_queue;
+    perform awa._count_linked();
     select m.* into strict meta from awa.queue_meta as m where m.queue = physical;
     if awa._provision_lanes(meta.queue_id, meta.enqueue_shards) > 0 then
         select m.* into strict meta from awa.queue_meta as m where m.queue_id = meta.queue_id;
@@ -683,6 +708,7 @@ select awa._grant_execute('awa._limit_ok(integer)');
 select awa._grant_execute('awa._check_limit(text, integer)');
 select awa._grant_execute('awa._provision_counters(integer)');
 select awa._grant_execute('awa._count_lane_shards(integer)');
+select awa._grant_execute('awa._count_linked()');
 select awa._grant_execute('awa._provision_lanes(integer, integer)');
 select awa._grant_execute('awa._ensure_queue(text)');
 select awa._grant_execute('awa._queue(text)');
@@ -698,6 +724,10 @@ select awa._grant_execute('awa._physical_queues(text)');
 -- earlier layer (which did not count them): every queue's lane_shards
 -- counted again, as awa._provision_lanes counts it.
 select awa._count_lane_shards(null);
+
+-- Links made while migration 0023 and this layer were applied, by the
+-- earlier layer (which did not mark them).
+select awa._count_linked();
 
 -- Queues created before the counters existed get theirs, and the jobs
 -- their workers hold carry the completed one, as a claim copies it.
