@@ -1259,6 +1259,7 @@ CREATE OR REPLACE FUNCTION awa._count_linked()
  LANGUAGE sql
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
+    select pg_catalog.pg_advisory_xact_lock(awa._lock_class_provisioning(), 0);
     update awa.queue_meta as m
        set has_linked = true
      where not m.has_linked
@@ -1266,7 +1267,7 @@ AS $function$
            select
              from awa.queue_meta as x
             where x.logical_queue = m.queue or x.root_queue = m.queue
-       )
+       );
 $function$;
 
 CREATE OR REPLACE FUNCTION awa._default_args()
@@ -3634,7 +3635,6 @@ declare
     -- A claim by one name of a queue no other queue links to (the usual
     -- call): its row, read once by name, so the walk's statement carries
     -- the queue as parameters instead of reading queue_meta (ADR 033).
-    solo boolean := false;
     solo_queue text;
     solo_paused boolean;
     solo_lanes integer[];
@@ -3657,196 +3657,203 @@ begin
     if max_jobs = 0 then
         return;
     end if;
-    if cardinality(queues) = 1 then
-        select m.queue, m.paused, m.lane_ids, greatest(m.lane_shards, m.enqueue_shards),
-               m.completed_seq, m.max_run_time, m.unique_jobs
-          into solo_queue, solo_paused, solo_lanes, solo_shards,
-               solo_completed_seq, solo_run_time, solo_unique_jobs
-          from awa.queue_meta as m
-         where m.queue = queues[1] and not m.has_linked;
-        solo := found;
-        if solo and solo_paused then
-            return;
-        end if;
-    end if;
     -- The lanes in the order they are tried; each lane's hint and rows are
     -- read only when the claim reaches it: the limits stop the scan, and the
-    -- locking, once max_jobs rows are locked.
-    if solo then
-        -- The general walk below, for one queue given as parameters: keep the two
-        -- alike (tests/test_claim_differential.py runs both on the same seed).
-        for claimed in
-            with picked as (
-                select h.tid, l.shard, coalesce(hd.head_seq, 0) as head_seq
-                  from (values (1), (2), (3), (4)) as p (priority)
-                 cross join lateral (
-                     select x.shard, solo_lanes[p.priority][x.shard] as lane_id
-                       from (select awa._claim_walk_shard(
-                                        generate_series(0, solo_shards - 1), solo_shards,
-                                        seed / 8 % solo_shards, stride) as shard
-                             offset 0) as x
-                     offset 0
-                 ) as l
-                  left join lateral (
-                      select y.head_seq
-                        from awa.lane_hints as y
-                       where y.lane_id = l.lane_id
-                       order by y.head_seq desc
-                       limit 1
-                  ) as hd on true
-                 cross join lateral (
-                     select r.ctid as tid
-                       from awa.ready as r
-                      where r.lane_id = l.lane_id and r.lane_seq >= coalesce(hd.head_seq, 0)
-                      order by r.lane_seq
-                      limit max_jobs
-                        for update of r skip locked
-                 ) as h
-                 limit max_jobs
-            ),
-            moved as (
-                delete from awa.ready as r
-                 using picked as p
-                 where r.ctid = p.tid
-                returning r.job_id, r.lane_id, r.lane_seq, r.queue_id, r.priority, r.kind, r.args,
-                    r.ordering_key, r.attempt, r.max_attempts, r.enqueued_at, r.max_run_time,
-                    p.shard, p.head_seq, nextval('awa.run_lease_seq') as run_lease,
-                    now() + coalesce(r.max_run_time, solo_run_time) as deadline_at
-            ),
-            started as (
-                insert into awa.running (
-                    job_id, run_lease, lane_id, lane_seq, queue_id, priority, kind, args,
-                    ordering_key, attempt, max_attempts, enqueued_at, worker, claimed_at,
-                    heartbeat_at, lease_expires_at, completed_seq, max_run_time, deadline_at,
-                    unique_jobs
+    -- locking, once max_jobs rows are locked. Two blocks, each left by one
+    -- test (ADR 018): solo, for one queue, then the general walk.
+    <<general>>
+    begin
+        <<solo>>
+        begin
+            exit solo when cardinality(queues) <> 1;
+            select m.queue, m.paused, m.lane_ids, greatest(m.lane_shards, m.enqueue_shards),
+                   m.completed_seq, m.max_run_time, m.unique_jobs
+              into solo_queue, solo_paused, solo_lanes, solo_shards,
+                   solo_completed_seq, solo_run_time, solo_unique_jobs
+              from awa.queue_meta as m
+             where m.queue = queues[1] and not m.has_linked;
+            exit solo when not found;
+            if solo_paused then
+                return;
+            end if;
+            -- The general walk below, for one queue given as parameters: keep the two
+            -- alike (tests/test_claim_differential.py runs both on the same seed).
+            for claimed in
+                with picked as (
+                    select h.tid, l.shard, coalesce(hd.head_seq, 0) as head_seq
+                      from (values (1), (2), (3), (4)) as p (priority)
+                     cross join lateral (
+                         select x.shard, solo_lanes[p.priority][x.shard] as lane_id
+                           from (select awa._claim_walk_shard(
+                                            generate_series(0, solo_shards - 1), solo_shards,
+                                            seed / 8 % solo_shards, stride) as shard
+                                 offset 0) as x
+                         offset 0
+                     ) as l
+                      left join lateral (
+                          select y.head_seq
+                            from awa.lane_hints as y
+                           where y.lane_id = l.lane_id
+                           order by y.head_seq desc
+                           limit 1
+                      ) as hd on true
+                     cross join lateral (
+                         select r.ctid as tid
+                           from awa.ready as r
+                          where r.lane_id = l.lane_id and r.lane_seq >= coalesce(hd.head_seq, 0)
+                          order by r.lane_seq
+                          limit max_jobs
+                            for update of r skip locked
+                     ) as h
+                     limit max_jobs
+                ),
+                moved as (
+                    delete from awa.ready as r
+                     using picked as p
+                     where r.ctid = p.tid
+                    returning r.job_id, r.lane_id, r.lane_seq, r.queue_id, r.priority, r.kind,
+                        r.args, r.ordering_key, r.attempt, r.max_attempts, r.enqueued_at,
+                        r.max_run_time, p.shard, p.head_seq,
+                        nextval('awa.run_lease_seq') as run_lease,
+                        now() + coalesce(r.max_run_time, solo_run_time) as deadline_at
+                ),
+                started as (
+                    insert into awa.running (
+                        job_id, run_lease, lane_id, lane_seq, queue_id, priority, kind, args,
+                        ordering_key, attempt, max_attempts, enqueued_at, worker, claimed_at,
+                        heartbeat_at, lease_expires_at, completed_seq, max_run_time, deadline_at,
+                        unique_jobs
+                    )
+                    select
+                        m.job_id, m.run_lease, m.lane_id, m.lane_seq, m.queue_id, m.priority,
+                        m.kind, m.args, m.ordering_key, m.attempt + 1, m.max_attempts,
+                        m.enqueued_at, claim.worker, now(), now(),
+                        least(now() + claim.lease, m.deadline_at),
+                        solo_completed_seq, m.max_run_time, m.deadline_at, solo_unique_jobs
+                      from moved as m
                 )
                 select
-                    m.job_id, m.run_lease, m.lane_id, m.lane_seq, m.queue_id, m.priority, m.kind,
-                    m.args, m.ordering_key, m.attempt + 1, m.max_attempts, m.enqueued_at,
-                    claim.worker, now(), now(), least(now() + claim.lease, m.deadline_at),
-                    solo_completed_seq, m.max_run_time, m.deadline_at, solo_unique_jobs
+                    row(
+                        m.job_id, m.run_lease, solo_queue, m.priority, m.shard, m.lane_seq, m.kind,
+                        m.args, m.attempt + 1, m.max_attempts, m.ordering_key, m.deadline_at
+                    )::awa.claimed as job,
+                    m.lane_id,
+                    m.lane_seq >= m.head_seq + awa._claim_hint_step() as far
                   from moved as m
-            )
-            select
-                row(
-                    m.job_id, m.run_lease, solo_queue, m.priority, m.shard, m.lane_seq, m.kind,
-                    m.args, m.attempt + 1, m.max_attempts, m.ordering_key, m.deadline_at
-                )::awa.claimed as job,
-                m.lane_id,
-                m.lane_seq >= m.head_seq + awa._claim_hint_step() as far
-              from moved as m
-        loop
-            one := claimed.job;
-            return next one;
-            if claimed.far and not claimed.lane_id = any(far_lanes) then
-                far_lanes := far_lanes || claimed.lane_id;
-            end if;
-        end loop;
-    else
-        for claimed in
-            -- The named queues, each read once, in an order drawn for this call,
-            -- with the shard their walk starts at (S >= 1: never a division by
-            -- zero).
-            with walked as materialized (
-                -- Lanes exist for every shard below S too (greatest: a raise
-                -- an earlier layer made during an upgrade, not yet counted).
-                select m.queue, m.lane_ids,
-                       greatest(m.lane_shards, m.enqueue_shards) as lane_shards,
-                       seed / 8 % greatest(m.lane_shards, m.enqueue_shards) as start,
-                       m.completed_seq, m.max_run_time, m.unique_jobs
-                  from awa.queue_meta as m
-                 where (m.queue = any(queues) or m.logical_queue = any(queues)
-                        or m.root_queue = any(queues))
-                   and not m.paused
-                 order by pg_catalog.hashint4(m.queue_id operator(pg_catalog.#) seed)
-            ),
-            picked as (
-                select h.tid, l.queue, l.shard, coalesce(hd.head_seq, 0) as head_seq, l.completed_seq,
-                       l.queue_run_time, l.unique_jobs
-                  -- Priority by priority (the lanes_priority_range check: 1 to 4):
-                  -- offset 0 keeps the subquery whole, and its lateral reference
-                  -- to p inside p's loop (without it the planner joins the
-                  -- priorities innermost); then queue by queue, each queue's
-                  -- lanes in its walk's order.
-                  from (values (1), (2), (3), (4)) as p (priority)
-                 cross join lateral (
-                     select w.queue, s.shard, s.lane_id,
-                            w.completed_seq, w.max_run_time as queue_run_time, w.unique_jobs
-                       from walked as w
-                      -- The steps as a set-returning function in the select list
-                      -- (no tuplestore built on every rescan, as in FROM); offset
-                      -- 0 computes each step's shard once.
-                      cross join lateral (
-                          select x.shard, w.lane_ids[p.priority][x.shard] as lane_id
-                            from (select awa._claim_walk_shard(
-                                             generate_series(0, w.lane_shards - 1), w.lane_shards,
-                                             w.start, stride) as shard
-                                  offset 0) as x
-                      ) as s
-                     offset 0
-                 ) as l
-                  -- The lane's highest hint, from the top of the index: the
-                  -- hints below it are never read (ADR 030).
-                  left join lateral (
-                      select y.head_seq
-                        from awa.lane_hints as y
-                       where y.lane_id = l.lane_id
-                       order by y.head_seq desc
-                       limit 1
-                  ) as hd on true
-                 cross join lateral (
-                     select r.ctid as tid
-                       from awa.ready as r
-                      where r.lane_id = l.lane_id and r.lane_seq >= coalesce(hd.head_seq, 0)
-                      order by r.lane_seq
-                      limit max_jobs
-                        for update of r skip locked
-                 ) as h
-                 limit max_jobs
-            ),
-            moved as (
-                delete from awa.ready as r
-                 using picked as p
-                 where r.ctid = p.tid
-                returning r.*, p.queue as lane_queue, p.shard, p.head_seq, p.completed_seq,
-                    p.unique_jobs, nextval('awa.run_lease_seq') as run_lease,
-                    now() + coalesce(r.max_run_time, p.queue_run_time) as deadline_at
-            ),
-            started as (
-                insert into awa.running (
-                    job_id, run_lease, lane_id, lane_seq, queue_id, priority, kind, args,
-                    ordering_key, attempt, max_attempts, enqueued_at, worker, claimed_at,
-                    heartbeat_at, lease_expires_at, completed_seq, max_run_time, deadline_at,
-                    unique_jobs
+            loop
+                one := claimed.job;
+                return next one;
+                if claimed.far and not claimed.lane_id = any(far_lanes) then
+                    far_lanes := far_lanes || claimed.lane_id;
+                end if;
+            end loop;
+            exit general;
+        end solo;
+            for claimed in
+                -- The named queues, each read once, in an order drawn for this call,
+                -- with the shard their walk starts at (S >= 1: never a division by
+                -- zero).
+                with walked as materialized (
+                    -- Lanes exist for every shard below S too (greatest: a raise
+                    -- an earlier layer made during an upgrade, not yet counted).
+                    select m.queue, m.lane_ids,
+                           greatest(m.lane_shards, m.enqueue_shards) as lane_shards,
+                           seed / 8 % greatest(m.lane_shards, m.enqueue_shards) as start,
+                           m.completed_seq, m.max_run_time, m.unique_jobs
+                      from awa.queue_meta as m
+                     where (m.queue = any(queues) or m.logical_queue = any(queues)
+                            or m.root_queue = any(queues))
+                       and not m.paused
+                     order by pg_catalog.hashint4(m.queue_id operator(pg_catalog.#) seed)
+                ),
+                picked as (
+                    select h.tid, l.queue, l.shard, coalesce(hd.head_seq, 0) as head_seq,
+                           l.completed_seq, l.queue_run_time, l.unique_jobs
+                      -- Priority by priority (the lanes_priority_range check: 1 to 4):
+                      -- offset 0 keeps the subquery whole, and its lateral reference
+                      -- to p inside p's loop (without it the planner joins the
+                      -- priorities innermost); then queue by queue, each queue's
+                      -- lanes in its walk's order.
+                      from (values (1), (2), (3), (4)) as p (priority)
+                     cross join lateral (
+                         select w.queue, s.shard, s.lane_id,
+                                w.completed_seq, w.max_run_time as queue_run_time, w.unique_jobs
+                           from walked as w
+                          -- The steps as a set-returning function in the select list
+                          -- (no tuplestore built on every rescan, as in FROM); offset
+                          -- 0 computes each step's shard once.
+                          cross join lateral (
+                              select x.shard, w.lane_ids[p.priority][x.shard] as lane_id
+                                from (select awa._claim_walk_shard(
+                                                 generate_series(0, w.lane_shards - 1),
+                                                 w.lane_shards, w.start, stride) as shard
+                                      offset 0) as x
+                          ) as s
+                         offset 0
+                     ) as l
+                      -- The lane's highest hint, from the top of the index: the
+                      -- hints below it are never read (ADR 030).
+                      left join lateral (
+                          select y.head_seq
+                            from awa.lane_hints as y
+                           where y.lane_id = l.lane_id
+                           order by y.head_seq desc
+                           limit 1
+                      ) as hd on true
+                     cross join lateral (
+                         select r.ctid as tid
+                           from awa.ready as r
+                          where r.lane_id = l.lane_id and r.lane_seq >= coalesce(hd.head_seq, 0)
+                          order by r.lane_seq
+                          limit max_jobs
+                            for update of r skip locked
+                     ) as h
+                     limit max_jobs
+                ),
+                moved as (
+                    delete from awa.ready as r
+                     using picked as p
+                     where r.ctid = p.tid
+                    returning r.*, p.queue as lane_queue, p.shard, p.head_seq, p.completed_seq,
+                        p.unique_jobs, nextval('awa.run_lease_seq') as run_lease,
+                        now() + coalesce(r.max_run_time, p.queue_run_time) as deadline_at
+                ),
+                started as (
+                    insert into awa.running (
+                        job_id, run_lease, lane_id, lane_seq, queue_id, priority, kind, args,
+                        ordering_key, attempt, max_attempts, enqueued_at, worker, claimed_at,
+                        heartbeat_at, lease_expires_at, completed_seq, max_run_time, deadline_at,
+                        unique_jobs
+                    )
+                    select
+                        m.job_id, m.run_lease, m.lane_id, m.lane_seq, m.queue_id, m.priority,
+                        m.kind, m.args, m.ordering_key, m.attempt + 1, m.max_attempts,
+                        m.enqueued_at,
+                        -- least() passes over a null deadline.
+                        claim.worker, now(), now(), least(now() + claim.lease, m.deadline_at),
+                        m.completed_seq, m.max_run_time, m.deadline_at, m.unique_jobs
+                      from moved as m
                 )
                 select
-                    m.job_id, m.run_lease, m.lane_id, m.lane_seq, m.queue_id, m.priority, m.kind,
-                    m.args, m.ordering_key, m.attempt + 1, m.max_attempts, m.enqueued_at,
-                    -- least() passes over a null deadline.
-                    claim.worker, now(), now(), least(now() + claim.lease, m.deadline_at),
-                    m.completed_seq, m.max_run_time, m.deadline_at, m.unique_jobs
+                    row(
+                        m.job_id, m.run_lease, m.lane_queue, m.priority, m.shard, m.lane_seq,
+                        m.kind, m.args, m.attempt + 1, m.max_attempts, m.ordering_key, m.deadline_at
+                    )::awa.claimed as job,
+                    m.lane_id,
+                    -- Far enough past its lane's hint that the hint may move.
+                    m.lane_seq >= m.head_seq + awa._claim_hint_step() as far
+                  -- In claim order (priority, then the walk): the order the DELETE
+                  -- yields its rows, which assigned run_lease in that order; no sort
+                  -- (ADR 020's rule for RETURNING rows; tests/test_claim_order.py).
                   from moved as m
-            )
-            select
-                row(
-                    m.job_id, m.run_lease, m.lane_queue, m.priority, m.shard, m.lane_seq, m.kind,
-                    m.args, m.attempt + 1, m.max_attempts, m.ordering_key, m.deadline_at
-                )::awa.claimed as job,
-                m.lane_id,
-                -- Far enough past its lane's hint that the hint may move.
-                m.lane_seq >= m.head_seq + awa._claim_hint_step() as far
-              -- In claim order (priority, then the walk): the order the DELETE
-              -- yields its rows, which assigned run_lease in that order; no sort
-              -- (ADR 020's rule for RETURNING rows; tests/test_claim_order.py).
-              from moved as m
-        loop
-            one := claimed.job;
-            return next one;
-            if claimed.far and not claimed.lane_id = any(far_lanes) then
-                far_lanes := far_lanes || claimed.lane_id;
-            end if;
-        end loop;
-    end if;
+            loop
+                one := claimed.job;
+                return next one;
+                if claimed.far and not claimed.lane_id = any(far_lanes) then
+                    far_lanes := far_lanes || claimed.lane_id;
+                end if;
+            end loop;
+    end general;
     if cardinality(far_lanes) > 0 then
         -- Each such lane's first row still visible (held by a claim in
         -- flight, or free) is its new head.

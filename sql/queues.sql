@@ -375,14 +375,18 @@ $$;
 -- its name must read those too, so awa.claim reads a queue's row alone only
 -- where it is false. Never cleared: a link is never removed. The one writer
 -- of has_linked; counted, not assumed, so links an earlier function layer
--- made during an upgrade count too.
--- Calls: nothing
+-- made during an upgrade count too. It takes the provisioning lock first,
+-- which every link holds until it commits (awa._ensure_linked, this layer's
+-- and the one before): a link in flight when the layer is applied is
+-- waited for and counted, not missed.
+-- Calls: awa._lock_class_provisioning
 -- Writes: awa.queue_meta
 create or replace function awa._count_linked()
 returns void
 language sql
 set search_path = pg_catalog, pg_temp
 as $$
+    select pg_catalog.pg_advisory_xact_lock(awa._lock_class_provisioning(), 0);
     update awa.queue_meta as m
        set has_linked = true
      where not m.has_linked
@@ -390,7 +394,7 @@ as $$
            select
              from awa.queue_meta as x
             where x.logical_queue = m.queue or x.root_queue = m.queue
-       )
+       );
 $$;
 
 -- Function: awa._provision_lanes(queue_id integer, shards integer) returns integer

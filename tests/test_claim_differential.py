@@ -16,9 +16,13 @@ call's scans of queue_meta's name indexes show which walk it took.
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+
+from tests.support.waiting import wait_until
 
 QUEUE = "cd"
 CLAIMED = "select to_jsonb(c) - 'run_lease', c.run_lease from awa.claim(%s, %s, 'w') c"
@@ -161,3 +165,38 @@ def test_a_queue_others_link_to_is_claimed_with_them(db, layout):
         claimed = {r[0] for r in admin.execute("select job_id from awa.claim(%s, 20, 'w')",
                                                [[name]]).fetchall()}
     assert claimed == enqueued
+
+
+def test_a_link_in_flight_is_counted_once_it_commits(db):
+    """A link an earlier layer's awa._ensure_linked makes while this layer is
+    applied: it holds the provisioning lock until it commits, and the count
+    the layer runs waits for that lock, so it sees the link, not a table
+    read before the link committed."""
+    with db.connect() as admin:
+        admin.execute("select awa.set_enqueue_shards('cd_late', 1)")
+        with db.connect(autocommit=False) as linker, db.connect() as layer:
+            linker.execute("select pg_advisory_xact_lock(awa._lock_class_provisioning(), 0)")
+            linker.execute("insert into awa.queue_meta (queue, root_queue)"
+                           " values ('cd_late__p1', 'cd_late')")
+            errors: list[BaseException] = []
+
+            def count() -> None:
+                try:
+                    layer.execute("select awa._count_linked()")
+                except BaseException as exc:  # reported below
+                    errors.append(exc)
+
+            counter = threading.Thread(target=count)
+            counter.start()
+            try:
+                wait_until(lambda: admin.execute(
+                    "select exists (select from pg_locks where pid = %s and not granted"
+                    " and locktype = 'advisory')", [layer.info.backend_pid]).fetchone()[0],
+                    what="the count to wait for the link's provisioning lock")
+                linker.commit()
+            finally:
+                linker.rollback()
+                counter.join(timeout=30)
+            assert not errors and not counter.is_alive()
+        assert admin.execute("select has_linked from awa.queue_meta where queue = 'cd_late'"
+                             ).fetchone()[0]
