@@ -22,6 +22,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from tests.support.jobs import seed_hints, waits_for_a_lock
 from tests.support.waiting import wait_until
 
 QUEUE = "cd"
@@ -69,13 +70,7 @@ def _prepare(admin, s) -> None:
                        run_times])
     admin.execute("delete from awa.ready where job_id in"
                   " (select job_id from awa.ready order by job_id limit %s)", [s["dead"]])
-    if s["hint"] in ("first", "stacked"):
-        admin.execute("insert into awa.lane_hints select lane_id, min(lane_seq) from awa.ready"
-                      " group by lane_id")
-        if s["hint"] == "stacked":
-            admin.execute("insert into awa.lane_hints select f.lane_id, h from"
-                          " (select lane_id, min(lane_seq) as m from awa.ready group by lane_id)"
-                          " as f, generate_series(0, f.m - 1, 7) as h")
+    seed_hints(admin, s["hint"])
     admin.execute("update awa.queue_meta set paused = %s where queue = %s",
                   [s["paused"], QUEUE])
 
@@ -189,10 +184,8 @@ def test_a_link_in_flight_is_counted_once_it_commits(db):
             counter = threading.Thread(target=count)
             counter.start()
             try:
-                wait_until(lambda: admin.execute(
-                    "select exists (select from pg_locks where pid = %s and not granted"
-                    " and locktype = 'advisory')", [layer.info.backend_pid]).fetchone()[0],
-                    what="the count to wait for the link's provisioning lock")
+                wait_until(lambda: waits_for_a_lock(admin, layer.info.backend_pid),
+                           what="the count to wait for the link's provisioning lock")
                 linker.commit()
             finally:
                 linker.rollback()

@@ -25,6 +25,8 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from tests.support.jobs import seed_hints
+
 QUEUE = "cp"
 RETURNED = "job_id, priority, enqueue_shard, lane_seq, run_lease"
 RUNNING = "select job_id, run_lease from awa.running order by run_lease"
@@ -61,14 +63,8 @@ def _prepare(admin, s) -> list[tuple[int, int, int, int]]:
     if s["hint"] == "zero":
         admin.execute("insert into awa.lane_hints select l.lane_id, 0 from awa.lanes l"
                       " join awa.queue_meta m using (queue_id) where m.queue = %s", [QUEUE])
-    elif s["hint"] in ("first", "stacked"):
-        # stacked: a lane's older hints stay below its highest, which claims read.
-        admin.execute("insert into awa.lane_hints select lane_id, min(lane_seq) from awa.ready"
-                      " group by lane_id")
-        if s["hint"] == "stacked":
-            admin.execute("insert into awa.lane_hints select f.lane_id, h from"
-                          " (select lane_id, min(lane_seq) as m from awa.ready group by lane_id)"
-                          " as f, generate_series(0, f.m - 1, 7) as h")
+    else:
+        seed_hints(admin, s["hint"])
     return admin.execute(READY).fetchall()
 
 

@@ -90,3 +90,17 @@ def waits_for_a_lock(conn: psycopg.Connection, pid: int) -> bool:
     return conn.execute(
         "select exists (select from pg_locks where pid = %s and not granted)", [pid]
     ).fetchone()[0]
+
+
+def seed_hints(conn: psycopg.Connection, mode: str) -> None:
+    """Claim hints as the claim tests' scenarios set them: "first", each lane's
+    first ready row; "stacked", that and older hints below it (claims read a
+    lane's highest only); any other mode, none."""
+    if mode not in ("first", "stacked"):
+        return
+    conn.execute("insert into awa.lane_hints select lane_id, min(lane_seq) from awa.ready"
+                 " group by lane_id")
+    if mode == "stacked":
+        conn.execute("insert into awa.lane_hints select f.lane_id, h from"
+                     " (select lane_id, min(lane_seq) as m from awa.ready group by lane_id)"
+                     " as f, generate_series(0, f.m - 1, 7) as h")
