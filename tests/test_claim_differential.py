@@ -193,3 +193,20 @@ def test_a_link_in_flight_is_counted_once_it_commits(db):
             assert not errors and not counter.is_alive()
         assert admin.execute("select has_linked from awa.queue_meta where queue = 'cd_late'"
                              ).fetchone()[0]
+
+
+def test_a_hostile_worker_claims_one_queue_as_anyone_would(db, logins):
+    """The claim of one queue as awa_worker, with planner settings forged and
+    a temporary table named as the one the claim reads: it takes the job by
+    the queue's row in awa, and its pinned settings keep the index lookups."""
+    with db.connect() as admin:
+        admin.execute("select awa.set_enqueue_shards('cd_hostile', 2)")
+        job = admin.execute("select e.job_id from awa.enqueue('cd_hostile', 'k') e").fetchone()[0]
+    with db.connect(logins.worker) as w:
+        w.execute("create temp table queue_meta (queue text, has_linked boolean, paused boolean)")
+        w.execute("insert into queue_meta values ('cd_hostile', false, true)")
+        w.execute("set enable_indexscan = off; set enable_bitmapscan = off;"
+                  " set plan_cache_mode = force_custom_plan")
+        claimed = w.execute("select job_id from awa.claim(array['cd_hostile'], 5, 'w')"
+                            ).fetchall()
+    assert claimed == [(job,)]
