@@ -346,6 +346,40 @@ def test_render_wsgi_and_asgi_agree_and_need_only_the_reader(db, logins):
     assert asyncio.run(asgi_get("POST"))[0]["status"] == 405
 
 
+def test_a_held_snapshot_shows_in_the_horizon_age_and_the_hot_tables_dead_tuples(db, logins):
+    with db.connect(logins.reader) as r:
+        fresh = parse(render(r)[0].decode())
+    for table in ("ready", "running", "scheduled", "finished", "lane_hints"):
+        assert len(values(fresh, "awa_table_dead_tuples", table=table)) == 1, table
+    # A snapshot held open: no row deleted from here on can be removed.
+    with db.connect() as holder:
+        holder.execute("begin isolation level repeatable read")
+        holder.execute("select 1")
+        with db.connect(logins.producer) as p:
+            for _ in range(40):
+                p.execute("select awa.enqueue('held', 'a')")
+        with db.connect(logins.worker) as w:
+            done = w.execute("select count(awa.complete(c.job_id, c.run_lease))"
+                             " from awa.claim(array['held'], 40, 'w') c").fetchone()[0]
+        assert done == 40
+
+        def dead() -> dict[str, float] | None:
+            with db.connect(logins.reader) as r:
+                s = parse(render(r)[0].decode())
+            found = {t: value(s, "awa_table_dead_tuples", table=t) for t in ("ready", "running")}
+            return found if min(found.values()) >= 40 else None
+
+        # Statistics reach the shared counters when the worker's backend
+        # reports them (at the latest when it exits), not at its commit.
+        counted = wait_until(dead, what="40 dead rows in awa.ready and awa.running")
+        # 40 enqueues and a claim, each a transaction, since the snapshot.
+        with db.connect(logins.reader) as r:
+            held = parse(render(r)[0].decode())
+        assert value(held, "awa_xmin_horizon_age_transactions") >= 41
+        holder.execute("rollback")
+    assert counted
+
+
 def test_a_failed_scrape_reports_awa_up_0_then_recovers(db, logins):
     dsns = iter([db.dsn("awa_no_such_login"), db.dsn(logins.reader)])
     app = make_wsgi_app(connect=lambda: psycopg.connect(next(dsns), autocommit=True))

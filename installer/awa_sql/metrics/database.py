@@ -26,6 +26,9 @@ LIVE_STATES = ("ready", "running", "scheduled")
 TERMINAL_STATES = ("completed", "failed", "cancelled")
 ACTIONS = ("raised", "lowered", "would_raise", "would_lower", "held")
 RECENT_DECISIONS = "5 minutes"
+# The tables every job passes through (their partitions summed): their dead
+# rows pile up while a snapshot holds the xmin horizon back.
+HOT_TABLES = ("ready", "running", "scheduled", "finished", "lane_hints")
 
 # One statement, one snapshot: every row is (kind, jsonb object).
 SCRAPE_SQL = f"""
@@ -64,6 +67,24 @@ select 'last_decision', pg_catalog.jsonb_build_object(
       from awa.autoscale_decisions as d
      order by d.queue, d.decided_at desc, d.decision_id desc
   ) as x
+union all
+select 'table', pg_catalog.jsonb_build_object(
+    'table', r.relname, 'dead', pg_catalog.sum(st.n_dead_tup))
+  from pg_catalog.pg_stat_user_tables as st
+  join pg_catalog.pg_class as r
+    on r.oid = coalesce(pg_catalog.pg_partition_root(st.relid), st.relid)
+ where st.schemaname = 'awa' and r.relname in ({", ".join(f"'{t}'" for t in HOT_TABLES)})
+ group by r.relname
+union all
+select 'horizon', pg_catalog.jsonb_build_object('age', coalesce(greatest(
+    (select pg_catalog.max(pg_catalog.age(a.backend_xmin))
+       from pg_catalog.pg_stat_activity as a
+      where a.pid <> pg_catalog.pg_backend_pid()
+        and (a.datname = pg_catalog.current_database() or a.datid is null)),
+    (select pg_catalog.max(pg_catalog.age(s.xmin)) from pg_catalog.pg_replication_slots as s),
+    (select pg_catalog.max(pg_catalog.age(p.transaction))
+       from pg_catalog.pg_prepared_xacts as p
+      where p.database = pg_catalog.current_database())), 0))
 """
 
 
@@ -167,8 +188,21 @@ def metric_families(rows: list[tuple[str, dict[str, Any]]]) -> list[Metric]:
     for d in by_kind["last_decision"]:
         proposed.add_metric([d["queue"]], d["proposed"])
         last.add_metric([d["queue"]], d["at"])
+    dead = _gauge("awa_table_dead_tuples",
+                  "Dead row versions in one of awa's hot tables, partitions summed "
+                  "(pg_stat_user_tables.n_dead_tup): they grow while a snapshot holds "
+                  "the xmin horizon back.", ["table"])
+    for t in by_kind["table"]:
+        dead.add_metric([t["table"]], t["dead"])
+    horizon = _gauge("awa_xmin_horizon_age_transactions",
+                     "Transactions since the oldest snapshot, replication slot or prepared "
+                     "transaction that holds vacuum back in this database (other sessions "
+                     "than the scrape's): rows deleted since cannot be removed.", [])
+    for h in by_kind["horizon"]:
+        horizon.add_metric([], h["age"])
     return [depth, jobs, finished, lag, shards, max_shards, mode, paused, lane_depth, lane_lag,
-            draining, waiters, share, rate, samples, age, logged, recent, proposed, last]
+            draining, waiters, share, rate, samples, age, logged, recent, proposed, last, dead,
+            horizon]
 
 
 def scrape(conn: psycopg.Connection) -> list[Metric]:
