@@ -3,9 +3,9 @@
 -- A claim by a queue's name reaches the queue, its stripes and its
 -- partitions: every row whose logical_queue or root_queue is that name. A
 -- claim by one name of a queue nothing links to, the usual call, reads that
--- one row by name and carries it into its walk as parameters, which costs
--- about an eighth less than reading queue_meta inside the walk. has_linked
--- tells the two apart. It is set by the function layer (awa._count_linked), when a
+-- one row by name and carries it into its walk as parameters, which costs a
+-- sixth less than reading queue_meta inside the walk. has_linked tells the
+-- two apart. It is set by the function layer (awa._count_linked), when a
 -- link is made and at every apply, so links an older layer makes while
 -- this migration and the next layer are applied are counted too; until it
 -- is set the older layer's claim, which reads queue_meta inside its walk,
