@@ -55,9 +55,8 @@ the backlog (the lane sequences' last values less awa.run_lease_seq's, i.e.
 produced less claimed: no scan; without that sequence, count(*) of
 awa.ready and awa.running; the output says which) and the dead tuples of
 awa.ready, awa.running, awa.finished (their partitions summed, if any) and
-awa.lane_hints. Target: the last minute's
-consumed/s >= 0.9 x the first minute's, the median of the runs (an hour
-at the defaults).
+awa.lane_hints. Target: the last minute's consumed/s >= 0.9 x the first
+minute's, the median of the runs (an hour at the defaults).
 
     python bench/e2e_pgbench.py --long [--long-seconds 600] [--runs 3]
 

@@ -27,6 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import awa_sql
 from awa_sql import shards
 from awa_sql.metrics import client_metrics, make_asgi_app, make_wsgi_app, render
+from awa_sql.metrics.database import HOT_TABLES
 from awa_sql.worker import Worker
 from tests.support.admin import serve_cli
 from tests.support.jobs import Logins, claim, key_for_shard, lane_waiters
@@ -349,7 +350,7 @@ def test_render_wsgi_and_asgi_agree_and_need_only_the_reader(db, logins):
 def test_a_held_snapshot_shows_in_the_horizon_age_and_the_hot_tables_dead_tuples(db, logins):
     with db.connect(logins.reader) as r:
         fresh = parse(render(r)[0].decode())
-    for table in ("ready", "running", "scheduled", "finished", "lane_hints"):
+    for table in HOT_TABLES:
         assert len(values(fresh, "awa_table_dead_tuples", table=table)) == 1, table
     # A snapshot held open: no row deleted from here on can be removed.
     with db.connect() as holder:
