@@ -415,8 +415,15 @@ CREATE TABLE awa.running (
     max_run_time interval,
     deadline_at timestamp with time zone,
     unique_jobs boolean DEFAULT false NOT NULL,
-    CONSTRAINT running_pkey PRIMARY KEY (job_id)
-) WITH (autovacuum_vacuum_scale_factor=0.0, autovacuum_vacuum_threshold=5000);
+    slot smallint DEFAULT 2 NOT NULL,
+    CONSTRAINT running_pkey PRIMARY KEY (job_id, slot)
+) PARTITION BY LIST (slot);
+
+CREATE TABLE awa.running_0 PARTITION OF awa.running FOR VALUES IN ('0') WITH (autovacuum_vacuum_scale_factor=0.0, autovacuum_vacuum_threshold=5000);
+
+CREATE TABLE awa.running_1 PARTITION OF awa.running FOR VALUES IN ('1') WITH (autovacuum_vacuum_scale_factor=0.0, autovacuum_vacuum_threshold=5000);
+
+CREATE TABLE awa.running_carried PARTITION OF awa.running FOR VALUES IN ('2') WITH (autovacuum_vacuum_scale_factor=0.0, autovacuum_vacuum_threshold=5000);
 
 CREATE TABLE awa.runtime_queues (
     instance_id uuid NOT NULL,
@@ -535,7 +542,7 @@ CREATE INDEX queue_meta_root_queue_idx ON awa.queue_meta USING btree (root_queue
 
 CREATE INDEX ready_late_queue_job_idx ON awa.ready_late USING btree (queue_id, job_id);
 
-CREATE INDEX running_lease_expires_at_idx ON awa.running USING btree (lease_expires_at);
+CREATE INDEX running_lease_expires_at_idx ON ONLY awa.running USING btree (lease_expires_at);
 
 CREATE INDEX scheduled_queue_idx ON awa.scheduled USING btree (queue_id, job_id);
 
@@ -2023,6 +2030,14 @@ AS $function$
     select 1635213638
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._lock_class_running()
+ RETURNS integer
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+    select 1635213646
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._lock_lane_groups(qids integer[], ps smallint[], kss smallint[], ns bigint[], OUT g_qid integer[], OUT g_p smallint[], OUT g_ks smallint[], OUT g_lane integer[], OUT g_shard smallint[], OUT g_base bigint[])
  RETURNS record
  LANGUAGE plpgsql
@@ -3137,6 +3152,23 @@ AS $function$
      where m.queue_id = _run_policy.queue_id
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._running_block_leases()
+ RETURNS integer
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+    select 65536
+$function$;
+
+CREATE OR REPLACE FUNCTION awa._running_slot(run_lease bigint)
+ RETURNS smallint
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+    select ((run_lease operator(pg_catalog./) awa._running_block_leases())
+            operator(pg_catalog.%) 2)::smallint
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._sample_lane_contention(at timestamp with time zone)
  RETURNS integer
  LANGUAGE plpgsql
@@ -3722,14 +3754,15 @@ begin
                         job_id, run_lease, lane_id, lane_seq, queue_id, priority, kind, args,
                         ordering_key, attempt, max_attempts, enqueued_at, worker, claimed_at,
                         heartbeat_at, lease_expires_at, completed_seq, max_run_time, deadline_at,
-                        unique_jobs
+                        unique_jobs, slot
                     )
                     select
                         m.job_id, m.run_lease, m.lane_id, m.lane_seq, m.queue_id, m.priority,
                         m.kind, m.args, m.ordering_key, m.attempt + 1, m.max_attempts,
                         m.enqueued_at, claim.worker, now(), now(),
                         least(now() + claim.lease, m.deadline_at),
-                        solo_completed_seq, m.max_run_time, m.deadline_at, solo_unique_jobs
+                        solo_completed_seq, m.max_run_time, m.deadline_at, solo_unique_jobs,
+                        awa._running_slot(m.run_lease)
                       from moved as m
                 )
                 select
@@ -3823,7 +3856,7 @@ begin
                         job_id, run_lease, lane_id, lane_seq, queue_id, priority, kind, args,
                         ordering_key, attempt, max_attempts, enqueued_at, worker, claimed_at,
                         heartbeat_at, lease_expires_at, completed_seq, max_run_time, deadline_at,
-                        unique_jobs
+                        unique_jobs, slot
                     )
                     select
                         m.job_id, m.run_lease, m.lane_id, m.lane_seq, m.queue_id, m.priority,
@@ -3831,7 +3864,8 @@ begin
                         m.enqueued_at,
                         -- least() passes over a null deadline.
                         claim.worker, now(), now(), least(now() + claim.lease, m.deadline_at),
-                        m.completed_seq, m.max_run_time, m.deadline_at, m.unique_jobs
+                        m.completed_seq, m.max_run_time, m.deadline_at, m.unique_jobs,
+                        awa._running_slot(m.run_lease)
                       from moved as m
                 )
                 select
@@ -4980,6 +5014,56 @@ begin
 end;
 $function$;
 
+CREATE OR REPLACE FUNCTION awa.rotate_running()
+ RETURNS integer
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+ SET lock_timeout TO '100ms'
+AS $function$
+declare
+    block bigint := awa._running_block_leases();
+    last_lease bigint;
+    idle smallint;
+begin
+    if current_setting('transaction_isolation') <> 'read committed' then
+        raise exception 'awa.rotate_running() needs a read committed transaction, got %',
+            current_setting('transaction_isolation')
+            using errcode = '25000';
+    end if;
+    if not pg_try_advisory_xact_lock(awa._lock_class_running(), 0) then
+        return 0;
+    end if;
+    select s.last_value into strict last_lease from awa.run_lease_seq as s;
+    if last_lease % block < block / 2 then
+        return 0;
+    end if;
+    idle := 1 - awa._running_slot(last_lease);
+    if pg_relation_size(case idle when 0 then 'awa.running_0'::regclass
+                                  else 'awa.running_1'::regclass end) = 0 then
+        return 0;
+    end if;
+    begin
+        if idle = 0 then
+            lock table awa.running_0 in access exclusive mode;
+        else
+            lock table awa.running_1 in access exclusive mode;
+        end if;
+    exception when lock_not_available then
+        return 0;
+    end;
+    -- Each statement below reads with a snapshot taken after the lock, so
+    -- it sees every row committed to the slot; no other can come in.
+    update awa.running as r set slot = 2 where r.slot = idle;
+    if idle = 0 then
+        truncate awa.running_0;
+    else
+        truncate awa.running_1;
+    end if;
+    return 1;
+end;
+$function$;
+
 CREATE OR REPLACE FUNCTION awa.sample_lane_contention()
  RETURNS integer
  LANGUAGE sql
@@ -5330,11 +5414,13 @@ COMMENT ON COLUMN awa.queue_meta.stripes IS 'K: how many stripes new enqueues to
 
 COMMENT ON COLUMN awa.queue_meta.unique_jobs IS 'A job with a unique key was enqueued to this queue: claims and completes look its jobs'' keys up from then on.';
 
-COMMENT ON COLUMN awa.running.deadline_at IS 'When this run must have finished: claimed_at plus the max run time in force at the claim; lease_expires_at never passes it. Null: no deadline.';
+COMMENT ON COLUMN awa.running.slot IS '0 or 1: the slot of the run lease''s block (awa._running_slot); 2: carried there by awa.rotate_running() when its slot was emptied.';
 
-COMMENT ON COLUMN awa.running.max_run_time IS 'The job''s own max run time, as enqueued (null: its queue''s applies).';
+COMMENT ON COLUMN awa.running_carried.deadline_at IS 'When this run must have finished: claimed_at plus the max run time in force at the claim; lease_expires_at never passes it. Null: no deadline.';
 
-COMMENT ON COLUMN awa.running.unique_jobs IS 'The queue''s unique_jobs at the claim: the job may hold a unique key, which its end frees.';
+COMMENT ON COLUMN awa.running_carried.max_run_time IS 'The job''s own max run time, as enqueued (null: its queue''s applies).';
+
+COMMENT ON COLUMN awa.running_carried.unique_jobs IS 'The queue''s unique_jobs at the claim: the job may hold a unique key, which its end frees.';
 
 COMMENT ON COLUMN awa.schema_migrations.applied_by IS 'Login (session_user) that ran the migration.';
 
@@ -5378,7 +5464,9 @@ COMMENT ON TABLE awa.ready_late IS 'Ready jobs that entered their lane with a jo
 
 COMMENT ON TABLE awa.role_binding IS 'Which database role holds each capability; grants in the function layer follow it.';
 
-COMMENT ON TABLE awa.running IS 'Claimed jobs. run_lease changes at every claim, so a stale worker cannot finish a job.';
+COMMENT ON TABLE awa.running IS 'Claimed jobs. run_lease changes at every claim, so a stale worker cannot finish a job. Partitioned by slot (ADR 034): slots 0 and 1 take the claims of alternate blocks of run leases; awa.rotate_running() empties the one not being written with TRUNCATE, carrying its live rows into slot 2.';
+
+COMMENT ON TABLE awa.running_carried IS 'Slot 2 of awa.running: jobs still running when their slot was emptied.';
 
 COMMENT ON TABLE awa.runtime_queues IS 'Per runtime and physical queue: when it last enqueued or claimed there, and the queue''s S at that moment.';
 
@@ -5466,6 +5554,7 @@ GRANT EXECUTE ON FUNCTION awa.rescue_expired(integer) TO awa_maintenance;
 GRANT EXECUTE ON FUNCTION awa.resume_queue(text) TO awa_operator;
 GRANT EXECUTE ON FUNCTION awa.retry_job(bigint) TO awa_operator;
 GRANT EXECUTE ON FUNCTION awa.retry_jobs(text,text,integer) TO awa_operator;
+GRANT EXECUTE ON FUNCTION awa.rotate_running() TO awa_maintenance;
 GRANT EXECUTE ON FUNCTION awa.sample_lane_contention() TO awa_maintenance;
 GRANT EXECUTE ON FUNCTION awa.set_autoscale_policy(text,interval,numeric,numeric,interval,numeric,interval,integer) TO awa_operator;
 GRANT EXECUTE ON FUNCTION awa.set_enqueue_shards(text,integer) TO awa_operator;

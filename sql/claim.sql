@@ -119,7 +119,7 @@ $$;
 -- attempt is counted from 1; deadline_at null for a job without one.
 -- Errors: 22023 max_jobs < 0 or lease <= 0; 22004 null queues or worker.
 -- Calls: awa._advance_lane_hints, awa._check_limit, awa._claim_hint_step, awa._claim_walk_shard,
---   awa._limit_ok
+--   awa._limit_ok, awa._running_slot
 -- Writes: awa.ready, awa.running
 create or replace function awa.claim(
     queues text[],
@@ -242,14 +242,15 @@ begin
                         job_id, run_lease, lane_id, lane_seq, queue_id, priority, kind, args,
                         ordering_key, attempt, max_attempts, enqueued_at, worker, claimed_at,
                         heartbeat_at, lease_expires_at, completed_seq, max_run_time, deadline_at,
-                        unique_jobs
+                        unique_jobs, slot
                     )
                     select
                         m.job_id, m.run_lease, m.lane_id, m.lane_seq, m.queue_id, m.priority,
                         m.kind, m.args, m.ordering_key, m.attempt + 1, m.max_attempts,
                         m.enqueued_at, claim.worker, now(), now(),
                         least(now() + claim.lease, m.deadline_at),
-                        solo_completed_seq, m.max_run_time, m.deadline_at, solo_unique_jobs
+                        solo_completed_seq, m.max_run_time, m.deadline_at, solo_unique_jobs,
+                        awa._running_slot(m.run_lease)
                       from moved as m
                 )
                 select
@@ -343,7 +344,7 @@ begin
                         job_id, run_lease, lane_id, lane_seq, queue_id, priority, kind, args,
                         ordering_key, attempt, max_attempts, enqueued_at, worker, claimed_at,
                         heartbeat_at, lease_expires_at, completed_seq, max_run_time, deadline_at,
-                        unique_jobs
+                        unique_jobs, slot
                     )
                     select
                         m.job_id, m.run_lease, m.lane_id, m.lane_seq, m.queue_id, m.priority,
@@ -351,7 +352,8 @@ begin
                         m.enqueued_at,
                         -- least() passes over a null deadline.
                         claim.worker, now(), now(), least(now() + claim.lease, m.deadline_at),
-                        m.completed_seq, m.max_run_time, m.deadline_at, m.unique_jobs
+                        m.completed_seq, m.max_run_time, m.deadline_at, m.unique_jobs,
+                        awa._running_slot(m.run_lease)
                       from moved as m
                 )
                 select

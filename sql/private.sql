@@ -26,6 +26,10 @@
 --                                   awa.prune_finished at a time
 --                                   (sql/retention.sql); awa maintain's prune
 --                                   pass holds the same lock around the call
+--   awa._lock_class_running()       1635213646 'awaN' (class, 0): one
+--                                   awa.rotate_running at a time
+--                                   (sql/running.sql); awa maintain's
+--                                   running_slots pass holds it too
 -- awa maintain (installer/awa_sql/maintain.py) also takes, around each of
 -- its passes, 'awaD' 1635213636 (promote), 'awaR' 1635213650 (rescue), 'awaS'
 -- 1635213651 (move staged), 'awaT' 1635213652 (auto-scaler tick) and 'awaK'
@@ -131,6 +135,19 @@ language sql
 immutable parallel safe
 as $$
     select 1635213638
+$$;
+
+-- Function: awa._lock_class_running() returns integer
+-- The advisory lock class of emptying awa.running's slots, 'awaN': (class,
+-- 0), held by awa.rotate_running so that one runs at a time.
+-- Calls: nothing
+-- Writes: nothing
+create or replace function awa._lock_class_running()
+returns integer
+language sql
+immutable parallel safe
+as $$
+    select 1635213646
 $$;
 
 -- Function: awa._lock_class_migrate() returns integer
@@ -324,6 +341,7 @@ select awa._grant_execute('awa._lock_class_provisioning()');
 select awa._grant_execute('awa._lock_class_autoscale()');
 select awa._grant_execute('awa._lock_class_copy()');
 select awa._grant_execute('awa._lock_class_prune()');
+select awa._grant_execute('awa._lock_class_running()');
 select awa._grant_execute('awa._lock_class_migrate()');
 select awa._grant_execute('awa._role_for(text)');
 select awa._grant_execute('awa._grant_execute(regprocedure, text[])');

@@ -79,3 +79,8 @@ drop function if exists awa._advance_lane_heads(integer[], bigint[]);
 -- Unreleased: queue_meta.lane_shards is set by awa._count_lane_shards,
 -- which reads each queue's lanes once.
 drop function if exists awa._lane_shards(integer);
+-- Unreleased: awa.running is partitioned by slot (ADR 034, migration
+-- 0024); the table it was is slot 2, awa.running_carried, whose row type
+-- the earlier layer's two took.
+drop function if exists awa._finish(awa.running_carried, text, text);
+drop function if exists awa._retry_or_fail(awa.running_carried, text, timestamptz);

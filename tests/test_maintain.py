@@ -143,11 +143,13 @@ def test_the_lock_classes_are_the_packages_own(db):
                            " and proname like '\\_lock\\_class\\_%'")}
     assert len(sql_classes) >= 5, sql_classes
     assert len(set(LOCKS.values())) == len(LOCKS)
-    # The prune pass holds awa.prune_finished's own lock around the call (it
-    # takes it again, re-entrantly): one lock, so that one prune runs at a
-    # time whoever calls it. Every other class is maintain's alone.
+    # The prune and running_slots passes hold their function's own lock
+    # around the call (it takes it again, re-entrantly): one lock, so that
+    # one runs at a time whoever calls it. Every other class is maintain's
+    # alone.
     assert LOCKS["prune"] == sql_classes["_lock_class_prune"]
-    others = {k: v for k, v in LOCKS.items() if k != "prune"}
+    assert LOCKS["running_slots"] == sql_classes["_lock_class_running"]
+    others = {k: v for k, v in LOCKS.items() if k not in ("prune", "running_slots")}
     assert not set(others.values()) & set(sql_classes.values()), (LOCKS, sql_classes)
 
 

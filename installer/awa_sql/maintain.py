@@ -1,7 +1,7 @@
 """``awa maintain``: the maintenance calls of the contract in one loop.
 
 One connection, one thread. Each task (promote, rescue, move_staged,
-autoscale, prune) runs at its own cadence; every pass is one short
+autoscale, prune, ...) runs at its own cadence; every pass is one short
 transaction that sets a local ``statement_timeout``, checks that the task's
 function is installed (``to_regprocedure``), takes the task's
 transaction-scoped advisory lock ``(class, 0)`` with
@@ -91,6 +91,8 @@ TASKS: tuple[Task, ...] = (
     Task("autoscale", "awa.autoscale_tick()", _lock_class(b"awaT"), 5.0, _autoscale),
     Task("prune", "awa.prune_finished()", _lock_class(b"awaF"), 60.0,
          _scalar("select awa.prune_finished()", (), "pruned {n} finished job(s)")),
+    Task("running_slots", "awa.rotate_running()", _lock_class(b"awaN"), 5.0,
+         _scalar("select awa.rotate_running()", (), "emptied {n} awa.running slot(s)")),
     Task("unique_keys", "awa.prune_unique_keys(integer)", _lock_class(b"awaK"), 60.0,
          _scalar("select awa.prune_unique_keys(%s)", (BATCH,),
                  "removed {n} unique key(s) whose window had passed"),
@@ -125,7 +127,8 @@ class MaintainMetrics:
             "awa_maintain_handled",
             "awa.maintain.handled: what the calls of this process handled: jobs promoted "
             "(promote), rescued (rescue), staged rows enqueued (move_staged), finished jobs "
-            "pruned (prune), unique keys whose window had passed removed (unique_keys), "
+            "pruned (prune), slots of awa.running emptied (running_slots), unique keys "
+            "whose window had passed removed (unique_keys), "
             "awa.ready_late rows of jobs gone from their lanes removed (ready_late), "
             "decisions that change S or would (autoscale).",
             ["task"], registry=registry)

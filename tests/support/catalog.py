@@ -13,7 +13,7 @@ INLINED_FUNCTIONS = (
     "_sticky", "_in_turn", "_has_lane_memo", "_lane_memo_name", "_lane_wait_total",
     "_claim_hint_step", "_claim_walk_shard",
     "_lock_class_prune", "_finished_slot_seconds", "_finished_ring_slots", "_finished_slot",
-    "_retention",
+    "_retention", "_lock_class_running", "_running_block_leases", "_running_slot",
     "_max_run_time_ok", "_in_seconds",
     "_retry_default_base", "_retry_default_cap", "_retry_default_jitter", "_retry_delay",
     "_unique_scope", "_unique_ok",

@@ -26,6 +26,8 @@ HELP = {
                  "`awa storage autoscale run` calls it",
     "prune": "delete old finished jobs (awa.prune_finished, skipped while it is not "
              "installed)",
+    "running_slots": "empty the slot of awa.running that claims no longer write, with "
+                     "TRUNCATE (awa.rotate_running, skipped while it is not installed)",
     "unique_keys": "remove the unique keys of completed jobs whose window has passed "
                    "(awa.prune_unique_keys, skipped while it is not installed)",
     "ready_late": "remove the awa.ready_late rows of jobs gone from their lanes "
