@@ -55,8 +55,10 @@ the backlog (the lane sequences' last values less awa.run_lease_seq's, i.e.
 produced less claimed: no scan; without that sequence, count(*) of
 awa.ready and awa.running; the output says which) and the dead tuples of
 awa.ready, awa.running, awa.finished (their partitions summed, if any) and
-awa.lane_hints. Target: the last minute's consumed/s >= 0.9 x the first
-minute's, the median of the runs (an hour at the defaults).
+awa.lane_hints. `awa maintain`'s loop runs beside it, at its default
+cadences, as it would in production: it empties the idle slot of
+awa.running (ADR 034). Target: the last minute's consumed/s >= 0.9 x the
+first minute's, the median of the runs (an hour at the defaults).
 
     python bench/e2e_pgbench.py --long [--long-seconds 600] [--runs 3]
 
@@ -87,6 +89,7 @@ from psycopg.conninfo import make_conninfo
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from awa_sql import migrate
+from awa_sql.maintain import Maintainer
 from awa_sql.roles import Roles
 from bench import _docs
 from bench._pgbench import install_procrastinate, pgbench_binary, pgbench_version, table
@@ -595,6 +598,9 @@ def long_run(dsn: str, args: argparse.Namespace, hold_snapshot: bool) -> tuple[l
             holder = stack.enter_context(psycopg.connect(cell, autocommit=True))
             holder.execute("begin isolation level repeatable read")
             holder.execute("select 1")
+        maintainer = Maintainer(cell)
+        stack.callback(maintainer.start().join, 10)
+        stack.callback(maintainer.stop)
         held = ", a repeatable-read snapshot open throughout" if hold_snapshot else ""
         emit(f"\n## {label}: awa S=8, {args.producers} producers + {args.workers} workers,"
              f" {seconds} s{held}")

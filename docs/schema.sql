@@ -3927,26 +3927,74 @@ declare
     counted bigint;
     keyed boolean;
 begin
-    with done as (
-        delete from awa.running as r
-         where r.job_id = complete.job_id and r.run_lease = complete.run_lease
-        returning r.job_id, r.queue_id, r.priority, r.kind, r.attempt, r.max_attempts,
-            r.enqueued_at, r.completed_seq, r.unique_jobs
-    ),
-    kept as (
-        -- A completed job keeps no args, key or error: it never runs again.
-        insert into awa.finished (
-            job_id, slot, queue_id, priority, kind, state, attempt, max_attempts, enqueued_at,
-            finished_at, args, ordering_key, last_error, max_run_time, unique_key, unique_window
+    if awa._running_slot(complete.run_lease) = 0 then
+        with done as (
+            delete from awa.running_0 as r
+             where r.job_id = complete.job_id and r.run_lease = complete.run_lease
+            returning r.job_id, r.queue_id, r.priority, r.kind, r.attempt, r.max_attempts,
+                r.enqueued_at, r.completed_seq, r.unique_jobs
+        ),
+        kept as (
+            -- A completed job keeps no args, key or error: it never runs again.
+            insert into awa.finished (
+                job_id, slot, queue_id, priority, kind, state, attempt, max_attempts,
+                enqueued_at, finished_at, args, ordering_key, last_error, max_run_time,
+                unique_key, unique_window
+            )
+            select
+                d.job_id, awa._finished_slot('completed', now()), d.queue_id, d.priority,
+                d.kind, 'completed', d.attempt, d.max_attempts, d.enqueued_at, now(), null,
+                null, null, null, null, null
+              from done as d
         )
-        select
-            d.job_id, awa._finished_slot('completed', now()), d.queue_id, d.priority, d.kind,
-            'completed', d.attempt, d.max_attempts, d.enqueued_at, now(), null, null, null,
-            null, null, null
-          from done as d
-    )
-    -- The queue's counter, which the claim copied into the running row.
-    select nextval(d.completed_seq), d.unique_jobs into counted, keyed from done as d;
+        -- The queue's counter, which the claim copied into the running row.
+        select nextval(d.completed_seq), d.unique_jobs into counted, keyed from done as d;
+    else
+        with done as (
+            delete from awa.running_1 as r
+             where r.job_id = complete.job_id and r.run_lease = complete.run_lease
+            returning r.job_id, r.queue_id, r.priority, r.kind, r.attempt, r.max_attempts,
+                r.enqueued_at, r.completed_seq, r.unique_jobs
+        ),
+        kept as (
+            -- A completed job keeps no args, key or error: it never runs again.
+            insert into awa.finished (
+                job_id, slot, queue_id, priority, kind, state, attempt, max_attempts,
+                enqueued_at, finished_at, args, ordering_key, last_error, max_run_time,
+                unique_key, unique_window
+            )
+            select
+                d.job_id, awa._finished_slot('completed', now()), d.queue_id, d.priority,
+                d.kind, 'completed', d.attempt, d.max_attempts, d.enqueued_at, now(), null,
+                null, null, null, null, null
+              from done as d
+        )
+        -- The queue's counter, which the claim copied into the running row.
+        select nextval(d.completed_seq), d.unique_jobs into counted, keyed from done as d;
+    end if;
+    if counted is null then
+        with done as (
+            delete from awa.running_carried as r
+             where r.job_id = complete.job_id and r.run_lease = complete.run_lease
+            returning r.job_id, r.queue_id, r.priority, r.kind, r.attempt, r.max_attempts,
+                r.enqueued_at, r.completed_seq, r.unique_jobs
+        ),
+        kept as (
+            -- A completed job keeps no args, key or error: it never runs again.
+            insert into awa.finished (
+                job_id, slot, queue_id, priority, kind, state, attempt, max_attempts,
+                enqueued_at, finished_at, args, ordering_key, last_error, max_run_time,
+                unique_key, unique_window
+            )
+            select
+                d.job_id, awa._finished_slot('completed', now()), d.queue_id, d.priority,
+                d.kind, 'completed', d.attempt, d.max_attempts, d.enqueued_at, now(), null,
+                null, null, null, null, null
+              from done as d
+        )
+        -- The queue's counter, which the claim copied into the running row.
+        select nextval(d.completed_seq), d.unique_jobs into counted, keyed from done as d;
+    end if;
     if keyed then
         perform awa._release_unique_key(complete.job_id, true);
     end if;

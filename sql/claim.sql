@@ -407,14 +407,20 @@ $$;
 -- Function: awa.complete(job_id bigint, run_lease bigint) returns boolean
 -- Marks a running job completed: a narrow row in the completed ring of
 -- awa.finished (no args: a completed job is not run again) and one more on
--- the queue's completed counter (copied into the running row by the
--- claim: no lookup of the queue), and its unique key, if it holds one,
--- given back (kept for its unique window, if it has one: sql/unique.sql).
+-- the queue's counter (copied into the running row by the claim: no lookup
+-- of the queue), and its unique key, if it holds one, given back (kept for
+-- its unique window, if it has one: sql/unique.sql). The run is looked for
+-- in the slot of awa.running its lease's block names, then, if it is not
+-- there, in slot 2, where awa.rotate_running carries the runs it finds
+-- when it empties a slot (sql/running.sql). One statement per slot, alike
+-- but for the table (tests/test_running_slots.py compares them): a DELETE
+-- through the partitioned table would set up all three slots at every
+-- call, which cost 49k instructions more (ADR 034).
 -- False, changing nothing, when the lease is stale (the job was rescued and
 -- claimed again, or already finished).
 -- Role: awa_worker.
--- Calls: awa._finished_slot, awa._release_unique_key
--- Writes: awa.finished, awa.running
+-- Calls: awa._finished_slot, awa._release_unique_key, awa._running_slot
+-- Writes: awa.finished, awa.running_0, awa.running_1, awa.running_carried
 create or replace function awa.complete(job_id bigint, run_lease bigint)
 returns boolean
 language plpgsql
@@ -426,26 +432,74 @@ declare
     counted bigint;
     keyed boolean;
 begin
-    with done as (
-        delete from awa.running as r
-         where r.job_id = complete.job_id and r.run_lease = complete.run_lease
-        returning r.job_id, r.queue_id, r.priority, r.kind, r.attempt, r.max_attempts,
-            r.enqueued_at, r.completed_seq, r.unique_jobs
-    ),
-    kept as (
-        -- A completed job keeps no args, key or error: it never runs again.
-        insert into awa.finished (
-            job_id, slot, queue_id, priority, kind, state, attempt, max_attempts, enqueued_at,
-            finished_at, args, ordering_key, last_error, max_run_time, unique_key, unique_window
+    if awa._running_slot(complete.run_lease) = 0 then
+        with done as (
+            delete from awa.running_0 as r
+             where r.job_id = complete.job_id and r.run_lease = complete.run_lease
+            returning r.job_id, r.queue_id, r.priority, r.kind, r.attempt, r.max_attempts,
+                r.enqueued_at, r.completed_seq, r.unique_jobs
+        ),
+        kept as (
+            -- A completed job keeps no args, key or error: it never runs again.
+            insert into awa.finished (
+                job_id, slot, queue_id, priority, kind, state, attempt, max_attempts,
+                enqueued_at, finished_at, args, ordering_key, last_error, max_run_time,
+                unique_key, unique_window
+            )
+            select
+                d.job_id, awa._finished_slot('completed', now()), d.queue_id, d.priority,
+                d.kind, 'completed', d.attempt, d.max_attempts, d.enqueued_at, now(), null,
+                null, null, null, null, null
+              from done as d
         )
-        select
-            d.job_id, awa._finished_slot('completed', now()), d.queue_id, d.priority, d.kind,
-            'completed', d.attempt, d.max_attempts, d.enqueued_at, now(), null, null, null,
-            null, null, null
-          from done as d
-    )
-    -- The queue's counter, which the claim copied into the running row.
-    select nextval(d.completed_seq), d.unique_jobs into counted, keyed from done as d;
+        -- The queue's counter, which the claim copied into the running row.
+        select nextval(d.completed_seq), d.unique_jobs into counted, keyed from done as d;
+    else
+        with done as (
+            delete from awa.running_1 as r
+             where r.job_id = complete.job_id and r.run_lease = complete.run_lease
+            returning r.job_id, r.queue_id, r.priority, r.kind, r.attempt, r.max_attempts,
+                r.enqueued_at, r.completed_seq, r.unique_jobs
+        ),
+        kept as (
+            -- A completed job keeps no args, key or error: it never runs again.
+            insert into awa.finished (
+                job_id, slot, queue_id, priority, kind, state, attempt, max_attempts,
+                enqueued_at, finished_at, args, ordering_key, last_error, max_run_time,
+                unique_key, unique_window
+            )
+            select
+                d.job_id, awa._finished_slot('completed', now()), d.queue_id, d.priority,
+                d.kind, 'completed', d.attempt, d.max_attempts, d.enqueued_at, now(), null,
+                null, null, null, null, null
+              from done as d
+        )
+        -- The queue's counter, which the claim copied into the running row.
+        select nextval(d.completed_seq), d.unique_jobs into counted, keyed from done as d;
+    end if;
+    if counted is null then
+        with done as (
+            delete from awa.running_carried as r
+             where r.job_id = complete.job_id and r.run_lease = complete.run_lease
+            returning r.job_id, r.queue_id, r.priority, r.kind, r.attempt, r.max_attempts,
+                r.enqueued_at, r.completed_seq, r.unique_jobs
+        ),
+        kept as (
+            -- A completed job keeps no args, key or error: it never runs again.
+            insert into awa.finished (
+                job_id, slot, queue_id, priority, kind, state, attempt, max_attempts,
+                enqueued_at, finished_at, args, ordering_key, last_error, max_run_time,
+                unique_key, unique_window
+            )
+            select
+                d.job_id, awa._finished_slot('completed', now()), d.queue_id, d.priority,
+                d.kind, 'completed', d.attempt, d.max_attempts, d.enqueued_at, now(), null,
+                null, null, null, null, null
+              from done as d
+        )
+        -- The queue's counter, which the claim copied into the running row.
+        select nextval(d.completed_seq), d.unique_jobs into counted, keyed from done as d;
+    end if;
     if keyed then
         perform awa._release_unique_key(complete.job_id, true);
     end if;
