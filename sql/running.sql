@@ -12,11 +12,12 @@
 -- more than about a block and a half of them; vacuum still removes them
 -- sooner when no snapshot holds it back.
 --
--- Nothing finds a job by its slot: the ends of a run (awa.complete,
--- awa.fail, awa.heartbeat, the rescue, the job tools) look it up by job_id
--- and run lease in all three, so a job carried while its worker runs it is
--- found where it went. A claim or an end of a run in flight holds its slot
--- until its commit, so the TRUNCATE never removes a row it has not carried.
+-- A run is only ever in the slot of its lease or in slot 2. awa.complete
+-- looks in the one, then the other; awa.fail, awa.heartbeat, the rescue
+-- and the job tools look a job up by job_id and run lease in all three. So
+-- a job carried while its worker runs it is found where it went. A claim
+-- or an end of a run in flight holds its slot until its commit, so the
+-- TRUNCATE never removes a row it has not carried.
 
 -- Function: awa._running_block_leases() returns integer
 -- How many run leases a block of awa.running's slots holds. Inlined.

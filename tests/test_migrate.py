@@ -472,3 +472,63 @@ def test_lanes_an_earlier_layer_made_are_walked(db, logins):
     with db.connect() as conn:
         assert conn.execute("select lane_shards from awa.queue_meta where queue = 'ls-up'"
                             ).fetchone()[0] == 8
+
+
+# What the claim of a layer before migration 0024 inserted: no slot named.
+EARLIER_CLAIM = """
+    with moved as (
+        delete from awa.ready as r where r.job_id = (select min(job_id) from awa.ready)
+        returning r.*
+    )
+    insert into awa.running (job_id, run_lease, lane_id, lane_seq, queue_id, priority, kind,
+                             args, ordering_key, attempt, max_attempts, enqueued_at, worker,
+                             lease_expires_at, completed_seq, max_run_time, unique_jobs)
+    select m.job_id, nextval('awa.run_lease_seq'), m.lane_id, m.lane_seq, m.queue_id,
+           m.priority, m.kind, m.args, m.ordering_key, m.attempt + 1, m.max_attempts,
+           m.enqueued_at, 'earlier', now() + interval '5 minutes', q.completed_seq,
+           m.max_run_time, false
+      from moved as m join awa.queue_meta as q using (queue_id)
+    returning job_id, run_lease
+"""
+
+
+def test_running_jobs_stay_through_migration_0024_and_end_from_slot_2(empty_db, role_prefix):
+    """awa.running becomes slot 2 of the partitioned table: the jobs running
+    at the upgrade stay where they are, and a claim that names no slot (the
+    earlier layer's) lands there too; the new layer completes and fails them,
+    and its awa._finish is the only one left."""
+    from awa_sql import migrate
+    from awa_sql.roles import Roles
+
+    roles = Roles.with_prefix(role_prefix)
+    before = [m for m in MIGRATIONS if m.version < 24]
+    assert before and len(before) < len(MIGRATIONS)
+    with empty_db.connect() as conn:
+        conn.execute("set search_path = pg_catalog, pg_temp")
+        plan = migrate.build_plan(migrate.read_state(conn, roles), roles, create_roles=True,
+                                  migrations=before, layer=LAYER[:1], package_version="0.0.1")
+        migrate.apply_plan(conn, plan, "5s", lambda _line: None)
+        queue = conn.execute("insert into awa.queue_meta (queue, completed_seq)"
+                             " values ('up', 'awa.run_lease_seq') returning queue_id"
+                             ).fetchone()[0]
+        lane = conn.execute("insert into awa.lanes (queue_id, priority, shard, seq)"
+                            " values (%s, 2, 0, 'awa.job_id_seq') returning lane_id",
+                            [queue]).fetchone()[0]
+        for seq in (1, 2):
+            conn.execute("insert into awa.ready (job_id, lane_id, lane_seq, queue_id, priority,"
+                         " kind, args, attempt, max_attempts, enqueued_at)"
+                         " values (nextval('awa.job_id_seq'), %s, %s, %s, 2, 'j', '{}', 0, 3,"
+                         " now())", [lane, seq, queue])
+        done = conn.execute(EARLIER_CLAIM).fetchone()
+    empty_db.awa("migrate", "--role-prefix", role_prefix, check=True)
+    with empty_db.connect() as conn:
+        failed = conn.execute(EARLIER_CLAIM).fetchone()
+        where = "select tableoid::regclass::text, slot from awa.running where job_id = %s"
+        assert conn.execute(where, [done[0]]).fetchone() == ("awa.running_carried", 2)
+        assert conn.execute(where, [failed[0]]).fetchone() == ("awa.running_carried", 2)
+        assert conn.execute("select awa.complete(%s, %s)", done).fetchone()[0] is True
+        conn.execute("select awa.fail(%s, %s, 'boom')", failed)
+        assert conn.execute("select count(*) from awa.running").fetchone()[0] == 0
+        assert conn.execute("select array_agg(p.oid::regprocedure::text) from pg_proc p"
+                            " where p.oid::regprocedure::text like 'awa._finish(%%'"
+                            ).fetchone()[0] == ["awa._finish(awa.running,text,text)"]
