@@ -52,9 +52,11 @@ $$;
 -- slot's lock is waited for at most 100 ms (a claim, an end of a run or a
 -- reader of awa.running holds it until its commit): if it is not had, the
 -- call changes nothing and returns 0, to be made again. While it waits,
--- the ends of runs queue behind it. One call at a time: a second
--- concurrent one returns 0 at once. Run it every few seconds (awa
--- maintain does); a slot is due once per block of 65,536 claims.
+-- the calls that reach that slot (completes of its jobs; awa.fail and
+-- awa.heartbeat, which read all three) queue behind it. One call at a
+-- time: a second concurrent one returns 0 at once. Run it every few
+-- seconds (awa maintain does); a slot is due once per block of 65,536
+-- claims.
 -- Role: awa_maintenance.
 -- Returns: how many slots it emptied, 0 or 1.
 -- Errors: 25000 the calling transaction is not read committed: a snapshot
