@@ -5073,6 +5073,7 @@ declare
     block bigint := awa._running_block_leases();
     last_lease bigint;
     idle smallint;
+    part regclass;
 begin
     if current_setting('transaction_isolation') <> 'read committed' then
         raise exception 'awa.rotate_running() needs a read committed transaction, got %',
@@ -5087,27 +5088,20 @@ begin
         return 0;
     end if;
     idle := 1 - awa._running_slot(last_lease);
-    if pg_relation_size(case idle when 0 then 'awa.running_0'::regclass
-                                  else 'awa.running_1'::regclass end) = 0 then
+    -- The one choice of the slot's table; the statements below name it.
+    part := case idle when 0 then 'awa.running_0'::regclass else 'awa.running_1'::regclass end;
+    if pg_relation_size(part) = 0 then
         return 0;
     end if;
     begin
-        if idle = 0 then
-            lock table awa.running_0 in access exclusive mode;
-        else
-            lock table awa.running_1 in access exclusive mode;
-        end if;
+        execute format('lock table %s in access exclusive mode', part);
     exception when lock_not_available then
         return 0;
     end;
     -- Each statement below reads with a snapshot taken after the lock, so
     -- it sees every row committed to the slot; no other can come in.
     update awa.running as r set slot = 2 where r.slot = idle;
-    if idle = 0 then
-        truncate awa.running_0;
-    else
-        truncate awa.running_1;
-    end if;
+    execute format('truncate %s', part);
     return 1;
 end;
 $function$;
