@@ -1181,6 +1181,21 @@ begin
 end;
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._check_read_committed(caller text)
+ RETURNS void
+ LANGUAGE plpgsql
+ STABLE
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+begin
+    if current_setting('transaction_isolation') <> 'read committed' then
+        raise exception '% needs a read committed transaction, got %',
+            caller, current_setting('transaction_isolation')
+            using errcode = '25000';
+    end if;
+end;
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._check_unique(unique_key bytea, unique_window interval)
  RETURNS void
  LANGUAGE plpgsql
@@ -1853,6 +1868,15 @@ begin
     h := awa._hash64_limbs(key);
     return ((h[1] % shards) * (4294967296 % shards) + h[2] % shards) % shards;
 end;
+$function$;
+
+CREATE OR REPLACE FUNCTION awa._lane_hints_bytes_allowed()
+ RETURNS bigint
+ LANGUAGE sql
+ STABLE
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+    select 131072 + 128 * count(*) from awa.lanes
 $function$;
 
 CREATE OR REPLACE FUNCTION awa._lane_memo_name(queue_id integer, priority smallint)
@@ -3916,6 +3940,43 @@ begin
 end;
 $function$;
 
+CREATE OR REPLACE FUNCTION awa.compact_lane_hints()
+ RETURNS integer
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+ SET lock_timeout TO '100ms'
+AS $function$
+declare
+    kept_lanes integer[];
+    kept_heads bigint[];
+begin
+    perform awa._check_read_committed('awa.compact_lane_hints()');
+    if pg_relation_size('awa.lane_hints') <= awa._lane_hints_bytes_allowed() then
+        return 0;
+    end if;
+    begin
+        lock table awa.lane_hints in access exclusive mode;
+    exception when lock_not_available then
+        return 0;
+    end;
+    -- A call that held the lock before this one may have rewritten it.
+    if pg_relation_size('awa.lane_hints') <= awa._lane_hints_bytes_allowed() then
+        return 0;
+    end if;
+    select array_agg(h.lane_id), array_agg(h.head_seq)
+      into kept_lanes, kept_heads
+      from (select y.lane_id, max(y.head_seq) as head_seq
+              from awa.lane_hints as y
+             group by y.lane_id) as h;
+    truncate awa.lane_hints;
+    insert into awa.lane_hints (lane_id, head_seq)
+    select k.lane_id, k.head_seq
+      from unnest(kept_lanes, kept_heads) as k (lane_id, head_seq);
+    return 1;
+end;
+$function$;
+
 CREATE OR REPLACE FUNCTION awa.complete(job_id bigint, run_lease bigint)
  RETURNS boolean
  LANGUAGE plpgsql
@@ -5075,11 +5136,7 @@ declare
     idle smallint;
     part regclass;
 begin
-    if current_setting('transaction_isolation') <> 'read committed' then
-        raise exception 'awa.rotate_running() needs a read committed transaction, got %',
-            current_setting('transaction_isolation')
-            using errcode = '25000';
-    end if;
+    perform awa._check_read_committed('awa.rotate_running()');
     if not pg_try_advisory_xact_lock(awa._lock_class_running(), 0) then
         return 0;
     end if;
@@ -5568,6 +5625,7 @@ GRANT EXECUTE ON FUNCTION awa.autoscale_tick() TO awa_maintenance;
 GRANT EXECUTE ON FUNCTION awa.cancel_job(bigint) TO awa_operator;
 GRANT EXECUTE ON FUNCTION awa.cancel_jobs(text,text,integer) TO awa_operator;
 GRANT EXECUTE ON FUNCTION awa.claim(text[],integer,text,interval) TO awa_worker;
+GRANT EXECUTE ON FUNCTION awa.compact_lane_hints() TO awa_maintenance;
 GRANT EXECUTE ON FUNCTION awa.complete(bigint,bigint) TO awa_worker;
 GRANT EXECUTE ON FUNCTION awa.contract_version() TO awa_maintenance, awa_operator, awa_producer, awa_reader, awa_worker;
 GRANT EXECUTE ON FUNCTION awa.count_jobs(text,text,text,integer) TO awa_operator, awa_reader;

@@ -30,10 +30,11 @@ ALLOWED = {
     ("awa._lane_wait_total", "setting 'awa.lane_lock_wait_us'"):
         "the wait total for the client's metric: a non-number counts as 0, and forging it"
         " misleads only the caller's own numbers (test_forged_state)",
-    ("awa.rotate_running", "setting 'transaction_isolation'"):
-        "only to refuse an isolation level whose snapshot is older than the slot's lock;"
-        " the caller can make it refuse, never make it truncate rows it did not carry"
-        " (test_running_slots)",
+    ("awa._check_read_committed", "setting 'transaction_isolation'"):
+        "only to refuse an isolation level whose snapshot is older than the lock of the"
+        " TRUNCATE that follows (awa.rotate_running, awa.compact_lane_hints); the caller can"
+        " make it refuse, never make it truncate rows it did not read"
+        " (test_running_slots, test_lane_hints_compaction)",
     ("awa._move_staged", "table awa.copy_staging"): _STAGING,
     ("awa._move_staged_one_lane", "table awa.copy_staging"): _STAGING,
     ("awa._move_staged_by_key", "table awa.copy_staging"): _STAGING,

@@ -28,6 +28,9 @@ HELP = {
              "installed)",
     "running_slots": "empty the slot of awa.running that claims no longer write, with "
                      "TRUNCATE (awa.rotate_running, skipped while it is not installed)",
+    "lane_hints": "rewrite awa.lane_hints as each lane's highest hint, with TRUNCATE, once "
+                  "a held snapshot has let it grow (awa.compact_lane_hints, skipped while it "
+                  "is not installed)",
     "unique_keys": "remove the unique keys of completed jobs whose window has passed "
                    "(awa.prune_unique_keys, skipped while it is not installed)",
     "ready_late": "remove the awa.ready_late rows of jobs gone from their lanes "
