@@ -386,6 +386,23 @@ CREATE TABLE awa.ready_late (
     CONSTRAINT ready_late_pkey PRIMARY KEY (lane_id, lane_seq)
 );
 
+CREATE UNLOGGED TABLE awa.ready_rewrite (
+    lane_id integer NOT NULL,
+    lane_seq bigint NOT NULL,
+    job_id bigint NOT NULL,
+    queue_id integer NOT NULL,
+    priority smallint NOT NULL,
+    kind text NOT NULL,
+    args jsonb NOT NULL,
+    ordering_key bytea,
+    attempt integer NOT NULL,
+    max_attempts integer NOT NULL,
+    enqueued_at timestamp with time zone NOT NULL,
+    ready_at timestamp with time zone NOT NULL,
+    last_error text,
+    max_run_time interval
+);
+
 CREATE TABLE awa.role_binding (
     capability text NOT NULL,
     role_name name NOT NULL,
@@ -2878,6 +2895,17 @@ AS $function$
        and queue operator(pg_catalog.!~~) '%#%'
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._ready_compaction_due()
+ RETURNS boolean
+ LANGUAGE sql
+ STABLE
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+    select pg_stat_get_dead_tuples('awa.ready'::regclass)
+               > 200000 + pg_stat_get_live_tuples('awa.ready'::regclass)
+       and pg_stat_get_live_tuples('awa.ready'::regclass) <= 100000
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._ready_from(lane integer, head_seq bigint, next_seq bigint, after bigint)
  RETURNS bigint
  LANGUAGE plpgsql
@@ -3973,6 +4001,40 @@ begin
     insert into awa.lane_hints (lane_id, head_seq)
     select k.lane_id, k.head_seq
       from unnest(kept_lanes, kept_heads) as k (lane_id, head_seq);
+    return 1;
+end;
+$function$;
+
+CREATE OR REPLACE FUNCTION awa.compact_ready()
+ RETURNS integer
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+ SET lock_timeout TO '100ms'
+AS $function$
+declare
+    file oid;
+begin
+    perform awa._check_read_committed('awa.compact_ready()');
+    if not awa._ready_compaction_due() then
+        return 0;
+    end if;
+    file := pg_relation_filenode('awa.ready');
+    begin
+        lock table awa.ready in access exclusive mode;
+    exception when lock_not_available then
+        return 0;
+    end;
+    if pg_relation_filenode('awa.ready') is distinct from file then
+        return 0;  -- a call that held the lock before this one rewrote it
+    end if;
+    insert into awa.ready_rewrite select * from awa.ready;
+    truncate awa.ready;
+    insert into awa.ready select * from awa.ready_rewrite;
+    truncate awa.ready_rewrite;
+    -- The statistics then count the rows kept, not those gone, as soon as
+    -- this transaction ends: the next call reads them to decide.
+    perform pg_stat_force_next_flush();
     return 1;
 end;
 $function$;
@@ -5561,6 +5623,8 @@ COMMENT ON TABLE awa.ready IS 'Claimable jobs. FIFO within a lane by lane_seq; c
 
 COMMENT ON TABLE awa.ready_late IS 'Ready jobs that entered their lane with a job id older than the lane''s (promoted, retried, rescued, unique-keyed): lane, lane_seq and the highest job id handed out then (stamp). Written by awa._insert_jobs; rows whose job left the lane are removed by awa.prune_ready_late. Read by awa.jobs (ADR 029).';
 
+COMMENT ON TABLE awa.ready_rewrite IS 'The live rows of awa.ready while awa.compact_ready() truncates it (ADR 036); empty outside that transaction. Its columns are awa.ready''s, in the same order.';
+
 COMMENT ON TABLE awa.role_binding IS 'Which database role holds each capability; grants in the function layer follow it.';
 
 COMMENT ON TABLE awa.running IS 'Claimed jobs. run_lease changes at every claim, so a stale worker cannot finish a job. Partitioned by slot (ADR 034): slots 0 and 1 take the claims of alternate blocks of run leases; awa.rotate_running() empties the one not being written with TRUNCATE, carrying its live rows into slot 2.';
@@ -5626,6 +5690,7 @@ GRANT EXECUTE ON FUNCTION awa.cancel_job(bigint) TO awa_operator;
 GRANT EXECUTE ON FUNCTION awa.cancel_jobs(text,text,integer) TO awa_operator;
 GRANT EXECUTE ON FUNCTION awa.claim(text[],integer,text,interval) TO awa_worker;
 GRANT EXECUTE ON FUNCTION awa.compact_lane_hints() TO awa_maintenance;
+GRANT EXECUTE ON FUNCTION awa.compact_ready() TO awa_maintenance;
 GRANT EXECUTE ON FUNCTION awa.complete(bigint,bigint) TO awa_worker;
 GRANT EXECUTE ON FUNCTION awa.contract_version() TO awa_maintenance, awa_operator, awa_producer, awa_reader, awa_worker;
 GRANT EXECUTE ON FUNCTION awa.count_jobs(text,text,text,integer) TO awa_operator, awa_reader;

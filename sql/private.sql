@@ -163,6 +163,30 @@ as $$
     select 1635213645
 $$;
 
+-- Function: awa._check_read_committed(caller text) returns void
+-- Raises 25000, naming the caller, unless the transaction is read
+-- committed. A function that empties a table with TRUNCATE under its lock
+-- calls it first: each of its statements must read with a snapshot taken
+-- after that lock, or it could miss rows committed before it that the
+-- TRUNCATE then removes. The isolation level is the caller's to set: it can
+-- only make the check refuse.
+-- Calls: nothing
+-- Writes: nothing
+create or replace function awa._check_read_committed(caller text)
+returns void
+language plpgsql
+stable
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    if current_setting('transaction_isolation') <> 'read committed' then
+        raise exception '% needs a read committed transaction, got %',
+            caller, current_setting('transaction_isolation')
+            using errcode = '25000';
+    end if;
+end;
+$$;
+
 -- Function: awa._role_for(capability text) returns name
 -- The role bound to a capability in awa.role_binding.
 -- Calls: nothing
@@ -343,6 +367,7 @@ select awa._grant_execute('awa._lock_class_copy()');
 select awa._grant_execute('awa._lock_class_prune()');
 select awa._grant_execute('awa._lock_class_running()');
 select awa._grant_execute('awa._lock_class_migrate()');
+select awa._grant_execute('awa._check_read_committed(text)');
 select awa._grant_execute('awa._role_for(text)');
 select awa._grant_execute('awa._grant_execute(regprocedure, text[])');
 select awa._grant_execute('awa._grant_select(regclass, text[])');

@@ -45,30 +45,6 @@ as $$
             operator(pg_catalog.%) 2)::smallint
 $$;
 
--- Function: awa._check_read_committed(caller text) returns void
--- Raises 25000, naming the caller, unless the transaction is read
--- committed. A function that empties a table with TRUNCATE under its lock
--- calls it first: each of its statements must read with a snapshot taken
--- after that lock, or it could miss rows committed before it that the
--- TRUNCATE then removes. The isolation level is the caller's to set: it can
--- only make the check refuse.
--- Calls: nothing
--- Writes: nothing
-create or replace function awa._check_read_committed(caller text)
-returns void
-language plpgsql
-stable
-set search_path = pg_catalog, pg_temp
-as $$
-begin
-    if current_setting('transaction_isolation') <> 'read committed' then
-        raise exception '% needs a read committed transaction, got %',
-            caller, current_setting('transaction_isolation')
-            using errcode = '25000';
-    end if;
-end;
-$$;
-
 -- Function: awa.rotate_running() returns integer
 -- Empties the slot of awa.running that the current block of run leases
 -- does not write, when that block is half used and the slot holds rows
@@ -128,7 +104,6 @@ begin
 end;
 $$;
 
-select awa._grant_execute('awa._check_read_committed(text)');
 select awa._grant_execute('awa._running_block_leases()');
 select awa._grant_execute('awa._running_slot(bigint)');
 select awa._grant_execute('awa.rotate_running()', 'maintenance');

@@ -95,6 +95,8 @@ TASKS: tuple[Task, ...] = (
          _scalar("select awa.rotate_running()", (), "emptied {n} awa.running slot(s)")),
     Task("lane_hints", "awa.compact_lane_hints()", _lock_class(b"awaH"), 10.0,
          _scalar("select awa.compact_lane_hints()", (), "compacted awa.lane_hints {n} time(s)")),
+    Task("ready_rewrite", "awa.compact_ready()", _lock_class(b"awaW"), 10.0,
+         _scalar("select awa.compact_ready()", (), "rewrote awa.ready {n} time(s)")),
     Task("unique_keys", "awa.prune_unique_keys(integer)", _lock_class(b"awaK"), 60.0,
          _scalar("select awa.prune_unique_keys(%s)", (BATCH,),
                  "removed {n} unique key(s) whose window had passed"),
@@ -130,7 +132,7 @@ class MaintainMetrics:
             "awa.maintain.handled: what the calls of this process handled: jobs promoted "
             "(promote), rescued (rescue), staged rows enqueued (move_staged), finished jobs "
             "pruned (prune), slots of awa.running emptied (running_slots), rewrites of "
-            "awa.lane_hints (lane_hints), unique keys "
+            "awa.lane_hints (lane_hints) and of awa.ready (ready_rewrite), unique keys "
             "whose window had passed removed (unique_keys), "
             "awa.ready_late rows of jobs gone from their lanes removed (ready_late), "
             "decisions that change S or would (autoscale).",

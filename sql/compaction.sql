@@ -1,0 +1,176 @@
+-- compaction.sql: the tables rewritten with TRUNCATE while a snapshot is
+-- held.
+--
+-- A row deleted while a snapshot is held open (a long report, a forgotten
+-- BEGIN, a standby with hot_standby_feedback) cannot be removed by vacuum
+-- until that snapshot ends; only a TRUNCATE removes it whatever snapshot
+-- is held. Two tables lose rows at the rate of the queue's work:
+--
+-- awa.lane_hints: a claim moves a lane's hint by inserting the new one and
+-- deleting the one it read (awa._advance_lane_hints, ADR 030).
+-- awa.compact_lane_hints() keeps each lane's highest hint, the one row
+-- claims read, and drops the rest (ADR 035).
+--
+-- awa.ready: every claim deletes the row it takes. awa.compact_ready()
+-- copies the live rows aside, truncates the table and copies them back
+-- (ADR 036).
+--
+-- Both act only once their table holds more dead rows than vacuum leaves
+-- behind when no snapshot is held, take the table's ACCESS EXCLUSIVE lock
+-- for at most 100 ms (else they skip, to be called again), and refuse a
+-- transaction that is not read committed: their statements must read with
+-- snapshots taken after that lock (awa._check_read_committed). awa.rotate_running
+-- (sql/running.sql) does the same for awa.running, by slots.
+
+-- Function: awa._lane_hints_bytes_allowed() returns bigint
+-- How large awa.lane_hints' heap may grow before it is compacted: 128 kB,
+-- about 3,000 moves of a hint while a snapshot is held, and 128 bytes per
+-- lane, about three times what one hint per lane takes once compacted.
+-- Calls: nothing
+-- Writes: nothing
+create or replace function awa._lane_hints_bytes_allowed()
+returns bigint
+language sql
+stable
+set search_path = pg_catalog, pg_temp
+as $$
+    select 131072 + 128 * count(*) from awa.lanes
+$$;
+
+-- Function: awa.compact_lane_hints() returns integer
+-- When awa.lane_hints' heap is larger than awa._lane_hints_bytes_allowed,
+-- rewrites it as each lane's highest hint: under the table's ACCESS
+-- EXCLUSIVE lock, waited for at most 100 ms, it reads the highest hints,
+-- truncates the table and inserts them again, in one transaction. Every
+-- claim reads the table, so the claims in flight finish first and the
+-- next ones wait for the rewrite (a few milliseconds for thousands of
+-- lanes); if the lock is not had, the call changes nothing and returns 0,
+-- to be made again. A second concurrent call waits for the first, then
+-- finds the table small. Run it every few seconds (awa maintain does); it
+-- rewrites only while a held snapshot keeps vacuum from the dead hints.
+-- A claim reads only a lane's highest hint, and the rewrite keeps it, so
+-- no claim starts lower than it would have.
+-- Role: awa_maintenance.
+-- Returns: 1 if it rewrote the table, else 0.
+-- Errors: 25000 the calling transaction is not read committed: a snapshot
+-- older than the lock would miss the hints committed since, and lose them.
+-- Calls: awa._check_read_committed, awa._lane_hints_bytes_allowed
+-- Writes: awa.lane_hints
+create or replace function awa.compact_lane_hints()
+returns integer
+language plpgsql
+security definer
+set search_path = pg_catalog, pg_temp
+set lock_timeout = '100ms'
+as $$
+declare
+    kept_lanes integer[];
+    kept_heads bigint[];
+begin
+    perform awa._check_read_committed('awa.compact_lane_hints()');
+    if pg_relation_size('awa.lane_hints') <= awa._lane_hints_bytes_allowed() then
+        return 0;
+    end if;
+    begin
+        lock table awa.lane_hints in access exclusive mode;
+    exception when lock_not_available then
+        return 0;
+    end;
+    -- A call that held the lock before this one may have rewritten it.
+    if pg_relation_size('awa.lane_hints') <= awa._lane_hints_bytes_allowed() then
+        return 0;
+    end if;
+    select array_agg(h.lane_id), array_agg(h.head_seq)
+      into kept_lanes, kept_heads
+      from (select y.lane_id, max(y.head_seq) as head_seq
+              from awa.lane_hints as y
+             group by y.lane_id) as h;
+    truncate awa.lane_hints;
+    insert into awa.lane_hints (lane_id, head_seq)
+    select k.lane_id, k.head_seq
+      from unnest(kept_lanes, kept_heads) as k (lane_id, head_seq);
+    return 1;
+end;
+$$;
+
+-- Function: awa._ready_compaction_due() returns boolean
+-- Whether awa.compact_ready() rewrites awa.ready now, from the cumulative
+-- statistics' counts of its rows (vacuum lowers the dead count to what it
+-- could not remove): more than 200,000 dead rows, above what vacuum leaves
+-- between its visits at a few thousand jobs a second, and more than its
+-- live rows, so that a rewrite copies at most one row per job claimed
+-- since the last; and at most 100,000 live rows, since enqueues and claims
+-- wait for the copy, about a second per 100,000 rows on two cores. A
+-- larger backlog keeps its dead rows until it drains below that or the
+-- snapshot ends.
+-- Calls: nothing
+-- Writes: nothing
+create or replace function awa._ready_compaction_due()
+returns boolean
+language sql
+stable
+set search_path = pg_catalog, pg_temp
+as $$
+    select pg_stat_get_dead_tuples('awa.ready'::regclass)
+               > 200000 + pg_stat_get_live_tuples('awa.ready'::regclass)
+       and pg_stat_get_live_tuples('awa.ready'::regclass) <= 100000
+$$;
+
+-- Function: awa.compact_ready() returns integer
+-- When awa._ready_compaction_due says so (many dead rows, a backlog of at
+-- most 100,000), rewrites awa.ready with its live rows only: under its
+-- ACCESS EXCLUSIVE lock, waited for at most 100 ms, it copies them to
+-- awa.ready_rewrite, truncates awa.ready, copies them back and empties
+-- awa.ready_rewrite, in one transaction. Every row keeps its lane, lane_seq and job id, so claim
+-- hints, awa.ready_late and unique keys stay true. Enqueues and claims
+-- wait for the rewrite while it runs, about a second per 100,000 live rows
+-- on two cores; if a session holds the table (an enqueue or a claim in
+-- flight, a reader), the call changes nothing and returns 0, to be made
+-- again. A second call that waited for a first finds the table's file
+-- changed and returns 0. Run it every few seconds (awa maintain does); it
+-- rewrites only while a held snapshot keeps vacuum from the dead rows.
+-- Role: awa_maintenance.
+-- Returns: 1 if it rewrote the table, else 0.
+-- Errors: 25000 the calling transaction is not read committed: a snapshot
+-- older than the lock would not see the rows committed since, and the
+-- TRUNCATE would remove them.
+-- Calls: awa._check_read_committed, awa._ready_compaction_due
+-- Writes: awa.ready, awa.ready_rewrite
+create or replace function awa.compact_ready()
+returns integer
+language plpgsql
+security definer
+set search_path = pg_catalog, pg_temp
+set lock_timeout = '100ms'
+as $$
+declare
+    file oid;
+begin
+    perform awa._check_read_committed('awa.compact_ready()');
+    if not awa._ready_compaction_due() then
+        return 0;
+    end if;
+    file := pg_relation_filenode('awa.ready');
+    begin
+        lock table awa.ready in access exclusive mode;
+    exception when lock_not_available then
+        return 0;
+    end;
+    if pg_relation_filenode('awa.ready') is distinct from file then
+        return 0;  -- a call that held the lock before this one rewrote it
+    end if;
+    insert into awa.ready_rewrite select * from awa.ready;
+    truncate awa.ready;
+    insert into awa.ready select * from awa.ready_rewrite;
+    truncate awa.ready_rewrite;
+    -- The statistics then count the rows kept, not those gone, as soon as
+    -- this transaction ends: the next call reads them to decide.
+    perform pg_stat_force_next_flush();
+    return 1;
+end;
+$$;
+
+select awa._grant_execute('awa._lane_hints_bytes_allowed()');
+select awa._grant_execute('awa.compact_lane_hints()', 'maintenance');
+select awa._grant_execute('awa._ready_compaction_due()');
+select awa._grant_execute('awa.compact_ready()', 'maintenance');

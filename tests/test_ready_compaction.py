@@ -1,0 +1,230 @@
+"""awa.compact_ready (ADR 036), on real PostgreSQL 17 and 18: once
+awa.ready holds many more dead rows than vacuum leaves (a held snapshot),
+and a backlog of at most 100,000, it is rewritten with its live rows only,
+by TRUNCATE, each row unchanged; the claims that follow take the same jobs
+in the same order. A call skips while an enqueue in flight holds the
+table, leaves a larger backlog alone, refuses a snapshot older than its
+lock, is for maintenance only, and loses no job while producers and
+workers run around it.
+
+Dead rows are made as the superuser: rows of a lane id no lane has,
+inserted and deleted while a snapshot is held, so that vacuum cannot
+remove them and no claim reads them.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import psycopg
+import pytest
+
+from tests.support.jobs import claim
+
+NO_LANE = 2_000_000_000
+READY = "select * from awa.ready order by lane_id, lane_seq"
+JUNK = ("insert into awa.ready (lane_id, lane_seq, job_id, queue_id, priority, kind, args,"
+        " attempt, max_attempts, enqueued_at)"
+        " select %s, g, -g, 0, 2, 'junk', '{}', 0, 1, now() from generate_series(1, %s) g")
+
+
+def junk(su, rows: int, dead: bool = True) -> None:
+    """`rows` rows no claim reads; deleted (dead while a snapshot is held) or left."""
+    su.execute("select pg_stat_force_next_flush()")
+    su.execute("delete from awa.ready where lane_id = %s", [NO_LANE])
+    su.execute(JUNK, [NO_LANE, rows])
+    if dead:
+        su.execute("select pg_stat_force_next_flush()")
+        su.execute("delete from awa.ready where lane_id = %s", [NO_LANE])
+    su.execute("select pg_stat_force_next_flush()")
+    su.execute("select 1")  # the counts above are flushed at the end of this statement
+
+
+def filenode(su) -> int:
+    return su.execute("select pg_relation_filenode('awa.ready')").fetchone()[0]
+
+
+def compact(conn) -> int:
+    return conn.execute("select awa.compact_ready()").fetchone()[0]
+
+
+@pytest.fixture
+def su(db, logins):
+    """Two queues with a backlog, the first 100 of each claimed and completed,
+    one job running, and one ready row that entered its lane late (a retry)."""
+    with db.connect() as conn, db.connect(logins.producer) as p, \
+            db.connect(logins.worker) as w:
+        for queue in ("rq1", "rq2"):
+            p.execute("select awa.enqueue_batch(array_fill(%s::text, array[300]),"
+                      " array_fill('k'::text, array[300]))", [queue])
+            w.execute("select count(awa.complete(c.job_id, c.run_lease))"
+                      " from awa.claim(array[%s], 100, 'w') c", [queue])
+        (job_id, lease, *_), = claim(w, ["rq1"], 1)
+        w.execute("select awa.fail(%s::bigint, %s::bigint, 'again', retry_at => now())",
+                  [job_id, lease])
+        conn.execute("select awa.promote_due()")
+        assert conn.execute("select count(*) from awa.ready_late").fetchone()[0] == 1
+        yield conn
+
+
+@pytest.fixture
+def horizon(db):
+    with db.connect(autocommit=False) as conn:
+        conn.execute("begin isolation level repeatable read")
+        conn.execute("select 1")
+        yield conn
+        conn.rollback()
+
+
+def test_a_few_dead_rows_are_left_to_vacuum(db, su, logins, horizon):
+    junk(su, 5_000)
+    before = filenode(su)
+    with db.connect(logins.maintenance) as m:
+        assert compact(m) == 0
+    assert filenode(su) == before
+
+
+def test_dead_rows_go_while_a_snapshot_is_held_and_every_live_row_stays(db, su, logins,
+                                                                         horizon):
+    rows = su.execute(READY).fetchall()
+    late = su.execute("select * from awa.ready_late").fetchall()
+    junk(su, 210_000)
+    su.execute("vacuum awa.ready")
+    dead = su.execute("select pg_stat_get_dead_tuples('awa.ready'::regclass)").fetchone()[0]
+    assert dead >= 210_000  # vacuum removed nothing: the horizon holds them
+    with db.connect(logins.maintenance) as m, db.connect(logins.worker) as w:
+        assert compact(m) == 1
+        assert su.execute(READY).fetchall() == rows
+        assert su.execute("select * from awa.ready_late").fetchall() == late
+        assert su.execute("select pg_relation_size('awa.ready')").fetchone()[0] < 200_000
+        assert su.execute("select count(*) from awa.ready_rewrite").fetchone()[0] == 0
+        assert compact(m) == 0
+        # The claims after it take each queue's next jobs, in order: the
+        # retried job first in rq1's lane order, then the backlog.
+        for queue in ("rq1", "rq2"):
+            expected = [r[2] for r in rows if r[3] == su.execute(
+                "select queue_id from awa.queue_meta where queue = %s", [queue]).fetchone()[0]]
+            taken = [j[0] for j in claim(w, [queue], 500)]
+            assert taken == expected and len(taken) >= 200
+
+
+def test_a_backlog_above_100000_is_left_alone(db, su, logins, horizon):
+    junk(su, 100_001, dead=False)
+    su.execute("insert into awa.ready (lane_id, lane_seq, job_id, queue_id, priority, kind,"
+               " args, attempt, max_attempts, enqueued_at)"
+               " select %s, g, -g, 0, 2, 'junk', '{}', 0, 1, now()"
+               " from generate_series(200001, 520000) g", [NO_LANE])
+    su.execute("select pg_stat_force_next_flush()")
+    su.execute("delete from awa.ready where lane_id = %s and lane_seq > 200000", [NO_LANE])
+    su.execute("select 1")
+    assert su.execute("select awa._ready_compaction_due()").fetchone()[0] is False
+    before = filenode(su)
+    with db.connect(logins.maintenance) as m:
+        assert compact(m) == 0
+    assert filenode(su) == before
+
+
+def test_a_table_held_by_an_enqueue_in_flight_is_skipped_then_rewritten(db, su, logins,
+                                                                       horizon):
+    junk(su, 210_000)
+    with db.connect(logins.producer, autocommit=False) as held, \
+            db.connect(logins.maintenance) as m:
+        m.execute("set statement_timeout = '10s'")  # a wait past the lock's 100 ms fails
+        (job_id,) = held.execute("select job_id from awa.enqueue('rq2', 'k')").fetchone()
+        before = filenode(su)
+        assert compact(m) == 0
+        assert filenode(su) == before
+        held.commit()
+        assert compact(m) == 1
+    assert su.execute("select count(*) from awa.ready where job_id = %s",
+                      [job_id]).fetchone()[0] == 1
+
+
+@pytest.mark.parametrize("isolation", ["repeatable read", "serializable"])
+def test_a_snapshot_older_than_the_lock_is_refused(db, su, logins, isolation):
+    with db.connect(logins.maintenance, autocommit=False) as m:
+        m.execute(f"begin isolation level {isolation}")
+        with pytest.raises(psycopg.Error) as err:
+            compact(m)
+        assert err.value.sqlstate == "25000"
+        assert ("awa.compact_ready() needs a read committed transaction, got "
+                f"{isolation}") in str(err.value)
+
+
+@pytest.mark.parametrize("role", ["producer", "worker", "operator", "reader"])
+def test_only_maintenance_may_compact(db, su, logins, role):
+    with db.connect(getattr(logins, role)) as conn, pytest.raises(psycopg.Error) as err:
+        compact(conn)
+    assert err.value.sqlstate == "42501"
+
+
+def test_the_rewrite_table_has_readys_columns_in_order(db):
+    with db.connect() as conn:
+        columns = {t: conn.execute(
+            "select attname, format_type(atttypid, atttypmod), attnotnull from pg_attribute"
+            " where attrelid = %s::regclass and attnum > 0 and not attisdropped"
+            " order by attnum", [t]).fetchall() for t in ("awa.ready", "awa.ready_rewrite")}
+    assert columns["awa.ready"] == columns["awa.ready_rewrite"]
+
+
+def test_no_job_is_lost_or_taken_twice_while_ready_is_rewritten_under_load(db, su, logins,
+                                                                          horizon):
+    """2 producers enqueue one job at a time into a queue at S = 4, until
+    the table has been rewritten 3 times (the superuser making its dead
+    rows each time), while 3 workers claim and complete them. Every job
+    enqueued ends in awa.finished once."""
+    with db.connect(logins.operator) as op:
+        op.execute("select awa.set_enqueue_shards('spin', 4)")
+    stop = threading.Event()
+    produced = threading.Event()
+    rewrites: list[int] = []
+
+    def rewrite() -> None:
+        with db.connect() as maker, db.connect(logins.maintenance) as m:
+            while not stop.is_set():
+                junk(maker, 210_000)
+                rewrites.append(compact(m))
+
+    def produce(n: int) -> int:
+        i = 0
+        with db.connect(logins.producer) as p:
+            while sum(rewrites) < 3 or i < 500:
+                p.execute("select awa.enqueue('spin', 'k', ordering_key => %s)",
+                          [f"p{n}-{i % 8}".encode()])
+                i += 1
+        return i
+
+    def work() -> list[tuple[int, int]]:
+        seen = []
+        with db.connect(logins.worker) as w:
+            while True:
+                rows = claim(w, ["spin"], 5)
+                if not rows:
+                    if produced.is_set():
+                        rows = claim(w, ["spin"], 5)
+                        if not rows:
+                            return seen
+                    continue
+                for job_id, lease, *_ in rows:
+                    assert w.execute("select awa.complete(%s, %s)",
+                                     [job_id, lease]).fetchone()[0]
+                    seen.append(job_id)
+
+    with ThreadPoolExecutor(6) as pool:
+        rewriter = pool.submit(rewrite)
+        producers = [pool.submit(produce, n) for n in range(2)]
+        workers = [pool.submit(work) for _ in range(3)]
+        try:
+            total = sum(f.result() for f in producers)
+            produced.set()
+            done = [j for f in workers for j in f.result()]
+        finally:
+            stop.set()
+            produced.set()
+        rewriter.result()
+    assert sum(rewrites) >= 3, rewrites
+    assert len(done) == len(set(done)) == total
+    assert su.execute("select count(*), count(distinct job_id) from awa.finished f"
+                      " join awa.queue_meta m using (queue_id) where m.queue = 'spin'"
+                      ).fetchone() == (total, total)
