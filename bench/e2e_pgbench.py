@@ -57,8 +57,10 @@ awa.ready and awa.running; the output says which) and the dead tuples of
 awa.ready, awa.running, awa.finished (their partitions summed, if any) and
 awa.lane_hints. `awa maintain`'s loop runs beside it, at its default
 cadences, as it would in production: it empties the idle slot of
-awa.running (ADR 034). Target: the last minute's consumed/s >= 0.9 x the
-first minute's, the median of the runs (an hour at the defaults).
+awa.running (ADR 034) and rewrites awa.lane_hints and awa.ready once a
+held snapshot has left them dead rows (ADR 035, ADR 036). Target: the last
+minute's consumed/s >= 0.9 x the first minute's, the median of the runs (an
+hour at the defaults).
 
     python bench/e2e_pgbench.py --long [--long-seconds 600] [--runs 3]
 

@@ -19,8 +19,9 @@
 -- behind when no snapshot is held, take the table's ACCESS EXCLUSIVE lock
 -- for at most 100 ms (else they skip, to be called again), and refuse a
 -- transaction that is not read committed: their statements must read with
--- snapshots taken after that lock (awa._check_read_committed). awa.rotate_running
--- (sql/running.sql) does the same for awa.running, by slots.
+-- snapshots taken after that lock (awa._check_read_committed).
+-- awa.rotate_running (sql/running.sql) does the same for awa.running, by
+-- slots.
 
 -- Function: awa._lane_hints_bytes_allowed() returns bigint
 -- How large awa.lane_hints' heap may grow before it is compacted: 128 kB,
@@ -121,14 +122,15 @@ $$;
 -- most 100,000), rewrites awa.ready with its live rows only: under its
 -- ACCESS EXCLUSIVE lock, waited for at most 100 ms, it copies them to
 -- awa.ready_rewrite, truncates awa.ready, copies them back and empties
--- awa.ready_rewrite, in one transaction. Every row keeps its lane, lane_seq and job id, so claim
--- hints, awa.ready_late and unique keys stay true. Enqueues and claims
--- wait for the rewrite while it runs, about a second per 100,000 live rows
--- on two cores; if a session holds the table (an enqueue or a claim in
--- flight, a reader), the call changes nothing and returns 0, to be made
--- again. A second call that waited for a first finds the table's file
--- changed and returns 0. Run it every few seconds (awa maintain does); it
--- rewrites only while a held snapshot keeps vacuum from the dead rows.
+-- awa.ready_rewrite, in one transaction. Every row keeps its lane,
+-- lane_seq and job id, so claim hints, awa.ready_late and unique keys stay
+-- true. Enqueues and claims wait for the rewrite while it runs, about a
+-- second per 100,000 live rows on two cores; if a session holds the table
+-- (an enqueue or a claim in flight, a reader), the call changes nothing
+-- and returns 0, to be made again. A second call that waited for a first
+-- finds the table's file changed and returns 0. Run it every few seconds
+-- (awa maintain does); it rewrites only while a held snapshot keeps vacuum
+-- from the dead rows.
 -- Role: awa_maintenance.
 -- Returns: 1 if it rewrote the table, else 0.
 -- Errors: 25000 the calling transaction is not read committed: a snapshot
@@ -159,9 +161,21 @@ begin
     if pg_relation_filenode('awa.ready') is distinct from file then
         return 0;  -- a call that held the lock before this one rewrote it
     end if;
-    insert into awa.ready_rewrite select * from awa.ready;
+    insert into awa.ready_rewrite (lane_id, lane_seq, job_id, queue_id, priority, kind, args,
+                                   ordering_key, attempt, max_attempts, enqueued_at,
+                                   ready_at, last_error, max_run_time)
+    select r.lane_id, r.lane_seq, r.job_id, r.queue_id, r.priority, r.kind, r.args,
+           r.ordering_key, r.attempt, r.max_attempts, r.enqueued_at, r.ready_at,
+           r.last_error, r.max_run_time
+      from awa.ready as r;
     truncate awa.ready;
-    insert into awa.ready select * from awa.ready_rewrite;
+    insert into awa.ready (lane_id, lane_seq, job_id, queue_id, priority, kind, args,
+                           ordering_key, attempt, max_attempts, enqueued_at, ready_at,
+                           last_error, max_run_time)
+    select w.lane_id, w.lane_seq, w.job_id, w.queue_id, w.priority, w.kind, w.args,
+           w.ordering_key, w.attempt, w.max_attempts, w.enqueued_at, w.ready_at,
+           w.last_error, w.max_run_time
+      from awa.ready_rewrite as w;
     truncate awa.ready_rewrite;
     -- The statistics then count the rows kept, not those gone, as soon as
     -- this transaction ends: the next call reads them to decide.
