@@ -4028,9 +4028,21 @@ begin
     if pg_relation_filenode('awa.ready') is distinct from file then
         return 0;  -- a call that held the lock before this one rewrote it
     end if;
-    insert into awa.ready_rewrite select * from awa.ready;
+    insert into awa.ready_rewrite (lane_id, lane_seq, job_id, queue_id, priority, kind, args,
+                                   ordering_key, attempt, max_attempts, enqueued_at,
+                                   ready_at, last_error, max_run_time)
+    select r.lane_id, r.lane_seq, r.job_id, r.queue_id, r.priority, r.kind, r.args,
+           r.ordering_key, r.attempt, r.max_attempts, r.enqueued_at, r.ready_at,
+           r.last_error, r.max_run_time
+      from awa.ready as r;
     truncate awa.ready;
-    insert into awa.ready select * from awa.ready_rewrite;
+    insert into awa.ready (lane_id, lane_seq, job_id, queue_id, priority, kind, args,
+                           ordering_key, attempt, max_attempts, enqueued_at, ready_at,
+                           last_error, max_run_time)
+    select w.lane_id, w.lane_seq, w.job_id, w.queue_id, w.priority, w.kind, w.args,
+           w.ordering_key, w.attempt, w.max_attempts, w.enqueued_at, w.ready_at,
+           w.last_error, w.max_run_time
+      from awa.ready_rewrite as w;
     truncate awa.ready_rewrite;
     -- The statistics then count the rows kept, not those gone, as soon as
     -- this transaction ends: the next call reads them to decide.
