@@ -21,11 +21,13 @@ from wsgiref.util import setup_testing_defaults
 
 import psycopg
 import pytest
+import yaml
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 import awa_sql
 from awa_sql import shards
+from awa_sql.maintain import MaintainMetrics
 from awa_sql.metrics import client_metrics, make_asgi_app, make_wsgi_app, render
 from awa_sql.metrics.database import HOT_TABLES
 from awa_sql.worker import Worker
@@ -36,6 +38,7 @@ from tests.support.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARD = ROOT / "docs" / "grafana" / "awa-sql.json"
+ALERTS = ROOT / "docs" / "prometheus" / "awa-alerts.yml"
 
 
 @pytest.fixture
@@ -483,3 +486,32 @@ def test_every_metric_the_dashboard_queries_is_emitted(db, logins, registry, ser
                    "awa_lane_lag_seconds", "awa_enqueue_batch_size_sum",
                    "awa_job_claimed_total", "awa_autoscale_decisions_recent"):
         assert needed in used, f"no panel shows {needed}"
+
+
+def test_every_alert_rule_is_well_formed_and_queries_emitted_series(db, logins, registry, served):
+    """docs/prometheus/awa-alerts.yml: each rule has what Prometheus and an
+    on-call reader need, and selects only series a real scrape, the client
+    and `awa maintain` emit (a renamed metric would silence its alert)."""
+    run_workload(db, logins)
+    client_metrics.on_registry(MaintainMetrics, registry)
+    emitted = {s.name for s in parse(fetch(served)[0])}
+    emitted |= {s.name for s in parse(generate_latest(registry).decode())}
+    doc = yaml.safe_load(ALERTS.read_text())
+    rules = [rule for group in doc["groups"] for rule in group["rules"]]
+    assert len(rules) >= 5
+    names = [rule["alert"] for rule in rules]
+    assert len(names) == len(set(names)), f"alert names repeat: {names}"
+    for rule in rules:
+        assert set(rule) == {"alert", "expr", "for", "labels", "annotations"}, rule["alert"]
+        assert re.fullmatch(r"\d+[smh]", rule["for"]), (rule["alert"], rule["for"])
+        assert rule["labels"]["severity"] in ("page", "ticket"), rule["alert"]
+        assert rule["annotations"]["summary"] and rule["annotations"]["description"]
+        selected = promql_metric_names(rule["expr"])
+        assert selected, f"alert {rule['alert']!r}: no metric in {rule['expr']!r}"
+        missing = selected - emitted
+        assert not missing, f"alert {rule['alert']!r} queries {sorted(missing)}, not emitted"
+    # The signals an incident starts from.
+    used = set().union(*(promql_metric_names(rule["expr"]) for rule in rules))
+    for needed in ("awa_up", "awa_queue_lag_seconds", "awa_queue_depth",
+                   "awa_table_dead_tuples", "awa_maintain_passes_total"):
+        assert needed in used, f"no alert on {needed}"
