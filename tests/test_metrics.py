@@ -465,10 +465,15 @@ def dashboard_queries(doc: dict) -> list[tuple[str, str]]:
     return out
 
 
+def emitted_series(served: str, registry: CollectorRegistry) -> set[str]:
+    """Names of the series a real scrape and the client registry emit now."""
+    return ({s.name for s in parse(fetch(served)[0])}
+            | {s.name for s in parse(generate_latest(registry).decode())})
+
+
 def test_every_metric_the_dashboard_queries_is_emitted(db, logins, registry, served):
     run_workload(db, logins)
-    emitted = {s.name for s in parse(fetch(served)[0])}
-    emitted |= {s.name for s in parse(generate_latest(registry).decode())}
+    emitted = emitted_series(served, registry)
     doc = json.loads(DASHBOARD.read_text())
     queries = dashboard_queries(doc)
     assert len(queries) >= 15
@@ -494,8 +499,7 @@ def test_every_alert_rule_is_well_formed_and_queries_emitted_series(db, logins, 
     and `awa maintain` emit (a renamed metric would silence its alert)."""
     run_workload(db, logins)
     client_metrics.on_registry(MaintainMetrics, registry)
-    emitted = {s.name for s in parse(fetch(served)[0])}
-    emitted |= {s.name for s in parse(generate_latest(registry).decode())}
+    emitted = emitted_series(served, registry)
     doc = yaml.safe_load(ALERTS.read_text())
     rules = [rule for group in doc["groups"] for rule in group["rules"]]
     assert len(rules) >= 5
