@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import re
+import select
 import shutil
 import subprocess
 import sys
@@ -69,17 +71,25 @@ def serve_cli(dsn: str, *args: str, token: str | None = None) -> Iterator[str]:
     """``awa admin serve`` as a real process; yields its base URL once it answers."""
     import httpx
 
-    port = embedded.free_port()
     env = {**os.environ, "AWA_DATABASE_URL": dsn}
     env.pop("AWA_ADMIN_TOKEN", None)
     if token:
         env["AWA_ADMIN_TOKEN"] = token
+    # --port 0 and the port it prints: a port picked here and passed on could
+    # be taken by another test's server meanwhile, which would then answer.
     proc = subprocess.Popen(
-        [sys.executable, "-m", "awa_sql", "admin", "serve", "--port", str(port), *args],
+        [sys.executable, "-m", "awa_sql", "admin", "serve", "--port", "0", *args],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         stdin=subprocess.DEVNULL,
     )
-    base = f"http://127.0.0.1:{port}"
+    ready, _, _ = select.select([proc.stdout], [], [], 30)
+    assert ready, "awa admin serve printed nothing in 30 s"
+    line = proc.stdout.readline()
+    match = re.search(r"on (http://\S+?)/ ", line)
+    if not match:
+        proc.kill()
+        raise AssertionError(f"no URL in {line!r}: {proc.communicate()[0]}")
+    base = match.group(1)
 
     def answers() -> bool:
         if proc.poll() is not None:

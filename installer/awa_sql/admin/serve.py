@@ -37,6 +37,12 @@ def serve(dsn: str | None, host: str, port: int, writable: bool) -> int:
 
     app = create_served_app(settings_from(dsn, writable))
     mode = "writable" if writable else "read-only"
-    print(f"awa admin ({mode}) on http://{host}:{port}/ (metrics at /metrics)", flush=True)
-    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
-    return 0
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False)
+    # Bound before the line is printed, so that the line names the port that
+    # answers (with --port 0, the one the system picked).
+    sock = config.bind_socket()
+    bound = sock.getsockname()[1]
+    print(f"awa admin ({mode}) on http://{host}:{bound}/ (metrics at /metrics)", flush=True)
+    server = uvicorn.Server(config)
+    server.run(sockets=[sock])
+    return 0 if server.started else 3

@@ -15,7 +15,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     a.add_argument("action", choices=["serve"])
     add_connection(a)
     a.add_argument("--host", default=LOCAL_HOST, help="address to bind (default %(default)s)")
-    a.add_argument("--port", type=int, default=ADMIN_PORT, help="TCP port (default %(default)s)")
+    a.add_argument("--port", type=int, default=ADMIN_PORT,
+                   help="TCP port (default %(default)s; 0: one the system picks, printed)")
     a.add_argument("--writable", action="store_true",
                    help="allow changes, for requests bearing the token in AWA_ADMIN_TOKEN")
     a.set_defaults(func=cmd_admin)
