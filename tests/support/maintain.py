@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -14,25 +15,26 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from awa_sql.demo.embedded import free_port
 from tests.support.waiting import wait_until
 
 AWA = Path(sys.executable).parent / "awa"  # the console script of .venv
 
 
 class MaintainProcess:
-    """``awa maintain --metrics-port <free> *flags`` with AWA_DATABASE_URL=dsn;
-    stderr (its log) goes to a file, so nothing blocks on a full pipe."""
+    """``awa maintain --metrics-port 0 *flags`` with AWA_DATABASE_URL=dsn;
+    stderr (its log) goes to a file, so nothing blocks on a full pipe. The
+    system picks the port when the process binds it, and the process logs it:
+    no other test worker can take it between a pick and the bind."""
 
     def __init__(self, dsn: str, *flags: str):
-        self.port = free_port()
+        self.port: int | None = None
         fd, name = tempfile.mkstemp(prefix="awa-maintain-", suffix=".log")
         self.log_file = Path(name)
         env = {**os.environ, "AWA_DATABASE_URL": dsn}
         env.pop("DATABASE_URL", None)
         with os.fdopen(fd, "wb") as log:
             self.proc = subprocess.Popen(
-                [str(AWA), "maintain", "--metrics-port", str(self.port), *flags], env=env,
+                [str(AWA), "maintain", "--metrics-port", "0", *flags], env=env,
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
 
     def __enter__(self) -> MaintainProcess:
@@ -53,6 +55,11 @@ class MaintainProcess:
         """Every sample of its /metrics, or None while it does not answer."""
         if self.proc.poll() is not None:
             raise AssertionError(f"awa maintain exited {self.proc.returncode}:\n{self.log()}")
+        if self.port is None:
+            bound = re.search(r"metrics at http://[^ ]+:(\d+)/metrics", self.log())
+            if bound is None:
+                return None
+            self.port = int(bound.group(1))
         try:
             with urllib.request.urlopen(
                     f"http://127.0.0.1:{self.port}/metrics", timeout=2) as response:
