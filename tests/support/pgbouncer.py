@@ -154,9 +154,29 @@ def log_problems(p: Pooled, since: LogMark) -> list[str]:
     return found
 
 
+BIND_ATTEMPTS = 5
+
+
 def start(server_port: int, workdir: Path, superuser: str = "postgres") -> PgBouncer:
+    """PgBouncer on a free port, answering. PgBouncer cannot be told to pick
+    its port, so a port picked here may be taken by another test worker
+    before PgBouncer binds it: then PgBouncer exits, and another port is
+    tried. Nothing connects until PgBouncer's log says it listens, so a
+    test never talks to whatever else took the port."""
+    for _ in range(BIND_ATTEMPTS - 1):
+        try:
+            return _start_on(embedded.free_port(), server_port, workdir, superuser)
+        except PortTaken:
+            continue
+    return _start_on(embedded.free_port(), server_port, workdir, superuser)
+
+
+class PortTaken(PgBouncerError):
+    pass
+
+
+def _start_on(port: int, server_port: int, workdir: Path, superuser: str) -> PgBouncer:
     workdir.mkdir(parents=True, exist_ok=True)
-    port = embedded.free_port()
     (workdir / "userlist.txt").write_text(f'"{superuser}" ""\n')
     ini = workdir / "pgbouncer.ini"
     ini.write_text(config(port, server_port, superuser, workdir))
@@ -173,20 +193,29 @@ def start(server_port: int, workdir: Path, superuser: str = "postgres") -> PgBou
             [binary(), str(ini)], cwd="/", stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL, stderr=stderr, **kwargs)
     bouncer = PgBouncer(port, workdir, process, superuser)
+    listening = f"listening on 127.0.0.1:{port}"
     deadline = time.monotonic() + 30
     while True:
+        log = bouncer.log_text() if bouncer.log_file.exists() else ""
         if process.poll() is not None:
+            stderr_text = (workdir / "stderr.log").read_text(errors="replace")
+            if "nowhere to listen on" in log + stderr_text:
+                raise PortTaken(f"port {port} was taken before pgbouncer bound it")
             raise PgBouncerError(
-                f"pgbouncer exited {process.returncode}: "
-                f"{(workdir / 'stderr.log').read_text(errors='replace')[-2000:]}\n"
-                f"{bouncer.log_text() if bouncer.log_file.exists() else ''}")
-        try:
-            with psycopg.connect(f"host=127.0.0.1 port={port} dbname=postgres user={superuser}",
-                                 connect_timeout=2, autocommit=True) as conn:
-                conn.execute("select 1")
-            return bouncer
-        except psycopg.OperationalError as err:
-            if time.monotonic() > deadline:
-                bouncer.stop()
-                raise PgBouncerError(f"pgbouncer did not answer on port {port}: {err}") from err
-            time.sleep(0.1)  # polling for the listener, with a deadline
+                f"pgbouncer exited {process.returncode}: {stderr_text[-2000:]}\n{log}")
+        if listening in log:
+            try:
+                with psycopg.connect(
+                        f"host=127.0.0.1 port={port} dbname=postgres user={superuser}",
+                        connect_timeout=2, autocommit=True) as conn:
+                    conn.execute("select 1")
+                return bouncer
+            except psycopg.OperationalError as err:
+                if time.monotonic() > deadline:
+                    bouncer.stop()
+                    raise PgBouncerError(
+                        f"pgbouncer did not answer on port {port}: {err}") from err
+        elif time.monotonic() > deadline:
+            bouncer.stop()
+            raise PgBouncerError(f"pgbouncer did not log {listening!r}:\n{log}")
+        time.sleep(0.1)  # polling for the listener, with a deadline
