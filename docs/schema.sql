@@ -2782,40 +2782,57 @@ begin
 end;
 $function$;
 
-CREATE OR REPLACE FUNCTION awa._prune_slot(slot integer)
- RETURNS bigint
+CREATE OR REPLACE FUNCTION awa._prune_action(slot integer, at timestamp with time zone)
+ RETURNS text
  LANGUAGE plpgsql
+ STABLE
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
 declare
     ring_state text := case when slot < awa._finished_ring_slots() then 'completed' else 'failed' end;
     width integer := awa._finished_slot_seconds(ring_state);
     n integer := awa._finished_ring_slots();
-    current_period bigint := floor(date_part('epoch', now()) / width)::bigint;
-    current_slot integer := awa._finished_slot(ring_state, now());
+    current_period bigint := floor(date_part('epoch', at) / width)::bigint;
+    current_slot integer := awa._finished_slot(ring_state, at);
     -- The latest period this slot was written in: no row in it finished later.
     written_until timestamptz;
     longest interval;
-    part text := format('awa.%I', 'finished_' || lpad(slot::text, 2, '0'));
-    any_rows boolean;
-    rows_in bigint;
-    kept bigint := 0;
 begin
     if slot = current_slot then
-        return 0;
+        return null;
     end if;
     written_until := to_timestamp(
         (current_period - ((current_slot - slot + n) % n) + 1)::double precision * width
     );
-    execute format('select exists (select from %s)', part) into strict any_rows;
-    if not any_rows then
-        return 0;
-    end if;
     select max(awa._retention(ring_state, m.retain_completed, m.retain_failed))
       into longest
       from awa.queue_meta as m;
     longest := coalesce(longest, awa._retention(ring_state, null, null));
-    if written_until + longest >= now() and slot % n <> (current_slot + 1) % n then
+    if written_until + longest < at then
+        return 'drop';
+    end if;
+    if slot % n = (current_slot + 1) % n then
+        return 'carry';
+    end if;
+    return null;
+end;
+$function$;
+
+CREATE OR REPLACE FUNCTION awa._prune_slot(slot integer)
+ RETURNS bigint
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+declare
+    part text := format('awa.%I', 'finished_' || lpad(slot::text, 2, '0'));
+    action text;
+    at timestamptz;
+    any_rows boolean;
+    rows_in bigint;
+    kept bigint := 0;
+begin
+    execute format('select exists (select from %s)', part) into strict any_rows;
+    if not any_rows or awa._prune_action(slot, clock_timestamp()) is null then
         return 0;
     end if;
     begin
@@ -2823,8 +2840,13 @@ begin
     exception when lock_not_available then
         return 0;
     end;
+    at := clock_timestamp();
+    action := awa._prune_action(slot, at);
+    if action is null then
+        return 0;
+    end if;
     execute format('select count(*) from %s', part) into strict rows_in;
-    if written_until + longest >= now() then
+    if action = 'carry' then
         -- The ring's next slot, with rows still to keep: they move on.
         execute format($f$
             insert into awa.finished (
@@ -2833,14 +2855,14 @@ begin
                 unique_key, unique_window
             )
             select
-                f.job_id, awa._finished_slot(f.state, now()), f.queue_id, f.priority, f.kind,
+                f.job_id, awa._finished_slot(f.state, $1), f.queue_id, f.priority, f.kind,
                 f.state, f.attempt, f.max_attempts, f.enqueued_at, f.finished_at, f.args,
                 f.ordering_key, f.last_error, f.max_run_time, f.unique_key, f.unique_window
               from %s as f
               join awa.queue_meta as m on m.queue_id = f.queue_id
              where f.finished_at + awa._retention(f.state, m.retain_completed, m.retain_failed)
-                   >= now()
-        $f$, part);
+                   >= $1
+        $f$, part) using at;
         get diagnostics kept = row_count;
     end if;
     execute format('truncate %s', part);
@@ -4858,6 +4880,7 @@ AS $function$
 declare
     removed bigint := 0;
 begin
+    perform awa._check_read_committed('awa.prune_finished()');
     if not pg_try_advisory_xact_lock(awa._lock_class_prune(), 0) then
         return 0;
     end if;

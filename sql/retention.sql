@@ -108,12 +108,62 @@ begin
 end;
 $$;
 
+-- Function: awa._prune_action(slot integer, at timestamptz) returns text
+-- What a prune does to one slot of awa.finished at the moment `at` (see the
+-- file header): 'drop' when everything it can hold is past the longest
+-- retention of its ring, 'carry' when it is the ring's next slot and may
+-- hold rows still retained, null when it stays (the current slot, or one
+-- not yet due).
+-- Calls: awa._finished_ring_slots, awa._finished_slot, awa._finished_slot_seconds, awa._retention
+-- Writes: nothing
+create or replace function awa._prune_action(slot integer, at timestamptz)
+returns text
+language plpgsql
+stable
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    ring_state text := case when slot < awa._finished_ring_slots() then 'completed' else 'failed' end;
+    width integer := awa._finished_slot_seconds(ring_state);
+    n integer := awa._finished_ring_slots();
+    current_period bigint := floor(date_part('epoch', at) / width)::bigint;
+    current_slot integer := awa._finished_slot(ring_state, at);
+    -- The latest period this slot was written in: no row in it finished later.
+    written_until timestamptz;
+    longest interval;
+begin
+    if slot = current_slot then
+        return null;
+    end if;
+    written_until := to_timestamp(
+        (current_period - ((current_slot - slot + n) % n) + 1)::double precision * width
+    );
+    select max(awa._retention(ring_state, m.retain_completed, m.retain_failed))
+      into longest
+      from awa.queue_meta as m;
+    longest := coalesce(longest, awa._retention(ring_state, null, null));
+    if written_until + longest < at then
+        return 'drop';
+    end if;
+    if slot % n = (current_slot + 1) % n then
+        return 'carry';
+    end if;
+    return null;
+end;
+$$;
+
 -- Function: awa._prune_slot(slot integer) returns bigint
--- Empties one slot of awa.finished if it is due (see the file header) and
+-- Empties one slot of awa.finished if it is due (awa._prune_action) and
 -- its lock can be had at once; returns how many jobs it removed (rows
 -- copied to the current slot do not count). The caller holds the prune
--- lock.
--- Calls: awa._finished_ring_slots, awa._finished_slot, awa._finished_slot_seconds, awa._retention
+-- lock. Whether the slot is due is decided again once its lock is held,
+-- at a time read then from the clock, not at the transaction's start: a
+-- job that ends in a transaction begun before that moment is written to a
+-- slot no later than the moment's current one, and a transaction begun
+-- after it waits for the lock. Decided at the transaction's start, a
+-- prune begun just before the hour turns took the new hour's slot for the
+-- oldest, and emptied it with the jobs completed in it since.
+-- Calls: awa._finished_slot (dynamic), awa._prune_action, awa._retention (dynamic)
 -- Writes: awa.finished (dynamic)
 create or replace function awa._prune_slot(slot integer)
 returns bigint
@@ -121,34 +171,15 @@ language plpgsql
 set search_path = pg_catalog, pg_temp
 as $$
 declare
-    ring_state text := case when slot < awa._finished_ring_slots() then 'completed' else 'failed' end;
-    width integer := awa._finished_slot_seconds(ring_state);
-    n integer := awa._finished_ring_slots();
-    current_period bigint := floor(date_part('epoch', now()) / width)::bigint;
-    current_slot integer := awa._finished_slot(ring_state, now());
-    -- The latest period this slot was written in: no row in it finished later.
-    written_until timestamptz;
-    longest interval;
     part text := format('awa.%I', 'finished_' || lpad(slot::text, 2, '0'));
+    action text;
+    at timestamptz;
     any_rows boolean;
     rows_in bigint;
     kept bigint := 0;
 begin
-    if slot = current_slot then
-        return 0;
-    end if;
-    written_until := to_timestamp(
-        (current_period - ((current_slot - slot + n) % n) + 1)::double precision * width
-    );
     execute format('select exists (select from %s)', part) into strict any_rows;
-    if not any_rows then
-        return 0;
-    end if;
-    select max(awa._retention(ring_state, m.retain_completed, m.retain_failed))
-      into longest
-      from awa.queue_meta as m;
-    longest := coalesce(longest, awa._retention(ring_state, null, null));
-    if written_until + longest >= now() and slot % n <> (current_slot + 1) % n then
+    if not any_rows or awa._prune_action(slot, clock_timestamp()) is null then
         return 0;
     end if;
     begin
@@ -156,8 +187,13 @@ begin
     exception when lock_not_available then
         return 0;
     end;
+    at := clock_timestamp();
+    action := awa._prune_action(slot, at);
+    if action is null then
+        return 0;
+    end if;
     execute format('select count(*) from %s', part) into strict rows_in;
-    if written_until + longest >= now() then
+    if action = 'carry' then
         -- The ring's next slot, with rows still to keep: they move on.
         execute format($f$
             insert into awa.finished (
@@ -166,14 +202,14 @@ begin
                 unique_key, unique_window
             )
             select
-                f.job_id, awa._finished_slot(f.state, now()), f.queue_id, f.priority, f.kind,
+                f.job_id, awa._finished_slot(f.state, $1), f.queue_id, f.priority, f.kind,
                 f.state, f.attempt, f.max_attempts, f.enqueued_at, f.finished_at, f.args,
                 f.ordering_key, f.last_error, f.max_run_time, f.unique_key, f.unique_window
               from %s as f
               join awa.queue_meta as m on m.queue_id = f.queue_id
              where f.finished_at + awa._retention(f.state, m.retain_completed, m.retain_failed)
-                   >= now()
-        $f$, part);
+                   >= $1
+        $f$, part) using at;
         get diagnostics kept = row_count;
     end if;
     execute format('truncate %s', part);
@@ -192,7 +228,11 @@ $$;
 -- once an hour.
 -- Role: awa_maintenance.
 -- Returns: how many jobs it removed.
--- Calls: awa._finished_ring_slots, awa._lock_class_prune, awa._prune_slot
+-- Errors: 25000 the calling transaction is not read committed: a snapshot
+-- older than a slot's lock would not see the rows committed since, and the
+-- TRUNCATE would remove them uncopied.
+-- Calls: awa._check_read_committed, awa._finished_ring_slots, awa._lock_class_prune,
+--   awa._prune_slot
 -- Writes: nothing
 create or replace function awa.prune_finished()
 returns bigint
@@ -204,6 +244,7 @@ as $$
 declare
     removed bigint := 0;
 begin
+    perform awa._check_read_committed('awa.prune_finished()');
     if not pg_try_advisory_xact_lock(awa._lock_class_prune(), 0) then
         return 0;
     end if;
@@ -219,5 +260,6 @@ select awa._grant_execute('awa._finished_ring_slots()');
 select awa._grant_execute('awa._finished_slot(text, timestamptz)');
 select awa._grant_execute('awa._retention(text, interval, interval)');
 select awa._grant_execute('awa.set_retention(text, interval, interval)', 'operator');
+select awa._grant_execute('awa._prune_action(integer, timestamptz)');
 select awa._grant_execute('awa._prune_slot(integer)');
 select awa._grant_execute('awa.prune_finished()', 'maintenance');

@@ -20,6 +20,7 @@ import pytest
 from psycopg.types.json import Jsonb
 
 from tests.support.jobs import claim, enqueue
+from tests.support.waiting import wait_until
 
 # Every column set, as a failed job's row has them (a retry needs them all).
 INSERT_PAST = """
@@ -273,6 +274,68 @@ def test_no_job_is_lost_while_workers_complete_jobs_during_prunes(db, su, logins
                       ).fetchone() == (total, total)
     assert su.execute("select completed from awa.queue_overview where queue = 'work'"
                       ).fetchone()[0] == total
+
+
+# Completed slots of 2 seconds: a period turns within a test.
+SHORT_SLOTS = """
+    create or replace function awa._finished_slot_seconds(state text)
+    returns integer
+    language sql
+    immutable parallel safe
+    as $$
+        select case when state operator(pg_catalog.=) 'completed' then 2 else 21600 end
+    $$
+"""
+
+
+def test_a_prune_begun_before_the_slot_turned_keeps_the_jobs_completed_since(db, su, logins):
+    """A prune decides which slots are due from the clock once it holds a
+    slot's lock, not from its transaction's start. Here a maintenance
+    transaction begins in one period of the completed ring (2 s, this
+    database's own), workers complete jobs after the next period has begun,
+    then the transaction prunes: by its start time the jobs' slot is the
+    ring's oldest, and with a retention of 30 s, due at once. They stay."""
+    su.execute(SHORT_SLOTS)
+    su.execute("select awa.set_enqueue_shards('work', 1)")
+    for q in ("short", "long", "work"):
+        su.execute("select awa.set_retention(%s, '30 seconds', '1 day')", [q])
+    with db.connect(logins.producer) as p:
+        for _ in range(3):
+            enqueue(p, "work")
+    with db.connect(logins.maintenance, autocommit=False) as m, \
+            db.connect(logins.worker) as w:
+        began = su.execute("select awa._finished_slot('completed', %s)",
+                           m.execute("select now()").fetchone()).fetchone()[0]
+        wait_until(lambda: su.execute("select awa._finished_slot('completed', clock_timestamp())"
+                                      ).fetchone()[0] != began,
+                   10, "the next period of the completed ring")
+        done = []
+        for job_id, lease, *_ in claim(w, ["work"], 3):
+            assert w.execute("select awa.complete(%s, %s)", [job_id, lease]).fetchone()[0]
+            done.append(job_id)
+        assert len(done) == 3
+        assert began not in {slot_of(su, j) for j in done}
+        assert m.execute("select awa.prune_finished()").fetchone()[0] == 0
+        m.commit()
+    assert kept(su, done) == set(done)
+
+
+@pytest.mark.parametrize("isolation", ["repeatable read", "serializable"])
+def test_a_prune_from_a_snapshot_older_than_its_locks_is_refused(db, su, logins, isolation):
+    """Its copy of the rows still retained would read with the transaction's
+    snapshot, taken before the slot's lock, and miss rows committed between
+    the two; the TRUNCATE would then remove them."""
+    su.execute("select awa.set_retention('short', '1 hour', '1 day')")
+    su.execute("select awa.set_retention('long', '1 hour', '1 day')")
+    old = past(su, "short", "completed", "now() - interval '3 hours'", 5)
+    with db.connect(logins.maintenance, autocommit=False) as m:
+        m.execute(f"begin isolation level {isolation}")
+        with pytest.raises(psycopg.Error) as err:
+            m.execute("select awa.prune_finished()")
+        assert err.value.sqlstate == "25000"
+        assert ("awa.prune_finished() needs a read committed transaction, got "
+                f"{isolation}") in str(err.value)
+    assert kept(su, old) == set(old)
 
 
 def test_queue_counts_counts_every_row_for_a_reader_and_the_overview_agrees(db, logins):
