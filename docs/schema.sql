@@ -4033,6 +4033,7 @@ CREATE OR REPLACE FUNCTION awa.compact_ready()
  SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'pg_temp'
  SET lock_timeout TO '100ms'
+ SET stats_fetch_consistency TO 'none'
 AS $function$
 declare
     file oid;

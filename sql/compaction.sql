@@ -130,7 +130,8 @@ $$;
 -- and returns 0, to be made again. A second call that waited for a first
 -- finds the table's file changed and returns 0. Run it every few seconds
 -- (awa maintain does); it rewrites only while a held snapshot keeps vacuum
--- from the dead rows.
+-- from the dead rows. It reads the statistics afresh, whatever snapshot of
+-- them the caller's transaction keeps (stats_fetch_consistency).
 -- Role: awa_maintenance.
 -- Returns: 1 if it rewrote the table, else 0.
 -- Errors: 25000 the calling transaction is not read committed: a snapshot
@@ -144,6 +145,10 @@ language plpgsql
 security definer
 set search_path = pg_catalog, pg_temp
 set lock_timeout = '100ms'
+-- The statistics read afresh: a caller's transaction may have kept a
+-- snapshot of them from when the backlog was small (changing the setting
+-- drops it).
+set stats_fetch_consistency = none
 as $$
 declare
     file oid;

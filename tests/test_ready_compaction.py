@@ -3,7 +3,8 @@ awa.ready holds many more dead rows than vacuum leaves (a held snapshot),
 and a backlog of at most 100,000, it is rewritten with its live rows only,
 by TRUNCATE, each row unchanged; the claims that follow take the same jobs
 in the same order. A call skips while an enqueue in flight holds the
-table, leaves a larger backlog alone, refuses a snapshot older than its
+table, leaves a larger backlog alone (whatever statistics the caller's
+transaction has kept), refuses a snapshot older than its
 lock, is for maintenance only, and loses no job while producers and
 workers run around it.
 
@@ -122,6 +123,31 @@ def test_a_backlog_above_100000_is_left_alone(db, su, logins, horizon):
     before = filenode(su)
     with db.connect(logins.maintenance) as m:
         assert compact(m) == 0
+    assert filenode(su) == before
+
+
+def test_a_callers_statistics_snapshot_does_not_make_a_large_backlog_look_small(
+        db, su, logins, horizon):
+    """A caller may keep a snapshot of the statistics for its transaction
+    (stats_fetch_consistency = snapshot) taken while the table looked due;
+    the call reads them afresh, sees the backlog now above 100,000 and
+    leaves the table alone."""
+    junk(su, 300_000)
+    with db.connect(logins.maintenance, autocommit=False) as m:
+        m.execute("set local stats_fetch_consistency = snapshot")
+        live, dead = m.execute("select pg_stat_get_live_tuples('awa.ready'::regclass),"
+                               " pg_stat_get_dead_tuples('awa.ready'::regclass)").fetchone()
+        assert dead > 200_000 + live and live <= 100_000  # due, in its snapshot
+        su.execute("insert into awa.ready (lane_id, lane_seq, job_id, queue_id, priority, kind,"
+                   " args, attempt, max_attempts, enqueued_at)"
+                   " select %s, g, -g, 0, 2, 'junk', '{}', 0, 1, now()"
+                   " from generate_series(400001, 500001) g", [NO_LANE])
+        su.execute("select pg_stat_force_next_flush()")
+        su.execute("select 1")
+        assert su.execute("select awa._ready_compaction_due()").fetchone()[0] is False
+        before = filenode(su)
+        assert compact(m) == 0
+        m.rollback()
     assert filenode(su) == before
 
 
