@@ -3835,7 +3835,14 @@ begin
                         m.kind, m.args, m.ordering_key, m.attempt + 1, m.max_attempts,
                         m.enqueued_at, claim.worker, now(), now(),
                         least(now() + claim.lease, m.deadline_at),
-                        solo_completed_seq, m.max_run_time, m.deadline_at, solo_unique_jobs,
+                        solo_completed_seq, m.max_run_time, m.deadline_at,
+                        -- Read again with this statement's snapshot unless the row
+                        -- read first said so: the first keyed job marks its queue in
+                        -- its own transaction, which may have committed since, and
+                        -- this statement may have taken that very job.
+                        solo_unique_jobs or (select k.unique_jobs
+                                               from awa.queue_meta as k
+                                              where k.queue = solo_queue),
                         awa._running_slot(m.run_lease)
                       from moved as m
                 )

@@ -113,7 +113,9 @@ $$;
 -- (read from the queue_meta row the walk reads anyway); the lease never
 -- runs past it (ADR 026). The running row notes whether the queue has had
 -- keyed jobs (queue_meta.unique_jobs), so that the job's end looks for a
--- unique key only then (ADR 027).
+-- unique key only then (ADR 027); the fast path reads that flag again in
+-- its walk, with the snapshot it takes jobs with, unless the row it read
+-- first already says so.
 -- Role: awa_worker.
 -- Returns: setof awa.claimed, by priority then claim order; each job's
 -- attempt is counted from 1; deadline_at null for a job without one.
@@ -249,7 +251,14 @@ begin
                         m.kind, m.args, m.ordering_key, m.attempt + 1, m.max_attempts,
                         m.enqueued_at, claim.worker, now(), now(),
                         least(now() + claim.lease, m.deadline_at),
-                        solo_completed_seq, m.max_run_time, m.deadline_at, solo_unique_jobs,
+                        solo_completed_seq, m.max_run_time, m.deadline_at,
+                        -- Read again with this statement's snapshot unless the row
+                        -- read first said so: the first keyed job marks its queue in
+                        -- its own transaction, which may have committed since, and
+                        -- this statement may have taken that very job.
+                        solo_unique_jobs or (select k.unique_jobs
+                                               from awa.queue_meta as k
+                                              where k.queue = solo_queue),
                         awa._running_slot(m.run_lease)
                       from moved as m
                 )

@@ -9,6 +9,7 @@ deadlocks."""
 from __future__ import annotations
 
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import psycopg
 import pytest
@@ -17,6 +18,7 @@ from hypothesis import strategies as st
 from psycopg.types.json import Jsonb
 
 from tests.support.jobs import claim, claim_all, enqueue
+from tests.support.waiting import wait_until
 
 ENQUEUED = ["job_id", "queue", "priority", "enqueue_shard", "lane_seq", "duplicate"]
 
@@ -417,6 +419,37 @@ def test_concurrent_producers_and_workers_never_see_two_live_jobs_share_a_key(db
         assert su.execute("select count(*) from awa.finished where state = 'completed'"
                           ).fetchone()[0] == done_before + len(completed)
     assert len(duplicates) > 0
+
+
+def test_a_claim_that_read_its_queue_before_the_first_keyed_job_gives_the_key_back(
+        db, logins):
+    """A claim by one queue's name reads the queue's row, then walks its
+    lanes in a later statement, with a newer snapshot. The first keyed job
+    of the queue marks the queue as keyed in its own transaction, which
+    can commit between the two: the claim then takes the job while the row
+    it read says no job of the queue has a key. The job's end must still
+    give the key back. The claim is held between its two statements by a
+    lock on awa.lane_hints, which only the walk reads."""
+    with db.connect() as su:
+        su.execute("select awa.set_enqueue_shards('firstkey', 1)")
+        assert su.execute("select unique_jobs from awa.queue_meta where queue = 'firstkey'"
+                          ).fetchone() == (False,)
+    with db.connect(autocommit=False) as holder, db.connect(logins.worker) as w, \
+            db.connect(logins.producer) as p, db.connect() as watch, \
+            ThreadPoolExecutor(1) as pool:
+        holder.execute("lock table awa.lane_hints in access exclusive mode")
+        claimed = pool.submit(claim, w, ["firstkey"], 1)
+        wait_until(lambda: watch.execute(
+            "select exists (select from pg_locks where pid = %s and not granted"
+            " and relation = 'awa.lane_hints'::regclass)", [w.info.backend_pid]).fetchone()[0],
+            10, "the claim to wait for awa.lane_hints")
+        first = put(p, "firstkey", b"k")
+        holder.rollback()
+        (job_id, lease, *_), = claimed.result(timeout=30)
+        assert job_id == first["job_id"]
+        assert w.execute("select awa.complete(%s, %s)", [job_id, lease]).fetchone()[0]
+        second = put(p, "firstkey", b"k")
+    assert second["duplicate"] is False and second["job_id"] != first["job_id"]
 
 
 # -- the Python client ----------------------------------------------------------------------
