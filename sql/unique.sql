@@ -146,9 +146,11 @@ $$;
 -- Function: awa._release_unique_key(job_id bigint, completed boolean)
 --           returns table (unique_key bytea, unique_window interval)
 -- Gives back the unique key a job that ends holds: at once, or for a
--- completed job with a unique window once the window has passed. Returns
--- the key and window the job held (no row when it held none), which a
--- failed or cancelled job keeps for a retry.
+-- completed job with a unique window once the window has passed, counted
+-- from the clock now, not from the start of the worker's transaction,
+-- which may be as old as the worker likes. Returns the key and window the
+-- job held (no row when it held none), which a failed or cancelled job
+-- keeps for a retry.
 -- Calls: nothing
 -- Writes: awa.unique_keys
 create or replace function awa._release_unique_key(job_id bigint, completed boolean)
@@ -160,7 +162,7 @@ begin
     if completed then
         return query
         update awa.unique_keys as u
-           set held_until = now() + u.unique_window
+           set held_until = clock_timestamp() + u.unique_window
          where u.job_id = _release_unique_key.job_id and u.held_until is null
            and u.unique_window is not null
         returning u.unique_key, u.unique_window;

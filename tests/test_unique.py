@@ -151,6 +151,25 @@ def test_a_completed_job_with_a_window_holds_its_key_until_the_window_ends(db, l
                               second["job_id"], None, None)
 
 
+def test_the_window_counts_from_the_complete_not_from_the_workers_transaction_start(
+        db, logins):
+    """A worker may complete a job in a transaction begun long before; the
+    key stays held for the whole window from the complete itself."""
+    with db.connect(logins.producer) as p:
+        put(p, "late", b"daily", unique_window="1 day")
+    with db.connect(logins.worker, autocommit=False) as w:
+        began = w.execute("select now()").fetchone()[0]
+        wait_until(lambda: w.execute("select clock_timestamp() - now() > interval '0.2 s'"
+                                     ).fetchone()[0], 10, "0.2 s into the transaction")
+        before = w.execute("select clock_timestamp()").fetchone()[0]
+        finish(w, "late")
+        w.commit()
+    with db.connect() as su:
+        held_until, window = su.execute("select held_until, unique_window from awa.unique_keys"
+                                        " where unique_key = 'daily'").fetchone()
+    assert held_until >= before + window > began + window
+
+
 def test_a_failed_job_gives_its_key_back_despite_a_window(db, logins):
     with db.connect(logins.producer) as p:
         first = put(p, "winf", b"w", unique_window="1 day", max_attempts=1)["job_id"]
