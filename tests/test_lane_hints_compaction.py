@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 import psycopg
 import pytest
 
+from tests.support.isolation import OLDER_SNAPSHOTS, assert_refused_outside_read_committed
 from tests.support.jobs import claim
 
 HINTS = "select lane_id, max(head_seq) from awa.lane_hints group by lane_id order by lane_id"
@@ -108,16 +109,11 @@ def test_a_table_held_by_a_claim_in_flight_is_skipped_then_compacted(db, su, log
     assert size(su) <= allowed(su)
 
 
-@pytest.mark.parametrize("isolation", ["repeatable read", "serializable"])
+@pytest.mark.parametrize("isolation", OLDER_SNAPSHOTS)
 def test_a_snapshot_older_than_the_lock_is_refused(db, su, logins, isolation):
     grow(su, 3000, dead=False)
-    with db.connect(logins.maintenance, autocommit=False) as m:
-        m.execute(f"begin isolation level {isolation}")
-        with pytest.raises(psycopg.Error) as err:
-            m.execute("select awa.compact_lane_hints()")
-        assert err.value.sqlstate == "25000"
-        assert ("awa.compact_lane_hints() needs a read committed transaction, got "
-                f"{isolation}") in str(err.value)
+    assert_refused_outside_read_committed(db, logins.maintenance,
+                                          "awa.compact_lane_hints()", isolation)
     assert size(su) > allowed(su)
 
 

@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 import psycopg
 import pytest
 
+from tests.support.isolation import OLDER_SNAPSHOTS, assert_refused_outside_read_committed
 from tests.support.jobs import claim
 
 NO_LANE = 2_000_000_000
@@ -167,15 +168,10 @@ def test_a_table_held_by_an_enqueue_in_flight_is_skipped_then_rewritten(db, su, 
                       [job_id]).fetchone()[0] == 1
 
 
-@pytest.mark.parametrize("isolation", ["repeatable read", "serializable"])
+@pytest.mark.parametrize("isolation", OLDER_SNAPSHOTS)
 def test_a_snapshot_older_than_the_lock_is_refused(db, su, logins, isolation):
-    with db.connect(logins.maintenance, autocommit=False) as m:
-        m.execute(f"begin isolation level {isolation}")
-        with pytest.raises(psycopg.Error) as err:
-            compact(m)
-        assert err.value.sqlstate == "25000"
-        assert ("awa.compact_ready() needs a read committed transaction, got "
-                f"{isolation}") in str(err.value)
+    assert_refused_outside_read_committed(db, logins.maintenance, "awa.compact_ready()",
+                                          isolation)
 
 
 @pytest.mark.parametrize("role", ["producer", "worker", "operator", "reader"])

@@ -19,6 +19,7 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
+from tests.support.isolation import OLDER_SNAPSHOTS, assert_refused_outside_read_committed
 from tests.support.jobs import claim, enqueue
 from tests.support.waiting import wait_until
 
@@ -320,7 +321,7 @@ def test_a_prune_begun_before_the_slot_turned_keeps_the_jobs_completed_since(db,
     assert kept(su, done) == set(done)
 
 
-@pytest.mark.parametrize("isolation", ["repeatable read", "serializable"])
+@pytest.mark.parametrize("isolation", OLDER_SNAPSHOTS)
 def test_a_prune_from_a_snapshot_older_than_its_locks_is_refused(db, su, logins, isolation):
     """Its copy of the rows still retained would read with the transaction's
     snapshot, taken before the slot's lock, and miss rows committed between
@@ -328,13 +329,8 @@ def test_a_prune_from_a_snapshot_older_than_its_locks_is_refused(db, su, logins,
     su.execute("select awa.set_retention('short', '1 hour', '1 day')")
     su.execute("select awa.set_retention('long', '1 hour', '1 day')")
     old = past(su, "short", "completed", "now() - interval '3 hours'", 5)
-    with db.connect(logins.maintenance, autocommit=False) as m:
-        m.execute(f"begin isolation level {isolation}")
-        with pytest.raises(psycopg.Error) as err:
-            m.execute("select awa.prune_finished()")
-        assert err.value.sqlstate == "25000"
-        assert ("awa.prune_finished() needs a read committed transaction, got "
-                f"{isolation}") in str(err.value)
+    assert_refused_outside_read_committed(db, logins.maintenance, "awa.prune_finished()",
+                                          isolation)
     assert kept(su, old) == set(old)
 
 

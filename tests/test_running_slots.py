@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 import psycopg
 import pytest
 
+from tests.support.isolation import OLDER_SNAPSHOTS, assert_refused_outside_read_committed
 from tests.support.jobs import claim
 
 BLOCK = 65_536
@@ -155,19 +156,15 @@ def test_one_rotation_at_a_time(db, su, logins):
     assert su.execute(WHERE, [job_id]).fetchone() == ("awa.running_0", 0, lease)
 
 
-@pytest.mark.parametrize("isolation", ["repeatable read", "serializable"])
+@pytest.mark.parametrize("isolation", OLDER_SNAPSHOTS)
 def test_a_snapshot_older_than_the_slots_lock_is_refused(db, su, logins, isolation):
     lease_at(su, 12 * BLOCK)
     with db.connect(logins.worker) as w:
         (job_id, lease, *_), = claim(w, ["rot"], 1)
         into_second_half(su)
         claim(w, ["rot"], 1)
-    with db.connect(logins.maintenance, autocommit=False) as m:
-        m.execute(f"begin isolation level {isolation}")
-        with pytest.raises(psycopg.Error) as err:
-            m.execute("select awa.rotate_running()")
-        assert err.value.sqlstate == "25000"
-        assert f"needs a read committed transaction, got {isolation}" in str(err.value)
+    assert_refused_outside_read_committed(db, logins.maintenance, "awa.rotate_running()",
+                                          isolation)
     assert su.execute(WHERE, [job_id]).fetchone() == ("awa.running_0", 0, lease)
 
 

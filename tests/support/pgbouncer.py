@@ -30,6 +30,10 @@ class PgBouncerError(RuntimeError):
     pass
 
 
+class PortTaken(PgBouncerError):
+    """Another process bound the port before PgBouncer could."""
+
+
 def binary() -> str:
     found = shutil.which("pgbouncer") or (
         "/usr/sbin/pgbouncer" if Path("/usr/sbin/pgbouncer").exists() else None)
@@ -169,10 +173,6 @@ def start(server_port: int, workdir: Path, superuser: str = "postgres") -> PgBou
         except PortTaken:
             continue
     return _start_on(embedded.free_port(), server_port, workdir, superuser)
-
-
-class PortTaken(PgBouncerError):
-    pass
 
 
 def _start_on(port: int, server_port: int, workdir: Path, superuser: str) -> PgBouncer:
