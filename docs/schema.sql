@@ -1006,6 +1006,14 @@ AS $function$
       from per_instant as p
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._batch_dims(a anyarray)
+ RETURNS text
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+    select case when a is not null then coalesce(pg_catalog.array_dims(a), '[1:0]') end
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._cancel_waiting(job_id bigint, queue_id integer, priority smallint, kind text, args jsonb, ordering_key bytea, attempt integer, max_attempts integer, enqueued_at timestamp with time zone, last_error text, max_run_time interval)
  RETURNS void
  LANGUAGE plpgsql
@@ -4431,9 +4439,10 @@ declare
     attempts integer := coalesce(max_attempts[1], awa._default_max_attempts());
     names text[];
     dims text[] := array[
-        array_dims(queues), array_dims(kinds), array_dims(args), array_dims(priorities),
-        array_dims(ordering_keys), array_dims(run_ats), array_dims(max_attempts),
-        array_dims(max_run_times), array_dims(unique_keys), array_dims(unique_windows)
+        awa._batch_dims(queues), awa._batch_dims(kinds), awa._batch_dims(args),
+        awa._batch_dims(priorities), awa._batch_dims(ordering_keys), awa._batch_dims(run_ats),
+        awa._batch_dims(max_attempts), awa._batch_dims(max_run_times),
+        awa._batch_dims(unique_keys), awa._batch_dims(unique_windows)
     ];
     lens integer[];
     q_id integer;

@@ -142,6 +142,13 @@ def test_other_calls_take_the_general_path(db, logins, shape):
     ({"kinds": ["k", None, "k"]}, "22004", "batch element 2"),
     ({"kinds": ["k", "k"]}, "22023", "kinds has 2 elements but queues has 3"),
     ({"args": [None]}, "22023", "args has 1 elements but queues has 3"),
+    # Empty is a length, not "every default" (array_dims('{}') is null).
+    ({"args": "{}"}, "22023", "args has 0 elements but queues has 3"),
+    ({"priorities": "{}"}, "22023", "priorities has 0 elements but queues has 3"),
+    ({"ordering_keys": "{}"}, "22023", "ordering_keys has 0 elements but queues has 3"),
+    ({"unique_keys": "{}"}, "22023", "unique_keys has 0 elements but queues has 3"),
+    ({"unique_windows": "{}"}, "22023", "unique_windows has 0 elements but queues has 3"),
+    ({"kinds": "{}"}, "22023", "kinds has 0 elements but queues has 3"),
     ({"queues": ["x" * 201] * 3}, "22023", "batch element 1"),
     ({"queues": ["a#b"] * 3}, "22023", "batch element 1"),
     ({"queues": "[0:2]={fast,fast,fast}"}, "22023", "array queues must be one-dimensional"),
@@ -167,6 +174,15 @@ def test_bad_calls_that_look_fast_fail_like_the_general_path(db, logins, extra, 
     assert words in str(err.value)
     with db.connect() as admin:
         assert admin.execute("select count(*) from awa.ready").fetchone()[0] == 1
+
+
+def test_an_empty_batch_with_empty_arrays_enqueues_nothing(db, logins):
+    params = {"queues": [], "kinds": [], "args": "{}", "ordering_keys": "{}",
+              "unique_keys": "{}"}
+    rows, _general = batch_as(db, logins.producer, params)
+    assert rows == []
+    with db.connect() as admin:
+        assert admin.execute("select count(*) from awa.ready").fetchone()[0] == 0
 
 
 def test_fast_path_keeps_the_lane_its_transaction_holds(db, logins):
