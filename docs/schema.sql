@@ -652,12 +652,7 @@ CREATE VIEW awa.queue_overview AS
            FROM awa._lane_states(m.queue_id) x(lane_id, priority, shard, ready, oldest_ready_at, next_seq, head_seq)) r
      CROSS JOIN LATERAL awa._finished_totals(m.queue_id) t(completed, failed, cancelled, retain_completed, retain_failed)
      CROSS JOIN LATERAL awa._run_policy(m.queue_id) p(max_run_time, retry_base, retry_cap, retry_jitter)
-     CROSS JOIN LATERAL ( SELECT count(*) AS scheduled
-           FROM ( SELECT
-                   FROM awa.scheduled x
-                  WHERE x.queue_id = m.queue_id
-                  ORDER BY x.job_id
-                 LIMIT 10000) capped) s
+     CROSS JOIN LATERAL awa._scheduled_capped(m.queue_id) s(scheduled)
      LEFT JOIN ( SELECT x.queue_id,
             count(*) AS running
            FROM awa.running x
@@ -3318,6 +3313,22 @@ begin
 end;
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._scheduled_capped(queue_id integer)
+ RETURNS bigint
+ LANGUAGE sql
+ STABLE SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+ SET enable_seqscan TO 'off'
+ SET enable_bitmapscan TO 'off'
+AS $function$
+    select count(*)
+      from (
+          select from awa.scheduled as x
+           where x.queue_id = _scheduled_capped.queue_id
+           limit 10000
+      ) as capped
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._set_enqueue_shards(queue text, shards integer, source text)
  RETURNS TABLE(physical_queue text, old_shards smallint, new_shards smallint, lanes_created integer)
  LANGUAGE plpgsql
@@ -5737,6 +5748,7 @@ GRANT EXECUTE ON FUNCTION awa._limbs_numeric(bigint[]) TO awa_maintenance, awa_o
 GRANT EXECUTE ON FUNCTION awa._mix_limbs(bytea,bigint,bigint) TO awa_maintenance, awa_operator, awa_producer, awa_reader, awa_worker;
 GRANT EXECUTE ON FUNCTION awa._partition_limbs(bytea) TO awa_maintenance, awa_operator, awa_producer, awa_reader, awa_worker;
 GRANT EXECUTE ON FUNCTION awa._run_policy(integer) TO awa_operator, awa_reader;
+GRANT EXECUTE ON FUNCTION awa._scheduled_capped(integer) TO awa_operator, awa_reader;
 GRANT EXECUTE ON FUNCTION awa.autoscale_tick() TO awa_maintenance;
 GRANT EXECUTE ON FUNCTION awa.cancel_job(bigint) TO awa_operator;
 GRANT EXECUTE ON FUNCTION awa.cancel_jobs(text,text,integer) TO awa_operator;

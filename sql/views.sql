@@ -99,6 +99,35 @@ begin
 end;
 $$;
 
+-- Function: awa._scheduled_capped(queue_id integer) returns bigint
+-- The queue's scheduled jobs, counted up to 10,000: a count at the cap means
+-- at least that many. Read from the queue's own index only. In the view, the
+-- queue is a parameter whose rows the planner estimates as the table's
+-- average; once one queue held most of awa.scheduled, it took a sequential
+-- scan (or a walk of the primary key) that read every other queue's rows
+-- to count one. A definer: the reader roles may not read awa.scheduled.
+-- Role: awa_reader, awa_operator.
+-- Calls: nothing
+-- Writes: nothing
+create or replace function awa._scheduled_capped(queue_id integer)
+returns bigint
+language sql
+stable
+security definer
+set search_path = pg_catalog, pg_temp
+set enable_seqscan = off
+set enable_bitmapscan = off
+as $$
+    select count(*)
+      from (
+          select from awa.scheduled as x
+           where x.queue_id = _scheduled_capped.queue_id
+           limit 10000
+      ) as capped
+$$;
+
+select awa._grant_execute('awa._scheduled_capped(integer)', 'reader', 'operator');
+
 -- Function: awa._finished_totals(queue_id integer)
 -- The queue's terminal counters (awa._provision_counters): jobs completed,
 -- failed and cancelled since the counters were made, whatever retention
@@ -203,16 +232,7 @@ cross join lateral (
 ) as r
 cross join lateral awa._finished_totals(m.queue_id) as t
 cross join lateral awa._run_policy(m.queue_id) as p
-cross join lateral (
-    select count(*) as scheduled
-    from (
-        select from awa.scheduled as x
-        where x.queue_id = m.queue_id
-        order by x.job_id
-        -- A count at this cap means at least that many.
-        limit 10000
-    ) as capped
-) as s
+cross join lateral awa._scheduled_capped(m.queue_id) as s (scheduled)
 left join (
     select
         x.queue_id,

@@ -519,3 +519,45 @@ def test_every_alert_rule_is_well_formed_and_queries_emitted_series(db, logins, 
     for needed in ("awa_up", "awa_queue_lag_seconds", "awa_queue_depth",
                    "awa_table_dead_tuples", "awa_maintain_passes_total"):
         assert needed in used, f"no alert on {needed}"
+
+
+
+SCHEDULED_ROWS_READ = """
+    select sum(pg_stat_get_xact_tuples_returned(o.oid))
+      from (select 'awa.scheduled'::regclass::oid
+             union all
+            select i.indexrelid from pg_index as i
+             where i.indrelid = 'awa.scheduled'::regclass) as o (oid)
+"""
+
+
+def _scheduled_rows_read(conn, query: str) -> int:
+    """Rows and index entries of awa.scheduled that one query read, functions
+    included: the difference of the backend's statistics not yet reported,
+    which may still hold earlier transactions' counts."""
+    with conn.transaction():
+        before = conn.execute(SCHEDULED_ROWS_READ).fetchone()[0]
+        conn.execute(query).fetchall()
+        return conn.execute(SCHEDULED_ROWS_READ).fetchone()[0] - before
+
+
+def test_a_queue_with_few_scheduled_jobs_never_reads_another_queues_schedule(db, logins):
+    """The overview counts scheduled jobs up to 10,000 per queue. In the view
+    the queue is a parameter the planner estimates as the average; once one
+    queue held most of awa.scheduled, the count of another scanned them all."""
+    from awa_sql.metrics.database import SCRAPE_SQL
+
+    with db.connect() as conn:
+        conn.execute("select awa.enqueue_batch(array_agg('big'::text), array_agg('t'::text),"
+                     " run_ats => array_agg(now() + interval '1 day'))"
+                     " from generate_series(1, 100000)")
+        conn.execute("analyze awa.scheduled")  # as autovacuum would after such a load
+        conn.execute("select awa.enqueue('small', 't', run_at => now() + interval '1 day')")
+    with db.connect(logins.reader) as conn:
+        assert dict(conn.execute("select queue, scheduled from awa.queue_overview")) == {
+            "big": 10_000, "small": 1}
+        small = _scheduled_rows_read(
+            conn, "select scheduled from awa.queue_overview where queue = 'small'")
+        scrape = _scheduled_rows_read(conn, SCRAPE_SQL)
+    assert small <= 10
+    assert scrape <= 2 * (10_000 + 10)  # index entries, and the rows they name

@@ -82,8 +82,9 @@ def test_private_routines_are_the_owners_alone(db, logins):
         # owner may read. Read-only, whatever queue id they are given.
         "awa._lane_next_seq(integer)", "awa._lane_states(integer)",
         "awa._finished_totals(integer)",
-        # awa.queue_overview applies the retry policy's defaults.
-        "awa._run_policy(integer)",
+        # awa.queue_overview applies the retry policy's defaults, and counts
+        # a queue's scheduled jobs up to a cap, from that queue's index only.
+        "awa._run_policy(integer)", "awa._scheduled_capped(integer)",
     ])
     with db.connect(logins.producer) as p, pytest.raises(psycopg.errors.InsufficientPrivilege):
         p.execute("select awa._insert_jobs(array[1], array[1::bigint], array[1], null,"
