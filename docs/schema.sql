@@ -317,6 +317,12 @@ CREATE TABLE awa.lanes (
     CONSTRAINT lanes_shard_range CHECK (((shard >= 0) AND (shard <= 63)))
 );
 
+CREATE TABLE awa.leader_locks (
+    name text NOT NULL,
+    CONSTRAINT leader_locks_pkey PRIMARY KEY (name),
+    CONSTRAINT leader_locks_name_shape CHECK ((name ~ '^[a-z][a-z_.]{0,62}$'::text))
+);
+
 CREATE TABLE awa.queue_meta (
     queue text NOT NULL,
     enqueue_shards smallint DEFAULT 1 NOT NULL,
@@ -1301,7 +1307,7 @@ CREATE OR REPLACE FUNCTION awa._count_linked()
  LANGUAGE sql
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
-    select pg_catalog.pg_advisory_xact_lock(awa._lock_class_provisioning(), 0);
+    select awa._lock_leader('provisioning');
     update awa.queue_meta as m
        set has_linked = true
      where not m.has_linked
@@ -1483,7 +1489,7 @@ begin
         return meta;
     end if;
     anchor := awa._ensure_queue(logical);
-    perform pg_advisory_xact_lock(awa._lock_class_provisioning(), 0);
+    perform awa._lock_leader('provisioning');
     insert into awa.queue_meta (
         queue, logical_queue, root_queue, enqueue_shards, paused, max_run_time, retry_base,
         retry_cap, retry_jitter, retain_completed, retain_failed
@@ -1526,7 +1532,7 @@ begin
         return meta;
     end if;
     perform awa._check_queue_name(queue);
-    perform pg_advisory_xact_lock(awa._lock_class_provisioning(), 0);
+    perform awa._lock_leader('provisioning');
     insert into awa.queue_meta (queue) values (_ensure_queue.queue)
     on conflict do nothing;
     select m.* into strict meta from awa.queue_meta as m where m.queue = _ensure_queue.queue;
@@ -2026,14 +2032,6 @@ AS $function$
     select coalesce(value operator(pg_catalog.>=) 0, false)
 $function$;
 
-CREATE OR REPLACE FUNCTION awa._lock_class_autoscale()
- RETURNS integer
- LANGUAGE sql
- IMMUTABLE PARALLEL SAFE
-AS $function$
-    select 1635213633
-$function$;
-
 CREATE OR REPLACE FUNCTION awa._lock_class_copy()
  RETURNS integer
  LANGUAGE sql
@@ -2064,22 +2062,6 @@ CREATE OR REPLACE FUNCTION awa._lock_class_provisioning()
  IMMUTABLE PARALLEL SAFE
 AS $function$
     select 1635213648
-$function$;
-
-CREATE OR REPLACE FUNCTION awa._lock_class_prune()
- RETURNS integer
- LANGUAGE sql
- IMMUTABLE PARALLEL SAFE
-AS $function$
-    select 1635213638
-$function$;
-
-CREATE OR REPLACE FUNCTION awa._lock_class_running()
- RETURNS integer
- LANGUAGE sql
- IMMUTABLE PARALLEL SAFE
-AS $function$
-    select 1635213646
 $function$;
 
 CREATE OR REPLACE FUNCTION awa._lock_lane_groups(qids integer[], ps smallint[], kss smallint[], ns bigint[], OUT g_qid integer[], OUT g_p smallint[], OUT g_ks smallint[], OUT g_lane integer[], OUT g_shard smallint[], OUT g_base bigint[])
@@ -2204,6 +2186,20 @@ AS $function$
              and x.p = coalesce(priorities[i], awa._default_priority())
              and x.ks = coalesce(key_shards[i], -1)
       ) as r
+$function$;
+
+CREATE OR REPLACE FUNCTION awa._lock_leader(name text)
+ RETURNS void
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+begin
+    perform from awa.leader_locks as l where l.name = _lock_leader.name for update;
+    if not found then
+        raise exception 'leader lock % does not exist', quote_literal(name)
+            using errcode = '55000';
+    end if;
+end;
 $function$;
 
 CREATE OR REPLACE FUNCTION awa._max_attempts_ok(max_attempts integer)
@@ -3346,7 +3342,7 @@ begin
         -- Lowering creates nothing, but counts the lanes again
         -- (queue_meta.lane_shards, which claims walk).
         if shards <> meta.enqueue_shards then
-            perform pg_advisory_xact_lock(awa._lock_class_provisioning(), 0);
+            perform awa._lock_leader('provisioning');
             perform awa._provision_lanes(meta.queue_id, shards);
         end if;
         -- Lanes this transaction created, a new queue's first four included.
@@ -3534,6 +3530,25 @@ begin
 end;
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._try_leader(name text)
+ RETURNS boolean
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+begin
+    perform from awa.leader_locks as l where l.name = _try_leader.name
+       for update skip locked;
+    if found then
+        return true;
+    end if;
+    if not exists (select from awa.leader_locks as l where l.name = _try_leader.name) then
+        raise exception 'leader lock % does not exist', quote_literal(name)
+            using errcode = '55000';
+    end if;
+    return false;
+end;
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._unique_ok(unique_key bytea, unique_window interval)
  RETURNS boolean
  LANGUAGE sql
@@ -3587,7 +3602,7 @@ declare
     at timestamptz := pg_catalog.now();
 begin
     perform awa._require_primary('run the auto-scaler');
-    if not pg_try_advisory_xact_lock(awa._lock_class_autoscale(), 0) then
+    if not awa._try_leader('autoscale') then
         return;
     end if;
     perform awa._sample_lane_contention(at);
@@ -4909,7 +4924,7 @@ declare
     removed bigint := 0;
 begin
     perform awa._check_read_committed('awa.prune_finished()');
-    if not pg_try_advisory_xact_lock(awa._lock_class_prune(), 0) then
+    if not awa._try_leader('prune') then
         return 0;
     end if;
     for s in 0 .. 2 * awa._finished_ring_slots() - 1 loop
@@ -5262,7 +5277,7 @@ declare
     part regclass;
 begin
     perform awa._check_read_committed('awa.rotate_running()');
-    if not pg_try_advisory_xact_lock(awa._lock_class_running(), 0) then
+    if not awa._try_leader('running') then
         return 0;
     end if;
     select s.last_value into strict last_lease from awa.run_lease_seq as s;
@@ -5564,6 +5579,26 @@ AS $function$
     end
 $function$;
 
+CREATE OR REPLACE FUNCTION awa.try_pass_lock(task text)
+ RETURNS boolean
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+begin
+    if task is null then
+        raise exception 'task must not be null' using errcode = '22004';
+    end if;
+    if task !~ '^[a-z_]{1,40}$' then
+        raise exception 'task must be 1 to 40 lowercase letters and underscores, got %',
+            quote_literal(task)
+            using errcode = '22023';
+    end if;
+    insert into awa.leader_locks (name) values ('pass.' || task) on conflict do nothing;
+    return awa._try_leader('pass.' || task);
+end;
+$function$;
+
 -- Triggers
 
 CREATE CONSTRAINT TRIGGER copy_pending_move AFTER INSERT ON awa.copy_pending DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION awa._move_at_commit();
@@ -5680,6 +5715,8 @@ COMMENT ON TABLE awa.lane_hints IS 'Claim hints: every row of lane lane_id below
 
 COMMENT ON TABLE awa.lanes IS 'One lane per (physical queue, priority, enqueue shard). Its sequence and its advisory lock (1635213644, lane_id) derive from lane_id, never from the queue name.';
 
+COMMENT ON TABLE awa.leader_locks IS 'One row per leader lock: a caller that locks the row FOR UPDATE does that work alone until it commits (ADR 037). Only the owner can lock them: no runtime role may take or hold one.';
+
 COMMENT ON TABLE awa.queue_meta IS 'Per physical queue settings. Change them through awa functions, never by hand.';
 
 COMMENT ON TABLE awa.ready IS 'Claimable jobs. FIFO within a lane by lane_seq; claim merges lanes by (priority, job_id).';
@@ -5795,3 +5832,4 @@ GRANT EXECUTE ON FUNCTION awa.set_retry_policy(text,interval,interval,numeric) T
 GRANT EXECUTE ON FUNCTION awa.set_shard_mode(text,text,integer) TO awa_operator;
 GRANT EXECUTE ON FUNCTION awa.shard_for_ordering_key(bytea,integer) TO awa_maintenance, awa_operator, awa_producer, awa_reader, awa_worker;
 GRANT EXECUTE ON FUNCTION awa.stripe_for_ordering_key(bytea,integer) TO awa_maintenance, awa_operator, awa_producer, awa_reader, awa_worker;
+GRANT EXECUTE ON FUNCTION awa.try_pass_lock(text) TO awa_maintenance;

@@ -7,7 +7,7 @@
 -- for them), always through awa._set_enqueue_shards, and logs every
 -- decision to awa.autoscale_decisions, runs of identical holds folded.
 --
--- Lock keys: (awa._lock_class_autoscale(), 0), the tick's leader lock.
+-- Locks: the leader lock 'autoscale' (awa._try_leader), the tick's.
 
 -- Function: awa._autoscale_policy(queue_id integer)
 -- The queue's effective thresholds: its awa.autoscale_policy row over the
@@ -415,8 +415,8 @@ select awa._grant_execute('awa._autoscale_decide(awa.queue_meta, timestamptz)');
 -- lock decides, the others return no rows. Run it every 5 seconds (`awa
 -- storage autoscale run`, pg_cron, or any scheduler). Role:
 -- awa_maintenance. Errors: 25006 on a standby.
--- Calls: awa._autoscale_decide, awa._count_lanes, awa._lock_class_autoscale, awa._require_primary,
---   awa._sample_lane_contention
+-- Calls: awa._autoscale_decide, awa._count_lanes, awa._require_primary,
+--   awa._sample_lane_contention, awa._try_leader
 -- Writes: awa.autoscale_decisions
 create or replace function awa.autoscale_tick()
 returns setof awa.autoscale_decisions
@@ -433,7 +433,7 @@ declare
     at timestamptz := pg_catalog.now();
 begin
     perform awa._require_primary('run the auto-scaler');
-    if not pg_try_advisory_xact_lock(awa._lock_class_autoscale(), 0) then
+    if not awa._try_leader('autoscale') then
         return;
     end if;
     perform awa._sample_lane_contention(at);

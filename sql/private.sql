@@ -8,32 +8,28 @@
 -- Advisory lock classes, every one the package takes (two-int4 form,
 -- transaction scoped; 'awa' and a letter as a big-endian int4). Each class
 -- is named by one function below, and every lock call and pg_locks query
--- uses the function, never the number:
+-- uses the function, never the number. Any role can take an advisory lock
+-- of any key, so a class may only guard what a role holding it could do
+-- anyway (block producers, as a long transaction would):
 --   awa._lock_class_lane()          1635213644 'awaL' (class, lane id): a lane, from
 --                                   before its sequence advances until commit
 --                                   (sql/lanes.sql)
---   awa._lock_class_provisioning()  1635213648 'awaP' (class, 0): creating queues
---                                   and lanes (sql/queues.sql, sql/shards.sql)
---   awa._lock_class_autoscale()     1635213633 'awaA' (class, 0): the auto-scaler
---                                   tick's leader (sql/autoscale.sql)
 --   awa._lock_class_copy()          1635213635 'awaC' (class, xid): one COPY mover
---                                   per staging transaction (sql/copy.sql)
+--                                   per staging transaction (sql/copy.sql); a
+--                                   commit moves its own rows without it
+--   awa._lock_class_provisioning()  1635213648 'awaP' (class, 0): creating queues
+--                                   and lanes before migration 0026; only
+--                                   the function layer's apply waits for it
 --   awa._lock_class_migrate()       1635213645 'awaM' (class, 0 and 1): awa migrate,
 --                                   a run and each step; the runner takes it
 --                                   before this schema exists, so it keeps the
 --                                   number too (a test compares the two)
---   awa._lock_class_prune()         1635213638 'awaF' (class, 0): one
---                                   awa.prune_finished at a time
---                                   (sql/retention.sql); awa maintain's prune
---                                   pass holds the same lock around the call
---   awa._lock_class_running()       1635213646 'awaN' (class, 0): one
---                                   awa.rotate_running at a time
---                                   (sql/running.sql); awa maintain's
---                                   running_slots pass holds it too
--- awa maintain (installer/awa_sql/maintain.py) also takes, around each of
--- its passes, 'awaD' 1635213636 (promote), 'awaR' 1635213650 (rescue), 'awaS'
--- 1635213651 (move staged), 'awaT' 1635213652 (auto-scaler tick) and 'awaK'
--- 1635213643 (unique keys whose window passed), (class, 0).
+--
+-- Leader locks: work one caller does at a time (creating queues and lanes,
+-- the auto-scaler's tick, the prune, the rotation of awa.running, each pass
+-- of awa maintain) takes a row of awa.leader_locks FOR UPDATE instead
+-- (awa._lock_leader, awa._try_leader): a row only the owner can lock, so no
+-- runtime role can hold one (ADR 037).
 --
 -- Inlined constants and predicates: the functions below, the row
 -- predicates of sql/queues.sql and awa._has_lane_memo of sql/lanes.sql are
@@ -87,8 +83,57 @@ as $$
     select 1635213644
 $$;
 
+-- Function: awa._lock_leader(name text) returns void
+-- Takes the leader lock `name` (a row of awa.leader_locks) until the
+-- transaction ends, waiting for it as long as the caller's lock_timeout
+-- lets it.
+-- Errors: 55000 no such leader lock.
+-- Calls: nothing
+-- Writes: nothing
+create or replace function awa._lock_leader(name text)
+returns void
+language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    perform from awa.leader_locks as l where l.name = _lock_leader.name for update;
+    if not found then
+        raise exception 'leader lock % does not exist', quote_literal(name)
+            using errcode = '55000';
+    end if;
+end;
+$$;
+
+-- Function: awa._try_leader(name text) returns boolean
+-- Takes the leader lock `name` until the transaction ends if no other
+-- transaction holds it; false, at once, if one does.
+-- Errors: 55000 no such leader lock.
+-- Calls: nothing
+-- Writes: nothing
+create or replace function awa._try_leader(name text)
+returns boolean
+language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    perform from awa.leader_locks as l where l.name = _try_leader.name
+       for update skip locked;
+    if found then
+        return true;
+    end if;
+    if not exists (select from awa.leader_locks as l where l.name = _try_leader.name) then
+        raise exception 'leader lock % does not exist', quote_literal(name)
+            using errcode = '55000';
+    end if;
+    return false;
+end;
+$$;
+
 -- Function: awa._lock_class_provisioning() returns integer
--- The advisory lock class of creating queues and lanes, 'awaP': (class, 0).
+-- The advisory lock class versions before migration 0026 took to create
+-- queues and lanes, 'awaP': (class, 0). The function layer waits for it
+-- before it counts links (sql/queues.sql), so that a link an earlier layer
+-- makes during an upgrade is counted.
 -- Calls: nothing
 -- Writes: nothing
 create or replace function awa._lock_class_provisioning()
@@ -97,18 +142,6 @@ language sql
 immutable parallel safe
 as $$
     select 1635213648
-$$;
-
--- Function: awa._lock_class_autoscale() returns integer
--- The advisory lock class of the auto-scaler tick's leader, 'awaA': (class, 0).
--- Calls: nothing
--- Writes: nothing
-create or replace function awa._lock_class_autoscale()
-returns integer
-language sql
-immutable parallel safe
-as $$
-    select 1635213633
 $$;
 
 -- Function: awa._lock_class_copy() returns integer
@@ -122,32 +155,6 @@ language sql
 immutable parallel safe
 as $$
     select 1635213635
-$$;
-
--- Function: awa._lock_class_prune() returns integer
--- The advisory lock class of pruning, 'awaF': (class, 0), held by
--- awa.prune_finished so that one prune runs at a time.
--- Calls: nothing
--- Writes: nothing
-create or replace function awa._lock_class_prune()
-returns integer
-language sql
-immutable parallel safe
-as $$
-    select 1635213638
-$$;
-
--- Function: awa._lock_class_running() returns integer
--- The advisory lock class of emptying awa.running's slots, 'awaN': (class,
--- 0), held by awa.rotate_running so that one runs at a time.
--- Calls: nothing
--- Writes: nothing
-create or replace function awa._lock_class_running()
-returns integer
-language sql
-immutable parallel safe
-as $$
-    select 1635213646
 $$;
 
 -- Function: awa._lock_class_migrate() returns integer
@@ -362,10 +369,9 @@ select awa._grant_execute('awa._sticky(integer)');
 select awa._grant_execute('awa._in_turn(integer, integer)');
 select awa._grant_execute('awa._lock_class_lane()');
 select awa._grant_execute('awa._lock_class_provisioning()');
-select awa._grant_execute('awa._lock_class_autoscale()');
 select awa._grant_execute('awa._lock_class_copy()');
-select awa._grant_execute('awa._lock_class_prune()');
-select awa._grant_execute('awa._lock_class_running()');
+select awa._grant_execute('awa._lock_leader(text)');
+select awa._grant_execute('awa._try_leader(text)');
 select awa._grant_execute('awa._lock_class_migrate()');
 select awa._grant_execute('awa._check_read_committed(text)');
 select awa._grant_execute('awa._role_for(text)');

@@ -1,7 +1,7 @@
 -- queues.sql: queue names, queue creation, lane provisioning and lane locks.
 --
--- Lock keys: (awa._lock_class_provisioning(), 0), creating queues and lanes, serialised
--- (every class id: sql/private.sql).
+-- Locks: the leader lock 'provisioning' (awa._lock_leader, sql/private.sql),
+-- creating queues and lanes, serialised.
 -- Nothing here is granted to a runtime role: the public definers call it.
 
 -- The rules for a job row, each defined once as an inlined predicate (see
@@ -376,17 +376,16 @@ $$;
 -- where it is false. Never cleared: a link is never removed. The one writer
 -- of has_linked; counted, not assumed, so links an earlier function layer
 -- made during an upgrade count too. It takes the provisioning lock first,
--- which every link holds until it commits (awa._ensure_linked, this layer's
--- and the one before): a link in flight when the layer is applied is
--- waited for and counted, not missed.
--- Calls: awa._lock_class_provisioning
+-- which every link holds until it commits (awa._ensure_linked): a link in
+-- flight when the layer is applied is waited for and counted, not missed.
+-- Calls: awa._lock_leader
 -- Writes: awa.queue_meta
 create or replace function awa._count_linked()
 returns void
 language sql
 set search_path = pg_catalog, pg_temp
 as $$
-    select pg_catalog.pg_advisory_xact_lock(awa._lock_class_provisioning(), 0);
+    select awa._lock_leader('provisioning');
     update awa.queue_meta as m
        set has_linked = true
      where not m.has_linked
@@ -457,7 +456,7 @@ $$;
 -- The queue's settings row; a queue seen for the first time is created with
 -- S = 1 and its four lanes, under the provisioning lock so that concurrent
 -- first enqueues cannot race.
--- Calls: awa._check_queue_name, awa._lock_class_provisioning, awa._provision_lanes
+-- Calls: awa._check_queue_name, awa._lock_leader, awa._provision_lanes
 -- Writes: awa.queue_meta
 create or replace function awa._ensure_queue(queue text)
 returns awa.queue_meta
@@ -472,7 +471,7 @@ begin
         return meta;
     end if;
     perform awa._check_queue_name(queue);
-    perform pg_advisory_xact_lock(awa._lock_class_provisioning(), 0);
+    perform awa._lock_leader('provisioning');
     insert into awa.queue_meta (queue) values (_ensure_queue.queue)
     on conflict do nothing;
     select m.* into strict meta from awa.queue_meta as m where m.queue = _ensure_queue.queue;
@@ -488,7 +487,7 @@ $$;
 -- created with the logical queue's S, pause state, max run time, retry
 -- policy, retention and lanes when missing; an existing ordinary queue of that name
 -- joins it.
--- Calls: awa._count_linked, awa._ensure_queue, awa._lock_class_provisioning, awa._provision_lanes
+-- Calls: awa._count_linked, awa._ensure_queue, awa._lock_leader, awa._provision_lanes
 -- Writes: awa.queue_meta
 create or replace function awa._ensure_linked(physical text, logical text, is_stripe boolean)
 returns awa.queue_meta
@@ -504,7 +503,7 @@ begin
         return meta;
     end if;
     anchor := awa._ensure_queue(logical);
-    perform pg_advisory_xact_lock(awa._lock_class_provisioning(), 0);
+    perform awa._lock_leader('provisioning');
     insert into awa.queue_meta (
         queue, logical_queue, root_queue, enqueue_shards, paused, max_run_time, retry_base,
         retry_cap, retry_jitter, retain_completed, retain_failed
@@ -730,7 +729,10 @@ select awa._grant_execute('awa._physical_queues(text)');
 select awa._count_lane_shards(null);
 
 -- Links made while migration 0023 and this layer were applied, by the
--- earlier layer (which did not mark them).
+-- earlier layer (which did not mark them). Layers before migration 0026
+-- held the advisory lock of provisioning while they linked, not the
+-- leader row: wait for a link still in flight under it too.
+select pg_catalog.pg_advisory_xact_lock(awa._lock_class_provisioning(), 0);
 select awa._count_linked();
 
 -- Queues created before the counters existed get theirs, and the jobs

@@ -231,8 +231,7 @@ $$;
 -- Errors: 25000 the calling transaction is not read committed: a snapshot
 -- older than a slot's lock would not see the rows committed since, and the
 -- TRUNCATE would remove them uncopied.
--- Calls: awa._check_read_committed, awa._finished_ring_slots, awa._lock_class_prune,
---   awa._prune_slot
+-- Calls: awa._check_read_committed, awa._finished_ring_slots, awa._prune_slot, awa._try_leader
 -- Writes: nothing
 create or replace function awa.prune_finished()
 returns bigint
@@ -245,7 +244,7 @@ declare
     removed bigint := 0;
 begin
     perform awa._check_read_committed('awa.prune_finished()');
-    if not pg_try_advisory_xact_lock(awa._lock_class_prune(), 0) then
+    if not awa._try_leader('prune') then
         return 0;
     end if;
     for s in 0 .. 2 * awa._finished_ring_slots() - 1 loop

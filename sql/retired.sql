@@ -84,3 +84,8 @@ drop function if exists awa._lane_shards(integer);
 -- the earlier layer's two took.
 drop function if exists awa._finish(awa.running_carried, text, text);
 drop function if exists awa._retry_or_fail(awa.running_carried, text, timestamptz);
+-- Unreleased: leader locks are rows of awa.leader_locks (ADR 037); these
+-- advisory classes are taken no more.
+drop function if exists awa._lock_class_autoscale();
+drop function if exists awa._lock_class_prune();
+drop function if exists awa._lock_class_running();

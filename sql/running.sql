@@ -61,8 +61,7 @@ $$;
 -- Returns: how many slots it emptied, 0 or 1.
 -- Errors: 25000 the calling transaction is not read committed: a snapshot
 -- older than the slot's lock might miss rows that the TRUNCATE removes.
--- Calls: awa._check_read_committed, awa._lock_class_running, awa._running_block_leases,
---   awa._running_slot
+-- Calls: awa._check_read_committed, awa._running_block_leases, awa._running_slot, awa._try_leader
 -- Writes: awa.running, (dynamic)
 create or replace function awa.rotate_running()
 returns integer
@@ -78,7 +77,7 @@ declare
     part regclass;
 begin
     perform awa._check_read_committed('awa.rotate_running()');
-    if not pg_try_advisory_xact_lock(awa._lock_class_running(), 0) then
+    if not awa._try_leader('running') then
         return 0;
     end if;
     select s.last_value into strict last_lease from awa.run_lease_seq as s;

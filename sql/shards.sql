@@ -83,8 +83,7 @@ $$;
 -- blocked), provision every priority x shard lane of each when raising, then
 -- update S. Producers read S per statement, so none can see the new S
 -- before its lanes exist, and every producer sees it at this commit.
--- Calls: awa._check_layout_change, awa._lock_class_provisioning, awa._physical_queues,
---   awa._provision_lanes
+-- Calls: awa._check_layout_change, awa._lock_leader, awa._physical_queues, awa._provision_lanes
 -- Writes: awa.queue_meta, awa.shard_changes
 create or replace function awa._set_enqueue_shards(queue text, shards integer, source text)
 returns table (
@@ -105,7 +104,7 @@ begin
         -- Lowering creates nothing, but counts the lanes again
         -- (queue_meta.lane_shards, which claims walk).
         if shards <> meta.enqueue_shards then
-            perform pg_advisory_xact_lock(awa._lock_class_provisioning(), 0);
+            perform awa._lock_leader('provisioning');
             perform awa._provision_lanes(meta.queue_id, shards);
         end if;
         -- Lanes this transaction created, a new queue's first four included.

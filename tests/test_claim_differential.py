@@ -162,22 +162,31 @@ def test_a_queue_others_link_to_is_claimed_with_them(db, layout):
     assert claimed == enqueued
 
 
-def test_a_link_in_flight_is_counted_once_it_commits(db):
-    """A link an earlier layer's awa._ensure_linked makes while this layer is
-    applied: it holds the provisioning lock until it commits, and the count
-    the layer runs waits for that lock, so it sees the link, not a table
-    read before the link committed."""
+@pytest.mark.parametrize(("linker_lock", "layer_count"), [
+    # This layer's link (awa._ensure_linked) holds the leader row.
+    ("select awa._lock_leader('provisioning')", "select awa._count_linked()"),
+    # A layer before migration 0026 held the advisory lock, which the
+    # function layer's apply waits for before it counts (sql/queues.sql).
+    ("select pg_advisory_xact_lock(awa._lock_class_provisioning(), 0)",
+     "select pg_advisory_xact_lock(awa._lock_class_provisioning(), 0);"
+     " select awa._count_linked()"),
+], ids=["this-layer", "layer-before-0026"])
+def test_a_link_in_flight_is_counted_once_it_commits(db, linker_lock, layer_count):
+    """A link awa._ensure_linked makes while the function layer is applied:
+    it holds the provisioning lock until it commits, and the count the layer
+    runs waits for that lock, so it sees the link, not a table read before
+    the link committed."""
     with db.connect() as admin:
         admin.execute("select awa.set_enqueue_shards('cd_late', 1)")
         with db.connect(autocommit=False) as linker, db.connect() as layer:
-            linker.execute("select pg_advisory_xact_lock(awa._lock_class_provisioning(), 0)")
+            linker.execute(linker_lock)
             linker.execute("insert into awa.queue_meta (queue, root_queue)"
                            " values ('cd_late__p1', 'cd_late')")
             errors: list[BaseException] = []
 
             def count() -> None:
                 try:
-                    layer.execute("select awa._count_linked()")
+                    layer.execute(layer_count)
                 except BaseException as exc:  # reported below
                     errors.append(exc)
 

@@ -26,7 +26,6 @@ from tests.support.maintain import AWA, MaintainProcess
 from tests.support.pgbouncer import Pooled, log_problems, mark
 from tests.support.waiting import wait_until
 
-LOCKS = {t.name: t.lock_class for t in TASKS}
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -114,8 +113,8 @@ def test_two_processes_at_once_move_each_job_once_and_skip_while_the_lock_is_tak
         a.wait_for_pass("promote")
         b.wait_for_pass("promote")
         with db.connect(autocommit=False) as holder:
-            # The promote lock, held elsewhere: both processes skip, nothing moves.
-            holder.execute("select pg_advisory_xact_lock(%s, 0)", [LOCKS["promote"]])
+            # The promote pass's lock, held elsewhere: both processes skip, nothing moves.
+            assert holder.execute("select awa.try_pass_lock('promote')").fetchone()[0]
             schedule(admin, "pair", jobs=200, ahead="100 milliseconds")
             wait_until(lambda: admin.execute(
                 "select count(*) from awa.scheduled where run_at <= now()").fetchone()[0] == 200,
@@ -135,29 +134,39 @@ def test_two_processes_at_once_move_each_job_once_and_skip_while_the_lock_is_tak
         assert a.passes("promote") >= 1 and b.passes("promote") >= 1
 
 
-def test_the_lock_classes_are_the_packages_own(db):
+def test_a_runtime_role_can_neither_take_nor_block_a_pass_lock(db, logins):
+    """A pass's lock is a row of awa.leader_locks, which only the owner can
+    lock: an advisory lock, any role could hold at session level to switch
+    the pass off. A producer holding every advisory key of the classes the
+    passes used to take, and the leader rows' neighbours, stops nothing."""
+    old_classes = [int.from_bytes(b"awa" + c, "big") for c in
+                   (b"D", b"R", b"S", b"T", b"F", b"N", b"H", b"W", b"K", b"J", b"A", b"P")]
+    with db.connect(logins.producer) as hostile, db.connect() as admin:
+        for cls in old_classes:
+            assert hostile.execute("select pg_try_advisory_lock(%s, 0)", [cls]).fetchone()[0]
+        for attempt in ("select awa.try_pass_lock('promote')",
+                        "select from awa.leader_locks for update",
+                        "lock table awa.leader_locks"):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege), hostile.transaction():
+                hostile.execute(attempt)
+        schedule(admin, "held", jobs=5, ahead="0 seconds")
+        with MaintainProcess(db.dsn(logins.maintenance), "--promote-every", "100ms") as m:
+            m.wait(lambda: count(admin, "ready", "held") == 5, "the due jobs to be promoted")
+
+
+@pytest.mark.parametrize("task", ["", "Promote", "a-b", "x" * 41, None])
+def test_a_pass_lock_of_a_bad_name_is_refused(db, logins, task):
+    with db.connect(logins.maintenance) as m, pytest.raises(psycopg.Error) as err:
+        m.execute("select awa.try_pass_lock(%s)", [task])
+    assert err.value.sqlstate == ("22004" if task is None else "22023")
     with db.connect() as admin:
-        sql_classes = {name: admin.execute(f"select awa.{name}()").fetchone()[0]
-                       for (name,) in admin.execute(
-                           "select proname from pg_proc where pronamespace = 'awa'::regnamespace"
-                           " and proname like '\\_lock\\_class\\_%'")}
-    assert len(sql_classes) >= 5, sql_classes
-    assert len(set(LOCKS.values())) == len(LOCKS)
-    # The prune and running_slots passes hold their function's own lock
-    # around the call (it takes it again, re-entrantly): one lock, so that
-    # one runs at a time whoever calls it. Every other class is maintain's
-    # alone.
-    assert LOCKS["prune"] == sql_classes["_lock_class_prune"]
-    assert LOCKS["running_slots"] == sql_classes["_lock_class_running"]
-    others = {k: v for k, v in LOCKS.items() if k not in ("prune", "running_slots")}
-    assert not set(others.values()) & set(sql_classes.values()), (LOCKS, sql_classes)
+        assert admin.execute("select count(*) from awa.leader_locks"
+                             " where name like 'pass.%%'").fetchone()[0] == 0
 
 
-def test_operations_md_gives_each_task_its_lock_class_flag_and_cadence():
+def test_operations_md_gives_each_task_its_flag_and_cadence():
     ops = (ROOT / "docs" / "operations.md").read_text()
     for t in TASKS:
-        tag = t.lock_class.to_bytes(4, "big").decode()
-        assert f"| {t.name} | {t.lock_class} (`{tag}`)" in ops, t.name
         assert f"| {t.every:g} s | `{t.flag}` |" in ops, t.name
 
 

@@ -333,6 +333,54 @@ def test_a_producer_holds_exactly_one_two_int_lane_lock(db, logins):
         p.commit()
 
 
+# The advisory classes the leader locks had before migration 0026 ('awaP',
+# 'awaA'): any role can still take those keys, and must stop nothing.
+OLD_PROVISIONING_CLASS = int.from_bytes(b"awaP", "big")
+OLD_AUTOSCALE_CLASS = int.from_bytes(b"awaA", "big")
+
+
+def test_a_producer_holding_the_old_provisioning_lock_does_not_stop_an_operator(db, logins):
+    """Creating queues and lanes is serialised by a row of awa.leader_locks,
+    which no runtime role can lock; with an advisory lock, a producer holding
+    it at session level stalled every change of S and every new queue."""
+    with db.connect(logins.operator) as op:
+        op.execute("select awa.set_enqueue_shards('s', 2)")
+    with db.connect(logins.producer) as hostile, db.connect(logins.operator) as op:
+        assert hostile.execute("select pg_try_advisory_lock(%s, 0)",
+                               [OLD_PROVISIONING_CLASS]).fetchone()[0]
+        with pytest.raises(psycopg.errors.InsufficientPrivilege), hostile.transaction():
+            hostile.execute("select from awa.leader_locks for update")
+        op.execute("set lock_timeout = '2s'")
+        op.execute("select awa.set_enqueue_shards('s', 4)")
+        op.execute("select awa.set_queue_partitions('parted', 2)")
+        assert op.execute("select awa.enqueue_shards('s')").fetchone()[0] == 4
+    with db.connect(logins.producer) as p:
+        p.execute("set lock_timeout = '2s'")
+        enqueue(p, "brand-new")
+
+
+def test_a_producer_holding_the_old_autoscale_lock_does_not_switch_the_autoscaler_off(
+        db, logins):
+    with db.connect(logins.operator) as op:
+        op.execute("select awa.set_enqueue_shards('auto', 1)")
+        op.execute("select * from awa.set_shard_mode('auto', 'shadow', 8)").fetchall()
+    with db.connect(logins.producer) as hostile, db.connect(logins.maintenance) as m:
+        assert hostile.execute("select pg_try_advisory_lock(%s, 0)",
+                               [OLD_AUTOSCALE_CLASS]).fetchone()[0]
+        assert len(m.execute("select * from awa.autoscale_tick()").fetchall()) == 1
+
+
+def test_one_autoscale_tick_at_a_time(db, logins):
+    with db.connect(logins.operator) as op:
+        op.execute("select awa.set_enqueue_shards('auto', 1)")
+        op.execute("select * from awa.set_shard_mode('auto', 'shadow', 8)").fetchall()
+    with db.connect(logins.maintenance, autocommit=False) as first, \
+            db.connect(logins.maintenance) as second:
+        assert len(first.execute("select * from awa.autoscale_tick()").fetchall()) == 1
+        assert second.execute("select * from awa.autoscale_tick()").fetchall() == []
+        first.rollback()
+
+
 def test_temp_objects_named_like_ours_change_nothing(db, logins):
     with db.connect(logins.producer) as clean:
         expected = enqueue(clean, "hijack", ordering_key=b"customer-42")

@@ -3,12 +3,13 @@
 One connection, one thread. Each task (promote, rescue, move_staged,
 autoscale, prune, ...) runs at its own cadence; every pass is one short
 transaction that sets a local ``statement_timeout``, checks that the task's
-function is installed (``to_regprocedure``), takes the task's
-transaction-scoped advisory lock ``(class, 0)`` with
-``pg_try_advisory_xact_lock`` and, only if it got it, makes the call. So any
-number of processes may run the loop at once, on every host: one of them does
-each pass, the others skip it. Nothing outlives a transaction and nothing is
-prepared, so it runs through PgBouncer in transaction mode.
+function is installed (``to_regprocedure``), takes the task's pass lock with
+``awa.try_pass_lock(task)`` (a row only the owner can lock, held until the
+transaction ends: no runtime role can hold it to switch a pass off) and,
+only if it got it, makes the call. So any number of processes may run the
+loop at once, on every host: one of them does each pass, the others skip it.
+Nothing outlives a transaction and nothing is prepared, so it runs through
+PgBouncer in transaction mode.
 
 A lost connection is reopened with exponential back-off (0.5 s up to 30 s).
 ``stop()`` sets an event the loop waits on and cancels a statement in flight,
@@ -42,16 +43,10 @@ BATCH = 1000  # jobs per promote or rescue call; a full pass runs again at once
 CONNECT_TIMEOUT = 10  # unless the DSN or PGCONNECT_TIMEOUT says otherwise
 
 
-def _lock_class(tag: bytes) -> int:
-    """An advisory-lock class as sql/private.sql spells them: four ASCII bytes as an int4."""
-    return int.from_bytes(tag, "big")
-
-
 @dataclass(frozen=True)
 class Task:
     name: str  # metric label, log prefix; the flag is --<name with dashes>-every
     function: str  # its regprocedure: a pass skips while it is not installed
-    lock_class: int  # the pass's lock is (lock_class, 0), transaction-scoped
     every: float  # default cadence, seconds
     call: Callable[[psycopg.Connection], tuple[int, str]]  # -> (how many, what it did)
     batch: int | None = None  # a pass that handled this many runs again at once
@@ -76,45 +71,45 @@ def _autoscale(conn: psycopg.Connection) -> tuple[int, str]:
     return len(acted), "; ".join(d.summary() for d in acted)
 
 
-# The lock classes are 'awa' and one letter, like those of sql/private.sql
-# (L, P, A, C, M), and differ from all of them; tests/test_maintain.py checks.
 TASKS: tuple[Task, ...] = (
-    Task("promote", "awa.promote_due(integer)", _lock_class(b"awaD"), 1.0,
+    Task("promote", "awa.promote_due(integer)", 1.0,
          _scalar("select awa.promote_due(%s)", (BATCH,), "moved {n} due job(s) into their lanes"),
          batch=BATCH),
-    Task("rescue", "awa.rescue_expired(integer)", _lock_class(b"awaR"), 5.0,
+    Task("rescue", "awa.rescue_expired(integer)", 5.0,
          _scalar("select awa.rescue_expired(%s)", (BATCH,),
                  "sent {n} job(s) whose lease expired back to retry (or failed them)"),
          batch=BATCH),
-    Task("move_staged", "awa.move_staged(integer)", _lock_class(b"awaS"), 5.0,
+    Task("move_staged", "awa.move_staged(integer)", 5.0,
          _scalar("select awa.move_staged()", (), "enqueued {n} staged COPY row(s)")),
-    Task("autoscale", "awa.autoscale_tick()", _lock_class(b"awaT"), 5.0, _autoscale),
-    Task("prune", "awa.prune_finished()", _lock_class(b"awaF"), 60.0,
+    Task("autoscale", "awa.autoscale_tick()", 5.0, _autoscale),
+    Task("prune", "awa.prune_finished()", 60.0,
          _scalar("select awa.prune_finished()", (), "pruned {n} finished job(s)")),
-    Task("running_slots", "awa.rotate_running()", _lock_class(b"awaN"), 5.0,
+    Task("running_slots", "awa.rotate_running()", 5.0,
          _scalar("select awa.rotate_running()", (), "emptied {n} awa.running slot(s)")),
-    Task("lane_hints", "awa.compact_lane_hints()", _lock_class(b"awaH"), 10.0,
+    Task("lane_hints", "awa.compact_lane_hints()", 10.0,
          _scalar("select awa.compact_lane_hints()", (), "compacted awa.lane_hints {n} time(s)")),
-    Task("ready_rewrite", "awa.compact_ready()", _lock_class(b"awaW"), 10.0,
+    Task("ready_rewrite", "awa.compact_ready()", 10.0,
          _scalar("select awa.compact_ready()", (), "rewrote awa.ready {n} time(s)")),
-    Task("unique_keys", "awa.prune_unique_keys(integer)", _lock_class(b"awaK"), 60.0,
+    Task("unique_keys", "awa.prune_unique_keys(integer)", 60.0,
          _scalar("select awa.prune_unique_keys(%s)", (BATCH,),
                  "removed {n} unique key(s) whose window had passed"),
          batch=BATCH),
-    Task("ready_late", "awa.prune_ready_late(integer)", _lock_class(b"awaJ"), 60.0,
+    Task("ready_late", "awa.prune_ready_late(integer)", 60.0,
          _scalar("select awa.prune_ready_late(%s)", (BATCH,),
                  "removed {n} awa.ready_late row(s) of jobs gone from their lanes"),
          batch=BATCH),
 )
 TASK_NAMES = tuple(t.name for t in TASKS)
 
-# The first statement of each pass's transaction. The setting and the lock
-# end with the transaction: nothing stays on the server connection.
+# The first statement of each pass's transaction: its setting ends with the
+# transaction, and so does the pass lock the second takes (awa.try_pass_lock):
+# nothing stays on the server connection.
 PROLOGUE = (
     "select pg_catalog.set_config('statement_timeout', %s, true),"
-    " pg_catalog.to_regprocedure(%s) is not null,"
-    " pg_catalog.pg_try_advisory_xact_lock(%s, 0)"
+    " pg_catalog.to_regprocedure(%s) is not null"
+    " and pg_catalog.to_regprocedure('awa.try_pass_lock(text)') is not null"
 )
+TAKE_LOCK = "select awa.try_pass_lock(%s)"
 
 
 class MaintainMetrics:
@@ -283,10 +278,10 @@ class Maintainer:
         try:
             self._busy = True
             with conn.transaction():
-                _, available, locked = conn.execute(
-                    PROLOGUE, [self.statement_timeout, task.function, task.lock_class]
-                ).fetchone()
-                if available and locked:
+                _, available = conn.execute(
+                    PROLOGUE, [self.statement_timeout, task.function]).fetchone()
+                locked = available and conn.execute(TAKE_LOCK, [task.name]).fetchone()[0]
+                if locked:
                     count, did = task.call(conn)
         except psycopg.Error as err:
             if self._stop.is_set():

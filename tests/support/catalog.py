@@ -7,13 +7,13 @@ import psycopg
 # The functions the planner inlines, and so the only ones without a pinned
 # search_path (sql/private.sql says why; docs/security.md lists them).
 INLINED_FUNCTIONS = (
-    "_lock_class_lane", "_lock_class_provisioning", "_lock_class_autoscale",
+    "_lock_class_lane", "_lock_class_provisioning",
     "_lock_class_copy", "_lock_class_migrate",
     "_queue_name_ok", "_priority_ok", "_max_attempts_ok", "_job_ok",
     "_sticky", "_in_turn", "_has_lane_memo", "_lane_memo_name", "_lane_wait_total",
     "_claim_hint_step", "_claim_walk_shard",
-    "_lock_class_prune", "_finished_slot_seconds", "_finished_ring_slots", "_finished_slot",
-    "_retention", "_lock_class_running", "_running_block_leases", "_running_slot",
+    "_finished_slot_seconds", "_finished_ring_slots", "_finished_slot",
+    "_retention", "_running_block_leases", "_running_slot",
     "_max_run_time_ok", "_in_seconds",
     "_retry_default_base", "_retry_default_cap", "_retry_default_jitter", "_retry_delay",
     "_unique_scope", "_unique_ok",
