@@ -16,9 +16,15 @@ a plain function, which Python cannot interrupt, runs on without a lease
 until ``awa.rescue_expired`` takes the job. A handler that raises
 ``Retry(at=...)`` or ``Retry(after=...)`` chooses when its job runs again.
 ``stop()`` (or SIGTERM when ``run()`` is on the main thread) stops the
-claimers, lets every slot finish the job it holds, then returns. With
-``maintain=True`` a thread runs the loop of ``awa maintain``
+claimers, lets every slot finish the job it holds, heartbeating it meanwhile,
+then returns. With ``maintain=True`` a thread runs the loop of ``awa maintain``
 (awa_sql.maintain.Maintainer) beside them.
+
+Each thread opens its connection when it first needs one and opens it again
+when it was lost (_Link). A claim that fails is retried with back-off (0.5 s
+up to 30 s), a heartbeat pass at the next beat. A slot whose complete or fail
+could not be recorded logs it and takes the next job; the job it held is no
+longer heartbeated, so its lease expires and ``awa.rescue_expired`` retries it.
 """
 
 from __future__ import annotations
@@ -40,7 +46,7 @@ from typing import Any
 import psycopg
 
 from awa_sql.connect import connect, prepared_mode, resolve_dsn
-from awa_sql.maintain import Maintainer
+from awa_sql.maintain import BACKOFF_MAX, BACKOFF_MIN, Maintainer, _one_line
 from awa_sql.metrics import client_metrics
 from awa_sql.partitions import iter_configs
 from awa_sql.runtimes import RuntimePublisher
@@ -127,6 +133,42 @@ async def _within(awaitable: Awaitable[Any], seconds: float | None) -> Any:
         raise
 
 
+def _sendable(text: str) -> str:
+    """Text psycopg will send: a NUL or a lone surrogate (which it refuses) escaped."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8").replace("\x00", "\\x00")
+
+
+class _Link:
+    """One thread's connection, opened at its first statement. When the
+    connection turns out lost, the statement is sent once more on a new one.
+    That is safe for every statement the worker sends: a complete, fail or
+    heartbeat under a stale lease changes nothing, and the jobs of a claim
+    whose answer was lost come back when their lease expires."""
+
+    def __init__(self, open_connection: Callable[[], psycopg.Connection]) -> None:
+        self._open = open_connection
+        self._conn: psycopg.Connection | None = None
+
+    def execute(self, statement: str, params: list) -> psycopg.Cursor:
+        if self._conn is None or self._conn.closed:
+            self._conn = self._open()
+        try:
+            return self._conn.execute(statement, params)
+        except psycopg.OperationalError as err:
+            if not self._conn.closed:
+                raise
+            log.warning("connection lost: %s; connecting again", _one_line(err))
+        self._conn = self._open()
+        return self._conn.execute(statement, params)
+
+    def __enter__(self) -> _Link:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        if self._conn is not None:
+            self._conn.close()
+
+
 class Worker:
     def __init__(
         self,
@@ -160,6 +202,7 @@ class Worker:
         self.claims = 0  # awa.claim calls, empty ones included
         self.name = name or f"{socket.gethostname()}:{threading.get_native_id()}"
         self._stop = threading.Event()
+        self._done = threading.Event()  # every slot has finished: the heartbeat ends
         self._running: dict[int, _Held] = {}  # job_id -> lease and deadline
         self._lock = threading.Lock()
         self.completed = 0
@@ -195,7 +238,7 @@ class Worker:
             t.start()
         for t in threads[1:]:
             t.join()
-        self._stop.set()
+        self._done.set()
         threads[0].join()
         if maintaining is not None:
             self.maintainer.stop()
@@ -203,24 +246,36 @@ class Worker:
         if self.runtime is not None:
             self.runtime.stop()
 
-    def _connect(self) -> psycopg.Connection:
-        return connect(self.dsn, autocommit=True, prepared_statements=self.prepared_statements,
-                       application_name="awa-sql worker")
+    def _link(self, role: str) -> _Link:
+        """A connection named ``awa-sql worker <role>`` (application_name)."""
+        return _Link(lambda: connect(
+            self.dsn, autocommit=True, prepared_statements=self.prepared_statements,
+            application_name=f"awa-sql worker {role}"))
 
     def _claimer(self, queue: str, slots: int, free: threading.Semaphore,
                  jobs: queue_mod.SimpleQueue) -> None:
         """Claims for free slots only, so no claimed job waits for a slot."""
-        delay = MIN_POLL
+        delay, backoff = MIN_POLL, BACKOFF_MIN
         try:
-            with self._connect() as conn:
+            with self._link("claimer") as conn:
                 while not self._stop.is_set():
                     if not free.acquire(timeout=MIN_POLL * 10):
                         continue
                     want = 1
                     while want < min(slots, self.batch) and free.acquire(blocking=False):
                         want += 1
-                    rows = conn.execute(CLAIM_SQL, [[queue], want, self.name, self.lease]
-                                        ).fetchall()
+                    try:
+                        rows = conn.execute(CLAIM_SQL, [[queue], want, self.name, self.lease]
+                                            ).fetchall()
+                    except psycopg.Error as err:
+                        for _ in range(want):
+                            free.release()
+                        log.warning("queue %s: claim failed: %s; trying again in %.1f s",
+                                    queue, _one_line(err), backoff)
+                        self._stop.wait(backoff)
+                        backoff = min(backoff * 2, BACKOFF_MAX)
+                        continue
+                    backoff = BACKOFF_MIN
                     with self._lock:
                         self.claims += 1
                     for _ in range(want - len(rows)):
@@ -247,10 +302,14 @@ class Worker:
 
     def _slot(self, free: threading.Semaphore, jobs: queue_mod.SimpleQueue) -> None:
         # The slot's event loop, made for its first async handler.
-        with self._connect() as conn, asyncio.Runner() as loop:
+        with self._link("slot") as conn, asyncio.Runner() as loop:
             while (job := jobs.get()) is not None:
                 try:
                     self._handle(conn, job, loop)
+                except Exception as err:  # the job is no longer heartbeated (_handle)
+                    log.error("job %s (%s): its outcome could not be recorded: %s; once its"
+                              " lease expires, awa.rescue_expired will retry it", job.job_id,
+                              job.kind, _one_line(err))
                 finally:
                     free.release()
 
@@ -270,8 +329,8 @@ class Worker:
                 else held.deadline - time.monotonic()
             loop.run(_within(result, left))
 
-    def _fail(self, conn: psycopg.Connection, job: Job, error: str,
-              retry: Retry | None = None) -> None:
+    def _fail(self, conn: _Link, job: Job, error: str, retry: Retry | None = None) -> None:
+        error = _sendable(error)
         if retry is not None and retry.at is not None:
             conn.execute("select awa.fail(%s, %s, %s, %s::timestamptz)",
                          [job.job_id, job.run_lease, error, retry.at])
@@ -284,7 +343,7 @@ class Worker:
             self.failed += 1
         client_metrics.job_failed(job)
 
-    def _handle(self, conn: psycopg.Connection, job: Job, loop: asyncio.Runner) -> None:
+    def _handle(self, conn: _Link, job: Job, loop: asyncio.Runner) -> None:
         try:
             self._call(job, loop)
         except DeadlineExceeded:
@@ -299,8 +358,8 @@ class Worker:
                      else f" after {retry.after}" if retry.after is not None else "", retry)
         except Exception as err:
             error = "".join(traceback.format_exception_only(err)).strip()
-            self._fail(conn, job, error)
             log.warning("job %s (%s) failed: %s", job.job_id, job.kind, error)
+            self._fail(conn, job, error)
         else:
             done = conn.execute("select awa.complete(%s, %s)",
                                 [job.job_id, job.run_lease]).fetchone()[0]
@@ -317,20 +376,28 @@ class Worker:
 
     def _heartbeat(self) -> None:
         """Extends the lease of every held job until its deadline, not after: the
-        server would not extend it anyway (awa.heartbeat)."""
-        with self._connect() as conn:
-            while not self._stop.wait(self.heartbeat_every.total_seconds()):
-                now = time.monotonic()
-                with self._lock:
-                    held = list(self._running.items())
-                for job_id, h in held:
-                    if h.deadline is not None and now >= h.deadline:
-                        if not h.passed and not h.is_async:
-                            log.warning(
-                                "job %s passed its deadline; its handler is a plain function,"
-                                " which cannot be interrupted: its lease is no longer extended,"
-                                " and awa.rescue_expired will retry the job", job_id)
-                        h.passed = True
-                        continue
-                    conn.execute("select awa.heartbeat(%s, %s, %s)",
-                                 [job_id, h.run_lease, self.lease])
+        server would not extend it anyway (awa.heartbeat). Runs until every slot
+        has finished, after stop() too; a failed pass is tried again at the next beat."""
+        every = self.heartbeat_every.total_seconds()
+        with self._link("heartbeat") as conn:
+            while not self._done.wait(every):
+                try:
+                    self._beat(conn)
+                except psycopg.Error as err:
+                    log.warning("heartbeat failed: %s; trying again in %.1f s",
+                                _one_line(err), every)
+
+    def _beat(self, conn: _Link) -> None:
+        now = time.monotonic()
+        with self._lock:
+            held = list(self._running.items())
+        for job_id, h in held:
+            if h.deadline is not None and now >= h.deadline:
+                if not h.passed and not h.is_async:
+                    log.warning(
+                        "job %s passed its deadline; its handler is a plain function,"
+                        " which cannot be interrupted: its lease is no longer extended,"
+                        " and awa.rescue_expired will retry the job", job_id)
+                h.passed = True
+                continue
+            conn.execute("select awa.heartbeat(%s, %s, %s)", [job_id, h.run_lease, self.lease])

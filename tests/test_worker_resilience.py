@@ -1,0 +1,222 @@
+"""The Python Worker through a stop and lost connections, on real PostgreSQL 17
+and 18: held jobs are heartbeated until their slots finish them, after stop()
+too; the heartbeat, the claimer and the slots each open their connection again
+when it was lost; a slot survives an outcome it could not record, whose job
+then is no longer heartbeated and comes back through awa.rescue_expired; and a
+handler's error with a NUL byte is recorded, escaped."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+
+import pytest
+
+import awa_sql
+from awa_sql.worker import Worker
+from tests.support.waiting import wait_until
+
+FAST = {"poll_interval": 0.05, "snapshot_every": None}
+SHORT_LEASE = {"lease": timedelta(seconds=2), "heartbeat_every": timedelta(seconds=0.2)}
+
+
+@pytest.fixture
+def producer_login(db) -> str:
+    return db.login_role("awa_producer")
+
+
+@pytest.fixture
+def worker_login(db) -> str:
+    return db.login_role("awa_worker")
+
+
+@contextmanager
+def running(worker: Worker, *releases: threading.Event) -> Iterator[threading.Thread]:
+    """``worker.run()`` in a thread; on the way out the handlers are released,
+    the worker stopped and the thread joined."""
+    runner = threading.Thread(target=worker.run, name="test-worker-run")
+    runner.start()
+    try:
+        yield runner
+    finally:
+        for release in releases:
+            release.set()
+        worker.stop()
+        runner.join(30)
+    assert not runner.is_alive(), "run() did not return after stop()"
+
+
+def blocking(started: threading.Event, release: threading.Event):
+    def handler(_job):
+        started.set()
+        release.wait(60)
+    return handler
+
+
+def job_row(db, job_id: int):
+    """(state, attempt, lease_expires_at) of the job, or None."""
+    with db.connect() as conn:
+        return conn.execute("select state, attempt, lease_expires_at from awa.job(%s)",
+                            [job_id]).fetchone()
+
+
+def lease(db, job_id: int):
+    row = job_row(db, job_id)
+    return None if row is None else row[2]
+
+
+def state(db, job_id: int) -> str | None:
+    row = job_row(db, job_id)
+    return None if row is None else row[0]
+
+
+def terminate(db, login: str, role: str) -> None:
+    """Ends the worker's connection named ``awa-sql worker <role>`` once it exists."""
+    def pid():
+        with db.connect() as conn:
+            row = conn.execute(
+                "select pid from pg_stat_activity where usename = %s and application_name = %s",
+                [login, f"awa-sql worker {role}"]).fetchone()
+        return row and row[0]
+
+    found = wait_until(pid, 10, f"the worker's {role} connection")
+    with db.connect() as conn:
+        assert conn.execute("select pg_terminate_backend(%s)", [found]).fetchone()[0]
+
+
+def test_held_jobs_are_heartbeated_until_their_slots_finish_after_stop(
+        db, producer_login, worker_login):
+    with db.connect(producer_login) as conn:
+        job = awa_sql.enqueue(conn, "slow", queue="hb-stop")
+    started, release = threading.Event(), threading.Event()
+    worker = Worker(db.dsn(worker_login), queues=["hb-stop"],
+                    handlers={"slow": blocking(started, release)}, **FAST, **SHORT_LEASE)
+    with running(worker, release) as runner:
+        assert started.wait(30)
+        worker.stop()
+        at_stop = lease(db, job.job_id)
+        wait_until(lambda: lease(db, job.job_id) > at_stop + timedelta(seconds=1), 6,
+                   "the lease of the held job to be extended after stop()")
+        assert runner.is_alive()
+        release.set()
+        runner.join(30)
+    assert job_row(db, job.job_id)[:2] == ("completed", 1)
+
+
+def test_the_heartbeat_survives_a_lost_connection(db, producer_login, worker_login):
+    with db.connect(producer_login) as conn:
+        job = awa_sql.enqueue(conn, "slow", queue="hb-lost")
+    started, release = threading.Event(), threading.Event()
+    worker = Worker(db.dsn(worker_login), queues=["hb-lost"],
+                    handlers={"slow": blocking(started, release)}, **FAST, **SHORT_LEASE)
+    with running(worker, release):
+        assert started.wait(30)
+        terminate(db, worker_login, "heartbeat")
+        at_kill = lease(db, job.job_id)
+        wait_until(lambda: lease(db, job.job_id) > at_kill + timedelta(seconds=1), 8,
+                   "the lease to be extended after the heartbeat connection was lost")
+        release.set()
+        wait_until(lambda: state(db, job.job_id) == "completed", 10, "the job to complete")
+    assert job_row(db, job.job_id)[:2] == ("completed", 1)
+
+
+def test_the_claimer_survives_a_lost_connection(db, producer_login, worker_login):
+    ran = threading.Event()
+    worker = Worker(db.dsn(worker_login), queues=["claimlost"],
+                    handlers={"ok": lambda _job: ran.set()}, **FAST)
+    with running(worker) as runner:
+        terminate(db, worker_login, "claimer")
+        with db.connect(producer_login) as conn:
+            job = awa_sql.enqueue(conn, "ok", queue="claimlost")
+        assert ran.wait(15), (
+            f"the job enqueued after the loss never ran; run() alive: {runner.is_alive()}")
+        wait_until(lambda: state(db, job.job_id) == "completed", 10, "the job to complete")
+
+
+def test_a_slot_whose_connection_was_lost_records_its_job_and_takes_the_next(
+        db, producer_login, worker_login):
+    started, release, ran = threading.Event(), threading.Event(), threading.Event()
+    worker = Worker(db.dsn(worker_login), queues=["slotconn"],
+                    handlers={"warm": lambda _job: None, "held": blocking(started, release),
+                              "next": lambda _job: ran.set()}, **FAST)
+    with db.connect(producer_login) as conn:
+        warm = awa_sql.enqueue(conn, "warm", queue="slotconn")
+    with running(worker, release):
+        # The slot opens its connection at its first complete.
+        wait_until(lambda: state(db, warm.job_id) == "completed", 15, "the first job")
+        with db.connect(producer_login) as conn:
+            held = awa_sql.enqueue(conn, "held", queue="slotconn")
+        assert started.wait(15)
+        terminate(db, worker_login, "slot")
+        release.set()
+        # Completed on a new connection, at its first attempt: not left to a rescue.
+        wait_until(lambda: state(db, held.job_id) == "completed", 10,
+                   "the held job to be completed after its slot's connection was lost")
+        with db.connect(producer_login) as conn:
+            after = awa_sql.enqueue(conn, "next", queue="slotconn")
+        if not ran.wait(15):
+            raise AssertionError(f"the next job never ran; it is {job_row(db, after.job_id)}")
+    assert job_row(db, held.job_id)[:2] == ("completed", 1)
+
+
+def test_a_handler_error_with_a_nul_is_recorded_and_the_queue_goes_on(
+        db, producer_login, worker_login):
+    with db.connect(producer_login) as conn:
+        bad = awa_sql.enqueue(conn, "nul", queue="slotdeath", max_attempts=1)
+        second = awa_sql.enqueue(conn, "ok", queue="slotdeath")
+    ran = threading.Event()
+
+    def nul(_job):
+        raise ValueError("bad byte \x00 in input")
+
+    worker = Worker(db.dsn(worker_login), queues=["slotdeath"],
+                    handlers={"nul": nul, "ok": lambda _job: ran.set()}, **FAST)
+    with running(worker):
+        if not ran.wait(15):
+            raise AssertionError(f"the second job never ran; it is {job_row(db, second.job_id)}")
+        wait_until(lambda: state(db, bad.job_id) == "failed", 10, "the first job to fail")
+    with db.connect() as conn:
+        error = conn.execute("select last_error from awa.finished where job_id = %s",
+                             [bad.job_id]).fetchone()[0]
+    assert error == "ValueError: bad byte \\x00 in input"
+
+
+def test_a_job_whose_complete_was_not_recorded_is_no_longer_heartbeated(
+        db, producer_login, worker_login):
+    with db.connect(producer_login) as conn:
+        job = awa_sql.enqueue(conn, "twice", queue="unrecorded")
+    started, release, again = threading.Event(), threading.Event(), threading.Event()
+    runs = []
+
+    def twice(_job):
+        runs.append(1)
+        if len(runs) == 1:
+            started.set()
+            release.wait(60)
+        else:
+            again.set()
+
+    worker = Worker(db.dsn(worker_login), queues=["unrecorded"], handlers={"twice": twice},
+                    **FAST, **SHORT_LEASE)
+    complete = "function awa.complete(bigint, bigint)"
+    with running(worker, release), db.connect() as admin:
+        assert started.wait(30)
+        # The slot's awa.complete fails (its connection stays up, and the
+        # heartbeat's works on).
+        admin.execute(f"revoke execute on {complete} from awa_worker")
+        release.set()
+        # The lease ends within 2 s once the heartbeat leaves the job alone.
+        wait_until(lambda: admin.execute("select awa.rescue_expired()").fetchone()[0], 10,
+                   "the job's lease to expire and awa.rescue_expired to take it")
+        assert job_row(db, job.job_id)[:2] == ("scheduled", 1)
+        admin.execute(f"grant execute on {complete} to awa_worker")
+        # Its retry is due after the backoff (1 to 2 s): the same slot runs it.
+        wait_until(lambda: admin.execute("select awa.promote_due()").fetchone()[0]
+                   or again.is_set(), 10, "the retry to be due")
+        if not again.wait(15):
+            raise AssertionError(f"the retry never ran; it is {job_row(db, job.job_id)}")
+        wait_until(lambda: state(db, job.job_id) == "completed", 10, "the retry to complete")
+    assert job_row(db, job.job_id)[:2] == ("completed", 2)
+    assert len(runs) == 2
