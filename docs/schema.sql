@@ -1459,6 +1459,10 @@ begin
         ) end,
         priorities, key_shards
     );
+    if job_ids is not null then
+        -- The keyed rows' queues, once their lanes are held.
+        perform awa._mark_unique_jobs(queue_ids, unique_keys);
+    end if;
     return query
     select coalesce(d.job_id, j.job_id), coalesce(h.queue, queues[j.i]),
            coalesce(d.priority, priorities[j.i], awa._default_priority()),
@@ -2200,6 +2204,21 @@ begin
             using errcode = '55000';
     end if;
 end;
+$function$;
+
+CREATE OR REPLACE FUNCTION awa._mark_unique_jobs(queue_ids integer[], unique_keys bytea[])
+ RETURNS void
+ LANGUAGE sql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+ SET enable_seqscan TO 'off'
+AS $function$
+    update awa.queue_meta as m
+       set unique_jobs = true
+     where m.queue_id = any(array(
+         select queue_ids[x.i] from generate_series(1, cardinality(unique_keys)) as x (i)
+          where unique_keys[x.i] is not null
+     ))
+       and not m.unique_jobs
 $function$;
 
 CREATE OR REPLACE FUNCTION awa._max_attempts_ok(max_attempts integer)
@@ -3053,6 +3072,10 @@ begin
       from generate_series(1, cardinality(job_ids)) as i
       left join awa.queue_meta as m on m.queue_id = queue_ids[i];
     select * into taken from awa._lock_lanes(queue_ids, priorities, key_shards);
+    if cardinality(array_remove(unique_keys, null)) > 0 then
+        -- The keyed rows' queues, once their lanes are held.
+        perform awa._mark_unique_jobs(queue_ids, unique_keys);
+    end if;
     perform count(*) from awa._insert_jobs(
         taken.lanes, taken.seqs, queue_ids, priorities, kinds, args, ordering_keys,
         max_attempts, null, job_ids, array_fill(awa._first_attempt(), array[n]), enqueued_ats,
@@ -3498,35 +3521,67 @@ declare
           left join awa.queue_meta as m on m.queue_id = queue_ids[x.i]
          order by x.i
     );
+    held_i integer[];
+    held_job bigint[];
+    held_queue integer[];
+    held_priority smallint[];
+    every_key_held boolean;
 begin
-    insert into awa.unique_keys as u (
-        queue, unique_key, job_id, queue_id, priority, unique_window, held_until
-    )
-    select distinct on (scopes[x.i], unique_keys[x.i])
-           scopes[x.i], unique_keys[x.i], job_ids[x.i], queue_ids[x.i],
-           coalesce(priorities[x.i], awa._default_priority()), unique_windows[x.i],
-           null::timestamptz
-      from generate_series(1, cardinality(unique_keys)) as x (i)
-     where unique_keys[x.i] is not null
-     order by scopes[x.i], unique_keys[x.i], x.i
-        on conflict (queue, unique_key) do update
-       set job_id = excluded.job_id, queue_id = excluded.queue_id,
-           priority = excluded.priority, unique_window = excluded.unique_window,
-           held_until = null
-     where u.held_until <= now();
-    update awa.queue_meta as m
-       set unique_jobs = true
-     where m.queue_id = any(array(
-         select queue_ids[x.i] from generate_series(1, cardinality(unique_keys)) as x (i)
-          where unique_keys[x.i] is not null
-     ))
-       and not m.unique_jobs;
+    loop
+        insert into awa.unique_keys as u (
+            queue, unique_key, job_id, queue_id, priority, unique_window, held_until
+        )
+        select distinct on (scopes[x.i], unique_keys[x.i])
+               scopes[x.i], unique_keys[x.i], job_ids[x.i], queue_ids[x.i],
+               coalesce(priorities[x.i], awa._default_priority()), unique_windows[x.i],
+               null::timestamptz
+          from generate_series(1, cardinality(unique_keys)) as x (i)
+         where unique_keys[x.i] is not null
+         order by scopes[x.i], unique_keys[x.i], x.i
+            on conflict (queue, unique_key) do nothing;
+        -- Rows whose window has passed, locked in key order; one another
+        -- caller takes over meanwhile is read again, found held and left.
+        with wanted as (
+            select distinct on (scopes[x.i], unique_keys[x.i])
+                   scopes[x.i] as scope, unique_keys[x.i] as unique_key, x.i
+              from generate_series(1, cardinality(unique_keys)) as x (i)
+             where unique_keys[x.i] is not null
+             order by scopes[x.i], unique_keys[x.i], x.i
+        ),
+        passed as (
+            select u.ctid as tid, w.i
+              from wanted as w
+              join awa.unique_keys as u on u.queue = w.scope and u.unique_key = w.unique_key
+             where u.held_until <= now()
+             order by u.queue, u.unique_key
+               for update of u
+        )
+        update awa.unique_keys as u
+           set job_id = job_ids[p.i], queue_id = queue_ids[p.i],
+               priority = coalesce(priorities[p.i], awa._default_priority()),
+               unique_window = unique_windows[p.i], held_until = null
+          from passed as p
+         where u.ctid = p.tid;
+        -- Each key's holder, read once: the report below is this read, so
+        -- a holder that ends after it is still reported (its row gone or
+        -- not). A key with no row was given back since the insert (a failed
+        -- job deletes its row): take it again.
+        select array_agg(x.i order by x.i), array_agg(u.job_id order by x.i),
+               array_agg(u.queue_id order by x.i), array_agg(u.priority order by x.i),
+               coalesce(bool_and(u.job_id is not null), true)
+          into held_i, held_job, held_queue, held_priority, every_key_held
+          from generate_series(1, cardinality(unique_keys)) as x (i)
+          left join awa.unique_keys as u
+            on u.queue = scopes[x.i] and u.unique_key = unique_keys[x.i]
+         where unique_keys[x.i] is not null;
+        exit when every_key_held;
+    end loop;
     return query
-    select x.i, u.job_id, u.queue_id, u.priority
-      from generate_series(1, cardinality(unique_keys)) as x (i)
-      join awa.unique_keys as u on u.queue = scopes[x.i] and u.unique_key = unique_keys[x.i]
-     where u.job_id <> job_ids[x.i]
-     order by x.i;
+    select h.i, h.job_id, h.queue_id, h.priority
+      from unnest(held_i, held_job, held_queue, held_priority)
+           as h (i, job_id, queue_id, priority)
+     where h.job_id <> job_ids[h.i]
+     order by h.i;
 end;
 $function$;
 
@@ -4403,6 +4458,7 @@ begin
                     );
                     new_seq := nextval(lane_seqs[priority][shard]);
                 end if;
+                perform awa._mark_unique_jobs(array[q_id], array[unique_key]);
                 perform awa._insert_jobs(
                     array[lane_ids[priority][shard]], array[new_seq], array[q_id],
                     array[enqueue.priority], array[enqueue.kind], array[enqueue.args],

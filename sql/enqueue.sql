@@ -44,8 +44,8 @@
 -- compares the ways, with lanes held by another transaction).
 -- Calls: awa._check_job, awa._check_unique, awa._default_args, awa._ensure_queue,
 --   awa._first_attempt, awa._in_turn, awa._insert_jobs, awa._job_ok, awa._key_shard,
---   awa._lane_memo_name, awa._lane_wait_total, awa._lock_class_lane, awa._route_queue, awa._sticky,
---   awa._sticky_ok, awa._take_lane, awa._take_unique_keys
+--   awa._lane_memo_name, awa._lane_wait_total, awa._lock_class_lane, awa._mark_unique_jobs,
+--   awa._route_queue, awa._sticky, awa._sticky_ok, awa._take_lane, awa._take_unique_keys
 -- Writes: awa.ready, awa.scheduled
 create or replace function awa.enqueue(
     queue text,
@@ -190,6 +190,7 @@ begin
                     );
                     new_seq := nextval(lane_seqs[priority][shard]);
                 end if;
+                perform awa._mark_unique_jobs(array[q_id], array[unique_key]);
                 perform awa._insert_jobs(
                     array[lane_ids[priority][shard]], array[new_seq], array[q_id],
                     array[enqueue.priority], array[enqueue.kind], array[enqueue.args],
@@ -399,7 +400,8 @@ $$;
 -- duplicate true.
 -- Calls: awa._check_job, awa._check_unique, awa._default_max_attempts, awa._default_priority,
 --   awa._ensure_queue, awa._insert_jobs, awa._job_ok, awa._key_shard, awa._lock_lanes,
---   awa._max_run_time_ok, awa._route_queue, awa._take_unique_keys, awa._unique_ok
+--   awa._mark_unique_jobs, awa._max_run_time_ok, awa._route_queue, awa._take_unique_keys,
+--   awa._unique_ok
 -- Writes: nothing
 create or replace function awa._enqueue_rows(
     queues text[],
@@ -533,6 +535,10 @@ begin
         ) end,
         priorities, key_shards
     );
+    if job_ids is not null then
+        -- The keyed rows' queues, once their lanes are held.
+        perform awa._mark_unique_jobs(queue_ids, unique_keys);
+    end if;
     return query
     select coalesce(d.job_id, j.job_id), coalesce(h.queue, queues[j.i]),
            coalesce(d.priority, priorities[j.i], awa._default_priority()),

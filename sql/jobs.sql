@@ -770,7 +770,7 @@ $$;
 -- holds now stays where it is. Returns the ids of the jobs it put back. The
 -- arrays come one element per job, indexed from 1.
 -- Calls: awa._first_attempt, awa._insert_jobs, awa._key_shard, awa._lock_lanes,
---   awa._take_unique_keys
+--   awa._mark_unique_jobs, awa._take_unique_keys
 -- Writes: nothing
 create or replace function awa._requeue(
     job_ids bigint[],
@@ -828,6 +828,10 @@ begin
       from generate_series(1, cardinality(job_ids)) as i
       left join awa.queue_meta as m on m.queue_id = queue_ids[i];
     select * into taken from awa._lock_lanes(queue_ids, priorities, key_shards);
+    if cardinality(array_remove(unique_keys, null)) > 0 then
+        -- The keyed rows' queues, once their lanes are held.
+        perform awa._mark_unique_jobs(queue_ids, unique_keys);
+    end if;
     perform count(*) from awa._insert_jobs(
         taken.lanes, taken.seqs, queue_ids, priorities, kinds, args, ordering_keys,
         max_attempts, null, job_ids, array_fill(awa._first_attempt(), array[n]), enqueued_ats,

@@ -78,15 +78,18 @@ $$;
 -- Within the call the first element of each key takes it and the later
 -- ones are its duplicates. A key is free when no row holds it or its row's
 -- held_until has passed (a completed job's window ended): the row is then
--- taken over. Keys are taken in (scope, key) order, so concurrent callers
--- wait for each other in one order and never deadlock; the row of a key
--- another job holds is locked until commit, so the holder cannot give it
--- back while the caller reports it (the holder's end waits for the
--- caller's commit). Marks the queues that now have keyed jobs
--- (awa.queue_meta.unique_jobs). The arrays come checked, one element per
--- job, indexed from 1.
+-- taken over, its lock taken in (scope, key) order, as the insert takes
+-- new keys, so concurrent callers wait for each other in one order and
+-- never deadlock. The row of a key a live job holds is read, not locked:
+-- the caller goes on to wait for lanes, and a lock held meanwhile would
+-- deadlock with the holder's end in a transaction that holds one of those
+-- lanes (a worker that enqueues and completes in one transaction). If a
+-- holder gives its key back between the two (a failed job deletes its
+-- row), the key is taken again. The caller marks the queues that now have
+-- keyed jobs (awa._mark_unique_jobs) once it holds its lanes. The arrays
+-- come checked, one element per job, indexed from 1.
 -- Calls: awa._default_priority, awa._unique_scope
--- Writes: awa.queue_meta, awa.unique_keys
+-- Writes: awa.unique_keys
 create or replace function awa._take_unique_keys(
     unique_keys bytea[],
     job_ids bigint[],
@@ -111,36 +114,92 @@ declare
           left join awa.queue_meta as m on m.queue_id = queue_ids[x.i]
          order by x.i
     );
+    held_i integer[];
+    held_job bigint[];
+    held_queue integer[];
+    held_priority smallint[];
+    every_key_held boolean;
 begin
-    insert into awa.unique_keys as u (
-        queue, unique_key, job_id, queue_id, priority, unique_window, held_until
-    )
-    select distinct on (scopes[x.i], unique_keys[x.i])
-           scopes[x.i], unique_keys[x.i], job_ids[x.i], queue_ids[x.i],
-           coalesce(priorities[x.i], awa._default_priority()), unique_windows[x.i],
-           null::timestamptz
-      from generate_series(1, cardinality(unique_keys)) as x (i)
-     where unique_keys[x.i] is not null
-     order by scopes[x.i], unique_keys[x.i], x.i
-        on conflict (queue, unique_key) do update
-       set job_id = excluded.job_id, queue_id = excluded.queue_id,
-           priority = excluded.priority, unique_window = excluded.unique_window,
-           held_until = null
-     where u.held_until <= now();
+    loop
+        insert into awa.unique_keys as u (
+            queue, unique_key, job_id, queue_id, priority, unique_window, held_until
+        )
+        select distinct on (scopes[x.i], unique_keys[x.i])
+               scopes[x.i], unique_keys[x.i], job_ids[x.i], queue_ids[x.i],
+               coalesce(priorities[x.i], awa._default_priority()), unique_windows[x.i],
+               null::timestamptz
+          from generate_series(1, cardinality(unique_keys)) as x (i)
+         where unique_keys[x.i] is not null
+         order by scopes[x.i], unique_keys[x.i], x.i
+            on conflict (queue, unique_key) do nothing;
+        -- Rows whose window has passed, locked in key order; one another
+        -- caller takes over meanwhile is read again, found held and left.
+        with wanted as (
+            select distinct on (scopes[x.i], unique_keys[x.i])
+                   scopes[x.i] as scope, unique_keys[x.i] as unique_key, x.i
+              from generate_series(1, cardinality(unique_keys)) as x (i)
+             where unique_keys[x.i] is not null
+             order by scopes[x.i], unique_keys[x.i], x.i
+        ),
+        passed as (
+            select u.ctid as tid, w.i
+              from wanted as w
+              join awa.unique_keys as u on u.queue = w.scope and u.unique_key = w.unique_key
+             where u.held_until <= now()
+             order by u.queue, u.unique_key
+               for update of u
+        )
+        update awa.unique_keys as u
+           set job_id = job_ids[p.i], queue_id = queue_ids[p.i],
+               priority = coalesce(priorities[p.i], awa._default_priority()),
+               unique_window = unique_windows[p.i], held_until = null
+          from passed as p
+         where u.ctid = p.tid;
+        -- Each key's holder, read once: the report below is this read, so
+        -- a holder that ends after it is still reported (its row gone or
+        -- not). A key with no row was given back since the insert (a failed
+        -- job deletes its row): take it again.
+        select array_agg(x.i order by x.i), array_agg(u.job_id order by x.i),
+               array_agg(u.queue_id order by x.i), array_agg(u.priority order by x.i),
+               coalesce(bool_and(u.job_id is not null), true)
+          into held_i, held_job, held_queue, held_priority, every_key_held
+          from generate_series(1, cardinality(unique_keys)) as x (i)
+          left join awa.unique_keys as u
+            on u.queue = scopes[x.i] and u.unique_key = unique_keys[x.i]
+         where unique_keys[x.i] is not null;
+        exit when every_key_held;
+    end loop;
+    return query
+    select h.i, h.job_id, h.queue_id, h.priority
+      from unnest(held_i, held_job, held_queue, held_priority)
+           as h (i, job_id, queue_id, priority)
+     where h.job_id <> job_ids[h.i]
+     order by h.i;
+end;
+$$;
+
+-- Function: awa._mark_unique_jobs(queue_ids integer[], unique_keys bytea[]) returns void
+-- Marks the queues of the elements that took a unique key as having keyed
+-- jobs (awa.queue_meta.unique_jobs), in the transaction that enqueues them,
+-- so that a claim of one of them gives its key back at its end (ADR 027).
+-- Called once the caller holds its lanes: a queue's first keyed enqueue
+-- locks its queue_meta row, and waiting for a lane while holding it would
+-- deadlock with another keyed enqueue of the queue that holds that lane.
+-- Calls: nothing
+-- Writes: awa.queue_meta
+create or replace function awa._mark_unique_jobs(queue_ids integer[], unique_keys bytea[])
+returns void
+language sql
+set search_path = pg_catalog, pg_temp
+set enable_seqscan = off
+as $$
     update awa.queue_meta as m
        set unique_jobs = true
      where m.queue_id = any(array(
          select queue_ids[x.i] from generate_series(1, cardinality(unique_keys)) as x (i)
           where unique_keys[x.i] is not null
      ))
-       and not m.unique_jobs;
-    return query
-    select x.i, u.job_id, u.queue_id, u.priority
-      from generate_series(1, cardinality(unique_keys)) as x (i)
-      join awa.unique_keys as u on u.queue = scopes[x.i] and u.unique_key = unique_keys[x.i]
-     where u.job_id <> job_ids[x.i]
-     order by x.i;
-end;
+       and not m.unique_jobs
 $$;
 
 -- Function: awa._release_unique_key(job_id bigint, completed boolean)
@@ -216,5 +275,6 @@ select awa._grant_execute('awa._check_unique(bytea, interval)');
 select awa._grant_execute(
     'awa._take_unique_keys(bytea[], bigint[], integer[], smallint[], interval[])'
 );
+select awa._grant_execute('awa._mark_unique_jobs(integer[], bytea[])');
 select awa._grant_execute('awa._release_unique_key(bigint, boolean)');
 select awa._grant_execute('awa.prune_unique_keys(integer)', 'maintenance');

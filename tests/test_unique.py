@@ -15,9 +15,10 @@ import psycopg
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from tests.support.jobs import claim, claim_all, enqueue
+from tests.support.jobs import claim, claim_all, enqueue, waits_for_a_lock
 from tests.support.waiting import wait_until
 
 ENQUEUED = ["job_id", "queue", "priority", "enqueue_shard", "lane_seq", "duplicate"]
@@ -526,3 +527,118 @@ def test_a_derived_key_is_stable_and_follows_kind_and_args():
     assert unique_key("k") == unique_key("k", {}) and len(unique_key("k")) == 32
     with pytest.raises(ValueError, match="kind must be a non-empty string"):
         unique_key("")
+
+
+# -- no deadlock with a holder's end or a queue's first key -------------------------------
+
+
+def _fast_deadlock_detection(db) -> None:
+    with db.connect() as su:
+        su.execute(sql.SQL("alter database {} set deadlock_timeout = '50ms'").format(
+            sql.Identifier(db.name)))
+
+
+class _Call(threading.Thread):
+    """Runs ``work(conn)`` then commits, in a thread; keeps the error."""
+
+    def __init__(self, conn, work):
+        super().__init__(daemon=True)
+        self.conn, self.work = conn, work
+        self.pid = conn.execute("select pg_backend_pid()").fetchone()[0]
+        self.error: psycopg.Error | None = None
+
+    def run(self) -> None:
+        try:
+            self.work(self.conn)
+            self.conn.commit()
+        except psycopg.Error as err:
+            self.error = err
+            self.conn.rollback()
+
+
+def test_a_batch_with_a_duplicate_does_not_deadlock_the_worker_completing_its_holder(
+        db, logins):
+    """A worker that enqueues a follow-up and completes its job in one
+    transaction holds the queue's lane, then gives the job's key back. A
+    batch [that key, another job] read the holder's key row with a lock and
+    then waited for the worker's lane, while the worker's complete waited for
+    that lock: 40P01. The holder's row is read without a lock now."""
+    _fast_deadlock_detection(db)
+    both = db.login_role("awa_worker", "awa_producer")
+    with db.connect(logins.producer) as p:
+        enqueue(p, "wq", "job", unique_key=b"U")
+    with db.connect() as admin, db.connect(both, autocommit=False) as w:
+        (job, lease, *_), = claim(w, ["wq"], 1)
+        w.commit()
+        enqueue(w, "wq", "follow-up")
+        producer = _Call(db.connect(logins.producer, autocommit=False), lambda c: c.execute(
+            "select * from awa.enqueue_batch(array['wq', 'wq'], array['a', 'b'],"
+            " unique_keys => array['U', null]::bytea[])").fetchall())
+        producer.start()
+        wait_until(lambda: waits_for_a_lock(admin, producer.pid),
+                   what="the batch to wait for the worker's lane")
+        assert w.execute("select awa.complete(%s, %s)", [job, lease]).fetchone()[0]
+        w.commit()
+        producer.join(timeout=30)
+        assert not producer.is_alive() and producer.error is None, producer.error
+        # The key was held when the batch read it: its element is a duplicate.
+        assert live(admin, "wq") == 2  # the follow-up and 'b'
+
+
+def test_a_queues_first_keyed_enqueue_does_not_deadlock_another_keys_producer(db, logins):
+    """The first keyed enqueue of a queue marks it (queue_meta.unique_jobs).
+    Marked before its lane, the row lock was held while it waited for a lane
+    another producer held, and that producer's own keyed enqueue of another
+    key waited for the mark: 40P01. The mark comes after the lanes now."""
+    _fast_deadlock_detection(db)
+    with db.connect(logins.producer) as p:
+        enqueue(p, "uq", "seed")
+    with db.connect() as admin, db.connect(logins.producer, autocommit=False) as t2:
+        enqueue(t2, "uq", "plain")
+        t1 = _Call(db.connect(logins.producer, autocommit=False),
+                   lambda c: enqueue(c, "uq", "b", unique_key=b"u1"))
+        t1.start()
+        wait_until(lambda: waits_for_a_lock(admin, t1.pid), what="T1 to wait for the lane")
+        enqueue(t2, "uq", "c", unique_key=b"u2")
+        t2.commit()
+        t1.join(timeout=30)
+        assert not t1.is_alive() and t1.error is None, t1.error
+        assert admin.execute("select unique_jobs from awa.queue_meta where queue = 'uq'"
+                             ).fetchone()[0]
+        assert live(admin, "uq") == 4
+
+
+def test_a_key_given_back_while_a_batch_reads_it_is_taken_again(db, logins):
+    """The batch reads a live holder's key row without a lock. If the holder
+    fails for good (which deletes its row) before the batch checks that each
+    key has a row, the batch takes the key again: its job must not go in
+    holding no key. The batch is held between the two by a second key whose
+    window has passed, whose row another transaction has locked."""
+    with db.connect(logins.producer) as p:
+        enqueue(p, "gone", "held", unique_key=b"K1", max_attempts=1)
+        enqueue(p, "gone", "done", unique_key=b"K2", unique_window="1 hour")
+    with db.connect() as admin, db.connect(logins.worker, autocommit=False) as w, \
+            db.connect(autocommit=False) as locker:
+        jobs = {r[6]: r for r in claim(w, ["gone"], 2)}
+        assert w.execute("select awa.complete(%s, %s)", jobs["done"][:2]).fetchone()[0]
+        w.commit()
+        admin.execute("update awa.unique_keys set held_until = now() - interval '1 second'"
+                      " where unique_key = 'K2'")
+        locker.execute("select from awa.unique_keys where unique_key = 'K2' for update")
+        producer = _Call(db.connect(logins.producer, autocommit=False), lambda c: c.execute(
+            "select * from awa.enqueue_batch(array['gone', 'gone'], array['a', 'b'],"
+            " unique_keys => array['K1', 'K2']::bytea[])").fetchall())
+        producer.start()
+        wait_until(lambda: waits_for_a_lock(admin, producer.pid),
+                   what="the batch to wait for K2's row")
+        # A batch that locked K1's row (as it once did) would hold this fail
+        # until it commits, which waits for K2: the timeout makes that a failure.
+        w.execute("set local lock_timeout = '5s'")
+        w.execute("select awa.fail(%s, %s, 'boom')", jobs["held"][:2])
+        w.commit()
+        locker.rollback()
+        producer.join(timeout=30)
+        assert producer.error is None, producer.error
+        held = dict(admin.execute("select u.unique_key, r.kind from awa.unique_keys as u"
+                                  " join awa.ready as r using (job_id)").fetchall())
+        assert held == {b"K1": "a", b"K2": "b"}
