@@ -135,6 +135,34 @@ def test_plan_states_the_ordering_consequence_and_changes_nothing(db, api):
                    params={"shards": 65}).status_code == 422
 
 
+def test_plan_for_a_partition_page_states_its_real_s(db):
+    with db.connect() as conn:
+        conn.execute("select awa.set_queue_partitions('orders', 2)")
+        conn.execute("select awa.set_enqueue_shards('orders', 4)")
+        s = conn.execute("select enqueue_shards from awa.queue_overview"
+                         " where queue = 'orders__p1'").fetchone()[0]
+    assert s == 4
+    with client_for(db.dsn(operator_login(db)), writable=True, token=TOKEN) as api:
+        assert api.get("/api/queues/orders__p1").status_code == 200
+        plan = api.get("/api/queues/orders__p1/enqueue-shards/plan",
+                       params={"shards": 8}).json()
+        done = api.put("/api/queues/orders__p1/enqueue-shards", json={"shards": 8},
+                       headers=auth()).json()
+    assert [(c["physical_queue"], c["old_shards"], c["lanes_created"])
+            for c in done["changes"]] == [("orders__p1", 4, 16)]
+    assert (plan["old_shards"], plan["lanes_created"]) == (4, 16), plan
+
+
+def test_plan_of_a_stripe_is_refused_as_the_change_is(db, api):
+    with db.connect() as conn:
+        conn.execute("select awa.set_queue_stripes('st', 2)")
+    plan = api.get("/api/queues/st%230/enqueue-shards/plan", params={"shards": 2})
+    put = api.put("/api/queues/st%230/enqueue-shards", json={"shards": 2}, headers=auth())
+    assert (plan.status_code, put.status_code) == (400, 400), (plan.text, put.text)
+    assert plan.json() == put.json()
+    assert plan.json()["sqlstate"] == "22023" and "'#'" in plan.json()["error"]
+
+
 @pytest.mark.parametrize("name", ["billing/eu", "a/b/c", "x/enqueue-shards", "sp ace?&%",
                                   "ünï/çødé"])
 def test_queue_names_with_slashes_and_escapes_work_on_every_route(db, api, name):
@@ -162,6 +190,45 @@ def test_queue_names_with_slashes_and_escapes_work_on_every_route(db, api, name)
     page = api.get("/queues/" + quote(name, safe=""))
     assert page.status_code == 200
     assert html.escape(name, quote=True) in page.text
+
+
+def test_nul_in_a_queue_name_or_kind_is_400_not_500(db):
+    enqueue_jobs(db, "q", 1)
+    with client_for(db.dsn(reader_login(db)), writable=False) as api:
+        for path in ("/api/queues/a%00b", "/api/queues/a%00b/jobs",
+                     "/api/queues/a%00b/history", "/api/queues/q/jobs?kind=a%00b",
+                     "/api/queues/q/jobs/retry/plan?kind=a%00b",
+                     "/api/queues/a%00b/enqueue-shards/plan?shards=2"):
+            got = api.get(path)
+            assert got.status_code == 400, (path, got.status_code, got.text)
+            assert got.json()["sqlstate"] == "22021", got.text
+            assert "must not contain a NUL byte" in got.json()["error"], got.text
+
+
+def test_nul_in_a_write_is_4xx_and_changes_nothing(db, api):
+    enqueue_jobs(db, "q", 1)
+    for method, path, body, status in [
+        ("PUT", "/api/queues/a%00b/enqueue-shards", {"shards": 2}, 400),
+        ("POST", "/api/queues/a%00b/pause", None, 400),
+        ("POST", "/api/queues/q/jobs/cancel", {"kind": "a\x00b"}, 422),
+    ]:
+        got = api.request(method, path, json=body, headers=auth())
+        assert got.status_code == status, (method, path, got.text)
+        assert "NUL" in got.json()["error"], got.text
+        assert got.json().get("fields", ["kind"]) == ["kind"], got.text
+    assert api.get("/api/queues/q").json()["ready"] == 1
+
+
+def test_runtimes_panel_sees_the_last_change_of_a_queue_with_many_partitions(db):
+    with db.connect() as conn:
+        conn.execute("select awa.set_queue_partitions('big', 24)")
+        conn.execute("select awa.set_enqueue_shards('big', 2)")
+    with client_for(db.dsn(reader_login(db)), writable=False) as api:
+        q = api.get("/api/queues/big").json()
+    assert q["enqueue_shards"] == 2
+    assert q["runtimes"]["producers"]["since"] is not None, q["runtimes"]
+    assert q["runtimes"]["lane_evidence"] is not None
+    assert q["runtimes"]["lane_evidence"]["shards"] == 2
 
 
 # -- writes ------------------------------------------------------------------------------

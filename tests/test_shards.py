@@ -250,6 +250,64 @@ def test_cli_set_enqueue_shards_dry_run_refusal_and_apply(db, logins):
     assert denied.returncode == 7 and "42501" in denied.stderr
 
 
+def test_cli_dry_run_of_a_partition_states_its_real_s(db, logins):
+    with db.connect(logins.operator) as op:
+        op.execute("select awa.set_queue_partitions('orders', 2)")
+        set_shards(op, "orders", 4)
+    dry = db.awa("storage", "set-enqueue-shards", "--queue", "orders__p1", "--shards", "8",
+                 "--dry-run", user=logins.operator, check=True)
+    rows = [line.split() for line in dry.stdout.splitlines() if line.startswith("orders")]
+    assert rows == [["orders__p1", "4", "8", "16"]], dry.stdout
+    done = db.awa("storage", "set-enqueue-shards", "--queue", "orders__p1", "--shards", "8",
+                  "--yes", user=logins.operator, check=True)
+    assert [line.split() for line in done.stdout.splitlines()
+            if line.startswith("orders")][-1] == ["orders__p1", "4", "8", "16"], done.stdout
+
+
+def _layouts(conn):
+    """Queues of every shape set_enqueue_shards takes: a partitioned queue whose
+    second partition has stripes, a striped queue, a plain one."""
+    conn.execute("select awa.set_queue_partitions('orders', 3)")
+    conn.execute("select * from awa.set_enqueue_shards('orders', 4)")
+    conn.execute("select awa.set_queue_stripes('orders__p1', 2)")
+    conn.execute("select awa.set_queue_stripes('striped', 3)")
+    conn.execute("select * from awa.set_enqueue_shards('striped', 2)")
+    conn.execute("select * from awa.set_enqueue_shards('plain', 1)")
+
+
+def _by_queue(changes):
+    return sorted(changes, key=lambda c: c.physical_queue)
+
+
+@pytest.mark.parametrize("queue", ["orders", "orders__p1", "orders__p2", "striped", "plain",
+                                   "new"])
+def test_plan_is_what_the_change_does_for_every_name(db, logins, queue):
+    with db.connect(logins.operator) as op:
+        _layouts(op)
+    for shards in (1, 2, 4, 8):
+        with db.connect(logins.operator, autocommit=False) as op:
+            plan = awa_sql.shards.plan_enqueue_shards(op, queue, shards)
+            done = awa_sql.shards.set_enqueue_shards(op, queue, shards)
+            op.rollback()
+        assert _by_queue(plan) == _by_queue(done), shards
+        with db.connect(logins.reader, autocommit=False) as reader:  # a reader may plan
+            assert _by_queue(awa_sql.shards.plan_enqueue_shards(reader, queue, shards)) == \
+                _by_queue(done)
+
+
+def test_plan_refuses_a_stripe_or_a_bad_name_as_the_change_does(db, logins):
+    with db.connect(logins.operator) as op:
+        _layouts(op)
+    for name in ("striped#0", "orders__p1#1", "no#such", "x" * 201):
+        with db.connect(logins.operator, autocommit=False) as op:
+            with pytest.raises(psycopg.errors.InvalidParameterValue) as planned:
+                awa_sql.shards.plan_enqueue_shards(op, name, 2)
+            op.rollback()
+            with pytest.raises(psycopg.errors.InvalidParameterValue) as changed:
+                awa_sql.shards.set_enqueue_shards(op, name, 2)
+        assert planned.value.diag.message_primary == changed.value.diag.message_primary
+
+
 def test_cli_show_text_and_json(db, logins):
     with db.connect(logins.operator) as op:
         set_shards(op, "shown", 4)

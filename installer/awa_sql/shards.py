@@ -117,28 +117,50 @@ def set_enqueue_shards(conn: psycopg.Connection, queue: str, shards: int) -> lis
     return [ShardChange(*r) for r in rows]
 
 
-def plan_enqueue_shards(conn: psycopg.Connection, queue: str, shards: int) -> list[ShardChange]:
-    """What ``set_enqueue_shards`` would do, changing nothing (for --dry-run).
+def _known_queue(conn: psycopg.Connection, queue: str) -> bool:
+    """Whether ``queue`` names a queue. A name set_enqueue_shards refuses
+    (null, too long, a stripe's ``#``) raises the database's error, as the
+    change would; any awa role may ask."""
+    try:
+        with conn.transaction():  # a savepoint: an unknown name leaves the caller's going
+            conn.execute("select awa.enqueue_shards(%s::text)", [queue])
+    except psycopg.errors.UndefinedObject:
+        return False
+    return True
 
-    ``lanes_created`` counts the lanes the change would provision.
+
+def plan_enqueue_shards(conn: psycopg.Connection, queue: str, shards: int) -> list[ShardChange]:
+    """What ``set_enqueue_shards`` would do, changing nothing (for --dry-run
+    and the admin API's plan): one row per physical queue it changes.
+
+    The physical queues ``awa._physical_queues`` gives the change, each at
+    its own S: the queue itself; for a logical queue, its partitions and all
+    their stripes (awa.queue_overview names it as their logical_queue); and
+    the queue's own stripes, ``queue#k`` (a partition's stripes name the
+    logical queue there, so they are found by name). ``lanes_created``
+    counts the lanes the change would provision: those missing below the
+    new S when it differs from the current one. Needs awa_reader or
+    awa_operator.
     """
+    if not _known_queue(conn, queue):
+        # A queue seen for the first time is created with S = 1 and 4 lanes.
+        return [ShardChange(queue, 1, shards, 4 * shards)]
     rows = conn.execute(
         """
         select o.queue, o.enqueue_shards,
-               (4 * greatest(%(shards)s, o.enqueue_shards))::integer
-               - (select count(*) from awa.lane_overview as l
-                   where l.queue = o.queue and l.shard < greatest(%(shards)s, o.enqueue_shards))
-                 ::integer
+               case when o.enqueue_shards = %(shards)s then 0
+                    else (4 * %(shards)s
+                          - (select count(*) from awa.lane_overview as l
+                              where l.queue = o.queue and l.shard < %(shards)s))::integer
+               end
           from awa.queue_overview as o
-         where o.logical_queue = %(queue)s
-         order by o.queue
+         where o.queue = %(queue)s or o.logical_queue = %(queue)s
+            or pg_catalog.starts_with(o.queue, %(queue)s || '#')
+         order by o.queue <> %(queue)s, o.queue
         """,
         {"queue": queue, "shards": shards},
     ).fetchall()
-    if not rows:  # a queue seen for the first time is created with S = 1 and 4 lanes
-        return [ShardChange(queue, 1, shards, 4 * shards)]
-    return [ShardChange(q, old, shards, created if shards > old else 0)
-            for q, old, created in rows]
+    return [ShardChange(q, old, shards, created) for q, old, created in rows]
 
 
 def show(conn: psycopg.Connection, queue: str | None = None) -> list[QueueStatus]:

@@ -7,7 +7,7 @@ from enum import StrEnum
 from typing import Annotated, Any
 
 from annotated_types import Interval
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
 from awa_sql.routing import MAX_SHARDS
 
@@ -28,6 +28,19 @@ def _whole_number(value: object) -> object:
 
 
 Int32 = Annotated[int, Interval(ge=-(2**31), le=2**31 - 1), BeforeValidator(_whole_number)]
+
+NUL_MESSAGE = "must not contain a NUL byte (0x00): PostgreSQL text cannot hold one"
+
+
+def _no_nul(value: str) -> str:
+    """Text PostgreSQL can hold: psycopg refuses a NUL byte before sending it,
+    with an error that has no SQLSTATE."""
+    if "\x00" in value:
+        raise ValueError(NUL_MESSAGE)
+    return value
+
+
+Text = Annotated[str, AfterValidator(_no_nul)]
 
 
 class Body(BaseModel):
@@ -293,7 +306,7 @@ class JobPage(BaseModel):
 
 
 class BulkBody(Body):
-    kind: str | None = Field(default=None, description="only jobs of this kind")
+    kind: Text | None = Field(default=None, description="only jobs of this kind")
     max_jobs: Int32 | None = Field(
         default=None, description="at most this many in this call, 1..100000 (default 10000)")
 

@@ -101,7 +101,7 @@ def queue_detail(conn: psycopg.Connection, queue: str) -> dict:
     detail["contention"] = [_plain(c) for c in contention]
     detail["shard_changes"] = changes
     detail["decisions"] = decisions(conn, names)
-    detail["runtimes"] = runtimes(conn, physical[0], changes)
+    detail["runtimes"] = runtimes(conn, physical[0])
     return detail
 
 
@@ -193,17 +193,25 @@ def history(conn: psycopg.Connection, queue: str, window: timedelta) -> dict | N
             "points": points, "changes": changes}
 
 
-def runtimes(conn: psycopg.Connection, queue: dict, changes: list[dict]) -> dict | None:
-    """Live runtimes serving ``queue`` and the evidence that producers use S.
+def runtimes(conn: psycopg.Connection, queue: dict) -> dict | None:
+    """Live runtimes serving ``queue`` and the evidence that producers use S
+    since its last change.
 
     None when the contract has no runtime snapshots.
     """
     if not _exists(conn, "awa.runtime_overview"):
         return None
     name = queue["queue"]
-    last = next((c for c in changes if c["queue"] == name), None)
-    since = last["changed_at"] if last else None
     with conn.cursor(row_factory=dict_row) as cur:
+        # The queue's own last change, not one among the recent changes of
+        # all its physical queues (one change of a logical queue writes a row
+        # per partition and stripe): the newest row of the index on (queue,
+        # changed_at), the later change_id first within one transaction.
+        last = cur.execute(
+            "select c.change_id, c.changed_at from awa.shard_changes as c"
+            " where c.queue = %s order by c.changed_at desc, c.change_id desc limit 1",
+            [name]).fetchone()
+        since = last["changed_at"] if last else None
         live = cur.execute(
             "select r.instance_id::text, r.kind, r.hostname, r.pid, r.version, r.in_flight,"
             " r.last_seen, r.started_at, q.activity, q.last_at, q.shards"

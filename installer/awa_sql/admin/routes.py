@@ -11,6 +11,7 @@ from awa_sql.admin import queries
 from awa_sql.admin.errors import ApiError
 from awa_sql.admin.guard import require_write
 from awa_sql.admin.models import (
+    NUL_MESSAGE,
     BulkBody,
     BulkPlan,
     BulkResult,
@@ -39,7 +40,17 @@ from awa_sql.shards import (
 )
 from awa_sql.version import __version__
 
-router = APIRouter(prefix="/api")
+
+def refuse_nul(request: Request) -> None:
+    """400 for a NUL byte in a path or query value (a queue name, a kind):
+    PostgreSQL text cannot hold one, and psycopg refuses to send it with an
+    error that has no SQLSTATE. Request bodies refuse it in their models."""
+    for name, value in [*request.path_params.items(), *request.query_params.multi_items()]:
+        if isinstance(value, str) and "\x00" in value:
+            raise ApiError(400, f"{name}: {NUL_MESSAGE}", "22021")
+
+
+router = APIRouter(prefix="/api", dependencies=[Depends(refuse_nul)])
 QueueName = Annotated[str, Path(description="a queue name (logical or physical)")]
 NOT_FOUND = {404: {"model": Error, "description": "unknown queue"}}
 WRITE = {

@@ -45,7 +45,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "Raising provisions the new lanes in the same transaction; lowering lets the lanes "
         "above the new S drain.")
     add_connection(p)
-    p.add_argument("--queue", required=True, help="logical queue name")
+    p.add_argument("--queue", required=True,
+                   help="queue name: a logical queue (all its partitions and stripes), or one "
+                   "partition (orders__p1)")
     p.add_argument("--shards", type=int, help=f"new S, 1..{MAX_SHARDS}")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--auto", dest="mode", action="store_const", const="auto",
