@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import shutil
+import socket
 from pathlib import Path
 from urllib.parse import quote
 
@@ -507,6 +508,25 @@ def test_awa_admin_serve_writable_without_token_exits_2(db):
     result = db.awa("admin", "serve", "--writable", env={"AWA_ADMIN_TOKEN": ""})
     assert result.returncode == 2
     assert "AWA_ADMIN_TOKEN" in result.stderr
+
+
+@pytest.mark.parametrize("port", ["70000", "-1", "http"])
+def test_awa_admin_serve_with_an_impossible_port_is_a_clear_error(db, port):
+    result = db.awa("admin", "serve", "--port", port, timeout=30)
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    assert "Traceback" not in result.stderr, result.stderr
+    assert "port must be" in result.stderr
+
+
+def test_awa_admin_serve_on_a_taken_port_is_a_clear_error(db):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        result = db.awa("admin", "serve", "--port", str(port), timeout=30)
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr, result.stderr
+    assert f"cannot listen on 127.0.0.1:{port}" in result.stderr, result.stderr
 
 
 # -- schemathesis: the OpenAPI schema against the app ------------------------------------

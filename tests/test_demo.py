@@ -6,6 +6,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -14,6 +15,7 @@ import urllib.request
 from pathlib import Path
 
 import psycopg
+import pytest
 
 from awa_sql import __version__
 from awa_sql.demo.embedded import free_port
@@ -131,3 +133,35 @@ def test_demo_against_an_existing_database(empty_db):
     with empty_db.connect() as conn:
         assert conn.execute("select count(*) from awa.queue_meta where queue = 'emails'"
                             ).fetchone()[0] == 1
+
+
+def _demo_exits(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "awa_sql", "demo", *args], cwd=cwd, text=True,
+                          capture_output=True, stdin=subprocess.DEVNULL, timeout=120,
+                          check=False)
+
+
+def test_demo_on_a_taken_http_port_says_so_before_it_starts_anything(empty_db):
+    folder = Path(tempfile.mkdtemp(prefix="awa-demo-taken-"))
+    try:
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.1", 0))
+            taken.listen(1)
+            port = taken.getsockname()[1]
+            result = _demo_exits("--dsn", empty_db.dsn(), "--http-port", str(port), cwd=folder)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    assert result.returncode == 7, result
+    assert "Traceback" not in result.stderr, result.stderr
+    assert f"cannot listen on 127.0.0.1:{port}" in result.stderr, result.stderr
+    with empty_db.connect() as conn:  # nothing installed
+        assert conn.execute("select pg_catalog.to_regnamespace('awa')").fetchone()[0] is None
+
+
+@pytest.mark.parametrize(("flag", "port", "low"), [("--port", "70000", 1), ("--port", "0", 1),
+                                                   ("--http-port", "-1", 0)])
+def test_demo_with_an_impossible_port_exits_2(tmp_path, flag, port, low):
+    result = _demo_exits(flag, port, cwd=tmp_path)
+    assert result.returncode == 2, result
+    assert "Traceback" not in result.stderr, result.stderr
+    assert f"port must be between {low} and 65535, got {port}" in result.stderr

@@ -9,6 +9,7 @@ import os
 import re
 import select
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -414,6 +415,25 @@ def test_metrics_serve_rejects_a_bad_port(db):
     result = db.awa("metrics", "serve", "--port", "70000")
     assert result.returncode == 2
     assert "port must be between 0 and 65535, got 70000" in result.stderr
+
+
+def test_metrics_serve_on_a_taken_port_is_a_clear_error(db):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        result = db.awa("metrics", "serve", "--port", str(port), timeout=30)
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr, result.stderr
+    assert f"cannot listen on 127.0.0.1:{port}" in result.stderr, result.stderr
+
+
+def test_metrics_serve_on_an_unknown_host_is_a_clear_error(db):
+    result = db.awa("metrics", "serve", "--host", "no-such-host.invalid", "--port", "0",
+                    timeout=60)
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr, result.stderr
+    assert "cannot listen on no-such-host.invalid:0" in result.stderr, result.stderr
 
 
 # -- the dashboard ----------------------------------------------------------------------------

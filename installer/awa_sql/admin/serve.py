@@ -8,6 +8,7 @@ from fastapi import FastAPI
 
 from awa_sql.admin.app import Settings, create_app
 from awa_sql.connect import resolve_dsn
+from awa_sql.listen import listen
 
 
 def settings_from(dsn: str | None, writable: bool) -> Settings:
@@ -39,8 +40,9 @@ def serve(dsn: str | None, host: str, port: int, writable: bool) -> int:
     mode = "writable" if writable else "read-only"
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False)
     # Bound before the line is printed, so that the line names the port that
-    # answers (with --port 0, the one the system picked).
-    sock = config.bind_socket()
+    # answers (with --port 0, the one the system picked). Bound here, not by
+    # uvicorn, which logs a taken port without naming it and exits.
+    sock = listen(host, port)
     bound = sock.getsockname()[1]
     print(f"awa admin ({mode}) on http://{host}:{bound}/ (metrics at /metrics)", flush=True)
     server = uvicorn.Server(config)

@@ -17,6 +17,7 @@ from awa_sql import migrate as runner
 from awa_sql.cli import admin, demo, jobs, maintain, metrics, migrate, storage
 from awa_sql.cli.common import err
 from awa_sql.demo.embedded import EmbeddedError
+from awa_sql.listen import CannotListen
 from awa_sql.version import __version__
 
 COMMANDS = (migrate, storage, jobs, maintain, metrics, demo, admin)
@@ -40,7 +41,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except runner.MigrationError as error:
         err(str(error))
         return error.exit_code
-    except EmbeddedError as error:
+    except (EmbeddedError, CannotListen) as error:
         err(str(error))
         return runner.EXIT_ERROR
     except ValueError as error:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from awa_sql.cli.common import add_connection
+from awa_sql.cli.common import add_connection, parse_port
 from awa_sql.defaults import ADMIN_PORT, LOCAL_HOST
 
 
@@ -15,7 +15,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     a.add_argument("action", choices=["serve"])
     add_connection(a)
     a.add_argument("--host", default=LOCAL_HOST, help="address to bind (default %(default)s)")
-    a.add_argument("--port", type=int, default=ADMIN_PORT,
+    a.add_argument("--port", type=parse_port, default=ADMIN_PORT,
                    help="TCP port (default %(default)s; 0: one the system picks, printed)")
     a.add_argument("--writable", action="store_true",
                    help="allow changes, for requests bearing the token in AWA_ADMIN_TOKEN")

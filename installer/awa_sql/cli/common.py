@@ -55,12 +55,17 @@ def parse_interval(text: str) -> float:
     return seconds
 
 
-def parse_port(text: str) -> int:
+def parse_port(text: str, lowest: int = 0) -> int:
     """A TCP port, 0..65535 (0: the system picks a free one)."""
     try:
         port = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"port must be a number, got {text!r}") from None
-    if not 0 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"port must be between 0 and 65535, got {port}")
+    if not lowest <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"port must be between {lowest} and 65535, got {port}")
     return port
+
+
+def parse_fixed_port(text: str) -> int:
+    """A TCP port others are told in advance, 1..65535."""
+    return parse_port(text, lowest=1)

@@ -26,6 +26,7 @@ from psycopg import sql
 from awa_sql import migrate
 from awa_sql.defaults import ADMIN_PORT, LOCAL_HOST
 from awa_sql.demo import embedded
+from awa_sql.listen import listen
 from awa_sql.roles import Roles
 
 DEMO_DATABASE = "awa_demo"
@@ -137,12 +138,23 @@ def instructions(dsn: str, http: str, token: str, queue: str) -> str:
 
 def run(folder: Path, *, port: int | None = None, http_port: int = ADMIN_PORT,
         dsn: str | None = None, seconds: float | None = None, log=print) -> int:
+    # The HTTP port first: one that is taken ends the demo before it starts anything.
+    sock = listen(LOCAL_HOST, http_port)
+    try:
+        return _run(sock, folder, port, dsn, seconds, log)
+    finally:
+        sock.close()
+
+
+def _run(sock, folder: Path, port: int | None, dsn: str | None, seconds: float | None,
+         log) -> int:
     import uvicorn
 
     from awa_sql.admin.app import Settings
     from awa_sql.admin.serve import create_served_app
     from awa_sql.demo.load import DemoLoad, prepare_queue
 
+    http = f"http://{LOCAL_HOST}:{sock.getsockname()[1]}"
     stop_server = None
     if dsn is None:
         dsn, stop_server = start_server(folder, port, log)
@@ -158,10 +170,10 @@ def run(folder: Path, *, port: int | None = None, http_port: int = ADMIN_PORT,
         token = secrets.token_urlsafe(24)
         app = create_served_app(Settings(dsn=dsn, writable=True, token=token))
         server = uvicorn.Server(uvicorn.Config(
-            app, host=LOCAL_HOST, port=http_port, log_level="warning", access_log=False))
-        log(f"[4/4] admin page and /metrics on http://{LOCAL_HOST}:{http_port}/")
+            app, host=LOCAL_HOST, log_level="warning", access_log=False))
+        log(f"[4/4] admin page and /metrics on {http}/")
         threading.Thread(target=_announce, daemon=True, args=(server, log, instructions(
-            dsn, f"http://{LOCAL_HOST}:{http_port}", token, QUEUE))).start()
+            dsn, http, token, QUEUE))).start()
         if seconds is not None:
             threading.Timer(seconds, lambda: setattr(server, "should_exit", True)).start()
         # uvicorn shuts down on SIGINT / SIGTERM, then raises the signal again
@@ -169,7 +181,7 @@ def run(folder: Path, *, port: int | None = None, http_port: int = ADMIN_PORT,
         # blocks that stop the load and the server.
         previous = signal.signal(signal.SIGTERM, _interrupted)
         try:
-            server.run()
+            server.run(sockets=[sock])
         except KeyboardInterrupt:
             pass
         finally:

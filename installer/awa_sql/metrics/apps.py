@@ -15,6 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client import start_http_server as _start_http_server
 
 from awa_sql.connect import connect as _connect
+from awa_sql.listen import CannotListen
 from awa_sql.metrics.database import DatabaseCollector
 
 
@@ -81,8 +82,12 @@ def make_asgi_app(dsn: str | None = None,
 
 def serve(dsn: str | None, host: str, port: int,
           stop: threading.Event, ready: Callable[[str], None] = lambda _url: None) -> None:
-    """Serve ``/metrics`` on host:port until ``stop`` is set."""
-    server, thread = _start_http_server(port, host, database_registry(dsn))
+    """Serve ``/metrics`` on host:port until ``stop`` is set; ``CannotListen``
+    when the address cannot be bound."""
+    try:
+        server, thread = _start_http_server(port, host, database_registry(dsn))
+    except OSError as error:
+        raise CannotListen(host, port, error) from None
     try:
         ready(f"http://{host}:{server.server_port}/metrics")
         stop.wait()
