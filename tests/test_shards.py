@@ -331,6 +331,21 @@ def test_cli_show_text_and_json(db, logins):
         assert "no queue 'no-such'" in missing.stderr and not missing.stdout
 
 
+def test_cli_show_of_a_partition_shows_that_partition(db, logins):
+    """A partition's own name (the admin page links to each) shows it: the
+    filter read only the logical queue's name, and said there was no queue."""
+    with db.connect(logins.operator) as op:
+        op.execute("select awa.set_queue_partitions('orders', 2)")
+        set_shards(op, "orders", 4)
+    doc = json.loads(db.awa("storage", "show", "--queue", "orders__p1", "--json",
+                            user=logins.reader, check=True).stdout)
+    assert [(q["queue"], q["enqueue_shards"], len(q["lanes"])) for q in doc["queues"]] == [
+        ("orders__p1", 4, 16)]
+    whole = json.loads(db.awa("storage", "show", "--queue", "orders", "--json",
+                              user=logins.reader, check=True).stdout)
+    assert {q["queue"] for q in whole["queues"]} == {"orders", "orders__p1"}
+
+
 def test_enqueue_shards_reads_s_for_every_role(db, logins):
     with db.connect(logins.operator) as op:
         set_shards(op, "readable", 8)

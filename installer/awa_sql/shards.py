@@ -164,8 +164,11 @@ def plan_enqueue_shards(conn: psycopg.Connection, queue: str, shards: int) -> li
 
 
 def show(conn: psycopg.Connection, queue: str | None = None) -> list[QueueStatus]:
-    """Every physical queue (or those of one logical queue) with its lanes."""
-    where = "where o.logical_queue = %(queue)s" if queue is not None else ""
+    """Every physical queue with its lanes, or those ``queue`` names: itself (a
+    partition's or stripe's own name included) and, for a logical queue, its
+    partitions and stripes."""
+    where = ("where o.queue = %(queue)s or o.logical_queue = %(queue)s"
+             if queue is not None else "")
     queues = conn.execute(
         f"""
         select o.queue, o.logical_queue, o.enqueue_shards, o.shard_mode, o.max_shards,
@@ -179,7 +182,8 @@ def show(conn: psycopg.Connection, queue: str | None = None) -> list[QueueStatus
     result = {
         q[0]: QueueStatus(*q[:12], oldest_ready_age_seconds=_seconds(q[12])) for q in queues
     }
-    lane_where = "where l.logical_queue = %(queue)s" if queue is not None else ""
+    lane_where = ("where l.queue = %(queue)s or l.logical_queue = %(queue)s"
+                  if queue is not None else "")
     for row in conn.execute(
         f"""
         select l.queue, l.priority, l.shard, l.lane_id, l.ready, l.lag, l.next_seq,

@@ -123,6 +123,22 @@ def _chown_tree(path: Path) -> None:
         os.chown(p, user.pw_uid, user.pw_gid, follow_symlinks=False)
 
 
+BIND_ATTEMPTS = 5
+
+
+def _start_on_a_free_port(server: embedded.LocalServer) -> None:
+    """Starts ``server``; a port another test took since it was picked (the
+    standby's is picked seconds before, across a base backup) is picked again."""
+    for attempt in range(BIND_ATTEMPTS):
+        try:
+            server.start()
+            return
+        except embedded.EmbeddedError as err:
+            if "Address already in use" not in str(err) or attempt == BIND_ATTEMPTS - 1:
+                raise
+            server.port = embedded.free_port()
+
+
 @contextmanager
 def primary_and_standby(major: int, workdir: Path) -> Iterator[tuple[str, str]]:
     """A small primary with awa installed in database ``awa`` and a hot standby
@@ -134,7 +150,7 @@ def primary_and_standby(major: int, workdir: Path) -> Iterator[tuple[str, str]]:
         "wal_keep_size": "64MB"})
     standby = embedded.LocalServer(bindir, workdir / "standby",
                                    settings={"fsync": "off", "hot_standby": "on"})
-    primary.start()
+    _start_on_a_free_port(primary)
     try:
         with psycopg.connect(primary.dsn(), autocommit=True) as conn:
             conn.execute("create database awa")
@@ -154,7 +170,7 @@ def primary_and_standby(major: int, workdir: Path) -> Iterator[tuple[str, str]]:
                        "user=postgres'\n")
         standby.data_dir.chmod(0o700)
         _chown_tree(standby.data_dir)
-        standby.start()
+        _start_on_a_free_port(standby)
         try:
             yield primary.dsn(dbname="awa"), standby.dsn(dbname="awa")
         finally:
