@@ -220,3 +220,15 @@ def test_a_job_whose_complete_was_not_recorded_is_no_longer_heartbeated(
         wait_until(lambda: state(db, job.job_id) == "completed", 10, "the retry to complete")
     assert job_row(db, job.job_id)[:2] == ("completed", 2)
     assert len(runs) == 2
+
+
+def test_a_reconnect_gives_up_after_ten_seconds_unless_told_otherwise(monkeypatch):
+    """The worker and awa maintain connect again by themselves: without a
+    connect_timeout, a host that drops packets would hang a reconnect."""
+    from awa_sql.connect import reconnect_timeout
+
+    monkeypatch.delenv("PGCONNECT_TIMEOUT", raising=False)
+    assert reconnect_timeout("host=db dbname=app") == {"connect_timeout": 10}
+    assert reconnect_timeout("postgresql://db/app?connect_timeout=3") == {}
+    monkeypatch.setenv("PGCONNECT_TIMEOUT", "2")
+    assert reconnect_timeout("host=db dbname=app") == {}

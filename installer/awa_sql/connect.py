@@ -71,6 +71,20 @@ def configure(conn: psycopg.Connection, prepared_statements: PreparedSetting = N
     return conn
 
 
+# For a process that connects again by itself (awa maintain, the worker): a
+# host that drops packets would otherwise hang a reconnect for minutes.
+RECONNECT_TIMEOUT = 10  # seconds, unless the DSN or PGCONNECT_TIMEOUT says otherwise
+
+
+def reconnect_timeout(dsn: str) -> dict[str, int]:
+    """``{"connect_timeout": RECONNECT_TIMEOUT}`` unless ``dsn`` or
+    PGCONNECT_TIMEOUT sets one."""
+    if ("connect_timeout" in psycopg.conninfo.conninfo_to_dict(dsn)
+            or os.environ.get("PGCONNECT_TIMEOUT")):
+        return {}
+    return {"connect_timeout": RECONNECT_TIMEOUT}
+
+
 def connect(dsn: str | None = None, *, prepared_statements: PreparedSetting = None,
             **kwargs) -> psycopg.Connection:
     kwargs.setdefault("application_name", "awa-sql")

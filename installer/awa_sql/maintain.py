@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -31,7 +30,7 @@ import psycopg
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from awa_sql import shards
-from awa_sql.connect import connect, resolve_dsn
+from awa_sql.connect import connect, reconnect_timeout, resolve_dsn
 from awa_sql.metrics import client_metrics
 
 log = logging.getLogger("awa_sql.maintain")
@@ -40,7 +39,6 @@ BACKOFF_MIN = 0.5  # seconds before the first reconnect; doubles up to BACKOFF_M
 BACKOFF_MAX = 30.0
 STATEMENT_TIMEOUT = 10.0
 BATCH = 1000  # jobs per promote or rescue call; a full pass runs again at once
-CONNECT_TIMEOUT = 10  # unless the DSN or PGCONNECT_TIMEOUT says otherwise
 
 
 @dataclass(frozen=True)
@@ -250,14 +248,10 @@ class Maintainer:
                 self._conn = None
 
     def _connect(self) -> psycopg.Connection:
-        kwargs = {}
-        if ("connect_timeout" not in psycopg.conninfo.conninfo_to_dict(self.dsn)
-                and not os.environ.get("PGCONNECT_TIMEOUT")):
-            kwargs["connect_timeout"] = CONNECT_TIMEOUT
         # A few statements a second gain nothing from server-side prepared
         # statements, and behind a transaction pooler they break.
         return connect(self.dsn, autocommit=True, prepared_statements="off",
-                       application_name="awa-sql maintain", **kwargs)
+                       application_name="awa-sql maintain", **reconnect_timeout(self.dsn))
 
     def _wait_backoff(self) -> None:
         self._stop.wait(self._backoff)

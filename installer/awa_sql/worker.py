@@ -45,7 +45,7 @@ from typing import Any
 
 import psycopg
 
-from awa_sql.connect import connect, prepared_mode, resolve_dsn
+from awa_sql.connect import connect, prepared_mode, reconnect_timeout, resolve_dsn
 from awa_sql.maintain import BACKOFF_MAX, BACKOFF_MIN, Maintainer, _one_line
 from awa_sql.metrics import client_metrics
 from awa_sql.partitions import iter_configs
@@ -250,7 +250,7 @@ class Worker:
         """A connection named ``awa-sql worker <role>`` (application_name)."""
         return _Link(lambda: connect(
             self.dsn, autocommit=True, prepared_statements=self.prepared_statements,
-            application_name=f"awa-sql worker {role}"))
+            application_name=f"awa-sql worker {role}", **reconnect_timeout(self.dsn)))
 
     def _claimer(self, queue: str, slots: int, free: threading.Semaphore,
                  jobs: queue_mod.SimpleQueue) -> None:
