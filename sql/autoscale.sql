@@ -283,12 +283,18 @@ begin
         anchor, greatest(at - policy.grow_window, last_step, '-infinity'));
     shrink := awa._autoscale_signal(
         anchor, greatest(at - policy.shrink_window, last_step, '-infinity'));
+    -- Counted up to 10,000 (a count at the cap means at least that many): a
+    -- tick every few seconds must not read a backlog left above S.
     select count(*) into draining
-      from awa.ready as r
-      join awa.lanes as l on l.lane_id = r.lane_id
-      join awa.queue_meta as m on m.queue_id = l.queue_id
-     where (m.queue_id = anchor.queue_id or m.root_queue = anchor.queue)
-       and l.shard >= m.enqueue_shards;
+      from (
+          select
+            from awa.ready as r
+            join awa.lanes as l on l.lane_id = r.lane_id
+            join awa.queue_meta as m on m.queue_id = l.queue_id
+           where (m.queue_id = anchor.queue_id or m.root_queue = anchor.queue)
+             and l.shard >= m.enqueue_shards
+           limit 10000
+      ) as capped;
     proposed := s;
     if last_step is not null and at < last_step + policy.cooldown then
         code := 'cooldown';
@@ -297,7 +303,8 @@ begin
     elsif draining > 0 then
         code := 'draining';
         why := pg_catalog.format(
-            'lanes >= S = %s still hold %s ready rows; no step until they drain', s, draining);
+            'lanes >= S = %s still hold %s%s ready rows; no step until they drain', s,
+            case when draining >= 10000 then 'at least ' else '' end, draining);
     elsif s > anchor.max_shards then
         code := 'above_max';
         proposed := greatest(s / 2, anchor.max_shards);
