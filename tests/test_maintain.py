@@ -258,6 +258,22 @@ def test_prune_is_skipped_while_prune_finished_is_not_installed(db, logins):
             assert "prune: pruned 7 finished job(s)" in m.log()
 
 
+def test_every_pass_waits_for_a_contract_with_the_pass_lock(db, logins):
+    """A contract before migration 0026 has no awa.try_pass_lock: every pass
+    is skipped, with one info line naming it, until awa migrate installs it
+    (ADR 037)."""
+    with db.connect() as admin:
+        admin.execute("alter function awa.try_pass_lock(text) rename to try_pass_lock_later")
+        schedule(admin, "waits", jobs=1, ahead="0.1 seconds")
+        with MaintainProcess(db.dsn(logins.maintenance), "--promote-every", "100ms") as m:
+            m.wait_for_pass("promote", "absent", more_than=3)
+            assert m.log().count("promote: awa.try_pass_lock(text) is not installed") == 1
+            assert count(admin, "ready", "waits") == 0
+            admin.execute("alter function awa.try_pass_lock_later(text) rename to try_pass_lock")
+            m.wait(lambda: count(admin, "ready", "waits") == 1, "the job to be promoted")
+            assert "promote: awa.try_pass_lock(text) is installed now" in m.log()
+
+
 @pytest.mark.parametrize(("flag", "value", "says"), [
     ("--promote-every", "10ms", "interval must be between 50ms and 1h, got '10ms'"),
     ("--prune-every", "90m", "interval must be between 50ms and 1h, got '90m'"),

@@ -102,10 +102,11 @@ TASK_NAMES = tuple(t.name for t in TASKS)
 # The first statement of each pass's transaction: its setting ends with the
 # transaction, and so does the pass lock the second takes (awa.try_pass_lock):
 # nothing stays on the server connection.
+LOCK_FUNCTION = "awa.try_pass_lock(text)"
 PROLOGUE = (
     "select pg_catalog.set_config('statement_timeout', %s, true),"
+    " pg_catalog.to_regprocedure(%s) is not null,"
     " pg_catalog.to_regprocedure(%s) is not null"
-    " and pg_catalog.to_regprocedure('awa.try_pass_lock(text)') is not null"
 )
 TAKE_LOCK = "select awa.try_pass_lock(%s)"
 
@@ -192,7 +193,7 @@ class Maintainer:
         self._conn: psycopg.Connection | None = None
         self._busy = False  # a pass's transaction is open on _conn
         self._due = dict.fromkeys(self.every, 0.0)  # monotonic time of each task's next pass
-        self._absent: set[str] = set()  # tasks whose function was missing at the last pass
+        self._absent: dict[str, str] = {}  # task -> the function it missed at the last pass
         self._failing: dict[str, str] = {}  # task -> the error its last pass logged
         self._backoff = BACKOFF_MIN
 
@@ -272,9 +273,14 @@ class Maintainer:
         try:
             self._busy = True
             with conn.transaction():
-                _, available = conn.execute(
-                    PROLOGUE, [self.statement_timeout, task.function]).fetchone()
-                locked = available and conn.execute(TAKE_LOCK, [task.name]).fetchone()[0]
+                _, installed, lockable = conn.execute(
+                    PROLOGUE, [self.statement_timeout, task.function, LOCK_FUNCTION]
+                ).fetchone()
+                # A contract before migration 0026 has no pass lock: the pass
+                # waits for awa migrate (ADR 037).
+                missing = (task.function if not installed
+                           else None if lockable else LOCK_FUNCTION)
+                locked = missing is None and conn.execute(TAKE_LOCK, [task.name]).fetchone()[0]
                 if locked:
                     count, did = task.call(conn)
         except psycopg.Error as err:
@@ -292,16 +298,15 @@ class Maintainer:
         finally:
             self._busy = False
         self._backoff = BACKOFF_MIN  # the connection works
-        if not available:
+        if missing is not None:
             self.metrics.passes.labels(task.name, "absent").inc()
-            if task.name not in self._absent:
+            if self._absent.get(task.name) != missing:
                 log.info("%s: %s is not installed; skipping %s until it is",
-                         task.name, task.function, task.name)
-                self._absent.add(task.name)
+                         task.name, missing, task.name)
+                self._absent[task.name] = missing
             return
         if task.name in self._absent:
-            log.info("%s: %s is installed now", task.name, task.function)
-            self._absent.discard(task.name)
+            log.info("%s: %s is installed now", task.name, self._absent.pop(task.name))
         if not locked:
             self.metrics.passes.labels(task.name, "skipped").inc()
             return
