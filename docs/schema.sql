@@ -839,12 +839,18 @@ begin
         anchor, greatest(at - policy.grow_window, last_step, '-infinity'));
     shrink := awa._autoscale_signal(
         anchor, greatest(at - policy.shrink_window, last_step, '-infinity'));
+    -- Counted up to 10,000 (a count at the cap means at least that many): a
+    -- tick every few seconds must not read a backlog left above S.
     select count(*) into draining
-      from awa.ready as r
-      join awa.lanes as l on l.lane_id = r.lane_id
-      join awa.queue_meta as m on m.queue_id = l.queue_id
-     where (m.queue_id = anchor.queue_id or m.root_queue = anchor.queue)
-       and l.shard >= m.enqueue_shards;
+      from (
+          select
+            from awa.ready as r
+            join awa.lanes as l on l.lane_id = r.lane_id
+            join awa.queue_meta as m on m.queue_id = l.queue_id
+           where (m.queue_id = anchor.queue_id or m.root_queue = anchor.queue)
+             and l.shard >= m.enqueue_shards
+           limit 10000
+      ) as capped;
     proposed := s;
     if last_step is not null and at < last_step + policy.cooldown then
         code := 'cooldown';
@@ -853,7 +859,8 @@ begin
     elsif draining > 0 then
         code := 'draining';
         why := pg_catalog.format(
-            'lanes >= S = %s still hold %s ready rows; no step until they drain', s, draining);
+            'lanes >= S = %s still hold %s%s ready rows; no step until they drain', s,
+            case when draining >= 10000 then 'at least ' else '' end, draining);
     elsif s > anchor.max_shards then
         code := 'above_max';
         proposed := greatest(s / 2, anchor.max_shards);
@@ -3526,6 +3533,8 @@ declare
     held_queue integer[];
     held_priority smallint[];
     every_key_held boolean;
+    some_passed boolean;
+    taken bigint;
 begin
     loop
         insert into awa.unique_keys as u (
@@ -3539,41 +3548,53 @@ begin
          where unique_keys[x.i] is not null
          order by scopes[x.i], unique_keys[x.i], x.i
             on conflict (queue, unique_key) do nothing;
-        -- Rows whose window has passed, locked in key order; one another
-        -- caller takes over meanwhile is read again, found held and left.
-        with wanted as (
-            select distinct on (scopes[x.i], unique_keys[x.i])
-                   scopes[x.i] as scope, unique_keys[x.i] as unique_key, x.i
-              from generate_series(1, cardinality(unique_keys)) as x (i)
-             where unique_keys[x.i] is not null
-             order by scopes[x.i], unique_keys[x.i], x.i
-        ),
-        passed as (
-            select u.ctid as tid, w.i
-              from wanted as w
-              join awa.unique_keys as u on u.queue = w.scope and u.unique_key = w.unique_key
-             where u.held_until <= now()
-             order by u.queue, u.unique_key
-               for update of u
-        )
-        update awa.unique_keys as u
-           set job_id = job_ids[p.i], queue_id = queue_ids[p.i],
-               priority = coalesce(priorities[p.i], awa._default_priority()),
-               unique_window = unique_windows[p.i], held_until = null
-          from passed as p
-         where u.ctid = p.tid;
+        get diagnostics taken = row_count;
+        -- Every keyed element took a key of its own: no duplicate (the
+        -- usual call, a new key).
+        if taken = cardinality(array_remove(unique_keys, null)) then
+            return;
+        end if;
         -- Each key's holder, read once: the report below is this read, so
         -- a holder that ends after it is still reported (its row gone or
         -- not). A key with no row was given back since the insert (a failed
         -- job deletes its row): take it again.
         select array_agg(x.i order by x.i), array_agg(u.job_id order by x.i),
                array_agg(u.queue_id order by x.i), array_agg(u.priority order by x.i),
-               coalesce(bool_and(u.job_id is not null), true)
-          into held_i, held_job, held_queue, held_priority, every_key_held
+               coalesce(bool_and(u.job_id is not null), true),
+               coalesce(bool_or(u.held_until <= now()), false)
+          into held_i, held_job, held_queue, held_priority, every_key_held, some_passed
           from generate_series(1, cardinality(unique_keys)) as x (i)
           left join awa.unique_keys as u
             on u.queue = scopes[x.i] and u.unique_key = unique_keys[x.i]
          where unique_keys[x.i] is not null;
+        if some_passed then
+            -- Rows whose window has passed, locked in key order and taken
+            -- over; one another caller took over meanwhile is read again,
+            -- found held and left. Then the holders are read again.
+            with wanted as (
+                select distinct on (scopes[x.i], unique_keys[x.i])
+                       scopes[x.i] as scope, unique_keys[x.i] as unique_key, x.i
+                  from generate_series(1, cardinality(unique_keys)) as x (i)
+                 where unique_keys[x.i] is not null
+                 order by scopes[x.i], unique_keys[x.i], x.i
+            ),
+            passed as (
+                select u.ctid as tid, w.i
+                  from wanted as w
+                  join awa.unique_keys as u
+                    on u.queue = w.scope and u.unique_key = w.unique_key
+                 where u.held_until <= now()
+                 order by u.queue, u.unique_key
+                   for update of u
+            )
+            update awa.unique_keys as u
+               set job_id = job_ids[p.i], queue_id = queue_ids[p.i],
+                   priority = coalesce(priorities[p.i], awa._default_priority()),
+                   unique_window = unique_windows[p.i], held_until = null
+              from passed as p
+             where u.ctid = p.tid;
+            continue;
+        end if;
         exit when every_key_held;
     end loop;
     return query
