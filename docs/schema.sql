@@ -1014,14 +1014,6 @@ AS $function$
       from per_instant as p
 $function$;
 
-CREATE OR REPLACE FUNCTION awa._batch_dims(a anyarray)
- RETURNS text
- LANGUAGE sql
- IMMUTABLE PARALLEL SAFE
-AS $function$
-    select case when a is not null then coalesce(pg_catalog.array_dims(a), '[1:0]') end
-$function$;
-
 CREATE OR REPLACE FUNCTION awa._cancel_waiting(job_id bigint, queue_id integer, priority smallint, kind text, args jsonb, ordering_key bytea, attempt integer, max_attempts integer, enqueued_at timestamp with time zone, last_error text, max_run_time interval)
  RETURNS void
  LANGUAGE plpgsql
@@ -4542,10 +4534,9 @@ declare
     attempts integer := coalesce(max_attempts[1], awa._default_max_attempts());
     names text[];
     dims text[] := array[
-        awa._batch_dims(queues), awa._batch_dims(kinds), awa._batch_dims(args),
-        awa._batch_dims(priorities), awa._batch_dims(ordering_keys), awa._batch_dims(run_ats),
-        awa._batch_dims(max_attempts), awa._batch_dims(max_run_times),
-        awa._batch_dims(unique_keys), awa._batch_dims(unique_windows)
+        array_dims(queues), array_dims(kinds), array_dims(args), array_dims(priorities),
+        array_dims(ordering_keys), array_dims(run_ats), array_dims(max_attempts),
+        array_dims(max_run_times), array_dims(unique_keys), array_dims(unique_windows)
     ];
     lens integer[];
     q_id integer;
@@ -4563,7 +4554,13 @@ begin
     -- second dimension or a missing element would pair the wrong elements.
     -- Every array given is [1:n] (one test: the loop's two per array cost a
     -- batch of 100 about 0.7k instructions per job); else the loop says which.
-    if not array_remove(dims, null) <@ array['[1:' || n || ']'] then
+    -- An empty array has no dims (null, as a null array has): as many null
+    -- dims as null arrays, or one is empty, a length to check like any other.
+    if not array_remove(dims, null) <@ array['[1:' || n || ']']
+       or num_nulls(variadic dims) <> num_nulls(
+           queues, kinds, args, priorities, ordering_keys, run_ats, max_attempts,
+           max_run_times, unique_keys, unique_windows
+       ) then
         names := array['queues', 'kinds', 'args', 'priorities', 'ordering_keys', 'run_ats',
                        'max_attempts', 'max_run_times', 'unique_keys', 'unique_windows'];
         lens := array[

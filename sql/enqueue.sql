@@ -555,20 +555,6 @@ begin
 end;
 $$;
 
--- Function: awa._batch_dims(a anyarray) returns text
--- array_dims of a batch argument, but '[1:0]' for an empty array, which
--- array_dims makes null like a null array: an empty array is a length (0)
--- to check, not "every default". Inlined.
--- Calls: nothing
--- Writes: nothing
-create or replace function awa._batch_dims(a anyarray)
-returns text
-language sql
-immutable parallel safe
-as $$
-    select case when a is not null then coalesce(pg_catalog.array_dims(a), '[1:0]') end
-$$;
-
 -- Function: awa.enqueue_batch(queues, kinds, args, priorities, ordering_keys, run_ats,
 --                             max_attempts, max_run_times, unique_keys, unique_windows)
 -- Enqueues many jobs in one call from typed parallel arrays, one element per
@@ -584,9 +570,9 @@ $$;
 --   the 1-based index); 22004 null queue or kind elements.
 -- A fast path (docs/fast-paths.md) of awa._enqueue_rows for one lane range:
 -- valid, unkeyed rows due now for one plain queue at one priority.
--- Calls: awa._batch_dims, awa._default_args, awa._default_max_attempts, awa._default_priority,
---   awa._enqueue_rows, awa._first_attempt, awa._has_lane_memo, awa._lock_class_lane,
---   awa._lock_lane_groups, awa._one_range_ok, awa._sticky
+-- Calls: awa._default_args, awa._default_max_attempts, awa._default_priority, awa._enqueue_rows,
+--   awa._first_attempt, awa._has_lane_memo, awa._lock_class_lane, awa._lock_lane_groups,
+--   awa._one_range_ok, awa._sticky
 -- Writes: awa.ready
 create or replace function awa.enqueue_batch(
     queues text[],
@@ -613,10 +599,9 @@ declare
     attempts integer := coalesce(max_attempts[1], awa._default_max_attempts());
     names text[];
     dims text[] := array[
-        awa._batch_dims(queues), awa._batch_dims(kinds), awa._batch_dims(args),
-        awa._batch_dims(priorities), awa._batch_dims(ordering_keys), awa._batch_dims(run_ats),
-        awa._batch_dims(max_attempts), awa._batch_dims(max_run_times),
-        awa._batch_dims(unique_keys), awa._batch_dims(unique_windows)
+        array_dims(queues), array_dims(kinds), array_dims(args), array_dims(priorities),
+        array_dims(ordering_keys), array_dims(run_ats), array_dims(max_attempts),
+        array_dims(max_run_times), array_dims(unique_keys), array_dims(unique_windows)
     ];
     lens integer[];
     q_id integer;
@@ -634,7 +619,13 @@ begin
     -- second dimension or a missing element would pair the wrong elements.
     -- Every array given is [1:n] (one test: the loop's two per array cost a
     -- batch of 100 about 0.7k instructions per job); else the loop says which.
-    if not array_remove(dims, null) <@ array['[1:' || n || ']'] then
+    -- An empty array has no dims (null, as a null array has): as many null
+    -- dims as null arrays, or one is empty, a length to check like any other.
+    if not array_remove(dims, null) <@ array['[1:' || n || ']']
+       or num_nulls(variadic dims) <> num_nulls(
+           queues, kinds, args, priorities, ordering_keys, run_ats, max_attempts,
+           max_run_times, unique_keys, unique_windows
+       ) then
         names := array['queues', 'kinds', 'args', 'priorities', 'ordering_keys', 'run_ats',
                        'max_attempts', 'max_run_times', 'unique_keys', 'unique_windows'];
         lens := array[
@@ -780,7 +771,6 @@ select awa._grant_execute(
     'producer'
 );
 select awa._grant_execute('awa._lock_lanes(integer[], smallint[], smallint[])');
-select awa._grant_execute('awa._batch_dims(anyarray)');
 select awa._grant_execute(
     'awa._insert_jobs(integer[], bigint[], integer[], smallint[], text[], jsonb[], bytea[],'
     ' integer[], timestamptz[], bigint[], integer[], timestamptz[], text[], interval[])'

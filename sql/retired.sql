@@ -89,3 +89,5 @@ drop function if exists awa._retry_or_fail(awa.running_carried, text, timestampt
 drop function if exists awa._lock_class_autoscale();
 drop function if exists awa._lock_class_prune();
 drop function if exists awa._lock_class_running();
+-- Unreleased: enqueue_batch checks an empty array's length without it.
+drop function if exists awa._batch_dims(anyarray);
