@@ -19,6 +19,7 @@ import pytest
 
 from awa_sql import shards
 from tests.support.jobs import claim, claim_all, enqueue, key_for_shard, lane_waiters
+from tests.support.reads import rows_read
 from tests.support.waiting import wait_until
 
 
@@ -498,15 +499,6 @@ def test_cli_modes_show_and_run(db, logins):
     assert shards_of(db, "cli") == 2
 
 
-READY_ROWS_READ = """
-    select sum(pg_stat_get_xact_tuples_returned(o.oid))
-      from (select 'awa.ready'::regclass::oid
-             union all
-            select i.indexrelid from pg_index as i
-             where i.indrelid = 'awa.ready'::regclass) as o (oid)
-"""
-
-
 def test_a_tick_counts_a_backlog_left_above_s_only_up_to_its_cap(db, logins):
     """The draining hold names how many ready rows lanes >= S still hold; a
     tick every few seconds counts at most 10,000 of them, whatever the
@@ -523,10 +515,7 @@ def test_a_tick_counts_a_backlog_left_above_s_only_up_to_its_cap(db, logins):
     with db.connect(logins.operator) as op:
         op.execute("select awa.set_enqueue_shards('deep', 2)")
     policy(db, logins.operator, "deep", cooldown="0s", min_samples=1)
-    with db.connect(logins.maintenance, autocommit=False) as m:
-        before = m.execute(READY_ROWS_READ).fetchone()[0] or 0
-        m.execute("select * from awa.autoscale_tick()").fetchall()
-        read = m.execute(READY_ROWS_READ).fetchone()[0] - before
-        m.commit()
+    with db.connect(logins.maintenance) as m:
+        read = rows_read(m, "awa.ready", "select * from awa.autoscale_tick()")
     assert read <= 2 * 10_000 + 100
     assert "still hold at least 10000 ready rows" in decisions(db, "deep")[-1][3]

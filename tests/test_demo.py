@@ -6,7 +6,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -19,6 +18,7 @@ import pytest
 
 from awa_sql import __version__
 from awa_sql.demo.embedded import free_port
+from tests.support.ports import assert_cannot_listen, taken_port
 from tests.support.waiting import wait_until
 
 
@@ -144,16 +144,11 @@ def _demo_exits(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 def test_demo_on_a_taken_http_port_says_so_before_it_starts_anything(empty_db):
     folder = Path(tempfile.mkdtemp(prefix="awa-demo-taken-"))
     try:
-        with socket.socket() as taken:
-            taken.bind(("127.0.0.1", 0))
-            taken.listen(1)
-            port = taken.getsockname()[1]
+        with taken_port() as port:
             result = _demo_exits("--dsn", empty_db.dsn(), "--http-port", str(port), cwd=folder)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    assert result.returncode == 7, result
-    assert "Traceback" not in result.stderr, result.stderr
-    assert f"cannot listen on 127.0.0.1:{port}" in result.stderr, result.stderr
+    assert_cannot_listen(result, f"127.0.0.1:{port}")
     with empty_db.connect() as conn:  # nothing installed
         assert conn.execute("select pg_catalog.to_regnamespace('awa')").fetchone()[0] is None
 

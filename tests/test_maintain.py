@@ -24,6 +24,7 @@ from tests.support import scratch
 from tests.support.cluster import TEST_SETTINGS
 from tests.support.maintain import AWA, MaintainProcess
 from tests.support.pgbouncer import Pooled, log_problems, mark
+from tests.support.ports import assert_cannot_listen, taken_port
 from tests.support.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -341,3 +342,10 @@ def test_a_worker_runs_the_same_loop_in_process(db, logins):
     assert not thread.is_alive() and time.monotonic() - started < 2
     assert sorted(attempts) == [("flaky", 1), ("flaky", 2), ("k", 1)]
     assert not any(t.name == "awa-maintain" for t in threading.enumerate())
+
+
+def test_a_taken_metrics_port_is_a_clear_error(db, logins):
+    with taken_port() as port:
+        result = db.awa("maintain", "--metrics-port", str(port), user=logins.maintenance,
+                        timeout=30)
+    assert_cannot_listen(result, f"127.0.0.1:{port}")

@@ -12,24 +12,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 
-import pytest
-
 import awa_sql
 from awa_sql.worker import Worker
 from tests.support.waiting import wait_until
 
 FAST = {"poll_interval": 0.05, "snapshot_every": None}
 SHORT_LEASE = {"lease": timedelta(seconds=2), "heartbeat_every": timedelta(seconds=0.2)}
-
-
-@pytest.fixture
-def producer_login(db) -> str:
-    return db.login_role("awa_producer")
-
-
-@pytest.fixture
-def worker_login(db) -> str:
-    return db.login_role("awa_worker")
 
 
 @contextmanager
@@ -87,11 +75,11 @@ def terminate(db, login: str, role: str) -> None:
 
 
 def test_held_jobs_are_heartbeated_until_their_slots_finish_after_stop(
-        db, producer_login, worker_login):
-    with db.connect(producer_login) as conn:
+        db, logins):
+    with db.connect(logins.producer) as conn:
         job = awa_sql.enqueue(conn, "slow", queue="hb-stop")
     started, release = threading.Event(), threading.Event()
-    worker = Worker(db.dsn(worker_login), queues=["hb-stop"],
+    worker = Worker(db.dsn(logins.worker), queues=["hb-stop"],
                     handlers={"slow": blocking(started, release)}, **FAST, **SHORT_LEASE)
     with running(worker, release) as runner:
         assert started.wait(30)
@@ -105,15 +93,15 @@ def test_held_jobs_are_heartbeated_until_their_slots_finish_after_stop(
     assert job_row(db, job.job_id)[:2] == ("completed", 1)
 
 
-def test_the_heartbeat_survives_a_lost_connection(db, producer_login, worker_login):
-    with db.connect(producer_login) as conn:
+def test_the_heartbeat_survives_a_lost_connection(db, logins):
+    with db.connect(logins.producer) as conn:
         job = awa_sql.enqueue(conn, "slow", queue="hb-lost")
     started, release = threading.Event(), threading.Event()
-    worker = Worker(db.dsn(worker_login), queues=["hb-lost"],
+    worker = Worker(db.dsn(logins.worker), queues=["hb-lost"],
                     handlers={"slow": blocking(started, release)}, **FAST, **SHORT_LEASE)
     with running(worker, release):
         assert started.wait(30)
-        terminate(db, worker_login, "heartbeat")
+        terminate(db, logins.worker, "heartbeat")
         at_kill = lease(db, job.job_id)
         wait_until(lambda: lease(db, job.job_id) > at_kill + timedelta(seconds=1), 8,
                    "the lease to be extended after the heartbeat connection was lost")
@@ -122,13 +110,13 @@ def test_the_heartbeat_survives_a_lost_connection(db, producer_login, worker_log
     assert job_row(db, job.job_id)[:2] == ("completed", 1)
 
 
-def test_the_claimer_survives_a_lost_connection(db, producer_login, worker_login):
+def test_the_claimer_survives_a_lost_connection(db, logins):
     ran = threading.Event()
-    worker = Worker(db.dsn(worker_login), queues=["claimlost"],
+    worker = Worker(db.dsn(logins.worker), queues=["claimlost"],
                     handlers={"ok": lambda _job: ran.set()}, **FAST)
     with running(worker) as runner:
-        terminate(db, worker_login, "claimer")
-        with db.connect(producer_login) as conn:
+        terminate(db, logins.worker, "claimer")
+        with db.connect(logins.producer) as conn:
             job = awa_sql.enqueue(conn, "ok", queue="claimlost")
         assert ran.wait(15), (
             f"the job enqueued after the loss never ran; run() alive: {runner.is_alive()}")
@@ -136,25 +124,25 @@ def test_the_claimer_survives_a_lost_connection(db, producer_login, worker_login
 
 
 def test_a_slot_whose_connection_was_lost_records_its_job_and_takes_the_next(
-        db, producer_login, worker_login):
+        db, logins):
     started, release, ran = threading.Event(), threading.Event(), threading.Event()
-    worker = Worker(db.dsn(worker_login), queues=["slotconn"],
+    worker = Worker(db.dsn(logins.worker), queues=["slotconn"],
                     handlers={"warm": lambda _job: None, "held": blocking(started, release),
                               "next": lambda _job: ran.set()}, **FAST)
-    with db.connect(producer_login) as conn:
+    with db.connect(logins.producer) as conn:
         warm = awa_sql.enqueue(conn, "warm", queue="slotconn")
     with running(worker, release):
         # The slot opens its connection at its first complete.
         wait_until(lambda: state(db, warm.job_id) == "completed", 15, "the first job")
-        with db.connect(producer_login) as conn:
+        with db.connect(logins.producer) as conn:
             held = awa_sql.enqueue(conn, "held", queue="slotconn")
         assert started.wait(15)
-        terminate(db, worker_login, "slot")
+        terminate(db, logins.worker, "slot")
         release.set()
         # Completed on a new connection, at its first attempt: not left to a rescue.
         wait_until(lambda: state(db, held.job_id) == "completed", 10,
                    "the held job to be completed after its slot's connection was lost")
-        with db.connect(producer_login) as conn:
+        with db.connect(logins.producer) as conn:
             after = awa_sql.enqueue(conn, "next", queue="slotconn")
         if not ran.wait(15):
             raise AssertionError(f"the next job never ran; it is {job_row(db, after.job_id)}")
@@ -162,8 +150,8 @@ def test_a_slot_whose_connection_was_lost_records_its_job_and_takes_the_next(
 
 
 def test_a_handler_error_with_a_nul_is_recorded_and_the_queue_goes_on(
-        db, producer_login, worker_login):
-    with db.connect(producer_login) as conn:
+        db, logins):
+    with db.connect(logins.producer) as conn:
         bad = awa_sql.enqueue(conn, "nul", queue="slotdeath", max_attempts=1)
         second = awa_sql.enqueue(conn, "ok", queue="slotdeath")
     ran = threading.Event()
@@ -171,7 +159,7 @@ def test_a_handler_error_with_a_nul_is_recorded_and_the_queue_goes_on(
     def nul(_job):
         raise ValueError("bad byte \x00 in input")
 
-    worker = Worker(db.dsn(worker_login), queues=["slotdeath"],
+    worker = Worker(db.dsn(logins.worker), queues=["slotdeath"],
                     handlers={"nul": nul, "ok": lambda _job: ran.set()}, **FAST)
     with running(worker):
         if not ran.wait(15):
@@ -184,8 +172,8 @@ def test_a_handler_error_with_a_nul_is_recorded_and_the_queue_goes_on(
 
 
 def test_a_job_whose_complete_was_not_recorded_is_no_longer_heartbeated(
-        db, producer_login, worker_login):
-    with db.connect(producer_login) as conn:
+        db, logins):
+    with db.connect(logins.producer) as conn:
         job = awa_sql.enqueue(conn, "twice", queue="unrecorded")
     started, release, again = threading.Event(), threading.Event(), threading.Event()
     runs = []
@@ -198,7 +186,7 @@ def test_a_job_whose_complete_was_not_recorded_is_no_longer_heartbeated(
         else:
             again.set()
 
-    worker = Worker(db.dsn(worker_login), queues=["unrecorded"], handlers={"twice": twice},
+    worker = Worker(db.dsn(logins.worker), queues=["unrecorded"], handlers={"twice": twice},
                     **FAST, **SHORT_LEASE)
     complete = "function awa.complete(bigint, bigint)"
     with running(worker, release), db.connect() as admin:

@@ -12,6 +12,7 @@ import threading
 
 from awa_sql.cli.common import add_connection, err, parse_interval, parse_port
 from awa_sql.defaults import LOCAL_HOST, MAINTAIN_METRICS_PORT
+from awa_sql.listen import CannotListen
 from awa_sql.maintain import STATEMENT_TIMEOUT, TASKS
 from awa_sql.migrate import EXIT_ERROR
 
@@ -89,8 +90,7 @@ def cmd_maintain(args: argparse.Namespace) -> int:
     try:
         server, _thread = start_http_server(args.metrics_port, args.metrics_host)
     except OSError as error:
-        err(f"cannot serve metrics on {args.metrics_host}:{args.metrics_port}: {error}")
-        return EXIT_ERROR
+        raise CannotListen(args.metrics_host, args.metrics_port, error) from None
     log = logging.getLogger("awa_sql.maintain")
     log.info("%s; metrics at http://%s:%d/metrics; Ctrl-C stops", maintainer.describe(),
              args.metrics_host, server.server_port)

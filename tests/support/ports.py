@@ -1,0 +1,25 @@
+"""A local TCP port another socket holds, and what a command that cannot
+bind it must print: one line naming the address, no traceback."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+
+@contextmanager
+def taken_port() -> Iterator[int]:
+    """A port of 127.0.0.1 this block holds, listening, until it ends."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        yield taken.getsockname()[1]
+
+
+def assert_cannot_listen(result: subprocess.CompletedProcess, address: str) -> None:
+    """The command failed (exit 7, EXIT_ERROR) with one line naming ``address``."""
+    assert result.returncode == 7, (result.returncode, result.stderr)
+    assert "Traceback" not in result.stderr, result.stderr
+    assert f"cannot listen on {address}" in result.stderr, result.stderr

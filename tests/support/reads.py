@@ -1,0 +1,26 @@
+"""How much of a table one statement read, from the backend's statistics:
+the tests of read paths that must cost what the queue's shape costs."""
+
+from __future__ import annotations
+
+import psycopg
+from psycopg import sql
+
+_RETURNED = sql.SQL("""
+    select coalesce(sum(pg_stat_get_xact_tuples_returned(o.oid)), 0)
+      from (select {table}::regclass::oid
+             union all
+            select i.indexrelid from pg_index as i
+             where i.indrelid = {table}::regclass) as o (oid)
+""")
+
+
+def rows_read(conn: psycopg.Connection, table: str, statement: str) -> int:
+    """Rows of ``table`` and entries of its indexes that ``statement`` read,
+    functions it calls included. A difference within one transaction: the
+    backend's statistics not yet reported may still hold earlier ones'."""
+    returned = _RETURNED.format(table=sql.Literal(table))
+    with conn.transaction():
+        before = conn.execute(returned).fetchone()[0]
+        conn.execute(statement).fetchall()
+        return conn.execute(returned).fetchone()[0] - before
