@@ -571,6 +571,10 @@ CREATE INDEX scheduled_queue_idx ON awa.scheduled USING btree (queue_id, job_id)
 
 CREATE INDEX scheduled_run_at_idx ON awa.scheduled USING btree (run_at);
 
+CREATE INDEX shard_changes_changed_at_idx ON awa.shard_changes USING btree (changed_at);
+
+CREATE INDEX shard_changes_queue_change_id_idx ON awa.shard_changes USING btree (queue, change_id);
+
 CREATE INDEX shard_changes_queue_changed_at_idx ON awa.shard_changes USING btree (queue, changed_at);
 
 CREATE INDEX unique_keys_held_until_idx ON awa.unique_keys USING btree (held_until) WHERE (held_until IS NOT NULL);
@@ -3401,11 +3405,13 @@ $function$;
 
 CREATE OR REPLACE FUNCTION awa._shards_at(queue text, at timestamp with time zone)
  RETURNS smallint
- LANGUAGE sql
+ LANGUAGE plpgsql
  STABLE
  SET search_path TO 'pg_catalog', 'pg_temp'
+ SET plan_cache_mode TO 'force_custom_plan'
 AS $function$
-    select coalesce(
+begin
+    return coalesce(
         (select c.new_shards from awa.shard_changes as c
           where c.queue = _shards_at.queue and c.changed_at <= _shards_at.at
           order by c.change_id desc limit 1),
@@ -3413,7 +3419,8 @@ AS $function$
           where c.queue = _shards_at.queue and c.changed_at > _shards_at.at
           order by c.change_id limit 1),
         (select m.enqueue_shards from awa.queue_meta as m where m.queue = _shards_at.queue)
-    )
+    );
+end;
 $function$;
 
 CREATE OR REPLACE FUNCTION awa._sticky(n integer)
@@ -5055,6 +5062,41 @@ begin
 end;
 $function$;
 
+CREATE OR REPLACE FUNCTION awa.prune_shard_changes(older_than interval DEFAULT '90 days'::interval, max_changes integer DEFAULT 10000)
+ RETURNS bigint
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+ SET enable_seqscan TO 'off'
+ SET enable_bitmapscan TO 'off'
+AS $function$
+declare
+    removed bigint;
+begin
+    if older_than is null then
+        raise exception 'older_than must not be null' using errcode = '22004';
+    end if;
+    if older_than < interval '1 day' then
+        raise exception 'older_than must be at least 1 day, got %', older_than
+            using errcode = '22023',
+                  hint = 'The history of changes of S is an audit trail: keep a day at least.';
+    end if;
+    perform awa._check_limit('max_changes', max_changes);
+    delete from awa.shard_changes as c
+     where c.change_id = any(array(
+         select x.change_id from awa.shard_changes as x
+          where x.changed_at < now() - older_than
+            and exists (select from awa.shard_changes as n
+                         where n.queue = x.queue and n.change_id > x.change_id)
+          order by x.changed_at
+          limit max_changes
+            for update skip locked
+     ));
+    get diagnostics removed = row_count;
+    return removed;
+end;
+$function$;
+
 CREATE OR REPLACE FUNCTION awa.prune_unique_keys(max_keys integer DEFAULT 10000)
  RETURNS bigint
  LANGUAGE plpgsql
@@ -5886,6 +5928,7 @@ GRANT EXECUTE ON FUNCTION awa.pause_queue(text) TO awa_operator;
 GRANT EXECUTE ON FUNCTION awa.promote_due(integer) TO awa_maintenance;
 GRANT EXECUTE ON FUNCTION awa.prune_finished() TO awa_maintenance;
 GRANT EXECUTE ON FUNCTION awa.prune_ready_late(integer) TO awa_maintenance;
+GRANT EXECUTE ON FUNCTION awa.prune_shard_changes(interval,integer) TO awa_maintenance;
 GRANT EXECUTE ON FUNCTION awa.prune_unique_keys(integer) TO awa_maintenance;
 GRANT EXECUTE ON FUNCTION awa.publish_runtime(uuid,text,text,integer,text,integer,jsonb) TO awa_producer, awa_worker;
 GRANT EXECUTE ON FUNCTION awa.queue_counts(text) TO awa_operator, awa_reader;

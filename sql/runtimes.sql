@@ -27,16 +27,25 @@ after insert on awa.shard_changes
 for each row execute function awa._record_change_lanes();
 
 -- Function: awa._shards_at(queue text, at timestamptz) returns smallint
--- The S a physical queue had at a moment, from its change history.
+-- The S a physical queue had at a moment, from its change history: what
+-- the last change made up to then set, else what the first change after it
+-- started from, else the queue's S. Planned for each call's queue: a plan
+-- for any queue reads the primary key from the newest change down, which
+-- for a queue changed rarely among busy ones is every change since its
+-- own; planned for this queue, it reads the index on (queue, change_id).
+-- PL/pgSQL: PostgreSQL 17 plans a SQL function's statements for any
+-- parameters, whatever plan_cache_mode says.
 -- Calls: nothing
 -- Writes: nothing
 create or replace function awa._shards_at(queue text, at timestamptz)
 returns smallint
-language sql
+language plpgsql
 stable
 set search_path = pg_catalog, pg_temp
+set plan_cache_mode = force_custom_plan
 as $$
-    select coalesce(
+begin
+    return coalesce(
         (select c.new_shards from awa.shard_changes as c
           where c.queue = _shards_at.queue and c.changed_at <= _shards_at.at
           order by c.change_id desc limit 1),
@@ -44,7 +53,8 @@ as $$
           where c.queue = _shards_at.queue and c.changed_at > _shards_at.at
           order by c.change_id limit 1),
         (select m.enqueue_shards from awa.queue_meta as m where m.queue = _shards_at.queue)
-    )
+    );
+end;
 $$;
 
 select awa._grant_execute('awa._shards_at(text, timestamptz)');

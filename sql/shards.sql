@@ -1,4 +1,5 @@
--- shards.sql: reading and changing a queue's enqueue shards (S).
+-- shards.sql: reading and changing a queue's enqueue shards (S), and how long
+-- the history of its changes is kept.
 
 -- Function: awa.enqueue_shards(queue text) returns smallint
 -- The queue's current S. Roles: every awa role.
@@ -239,3 +240,56 @@ end;
 $$;
 
 select awa._grant_execute('awa.set_queue_partitions(text, integer)', 'operator');
+
+-- Function: awa.prune_shard_changes(older_than interval default '90 days',
+--   max_changes integer default 10000) returns bigint
+-- Removes up to max_changes changes of S made more than older_than ago,
+-- oldest first, with their lanes' rows (awa.shard_change_lanes, by its
+-- cascade); never a queue's latest change, which the auto-scaler's
+-- cooldown, the runtimes' evidence and awa._shards_at read. Changes
+-- another transaction holds are skipped. It reads the changes it removes
+-- and at most one kept change per queue, whatever the history's length.
+-- awa maintain's shard_changes pass calls it with the defaults.
+-- Role: awa_maintenance. Returns how many changes it removed.
+-- Errors: 22004 older_than null; 22023 older_than under 1 day or
+--   max_changes below 0.
+-- Calls: awa._check_limit
+-- Writes: awa.shard_changes
+create or replace function awa.prune_shard_changes(
+    older_than interval default '90 days', max_changes integer default 10000
+)
+returns bigint
+language plpgsql
+security definer
+set search_path = pg_catalog, pg_temp
+set enable_seqscan = off
+set enable_bitmapscan = off
+as $$
+declare
+    removed bigint;
+begin
+    if older_than is null then
+        raise exception 'older_than must not be null' using errcode = '22004';
+    end if;
+    if older_than < interval '1 day' then
+        raise exception 'older_than must be at least 1 day, got %', older_than
+            using errcode = '22023',
+                  hint = 'The history of changes of S is an audit trail: keep a day at least.';
+    end if;
+    perform awa._check_limit('max_changes', max_changes);
+    delete from awa.shard_changes as c
+     where c.change_id = any(array(
+         select x.change_id from awa.shard_changes as x
+          where x.changed_at < now() - older_than
+            and exists (select from awa.shard_changes as n
+                         where n.queue = x.queue and n.change_id > x.change_id)
+          order by x.changed_at
+          limit max_changes
+            for update skip locked
+     ));
+    get diagnostics removed = row_count;
+    return removed;
+end;
+$$;
+
+select awa._grant_execute('awa.prune_shard_changes(interval, integer)', 'maintenance');

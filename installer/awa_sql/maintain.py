@@ -96,6 +96,10 @@ TASKS: tuple[Task, ...] = (
          _scalar("select awa.prune_ready_late(%s)", (BATCH,),
                  "removed {n} awa.ready_late row(s) of jobs gone from their lanes"),
          batch=BATCH),
+    Task("shard_changes", "awa.prune_shard_changes(interval, integer)", 600.0,
+         _scalar("select awa.prune_shard_changes(max_changes => %s)", (BATCH,),
+                 "removed {n} change(s) of S past their 90 days"),
+         batch=BATCH),
 )
 TASK_NAMES = tuple(t.name for t in TASKS)
 

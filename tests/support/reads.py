@@ -3,6 +3,8 @@ the tests of read paths that must cost what the queue's shape costs."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import psycopg
 from psycopg import sql
 
@@ -17,10 +19,16 @@ _RETURNED = sql.SQL("""
 
 def rows_read(conn: psycopg.Connection, table: str, statement: str) -> int:
     """Rows of ``table`` and entries of its indexes that ``statement`` read,
-    functions it calls included. A difference within one transaction: the
+    functions it calls included."""
+    return rows_read_by(conn, table, lambda: conn.execute(statement).fetchall())
+
+
+def rows_read_by(conn: psycopg.Connection, table: str, reads: Callable[[], object]) -> int:
+    """Rows of ``table`` and entries of its indexes that the statements
+    ``reads`` runs on ``conn`` read. A difference within one transaction: the
     backend's statistics not yet reported may still hold earlier ones'."""
     returned = _RETURNED.format(table=sql.Literal(table))
     with conn.transaction():
         before = conn.execute(returned).fetchone()[0]
-        conn.execute(statement).fetchall()
+        reads()
         return conn.execute(returned).fetchone()[0] - before

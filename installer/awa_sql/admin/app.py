@@ -15,7 +15,6 @@ from psycopg_pool import ConnectionPool
 
 from awa_sql.admin import pages, routes
 from awa_sql.admin.errors import ApiError, from_database
-from awa_sql.connect import configure as prepared_statements
 from awa_sql.version import __version__
 
 log = logging.getLogger("awa_sql.admin")
@@ -34,10 +33,15 @@ def _configure(read_only: bool):
         # No session state (a transaction pooler may serve every transaction
         # from another server connection): read-only is BEGIN READ ONLY on
         # each transaction, so a read-only server cannot write even through a
-        # bug in a route; prepared statements are off behind a pooler.
+        # bug in a route.
         if read_only:  # never BEGIN READ WRITE: that fails on a standby
             conn.read_only = True
-        prepared_statements(conn)
+        # Never prepared: each statement is planned for its values. A page
+        # refreshed every few seconds would otherwise run its statements
+        # prepared, and PostgreSQL's plan for any queue reads a rarely
+        # changed queue's latest shard change (or decision) from the newest
+        # row of the primary key down, through every other queue's since.
+        conn.prepare_threshold = None
     return configure
 
 

@@ -1,5 +1,5 @@
 """``awa maintain``: promote, rescue, move-staged, the auto-scaler tick,
-prune and the unique keys' sweep in one long-running process
+prune and the sweeps of unique keys and old changes of S in one long-running process
 (awa_sql.maintain), with its own /metrics."""
 
 from __future__ import annotations
@@ -39,6 +39,8 @@ HELP = {
                    "(awa.prune_unique_keys, skipped while it is not installed)",
     "ready_late": "remove the awa.ready_late rows of jobs gone from their lanes "
                   "(awa.prune_ready_late, skipped while it is not installed)",
+    "shard_changes": "remove changes of S older than 90 days, each queue's latest kept "
+                     "(awa.prune_shard_changes, skipped while it is not installed)",
 }
 
 
