@@ -70,6 +70,13 @@ CREATE SEQUENCE awa.run_lease_seq
 
 -- Tables
 
+CREATE TABLE awa.autoscale_decision_counts (
+    queue text NOT NULL,
+    action text NOT NULL,
+    decisions bigint NOT NULL,
+    CONSTRAINT autoscale_decision_counts_pkey PRIMARY KEY (queue, action)
+);
+
 CREATE TABLE awa.autoscale_decisions (
     decision_id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
     queue text NOT NULL,
@@ -551,6 +558,8 @@ CREATE INDEX autoscale_decisions_last_decided_at_idx ON awa.autoscale_decisions 
 
 CREATE INDEX autoscale_decisions_queue_decided_at_idx ON awa.autoscale_decisions USING btree (queue, decided_at);
 
+CREATE INDEX autoscale_decisions_queue_steps_idx ON awa.autoscale_decisions USING btree (queue, decided_at) WHERE (action = ANY (ARRAY['would_raise'::text, 'would_lower'::text]));
+
 CREATE INDEX contention_samples_sampled_at_idx ON awa.contention_samples USING btree (sampled_at);
 
 CREATE INDEX copy_staging_xid_idx ON awa.copy_staging USING btree (staged_xid, staged_id);
@@ -596,7 +605,7 @@ CREATE VIEW awa.lane_contention AS
             s.ready,
             s.oldest_ready_at
            FROM awa.contention_samples s
-          WHERE s.sampled_at > (clock_timestamp() - '00:01:00'::interval)
+          WHERE s.sampled_at > (now() - '00:01:00'::interval)
         )
  SELECT m.queue,
     count(*) AS samples,
@@ -966,6 +975,9 @@ begin
         )
         returning * into decision;
     end if;
+    insert into awa.autoscale_decision_counts as c (queue, action, decisions)
+    values (anchor.queue, verdict, 1)
+    on conflict (queue, action) do update set decisions = c.decisions + 1;
     return decision;
 end;
 $function$;
@@ -5813,6 +5825,8 @@ COMMENT ON COLUMN awa.unique_keys.queue_id IS 'The physical queue the holding jo
 
 COMMENT ON COLUMN awa.unique_keys.unique_window IS 'How long the key stays held after the job completes; null: it is free at once.';
 
+COMMENT ON TABLE awa.autoscale_decision_counts IS 'Per queue and action: how many decisions the auto-scaler has made, each tick of a folded run of holds counted, pruned or not. The metrics exporter reads it instead of the log.';
+
 COMMENT ON TABLE awa.autoscale_decisions IS 'Every auto-scaler decision, hold included: the signal it saw over its window, S before and proposed, what it did (raised / lowered in auto mode, would_raise / would_lower in shadow mode, held) and why in words. Pruned by awa.autoscale_tick after 24 hours.';
 
 COMMENT ON TABLE awa.autoscale_policy IS 'Per-queue overrides of the auto-scaler''s thresholds; a null takes the default.';
@@ -5881,6 +5895,7 @@ COMMENT ON VIEW awa.shard_change_evidence IS 'Enqueues since each shard change, 
 
 ALTER SCHEMA awa OWNER TO awa_owner;
 GRANT USAGE ON SCHEMA awa TO awa_maintenance, awa_operator, awa_producer, awa_reader, awa_worker;
+GRANT SELECT ON TABLE awa.autoscale_decision_counts TO awa_operator, awa_reader;
 GRANT SELECT ON TABLE awa.autoscale_decisions TO awa_operator, awa_reader;
 GRANT SELECT ON TABLE awa.autoscale_policy TO awa_operator, awa_reader;
 GRANT SELECT ON TABLE awa.lane_contention TO awa_operator, awa_reader;

@@ -247,9 +247,11 @@ select awa._grant_execute('awa._autoscale_signal(awa.queue_meta, timestamptz)');
 -- queue's latest row adds to that row (repeats, last_decided_at, the latest
 -- signal and reason) instead of a new one. Steps, and holds for a new
 -- reason, are rows of their own. The row returned carries this tick's time
--- as decided_at (a folded row's first tick stays in the log).
+-- as decided_at (a folded row's first tick stays in the log). Every
+-- decision adds one to its queue and action in awa.autoscale_decision_counts,
+-- which the metrics read instead of counting the log.
 -- Calls: awa._autoscale_policy, awa._autoscale_signal, awa._set_enqueue_shards
--- Writes: awa.autoscale_decisions
+-- Writes: awa.autoscale_decision_counts, awa.autoscale_decisions
 create or replace function awa._autoscale_decide(anchor awa.queue_meta, at timestamptz)
 returns awa.autoscale_decisions
 language plpgsql
@@ -406,6 +408,9 @@ begin
         )
         returning * into decision;
     end if;
+    insert into awa.autoscale_decision_counts as c (queue, action, decisions)
+    values (anchor.queue, verdict, 1)
+    on conflict (queue, action) do update set decisions = c.decisions + 1;
     return decision;
 end;
 $$;
@@ -463,3 +468,4 @@ select awa._grant_execute('awa.autoscale_tick()', 'maintenance');
 
 select awa._grant_select('awa.autoscale_decisions', 'reader', 'operator');
 select awa._grant_select('awa.autoscale_policy', 'reader', 'operator');
+select awa._grant_select('awa.autoscale_decision_counts', 'reader', 'operator');

@@ -135,12 +135,16 @@ $$;
 
 select awa._grant_execute('awa.sample_lane_contention()', 'maintenance');
 
--- View: awa.lane_contention, per queue over the last minute of samples.
+-- View: awa.lane_contention, per queue over the last minute of samples,
+-- the minute before the reading transaction began: now(), not
+-- clock_timestamp(), which is volatile, so the planner could not use the
+-- index on sampled_at and every read (each scrape, each refresh of the
+-- admin page) went through the whole hour kept for every queue.
 create or replace view awa.lane_contention as
 with recent as (
     select s.*
     from awa.contention_samples as s
-    where s.sampled_at > pg_catalog.clock_timestamp() - interval '1 minute'
+    where s.sampled_at > pg_catalog.now() - interval '1 minute'
 )
 
 select

@@ -292,9 +292,9 @@ def test_both_exporters_report_the_workload(db, logins, registry, served):
     assert sum(actions.values()) == TICKS
     for action in ("raised", "lowered", "would_raise", "would_lower", "held"):
         expected = actions.get(action, 0)
-        assert value(s, "awa_autoscale_decisions", **orders, action=action) == expected
+        assert value(s, "awa_autoscale_decisions_total", **orders, action=action) == expected
         assert value(s, "awa_autoscale_decisions_recent", **orders, action=action) == expected
-    assert values(s, "awa_autoscale_decisions", queue="work") == []  # manual: no series
+    assert values(s, "awa_autoscale_decisions_total", queue="work") == []  # manual: no series
     assert value(s, "awa_autoscale_proposed_shards", **orders) == 4
     assert time.time() - value(s, "awa_autoscale_last_decision_timestamp_seconds",
                                **orders) < 120

@@ -254,11 +254,16 @@ def _attach_autoscale(conn: psycopg.Connection, queues: dict[str, QueueStatus]) 
                 "wait_share": row[3], "enqueue_rate": row[4],
             }
     for row in conn.execute(
+        # Each queue's latest decision from the top of its index: one probe
+        # per queue, not a sort of every decision the log keeps.
         f"""
-        select distinct on (d.queue) {DECISION_COLUMNS}
-          from awa.autoscale_decisions as d
-         where d.queue = any(%s)
-         order by d.queue, d.decided_at desc, d.decision_id desc
+        select {DECISION_COLUMNS}
+          from unnest(%s::text[]) as n (name)
+         cross join lateral (
+             select x.* from awa.autoscale_decisions as x
+              where x.queue = n.name
+              order by x.decided_at desc, x.decision_id desc limit 1
+         ) as d
         """,
         [list(queues)],
     ):

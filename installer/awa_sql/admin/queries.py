@@ -124,8 +124,15 @@ def decisions(conn: psycopg.Connection, names: list[str]) -> list[dict] | None:
         rows = cur.execute(
             "select d.decision_id, d.queue, d.decided_at, d.mode, d.samples, d.mean_waiters,"
             " d.wait_share, d.enqueue_rate, d.current_shards, d.proposed_shards, d.action,"
-            f" d.reason, {folded} from awa.autoscale_decisions as d where d.queue = any(%s)"
-            " order by d.decision_id desc limit %s", [names, RECENT]).fetchall()
+            f" d.reason, {folded} from unnest(%(names)s::text[]) as n (name)"
+            # Each queue's latest from the top of its index, then the latest
+            # of those: RECENT rows per queue, not the log down from its
+            # newest row through every other queue's decisions since.
+            " cross join lateral (select x.* from awa.autoscale_decisions as x"
+            "  where x.queue = n.name order by x.decided_at desc, x.decision_id desc"
+            "  limit %(recent)s) as d"
+            " order by d.decided_at desc, d.decision_id desc limit %(recent)s",
+            {"names": names, "recent": RECENT}).fetchall()
     return [_plain(r) for r in rows]
 
 

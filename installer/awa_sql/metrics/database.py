@@ -53,19 +53,28 @@ select 'contention', pg_catalog.jsonb_build_object(
   from awa.lane_contention as c
 union all
 select 'decisions', pg_catalog.jsonb_build_object(
-    'queue', d.queue, 'action', d.action, 'logged', sum(d.repeats),
-    'recent', coalesce(sum(d.repeats) filter (
-        where d.last_decided_at > pg_catalog.now() - interval '{RECENT_DECISIONS}'), 0))
+    'queue', c.queue, 'action', c.action, 'total', c.decisions)
+  from awa.autoscale_decision_counts as c
+union all
+-- The last minutes of the log, from the index on last_decided_at.
+select 'recent_decisions', pg_catalog.jsonb_build_object(
+    'queue', d.queue, 'action', d.action, 'recent', sum(d.repeats))
   from awa.autoscale_decisions as d
+ where d.last_decided_at > pg_catalog.now() - interval '{RECENT_DECISIONS}'
  group by d.queue, d.action
 union all
 select 'last_decision', pg_catalog.jsonb_build_object(
     'queue', x.queue, 'proposed', x.proposed_shards,
     'at', extract(epoch from x.last_decided_at))
-  from (
-    select distinct on (d.queue) d.queue, d.proposed_shards, d.last_decided_at
+  -- Each queue's latest decision from the top of its index: one probe per
+  -- queue that has decided, not a sort of the whole log.
+  from (select distinct c.queue from awa.autoscale_decision_counts as c) as q
+ cross join lateral (
+    select d.queue, d.proposed_shards, d.last_decided_at
       from awa.autoscale_decisions as d
-     order by d.queue, d.decided_at desc, d.decision_id desc
+     where d.queue = q.queue
+     order by d.decided_at desc, d.decision_id desc
+     limit 1
   ) as x
 union all
 select 'table', pg_catalog.jsonb_build_object(
@@ -173,19 +182,19 @@ def metric_families(rows: list[tuple[str, dict[str, Any]]]) -> list[Metric]:
         age.add_metric([c["queue"]], c["age"])
 
     dl = ["queue", "action"]
-    logged = _gauge("awa_autoscale_decisions",
-                    "Auto-scaler decisions in the decision log (kept 24 hours), by action.", dl)
+    total = CounterMetricFamily(
+        "awa_autoscale_decisions", "Auto-scaler decisions since the queue's first, by "
+        "action (each tick of a folded run of holds counted), whatever the log's "
+        "24 hours removed since.", labels=dl)
     recent = _gauge("awa_autoscale_decisions_recent",
                     f"Auto-scaler decisions in the last {RECENT_DECISIONS}, by action.", dl)
-    counts: dict[tuple[str, str], tuple[int, int]] = {}
-    for d in by_kind["decisions"]:
-        counts[(d["queue"], d["action"])] = (d["logged"], d["recent"])
-        auto_queues.add(d["queue"])
+    totals = {(d["queue"], d["action"]): d["total"] for d in by_kind["decisions"]}
+    recents = {(d["queue"], d["action"]): d["recent"] for d in by_kind["recent_decisions"]}
+    auto_queues.update(queue for queue, _action in totals)
     for queue in sorted(auto_queues):
         for action in ACTIONS:
-            n_logged, n_recent = counts.get((queue, action), (0, 0))
-            logged.add_metric([queue, action], n_logged)
-            recent.add_metric([queue, action], n_recent)
+            total.add_metric([queue, action], totals.get((queue, action), 0))
+            recent.add_metric([queue, action], recents.get((queue, action), 0))
     proposed = _gauge("awa_autoscale_proposed_shards",
                       "S the auto-scaler's last decision proposed (in shadow mode: what it "
                       "would have set).", cl)
@@ -208,7 +217,7 @@ def metric_families(rows: list[tuple[str, dict[str, Any]]]) -> list[Metric]:
     for h in by_kind["horizon"]:
         horizon.add_metric([], h["age"])
     return [depth, jobs, finished, lag, shards, max_shards, mode, paused, lane_depth, lane_lag,
-            draining, waiters, share, rate, samples, age, logged, recent, proposed, last, dead,
+            draining, waiters, share, rate, samples, age, total, recent, proposed, last, dead,
             horizon]
 
 

@@ -1,0 +1,128 @@
+"""What runs every few seconds reads what the queues' shape costs, not their
+history: the contention view (each scrape and admin refresh), the
+auto-scaler's tick, the metrics scrape, the admin page's decisions and
+`awa storage show`, with tens of thousands of rows of the auto-scaler's log
+and samples that they must not read."""
+
+from __future__ import annotations
+
+import psycopg
+
+from awa_sql import shards
+from awa_sql.admin import queries
+from awa_sql.admin.app import Settings, make_pool
+from awa_sql.metrics import database
+from tests.support.reads import rows_read, rows_read_by
+
+OLD_ROWS = 30_000
+
+
+def _decisions(conn: psycopg.Connection, queue: str, rows: int, ago: str) -> None:
+    """`rows` folded holds of `queue`, the newest `ago` old, one a second before."""
+    conn.execute(
+        "insert into awa.autoscale_decisions (queue, decided_at, last_decided_at, mode,"
+        " samples, current_shards, proposed_shards, action, reason, reason_code)"
+        " select %(q)s, t, t, 'shadow', 1, 1, 1, 'held', 'r' || i %% 2, 'c' || i %% 2"
+        " from generate_series(1, %(n)s) as i,"
+        " lateral (select now() - %(ago)s::interval - make_interval(secs => i)) as x (t)",
+        {"q": queue, "n": rows, "ago": ago})
+
+
+def test_lane_contention_reads_the_last_minute_not_the_hour(db):
+    with db.connect() as admin:
+        admin.execute("select awa.set_enqueue_shards('sampled', 2)")
+        queue_id = admin.execute("select queue_id from awa.queue_meta"
+                                 " where queue = 'sampled'").fetchone()[0]
+        # Samples kept for the hour, all but three older than the minute.
+        admin.execute(
+            "insert into awa.contention_samples (sampled_at, queue_id, lanes, lanes_held,"
+            " lanes_waited, waiters)"
+            " select now() - interval '2 minutes' - make_interval(secs => i * 0.1), %s,"
+            " 8, 1, 0, 0 from generate_series(1, %s) as i", [queue_id, OLD_ROWS])
+        admin.execute(
+            "insert into awa.contention_samples (sampled_at, queue_id, lanes, lanes_held,"
+            " lanes_waited, waiters)"
+            " select now() - make_interval(secs => i), %s, 8, 2, 1, 3"
+            " from generate_series(1, 3) as i", [queue_id])
+        admin.execute("analyze awa.contention_samples")
+        assert admin.execute("select samples from awa.lane_contention"
+                             " where queue = 'sampled'").fetchone()[0] == 3
+        assert rows_read(admin, "awa.contention_samples",
+                         "select * from awa.lane_contention") <= 20
+
+
+def test_a_tick_finds_a_shadow_queues_last_step_without_reading_its_log(db, logins):
+    with db.connect() as admin:
+        admin.execute("select awa.set_enqueue_shards('watched', 1)")
+        admin.execute("select awa.set_shard_mode('watched', 'shadow', 8)")
+        _decisions(admin, "watched", OLD_ROWS, "1 minute")
+        admin.execute("analyze awa.autoscale_decisions")
+    with db.connect(logins.maintenance) as m:
+        read = rows_read(m, "awa.autoscale_decisions", "select * from awa.autoscale_tick()")
+    # The last would-be step (none), the latest row to fold into, the prune's
+    # probe; not the queue's 30,000 holds.
+    assert read <= 20, read
+
+
+def test_the_scrape_counts_decisions_without_reading_the_log(db, logins):
+    with db.connect() as admin:
+        admin.execute("select awa.set_enqueue_shards('watched', 1)")
+        admin.execute("select awa.set_shard_mode('watched', 'shadow', 8)")
+        _decisions(admin, "watched", OLD_ROWS, "10 minutes")
+        admin.execute("analyze awa.autoscale_decisions")
+    with db.connect(logins.maintenance) as m:
+        for _ in range(3):
+            m.execute("select * from awa.autoscale_tick()")
+    with db.connect(logins.reader) as reader:
+        read = rows_read_by(reader, "awa.autoscale_decisions", lambda: database.scrape(reader))
+        samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+                   for family in database.scrape(reader) for s in family.samples}
+    assert read <= 20, read
+    held = (("action", "held"), ("queue", "watched"))
+    # The three ticks, counted as they were made; the 30,000 rows loaded
+    # behind the auto-scaler's back are in the log only.
+    assert samples[("awa_autoscale_decisions_total", held)] == 3
+    assert samples[("awa_autoscale_decisions_recent", held)] == 3
+
+
+def test_the_decision_counter_keeps_what_the_log_prunes(db, logins):
+    with db.connect() as admin:
+        admin.execute("select awa.set_enqueue_shards('watched', 1)")
+        admin.execute("select awa.set_shard_mode('watched', 'shadow', 8)")
+    with db.connect(logins.maintenance) as m:
+        for _ in range(3):
+            m.execute("select * from awa.autoscale_tick()")
+    with db.connect() as admin:
+        admin.execute("delete from awa.autoscale_decisions")  # as the 24-hour prune does
+    with db.connect(logins.maintenance) as m:
+        m.execute("select * from awa.autoscale_tick()")
+    with db.connect() as admin:
+        assert admin.execute("select sum(repeats) from awa.autoscale_decisions").fetchone()[0] == 1
+        assert admin.execute("select decisions from awa.autoscale_decision_counts"
+                             " where queue = 'watched' and action = 'held'").fetchone()[0] == 4
+
+
+def test_the_admin_page_and_storage_show_read_a_queues_latest_decisions(db):
+    """Half the log is the queue's, older than the other half: a read down the
+    log from its newest row, or a sort of the queue's rows, reads 15,000."""
+    with db.connect() as admin:
+        for queue in ("older", "newer"):
+            admin.execute("select awa.set_enqueue_shards(%s, 1)", [queue])
+            admin.execute("select awa.set_shard_mode(%s, 'shadow', 8)", [queue])
+        _decisions(admin, "older", OLD_ROWS // 2, "10 hours")
+        _decisions(admin, "newer", OLD_ROWS // 2, "1 minute")
+        admin.execute("analyze awa.autoscale_decisions")
+        read = rows_read_by(admin, "awa.autoscale_decisions",
+                            lambda: shards.show(admin, "older"))
+        assert read <= 20, read
+    pool = make_pool(Settings(db.dsn()), open_now=True)
+    try:
+        with pool.connection() as conn:
+            for _ in range(12):  # past the runs before a statement is prepared
+                detail = queries.queue_detail(conn, "older")
+            assert {d["queue"] for d in detail["decisions"]} == {"older"}
+            read = rows_read_by(conn, "awa.autoscale_decisions",
+                                lambda: queries.queue_detail(conn, "older"))
+            assert read <= 50, read
+    finally:
+        pool.close()
