@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
+from awa_sql.hosts import host_check
 from tests.support import scratch
 from tests.support.admin import (
     TOKEN,
@@ -522,6 +523,101 @@ def test_awa_admin_serve_on_a_taken_port_is_a_clear_error(db):
     with taken_port() as port:
         result = db.awa("admin", "serve", "--port", str(port), timeout=30)
     assert_cannot_listen(result, f"127.0.0.1:{port}")
+
+
+# -- the Host check (DNS rebinding) ------------------------------------------------------
+
+EVERY_ADDRESS = "0.0.0.0"  # noqa: S104 - the wildcard bind is what these tests start
+
+
+def _personal_job(db) -> int:
+    with db.connect() as conn:
+        return conn.execute("select (awa.enqueue('rebound', 't', '{\"email\": \"p@example.org\"}'"
+                            "::jsonb)).job_id").fetchone()[0]
+
+
+def _reads(base: str, job_id: int, host: str) -> list:
+    """The page, the API and /metrics, read with ``Host: host``."""
+    import httpx
+
+    return [httpx.get(f"{base}{path}", headers={"Host": host}, timeout=30)
+            for path in ("/", "/queues/rebound", "/api/queues", "/api/queues/rebound",
+                         f"/api/jobs/{job_id}", "/metrics")]
+
+
+def test_awa_admin_serve_refuses_a_host_it_does_not_answer_to(db):
+    """A page that rebinds its own name to 127.0.0.1 reads as that name: 400,
+    no data; the loopback names read, whatever the port."""
+    job_id = _personal_job(db)
+    with serve_cli(db.dsn(reader_login(db))) as base:
+        port = base.rsplit(":", 1)[1]
+        for got in _reads(base, job_id, f"evil.example:{port}"):
+            assert got.status_code == 400, got.text
+            assert "p@example.org" not in got.text and "rebound" not in got.text
+            error = got.json()["error"]
+            assert "refused Host 'evil.example'" in error, error
+            assert "--allowed-host evil.example" in error and "AWA_ADMIN_ALLOWED_HOSTS" in error
+        for host in ("localhost", f"localhost:{port}", "127.0.0.1:1", f"[::1]:{port}", "[::1]"):
+            assert [r.status_code for r in _reads(base, job_id, host)] == [200] * 6, host
+        assert "p@example.org" in _reads(base, job_id, "LocalHost")[4].text
+
+
+def test_awa_admin_serve_answers_each_allowed_host_and_no_other(db):
+    job_id = _personal_job(db)
+    with serve_cli(db.dsn(reader_login(db)), "--allowed-host", "admin.example",
+                   "--allowed-host", "*.corp.example") as base:
+        for host in ("admin.example", "Admin.Example:443", "a.corp.example", "localhost"):
+            assert [r.status_code for r in _reads(base, job_id, host)] == [200] * 6, host
+        for host in ("evil.example", "corp.example", "admin.example.evil.example"):
+            assert {r.status_code for r in _reads(base, job_id, host)} == {400}, host
+
+
+def test_awa_admin_serve_on_every_address_answers_any_host_and_warns(db):
+    """Bound to 0.0.0.0 with no allowed host (Prometheus scrapes by whatever
+    name or address it is given): any Host, and one warning line saying so."""
+    output: list[str] = []
+    job_id = _personal_job(db)
+    with serve_cli(db.dsn(reader_login(db)), "--host", EVERY_ADDRESS, output=output) as base:
+        assert [r.status_code for r in _reads(base, job_id, "evil.example")] == [200] * 6
+    warnings = [line for line in output if "warning" in line]
+    assert len(warnings) == 1, output
+    assert "listening on 0.0.0.0 with no allowed host" in warnings[0]
+    assert "DNS rebinding" in warnings[0] and "--allowed-host NAME" in warnings[0]
+    assert "AWA_ADMIN_ALLOWED_HOSTS" in warnings[0]
+
+
+def test_awa_admin_serve_on_every_address_with_allowed_hosts_answers_those_only(db):
+    output: list[str] = []
+    job_id = _personal_job(db)
+    with serve_cli(db.dsn(reader_login(db)), "--host", EVERY_ADDRESS, output=output,
+                   env={"AWA_ADMIN_ALLOWED_HOSTS": "admin.example, 10.0.0.5"}) as base:
+        for host in ("admin.example", "10.0.0.5:8700", "127.0.0.1", EVERY_ADDRESS):
+            assert [r.status_code for r in _reads(base, job_id, host)] == [200] * 6, host
+        assert {r.status_code for r in _reads(base, job_id, "evil.example")} == {400}
+    assert not [line for line in output if "warning" in line], output
+
+
+@pytest.mark.parametrize(("header", "allowed"), [
+    ("localhost", True), ("LOCALHOST.:8700", True), ("127.0.0.1:1", True), ("[::1]", True),
+    ("[0:0::1]:8700", True), ("admin.example", True), ("x.corp.example", True),
+    ("corp.example", False), ("evil.example", False), ("localhost.evil.example", False),
+    ("127.0.0.2", False), ("[::1", False), ("evil example", False), ("", False), (None, False),
+])
+def test_the_host_check_compares_names_not_ports(header, allowed):
+    check = host_check("127.0.0.1", ["admin.example", "*.corp.example"])
+    assert check.allows(header) is allowed
+
+
+@pytest.mark.parametrize(("args", "env"), [
+    (["--allowed-host", "admin.example:8700"], {}),
+    (["--allowed-host", "evil example"], {}),
+    ([], {"AWA_ADMIN_ALLOWED_HOSTS": "ok.example,*bad.example"}),
+])
+def test_awa_admin_serve_with_a_bad_allowed_host_exits_2(db, args, env):
+    result = db.awa("admin", "serve", "--port", "0", *args, env=env, timeout=30)
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    assert "Traceback" not in result.stderr, result.stderr
+    assert "is not a host name or address without a port" in result.stderr
 
 
 # -- schemathesis: the OpenAPI schema against the app ------------------------------------

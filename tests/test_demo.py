@@ -126,6 +126,7 @@ def test_demo_against_an_existing_database(empty_db):
         demo.wait_for(r"Ctrl-C stops everything")
         wait_until(lambda: "awa_queue_depth" in _get(f"http://127.0.0.1:{http_port}/metrics")[1],
                    30, "awa_queue_depth in /metrics")
+        _answers_only_loopback_names(http_port)
     finally:
         output = demo.interrupt()
     assert demo.proc.returncode == 0, output
@@ -133,6 +134,23 @@ def test_demo_against_an_existing_database(empty_db):
     with empty_db.connect() as conn:
         assert conn.execute("select count(*) from awa.queue_meta where queue = 'emails'"
                             ).fetchone()[0] == 1
+
+
+def _answers_only_loopback_names(http_port: int) -> None:
+    """The demo's page, API and /metrics to a page that rebound its name to
+    127.0.0.1 (DNS rebinding): 400 and no data. Its loopback names: 200."""
+    import httpx
+
+    base = f"http://127.0.0.1:{http_port}"
+    for path in ("/queues/emails", "/api/queues/emails/jobs", "/metrics"):
+        refused = httpx.get(f"{base}{path}", headers={"Host": "evil.example"}, timeout=30)
+        assert refused.status_code == 400, (path, refused.text)
+        assert "emails" not in refused.text and "awa_queue" not in refused.text
+        assert "refused Host 'evil.example'" in refused.json()["error"]
+        assert f"open {base}/" in refused.json()["error"]
+        for host in ("localhost", f"localhost:{http_port}", "[::1]"):
+            got = httpx.get(f"{base}{path}", headers={"Host": host}, timeout=30)
+            assert got.status_code == 200, (path, host, got.text)
 
 
 def _demo_exits(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:

@@ -15,6 +15,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from wsgiref.util import setup_testing_defaults
@@ -220,13 +221,15 @@ def run_workload(db, logins: Logins) -> Workload:
     return w
 
 
-@pytest.fixture
-def served(db, logins) -> Iterator[str]:
-    """`awa metrics serve` as a subprocess, logged in with only awa_reader."""
-    env = {**os.environ, "AWA_DATABASE_URL": db.dsn(logins.reader)}
+@contextmanager
+def metrics_serve(dsn: str, *args: str, env: dict | None = None,
+                  errors: list[str] | None = None) -> Iterator[str]:
+    """`awa metrics serve` as a subprocess; yields its URL. ``env`` adds to
+    the environment; ``errors`` gets its stderr, once it has stopped."""
+    env = {**os.environ, "AWA_DATABASE_URL": dsn, **(env or {})}
     env.pop("DATABASE_URL", None)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "awa_sql", "metrics", "serve", "--port", "0"], env=env,
+        [sys.executable, "-m", "awa_sql", "metrics", "serve", "--port", "0", *args], env=env,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
     try:
         ready, _, _ = select.select([proc.stdout], [], [], 30)
@@ -240,6 +243,16 @@ def served(db, logins) -> Iterator[str]:
         out, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err
     assert "metrics server stopped" in out
+    if errors is not None:
+        errors.extend(err.splitlines())
+
+
+@pytest.fixture
+def served(db, logins) -> Iterator[str]:
+    """`awa metrics serve` as a subprocess, logged in with only awa_reader."""
+    with metrics_serve(db.dsn(logins.reader),
+                       env={"AWA_METRICS_ALLOWED_HOSTS": ""}) as url:
+        yield url
 
 
 def fetch(url: str) -> tuple[str, str]:
@@ -428,6 +441,65 @@ def test_metrics_serve_on_an_unknown_host_is_a_clear_error(db):
     result = db.awa("metrics", "serve", "--host", "no-such-host.invalid", "--port", "0",
                     timeout=60)
     assert_cannot_listen(result, "no-such-host.invalid:0")
+
+
+# -- the Host check (DNS rebinding) -----------------------------------------------------------
+
+EVERY_ADDRESS = "0.0.0.0"  # noqa: S104 - the wildcard bind is what these tests start
+
+
+def _scrape_as(url: str, host: str):
+    import httpx
+
+    return httpx.get(url, headers={"Host": host}, timeout=30)
+
+
+def test_metrics_serve_refuses_a_host_it_does_not_answer_to(db, logins, served):
+    """A page that rebinds its own name to 127.0.0.1 scrapes as that name:
+    400 and no metric; the loopback names scrape, whatever the port."""
+    port = served.rsplit(":", 1)[1].split("/")[0]
+    refused = _scrape_as(served, f"evil.example:{port}")
+    assert refused.status_code == 400
+    assert "awa_up" not in refused.text and "awa_queue" not in refused.text
+    assert "refused Host 'evil.example'" in refused.text, refused.text
+    assert "--allowed-host evil.example" in refused.text
+    assert "AWA_METRICS_ALLOWED_HOSTS" in refused.text
+    for host in ("localhost", f"127.0.0.1:{port}", "[::1]:9", "LOCALHOST."):
+        got = _scrape_as(served, host)
+        assert got.status_code == 200 and "awa_up 1.0" in got.text, host
+
+
+def test_metrics_serve_answers_each_allowed_host_and_no_other(db, logins):
+    with metrics_serve(db.dsn(logins.reader), "--allowed-host", "metrics.example",
+                       env={"AWA_METRICS_ALLOWED_HOSTS": "ignored.example"}) as url:
+        assert _scrape_as(url, "metrics.example:9187").status_code == 200
+        assert _scrape_as(url, "localhost").status_code == 200
+        # --allowed-host replaces the variable, as --dsn replaces AWA_DATABASE_URL.
+        assert _scrape_as(url, "ignored.example").status_code == 400
+        assert _scrape_as(url, "evil.example").status_code == 400
+    with metrics_serve(db.dsn(logins.reader),
+                       env={"AWA_METRICS_ALLOWED_HOSTS": "a.example,b.example"}) as url:
+        assert _scrape_as(url, "b.example").status_code == 200
+        assert _scrape_as(url, "evil.example").status_code == 400
+
+
+def test_metrics_serve_on_every_address_answers_any_host_and_warns(db, logins):
+    """Prometheus scrapes by the name or address of its target: bound to
+    0.0.0.0 with no allowed host, any Host is scraped, with one warning line."""
+    errors: list[str] = []
+    with metrics_serve(db.dsn(logins.reader), "--host", EVERY_ADDRESS,
+                       env={"AWA_METRICS_ALLOWED_HOSTS": ""}, errors=errors) as url:
+        got = _scrape_as(url, "evil.example")
+        assert got.status_code == 200 and "awa_up 1.0" in got.text
+    assert len(errors) == 1, errors
+    assert "listening on 0.0.0.0 with no allowed host" in errors[0]
+    assert "DNS rebinding" in errors[0] and "AWA_METRICS_ALLOWED_HOSTS" in errors[0]
+    errors.clear()
+    with metrics_serve(db.dsn(logins.reader), "--host", EVERY_ADDRESS,
+                       "--allowed-host", "10.0.0.5", errors=errors) as url:
+        assert _scrape_as(url, "10.0.0.5:9187").status_code == 200
+        assert _scrape_as(url, "evil.example").status_code == 400
+    assert errors == []
 
 
 # -- the dashboard ----------------------------------------------------------------------------

@@ -67,14 +67,20 @@ def enqueue_jobs(db: Database, queue: str, count: int, keyed: bool = True) -> No
 
 
 @contextmanager
-def serve_cli(dsn: str, *args: str, token: str | None = None) -> Iterator[str]:
-    """``awa admin serve`` as a real process; yields its base URL once it answers."""
+def serve_cli(dsn: str, *args: str, token: str | None = None, env: dict | None = None,
+              output: list[str] | None = None) -> Iterator[str]:
+    """``awa admin serve`` as a real process; yields its base URL once it
+    answers. ``env`` adds to the environment; ``output`` gets what the
+    process printed (stdout and stderr), once it has stopped."""
     import httpx
 
+    given = env or {}
     env = {**os.environ, "AWA_DATABASE_URL": dsn}
     env.pop("AWA_ADMIN_TOKEN", None)
+    env.pop("AWA_ADMIN_ALLOWED_HOSTS", None)
     if token:
         env["AWA_ADMIN_TOKEN"] = token
+    env.update(given)
     # --port 0 and the port it prints: a port picked here and passed on could
     # be taken by another test's server meanwhile, which would then answer.
     proc = subprocess.Popen(
@@ -110,6 +116,12 @@ def serve_cli(dsn: str, *args: str, token: str | None = None) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        # Read through proc.stdout, not communicate(timeout=...): that reads
+        # the pipe itself and loses what readline() above already buffered.
+        rest = proc.stdout.read()
+        proc.stdout.close()
+        if output is not None:
+            output.extend([line, *rest.splitlines(keepends=True)])
 
 
 # -- a real streaming standby ------------------------------------------------------------

@@ -15,6 +15,7 @@ from psycopg_pool import ConnectionPool
 
 from awa_sql.admin import pages, routes
 from awa_sql.admin.errors import ApiError, from_database
+from awa_sql.hosts import HostCheck
 from awa_sql.version import __version__
 
 log = logging.getLogger("awa_sql.admin")
@@ -26,6 +27,31 @@ class Settings:
     writable: bool = False
     token: str | None = None
     pool_size: int = 4
+    # The Host names answered (awa_sql.hosts); None answers any, as in the
+    # tests' TestClient. `awa admin serve` and `awa demo` always set one.
+    hosts: HostCheck | None = None
+
+
+class RefuseOtherHosts:
+    """ASGI middleware: a request whose Host header is not one ``check``
+    allows is answered 400, in the API's error shape, before any route (the
+    page, the API, /metrics) or the database sees it."""
+
+    def __init__(self, app, check: HostCheck) -> None:
+        self.app = app
+        self.check = check
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http":  # no websocket route: the router closes any
+            # The first Host header, as uvicorn and Starlette read it.
+            header = next((value.decode("latin-1") for name, value in scope["headers"]
+                           if name == b"host"), None)
+            if not self.check.allows(header):
+                refused = ApiError(400, self.check.refusal(header))
+                response = JSONResponse(refused.body(), status_code=refused.status)
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 def _configure(read_only: bool):
@@ -120,4 +146,6 @@ def create_app(settings: Settings, pool: ConnectionPool | None = None) -> FastAP
 
     app.include_router(routes.router)
     pages.install(app)
+    if settings.hosts is not None and not settings.hosts.any_host:
+        app.add_middleware(RefuseOtherHosts, check=settings.hosts)
     return app

@@ -3,26 +3,43 @@
 from __future__ import annotations
 
 import os
+import sys
+from collections.abc import Sequence
 
 from fastapi import FastAPI
 
 from awa_sql.admin.app import Settings, create_app
 from awa_sql.connect import resolve_dsn
+from awa_sql.hosts import (
+    HostCheck,
+    allowed_from_env,
+    host_check,
+    how_to_allow,
+    wildcard_warning,
+)
 from awa_sql.listen import listen
 
+ALLOWED_HOSTS_ENV = "AWA_ADMIN_ALLOWED_HOSTS"
 
-def settings_from(dsn: str | None, writable: bool) -> Settings:
+
+def settings_from(dsn: str | None, writable: bool, hosts: HostCheck | None = None) -> Settings:
     token = os.environ.get("AWA_ADMIN_TOKEN") or None
     if writable and not token:
         raise ValueError("--writable needs a token: set AWA_ADMIN_TOKEN to a long random "
                          "string and send it as 'Authorization: Bearer <token>'")
-    return Settings(dsn=resolve_dsn(dsn), writable=writable, token=token)
+    return Settings(dsn=resolve_dsn(dsn), writable=writable, token=token, hosts=hosts)
+
+
+def allowed_hosts(given: Sequence[str] | None) -> list[str]:
+    """The --allowed-host values, else AWA_ADMIN_ALLOWED_HOSTS (comma-separated)."""
+    return list(given) if given else allowed_from_env(ALLOWED_HOSTS_ENV)
 
 
 def create_served_app(settings: Settings) -> FastAPI:
     """The admin app as ``awa admin serve`` and ``awa demo`` run it: ``/metrics``
     is the database exporter (as ``awa metrics serve``). A route, not a mount:
-    a mount answers ``/metrics`` with a redirect to ``/metrics/``."""
+    a mount answers ``/metrics`` with a redirect to ``/metrics/``. The Host
+    check of ``settings.hosts`` covers it too."""
     from starlette.routing import Route
 
     from awa_sql.metrics import make_asgi_app
@@ -33,10 +50,13 @@ def create_served_app(settings: Settings) -> FastAPI:
     return app
 
 
-def serve(dsn: str | None, host: str, port: int, writable: bool) -> int:
+def serve(dsn: str | None, host: str, port: int, writable: bool,
+          allowed: Sequence[str] | None = None) -> int:
     import uvicorn
 
-    app = create_served_app(settings_from(dsn, writable))
+    hosts = allowed_hosts(allowed)
+    check = host_check(host, hosts, how=how_to_allow("awa admin serve", ALLOWED_HOSTS_ENV))
+    app = create_served_app(settings_from(dsn, writable, check))
     mode = "writable" if writable else "read-only"
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False)
     # Bound before the line is printed, so that the line names the port that
@@ -45,6 +65,9 @@ def serve(dsn: str | None, host: str, port: int, writable: bool) -> int:
     sock = listen(host, port)
     bound = sock.getsockname()[1]
     print(f"awa admin ({mode}) on http://{host}:{bound}/ (metrics at /metrics)", flush=True)
+    # After the line above: scripts (and the tests) read the URL from the first line.
+    if warning := wildcard_warning(host, hosts, ALLOWED_HOSTS_ENV):
+        print(warning, file=sys.stderr, flush=True)
     server = uvicorn.Server(config)
     server.run(sockets=[sock])
     return 0 if server.started else 3

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from awa_sql.cli.common import add_connection, parse_port
+from awa_sql.cli.common import add_allowed_hosts, add_connection, parse_port
 from awa_sql.defaults import ADMIN_PORT, LOCAL_HOST
 
 
@@ -19,10 +19,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="TCP port (default %(default)s; 0: one the system picks, printed)")
     a.add_argument("--writable", action="store_true",
                    help="allow changes, for requests bearing the token in AWA_ADMIN_TOKEN")
+    add_allowed_hosts(a, "AWA_ADMIN_ALLOWED_HOSTS")
     a.set_defaults(func=cmd_admin)
 
 
 def cmd_admin(args: argparse.Namespace) -> int:
     from awa_sql.admin.serve import serve
 
-    return serve(args.dsn, args.host, args.port, args.writable)
+    return serve(args.dsn, args.host, args.port, args.writable, args.allowed_hosts)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from awa_sql import hosts
 from awa_sql.roles import CAPABILITIES, Roles
 
 
@@ -33,6 +34,25 @@ def roles_from(args: argparse.Namespace) -> Roles:
 
 def err(message: str) -> None:
     print(f"awa: {message}", file=sys.stderr)
+
+
+def add_allowed_hosts(p: argparse.ArgumentParser, variable: str) -> None:
+    """``--allowed-host``, repeatable: the Host names a server answers to
+    besides its loopback names and bound address (awa_sql.hosts)."""
+    p.add_argument(
+        "--allowed-host", action="append", type=parse_allowed_host, metavar="NAME",
+        dest="allowed_hosts",
+        help="a Host name (or address) this server answers to besides localhost, 127.0.0.1, "
+        "[::1] and the --host address; repeatable; *.example.com for its subdomains, * for "
+        f"any name. Default: the comma-separated {variable}. Other names get 400 (the check "
+        "against DNS rebinding); bound to 0.0.0.0 or :: with none given, any name is answered")
+
+
+def parse_allowed_host(text: str) -> str:
+    try:
+        return hosts.parse_allowed_host(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def parse_interval(text: str) -> float:

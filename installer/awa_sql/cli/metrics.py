@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import argparse
 import signal
+import sys
 import threading
 
-from awa_sql.cli.common import add_connection, parse_port
+from awa_sql.cli.common import add_allowed_hosts, add_connection, parse_port
 from awa_sql.defaults import LOCAL_HOST, METRICS_PORT
+
+ALLOWED_HOSTS_ENV = "AWA_METRICS_ALLOWED_HOSTS"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -23,19 +26,28 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="address to listen on (default %(default)s)")
     s.add_argument("--port", type=parse_port, default=METRICS_PORT,
                    help="TCP port; 0 picks a free one (default %(default)s)")
+    add_allowed_hosts(s, ALLOWED_HOSTS_ENV)
     s.set_defaults(func=cmd_metrics_serve)
 
 
 def cmd_metrics_serve(args: argparse.Namespace) -> int:
+    from awa_sql.hosts import allowed_from_env, host_check, how_to_allow, wildcard_warning
     from awa_sql.metrics.apps import serve
+
+    allowed = args.allowed_hosts or allowed_from_env(ALLOWED_HOSTS_ENV)
+    check = host_check(args.host, allowed,
+                       how=how_to_allow("awa metrics serve", ALLOWED_HOSTS_ENV))
+
+    def ready(url: str) -> None:
+        print(f"awa: serving metrics at {url}; Ctrl-C stops", flush=True)
+        if warning := wildcard_warning(args.host, allowed, ALLOWED_HOSTS_ENV):
+            print(warning, file=sys.stderr, flush=True)
 
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set())
                 for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        serve(args.dsn, args.host, args.port, stop,
-              ready=lambda url: print(f"awa: serving metrics at {url}; Ctrl-C stops",
-                                      flush=True))
+        serve(args.dsn, args.host, args.port, stop, ready=ready, hosts=check)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

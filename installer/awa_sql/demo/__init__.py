@@ -153,6 +153,7 @@ def _run(sock, folder: Path, port: int | None, dsn: str | None, seconds: float |
     from awa_sql.admin.app import Settings
     from awa_sql.admin.serve import create_served_app
     from awa_sql.demo.load import DemoLoad, prepare_queue
+    from awa_sql.hosts import host_check
 
     http = f"http://{LOCAL_HOST}:{sock.getsockname()[1]}"
     stop_server = None
@@ -168,7 +169,10 @@ def _run(sock, folder: Path, port: int | None, dsn: str | None, seconds: float |
         load = DemoLoad(dsn, QUEUE)
         load.start()
         token = secrets.token_urlsafe(24)
-        app = create_served_app(Settings(dsn=dsn, writable=True, token=token))
+        # Loopback names only (docs/security.md, DNS rebinding): a page in
+        # this machine's browser must not read the demo's jobs.
+        hosts = host_check(LOCAL_HOST, how=f"awa demo answers on this machine only: open {http}/")
+        app = create_served_app(Settings(dsn=dsn, writable=True, token=token, hosts=hosts))
         server = uvicorn.Server(uvicorn.Config(
             app, host=LOCAL_HOST, log_level="warning", access_log=False))
         log(f"[4/4] admin page and /metrics on {http}/")

@@ -7,14 +7,18 @@ scrape of the awa views.
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 from collections.abc import Callable
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 import psycopg
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client import start_http_server as _start_http_server
+from prometheus_client import make_wsgi_app as _prometheus_wsgi_app
+from prometheus_client.exposition import ThreadingWSGIServer
 
 from awa_sql.connect import connect as _connect
+from awa_sql.hosts import HostCheck
 from awa_sql.listen import CannotListen
 from awa_sql.metrics.database import DatabaseCollector
 
@@ -80,12 +84,55 @@ def make_asgi_app(dsn: str | None = None,
     return _AsgiExporter(database_registry(dsn, connect))
 
 
+def refuse_other_hosts(app, check: HostCheck):
+    """A WSGI app that answers 400, in plain text, a request whose Host
+    header ``check`` does not allow, and passes the others to ``app``."""
+    if check.any_host:
+        return app
+
+    def checked(environ, start_response):
+        header = environ.get("HTTP_HOST")
+        if check.allows(header):
+            return app(environ, start_response)
+        body = f"{check.refusal(header)}\n".encode()
+        start_response("400 Bad Request", [("Content-Type", "text/plain; charset=utf-8"),
+                                           ("Content-Length", str(len(body)))])
+        return [body]
+
+    return checked
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, *_args) -> None:
+        """No line per request."""
+
+
+def _start_server(host: str, port: int, app) -> tuple[ThreadingWSGIServer, threading.Thread]:
+    """prometheus_client's ``start_http_server``, serving ``app``: a
+    thread per request, the address family of ``host``."""
+    family, _, _, _, address = socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+
+    class Server(ThreadingWSGIServer):
+        address_family = family
+
+    server = make_server(address[0], port, app, Server, handler_class=_QuietHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    return server, thread
+
+
 def serve(dsn: str | None, host: str, port: int,
-          stop: threading.Event, ready: Callable[[str], None] = lambda _url: None) -> None:
-    """Serve ``/metrics`` on host:port until ``stop`` is set; ``CannotListen``
-    when the address cannot be bound."""
+          stop: threading.Event, ready: Callable[[str], None] = lambda _url: None,
+          hosts: HostCheck | None = None) -> None:
+    """Serve ``/metrics`` on host:port until ``stop`` is set, to the Host
+    names ``hosts`` allows (default any); ``CannotListen`` when the address
+    cannot be bound."""
+    app = _prometheus_wsgi_app(database_registry(dsn))
+    if hosts is not None:
+        app = refuse_other_hosts(app, hosts)
     try:
-        server, thread = _start_http_server(port, host, database_registry(dsn))
+        server, thread = _start_server(host, port, app)
     except OSError as error:
         raise CannotListen(host, port, error) from None
     try:
