@@ -1165,6 +1165,20 @@ begin
 end;
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._check_ordering_key(key bytea)
+ RETURNS void
+ LANGUAGE plpgsql
+ IMMUTABLE PARALLEL SAFE
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+begin
+    if not awa._ordering_key_ok(key) then
+        raise exception 'ordering_key must be at most 1024 bytes, got %', length(key)
+            using errcode = '22023';
+    end if;
+end;
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._check_priority(priority smallint)
  RETURNS void
  LANGUAGE plpgsql
@@ -1386,6 +1400,7 @@ begin
          queues[i], kinds[i], coalesce(priorities[i], awa._default_priority()),
          coalesce(max_attempts[i], awa._default_max_attempts())
      ) or not awa._max_run_time_ok(max_run_times[i])
+        or not awa._ordering_key_ok(ordering_keys[i])
         or not awa._unique_ok(unique_keys[i], unique_windows[i]);
     if bad is not null then
         begin
@@ -1393,6 +1408,7 @@ begin
                 queues[bad], kinds[bad], coalesce(priorities[bad], awa._default_priority()),
                 coalesce(max_attempts[bad], awa._default_max_attempts()), max_run_times[bad]
             );
+            perform awa._check_ordering_key(ordering_keys[bad]);
             perform awa._check_unique(unique_keys[bad], unique_windows[bad]);
         exception when others then
             raise exception '% % (1-based): %', row_label, bad + row_offset, sqlerrm
@@ -2323,7 +2339,8 @@ begin
            coalesce(bool_or(not awa._job_ok(
                s.queue, s.kind, coalesce(s.priority, awa._default_priority()),
                coalesce(s.max_attempts, awa._default_max_attempts())
-           ) or not awa._max_run_time_ok(s.max_run_time)), false) as bad
+           ) or not awa._max_run_time_ok(s.max_run_time)
+               or not awa._ordering_key_ok(s.ordering_key)), false) as bad
       into shape
       from awa.copy_staging as s
      where s.staged_xid = _move_staged.xid;
@@ -2525,6 +2542,7 @@ begin
                    coalesce(s.max_attempts, awa._default_max_attempts())
                )
                or not awa._max_run_time_ok(s.max_run_time)
+               or not awa._ordering_key_ok(s.ordering_key)
                or s.unique_key is not null or s.unique_window is not null
                or m.stripes > 1 or m.partitions > 1
            ), false),
@@ -2662,6 +2680,14 @@ AS $function$
        and (unique_windows is null
             or pg_catalog.cardinality(pg_catalog.array_remove(unique_windows, null))
                operator(pg_catalog.=) 0)
+$function$;
+
+CREATE OR REPLACE FUNCTION awa._ordering_key_ok(key bytea)
+ RETURNS boolean
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+    select key is null or pg_catalog.length(key) operator(pg_catalog.<=) 1024
 $function$;
 
 CREATE OR REPLACE FUNCTION awa._partition_limbs(key bytea)
@@ -3503,23 +3529,23 @@ begin
                 perform awa._wait_for_lane(lane_ids[priority][shard]);
             end if;
         end if;
-    else
-        shard := key_shard;
-        if not coalesce(
-            pg_try_advisory_xact_lock(awa._lock_class_lane(), lane_ids[priority][shard]), false
-        ) then
-            if lane_ids[priority][shard] is null then
-                raise exception 'lane missing for queue id % priority % shard % (S = %)',
-                    queue_id, priority, shard, shards
-                    using errcode = 'AW003',
-                          hint = 'Lanes are provisioned by awa.set_enqueue_shards; this is a bug.';
-            end if;
-            perform awa._wait_for_lane(lane_ids[priority][shard]);
+        -- The chosen shard in key_shard, as the keyed way leaves it: one
+        -- statement fewer on that way.
+        key_shard := shard;
+    elsif not coalesce(
+        pg_try_advisory_xact_lock(awa._lock_class_lane(), lane_ids[priority][key_shard]), false
+    ) then
+        if lane_ids[priority][key_shard] is null then
+            raise exception 'lane missing for queue id % priority % shard % (S = %)',
+                queue_id, priority, key_shard, shards
+                using errcode = 'AW003',
+                      hint = 'Lanes are provisioned by awa.set_enqueue_shards; this is a bug.';
         end if;
+        perform awa._wait_for_lane(lane_ids[priority][key_shard]);
     end if;
-    held := set_config(memo, shard::text, true);
+    held := set_config(memo, key_shard::text, true);
     held := set_config('awa.lane_memo', 'on', true);
-    return shard;
+    return key_shard;
 end;
 $function$;
 
@@ -4445,8 +4471,10 @@ begin
         end sticky;
 
         -- The general way.
-        if not awa._job_ok(queue, kind, priority, max_attempts) then
+        if not (awa._job_ok(queue, kind, priority, max_attempts)
+                and awa._ordering_key_ok(ordering_key)) then
             perform awa._check_job(queue, kind, priority, max_attempts);
+            perform awa._check_ordering_key(ordering_key);
         end if;
         -- S again, with the lanes (whole arrays are cheap to read, not to
         -- subscript: the fast way reads its one lane in SQL).

@@ -215,7 +215,7 @@ $$;
 -- (docs/fast-paths.md) of awa._move_staged_in_batches.
 -- Calls: awa._default_args, awa._default_max_attempts, awa._default_priority, awa._ensure_queue,
 --   awa._first_attempt, awa._in_seconds, awa._job_ok, awa._key_shard, awa._lock_lane_groups,
---   awa._max_run_time_ok, awa._move_staged_in_batches
+--   awa._max_run_time_ok, awa._move_staged_in_batches, awa._ordering_key_ok
 -- Writes: awa.copy_staging, awa.ready, awa.scheduled
 create or replace function awa._move_staged_sets(xid xid8)
 returns bigint
@@ -245,6 +245,7 @@ begin
                    coalesce(s.max_attempts, awa._default_max_attempts())
                )
                or not awa._max_run_time_ok(s.max_run_time)
+               or not awa._ordering_key_ok(s.ordering_key)
                or s.unique_key is not null or s.unique_window is not null
                or m.stripes > 1 or m.partitions > 1
            ), false),
@@ -346,7 +347,7 @@ $$;
 -- awa._move_staged_one_lane (unkeyed) or awa._move_staged_by_key; any
 -- other load takes awa._move_staged_sets.
 -- Calls: awa._default_max_attempts, awa._default_priority, awa._job_ok, awa._max_run_time_ok,
---   awa._move_staged_by_key, awa._move_staged_one_lane, awa._move_staged_sets
+--   awa._move_staged_by_key, awa._move_staged_one_lane, awa._move_staged_sets, awa._ordering_key_ok
 -- Writes: nothing
 create or replace function awa._move_staged(xid xid8)
 returns bigint
@@ -370,7 +371,8 @@ begin
            coalesce(bool_or(not awa._job_ok(
                s.queue, s.kind, coalesce(s.priority, awa._default_priority()),
                coalesce(s.max_attempts, awa._default_max_attempts())
-           ) or not awa._max_run_time_ok(s.max_run_time)), false) as bad
+           ) or not awa._max_run_time_ok(s.max_run_time)
+               or not awa._ordering_key_ok(s.ordering_key)), false) as bad
       into shape
       from awa.copy_staging as s
      where s.staged_xid = _move_staged.xid;

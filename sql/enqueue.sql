@@ -24,7 +24,8 @@
 --   duplicate); enqueue_shard and lane_seq are null when run_at is in the
 --   future or for a duplicate.
 -- Errors: 22004 null queue or kind; 22023 bad queue name, priority,
---   max_attempts, unique_key or unique_window.
+--   max_attempts, unique_key or unique_window, or an ordering_key over
+--   1024 bytes (awa._ordering_key_ok, sql/routing.sql).
 -- A fast path (docs/fast-paths.md) of awa._insert_jobs for one row, in
 -- two labelled blocks: sticky (its test: awa._sticky_ok, sql/lanes.sql)
 -- and in_turn within it; the rest is the block general. The common case (a known
@@ -42,10 +43,11 @@
 -- routing (a new queue, a partitioned or striped name), awa.scheduled for a
 -- job for later, and awa._take_lane (tests/test_path_differential.py
 -- compares the ways, with lanes held by another transaction).
--- Calls: awa._check_job, awa._check_unique, awa._default_args, awa._ensure_queue,
---   awa._first_attempt, awa._in_turn, awa._insert_jobs, awa._job_ok, awa._key_shard,
---   awa._lane_memo_name, awa._lane_wait_total, awa._lock_class_lane, awa._mark_unique_jobs,
---   awa._route_queue, awa._sticky, awa._sticky_ok, awa._take_lane, awa._take_unique_keys
+-- Calls: awa._check_job, awa._check_ordering_key, awa._check_unique, awa._default_args,
+--   awa._ensure_queue, awa._first_attempt, awa._in_turn, awa._insert_jobs, awa._job_ok,
+--   awa._key_shard, awa._lane_memo_name, awa._lane_wait_total, awa._lock_class_lane,
+--   awa._mark_unique_jobs, awa._ordering_key_ok, awa._route_queue, awa._sticky, awa._sticky_ok,
+--   awa._take_lane, awa._take_unique_keys
 -- Writes: awa.ready, awa.scheduled
 create or replace function awa.enqueue(
     queue text,
@@ -145,8 +147,10 @@ begin
         end sticky;
 
         -- The general way.
-        if not awa._job_ok(queue, kind, priority, max_attempts) then
+        if not (awa._job_ok(queue, kind, priority, max_attempts)
+                and awa._ordering_key_ok(ordering_key)) then
             perform awa._check_job(queue, kind, priority, max_attempts);
+            perform awa._check_ordering_key(ordering_key);
         end if;
         -- S again, with the lanes (whole arrays are cheap to read, not to
         -- subscript: the fast way reads its one lane in SQL).
@@ -398,10 +402,10 @@ $$;
 -- (awa._take_unique_keys) before any lane is locked; a row whose key
 -- another job holds is written nowhere and returned as that job, with
 -- duplicate true.
--- Calls: awa._check_job, awa._check_unique, awa._default_max_attempts, awa._default_priority,
---   awa._ensure_queue, awa._insert_jobs, awa._job_ok, awa._key_shard, awa._lock_lanes,
---   awa._mark_unique_jobs, awa._max_run_time_ok, awa._route_queue, awa._take_unique_keys,
---   awa._unique_ok
+-- Calls: awa._check_job, awa._check_ordering_key, awa._check_unique, awa._default_max_attempts,
+--   awa._default_priority, awa._ensure_queue, awa._insert_jobs, awa._job_ok, awa._key_shard,
+--   awa._lock_lanes, awa._mark_unique_jobs, awa._max_run_time_ok, awa._ordering_key_ok,
+--   awa._route_queue, awa._take_unique_keys, awa._unique_ok
 -- Writes: nothing
 create or replace function awa._enqueue_rows(
     queues text[],
@@ -447,6 +451,7 @@ begin
          queues[i], kinds[i], coalesce(priorities[i], awa._default_priority()),
          coalesce(max_attempts[i], awa._default_max_attempts())
      ) or not awa._max_run_time_ok(max_run_times[i])
+        or not awa._ordering_key_ok(ordering_keys[i])
         or not awa._unique_ok(unique_keys[i], unique_windows[i]);
     if bad is not null then
         begin
@@ -454,6 +459,7 @@ begin
                 queues[bad], kinds[bad], coalesce(priorities[bad], awa._default_priority()),
                 coalesce(max_attempts[bad], awa._default_max_attempts()), max_run_times[bad]
             );
+            perform awa._check_ordering_key(ordering_keys[bad]);
             perform awa._check_unique(unique_keys[bad], unique_windows[bad]);
         exception when others then
             raise exception '% % (1-based): %', row_label, bad + row_offset, sqlerrm

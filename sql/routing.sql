@@ -138,6 +138,44 @@ as $$
     end
 $$;
 
+-- Function: awa._ordering_key_ok(key bytea) returns boolean
+-- A job's ordering key: none, or at most 1024 bytes, the unique key's cap.
+-- Its hash runs byte by byte in PL/pgSQL (about 150 ns a byte), and the
+-- maintenance passes that move jobs into lanes (awa.promote_due,
+-- awa.move_staged) hash every key they move: one job with a key of 20 MB
+-- took the promote past its statement timeout, every pass, and so held
+-- back every queue's due jobs. Every enqueue path that takes keys checks
+-- it (awa.enqueue's general way, awa._enqueue_rows, COPY's movers).
+-- Inlined.
+-- Calls: nothing
+-- Writes: nothing
+create or replace function awa._ordering_key_ok(key bytea)
+returns boolean
+language sql
+immutable parallel safe
+as $$
+    select key is null or pg_catalog.length(key) operator(pg_catalog.<=) 1024
+$$;
+
+-- Function: awa._check_ordering_key(key bytea) returns void
+-- Raises 22023 for a key awa._ordering_key_ok refuses, naming its length
+-- and the cap.
+-- Calls: awa._ordering_key_ok
+-- Writes: nothing
+create or replace function awa._check_ordering_key(key bytea)
+returns void
+language plpgsql
+immutable parallel safe
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    if not awa._ordering_key_ok(key) then
+        raise exception 'ordering_key must be at most 1024 bytes, got %', length(key)
+            using errcode = '22023';
+    end if;
+end;
+$$;
+
 -- Function: awa.ordering_key_hash64(key bytea) returns numeric
 -- The unsigned 64-bit ordering-key hash.
 -- Calls: awa._hash64_limbs, awa._limbs_numeric
@@ -303,3 +341,5 @@ select awa._grant_execute(
     'awa.partition_queue_names(text, integer)',
     'producer', 'worker', 'maintenance', 'operator', 'reader'
 );
+select awa._grant_execute('awa._ordering_key_ok(bytea)');
+select awa._grant_execute('awa._check_ordering_key(bytea)');

@@ -16,7 +16,9 @@ NEVER = {"42601", "42P01", "42703", "XX000"}
 texts = st.one_of(st.none(), st.text(alphabet=st.characters(exclude_characters="\x00",
                                                                 exclude_categories=("Cs",)),
                                      max_size=220))
-keys = st.one_of(st.none(), st.binary(max_size=64))
+# Short keys, and keys at and past the 1024-byte cap.
+keys = st.one_of(st.none(), st.binary(max_size=64),
+                 st.integers(min_value=1020, max_value=1030).map(lambda n: b"k" * n))
 ints = st.one_of(st.none(), st.integers(min_value=-70000, max_value=70000))
 
 
