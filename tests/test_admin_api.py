@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+import re
 import shutil
 from pathlib import Path
 from urllib.parse import quote
@@ -13,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
-from awa_sql.hosts import host_check
+from awa_sql.hosts import host_check, url
 from tests.support import scratch
 from tests.support.admin import (
     TOKEN,
@@ -26,7 +27,7 @@ from tests.support.admin import (
     serve_cli,
     shared_pool_app,
 )
-from tests.support.ports import assert_cannot_listen, taken_port
+from tests.support.ports import assert_cannot_listen, needs_ipv6, taken_port
 
 
 @pytest.fixture
@@ -618,6 +619,25 @@ def test_awa_admin_serve_with_a_bad_allowed_host_exits_2(db, args, env):
     assert result.returncode == 2, (result.returncode, result.stderr)
     assert "Traceback" not in result.stderr, result.stderr
     assert "is not a host name or address without a port" in result.stderr
+
+
+@pytest.mark.parametrize(("host", "expected"), [
+    ("127.0.0.1", "http://127.0.0.1:8700/"), ("localhost", "http://localhost:8700/"),
+    (EVERY_ADDRESS, "http://0.0.0.0:8700/"), ("::1", "http://[::1]:8700/"),
+    ("::", "http://[::]:8700/"),
+])
+def test_the_url_a_server_prints_brackets_an_ipv6_address(host, expected):
+    assert url(host, 8700) == expected
+
+
+@needs_ipv6
+def test_awa_admin_serve_on_ipv6_prints_a_url_that_answers(db):
+    import httpx
+
+    enqueue_jobs(db, "v6", 1)
+    with serve_cli(db.dsn(reader_login(db)), "--host", "::1") as base:
+        assert re.fullmatch(r"http://\[::1\]:\d+", base), base
+        assert httpx.get(f"{base}/api/queues", timeout=30).json()[0]["queue"] == "v6"
 
 
 # -- schemathesis: the OpenAPI schema against the app ------------------------------------

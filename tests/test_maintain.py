@@ -3,6 +3,7 @@ logins that hold only awa_maintenance (and, for the jobs, the other roles)."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import signal
 import subprocess
@@ -24,7 +25,7 @@ from tests.support import scratch
 from tests.support.cluster import TEST_SETTINGS
 from tests.support.maintain import AWA, MaintainProcess
 from tests.support.pgbouncer import Pooled, log_problems, mark
-from tests.support.ports import assert_cannot_listen, taken_port
+from tests.support.ports import assert_cannot_listen, needs_ipv6, taken_port
 from tests.support.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -349,3 +350,92 @@ def test_a_taken_metrics_port_is_a_clear_error(db, logins):
         result = db.awa("maintain", "--metrics-port", str(port), user=logins.maintenance,
                         timeout=30)
     assert_cannot_listen(result, f"127.0.0.1:{port}")
+
+
+# -- its /metrics: the Host check (DNS rebinding), its URL ----------------------------
+
+EVERY_ADDRESS = "0.0.0.0"  # noqa: S104 - the wildcard bind is what these tests start
+
+
+def _scrape_as(url: str, host: str):
+    import httpx
+
+    return httpx.get(url, headers={"Host": host}, timeout=30)
+
+
+def _warnings(m: MaintainProcess) -> list[str]:
+    return [line for line in m.log().splitlines() if "with no allowed host" in line]
+
+
+def test_its_metrics_refuse_a_host_they_do_not_answer_to(db, logins):
+    """A page that rebinds its own name to 127.0.0.1 scrapes as that name:
+    400 and no metric; the loopback names scrape, whatever the port."""
+    with MaintainProcess(db.dsn(logins.maintenance)) as m:
+        url = m.url()
+        port = url.rsplit(":", 1)[1].split("/")[0]
+        refused = _scrape_as(url, f"evil.example:{port}")
+        assert refused.status_code == 400
+        assert "awa_maintain_passes_total" not in refused.text
+        assert "refused Host 'evil.example'" in refused.text, refused.text
+        assert "start awa maintain with --allowed-host evil.example" in refused.text
+        assert "AWA_MAINTAIN_ALLOWED_HOSTS" in refused.text
+        for host in ("localhost", f"127.0.0.1:{port}", "[::1]:9", "LOCALHOST."):
+            got = _scrape_as(url, host)
+            assert got.status_code == 200, (host, got.text)
+            assert "awa_maintain_passes_total" in got.text, host
+
+
+def test_its_metrics_answer_each_allowed_host_and_no_other(db, logins):
+    with MaintainProcess(db.dsn(logins.maintenance), "--allowed-host", "maintain.example",
+                         "--allowed-host", "*.corp.example",
+                         env={"AWA_MAINTAIN_ALLOWED_HOSTS": "ignored.example"}) as m:
+        url = m.url()
+        for host in ("maintain.example:9189", "a.corp.example", "localhost"):
+            assert _scrape_as(url, host).status_code == 200, host
+        # --allowed-host replaces the variable, as --dsn replaces AWA_DATABASE_URL.
+        for host in ("ignored.example", "corp.example", "evil.example"):
+            assert _scrape_as(url, host).status_code == 400, host
+    with MaintainProcess(db.dsn(logins.maintenance),
+                         env={"AWA_MAINTAIN_ALLOWED_HOSTS": "a.example, b.example"}) as m:
+        assert _scrape_as(m.url(), "b.example").status_code == 200
+        assert _scrape_as(m.url(), "evil.example").status_code == 400
+
+
+def test_its_metrics_on_every_address_answer_any_host_and_warn(db, logins):
+    """Prometheus scrapes by the name or address of its target: bound to
+    0.0.0.0 with no allowed host, any Host is scraped, with one warning."""
+    with MaintainProcess(db.dsn(logins.maintenance), "--metrics-host", EVERY_ADDRESS) as m:
+        got = _scrape_as(m.url(), "evil.example")
+        assert got.status_code == 200 and "awa_maintain_passes_total" in got.text
+        code, _ = m.stop()
+        assert code == 0, m.log()
+        warnings = _warnings(m)
+    assert len(warnings) == 1, m.log()
+    assert "WARNING awa maintain: listening on 0.0.0.0 with no allowed host" in warnings[0]
+    assert "DNS rebinding" in warnings[0] and "AWA_MAINTAIN_ALLOWED_HOSTS" in warnings[0]
+    with MaintainProcess(db.dsn(logins.maintenance), "--metrics-host", EVERY_ADDRESS,
+                         "--allowed-host", "10.0.0.5") as m:
+        assert _scrape_as(m.url(), "10.0.0.5:9189").status_code == 200
+        assert _scrape_as(m.url(), "evil.example").status_code == 400
+        code, _ = m.stop()
+        assert code == 0, m.log()
+        assert _warnings(m) == []
+
+
+@pytest.mark.parametrize(("args", "env"), [
+    (["--allowed-host", "maintain.example:9189"], {}),
+    ([], {"AWA_MAINTAIN_ALLOWED_HOSTS": "ok.example,*bad.example"}),
+])
+def test_a_bad_allowed_host_exits_2(db, logins, args, env):
+    result = db.awa("maintain", "--metrics-port", "0", *args, user=logins.maintenance,
+                    env=env, timeout=30)
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    assert "Traceback" not in result.stderr, result.stderr
+    assert "is not a host name or address without a port" in result.stderr
+
+
+@needs_ipv6
+def test_bound_to_ipv6_it_logs_a_url_with_brackets_that_answers(db, logins):
+    with MaintainProcess(db.dsn(logins.maintenance), "--metrics-host", "::1") as m:
+        assert re.fullmatch(r"http://\[::1\]:\d+/metrics", m.url()), m.log()
+        m.wait_for_pass("promote")

@@ -35,7 +35,7 @@ from awa_sql.worker import Worker
 from tests.support.admin import serve_cli
 from tests.support.jobs import Logins, claim, key_for_shard, lane_waiters
 from tests.support.jobs import enqueue as raw_enqueue
-from tests.support.ports import assert_cannot_listen, taken_port
+from tests.support.ports import assert_cannot_listen, needs_ipv6, taken_port
 from tests.support.reads import rows_read
 from tests.support.waiting import wait_until
 
@@ -500,6 +500,14 @@ def test_metrics_serve_on_every_address_answers_any_host_and_warns(db, logins):
         assert _scrape_as(url, "10.0.0.5:9187").status_code == 200
         assert _scrape_as(url, "evil.example").status_code == 400
     assert errors == []
+
+
+@needs_ipv6
+def test_metrics_serve_on_ipv6_prints_a_url_that_answers(db, logins):
+    with metrics_serve(db.dsn(logins.reader), "--host", "::1",
+                       env={"AWA_METRICS_ALLOWED_HOSTS": ""}) as url:
+        assert re.fullmatch(r"http://\[::1\]:\d+/metrics", url), url
+        assert "awa_up 1.0" in fetch(url)[0]
 
 
 # -- the dashboard ----------------------------------------------------------------------------

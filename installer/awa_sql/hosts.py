@@ -1,5 +1,6 @@
 """Which ``Host`` headers the HTTP servers answer (``awa admin serve``, ``awa
-metrics serve``, ``awa demo``): the check against DNS rebinding.
+metrics serve``, ``awa demo``, ``awa maintain``'s /metrics): the check
+against DNS rebinding; and the URL each prints at start.
 
 A page in a browser on the operator's machine can point a name it controls
 at 127.0.0.1 and then read, as same-origin, whatever a server there answers:
@@ -54,6 +55,11 @@ def _ipv6(text: str) -> str | None:
 def shown(host: str) -> str:
     """A host as a URL names it: an IPv6 address in brackets."""
     return f"[{host}]" if ":" in host else host
+
+
+def url(host: str, port: int, path: str = "/") -> str:
+    """The URL of a server bound to ``host``:``port`` (``http://[::1]:8700/``)."""
+    return f"http://{shown(host)}:{port}{path}"
 
 
 @dataclass(frozen=True)
@@ -146,12 +152,13 @@ def how_to_allow(command: str, variable: str) -> str:
     return f"to allow it, start {command} with --allowed-host {{host}} or add it to {variable}"
 
 
-def wildcard_warning(bound: str, allowed: Sequence[str], variable: str) -> str | None:
+def wildcard_warning(bound: str, allowed: Sequence[str], variable: str,
+                     prefix: str = "awa: warning: ") -> str | None:
     """The one line a server bound to every address with no allowed host
-    prints at start; None otherwise."""
+    prints at start (``prefix``: none for a logger's line); None otherwise."""
     if not is_wildcard(bound) or allowed:
         return None
-    return (f"awa: warning: listening on {bound or '*'} with no allowed host, so any Host "
+    return (f"{prefix}listening on {bound or '*'} with no allowed host, so any Host "
             "header is answered: a web page in any browser that reaches this server can read "
             "it through DNS rebinding; name the hosts clients use with --allowed-host NAME "
             f"(repeatable) or {variable}=name1,name2")

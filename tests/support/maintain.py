@@ -21,17 +21,21 @@ AWA = Path(sys.executable).parent / "awa"  # the console script of .venv
 
 
 class MaintainProcess:
-    """``awa maintain --metrics-port 0 *flags`` with AWA_DATABASE_URL=dsn;
-    stderr (its log) goes to a file, so nothing blocks on a full pipe. The
-    system picks the port when the process binds it, and the process logs it:
-    no other test worker can take it between a pick and the bind."""
+    """``awa maintain --metrics-port 0 *flags`` with AWA_DATABASE_URL=dsn
+    (``env`` adds to the environment); stderr (its log) goes to a file, so
+    nothing blocks on a full pipe. The system picks the port when the process
+    binds it, and the process logs its URL: no other test worker can take it
+    between a pick and the bind."""
 
-    def __init__(self, dsn: str, *flags: str):
-        self.port: int | None = None
+    def __init__(self, dsn: str, *flags: str, env: dict[str, str] | None = None):
+        self.metrics_url: str | None = None
         fd, name = tempfile.mkstemp(prefix="awa-maintain-", suffix=".log")
         self.log_file = Path(name)
+        given = env or {}
         env = {**os.environ, "AWA_DATABASE_URL": dsn}
         env.pop("DATABASE_URL", None)
+        env.pop("AWA_MAINTAIN_ALLOWED_HOSTS", None)
+        env.update(given)
         with os.fdopen(fd, "wb") as log:
             self.proc = subprocess.Popen(
                 [str(AWA), "maintain", "--metrics-port", "0", *flags], env=env,
@@ -51,18 +55,26 @@ class MaintainProcess:
         kept = getattr(self, "_kept", None)
         return kept if kept is not None else self.log_file.read_text(errors="replace")
 
-    def samples(self) -> dict[tuple[str, tuple], float] | None:
-        """Every sample of its /metrics, or None while it does not answer."""
+    def bound_url(self) -> str | None:
+        """The URL of its /metrics as it logged it, or None until it has."""
         if self.proc.poll() is not None:
             raise AssertionError(f"awa maintain exited {self.proc.returncode}:\n{self.log()}")
-        if self.port is None:
-            bound = re.search(r"metrics at http://[^ ]+:(\d+)/metrics", self.log())
-            if bound is None:
-                return None
-            self.port = int(bound.group(1))
+        if self.metrics_url is None:
+            bound = re.search(r"metrics at (http://\S+/metrics)", self.log())
+            self.metrics_url = bound and bound.group(1)
+        return self.metrics_url
+
+    def url(self) -> str:
+        """The URL of its /metrics, once it has logged it."""
+        return self.wait(self.bound_url, "the URL of /metrics in the log")
+
+    def samples(self) -> dict[tuple[str, tuple], float] | None:
+        """Every sample of its /metrics, or None while it does not answer."""
+        if self.bound_url() is None:
+            return None
         try:
-            with urllib.request.urlopen(
-                    f"http://127.0.0.1:{self.port}/metrics", timeout=2) as response:
+            with urllib.request.urlopen(  # noqa: S310 - the URL it logged
+                    self.metrics_url, timeout=2) as response:
                 text = response.read().decode()
         except (urllib.error.URLError, ConnectionError):
             return None

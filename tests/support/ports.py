@@ -1,5 +1,6 @@
 """A local TCP port another socket holds, and what a command that cannot
-bind it must print: one line naming the address, no traceback."""
+bind it must print: one line naming the address, no traceback; whether this
+machine has the IPv6 loopback."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import socket
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
+
+import pytest
 
 
 @contextmanager
@@ -23,3 +26,16 @@ def assert_cannot_listen(result: subprocess.CompletedProcess, address: str) -> N
     assert result.returncode == 7, (result.returncode, result.stderr)
     assert "Traceback" not in result.stderr, result.stderr
     assert f"cannot listen on {address}" in result.stderr, result.stderr
+
+
+def _has_ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
+
+
+needs_ipv6 = pytest.mark.skipif(not _has_ipv6_loopback(),
+                                reason="no IPv6 loopback (::1) on this machine")

@@ -15,6 +15,7 @@ from awa_sql.hosts import (
     allowed_from_env,
     host_check,
     how_to_allow,
+    url,
     wildcard_warning,
 )
 from awa_sql.listen import listen
@@ -64,7 +65,7 @@ def serve(dsn: str | None, host: str, port: int, writable: bool,
     # uvicorn, which logs a taken port without naming it and exits.
     sock = listen(host, port)
     bound = sock.getsockname()[1]
-    print(f"awa admin ({mode}) on http://{host}:{bound}/ (metrics at /metrics)", flush=True)
+    print(f"awa admin ({mode}) on {url(host, bound)} (metrics at /metrics)", flush=True)
     # After the line above: scripts (and the tests) read the URL from the first line.
     if warning := wildcard_warning(host, hosts, ALLOWED_HOSTS_ENV):
         print(warning, file=sys.stderr, flush=True)

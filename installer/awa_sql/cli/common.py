@@ -36,14 +36,15 @@ def err(message: str) -> None:
     print(f"awa: {message}", file=sys.stderr)
 
 
-def add_allowed_hosts(p: argparse.ArgumentParser, variable: str) -> None:
+def add_allowed_hosts(p: argparse.ArgumentParser, variable: str,
+                      host_flag: str = "--host") -> None:
     """``--allowed-host``, repeatable: the Host names a server answers to
-    besides its loopback names and bound address (awa_sql.hosts)."""
+    besides its loopback names and bound address (``host_flag``; awa_sql.hosts)."""
     p.add_argument(
         "--allowed-host", action="append", type=parse_allowed_host, metavar="NAME",
         dest="allowed_hosts",
         help="a Host name (or address) this server answers to besides localhost, 127.0.0.1, "
-        "[::1] and the --host address; repeatable; *.example.com for its subdomains, * for "
+        f"[::1] and the {host_flag} address; repeatable; *.example.com for its subdomains, * for "
         f"any name. Default: the comma-separated {variable}. Other names get 400 (the check "
         "against DNS rebinding); bound to 0.0.0.0 or :: with none given, any name is answered")
 

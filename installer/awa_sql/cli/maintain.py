@@ -10,12 +10,18 @@ import signal
 import sys
 import threading
 
-from awa_sql.cli.common import add_connection, err, parse_interval, parse_port
+from awa_sql.cli.common import (
+    add_allowed_hosts,
+    add_connection,
+    err,
+    parse_interval,
+    parse_port,
+)
 from awa_sql.defaults import LOCAL_HOST, MAINTAIN_METRICS_PORT
-from awa_sql.listen import CannotListen
 from awa_sql.maintain import STATEMENT_TIMEOUT, TASKS
 from awa_sql.migrate import EXIT_ERROR
 
+ALLOWED_HOSTS_ENV = "AWA_MAINTAIN_ALLOWED_HOSTS"
 JOIN_TIMEOUT = 0.8  # seconds; stop() has cancelled any statement, so the loop ends sooner
 
 HELP = {
@@ -76,26 +82,33 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="address of the /metrics listener (default %(default)s)")
     m.add_argument("--metrics-port", type=parse_port, default=MAINTAIN_METRICS_PORT,
                    help="TCP port of /metrics; 0 picks a free one (default %(default)s)")
+    add_allowed_hosts(m, ALLOWED_HOSTS_ENV, host_flag="--metrics-host")
     m.set_defaults(func=cmd_maintain)
 
 
 def cmd_maintain(args: argparse.Namespace) -> int:
-    from prometheus_client import start_http_server
+    from prometheus_client import make_wsgi_app
 
+    from awa_sql.hosts import allowed_from_env, host_check, how_to_allow, url, wildcard_warning
     from awa_sql.maintain import Maintainer
+    from awa_sql.metrics import client_metrics
+    from awa_sql.metrics.apps import start_server
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s awa maintain: %(message)s")
     maintainer = Maintainer(
         args.dsn, every={t.name: getattr(args, t.name + "_every") for t in TASKS},
         statement_timeout=args.statement_timeout)
-    try:
-        server, _thread = start_http_server(args.metrics_port, args.metrics_host)
-    except OSError as error:
-        raise CannotListen(args.metrics_host, args.metrics_port, error) from None
+    allowed = args.allowed_hosts or allowed_from_env(ALLOWED_HOSTS_ENV)
+    check = host_check(args.metrics_host, allowed,
+                       how=how_to_allow("awa maintain", ALLOWED_HOSTS_ENV))
+    server, _thread = start_server(args.metrics_host, args.metrics_port,
+                                   make_wsgi_app(client_metrics.current().registry), check)
     log = logging.getLogger("awa_sql.maintain")
-    log.info("%s; metrics at http://%s:%d/metrics; Ctrl-C stops", maintainer.describe(),
-             args.metrics_host, server.server_port)
+    log.info("%s; metrics at %s; Ctrl-C stops", maintainer.describe(),
+             url(args.metrics_host, server.server_port, "/metrics"))
+    if warning := wildcard_warning(args.metrics_host, allowed, ALLOWED_HOSTS_ENV, prefix=""):
+        log.warning("%s", warning)
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set())
                 for sig in (signal.SIGINT, signal.SIGTERM)}

@@ -153,9 +153,9 @@ def _run(sock, folder: Path, port: int | None, dsn: str | None, seconds: float |
     from awa_sql.admin.app import Settings
     from awa_sql.admin.serve import create_served_app
     from awa_sql.demo.load import DemoLoad, prepare_queue
-    from awa_sql.hosts import host_check
+    from awa_sql.hosts import host_check, url
 
-    http = f"http://{LOCAL_HOST}:{sock.getsockname()[1]}"
+    http = url(LOCAL_HOST, sock.getsockname()[1], path="")
     stop_server = None
     if dsn is None:
         dsn, stop_server = start_server(folder, port, log)

@@ -18,7 +18,7 @@ from prometheus_client import make_wsgi_app as _prometheus_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
 
 from awa_sql.connect import connect as _connect
-from awa_sql.hosts import HostCheck
+from awa_sql.hosts import HostCheck, url
 from awa_sql.listen import CannotListen
 from awa_sql.metrics.database import DatabaseCollector
 
@@ -107,16 +107,24 @@ class _QuietHandler(WSGIRequestHandler):
         """No line per request."""
 
 
-def _start_server(host: str, port: int, app) -> tuple[ThreadingWSGIServer, threading.Thread]:
-    """prometheus_client's ``start_http_server``, serving ``app``: a
-    thread per request, the address family of ``host``."""
-    family, _, _, _, address = socket.getaddrinfo(
-        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+def start_server(host: str, port: int, app, hosts: HostCheck | None = None
+                 ) -> tuple[ThreadingWSGIServer, threading.Thread]:
+    """prometheus_client's ``start_http_server``, serving the WSGI ``app`` to
+    the Host names ``hosts`` allows (default any): a thread per request, the
+    address family of ``host``, ``CannotListen`` when the address cannot be
+    bound. ``awa metrics serve`` and ``awa maintain`` serve through it."""
+    if hosts is not None:
+        app = refuse_other_hosts(app, hosts)
+    try:
+        family, _, _, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
 
-    class Server(ThreadingWSGIServer):
-        address_family = family
+        class Server(ThreadingWSGIServer):
+            address_family = family
 
-    server = make_server(address[0], port, app, Server, handler_class=_QuietHandler)
+        server = make_server(address[0], port, app, Server, handler_class=_QuietHandler)
+    except OSError as error:
+        raise CannotListen(host, port, error) from None
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     return server, thread
@@ -128,15 +136,10 @@ def serve(dsn: str | None, host: str, port: int,
     """Serve ``/metrics`` on host:port until ``stop`` is set, to the Host
     names ``hosts`` allows (default any); ``CannotListen`` when the address
     cannot be bound."""
-    app = _prometheus_wsgi_app(database_registry(dsn))
-    if hosts is not None:
-        app = refuse_other_hosts(app, hosts)
+    server, thread = start_server(host, port, _prometheus_wsgi_app(database_registry(dsn)),
+                                  hosts)
     try:
-        server, thread = _start_server(host, port, app)
-    except OSError as error:
-        raise CannotListen(host, port, error) from None
-    try:
-        ready(f"http://{host}:{server.server_port}/metrics")
+        ready(url(host, server.server_port, "/metrics"))
         stop.wait()
     finally:
         server.shutdown()
