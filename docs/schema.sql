@@ -1840,7 +1840,6 @@ $function$;
 CREATE OR REPLACE FUNCTION awa._job_at(id bigint)
  RETURNS TABLE(job_id bigint, queue_id integer, state text, priority smallint, kind text, args jsonb, ordering_key bytea, attempt integer, max_attempts integer, enqueued_at timestamp with time zone, run_at timestamp with time zone, finished_at timestamp with time zone, last_error text, worker text, lease_expires_at timestamp with time zone, lane_id integer, lane_seq bigint)
  LANGUAGE sql
- STABLE
  SET search_path TO 'pg_catalog', 'pg_temp'
  SET enable_seqscan TO 'off'
  SET enable_hashjoin TO 'off'
@@ -4324,9 +4323,10 @@ AS $function$select '0.1.0'::text$function$;
 CREATE OR REPLACE FUNCTION awa.count_jobs(queue text, state text, kind text DEFAULT NULL::text, up_to integer DEFAULT 10000)
  RETURNS bigint
  LANGUAGE plpgsql
- STABLE SECURITY DEFINER
+ SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'pg_temp'
  SET enable_seqscan TO 'off'
+ SET enable_bitmapscan TO 'off'
 AS $function$
 declare
     ids integer[] := awa._queue_ids(queue);
@@ -4745,7 +4745,7 @@ $function$;
 CREATE OR REPLACE FUNCTION awa.job(job_id bigint)
  RETURNS SETOF awa.job_info
  LANGUAGE plpgsql
- STABLE SECURITY DEFINER
+ SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
 begin
@@ -4769,7 +4769,7 @@ $function$;
 CREATE OR REPLACE FUNCTION awa.jobs(queue text, state text DEFAULT NULL::text, kind text DEFAULT NULL::text, after_job_id bigint DEFAULT NULL::bigint, max_jobs integer DEFAULT 100)
  RETURNS SETOF awa.job_info
  LANGUAGE plpgsql
- STABLE SECURITY DEFINER
+ SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'pg_temp'
  SET plan_cache_mode TO 'force_generic_plan'
  SET enable_seqscan TO 'off'

@@ -33,6 +33,15 @@
 -- caller's lock_timeout bounds the wait) and then cancels the job where it
 -- is, running or, if the claim rolled back, still ready. The bulk
 -- awa.cancel_jobs skips such rows: they run.
+--
+-- Reading after a rewrite. awa.rotate_running, awa.compact_ready and
+-- awa.prune_finished copy the rows they keep and TRUNCATE, holding the
+-- table meanwhile. The functions here that read jobs are volatile, not
+-- stable: each statement then takes its snapshot once it holds its tables,
+-- so a call that waited for a rewrite reads the rows it left. A stable one
+-- reads with the snapshot of the statement that called it, taken before
+-- the wait: the table empty and the copied rows not yet committed
+-- (tests/test_job_tools_rewrites.py).
 
 -- Function: awa._check_job_state(state text) returns void
 -- Raises 22023 for a state that is not one of a job's six (null passes:
@@ -167,7 +176,7 @@ returns table (
     lane_seq bigint
 )
 language sql
-stable
+volatile
 set search_path = pg_catalog, pg_temp
 -- Every table is read by a key, every join is a probe per row.
 set enable_seqscan = off
@@ -231,7 +240,7 @@ $$;
 create or replace function awa.job(job_id bigint)
 returns setof awa.job_info
 language plpgsql
-stable
+volatile
 security definer
 set search_path = pg_catalog, pg_temp
 as $$
@@ -279,7 +288,7 @@ create or replace function awa.jobs(
 )
 returns setof awa.job_info
 language plpgsql
-stable
+volatile
 security definer
 set search_path = pg_catalog, pg_temp
 -- One plan for every call: planning the union over 64 slots costs more than
@@ -481,10 +490,13 @@ create or replace function awa.count_jobs(
 )
 returns bigint
 language plpgsql
-stable
+volatile
 security definer
 set search_path = pg_catalog, pg_temp
 set enable_seqscan = off
+-- A bitmap scan reads every index entry that matches before the limit
+-- applies: every row of a terminal state the queue has in its history.
+set enable_bitmapscan = off
 as $$
 declare
     ids integer[] := awa._queue_ids(queue);

@@ -21,26 +21,11 @@ from concurrent.futures import ThreadPoolExecutor
 import psycopg
 import pytest
 
+from tests.support.dead_rows import NO_LANE, junk
 from tests.support.isolation import OLDER_SNAPSHOTS, assert_refused_outside_read_committed
 from tests.support.jobs import claim
 
-NO_LANE = 2_000_000_000
 READY = "select * from awa.ready order by lane_id, lane_seq"
-JUNK = ("insert into awa.ready (lane_id, lane_seq, job_id, queue_id, priority, kind, args,"
-        " attempt, max_attempts, enqueued_at)"
-        " select %s, g, -g, 0, 2, 'junk', '{}', 0, 1, now() from generate_series(1, %s) g")
-
-
-def junk(su, rows: int, dead: bool = True) -> None:
-    """`rows` rows no claim reads; deleted (dead while a snapshot is held) or left."""
-    su.execute("select pg_stat_force_next_flush()")
-    su.execute("delete from awa.ready where lane_id = %s", [NO_LANE])
-    su.execute(JUNK, [NO_LANE, rows])
-    if dead:
-        su.execute("select pg_stat_force_next_flush()")
-        su.execute("delete from awa.ready where lane_id = %s", [NO_LANE])
-    su.execute("select pg_stat_force_next_flush()")
-    su.execute("select 1")  # the counts above are flushed at the end of this statement
 
 
 def filenode(su) -> int:
