@@ -330,6 +330,14 @@ CREATE TABLE awa.leader_locks (
     CONSTRAINT leader_locks_name_shape CHECK ((name ~ '^[a-z][a-z_.]{0,62}$'::text))
 );
 
+CREATE TABLE awa.queue_limit (
+    singleton boolean DEFAULT true NOT NULL,
+    max_queues integer NOT NULL,
+    CONSTRAINT queue_limit_pkey PRIMARY KEY (singleton),
+    CONSTRAINT queue_limit_range CHECK (((max_queues >= 1) AND (max_queues <= 1000000))),
+    CONSTRAINT queue_limit_singleton CHECK (singleton)
+);
+
 CREATE TABLE awa.queue_meta (
     queue text NOT NULL,
     enqueue_shards smallint DEFAULT 1 NOT NULL,
@@ -1219,6 +1227,27 @@ begin
 end;
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._check_queue_room()
+ RETURNS void
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+declare
+    cap integer;
+    queues bigint;
+begin
+    select l.max_queues into cap from awa.queue_limit as l;
+    select count(*) into queues from awa.queue_meta;
+    if queues >= cap then
+        raise exception 'queue limit reached: % queues exist and at most % may', queues, cap
+            using errcode = '53400',
+                  hint = 'awa.set_max_queues(n) (awa_operator) raises the limit. Each queue '
+                         'costs seven sequences; a queue name made from input (an id, a '
+                         'tenant) creates a queue per value.';
+    end if;
+end;
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._check_range(what text, value integer, max_value integer)
  RETURNS void
  LANGUAGE plpgsql
@@ -1525,6 +1554,9 @@ begin
     end if;
     anchor := awa._ensure_queue(logical);
     perform awa._lock_leader('provisioning');
+    if not exists (select from awa.queue_meta as m where m.queue = physical) then
+        perform awa._check_queue_room();
+    end if;
     insert into awa.queue_meta (
         queue, logical_queue, root_queue, enqueue_shards, paused, max_run_time, retry_base,
         retry_cap, retry_jitter, retain_completed, retain_failed
@@ -1568,6 +1600,12 @@ begin
     end if;
     perform awa._check_queue_name(queue);
     perform awa._lock_leader('provisioning');
+    -- Made by another transaction while this one waited: nothing to create.
+    select m.* into meta from awa.queue_meta as m where m.queue = _ensure_queue.queue;
+    if found then
+        return meta;
+    end if;
+    perform awa._check_queue_room();
     insert into awa.queue_meta (queue) values (_ensure_queue.queue)
     on conflict do nothing;
     select m.* into strict meta from awa.queue_meta as m where m.queue = _ensure_queue.queue;
@@ -5520,6 +5558,26 @@ AS $function$
     select * from awa._set_enqueue_shards(queue, shards, 'manual')
 $function$;
 
+CREATE OR REPLACE FUNCTION awa.set_max_queues(max_queues integer)
+ RETURNS integer
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+begin
+    if max_queues is null then
+        raise exception 'max_queues must not be null'
+            using errcode = '22004';
+    end if;
+    if max_queues < 1 or max_queues > 1000000 then
+        raise exception 'max_queues must be between 1 and 1000000, got %', max_queues
+            using errcode = '22023';
+    end if;
+    update awa.queue_limit as l set max_queues = set_max_queues.max_queues;
+    return (select count(*) from awa.queue_meta);
+end;
+$function$;
+
 CREATE OR REPLACE FUNCTION awa.set_max_run_time(queue text, max_run_time interval)
  RETURNS void
  LANGUAGE plpgsql
@@ -5875,6 +5933,8 @@ COMMENT ON TABLE awa.lanes IS 'One lane per (physical queue, priority, enqueue s
 
 COMMENT ON TABLE awa.leader_locks IS 'One row per leader lock: a caller that locks the row FOR UPDATE does that work alone until it commits (ADR 037). Only the owner can lock them: no runtime role may take or hold one.';
 
+COMMENT ON TABLE awa.queue_limit IS 'One row: max_queues, the most physical queues (partitions and stripes count) that may exist. Creating a queue past it is refused (53400). Set by awa.set_max_queues.';
+
 COMMENT ON TABLE awa.queue_meta IS 'Per physical queue settings. Change them through awa functions, never by hand.';
 
 COMMENT ON TABLE awa.ready IS 'Claimable jobs. FIFO within a lane by lane_seq; claim merges lanes by (priority, job_id).';
@@ -5929,6 +5989,7 @@ GRANT SELECT ON TABLE awa.autoscale_policy TO awa_operator, awa_reader;
 GRANT SELECT ON TABLE awa.lane_contention TO awa_operator, awa_reader;
 GRANT SELECT ON TABLE awa.lane_overview TO awa_operator, awa_reader;
 GRANT SELECT ON TABLE awa.queue_history TO awa_operator, awa_reader;
+GRANT SELECT ON TABLE awa.queue_limit TO awa_operator, awa_reader;
 GRANT SELECT ON TABLE awa.queue_overview TO awa_operator, awa_reader;
 GRANT SELECT ON TABLE awa.runtime_overview TO awa_operator, awa_reader;
 GRANT SELECT ON TABLE awa.runtime_queue_overview TO awa_operator, awa_reader;
@@ -5984,6 +6045,7 @@ GRANT EXECUTE ON FUNCTION awa.rotate_running() TO awa_maintenance;
 GRANT EXECUTE ON FUNCTION awa.sample_lane_contention() TO awa_maintenance;
 GRANT EXECUTE ON FUNCTION awa.set_autoscale_policy(text,interval,numeric,numeric,interval,numeric,interval,integer) TO awa_operator;
 GRANT EXECUTE ON FUNCTION awa.set_enqueue_shards(text,integer) TO awa_operator;
+GRANT EXECUTE ON FUNCTION awa.set_max_queues(integer) TO awa_operator;
 GRANT EXECUTE ON FUNCTION awa.set_max_run_time(text,interval) TO awa_operator;
 GRANT EXECUTE ON FUNCTION awa.set_queue_partitions(text,integer) TO awa_operator;
 GRANT EXECUTE ON FUNCTION awa.set_queue_stripes(text,integer) TO awa_operator;

@@ -452,11 +452,68 @@ begin
 end;
 $$;
 
+-- Function: awa._check_queue_room() returns void
+-- Raises 53400 when the physical queues already number
+-- awa.queue_limit.max_queues: every creation of a queue row calls it, under
+-- the provisioning lock, so the count is exact and two creations cannot
+-- both take the last place. Counts the queues (their number, not their
+-- jobs), only when one is to be created.
+-- Calls: nothing
+-- Writes: nothing
+create or replace function awa._check_queue_room()
+returns void
+language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    cap integer;
+    queues bigint;
+begin
+    select l.max_queues into cap from awa.queue_limit as l;
+    select count(*) into queues from awa.queue_meta;
+    if queues >= cap then
+        raise exception 'queue limit reached: % queues exist and at most % may', queues, cap
+            using errcode = '53400',
+                  hint = 'awa.set_max_queues(n) (awa_operator) raises the limit. Each queue '
+                         'costs seven sequences; a queue name made from input (an id, a '
+                         'tenant) creates a queue per value.';
+    end if;
+end;
+$$;
+
+-- Function: awa.set_max_queues(max_queues integer) returns integer
+-- The most physical queues (partitions and stripes count) that may exist;
+-- returns how many exist now. A limit below that count removes nothing:
+-- only new queues are refused. Role: awa_operator.
+-- Errors: 22004 null; 22023 outside 1 .. 1000000.
+-- Calls: nothing
+-- Writes: awa.queue_limit
+create or replace function awa.set_max_queues(max_queues integer)
+returns integer
+language plpgsql
+security definer
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    if max_queues is null then
+        raise exception 'max_queues must not be null'
+            using errcode = '22004';
+    end if;
+    if max_queues < 1 or max_queues > 1000000 then
+        raise exception 'max_queues must be between 1 and 1000000, got %', max_queues
+            using errcode = '22023';
+    end if;
+    update awa.queue_limit as l set max_queues = set_max_queues.max_queues;
+    return (select count(*) from awa.queue_meta);
+end;
+$$;
+
 -- Function: awa._ensure_queue(queue text) returns awa.queue_meta
 -- The queue's settings row; a queue seen for the first time is created with
 -- S = 1 and its four lanes, under the provisioning lock so that concurrent
--- first enqueues cannot race.
--- Calls: awa._check_queue_name, awa._lock_leader, awa._provision_lanes
+-- first enqueues cannot race, unless the queues already number the limit
+-- (awa._check_queue_room: 53400).
+-- Calls: awa._check_queue_name, awa._check_queue_room, awa._lock_leader, awa._provision_lanes
 -- Writes: awa.queue_meta
 create or replace function awa._ensure_queue(queue text)
 returns awa.queue_meta
@@ -472,6 +529,12 @@ begin
     end if;
     perform awa._check_queue_name(queue);
     perform awa._lock_leader('provisioning');
+    -- Made by another transaction while this one waited: nothing to create.
+    select m.* into meta from awa.queue_meta as m where m.queue = _ensure_queue.queue;
+    if found then
+        return meta;
+    end if;
+    perform awa._check_queue_room();
     insert into awa.queue_meta (queue) values (_ensure_queue.queue)
     on conflict do nothing;
     select m.* into strict meta from awa.queue_meta as m where m.queue = _ensure_queue.queue;
@@ -487,7 +550,8 @@ $$;
 -- created with the logical queue's S, pause state, max run time, retry
 -- policy, retention and lanes when missing; an existing ordinary queue of that name
 -- joins it.
--- Calls: awa._count_linked, awa._ensure_queue, awa._lock_leader, awa._provision_lanes
+-- Calls: awa._check_queue_room, awa._count_linked, awa._ensure_queue, awa._lock_leader,
+--   awa._provision_lanes
 -- Writes: awa.queue_meta
 create or replace function awa._ensure_linked(physical text, logical text, is_stripe boolean)
 returns awa.queue_meta
@@ -504,6 +568,9 @@ begin
     end if;
     anchor := awa._ensure_queue(logical);
     perform awa._lock_leader('provisioning');
+    if not exists (select from awa.queue_meta as m where m.queue = physical) then
+        perform awa._check_queue_room();
+    end if;
     insert into awa.queue_meta (
         queue, logical_queue, root_queue, enqueue_shards, paused, max_run_time, retry_base,
         retry_cap, retry_jitter, retain_completed, retain_failed
@@ -744,3 +811,6 @@ update awa.running as r
    set completed_seq = m.completed_seq
   from awa.queue_meta as m
  where m.queue_id = r.queue_id and r.completed_seq is null;
+select awa._grant_execute('awa._check_queue_room()');
+select awa._grant_execute('awa.set_max_queues(integer)', 'operator');
+select awa._grant_select('awa.queue_limit', 'reader', 'operator');

@@ -92,6 +92,9 @@ select 'table', pg_catalog.jsonb_build_object(
    and r.relname in ({", ".join(f"'{t}'" for t in HOT_TABLES)})
  group by r.relname
 union all
+select 'queue_limit', pg_catalog.jsonb_build_object('max', l.max_queues)
+  from awa.queue_limit as l
+union all
 select 'horizon', pg_catalog.jsonb_build_object('age', coalesce(greatest(
     (select pg_catalog.max(pg_catalog.age(a.backend_xmin))
        from pg_catalog.pg_stat_activity as a
@@ -216,9 +219,17 @@ def metric_families(rows: list[tuple[str, dict[str, Any]]]) -> list[Metric]:
                      "than the scrape's): rows deleted since cannot be removed.", [])
     for h in by_kind["horizon"]:
         horizon.add_metric([], h["age"])
+    queues = _gauge("awa_queues", "Physical queues that exist (partitions and stripes "
+                    "count): each enqueue to a new name creates one.", [])
+    queues_max = _gauge("awa_queues_max", "The most physical queues that may exist "
+                        "(awa.set_max_queues); creating one more is refused.", [])
+    # The overview has one row per physical queue.
+    queues.add_metric([], len(by_kind["queue"]))
+    for q in by_kind["queue_limit"]:
+        queues_max.add_metric([], q["max"])
     return [depth, jobs, finished, lag, shards, max_shards, mode, paused, lane_depth, lane_lag,
             draining, waiters, share, rate, samples, age, total, recent, proposed, last, dead,
-            horizon]
+            horizon, queues, queues_max]
 
 
 def scrape(conn: psycopg.Connection) -> list[Metric]:

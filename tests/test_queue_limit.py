@@ -1,0 +1,168 @@
+"""The queue limit (migration 0029) on real PostgreSQL 17 and 18: an enqueue to
+a new name creates a queue, with seven sequences, only while the physical
+queues number less than awa.queue_limit.max_queues; past it the call fails
+with 53400 naming the count and the limit, and creates nothing. Partitions
+count. Two creations at the last place: one wins, the other is refused; a
+second creation of the same name is not refused. awa.set_max_queues is the
+operator's, with 22004/22023 for bad values.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import psycopg
+import pytest
+
+from tests.support.jobs import enqueue, waits_for_a_lock
+from tests.support.waiting import wait_until
+
+LIMIT_REACHED = psycopg.errors.ConfigurationLimitExceeded
+
+
+def queues(db) -> int:
+    with db.connect() as su:
+        return su.execute("select count(*) from awa.queue_meta").fetchone()[0]
+
+
+def sequences(db) -> int:
+    with db.connect() as su:
+        return su.execute("select count(*) from pg_class where relkind = 'S'"
+                          " and relnamespace = 'awa'::regnamespace").fetchone()[0]
+
+
+def room_for(db, logins, n: int) -> None:
+    """Sets the limit to leave room for n more queues."""
+    with db.connect(logins.operator) as op:
+        op.execute("select awa.set_max_queues(%s)", [queues(db) + n])
+
+
+def test_a_fresh_install_allows_ten_thousand_queues(db, logins):
+    with db.connect(logins.reader) as r:
+        assert r.execute("select max_queues from awa.queue_limit").fetchone() == (10000,)
+
+
+def test_past_the_limit_a_new_name_is_refused_and_nothing_is_created(db, logins):
+    with db.connect(logins.producer) as p:
+        enqueue(p, "known")
+        room_for(db, logins, 1)
+        enqueue(p, "second")
+        before = (queues(db), sequences(db))
+        with pytest.raises(LIMIT_REACHED) as err:
+            enqueue(p, "third")
+        n = before[0]
+        assert err.value.diag.message_primary == (
+            f"queue limit reached: {n} queues exist and at most {n} may")
+        assert "awa.set_max_queues" in err.value.diag.message_hint
+        for call in ("select count(*) from awa.enqueue_batch(array['known', 'fourth'],"
+                     " array['k', 'k'])",
+                     "select * from awa.enqueue('fifth', 'k', run_at => now() + interval '1 h')"):
+            with pytest.raises(LIMIT_REACHED):
+                p.execute(call)
+        # Known queues still take jobs.
+        enqueue(p, "known")
+        enqueue(p, "second")
+    assert (queues(db), sequences(db)) == before
+    room_for(db, logins, 1)
+    with db.connect(logins.producer) as p:
+        enqueue(p, "third")
+    assert queues(db) == before[0] + 1
+
+
+def test_partitions_count_and_a_refused_call_leaves_none_behind(db, logins):
+    with db.connect(logins.producer) as p:
+        enqueue(p, "orders")
+    room_for(db, logins, 2)
+    before = (queues(db), sequences(db))
+    with db.connect(logins.operator) as op, pytest.raises(LIMIT_REACHED):
+        op.execute("select * from awa.set_queue_partitions('orders', 4)")
+    assert (queues(db), sequences(db)) == before
+    room_for(db, logins, 3)
+    with db.connect(logins.operator) as op:
+        assert len(op.execute("select * from awa.set_queue_partitions('orders', 4)")
+                   .fetchall()) == 4
+
+
+def _create_behind(db, login, holder, queue):
+    """Enqueues to `queue` as `login` in a thread while `holder`'s open
+    transaction holds the provisioning lock; commits `holder` once the thread
+    waits. Returns the thread's error, or None."""
+    out: dict = {}
+
+    def run():
+        with db.connect(login) as c:
+            out["pid"] = c.info.backend_pid
+            try:
+                enqueue(c, queue)
+                out["error"] = None
+            except psycopg.Error as error:
+                out["error"] = error
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    with db.connect() as watch:
+        wait_until(lambda: "pid" in out and waits_for_a_lock(watch, out["pid"]))
+    holder.commit()
+    t.join(timeout=30)
+    assert not t.is_alive()
+    return out["error"]
+
+
+def test_two_creations_at_the_last_place_one_wins(db, logins):
+    room_for(db, logins, 1)
+    with db.connect(logins.producer, autocommit=False) as a:
+        enqueue(a, "first-in")
+        error = _create_behind(db, logins.producer, a, "second-in")
+    assert isinstance(error, LIMIT_REACHED)
+    with db.connect() as su:
+        names = {r[0] for r in su.execute("select queue from awa.queue_meta")}
+    assert "first-in" in names and "second-in" not in names
+
+
+def test_a_name_made_meanwhile_by_another_is_not_refused(db, logins):
+    room_for(db, logins, 1)
+    with db.connect(logins.producer, autocommit=False) as a:
+        enqueue(a, "same")
+        assert _create_behind(db, logins.producer, a, "same") is None
+    with db.connect() as su:
+        assert su.execute("select count(*) from awa.ready r join awa.queue_meta m"
+                          " using (queue_id) where m.queue = 'same'").fetchone()[0] == 2
+
+
+@pytest.mark.parametrize(("value", "error", "message"), [
+    (None, psycopg.errors.NullValueNotAllowed, "max_queues must not be null"),
+    (0, psycopg.errors.InvalidParameterValue,
+     "max_queues must be between 1 and 1000000, got 0"),
+    (1_000_001, psycopg.errors.InvalidParameterValue,
+     "max_queues must be between 1 and 1000000, got 1000001"),
+])
+def test_set_max_queues_refuses_bad_values_and_changes_nothing(db, logins, value, error,
+                                                                message):
+    with db.connect(logins.operator) as op:
+        with pytest.raises(error) as err:
+            op.execute("select awa.set_max_queues(%s)", [value])
+        assert err.value.diag.message_primary == message
+        assert op.execute("select max_queues from awa.queue_limit").fetchone() == (10000,)
+
+
+def test_set_max_queues_returns_the_queues_there_are_and_is_the_operators(db, logins):
+    with db.connect(logins.producer) as p:
+        enqueue(p, "one")
+    with db.connect(logins.operator) as op:
+        assert op.execute("select awa.set_max_queues(5)").fetchone() == (queues(db),)
+    for login in (logins.producer, logins.worker, logins.reader, logins.maintenance):
+        with db.connect(login) as c, pytest.raises(psycopg.errors.InsufficientPrivilege):
+            c.execute("select awa.set_max_queues(100)")
+
+
+def test_a_scrape_shows_the_queues_and_the_limit(db, logins):
+    from awa_sql.metrics.database import scrape
+
+    with db.connect(logins.producer) as p:
+        for name in ("m1", "m2", "m3"):
+            enqueue(p, name)
+    room_for(db, logins, 7)
+    with db.connect(logins.reader) as r:
+        values = {f.name: f.samples[0].value for f in scrape(r)
+                  if f.name in ("awa_queues", "awa_queues_max")}
+    assert values == {"awa_queues": queues(db), "awa_queues_max": queues(db) + 7}
