@@ -630,6 +630,13 @@ def test_the_url_a_server_prints_brackets_an_ipv6_address(host, expected):
     assert url(host, 8700) == expected
 
 
+def test_an_address_that_cannot_be_bound_is_named_with_ipv6_brackets():
+    from awa_sql.listen import CannotListen
+
+    error = CannotListen("::1", 8700, OSError(98, "Address already in use"))
+    assert str(error).startswith("cannot listen on [::1]:8700: ")
+
+
 @needs_ipv6
 def test_awa_admin_serve_on_ipv6_prints_a_url_that_answers(db):
     import httpx

@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import socket
 
+from awa_sql.hosts import shown
+
 
 class CannotListen(Exception):
     """The address cannot be bound: the port is taken, the host is not this
     machine's or has no address."""
 
     def __init__(self, host: str, port: int, error: OSError) -> None:
-        super().__init__(f"cannot listen on {host}:{port}: {error}")
+        super().__init__(f"cannot listen on {shown(host)}:{port}: {error}")
         self.host = host
         self.port = port
         self.error = error
