@@ -1927,6 +1927,16 @@ AS $function$
      limit 1
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._job_bytes(kind text, args jsonb, other text)
+ RETURNS bigint
+ LANGUAGE sql
+ STABLE PARALLEL SAFE
+AS $function$
+    select coalesce(pg_catalog.pg_column_size(kind), 0)::pg_catalog.int8
+           operator(pg_catalog.+) coalesce(pg_catalog.pg_column_size(args), 0)
+           operator(pg_catalog.+) coalesce(pg_catalog.pg_column_size(other), 0)
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._job_ok(queue text, kind text, priority smallint, max_attempts integer)
  RETURNS boolean
  LANGUAGE sql
@@ -2734,6 +2744,14 @@ CREATE OR REPLACE FUNCTION awa._partition_limbs(key bytea)
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
     select awa._mix_limbs(key, 2639076143, 1403456657)
+$function$;
+
+CREATE OR REPLACE FUNCTION awa._pass_bytes()
+ RETURNS bigint
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+    select 16777216::pg_catalog.int8
 $function$;
 
 CREATE OR REPLACE FUNCTION awa._physical_queues(queue text)
@@ -5050,12 +5068,24 @@ begin
            array_agg(d.max_run_time order by d.run_at, d.job_id) as max_run_times
       into due
       from (
-          select s.*
-            from awa.scheduled as s
-           where s.run_at <= now()
-           order by s.run_at, s.job_id
-           limit max_jobs
-             for update skip locked
+          -- The due jobs locked, then those whose payload before them is
+          -- under the bound (a window cannot run beside FOR UPDATE).
+          select w.*
+            from (
+                select s.*,
+                       sum(awa._job_bytes(s.kind, s.args, s.last_error))
+                           over (order by s.run_at, s.job_id)
+                       - awa._job_bytes(s.kind, s.args, s.last_error) as bytes_before
+                  from (
+                      select s.*
+                        from awa.scheduled as s
+                       where s.run_at <= now()
+                       order by s.run_at, s.job_id
+                       limit max_jobs
+                         for update skip locked
+                  ) as s
+            ) as w
+           where w.bytes_before < awa._pass_bytes()
       ) as d
       join awa.queue_meta as m on m.queue_id = d.queue_id;
     if due.job_ids is null then
@@ -5317,11 +5347,24 @@ begin
     for job in
         delete from awa.running as r
          where r.job_id in (
-             select x.job_id from awa.running as x
-              where x.lease_expires_at < now()
-              order by x.lease_expires_at
-              limit max_jobs
-                for update skip locked
+             -- The expired runs locked, then those whose payload before
+             -- them is under awa._pass_bytes() (sql/enqueue.sql).
+             select w.job_id
+               from (
+                   select y.job_id,
+                          sum(y.bytes) over (order by y.lease_expires_at, y.job_id)
+                          - y.bytes as bytes_before
+                     from (
+                         select x.job_id, x.lease_expires_at,
+                                awa._job_bytes(x.kind, x.args, x.worker) as bytes
+                           from awa.running as x
+                          where x.lease_expires_at < now()
+                          order by x.lease_expires_at, x.job_id
+                          limit max_jobs
+                            for update skip locked
+                     ) as y
+               ) as w
+              where w.bytes_before < awa._pass_bytes()
          )
         returning r.*
     loop

@@ -659,8 +659,10 @@ $$;
 -- awa.heartbeat), so a job past its deadline is one of them; its last error
 -- says 'deadline exceeded after N s' (N its max run time) when the lease
 -- ended at the deadline, else 'lease expired'.
+-- Up to max_jobs, oldest lease first, and awa._pass_bytes() of payload
+-- (at least one job).
 -- Role: awa_maintenance. Returns how many jobs it rescued.
--- Calls: awa._check_limit, awa._retry_or_fail
+-- Calls: awa._check_limit, awa._job_bytes, awa._pass_bytes, awa._retry_or_fail
 -- Writes: awa.running
 create or replace function awa.rescue_expired(max_jobs integer default 10000)
 returns integer
@@ -677,11 +679,24 @@ begin
     for job in
         delete from awa.running as r
          where r.job_id in (
-             select x.job_id from awa.running as x
-              where x.lease_expires_at < now()
-              order by x.lease_expires_at
-              limit max_jobs
-                for update skip locked
+             -- The expired runs locked, then those whose payload before
+             -- them is under awa._pass_bytes() (sql/enqueue.sql).
+             select w.job_id
+               from (
+                   select y.job_id,
+                          sum(y.bytes) over (order by y.lease_expires_at, y.job_id)
+                          - y.bytes as bytes_before
+                     from (
+                         select x.job_id, x.lease_expires_at,
+                                awa._job_bytes(x.kind, x.args, x.worker) as bytes
+                           from awa.running as x
+                          where x.lease_expires_at < now()
+                          order by x.lease_expires_at, x.job_id
+                          limit max_jobs
+                            for update skip locked
+                     ) as y
+               ) as w
+              where w.bytes_before < awa._pass_bytes()
          )
         returning r.*
     loop

@@ -707,12 +707,50 @@ begin
 end;
 $$;
 
+-- Function: awa._pass_bytes() returns bigint
+-- The most bytes of job payload (awa._job_bytes) that one call of a
+-- maintenance pass that moves jobs (awa.promote_due, awa.rescue_expired)
+-- copies before its last job: it stops there and leaves the rest to its
+-- next call. Every move copies a job's args; here about 40 to 70 ms a
+-- megabyte. A pass that runs past its statement timeout (10 s in awa
+-- maintain) is rolled back and tries the same jobs again: without the
+-- bound, ten due jobs of 20 MB each made every promote time out, and no
+-- queue's due jobs moved. 16 MB: a call of small jobs still takes its
+-- max_jobs. Inlined.
+-- Calls: nothing
+-- Writes: nothing
+create or replace function awa._pass_bytes()
+returns bigint
+language sql
+immutable parallel safe
+as $$
+    select 16777216::pg_catalog.int8
+$$;
+
+-- Function: awa._job_bytes(kind text, args jsonb, other text) returns bigint
+-- The stored size (compressed, if it is) of a job's unbounded columns: its
+-- kind, its args and one more text (the last error, the worker). Reads no
+-- TOAST data. Inlined.
+-- Calls: nothing
+-- Writes: nothing
+create or replace function awa._job_bytes(kind text, args jsonb, other text)
+returns bigint
+language sql
+stable parallel safe
+as $$
+    select coalesce(pg_catalog.pg_column_size(kind), 0)::pg_catalog.int8
+           operator(pg_catalog.+) coalesce(pg_catalog.pg_column_size(args), 0)
+           operator(pg_catalog.+) coalesce(pg_catalog.pg_column_size(other), 0)
+$$;
+
 -- Function: awa.promote_due(max_jobs integer default 10000) returns integer
 -- Moves scheduled jobs whose run_at has passed into lanes, routed under the
--- queue's current S (a keyed job goes back to its key's shard). Role:
--- awa_maintenance. Returns how many jobs it moved. Concurrent callers skip
--- each other's rows.
--- Calls: awa._check_limit, awa._insert_jobs, awa._key_shard, awa._lock_lanes
+-- queue's current S (a keyed job goes back to its key's shard), oldest
+-- first, up to max_jobs and awa._pass_bytes() of payload (at least one
+-- job). Role: awa_maintenance. Returns how many jobs it moved. Concurrent
+-- callers skip each other's rows.
+-- Calls: awa._check_limit, awa._insert_jobs, awa._job_bytes, awa._key_shard, awa._lock_lanes,
+--   awa._pass_bytes
 -- Writes: awa.scheduled
 create or replace function awa.promote_due(max_jobs integer default 10000)
 returns integer
@@ -750,12 +788,24 @@ begin
            array_agg(d.max_run_time order by d.run_at, d.job_id) as max_run_times
       into due
       from (
-          select s.*
-            from awa.scheduled as s
-           where s.run_at <= now()
-           order by s.run_at, s.job_id
-           limit max_jobs
-             for update skip locked
+          -- The due jobs locked, then those whose payload before them is
+          -- under the bound (a window cannot run beside FOR UPDATE).
+          select w.*
+            from (
+                select s.*,
+                       sum(awa._job_bytes(s.kind, s.args, s.last_error))
+                           over (order by s.run_at, s.job_id)
+                       - awa._job_bytes(s.kind, s.args, s.last_error) as bytes_before
+                  from (
+                      select s.*
+                        from awa.scheduled as s
+                       where s.run_at <= now()
+                       order by s.run_at, s.job_id
+                       limit max_jobs
+                         for update skip locked
+                  ) as s
+            ) as w
+           where w.bytes_before < awa._pass_bytes()
       ) as d
       join awa.queue_meta as m on m.queue_id = d.queue_id;
     if due.job_ids is null then
@@ -791,3 +841,5 @@ select awa._grant_execute(
     'producer'
 );
 select awa._grant_execute('awa.promote_due(integer)', 'maintenance');
+select awa._grant_execute('awa._pass_bytes()');
+select awa._grant_execute('awa._job_bytes(text, jsonb, text)');
