@@ -4251,6 +4251,13 @@ begin
     if not awa._ready_compaction_due() then
         return 0;
     end if;
+    -- Enqueues and claims wait for the copies: a backlog whose payload
+    -- passes the bound would hold them up to the caller's statement
+    -- timeout, then roll back, to be tried again at the next call.
+    if (select coalesce(sum(awa._job_bytes(r.kind, r.args, r.last_error)), 0)
+          from awa.ready as r) > awa._pass_bytes() then
+        return 0;
+    end if;
     file := pg_relation_filenode('awa.ready');
     begin
         lock table awa.ready in access exclusive mode;

@@ -119,7 +119,8 @@ $$;
 
 -- Function: awa.compact_ready() returns integer
 -- When awa._ready_compaction_due says so (many dead rows, a backlog of at
--- most 100,000), rewrites awa.ready with its live rows only: under its
+-- most 100,000) and the backlog's payload (awa._job_bytes) is at most
+-- awa._pass_bytes(), rewrites awa.ready with its live rows only: under its
 -- ACCESS EXCLUSIVE lock, waited for at most 100 ms, it copies them to
 -- awa.ready_rewrite, truncates awa.ready, copies them back and empties
 -- awa.ready_rewrite, in one transaction. Every row keeps its lane,
@@ -137,7 +138,7 @@ $$;
 -- Errors: 25000 the calling transaction is not read committed: a snapshot
 -- older than the lock would not see the rows committed since, and the
 -- TRUNCATE would remove them.
--- Calls: awa._check_read_committed, awa._ready_compaction_due
+-- Calls: awa._check_read_committed, awa._job_bytes, awa._pass_bytes, awa._ready_compaction_due
 -- Writes: awa.ready, awa.ready_rewrite
 create or replace function awa.compact_ready()
 returns integer
@@ -155,6 +156,13 @@ declare
 begin
     perform awa._check_read_committed('awa.compact_ready()');
     if not awa._ready_compaction_due() then
+        return 0;
+    end if;
+    -- Enqueues and claims wait for the copies: a backlog whose payload
+    -- passes the bound would hold them up to the caller's statement
+    -- timeout, then roll back, to be tried again at the next call.
+    if (select coalesce(sum(awa._job_bytes(r.kind, r.args, r.last_error)), 0)
+          from awa.ready as r) > awa._pass_bytes() then
         return 0;
     end if;
     file := pg_relation_filenode('awa.ready');

@@ -112,6 +112,26 @@ def test_a_backlog_above_100000_is_left_alone(db, su, logins, horizon):
     assert filenode(su) == before
 
 
+def test_a_backlog_whose_payload_passes_the_bound_is_left_alone(db, su, logins, horizon):
+    """Enqueues and claims wait for the rewrite's copies: past awa._pass_bytes()
+    of payload they would wait until the call's statement timeout, every call."""
+    budget = su.execute("select awa._pass_bytes()").fetchone()[0]
+    with db.connect(logins.producer) as p:
+        for _ in range(2):  # random hex: stored as it is, uncompressed
+            p.execute("select awa.enqueue('rq1', 'big', (select jsonb_build_object('blob',"
+                      " string_agg(md5(random()::text), '')) from generate_series(1, %s)))",
+                      [budget * 55 // 100 // 32])
+    junk(su, 210_000)
+    assert su.execute("select awa._ready_compaction_due()").fetchone()[0] is True
+    before = filenode(su)
+    with db.connect(logins.maintenance) as m:
+        assert compact(m) == 0
+    assert filenode(su) == before
+    su.execute("select awa.cancel_jobs('rq1', 'big', 10)")
+    with db.connect(logins.maintenance) as m:
+        assert compact(m) == 1
+
+
 def test_a_callers_statistics_snapshot_does_not_make_a_large_backlog_look_small(
         db, su, logins, horizon):
     """A caller may keep a snapshot of the statistics for its transaction
