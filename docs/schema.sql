@@ -333,6 +333,7 @@ CREATE TABLE awa.leader_locks (
 CREATE TABLE awa.queue_limit (
     singleton boolean DEFAULT true NOT NULL,
     max_queues integer NOT NULL,
+    queues bigint NOT NULL,
     CONSTRAINT queue_limit_pkey PRIMARY KEY (singleton),
     CONSTRAINT queue_limit_range CHECK (((max_queues >= 1) AND (max_queues <= 1000000))),
     CONSTRAINT queue_limit_singleton CHECK (singleton)
@@ -1227,27 +1228,6 @@ begin
 end;
 $function$;
 
-CREATE OR REPLACE FUNCTION awa._check_queue_room()
- RETURNS void
- LANGUAGE plpgsql
- SET search_path TO 'pg_catalog', 'pg_temp'
-AS $function$
-declare
-    cap integer;
-    queues bigint;
-begin
-    select l.max_queues into cap from awa.queue_limit as l;
-    select count(*) into queues from awa.queue_meta;
-    if queues >= cap then
-        raise exception 'queue limit reached: % queues exist and at most % may', queues, cap
-            using errcode = '53400',
-                  hint = 'awa.set_max_queues(n) (awa_operator) raises the limit. Each queue '
-                         'costs seven sequences; a queue name made from input (an id, a '
-                         'tenant) creates a queue per value.';
-    end if;
-end;
-$function$;
-
 CREATE OR REPLACE FUNCTION awa._check_range(what text, value integer, max_value integer)
  RETURNS void
  LANGUAGE plpgsql
@@ -1555,7 +1535,7 @@ begin
     anchor := awa._ensure_queue(logical);
     perform awa._lock_leader('provisioning');
     if not exists (select from awa.queue_meta as m where m.queue = physical) then
-        perform awa._check_queue_room();
+        perform awa._take_queue_place();
     end if;
     insert into awa.queue_meta (
         queue, logical_queue, root_queue, enqueue_shards, paused, max_run_time, retry_base,
@@ -1605,7 +1585,7 @@ begin
     if found then
         return meta;
     end if;
-    perform awa._check_queue_room();
+    perform awa._take_queue_place();
     insert into awa.queue_meta (queue) values (_ensure_queue.queue)
     on conflict do nothing;
     select m.* into strict meta from awa.queue_meta as m where m.queue = _ensure_queue.queue;
@@ -3604,6 +3584,28 @@ begin
 end;
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._take_queue_place()
+ RETURNS void
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+declare
+    cap integer;
+    queues bigint;
+begin
+    update awa.queue_limit as l set queues = l.queues + 1
+     where l.queues < l.max_queues;
+    if not found then
+        select l.max_queues, l.queues into cap, queues from awa.queue_limit as l;
+        raise exception 'queue limit reached: % queues exist and at most % may', queues, cap
+            using errcode = '53400',
+                  hint = 'awa.set_max_queues(n) (awa_operator) raises the limit. Each queue '
+                         'costs seven sequences; a queue name made from input (an id, a '
+                         'tenant) creates a queue per value.';
+    end if;
+end;
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._take_unique_keys(unique_keys bytea[], job_ids bigint[], queue_ids integer[], priorities smallint[], unique_windows interval[])
  RETURNS TABLE(i integer, job_id bigint, queue_id integer, priority smallint)
  LANGUAGE plpgsql
@@ -3857,6 +3859,7 @@ CREATE OR REPLACE FUNCTION awa.cancel_jobs(queue text, kind text DEFAULT NULL::t
  SET enable_hashjoin TO 'off'
  SET enable_mergejoin TO 'off'
  SET enable_seqscan TO 'off'
+ SET enable_bitmapscan TO 'off'
 AS $function$
 declare
     ids integer[] := awa._queue_ids(queue);
@@ -4836,6 +4839,7 @@ CREATE OR REPLACE FUNCTION awa.jobs(queue text, state text DEFAULT NULL::text, k
  SET search_path TO 'pg_catalog', 'pg_temp'
  SET plan_cache_mode TO 'force_generic_plan'
  SET enable_seqscan TO 'off'
+ SET enable_bitmapscan TO 'off'
  SET enable_hashjoin TO 'off'
  SET enable_mergejoin TO 'off'
 AS $function$
@@ -5444,6 +5448,7 @@ CREATE OR REPLACE FUNCTION awa.retry_jobs(queue text, kind text DEFAULT NULL::te
  SET enable_hashjoin TO 'off'
  SET enable_mergejoin TO 'off'
  SET enable_seqscan TO 'off'
+ SET enable_bitmapscan TO 'off'
 AS $function$
 declare
     ids integer[] := awa._queue_ids(queue);
@@ -5614,6 +5619,8 @@ CREATE OR REPLACE FUNCTION awa.set_max_queues(max_queues integer)
  SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
+declare
+    counted bigint;
 begin
     if max_queues is null then
         raise exception 'max_queues must not be null'
@@ -5623,8 +5630,9 @@ begin
         raise exception 'max_queues must be between 1 and 1000000, got %', max_queues
             using errcode = '22023';
     end if;
-    update awa.queue_limit as l set max_queues = set_max_queues.max_queues;
-    return (select count(*) from awa.queue_meta);
+    update awa.queue_limit as l set max_queues = set_max_queues.max_queues
+    returning l.queues into strict counted;
+    return counted;
 end;
 $function$;
 
@@ -5983,7 +5991,7 @@ COMMENT ON TABLE awa.lanes IS 'One lane per (physical queue, priority, enqueue s
 
 COMMENT ON TABLE awa.leader_locks IS 'One row per leader lock: a caller that locks the row FOR UPDATE does that work alone until it commits (ADR 037). Only the owner can lock them: no runtime role may take or hold one.';
 
-COMMENT ON TABLE awa.queue_limit IS 'One row: max_queues, the most physical queues (partitions and stripes count) that may exist. Creating a queue past it is refused (53400). Set by awa.set_max_queues.';
+COMMENT ON TABLE awa.queue_limit IS 'One row: max_queues, the most physical queues (partitions and stripes count) that may exist, and queues, how many do. Creating a queue past it is refused (53400). Set by awa.set_max_queues.';
 
 COMMENT ON TABLE awa.queue_meta IS 'Per physical queue settings. Change them through awa functions, never by hand.';
 

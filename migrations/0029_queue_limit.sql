@@ -6,19 +6,24 @@
 -- its input (an id, a tenant, a typo in a loop) created them without end.
 -- Past awa.queue_limit.max_queues physical queues (partitions and stripes
 -- count), creating one more is refused with 53400; an operator raises the
--- cap with awa.set_max_queues. One row. An installation that already has
+-- cap with awa.set_max_queues. One row, which also counts the queues: each
+-- creation adds one to it, an UPDATE, so that a creation in a repeatable
+-- read transaction whose snapshot misses another's fails to serialize
+-- (40001) rather than count too few. An installation that already has
 -- more queues than the default keeps room for what it has.
 
 create table awa.queue_limit (
     singleton boolean primary key default true,
     max_queues integer not null,
+    queues bigint not null,
     constraint queue_limit_singleton check (singleton),
     constraint queue_limit_range check (max_queues between 1 and 1000000)
 );
 
-insert into awa.queue_limit (max_queues)
-select greatest(10000, pg_catalog.count(*)) from awa.queue_meta;
+insert into awa.queue_limit (max_queues, queues)
+select greatest(10000, pg_catalog.count(*)) as max_queues, pg_catalog.count(*) as queues
+  from awa.queue_meta;
 
 comment on table awa.queue_limit is
-'One row: max_queues, the most physical queues (partitions and stripes count) that may exist. '
-'Creating a queue past it is refused (53400). Set by awa.set_max_queues.';
+'One row: max_queues, the most physical queues (partitions and stripes count) that may exist, '
+'and queues, how many do. Creating a queue past it is refused (53400). Set by awa.set_max_queues.';

@@ -297,6 +297,8 @@ set plan_cache_mode = force_generic_plan
 -- Every state is read by a key, never by a scan, and every join is a probe
 -- per row (a hash join would read a queue's every awa.ready_late row).
 set enable_seqscan = off
+-- Nor a bitmap scan: it takes every match of the key before the LIMIT.
+set enable_bitmapscan = off
 set enable_hashjoin = off
 set enable_mergejoin = off
 as $$
@@ -711,6 +713,8 @@ set search_path = pg_catalog, pg_temp
 set enable_hashjoin = off
 set enable_mergejoin = off
 set enable_seqscan = off
+-- Nor a bitmap scan: it takes every match of the key before the LIMIT.
+set enable_bitmapscan = off
 as $$
 declare
     ids integer[] := awa._queue_ids(queue);
@@ -933,6 +937,8 @@ set search_path = pg_catalog, pg_temp
 set enable_hashjoin = off
 set enable_mergejoin = off
 set enable_seqscan = off
+-- Nor a bitmap scan: it takes every match of the key before the LIMIT.
+set enable_bitmapscan = off
 as $$
 declare
     ids integer[] := awa._queue_ids(queue);

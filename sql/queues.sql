@@ -452,15 +452,17 @@ begin
 end;
 $$;
 
--- Function: awa._check_queue_room() returns void
--- Raises 53400 when the physical queues already number
--- awa.queue_limit.max_queues: every creation of a queue row calls it, under
--- the provisioning lock, so the count is exact and two creations cannot
--- both take the last place. Counts the queues (their number, not their
--- jobs), only when one is to be created.
+-- Function: awa._take_queue_place() returns void
+-- Counts one more physical queue in awa.queue_limit, or raises 53400 when
+-- they already number max_queues: every creation of a queue row calls it,
+-- in the transaction that inserts the row, so a rollback gives the place
+-- back. An UPDATE of the one row: two creations cannot both take the last
+-- place, and one in a repeatable read transaction that began before
+-- another's commit fails to serialize (40001) instead of counting from its
+-- snapshot.
 -- Calls: nothing
--- Writes: nothing
-create or replace function awa._check_queue_room()
+-- Writes: awa.queue_limit
+create or replace function awa._take_queue_place()
 returns void
 language plpgsql
 set search_path = pg_catalog, pg_temp
@@ -469,9 +471,10 @@ declare
     cap integer;
     queues bigint;
 begin
-    select l.max_queues into cap from awa.queue_limit as l;
-    select count(*) into queues from awa.queue_meta;
-    if queues >= cap then
+    update awa.queue_limit as l set queues = l.queues + 1
+     where l.queues < l.max_queues;
+    if not found then
+        select l.max_queues, l.queues into cap, queues from awa.queue_limit as l;
         raise exception 'queue limit reached: % queues exist and at most % may', queues, cap
             using errcode = '53400',
                   hint = 'awa.set_max_queues(n) (awa_operator) raises the limit. Each queue '
@@ -494,6 +497,8 @@ language plpgsql
 security definer
 set search_path = pg_catalog, pg_temp
 as $$
+declare
+    counted bigint;
 begin
     if max_queues is null then
         raise exception 'max_queues must not be null'
@@ -503,8 +508,9 @@ begin
         raise exception 'max_queues must be between 1 and 1000000, got %', max_queues
             using errcode = '22023';
     end if;
-    update awa.queue_limit as l set max_queues = set_max_queues.max_queues;
-    return (select count(*) from awa.queue_meta);
+    update awa.queue_limit as l set max_queues = set_max_queues.max_queues
+    returning l.queues into strict counted;
+    return counted;
 end;
 $$;
 
@@ -512,8 +518,8 @@ $$;
 -- The queue's settings row; a queue seen for the first time is created with
 -- S = 1 and its four lanes, under the provisioning lock so that concurrent
 -- first enqueues cannot race, unless the queues already number the limit
--- (awa._check_queue_room: 53400).
--- Calls: awa._check_queue_name, awa._check_queue_room, awa._lock_leader, awa._provision_lanes
+-- (awa._take_queue_place: 53400).
+-- Calls: awa._check_queue_name, awa._lock_leader, awa._provision_lanes, awa._take_queue_place
 -- Writes: awa.queue_meta
 create or replace function awa._ensure_queue(queue text)
 returns awa.queue_meta
@@ -534,7 +540,7 @@ begin
     if found then
         return meta;
     end if;
-    perform awa._check_queue_room();
+    perform awa._take_queue_place();
     insert into awa.queue_meta (queue) values (_ensure_queue.queue)
     on conflict do nothing;
     select m.* into strict meta from awa.queue_meta as m where m.queue = _ensure_queue.queue;
@@ -550,8 +556,8 @@ $$;
 -- created with the logical queue's S, pause state, max run time, retry
 -- policy, retention and lanes when missing; an existing ordinary queue of that name
 -- joins it.
--- Calls: awa._check_queue_room, awa._count_linked, awa._ensure_queue, awa._lock_leader,
---   awa._provision_lanes
+-- Calls: awa._count_linked, awa._ensure_queue, awa._lock_leader, awa._provision_lanes,
+--   awa._take_queue_place
 -- Writes: awa.queue_meta
 create or replace function awa._ensure_linked(physical text, logical text, is_stripe boolean)
 returns awa.queue_meta
@@ -569,7 +575,7 @@ begin
     anchor := awa._ensure_queue(logical);
     perform awa._lock_leader('provisioning');
     if not exists (select from awa.queue_meta as m where m.queue = physical) then
-        perform awa._check_queue_room();
+        perform awa._take_queue_place();
     end if;
     insert into awa.queue_meta (
         queue, logical_queue, root_queue, enqueue_shards, paused, max_run_time, retry_base,
@@ -811,6 +817,6 @@ update awa.running as r
    set completed_seq = m.completed_seq
   from awa.queue_meta as m
  where m.queue_id = r.queue_id and r.completed_seq is null;
-select awa._grant_execute('awa._check_queue_room()');
+select awa._grant_execute('awa._take_queue_place()');
 select awa._grant_execute('awa.set_max_queues(integer)', 'operator');
 select awa._grant_select('awa.queue_limit', 'reader', 'operator');

@@ -89,3 +89,21 @@ def test_rescue_moves_up_to_the_bound_then_the_rest(db, logins, budget):
     with db.connect() as su:
         assert su.execute("select count(*) from awa.scheduled where job_id = any(%s)",
                           [held]).fetchone()[0] == 3
+
+
+def test_awa_maintain_runs_promote_again_at_once_after_it_stopped_at_the_bound(db, logins,
+                                                                               budget):
+    """A call that stopped at the bound moved fewer than its batch: awa
+    maintain would have left the rest to the next cadence (here 60 minutes)."""
+    from tests.support.maintain import MaintainProcess
+
+    with db.connect(logins.producer) as p:
+        big = blob_args(p, budget * 55 // 100)
+        ids = [schedule(p, "again", big, datetime.now(UTC) + timedelta(hours=1))
+               for _ in range(3)]
+    due_now(db)
+    with MaintainProcess(db.dsn(logins.maintenance), "--promote-every", "60m") as m:
+        m.wait(lambda: m.handled("promote") == 3, "all three promoted", timeout=60)
+        assert m.passes("promote", "ran") == 3  # 2, 1, then none left
+    with db.connect(logins.worker) as w:
+        assert [c[0] for c in claim(w, ["again"])] == ids

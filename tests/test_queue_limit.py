@@ -166,3 +166,40 @@ def test_a_scrape_shows_the_queues_and_the_limit(db, logins):
         values = {f.name: f.samples[0].value for f in scrape(r)
                   if f.name in ("awa_queues", "awa_queues_max")}
     assert values == {"awa_queues": queues(db), "awa_queues_max": queues(db) + 7}
+
+
+def test_a_repeatable_read_creation_with_a_stale_snapshot_cannot_pass_the_limit(db, logins):
+    """A count from the caller's snapshot saw room that later creations had
+    taken: each such transaction created queues past the limit."""
+    with db.connect(logins.producer) as p:
+        enqueue(p, "known")
+    room_for(db, logins, 2)
+    cap = queues(db) + 2
+    with db.connect(logins.producer, autocommit=False) as old:
+        old.execute("begin isolation level repeatable read")
+        enqueue(old, "known")  # the snapshot, taken before the others' creations
+        with db.connect(logins.producer) as p:
+            enqueue(p, "fill-1")
+            enqueue(p, "fill-2")
+        with pytest.raises((psycopg.errors.SerializationFailure, LIMIT_REACHED)):
+            enqueue(old, "late-1")
+        old.rollback()
+    assert queues(db) == cap
+
+
+def test_the_count_follows_creations_and_a_rollback_gives_the_place_back(db, logins):
+    def counted() -> int:
+        with db.connect(logins.reader) as r:
+            return r.execute("select queues from awa.queue_limit").fetchone()[0]
+
+    assert counted() == queues(db)
+    with db.connect(logins.producer, autocommit=False) as p:
+        enqueue(p, "rolled-back")
+        p.rollback()
+    with db.connect(logins.operator) as op:
+        op.execute("select * from awa.set_queue_partitions('parted', 3)")
+    assert counted() == queues(db)
+    room_for(db, logins, 0)
+    with db.connect(logins.producer) as p, pytest.raises(LIMIT_REACHED):
+        enqueue(p, "refused")
+    assert counted() == queues(db)

@@ -48,6 +48,9 @@ class Task:
     every: float  # default cadence, seconds
     call: Callable[[psycopg.Connection], tuple[int, str]]  # -> (how many, what it did)
     batch: int | None = None  # a pass that handled this many runs again at once
+    # A pass that handled any runs again at once: its call may stop short of
+    # the batch at a bound of its own (promote and rescue: awa._pass_bytes).
+    again_while_any: bool = False
 
     @property
     def flag(self) -> str:
@@ -72,11 +75,11 @@ def _autoscale(conn: psycopg.Connection) -> tuple[int, str]:
 TASKS: tuple[Task, ...] = (
     Task("promote", "awa.promote_due(integer)", 1.0,
          _scalar("select awa.promote_due(%s)", (BATCH,), "moved {n} due job(s) into their lanes"),
-         batch=BATCH),
+         batch=BATCH, again_while_any=True),
     Task("rescue", "awa.rescue_expired(integer)", 5.0,
          _scalar("select awa.rescue_expired(%s)", (BATCH,),
                  "sent {n} job(s) whose lease expired back to retry (or failed them)"),
-         batch=BATCH),
+         batch=BATCH, again_while_any=True),
     Task("move_staged", "awa.move_staged(integer)", 5.0,
          _scalar("select awa.move_staged()", (), "enqueued {n} staged COPY row(s)")),
     Task("autoscale", "awa.autoscale_tick()", 5.0, _autoscale),
@@ -321,5 +324,5 @@ class Maintainer:
             log.info("%s: working again", task.name)
         if count:
             log.info("%s: %s", task.name, did)
-        if task.batch is not None and count >= task.batch:
+        if (task.batch is not None and count >= task.batch) or (task.again_while_any and count):
             self._due[task.name] = started
