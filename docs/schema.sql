@@ -4783,7 +4783,7 @@ begin
     if not found then
         return false;
     end if;
-    perform awa._retry_or_fail(job, error, retry_at);
+    perform awa._retry_or_fail(job, left(error, 65536), retry_at);
     return true;
 end;
 $function$;

@@ -598,6 +598,8 @@ $$;
 -- Function: awa.fail(job_id bigint, run_lease bigint, error text, retry_at timestamptz)
 -- Records a failed attempt: retried later (see awa._retry_or_fail) or failed
 -- for good after max_attempts. False, changing nothing, for a stale lease.
+-- The error is kept to its first 65,536 characters: it moves with the job
+-- through the maintenance passes, which copy it (awa._pass_bytes).
 -- Role: awa_worker.
 -- Calls: awa._retry_or_fail
 -- Writes: awa.running
@@ -619,7 +621,7 @@ begin
     if not found then
         return false;
     end if;
-    perform awa._retry_or_fail(job, error, retry_at);
+    perform awa._retry_or_fail(job, left(error, 65536), retry_at);
     return true;
 end;
 $$;

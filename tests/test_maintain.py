@@ -116,7 +116,10 @@ def test_two_processes_at_once_move_each_job_once_and_skip_while_the_lock_is_tak
         b.wait_for_pass("promote")
         with db.connect(autocommit=False) as holder:
             # The promote pass's lock, held elsewhere: both processes skip, nothing moves.
-            assert holder.execute("select awa.try_pass_lock('promote')").fetchone()[0]
+            # Taken between their passes (each holds it for its own).
+            wait_until(lambda: holder.execute(
+                "select awa.try_pass_lock('promote')").fetchone()[0],
+                what="the promote pass lock between two passes")
             schedule(admin, "pair", jobs=200, ahead="100 milliseconds")
             wait_until(lambda: admin.execute(
                 "select count(*) from awa.scheduled where run_at <= now()").fetchone()[0] == 200,

@@ -107,3 +107,16 @@ def test_awa_maintain_runs_promote_again_at_once_after_it_stopped_at_the_bound(d
         assert m.passes("promote", "ran") == 3  # 2, 1, then none left
     with db.connect(logins.worker) as w:
         assert [c[0] for c in claim(w, ["again"])] == ids
+
+
+def test_a_failed_attempt_keeps_the_first_65536_characters_of_its_error(db, logins):
+    with db.connect(logins.producer) as p:
+        p.execute("select awa.enqueue('err', 'k')")
+    with db.connect(logins.worker) as w:
+        ((job, lease, *_),) = claim(w, ["err"], 1)
+        assert w.execute("select awa.fail(%s, %s, repeat('é', 70000))",
+                         [job, lease]).fetchone()[0]
+    with db.connect() as su:
+        kept = su.execute("select length(last_error), last_error = repeat('é', 65536)"
+                          " from awa.scheduled where job_id = %s", [job]).fetchone()
+    assert kept == (65536, True)
