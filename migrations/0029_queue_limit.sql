@@ -10,7 +10,8 @@
 -- creation adds one to it, an UPDATE, so that a creation in a repeatable
 -- read transaction whose snapshot misses another's fails to serialize
 -- (40001) rather than count too few. An installation that already has
--- more queues than the default keeps room for what it has.
+-- more than 5,000 queues gets twice what it has (at most 1,000,000), so
+-- that the upgrade refuses no queue it would have made the day before.
 
 create table awa.queue_limit (
     singleton boolean primary key default true,
@@ -21,7 +22,8 @@ create table awa.queue_limit (
 );
 
 insert into awa.queue_limit (max_queues, queues)
-select greatest(10000, pg_catalog.count(*)) as max_queues, pg_catalog.count(*) as queues
+select least(greatest(10000, 2 * pg_catalog.count(*)), 1000000) as max_queues,
+       pg_catalog.count(*) as queues
   from awa.queue_meta;
 
 comment on table awa.queue_limit is

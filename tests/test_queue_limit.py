@@ -203,3 +203,21 @@ def test_the_count_follows_creations_and_a_rollback_gives_the_place_back(db, log
     with db.connect(logins.producer) as p, pytest.raises(LIMIT_REACHED):
         enqueue(p, "refused")
     assert counted() == queues(db)
+
+
+@pytest.mark.parametrize(("existing", "cap"), [(0, 10_000), (6_000, 12_000),
+                                               (600_000, 1_000_000)])
+def test_the_upgrade_gives_an_install_with_many_queues_twice_what_it_has(db, existing, cap):
+    """Migration 0029 on an install that already has queues: a day after the
+    upgrade, its producers may still make new ones."""
+    from awa_sql.source import load_migrations
+
+    (migration,) = [m for m in load_migrations() if m.version == 29]
+    with db.connect() as conn, conn.transaction(force_rollback=True):
+        conn.execute("drop table awa.queue_limit")
+        conn.execute("insert into awa.queue_meta (queue) select 'up-' || g"
+                     " from generate_series(1, %s) g", [existing])
+        conn.execute(migration.text)
+        n = conn.execute("select count(*) from awa.queue_meta").fetchone()[0]
+        assert conn.execute("select max_queues, queues from awa.queue_limit").fetchone() == (
+            cap, n)
