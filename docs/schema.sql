@@ -5083,12 +5083,10 @@ begin
           -- under the bound (a window cannot run beside FOR UPDATE).
           select w.*
             from (
-                select s.*,
-                       sum(awa._job_bytes(s.kind, s.args, s.last_error))
-                           over (order by s.run_at, s.job_id)
-                       - awa._job_bytes(s.kind, s.args, s.last_error) as bytes_before
+                select s.*, sum(s.bytes) over (order by s.run_at, s.job_id) - s.bytes
+                       as bytes_before
                   from (
-                      select s.*
+                      select s.*, awa._job_bytes(s.kind, s.args, s.last_error) as bytes
                         from awa.scheduled as s
                        where s.run_at <= now()
                        order by s.run_at, s.job_id
@@ -5622,14 +5620,7 @@ AS $function$
 declare
     counted bigint;
 begin
-    if max_queues is null then
-        raise exception 'max_queues must not be null'
-            using errcode = '22004';
-    end if;
-    if max_queues < 1 or max_queues > 1000000 then
-        raise exception 'max_queues must be between 1 and 1000000, got %', max_queues
-            using errcode = '22023';
-    end if;
+    perform awa._check_range('max_queues', max_queues, 1000000);
     update awa.queue_limit as l set max_queues = set_max_queues.max_queues
     returning l.queues into strict counted;
     return counted;

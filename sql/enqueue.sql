@@ -792,12 +792,10 @@ begin
           -- under the bound (a window cannot run beside FOR UPDATE).
           select w.*
             from (
-                select s.*,
-                       sum(awa._job_bytes(s.kind, s.args, s.last_error))
-                           over (order by s.run_at, s.job_id)
-                       - awa._job_bytes(s.kind, s.args, s.last_error) as bytes_before
+                select s.*, sum(s.bytes) over (order by s.run_at, s.job_id) - s.bytes
+                       as bytes_before
                   from (
-                      select s.*
+                      select s.*, awa._job_bytes(s.kind, s.args, s.last_error) as bytes
                         from awa.scheduled as s
                        where s.run_at <= now()
                        order by s.run_at, s.job_id

@@ -489,7 +489,7 @@ $$;
 -- returns how many exist now. A limit below that count removes nothing:
 -- only new queues are refused. Role: awa_operator.
 -- Errors: 22004 null; 22023 outside 1 .. 1000000.
--- Calls: nothing
+-- Calls: awa._check_range
 -- Writes: awa.queue_limit
 create or replace function awa.set_max_queues(max_queues integer)
 returns integer
@@ -500,14 +500,7 @@ as $$
 declare
     counted bigint;
 begin
-    if max_queues is null then
-        raise exception 'max_queues must not be null'
-            using errcode = '22004';
-    end if;
-    if max_queues < 1 or max_queues > 1000000 then
-        raise exception 'max_queues must be between 1 and 1000000, got %', max_queues
-            using errcode = '22023';
-    end if;
+    perform awa._check_range('max_queues', max_queues, 1000000);
     update awa.queue_limit as l set max_queues = set_max_queues.max_queues
     returning l.queues into strict counted;
     return counted;

@@ -16,36 +16,22 @@ history, not every row the queue has in that state.
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 
 from tests.support.dead_rows import junk
-from tests.support.jobs import claim, enqueue, waits_for_a_lock
+from tests.support.jobs import behind, claim, enqueue
 from tests.support.reads import rows_read
-from tests.support.waiting import wait_until
 
 BLOCK = 65_536  # run leases per slot of awa.running (awa._running_block_leases)
 
 
-def behind(db, holder, login, query, args=()):
-    """Runs `query` as `login` while `holder`'s open transaction holds a lock the
-    query waits for; commits `holder` once the query waits, and returns its row."""
-    out: dict = {}
-
-    def run():
-        with db.connect(login) as c:
-            out["pid"] = c.info.backend_pid
-            out["row"] = c.execute(query, args).fetchone()
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    with db.connect() as watch:
-        wait_until(lambda: "pid" in out and waits_for_a_lock(watch, out["pid"]))
-    holder.commit()
-    t.join(timeout=30)
-    assert not t.is_alive()
-    return out["row"]
+def read_behind(db, holder, login, query, args=()):
+    """The row `query` returns as `login`, run while `holder` holds a lock it
+    waits for (committed once it waits)."""
+    with db.connect(login) as c:
+        call = behind(db, holder, c, lambda conn: conn.execute(query, args).fetchone())
+    assert call.error is None, call.error
+    return call.result
 
 
 def running_in_a_slot_due_to_rotate(db, logins):
@@ -63,7 +49,7 @@ def test_a_running_job_cancelled_while_its_slot_rotates_is_cancelled(db, logins)
     job_id, lease = running_in_a_slot_due_to_rotate(db, logins)
     with db.connect(logins.maintenance, autocommit=False) as m:
         assert m.execute("select awa.rotate_running()").fetchone()[0] == 1
-        (cancelled,) = behind(db, m, logins.operator, "select awa.cancel_job(%s)", [job_id])
+        (cancelled,) = read_behind(db, m, logins.operator, "select awa.cancel_job(%s)", [job_id])
     with db.connect(logins.worker) as w:
         completed = w.execute("select awa.complete(%s, %s)", [job_id, lease]).fetchone()[0]
     assert (cancelled, completed) == (True, False)
@@ -78,7 +64,7 @@ def test_a_running_job_read_while_its_slot_rotates_is_found(db, logins, query, e
     job_id, _ = running_in_a_slot_due_to_rotate(db, logins)
     with db.connect(logins.maintenance, autocommit=False) as m:
         assert m.execute("select awa.rotate_running()").fetchone()[0] == 1
-        assert behind(db, m, logins.reader, query, [job_id]) == expected
+        assert read_behind(db, m, logins.reader, query, [job_id]) == expected
 
 
 def test_a_ready_job_cancelled_while_ready_is_rewritten_is_never_claimed(db, logins):
@@ -90,7 +76,8 @@ def test_a_ready_job_cancelled_while_ready_is_rewritten_is_never_claimed(db, log
         junk(su, 210_000)
         with db.connect(logins.maintenance, autocommit=False) as m:
             assert m.execute("select awa.compact_ready()").fetchone()[0] == 1
-            (cancelled,) = behind(db, m, logins.operator, "select awa.cancel_job(%s)", [job_id])
+            (cancelled,) = read_behind(db, m, logins.operator, "select awa.cancel_job(%s)",
+                                       [job_id])
         horizon.rollback()
     with db.connect(logins.worker) as w:
         claimed = [c[0] for c in claim(w, ["cq"])]
@@ -114,7 +101,7 @@ def test_a_failed_job_carried_by_a_prune_is_found(db, logins, query, expected):
                    " slot = awa._finished_slot('failed', now() - interval '186 hours')")
     with db.connect(logins.maintenance, autocommit=False) as m:
         assert m.execute("select awa.prune_finished()").fetchone()[0] == 0
-        assert behind(db, m, logins.operator, query, [job_id]) == expected
+        assert read_behind(db, m, logins.operator, query, [job_id]) == expected
 
 
 @pytest.mark.parametrize("state", ["completed", "failed"])

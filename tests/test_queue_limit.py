@@ -9,13 +9,10 @@ operator's, with 22004/22023 for bad values.
 
 from __future__ import annotations
 
-import threading
-
 import psycopg
 import pytest
 
-from tests.support.jobs import enqueue, waits_for_a_lock
-from tests.support.waiting import wait_until
+from tests.support.jobs import behind, enqueue
 
 LIMIT_REACHED = psycopg.errors.ConfigurationLimitExceeded
 
@@ -84,28 +81,10 @@ def test_partitions_count_and_a_refused_call_leaves_none_behind(db, logins):
 
 
 def _create_behind(db, login, holder, queue):
-    """Enqueues to `queue` as `login` in a thread while `holder`'s open
-    transaction holds the provisioning lock; commits `holder` once the thread
-    waits. Returns the thread's error, or None."""
-    out: dict = {}
-
-    def run():
-        with db.connect(login) as c:
-            out["pid"] = c.info.backend_pid
-            try:
-                enqueue(c, queue)
-                out["error"] = None
-            except psycopg.Error as error:
-                out["error"] = error
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    with db.connect() as watch:
-        wait_until(lambda: "pid" in out and waits_for_a_lock(watch, out["pid"]))
-    holder.commit()
-    t.join(timeout=30)
-    assert not t.is_alive()
-    return out["error"]
+    """The error of an enqueue to `queue` as `login` run while `holder` holds
+    the provisioning lock (committed once it waits), or None."""
+    with db.connect(login) as c:
+        return behind(db, holder, c, lambda conn: enqueue(conn, queue)).error
 
 
 def test_two_creations_at_the_last_place_one_wins(db, logins):

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from tests.support.jobs import claim, claim_all, enqueue, waits_for_a_lock
+from tests.support.jobs import Call, claim, claim_all, enqueue, waits_for_a_lock
 from tests.support.waiting import wait_until
 
 ENQUEUED = ["job_id", "queue", "priority", "enqueue_shard", "lane_seq", "duplicate"]
@@ -538,24 +538,6 @@ def _fast_deadlock_detection(db) -> None:
             sql.Identifier(db.name)))
 
 
-class _Call(threading.Thread):
-    """Runs ``work(conn)`` then commits, in a thread; keeps the error."""
-
-    def __init__(self, conn, work):
-        super().__init__(daemon=True)
-        self.conn, self.work = conn, work
-        self.pid = conn.execute("select pg_backend_pid()").fetchone()[0]
-        self.error: psycopg.Error | None = None
-
-    def run(self) -> None:
-        try:
-            self.work(self.conn)
-            self.conn.commit()
-        except psycopg.Error as err:
-            self.error = err
-            self.conn.rollback()
-
-
 def test_a_batch_with_a_duplicate_does_not_deadlock_the_worker_completing_its_holder(
         db, logins):
     """A worker that enqueues a follow-up and completes its job in one
@@ -571,7 +553,7 @@ def test_a_batch_with_a_duplicate_does_not_deadlock_the_worker_completing_its_ho
         (job, lease, *_), = claim(w, ["wq"], 1)
         w.commit()
         enqueue(w, "wq", "follow-up")
-        producer = _Call(db.connect(logins.producer, autocommit=False), lambda c: c.execute(
+        producer = Call(db.connect(logins.producer, autocommit=False), lambda c: c.execute(
             "select * from awa.enqueue_batch(array['wq', 'wq'], array['a', 'b'],"
             " unique_keys => array['U', null]::bytea[])").fetchall())
         producer.start()
@@ -595,7 +577,7 @@ def test_a_queues_first_keyed_enqueue_does_not_deadlock_another_keys_producer(db
         enqueue(p, "uq", "seed")
     with db.connect() as admin, db.connect(logins.producer, autocommit=False) as t2:
         enqueue(t2, "uq", "plain")
-        t1 = _Call(db.connect(logins.producer, autocommit=False),
+        t1 = Call(db.connect(logins.producer, autocommit=False),
                    lambda c: enqueue(c, "uq", "b", unique_key=b"u1"))
         t1.start()
         wait_until(lambda: waits_for_a_lock(admin, t1.pid), what="T1 to wait for the lane")
@@ -625,7 +607,7 @@ def test_a_key_given_back_while_a_batch_reads_it_is_taken_again(db, logins):
         admin.execute("update awa.unique_keys set held_until = now() - interval '1 second'"
                       " where unique_key = 'K2'")
         locker.execute("select from awa.unique_keys where unique_key = 'K2' for update")
-        producer = _Call(db.connect(logins.producer, autocommit=False), lambda c: c.execute(
+        producer = Call(db.connect(logins.producer, autocommit=False), lambda c: c.execute(
             "select * from awa.enqueue_batch(array['gone', 'gone'], array['a', 'b'],"
             " unique_keys => array['K1', 'K2']::bytea[])").fetchall())
         producer.start()

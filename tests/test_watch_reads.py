@@ -28,6 +28,12 @@ def _decisions(conn: psycopg.Connection, queue: str, rows: int, ago: str) -> Non
         {"q": queue, "n": rows, "ago": ago})
 
 
+def _shadow_queue(conn: psycopg.Connection) -> None:
+    """The queue 'watched', at S = 1, its auto-scaler in shadow mode up to 8."""
+    conn.execute("select awa.set_enqueue_shards('watched', 1)")
+    conn.execute("select awa.set_shard_mode('watched', 'shadow', 8)")
+
+
 def test_lane_contention_reads_the_last_minute_not_the_hour(db):
     with db.connect() as admin:
         admin.execute("select awa.set_enqueue_shards('sampled', 2)")
@@ -53,8 +59,7 @@ def test_lane_contention_reads_the_last_minute_not_the_hour(db):
 
 def test_a_tick_finds_a_shadow_queues_last_step_without_reading_its_log(db, logins):
     with db.connect() as admin:
-        admin.execute("select awa.set_enqueue_shards('watched', 1)")
-        admin.execute("select awa.set_shard_mode('watched', 'shadow', 8)")
+        _shadow_queue(admin)
         _decisions(admin, "watched", OLD_ROWS, "1 minute")
         admin.execute("analyze awa.autoscale_decisions")
     with db.connect(logins.maintenance) as m:
@@ -66,8 +71,7 @@ def test_a_tick_finds_a_shadow_queues_last_step_without_reading_its_log(db, logi
 
 def test_the_scrape_counts_decisions_without_reading_the_log(db, logins):
     with db.connect() as admin:
-        admin.execute("select awa.set_enqueue_shards('watched', 1)")
-        admin.execute("select awa.set_shard_mode('watched', 'shadow', 8)")
+        _shadow_queue(admin)
         _decisions(admin, "watched", OLD_ROWS, "10 minutes")
         admin.execute("analyze awa.autoscale_decisions")
     with db.connect(logins.maintenance) as m:
@@ -87,8 +91,7 @@ def test_the_scrape_counts_decisions_without_reading_the_log(db, logins):
 
 def test_the_decision_counter_keeps_what_the_log_prunes(db, logins):
     with db.connect() as admin:
-        admin.execute("select awa.set_enqueue_shards('watched', 1)")
-        admin.execute("select awa.set_shard_mode('watched', 'shadow', 8)")
+        _shadow_queue(admin)
     with db.connect(logins.maintenance) as m:
         for _ in range(3):
             m.execute("select * from awa.autoscale_tick()")

@@ -152,6 +152,16 @@ def how_to_allow(command: str, variable: str) -> str:
     return f"to allow it, start {command} with --allowed-host {{host}} or add it to {variable}"
 
 
+def for_server(command: str, variable: str, bound: str, given: Sequence[str] | None,
+               prefix: str = "awa: warning: ") -> tuple[HostCheck, str | None]:
+    """The Host check of ``command``'s server bound to ``bound``: the names
+    ``given`` (its ``--allowed-host`` values), else those of ``variable``;
+    and the warning line it prints at start, or None (``wildcard_warning``)."""
+    allowed = list(given) if given else allowed_from_env(variable)
+    return (host_check(bound, allowed, how=how_to_allow(command, variable)),
+            wildcard_warning(bound, allowed, variable, prefix))
+
+
 def wildcard_warning(bound: str, allowed: Sequence[str], variable: str,
                      prefix: str = "awa: warning: ") -> str | None:
     """The one line a server bound to every address with no allowed host

@@ -3,11 +3,14 @@ COPY ingestion, and the lane locks producers wait on."""
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import psycopg
 
 from awa_sql import routing
+from tests.support.waiting import wait_until
 
 LANE_CLASS = 1635213644  # the advisory-lock class of a lane ('awaL' as an int4)
 COPY_COLUMNS = "queue, priority, ordering_key, kind, args, run_at, max_attempts"
@@ -90,6 +93,39 @@ def waits_for_a_lock(conn: psycopg.Connection, pid: int) -> bool:
     return conn.execute(
         "select exists (select from pg_locks where pid = %s and not granted)", [pid]
     ).fetchone()[0]
+
+
+class Call(threading.Thread):
+    """Runs ``work(conn)`` then commits, in a thread; keeps its result or error."""
+
+    def __init__(self, conn: psycopg.Connection, work: Callable[[psycopg.Connection], object]):
+        super().__init__(daemon=True)
+        self.conn, self.work = conn, work
+        self.pid = conn.execute("select pg_backend_pid()").fetchone()[0]
+        self.result: object = None
+        self.error: psycopg.Error | None = None
+
+    def run(self) -> None:
+        try:
+            self.result = self.work(self.conn)
+            self.conn.commit()
+        except psycopg.Error as err:
+            self.error = err
+            self.conn.rollback()
+
+
+def behind(db, holder: psycopg.Connection, conn: psycopg.Connection,
+           work: Callable[[psycopg.Connection], object]) -> Call:
+    """Runs ``work(conn)`` in a Call while ``holder``'s open transaction holds
+    a lock it waits for; commits ``holder`` once it waits; the ended Call."""
+    call = Call(conn, work)
+    call.start()
+    with db.connect() as watch:
+        wait_until(lambda: waits_for_a_lock(watch, call.pid), what="the call to wait")
+    holder.commit()
+    call.join(timeout=30)
+    assert not call.is_alive()
+    return call
 
 
 def seed_hints(conn: psycopg.Connection, mode: str) -> None:

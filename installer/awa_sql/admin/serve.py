@@ -10,14 +10,7 @@ from fastapi import FastAPI
 
 from awa_sql.admin.app import Settings, create_app
 from awa_sql.connect import resolve_dsn
-from awa_sql.hosts import (
-    HostCheck,
-    allowed_from_env,
-    host_check,
-    how_to_allow,
-    url,
-    wildcard_warning,
-)
+from awa_sql.hosts import HostCheck, for_server, url
 from awa_sql.listen import listen
 
 ALLOWED_HOSTS_ENV = "AWA_ADMIN_ALLOWED_HOSTS"
@@ -29,11 +22,6 @@ def settings_from(dsn: str | None, writable: bool, hosts: HostCheck | None = Non
         raise ValueError("--writable needs a token: set AWA_ADMIN_TOKEN to a long random "
                          "string and send it as 'Authorization: Bearer <token>'")
     return Settings(dsn=resolve_dsn(dsn), writable=writable, token=token, hosts=hosts)
-
-
-def allowed_hosts(given: Sequence[str] | None) -> list[str]:
-    """The --allowed-host values, else AWA_ADMIN_ALLOWED_HOSTS (comma-separated)."""
-    return list(given) if given else allowed_from_env(ALLOWED_HOSTS_ENV)
 
 
 def create_served_app(settings: Settings) -> FastAPI:
@@ -55,8 +43,7 @@ def serve(dsn: str | None, host: str, port: int, writable: bool,
           allowed: Sequence[str] | None = None) -> int:
     import uvicorn
 
-    hosts = allowed_hosts(allowed)
-    check = host_check(host, hosts, how=how_to_allow("awa admin serve", ALLOWED_HOSTS_ENV))
+    check, warning = for_server("awa admin serve", ALLOWED_HOSTS_ENV, host, allowed)
     app = create_served_app(settings_from(dsn, writable, check))
     mode = "writable" if writable else "read-only"
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False)
@@ -67,7 +54,7 @@ def serve(dsn: str | None, host: str, port: int, writable: bool,
     bound = sock.getsockname()[1]
     print(f"awa admin ({mode}) on {url(host, bound)} (metrics at /metrics)", flush=True)
     # After the line above: scripts (and the tests) read the URL from the first line.
-    if warning := wildcard_warning(host, hosts, ALLOWED_HOSTS_ENV):
+    if warning:
         print(warning, file=sys.stderr, flush=True)
     server = uvicorn.Server(config)
     server.run(sockets=[sock])

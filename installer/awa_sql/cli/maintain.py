@@ -89,7 +89,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def cmd_maintain(args: argparse.Namespace) -> int:
     from prometheus_client import make_wsgi_app
 
-    from awa_sql.hosts import allowed_from_env, host_check, how_to_allow, url, wildcard_warning
+    from awa_sql.hosts import for_server, url
     from awa_sql.maintain import Maintainer
     from awa_sql.metrics import client_metrics
     from awa_sql.metrics.apps import start_server
@@ -99,15 +99,14 @@ def cmd_maintain(args: argparse.Namespace) -> int:
     maintainer = Maintainer(
         args.dsn, every={t.name: getattr(args, t.name + "_every") for t in TASKS},
         statement_timeout=args.statement_timeout)
-    allowed = args.allowed_hosts or allowed_from_env(ALLOWED_HOSTS_ENV)
-    check = host_check(args.metrics_host, allowed,
-                       how=how_to_allow("awa maintain", ALLOWED_HOSTS_ENV))
+    check, warning = for_server("awa maintain", ALLOWED_HOSTS_ENV, args.metrics_host,
+                                args.allowed_hosts, prefix="")
     server, _thread = start_server(args.metrics_host, args.metrics_port,
                                    make_wsgi_app(client_metrics.current().registry), check)
     log = logging.getLogger("awa_sql.maintain")
     log.info("%s; metrics at %s; Ctrl-C stops", maintainer.describe(),
              url(args.metrics_host, server.server_port, "/metrics"))
-    if warning := wildcard_warning(args.metrics_host, allowed, ALLOWED_HOSTS_ENV, prefix=""):
+    if warning:
         log.warning("%s", warning)
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set())

@@ -31,16 +31,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_metrics_serve(args: argparse.Namespace) -> int:
-    from awa_sql.hosts import allowed_from_env, host_check, how_to_allow, wildcard_warning
+    from awa_sql.hosts import for_server
     from awa_sql.metrics.apps import serve
 
-    allowed = args.allowed_hosts or allowed_from_env(ALLOWED_HOSTS_ENV)
-    check = host_check(args.host, allowed,
-                       how=how_to_allow("awa metrics serve", ALLOWED_HOSTS_ENV))
+    check, warning = for_server("awa metrics serve", ALLOWED_HOSTS_ENV, args.host,
+                                args.allowed_hosts)
 
     def ready(url: str) -> None:
         print(f"awa: serving metrics at {url}; Ctrl-C stops", flush=True)
-        if warning := wildcard_warning(args.host, allowed, ALLOWED_HOSTS_ENV):
+        if warning:
             print(warning, file=sys.stderr, flush=True)
 
     stop = threading.Event()
