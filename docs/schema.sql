@@ -299,6 +299,14 @@ CREATE TABLE awa.finished_62 PARTITION OF awa.finished FOR VALUES IN ('62');
 
 CREATE TABLE awa.finished_63 PARTITION OF awa.finished FOR VALUES IN ('63');
 
+CREATE TABLE awa.finished_carry (
+    slot smallint NOT NULL,
+    period bigint NOT NULL,
+    next_tid tid NOT NULL,
+    CONSTRAINT finished_carry_pkey PRIMARY KEY (slot),
+    CONSTRAINT finished_carry_slot_range CHECK (((slot >= 0) AND (slot <= 63)))
+);
+
 CREATE UNLOGGED TABLE awa.lane_heads (
     lane_id integer NOT NULL,
     head_seq bigint NOT NULL,
@@ -1072,6 +1080,123 @@ AS $function$
         ), '')
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._carry_blocks()
+ RETURNS integer
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+    select 256
+$function$;
+
+CREATE OR REPLACE FUNCTION awa._carry_rows_locked()
+ RETURNS integer
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+    select 10000
+$function$;
+
+CREATE OR REPLACE FUNCTION awa._carry_slot(slot integer, until timestamp with time zone, OUT carried bigint, OUT done boolean)
+ RETURNS record
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+ SET enable_seqscan TO 'off'
+AS $function$
+declare
+    part text := awa._finished_part(slot);
+    width integer := awa._finished_slot_seconds(
+        case when slot < awa._finished_ring_slots() then 'completed' else 'failed' end
+    );
+    at timestamptz;
+    this_period bigint;
+    from_tid tid;
+    stop_tid tid;
+    moved bigint;
+    last_tid tid;
+    cut boolean;
+    batches integer := 0;
+begin
+    carried := 0;
+    done := false;
+    loop
+        at := clock_timestamp();
+        if awa._prune_action(slot, at) is distinct from 'carry' then
+            return;
+        end if;
+        this_period := floor(date_part('epoch', at) / width)::bigint;
+        select c.next_tid into from_tid
+          from awa.finished_carry as c
+         where c.slot = _carry_slot.slot and c.period = this_period;
+        from_tid := coalesce(from_tid, '(0,0)'::tid);
+        execute format('select not exists (select from %s as f where f.ctid > $1)', part)
+            using from_tid into strict done;
+        if done then
+            return;
+        end if;
+        -- At least one batch a call, however little time is left.
+        exit when batches > 0 and at >= until;
+        stop_tid := format('(%s,0)', (from_tid::text::point)[0]::bigint + awa._carry_blocks())::tid;
+        execute format($f$
+            with retained as (
+                select y.tid, sum(y.bytes) over (order by y.tid) - y.bytes as bytes_before
+                  from (
+                      select f.ctid as tid, awa._job_bytes(f.kind, f.args, f.last_error) as bytes
+                        from %1$s as f
+                        join awa.queue_meta as m on m.queue_id = f.queue_id
+                       where f.ctid > $1 and f.ctid < $2
+                         and f.finished_at
+                             + awa._retention(f.state, m.retain_completed, m.retain_failed) >= $3
+                       order by f.ctid
+                         for update of f skip locked
+                  ) as y
+            ),
+            picked as (
+                select r.tid from retained as r where r.bytes_before < awa._pass_bytes()
+            ),
+            moved as (
+                delete from %1$s as f
+                 using picked as p
+                 where f.ctid = p.tid
+                returning f.*
+            ),
+            kept as (
+                insert into awa.finished (
+                    job_id, slot, queue_id, priority, kind, state, attempt, max_attempts,
+                    enqueued_at, finished_at, args, ordering_key, last_error, max_run_time,
+                    unique_key, unique_window
+                )
+                select
+                    f.job_id, awa._finished_slot(f.state, $3), f.queue_id, f.priority, f.kind,
+                    f.state, f.attempt, f.max_attempts, f.enqueued_at, f.finished_at, f.args,
+                    f.ordering_key, f.last_error, f.max_run_time, f.unique_key, f.unique_window
+                  from moved as f
+                returning 1
+            )
+            select (select count(*) from kept),
+                   (select max(p.tid) from picked as p),
+                   (select count(*) from retained) > (select count(*) from picked)
+        $f$, part) using from_tid, stop_tid, at into moved, last_tid, cut;
+        -- Stopped at the payload bound: the next batch starts after the
+        -- last row moved, in the same blocks.
+        from_tid := case when cut then last_tid else stop_tid end;
+        insert into awa.finished_carry as c (slot, period, next_tid)
+        values (_carry_slot.slot, this_period, from_tid)
+        on conflict on constraint finished_carry_pkey
+        do update set period = excluded.period, next_tid = excluded.next_tid;
+        carried := carried + moved;
+        batches := batches + 1;
+    end loop;
+end;
+$function$;
+
+CREATE OR REPLACE FUNCTION awa._carry_time()
+ RETURNS interval
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+    select interval '2 seconds'
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._check_job(queue text, kind text, priority smallint, max_attempts integer, max_run_time interval DEFAULT NULL::interval)
  RETURNS void
  LANGUAGE plpgsql
@@ -1633,6 +1758,15 @@ begin
        from awa.queue_meta as m
       where m.queue_id = job.queue_id;
 end;
+$function$;
+
+CREATE OR REPLACE FUNCTION awa._finished_part(slot integer)
+ RETURNS text
+ LANGUAGE sql
+ STABLE PARALLEL SAFE
+AS $function$
+    select pg_catalog.format('awa.%I', 'finished_' operator(pg_catalog.||)
+                             pg_catalog.lpad(slot::pg_catalog.text, 2, '0'))
 $function$;
 
 CREATE OR REPLACE FUNCTION awa._finished_ring_slots()
@@ -2912,21 +3046,26 @@ begin
 end;
 $function$;
 
-CREATE OR REPLACE FUNCTION awa._prune_slot(slot integer)
+CREATE OR REPLACE FUNCTION awa._prune_slot(slot integer, until timestamp with time zone)
  RETURNS bigint
  LANGUAGE plpgsql
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
 declare
-    part text := format('awa.%I', 'finished_' || lpad(slot::text, 2, '0'));
+    part text := awa._finished_part(slot);
     action text;
     at timestamptz;
     any_rows boolean;
     rows_in bigint;
+    retained bigint := 0;
     kept bigint := 0;
 begin
     execute format('select exists (select from %s)', part) into strict any_rows;
-    if not any_rows or awa._prune_action(slot, clock_timestamp()) is null then
+    action := awa._prune_action(slot, clock_timestamp());
+    if not any_rows or action is null then
+        return 0;
+    end if;
+    if action = 'carry' and not (awa._carry_slot(slot, until)).done then
         return 0;
     end if;
     begin
@@ -2939,9 +3078,24 @@ begin
     if action is null then
         return 0;
     end if;
-    execute format('select count(*) from %s', part) into strict rows_in;
     if action = 'carry' then
-        -- The ring's next slot, with rows still to keep: they move on.
+        execute format($f$
+            select count(*),
+                   count(*) filter (
+                       where f.finished_at
+                             + awa._retention(f.state, m.retain_completed, m.retain_failed) >= $1)
+              from %s as f
+              left join awa.queue_meta as m on m.queue_id = f.queue_id
+        $f$, part) using at into strict rows_in, retained;
+    else
+        execute format('select count(*) from %s', part) into strict rows_in;
+    end if;
+    if retained > awa._carry_rows_locked() then
+        -- More than the batches should have left: they read it again.
+        delete from awa.finished_carry as c where c.slot = _prune_slot.slot;
+        return 0;
+    end if;
+    if retained > 0 then
         execute format($f$
             insert into awa.finished (
                 job_id, slot, queue_id, priority, kind, state, attempt, max_attempts,
@@ -2960,6 +3114,7 @@ begin
         get diagnostics kept = row_count;
     end if;
     execute format('truncate %s', part);
+    delete from awa.finished_carry as c where c.slot = _prune_slot.slot;
     return rows_in - kept;
 end;
 $function$;
@@ -3917,6 +4072,28 @@ begin
         end loop;
     end if;
     return cancelled;
+end;
+$function$;
+
+CREATE OR REPLACE FUNCTION awa.carry_finished()
+ RETURNS bigint
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+ SET lock_timeout TO '100ms'
+AS $function$
+declare
+    until timestamptz := clock_timestamp() + awa._carry_time();
+    carried bigint := 0;
+begin
+    perform awa._check_read_committed('awa.carry_finished()');
+    if not awa._try_leader('prune') then
+        return 0;
+    end if;
+    for s in 0 .. 2 * awa._finished_ring_slots() - 1 loop
+        carried := carried + (awa._carry_slot(s, until)).carried;
+    end loop;
+    return carried;
 end;
 $function$;
 
@@ -5119,6 +5296,7 @@ CREATE OR REPLACE FUNCTION awa.prune_finished()
  SET lock_timeout TO '100ms'
 AS $function$
 declare
+    until timestamptz := clock_timestamp() + awa._carry_time();
     removed bigint := 0;
 begin
     perform awa._check_read_committed('awa.prune_finished()');
@@ -5126,7 +5304,7 @@ begin
         return 0;
     end if;
     for s in 0 .. 2 * awa._finished_ring_slots() - 1 loop
-        removed := removed + awa._prune_slot(s);
+        removed := removed + awa._prune_slot(s, until);
     end loop;
     return removed;
 end;
@@ -5409,6 +5587,7 @@ CREATE OR REPLACE FUNCTION awa.retry_job(job_id bigint)
 AS $function$
 declare
     f record;
+    held boolean;
 begin
     if job_id is null then
         raise exception 'job_id must not be null'
@@ -5416,13 +5595,20 @@ begin
     end if;
     -- A row a concurrent awa.prune_finished() emptied with its slot is not
     -- there: not found, like any job retention removed. Locked, the row
-    -- keeps its slot from a prune until it is deleted here.
-    select x.* into f
-      from awa.finished as x
-     where x.job_id = retry_job.job_id and x.state in ('failed', 'cancelled')
-       and x.args is not null
-       for update;
-    if not found then
+    -- keeps its slot from a prune until it is deleted here. A row a carry
+    -- moved to the current slot while this statement waited for it is gone
+    -- from this statement's view (a delete and an insert, ADR 040): the
+    -- second look, with a snapshot taken after that commit, finds it.
+    for look in 1 .. 2 loop
+        select x.* into f
+          from awa.finished as x
+         where x.job_id = retry_job.job_id and x.state in ('failed', 'cancelled')
+           and x.args is not null
+           for update;
+        held := found;
+        exit when held;
+    end loop;
+    if not held then
         return false;
     end if;
     if cardinality(awa._requeue(
@@ -5974,6 +6160,8 @@ COMMENT ON TABLE awa.copy_staging IS 'COPY target for producers: COPY awa.copy_s
 
 COMMENT ON TABLE awa.finished IS 'Terminal jobs: completed, failed after max_attempts, or cancelled; kept for the queue''s retention, then removed by awa.prune_finished(), which empties whole slots with TRUNCATE. Failed and cancelled rows keep args, ordering_key and max_attempts.';
 
+COMMENT ON TABLE awa.finished_carry IS 'Per slot of awa.finished being carried (ADR 040): the period of its ring it is carried in, and next_tid, the heap position below which its batches have moved every retained row. Written by awa.prune_finished and awa.carry_finished only.';
+
 COMMENT ON TABLE awa.lane_heads IS 'Retired by migration 0022 (awa.lane_hints): written only by a function layer older than it.';
 
 COMMENT ON TABLE awa.lane_hints IS 'Claim hints: every row of lane lane_id below its highest head_seq is gone for good, so claims start their scan there. Inserted by awa.claim, which deletes the hint it moves up from; never updated. A lane with no row starts at lane_seq 0 (ADR 030).';
@@ -6058,6 +6246,7 @@ GRANT EXECUTE ON FUNCTION awa._scheduled_capped(integer) TO awa_operator, awa_re
 GRANT EXECUTE ON FUNCTION awa.autoscale_tick() TO awa_maintenance;
 GRANT EXECUTE ON FUNCTION awa.cancel_job(bigint) TO awa_operator;
 GRANT EXECUTE ON FUNCTION awa.cancel_jobs(text,text,integer) TO awa_operator;
+GRANT EXECUTE ON FUNCTION awa.carry_finished() TO awa_maintenance;
 GRANT EXECUTE ON FUNCTION awa.claim(text[],integer,text,interval) TO awa_worker;
 GRANT EXECUTE ON FUNCTION awa.compact_lane_hints() TO awa_maintenance;
 GRANT EXECUTE ON FUNCTION awa.compact_ready() TO awa_maintenance;

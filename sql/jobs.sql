@@ -884,6 +884,7 @@ set enable_seqscan = off
 as $$
 declare
     f record;
+    held boolean;
 begin
     if job_id is null then
         raise exception 'job_id must not be null'
@@ -891,13 +892,20 @@ begin
     end if;
     -- A row a concurrent awa.prune_finished() emptied with its slot is not
     -- there: not found, like any job retention removed. Locked, the row
-    -- keeps its slot from a prune until it is deleted here.
-    select x.* into f
-      from awa.finished as x
-     where x.job_id = retry_job.job_id and x.state in ('failed', 'cancelled')
-       and x.args is not null
-       for update;
-    if not found then
+    -- keeps its slot from a prune until it is deleted here. A row a carry
+    -- moved to the current slot while this statement waited for it is gone
+    -- from this statement's view (a delete and an insert, ADR 040): the
+    -- second look, with a snapshot taken after that commit, finds it.
+    for look in 1 .. 2 loop
+        select x.* into f
+          from awa.finished as x
+         where x.job_id = retry_job.job_id and x.state in ('failed', 'cancelled')
+           and x.args is not null
+           for update;
+        held := found;
+        exit when held;
+    end loop;
+    if not held then
         return false;
     end if;
     if cardinality(awa._requeue(

@@ -6,9 +6,13 @@
 -- written to the slot of the moment. awa.prune_finished() empties a slot
 -- with TRUNCATE: at once when everything in it is past the longest
 -- retention of its ring, or, when it is the next slot its ring will write
--- to, after copying the rows still within their queue's retention into the
--- current slot. No row-by-row DELETE, so nothing for vacuum to chase and no
--- bloat, whatever a held snapshot does.
+-- to, after carrying the rows still within their queue's retention into the
+-- current slot. The carry moves them in bounded batches through the period
+-- the slot is next (awa._carry_slot, ADR 040), each batch reading the heap
+-- from where the one before stopped (awa.finished_carry), so that no
+-- statement grows with the retention; the TRUNCATE then takes what is left.
+-- No row-by-row DELETE of the rows that go, so nothing for vacuum to chase
+-- and no bloat, whatever a held snapshot does.
 
 -- Function: awa._finished_slot_seconds(state text) returns integer
 -- How long a slot of the state's ring is written to. Inlined.
@@ -152,34 +156,212 @@ begin
 end;
 $$;
 
--- Function: awa._prune_slot(slot integer) returns bigint
+-- Function: awa._finished_part(slot integer) returns text
+-- The qualified name of the slot's partition of awa.finished, quoted for
+-- format('%s'). Inlined; stable, as format() is.
+-- Calls: nothing
+-- Writes: nothing
+create or replace function awa._finished_part(slot integer)
+returns text
+language sql
+stable parallel safe
+as $$
+    select pg_catalog.format('awa.%I', 'finished_' operator(pg_catalog.||)
+                             pg_catalog.lpad(slot::pg_catalog.text, 2, '0'))
+$$;
+
+-- Function: awa._carry_blocks() returns integer
+-- How many heap blocks of a slot one batch of a carry reads: 256 (2 MB),
+-- some 20,000 completed rows. Inlined.
+-- Calls: nothing
+-- Writes: nothing
+create or replace function awa._carry_blocks()
+returns integer
+language sql
+immutable parallel safe
+as $$
+    select 256
+$$;
+
+-- Function: awa._carry_time() returns interval
+-- How long one call of awa.prune_finished or awa.carry_finished goes on
+-- carrying before it leaves the rest to its next call: well inside awa
+-- maintain's 10 s statement timeout, with a batch and the slots' TRUNCATEs
+-- still to come. Inlined.
+-- Calls: nothing
+-- Writes: nothing
+create or replace function awa._carry_time()
+returns interval
+language sql
+immutable parallel safe
+as $$
+    select interval '2 seconds'
+$$;
+
+-- Function: awa._carry_slot(slot integer, until timestamptz) returns (carried bigint, done boolean)
+-- While the slot is the next its ring will write (awa._prune_action says
+-- 'carry'), moves its rows still within their queue's retention into the
+-- current slot, batch after batch until `until` (at least one batch): each
+-- batch the rows of the next awa._carry_blocks() heap blocks, at most
+-- awa._pass_bytes() of their payload (at least one row), each row deleted
+-- from the slot and inserted into the current one in the same statement,
+-- so that every snapshot sees it once. awa.finished_carry keeps where the
+-- batches have got to in this period. Rows another transaction holds (a
+-- retry) are passed over; the TRUNCATE's last look takes them. `done` once
+-- no row lies past where the batches have got to; carried counts the rows
+-- moved by this call.
+-- Calls: awa._carry_blocks, awa._finished_part, awa._finished_ring_slots,
+--   awa._finished_slot (dynamic), awa._finished_slot_seconds, awa._job_bytes (dynamic),
+--   awa._pass_bytes (dynamic), awa._prune_action, awa._retention (dynamic)
+-- Writes: awa.finished (dynamic), awa.finished_carry, (dynamic)
+create or replace function awa._carry_slot(
+    slot integer, until timestamptz, out carried bigint, out done boolean
+)
+language plpgsql
+set search_path = pg_catalog, pg_temp
+-- Each statement reads a range of the slot's heap by TID: a sequential scan
+-- would read it from its start every batch.
+set enable_seqscan = off
+as $$
+declare
+    part text := awa._finished_part(slot);
+    width integer := awa._finished_slot_seconds(
+        case when slot < awa._finished_ring_slots() then 'completed' else 'failed' end
+    );
+    at timestamptz;
+    this_period bigint;
+    from_tid tid;
+    stop_tid tid;
+    moved bigint;
+    last_tid tid;
+    cut boolean;
+    batches integer := 0;
+begin
+    carried := 0;
+    done := false;
+    loop
+        at := clock_timestamp();
+        if awa._prune_action(slot, at) is distinct from 'carry' then
+            return;
+        end if;
+        this_period := floor(date_part('epoch', at) / width)::bigint;
+        select c.next_tid into from_tid
+          from awa.finished_carry as c
+         where c.slot = _carry_slot.slot and c.period = this_period;
+        from_tid := coalesce(from_tid, '(0,0)'::tid);
+        execute format('select not exists (select from %s as f where f.ctid > $1)', part)
+            using from_tid into strict done;
+        if done then
+            return;
+        end if;
+        -- At least one batch a call, however little time is left.
+        exit when batches > 0 and at >= until;
+        stop_tid := format('(%s,0)', (from_tid::text::point)[0]::bigint + awa._carry_blocks())::tid;
+        execute format($f$
+            with retained as (
+                select y.tid, sum(y.bytes) over (order by y.tid) - y.bytes as bytes_before
+                  from (
+                      select f.ctid as tid, awa._job_bytes(f.kind, f.args, f.last_error) as bytes
+                        from %1$s as f
+                        join awa.queue_meta as m on m.queue_id = f.queue_id
+                       where f.ctid > $1 and f.ctid < $2
+                         and f.finished_at
+                             + awa._retention(f.state, m.retain_completed, m.retain_failed) >= $3
+                       order by f.ctid
+                         for update of f skip locked
+                  ) as y
+            ),
+            picked as (
+                select r.tid from retained as r where r.bytes_before < awa._pass_bytes()
+            ),
+            moved as (
+                delete from %1$s as f
+                 using picked as p
+                 where f.ctid = p.tid
+                returning f.*
+            ),
+            kept as (
+                insert into awa.finished (
+                    job_id, slot, queue_id, priority, kind, state, attempt, max_attempts,
+                    enqueued_at, finished_at, args, ordering_key, last_error, max_run_time,
+                    unique_key, unique_window
+                )
+                select
+                    f.job_id, awa._finished_slot(f.state, $3), f.queue_id, f.priority, f.kind,
+                    f.state, f.attempt, f.max_attempts, f.enqueued_at, f.finished_at, f.args,
+                    f.ordering_key, f.last_error, f.max_run_time, f.unique_key, f.unique_window
+                  from moved as f
+                returning 1
+            )
+            select (select count(*) from kept),
+                   (select max(p.tid) from picked as p),
+                   (select count(*) from retained) > (select count(*) from picked)
+        $f$, part) using from_tid, stop_tid, at into moved, last_tid, cut;
+        -- Stopped at the payload bound: the next batch starts after the
+        -- last row moved, in the same blocks.
+        from_tid := case when cut then last_tid else stop_tid end;
+        insert into awa.finished_carry as c (slot, period, next_tid)
+        values (_carry_slot.slot, this_period, from_tid)
+        on conflict on constraint finished_carry_pkey
+        do update set period = excluded.period, next_tid = excluded.next_tid;
+        carried := carried + moved;
+        batches := batches + 1;
+    end loop;
+end;
+$$;
+
+-- Function: awa._carry_rows_locked() returns integer
+-- The most retained rows the TRUNCATE's last look carries under the slot's
+-- lock (rows the batches passed over, or a retention raised meanwhile);
+-- past it the batches read the slot again from its start. Inlined.
+-- Calls: nothing
+-- Writes: nothing
+create or replace function awa._carry_rows_locked()
+returns integer
+language sql
+immutable parallel safe
+as $$
+    select 10000
+$$;
+
+-- Function: awa._prune_slot(slot integer, until timestamptz) returns bigint
 -- Empties one slot of awa.finished if it is due (awa._prune_action) and
 -- its lock can be had at once; returns how many jobs it removed (rows
--- copied to the current slot do not count). The caller holds the prune
--- lock. Whether the slot is due is decided again once its lock is held,
--- at a time read then from the clock, not at the transaction's start: a
--- job that ends in a transaction begun before that moment is written to a
--- slot no later than the moment's current one, and a transaction begun
--- after it waits for the lock. Decided at the transaction's start, a
--- prune begun just before the hour turns took the new hour's slot for the
--- oldest, and emptied it with the jobs completed in it since.
--- Calls: awa._finished_slot (dynamic), awa._prune_action, awa._retention (dynamic)
--- Writes: awa.finished (dynamic)
-create or replace function awa._prune_slot(slot integer)
+-- carried to the current slot do not count). A slot to carry is first
+-- carried in batches (awa._carry_slot, until `until`), and emptied only
+-- once they have read all of it. The caller holds the prune lock. Whether
+-- the slot is due is decided again once its lock is held, at a time read
+-- then from the clock, not at the transaction's start: a job that ends in
+-- a transaction begun before that moment is written to a slot no later
+-- than the moment's current one, and a transaction begun after it waits
+-- for the lock. Decided at the transaction's start, a prune begun just
+-- before the hour turns took the new hour's slot for the oldest, and
+-- emptied it with the jobs completed in it since. Under the lock, the rows
+-- still retained (the batches moved all but a few) are carried before the
+-- TRUNCATE, whatever the batches did.
+-- Calls: awa._carry_rows_locked, awa._carry_slot, awa._finished_part, awa._finished_slot (dynamic),
+--   awa._prune_action, awa._retention (dynamic)
+-- Writes: awa.finished (dynamic), awa.finished_carry
+create or replace function awa._prune_slot(slot integer, until timestamptz)
 returns bigint
 language plpgsql
 set search_path = pg_catalog, pg_temp
 as $$
 declare
-    part text := format('awa.%I', 'finished_' || lpad(slot::text, 2, '0'));
+    part text := awa._finished_part(slot);
     action text;
     at timestamptz;
     any_rows boolean;
     rows_in bigint;
+    retained bigint := 0;
     kept bigint := 0;
 begin
     execute format('select exists (select from %s)', part) into strict any_rows;
-    if not any_rows or awa._prune_action(slot, clock_timestamp()) is null then
+    action := awa._prune_action(slot, clock_timestamp());
+    if not any_rows or action is null then
+        return 0;
+    end if;
+    if action = 'carry' and not (awa._carry_slot(slot, until)).done then
         return 0;
     end if;
     begin
@@ -192,9 +374,24 @@ begin
     if action is null then
         return 0;
     end if;
-    execute format('select count(*) from %s', part) into strict rows_in;
     if action = 'carry' then
-        -- The ring's next slot, with rows still to keep: they move on.
+        execute format($f$
+            select count(*),
+                   count(*) filter (
+                       where f.finished_at
+                             + awa._retention(f.state, m.retain_completed, m.retain_failed) >= $1)
+              from %s as f
+              left join awa.queue_meta as m on m.queue_id = f.queue_id
+        $f$, part) using at into strict rows_in, retained;
+    else
+        execute format('select count(*) from %s', part) into strict rows_in;
+    end if;
+    if retained > awa._carry_rows_locked() then
+        -- More than the batches should have left: they read it again.
+        delete from awa.finished_carry as c where c.slot = _prune_slot.slot;
+        return 0;
+    end if;
+    if retained > 0 then
         execute format($f$
             insert into awa.finished (
                 job_id, slot, queue_id, priority, kind, state, attempt, max_attempts,
@@ -213,6 +410,7 @@ begin
         get diagnostics kept = row_count;
     end if;
     execute format('truncate %s', part);
+    delete from awa.finished_carry as c where c.slot = _prune_slot.slot;
     return rows_in - kept;
 end;
 $$;
@@ -223,6 +421,9 @@ $$;
 -- a job within its retention, nor one that is not terminal. A slot whose
 -- lock is not free at once (a reader of awa.finished holds it) is skipped
 -- until the next call, so a prune never waits long, nor makes others wait.
+-- A slot with rows to carry is carried in batches for at most
+-- awa._carry_time() per call (awa.carry_finished does only that) and
+-- emptied by the call after its batches have read it all.
 -- One prune at a time: a second concurrent call returns 0 at once.
 -- Run it every minute or so (awa maintain does); a slot becomes due about
 -- once an hour.
@@ -231,7 +432,8 @@ $$;
 -- Errors: 25000 the calling transaction is not read committed: a snapshot
 -- older than a slot's lock would not see the rows committed since, and the
 -- TRUNCATE would remove them uncopied.
--- Calls: awa._check_read_committed, awa._finished_ring_slots, awa._prune_slot, awa._try_leader
+-- Calls: awa._carry_time, awa._check_read_committed, awa._finished_ring_slots, awa._prune_slot,
+--   awa._try_leader
 -- Writes: nothing
 create or replace function awa.prune_finished()
 returns bigint
@@ -241,6 +443,7 @@ set search_path = pg_catalog, pg_temp
 set lock_timeout = '100ms'
 as $$
 declare
+    until timestamptz := clock_timestamp() + awa._carry_time();
     removed bigint := 0;
 begin
     perform awa._check_read_committed('awa.prune_finished()');
@@ -248,9 +451,45 @@ begin
         return 0;
     end if;
     for s in 0 .. 2 * awa._finished_ring_slots() - 1 loop
-        removed := removed + awa._prune_slot(s);
+        removed := removed + awa._prune_slot(s, until);
     end loop;
     return removed;
+end;
+$$;
+
+-- Function: awa.carry_finished() returns bigint
+-- The carry of awa.prune_finished alone: moves the rows still within their
+-- retention out of each slot its ring writes next, in batches, for at most
+-- awa._carry_time(), and leaves the TRUNCATE to the next prune. A scheduler
+-- calls it again at once while it returns rows (awa maintain does), so
+-- that a long retention's carry is done long before the slot's turn comes,
+-- whatever the prune's cadence. One call at a time with the prune: a call
+-- while either runs returns 0 at once.
+-- Role: awa_maintenance.
+-- Returns: how many jobs it carried.
+-- Errors: 25000 the calling transaction is not read committed.
+-- Calls: awa._carry_slot, awa._carry_time, awa._check_read_committed, awa._finished_ring_slots,
+--   awa._try_leader
+-- Writes: nothing
+create or replace function awa.carry_finished()
+returns bigint
+language plpgsql
+security definer
+set search_path = pg_catalog, pg_temp
+set lock_timeout = '100ms'
+as $$
+declare
+    until timestamptz := clock_timestamp() + awa._carry_time();
+    carried bigint := 0;
+begin
+    perform awa._check_read_committed('awa.carry_finished()');
+    if not awa._try_leader('prune') then
+        return 0;
+    end if;
+    for s in 0 .. 2 * awa._finished_ring_slots() - 1 loop
+        carried := carried + (awa._carry_slot(s, until)).carried;
+    end loop;
+    return carried;
 end;
 $$;
 
@@ -260,5 +499,11 @@ select awa._grant_execute('awa._finished_slot(text, timestamptz)');
 select awa._grant_execute('awa._retention(text, interval, interval)');
 select awa._grant_execute('awa.set_retention(text, interval, interval)', 'operator');
 select awa._grant_execute('awa._prune_action(integer, timestamptz)');
-select awa._grant_execute('awa._prune_slot(integer)');
+select awa._grant_execute('awa._finished_part(integer)');
+select awa._grant_execute('awa._carry_blocks()');
+select awa._grant_execute('awa._carry_time()');
+select awa._grant_execute('awa._carry_slot(integer, timestamptz)');
+select awa._grant_execute('awa._carry_rows_locked()');
+select awa._grant_execute('awa._prune_slot(integer, timestamptz)');
 select awa._grant_execute('awa.prune_finished()', 'maintenance');
+select awa._grant_execute('awa.carry_finished()', 'maintenance');

@@ -91,3 +91,6 @@ drop function if exists awa._lock_class_prune();
 drop function if exists awa._lock_class_running();
 -- Unreleased: enqueue_batch checks an empty array's length without it.
 drop function if exists awa._batch_dims(anyarray);
+-- Unreleased: a slot's carry goes in batches until a time the prune gives
+-- (ADR 040).
+drop function if exists awa._prune_slot(integer);

@@ -19,44 +19,10 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
+from tests.support.finished import INSERT_PAST, kept, next_slot, past, slot_of
 from tests.support.isolation import OLDER_SNAPSHOTS, assert_refused_outside_read_committed
 from tests.support.jobs import claim, enqueue
 from tests.support.waiting import wait_until
-
-# Every column set, as a failed job's row has them (a retry needs them all).
-INSERT_PAST = """
-    insert into awa.finished (job_id, slot, queue_id, priority, kind, state, attempt,
-                              max_attempts, enqueued_at, finished_at, args, ordering_key,
-                              last_error, max_run_time, unique_key, unique_window)
-    select nextval('awa.job_id_seq'), awa._finished_slot(%(state)s, %(at)s), m.queue_id, 2,
-           'past', %(state)s, 1, 1, %(at)s, %(at)s, jsonb_build_object('n', i), '\\x6b',
-           'boom', interval '5 minutes', int4send(i), interval '1 hour'
-      from awa.queue_meta m, generate_series(1, %(n)s) as i
-     where m.queue = %(queue)s
-    returning job_id
-"""
-
-
-def past(su, queue: str, state: str, at: str, n: int = 1) -> list[int]:
-    """n terminal rows of `queue` that finished at `at` (an SQL timestamptz expression)."""
-    at_value = su.execute(f"select {at}").fetchone()[0]
-    rows = su.execute(INSERT_PAST, {"queue": queue, "state": state, "at": at_value, "n": n})
-    return [r[0] for r in rows.fetchall()]
-
-
-def kept(su, job_ids: list[int]) -> set[int]:
-    return {r[0] for r in su.execute("select job_id from awa.finished where job_id = any(%s)",
-                                     [job_ids]).fetchall()}
-
-
-def slot_of(su, job_id: int) -> int:
-    return su.execute("select slot from awa.finished where job_id = %s", [job_id]).fetchone()[0]
-
-
-def next_slot(su, state: str) -> int:
-    """The slot of `state`'s ring that is written to next, and when it last was."""
-    return su.execute("select awa._finished_slot(%s, now() + awa._finished_slot_seconds(%s)"
-                      " * interval '1 second')", [state, state]).fetchone()[0]
 
 
 @pytest.fixture
@@ -94,7 +60,7 @@ def test_finished_rows_keep_a_known_slot_and_state_without_check_constraints(db,
     nothing."""
     assert su.execute("select count(*) from pg_constraint c join pg_class t on t.oid = c.conrelid"
                       " join pg_namespace n on n.oid = t.relnamespace"
-                      " where n.nspname = 'awa' and t.relname like 'finished%%'"
+                      " where n.nspname = 'awa' and t.relname ~ '^finished(_[0-9]+)?$'"
                       " and c.contype = 'c'").fetchone()[0] == 0
     for slot in (-1, 64):
         with pytest.raises(psycopg.errors.CheckViolation, match="no partition"), su.transaction():
@@ -321,16 +287,17 @@ def test_a_prune_begun_before_the_slot_turned_keeps_the_jobs_completed_since(db,
     assert kept(su, done) == set(done)
 
 
+@pytest.mark.parametrize("call", ["awa.prune_finished()", "awa.carry_finished()"])
 @pytest.mark.parametrize("isolation", OLDER_SNAPSHOTS)
-def test_a_prune_from_a_snapshot_older_than_its_locks_is_refused(db, su, logins, isolation):
+def test_a_prune_from_a_snapshot_older_than_its_locks_is_refused(
+        db, su, logins, isolation, call):
     """Its copy of the rows still retained would read with the transaction's
     snapshot, taken before the slot's lock, and miss rows committed between
     the two; the TRUNCATE would then remove them."""
     su.execute("select awa.set_retention('short', '1 hour', '1 day')")
     su.execute("select awa.set_retention('long', '1 hour', '1 day')")
     old = past(su, "short", "completed", "now() - interval '3 hours'", 5)
-    assert_refused_outside_read_committed(db, logins.maintenance, "awa.prune_finished()",
-                                          isolation)
+    assert_refused_outside_read_committed(db, logins.maintenance, call, isolation)
     assert kept(su, old) == set(old)
 
 

@@ -49,7 +49,8 @@ class Task:
     call: Callable[[psycopg.Connection], tuple[int, str]]  # -> (how many, what it did)
     batch: int | None = None  # a pass that handled this many runs again at once
     # A pass that handled any runs again at once: its call may stop short of
-    # the batch at a bound of its own (promote and rescue: awa._pass_bytes).
+    # the batch at a bound of its own (promote and rescue: awa._pass_bytes;
+    # carry: awa._carry_time).
     again_while_any: bool = False
 
     @property
@@ -85,6 +86,10 @@ TASKS: tuple[Task, ...] = (
     Task("autoscale", "awa.autoscale_tick()", 5.0, _autoscale),
     Task("prune", "awa.prune_finished()", 60.0,
          _scalar("select awa.prune_finished()", (), "pruned {n} finished job(s)")),
+    Task("carry", "awa.carry_finished()", 60.0,
+         _scalar("select awa.carry_finished()", (),
+                 "carried {n} finished job(s) still within retention to the current slot"),
+         again_while_any=True),
     Task("running_slots", "awa.rotate_running()", 5.0,
          _scalar("select awa.rotate_running()", (), "emptied {n} awa.running slot(s)")),
     Task("lane_hints", "awa.compact_lane_hints()", 10.0,
@@ -132,7 +137,8 @@ class MaintainMetrics:
             "awa_maintain_handled",
             "awa.maintain.handled: what the calls of this process handled: jobs promoted "
             "(promote), rescued (rescue), staged rows enqueued (move_staged), finished jobs "
-            "pruned (prune), slots of awa.running emptied (running_slots), rewrites of "
+            "pruned (prune), finished jobs carried to the current slot (carry), "
+            "slots of awa.running emptied (running_slots), rewrites of "
             "awa.lane_hints (lane_hints) and of awa.ready (ready_rewrite), unique keys "
             "whose window had passed removed (unique_keys), "
             "awa.ready_late rows of jobs gone from their lanes removed (ready_late), "

@@ -31,7 +31,10 @@ HELP = {
                    "(awa.move_staged)",
     "autoscale": "the enqueue-shard auto-scaler's tick (awa.autoscale_tick), as "
                  "`awa storage autoscale run` calls it",
-    "prune": "delete old finished jobs (awa.prune_finished, skipped while it is not "
+    "prune": "remove finished jobs past their retention, slot by slot with TRUNCATE "
+             "(awa.prune_finished, skipped while it is not installed)",
+    "carry": "move finished jobs a queue keeps longer than a ring round out of the slot "
+             "pruned next, in batches (awa.carry_finished, skipped while it is not "
              "installed)",
     "running_slots": "empty the slot of awa.running that claims no longer write, with "
                      "TRUNCATE (awa.rotate_running, skipped while it is not installed)",

@@ -1,0 +1,40 @@
+"""Terminal rows from the past, written straight into awa.finished as the
+superuser in the slot awa._finished_slot gives for the moment they
+finished: the state a queue that ran at that time would have left."""
+
+from __future__ import annotations
+
+# Every column set, as a failed job's row has them (a retry needs them all).
+INSERT_PAST = """
+    insert into awa.finished (job_id, slot, queue_id, priority, kind, state, attempt,
+                              max_attempts, enqueued_at, finished_at, args, ordering_key,
+                              last_error, max_run_time, unique_key, unique_window)
+    select nextval('awa.job_id_seq'), awa._finished_slot(%(state)s, %(at)s), m.queue_id, 2,
+           'past', %(state)s, 1, 1, %(at)s, %(at)s, jsonb_build_object('n', i), '\\x6b',
+           'boom', interval '5 minutes', int4send(i), interval '1 hour'
+      from awa.queue_meta m, generate_series(1, %(n)s) as i
+     where m.queue = %(queue)s
+    returning job_id
+"""
+
+
+def past(su, queue: str, state: str, at: str, n: int = 1) -> list[int]:
+    """n terminal rows of `queue` that finished at `at` (an SQL timestamptz expression)."""
+    at_value = su.execute(f"select {at}").fetchone()[0]
+    rows = su.execute(INSERT_PAST, {"queue": queue, "state": state, "at": at_value, "n": n})
+    return [r[0] for r in rows.fetchall()]
+
+
+def kept(su, job_ids: list[int]) -> set[int]:
+    return {r[0] for r in su.execute("select job_id from awa.finished where job_id = any(%s)",
+                                     [job_ids]).fetchall()}
+
+
+def slot_of(su, job_id: int) -> int:
+    return su.execute("select slot from awa.finished where job_id = %s", [job_id]).fetchone()[0]
+
+
+def next_slot(su, state: str) -> int:
+    """The slot of `state`'s ring that is written to next, and when it last was."""
+    return su.execute("select awa._finished_slot(%s, now() + awa._finished_slot_seconds(%s)"
+                      " * interval '1 second')", [state, state]).fetchone()[0]

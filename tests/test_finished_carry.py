@@ -1,0 +1,185 @@
+"""The carry of a long retention in batches (ADR 040), on real PostgreSQL 17
+and 18: a slot's rows still retained move to the current slot a bounded
+batch at a time (heap blocks, payload bytes), the prune truncates only once
+the batches have read the whole slot and takes what they left (rows written
+after, a retention raised meanwhile) under the slot's lock, and a retry
+that waited for a row the carry moved finds it where it went.
+
+Rows from the past are written straight into awa.finished as the superuser
+(tests/support/finished.py).
+"""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+
+from tests.support.finished import kept, next_slot, past, slot_of
+from tests.support.jobs import behind
+
+BLOCK = "(f.ctid::text::point)[0]"
+
+
+@pytest.fixture
+def su(db):
+    with db.connect() as conn:
+        for q in ("short", "long"):
+            conn.execute("select awa.set_enqueue_shards(%s, 1)", [q])
+        yield conn
+
+
+def batch(su, slot: int) -> tuple[int, bool]:
+    """One batch of the slot's carry (a time already passed: one batch)."""
+    return su.execute("select carried, done from awa._carry_slot(%s, '-infinity')",
+                      [slot]).fetchone()
+
+
+def current(su, state: str) -> int:
+    return su.execute("select awa._finished_slot(%s, now())", [state]).fetchone()[0]
+
+
+def test_a_slot_is_carried_a_bounded_batch_of_blocks_at_a_time_and_then_emptied(
+        db, su, logins):
+    su.execute("select awa.set_retention('long', '48 hours', '1 day')")
+    su.execute("select awa.set_retention('short', '1 hour', '1 day')")
+    target = next_slot(su, "completed")
+    ago = "now() - interval '31 hours'"
+    keep = past(su, "long", "completed", ago, 30000)
+    drop = past(su, "short", "completed", ago, 10000)
+    part = f"awa.finished_{target:02d}"
+    blocks = su.execute("select awa._carry_blocks()").fetchone()[0]
+    heap = su.execute(f"select max({BLOCK}) + 1 from {part} as f").fetchone()[0]
+    assert heap > 2 * blocks  # several batches' worth
+    first = su.execute(f"select array_agg(job_id) from {part} f join awa.queue_meta m"
+                       f" using (queue_id) where m.queue = 'long' and {BLOCK} < %s",
+                       [blocks]).fetchone()[0]
+    # The first batch moves the retained rows of the first blocks, no other.
+    assert batch(su, target) == (len(first), False)
+    assert {slot_of(su, j) for j in first} == {current(su, "completed")}
+    assert su.execute(f"select count(*) from {part} f where f.job_id = any(%s)",
+                      [first]).fetchone()[0] == 0
+    # A prune of the slot before the batches are through makes one more
+    # batch and truncates nothing.
+    assert su.execute("select awa._prune_slot(%s, '-infinity')", [target]).fetchone()[0] == 0
+    assert kept(su, drop) == set(drop)
+    moved = su.execute("select count(*) from awa.finished f join awa.queue_meta m"
+                       " using (queue_id) where m.queue = 'long' and f.slot <> %s",
+                       [target]).fetchone()[0]
+    assert len(first) < moved < len(keep)
+    with db.connect(logins.maintenance) as m:
+        while carried := m.execute("select awa.carry_finished()").fetchone()[0]:
+            moved += carried
+        assert moved == len(keep)
+        # A row a transaction begun one ring ago writes after the batches
+        # have passed: the prune's last look under the lock carries it.
+        late = past(su, "long", "completed", ago, 1)
+        assert m.execute("select awa.prune_finished()").fetchone()[0] == len(drop)
+    assert kept(su, keep + late + drop) == set(keep + late)
+    assert {slot_of(su, j) for j in keep + late} == {current(su, "completed")}
+    assert su.execute("select count(*), count(distinct job_id) from awa.finished").fetchone() \
+        == (len(keep) + 1, len(keep) + 1)
+    assert su.execute("select count(*) from awa.finished_carry").fetchone()[0] == 0
+
+
+def test_a_batch_stops_at_the_pass_bytes_of_payload(db, su, logins):
+    """Failed rows carry their args: a batch moves at most awa._pass_bytes()
+    of them before its last row, and the next batch goes on in the same
+    blocks from the row after."""
+    su.execute("select awa.set_retention('long', '1 hour', '10 days')")
+    target = next_slot(su, "failed")
+    ids = past(su, "long", "failed", "now() - interval '186 hours'", 5)
+    # About 6 MB each once stored: md5 text does not compress much.
+    su.execute("update awa.finished set args = jsonb_build_object('s', (select string_agg("
+               "md5(i::text || j::text), '') from generate_series(1, 200000) as i))"
+               " , last_error = 'boom' from (select 1) as x (j) where job_id = any(%s)", [ids])
+    sizes = [r[0] for r in su.execute(
+        f"select pg_column_size(args) from awa.finished_{target:02d} order by ctid").fetchall()]
+    limit = su.execute("select awa._pass_bytes()").fetchone()[0]
+    assert all(4_000_000 < s < limit for s in sizes)
+    batches = []
+    done = False
+    while not done:
+        carried, done = batch(su, target)
+        if carried:
+            batches.append(carried)
+    assert sum(batches) == 5 and len(batches) >= 2
+    start = 0
+    for carried in batches:
+        assert carried >= 1 and sum(sizes[start:start + carried - 1]) < limit
+        if start + carried < 5:  # cut: one more row would pass the bound
+            assert sum(sizes[start:start + carried]) >= limit
+        start += carried
+    assert {slot_of(su, j) for j in ids} == {current(su, "failed")}
+
+
+def test_a_retry_that_waited_for_the_carry_finds_the_job_where_it_went(db, su, logins):
+    """The carry deletes the row from its slot and inserts it in the current
+    one: a retry locking it waits, then finds it gone from its statement's
+    view; its second look, with a snapshot taken after the carry's commit,
+    retries the job."""
+    su.execute("select awa.set_retention('long', '1 hour', '10 days')")
+    target = next_slot(su, "failed")
+    [job] = past(su, "long", "failed", "now() - interval '186 hours'")
+    with db.connect(autocommit=False) as carrier, db.connect(logins.operator) as op:
+        assert carrier.execute("select carried from awa._carry_slot(%s, '-infinity')",
+                               [target]).fetchone()[0] == 1
+        call = behind(db, carrier, op,
+                      lambda c: c.execute("select awa.retry_job(%s)", [job]).fetchone()[0])
+    assert call.error is None and call.result is True
+    assert kept(su, [job]) == set()
+    assert su.execute("select count(*) from awa.ready where job_id = %s", [job]
+                      ).fetchone()[0] == 1
+
+
+def test_a_retention_raised_after_the_batches_is_kept_by_the_truncate(db, su, logins):
+    """The batches judged the rows at their time; under the slot's lock the
+    prune judges them again. More than awa._carry_rows_locked() still
+    retained then: it truncates nothing and the batches read the slot again."""
+    su.execute("select awa.set_retention('short', '1 hour', '1 day')")
+    su.execute("select awa.set_retention('long', '48 hours', '1 day')")
+    target = next_slot(su, "completed")
+    ago = "now() - interval '31 hours'"
+    over = su.execute("select awa._carry_rows_locked()").fetchone()[0] + 1
+    raised = past(su, "short", "completed", ago, over)
+    keep = past(su, "long", "completed", ago, 10)
+    with db.connect(logins.maintenance) as m:
+        while m.execute("select awa.carry_finished()").fetchone()[0]:
+            pass
+        assert kept(su, keep) == set(keep) and slot_of(su, keep[0]) != target
+        su.execute("select awa.set_retention('short', '48 hours', '1 day')")
+        assert m.execute("select awa.prune_finished()").fetchone()[0] == 0
+        assert kept(su, raised) == set(raised)
+        assert m.execute("select awa.carry_finished()").fetchone()[0] == over
+        assert m.execute("select awa.prune_finished()").fetchone()[0] == 0
+    assert kept(su, raised + keep) == set(raised + keep)
+    assert {slot_of(su, j) for j in raised} == {current(su, "completed")}
+
+
+def test_the_carry_runs_for_the_maintenance_role_only_and_one_at_a_time(db, su, logins):
+    su.execute("select awa.set_retention('long', '48 hours', '1 day')")
+    past(su, "long", "completed", "now() - interval '31 hours'", 10)
+    for login in (logins.producer, logins.worker, logins.operator, logins.reader):
+        with db.connect(login) as conn, pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("select awa.carry_finished()")
+    with db.connect(logins.maintenance, autocommit=False) as first, \
+            db.connect(logins.maintenance) as second:
+        assert first.execute("select awa.prune_finished()").fetchone()[0] == 0
+        assert second.execute("select awa.carry_finished()").fetchone()[0] == 0
+        first.rollback()
+        assert second.execute("select awa.carry_finished()").fetchone()[0] == 10
+
+
+def test_awa_maintain_carries_again_at_once_while_the_carry_moves_rows(db, su, logins):
+    """A carry pass that moved rows runs again at once (here with a cadence
+    of 60 minutes, the second pass comes only that way), until one moves
+    none; the prune is off, so the carry alone moved them."""
+    from tests.support.maintain import MaintainProcess
+
+    su.execute("select awa.set_retention('long', '1 hour', '10 days')")
+    target = next_slot(su, "failed")
+    ids = past(su, "long", "failed", "now() - interval '186 hours'", 4)
+    with MaintainProcess(db.dsn(logins.maintenance), "--carry-every", "60m",
+                         "--prune-every", "off") as m:
+        m.wait(lambda: m.handled("carry") == 4 and m.passes("carry", "ran") == 2,
+               "the carry and the pass after it", timeout=60)
+    assert {slot_of(su, j) for j in ids} == {current(su, "failed")} != {target}
