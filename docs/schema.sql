@@ -3166,6 +3166,34 @@ AS $function$
        and queue operator(pg_catalog.!~~) '%#%'
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._ready_backlog(max_rows integer, OUT payload bigint, OUT backlog bigint)
+ RETURNS record
+ LANGUAGE sql
+ STABLE
+ SET search_path TO 'pg_catalog', 'pg_temp'
+ SET enable_seqscan TO 'off'
+ SET enable_bitmapscan TO 'off'
+AS $function$
+    select coalesce(sum(awa._job_bytes(b.kind, b.args, b.last_error)), 0), count(*)
+      from (
+          select r.kind, r.args, r.last_error
+            from awa.lanes as l
+           cross join lateral (
+               -- The lane's claim hint: its highest (ADR 030).
+               select coalesce(max(hint.head_seq), 0) as head_seq
+                 from awa.lane_hints as hint
+                where hint.lane_id = l.lane_id
+           ) as h
+           cross join lateral (
+               select y.kind, y.args, y.last_error
+                 from awa.ready as y
+                where y.lane_id = l.lane_id and y.lane_seq >= h.head_seq
+                offset 0
+           ) as r
+           limit max_rows
+      ) as b
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._ready_compaction_due()
  RETURNS boolean
  LANGUAGE sql
@@ -4426,6 +4454,8 @@ CREATE OR REPLACE FUNCTION awa.compact_ready()
 AS $function$
 declare
     file oid;
+    payload bigint;
+    backlog bigint;
 begin
     perform awa._check_read_committed('awa.compact_ready()');
     if not awa._ready_compaction_due() then
@@ -4434,8 +4464,8 @@ begin
     -- Enqueues and claims wait for the copies: a backlog whose payload
     -- passes the bound would hold them up to the caller's statement
     -- timeout, then roll back, to be tried again at the next call.
-    if (select coalesce(sum(awa._job_bytes(r.kind, r.args, r.last_error)), 0)
-          from awa.ready as r) > awa._pass_bytes() then
+    select b.payload, b.backlog into payload, backlog from awa._ready_backlog(100001) as b;
+    if backlog > 100000 or payload > awa._pass_bytes() then
         return 0;
     end if;
     file := pg_relation_filenode('awa.ready');

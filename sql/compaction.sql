@@ -117,10 +117,51 @@ as $$
        and pg_stat_get_live_tuples('awa.ready'::regclass) <= 100000
 $$;
 
+-- Function: awa._ready_backlog(max_rows integer) returns (payload bigint, backlog bigint)
+-- The live rows of awa.ready, at most max_rows of them, and their payload
+-- (awa._job_bytes), read lane by lane from each lane's claim hint, below
+-- which every row is gone for good (ADR 030): never the dead rows a held
+-- snapshot keeps, which a scan of the table reads, at every call of
+-- awa.compact_ready for as long as the snapshot is held. The rows of
+-- enqueues in flight above a lane's first live row are not counted.
+-- Calls: awa._job_bytes
+-- Writes: nothing
+create or replace function awa._ready_backlog(
+    max_rows integer, out payload bigint, out backlog bigint
+)
+language sql
+stable
+set search_path = pg_catalog, pg_temp
+-- Each lane probed by key from its hint: a plan made when awa.ready was
+-- small would scan its heap, dead rows and all, for every lane.
+set enable_seqscan = off
+set enable_bitmapscan = off
+as $$
+    select coalesce(sum(awa._job_bytes(b.kind, b.args, b.last_error)), 0), count(*)
+      from (
+          select r.kind, r.args, r.last_error
+            from awa.lanes as l
+           cross join lateral (
+               -- The lane's claim hint: its highest (ADR 030).
+               select coalesce(max(hint.head_seq), 0) as head_seq
+                 from awa.lane_hints as hint
+                where hint.lane_id = l.lane_id
+           ) as h
+           cross join lateral (
+               select y.kind, y.args, y.last_error
+                 from awa.ready as y
+                where y.lane_id = l.lane_id and y.lane_seq >= h.head_seq
+                offset 0
+           ) as r
+           limit max_rows
+      ) as b
+$$;
+
 -- Function: awa.compact_ready() returns integer
 -- When awa._ready_compaction_due says so (many dead rows, a backlog of at
--- most 100,000) and the backlog's payload (awa._job_bytes) is at most
--- awa._pass_bytes(), rewrites awa.ready with its live rows only: under its
+-- most 100,000) and the backlog, read from the lanes' claim hints, holds at
+-- most 100,000 rows and awa._pass_bytes() of payload (awa._job_bytes),
+-- rewrites awa.ready with its live rows only: under its
 -- ACCESS EXCLUSIVE lock, waited for at most 100 ms, it copies them to
 -- awa.ready_rewrite, truncates awa.ready, copies them back and empties
 -- awa.ready_rewrite, in one transaction. Every row keeps its lane,
@@ -138,7 +179,7 @@ $$;
 -- Errors: 25000 the calling transaction is not read committed: a snapshot
 -- older than the lock would not see the rows committed since, and the
 -- TRUNCATE would remove them.
--- Calls: awa._check_read_committed, awa._job_bytes, awa._pass_bytes, awa._ready_compaction_due
+-- Calls: awa._check_read_committed, awa._pass_bytes, awa._ready_backlog, awa._ready_compaction_due
 -- Writes: awa.ready, awa.ready_rewrite
 create or replace function awa.compact_ready()
 returns integer
@@ -153,6 +194,8 @@ set stats_fetch_consistency = none
 as $$
 declare
     file oid;
+    payload bigint;
+    backlog bigint;
 begin
     perform awa._check_read_committed('awa.compact_ready()');
     if not awa._ready_compaction_due() then
@@ -161,8 +204,8 @@ begin
     -- Enqueues and claims wait for the copies: a backlog whose payload
     -- passes the bound would hold them up to the caller's statement
     -- timeout, then roll back, to be tried again at the next call.
-    if (select coalesce(sum(awa._job_bytes(r.kind, r.args, r.last_error)), 0)
-          from awa.ready as r) > awa._pass_bytes() then
+    select b.payload, b.backlog into payload, backlog from awa._ready_backlog(100001) as b;
+    if backlog > 100000 or payload > awa._pass_bytes() then
         return 0;
     end if;
     file := pg_relation_filenode('awa.ready');
@@ -200,4 +243,5 @@ $$;
 select awa._grant_execute('awa._lane_hints_bytes_allowed()');
 select awa._grant_execute('awa.compact_lane_hints()', 'maintenance');
 select awa._grant_execute('awa._ready_compaction_due()');
+select awa._grant_execute('awa._ready_backlog(integer)');
 select awa._grant_execute('awa.compact_ready()', 'maintenance');

@@ -32,3 +32,16 @@ def rows_read_by(conn: psycopg.Connection, table: str, reads: Callable[[], objec
         before = conn.execute(returned).fetchone()[0]
         reads()
         return conn.execute(returned).fetchone()[0] - before
+
+
+_FETCHED = ("select coalesce(sum(pg_stat_get_xact_blocks_fetched(r::regclass)), 0)::int"
+            " from unnest(%s::text[]) as r")
+
+
+def blocks_read(conn: psycopg.Connection, relations: list[str], statement: str) -> int:
+    """Blocks of ``relations`` that ``statement`` read (dead rows' blocks
+    too, which rows_read does not count), in one transaction."""
+    with conn.transaction():
+        before = conn.execute(_FETCHED, [relations]).fetchone()[0]
+        conn.execute(statement).fetchall()
+        return conn.execute(_FETCHED, [relations]).fetchone()[0] - before
