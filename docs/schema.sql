@@ -1146,17 +1146,23 @@ begin
                        where f.ctid > $1 and f.ctid < $2
                          and f.finished_at
                              + awa._retention(f.state, m.retain_completed, m.retain_failed) >= $3
-                       order by f.ctid
-                         for update of f skip locked
                   ) as y
             ),
             picked as (
                 select r.tid from retained as r where r.bytes_before < awa._pass_bytes()
             ),
+            -- Only the rows this batch moves are locked, and only they wait
+            -- for the call's commit: a retry may take any other meanwhile.
+            locked as (
+                select f.ctid as tid
+                  from %1$s as f
+                 where f.ctid = any(array(select p.tid from picked as p))
+                   for update skip locked
+            ),
             moved as (
                 delete from %1$s as f
-                 using picked as p
-                 where f.ctid = p.tid
+                 using locked as l
+                 where f.ctid = l.tid
                 returning f.*
             ),
             kept as (
@@ -3058,9 +3064,12 @@ declare
     any_rows boolean;
     rows_in bigint;
     retained bigint := 0;
+    retained_bytes bigint := 0;
     kept bigint := 0;
 begin
-    execute format('select exists (select from %s)', part) into strict any_rows;
+    -- Its file, not its live rows: a slot whose rows the carry moved holds
+    -- their dead versions, which its TRUNCATE is for.
+    any_rows := pg_relation_size(part::regclass) > 0;
     action := awa._prune_action(slot, clock_timestamp());
     if not any_rows or action is null then
         return 0;
@@ -3080,18 +3089,22 @@ begin
     end if;
     if action = 'carry' then
         execute format($f$
-            select count(*),
-                   count(*) filter (
-                       where f.finished_at
-                             + awa._retention(f.state, m.retain_completed, m.retain_failed) >= $1)
+            select count(*), count(*) filter (where k.kept),
+                   coalesce(sum(awa._job_bytes(f.kind, f.args, f.last_error))
+                            filter (where k.kept), 0)
               from %s as f
-              left join awa.queue_meta as m on m.queue_id = f.queue_id
-        $f$, part) using at into strict rows_in, retained;
+              join awa.queue_meta as m on m.queue_id = f.queue_id
+             cross join lateral (
+                 select f.finished_at
+                        + awa._retention(f.state, m.retain_completed, m.retain_failed) >= $1
+                        as kept
+             ) as k
+        $f$, part) using at into strict rows_in, retained, retained_bytes;
     else
         execute format('select count(*) from %s', part) into strict rows_in;
     end if;
-    if retained > awa._carry_rows_locked() then
-        -- More than the batches should have left: they read it again.
+    if retained > awa._carry_rows_locked() or retained_bytes > awa._pass_bytes() then
+        -- More than a batch: the batches read the slot again and move them.
         delete from awa.finished_carry as c where c.slot = _prune_slot.slot;
         return 0;
     end if;
@@ -5670,47 +5683,63 @@ declare
     requeued bigint[];
 begin
     perform awa._check_max_jobs('max_jobs', max_jobs);
-    with gone as (
-        select x.*
-          from (
-              select m.queue_id as id, awa._unique_scope(m.queue, m.root_queue) as scope
-                from awa.queue_meta as m
-               where m.queue_id = any(ids)
-          ) as q
-         cross join lateral (
-             -- A range on state, as in awa.jobs: the (queue_id, state,
-             -- job_id) index of each slot, merged.
-             select y.*
-               from awa.finished as y
-              where y.queue_id = q.id and y.state between 'failed' and 'failed'
-                and y.args is not null
-                and (retry_jobs.kind is null or y.kind = retry_jobs.kind)
-                and (y.unique_key is null or not exists (
-                    select from awa.unique_keys as u
-                     where u.queue = q.scope and u.unique_key = y.unique_key
-                       and (u.held_until is null or u.held_until > now())
-                ))
-              order by y.state, y.job_id
-              limit retry_jobs.max_jobs
-                for update of y skip locked
-         ) as x
-         limit retry_jobs.max_jobs
-    )
-    select array_agg(g.job_id order by g.job_id) as job_ids,
-           array_agg(g.queue_id order by g.job_id) as queue_ids,
-           array_agg(g.priority order by g.job_id) as priorities,
-           array_agg(g.kind order by g.job_id) as kinds,
-           array_agg(g.args order by g.job_id) as args,
-           array_agg(g.ordering_key order by g.job_id) as ordering_keys,
-           array_agg(g.max_attempts order by g.job_id) as max_attempts,
-           array_agg(g.enqueued_at order by g.job_id) as enqueued_ats,
-           array_agg(g.last_error order by g.job_id) as last_errors,
-           array_agg(g.max_run_time order by g.job_id) as max_run_times,
-           array_agg(g.unique_key order by g.job_id) as unique_keys,
-           array_agg(g.unique_window order by g.job_id) as unique_windows,
-           array_agg(g.slot order by g.job_id) as slots
-      into due
-      from gone as g;
+    for look in 1 .. 2 loop
+        with gone as (
+            select x.*
+              from (
+                  select m.queue_id as id, awa._unique_scope(m.queue, m.root_queue) as scope
+                    from awa.queue_meta as m
+                   where m.queue_id = any(ids)
+              ) as q
+             cross join lateral (
+                 -- A range on state, as in awa.jobs: the (queue_id, state,
+                 -- job_id) index of each slot, merged.
+                 select y.*
+                   from awa.finished as y
+                  where y.queue_id = q.id and y.state between 'failed' and 'failed'
+                    and y.args is not null
+                    and (retry_jobs.kind is null or y.kind = retry_jobs.kind)
+                    and (y.unique_key is null or not exists (
+                        select from awa.unique_keys as u
+                         where u.queue = q.scope and u.unique_key = y.unique_key
+                           and (u.held_until is null or u.held_until > now())
+                    ))
+                  order by y.state, y.job_id
+                  limit retry_jobs.max_jobs
+                    for update of y skip locked
+             ) as x
+             limit retry_jobs.max_jobs
+        )
+        select array_agg(g.job_id order by g.job_id) as job_ids,
+               array_agg(g.queue_id order by g.job_id) as queue_ids,
+               array_agg(g.priority order by g.job_id) as priorities,
+               array_agg(g.kind order by g.job_id) as kinds,
+               array_agg(g.args order by g.job_id) as args,
+               array_agg(g.ordering_key order by g.job_id) as ordering_keys,
+               array_agg(g.max_attempts order by g.job_id) as max_attempts,
+               array_agg(g.enqueued_at order by g.job_id) as enqueued_ats,
+               array_agg(g.last_error order by g.job_id) as last_errors,
+               array_agg(g.max_run_time order by g.job_id) as max_run_times,
+               array_agg(g.unique_key order by g.job_id) as unique_keys,
+               array_agg(g.unique_window order by g.job_id) as unique_windows,
+               array_agg(g.slot order by g.job_id) as slots
+          into due
+          from gone as g;
+        exit when due.job_ids is not null or look = 2;
+        -- None free, but maybe rows another transaction holds: a retry, or
+        -- a carry of awa.prune_finished moving them to the current slot
+        -- (ADR 040), which nobody retries. Waited for once (the caller's
+        -- lock_timeout bounds the wait), then looked for again with a
+        -- snapshot taken after it ended, where a carried row is seen in its
+        -- new slot: a 0 means none is left.
+        perform
+          from awa.finished as y
+         where y.queue_id = any(ids) and y.state between 'failed' and 'failed'
+           and y.args is not null
+           and (retry_jobs.kind is null or y.kind = retry_jobs.kind)
+         limit 1
+           for update;
+    end loop;
     if due.job_ids is null then
         return 0;
     end if;

@@ -120,10 +120,10 @@ $$;
 -- Function: awa._ready_backlog(max_rows integer) returns (payload bigint, backlog bigint)
 -- The live rows of awa.ready, at most max_rows of them, and their payload
 -- (awa._job_bytes), read lane by lane from each lane's claim hint, below
--- which every row is gone for good (ADR 030): never the dead rows a held
--- snapshot keeps, which a scan of the table reads, at every call of
--- awa.compact_ready for as long as the snapshot is held. The rows of
--- enqueues in flight above a lane's first live row are not counted.
+-- which every row is gone for good (ADR 030): not the dead rows claims
+-- leave under a held snapshot, which a scan of the table reads, at every
+-- call of awa.compact_ready for as long as the snapshot is held. Rows
+-- cancelled above a lane's hint are still read (claims read them too).
 -- Calls: awa._job_bytes
 -- Writes: nothing
 create or replace function awa._ready_backlog(

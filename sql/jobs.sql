@@ -925,11 +925,13 @@ $$;
 -- awa.retry_job for up to max_jobs failed jobs of a queue (a logical name
 -- covers its partitions and stripes), optionally of one kind, oldest job
 -- id first within each physical queue. Cancelled jobs stay cancelled
--- (retry one with awa.retry_job). Rows another transaction is retrying
--- are skipped, and so are jobs whose unique key another job holds now
--- (they stay failed). Call it again until it returns 0 to retry more than
--- max_jobs, each call its own transaction. Returns how many jobs it
--- retried.
+-- (retry one with awa.retry_job). Rows another transaction holds (a
+-- retry, a carry of awa.prune_finished) are skipped; when they are all that
+-- is left, they are waited for once (the caller's lock_timeout bounds the
+-- wait) and looked for again, so a 0 means none is left to retry. Jobs
+-- whose unique key another job holds now are skipped too (they stay
+-- failed). Call it again until it returns 0 to retry more than max_jobs,
+-- each call its own transaction. Returns how many jobs it retried.
 -- Role: awa_operator.
 -- Errors: 22004 null queue or max_jobs; 22023 max_jobs outside 1 .. 100000,
 -- a bad name; 42704 no such queue.
@@ -954,47 +956,63 @@ declare
     requeued bigint[];
 begin
     perform awa._check_max_jobs('max_jobs', max_jobs);
-    with gone as (
-        select x.*
-          from (
-              select m.queue_id as id, awa._unique_scope(m.queue, m.root_queue) as scope
-                from awa.queue_meta as m
-               where m.queue_id = any(ids)
-          ) as q
-         cross join lateral (
-             -- A range on state, as in awa.jobs: the (queue_id, state,
-             -- job_id) index of each slot, merged.
-             select y.*
-               from awa.finished as y
-              where y.queue_id = q.id and y.state between 'failed' and 'failed'
-                and y.args is not null
-                and (retry_jobs.kind is null or y.kind = retry_jobs.kind)
-                and (y.unique_key is null or not exists (
-                    select from awa.unique_keys as u
-                     where u.queue = q.scope and u.unique_key = y.unique_key
-                       and (u.held_until is null or u.held_until > now())
-                ))
-              order by y.state, y.job_id
-              limit retry_jobs.max_jobs
-                for update of y skip locked
-         ) as x
-         limit retry_jobs.max_jobs
-    )
-    select array_agg(g.job_id order by g.job_id) as job_ids,
-           array_agg(g.queue_id order by g.job_id) as queue_ids,
-           array_agg(g.priority order by g.job_id) as priorities,
-           array_agg(g.kind order by g.job_id) as kinds,
-           array_agg(g.args order by g.job_id) as args,
-           array_agg(g.ordering_key order by g.job_id) as ordering_keys,
-           array_agg(g.max_attempts order by g.job_id) as max_attempts,
-           array_agg(g.enqueued_at order by g.job_id) as enqueued_ats,
-           array_agg(g.last_error order by g.job_id) as last_errors,
-           array_agg(g.max_run_time order by g.job_id) as max_run_times,
-           array_agg(g.unique_key order by g.job_id) as unique_keys,
-           array_agg(g.unique_window order by g.job_id) as unique_windows,
-           array_agg(g.slot order by g.job_id) as slots
-      into due
-      from gone as g;
+    for look in 1 .. 2 loop
+        with gone as (
+            select x.*
+              from (
+                  select m.queue_id as id, awa._unique_scope(m.queue, m.root_queue) as scope
+                    from awa.queue_meta as m
+                   where m.queue_id = any(ids)
+              ) as q
+             cross join lateral (
+                 -- A range on state, as in awa.jobs: the (queue_id, state,
+                 -- job_id) index of each slot, merged.
+                 select y.*
+                   from awa.finished as y
+                  where y.queue_id = q.id and y.state between 'failed' and 'failed'
+                    and y.args is not null
+                    and (retry_jobs.kind is null or y.kind = retry_jobs.kind)
+                    and (y.unique_key is null or not exists (
+                        select from awa.unique_keys as u
+                         where u.queue = q.scope and u.unique_key = y.unique_key
+                           and (u.held_until is null or u.held_until > now())
+                    ))
+                  order by y.state, y.job_id
+                  limit retry_jobs.max_jobs
+                    for update of y skip locked
+             ) as x
+             limit retry_jobs.max_jobs
+        )
+        select array_agg(g.job_id order by g.job_id) as job_ids,
+               array_agg(g.queue_id order by g.job_id) as queue_ids,
+               array_agg(g.priority order by g.job_id) as priorities,
+               array_agg(g.kind order by g.job_id) as kinds,
+               array_agg(g.args order by g.job_id) as args,
+               array_agg(g.ordering_key order by g.job_id) as ordering_keys,
+               array_agg(g.max_attempts order by g.job_id) as max_attempts,
+               array_agg(g.enqueued_at order by g.job_id) as enqueued_ats,
+               array_agg(g.last_error order by g.job_id) as last_errors,
+               array_agg(g.max_run_time order by g.job_id) as max_run_times,
+               array_agg(g.unique_key order by g.job_id) as unique_keys,
+               array_agg(g.unique_window order by g.job_id) as unique_windows,
+               array_agg(g.slot order by g.job_id) as slots
+          into due
+          from gone as g;
+        exit when due.job_ids is not null or look = 2;
+        -- None free, but maybe rows another transaction holds: a retry, or
+        -- a carry of awa.prune_finished moving them to the current slot
+        -- (ADR 040), which nobody retries. Waited for once (the caller's
+        -- lock_timeout bounds the wait), then looked for again with a
+        -- snapshot taken after it ended, where a carried row is seen in its
+        -- new slot: a 0 means none is left.
+        perform
+          from awa.finished as y
+         where y.queue_id = any(ids) and y.state between 'failed' and 'failed'
+           and y.args is not null
+           and (retry_jobs.kind is null or y.kind = retry_jobs.kind)
+         limit 1
+           for update;
+    end loop;
     if due.job_ids is null then
         return 0;
     end if;

@@ -267,17 +267,23 @@ begin
                        where f.ctid > $1 and f.ctid < $2
                          and f.finished_at
                              + awa._retention(f.state, m.retain_completed, m.retain_failed) >= $3
-                       order by f.ctid
-                         for update of f skip locked
                   ) as y
             ),
             picked as (
                 select r.tid from retained as r where r.bytes_before < awa._pass_bytes()
             ),
+            -- Only the rows this batch moves are locked, and only they wait
+            -- for the call's commit: a retry may take any other meanwhile.
+            locked as (
+                select f.ctid as tid
+                  from %1$s as f
+                 where f.ctid = any(array(select p.tid from picked as p))
+                   for update skip locked
+            ),
             moved as (
                 delete from %1$s as f
-                 using picked as p
-                 where f.ctid = p.tid
+                 using locked as l
+                 where f.ctid = l.tid
                 returning f.*
             ),
             kept as (
@@ -338,9 +344,11 @@ $$;
 -- before the hour turns took the new hour's slot for the oldest, and
 -- emptied it with the jobs completed in it since. Under the lock, the rows
 -- still retained (the batches moved all but a few) are carried before the
--- TRUNCATE, whatever the batches did.
+-- TRUNCATE, whatever the batches did; more than a batch's rows or payload
+-- (awa._carry_rows_locked, awa._pass_bytes), and the batches read the slot
+-- again instead.
 -- Calls: awa._carry_rows_locked, awa._carry_slot, awa._finished_part, awa._finished_slot (dynamic),
---   awa._prune_action, awa._retention (dynamic)
+--   awa._job_bytes (dynamic), awa._pass_bytes, awa._prune_action, awa._retention (dynamic)
 -- Writes: awa.finished (dynamic), awa.finished_carry
 create or replace function awa._prune_slot(slot integer, until timestamptz)
 returns bigint
@@ -354,9 +362,12 @@ declare
     any_rows boolean;
     rows_in bigint;
     retained bigint := 0;
+    retained_bytes bigint := 0;
     kept bigint := 0;
 begin
-    execute format('select exists (select from %s)', part) into strict any_rows;
+    -- Its file, not its live rows: a slot whose rows the carry moved holds
+    -- their dead versions, which its TRUNCATE is for.
+    any_rows := pg_relation_size(part::regclass) > 0;
     action := awa._prune_action(slot, clock_timestamp());
     if not any_rows or action is null then
         return 0;
@@ -376,18 +387,22 @@ begin
     end if;
     if action = 'carry' then
         execute format($f$
-            select count(*),
-                   count(*) filter (
-                       where f.finished_at
-                             + awa._retention(f.state, m.retain_completed, m.retain_failed) >= $1)
+            select count(*), count(*) filter (where k.kept),
+                   coalesce(sum(awa._job_bytes(f.kind, f.args, f.last_error))
+                            filter (where k.kept), 0)
               from %s as f
-              left join awa.queue_meta as m on m.queue_id = f.queue_id
-        $f$, part) using at into strict rows_in, retained;
+              join awa.queue_meta as m on m.queue_id = f.queue_id
+             cross join lateral (
+                 select f.finished_at
+                        + awa._retention(f.state, m.retain_completed, m.retain_failed) >= $1
+                        as kept
+             ) as k
+        $f$, part) using at into strict rows_in, retained, retained_bytes;
     else
         execute format('select count(*) from %s', part) into strict rows_in;
     end if;
-    if retained > awa._carry_rows_locked() then
-        -- More than the batches should have left: they read it again.
+    if retained > awa._carry_rows_locked() or retained_bytes > awa._pass_bytes() then
+        -- More than a batch: the batches read the slot again and move them.
         delete from awa.finished_carry as c where c.slot = _prune_slot.slot;
         return 0;
     end if;

@@ -183,3 +183,68 @@ def test_awa_maintain_carries_again_at_once_while_the_carry_moves_rows(db, su, l
         m.wait(lambda: m.handled("carry") == 4 and m.passes("carry", "ran") == 2,
                "the carry and the pass after it", timeout=60)
     assert {slot_of(su, j) for j in ids} == {current(su, "failed")} != {target}
+
+
+def test_a_slot_whose_every_row_the_carry_moved_is_truncated(db, su, logins):
+    """Moved, its rows are dead versions, which only its TRUNCATE removes
+    (a held snapshot would keep them from vacuum)."""
+    su.execute("select awa.set_retention('long', '48 hours', '1 day')")
+    target = next_slot(su, "completed")
+    part = f"awa.finished_{target:02d}"
+    keep = past(su, "long", "completed", "now() - interval '31 hours'", 20000)
+    with db.connect(logins.maintenance) as m:
+        while m.execute("select awa.carry_finished()").fetchone()[0]:
+            pass
+        assert su.execute(f"select count(*) from {part}").fetchone()[0] == 0
+        assert su.execute("select pg_relation_size(%s)", [part]).fetchone()[0] > 0
+        assert m.execute("select awa.prune_finished()").fetchone()[0] == 0
+    assert kept(su, keep) == set(keep)
+    assert su.execute("select pg_relation_size(%s)", [part]).fetchone()[0] == 0
+    assert su.execute("select count(*) from awa.finished_carry where slot = %s",
+                      [target]).fetchone()[0] == 0
+
+
+def test_the_last_look_under_the_lock_carries_no_more_payload_than_a_batch(db, su, logins):
+    """A retention raised after the batches leaves the last look 32 MB of
+    failed jobs' args to carry: past awa._pass_bytes() it truncates nothing
+    and the batches move them, a bounded batch at a time."""
+    su.execute("select awa.set_retention('short', '1 hour', '10 days')")
+    su.execute("select awa.set_retention('long', '1 hour', '1 day')")
+    target = next_slot(su, "failed")
+    ids = past(su, "long", "failed", "now() - interval '186 hours'", 5)
+    su.execute("update awa.finished set args = jsonb_build_object('s', (select string_agg("
+               "md5(i::text || j::text), '') from generate_series(1, 200000) as i))"
+               " from (select 1) as x (j) where job_id = any(%s)", [ids])
+    limit = su.execute("select awa._pass_bytes()").fetchone()[0]
+    assert su.execute("select sum(pg_column_size(args)) from awa.finished"
+                      " where job_id = any(%s)", [ids]).fetchone()[0] > limit
+    with db.connect(logins.maintenance) as m:
+        assert m.execute("select awa.carry_finished()").fetchone()[0] == 0
+        su.execute("select awa.set_retention('long', '1 hour', '10 days')")
+        assert m.execute("select awa.prune_finished()").fetchone()[0] == 0
+        assert {slot_of(su, j) for j in ids} == {target}
+        moved = 0
+        while carried := m.execute("select awa.carry_finished()").fetchone()[0]:
+            moved += carried
+        assert moved == 5
+        assert m.execute("select awa.prune_finished()").fetchone()[0] == 0
+    assert {slot_of(su, j) for j in ids} == {current(su, "failed")}
+
+
+def test_retry_jobs_waits_for_rows_a_carry_holds_rather_than_say_none_is_left(
+        db, su, logins):
+    """A 0 from awa.retry_jobs means none is left to retry: rows a carry
+    holds (moving them to the current slot) are waited for, then retried
+    where they went."""
+    su.execute("select awa.set_retention('long', '1 hour', '10 days')")
+    target = next_slot(su, "failed")
+    ids = past(su, "long", "failed", "now() - interval '186 hours'", 3)
+    with db.connect(autocommit=False) as carrier, db.connect(logins.operator) as op:
+        assert carrier.execute("select carried from awa._carry_slot(%s, '-infinity')",
+                               [target]).fetchone()[0] == 3
+        call = behind(db, carrier, op,
+                      lambda c: c.execute("select awa.retry_jobs('long')").fetchone()[0])
+    assert call.error is None and call.result == 3
+    assert kept(su, ids) == set()
+    assert su.execute("select count(*) from awa.ready where job_id = any(%s)", [ids]
+                      ).fetchone()[0] == 3
