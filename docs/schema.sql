@@ -299,12 +299,76 @@ CREATE TABLE awa.finished_62 PARTITION OF awa.finished FOR VALUES IN ('62');
 
 CREATE TABLE awa.finished_63 PARTITION OF awa.finished FOR VALUES IN ('63');
 
+CREATE TABLE awa.finished_64 PARTITION OF awa.finished FOR VALUES IN ('64');
+
+CREATE TABLE awa.finished_65 PARTITION OF awa.finished FOR VALUES IN ('65');
+
+CREATE TABLE awa.finished_66 PARTITION OF awa.finished FOR VALUES IN ('66');
+
+CREATE TABLE awa.finished_67 PARTITION OF awa.finished FOR VALUES IN ('67');
+
+CREATE TABLE awa.finished_68 PARTITION OF awa.finished FOR VALUES IN ('68');
+
+CREATE TABLE awa.finished_69 PARTITION OF awa.finished FOR VALUES IN ('69');
+
+CREATE TABLE awa.finished_70 PARTITION OF awa.finished FOR VALUES IN ('70');
+
+CREATE TABLE awa.finished_71 PARTITION OF awa.finished FOR VALUES IN ('71');
+
+CREATE TABLE awa.finished_72 PARTITION OF awa.finished FOR VALUES IN ('72');
+
+CREATE TABLE awa.finished_73 PARTITION OF awa.finished FOR VALUES IN ('73');
+
+CREATE TABLE awa.finished_74 PARTITION OF awa.finished FOR VALUES IN ('74');
+
+CREATE TABLE awa.finished_75 PARTITION OF awa.finished FOR VALUES IN ('75');
+
+CREATE TABLE awa.finished_76 PARTITION OF awa.finished FOR VALUES IN ('76');
+
+CREATE TABLE awa.finished_77 PARTITION OF awa.finished FOR VALUES IN ('77');
+
+CREATE TABLE awa.finished_78 PARTITION OF awa.finished FOR VALUES IN ('78');
+
+CREATE TABLE awa.finished_79 PARTITION OF awa.finished FOR VALUES IN ('79');
+
+CREATE TABLE awa.finished_80 PARTITION OF awa.finished FOR VALUES IN ('80');
+
+CREATE TABLE awa.finished_81 PARTITION OF awa.finished FOR VALUES IN ('81');
+
+CREATE TABLE awa.finished_82 PARTITION OF awa.finished FOR VALUES IN ('82');
+
+CREATE TABLE awa.finished_83 PARTITION OF awa.finished FOR VALUES IN ('83');
+
+CREATE TABLE awa.finished_84 PARTITION OF awa.finished FOR VALUES IN ('84');
+
+CREATE TABLE awa.finished_85 PARTITION OF awa.finished FOR VALUES IN ('85');
+
+CREATE TABLE awa.finished_86 PARTITION OF awa.finished FOR VALUES IN ('86');
+
+CREATE TABLE awa.finished_87 PARTITION OF awa.finished FOR VALUES IN ('87');
+
+CREATE TABLE awa.finished_88 PARTITION OF awa.finished FOR VALUES IN ('88');
+
+CREATE TABLE awa.finished_89 PARTITION OF awa.finished FOR VALUES IN ('89');
+
+CREATE TABLE awa.finished_90 PARTITION OF awa.finished FOR VALUES IN ('90');
+
+CREATE TABLE awa.finished_91 PARTITION OF awa.finished FOR VALUES IN ('91');
+
+CREATE TABLE awa.finished_92 PARTITION OF awa.finished FOR VALUES IN ('92');
+
+CREATE TABLE awa.finished_93 PARTITION OF awa.finished FOR VALUES IN ('93');
+
+CREATE TABLE awa.finished_94 PARTITION OF awa.finished FOR VALUES IN ('94');
+
+CREATE TABLE awa.finished_95 PARTITION OF awa.finished FOR VALUES IN ('95');
+
 CREATE TABLE awa.finished_carry (
     slot smallint NOT NULL,
     period bigint NOT NULL,
     next_tid tid NOT NULL,
     CONSTRAINT finished_carry_pkey PRIMARY KEY (slot),
-    CONSTRAINT finished_carry_slot_range CHECK (((slot >= 0) AND (slot <= 63)))
+    CONSTRAINT finished_carry_slot_range CHECK (((slot >= 0) AND (slot <= 95)))
 );
 
 CREATE UNLOGGED TABLE awa.lane_heads (
@@ -1080,6 +1144,23 @@ AS $function$
         ), '')
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._carried_slot(state text, kept_until timestamp with time zone, at timestamp with time zone)
+ RETURNS smallint
+ LANGUAGE sql
+ STABLE PARALLEL SAFE
+AS $function$
+    select awa._finished_slot(
+        case when pg_catalog.date_part('epoch', kept_until) operator(pg_catalog.>) (
+                      pg_catalog.date_part('epoch', at) operator(pg_catalog.+) (
+                          (awa._finished_ring_slots() operator(pg_catalog.-) 1)
+                          operator(pg_catalog.*) awa._finished_slot_seconds(state)
+                      )
+                  )
+             then 'long' else state end,
+        at
+    )
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._carry_blocks()
  RETURNS integer
  LANGUAGE sql
@@ -1104,9 +1185,7 @@ CREATE OR REPLACE FUNCTION awa._carry_slot(slot integer, until timestamp with ti
 AS $function$
 declare
     part text := awa._finished_part(slot);
-    width integer := awa._finished_slot_seconds(
-        case when slot < awa._finished_ring_slots() then 'completed' else 'failed' end
-    );
+    width integer := awa._finished_slot_seconds(awa._finished_ring(slot));
     at timestamptz;
     this_period bigint;
     from_tid tid;
@@ -1172,10 +1251,18 @@ begin
                     unique_key, unique_window
                 )
                 select
-                    f.job_id, awa._finished_slot(f.state, $3), f.queue_id, f.priority, f.kind,
+                    f.job_id,
+                    awa._carried_slot(
+                        f.state,
+                        f.finished_at
+                        + awa._retention(f.state, m.retain_completed, m.retain_failed),
+                        $3
+                    ),
+                    f.queue_id, f.priority, f.kind,
                     f.state, f.attempt, f.max_attempts, f.enqueued_at, f.finished_at, f.args,
                     f.ordering_key, f.last_error, f.max_run_time, f.unique_key, f.unique_window
                   from moved as f
+                  join awa.queue_meta as m on m.queue_id = f.queue_id
                 returning 1
             )
             select (select count(*) from kept),
@@ -1775,6 +1862,17 @@ AS $function$
                              pg_catalog.lpad(slot::pg_catalog.text, 2, '0'))
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._finished_ring(slot integer)
+ RETURNS text
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+    select case when slot operator(pg_catalog.<) awa._finished_ring_slots() then 'completed'
+                when slot operator(pg_catalog.<)
+                     (2 operator(pg_catalog.*) awa._finished_ring_slots()) then 'failed'
+                else 'long' end
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._finished_ring_slots()
  RETURNS integer
  LANGUAGE sql
@@ -1790,6 +1888,8 @@ CREATE OR REPLACE FUNCTION awa._finished_slot(state text, at timestamp with time
 AS $function$
     select (
         case when state operator(pg_catalog.=) 'completed' then 0
+             when state operator(pg_catalog.=) 'long'
+             then 2 operator(pg_catalog.*) awa._finished_ring_slots()
              else awa._finished_ring_slots() end
         operator(pg_catalog.+)
         (pg_catalog.floor(
@@ -1799,12 +1899,22 @@ AS $function$
     )::smallint
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._finished_slot_count()
+ RETURNS integer
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+    select 3 operator(pg_catalog.*) awa._finished_ring_slots()
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._finished_slot_seconds(state text)
  RETURNS integer
  LANGUAGE sql
  IMMUTABLE PARALLEL SAFE
 AS $function$
-    select case when state operator(pg_catalog.=) 'completed' then 3600 else 21600 end
+    select case when state operator(pg_catalog.=) 'completed' then 3600
+                when state operator(pg_catalog.=) 'long' then 86400
+                else 21600 end
 $function$;
 
 CREATE OR REPLACE FUNCTION awa._finished_totals(queue_id integer)
@@ -3023,7 +3133,7 @@ CREATE OR REPLACE FUNCTION awa._prune_action(slot integer, at timestamp with tim
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
 declare
-    ring_state text := case when slot < awa._finished_ring_slots() then 'completed' else 'failed' end;
+    ring_state text := awa._finished_ring(slot);
     width integer := awa._finished_slot_seconds(ring_state);
     n integer := awa._finished_ring_slots();
     current_period bigint := floor(date_part('epoch', at) / width)::bigint;
@@ -3038,10 +3148,14 @@ begin
     written_until := to_timestamp(
         (current_period - ((current_slot - slot + n) % n) + 1)::double precision * width
     );
-    select max(awa._retention(ring_state, m.retain_completed, m.retain_failed))
+    -- The long ring holds completed and failed jobs alike.
+    select max(case when ring_state = 'long'
+                    then greatest(awa._retention('completed', m.retain_completed, m.retain_failed),
+                                  awa._retention('failed', m.retain_completed, m.retain_failed))
+                    else awa._retention(ring_state, m.retain_completed, m.retain_failed) end)
       into longest
       from awa.queue_meta as m;
-    longest := coalesce(longest, awa._retention(ring_state, null, null));
+    longest := coalesce(longest, awa._retention('failed', null, null));
     if written_until + longest < at then
         return 'drop';
     end if;
@@ -3116,7 +3230,13 @@ begin
                 unique_key, unique_window
             )
             select
-                f.job_id, awa._finished_slot(f.state, $1), f.queue_id, f.priority, f.kind,
+                f.job_id,
+                awa._carried_slot(
+                    f.state,
+                    f.finished_at + awa._retention(f.state, m.retain_completed, m.retain_failed),
+                    $1
+                ),
+                f.queue_id, f.priority, f.kind,
                 f.state, f.attempt, f.max_attempts, f.enqueued_at, f.finished_at, f.args,
                 f.ordering_key, f.last_error, f.max_run_time, f.unique_key, f.unique_window
               from %s as f
@@ -4131,7 +4251,7 @@ begin
     if not awa._try_leader('prune') then
         return 0;
     end if;
-    for s in 0 .. 2 * awa._finished_ring_slots() - 1 loop
+    for s in 0 .. awa._finished_slot_count() - 1 loop
         carried := carried + (awa._carry_slot(s, until)).carried;
     end loop;
     return carried;
@@ -5346,7 +5466,7 @@ begin
     if not awa._try_leader('prune') then
         return 0;
     end if;
-    for s in 0 .. 2 * awa._finished_ring_slots() - 1 loop
+    for s in 0 .. awa._finished_slot_count() - 1 loop
         removed := removed + awa._prune_slot(s, until);
     end loop;
     return removed;
@@ -6135,7 +6255,7 @@ COMMENT ON COLUMN awa.copy_staging.staged_by IS 'Provenance: the login that stag
 
 COMMENT ON COLUMN awa.copy_staging.staged_xid IS 'The staging transaction; awa.enqueue_copied() moves only its own transaction''s rows.';
 
-COMMENT ON COLUMN awa.finished.slot IS 'The slot the row was written in (awa._finished_slot): 0-31 completed, one per hour; 32-63 failed and cancelled, one per 6 hours.';
+COMMENT ON COLUMN awa.finished.slot IS 'The slot the row was written in (awa._finished_slot, awa._carried_slot): 0-31 completed, one per hour; 32-63 failed and cancelled, one per 6 hours; 64-95 jobs a carry found kept past their ring''s next round, one per day.';
 
 COMMENT ON COLUMN awa.lanes.seq IS 'The lane''s own sequence, awa.lane_seq_<lane_id>, owned by the owner role.';
 

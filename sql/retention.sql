@@ -1,9 +1,11 @@
 -- retention.sql: how long terminal jobs are kept, and how they go.
 --
--- awa.finished is partitioned by slot into two rings (ADR 024): slots 0-31
--- for completed jobs, one per hour, 32 hours round; slots 32-63 for failed
--- and cancelled jobs, one per 6 hours, 8 days round. A job that finishes is
--- written to the slot of the moment. awa.prune_finished() empties a slot
+-- awa.finished is partitioned by slot into three rings (ADR 024, ADR 040):
+-- slots 0-31 for completed jobs, one per hour, 32 hours round; slots 32-63
+-- for failed and cancelled jobs, one per 6 hours, 8 days round; slots 64-95,
+-- the long ring, one per day, 32 days round, for the jobs a carry finds
+-- kept past their own ring's next round (awa._carried_slot). A job that
+-- finishes is written to the slot of the moment. awa.prune_finished() empties a slot
 -- with TRUNCATE: at once when everything in it is past the longest
 -- retention of its ring, or, when it is the next slot its ring will write
 -- to, after carrying the rows still within their queue's retention into the
@@ -15,7 +17,8 @@
 -- and no bloat, whatever a held snapshot does.
 
 -- Function: awa._finished_slot_seconds(state text) returns integer
--- How long a slot of the state's ring is written to. Inlined.
+-- How long a slot of the state's ring is written to ('long': the long
+-- ring's). Inlined.
 -- Calls: nothing
 -- Writes: nothing
 create or replace function awa._finished_slot_seconds(state text)
@@ -23,7 +26,9 @@ returns integer
 language sql
 immutable parallel safe
 as $$
-    select case when state operator(pg_catalog.=) 'completed' then 3600 else 21600 end
+    select case when state operator(pg_catalog.=) 'completed' then 3600
+                when state operator(pg_catalog.=) 'long' then 86400
+                else 21600 end
 $$;
 
 -- Function: awa._finished_ring_slots() returns integer
@@ -38,10 +43,39 @@ as $$
     select 32
 $$;
 
+-- Function: awa._finished_slot_count() returns integer
+-- Slots of awa.finished, the three rings'. Inlined.
+-- Calls: awa._finished_ring_slots
+-- Writes: nothing
+create or replace function awa._finished_slot_count()
+returns integer
+language sql
+immutable parallel safe
+as $$
+    select 3 operator(pg_catalog.*) awa._finished_ring_slots()
+$$;
+
+-- Function: awa._finished_ring(slot integer) returns text
+-- The ring a slot belongs to, named as awa._finished_slot takes it:
+-- 'completed', 'failed' (failed and cancelled jobs) or 'long'. Inlined.
+-- Calls: awa._finished_ring_slots
+-- Writes: nothing
+create or replace function awa._finished_ring(slot integer)
+returns text
+language sql
+immutable parallel safe
+as $$
+    select case when slot operator(pg_catalog.<) awa._finished_ring_slots() then 'completed'
+                when slot operator(pg_catalog.<)
+                     (2 operator(pg_catalog.*) awa._finished_ring_slots()) then 'failed'
+                else 'long' end
+$$;
+
 -- Function: awa._finished_slot(state text, at timestamptz) returns smallint
 -- The slot a job that reaches `state` at `at` is written to: the ring of
--- its state (completed 0-31, failed and cancelled 32-63), then the period
--- `at` falls in, modulo the ring. Every INSERT into awa.finished uses it.
+-- its state (completed 0-31, failed and cancelled 32-63; 'long', 64-95,
+-- for a carry's), then the period `at` falls in, modulo the ring. Every
+-- INSERT into awa.finished uses it.
 -- Inlined; stable, not immutable, as the epoch of a timestamptz is (an
 -- immutable SQL function whose body is not would not be inlined).
 -- Calls: awa._finished_ring_slots, awa._finished_slot_seconds
@@ -53,6 +87,8 @@ stable parallel safe
 as $$
     select (
         case when state operator(pg_catalog.=) 'completed' then 0
+             when state operator(pg_catalog.=) 'long'
+             then 2 operator(pg_catalog.*) awa._finished_ring_slots()
              else awa._finished_ring_slots() end
         operator(pg_catalog.+)
         (pg_catalog.floor(
@@ -78,6 +114,32 @@ as $$
     select case when state operator(pg_catalog.=) 'completed'
                 then coalesce(retain_completed, interval '24 hours')
                 else coalesce(retain_failed, interval '7 days') end
+$$;
+
+-- Function: awa._carried_slot(state text, kept_until timestamptz, at timestamptz) returns smallint
+-- The slot a carry at `at` moves a job kept until `kept_until` to: the
+-- current slot of its state's ring, unless it is kept past that slot's
+-- next turn (31 hours on for a completed job, 7.75 days for a failed one):
+-- then the long ring's current slot, whose turn comes every 31 days, so
+-- that a job kept D days is copied about D / 31 times more, not D x 24 /
+-- 31 (ADR 040). Inlined.
+-- Calls: awa._finished_ring_slots, awa._finished_slot, awa._finished_slot_seconds
+-- Writes: nothing
+create or replace function awa._carried_slot(state text, kept_until timestamptz, at timestamptz)
+returns smallint
+language sql
+stable parallel safe
+as $$
+    select awa._finished_slot(
+        case when pg_catalog.date_part('epoch', kept_until) operator(pg_catalog.>) (
+                      pg_catalog.date_part('epoch', at) operator(pg_catalog.+) (
+                          (awa._finished_ring_slots() operator(pg_catalog.-) 1)
+                          operator(pg_catalog.*) awa._finished_slot_seconds(state)
+                      )
+                  )
+             then 'long' else state end,
+        at
+    )
 $$;
 
 -- Function: awa.set_retention(queue text, completed interval, failed interval) returns void
@@ -118,7 +180,8 @@ $$;
 -- retention of its ring, 'carry' when it is the ring's next slot and may
 -- hold rows still retained, null when it stays (the current slot, or one
 -- not yet due).
--- Calls: awa._finished_ring_slots, awa._finished_slot, awa._finished_slot_seconds, awa._retention
+-- Calls: awa._finished_ring, awa._finished_ring_slots, awa._finished_slot,
+--   awa._finished_slot_seconds, awa._retention
 -- Writes: nothing
 create or replace function awa._prune_action(slot integer, at timestamptz)
 returns text
@@ -127,7 +190,7 @@ stable
 set search_path = pg_catalog, pg_temp
 as $$
 declare
-    ring_state text := case when slot < awa._finished_ring_slots() then 'completed' else 'failed' end;
+    ring_state text := awa._finished_ring(slot);
     width integer := awa._finished_slot_seconds(ring_state);
     n integer := awa._finished_ring_slots();
     current_period bigint := floor(date_part('epoch', at) / width)::bigint;
@@ -142,10 +205,14 @@ begin
     written_until := to_timestamp(
         (current_period - ((current_slot - slot + n) % n) + 1)::double precision * width
     );
-    select max(awa._retention(ring_state, m.retain_completed, m.retain_failed))
+    -- The long ring holds completed and failed jobs alike.
+    select max(case when ring_state = 'long'
+                    then greatest(awa._retention('completed', m.retain_completed, m.retain_failed),
+                                  awa._retention('failed', m.retain_completed, m.retain_failed))
+                    else awa._retention(ring_state, m.retain_completed, m.retain_failed) end)
       into longest
       from awa.queue_meta as m;
-    longest := coalesce(longest, awa._retention(ring_state, null, null));
+    longest := coalesce(longest, awa._retention('failed', null, null));
     if written_until + longest < at then
         return 'drop';
     end if;
@@ -210,9 +277,9 @@ $$;
 -- retry) are passed over; the TRUNCATE's last look takes them. `done` once
 -- no row lies past where the batches have got to; carried counts the rows
 -- moved by this call.
--- Calls: awa._carry_blocks, awa._finished_part, awa._finished_ring_slots,
---   awa._finished_slot (dynamic), awa._finished_slot_seconds, awa._job_bytes (dynamic),
---   awa._pass_bytes (dynamic), awa._prune_action, awa._retention (dynamic)
+-- Calls: awa._carried_slot (dynamic), awa._carry_blocks, awa._finished_part, awa._finished_ring,
+--   awa._finished_slot_seconds, awa._job_bytes (dynamic), awa._pass_bytes (dynamic),
+--   awa._prune_action, awa._retention (dynamic)
 -- Writes: awa.finished (dynamic), awa.finished_carry, (dynamic)
 create or replace function awa._carry_slot(
     slot integer, until timestamptz, out carried bigint, out done boolean
@@ -225,9 +292,7 @@ set enable_seqscan = off
 as $$
 declare
     part text := awa._finished_part(slot);
-    width integer := awa._finished_slot_seconds(
-        case when slot < awa._finished_ring_slots() then 'completed' else 'failed' end
-    );
+    width integer := awa._finished_slot_seconds(awa._finished_ring(slot));
     at timestamptz;
     this_period bigint;
     from_tid tid;
@@ -293,10 +358,18 @@ begin
                     unique_key, unique_window
                 )
                 select
-                    f.job_id, awa._finished_slot(f.state, $3), f.queue_id, f.priority, f.kind,
+                    f.job_id,
+                    awa._carried_slot(
+                        f.state,
+                        f.finished_at
+                        + awa._retention(f.state, m.retain_completed, m.retain_failed),
+                        $3
+                    ),
+                    f.queue_id, f.priority, f.kind,
                     f.state, f.attempt, f.max_attempts, f.enqueued_at, f.finished_at, f.args,
                     f.ordering_key, f.last_error, f.max_run_time, f.unique_key, f.unique_window
                   from moved as f
+                  join awa.queue_meta as m on m.queue_id = f.queue_id
                 returning 1
             )
             select (select count(*) from kept),
@@ -347,7 +420,7 @@ $$;
 -- TRUNCATE, whatever the batches did; more than a batch's rows or payload
 -- (awa._carry_rows_locked, awa._pass_bytes), and the batches read the slot
 -- again instead.
--- Calls: awa._carry_rows_locked, awa._carry_slot, awa._finished_part, awa._finished_slot (dynamic),
+-- Calls: awa._carried_slot (dynamic), awa._carry_rows_locked, awa._carry_slot, awa._finished_part,
 --   awa._job_bytes (dynamic), awa._pass_bytes, awa._prune_action, awa._retention (dynamic)
 -- Writes: awa.finished (dynamic), awa.finished_carry
 create or replace function awa._prune_slot(slot integer, until timestamptz)
@@ -414,7 +487,13 @@ begin
                 unique_key, unique_window
             )
             select
-                f.job_id, awa._finished_slot(f.state, $1), f.queue_id, f.priority, f.kind,
+                f.job_id,
+                awa._carried_slot(
+                    f.state,
+                    f.finished_at + awa._retention(f.state, m.retain_completed, m.retain_failed),
+                    $1
+                ),
+                f.queue_id, f.priority, f.kind,
                 f.state, f.attempt, f.max_attempts, f.enqueued_at, f.finished_at, f.args,
                 f.ordering_key, f.last_error, f.max_run_time, f.unique_key, f.unique_window
               from %s as f
@@ -447,7 +526,7 @@ $$;
 -- Errors: 25000 the calling transaction is not read committed: a snapshot
 -- older than a slot's lock would not see the rows committed since, and the
 -- TRUNCATE would remove them uncopied.
--- Calls: awa._carry_time, awa._check_read_committed, awa._finished_ring_slots, awa._prune_slot,
+-- Calls: awa._carry_time, awa._check_read_committed, awa._finished_slot_count, awa._prune_slot,
 --   awa._try_leader
 -- Writes: nothing
 create or replace function awa.prune_finished()
@@ -465,7 +544,7 @@ begin
     if not awa._try_leader('prune') then
         return 0;
     end if;
-    for s in 0 .. 2 * awa._finished_ring_slots() - 1 loop
+    for s in 0 .. awa._finished_slot_count() - 1 loop
         removed := removed + awa._prune_slot(s, until);
     end loop;
     return removed;
@@ -483,7 +562,7 @@ $$;
 -- Role: awa_maintenance.
 -- Returns: how many jobs it carried.
 -- Errors: 25000 the calling transaction is not read committed.
--- Calls: awa._carry_slot, awa._carry_time, awa._check_read_committed, awa._finished_ring_slots,
+-- Calls: awa._carry_slot, awa._carry_time, awa._check_read_committed, awa._finished_slot_count,
 --   awa._try_leader
 -- Writes: nothing
 create or replace function awa.carry_finished()
@@ -501,7 +580,7 @@ begin
     if not awa._try_leader('prune') then
         return 0;
     end if;
-    for s in 0 .. 2 * awa._finished_ring_slots() - 1 loop
+    for s in 0 .. awa._finished_slot_count() - 1 loop
         carried := carried + (awa._carry_slot(s, until)).carried;
     end loop;
     return carried;
@@ -510,8 +589,11 @@ $$;
 
 select awa._grant_execute('awa._finished_slot_seconds(text)');
 select awa._grant_execute('awa._finished_ring_slots()');
+select awa._grant_execute('awa._finished_slot_count()');
+select awa._grant_execute('awa._finished_ring(integer)');
 select awa._grant_execute('awa._finished_slot(text, timestamptz)');
 select awa._grant_execute('awa._retention(text, interval, interval)');
+select awa._grant_execute('awa._carried_slot(text, timestamptz, timestamptz)');
 select awa._grant_execute('awa.set_retention(text, interval, interval)', 'operator');
 select awa._grant_execute('awa._prune_action(integer, timestamptz)');
 select awa._grant_execute('awa._finished_part(integer)');

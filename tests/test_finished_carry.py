@@ -248,3 +248,51 @@ def test_retry_jobs_waits_for_rows_a_carry_holds_rather_than_say_none_is_left(
     assert kept(su, ids) == set()
     assert su.execute("select count(*) from awa.ready where job_id = any(%s)", [ids]
                       ).fetchone()[0] == 3
+
+
+@pytest.mark.parametrize("state, ago", [("completed", "31 hours"), ("failed", "186 hours")])
+def test_a_job_kept_past_its_rings_next_turn_is_carried_to_the_long_ring(
+        db, su, logins, state, ago):
+    """Kept past the current slot's next turn (31 hours on for a completed
+    job, 7.75 days for a failed one), a job goes to the long ring, whose
+    day-wide slots come round every 32 days: copied once a month at most,
+    not every ring round. Kept less, it stays in its own ring."""
+    completed = state == "completed"
+    su.execute("select awa.set_retention('long', %s, %s)",
+               ["30 days", "1 day"] if completed else ["1 hour", "30 days"])
+    su.execute("select awa.set_retention('short', %s, %s)",
+               ["48 hours", "1 day"] if completed else ["1 hour", "9 days"])
+    long_kept = past(su, "long", state, f"now() - interval '{ago}'", 3)
+    short_kept = past(su, "short", state, f"now() - interval '{ago}'", 3)
+    with db.connect(logins.maintenance) as m:
+        assert m.execute("select awa.prune_finished()").fetchone()[0] == 0
+    assert kept(su, long_kept + short_kept) == set(long_kept + short_kept)
+    assert {slot_of(su, j) for j in long_kept} == {current(su, "long")}
+    assert 64 <= current(su, "long") <= 95
+    assert {slot_of(su, j) for j in short_kept} == {current(su, state)}
+
+
+def test_the_long_ring_drops_a_slot_past_every_retention_and_carries_its_next(
+        db, su, logins):
+    su.execute("select awa.set_retention('long', '90 days', '1 day')")
+    su.execute("select awa.set_retention('short', '10 days', '1 day')")
+    # A day 20 days ago: within the longest retention (90 days), kept.
+    [recent] = past(su, "short", "completed", "now() - interval '25 days'")
+    su.execute("update awa.finished set slot = awa._finished_slot('long', now()"
+               " - interval '20 days') where job_id = %s", [recent])
+    # The long ring's next slot, written 31 days ago: carried, each by its
+    # own retention.
+    target = su.execute("select awa._finished_slot('long', now() + interval '1 day')"
+                        ).fetchone()[0]
+    [kept_long] = past(su, "long", "completed", "now() - interval '40 days'")
+    [gone] = past(su, "short", "completed", "now() - interval '40 days'")
+    su.execute("update awa.finished set slot = %s where job_id = any(%s)",
+               [target, [kept_long, gone]])
+    with db.connect(logins.maintenance) as m:
+        assert m.execute("select awa.prune_finished()").fetchone()[0] == 1
+    assert kept(su, [recent, kept_long, gone]) == {recent, kept_long}
+    assert slot_of(su, kept_long) == current(su, "long")
+    su.execute("select awa.set_retention('long', '15 days', '1 day')")
+    with db.connect(logins.maintenance) as m:
+        assert m.execute("select awa.prune_finished()").fetchone()[0] == 1
+    assert kept(su, [recent, kept_long]) == {kept_long}

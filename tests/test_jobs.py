@@ -655,5 +655,7 @@ def test_a_page_reads_what_it_lists_not_the_queues_history(db, logins):
             su.execute("select pg_stat_force_next_flush()")
             read = _blocks(su) - before
             assert got == (3 if state == "cancelled" else 0 if state == "running" else 100)
-            # The ready window: 1,000 rows of the one lane with jobs.
-            assert read < (600 if state in ("ready", None) else 400), (state, read)
+            # The ready window: 1,000 rows of the one lane with jobs; every
+            # state's page also probes each of awa.finished's 96 slots.
+            bound = {"ready": 600, None: 700}.get(state, 400)
+            assert read < bound, (state, read)

@@ -62,7 +62,7 @@ def test_finished_rows_keep_a_known_slot_and_state_without_check_constraints(db,
                       " join pg_namespace n on n.oid = t.relnamespace"
                       " where n.nspname = 'awa' and t.relname ~ '^finished(_[0-9]+)?$'"
                       " and c.contype = 'c'").fetchone()[0] == 0
-    for slot in (-1, 64):
+    for slot in (-1, 96):
         with pytest.raises(psycopg.errors.CheckViolation, match="no partition"), su.transaction():
             su.execute(INSERT_PAST.replace("awa._finished_slot(%(state)s, %(at)s)", str(slot)),
                        {"queue": "short", "state": "failed", "at": "2026-01-01", "n": 1})
