@@ -205,10 +205,16 @@ begin
     written_until := to_timestamp(
         (current_period - ((current_slot - slot + n) % n) + 1)::double precision * width
     );
-    -- The long ring holds completed and failed jobs alike.
+    -- The long ring holds completed and failed jobs alike, each carried
+    -- there from its own ring's next slot, so finished more than 30 of its
+    -- own ring's periods before the long slot was written: that much less
+    -- of its retention is left (awa._carried_slot).
     select max(case when ring_state = 'long'
-                    then greatest(awa._retention('completed', m.retain_completed, m.retain_failed),
-                                  awa._retention('failed', m.retain_completed, m.retain_failed))
+                    then greatest(
+                        awa._retention('completed', m.retain_completed, m.retain_failed)
+                        - (n - 2) * awa._finished_slot_seconds('completed') * interval '1 second',
+                        awa._retention('failed', m.retain_completed, m.retain_failed)
+                        - (n - 2) * awa._finished_slot_seconds('failed') * interval '1 second')
                     else awa._retention(ring_state, m.retain_completed, m.retain_failed) end)
       into longest
       from awa.queue_meta as m;

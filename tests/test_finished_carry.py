@@ -296,3 +296,41 @@ def test_the_long_ring_drops_a_slot_past_every_retention_and_carries_its_next(
     with db.connect(logins.maintenance) as m:
         assert m.execute("select awa.prune_finished()").fetchone()[0] == 1
     assert kept(su, [recent, kept_long]) == {kept_long}
+
+
+def test_a_failed_job_in_the_long_ring_goes_within_a_day_of_its_retention(db, su, logins):
+    """Kept 30 days, carried to the long ring at its failed slot's turn
+    (7.75 days on), it goes once its 30 days and its day-wide slot are
+    past: the slot's drop counts the 7.5 days the job had spent before it
+    got there (it is not held for 30 days from the slot's day)."""
+    su.execute("select awa.set_retention('long', '1 hour', '30 days')")
+    [job] = past(su, "long", "failed", "now() - interval '35 days'")
+    carried_at = "now() - interval '35 days' + interval '186 hours'"
+    slot = su.execute(f"select awa._carried_slot('failed', now() - interval '5 days',"
+                      f" {carried_at})").fetchone()[0]
+    assert 64 <= slot <= 95
+    su.execute("update awa.finished set slot = %s where job_id = %s", [slot, job])
+    with db.connect(logins.maintenance) as m:
+        assert m.execute("select awa.prune_finished()").fetchone()[0] == 1
+    with db.connect(logins.operator) as op:
+        assert op.execute("select awa.retry_job(%s)", [job]).fetchone()[0] is False
+    assert kept(su, [job]) == set()
+
+
+def test_a_completed_job_in_the_long_ring_is_not_held_by_the_failed_retention(
+        db, su, logins):
+    """Kept 3 days, carried to the long ring at 31 hours: it goes about a
+    day after its 3 days (its day-wide slot), not after the 7 days failed
+    jobs are kept by default."""
+    su.execute("select awa.set_retention('long', '3 days', null)")
+    [job] = past(su, "long", "completed", "now() - interval '108 hours'")
+    carried_at = "now() - interval '108 hours' + interval '31 hours'"
+    slot = su.execute(f"select awa._carried_slot('completed', now() - interval '36 hours',"
+                      f" {carried_at})").fetchone()[0]
+    assert 64 <= slot <= 95
+    su.execute("update awa.finished set slot = %s where job_id = %s", [slot, job])
+    with db.connect(logins.maintenance) as m:
+        assert m.execute("select awa.prune_finished()").fetchone()[0] == 1
+    with db.connect(logins.reader) as r:
+        assert r.execute("select count(*) from awa.job(%s)", [job]).fetchone()[0] == 0
+        assert r.execute("select awa.count_jobs('long', 'completed')").fetchone()[0] == 0
