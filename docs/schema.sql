@@ -1161,6 +1161,70 @@ AS $function$
     )
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._carry_batch(slot integer, from_tid tid, stop_tid tid, at timestamp with time zone, OUT moved bigint, OUT last_tid tid, OUT cut boolean)
+ RETURNS record
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+ SET enable_seqscan TO 'off'
+AS $function$
+begin
+    execute format($f$
+        with retained as (
+            select y.tid, sum(y.bytes) over (order by y.tid) - y.bytes as bytes_before
+              from (
+                  select f.ctid as tid, awa._job_bytes(f.kind, f.args, f.last_error) as bytes
+                    from %1$s as f
+                    join awa.queue_meta as m on m.queue_id = f.queue_id
+                   where f.ctid > $1 and f.ctid < $2
+                     and f.finished_at
+                         + awa._retention(f.state, m.retain_completed, m.retain_failed) >= $3
+              ) as y
+        ),
+        picked as (
+            select r.tid from retained as r where r.bytes_before < awa._pass_bytes()
+        ),
+        -- Only the rows this batch moves are locked, and only they wait
+        -- for the call's commit: a retry may take any other meanwhile.
+        locked as (
+            select f.ctid as tid
+              from %1$s as f
+             where f.ctid = any(array(select p.tid from picked as p))
+               for update skip locked
+        ),
+        moved as (
+            delete from %1$s as f
+             using locked as l
+             where f.ctid = l.tid
+            returning f.*
+        ),
+        kept as (
+            insert into awa.finished (
+                job_id, slot, queue_id, priority, kind, state, attempt, max_attempts,
+                enqueued_at, finished_at, args, ordering_key, last_error, max_run_time,
+                unique_key, unique_window
+            )
+            select
+                f.job_id,
+                awa._carried_slot(
+                    f.state,
+                    f.finished_at
+                    + awa._retention(f.state, m.retain_completed, m.retain_failed),
+                    $3
+                ),
+                f.queue_id, f.priority, f.kind,
+                f.state, f.attempt, f.max_attempts, f.enqueued_at, f.finished_at, f.args,
+                f.ordering_key, f.last_error, f.max_run_time, f.unique_key, f.unique_window
+              from moved as f
+              join awa.queue_meta as m on m.queue_id = f.queue_id
+            returning 1
+        )
+        select (select count(*) from kept),
+               (select max(p.tid) from picked as p),
+               (select count(*) from retained) > (select count(*) from picked)
+    $f$, awa._finished_part(slot)) using from_tid, stop_tid, at into moved, last_tid, cut;
+end;
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._carry_blocks()
  RETURNS integer
  LANGUAGE sql
@@ -1185,28 +1249,26 @@ CREATE OR REPLACE FUNCTION awa._carry_slot(slot integer, until timestamp with ti
 AS $function$
 declare
     part text := awa._finished_part(slot);
-    width integer := awa._finished_slot_seconds(awa._finished_ring(slot));
-    at timestamptz;
-    this_period bigint;
+    at timestamptz := clock_timestamp();
+    -- The slot is to carry in this period only: the one it is next in.
+    this_period bigint := floor(
+        date_part('epoch', at) / awa._finished_slot_seconds(awa._finished_ring(slot))
+    )::bigint;
     from_tid tid;
     stop_tid tid;
-    moved bigint;
-    last_tid tid;
-    cut boolean;
+    b record;
     batches integer := 0;
 begin
     carried := 0;
     done := false;
+    select c.next_tid into from_tid
+      from awa.finished_carry as c
+     where c.slot = _carry_slot.slot and c.period = this_period;
+    from_tid := coalesce(from_tid, '(0,0)'::tid);
     loop
-        at := clock_timestamp();
         if awa._prune_action(slot, at) is distinct from 'carry' then
             return;
         end if;
-        this_period := floor(date_part('epoch', at) / width)::bigint;
-        select c.next_tid into from_tid
-          from awa.finished_carry as c
-         where c.slot = _carry_slot.slot and c.period = this_period;
-        from_tid := coalesce(from_tid, '(0,0)'::tid);
         execute format('select not exists (select from %s as f where f.ctid > $1)', part)
             using from_tid into strict done;
         if done then
@@ -1215,69 +1277,18 @@ begin
         -- At least one batch a call, however little time is left.
         exit when batches > 0 and at >= until;
         stop_tid := format('(%s,0)', (from_tid::text::point)[0]::bigint + awa._carry_blocks())::tid;
-        execute format($f$
-            with retained as (
-                select y.tid, sum(y.bytes) over (order by y.tid) - y.bytes as bytes_before
-                  from (
-                      select f.ctid as tid, awa._job_bytes(f.kind, f.args, f.last_error) as bytes
-                        from %1$s as f
-                        join awa.queue_meta as m on m.queue_id = f.queue_id
-                       where f.ctid > $1 and f.ctid < $2
-                         and f.finished_at
-                             + awa._retention(f.state, m.retain_completed, m.retain_failed) >= $3
-                  ) as y
-            ),
-            picked as (
-                select r.tid from retained as r where r.bytes_before < awa._pass_bytes()
-            ),
-            -- Only the rows this batch moves are locked, and only they wait
-            -- for the call's commit: a retry may take any other meanwhile.
-            locked as (
-                select f.ctid as tid
-                  from %1$s as f
-                 where f.ctid = any(array(select p.tid from picked as p))
-                   for update skip locked
-            ),
-            moved as (
-                delete from %1$s as f
-                 using locked as l
-                 where f.ctid = l.tid
-                returning f.*
-            ),
-            kept as (
-                insert into awa.finished (
-                    job_id, slot, queue_id, priority, kind, state, attempt, max_attempts,
-                    enqueued_at, finished_at, args, ordering_key, last_error, max_run_time,
-                    unique_key, unique_window
-                )
-                select
-                    f.job_id,
-                    awa._carried_slot(
-                        f.state,
-                        f.finished_at
-                        + awa._retention(f.state, m.retain_completed, m.retain_failed),
-                        $3
-                    ),
-                    f.queue_id, f.priority, f.kind,
-                    f.state, f.attempt, f.max_attempts, f.enqueued_at, f.finished_at, f.args,
-                    f.ordering_key, f.last_error, f.max_run_time, f.unique_key, f.unique_window
-                  from moved as f
-                  join awa.queue_meta as m on m.queue_id = f.queue_id
-                returning 1
-            )
-            select (select count(*) from kept),
-                   (select max(p.tid) from picked as p),
-                   (select count(*) from retained) > (select count(*) from picked)
-        $f$, part) using from_tid, stop_tid, at into moved, last_tid, cut;
+        select x.moved, x.last_tid, x.cut into b
+          from awa._carry_batch(slot, from_tid, stop_tid, at) as x;
         -- Stopped at the payload bound: the next batch starts after the
         -- last row moved, in the same blocks.
-        from_tid := case when cut then last_tid else stop_tid end;
+        from_tid := case when b.cut then b.last_tid else stop_tid end;
         insert into awa.finished_carry as c (slot, period, next_tid)
         values (_carry_slot.slot, this_period, from_tid)
         on conflict on constraint finished_carry_pkey
         do update set period = excluded.period, next_tid = excluded.next_tid;
-        carried := carried + moved;
+        carried := carried + b.moved;
         batches := batches + 1;
+        at := clock_timestamp();
     end loop;
 end;
 $function$;
@@ -3229,28 +3240,10 @@ begin
         return 0;
     end if;
     if retained > 0 then
-        execute format($f$
-            insert into awa.finished (
-                job_id, slot, queue_id, priority, kind, state, attempt, max_attempts,
-                enqueued_at, finished_at, args, ordering_key, last_error, max_run_time,
-                unique_key, unique_window
-            )
-            select
-                f.job_id,
-                awa._carried_slot(
-                    f.state,
-                    f.finished_at + awa._retention(f.state, m.retain_completed, m.retain_failed),
-                    $1
-                ),
-                f.queue_id, f.priority, f.kind,
-                f.state, f.attempt, f.max_attempts, f.enqueued_at, f.finished_at, f.args,
-                f.ordering_key, f.last_error, f.max_run_time, f.unique_key, f.unique_window
-              from %s as f
-              join awa.queue_meta as m on m.queue_id = f.queue_id
-             where f.finished_at + awa._retention(f.state, m.retain_completed, m.retain_failed)
-                   >= $1
-        $f$, part) using at;
-        get diagnostics kept = row_count;
+        -- The whole slot as one batch: no other transaction holds a row of
+        -- it now, and what it carries is within a batch's bound.
+        select x.moved into kept
+          from awa._carry_batch(slot, '(0,0)'::tid, '(4294967295,0)'::tid, at) as x;
     end if;
     execute format('truncate %s', part);
     delete from awa.finished_carry as c where c.slot = _prune_slot.slot;

@@ -271,55 +271,129 @@ as $$
     select interval '2 seconds'
 $$;
 
+-- Function: awa._carry_batch(slot, from_tid, stop_tid, at) returns (moved, last_tid, cut)
+-- One batch of a carry: the slot's rows between the heap positions
+-- from_tid (excluded) and stop_tid (excluded) still within their queue's
+-- retention at `at`, at most awa._pass_bytes() of their payload (at least
+-- one row), each deleted from the slot and inserted where
+-- awa._carried_slot says in the same statement, so that every snapshot
+-- sees it once. Rows another transaction holds are passed over. `cut`
+-- when the payload bound stopped it before stop_tid, `last_tid` the last
+-- row it took then. The batches of awa._carry_slot and the TRUNCATE's last
+-- look (the whole slot, under its lock) both move rows with it.
+-- Calls: awa._carried_slot (dynamic), awa._finished_part, awa._job_bytes (dynamic),
+--   awa._pass_bytes (dynamic), awa._retention (dynamic)
+-- Writes: awa.finished (dynamic), (dynamic)
+create or replace function awa._carry_batch(
+    slot integer, from_tid tid, stop_tid tid, at timestamptz,
+    out moved bigint, out last_tid tid, out cut boolean
+)
+language plpgsql
+set search_path = pg_catalog, pg_temp
+-- A range of the slot's heap read by TID: a sequential scan would read it
+-- from its start every batch.
+set enable_seqscan = off
+as $$
+begin
+    execute format($f$
+        with retained as (
+            select y.tid, sum(y.bytes) over (order by y.tid) - y.bytes as bytes_before
+              from (
+                  select f.ctid as tid, awa._job_bytes(f.kind, f.args, f.last_error) as bytes
+                    from %1$s as f
+                    join awa.queue_meta as m on m.queue_id = f.queue_id
+                   where f.ctid > $1 and f.ctid < $2
+                     and f.finished_at
+                         + awa._retention(f.state, m.retain_completed, m.retain_failed) >= $3
+              ) as y
+        ),
+        picked as (
+            select r.tid from retained as r where r.bytes_before < awa._pass_bytes()
+        ),
+        -- Only the rows this batch moves are locked, and only they wait
+        -- for the call's commit: a retry may take any other meanwhile.
+        locked as (
+            select f.ctid as tid
+              from %1$s as f
+             where f.ctid = any(array(select p.tid from picked as p))
+               for update skip locked
+        ),
+        moved as (
+            delete from %1$s as f
+             using locked as l
+             where f.ctid = l.tid
+            returning f.*
+        ),
+        kept as (
+            insert into awa.finished (
+                job_id, slot, queue_id, priority, kind, state, attempt, max_attempts,
+                enqueued_at, finished_at, args, ordering_key, last_error, max_run_time,
+                unique_key, unique_window
+            )
+            select
+                f.job_id,
+                awa._carried_slot(
+                    f.state,
+                    f.finished_at
+                    + awa._retention(f.state, m.retain_completed, m.retain_failed),
+                    $3
+                ),
+                f.queue_id, f.priority, f.kind,
+                f.state, f.attempt, f.max_attempts, f.enqueued_at, f.finished_at, f.args,
+                f.ordering_key, f.last_error, f.max_run_time, f.unique_key, f.unique_window
+              from moved as f
+              join awa.queue_meta as m on m.queue_id = f.queue_id
+            returning 1
+        )
+        select (select count(*) from kept),
+               (select max(p.tid) from picked as p),
+               (select count(*) from retained) > (select count(*) from picked)
+    $f$, awa._finished_part(slot)) using from_tid, stop_tid, at into moved, last_tid, cut;
+end;
+$$;
+
 -- Function: awa._carry_slot(slot integer, until timestamptz) returns (carried bigint, done boolean)
 -- While the slot is the next its ring will write (awa._prune_action says
--- 'carry'), moves its rows still within their queue's retention into the
--- current slot, batch after batch until `until` (at least one batch): each
--- batch the rows of the next awa._carry_blocks() heap blocks, at most
--- awa._pass_bytes() of their payload (at least one row), each row deleted
--- from the slot and inserted into the current one in the same statement,
--- so that every snapshot sees it once. awa.finished_carry keeps where the
--- batches have got to in this period. Rows another transaction holds (a
--- retry) are passed over; the TRUNCATE's last look takes them. `done` once
--- no row lies past where the batches have got to; carried counts the rows
--- moved by this call.
--- Calls: awa._carried_slot (dynamic), awa._carry_blocks, awa._finished_part, awa._finished_ring,
---   awa._finished_slot_seconds, awa._job_bytes (dynamic), awa._pass_bytes (dynamic),
---   awa._prune_action, awa._retention (dynamic)
--- Writes: awa.finished (dynamic), awa.finished_carry, (dynamic)
+-- 'carry'), moves its rows still within their queue's retention out of it,
+-- batch after batch (awa._carry_batch) until `until` (at least one batch),
+-- each batch the rows of the next awa._carry_blocks() heap blocks.
+-- awa.finished_carry keeps where the batches have got to in this period.
+-- Rows another transaction holds (a retry) are passed over; the
+-- TRUNCATE's last look takes them. `done` once no row lies past where the
+-- batches have got to; carried counts the rows moved by this call.
+-- Calls: awa._carry_batch, awa._carry_blocks, awa._finished_part, awa._finished_ring,
+--   awa._finished_slot_seconds, awa._prune_action
+-- Writes: awa.finished_carry
 create or replace function awa._carry_slot(
     slot integer, until timestamptz, out carried bigint, out done boolean
 )
 language plpgsql
 set search_path = pg_catalog, pg_temp
--- Each statement reads a range of the slot's heap by TID: a sequential scan
--- would read it from its start every batch.
+-- The look past the batches' position reads the heap by TID.
 set enable_seqscan = off
 as $$
 declare
     part text := awa._finished_part(slot);
-    width integer := awa._finished_slot_seconds(awa._finished_ring(slot));
-    at timestamptz;
-    this_period bigint;
+    at timestamptz := clock_timestamp();
+    -- The slot is to carry in this period only: the one it is next in.
+    this_period bigint := floor(
+        date_part('epoch', at) / awa._finished_slot_seconds(awa._finished_ring(slot))
+    )::bigint;
     from_tid tid;
     stop_tid tid;
-    moved bigint;
-    last_tid tid;
-    cut boolean;
+    b record;
     batches integer := 0;
 begin
     carried := 0;
     done := false;
+    select c.next_tid into from_tid
+      from awa.finished_carry as c
+     where c.slot = _carry_slot.slot and c.period = this_period;
+    from_tid := coalesce(from_tid, '(0,0)'::tid);
     loop
-        at := clock_timestamp();
         if awa._prune_action(slot, at) is distinct from 'carry' then
             return;
         end if;
-        this_period := floor(date_part('epoch', at) / width)::bigint;
-        select c.next_tid into from_tid
-          from awa.finished_carry as c
-         where c.slot = _carry_slot.slot and c.period = this_period;
-        from_tid := coalesce(from_tid, '(0,0)'::tid);
         execute format('select not exists (select from %s as f where f.ctid > $1)', part)
             using from_tid into strict done;
         if done then
@@ -328,69 +402,18 @@ begin
         -- At least one batch a call, however little time is left.
         exit when batches > 0 and at >= until;
         stop_tid := format('(%s,0)', (from_tid::text::point)[0]::bigint + awa._carry_blocks())::tid;
-        execute format($f$
-            with retained as (
-                select y.tid, sum(y.bytes) over (order by y.tid) - y.bytes as bytes_before
-                  from (
-                      select f.ctid as tid, awa._job_bytes(f.kind, f.args, f.last_error) as bytes
-                        from %1$s as f
-                        join awa.queue_meta as m on m.queue_id = f.queue_id
-                       where f.ctid > $1 and f.ctid < $2
-                         and f.finished_at
-                             + awa._retention(f.state, m.retain_completed, m.retain_failed) >= $3
-                  ) as y
-            ),
-            picked as (
-                select r.tid from retained as r where r.bytes_before < awa._pass_bytes()
-            ),
-            -- Only the rows this batch moves are locked, and only they wait
-            -- for the call's commit: a retry may take any other meanwhile.
-            locked as (
-                select f.ctid as tid
-                  from %1$s as f
-                 where f.ctid = any(array(select p.tid from picked as p))
-                   for update skip locked
-            ),
-            moved as (
-                delete from %1$s as f
-                 using locked as l
-                 where f.ctid = l.tid
-                returning f.*
-            ),
-            kept as (
-                insert into awa.finished (
-                    job_id, slot, queue_id, priority, kind, state, attempt, max_attempts,
-                    enqueued_at, finished_at, args, ordering_key, last_error, max_run_time,
-                    unique_key, unique_window
-                )
-                select
-                    f.job_id,
-                    awa._carried_slot(
-                        f.state,
-                        f.finished_at
-                        + awa._retention(f.state, m.retain_completed, m.retain_failed),
-                        $3
-                    ),
-                    f.queue_id, f.priority, f.kind,
-                    f.state, f.attempt, f.max_attempts, f.enqueued_at, f.finished_at, f.args,
-                    f.ordering_key, f.last_error, f.max_run_time, f.unique_key, f.unique_window
-                  from moved as f
-                  join awa.queue_meta as m on m.queue_id = f.queue_id
-                returning 1
-            )
-            select (select count(*) from kept),
-                   (select max(p.tid) from picked as p),
-                   (select count(*) from retained) > (select count(*) from picked)
-        $f$, part) using from_tid, stop_tid, at into moved, last_tid, cut;
+        select x.moved, x.last_tid, x.cut into b
+          from awa._carry_batch(slot, from_tid, stop_tid, at) as x;
         -- Stopped at the payload bound: the next batch starts after the
         -- last row moved, in the same blocks.
-        from_tid := case when cut then last_tid else stop_tid end;
+        from_tid := case when b.cut then b.last_tid else stop_tid end;
         insert into awa.finished_carry as c (slot, period, next_tid)
         values (_carry_slot.slot, this_period, from_tid)
         on conflict on constraint finished_carry_pkey
         do update set period = excluded.period, next_tid = excluded.next_tid;
-        carried := carried + moved;
+        carried := carried + b.moved;
         batches := batches + 1;
+        at := clock_timestamp();
     end loop;
 end;
 $$;
@@ -426,7 +449,7 @@ $$;
 -- TRUNCATE, whatever the batches did; more than a batch's rows or payload
 -- (awa._carry_rows_locked, awa._pass_bytes), and the batches read the slot
 -- again instead.
--- Calls: awa._carried_slot (dynamic), awa._carry_rows_locked, awa._carry_slot, awa._finished_part,
+-- Calls: awa._carry_batch, awa._carry_rows_locked, awa._carry_slot, awa._finished_part,
 --   awa._job_bytes (dynamic), awa._pass_bytes, awa._prune_action, awa._retention (dynamic)
 -- Writes: awa.finished (dynamic), awa.finished_carry
 create or replace function awa._prune_slot(slot integer, until timestamptz)
@@ -486,28 +509,10 @@ begin
         return 0;
     end if;
     if retained > 0 then
-        execute format($f$
-            insert into awa.finished (
-                job_id, slot, queue_id, priority, kind, state, attempt, max_attempts,
-                enqueued_at, finished_at, args, ordering_key, last_error, max_run_time,
-                unique_key, unique_window
-            )
-            select
-                f.job_id,
-                awa._carried_slot(
-                    f.state,
-                    f.finished_at + awa._retention(f.state, m.retain_completed, m.retain_failed),
-                    $1
-                ),
-                f.queue_id, f.priority, f.kind,
-                f.state, f.attempt, f.max_attempts, f.enqueued_at, f.finished_at, f.args,
-                f.ordering_key, f.last_error, f.max_run_time, f.unique_key, f.unique_window
-              from %s as f
-              join awa.queue_meta as m on m.queue_id = f.queue_id
-             where f.finished_at + awa._retention(f.state, m.retain_completed, m.retain_failed)
-                   >= $1
-        $f$, part) using at;
-        get diagnostics kept = row_count;
+        -- The whole slot as one batch: no other transaction holds a row of
+        -- it now, and what it carries is within a batch's bound.
+        select x.moved into kept
+          from awa._carry_batch(slot, '(0,0)'::tid, '(4294967295,0)'::tid, at) as x;
     end if;
     execute format('truncate %s', part);
     delete from awa.finished_carry as c where c.slot = _prune_slot.slot;
@@ -605,6 +610,7 @@ select awa._grant_execute('awa._prune_action(integer, timestamptz)');
 select awa._grant_execute('awa._finished_part(integer)');
 select awa._grant_execute('awa._carry_blocks()');
 select awa._grant_execute('awa._carry_time()');
+select awa._grant_execute('awa._carry_batch(integer, tid, tid, timestamptz)');
 select awa._grant_execute('awa._carry_slot(integer, timestamptz)');
 select awa._grant_execute('awa._carry_rows_locked()');
 select awa._grant_execute('awa._prune_slot(integer, timestamptz)');

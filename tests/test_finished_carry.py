@@ -34,6 +34,13 @@ def batch(su, slot: int) -> tuple[int, bool]:
                       [slot]).fetchone()
 
 
+def big_args(su, job_ids: list[int]) -> None:
+    """Args of about 6 MB each once stored (md5 text does not compress much)."""
+    su.execute("update awa.finished set args = jsonb_build_object('s', (select string_agg("
+               "md5(i::text || j::text), '') from generate_series(1, 200000) as i))"
+               " from (select 1) as x (j) where job_id = any(%s)", [job_ids])
+
+
 def current(su, state: str) -> int:
     return su.execute("select awa._finished_slot(%s, now())", [state]).fetchone()[0]
 
@@ -88,10 +95,7 @@ def test_a_batch_stops_at_the_pass_bytes_of_payload(db, su, logins):
     su.execute("select awa.set_retention('long', '1 hour', '10 days')")
     target = next_slot(su, "failed")
     ids = past(su, "long", "failed", "now() - interval '186 hours'", 5)
-    # About 6 MB each once stored: md5 text does not compress much.
-    su.execute("update awa.finished set args = jsonb_build_object('s', (select string_agg("
-               "md5(i::text || j::text), '') from generate_series(1, 200000) as i))"
-               " , last_error = 'boom' from (select 1) as x (j) where job_id = any(%s)", [ids])
+    big_args(su, ids)
     sizes = [r[0] for r in su.execute(
         f"select pg_column_size(args) from awa.finished_{target:02d} order by ctid").fetchall()]
     limit = su.execute("select awa._pass_bytes()").fetchone()[0]
@@ -212,9 +216,7 @@ def test_the_last_look_under_the_lock_carries_no_more_payload_than_a_batch(db, s
     su.execute("select awa.set_retention('long', '1 hour', '1 day')")
     target = next_slot(su, "failed")
     ids = past(su, "long", "failed", "now() - interval '186 hours'", 5)
-    su.execute("update awa.finished set args = jsonb_build_object('s', (select string_agg("
-               "md5(i::text || j::text), '') from generate_series(1, 200000) as i))"
-               " from (select 1) as x (j) where job_id = any(%s)", [ids])
+    big_args(su, ids)
     limit = su.execute("select awa._pass_bytes()").fetchone()[0]
     assert su.execute("select sum(pg_column_size(args)) from awa.finished"
                       " where job_id = any(%s)", [ids]).fetchone()[0] > limit
@@ -298,39 +300,33 @@ def test_the_long_ring_drops_a_slot_past_every_retention_and_carries_its_next(
     assert kept(su, [recent, kept_long]) == {kept_long}
 
 
-def test_a_failed_job_in_the_long_ring_goes_within_a_day_of_its_retention(db, su, logins):
-    """Kept 30 days, carried to the long ring at its failed slot's turn
-    (7.75 days on), it goes once its 30 days and its day-wide slot are
-    past: the slot's drop counts the 7.5 days the job had spent before it
-    got there (it is not held for 30 days from the slot's day)."""
-    su.execute("select awa.set_retention('long', '1 hour', '30 days')")
-    [job] = past(su, "long", "failed", "now() - interval '35 days'")
-    carried_at = "now() - interval '35 days' + interval '186 hours'"
-    slot = su.execute(f"select awa._carried_slot('failed', now() - interval '5 days',"
-                      f" {carried_at})").fetchone()[0]
-    assert 64 <= slot <= 95
-    su.execute("update awa.finished set slot = %s where job_id = %s", [slot, job])
-    with db.connect(logins.maintenance) as m:
-        assert m.execute("select awa.prune_finished()").fetchone()[0] == 1
-    with db.connect(logins.operator) as op:
-        assert op.execute("select awa.retry_job(%s)", [job]).fetchone()[0] is False
-    assert kept(su, [job]) == set()
-
-
-def test_a_completed_job_in_the_long_ring_is_not_held_by_the_failed_retention(
-        db, su, logins):
-    """Kept 3 days, carried to the long ring at 31 hours: it goes about a
-    day after its 3 days (its day-wide slot), not after the 7 days failed
-    jobs are kept by default."""
-    su.execute("select awa.set_retention('long', '3 days', null)")
-    [job] = past(su, "long", "completed", "now() - interval '108 hours'")
-    carried_at = "now() - interval '108 hours' + interval '31 hours'"
-    slot = su.execute(f"select awa._carried_slot('completed', now() - interval '36 hours',"
-                      f" {carried_at})").fetchone()[0]
+@pytest.mark.parametrize("state, retention, finished, carried_after", [
+    # Kept 30 days, carried at its failed slot's turn (7.75 days on): not
+    # held 30 days from the long slot's day.
+    ("failed", ("1 hour", "30 days"), "35 days", "186 hours"),
+    # Kept 3 days, carried at 31 hours: not held by the 7 days failed jobs
+    # are kept by default.
+    ("completed", ("3 days", None), "108 hours", "31 hours"),
+])
+def test_a_job_in_the_long_ring_goes_within_a_day_of_its_retention(
+        db, su, logins, state, retention, finished, carried_after):
+    """A long slot's drop counts the time its jobs had spent before they got
+    there (30 periods of their own ring at least), so a job goes once its
+    retention and its day-wide slot are past."""
+    su.execute("select awa.set_retention('long', %s, %s)", list(retention))
+    [job] = past(su, "long", state, f"now() - interval '{finished}'")
+    slot = su.execute(
+        "select awa._carried_slot(f.state, f.finished_at + awa._retention(f.state,"
+        " m.retain_completed, m.retain_failed), f.finished_at + %s::interval)"
+        " from awa.finished f join awa.queue_meta m using (queue_id) where f.job_id = %s",
+        [carried_after, job]).fetchone()[0]
     assert 64 <= slot <= 95
     su.execute("update awa.finished set slot = %s where job_id = %s", [slot, job])
     with db.connect(logins.maintenance) as m:
         assert m.execute("select awa.prune_finished()").fetchone()[0] == 1
     with db.connect(logins.reader) as r:
         assert r.execute("select count(*) from awa.job(%s)", [job]).fetchone()[0] == 0
-        assert r.execute("select awa.count_jobs('long', 'completed')").fetchone()[0] == 0
+        assert r.execute("select awa.count_jobs('long', %s)", [state]).fetchone()[0] == 0
+    with db.connect(logins.operator) as op:
+        assert op.execute("select awa.retry_job(%s)", [job]).fetchone()[0] is False
+    assert kept(su, [job]) == set()
