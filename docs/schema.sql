@@ -3192,7 +3192,6 @@ declare
     part text := awa._finished_part(slot);
     action text;
     at timestamptz;
-    any_rows boolean;
     rows_in bigint;
     retained bigint := 0;
     retained_bytes bigint := 0;
@@ -3200,9 +3199,11 @@ declare
 begin
     -- Its file, not its live rows: a slot whose rows the carry moved holds
     -- their dead versions, which its TRUNCATE is for.
-    any_rows := pg_relation_size(part::regclass) > 0;
+    if pg_relation_size(part::regclass) = 0 then
+        return 0;
+    end if;
     action := awa._prune_action(slot, clock_timestamp());
-    if not any_rows or action is null then
+    if action is null then
         return 0;
     end if;
     if action = 'carry' and not (awa._carry_slot(slot, until)).done then
@@ -4245,13 +4246,20 @@ AS $function$
 declare
     until timestamptz := clock_timestamp() + awa._carry_time();
     carried bigint := 0;
+    ring text;
 begin
     perform awa._check_read_committed('awa.carry_finished()');
     if not awa._try_leader('prune') then
         return 0;
     end if;
-    for s in 0 .. awa._finished_slot_count() - 1 loop
-        carried := carried + (awa._carry_slot(s, until)).carried;
+    -- Only a ring's next slot is ever carried: one per ring, not every slot.
+    foreach ring in array array['completed', 'failed', 'long'] loop
+        carried := carried + (awa._carry_slot(
+            awa._finished_slot(
+                ring, clock_timestamp() + awa._finished_slot_seconds(ring) * interval '1 second'
+            ),
+            until
+        )).carried;
     end loop;
     return carried;
 end;

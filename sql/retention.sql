@@ -461,7 +461,6 @@ declare
     part text := awa._finished_part(slot);
     action text;
     at timestamptz;
-    any_rows boolean;
     rows_in bigint;
     retained bigint := 0;
     retained_bytes bigint := 0;
@@ -469,9 +468,11 @@ declare
 begin
     -- Its file, not its live rows: a slot whose rows the carry moved holds
     -- their dead versions, which its TRUNCATE is for.
-    any_rows := pg_relation_size(part::regclass) > 0;
+    if pg_relation_size(part::regclass) = 0 then
+        return 0;
+    end if;
     action := awa._prune_action(slot, clock_timestamp());
-    if not any_rows or action is null then
+    if action is null then
         return 0;
     end if;
     if action = 'carry' and not (awa._carry_slot(slot, until)).done then
@@ -564,7 +565,9 @@ $$;
 
 -- Function: awa.carry_finished() returns bigint
 -- The carry of awa.prune_finished alone: moves the rows still within their
--- retention out of each slot its ring writes next, in batches, for at most
+-- retention out of the slot each ring writes next (three slots, not all
+-- of them: its cost follows the rings, not the queues times the slots),
+-- in batches, for at most
 -- awa._carry_time(), and leaves the TRUNCATE to the next prune. A scheduler
 -- calls it again at once while it returns rows (awa maintain does), so
 -- that a long retention's carry is done long before the slot's turn comes,
@@ -573,8 +576,8 @@ $$;
 -- Role: awa_maintenance.
 -- Returns: how many jobs it carried.
 -- Errors: 25000 the calling transaction is not read committed.
--- Calls: awa._carry_slot, awa._carry_time, awa._check_read_committed, awa._finished_slot_count,
---   awa._try_leader
+-- Calls: awa._carry_slot, awa._carry_time, awa._check_read_committed, awa._finished_slot,
+--   awa._finished_slot_seconds, awa._try_leader
 -- Writes: nothing
 create or replace function awa.carry_finished()
 returns bigint
@@ -586,13 +589,20 @@ as $$
 declare
     until timestamptz := clock_timestamp() + awa._carry_time();
     carried bigint := 0;
+    ring text;
 begin
     perform awa._check_read_committed('awa.carry_finished()');
     if not awa._try_leader('prune') then
         return 0;
     end if;
-    for s in 0 .. awa._finished_slot_count() - 1 loop
-        carried := carried + (awa._carry_slot(s, until)).carried;
+    -- Only a ring's next slot is ever carried: one per ring, not every slot.
+    foreach ring in array array['completed', 'failed', 'long'] loop
+        carried := carried + (awa._carry_slot(
+            awa._finished_slot(
+                ring, clock_timestamp() + awa._finished_slot_seconds(ring) * interval '1 second'
+            ),
+            until
+        )).carried;
     end loop;
     return carried;
 end;
