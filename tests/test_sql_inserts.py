@@ -94,11 +94,11 @@ def test_the_reader_finds_the_inserts(files, columns):
              for i in sql_headers.inserts(f.uses)}
     assert {t for _, t, _ in found} >= set(JOB_TABLES)
     # A CTE's INSERT (awa._insert_jobs), a PL/pgSQL statement's (awa.enqueue)
-    # and dynamic SQL's (the ring's move in awa._prune_slot).
+    # and dynamic SQL's (the carry's move in awa._carry_batch).
     assert ("awa._insert_jobs", "awa.ready", True) in found
     assert ("awa._insert_jobs", "awa.scheduled", True) in found
     assert ("awa.enqueue", "awa.ready", True) in found
-    assert ("awa._prune_slot", "awa.finished", False) in found
+    assert ("awa._carry_batch", "awa.finished", False) in found
     assert len(columns["awa.ready"]) >= 14 and "max_run_time" in columns["awa.ready"]
 
 
