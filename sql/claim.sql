@@ -57,6 +57,57 @@ begin
 end;
 $$;
 
+-- Function: awa._move_lane_hints(lanes integer[]) returns void
+-- Moves the claim hint of each of these lanes up to the lane's first row
+-- still visible to the caller (free, or held by a claim in flight), when
+-- that row is at least awa._claim_hint_step() past the hint: the rows
+-- below it are gone once the caller commits, and the hint row written
+-- here goes with the caller's rollback. A lane with no visible row at or
+-- above its hint keeps its hint: an enqueue in flight may hold rows of
+-- it that the caller cannot see. Called by awa.claim for the lanes it
+-- took far from their hints, and by awa.cancel_jobs for the lanes it
+-- cancelled from.
+-- Calls: awa._advance_lane_hints, awa._claim_hint_step
+-- Writes: nothing
+create or replace function awa._move_lane_hints(lanes integer[])
+returns void
+language plpgsql
+set search_path = pg_catalog, pg_temp
+-- Lanes, hints and rows are looked up by key, as in a claim.
+set plan_cache_mode = force_generic_plan
+set enable_hashjoin = off
+set enable_mergejoin = off
+set enable_seqscan = off
+as $$
+declare
+    hint_lanes integer[];
+    hint_heads bigint[];
+    hint_seqs bigint[];
+begin
+    select array_agg(l.lane_id order by l.lane_id),
+           array_agg(hd.head_seq order by l.lane_id),
+           array_agg(f.lane_seq order by l.lane_id)
+      into hint_lanes, hint_heads, hint_seqs
+      from unnest(lanes) as l (lane_id)
+     cross join lateral (
+         select coalesce(max(y.head_seq), 0) as head_seq
+           from awa.lane_hints as y
+          where y.lane_id = l.lane_id
+     ) as hd
+     cross join lateral (
+         select r.lane_seq
+           from awa.ready as r
+          where r.lane_id = l.lane_id and r.lane_seq >= hd.head_seq
+          order by r.lane_seq
+          limit 1
+     ) as f
+     where f.lane_seq >= hd.head_seq + awa._claim_hint_step();
+    if hint_lanes is not null then
+        perform awa._advance_lane_hints(hint_lanes, hint_heads, hint_seqs);
+    end if;
+end;
+$$;
+
 -- Function: awa._claim_hint_step() returns integer
 -- How far past its hint a lane's first claimable row must be before a claim
 -- moves the hint: often enough that a claim walks few dead rows, rarely
@@ -120,8 +171,8 @@ $$;
 -- Returns: setof awa.claimed, by priority then claim order; each job's
 -- attempt is counted from 1; deadline_at null for a job without one.
 -- Errors: 22023 max_jobs < 0 or lease <= 0; 22004 null queues or worker.
--- Calls: awa._advance_lane_hints, awa._check_limit, awa._claim_hint_step, awa._claim_walk_shard,
---   awa._limit_ok, awa._running_slot
+-- Calls: awa._check_limit, awa._claim_hint_step, awa._claim_walk_shard, awa._limit_ok,
+--   awa._move_lane_hints, awa._running_slot
 -- Writes: awa.ready, awa.running
 create or replace function awa.claim(
     queues text[],
@@ -151,9 +202,6 @@ declare
     claimed record;
     one awa.claimed;
     far_lanes integer[] := '{}';
-    hint_lanes integer[];
-    hint_heads bigint[];
-    hint_seqs bigint[];
     -- A claim by one name of a queue no other queue links to (the usual
     -- call): its row, read once by name, so the walk's statement carries
     -- the queue as parameters instead of reading queue_meta (ADR 033).
@@ -386,29 +434,7 @@ begin
             end loop;
     end general;
     if cardinality(far_lanes) > 0 then
-        -- Each such lane's first row still visible (held by a claim in
-        -- flight, or free) is its new head.
-        select array_agg(l.lane_id order by l.lane_id),
-               array_agg(hd.head_seq order by l.lane_id),
-               array_agg(f.lane_seq order by l.lane_id)
-          into hint_lanes, hint_heads, hint_seqs
-          from unnest(far_lanes) as l (lane_id)
-         cross join lateral (
-             select coalesce(max(y.head_seq), 0) as head_seq
-               from awa.lane_hints as y
-              where y.lane_id = l.lane_id
-         ) as hd
-         cross join lateral (
-             select r.lane_seq
-               from awa.ready as r
-              where r.lane_id = l.lane_id and r.lane_seq >= hd.head_seq
-              order by r.lane_seq
-              limit 1
-         ) as f
-         where f.lane_seq >= hd.head_seq + awa._claim_hint_step();
-        if hint_lanes is not null then
-            perform awa._advance_lane_hints(hint_lanes, hint_heads, hint_seqs);
-        end if;
+        perform awa._move_lane_hints(far_lanes);
     end if;
 end;
 $$;
@@ -717,6 +743,7 @@ end;
 $$;
 
 select awa._grant_execute('awa._advance_lane_hints(integer[], bigint[], bigint[])');
+select awa._grant_execute('awa._move_lane_hints(integer[])');
 select awa._grant_execute('awa._claim_hint_step()');
 select awa._grant_execute('awa._claim_walk_shard(integer, integer, integer, integer)');
 select awa._grant_execute('awa.claim(text[], integer, text, interval)', 'worker');

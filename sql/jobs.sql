@@ -696,11 +696,14 @@ $$;
 -- ones. Running jobs are left to run (awa.cancel_job cancels one), and so
 -- are ready rows a claim in flight holds: they are being claimed. Call it
 -- again until it returns 0 to cancel more than max_jobs, each call its own
--- transaction. Returns how many jobs it cancelled.
+-- transaction. Moves the claim hints of the lanes it cancelled from past
+-- the rows it cancelled (awa._move_lane_hints). Returns how many jobs it
+-- cancelled.
 -- Role: awa_operator.
 -- Errors: 22004 null queue or max_jobs; 22023 max_jobs outside 1 .. 100000,
 -- a bad name; 42704 no such queue.
--- Calls: awa._cancel_waiting, awa._check_max_jobs, awa._lane_states, awa._queue_ids
+-- Calls: awa._cancel_waiting, awa._check_max_jobs, awa._lane_states, awa._move_lane_hints,
+--   awa._queue_ids
 -- Writes: awa.ready, awa.scheduled
 create or replace function awa.cancel_jobs(
     queue text, kind text default null, max_jobs integer default 10000
@@ -720,6 +723,7 @@ declare
     ids integer[] := awa._queue_ids(queue);
     gone record;
     cancelled bigint := 0;
+    lanes integer[] := '{}';
 begin
     perform awa._check_max_jobs('max_jobs', max_jobs);
     for gone in
@@ -749,7 +753,17 @@ begin
             gone.max_run_time
         );
         cancelled := cancelled + 1;
+        if not gone.lane_id = any(lanes) then
+            lanes := lanes || gone.lane_id;
+        end if;
     end loop;
+    -- Claims, the next call and the lane views start past what was
+    -- cancelled from the front, not at each lane's old hint, which would
+    -- walk every cancelled row until vacuum removes it (never, while a
+    -- snapshot older than this transaction is held).
+    if cardinality(lanes) > 0 then
+        perform awa._move_lane_hints(lanes);
+    end if;
     if cancelled < max_jobs then
         for gone in
             delete from awa.scheduled as s

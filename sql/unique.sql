@@ -78,16 +78,18 @@ $$;
 -- Within the call the first element of each key takes it and the later
 -- ones are its duplicates. A key is free when no row holds it or its row's
 -- held_until has passed (a completed job's window ended): the row is then
--- taken over, its lock taken in (scope, key) order, as the insert takes
--- new keys, so concurrent callers wait for each other in one order and
--- never deadlock. The row of a key a live job holds is read, not locked:
--- the caller goes on to wait for lanes, and a lock held meanwhile would
--- deadlock with the holder's end in a transaction that holds one of those
--- lanes (a worker that enqueues and completes in one transaction). If a
--- holder gives its key back between the two (a failed job deletes its
--- row), the key is taken again. The caller marks the queues that now have
--- keyed jobs (awa._mark_unique_jobs) once it holds its lanes. The arrays
--- come checked, one element per job, indexed from 1.
+-- taken over. The keys are settled one at a time, in (scope, key) order,
+-- each before the next is touched: a call waits only for a key above
+-- every key it took, so two calls never deadlock (a call that took a key
+-- and then, given a key back, waited for a lower one did: ADR 027). The row
+-- of a key a live job holds is read, not locked: the caller goes on to wait
+-- for lanes, and a lock held meanwhile would deadlock with the holder's end
+-- in a transaction that holds one of those lanes (a worker that enqueues
+-- and completes in one transaction). If a holder gives its key back
+-- between the insert and the read (a failed job deletes its row), the key
+-- is taken again. The caller marks the queues that now have keyed jobs
+-- (awa._mark_unique_jobs) once it holds its lanes. The arrays come
+-- checked, one element per job, indexed from 1.
 -- Calls: awa._default_priority, awa._unique_scope
 -- Writes: awa.unique_keys
 create or replace function awa._take_unique_keys(
@@ -108,87 +110,76 @@ set enable_mergejoin = off
 set enable_seqscan = off
 as $$
 declare
-    scopes text[] := array(
-        select awa._unique_scope(m.queue, m.root_queue)
+    e record;
+    -- The key being settled and, once settled, the job holding it.
+    key_scope text;
+    key_value bytea;
+    holder_job bigint;
+    holder_queue integer;
+    holder_priority smallint;
+    holder_until timestamptz;
+    dup_i integer[] := '{}';
+    dup_job bigint[] := '{}';
+    dup_queue integer[] := '{}';
+    dup_priority smallint[] := '{}';
+begin
+    for e in
+        select x.i, awa._unique_scope(m.queue, m.root_queue) as scope,
+               unique_keys[x.i] as unique_key
           from generate_series(1, cardinality(unique_keys)) as x (i)
           left join awa.queue_meta as m on m.queue_id = queue_ids[x.i]
-         order by x.i
-    );
-    held_i integer[];
-    held_job bigint[];
-    held_queue integer[];
-    held_priority smallint[];
-    every_key_held boolean;
-    some_passed boolean;
-    taken bigint;
-begin
-    loop
-        insert into awa.unique_keys as u (
-            queue, unique_key, job_id, queue_id, priority, unique_window, held_until
-        )
-        select distinct on (scopes[x.i], unique_keys[x.i])
-               scopes[x.i], unique_keys[x.i], job_ids[x.i], queue_ids[x.i],
-               coalesce(priorities[x.i], awa._default_priority()), unique_windows[x.i],
-               null::timestamptz
-          from generate_series(1, cardinality(unique_keys)) as x (i)
          where unique_keys[x.i] is not null
-         order by scopes[x.i], unique_keys[x.i], x.i
-            on conflict (queue, unique_key) do nothing;
-        get diagnostics taken = row_count;
-        -- Every keyed element took a key of its own: no duplicate (the
-        -- usual call, a new key).
-        if taken = cardinality(array_remove(unique_keys, null)) then
-            return;
+         order by 2, 3, 1
+    loop
+        if key_scope is distinct from e.scope or key_value is distinct from e.unique_key then
+            key_scope := e.scope;
+            key_value := e.unique_key;
+            loop
+                insert into awa.unique_keys as u (
+                    queue, unique_key, job_id, queue_id, priority, unique_window, held_until
+                ) values (
+                    e.scope, e.unique_key, job_ids[e.i], queue_ids[e.i],
+                    coalesce(priorities[e.i], awa._default_priority()), unique_windows[e.i],
+                    null
+                )
+                on conflict (queue, unique_key) do nothing;
+                if found then
+                    holder_job := job_ids[e.i];
+                    holder_queue := queue_ids[e.i];
+                    holder_priority := coalesce(priorities[e.i], awa._default_priority());
+                    exit;
+                end if;
+                select u.job_id, u.queue_id, u.priority, u.held_until
+                  into holder_job, holder_queue, holder_priority, holder_until
+                  from awa.unique_keys as u
+                 where u.queue = e.scope and u.unique_key = e.unique_key;
+                -- Given back since the insert: take it again.
+                continue when not found;
+                exit when holder_until is null or holder_until > now();
+                -- Its window has passed: take it over, unless another caller
+                -- did meanwhile (then read again, and find it held).
+                update awa.unique_keys as u
+                   set job_id = job_ids[e.i], queue_id = queue_ids[e.i],
+                       priority = coalesce(priorities[e.i], awa._default_priority()),
+                       unique_window = unique_windows[e.i], held_until = null
+                 where u.queue = e.scope and u.unique_key = e.unique_key
+                   and u.held_until <= now()
+                returning u.job_id, u.queue_id, u.priority
+                     into holder_job, holder_queue, holder_priority;
+                exit when found;
+            end loop;
         end if;
-        -- Each key's holder, read once: the report below is this read, so
-        -- a holder that ends after it is still reported (its row gone or
-        -- not). A key with no row was given back since the insert (a failed
-        -- job deletes its row): take it again.
-        select array_agg(x.i order by x.i), array_agg(u.job_id order by x.i),
-               array_agg(u.queue_id order by x.i), array_agg(u.priority order by x.i),
-               coalesce(bool_and(u.job_id is not null), true),
-               coalesce(bool_or(u.held_until <= now()), false)
-          into held_i, held_job, held_queue, held_priority, every_key_held, some_passed
-          from generate_series(1, cardinality(unique_keys)) as x (i)
-          left join awa.unique_keys as u
-            on u.queue = scopes[x.i] and u.unique_key = unique_keys[x.i]
-         where unique_keys[x.i] is not null;
-        if some_passed then
-            -- Rows whose window has passed, locked in key order and taken
-            -- over; one another caller took over meanwhile is read again,
-            -- found held and left. Then the holders are read again.
-            with wanted as (
-                select distinct on (scopes[x.i], unique_keys[x.i])
-                       scopes[x.i] as scope, unique_keys[x.i] as unique_key, x.i
-                  from generate_series(1, cardinality(unique_keys)) as x (i)
-                 where unique_keys[x.i] is not null
-                 order by scopes[x.i], unique_keys[x.i], x.i
-            ),
-            passed as (
-                select u.ctid as tid, w.i
-                  from wanted as w
-                  join awa.unique_keys as u
-                    on u.queue = w.scope and u.unique_key = w.unique_key
-                 where u.held_until <= now()
-                 order by u.queue, u.unique_key
-                   for update of u
-            )
-            update awa.unique_keys as u
-               set job_id = job_ids[p.i], queue_id = queue_ids[p.i],
-                   priority = coalesce(priorities[p.i], awa._default_priority()),
-                   unique_window = unique_windows[p.i], held_until = null
-              from passed as p
-             where u.ctid = p.tid;
-            continue;
+        if holder_job <> job_ids[e.i] then
+            dup_i := dup_i || e.i;
+            dup_job := dup_job || holder_job;
+            dup_queue := dup_queue || holder_queue;
+            dup_priority := dup_priority || holder_priority;
         end if;
-        exit when every_key_held;
     end loop;
     return query
-    select h.i, h.job_id, h.queue_id, h.priority
-      from unnest(held_i, held_job, held_queue, held_priority)
-           as h (i, job_id, queue_id, priority)
-     where h.job_id <> job_ids[h.i]
-     order by h.i;
+    select d.i, d.job_id, d.queue_id, d.priority
+      from unnest(dup_i, dup_job, dup_queue, dup_priority) as d (i, job_id, queue_id, priority)
+     order by d.i;
 end;
 $$;
 

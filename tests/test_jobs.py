@@ -14,6 +14,7 @@ import pytest
 from psycopg.types.json import Jsonb
 
 from tests.support.jobs import claim, claim_all, enqueue, waits_for_a_lock
+from tests.support.reads import blocks_read
 from tests.support.waiting import wait_until
 
 STATES = ["scheduled", "ready", "running", "completed", "failed", "cancelled"]
@@ -360,6 +361,57 @@ def test_bulk_cancel_takes_ready_and_scheduled_jobs_up_to_max_jobs_and_leaves_ru
     with db.connect(logins.worker) as w:
         for job_id, lease, *_ in running:
             assert w.execute("select awa.complete(%s, %s)", [job_id, lease]).fetchone()[0]
+
+
+def _hint(conn, queue) -> int:
+    """The claim hint of the one lane of `queue` (at S = 1) that holds jobs."""
+    return conn.execute(
+        "select coalesce(max(h.head_seq), 0) from awa.lane_hints as h"
+        " where h.lane_id = (select r.lane_id from awa.ready as r join awa.queue_meta as m"
+        "                     using (queue_id) where m.queue = %s limit 1)", [queue]).fetchone()[0]
+
+
+def test_a_bulk_cancel_moves_the_claim_hint_past_what_it_cancelled(db, logins):
+    """A mass cancel from the front of a lane, while another connection holds
+    a snapshot (so vacuum cannot remove the rows, nor an index scan mark
+    them dead): the next claim starts past the cancelled rows, not at the
+    lane's old hint, from which it read every one of them, as did every
+    claim and every lane view until the snapshot ended."""
+    with db.connect(logins.producer) as p:
+        p.execute("select awa.enqueue_batch(array_fill('flood'::text, array[3000]),"
+                  " array_fill('bad'::text, array[3000]))")
+        p.execute("select awa.enqueue_batch(array_fill('flood'::text, array[5]),"
+                  " array_fill('good'::text, array[5]))")
+    with db.connect(autocommit=False) as horizon, db.connect(logins.operator) as op, \
+            db.connect(logins.worker) as w, db.connect() as su:
+        horizon.execute("begin isolation level repeatable read")
+        horizon.execute("select 1")
+        assert op.execute("select awa.cancel_jobs('flood', 'bad', 100000)").fetchone()[0] == 3000
+        first_good = su.execute("select min(lane_seq) from awa.ready where kind = 'good'"
+                                ).fetchone()[0]
+        assert _hint(su, "flood") == first_good
+        read = blocks_read(w, ["awa.ready", "awa.ready_pkey"],
+                           "select * from awa.claim(array['flood'], 1, 'w')")
+        # The 3,000 cancelled rows fill some 40 heap blocks and 10 index leaves.
+        assert read < 15, read
+        horizon.rollback()
+        kinds = [r[6] for r in claim_all(w, ["flood"], 10)]
+        assert kinds == ["good"] * 4
+
+
+def test_a_bulk_cancel_never_moves_the_hint_past_a_row_a_claim_in_flight_holds(db, logins):
+    """cancel_jobs skips the row a claim in flight holds. If that claim rolls
+    back, the row is free again: the hint the cancel moved must not be past
+    it, or no claim would ever take the job."""
+    with db.connect(logins.producer) as p:
+        p.execute("select awa.enqueue_batch(array_fill('held'::text, array[200]),"
+                  " array_fill('job'::text, array[200]))")
+    with db.connect(logins.worker, autocommit=False) as inflight, \
+            db.connect(logins.operator) as op, db.connect(logins.worker) as w:
+        (first, *_), = claim(inflight, ["held"], 1)
+        assert op.execute("select awa.cancel_jobs('held')").fetchone()[0] == 199
+        inflight.rollback()
+        assert [r[0] for r in claim_all(w, ["held"], 10)] == [first]
 
 
 # -- retry --------------------------------------------------------------------------------

@@ -590,31 +590,31 @@ def test_a_queues_first_keyed_enqueue_does_not_deadlock_another_keys_producer(db
         assert live(admin, "uq") == 4
 
 
-def test_a_key_given_back_while_a_batch_reads_it_is_taken_again(db, logins):
-    """The batch reads a live holder's key row without a lock. If the holder
-    fails for good (which deletes its row) before the batch checks that each
-    key has a row, the batch takes the key again: its job must not go in
-    holding no key. The batch is held between the two by a second key whose
-    window has passed, whose row another transaction has locked."""
+def test_a_key_given_back_while_a_batch_waits_for_an_earlier_key_is_taken(db, logins):
+    """A batch settles its keys one at a time, in key order. While it waits
+    for the row of its first key (K1, whose window has passed, locked by
+    another transaction), the live holder of its second key (K2) fails for
+    good, which deletes K2's row: the batch then takes K2 for its own job,
+    which must not go in holding no key."""
     with db.connect(logins.producer) as p:
-        enqueue(p, "gone", "held", unique_key=b"K1", max_attempts=1)
-        enqueue(p, "gone", "done", unique_key=b"K2", unique_window="1 hour")
+        enqueue(p, "gone", "done", unique_key=b"K1", unique_window="1 hour")
+        enqueue(p, "gone", "held", unique_key=b"K2", max_attempts=1)
     with db.connect() as admin, db.connect(logins.worker, autocommit=False) as w, \
             db.connect(autocommit=False) as locker:
         jobs = {r[6]: r for r in claim(w, ["gone"], 2)}
         assert w.execute("select awa.complete(%s, %s)", jobs["done"][:2]).fetchone()[0]
         w.commit()
         admin.execute("update awa.unique_keys set held_until = now() - interval '1 second'"
-                      " where unique_key = 'K2'")
-        locker.execute("select from awa.unique_keys where unique_key = 'K2' for update")
+                      " where unique_key = 'K1'")
+        locker.execute("select from awa.unique_keys where unique_key = 'K1' for update")
         producer = Call(db.connect(logins.producer, autocommit=False), lambda c: c.execute(
             "select * from awa.enqueue_batch(array['gone', 'gone'], array['a', 'b'],"
-            " unique_keys => array['K1', 'K2']::bytea[])").fetchall())
+            " unique_keys => array['K2', 'K1']::bytea[])").fetchall())
         producer.start()
         wait_until(lambda: waits_for_a_lock(admin, producer.pid),
-                   what="the batch to wait for K2's row")
-        # A batch that locked K1's row (as it once did) would hold this fail
-        # until it commits, which waits for K2: the timeout makes that a failure.
+                   what="the batch to wait for K1's row")
+        # A batch that locked K2's row would hold this fail until it
+        # commits, which waits for K1: the timeout makes that a failure.
         w.execute("set local lock_timeout = '5s'")
         w.execute("select awa.fail(%s, %s, 'boom')", jobs["held"][:2])
         w.commit()
@@ -623,4 +623,45 @@ def test_a_key_given_back_while_a_batch_reads_it_is_taken_again(db, logins):
         assert producer.error is None, producer.error
         held = dict(admin.execute("select u.unique_key, r.kind from awa.unique_keys as u"
                                   " join awa.ready as r using (job_id)").fetchall())
-        assert held == {b"K1": "a", b"K2": "b"}
+        assert held == {b"K1": "b", b"K2": "a"}
+
+
+def test_a_key_given_back_behind_a_batch_does_not_deadlock_it_with_another(db, logins):
+    """Two single-call transactions never deadlock over keys. A batch [A, B, D]
+    once took its keys in one INSERT, in key order, then took again, in a
+    second pass, any key given back meanwhile: holding B, it waited for A,
+    which a second batch [A, B] had taken after A's holder was cancelled,
+    while that batch waited for B: 40P01. Each key is settled before the
+    next now: A was held when the first batch read it, so its element is a
+    duplicate, and the second batch takes A and waits for B, then finds it
+    held."""
+    _fast_deadlock_detection(db)
+    with db.connect(logins.producer) as p:
+        x = put(p, "dk", b"A")
+    with db.connect() as admin, db.connect(logins.producer, autocommit=False) as t0, \
+            db.connect(logins.operator) as op:
+        d = put(t0, "dk", b"D")
+
+        def both(keys):
+            return lambda c: batch(c, ["dk"] * len(keys), keys)
+
+        t1 = Call(db.connect(logins.producer, autocommit=False), both([b"A", b"B", b"D"]))
+        t1.start()
+        wait_until(lambda: waits_for_a_lock(admin, t1.pid), what="batch 1 to wait for D")
+        assert op.execute("select awa.cancel_job(%s)", [x["job_id"]]).fetchone()[0]
+        t2 = Call(db.connect(logins.producer, autocommit=False), both([b"A", b"B"]))
+        t2.start()
+        wait_until(lambda: waits_for_a_lock(admin, t2.pid), what="batch 2 to wait for B")
+        t0.commit()
+        for t in (t1, t2):
+            t.join(timeout=30)
+            assert not t.is_alive() and t.error is None, t.error
+        first, second = t1.result, t2.result
+        assert [r["duplicate"] for r in first] == [True, False, True]
+        assert first[0]["job_id"] == x["job_id"] and first[2]["job_id"] == d["job_id"]
+        assert [r["duplicate"] for r in second] == [False, True]
+        assert second[1]["job_id"] == first[1]["job_id"]
+        holders = dict(admin.execute("select unique_key, job_id from awa.unique_keys"
+                                     " where queue = 'dk'").fetchall())
+        assert holders == {b"A": second[0]["job_id"], b"B": first[1]["job_id"],
+                           b"D": d["job_id"]}
