@@ -1489,6 +1489,24 @@ begin
 end;
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._check_row(queue text, kind text, priority smallint, max_attempts integer, max_run_time interval, ordering_key bytea, unique_key bytea, unique_window interval, row_label text, row_n bigint)
+ RETURNS void
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+begin
+    perform awa._check_job(
+        queue, kind, coalesce(priority, awa._default_priority()),
+        coalesce(max_attempts, awa._default_max_attempts()), max_run_time
+    );
+    perform awa._check_ordering_key(ordering_key);
+    perform awa._check_unique(unique_key, unique_window);
+exception when others then
+    raise exception '% % (1-based): %', row_label, row_n, sqlerrm
+        using errcode = sqlstate;
+end;
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._check_unique(unique_key bytea, unique_window interval)
  RETURNS void
  LANGUAGE plpgsql
@@ -1609,7 +1627,7 @@ AS $function$
     select 2::pg_catalog.int2
 $function$;
 
-CREATE OR REPLACE FUNCTION awa._enqueue_rows(queues text[], kinds text[], args jsonb[], priorities smallint[], ordering_keys bytea[], run_ats timestamp with time zone[], max_attempts integer[], max_run_times interval[], unique_keys bytea[], unique_windows interval[], row_label text, row_offset bigint)
+CREATE OR REPLACE FUNCTION awa._enqueue_rows(queues text[], kinds text[], args jsonb[], priorities smallint[], ordering_keys bytea[], run_ats timestamp with time zone[], max_attempts integer[], max_run_times interval[], unique_keys bytea[], unique_windows interval[], row_label text, row_offset bigint, job_ids bigint[] DEFAULT NULL::bigint[])
  RETURNS SETOF awa.enqueued
  LANGUAGE plpgsql
  SET search_path TO 'pg_catalog', 'pg_temp'
@@ -1618,11 +1636,9 @@ AS $function$
 declare
     n integer := coalesce(cardinality(queues), 0);
     bad integer;
-    q text;
     queue_ids integer[];
     key_shards smallint[];
     taken record;
-    job_ids bigint[];
     dup_i integer[];
     dup_job bigint[];
     dup_qid integer[];
@@ -1634,70 +1650,32 @@ begin
 
     select min(i) into bad
       from generate_series(1, n) as i
-     where not awa._job_ok(
-         queues[i], kinds[i], coalesce(priorities[i], awa._default_priority()),
-         coalesce(max_attempts[i], awa._default_max_attempts())
-     ) or not awa._max_run_time_ok(max_run_times[i])
-        or not awa._ordering_key_ok(ordering_keys[i])
-        or not awa._unique_ok(unique_keys[i], unique_windows[i]);
+     where not awa._row_ok(
+         queues[i], kinds[i], priorities[i], max_attempts[i], max_run_times[i],
+         ordering_keys[i], unique_keys[i], unique_windows[i]
+     );
     if bad is not null then
-        begin
-            perform awa._check_job(
-                queues[bad], kinds[bad], coalesce(priorities[bad], awa._default_priority()),
-                coalesce(max_attempts[bad], awa._default_max_attempts()), max_run_times[bad]
-            );
-            perform awa._check_ordering_key(ordering_keys[bad]);
-            perform awa._check_unique(unique_keys[bad], unique_windows[bad]);
-        exception when others then
-            raise exception '% % (1-based): %', row_label, bad + row_offset, sqlerrm
-                using errcode = sqlstate;
-        end;
-    end if;
-
-    -- Create unknown queues in name order, so concurrent calls agree.
-    for q in
-        select distinct u.q from unnest(queues) as u (q)
-         where not exists (select from awa.queue_meta as m where m.queue = u.q)
-         order by 1
-    loop
-        perform awa._ensure_queue(q);
-    end loop;
-
-    -- Partitioned and striped queues: each row goes to its partition, then
-    -- its stripe (by key, else this backend's sticky one); created when missing.
-    if exists (
-        select from awa.queue_meta as m
-         where m.queue = any(queues) and (m.stripes > 1 or m.partitions > 1)
-    ) then
-        queues := array(
-            select case when m.stripes > 1 or m.partitions > 1
-                        then (awa._route_queue(m, ordering_keys[i])).queue
-                        else queues[i] end
-              from generate_series(1, n) as i
-              join awa.queue_meta as m on m.queue = queues[i]
-             order by i
+        perform awa._check_row(
+            queues[bad], kinds[bad], priorities[bad], max_attempts[bad], max_run_times[bad],
+            ordering_keys[bad], unique_keys[bad], unique_windows[bad], row_label,
+            bad + row_offset
         );
     end if;
 
-    -- Per row: the queue id, and the keyed shard under the queue's current S.
-    select array_agg(m.queue_id order by i),
-           array_agg(
-               case when ordering_keys[i] is not null
-                    then awa._key_shard(ordering_keys[i], m.enqueue_shards) end
-               order by i
-           )
-      into queue_ids, key_shards
-      from generate_series(1, n) as i
-      join (
-          select x.queue, x.queue_id, x.enqueue_shards
-            from awa.queue_meta as x
-           where x.queue = any(queues)
-      ) as m on m.queue = queues[i];
+    select r.routed, r.queue_ids, r.key_shards into queues, queue_ids, key_shards
+      from awa._route_rows(queues, ordering_keys) as r;
 
-    -- Unique keys first, in one order for every caller (awa._take_unique_keys):
-    -- a duplicate takes no lane (its queue id goes null) and no row (its
-    -- kind goes null, which awa._insert_jobs skips).
-    if cardinality(array_remove(unique_keys, null)) > 0 then
+    -- Unique keys first, in one order for every caller (awa._take_unique_keys),
+    -- unless the caller took them (job_ids given; a keyed row without an id
+    -- is a duplicate). A duplicate takes no lane (its queue id goes null)
+    -- and no row (its kind goes null, which awa._insert_jobs skips).
+    if job_ids is not null then
+        dup_i := array(
+            select i from generate_series(1, n) as i
+             where unique_keys[i] is not null and job_ids[i] is null
+             order by i
+        );
+    elsif cardinality(array_remove(unique_keys, null)) > 0 then
         job_ids := array(select nextval('awa.job_id_seq') from generate_series(1, n));
         select array_agg(d.i), array_agg(d.job_id), array_agg(d.queue_id),
                array_agg(d.priority)
@@ -1705,18 +1683,18 @@ begin
           from awa._take_unique_keys(
               unique_keys, job_ids, queue_ids, priorities, unique_windows
           ) as d;
-        if dup_i is not null then
-            queue_ids := array(
-                select case when i = any(dup_i) then null else queue_ids[i] end
-                  from generate_series(1, n) as i
-                 order by i
-            );
-            kinds := array(
-                select case when i = any(dup_i) then null else kinds[i] end
-                  from generate_series(1, n) as i
-                 order by i
-            );
-        end if;
+    end if;
+    if cardinality(dup_i) > 0 then
+        queue_ids := array(
+            select case when i = any(dup_i) then null else queue_ids[i] end
+              from generate_series(1, n) as i
+             order by i
+        );
+        kinds := array(
+            select case when i = any(dup_i) then null else kinds[i] end
+              from generate_series(1, n) as i
+             order by i
+        );
     end if;
 
     -- The lanes of the rows due now; a row for later waits in awa.scheduled.
@@ -1733,7 +1711,8 @@ begin
         perform awa._mark_unique_jobs(queue_ids, unique_keys);
     end if;
     return query
-    select coalesce(d.job_id, j.job_id), coalesce(h.queue, queues[j.i]),
+    select case when d.i is null then j.job_id else d.job_id end,
+           coalesce(h.queue, queues[j.i]),
            coalesce(d.priority, priorities[j.i], awa._default_priority()),
            taken.shards[j.i], taken.seqs[j.i], d.i is not null
       from awa._insert_jobs(
@@ -2770,7 +2749,84 @@ declare
     max_run_times interval[];
     unique_keys bytea[];
     unique_windows interval[];
+    job_ids bigint[];
+    staged record;
+    bad record;
+    -- The prologue's keyed rows, in COPY order: their staged ids and the
+    -- job id each took its key for (null: a duplicate), and the first one
+    -- no pass has moved yet.
+    keyed record;
+    k_ids bigint[];
+    k_queue_ids integer[];
+    k_jobs bigint[];
+    k_at integer := 1;
+    d integer;
 begin
+    -- More than one pass (a pass is 10,000 rows), then any unique key.
+    select count(*) > 10000 as passes into staged
+      from (
+          select from awa.copy_staging as s
+           where s.staged_xid = _move_staged_in_batches.xid
+           limit 10001
+      ) as s;
+    if staged.passes and exists (
+        select from awa.copy_staging as s
+         where s.staged_xid = _move_staged_in_batches.xid and s.unique_key is not null
+    ) then
+        -- A bad row fails the load: named now, as its pass would name it,
+        -- before any key is taken.
+        select s.*,
+               (select count(*) from awa.copy_staging as c
+                 where c.staged_xid = _move_staged_in_batches.xid
+                   and c.staged_id <= s.staged_id) as n
+          into bad
+          from awa.copy_staging as s
+         where s.staged_xid = _move_staged_in_batches.xid
+           and not awa._row_ok(
+               s.queue, s.kind, s.priority, s.max_attempts, s.max_run_time, s.ordering_key,
+               s.unique_key, s.unique_window
+           )
+         order by s.staged_id
+         limit 1;
+        if found then
+            perform awa._check_row(
+                bad.queue, bad.kind, bad.priority, bad.max_attempts, bad.max_run_time,
+                bad.ordering_key, bad.unique_key, bad.unique_window, 'COPY row', bad.n
+            );
+        end if;
+        select array_agg(s.staged_id order by s.staged_id) as ids,
+               array_agg(s.queue order by s.staged_id) as queues,
+               array_agg(s.priority order by s.staged_id) as priorities,
+               array_agg(s.ordering_key order by s.staged_id) as ordering_keys,
+               array_agg(s.unique_key order by s.staged_id) as unique_keys,
+               array_agg(s.unique_window order by s.staged_id) as unique_windows
+          into keyed
+          from (
+              select c.staged_id, c.queue, c.priority, c.ordering_key, c.unique_key,
+                     c.unique_window
+                from awa.copy_staging as c
+               where c.staged_xid = _move_staged_in_batches.xid and c.unique_key is not null
+               order by c.staged_id
+                 for update
+          ) as s;
+        if keyed.ids is not null then
+            k_ids := keyed.ids;
+            select r.queue_ids into k_queue_ids
+              from awa._route_rows(keyed.queues, keyed.ordering_keys) as r;
+            k_jobs := array(
+                select nextval('awa.job_id_seq') from generate_series(1, cardinality(k_ids))
+            );
+            for d in
+                select u.i
+                  from awa._take_unique_keys(
+                      keyed.unique_keys, k_jobs, k_queue_ids, keyed.priorities,
+                      keyed.unique_windows
+                  ) as u
+            loop
+                k_jobs[d] := null;
+            end loop;
+        end if;
+    end if;
     loop
         select array_agg(s.staged_id order by s.staged_id),
                array_agg(s.queue order by s.staged_id),
@@ -2796,9 +2852,25 @@ begin
                  for update skip locked
           ) as s;
         exit when ids is null;
+        -- The prologue took this pass's keys: its keyed rows, in COPY order,
+        -- are the prologue's next ones (locked by this transaction, none
+        -- skipped).
+        job_ids := null;
+        if k_jobs is not null and cardinality(array_remove(unique_keys, null)) > 0 then
+            job_ids := array_fill(null::bigint, array[cardinality(ids)]);
+            for i in 1 .. cardinality(ids) loop
+                continue when unique_keys[i] is null;
+                if k_ids[k_at] is distinct from ids[i] then
+                    raise exception 'COPY row % has no key taken for it (a bug)', moved + i
+                        using errcode = 'XX000';
+                end if;
+                job_ids[i] := k_jobs[k_at];
+                k_at := k_at + 1;
+            end loop;
+        end if;
         perform count(*) from awa._enqueue_rows(
             queues, kinds, args, priorities, ordering_keys, run_ats, max_attempts, max_run_times,
-            unique_keys, unique_windows, 'COPY row', moved
+            unique_keys, unique_windows, 'COPY row', moved, job_ids
         );
         delete from awa.copy_staging as c
          where c.staged_xid = _move_staged_in_batches.xid and c.staged_id = any(ids);
@@ -3661,6 +3733,72 @@ begin
     end if;
     return awa._pick_stripe(target, ordering_key);
 end;
+$function$;
+
+CREATE OR REPLACE FUNCTION awa._route_rows(queues text[], ordering_keys bytea[], OUT routed text[], OUT queue_ids integer[], OUT key_shards smallint[])
+ RETURNS record
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+ SET plan_cache_mode TO 'force_generic_plan'
+AS $function$
+declare
+    n integer := coalesce(cardinality(queues), 0);
+    q text;
+begin
+    -- Create unknown queues in name order, so concurrent calls agree.
+    for q in
+        select distinct u.q from unnest(queues) as u (q)
+         where not exists (select from awa.queue_meta as m where m.queue = u.q)
+         order by 1
+    loop
+        perform awa._ensure_queue(q);
+    end loop;
+
+    -- Partitioned and striped queues: each row goes to its partition, then
+    -- its stripe (by key, else this backend's sticky one); created when missing.
+    routed := queues;
+    if exists (
+        select from awa.queue_meta as m
+         where m.queue = any(queues) and (m.stripes > 1 or m.partitions > 1)
+    ) then
+        routed := array(
+            select case when m.stripes > 1 or m.partitions > 1
+                        then (awa._route_queue(m, ordering_keys[i])).queue
+                        else queues[i] end
+              from generate_series(1, n) as i
+              join awa.queue_meta as m on m.queue = queues[i]
+             order by i
+        );
+    end if;
+
+    -- Per row: the queue id, and the keyed shard under the queue's current S.
+    select array_agg(m.queue_id order by i),
+           array_agg(
+               case when ordering_keys[i] is not null
+                    then awa._key_shard(ordering_keys[i], m.enqueue_shards) end
+               order by i
+           )
+      into queue_ids, key_shards
+      from generate_series(1, n) as i
+      join (
+          select x.queue, x.queue_id, x.enqueue_shards
+            from awa.queue_meta as x
+           where x.queue = any(routed)
+      ) as m on m.queue = routed[i];
+end;
+$function$;
+
+CREATE OR REPLACE FUNCTION awa._row_ok(queue text, kind text, priority smallint, max_attempts integer, max_run_time interval, ordering_key bytea, unique_key bytea, unique_window interval)
+ RETURNS boolean
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+    select awa._job_ok(
+               queue, kind, coalesce(priority, awa._default_priority()),
+               coalesce(max_attempts, awa._default_max_attempts())
+           )
+       and awa._max_run_time_ok(max_run_time) and awa._ordering_key_ok(ordering_key)
+       and awa._unique_ok(unique_key, unique_window)
 $function$;
 
 CREATE OR REPLACE FUNCTION awa._run_policy(queue_id integer)
@@ -5336,6 +5474,12 @@ begin
          order by min(c.staged_id)
          limit max_transactions
     loop
+        -- Keys before lanes: a keyed transaction waits for the next call
+        -- once this one holds lanes.
+        exit when moved > 0 and exists (
+            select from awa.copy_staging as c
+             where c.staged_xid = xid and c.unique_key is not null
+        );
         -- Another session moving this transaction's rows keeps them: two
         -- movers reading them at once would both enqueue them.
         if pg_try_advisory_xact_lock(

@@ -22,8 +22,20 @@
 -- another mover holds are skipped. The path for partitioned and striped
 -- queues, for rows with unique keys (the first row of a key in the
 -- transaction takes it, later ones are duplicates) and for naming a bad
--- row; awa._move_staged_sets takes the rest.
--- Calls: awa._enqueue_rows
+-- row; awa._move_staged_sets takes the rest. Keys come before lanes
+-- (ADR 027) for the whole load, as in one call: a load of more than one
+-- pass with unique keys takes them all before its first pass. That
+-- prologue names the first bad row, if any, as its pass would
+-- (awa._row_ok, awa._check_row); locks the keyed rows (it waits for
+-- another mover that holds one, which the passes would skip), routes them
+-- (awa._route_rows), draws their job ids and takes their keys in one
+-- awa._take_unique_keys; each pass then gives awa._enqueue_rows its keyed
+-- rows' job ids (null for a duplicate) and takes no key. The prologue
+-- holds every keyed row's keys, queue name and ids at once (about 60 bytes
+-- a row beyond them). A partition or stripe change committed between the prologue and
+-- a row's pass can leave the key's row naming the physical queue the
+-- prologue routed it to (what a duplicate reports), not the row's.
+-- Calls: awa._check_row, awa._enqueue_rows, awa._route_rows, awa._row_ok, awa._take_unique_keys
 -- Writes: awa.copy_staging
 create or replace function awa._move_staged_in_batches(xid xid8)
 returns bigint
@@ -51,7 +63,84 @@ declare
     max_run_times interval[];
     unique_keys bytea[];
     unique_windows interval[];
+    job_ids bigint[];
+    staged record;
+    bad record;
+    -- The prologue's keyed rows, in COPY order: their staged ids and the
+    -- job id each took its key for (null: a duplicate), and the first one
+    -- no pass has moved yet.
+    keyed record;
+    k_ids bigint[];
+    k_queue_ids integer[];
+    k_jobs bigint[];
+    k_at integer := 1;
+    d integer;
 begin
+    -- More than one pass (a pass is 10,000 rows), then any unique key.
+    select count(*) > 10000 as passes into staged
+      from (
+          select from awa.copy_staging as s
+           where s.staged_xid = _move_staged_in_batches.xid
+           limit 10001
+      ) as s;
+    if staged.passes and exists (
+        select from awa.copy_staging as s
+         where s.staged_xid = _move_staged_in_batches.xid and s.unique_key is not null
+    ) then
+        -- A bad row fails the load: named now, as its pass would name it,
+        -- before any key is taken.
+        select s.*,
+               (select count(*) from awa.copy_staging as c
+                 where c.staged_xid = _move_staged_in_batches.xid
+                   and c.staged_id <= s.staged_id) as n
+          into bad
+          from awa.copy_staging as s
+         where s.staged_xid = _move_staged_in_batches.xid
+           and not awa._row_ok(
+               s.queue, s.kind, s.priority, s.max_attempts, s.max_run_time, s.ordering_key,
+               s.unique_key, s.unique_window
+           )
+         order by s.staged_id
+         limit 1;
+        if found then
+            perform awa._check_row(
+                bad.queue, bad.kind, bad.priority, bad.max_attempts, bad.max_run_time,
+                bad.ordering_key, bad.unique_key, bad.unique_window, 'COPY row', bad.n
+            );
+        end if;
+        select array_agg(s.staged_id order by s.staged_id) as ids,
+               array_agg(s.queue order by s.staged_id) as queues,
+               array_agg(s.priority order by s.staged_id) as priorities,
+               array_agg(s.ordering_key order by s.staged_id) as ordering_keys,
+               array_agg(s.unique_key order by s.staged_id) as unique_keys,
+               array_agg(s.unique_window order by s.staged_id) as unique_windows
+          into keyed
+          from (
+              select c.staged_id, c.queue, c.priority, c.ordering_key, c.unique_key,
+                     c.unique_window
+                from awa.copy_staging as c
+               where c.staged_xid = _move_staged_in_batches.xid and c.unique_key is not null
+               order by c.staged_id
+                 for update
+          ) as s;
+        if keyed.ids is not null then
+            k_ids := keyed.ids;
+            select r.queue_ids into k_queue_ids
+              from awa._route_rows(keyed.queues, keyed.ordering_keys) as r;
+            k_jobs := array(
+                select nextval('awa.job_id_seq') from generate_series(1, cardinality(k_ids))
+            );
+            for d in
+                select u.i
+                  from awa._take_unique_keys(
+                      keyed.unique_keys, k_jobs, k_queue_ids, keyed.priorities,
+                      keyed.unique_windows
+                  ) as u
+            loop
+                k_jobs[d] := null;
+            end loop;
+        end if;
+    end if;
     loop
         select array_agg(s.staged_id order by s.staged_id),
                array_agg(s.queue order by s.staged_id),
@@ -77,9 +166,25 @@ begin
                  for update skip locked
           ) as s;
         exit when ids is null;
+        -- The prologue took this pass's keys: its keyed rows, in COPY order,
+        -- are the prologue's next ones (locked by this transaction, none
+        -- skipped).
+        job_ids := null;
+        if k_jobs is not null and cardinality(array_remove(unique_keys, null)) > 0 then
+            job_ids := array_fill(null::bigint, array[cardinality(ids)]);
+            for i in 1 .. cardinality(ids) loop
+                continue when unique_keys[i] is null;
+                if k_ids[k_at] is distinct from ids[i] then
+                    raise exception 'COPY row % has no key taken for it (a bug)', moved + i
+                        using errcode = 'XX000';
+                end if;
+                job_ids[i] := k_jobs[k_at];
+                k_at := k_at + 1;
+            end loop;
+        end if;
         perform count(*) from awa._enqueue_rows(
             queues, kinds, args, priorities, ordering_keys, run_ats, max_attempts, max_run_times,
-            unique_keys, unique_windows, 'COPY row', moved
+            unique_keys, unique_windows, 'COPY row', moved, job_ids
         );
         delete from awa.copy_staging as c
          where c.staged_xid = _move_staged_in_batches.xid and c.staged_id = any(ids);
@@ -419,7 +524,11 @@ $$;
 -- committed before it. Safe to run from several sessions (a transaction's
 -- rows are moved by one of them, under the try-lock (awa._lock_class_copy(),
 -- low 31 bits of its xid)) and to interrupt: a row is moved and deleted in
--- one transaction. Role: awa_maintenance. Returns how many rows it moved.
+-- one transaction. A transaction with unique keys is moved only first in
+-- a call (the loop stops before one once rows are moved): moving it after
+-- another would take its keys while holding that one's lanes, which can
+-- deadlock with a single keyed enqueue of one of them (keys before lanes,
+-- ADR 027). Role: awa_maintenance. Returns how many rows it moved.
 -- Calls: awa._check_limit, awa._lock_class_copy, awa._move_staged
 -- Writes: nothing
 create or replace function awa.move_staged(max_transactions integer default 100)
@@ -441,6 +550,12 @@ begin
          order by min(c.staged_id)
          limit max_transactions
     loop
+        -- Keys before lanes: a keyed transaction waits for the next call
+        -- once this one holds lanes.
+        exit when moved > 0 and exists (
+            select from awa.copy_staging as c
+             where c.staged_xid = xid and c.unique_key is not null
+        );
         -- Another session moving this transaction's rows keeps them: two
         -- movers reading them at once would both enqueue them.
         if pg_try_advisory_xact_lock(

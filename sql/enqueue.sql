@@ -391,82 +391,100 @@ begin
 end;
 $$;
 
--- Function: awa._enqueue_rows(queues, kinds, args, priorities, ordering_keys, run_ats,
---                             max_attempts, max_run_times, unique_keys, unique_windows,
---                             row_label, row_offset)
--- The general multi-row enqueue, behind awa.enqueue_batch and COPY
--- ingestion. A bad row is named as "<row_label>
--- <index + row_offset>". The arrays come checked: queues and kinds not
--- null, every array one element per job, indexed from 1 (awa.enqueue_batch
--- checks them; COPY builds them). Rows with a unique key take it
--- (awa._take_unique_keys) before any lane is locked; a row whose key
--- another job holds is written nowhere and returned as that job, with
--- duplicate true.
--- Calls: awa._check_job, awa._check_ordering_key, awa._check_unique, awa._default_max_attempts,
---   awa._default_priority, awa._ensure_queue, awa._insert_jobs, awa._job_ok, awa._key_shard,
---   awa._lock_lanes, awa._mark_unique_jobs, awa._max_run_time_ok, awa._ordering_key_ok,
---   awa._route_queue, awa._take_unique_keys, awa._unique_ok
+-- Function: awa._row_ok(queue, kind, priority, max_attempts, max_run_time, ordering_key,
+--                       unique_key, unique_window) returns boolean
+-- The row check of a multi-row enqueue (batch, COPY): awa._job_ok with a
+-- null priority or max_attempts defaulted, and the row's max run time,
+-- ordering key and unique key and window. Inlined.
+-- Calls: awa._default_max_attempts, awa._default_priority, awa._job_ok, awa._max_run_time_ok,
+--   awa._ordering_key_ok, awa._unique_ok
 -- Writes: nothing
-create or replace function awa._enqueue_rows(
-    queues text[],
-    kinds text[],
-    args jsonb[],
-    priorities smallint[],
-    ordering_keys bytea[],
-    run_ats timestamptz[],
-    max_attempts integer[],
-    max_run_times interval[],
-    unique_keys bytea[],
-    unique_windows interval[],
-    row_label text,
-    row_offset bigint
+create or replace function awa._row_ok(
+    queue text,
+    kind text,
+    priority smallint,
+    max_attempts integer,
+    max_run_time interval,
+    ordering_key bytea,
+    unique_key bytea,
+    unique_window interval
 )
-returns setof awa.enqueued
+returns boolean
+language sql
+immutable parallel safe
+as $$
+    select awa._job_ok(
+               queue, kind, coalesce(priority, awa._default_priority()),
+               coalesce(max_attempts, awa._default_max_attempts())
+           )
+       and awa._max_run_time_ok(max_run_time) and awa._ordering_key_ok(ordering_key)
+       and awa._unique_ok(unique_key, unique_window)
+$$;
+
+-- Function: awa._check_row(queue, kind, priority, max_attempts, max_run_time, ordering_key,
+--                          unique_key, unique_window, row_label, row_n) returns void
+-- Raises the error for a row of a multi-row enqueue that awa._row_ok
+-- refuses, naming it as "<row_label> <row_n> (1-based): <the check's
+-- message>", with the check's SQLSTATE.
+-- Calls: awa._check_job, awa._check_ordering_key, awa._check_unique, awa._default_max_attempts,
+--   awa._default_priority
+-- Writes: nothing
+create or replace function awa._check_row(
+    queue text,
+    kind text,
+    priority smallint,
+    max_attempts integer,
+    max_run_time interval,
+    ordering_key bytea,
+    unique_key bytea,
+    unique_window interval,
+    row_label text,
+    row_n bigint
+)
+returns void
 language plpgsql
 set search_path = pg_catalog, pg_temp
--- Array parameters make the planner re-plan every call; generic plans are
--- right for these queries whatever the batch size.
+as $$
+begin
+    perform awa._check_job(
+        queue, kind, coalesce(priority, awa._default_priority()),
+        coalesce(max_attempts, awa._default_max_attempts()), max_run_time
+    );
+    perform awa._check_ordering_key(ordering_key);
+    perform awa._check_unique(unique_key, unique_window);
+exception when others then
+    raise exception '% % (1-based): %', row_label, row_n, sqlerrm
+        using errcode = sqlstate;
+end;
+$$;
+
+-- Function: awa._route_rows(queues text[], ordering_keys bytea[]) returns each row's queue
+-- The queue each row of a multi-row call goes to. Unknown queues are
+-- created, in name order so that concurrent calls agree; a row for a
+-- partitioned or striped queue goes to its partition, then its stripe (by
+-- key, else this backend's sticky one), created when missing. Returns each
+-- row's physical queue name, its queue id, and its keyed shard under that
+-- queue's current S (null for an unkeyed row). The rows come checked
+-- (awa._row_ok). The one home of the routing of awa._enqueue_rows and of
+-- COPY's prologue for keyed loads (awa._move_staged_in_batches).
+-- Calls: awa._ensure_queue, awa._key_shard, awa._route_queue
+-- Writes: nothing
+create or replace function awa._route_rows(
+    queues text[],
+    ordering_keys bytea[],
+    out routed text[],
+    out queue_ids integer[],
+    out key_shards smallint[]
+)
+language plpgsql
+set search_path = pg_catalog, pg_temp
+-- Array parameters make the planner re-plan every call.
 set plan_cache_mode = force_generic_plan
 as $$
 declare
     n integer := coalesce(cardinality(queues), 0);
-    bad integer;
     q text;
-    queue_ids integer[];
-    key_shards smallint[];
-    taken record;
-    job_ids bigint[];
-    dup_i integer[];
-    dup_job bigint[];
-    dup_qid integer[];
-    dup_p smallint[];
 begin
-    if n = 0 then
-        return;
-    end if;
-
-    select min(i) into bad
-      from generate_series(1, n) as i
-     where not awa._job_ok(
-         queues[i], kinds[i], coalesce(priorities[i], awa._default_priority()),
-         coalesce(max_attempts[i], awa._default_max_attempts())
-     ) or not awa._max_run_time_ok(max_run_times[i])
-        or not awa._ordering_key_ok(ordering_keys[i])
-        or not awa._unique_ok(unique_keys[i], unique_windows[i]);
-    if bad is not null then
-        begin
-            perform awa._check_job(
-                queues[bad], kinds[bad], coalesce(priorities[bad], awa._default_priority()),
-                coalesce(max_attempts[bad], awa._default_max_attempts()), max_run_times[bad]
-            );
-            perform awa._check_ordering_key(ordering_keys[bad]);
-            perform awa._check_unique(unique_keys[bad], unique_windows[bad]);
-        exception when others then
-            raise exception '% % (1-based): %', row_label, bad + row_offset, sqlerrm
-                using errcode = sqlstate;
-        end;
-    end if;
-
     -- Create unknown queues in name order, so concurrent calls agree.
     for q in
         select distinct u.q from unnest(queues) as u (q)
@@ -478,11 +496,12 @@ begin
 
     -- Partitioned and striped queues: each row goes to its partition, then
     -- its stripe (by key, else this backend's sticky one); created when missing.
+    routed := queues;
     if exists (
         select from awa.queue_meta as m
          where m.queue = any(queues) and (m.stripes > 1 or m.partitions > 1)
     ) then
-        queues := array(
+        routed := array(
             select case when m.stripes > 1 or m.partitions > 1
                         then (awa._route_queue(m, ordering_keys[i])).queue
                         else queues[i] end
@@ -504,13 +523,94 @@ begin
       join (
           select x.queue, x.queue_id, x.enqueue_shards
             from awa.queue_meta as x
-           where x.queue = any(queues)
-      ) as m on m.queue = queues[i];
+           where x.queue = any(routed)
+      ) as m on m.queue = routed[i];
+end;
+$$;
 
-    -- Unique keys first, in one order for every caller (awa._take_unique_keys):
-    -- a duplicate takes no lane (its queue id goes null) and no row (its
-    -- kind goes null, which awa._insert_jobs skips).
-    if cardinality(array_remove(unique_keys, null)) > 0 then
+-- Function: awa._enqueue_rows(queues, kinds, args, priorities, ordering_keys, run_ats,
+--                             max_attempts, max_run_times, unique_keys, unique_windows,
+--                             row_label, row_offset, job_ids)
+-- The general multi-row enqueue, behind awa.enqueue_batch and COPY
+-- ingestion. A bad row is named as "<row_label>
+-- <index + row_offset>". The arrays come checked: queues and kinds not
+-- null, every array one element per job, indexed from 1 (awa.enqueue_batch
+-- checks them; COPY builds them). Rows with a unique key take it
+-- (awa._take_unique_keys) before any lane is locked; a row whose key
+-- another job holds is written nowhere and returned as that job, with
+-- duplicate true. job_ids, when given, says the caller took the keys
+-- before any lane (COPY's mover does for a load of several passes): the
+-- job id each keyed row took its key for, null for a duplicate, which is
+-- then returned with duplicate true and a null job id (the holder is the
+-- caller's to know); the call takes no key.
+-- Calls: awa._check_row, awa._default_priority, awa._insert_jobs, awa._lock_lanes,
+--   awa._mark_unique_jobs, awa._route_rows, awa._row_ok, awa._take_unique_keys
+-- Writes: nothing
+create or replace function awa._enqueue_rows(
+    queues text[],
+    kinds text[],
+    args jsonb[],
+    priorities smallint[],
+    ordering_keys bytea[],
+    run_ats timestamptz[],
+    max_attempts integer[],
+    max_run_times interval[],
+    unique_keys bytea[],
+    unique_windows interval[],
+    row_label text,
+    row_offset bigint,
+    job_ids bigint[] default null
+)
+returns setof awa.enqueued
+language plpgsql
+set search_path = pg_catalog, pg_temp
+-- Array parameters make the planner re-plan every call; generic plans are
+-- right for these queries whatever the batch size.
+set plan_cache_mode = force_generic_plan
+as $$
+declare
+    n integer := coalesce(cardinality(queues), 0);
+    bad integer;
+    queue_ids integer[];
+    key_shards smallint[];
+    taken record;
+    dup_i integer[];
+    dup_job bigint[];
+    dup_qid integer[];
+    dup_p smallint[];
+begin
+    if n = 0 then
+        return;
+    end if;
+
+    select min(i) into bad
+      from generate_series(1, n) as i
+     where not awa._row_ok(
+         queues[i], kinds[i], priorities[i], max_attempts[i], max_run_times[i],
+         ordering_keys[i], unique_keys[i], unique_windows[i]
+     );
+    if bad is not null then
+        perform awa._check_row(
+            queues[bad], kinds[bad], priorities[bad], max_attempts[bad], max_run_times[bad],
+            ordering_keys[bad], unique_keys[bad], unique_windows[bad], row_label,
+            bad + row_offset
+        );
+    end if;
+
+    select r.routed, r.queue_ids, r.key_shards into queues, queue_ids, key_shards
+      from awa._route_rows(queues, ordering_keys) as r;
+
+    -- Unique keys first, in one order for every caller (awa._take_unique_keys),
+    -- unless the caller took them (job_ids given; a keyed row without an id
+    -- is a duplicate). A duplicate takes no lane (its queue id goes null)
+    -- and no row (its kind goes null, which awa._insert_jobs skips).
+    if job_ids is not null then
+        dup_i := array(
+            select i from generate_series(1, n) as i
+             where unique_keys[i] is not null and job_ids[i] is null
+             order by i
+        );
+    elsif cardinality(array_remove(unique_keys, null)) > 0 then
         job_ids := array(select nextval('awa.job_id_seq') from generate_series(1, n));
         select array_agg(d.i), array_agg(d.job_id), array_agg(d.queue_id),
                array_agg(d.priority)
@@ -518,18 +618,18 @@ begin
           from awa._take_unique_keys(
               unique_keys, job_ids, queue_ids, priorities, unique_windows
           ) as d;
-        if dup_i is not null then
-            queue_ids := array(
-                select case when i = any(dup_i) then null else queue_ids[i] end
-                  from generate_series(1, n) as i
-                 order by i
-            );
-            kinds := array(
-                select case when i = any(dup_i) then null else kinds[i] end
-                  from generate_series(1, n) as i
-                 order by i
-            );
-        end if;
+    end if;
+    if cardinality(dup_i) > 0 then
+        queue_ids := array(
+            select case when i = any(dup_i) then null else queue_ids[i] end
+              from generate_series(1, n) as i
+             order by i
+        );
+        kinds := array(
+            select case when i = any(dup_i) then null else kinds[i] end
+              from generate_series(1, n) as i
+             order by i
+        );
     end if;
 
     -- The lanes of the rows due now; a row for later waits in awa.scheduled.
@@ -546,7 +646,8 @@ begin
         perform awa._mark_unique_jobs(queue_ids, unique_keys);
     end if;
     return query
-    select coalesce(d.job_id, j.job_id), coalesce(h.queue, queues[j.i]),
+    select case when d.i is null then j.job_id else d.job_id end,
+           coalesce(h.queue, queues[j.i]),
            coalesce(d.priority, priorities[j.i], awa._default_priority()),
            taken.shards[j.i], taken.seqs[j.i], d.i is not null
       from awa._insert_jobs(
@@ -830,8 +931,16 @@ select awa._grant_execute(
     ' integer[], timestamptz[], bigint[], integer[], timestamptz[], text[], interval[])'
 );
 select awa._grant_execute(
+    'awa._row_ok(text, text, smallint, integer, interval, bytea, bytea, interval)'
+);
+select awa._grant_execute(
+    'awa._check_row(text, text, smallint, integer, interval, bytea, bytea, interval, text,'
+    ' bigint)'
+);
+select awa._grant_execute('awa._route_rows(text[], bytea[])');
+select awa._grant_execute(
     'awa._enqueue_rows(text[], text[], jsonb[], smallint[], bytea[], timestamptz[], integer[],'
-    ' interval[], bytea[], interval[], text, bigint)'
+    ' interval[], bytea[], interval[], text, bigint, bigint[])'
 );
 select awa._grant_execute(
     'awa.enqueue_batch(text[], text[], jsonb[], smallint[], bytea[], timestamptz[], integer[],'

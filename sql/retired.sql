@@ -94,3 +94,9 @@ drop function if exists awa._batch_dims(anyarray);
 -- Unreleased: a slot's carry goes in batches until a time the prune gives
 -- (ADR 040).
 drop function if exists awa._prune_slot(integer);
+-- Unreleased: COPY's mover takes a keyed load's keys before its first pass
+-- and gives each pass the job ids it took them for.
+drop function if exists awa._enqueue_rows(
+    text[], text[], jsonb[], smallint[], bytea[], timestamptz[], integer[], interval[], bytea[],
+    interval[], text, bigint
+);

@@ -239,3 +239,105 @@ def test_priorities_future_run_at_and_keys_through_the_set_based_mover(db, login
         assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))
     assert [(p, bytes(k)) for p, k, _ in scheduled] == [(2, b"b")] * 5
     assert all(abs((t - later).total_seconds()) < 1 for _, _, t in scheduled)
+
+
+KEYED_COPY = ("copy awa.copy_staging (queue, ordering_key, kind, args, run_at, unique_key,"
+              " unique_window) from stdin")
+
+
+def test_a_keyed_load_of_several_passes_keeps_copy_order_and_its_duplicates(db, logins):
+    """A load of more than 10,000 rows with unique keys takes them all before
+    its first pass (ADR 027), then moves 10,000 rows a pass as before: the
+    first row of a key in COPY order takes it, in any pass; a later row of
+    it, or a key another job holds, is a duplicate and written nowhere; the
+    rest land in COPY order within each lane, due or for later, a
+    partitioned queue's rows in their partitions."""
+    from datetime import UTC, datetime, timedelta
+
+    later = datetime.now(UTC) + timedelta(hours=1)
+    with db.connect(logins.operator) as op:
+        op.execute("select awa.set_queue_partitions('kparts', 3)")
+    with db.connect(logins.producer) as p:
+        held = enqueue(p, "kplain", "held", unique_key=b"held")[0]
+    rows, taken, expected = [], set(), set()
+    taken.add(("kplain", b"held"))
+    for n in range(25_000):
+        queue = "kparts" if n % 5 == 0 else "kplain"
+        key = f"k{n % 1400}".encode() if n % 7 == 0 else None
+        if n == 12_345:
+            key = b"held"
+        ordering = f"o{n % 13}".encode() if queue == "kparts" else None
+        run_at = later if n % 11 == 0 else None
+        rows.append([queue, ordering, "job", Jsonb({"n": n}), run_at, key, None])
+        if key is None or (queue, key) not in taken:
+            expected.add(n)
+            if key is not None:
+                taken.add((queue, key))
+    with db.connect(logins.producer, autocommit=False) as conn:
+        with conn.cursor().copy(KEYED_COPY) as cp:
+            for row in rows:
+                cp.write_row(row)
+        assert conn.execute("select awa.enqueue_copied()").fetchone()[0] == 25_000
+        conn.commit()
+    with db.connect() as admin:
+        ready = admin.execute(
+            "select m.queue, r.lane_id, (r.args->>'n')::int from awa.ready r"
+            " join awa.queue_meta m using (queue_id) where r.job_id <> %s"
+            " order by r.lane_id, r.lane_seq", [held]).fetchall()
+        scheduled = admin.execute("select (args->>'n')::int from awa.scheduled").fetchall()
+        keys = admin.execute(
+            "select u.queue, u.unique_key, (coalesce(r.args, s.args)->>'n')::int"
+            " from awa.unique_keys u left join awa.ready r using (job_id)"
+            " left join awa.scheduled s using (job_id) where u.job_id <> %s", [held]).fetchall()
+        assert admin.execute("select count(*) from awa.copy_staging").fetchone()[0] == 0
+    assert sorted([n for *_, n in ready] + [n for n, in scheduled]) == sorted(expected)
+    assert {n for n, in scheduled} == {n for n in expected if n % 11 == 0}
+    lanes: dict[int, list[int]] = {}
+    for queue, lane, n in ready:
+        assert queue == "kplain" if n % 5 else queue.startswith("kparts")
+        lanes.setdefault(lane, []).append(n)
+    assert all(ns == sorted(ns) for ns in lanes.values())  # COPY order within each lane
+    assert len({q for q, *_ in ready if q.startswith("kparts")}) == 3
+    # Each key is held by its first row's job.
+    assert sorted((q, bytes(k), n) for q, k, n in keys) == sorted(
+        (rows[n][0], rows[n][5], n) for n in expected if rows[n][5] is not None)
+
+
+def test_a_bad_row_of_a_keyed_load_of_several_passes_is_named(db, logins):
+    """The first bad row, named as its pass would name it, before any key is
+    taken; nothing is enqueued."""
+    rows = [["kbad", None, "job", Jsonb({}), None, f"k{n}".encode(), None]
+            for n in range(15_000)]
+    rows[12_345][2] = None  # COPY row 12,346: no kind
+    rows[13_000][5] = None  # a window without a key, later
+    rows[13_000][6] = "1 hour"
+    with db.connect(logins.producer, autocommit=False) as conn:
+        with conn.cursor().copy(KEYED_COPY) as cp:
+            for row in rows:
+                cp.write_row(row)
+        with pytest.raises(psycopg.Error) as err:
+            conn.execute("select awa.enqueue_copied()")
+        conn.rollback()
+    assert err.value.sqlstate == "22004" and "COPY row 12346 (1-based)" in str(err.value)
+    with db.connect() as admin:
+        assert admin.execute("select (select count(*) from awa.ready),"
+                             " (select count(*) from awa.unique_keys)").fetchone() == (0, 0)
+
+
+def test_move_staged_moves_a_keyed_transaction_only_first_in_a_call(db, logins):
+    """awa.move_staged moves several transactions in one transaction: a keyed
+    one after another would take its keys holding the other's lanes (keys
+    before lanes, ADR 027), so it waits for the next call."""
+    with db.connect() as admin:
+        admin.execute("set session_replication_role = replica")  # no commit-time move
+        for keyed in (False, True, True, False):
+            admin.execute("insert into awa.copy_staging (queue, kind, unique_key)"
+                          " select 'left', 'k', case when %s then ('u' || i)::bytea end"
+                          " from generate_series(1, 5) as i", [keyed])
+    with db.connect(logins.maintenance) as m:
+        # The plain one; the first keyed one; the second keyed one (its rows
+        # duplicates of the first's) and the plain one after it.
+        assert [m.execute("select awa.move_staged()").fetchone()[0]
+                for _ in range(4)] == [5, 5, 10, 0]
+    with db.connect() as admin:
+        assert admin.execute("select count(*) from awa.ready").fetchone()[0] == 15

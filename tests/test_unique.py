@@ -665,3 +665,51 @@ def test_a_key_given_back_behind_a_batch_does_not_deadlock_it_with_another(db, l
                                      " where queue = 'dk'").fetchall())
         assert holders == {b"A": second[0]["job_id"], b"B": first[1]["job_id"],
                            b"D": d["job_id"]}
+
+
+def test_a_copy_of_several_passes_takes_its_keys_before_its_first_lane(db, logins):
+    """COPY's batch mover moves a load 10,000 rows a pass. Each pass took its
+    own rows' keys, the second while it held the first's lanes: a single
+    keyed enqueue that took the second pass's key and waited for a lane the
+    first pass held deadlocked with the load (40P01). A load of several
+    passes takes all its keys before its first lane now: the single
+    enqueue waits for the load's key instead, and is its duplicate."""
+    _fast_deadlock_detection(db)
+    with db.connect(logins.producer) as p:
+        enqueue(p, "kp", "seed")
+    with db.connect() as admin, db.connect(logins.producer, autocommit=False) as holder:
+        lanes = admin.execute("select lane_ids[1][0], lane_ids[2][0] from awa.queue_meta"
+                              " where queue = 'kp'").fetchone()
+        # The first pass takes the lanes of priorities 1 and 2 in lane order:
+        # with the higher one held, it holds the lower one and waits.
+        low = 1 if lanes[0] < lanes[1] else 2
+        enqueue(holder, "kp", "holder", priority=3 - low)
+
+        def load(c: psycopg.Connection) -> int:
+            with c.cursor().copy("copy awa.copy_staging (queue, priority, kind, unique_key)"
+                                 " from stdin") as cp:
+                for i in range(10_000):
+                    cp.write_row(["kp", 1 + i % 2, "row", None])
+                cp.write_row(["kp", low, "keyed", b"k"])  # COPY row 10,001: the second pass
+                cp.write_row(["kp", low, "row", None])
+            return c.execute("select awa.enqueue_copied()").fetchone()[0]
+
+        copy = Call(db.connect(logins.producer, autocommit=False), load)
+        copy.start()
+        wait_until(lambda: waits_for_a_lock(admin, copy.pid),
+                   what="the load's first pass to wait for the held lane")
+        single = Call(db.connect(logins.producer, autocommit=False),
+                      lambda c: put(c, "kp", b"k", priority=low))
+        single.start()
+        wait_until(lambda: waits_for_a_lock(admin, single.pid),
+                   what="the single enqueue to wait (for the load's key)")
+        holder.commit()
+        for t in (copy, single):
+            t.join(timeout=30)
+            assert not t.is_alive() and t.error is None, t.error
+        assert copy.result == 10_002
+        keyed, = admin.execute("select job_id from awa.ready where kind = 'keyed'").fetchone()
+        assert single.result["duplicate"] and single.result["job_id"] == keyed
+        assert admin.execute("select job_id from awa.unique_keys where queue = 'kp'"
+                             ).fetchall() == [(keyed,)]
+        assert live(admin, "kp") == 10_004  # the seed, the holder's job and the load

@@ -18,7 +18,7 @@ INLINED_FUNCTIONS = (
     "_finished_slot_count", "_finished_ring",
     "_max_run_time_ok", "_in_seconds", "_ordering_key_ok",
     "_retry_default_base", "_retry_default_cap", "_retry_default_jitter", "_retry_delay",
-    "_unique_scope", "_unique_ok",
+    "_unique_scope", "_unique_ok", "_row_ok",
     "_default_priority", "_default_max_attempts", "_default_args", "_first_attempt",
     "_sticky_ok", "_one_range_ok", "_limit_ok", "_pass_bytes", "_job_bytes",
 )
