@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from pathlib import Path
 
 import psycopg
 import pytest
 from psycopg import sql
 
 from tests.support.jobs import LANE_CLASS, Logins, claim, enqueue
+
+DOCS_SECURITY = Path(__file__).resolve().parent.parent / "docs" / "security.md"
 
 RUNTIME = ["awa_producer", "awa_worker", "awa_maintenance", "awa_operator", "awa_reader"]
 
@@ -59,6 +62,27 @@ def test_no_routine_is_executable_by_public(db):
     assert rows == []
     assert default_acl is not None  # the global default ACL exists ...
     assert not re.search(r"[{,]=X", default_acl[0])  # ... and gives PUBLIC nothing
+
+
+def test_docs_name_every_function_granted_to_maintenance_alone(db):
+    """docs/security.md's role table is what an operator grants from: its
+    awa_maintenance row names every function granted to that role and to
+    no other runtime role (one was once left out)."""
+    row = next(line for line in DOCS_SECURITY.read_text().splitlines()
+               if line.startswith("| `awa_maintenance` |"))
+    named = {n.removeprefix("awa.") for n in re.findall(r"`([a-z_.]+)`", row.split("|")[2])}
+    with db.connect() as conn:
+        granted = {r[0] for r in conn.execute(
+            "select p.proname from pg_proc p"
+            " where p.pronamespace = 'awa'::regnamespace and exists ("
+            "  select from aclexplode(p.proacl) a"
+            "   where a.grantee = 'awa_maintenance'::regrole and a.privilege_type = 'EXECUTE')"
+            " and not exists ("
+            "  select from aclexplode(p.proacl) a"
+            "   where a.grantee in ('awa_producer'::regrole, 'awa_worker'::regrole,"
+            "                       'awa_operator'::regrole, 'awa_reader'::regrole))"
+        ).fetchall()}
+    assert granted and named == granted
 
 
 def test_private_routines_are_the_owners_alone(db, logins):
