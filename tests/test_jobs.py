@@ -414,6 +414,39 @@ def test_a_bulk_cancel_never_moves_the_hint_past_a_row_a_claim_in_flight_holds(d
         assert [r[0] for r in claim_all(w, ["held"], 10)] == [first]
 
 
+def test_a_bulk_cancel_never_moves_the_hint_past_an_enqueue_in_flight(db, logins):
+    """The rows of an enqueue still in flight are invisible to the cancel
+    but lie above every row it can see (the lane's lock orders them): a
+    lane whose visible rows were all cancelled keeps its hint."""
+    with db.connect(logins.producer) as p:
+        p.execute("select awa.enqueue_batch(array_fill('fl'::text, array[300]),"
+                  " array_fill('bad'::text, array[300]))")
+    with db.connect(logins.producer, autocommit=False) as e, \
+            db.connect(logins.operator) as op, db.connect(logins.worker) as w:
+        e.execute("select awa.enqueue_batch(array_fill('fl'::text, array[5]),"
+                  " array_fill('good'::text, array[5]))")
+        assert op.execute("select awa.cancel_jobs('fl', 'bad')").fetchone()[0] == 300
+        e.commit()
+        assert [r[6] for r in claim_all(w, ["fl"], 10)] == ["good"] * 5
+
+
+def test_a_bulk_cancel_that_rolls_back_keeps_its_rows_under_another_cancels_hint(db, logins):
+    """A second cancel sees the first's cancelled rows (not yet committed) as
+    live and stops its hint at them: when the first rolls back, they are
+    claimable again, in order."""
+    with db.connect(logins.producer) as p:
+        p.execute("select awa.enqueue_batch(array_fill('cr'::text, array[100]),"
+                  " array_fill('a'::text, array[100]))")
+        p.execute("select awa.enqueue_batch(array_fill('cr'::text, array[300]),"
+                  " array_fill('b'::text, array[300]))")
+    with db.connect(logins.operator, autocommit=False) as c1, \
+            db.connect(logins.operator) as c2, db.connect(logins.worker) as w:
+        assert c1.execute("select awa.cancel_jobs('cr', 'a')").fetchone()[0] == 100
+        assert c2.execute("select awa.cancel_jobs('cr', 'b')").fetchone()[0] == 300
+        c1.rollback()
+        assert [r[6] for r in claim_all(w, ["cr"], 50)] == ["a"] * 100
+
+
 # -- retry --------------------------------------------------------------------------------
 
 
