@@ -123,12 +123,16 @@ declare
     dup_queue integer[] := '{}';
     dup_priority smallint[] := '{}';
 begin
+    -- Each element's values read once, in order (unnest): a subscript of
+    -- an array with nulls or of varying width walks it from the start, so
+    -- one per element would cost the square of the call's size.
     for e in
-        select x.i, awa._unique_scope(m.queue, m.root_queue) as scope,
-               unique_keys[x.i] as unique_key
-          from generate_series(1, cardinality(unique_keys)) as x (i)
-          left join awa.queue_meta as m on m.queue_id = queue_ids[x.i]
-         where unique_keys[x.i] is not null
+        select x.i, awa._unique_scope(m.queue, m.root_queue) as scope, x.unique_key,
+               x.job_id, x.queue_id, x.priority, x.unique_window
+          from unnest(unique_keys, job_ids, queue_ids, priorities, unique_windows)
+               with ordinality as x (unique_key, job_id, queue_id, priority, unique_window, i)
+          left join awa.queue_meta as m on m.queue_id = x.queue_id
+         where x.unique_key is not null
          order by 2, 3, 1
     loop
         if key_scope is distinct from e.scope or key_value is distinct from e.unique_key then
@@ -138,15 +142,15 @@ begin
                 insert into awa.unique_keys as u (
                     queue, unique_key, job_id, queue_id, priority, unique_window, held_until
                 ) values (
-                    e.scope, e.unique_key, job_ids[e.i], queue_ids[e.i],
-                    coalesce(priorities[e.i], awa._default_priority()), unique_windows[e.i],
+                    e.scope, e.unique_key, e.job_id, e.queue_id,
+                    coalesce(e.priority, awa._default_priority()), e.unique_window,
                     null
                 )
                 on conflict (queue, unique_key) do nothing;
                 if found then
-                    holder_job := job_ids[e.i];
-                    holder_queue := queue_ids[e.i];
-                    holder_priority := coalesce(priorities[e.i], awa._default_priority());
+                    holder_job := e.job_id;
+                    holder_queue := e.queue_id;
+                    holder_priority := coalesce(e.priority, awa._default_priority());
                     exit;
                 end if;
                 select u.job_id, u.queue_id, u.priority, u.held_until
@@ -159,9 +163,9 @@ begin
                 -- Its window has passed: take it over, unless another caller
                 -- did meanwhile (then read again, and find it held).
                 update awa.unique_keys as u
-                   set job_id = job_ids[e.i], queue_id = queue_ids[e.i],
-                       priority = coalesce(priorities[e.i], awa._default_priority()),
-                       unique_window = unique_windows[e.i], held_until = null
+                   set job_id = e.job_id, queue_id = e.queue_id,
+                       priority = coalesce(e.priority, awa._default_priority()),
+                       unique_window = e.unique_window, held_until = null
                  where u.queue = e.scope and u.unique_key = e.unique_key
                    and u.held_until <= now()
                 returning u.job_id, u.queue_id, u.priority
@@ -169,7 +173,7 @@ begin
                 exit when found;
             end loop;
         end if;
-        if holder_job <> job_ids[e.i] then
+        if holder_job <> e.job_id then
             dup_i := dup_i || e.i;
             dup_job := dup_job || holder_job;
             dup_queue := dup_queue || holder_queue;

@@ -1,0 +1,103 @@
+"""COPY loads with unique keys, as of a git revision and as of this checkout.
+
+Each round loads --rows rows, every one with a unique key of its own, into
+a plain queue with COPY in one transaction (moved at commit: the batch
+path, 10,000 rows a pass), --loads times on a fresh server per tree, and
+prints the seconds from the first row sent to the commit. The trees
+alternate (before, now, before, now, ...) so both see the same machine.
+What it watches: a load's cost grows with its rows, not with their square
+(a subscript per element of an array with nulls walks it from the start;
+keys taken for a whole load of several passes in one call made a load of
+50,000 rows three times slower until the keys were read by unnest).
+
+No target: a record of what taking keys costs a load, before and after a
+change to it.
+
+    python bench/copy_unique_keys.py [--rows 50000] [--loads 3] [--rounds 2]
+                                     [--before c315c91] [--write-docs]
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psycopg
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from awa_sql.demo import embedded
+from bench import _docs
+from bench._server import BENCH_SETTINGS, export_revision, install_revision, machine
+
+ROOT = Path(__file__).resolve().parent.parent
+COPY = "copy awa.copy_staging (queue, kind, unique_key) from stdin"
+
+
+def loads(checkout: Path, rows: int, count: int) -> list[float]:
+    """Seconds of each of `count` keyed loads of `rows` rows, on a fresh
+    server migrated with `checkout`'s installer and sql/."""
+    workdir = Path(tempfile.mkdtemp(prefix="awa-bench-"))
+    server = embedded.LocalServer(embedded.ensure_binaries(18), workdir / "pgdata",
+                                  settings=BENCH_SETTINGS)
+    server.start()
+    try:
+        dsn = server.dsn()
+        install_revision(dsn, checkout)
+        seconds = []
+        with psycopg.connect(dsn) as conn:
+            for n in range(count):
+                queue = f"keyed{n}"
+                started = time.perf_counter()
+                with conn.cursor().copy(COPY) as cp:
+                    for i in range(rows):
+                        cp.write_row([queue, "bench.job", f"k{n}-{i}".encode()])
+                conn.commit()
+                seconds.append(time.perf_counter() - started)
+                ready = conn.execute(
+                    "select count(*) from awa.ready as r join awa.queue_meta as m"
+                    " using (queue_id) where m.queue = %s", [queue]).fetchone()[0]
+                conn.commit()
+                assert ready == rows, (ready, rows)
+        return seconds
+    finally:
+        server.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--rows", type=int, default=50_000)
+    ap.add_argument("--loads", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--before", default="c315c91")
+    _docs.add_argument(ap)
+    args = ap.parse_args()
+    block = _docs.Block(__file__, "COPY loads with unique keys", args.write_docs)
+    with tempfile.TemporaryDirectory(prefix="awa-before-") as tmp:
+        trees = {f"at {args.before}": export_revision(args.before, Path(tmp)), "now": ROOT}
+        seconds: dict[str, list[float]] = {label: [] for label in trees}
+        for _ in range(args.rounds):
+            for label, checkout in trees.items():
+                took = loads(checkout, args.rows, args.loads)
+                seconds[label] += took
+                print(f"  {label}: {' '.join(f'{s:.2f}' for s in took)} s",
+                      file=sys.stderr, flush=True)
+    print(f"# copy_unique_keys: {machine()}; PostgreSQL 18; a COPY of {args.rows:,} rows, each"
+          f" with its own unique key, into a plain queue, moved at commit; medians of"
+          f" {args.loads} loads x {args.rounds} rounds, trees alternating")
+    print("| tree | load, s | rows/s |")
+    print("|---|---:|---:|")
+    for label, runs in seconds.items():
+        med = statistics.median(runs)
+        print(f"| {label} | {med:.2f} | {args.rows / med:,.0f} |")
+    block.write()
+
+
+if __name__ == "__main__":
+    main()
