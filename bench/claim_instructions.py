@@ -10,6 +10,10 @@ statement, finishes it:
   claim 1 S=8, S=16      awa.claim alone on a queue at that S, its jobs keyed
                          over every lane of priority 2 (the default), so a
                          claim passes the empty lanes of priority 1 first
+  claim 1 S=64 to 1      awa.claim alone on a queue raised to S = 64, then
+                         lowered to 1 before its jobs came: every lane walked
+  ... retired            the same once awa.retire_lanes() has taken the empty
+                         lanes above S out of the walk (ADR 041)
   fetch + finish         procrastinate_fetch_job_v2 then procrastinate_finish_job_v1
   fetch                  procrastinate_fetch_job_v2 alone
 
@@ -44,6 +48,8 @@ from bench.enqueue_instructions import build as build_cluster
 PRELOAD = HIGH + 100
 SHARDS = (8, 16)
 MAX_S16_RATIO = 1.30
+LOWERED = f"{QUEUE}-lowered"
+RETIRED = f"{QUEUE}-retired"
 
 
 def _wide_queue(s: int) -> str:
@@ -60,6 +66,24 @@ def preload_wide(conn: psycopg.Connection, shards: int, jobs: int) -> None:
                  [queue, jobs, jobs, jobs])
 
 
+def preload_lowered(conn: psycopg.Connection, jobs: int) -> None:
+    """`jobs` jobs in each of two queues that were at S = 64 and are at S = 1;
+    the lanes above S of the second retired."""
+    for queue in (LOWERED, RETIRED):
+        conn.execute("select awa.set_enqueue_shards(%s, 64)", [queue])
+        conn.execute("select awa.set_enqueue_shards(%s, 1)", [queue])
+        conn.execute("select count(*) from awa.enqueue_batch(array_fill(%s::text, array[%s]),"
+                     " array_fill('bench.job'::text, array[%s]))", [queue, jobs, jobs])
+    # Both queues' lanes retired, then the first's walked again, as a
+    # change of S does.
+    conn.execute("select awa.retire_lanes()")
+    conn.execute("select awa._count_lane_shards(m.queue_id) from awa.queue_meta m"
+                 " where m.queue = %s", [LOWERED])
+    walks = dict(conn.execute("select queue, lane_shards from awa.queue_meta"
+                              " where queue in (%s, %s)", [LOWERED, RETIRED]).fetchall())
+    assert walks == {LOWERED: 64, RETIRED: 1}, walks
+
+
 def build(workdir: Path) -> tuple[Path, int]:
     """A stopped cluster with both queues preloaded; procrastinate's worker id."""
     worker = []
@@ -73,6 +97,7 @@ def build(workdir: Path) -> tuple[Path, int]:
         preload_procrastinate(conn, PRELOAD)
         for shards in SHARDS:
             preload_wide(conn, shards, PRELOAD)
+        preload_lowered(conn, PRELOAD)
         conn.execute("vacuum analyze awa.ready")
 
     return build_cluster(workdir, None, preload), worker[0]
@@ -86,6 +111,9 @@ def cells(worker: int) -> dict[str, str]:
         "claim 1": f"select count(*) from {claim} c",
         **{f"claim 1 S={n}": f"select count(*) from awa.claim('{{{_wide_queue(n)}}}', 1, 'bench') c"
            for n in SHARDS},
+        "claim 1 S=64 to 1": f"select count(*) from awa.claim('{{{LOWERED}}}', 1, 'bench') c",
+        "claim 1 S=64 to 1 retired":
+            f"select count(*) from awa.claim('{{{RETIRED}}}', 1, 'bench') c",
         "fetch + finish": ("select count(procrastinate_finish_job_v1(j.id, 'succeeded', false))"
                            f" from {fetch} j"),
         "fetch": f"select count(*) from {fetch} j",
@@ -143,6 +171,8 @@ def main() -> None:
     for n in SHARDS:
         print(f"claim 1 at S = {n} / at S = 1: {results[f'claim 1 S={n}'] / results['claim 1']:.2f}"
               f" (target at S = 16: {MAX_S16_RATIO:.2f} at most)")
+    for name in ("claim 1 S=64 to 1", "claim 1 S=64 to 1 retired"):
+        print(f"{name} / claim 1: {results[name] / results['claim 1']:.2f}")
     s16 = results["claim 1 S=16"] / results["claim 1"]
     block.write([_docs.Target(f"claim 1 at S = 16 at most {MAX_S16_RATIO:.2f}x claim 1 at S = 1",
                               s16 <= MAX_S16_RATIO, f"{s16:.2f}x")])

@@ -440,6 +440,7 @@ CREATE TABLE awa.queue_meta (
     unique_jobs boolean DEFAULT false NOT NULL,
     lane_shards smallint DEFAULT 0 NOT NULL,
     has_linked boolean DEFAULT false NOT NULL,
+    shards_changed_xact xid8 DEFAULT pg_current_xact_id() NOT NULL,
     CONSTRAINT queue_meta_pkey PRIMARY KEY (queue),
     CONSTRAINT queue_meta_enqueue_shards_range CHECK (((enqueue_shards >= 1) AND (enqueue_shards <= 64))),
     CONSTRAINT queue_meta_lane_ids_shape CHECK ((array_dims(lane_ids) = '[1:4][0:63]'::text)),
@@ -3048,6 +3049,25 @@ begin
 end;
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._oldest_snapshot()
+ RETURNS xid8
+ LANGUAGE sql
+ STABLE
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+    -- A 32-bit xid is within 2^31 below the next one (wraparound
+    -- protection): widened by the distance back from it.
+    select min(n.next - ((n.next - a.backend_xmin::text::bigint) & 4294967295))::text::xid8
+      from pg_stat_activity as a
+     cross join (
+         select pg_snapshot_xmax(pg_current_snapshot())::text::bigint as next
+     ) as n
+     where a.datname = current_database()
+       and a.pid <> pg_backend_pid()
+       and a.backend_xmin is not null
+       and a.usesysid is not null
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._one_range_ok(n integer, queues text[], kinds text[], priorities smallint[], max_attempts integer[], ordering_keys bytea[], run_ats timestamp with time zone[], max_run_times interval[], unique_keys bytea[], unique_windows interval[], priority smallint, attempts integer)
  RETURNS boolean
  LANGUAGE sql
@@ -3942,7 +3962,8 @@ begin
          where l.queue_id = meta.queue_id and l.xmin = pg_current_xact_id()::xid;
         lanes_created := created;
         if shards <> meta.enqueue_shards then
-            update awa.queue_meta as m set enqueue_shards = shards
+            update awa.queue_meta as m
+               set enqueue_shards = shards, shards_changed_xact = pg_current_xact_id()
              where m.queue_id = meta.queue_id;
             insert into awa.shard_changes (
                 queue, old_shards, new_shards, lanes_created, source
@@ -5909,6 +5930,70 @@ AS $function$
     select awa._set_paused(queue, false)
 $function$;
 
+CREATE OR REPLACE FUNCTION awa.retire_lanes()
+ RETURNS integer
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+ SET lock_timeout TO '100ms'
+ SET enable_seqscan TO 'off'
+AS $function$
+declare
+    q record;
+    busy bigint;
+    locked bigint := 0;
+    keep integer;
+    retired integer := 0;
+begin
+    perform awa._check_read_committed('awa.retire_lanes()');
+    -- The sessions read afresh, in the statement that reads each queue's
+    -- last change of S, so after that change committed.
+    perform pg_stat_clear_snapshot();
+    for q in
+        select m.queue_id, m.enqueue_shards, m.lane_shards, m.shards_changed_xact
+          from awa.queue_meta as m
+         cross join (select awa._oldest_snapshot() as xmin) as o
+         where m.lane_shards > m.enqueue_shards
+           and (o.xmin is null or m.shards_changed_xact < o.xmin)
+         order by m.queue_id
+    loop
+        exit when locked >= 1024;
+        -- Every lane tried (a filter is evaluated for each row).
+        select count(*) filter (
+                   where not pg_try_advisory_xact_lock(awa._lock_class_lane(), l.lane_id)
+               ),
+               count(*)
+          into busy, keep
+          from awa.lanes as l
+         where l.queue_id = q.queue_id
+           and l.shard >= q.enqueue_shards and l.shard < q.lane_shards;
+        locked := locked + keep;
+        continue when busy > 0;
+        select greatest(q.enqueue_shards, max(l.shard) + 1) into keep
+          from awa.lanes as l
+         where l.queue_id = q.queue_id
+           and l.shard >= q.enqueue_shards and l.shard < q.lane_shards
+           and exists (
+               select from awa.ready as r
+                where r.lane_id = l.lane_id
+                  and r.lane_seq >= (select coalesce(max(h.head_seq), 0)
+                                       from awa.lane_hints as h
+                                      where h.lane_id = l.lane_id)
+           );
+        continue when keep >= q.lane_shards;
+        begin
+            update awa.queue_meta as m set lane_shards = keep
+             where m.queue_id = q.queue_id and m.lane_shards = q.lane_shards
+               and m.shards_changed_xact = q.shards_changed_xact;
+            retired := retired + case when found then 1 else 0 end;
+        exception when lock_not_available then
+            null;  -- the queue's settings row is being changed: the next call
+        end;
+    end loop;
+    return retired;
+end;
+$function$;
+
 CREATE OR REPLACE FUNCTION awa.retry_job(job_id bigint)
  RETURNS boolean
  LANGUAGE plpgsql
@@ -6437,7 +6522,7 @@ COMMENT ON COLUMN awa.queue_meta.lane_ids IS 'Lane ids by [priority][shard], nul
 
 COMMENT ON COLUMN awa.queue_meta.lane_seqs IS 'Each lane''s sequence by [priority][shard], as lane_ids.';
 
-COMMENT ON COLUMN awa.queue_meta.lane_shards IS 'How many shards the queue''s lanes span: lanes exist for shards 0 .. lane_shards - 1 at every priority (kept by awa._provision_lanes; lanes are never dropped). A claim walks them.';
+COMMENT ON COLUMN awa.queue_meta.lane_shards IS 'How many shards a claim walks (with enqueue_shards, whichever is greater): the lanes of shards 0 .. lane_shards - 1 at every priority. Lanes are never dropped; raising S counts them all again (awa._provision_lanes), and awa.retire_lanes() lowers it past the lanes at or above S that are empty and that no enqueue can reach any more.';
 
 COMMENT ON COLUMN awa.queue_meta.logical_queue IS 'For a stripe (name#k): the logical queue it belongs to. Null for a logical name''s own row.';
 
@@ -6464,6 +6549,8 @@ COMMENT ON COLUMN awa.queue_meta.retry_jitter IS 'Share of the retry delay drawn
 COMMENT ON COLUMN awa.queue_meta.root_queue IS 'For a partition or a stripe: the logical queue at the top (claims, pauses and shard changes by that name cover this queue). Null for a logical name''s own row.';
 
 COMMENT ON COLUMN awa.queue_meta.shard_mode IS 'manual (S is set by hand), shadow (the auto-scaler logs only) or auto.';
+
+COMMENT ON COLUMN awa.queue_meta.shards_changed_xact IS 'The transaction that last changed enqueue_shards (or created the queue). A snapshot older than it may still read the S before, and route a job to a lane at or above the S now: awa.retire_lanes() retires no lane while a session holds one.';
 
 COMMENT ON COLUMN awa.queue_meta.stripes IS 'K: how many stripes new enqueues to this logical name spread over; 1 means no striping.';
 
@@ -6624,6 +6711,7 @@ GRANT EXECUTE ON FUNCTION awa.queue_counts(text) TO awa_operator, awa_reader;
 GRANT EXECUTE ON FUNCTION awa.remove_runtime(uuid) TO awa_producer, awa_worker;
 GRANT EXECUTE ON FUNCTION awa.rescue_expired(integer) TO awa_maintenance;
 GRANT EXECUTE ON FUNCTION awa.resume_queue(text) TO awa_operator;
+GRANT EXECUTE ON FUNCTION awa.retire_lanes() TO awa_maintenance;
 GRANT EXECUTE ON FUNCTION awa.retry_job(bigint) TO awa_operator;
 GRANT EXECUTE ON FUNCTION awa.retry_jobs(text,text,integer) TO awa_operator;
 GRANT EXECUTE ON FUNCTION awa.rotate_running() TO awa_maintenance;

@@ -1,7 +1,8 @@
 -- claim.sql: claiming jobs and finishing them.
 --
 -- A claim walks the lanes of the requested queues, lanes at or above the
--- current S included (they drain after S is lowered), priority first and in
+-- current S included (they drain after S is lowered, until
+-- awa.retire_lanes takes them out of the walk), priority first and in
 -- a fresh random order within a priority, and takes each lane's first free
 -- rows from where awa.lane_hints says its live rows start, until it has its
 -- jobs. Its cost follows the lanes it reaches, not the rows ever enqueued
@@ -149,7 +150,8 @@ $$;
 -- The lanes come from queue_meta.lane_ids, not awa.lanes, and it stops once
 -- it has max_jobs, so a claim reads the lanes it takes from and the empty
 -- ones before them, not every lane (ADR 023, ADR 028). Lanes at or above
--- the current S are visited too: they drain after S is lowered. Rows other transactions hold are
+-- the current S are visited too: they drain after S is lowered, until
+-- awa.retire_lanes takes them out (ADR 041). Rows other transactions hold are
 -- skipped, never waited for: a claim returns fewer than max_jobs only when
 -- no other claimable row is left. Paused queues yield nothing.
 -- At S = 1 (one lane per priority) this is strict FIFO per priority; at

@@ -347,8 +347,9 @@ $$;
 -- to the shards its lanes span, counted from its lanes of priority 1
 -- (every priority has the same, awa._provision_lanes makes them together):
 -- counted, not assumed, so lanes an earlier function layer made during an
--- upgrade count too. The one count of queue_meta.lane_shards; each queue's
--- lanes are read once.
+-- upgrade count too. The one count of queue_meta.lane_shards (which
+-- awa.retire_lanes lowers past drained lanes above S, ADR 041); each
+-- queue's lanes are read once.
 -- Calls: nothing
 -- Writes: awa.queue_meta
 create or replace function awa._count_lane_shards(queue_id integer)

@@ -114,7 +114,8 @@ begin
          where l.queue_id = meta.queue_id and l.xmin = pg_current_xact_id()::xid;
         lanes_created := created;
         if shards <> meta.enqueue_shards then
-            update awa.queue_meta as m set enqueue_shards = shards
+            update awa.queue_meta as m
+               set enqueue_shards = shards, shards_changed_xact = pg_current_xact_id()
              where m.queue_id = meta.queue_id;
             insert into awa.shard_changes (
                 queue, old_shards, new_shards, lanes_created, source
@@ -154,6 +155,127 @@ select awa._grant_execute('awa._require_primary(text)');
 select awa._grant_execute('awa._check_layout_change(text, text, integer, integer)');
 select awa._grant_execute('awa._set_enqueue_shards(text, integer, text)');
 select awa._grant_execute('awa.set_enqueue_shards(text, integer)', 'operator');
+
+-- Function: awa._oldest_snapshot() returns xid8
+-- The oldest xmin of a snapshot any other session of this database holds,
+-- widened to xid8 from pg_stat_activity.backend_xmin (which every role may
+-- read); null when none holds one. A session between statements of a read
+-- committed transaction holds none: its next statement reads afresh.
+-- Processes of no role (autovacuum's workers) are left out: they enqueue
+-- nothing. (Every role sees another's backend_xmin and role, not its
+-- backend_type.)
+-- Calls: nothing
+-- Writes: nothing
+create or replace function awa._oldest_snapshot()
+returns xid8
+language sql
+stable
+set search_path = pg_catalog, pg_temp
+as $$
+    -- A 32-bit xid is within 2^31 below the next one (wraparound
+    -- protection): widened by the distance back from it.
+    select min(n.next - ((n.next - a.backend_xmin::text::bigint) & 4294967295))::text::xid8
+      from pg_stat_activity as a
+     cross join (
+         select pg_snapshot_xmax(pg_current_snapshot())::text::bigint as next
+     ) as n
+     where a.datname = current_database()
+       and a.pid <> pg_backend_pid()
+       and a.backend_xmin is not null
+       and a.usesysid is not null
+$$;
+
+-- Function: awa.retire_lanes() returns integer
+-- Lowers queue_meta.lane_shards, the shards a claim walks, past the lanes
+-- at or above S that no job can be in: after S is lowered, its lanes above
+-- drain, and a claim would otherwise walk them, empty, for good (ADR 041).
+-- A lane above S can still get a job from a session whose snapshot is
+-- older than the change of S (it reads the old S), and may hold one not
+-- yet committed (an enqueue holds its lane's lock until it commits). So,
+-- for each physical queue whose claims walk more shards than S, once no
+-- other session of the database holds a snapshot older than the last
+-- change of S (awa._oldest_snapshot against
+-- queue_meta.shards_changed_xact), it try-locks every lane above S and
+-- skips the queue if any is held; then, with a snapshot taken after
+-- those locks, keeps the shards up to the highest whose lanes still hold
+-- a row (read from each lane's claim hint). Never waits: a queue whose
+-- settings row is being changed is skipped too, to the next call. Stops
+-- after the queue that takes its lane locks past 1,024 in one call. A
+-- change of S, or an upgrade, counts every lane again; run this every
+-- minute or so (awa maintain does).
+-- Role: awa_maintenance.
+-- Returns: how many physical queues' claims now walk fewer shards.
+-- Errors: 25000 the calling transaction is not read committed: its
+-- snapshot could miss a job that entered a lane before the call.
+-- Calls: awa._check_read_committed, awa._lock_class_lane, awa._oldest_snapshot
+-- Writes: awa.queue_meta
+create or replace function awa.retire_lanes()
+returns integer
+language plpgsql
+security definer
+set search_path = pg_catalog, pg_temp
+set lock_timeout = '100ms'
+-- Lanes and rows are looked up by key, from each lane's hint.
+set enable_seqscan = off
+as $$
+declare
+    q record;
+    busy bigint;
+    locked bigint := 0;
+    keep integer;
+    retired integer := 0;
+begin
+    perform awa._check_read_committed('awa.retire_lanes()');
+    -- The sessions read afresh, in the statement that reads each queue's
+    -- last change of S, so after that change committed.
+    perform pg_stat_clear_snapshot();
+    for q in
+        select m.queue_id, m.enqueue_shards, m.lane_shards, m.shards_changed_xact
+          from awa.queue_meta as m
+         cross join (select awa._oldest_snapshot() as xmin) as o
+         where m.lane_shards > m.enqueue_shards
+           and (o.xmin is null or m.shards_changed_xact < o.xmin)
+         order by m.queue_id
+    loop
+        exit when locked >= 1024;
+        -- Every lane tried (a filter is evaluated for each row).
+        select count(*) filter (
+                   where not pg_try_advisory_xact_lock(awa._lock_class_lane(), l.lane_id)
+               ),
+               count(*)
+          into busy, keep
+          from awa.lanes as l
+         where l.queue_id = q.queue_id
+           and l.shard >= q.enqueue_shards and l.shard < q.lane_shards;
+        locked := locked + keep;
+        continue when busy > 0;
+        select greatest(q.enqueue_shards, max(l.shard) + 1) into keep
+          from awa.lanes as l
+         where l.queue_id = q.queue_id
+           and l.shard >= q.enqueue_shards and l.shard < q.lane_shards
+           and exists (
+               select from awa.ready as r
+                where r.lane_id = l.lane_id
+                  and r.lane_seq >= (select coalesce(max(h.head_seq), 0)
+                                       from awa.lane_hints as h
+                                      where h.lane_id = l.lane_id)
+           );
+        continue when keep >= q.lane_shards;
+        begin
+            update awa.queue_meta as m set lane_shards = keep
+             where m.queue_id = q.queue_id and m.lane_shards = q.lane_shards
+               and m.shards_changed_xact = q.shards_changed_xact;
+            retired := retired + case when found then 1 else 0 end;
+        exception when lock_not_available then
+            null;  -- the queue's settings row is being changed: the next call
+        end;
+    end loop;
+    return retired;
+end;
+$$;
+
+select awa._grant_execute('awa._oldest_snapshot()');
+select awa._grant_execute('awa.retire_lanes()', 'maintenance');
 
 -- Function: awa.set_queue_stripes(queue text, stripes integer)
 -- Advanced: stores a logical queue as stripes queue#0 .. queue#(K-1), each

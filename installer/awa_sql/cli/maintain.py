@@ -1,5 +1,6 @@
 """``awa maintain``: promote, rescue, move-staged, the auto-scaler tick,
-prune and the sweeps of unique keys and old changes of S in one long-running process
+prune, the sweeps of unique keys and old changes of S and the retirement of
+drained lanes in one long-running process
 (awa_sql.maintain), with its own /metrics."""
 
 from __future__ import annotations
@@ -48,6 +49,9 @@ HELP = {
                    "(awa.prune_unique_keys, skipped while it is not installed)",
     "ready_late": "remove the awa.ready_late rows of jobs gone from their lanes "
                   "(awa.prune_ready_late, skipped while it is not installed)",
+    "retire_lanes": "take the drained lanes above S out of the claim walk once no snapshot "
+                    "older than the change of S is left (awa.retire_lanes, skipped while it is "
+                    "not installed)",
     "shard_changes": "remove changes of S older than 90 days, each queue's latest kept "
                      "(awa.prune_shard_changes, skipped while it is not installed)",
 }

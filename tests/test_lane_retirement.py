@@ -1,0 +1,246 @@
+"""awa.retire_lanes (ADR 041), on real PostgreSQL 17 and 18: after S is
+lowered, the lanes at or above it leave the claim walk
+(queue_meta.lane_shards) once they are empty and no enqueue can reach them:
+not while a session keeps a snapshot older than the change of S (it routes
+by the S before), nor while an enqueue holds one of them (its job is not
+committed yet). Never waits, refuses a snapshot older than the call, and is
+for maintenance only. No job is left where no claim walks."""
+
+from __future__ import annotations
+
+import random
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import psycopg
+import pytest
+
+from awa_sql import routing
+from tests.support.isolation import OLDER_SNAPSHOTS, assert_refused_outside_read_committed
+from tests.support.jobs import claim_all
+
+
+def key_for(shard: int, shards: int) -> bytes:
+    """An ordering key whose jobs go to `shard` at S = `shards`."""
+    return next(k for i in range(10_000)
+                if routing.shard_for_ordering_key(k := f"k{i}".encode(), shards) == shard)
+
+
+def walked(conn, queue: str) -> tuple[int, int]:
+    """(S, lane_shards) of a queue."""
+    return conn.execute("select enqueue_shards, lane_shards from awa.queue_meta"
+                        " where queue = %s", [queue]).fetchone()
+
+
+def retire(db, logins) -> int:
+    with db.connect(logins.maintenance) as m:
+        return m.execute("select awa.retire_lanes()").fetchone()[0]
+
+
+def enqueue_keyed(conn, queue: str, key: bytes) -> int:
+    return conn.execute("select (awa.enqueue(%s, 'k', ordering_key => %s)).job_id",
+                        [queue, key]).fetchone()[0]
+
+
+@pytest.fixture
+def su(db):
+    with db.connect() as conn:
+        yield conn
+
+
+@pytest.fixture
+def op(db, logins):
+    with db.connect(logins.operator) as conn:
+        yield conn
+
+
+def set_shards(op, queue: str, shards: int) -> None:
+    op.execute("select awa.set_enqueue_shards(%s, %s)", [queue, shards])
+
+
+def test_drained_lanes_above_s_leave_the_walk_and_a_raise_brings_them_back(db, logins, su,
+                                                                            op):
+    set_shards(op, "lr", 8)
+    with db.connect(logins.producer) as p:
+        jobs = {enqueue_keyed(p, "lr", key_for(s, 8)) for s in range(8)}
+    set_shards(op, "lr", 2)
+    assert retire(db, logins) == 0  # every lane above S holds a job
+    assert walked(su, "lr") == (2, 8)
+    with db.connect(logins.worker) as w:
+        assert {c[0] for c in claim_all(w, ["lr"])} == jobs
+    assert retire(db, logins) == 1
+    assert walked(su, "lr") == (2, 2)
+    assert retire(db, logins) == 0
+    with db.connect(logins.producer) as p:
+        again = {enqueue_keyed(p, "lr", key_for(s, 2)) for s in range(2)}
+    with db.connect(logins.worker) as w:
+        assert {c[0] for c in claim_all(w, ["lr"])} == again
+    # A raise walks every lane again; the ones above the new S go once drained.
+    set_shards(op, "lr", 4)
+    assert walked(su, "lr") == (4, 8)
+    assert retire(db, logins) == 1
+    assert walked(su, "lr") == (4, 4)
+
+
+def test_the_shards_up_to_the_highest_that_holds_a_job_stay(db, logins, su, op):
+    set_shards(op, "lr", 8)
+    with db.connect(logins.producer) as p:
+        job = enqueue_keyed(p, "lr", key_for(5, 8))
+    set_shards(op, "lr", 1)
+    assert retire(db, logins) == 1
+    assert walked(su, "lr") == (1, 6)
+    with db.connect(logins.worker) as w:
+        assert [c[0] for c in claim_all(w, ["lr"])] == [job]
+    assert retire(db, logins) == 1
+    assert walked(su, "lr") == (1, 1)
+
+
+def test_a_snapshot_older_than_the_change_of_s_keeps_every_lane(db, logins, su, op):
+    """A repeatable read producer reads the S before the change for its whole
+    transaction: its job goes to a lane above the new S, which must still be
+    walked when the job commits."""
+    set_shards(op, "lr", 8)
+    with db.connect(logins.producer, autocommit=False) as late:
+        late.execute("begin isolation level repeatable read")
+        late.execute("select 1")
+        set_shards(op, "lr", 1)
+        assert retire(db, logins) == 0
+        assert walked(su, "lr") == (1, 8)
+        job, shard = late.execute(
+            "select (e).job_id, (e).enqueue_shard from awa.enqueue('lr', 'k',"
+            " ordering_key => %s) as e", [key_for(5, 8)]).fetchone()
+        assert shard == 5
+        late.commit()
+    assert retire(db, logins) == 1
+    assert walked(su, "lr") == (1, 6)
+    with db.connect(logins.worker) as w:
+        assert [c[0] for c in claim_all(w, ["lr"])] == [job]
+
+
+def test_a_lane_an_enqueue_holds_is_not_retired(db, logins, su, op):
+    """A read committed producer that enqueued before the change holds no
+    snapshot between statements, but its job is not committed yet: the lane
+    it holds stays walked."""
+    set_shards(op, "lr", 8)
+    with db.connect(logins.producer, autocommit=False) as p:
+        job = enqueue_keyed(p, "lr", key_for(5, 8))
+        # A simple-protocol statement drops the enqueue's portal, whose
+        # snapshot psycopg's extended protocol leaves open until the next.
+        p.pgconn.exec_(b"select 1")
+        assert su.execute("select backend_xmin from pg_stat_activity where pid = %s",
+                          [p.info.backend_pid]).fetchone()[0] is None
+        set_shards(op, "lr", 1)
+        assert retire(db, logins) == 0
+        assert walked(su, "lr") == (1, 8)
+        p.commit()
+    assert retire(db, logins) == 1
+    assert walked(su, "lr") == (1, 6)
+    with db.connect(logins.worker) as w:
+        assert [c[0] for c in claim_all(w, ["lr"])] == [job]
+
+
+def test_a_queue_whose_settings_row_is_being_changed_is_skipped_without_waiting(db, logins,
+                                                                                 su, op):
+    set_shards(op, "lr", 8)
+    set_shards(op, "lr", 2)
+    with db.connect(logins.operator, autocommit=False) as raising:
+        raising.execute("select awa.set_enqueue_shards('lr', 4)")
+        assert retire(db, logins) == 0
+        raising.commit()
+    assert walked(su, "lr") == (4, 8)
+    assert retire(db, logins) == 1
+    assert walked(su, "lr") == (4, 4)
+
+
+def test_only_queues_walking_more_than_s_are_touched(db, logins, su, op):
+    set_shards(op, "lr", 4)
+    with db.connect(logins.producer) as p:
+        enqueue_keyed(p, "plain", b"x")
+    assert retire(db, logins) == 0
+    assert walked(su, "lr") == (4, 4)
+    assert walked(su, "plain") == (1, 1)
+
+
+@pytest.mark.parametrize("isolation", OLDER_SNAPSHOTS)
+def test_refuses_a_snapshot_older_than_the_call(db, logins, isolation):
+    assert_refused_outside_read_committed(db, logins.maintenance, "awa.retire_lanes()",
+                                          isolation)
+
+
+@pytest.mark.parametrize("role", ["producer", "worker", "operator", "reader"])
+def test_is_for_maintenance_only(db, logins, role):
+    with db.connect(getattr(logins, role)) as conn, pytest.raises(psycopg.Error) as err:
+        conn.execute("select awa.retire_lanes()")
+    assert err.value.sqlstate == "42501"
+
+
+def test_no_job_is_stranded_while_s_moves_and_lanes_retire_under_load(db, logins, su):
+    """Producers (read committed, and repeatable read, one of them with
+    transactions of several jobs: only one, as two such transactions may
+    deadlock over lanes taken in opposite orders) enqueue keyed jobs while an
+    operator moves S between 1 and 8 and maintenance retires lanes in a loop;
+    then every job is claimed once."""
+    stop = threading.Event()
+    done = threading.Event()  # every producer has committed its last job
+    produced: list[int] = []
+    retired: list[int] = []
+
+    def produce(n: int) -> None:
+        rng = random.Random(n)
+        isolation = "repeatable read" if n % 2 else "read committed"
+        with db.connect(logins.producer, autocommit=False) as p:
+            while not stop.is_set():
+                p.execute(f"begin isolation level {isolation}")
+                if n % 2:
+                    # The snapshot taken, then the producer's own work: S may
+                    # change before its jobs go where the S before sends them.
+                    p.execute("select pg_sleep(0.01)")
+                ids = [enqueue_keyed(p, "lr", f"k{rng.randrange(64)}".encode())
+                       for _ in range(rng.randrange(1, 4) if n == 1 else 1)]
+                p.commit()
+                produced.extend(ids)
+
+    def move_s() -> None:
+        with db.connect(logins.operator) as op:
+            for shards in (8, 2, 6, 1, 8, 1, 4, 1) * 3:
+                set_shards(op, "lr", shards)
+                # A few jobs at each S, so lanes fill and drain in turn.
+                start = len(produced)
+                while len(produced) < start + 20:
+                    op.execute("select pg_sleep(0.005)")
+        stop.set()
+
+    def retire_loop() -> None:
+        with db.connect(logins.maintenance) as m:
+            while not stop.is_set():
+                retired.append(m.execute("select awa.retire_lanes()").fetchone()[0])
+
+    def work() -> list[int]:
+        seen = []
+        with db.connect(logins.worker) as w:
+            while True:
+                last = done.is_set()
+                rows = claim_all(w, ["lr"], 10)
+                seen += [r[0] for r in rows]
+                if last and not rows:
+                    return seen
+
+    set_shards(su, "lr", 1)
+    with ThreadPoolExecutor(8) as pool:
+        producers = [pool.submit(produce, n) for n in range(4)]
+        mover = pool.submit(move_s)
+        retirer = pool.submit(retire_loop)
+        workers = [pool.submit(work) for _ in range(2)]
+        try:
+            mover.result()
+            for f in producers:
+                f.result()
+        finally:
+            stop.set()
+            done.set()
+        retirer.result()
+        taken = [j for f in workers for j in f.result()]
+    assert sum(retired) > 0, retired
+    assert sorted(taken) == sorted(produced)
+    assert len(set(taken)) == len(taken)
+    assert su.execute("select count(*) from awa.ready").fetchone()[0] == 0
