@@ -3055,9 +3055,13 @@ CREATE OR REPLACE FUNCTION awa._oldest_snapshot()
  STABLE
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
-    -- A 32-bit xid is within 2^31 below the next one (wraparound
-    -- protection): widened by the distance back from it.
-    select min(n.next - ((n.next - a.backend_xmin::text::bigint) & 4294967295))::text::xid8
+    -- A 32-bit xid is within 2^31 of the caller's next xid (wraparound
+    -- protection), below it or, for a snapshot taken since the caller's,
+    -- above: widened by that signed distance.
+    select min(
+               n.next - (((n.next - a.backend_xmin::text::bigint + 2147483648) & 4294967295)
+                         - 2147483648)
+           )::text::xid8
       from pg_stat_activity as a
      cross join (
          select pg_snapshot_xmax(pg_current_snapshot())::text::bigint as next
@@ -4007,6 +4011,26 @@ begin
         (select m.enqueue_shards from awa.queue_meta as m where m.queue = _shards_at.queue)
     );
 end;
+$function$;
+
+CREATE OR REPLACE FUNCTION awa._shards_in_use(queue_id integer, lowest integer, highest integer)
+ RETURNS integer
+ LANGUAGE sql
+ STABLE
+ SET search_path TO 'pg_catalog', 'pg_temp'
+ SET enable_seqscan TO 'off'
+AS $function$
+    select greatest(lowest, max(l.shard) + 1)
+      from awa.lanes as l
+     where l.queue_id = _shards_in_use.queue_id
+       and l.shard >= lowest and l.shard < highest
+       and exists (
+           select from awa.ready as r
+            where r.lane_id = l.lane_id
+              and r.lane_seq >= (select coalesce(max(h.head_seq), 0)
+                                   from awa.lane_hints as h
+                                  where h.lane_id = l.lane_id)
+       )
 $function$;
 
 CREATE OR REPLACE FUNCTION awa._sticky(n integer)
@@ -5936,16 +5960,21 @@ CREATE OR REPLACE FUNCTION awa.retire_lanes()
  SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'pg_temp'
  SET lock_timeout TO '100ms'
- SET enable_seqscan TO 'off'
 AS $function$
 declare
     q record;
     busy bigint;
+    tried bigint;
     locked bigint := 0;
     keep integer;
     retired integer := 0;
 begin
     perform awa._check_read_committed('awa.retire_lanes()');
+    begin
+        lock table awa.ready, awa.lane_hints in access share mode;
+    exception when lock_not_available then
+        return 0;
+    end;
     -- The sessions read afresh, in the statement that reads each queue's
     -- last change of S, so after that change committed.
     perform pg_stat_clear_snapshot();
@@ -5955,32 +5984,26 @@ begin
          cross join (select awa._oldest_snapshot() as xmin) as o
          where m.lane_shards > m.enqueue_shards
            and (o.xmin is null or m.shards_changed_xact < o.xmin)
+           -- A change this transaction made has not committed: sessions
+           -- still read the S before it.
+           and m.shards_changed_xact is distinct from pg_current_xact_id_if_assigned()
          order by m.queue_id
     loop
         exit when locked >= 1024;
+        keep := awa._shards_in_use(q.queue_id, q.enqueue_shards, q.lane_shards);
+        continue when keep >= q.lane_shards;
         -- Every lane tried (a filter is evaluated for each row).
         select count(*) filter (
                    where not pg_try_advisory_xact_lock(awa._lock_class_lane(), l.lane_id)
                ),
                count(*)
-          into busy, keep
+          into busy, tried
           from awa.lanes as l
-         where l.queue_id = q.queue_id
-           and l.shard >= q.enqueue_shards and l.shard < q.lane_shards;
-        locked := locked + keep;
+         where l.queue_id = q.queue_id and l.shard >= keep and l.shard < q.lane_shards;
+        locked := locked + tried;
         continue when busy > 0;
-        select greatest(q.enqueue_shards, max(l.shard) + 1) into keep
-          from awa.lanes as l
-         where l.queue_id = q.queue_id
-           and l.shard >= q.enqueue_shards and l.shard < q.lane_shards
-           and exists (
-               select from awa.ready as r
-                where r.lane_id = l.lane_id
-                  and r.lane_seq >= (select coalesce(max(h.head_seq), 0)
-                                       from awa.lane_hints as h
-                                      where h.lane_id = l.lane_id)
-           );
-        continue when keep >= q.lane_shards;
+        -- A job committed before those locks is seen now.
+        continue when awa._shards_in_use(q.queue_id, keep, q.lane_shards) > keep;
         begin
             update awa.queue_meta as m set lane_shards = keep
              where m.queue_id = q.queue_id and m.lane_shards = q.lane_shards

@@ -172,9 +172,13 @@ language sql
 stable
 set search_path = pg_catalog, pg_temp
 as $$
-    -- A 32-bit xid is within 2^31 below the next one (wraparound
-    -- protection): widened by the distance back from it.
-    select min(n.next - ((n.next - a.backend_xmin::text::bigint) & 4294967295))::text::xid8
+    -- A 32-bit xid is within 2^31 of the caller's next xid (wraparound
+    -- protection), below it or, for a snapshot taken since the caller's,
+    -- above: widened by that signed distance.
+    select min(
+               n.next - (((n.next - a.backend_xmin::text::bigint + 2147483648) & 4294967295)
+                         - 2147483648)
+           )::text::xid8
       from pg_stat_activity as a
      cross join (
          select pg_snapshot_xmax(pg_current_snapshot())::text::bigint as next
@@ -185,29 +189,60 @@ as $$
        and a.usesysid is not null
 $$;
 
+-- Function: awa._shards_in_use(queue_id integer, lowest integer, highest integer) returns integer
+-- How many shards of the queue, at least `lowest`, a claim must walk to
+-- reach every lane of shards lowest .. highest - 1 that holds a row at or
+-- above its claim hint (rows below a hint are gone for good, ADR 030):
+-- one more than the highest such shard, else `lowest`.
+-- Calls: nothing
+-- Writes: nothing
+create or replace function awa._shards_in_use(queue_id integer, lowest integer, highest integer)
+returns integer
+language sql
+stable
+set search_path = pg_catalog, pg_temp
+-- Lanes, hints and rows are looked up by key.
+set enable_seqscan = off
+as $$
+    select greatest(lowest, max(l.shard) + 1)
+      from awa.lanes as l
+     where l.queue_id = _shards_in_use.queue_id
+       and l.shard >= lowest and l.shard < highest
+       and exists (
+           select from awa.ready as r
+            where r.lane_id = l.lane_id
+              and r.lane_seq >= (select coalesce(max(h.head_seq), 0)
+                                   from awa.lane_hints as h
+                                  where h.lane_id = l.lane_id)
+       )
+$$;
+
 -- Function: awa.retire_lanes() returns integer
 -- Lowers queue_meta.lane_shards, the shards a claim walks, past the lanes
 -- at or above S that no job can be in: after S is lowered, its lanes above
 -- drain, and a claim would otherwise walk them, empty, for good (ADR 041).
 -- A lane above S can still get a job from a session whose snapshot is
 -- older than the change of S (it reads the old S), and may hold one not
--- yet committed (an enqueue holds its lane's lock until it commits). So,
--- for each physical queue whose claims walk more shards than S, once no
--- other session of the database holds a snapshot older than the last
--- change of S (awa._oldest_snapshot against
--- queue_meta.shards_changed_xact), it try-locks every lane above S and
--- skips the queue if any is held; then, with a snapshot taken after
--- those locks, keeps the shards up to the highest whose lanes still hold
--- a row (read from each lane's claim hint). Never waits: a queue whose
--- settings row is being changed is skipped too, to the next call. Stops
--- after the queue that takes its lane locks past 1,024 in one call. A
--- change of S, or an upgrade, counts every lane again; run this every
--- minute or so (awa maintain does).
+-- yet committed (an enqueue holds its lane's lock until it commits). So a
+-- physical queue whose claims walk more shards than S is taken only once
+-- its last change of S (queue_meta.shards_changed_xact) has committed and
+-- no other session of the database holds a snapshot older than it
+-- (awa._oldest_snapshot). Its lanes above the highest shard that holds a
+-- row (awa._shards_in_use) are then try-locked; if another session holds
+-- one, the queue is skipped; else they are read again with a snapshot
+-- taken after those locks, and retired if still empty. awa.ready and
+-- awa.lane_hints are held (ACCESS SHARE) for the call, so no rewrite by
+-- TRUNCATE comes between a snapshot and a read of them. Never waits more
+-- than 100 ms for a lock: a queue whose settings row is being changed is
+-- skipped, and a call that cannot hold the tables changes nothing; both are
+-- left to the next call. Stops after the queue that takes its lane locks
+-- past 1,024 in one call. A change of S, or an upgrade, counts every lane
+-- again; run this every minute or so (awa maintain does).
 -- Role: awa_maintenance.
 -- Returns: how many physical queues' claims now walk fewer shards.
 -- Errors: 25000 the calling transaction is not read committed: its
 -- snapshot could miss a job that entered a lane before the call.
--- Calls: awa._check_read_committed, awa._lock_class_lane, awa._oldest_snapshot
+-- Calls: awa._check_read_committed, awa._lock_class_lane, awa._oldest_snapshot, awa._shards_in_use
 -- Writes: awa.queue_meta
 create or replace function awa.retire_lanes()
 returns integer
@@ -215,17 +250,21 @@ language plpgsql
 security definer
 set search_path = pg_catalog, pg_temp
 set lock_timeout = '100ms'
--- Lanes and rows are looked up by key, from each lane's hint.
-set enable_seqscan = off
 as $$
 declare
     q record;
     busy bigint;
+    tried bigint;
     locked bigint := 0;
     keep integer;
     retired integer := 0;
 begin
     perform awa._check_read_committed('awa.retire_lanes()');
+    begin
+        lock table awa.ready, awa.lane_hints in access share mode;
+    exception when lock_not_available then
+        return 0;
+    end;
     -- The sessions read afresh, in the statement that reads each queue's
     -- last change of S, so after that change committed.
     perform pg_stat_clear_snapshot();
@@ -235,32 +274,26 @@ begin
          cross join (select awa._oldest_snapshot() as xmin) as o
          where m.lane_shards > m.enqueue_shards
            and (o.xmin is null or m.shards_changed_xact < o.xmin)
+           -- A change this transaction made has not committed: sessions
+           -- still read the S before it.
+           and m.shards_changed_xact is distinct from pg_current_xact_id_if_assigned()
          order by m.queue_id
     loop
         exit when locked >= 1024;
+        keep := awa._shards_in_use(q.queue_id, q.enqueue_shards, q.lane_shards);
+        continue when keep >= q.lane_shards;
         -- Every lane tried (a filter is evaluated for each row).
         select count(*) filter (
                    where not pg_try_advisory_xact_lock(awa._lock_class_lane(), l.lane_id)
                ),
                count(*)
-          into busy, keep
+          into busy, tried
           from awa.lanes as l
-         where l.queue_id = q.queue_id
-           and l.shard >= q.enqueue_shards and l.shard < q.lane_shards;
-        locked := locked + keep;
+         where l.queue_id = q.queue_id and l.shard >= keep and l.shard < q.lane_shards;
+        locked := locked + tried;
         continue when busy > 0;
-        select greatest(q.enqueue_shards, max(l.shard) + 1) into keep
-          from awa.lanes as l
-         where l.queue_id = q.queue_id
-           and l.shard >= q.enqueue_shards and l.shard < q.lane_shards
-           and exists (
-               select from awa.ready as r
-                where r.lane_id = l.lane_id
-                  and r.lane_seq >= (select coalesce(max(h.head_seq), 0)
-                                       from awa.lane_hints as h
-                                      where h.lane_id = l.lane_id)
-           );
-        continue when keep >= q.lane_shards;
+        -- A job committed before those locks is seen now.
+        continue when awa._shards_in_use(q.queue_id, keep, q.lane_shards) > keep;
         begin
             update awa.queue_meta as m set lane_shards = keep
              where m.queue_id = q.queue_id and m.lane_shards = q.lane_shards
@@ -275,7 +308,16 @@ end;
 $$;
 
 select awa._grant_execute('awa._oldest_snapshot()');
+select awa._grant_execute('awa._shards_in_use(integer, integer, integer)');
 select awa._grant_execute('awa.retire_lanes()', 'maintenance');
+
+-- A layer before migration 0032 changes S without recording the change
+-- (between that migration and this layer's install, an upgrade runs the
+-- layer before it): each queue with lanes to retire counts its last change
+-- from this install, whose commit is later than any such change.
+update awa.queue_meta as m
+   set shards_changed_xact = pg_current_xact_id()
+ where m.lane_shards > m.enqueue_shards;
 
 -- Function: awa.set_queue_stripes(queue text, stripes integer)
 -- Advanced: stores a logical queue as stripes queue#0 .. queue#(K-1), each

@@ -244,3 +244,89 @@ def test_no_job_is_stranded_while_s_moves_and_lanes_retire_under_load(db, logins
     assert sorted(taken) == sorted(produced)
     assert len(set(taken)) == len(taken)
     assert su.execute("select count(*) from awa.ready").fetchone()[0] == 0
+
+
+def test_a_snapshot_newer_than_the_callers_does_not_hide_an_older_one(db):
+    """backend_xmin is 32 bits: widened by its distance from the caller's next
+    xid, a snapshot taken after the caller's (an xmin above it) must not
+    come out as the oldest."""
+    with db.connect(autocommit=False) as old, db.connect(autocommit=False) as caller, \
+            db.connect(autocommit=False) as new, db.connect() as other:
+        old.execute("begin isolation level repeatable read")
+        oldest = int(old.execute("select pg_snapshot_xmin(pg_current_snapshot())::text"
+                                 ).fetchone()[0])
+        caller.execute("begin isolation level repeatable read")
+        caller.execute("select 1")
+        for _ in range(3):
+            other.execute("select pg_current_xact_id()")
+        new.execute("begin isolation level repeatable read")
+        newer = int(new.execute("select pg_snapshot_xmin(pg_current_snapshot())::text"
+                                ).fetchone()[0])
+        assert newer > int(caller.execute("select pg_snapshot_xmax(pg_current_snapshot())::text"
+                                          ).fetchone()[0])
+        assert int(caller.execute("select awa._oldest_snapshot()::text").fetchone()[0]) == oldest
+        old.rollback()
+        caller.execute("select pg_stat_clear_snapshot()")
+        assert int(caller.execute("select awa._oldest_snapshot()::text").fetchone()[0]) == newer
+
+
+def test_a_change_of_s_in_the_callers_own_transaction_retires_nothing(db, logins, su):
+    """Uncommitted, the change is not seen by the snapshots taken after the
+    check (a producer that starts then routes by the S before): a login that
+    may both change S and retire lanes (an operator with maintenance, or the
+    auto-scaler's tick) does so in two transactions."""
+    both = db.login_role("awa_operator", "awa_maintenance")
+    set_shards(su, "lr", 8)
+    with db.connect(both, autocommit=False) as conn:
+        conn.execute("select awa.set_enqueue_shards('lr', 1)")
+        assert conn.execute("select awa.retire_lanes()").fetchone()[0] == 0
+        conn.commit()
+    assert walked(su, "lr") == (1, 8)
+    assert retire(db, logins) == 1
+
+
+def test_queues_that_keep_a_job_above_s_take_no_lane_lock(db, logins, su):
+    """Five queues lowered from 64 to 1 keep a job in shard 63: they lock
+    nothing, so the call reaches the empty queue after them."""
+    for q in ("a1", "a2", "a3", "a4", "a5", "zz"):
+        set_shards(su, q, 64)
+    with db.connect(logins.producer) as p:
+        for q in ("a1", "a2", "a3", "a4", "a5"):
+            enqueue_keyed(p, q, key_for(63, 64))
+    for q in ("a1", "a2", "a3", "a4", "a5", "zz"):
+        set_shards(su, q, 1)
+    with db.connect(logins.maintenance, autocommit=False) as m:
+        assert m.execute("select awa.retire_lanes()").fetchone()[0] == 1
+        assert m.execute("select count(*) from pg_locks where pid = pg_backend_pid()"
+                         " and locktype = 'advisory'").fetchone()[0] == 63 * 4
+        m.commit()
+    assert walked(su, "zz") == (1, 1)
+    assert walked(su, "a1") == (1, 64)
+
+
+@pytest.mark.parametrize("table", ["awa.ready", "awa.lane_hints"])
+def test_a_rewrite_holding_its_table_leaves_the_call_to_the_next(db, logins, su, table):
+    """awa.compact_ready or awa.compact_lane_hints holding its table: the call
+    returns 0 after its lock timeout, with nothing changed, not an error."""
+    set_shards(su, "lr", 8)
+    set_shards(su, "lr", 1)
+    with db.connect(autocommit=False) as rewrite:
+        rewrite.execute(f"lock table {table} in access exclusive mode")
+        assert retire(db, logins) == 0
+        rewrite.rollback()
+    assert walked(su, "lr") == (1, 8)
+    assert retire(db, logins) == 1
+
+
+def test_a_function_layer_install_counts_a_change_an_earlier_layer_made(db, logins, su):
+    """During an upgrade, the layer before migration 0032 lowers S without
+    recording the change; the new layer's install counts it from then."""
+    set_shards(su, "lr", 8)
+    changed = su.execute("select shards_changed_xact::text from awa.queue_meta"
+                         " where queue = 'lr'").fetchone()[0]
+    su.execute("update awa.queue_meta set enqueue_shards = 1 where queue = 'lr'")
+    su.execute("delete from awa.schema_functions")  # the layer is applied again
+    db.awa("migrate", check=True)
+    assert int(su.execute("select shards_changed_xact::text from awa.queue_meta"
+                          " where queue = 'lr'").fetchone()[0]) > int(changed)
+    assert retire(db, logins) == 1
