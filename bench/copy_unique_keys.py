@@ -3,12 +3,16 @@
 Each round loads --rows rows, every one with a unique key of its own, into
 a plain queue with COPY in one transaction (moved at commit: the batch
 path, 10,000 rows a pass), --loads times on a fresh server per tree, and
-prints the seconds from the first row sent to the commit. The trees
-alternate (before, now, before, now, ...) so both see the same machine.
-What it watches: a load's cost grows with its rows, not with their square
-(a subscript per element of an array with nulls walks it from the start;
-keys taken for a whole load of several passes in one call made a load of
-50,000 rows three times slower until the keys were read by unnest).
+prints the seconds from the first row sent to the commit. Each load is
+then sent again, every row now a duplicate (a producer retrying a load it
+lost the answer to), and the same keys once more as one
+awa.enqueue_batch call. The trees alternate (before, now, before, now,
+...) so both see the same machine. What it watches: a load's cost grows
+with its rows, not with their square (a subscript per element of an array
+with nulls walks it from the start: keys taken for a whole load of several
+passes in one call made a load of 50,000 rows three times slower until the
+keys were read by unnest; duplicates collected by growing arrays one
+element at a time made a batch of 32,000 duplicates take 16 s).
 
 No target: a record of what taking keys costs a load, before and after a
 change to it.
@@ -38,9 +42,25 @@ ROOT = Path(__file__).resolve().parent.parent
 COPY = "copy awa.copy_staging (queue, kind, unique_key) from stdin"
 
 
-def loads(checkout: Path, rows: int, count: int) -> list[float]:
-    """Seconds of each of `count` keyed loads of `rows` rows, on a fresh
-    server migrated with `checkout`'s installer and sql/."""
+BATCH = ("select count(*) from awa.enqueue_batch(array_fill(%s::text, array[%s]),"
+         " array_fill('bench.job'::text, array[%s]), unique_keys =>"
+         " array(select convert_to(%s || i, 'UTF8') from generate_series(0, %s - 1) as i))")
+KINDS = ("new keys", "all duplicates", "batch of duplicates")
+
+
+def load(conn: psycopg.Connection, queue: str, prefix: str, rows: int) -> float:
+    started = time.perf_counter()
+    with conn.cursor().copy(COPY) as cp:
+        for i in range(rows):
+            cp.write_row([queue, "bench.job", f"{prefix}{i}".encode()])
+    conn.commit()
+    return time.perf_counter() - started
+
+
+def loads(checkout: Path, rows: int, count: int) -> dict[str, list[float]]:
+    """Seconds of each of `count` keyed loads of `rows` rows, of the same
+    load again and of its keys as one batch, on a fresh server migrated with
+    `checkout`'s installer and sql/."""
     workdir = Path(tempfile.mkdtemp(prefix="awa-bench-"))
     server = embedded.LocalServer(embedded.ensure_binaries(18), workdir / "pgdata",
                                   settings=BENCH_SETTINGS)
@@ -48,16 +68,16 @@ def loads(checkout: Path, rows: int, count: int) -> list[float]:
     try:
         dsn = server.dsn()
         install_revision(dsn, checkout)
-        seconds = []
+        seconds: dict[str, list[float]] = {kind: [] for kind in KINDS}
         with psycopg.connect(dsn) as conn:
             for n in range(count):
-                queue = f"keyed{n}"
+                queue, prefix = f"keyed{n}", f"k{n}-"
+                seconds["new keys"].append(load(conn, queue, prefix, rows))
+                seconds["all duplicates"].append(load(conn, queue, prefix, rows))
                 started = time.perf_counter()
-                with conn.cursor().copy(COPY) as cp:
-                    for i in range(rows):
-                        cp.write_row([queue, "bench.job", f"k{n}-{i}".encode()])
+                conn.execute(BATCH, [queue, rows, rows, prefix, rows])
                 conn.commit()
-                seconds.append(time.perf_counter() - started)
+                seconds["batch of duplicates"].append(time.perf_counter() - started)
                 ready = conn.execute(
                     "select count(*) from awa.ready as r join awa.queue_meta as m"
                     " using (queue_id) where m.queue = %s", [queue]).fetchone()[0]
@@ -81,21 +101,24 @@ def main() -> None:
     block = _docs.Block(__file__, "COPY loads with unique keys", args.write_docs)
     with tempfile.TemporaryDirectory(prefix="awa-before-") as tmp:
         trees = {f"at {args.before}": export_revision(args.before, Path(tmp)), "now": ROOT}
-        seconds: dict[str, list[float]] = {label: [] for label in trees}
+        seconds = {label: {kind: [] for kind in KINDS} for label in trees}
         for _ in range(args.rounds):
             for label, checkout in trees.items():
                 took = loads(checkout, args.rows, args.loads)
-                seconds[label] += took
-                print(f"  {label}: {' '.join(f'{s:.2f}' for s in took)} s",
-                      file=sys.stderr, flush=True)
+                for kind in KINDS:
+                    seconds[label][kind] += took[kind]
+                print(f"  {label}: " + "; ".join(
+                    f"{kind} {' '.join(f'{s:.2f}' for s in took[kind])} s" for kind in KINDS),
+                    file=sys.stderr, flush=True)
     print(f"# copy_unique_keys: {machine()}; PostgreSQL 18; a COPY of {args.rows:,} rows, each"
-          f" with its own unique key, into a plain queue, moved at commit; medians of"
-          f" {args.loads} loads x {args.rounds} rounds, trees alternating")
-    print("| tree | load, s | rows/s |")
-    print("|---|---:|---:|")
+          f" with its own unique key, into a plain queue, moved at commit; the same COPY"
+          f" again (all duplicates); the same keys as one awa.enqueue_batch; seconds, medians"
+          f" of {args.loads} loads x {args.rounds} rounds, trees alternating")
+    print("| tree | " + " | ".join(f"{kind}, s" for kind in KINDS) + " |")
+    print("|---|" + "---:|" * len(KINDS))
     for label, runs in seconds.items():
-        med = statistics.median(runs)
-        print(f"| {label} | {med:.2f} | {args.rows / med:,.0f} |")
+        print(f"| {label} | " + " | ".join(
+            f"{statistics.median(runs[kind]):.2f}" for kind in KINDS) + " |")
     block.write()
 
 

@@ -1672,9 +1672,9 @@ begin
     -- and no row (its kind goes null, which awa._insert_jobs skips).
     if job_ids is not null then
         dup_i := array(
-            select i from generate_series(1, n) as i
-             where unique_keys[i] is not null and job_ids[i] is null
-             order by i
+            select u.i from unnest(unique_keys, job_ids) with ordinality as u (k, j, i)
+             where u.k is not null and u.j is null
+             order by u.i
         );
     elsif cardinality(array_remove(unique_keys, null)) > 0 then
         job_ids := array(select nextval('awa.job_id_seq') from generate_series(1, n));
@@ -1686,16 +1686,8 @@ begin
           ) as d;
     end if;
     if cardinality(dup_i) > 0 then
-        queue_ids := array(
-            select case when i = any(dup_i) then null else queue_ids[i] end
-              from generate_series(1, n) as i
-             order by i
-        );
-        kinds := array(
-            select case when i = any(dup_i) then null else kinds[i] end
-              from generate_series(1, n) as i
-             order by i
-        );
+        queue_ids := awa._null_at(queue_ids, dup_i);
+        kinds := awa._null_at(kinds, dup_i);
     end if;
 
     -- The lanes of the rows due now; a row for later waits in awa.scheduled.
@@ -3049,6 +3041,22 @@ begin
 end;
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._null_at(arr anyarray, positions integer[])
+ RETURNS anyarray
+ LANGUAGE plpgsql
+ IMMUTABLE
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+declare
+    p integer;
+begin
+    foreach p in array positions loop
+        arr[p] := null;
+    end loop;
+    return arr;
+end;
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._oldest_snapshot()
  RETURNS xid8
  LANGUAGE sql
@@ -3577,16 +3585,8 @@ begin
               unique_keys, job_ids, queue_ids, priorities, unique_windows
           ) as d;
         if dup_i is not null then
-            queue_ids := array(
-                select case when i = any(dup_i) then null else queue_ids[i] end
-                  from generate_series(1, n) as i
-                 order by i
-            );
-            kinds := array(
-                select case when i = any(dup_i) then null else kinds[i] end
-                  from generate_series(1, n) as i
-                 order by i
-            );
+            queue_ids := awa._null_at(queue_ids, dup_i);
+            kinds := awa._null_at(kinds, dup_i);
         end if;
     end if;
     select array_agg(
@@ -4161,10 +4161,6 @@ declare
     holder_queue integer;
     holder_priority smallint;
     holder_until timestamptz;
-    dup_i integer[] := '{}';
-    dup_job bigint[] := '{}';
-    dup_queue integer[] := '{}';
-    dup_priority smallint[] := '{}';
 begin
     -- Each element's values read once, in order (unnest): a subscript of
     -- an array with nulls or of varying width walks it from the start, so
@@ -4216,17 +4212,16 @@ begin
                 exit when found;
             end loop;
         end if;
+        -- Each duplicate returned as it is found: arrays grown by one
+        -- element at a time were copied whole at every step.
         if holder_job <> e.job_id then
-            dup_i := dup_i || e.i;
-            dup_job := dup_job || holder_job;
-            dup_queue := dup_queue || holder_queue;
-            dup_priority := dup_priority || holder_priority;
+            i := e.i;
+            job_id := holder_job;
+            queue_id := holder_queue;
+            priority := holder_priority;
+            return next;
         end if;
     end loop;
-    return query
-    select d.i, d.job_id, d.queue_id, d.priority
-      from unnest(dup_i, dup_job, dup_queue, dup_priority) as d (i, job_id, queue_id, priority)
-     order by d.i;
 end;
 $function$;
 

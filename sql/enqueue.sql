@@ -544,7 +544,7 @@ $$;
 -- then returned with duplicate true and a null job id (the holder is the
 -- caller's to know); the call takes no key.
 -- Calls: awa._check_row, awa._default_priority, awa._insert_jobs, awa._lock_lanes,
---   awa._mark_unique_jobs, awa._route_rows, awa._row_ok, awa._take_unique_keys
+--   awa._mark_unique_jobs, awa._null_at, awa._route_rows, awa._row_ok, awa._take_unique_keys
 -- Writes: nothing
 create or replace function awa._enqueue_rows(
     queues text[],
@@ -606,9 +606,9 @@ begin
     -- and no row (its kind goes null, which awa._insert_jobs skips).
     if job_ids is not null then
         dup_i := array(
-            select i from generate_series(1, n) as i
-             where unique_keys[i] is not null and job_ids[i] is null
-             order by i
+            select u.i from unnest(unique_keys, job_ids) with ordinality as u (k, j, i)
+             where u.k is not null and u.j is null
+             order by u.i
         );
     elsif cardinality(array_remove(unique_keys, null)) > 0 then
         job_ids := array(select nextval('awa.job_id_seq') from generate_series(1, n));
@@ -620,16 +620,8 @@ begin
           ) as d;
     end if;
     if cardinality(dup_i) > 0 then
-        queue_ids := array(
-            select case when i = any(dup_i) then null else queue_ids[i] end
-              from generate_series(1, n) as i
-             order by i
-        );
-        kinds := array(
-            select case when i = any(dup_i) then null else kinds[i] end
-              from generate_series(1, n) as i
-             order by i
-        );
+        queue_ids := awa._null_at(queue_ids, dup_i);
+        kinds := awa._null_at(kinds, dup_i);
     end if;
 
     -- The lanes of the rows due now; a row for later waits in awa.scheduled.

@@ -800,7 +800,7 @@ $$;
 -- holds now stays where it is. Returns the ids of the jobs it put back. The
 -- arrays come one element per job, indexed from 1.
 -- Calls: awa._first_attempt, awa._insert_jobs, awa._key_shard, awa._lock_lanes,
---   awa._mark_unique_jobs, awa._take_unique_keys
+--   awa._mark_unique_jobs, awa._null_at, awa._take_unique_keys
 -- Writes: nothing
 create or replace function awa._requeue(
     job_ids bigint[],
@@ -837,16 +837,8 @@ begin
               unique_keys, job_ids, queue_ids, priorities, unique_windows
           ) as d;
         if dup_i is not null then
-            queue_ids := array(
-                select case when i = any(dup_i) then null else queue_ids[i] end
-                  from generate_series(1, n) as i
-                 order by i
-            );
-            kinds := array(
-                select case when i = any(dup_i) then null else kinds[i] end
-                  from generate_series(1, n) as i
-                 order by i
-            );
+            queue_ids := awa._null_at(queue_ids, dup_i);
+            kinds := awa._null_at(kinds, dup_i);
         end if;
     end if;
     select array_agg(

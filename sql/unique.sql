@@ -74,7 +74,8 @@ $$;
 -- Takes the unique key of each element i that has one (unique_keys[i]) for
 -- job job_ids[i] of physical queue queue_ids[i], in that queue's logical
 -- queue (awa._unique_scope), and returns the elements another job holds
--- the key of, with that job: those are duplicates, to be inserted nowhere.
+-- the key of, with that job, in the order their keys are settled: those
+-- are duplicates, to be inserted nowhere.
 -- Within the call the first element of each key takes it and the later
 -- ones are its duplicates. A key is free when no row holds it or its row's
 -- held_until has passed (a completed job's window ended): the row is then
@@ -118,10 +119,6 @@ declare
     holder_queue integer;
     holder_priority smallint;
     holder_until timestamptz;
-    dup_i integer[] := '{}';
-    dup_job bigint[] := '{}';
-    dup_queue integer[] := '{}';
-    dup_priority smallint[] := '{}';
 begin
     -- Each element's values read once, in order (unnest): a subscript of
     -- an array with nulls or of varying width walks it from the start, so
@@ -173,17 +170,41 @@ begin
                 exit when found;
             end loop;
         end if;
+        -- Each duplicate returned as it is found: arrays grown by one
+        -- element at a time were copied whole at every step.
         if holder_job <> e.job_id then
-            dup_i := dup_i || e.i;
-            dup_job := dup_job || holder_job;
-            dup_queue := dup_queue || holder_queue;
-            dup_priority := dup_priority || holder_priority;
+            i := e.i;
+            job_id := holder_job;
+            queue_id := holder_queue;
+            priority := holder_priority;
+            return next;
         end if;
     end loop;
-    return query
-    select d.i, d.job_id, d.queue_id, d.priority
-      from unnest(dup_i, dup_job, dup_queue, dup_priority) as d (i, job_id, queue_id, priority)
-     order by d.i;
+end;
+$$;
+
+-- Function: awa._null_at(arr anyarray, positions integer[]) returns anyarray
+-- arr, indexed from 1, with its elements at these positions (distinct)
+-- made null: how a multi-row call keeps the rows whose unique key another
+-- job holds out of its lanes and rows (their queue ids and kinds). One
+-- assignment per position, into the array PL/pgSQL holds expanded: a test
+-- of each element against every position costs the product of the two,
+-- and a join's cost depends on a plan made without the arrays' sizes.
+-- Calls: nothing
+-- Writes: nothing
+create or replace function awa._null_at(arr anyarray, positions integer[])
+returns anyarray
+language plpgsql
+immutable
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    p integer;
+begin
+    foreach p in array positions loop
+        arr[p] := null;
+    end loop;
+    return arr;
 end;
 $$;
 
@@ -284,6 +305,7 @@ select awa._grant_execute('awa._check_unique(bytea, interval)');
 select awa._grant_execute(
     'awa._take_unique_keys(bytea[], bigint[], integer[], smallint[], interval[])'
 );
+select awa._grant_execute('awa._null_at(anyarray, integer[])');
 select awa._grant_execute('awa._mark_unique_jobs(integer[], bytea[])');
 select awa._grant_execute('awa._release_unique_key(bigint, boolean)');
 select awa._grant_execute('awa.prune_unique_keys(integer)', 'maintenance');
