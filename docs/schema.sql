@@ -1644,6 +1644,12 @@ declare
     dup_job bigint[];
     dup_qid integer[];
     dup_p smallint[];
+    -- By row: whether it is a duplicate, and its key's holder (null when
+    -- the caller took the keys).
+    dup_at boolean[];
+    holder_job bigint[];
+    holder_qid integer[];
+    holder_p smallint[];
 begin
     if n = 0 then
         return;
@@ -1688,6 +1694,16 @@ begin
     if cardinality(dup_i) > 0 then
         queue_ids := awa._null_at(queue_ids, dup_i);
         kinds := awa._null_at(kinds, dup_i);
+        dup_at := array_fill(false, array[n]);
+        holder_job := array_fill(null::bigint, array[n]);
+        holder_qid := array_fill(null::integer, array[n]);
+        holder_p := array_fill(null::smallint, array[n]);
+        for k in 1 .. cardinality(dup_i) loop
+            dup_at[dup_i[k]] := true;
+            holder_job[dup_i[k]] := dup_job[k];
+            holder_qid[dup_i[k]] := dup_qid[k];
+            holder_p[dup_i[k]] := dup_p[k];
+        end loop;
     end if;
 
     -- The lanes of the rows due now; a row for later waits in awa.scheduled.
@@ -1703,19 +1719,22 @@ begin
         -- The keyed rows' queues, once their lanes are held.
         perform awa._mark_unique_jobs(queue_ids, unique_keys);
     end if;
+    -- Each row beside its key's holder, if it is a duplicate, by position
+    -- (rows from): a join on the row number was planned as a nested loop
+    -- for some sessions, the square of the call's size.
     return query
-    select case when d.i is null then j.job_id else d.job_id end,
+    select case when j.dup then j.holder_job else j.job_id end,
            coalesce(h.queue, queues[j.i]),
-           coalesce(d.priority, priorities[j.i], awa._default_priority()),
-           taken.shards[j.i], taken.seqs[j.i], d.i is not null
-      from awa._insert_jobs(
-          taken.lanes, taken.seqs, queue_ids, priorities, kinds, args, ordering_keys,
-          max_attempts, run_ats, job_ids, max_run_times => max_run_times
-      ) with ordinality as j (job_id, i)
-      left join unnest(dup_i, dup_job, dup_qid, dup_p)
-                as d (i, job_id, queue_id, priority)
-        on d.i = j.i
-      left join awa.queue_meta as h on h.queue_id = d.queue_id
+           coalesce(j.holder_p, priorities[j.i], awa._default_priority()),
+           taken.shards[j.i], taken.seqs[j.i], coalesce(j.dup, false)
+      from rows from (
+          awa._insert_jobs(
+              taken.lanes, taken.seqs, queue_ids, priorities, kinds, args, ordering_keys,
+              max_attempts, run_ats, job_ids, max_run_times => max_run_times
+          ),
+          unnest(dup_at), unnest(holder_job), unnest(holder_qid), unnest(holder_p)
+      ) with ordinality as j (job_id, dup, holder_job, holder_qid, holder_p, i)
+      left join awa.queue_meta as h on h.queue_id = j.holder_qid
      order by j.i;
 end;
 $function$;
