@@ -709,7 +709,8 @@ CREATE VIEW awa.lane_overview AS
     now() - l.oldest_ready_at AS lag,
     l.next_seq,
     l.head_seq AS claim_position,
-    COALESCE(m.root_queue, m.logical_queue, m.queue) AS logical_queue
+    COALESCE(m.root_queue, m.logical_queue, m.queue) AS logical_queue,
+    l.shard < GREATEST(m.lane_shards, m.enqueue_shards) AS walked
    FROM awa.queue_meta m
      CROSS JOIN LATERAL awa._lane_states(m.queue_id) l(lane_id, priority, shard, ready, oldest_ready_at, next_seq, head_seq);
 
@@ -6675,7 +6676,7 @@ COMMENT ON TABLE awa.unique_keys IS 'The unique keys held now, one row per (logi
 
 COMMENT ON VIEW awa.lane_contention IS 'Per queue over the last minute of contention samples: mean backends waiting per held lane, the share of samples with any lane waited for, and enqueues per second (from the samples of awa.autoscale_tick(), which read the enqueue counter).';
 
-COMMENT ON VIEW awa.lane_overview IS 'Per lane: ready depth (the span of its live lane_seqs), lag (age of its oldest ready job), the next lane_seq it will hand out, and the claim position (lane_seq of its head). draining: shard >= the current S with ready jobs left.';
+COMMENT ON VIEW awa.lane_overview IS 'Per lane: ready depth (the span of its live lane_seqs), lag (age of its oldest ready job), the next lane_seq it will hand out, and the claim position (lane_seq of its head). draining: shard >= the current S with ready jobs left. walked: claims still visit the lane; false once awa.retire_lanes() has taken it, empty, out of their walk (ADR 041).';
 
 COMMENT ON VIEW awa.queue_history IS 'Per physical queue and contention sample (the last hour): lanes held, backends waiting, and where awa.autoscale_tick() counted the lanes the sum of the lane sequences (its difference between samples is enqueues; null in a sample taken alone), and ready depth and lag (oldest ready job) for queues in shadow or auto mode.';
 

@@ -305,14 +305,17 @@ select
     now() - l.oldest_ready_at as lag,
     l.next_seq,
     l.head_seq as claim_position,
-    coalesce(m.root_queue, m.logical_queue, m.queue) as logical_queue
+    coalesce(m.root_queue, m.logical_queue, m.queue) as logical_queue,
+    -- The shards awa.claim walks (sql/claim.sql, both walks).
+    l.shard < greatest(m.lane_shards, m.enqueue_shards) as walked
 from awa.queue_meta as m
 cross join lateral awa._lane_states(m.queue_id) as l;
 
 comment on view awa.lane_overview is
 'Per lane: ready depth (the span of its live lane_seqs), lag (age of its oldest ready job), '
 'the next lane_seq it will hand out, and the claim position (lane_seq of its head). '
-'draining: shard >= the current S with ready jobs left.';
+'draining: shard >= the current S with ready jobs left. walked: claims still visit the '
+'lane; false once awa.retire_lanes() has taken it, empty, out of their walk (ADR 041).';
 
 select awa._grant_select('awa.queue_overview', 'reader', 'operator');
 select awa._grant_select('awa.lane_overview', 'reader', 'operator');

@@ -98,6 +98,7 @@ def test_queue_detail_has_lanes_draining_contention_and_changes(db, read_only_ap
         shard_ready[lane["shard"]] = shard_ready.get(lane["shard"], 0) + lane["ready"]
         assert lane["above_s"] == (lane["shard"] >= 1)
         assert lane["draining"] == (lane["shard"] >= 1 and lane["ready"] > 0)
+        assert lane["walked"]  # jobs left above S: no lane is retired (ADR 041)
     assert sum(shard_ready.values()) == 40
     assert all(shard_ready[s] > 0 for s in range(4))  # 40 keys spread over 4 shards
     assert [c["queue"] for c in q["contention"]] == ["q"]

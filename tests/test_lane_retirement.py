@@ -8,6 +8,7 @@ for maintenance only. No job is left where no claim walks."""
 
 from __future__ import annotations
 
+import json
 import random
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -330,3 +331,29 @@ def test_a_function_layer_install_counts_a_change_an_earlier_layer_made(db, logi
     assert int(su.execute("select shards_changed_xact::text from awa.queue_meta"
                           " where queue = 'lr'").fetchone()[0]) > int(changed)
     assert retire(db, logins) == 1
+
+
+def test_the_lane_views_tell_drained_lanes_from_retired_ones(db, logins, su):
+    """awa.lane_overview.walked, `awa storage show` and the admin API: a lane
+    above S is drained while claims still visit it, retired once out."""
+    set_shards(su, "lr", 4)
+    set_shards(su, "lr", 2)
+
+    def walked_by_shard():
+        return dict(su.execute("select shard, bool_and(walked) from awa.lane_overview"
+                               " where queue = 'lr' group by shard order by shard").fetchall())
+
+    def states():
+        out = db.awa("storage", "show", "--queue", "lr", user=logins.reader, check=True).stdout
+        return {s for s in ("active", "drained", "retired", "draining") if s in out}
+
+    assert walked_by_shard() == {0: True, 1: True, 2: True, 3: True}
+    assert states() == {"active", "drained"}
+    assert retire(db, logins) == 1
+    assert walked_by_shard() == {0: True, 1: True, 2: False, 3: False}
+    assert states() == {"active", "retired"}
+    shown = db.awa("storage", "show", "--queue", "lr", "--json", user=logins.reader,
+                   check=True).stdout
+    lanes = json.loads(shown)["queues"][0]["lanes"]
+    assert {(lane["shard"], lane["walked"]) for lane in lanes} == {
+        (0, True), (1, True), (2, False), (3, False)}

@@ -47,6 +47,7 @@ class LaneStatus:
     next_seq: int
     claim_position: int | None
     draining: bool
+    walked: bool  # claims still visit it (false once awa.retire_lanes took it out)
 
 
 @dataclass
@@ -187,7 +188,7 @@ def show(conn: psycopg.Connection, queue: str | None = None) -> list[QueueStatus
     for row in conn.execute(
         f"""
         select l.queue, l.priority, l.shard, l.lane_id, l.ready, l.lag, l.next_seq,
-               l.claim_position, l.draining
+               l.claim_position, l.draining, l.walked
           from awa.lane_overview as l {lane_where}
          order by l.queue, l.priority, l.shard
         """,
@@ -197,7 +198,7 @@ def show(conn: psycopg.Connection, queue: str | None = None) -> list[QueueStatus
             result[row[0]].lanes.append(LaneStatus(
                 priority=row[1], shard=row[2], lane_id=row[3], ready=row[4],
                 lag_seconds=_seconds(row[5]), next_seq=row[6], claim_position=row[7],
-                draining=row[8],
+                draining=row[8], walked=row[9],
             ))
     _attach_autoscale(conn, result)
     return list(result.values())

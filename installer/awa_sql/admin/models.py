@@ -98,6 +98,8 @@ class Lane(BaseModel):
     claim_position: int | None
     draining: bool = Field(description="shard >= S with ready jobs left")
     above_s: bool = Field(description="shard >= S: new enqueues no longer land here")
+    walked: bool = Field(description="claims still visit the lane; false once "
+                                     "awa.retire_lanes() has taken it out of their walk")
 
 
 class Contention(BaseModel):

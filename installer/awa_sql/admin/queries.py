@@ -81,7 +81,7 @@ def queue_detail(conn: psycopg.Connection, queue: str) -> dict:
         names = [p["queue"] for p in physical]
         lanes = [_plain(r) for r in cur.execute(
             "select l.queue, l.priority, l.shard, l.lane_id, l.ready, l.lag, l.next_seq,"
-            " l.claim_position, l.draining, l.shard >= o.enqueue_shards as above_s"
+            " l.claim_position, l.draining, l.shard >= o.enqueue_shards as above_s, l.walked"
             " from awa.lane_overview as l"
             " join awa.queue_overview as o on o.queue = l.queue"
             " where l.queue = any(%s) order by l.queue, l.shard, l.priority",

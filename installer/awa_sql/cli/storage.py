@@ -203,7 +203,9 @@ def _fmt_age(seconds: float | None) -> str:
 def _state(lane: shards.LaneStatus, shards: int) -> str:
     if lane.shard < shards:
         return "active"
-    return "draining" if lane.draining else "retired (>= S, empty)"
+    if lane.draining:
+        return "draining"
+    return "drained (>= S, empty, still walked)" if lane.walked else "retired (out of the walk)"
 
 
 def _print_autoscale(q: shards.QueueStatus) -> None:

@@ -145,7 +145,7 @@
 
   function laneState(lane) {
     if (lane.draining) return "draining";
-    if (lane.above_s) return "retired";
+    if (lane.above_s) return lane.walked ? "drained" : "retired";
     return "active";
   }
 
