@@ -1651,6 +1651,9 @@ declare
     holder_job bigint[];
     holder_qid integer[];
     holder_p smallint[];
+    due_qids integer[];
+    t_shards smallint[];
+    t_seqs bigint[];
 begin
     if n = 0 then
         return;
@@ -1708,14 +1711,17 @@ begin
     end if;
 
     -- The lanes of the rows due now; a row for later waits in awa.scheduled.
-    select * into taken from awa._lock_lanes(
-        case when run_ats is null then queue_ids else array(
+    due_qids := case when run_ats is null then queue_ids else array(
             select case when run_ats[i] is null or run_ats[i] <= now() then queue_ids[i] end
               from generate_series(1, n) as i
              order by i
-        ) end,
-        priorities, key_shards
-    );
+        ) end;
+    select * into taken from awa._lock_lanes(due_qids, priorities, key_shards);
+    -- In variables, which PL/pgSQL holds expanded: a subscript into a
+    -- record's array with nulls (a duplicate's or a later row's) walks it
+    -- from the start.
+    t_shards := taken.shards;
+    t_seqs := taken.seqs;
     if job_ids is not null then
         -- The keyed rows' queues, once their lanes are held.
         perform awa._mark_unique_jobs(queue_ids, unique_keys);
@@ -1727,7 +1733,7 @@ begin
     select case when j.dup then j.holder_job else j.job_id end,
            coalesce(h.queue, queues[j.i]),
            coalesce(j.holder_p, priorities[j.i], awa._default_priority()),
-           taken.shards[j.i], taken.seqs[j.i], coalesce(j.dup, false)
+           t_shards[j.i], t_seqs[j.i], coalesce(j.dup, false)
       from rows from (
           awa._insert_jobs(
               taken.lanes, taken.seqs, queue_ids, priorities, kinds, args, ordering_keys,
@@ -6092,6 +6098,8 @@ declare
     ids integer[] := awa._queue_ids(queue);
     due record;
     requeued bigint[];
+    keep boolean[];
+    k integer := 1;
 begin
     perform awa._check_max_jobs('max_jobs', max_jobs);
     for look in 1 .. 2 loop
@@ -6159,9 +6167,19 @@ begin
         due.max_attempts, due.enqueued_ats, due.last_errors, due.max_run_times,
         due.unique_keys, due.unique_windows
     );
+    -- Which jobs went back, by merging the two lists (requeued is a
+    -- subsequence of due.job_ids, in its order): `= any(requeued)` per row
+    -- under a generic plan cost the product of the two.
+    keep := array_fill(false, array[cardinality(due.job_ids)]);
+    for i in 1 .. cardinality(due.job_ids) loop
+        if k <= cardinality(requeued) and requeued[k] = due.job_ids[i] then
+            keep[i] := true;
+            k := k + 1;
+        end if;
+    end loop;
     delete from awa.finished as f
-     using unnest(due.job_ids, due.slots) as x (job_id, slot)
-     where f.job_id = x.job_id and f.slot = x.slot and x.job_id = any(requeued);
+     using unnest(due.job_ids, due.slots, keep) as x (job_id, slot, r)
+     where f.job_id = x.job_id and f.slot = x.slot and x.r;
     return cardinality(requeued);
 end;
 $function$;

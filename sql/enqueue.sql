@@ -584,6 +584,9 @@ declare
     holder_job bigint[];
     holder_qid integer[];
     holder_p smallint[];
+    due_qids integer[];
+    t_shards smallint[];
+    t_seqs bigint[];
 begin
     if n = 0 then
         return;
@@ -641,14 +644,17 @@ begin
     end if;
 
     -- The lanes of the rows due now; a row for later waits in awa.scheduled.
-    select * into taken from awa._lock_lanes(
-        case when run_ats is null then queue_ids else array(
+    due_qids := case when run_ats is null then queue_ids else array(
             select case when run_ats[i] is null or run_ats[i] <= now() then queue_ids[i] end
               from generate_series(1, n) as i
              order by i
-        ) end,
-        priorities, key_shards
-    );
+        ) end;
+    select * into taken from awa._lock_lanes(due_qids, priorities, key_shards);
+    -- In variables, which PL/pgSQL holds expanded: a subscript into a
+    -- record's array with nulls (a duplicate's or a later row's) walks it
+    -- from the start.
+    t_shards := taken.shards;
+    t_seqs := taken.seqs;
     if job_ids is not null then
         -- The keyed rows' queues, once their lanes are held.
         perform awa._mark_unique_jobs(queue_ids, unique_keys);
@@ -660,7 +666,7 @@ begin
     select case when j.dup then j.holder_job else j.job_id end,
            coalesce(h.queue, queues[j.i]),
            coalesce(j.holder_p, priorities[j.i], awa._default_priority()),
-           taken.shards[j.i], taken.seqs[j.i], coalesce(j.dup, false)
+           t_shards[j.i], t_seqs[j.i], coalesce(j.dup, false)
       from rows from (
           awa._insert_jobs(
               taken.lanes, taken.seqs, queue_ids, priorities, kinds, args, ordering_keys,

@@ -960,6 +960,8 @@ declare
     ids integer[] := awa._queue_ids(queue);
     due record;
     requeued bigint[];
+    keep boolean[];
+    k integer := 1;
 begin
     perform awa._check_max_jobs('max_jobs', max_jobs);
     for look in 1 .. 2 loop
@@ -1027,9 +1029,19 @@ begin
         due.max_attempts, due.enqueued_ats, due.last_errors, due.max_run_times,
         due.unique_keys, due.unique_windows
     );
+    -- Which jobs went back, by merging the two lists (requeued is a
+    -- subsequence of due.job_ids, in its order): `= any(requeued)` per row
+    -- under a generic plan cost the product of the two.
+    keep := array_fill(false, array[cardinality(due.job_ids)]);
+    for i in 1 .. cardinality(due.job_ids) loop
+        if k <= cardinality(requeued) and requeued[k] = due.job_ids[i] then
+            keep[i] := true;
+            k := k + 1;
+        end if;
+    end loop;
     delete from awa.finished as f
-     using unnest(due.job_ids, due.slots) as x (job_id, slot)
-     where f.job_id = x.job_id and f.slot = x.slot and x.job_id = any(requeued);
+     using unnest(due.job_ids, due.slots, keep) as x (job_id, slot, r)
+     where f.job_id = x.job_id and f.slot = x.slot and x.r;
     return cardinality(requeued);
 end;
 $$;
