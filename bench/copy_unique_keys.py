@@ -6,8 +6,10 @@ path, 10,000 rows a pass), --loads times on a fresh server per tree, and
 prints the seconds from the first row sent to the commit. Each load is
 then sent again, every row now a duplicate (a producer retrying a load it
 lost the answer to), and the same keys once more as one
-awa.enqueue_batch call. The trees alternate (before, now, before, now,
-...) so both see the same machine. What it watches: a load's cost grows
+awa.enqueue_batch call; last, a load of as many rows with ordering keys
+(no unique keys) into a queue of 4 partitions, the batch path's other
+use. The trees alternate (before, now, before, now, ...) so both see the
+same machine. What it watches: a load's cost grows
 with its rows, not with their square (a subscript per element of an array
 with nulls walks it from the start: keys taken for a whole load of several
 passes in one call made a load of 50,000 rows three times slower until the
@@ -45,12 +47,14 @@ COPY = "copy awa.copy_staging (queue, kind, unique_key) from stdin"
 BATCH = ("select count(*) from awa.enqueue_batch(array_fill(%s::text, array[%s]),"
          " array_fill('bench.job'::text, array[%s]), unique_keys =>"
          " array(select convert_to(%s || i, 'UTF8') from generate_series(0, %s - 1) as i))")
-KINDS = ("new keys", "all duplicates", "batch of duplicates")
+KINDS = ("new keys", "all duplicates", "batch of duplicates", "partitioned, no keys")
+PARTITIONED = "copy awa.copy_staging (queue, kind, ordering_key) from stdin"
 
 
-def load(conn: psycopg.Connection, queue: str, prefix: str, rows: int) -> float:
+def load(conn: psycopg.Connection, queue: str, prefix: str, rows: int,
+         statement: str = COPY) -> float:
     started = time.perf_counter()
-    with conn.cursor().copy(COPY) as cp:
+    with conn.cursor().copy(statement) as cp:
         for i in range(rows):
             cp.write_row([queue, "bench.job", f"{prefix}{i}".encode()])
     conn.commit()
@@ -78,6 +82,10 @@ def loads(checkout: Path, rows: int, count: int) -> dict[str, list[float]]:
                 conn.execute(BATCH, [queue, rows, rows, prefix, rows])
                 conn.commit()
                 seconds["batch of duplicates"].append(time.perf_counter() - started)
+                conn.execute("select awa.set_queue_partitions(%s, 4)", [f"parts{n}"])
+                conn.commit()
+                seconds["partitioned, no keys"].append(
+                    load(conn, f"parts{n}", "o", rows, PARTITIONED))
                 ready = conn.execute(
                     "select count(*) from awa.ready as r join awa.queue_meta as m"
                     " using (queue_id) where m.queue = %s", [queue]).fetchone()[0]
@@ -112,7 +120,8 @@ def main() -> None:
                     file=sys.stderr, flush=True)
     print(f"# copy_unique_keys: {machine()}; PostgreSQL 18; a COPY of {args.rows:,} rows, each"
           f" with its own unique key, into a plain queue, moved at commit; the same COPY"
-          f" again (all duplicates); the same keys as one awa.enqueue_batch; seconds, medians"
+          f" again (all duplicates); the same keys as one awa.enqueue_batch; a COPY of as"
+          f" many rows with ordering keys into 4 partitions; seconds, medians"
           f" of {args.loads} loads x {args.rounds} rounds, trees alternating")
     print("| tree | " + " | ".join(f"{kind}, s" for kind in KINDS) + " |")
     print("|---|" + "---:|" * len(KINDS))

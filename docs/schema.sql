@@ -1629,7 +1629,20 @@ AS $function$
     select 2::pg_catalog.int2
 $function$;
 
-CREATE OR REPLACE FUNCTION awa._enqueue_rows(queues text[], kinds text[], args jsonb[], priorities smallint[], ordering_keys bytea[], run_ats timestamp with time zone[], max_attempts integer[], max_run_times interval[], unique_keys bytea[], unique_windows interval[], row_label text, row_offset bigint, job_ids bigint[] DEFAULT NULL::bigint[])
+CREATE OR REPLACE FUNCTION awa._due_queue_ids(queue_ids integer[], run_ats timestamp with time zone[])
+ RETURNS integer[]
+ LANGUAGE sql
+ STABLE
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+    select case when run_ats is null then queue_ids else array(
+            select case when u.run_at is null or u.run_at <= now() then u.queue_id end
+              from unnest(queue_ids, run_ats) with ordinality as u (queue_id, run_at, i)
+             order by u.i
+        ) end
+$function$;
+
+CREATE OR REPLACE FUNCTION awa._enqueue_rows(queues text[], kinds text[], args jsonb[], priorities smallint[], ordering_keys bytea[], run_ats timestamp with time zone[], max_attempts integer[], max_run_times interval[], unique_keys bytea[], unique_windows interval[], row_label text, row_offset bigint, job_ids bigint[] DEFAULT NULL::bigint[], routed text[] DEFAULT NULL::text[], routed_queue_ids integer[] DEFAULT NULL::integer[], routed_key_shards smallint[] DEFAULT NULL::smallint[])
  RETURNS SETOF awa.enqueued
  LANGUAGE plpgsql
  SET search_path TO 'pg_catalog', 'pg_temp'
@@ -1651,7 +1664,6 @@ declare
     holder_job bigint[];
     holder_qid integer[];
     holder_p smallint[];
-    due_qids integer[];
     t_shards smallint[];
     t_seqs bigint[];
 begin
@@ -1659,22 +1671,28 @@ begin
         return;
     end if;
 
-    select min(i) into bad
-      from generate_series(1, n) as i
-     where not awa._row_ok(
-         queues[i], kinds[i], priorities[i], max_attempts[i], max_run_times[i],
-         ordering_keys[i], unique_keys[i], unique_windows[i]
-     );
-    if bad is not null then
-        perform awa._check_row(
-            queues[bad], kinds[bad], priorities[bad], max_attempts[bad], max_run_times[bad],
-            ordering_keys[bad], unique_keys[bad], unique_windows[bad], row_label,
-            bad + row_offset
-        );
-    end if;
+    if routed_queue_ids is not null then
+        queues := routed;
+        queue_ids := routed_queue_ids;
+        key_shards := routed_key_shards;
+    else
+        select min(i) into bad
+          from generate_series(1, n) as i
+         where not awa._row_ok(
+             queues[i], kinds[i], priorities[i], max_attempts[i], max_run_times[i],
+             ordering_keys[i], unique_keys[i], unique_windows[i]
+         );
+        if bad is not null then
+            perform awa._check_row(
+                queues[bad], kinds[bad], priorities[bad], max_attempts[bad],
+                max_run_times[bad], ordering_keys[bad], unique_keys[bad], unique_windows[bad],
+                row_label, bad + row_offset
+            );
+        end if;
 
-    select r.routed, r.queue_ids, r.key_shards into queues, queue_ids, key_shards
-      from awa._route_rows(queues, ordering_keys) as r;
+        select r.routed, r.queue_ids, r.key_shards into queues, queue_ids, key_shards
+          from awa._route_rows(queues, ordering_keys) as r;
+    end if;
 
     -- Unique keys first, in one order for every caller (awa._take_unique_keys),
     -- unless the caller took them (job_ids given; a keyed row without an id
@@ -1711,12 +1729,8 @@ begin
     end if;
 
     -- The lanes of the rows due now; a row for later waits in awa.scheduled.
-    due_qids := case when run_ats is null then queue_ids else array(
-            select case when run_ats[i] is null or run_ats[i] <= now() then queue_ids[i] end
-              from generate_series(1, n) as i
-             order by i
-        ) end;
-    select * into taken from awa._lock_lanes(due_qids, priorities, key_shards);
+    select * into taken
+      from awa._lock_lanes(awa._due_queue_ids(queue_ids, run_ats), priorities, key_shards);
     -- In variables, which PL/pgSQL holds expanded: a subscript into a
     -- record's array with nulls (a duplicate's or a later row's) walks it
     -- from the start.
@@ -2433,6 +2447,9 @@ begin
         g_shard := g_shard || shard::smallint;
         g_n := g_n || grp.n;
     end loop;
+    if ns is null then
+        return;
+    end if;
     -- One group (the common batch) needs no grouping by lane.
     if cardinality(g_lane) = 1 then
         lane_seq := g_seq[1];
@@ -2469,7 +2486,7 @@ begin
 end;
 $function$;
 
-CREATE OR REPLACE FUNCTION awa._lock_lanes(queue_ids integer[], priorities smallint[], key_shards smallint[], OUT lanes integer[], OUT shards smallint[], OUT seqs bigint[])
+CREATE OR REPLACE FUNCTION awa._lock_lanes(queue_ids integer[], priorities smallint[], key_shards smallint[], reserve boolean DEFAULT true, OUT lanes integer[], OUT shards smallint[], OUT seqs bigint[])
  RETURNS record
  LANGUAGE sql
  SET search_path TO 'pg_catalog', 'pg_temp'
@@ -2491,7 +2508,7 @@ AS $function$
           ) as g
          cross join lateral awa._lock_lane_groups(
              coalesce(g.qids, '{}'), coalesce(g.ps, '{}'), coalesce(g.kss, '{}'),
-             coalesce(g.ns, '{}')
+             case when reserve then coalesce(g.ns, '{}') end
          ) as l
     )
     select array_agg(r.lane order by r.i), array_agg(r.shard order by r.i),
@@ -2768,32 +2785,31 @@ declare
     max_run_times interval[];
     unique_keys bytea[];
     unique_windows interval[];
-    job_ids bigint[];
     staged record;
     bad record;
-    -- The prologue's keyed rows, in COPY order: their staged ids and the
-    -- job id each took its key for (null: a duplicate), and the first one
-    -- no pass has moved yet.
-    keyed record;
-    k_ids bigint[];
-    k_queue_ids integer[];
-    k_jobs bigint[];
-    k_at integer := 1;
-    d integer;
+    -- A load of several passes, as its prologue read it, in COPY order:
+    -- each row's staged id, routing, and the job id its unique key was
+    -- taken for (null: unkeyed, or a duplicate).
+    load record;
+    l_ids bigint[];
+    l_queues text[];
+    l_queue_ids integer[];
+    l_key_shards smallint[];
+    l_jobs bigint[];
+    dup_i integer[];
+    routing record;
+    n integer;
 begin
-    -- More than one pass (a pass is 10,000 rows), then any unique key.
+    -- More than one pass (a pass is 10,000 rows)?
     select count(*) > 10000 as passes into staged
       from (
           select from awa.copy_staging as s
            where s.staged_xid = _move_staged_in_batches.xid
            limit 10001
       ) as s;
-    if staged.passes and exists (
-        select from awa.copy_staging as s
-         where s.staged_xid = _move_staged_in_batches.xid and s.unique_key is not null
-    ) then
+    if staged.passes then
         -- A bad row fails the load: named now, as its pass would name it,
-        -- before any key is taken.
+        -- before any key or lane is taken.
         select s.*,
                (select count(*) from awa.copy_staging as c
                  where c.staged_xid = _move_staged_in_batches.xid
@@ -2817,34 +2833,46 @@ begin
                array_agg(s.queue order by s.staged_id) as queues,
                array_agg(s.priority order by s.staged_id) as priorities,
                array_agg(s.ordering_key order by s.staged_id) as ordering_keys,
+               array_agg(s.run_at order by s.staged_id) as run_ats,
                array_agg(s.unique_key order by s.staged_id) as unique_keys,
                array_agg(s.unique_window order by s.staged_id) as unique_windows
-          into keyed
+          into load
           from (
-              select c.staged_id, c.queue, c.priority, c.ordering_key, c.unique_key,
+              select c.staged_id, c.queue, c.priority, c.ordering_key, c.run_at, c.unique_key,
                      c.unique_window
                 from awa.copy_staging as c
-               where c.staged_xid = _move_staged_in_batches.xid and c.unique_key is not null
+               where c.staged_xid = _move_staged_in_batches.xid
                order by c.staged_id
                  for update
           ) as s;
-        if keyed.ids is not null then
-            k_ids := keyed.ids;
-            select r.queue_ids into k_queue_ids
-              from awa._route_rows(keyed.queues, keyed.ordering_keys) as r;
-            k_jobs := array(
-                select nextval('awa.job_id_seq') from generate_series(1, cardinality(k_ids))
+        l_ids := coalesce(load.ids, '{}');
+        select r.routed, r.queue_ids, r.key_shards into l_queues, l_queue_ids, l_key_shards
+          from awa._route_rows(load.queues, load.ordering_keys) as r;
+        if cardinality(array_remove(load.unique_keys, null)) > 0 then
+            l_jobs := array(
+                select case when u.k is not null then nextval('awa.job_id_seq') end
+                  from unnest(load.unique_keys) with ordinality as u (k, i)
+                 order by u.i
             );
-            for d in
+            dup_i := array(
                 select u.i
                   from awa._take_unique_keys(
-                      keyed.unique_keys, k_jobs, k_queue_ids, keyed.priorities,
-                      keyed.unique_windows
+                      load.unique_keys, l_jobs, l_queue_ids, load.priorities,
+                      load.unique_windows
                   ) as u
-            loop
-                k_jobs[d] := null;
-            end loop;
+            );
+            l_jobs := awa._null_at(l_jobs, dup_i);
         end if;
+        -- Each row due now and not a duplicate is pinned to the lane taken
+        -- for it here, as if keyed: a pass finds it held and chooses no
+        -- lane again, whatever S has become.
+        select t.shards into l_key_shards
+          from awa._lock_lanes(
+              awa._due_queue_ids(awa._null_at(l_queue_ids, coalesce(dup_i, '{}')),
+                                 load.run_ats),
+              load.priorities, l_key_shards, false
+          ) as t;
+        load := null;
     end if;
     loop
         select array_agg(s.staged_id order by s.staged_id),
@@ -2871,30 +2899,38 @@ begin
                  for update skip locked
           ) as s;
         exit when ids is null;
-        -- The prologue took this pass's keys: its keyed rows, in COPY order,
-        -- are the prologue's next ones (locked by this transaction, none
-        -- skipped).
-        job_ids := null;
-        if k_jobs is not null and cardinality(array_remove(unique_keys, null)) > 0 then
-            job_ids := array_fill(null::bigint, array[cardinality(ids)]);
-            for i in 1 .. cardinality(ids) loop
-                continue when unique_keys[i] is null;
-                if k_ids[k_at] is distinct from ids[i] then
-                    raise exception 'COPY row % has no key taken for it (a bug)', moved + i
-                        using errcode = 'XX000';
-                end if;
-                job_ids[i] := k_jobs[k_at];
-                k_at := k_at + 1;
-            end loop;
+        n := cardinality(ids);
+        if l_ids is null then
+            perform count(*) from awa._enqueue_rows(
+                queues, kinds, args, priorities, ordering_keys, run_ats, max_attempts,
+                max_run_times, unique_keys, unique_windows, 'COPY row', moved
+            );
+        else
+            -- The prologue's next rows (it locked them all: none skipped),
+            -- read by subscript: a slice would copy the whole array.
+            select array_agg(l_ids[i] order by i) as ids,
+                   array_agg(l_queues[i] order by i) as queues,
+                   array_agg(l_queue_ids[i] order by i) as queue_ids,
+                   array_agg(l_key_shards[i] order by i) as key_shards,
+                   array_agg(l_jobs[i] order by i) as jobs
+              into routing
+              from generate_series(moved + 1, moved + n) as i;
+            if routing.ids is distinct from ids then
+                raise exception 'COPY rows % to % are not the ones routed for them (a bug)',
+                    moved + 1, moved + n
+                    using errcode = 'XX000';
+            end if;
+            perform count(*) from awa._enqueue_rows(
+                queues, kinds, args, priorities, ordering_keys, run_ats, max_attempts,
+                max_run_times, unique_keys, unique_windows, 'COPY row', moved,
+                case when l_jobs is not null then routing.jobs end, routing.queues,
+                routing.queue_ids, routing.key_shards
+            );
         end if;
-        perform count(*) from awa._enqueue_rows(
-            queues, kinds, args, priorities, ordering_keys, run_ats, max_attempts, max_run_times,
-            unique_keys, unique_windows, 'COPY row', moved, job_ids
-        );
         delete from awa.copy_staging as c
          where c.staged_xid = _move_staged_in_batches.xid and c.staged_id = any(ids);
-        moved := moved + cardinality(ids);
-        last_id := ids[cardinality(ids)];
+        moved := moved + n;
+        last_id := ids[n];
     end loop;
     return moved;
 end;

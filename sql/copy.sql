@@ -22,20 +22,26 @@
 -- another mover holds are skipped. The path for partitioned and striped
 -- queues, for rows with unique keys (the first row of a key in the
 -- transaction takes it, later ones are duplicates) and for naming a bad
--- row; awa._move_staged_sets takes the rest. Keys come before lanes
--- (ADR 027) for the whole load, as in one call: a load of more than one
--- pass with unique keys takes them all before its first pass. That
--- prologue names the first bad row, if any, as its pass would
--- (awa._row_ok, awa._check_row); locks the keyed rows (it waits for
--- another mover that holds one, which the passes would skip), routes them
--- (awa._route_rows), draws their job ids and takes their keys in one
--- awa._take_unique_keys; each pass then gives awa._enqueue_rows its keyed
--- rows' job ids (null for a duplicate) and takes no key. The prologue
--- holds every keyed row's keys, queue name and ids at once (about 60 bytes
--- a row beyond them). A partition or stripe change committed between the prologue and
--- a row's pass can leave the key's row naming the physical queue the
--- prologue routed it to (what a duplicate reports), not the row's.
--- Calls: awa._check_row, awa._enqueue_rows, awa._route_rows, awa._row_ok, awa._take_unique_keys
+-- row; awa._move_staged_sets takes the rest. A load of more than one pass
+-- takes its keys and lanes as one call would, before its first pass: keys
+-- before lanes (ADR 027), and lanes in lane order (sql/lanes.sql), so it
+-- never waits for a lane below one it holds and deadlocks with no other
+-- call. Taken a pass at a time, a later pass could wait for a lane below
+-- an earlier pass's while another load waited for that one. The prologue
+-- names the first bad row, if any, as its pass would (awa._row_ok,
+-- awa._check_row); locks the rows (it waits for another mover that holds
+-- one, which the passes would skip) and routes them once
+-- (awa._route_rows), under the S it reads then; draws the keyed rows' job
+-- ids and takes their keys (awa._take_unique_keys); takes the lanes of
+-- the rows due now and not duplicates (awa._lock_lanes without reserving
+-- ranges). Each pass then gives awa._enqueue_rows its rows' routing, each
+-- row's shard the one taken for it (an unkeyed row's too, so a pass
+-- chooses no lane again and finds every lane held, whatever S has become)
+-- and the keyed rows' job ids (null for a duplicate).
+-- The prologue holds every row's routing, ordering and unique keys at
+-- once (about 40 bytes a row beyond the keys).
+-- Calls: awa._check_row, awa._due_queue_ids, awa._enqueue_rows, awa._lock_lanes, awa._null_at,
+--   awa._route_rows, awa._row_ok, awa._take_unique_keys
 -- Writes: awa.copy_staging
 create or replace function awa._move_staged_in_batches(xid xid8)
 returns bigint
@@ -63,32 +69,31 @@ declare
     max_run_times interval[];
     unique_keys bytea[];
     unique_windows interval[];
-    job_ids bigint[];
     staged record;
     bad record;
-    -- The prologue's keyed rows, in COPY order: their staged ids and the
-    -- job id each took its key for (null: a duplicate), and the first one
-    -- no pass has moved yet.
-    keyed record;
-    k_ids bigint[];
-    k_queue_ids integer[];
-    k_jobs bigint[];
-    k_at integer := 1;
-    d integer;
+    -- A load of several passes, as its prologue read it, in COPY order:
+    -- each row's staged id, routing, and the job id its unique key was
+    -- taken for (null: unkeyed, or a duplicate).
+    load record;
+    l_ids bigint[];
+    l_queues text[];
+    l_queue_ids integer[];
+    l_key_shards smallint[];
+    l_jobs bigint[];
+    dup_i integer[];
+    routing record;
+    n integer;
 begin
-    -- More than one pass (a pass is 10,000 rows), then any unique key.
+    -- More than one pass (a pass is 10,000 rows)?
     select count(*) > 10000 as passes into staged
       from (
           select from awa.copy_staging as s
            where s.staged_xid = _move_staged_in_batches.xid
            limit 10001
       ) as s;
-    if staged.passes and exists (
-        select from awa.copy_staging as s
-         where s.staged_xid = _move_staged_in_batches.xid and s.unique_key is not null
-    ) then
+    if staged.passes then
         -- A bad row fails the load: named now, as its pass would name it,
-        -- before any key is taken.
+        -- before any key or lane is taken.
         select s.*,
                (select count(*) from awa.copy_staging as c
                  where c.staged_xid = _move_staged_in_batches.xid
@@ -112,34 +117,46 @@ begin
                array_agg(s.queue order by s.staged_id) as queues,
                array_agg(s.priority order by s.staged_id) as priorities,
                array_agg(s.ordering_key order by s.staged_id) as ordering_keys,
+               array_agg(s.run_at order by s.staged_id) as run_ats,
                array_agg(s.unique_key order by s.staged_id) as unique_keys,
                array_agg(s.unique_window order by s.staged_id) as unique_windows
-          into keyed
+          into load
           from (
-              select c.staged_id, c.queue, c.priority, c.ordering_key, c.unique_key,
+              select c.staged_id, c.queue, c.priority, c.ordering_key, c.run_at, c.unique_key,
                      c.unique_window
                 from awa.copy_staging as c
-               where c.staged_xid = _move_staged_in_batches.xid and c.unique_key is not null
+               where c.staged_xid = _move_staged_in_batches.xid
                order by c.staged_id
                  for update
           ) as s;
-        if keyed.ids is not null then
-            k_ids := keyed.ids;
-            select r.queue_ids into k_queue_ids
-              from awa._route_rows(keyed.queues, keyed.ordering_keys) as r;
-            k_jobs := array(
-                select nextval('awa.job_id_seq') from generate_series(1, cardinality(k_ids))
+        l_ids := coalesce(load.ids, '{}');
+        select r.routed, r.queue_ids, r.key_shards into l_queues, l_queue_ids, l_key_shards
+          from awa._route_rows(load.queues, load.ordering_keys) as r;
+        if cardinality(array_remove(load.unique_keys, null)) > 0 then
+            l_jobs := array(
+                select case when u.k is not null then nextval('awa.job_id_seq') end
+                  from unnest(load.unique_keys) with ordinality as u (k, i)
+                 order by u.i
             );
-            for d in
+            dup_i := array(
                 select u.i
                   from awa._take_unique_keys(
-                      keyed.unique_keys, k_jobs, k_queue_ids, keyed.priorities,
-                      keyed.unique_windows
+                      load.unique_keys, l_jobs, l_queue_ids, load.priorities,
+                      load.unique_windows
                   ) as u
-            loop
-                k_jobs[d] := null;
-            end loop;
+            );
+            l_jobs := awa._null_at(l_jobs, dup_i);
         end if;
+        -- Each row due now and not a duplicate is pinned to the lane taken
+        -- for it here, as if keyed: a pass finds it held and chooses no
+        -- lane again, whatever S has become.
+        select t.shards into l_key_shards
+          from awa._lock_lanes(
+              awa._due_queue_ids(awa._null_at(l_queue_ids, coalesce(dup_i, '{}')),
+                                 load.run_ats),
+              load.priorities, l_key_shards, false
+          ) as t;
+        load := null;
     end if;
     loop
         select array_agg(s.staged_id order by s.staged_id),
@@ -166,30 +183,38 @@ begin
                  for update skip locked
           ) as s;
         exit when ids is null;
-        -- The prologue took this pass's keys: its keyed rows, in COPY order,
-        -- are the prologue's next ones (locked by this transaction, none
-        -- skipped).
-        job_ids := null;
-        if k_jobs is not null and cardinality(array_remove(unique_keys, null)) > 0 then
-            job_ids := array_fill(null::bigint, array[cardinality(ids)]);
-            for i in 1 .. cardinality(ids) loop
-                continue when unique_keys[i] is null;
-                if k_ids[k_at] is distinct from ids[i] then
-                    raise exception 'COPY row % has no key taken for it (a bug)', moved + i
-                        using errcode = 'XX000';
-                end if;
-                job_ids[i] := k_jobs[k_at];
-                k_at := k_at + 1;
-            end loop;
+        n := cardinality(ids);
+        if l_ids is null then
+            perform count(*) from awa._enqueue_rows(
+                queues, kinds, args, priorities, ordering_keys, run_ats, max_attempts,
+                max_run_times, unique_keys, unique_windows, 'COPY row', moved
+            );
+        else
+            -- The prologue's next rows (it locked them all: none skipped),
+            -- read by subscript: a slice would copy the whole array.
+            select array_agg(l_ids[i] order by i) as ids,
+                   array_agg(l_queues[i] order by i) as queues,
+                   array_agg(l_queue_ids[i] order by i) as queue_ids,
+                   array_agg(l_key_shards[i] order by i) as key_shards,
+                   array_agg(l_jobs[i] order by i) as jobs
+              into routing
+              from generate_series(moved + 1, moved + n) as i;
+            if routing.ids is distinct from ids then
+                raise exception 'COPY rows % to % are not the ones routed for them (a bug)',
+                    moved + 1, moved + n
+                    using errcode = 'XX000';
+            end if;
+            perform count(*) from awa._enqueue_rows(
+                queues, kinds, args, priorities, ordering_keys, run_ats, max_attempts,
+                max_run_times, unique_keys, unique_windows, 'COPY row', moved,
+                case when l_jobs is not null then routing.jobs end, routing.queues,
+                routing.queue_ids, routing.key_shards
+            );
         end if;
-        perform count(*) from awa._enqueue_rows(
-            queues, kinds, args, priorities, ordering_keys, run_ats, max_attempts, max_run_times,
-            unique_keys, unique_windows, 'COPY row', moved, job_ids
-        );
         delete from awa.copy_staging as c
          where c.staged_xid = _move_staged_in_batches.xid and c.staged_id = any(ids);
-        moved := moved + cardinality(ids);
-        last_id := ids[cardinality(ids)];
+        moved := moved + n;
+        last_id := ids[n];
     end loop;
     return moved;
 end;

@@ -244,20 +244,22 @@ begin
 end;
 $$;
 
--- Function: awa._lock_lanes(queue_ids, priorities, key_shards) returns each row's lane
+-- Function: awa._lock_lanes(queue_ids, priorities, key_shards, reserve) returns each row's lane
 -- Takes the lanes for the rows of a multi-row call and gives each row its
 -- lane, shard and lane_seq. A row is (queue_ids[i], priorities[i] (null:
 -- awa._default_priority()), key_shards[i]); key_shards[i] is the keyed shard, or null for an
 -- unkeyed row; a row whose queue id is null (not due) gets nulls. Groups the
 -- rows, hands the groups to awa._lock_lane_groups, which locks the lanes
 -- and reserves one sequence range per lane, and numbers each lane's rows
--- in row order.
+-- in row order. With reserve false it takes the lanes only (null seqs):
+-- COPY's mover holds a whole load's lanes before its first pass.
 -- Calls: awa._default_priority, awa._lock_lane_groups
 -- Writes: nothing
 create or replace function awa._lock_lanes(
     queue_ids integer[],
     priorities smallint[],
     key_shards smallint[],
+    reserve boolean default true,
     out lanes integer[],
     out shards smallint[],
     out seqs bigint[]
@@ -282,7 +284,7 @@ as $$
           ) as g
          cross join lateral awa._lock_lane_groups(
              coalesce(g.qids, '{}'), coalesce(g.ps, '{}'), coalesce(g.kss, '{}'),
-             coalesce(g.ns, '{}')
+             case when reserve then coalesce(g.ns, '{}') end
          ) as l
     )
     select array_agg(r.lane order by r.i), array_agg(r.shard order by r.i),
@@ -528,6 +530,25 @@ begin
 end;
 $$;
 
+-- Function: awa._due_queue_ids(queue_ids integer[], run_ats timestamptz[]) returns integer[]
+-- The queue id of each row of a multi-row call that is due now (run_ats
+-- null, or its element null or not after now()), null for a row for later,
+-- which takes no lane and waits in awa.scheduled: the lanes a call locks.
+-- Calls: nothing
+-- Writes: nothing
+create or replace function awa._due_queue_ids(queue_ids integer[], run_ats timestamptz[])
+returns integer[]
+language sql
+stable
+set search_path = pg_catalog, pg_temp
+as $$
+    select case when run_ats is null then queue_ids else array(
+            select case when u.run_at is null or u.run_at <= now() then u.queue_id end
+              from unnest(queue_ids, run_ats) with ordinality as u (queue_id, run_at, i)
+             order by u.i
+        ) end
+$$;
+
 -- Function: awa._enqueue_rows(queues, kinds, args, priorities, ordering_keys, run_ats,
 --                             max_attempts, max_run_times, unique_keys, unique_windows,
 --                             row_label, row_offset, job_ids)
@@ -542,9 +563,14 @@ $$;
 -- before any lane (COPY's mover does for a load of several passes): the
 -- job id each keyed row took its key for, null for a duplicate, which is
 -- then returned with duplicate true and a null job id (the holder is the
--- caller's to know); the call takes no key.
--- Calls: awa._check_row, awa._default_priority, awa._insert_jobs, awa._lock_lanes,
---   awa._mark_unique_jobs, awa._null_at, awa._route_rows, awa._row_ok, awa._take_unique_keys
+-- caller's to know); the call takes no key. routed, routed_queue_ids and
+-- routed_key_shards, when given, are the rows' routing (awa._route_rows)
+-- and say the caller checked them (awa._row_ok): COPY's mover routes a
+-- load of several passes once, before its first pass, and holds its
+-- lanes (the call's lane locks are then its own again).
+-- Calls: awa._check_row, awa._default_priority, awa._due_queue_ids, awa._insert_jobs,
+--   awa._lock_lanes, awa._mark_unique_jobs, awa._null_at, awa._route_rows, awa._row_ok,
+--   awa._take_unique_keys
 -- Writes: nothing
 create or replace function awa._enqueue_rows(
     queues text[],
@@ -559,7 +585,10 @@ create or replace function awa._enqueue_rows(
     unique_windows interval[],
     row_label text,
     row_offset bigint,
-    job_ids bigint[] default null
+    job_ids bigint[] default null,
+    routed text[] default null,
+    routed_queue_ids integer[] default null,
+    routed_key_shards smallint[] default null
 )
 returns setof awa.enqueued
 language plpgsql
@@ -584,7 +613,6 @@ declare
     holder_job bigint[];
     holder_qid integer[];
     holder_p smallint[];
-    due_qids integer[];
     t_shards smallint[];
     t_seqs bigint[];
 begin
@@ -592,22 +620,28 @@ begin
         return;
     end if;
 
-    select min(i) into bad
-      from generate_series(1, n) as i
-     where not awa._row_ok(
-         queues[i], kinds[i], priorities[i], max_attempts[i], max_run_times[i],
-         ordering_keys[i], unique_keys[i], unique_windows[i]
-     );
-    if bad is not null then
-        perform awa._check_row(
-            queues[bad], kinds[bad], priorities[bad], max_attempts[bad], max_run_times[bad],
-            ordering_keys[bad], unique_keys[bad], unique_windows[bad], row_label,
-            bad + row_offset
-        );
-    end if;
+    if routed_queue_ids is not null then
+        queues := routed;
+        queue_ids := routed_queue_ids;
+        key_shards := routed_key_shards;
+    else
+        select min(i) into bad
+          from generate_series(1, n) as i
+         where not awa._row_ok(
+             queues[i], kinds[i], priorities[i], max_attempts[i], max_run_times[i],
+             ordering_keys[i], unique_keys[i], unique_windows[i]
+         );
+        if bad is not null then
+            perform awa._check_row(
+                queues[bad], kinds[bad], priorities[bad], max_attempts[bad],
+                max_run_times[bad], ordering_keys[bad], unique_keys[bad], unique_windows[bad],
+                row_label, bad + row_offset
+            );
+        end if;
 
-    select r.routed, r.queue_ids, r.key_shards into queues, queue_ids, key_shards
-      from awa._route_rows(queues, ordering_keys) as r;
+        select r.routed, r.queue_ids, r.key_shards into queues, queue_ids, key_shards
+          from awa._route_rows(queues, ordering_keys) as r;
+    end if;
 
     -- Unique keys first, in one order for every caller (awa._take_unique_keys),
     -- unless the caller took them (job_ids given; a keyed row without an id
@@ -644,12 +678,8 @@ begin
     end if;
 
     -- The lanes of the rows due now; a row for later waits in awa.scheduled.
-    due_qids := case when run_ats is null then queue_ids else array(
-            select case when run_ats[i] is null or run_ats[i] <= now() then queue_ids[i] end
-              from generate_series(1, n) as i
-             order by i
-        ) end;
-    select * into taken from awa._lock_lanes(due_qids, priorities, key_shards);
+    select * into taken
+      from awa._lock_lanes(awa._due_queue_ids(queue_ids, run_ats), priorities, key_shards);
     -- In variables, which PL/pgSQL holds expanded: a subscript into a
     -- record's array with nulls (a duplicate's or a later row's) walks it
     -- from the start.
@@ -942,7 +972,7 @@ select awa._grant_execute(
     'awa.enqueue(text, text, jsonb, smallint, bytea, timestamptz, integer, bytea, interval)',
     'producer'
 );
-select awa._grant_execute('awa._lock_lanes(integer[], smallint[], smallint[])');
+select awa._grant_execute('awa._lock_lanes(integer[], smallint[], smallint[], boolean)');
 select awa._grant_execute(
     'awa._insert_jobs(integer[], bigint[], integer[], smallint[], text[], jsonb[], bytea[],'
     ' integer[], timestamptz[], bigint[], integer[], timestamptz[], text[], interval[])'
@@ -957,8 +987,9 @@ select awa._grant_execute(
 select awa._grant_execute('awa._route_rows(text[], bytea[])');
 select awa._grant_execute(
     'awa._enqueue_rows(text[], text[], jsonb[], smallint[], bytea[], timestamptz[], integer[],'
-    ' interval[], bytea[], interval[], text, bigint, bigint[])'
+    ' interval[], bytea[], interval[], text, bigint, bigint[], text[], integer[], smallint[])'
 );
+select awa._grant_execute('awa._due_queue_ids(integer[], timestamptz[])');
 select awa._grant_execute(
     'awa.enqueue_batch(text[], text[], jsonb[], smallint[], bytea[], timestamptz[], integer[],'
     ' interval[], bytea[], interval[])',

@@ -290,7 +290,9 @@ $$;
 -- each awa._take_lane may wait only above every lane the call holds.
 -- Returns one element per group: its queue id, priority, key shard (-1 for
 -- unkeyed), lane, the lane's shard, and the first lane_seq of the lane's
--- range, which covers every row of the call in that lane.
+-- range, which covers every row of the call in that lane. With ns null it
+-- takes the lanes only and reserves no range (g_base empty): COPY's mover
+-- takes a load's lanes so before its first pass (awa._move_staged_in_batches).
 -- Calls: awa._take_lane
 -- Writes: nothing
 create or replace function awa._lock_lane_groups(
@@ -353,6 +355,9 @@ begin
         g_shard := g_shard || shard::smallint;
         g_n := g_n || grp.n;
     end loop;
+    if ns is null then
+        return;
+    end if;
     -- One group (the common batch) needs no grouping by lane.
     if cardinality(g_lane) = 1 then
         lane_seq := g_seq[1];

@@ -100,3 +100,9 @@ drop function if exists awa._enqueue_rows(
     text[], text[], jsonb[], smallint[], bytea[], timestamptz[], integer[], interval[], bytea[],
     interval[], text, bigint
 );
+-- Unreleased: COPY's mover routes a load of several passes and takes its
+-- lanes before the first pass, and gives each pass the rows' routing.
+drop function if exists awa._enqueue_rows(
+    text[], text[], jsonb[], smallint[], bytea[], timestamptz[], integer[], interval[], bytea[],
+    interval[], text, bigint, bigint[]
+);

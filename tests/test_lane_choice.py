@@ -11,6 +11,7 @@ transaction holding random lanes so that the calls really wait.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 import psycopg
 import pytest
@@ -18,7 +19,9 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from psycopg import sql
 
+from awa_sql import routing
 from tests.support.jobs import LANE_CLASS, key_for_shard, waits_for_a_lock
+from tests.support.jobs import Call as Work
 from tests.support.waiting import wait_until
 
 BATCH_SQL = ("select * from awa.enqueue_batch(%s::text[], %s::text[], priorities => %s::smallint[],"
@@ -258,3 +261,75 @@ def test_an_unkeyed_call_with_every_lane_taken_waits_for_its_sticky_lane(db, sha
         call.join(timeout=30)
         assert not call.is_alive() and "error" not in done, done
         assert done["shards"] == [sticky, sticky] and done["waited"] > 0
+
+
+# -- COPY loads of several passes ------------------------------------------------------------
+
+PASS = 10_000  # rows per pass of COPY's batch mover
+
+
+def _load(rows: list[tuple[str, bytes | None, bool]]) -> Callable[[psycopg.Connection], object]:
+    """A COPY load of (queue, ordering key, unique) rows, moved by
+    awa.enqueue_copied(); a unique row gets a key of its own."""
+
+    def work(conn: psycopg.Connection) -> object:
+        with conn.cursor().copy("copy awa.copy_staging (queue, ordering_key, kind, unique_key)"
+                                " from stdin") as cp:
+            for n, (q, k, unique) in enumerate(rows):
+                cp.write_row((q, k, "load", f"u{conn.info.backend_pid}-{n}" if unique else None))
+        return conn.execute("select awa.enqueue_copied()").fetchone()[0]
+
+    return work
+
+
+@pytest.mark.parametrize("shape", ["partitions", "unkeyed", "unique keys"])
+def test_copy_loads_of_several_passes_in_opposite_lane_orders_do_not_deadlock(db, shape):
+    """Two loads of more than one pass (partitioned queues and unique keys go
+    through COPY's batch mover, 10,000 rows a pass): A's first pass writes to
+    a high lane, its second to a low one; B's passes the other way round. The
+    high lane is partition 1's (partitions), or shard 1's of a queue at S = 2
+    (unique keys); the low one partition 0's, shard 0's, or (unkeyed, A's
+    second pass) a plain queue's created before. B waits behind a holder for
+    the low lane, then A for it; the holder ends and B gets it. Taken a pass
+    at a time, A held the high lane while it waited, B then waited for it:
+    40P01. A load takes every lane of its passes, in lane order, before its
+    first pass."""
+    _fast_deadlock_detection(db)
+    producer = db.login_role("awa_producer")
+    keys = [f"k{i}".encode() for i in range(1000)]
+    with db.connect() as su:
+        su.execute("select awa.set_enqueue_shards('lowq', 1)")
+        if shape == "unique keys":
+            su.execute("select awa.set_enqueue_shards('pair', 2)")
+            low = ("pair", key_for_shard(0, 2), True)
+            high = ("pair", key_for_shard(1, 2), True)
+            low_lane, high_lane = _lanes(su, "pair")
+        else:
+            su.execute("select awa.set_queue_partitions('split', 2)")
+            high = ("split", next(k for k in keys
+                                  if routing.partition_for_ordering_key(k, 2) == 1), False)
+            low = ("lowq", None, False) if shape == "unkeyed" else (
+                "split", next(k for k in keys
+                              if routing.partition_for_ordering_key(k, 2) == 0), False)
+            [low_lane] = _lanes(su, low[0])
+            [high_lane] = _lanes(su, "split__p1")
+    assert low_lane < high_lane
+    a_rows = [high] * PASS + [low] * 10
+    b_rows = [low] * PASS + [high] * 10
+    with db.connect() as admin, db.connect(autocommit=False) as hold:
+        hold.execute("select pg_advisory_xact_lock(%s, %s)", [LANE_CLASS, low_lane])
+        b = Work(db.connect(producer, autocommit=False), _load(b_rows))
+        b.start()
+        wait_until(lambda: waits_for_a_lock(admin, b.pid), what="B to wait for the low lane")
+        a = Work(db.connect(producer, autocommit=False), _load(a_rows))
+        a.start()
+        wait_until(lambda: waits_for_a_lock(admin, a.pid), what="A to wait for the low lane")
+        hold.commit()
+        for call in (a, b):
+            call.join(timeout=60)
+            assert not call.is_alive()
+            call.conn.close()
+    assert a.error is None and b.error is None, (a.error, b.error)
+    assert (a.result, b.result) == (PASS + 10, PASS + 10)
+    with db.connect() as admin:
+        assert admin.execute("select count(*) from awa.ready").fetchone()[0] == 2 * (PASS + 10)
