@@ -5568,7 +5568,6 @@ CREATE OR REPLACE FUNCTION awa.move_staged(max_transactions integer DEFAULT 100)
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
 declare
-    moved bigint := 0;
     xid xid8;
 begin
     perform awa._check_limit('max_transactions', max_transactions);
@@ -5580,21 +5579,15 @@ begin
          order by min(c.staged_id)
          limit max_transactions
     loop
-        -- Keys before lanes: a keyed transaction waits for the next call
-        -- once this one holds lanes.
-        exit when moved > 0 and exists (
-            select from awa.copy_staging as c
-             where c.staged_xid = xid and c.unique_key is not null
-        );
         -- Another session moving this transaction's rows keeps them: two
         -- movers reading them at once would both enqueue them.
         if pg_try_advisory_xact_lock(
             awa._lock_class_copy(), (xid::text::bigint & 2147483647)::integer
         ) then
-            moved := moved + awa._move_staged(xid);
+            return awa._move_staged(xid);
         end if;
     end loop;
-    return moved;
+    return 0;
 end;
 $function$;
 

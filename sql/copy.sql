@@ -549,11 +549,13 @@ $$;
 -- committed before it. Safe to run from several sessions (a transaction's
 -- rows are moved by one of them, under the try-lock (awa._lock_class_copy(),
 -- low 31 bits of its xid)) and to interrupt: a row is moved and deleted in
--- one transaction. A transaction with unique keys is moved only first in
--- a call (the loop stops before one once rows are moved): moving it after
--- another would take its keys while holding that one's lanes, which can
--- deadlock with a single keyed enqueue of one of them (keys before lanes,
--- ADR 027). Role: awa_maintenance. Returns how many rows it moved.
+-- one transaction. A call moves one staging transaction, the oldest it can
+-- lock among the first max_transactions: moved after another in the same
+-- transaction, a second would take its keys and lanes while holding the
+-- first's lanes, and could wait for a lane below them held by a producer
+-- that waits for one of them (40P01, the producer's call failed as often
+-- as this one). awa maintain calls it again at once while it moves rows.
+-- Role: awa_maintenance. Returns how many rows it moved.
 -- Calls: awa._check_limit, awa._lock_class_copy, awa._move_staged
 -- Writes: nothing
 create or replace function awa.move_staged(max_transactions integer default 100)
@@ -563,7 +565,6 @@ security definer
 set search_path = pg_catalog, pg_temp
 as $$
 declare
-    moved bigint := 0;
     xid xid8;
 begin
     perform awa._check_limit('max_transactions', max_transactions);
@@ -575,21 +576,15 @@ begin
          order by min(c.staged_id)
          limit max_transactions
     loop
-        -- Keys before lanes: a keyed transaction waits for the next call
-        -- once this one holds lanes.
-        exit when moved > 0 and exists (
-            select from awa.copy_staging as c
-             where c.staged_xid = xid and c.unique_key is not null
-        );
         -- Another session moving this transaction's rows keeps them: two
         -- movers reading them at once would both enqueue them.
         if pg_try_advisory_xact_lock(
             awa._lock_class_copy(), (xid::text::bigint & 2147483647)::integer
         ) then
-            moved := moved + awa._move_staged(xid);
+            return awa._move_staged(xid);
         end if;
     end loop;
-    return moved;
+    return 0;
 end;
 $$;
 

@@ -324,10 +324,11 @@ def test_a_bad_row_of_a_keyed_load_of_several_passes_is_named(db, logins):
                              " (select count(*) from awa.unique_keys)").fetchone() == (0, 0)
 
 
-def test_move_staged_moves_a_keyed_transaction_only_first_in_a_call(db, logins):
-    """awa.move_staged moves several transactions in one transaction: a keyed
-    one after another would take its keys holding the other's lanes (keys
-    before lanes, ADR 027), so it waits for the next call."""
+def test_move_staged_moves_one_staging_transaction_a_call(db, logins):
+    """awa.move_staged moves one staging transaction per call, oldest first: a
+    second in the same transaction would take its keys (ADR 027) and lanes
+    while holding the first's lanes. The third's rows are all duplicates of
+    the second's keys: moved, none enqueued."""
     with db.connect() as admin:
         admin.execute("set session_replication_role = replica")  # no commit-time move
         for keyed in (False, True, True, False):
@@ -335,9 +336,7 @@ def test_move_staged_moves_a_keyed_transaction_only_first_in_a_call(db, logins):
                           " select 'left', 'k', case when %s then ('u' || i)::bytea end"
                           " from generate_series(1, 5) as i", [keyed])
     with db.connect(logins.maintenance) as m:
-        # The plain one; the first keyed one; the second keyed one (its rows
-        # duplicates of the first's) and the plain one after it.
         assert [m.execute("select awa.move_staged()").fetchone()[0]
-                for _ in range(4)] == [5, 5, 10, 0]
+                for _ in range(5)] == [5, 5, 5, 5, 0]
     with db.connect() as admin:
         assert admin.execute("select count(*) from awa.ready").fetchone()[0] == 15

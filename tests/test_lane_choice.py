@@ -333,3 +333,42 @@ def test_copy_loads_of_several_passes_in_opposite_lane_orders_do_not_deadlock(db
     assert (a.result, b.result) == (PASS + 10, PASS + 10)
     with db.connect() as admin:
         assert admin.execute("select count(*) from awa.ready").fetchone()[0] == 2 * (PASS + 10)
+
+
+def test_move_staged_does_not_deadlock_a_producer_over_two_staging_transactions(db, logins):
+    """Two staging transactions left for awa.move_staged: the older one's rows
+    for 'hi', the newer one's for 'lo', whose lane is below. A producer holds
+    'lo''s lane, then enqueues to 'hi'. Moving both in one transaction, the
+    mover held 'hi''s lane and waited for 'lo''s, the producer waited for
+    'hi''s: 40P01. A call moves one staging transaction and commits; the
+    producer waits for it, then the next call moves the other."""
+    _fast_deadlock_detection(db)
+    with db.connect() as su:
+        su.execute("select awa.set_enqueue_shards('lo', 1)")
+        su.execute("select awa.set_enqueue_shards('hi', 1)")
+        [lo], [hi] = _lanes(su, "lo"), _lanes(su, "hi")
+        assert lo < hi
+        su.execute("set session_replication_role = replica")  # no commit-time move
+        for queue in ("hi", "lo"):
+            su.execute("insert into awa.copy_staging (queue, kind)"
+                       " select %s, 'left' from generate_series(1, 3)", [queue])
+            su.commit()
+    with (db.connect(logins.producer, autocommit=False) as producer, db.connect() as admin):
+        producer.execute("select awa.enqueue('lo', 'k')")
+        mover = Work(db.connect(logins.maintenance, autocommit=False),
+                     lambda c: c.execute("select awa.move_staged()").fetchone()[0])
+        mover.start()
+        wait_until(lambda: not mover.is_alive() or waits_for_a_lock(admin, mover.pid),
+                   what="the mover to finish or wait")
+        producer.execute("select awa.enqueue('hi', 'k')")
+        producer.commit()
+        mover.join(timeout=30)
+        assert not mover.is_alive()
+        mover.conn.close()
+    assert mover.error is None and mover.result == 3
+    with db.connect(logins.maintenance) as m:
+        assert [m.execute("select awa.move_staged()").fetchone()[0] for _ in range(2)] == [3, 0]
+    with db.connect() as admin:
+        assert admin.execute(
+            "select m.queue, count(*) from awa.ready r join awa.queue_meta m using (queue_id)"
+            " group by 1 order by 1").fetchall() == [("hi", 4), ("lo", 4)]

@@ -50,7 +50,7 @@ class Task:
     batch: int | None = None  # a pass that handled this many runs again at once
     # A pass that handled any runs again at once: its call may stop short of
     # the batch at a bound of its own (promote and rescue: awa._pass_bytes;
-    # carry: awa._carry_time).
+    # carry: awa._carry_time; move_staged: one staging transaction).
     again_while_any: bool = False
 
     @property
@@ -82,7 +82,8 @@ TASKS: tuple[Task, ...] = (
                  "sent {n} job(s) whose lease expired back to retry (or failed them)"),
          batch=BATCH, again_while_any=True),
     Task("move_staged", "awa.move_staged(integer)", 5.0,
-         _scalar("select awa.move_staged()", (), "enqueued {n} staged COPY row(s)")),
+         _scalar("select awa.move_staged()", (), "enqueued {n} staged COPY row(s)"),
+         again_while_any=True),
     Task("autoscale", "awa.autoscale_tick()", 5.0, _autoscale),
     Task("prune", "awa.prune_finished()", 60.0,
          _scalar("select awa.prune_finished()", (), "pruned {n} finished job(s)")),
