@@ -100,7 +100,7 @@ def test_a_copy_left_without_enqueue_copied_is_moved(db, logins):
                           " from generate_series(%s, %s + 149) as i", [first, first])
             admin.commit()
         assert count(admin, "copy_staging") == 300
-        with MaintainProcess(db.dsn(logins.maintenance), "--move-staged-every", "60m") as m:
+        with MaintainProcess(db.dsn(logins.maintenance), "--move-staged-every", "1h") as m:
             m.wait(lambda: count(admin, "copy_staging") == 0, "the staged rows to move")
             assert m.handled("move_staged") == 300
             assert m.log().count("move_staged: enqueued 150 staged COPY row(s)") == 2
@@ -286,7 +286,8 @@ def test_every_pass_waits_for_a_contract_with_the_pass_lock(db, logins):
 @pytest.mark.parametrize(("flag", "value", "says"), [
     ("--promote-every", "10ms", "interval must be between 50ms and 1h, got '10ms'"),
     ("--prune-every", "90m", "interval must be between 50ms and 1h, got '90m'"),
-    ("--rescue-every", "soon", "interval must look like 5s, 500ms or 1m, got 'soon'"),
+    ("--carry-every", "2h", "interval must be between 50ms and 1h, got '2h'"),
+    ("--rescue-every", "soon", "interval must look like 5s, 500ms, 1m or 1h, got 'soon'"),
     ("--statement-timeout", "0s", "interval must be between 50ms and 1h, got '0s'"),
     ("--metrics-port", "70000", "port must be between 0 and 65535, got 70000"),
 ])

@@ -57,11 +57,11 @@ def parse_allowed_host(text: str) -> str:
 
 
 def parse_interval(text: str) -> float:
-    """Seconds from 5s, 500ms, 2m or a plain number of seconds, 50ms..1h."""
-    units = {"ms": 0.001, "s": 1.0, "m": 60.0}
+    """Seconds from 5s, 500ms, 2m, 1h or a plain number of seconds, 50ms..1h."""
+    units = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
     value = text.strip()
     factor = 1.0
-    for suffix in ("ms", "s", "m"):
+    for suffix in ("ms", "s", "m", "h"):
         if value.endswith(suffix):
             value, factor = value[: -len(suffix)], units[suffix]
             break
@@ -69,7 +69,7 @@ def parse_interval(text: str) -> float:
         seconds = float(value) * factor
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"interval must look like 5s, 500ms or 1m, got {text!r}") from None
+            f"interval must look like 5s, 500ms, 1m or 1h, got {text!r}") from None
     if not 0.05 <= seconds <= 3600:
         raise argparse.ArgumentTypeError(
             f"interval must be between 50ms and 1h, got {text!r}")
