@@ -1801,10 +1801,12 @@ $function$;
 
 CREATE OR REPLACE FUNCTION awa._ensure_partition(logical text, partition integer)
  RETURNS awa.queue_meta
- LANGUAGE sql
+ LANGUAGE plpgsql
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
-    select * from awa._ensure_linked(logical || '__p' || partition, logical, false)
+begin
+    return awa._ensure_linked(logical || '__p' || partition, logical, false);
+end;
 $function$;
 
 CREATE OR REPLACE FUNCTION awa._ensure_queue(queue text)
@@ -1839,10 +1841,12 @@ $function$;
 
 CREATE OR REPLACE FUNCTION awa._ensure_stripe(logical text, stripe integer)
  RETURNS awa.queue_meta
- LANGUAGE sql
+ LANGUAGE plpgsql
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
-    select * from awa._ensure_linked(logical || '#' || stripe, logical, true)
+begin
+    return awa._ensure_linked(logical || '#' || stripe, logical, true);
+end;
 $function$;
 
 CREATE OR REPLACE FUNCTION awa._finish(job awa.running, state text, error text)
@@ -2343,11 +2347,13 @@ $function$;
 
 CREATE OR REPLACE FUNCTION awa._limbs_mod(limbs bigint[], m integer)
  RETURNS integer
- LANGUAGE sql
+ LANGUAGE plpgsql
  IMMUTABLE PARALLEL SAFE STRICT
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
-    select (((limbs[1] % m) * (4294967296 % m) + limbs[2] % m) % m)::integer
+begin
+    return ((limbs[1] % m) * (4294967296 % m) + limbs[2] % m) % m;
+end;
 $function$;
 
 CREATE OR REPLACE FUNCTION awa._limbs_numeric(limbs bigint[])
@@ -2585,22 +2591,38 @@ declare
     h bigint[] := awa._hash64_limbs(key);
     hi bigint := h[1] # salt_hi;
     lo bigint := h[2] # salt_lo;
-    x numeric;
+    -- lo's two 16-bit pieces, the middle partial product, the low one
+    a1 bigint;
+    a0 bigint;
+    p1 bigint;
+    t bigint;
 begin
     -- v ^= v >> 30
     lo := lo # (((hi << 2) | (lo >> 30)) & 4294967295);
     hi := hi # (hi >> 30);
-    -- v *= 0xbf58476d1ce4e5b9
-    x := mod((hi::numeric * 4294967296 + lo) * 13787848793156543929, 18446744073709551616);
-    hi := div(x, 4294967296)::bigint;
-    lo := mod(x, 4294967296)::bigint;
+    -- v *= 0xbf58476d1ce4e5b9: c_lo = 7396 * 2^16 + 58809,
+    -- c_hi = 48984 * 2^16 + 18285
+    a1 := lo >> 16;
+    a0 := lo & 65535;
+    p1 := a1 * 58809 + a0 * 7396;
+    t := a0 * 58809 + ((p1 & 65535) << 16);
+    hi := ((t >> 32) + (p1 >> 16) + a1 * 7396
+           + (hi & 65535) * 58809 + ((((hi >> 16) * 58809 + (hi & 65535) * 7396) & 65535) << 16)
+           + a0 * 18285 + (((a1 * 18285 + a0 * 48984) & 65535) << 16)) & 4294967295;
+    lo := t & 4294967295;
     -- v ^= v >> 27
     lo := lo # (((hi << 5) | (lo >> 27)) & 4294967295);
     hi := hi # (hi >> 27);
-    -- v *= 0x94d049bb133111eb
-    x := mod((hi::numeric * 4294967296 + lo) * 10723151780598845931, 18446744073709551616);
-    hi := div(x, 4294967296)::bigint;
-    lo := mod(x, 4294967296)::bigint;
+    -- v *= 0x94d049bb133111eb: c_lo = 4913 * 2^16 + 4587,
+    -- c_hi = 38096 * 2^16 + 18875
+    a1 := lo >> 16;
+    a0 := lo & 65535;
+    p1 := a1 * 4587 + a0 * 4913;
+    t := a0 * 4587 + ((p1 & 65535) << 16);
+    hi := ((t >> 32) + (p1 >> 16) + a1 * 4913
+           + (hi & 65535) * 4587 + ((((hi >> 16) * 4587 + (hi & 65535) * 4913) & 65535) << 16)
+           + a0 * 18875 + (((a1 * 18875 + a0 * 38096) & 65535) << 16)) & 4294967295;
+    lo := t & 4294967295;
     -- v ^= v >> 31
     lo := lo # (((hi << 1) | (lo >> 31)) & 4294967295);
     hi := hi # (hi >> 31);
@@ -3184,11 +3206,13 @@ $function$;
 
 CREATE OR REPLACE FUNCTION awa._partition_limbs(key bytea)
  RETURNS bigint[]
- LANGUAGE sql
+ LANGUAGE plpgsql
  IMMUTABLE PARALLEL SAFE STRICT
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
-    select awa._mix_limbs(key, 2639076143, 1403456657)
+begin
+    return awa._mix_limbs(key, 2639076143, 1403456657);
+end;
 $function$;
 
 CREATE OR REPLACE FUNCTION awa._pass_bytes()
@@ -5602,14 +5626,16 @@ $function$;
 
 CREATE OR REPLACE FUNCTION awa.partition_for_ordering_key(key bytea, partitions integer)
  RETURNS integer
- LANGUAGE sql
+ LANGUAGE plpgsql
  IMMUTABLE PARALLEL SAFE STRICT
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
-    select case
-        when partitions <= 1 then 0
-        else awa._limbs_mod(awa._partition_limbs(key), partitions)
-    end
+begin
+    if partitions <= 1 then
+        return 0;
+    end if;
+    return awa._limbs_mod(awa._partition_limbs(key), partitions);
+end;
 $function$;
 
 CREATE OR REPLACE FUNCTION awa.partition_hash64(key bytea)
@@ -6535,14 +6561,16 @@ $function$;
 
 CREATE OR REPLACE FUNCTION awa.stripe_for_ordering_key(key bytea, stripes integer)
  RETURNS integer
- LANGUAGE sql
+ LANGUAGE plpgsql
  IMMUTABLE PARALLEL SAFE STRICT
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
-    select case
-        when stripes <= 1 then 0
-        else awa._limbs_mod(awa._mix_limbs(key, 1779033703, 4089235721), stripes)
-    end
+begin
+    if stripes <= 1 then
+        return 0;
+    end if;
+    return awa._limbs_mod(awa._mix_limbs(key, 1779033703, 4089235721), stripes);
+end;
 $function$;
 
 CREATE OR REPLACE FUNCTION awa.try_pass_lock(task text)

@@ -598,10 +598,12 @@ $$;
 -- Writes: nothing
 create or replace function awa._ensure_stripe(logical text, stripe integer)
 returns awa.queue_meta
-language sql
+language plpgsql
 set search_path = pg_catalog, pg_temp
 as $$
-    select * from awa._ensure_linked(logical || '#' || stripe, logical, true)
+begin
+    return awa._ensure_linked(logical || '#' || stripe, logical, true);
+end;
 $$;
 
 -- Function: awa._ensure_partition(logical text, partition integer) returns awa.queue_meta
@@ -610,10 +612,12 @@ $$;
 -- Writes: nothing
 create or replace function awa._ensure_partition(logical text, partition integer)
 returns awa.queue_meta
-language sql
+language plpgsql
 set search_path = pg_catalog, pg_temp
 as $$
-    select * from awa._ensure_linked(logical || '__p' || partition, logical, false)
+begin
+    return awa._ensure_linked(logical || '__p' || partition, logical, false);
+end;
 $$;
 
 -- Function: awa._route_queue(anchor awa.queue_meta, ordering_key bytea) returns awa.queue_meta
