@@ -8,8 +8,9 @@ then sent again, every row now a duplicate (a producer retrying a load it
 lost the answer to), and the same keys once more as one
 awa.enqueue_batch call; last, a load of as many rows with ordering keys
 (no unique keys) into a queue of 4 partitions, the batch path's other
-use. The trees alternate (before, now, before, now, ...) so both see the
-same machine. What it watches: a load's cost grows
+use, and one more with a priority and every tenth row for later. The
+trees alternate (before, now, before, now, ...) so both see the same
+machine. What it watches: a load's cost grows
 with its rows, not with their square (a subscript per element of an array
 with nulls walks it from the start: keys taken for a whole load of several
 passes in one call made a load of 50,000 rows three times slower until the
@@ -47,8 +48,22 @@ COPY = "copy awa.copy_staging (queue, kind, unique_key) from stdin"
 BATCH = ("select count(*) from awa.enqueue_batch(array_fill(%s::text, array[%s]),"
          " array_fill('bench.job'::text, array[%s]), unique_keys =>"
          " array(select convert_to(%s || i, 'UTF8') from generate_series(0, %s - 1) as i))")
-KINDS = ("new keys", "all duplicates", "batch of duplicates", "partitioned, no keys")
+KINDS = ("new keys", "all duplicates", "batch of duplicates", "partitioned, no keys",
+         "partitioned, 1 in 10 later")
 PARTITIONED = "copy awa.copy_staging (queue, kind, ordering_key) from stdin"
+LATER = "copy awa.copy_staging (queue, priority, kind, ordering_key, run_at) from stdin"
+
+
+def load_later(conn: psycopg.Connection, queue: str, rows: int) -> float:
+    """A load into a partitioned queue, priority given, every tenth row for
+    a day later: arrays with nulls, which a subscript walks from the start."""
+    started = time.perf_counter()
+    with conn.cursor().copy(LATER) as cp:
+        for i in range(rows):
+            cp.write_row([queue, 2, "bench.job", f"o{i}".encode(),
+                          "infinity" if i % 10 == 0 else None])
+    conn.commit()
+    return time.perf_counter() - started
 
 
 def load(conn: psycopg.Connection, queue: str, prefix: str, rows: int,
@@ -86,6 +101,9 @@ def loads(checkout: Path, rows: int, count: int) -> dict[str, list[float]]:
                 conn.commit()
                 seconds["partitioned, no keys"].append(
                     load(conn, f"parts{n}", "o", rows, PARTITIONED))
+                conn.execute("select awa.set_queue_partitions(%s, 4)", [f"later{n}"])
+                conn.commit()
+                seconds["partitioned, 1 in 10 later"].append(load_later(conn, f"later{n}", rows))
                 ready = conn.execute(
                     "select count(*) from awa.ready as r join awa.queue_meta as m"
                     " using (queue_id) where m.queue = %s", [queue]).fetchone()[0]
@@ -121,7 +139,8 @@ def main() -> None:
     print(f"# copy_unique_keys: {machine()}; PostgreSQL 18; a COPY of {args.rows:,} rows, each"
           f" with its own unique key, into a plain queue, moved at commit; the same COPY"
           f" again (all duplicates); the same keys as one awa.enqueue_batch; a COPY of as"
-          f" many rows with ordering keys into 4 partitions; seconds, medians"
+          f" many rows with ordering keys into 4 partitions, then with every tenth for"
+          f" later; seconds, medians"
           f" of {args.loads} loads x {args.rounds} rounds, trees alternating")
     print("| tree | " + " | ".join(f"{kind}, s" for kind in KINDS) + " |")
     print("|---|" + "---:|" * len(KINDS))

@@ -1664,6 +1664,7 @@ declare
     holder_job bigint[];
     holder_qid integer[];
     holder_p smallint[];
+    due_qids integer[];
     t_shards smallint[];
     t_seqs bigint[];
 begin
@@ -1729,8 +1730,11 @@ begin
     end if;
 
     -- The lanes of the rows due now; a row for later waits in awa.scheduled.
-    select * into taken
-      from awa._lock_lanes(awa._due_queue_ids(queue_ids, run_ats), priorities, key_shards);
+    -- Its arrays in variables, which PL/pgSQL holds expanded: awa._lock_lanes
+    -- reads them by subscript, and a subscript into a flat array with nulls
+    -- walks it from the start (the square of the call's size).
+    due_qids := awa._due_queue_ids(queue_ids, run_ats);
+    select * into taken from awa._lock_lanes(due_qids, priorities, key_shards);
     -- In variables, which PL/pgSQL holds expanded: a subscript into a
     -- record's array with nulls (a duplicate's or a later row's) walks it
     -- from the start.
@@ -2504,11 +2508,10 @@ AS $function$
               select array_agg(u.qid) as qids, array_agg(u.p) as ps, array_agg(u.ks) as kss,
                      array_agg(u.n) as ns
                 from (
-                    select queue_ids[i] as qid,
-                           coalesce(priorities[i], awa._default_priority()) as p,
-                           coalesce(key_shards[i], -1)::smallint as ks, count(*) as n
-                      from generate_series(1, cardinality(queue_ids)) as i
-                     where queue_ids[i] is not null
+                    select r.qid, coalesce(r.p, awa._default_priority()) as p,
+                           coalesce(r.ks, -1)::smallint as ks, count(*) as n
+                      from unnest(queue_ids, priorities, key_shards) as r (qid, p, ks)
+                     where r.qid is not null
                      group by 1, 2, 3
                 ) as u
           ) as g
@@ -2520,15 +2523,15 @@ AS $function$
     select array_agg(r.lane order by r.i), array_agg(r.shard order by r.i),
            array_agg(r.seq order by r.i)
       from (
-          select i, x.lane, x.shard,
-                 x.base + row_number() over (partition by x.lane order by i) - 1 as seq
-            from generate_series(1, cardinality(queue_ids)) as i
+          select u.i, x.lane, x.shard,
+                 x.base + row_number() over (partition by x.lane order by u.i) - 1 as seq
+            from unnest(queue_ids, priorities, key_shards) with ordinality as u (qid, p, ks, i)
            cross join groups as g
             left join unnest(g.g_qid, g.g_p, g.g_ks, g.g_lane, g.g_shard, g.g_base)
                       as x (qid, p, ks, lane, shard, base)
-              on x.qid = queue_ids[i]
-             and x.p = coalesce(priorities[i], awa._default_priority())
-             and x.ks = coalesce(key_shards[i], -1)
+              on x.qid = u.qid
+             and x.p = coalesce(u.p, awa._default_priority())
+             and x.ks = coalesce(u.ks, -1)
       ) as r
 $function$;
 
@@ -2818,6 +2821,8 @@ declare
     l_queue_ids integer[];
     l_key_shards smallint[];
     l_jobs bigint[];
+    l_due integer[];
+    l_priorities smallint[];
     dup_i integer[];
     routing record;
     n integer;
@@ -2887,13 +2892,16 @@ begin
         end if;
         -- Each row due now and not a duplicate is pinned to the lane taken
         -- for it here, as if keyed: a pass finds it held and chooses no
-        -- lane again, whatever S has become.
+        -- lane again, whatever S has become. The arrays in variables, which
+        -- PL/pgSQL holds expanded (awa._lock_lanes reads them by subscript;
+        -- a flat array with nulls is walked from the start at each one).
+        l_due := awa._due_queue_ids(awa._null_at(l_queue_ids, coalesce(dup_i, '{}')),
+                                    load.run_ats);
+        l_priorities := load.priorities;
         select t.shards into l_key_shards
-          from awa._lock_lanes(
-              awa._due_queue_ids(awa._null_at(l_queue_ids, coalesce(dup_i, '{}')),
-                                 load.run_ats),
-              load.priorities, l_key_shards, false
-          ) as t;
+          from awa._lock_lanes(l_due, l_priorities, l_key_shards, false) as t;
+        l_due := null;
+        l_priorities := null;
         load := null;
     end if;
     loop

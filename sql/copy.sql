@@ -80,6 +80,8 @@ declare
     l_queue_ids integer[];
     l_key_shards smallint[];
     l_jobs bigint[];
+    l_due integer[];
+    l_priorities smallint[];
     dup_i integer[];
     routing record;
     n integer;
@@ -149,13 +151,16 @@ begin
         end if;
         -- Each row due now and not a duplicate is pinned to the lane taken
         -- for it here, as if keyed: a pass finds it held and chooses no
-        -- lane again, whatever S has become.
+        -- lane again, whatever S has become. The arrays in variables, which
+        -- PL/pgSQL holds expanded (awa._lock_lanes reads them by subscript;
+        -- a flat array with nulls is walked from the start at each one).
+        l_due := awa._due_queue_ids(awa._null_at(l_queue_ids, coalesce(dup_i, '{}')),
+                                    load.run_ats);
+        l_priorities := load.priorities;
         select t.shards into l_key_shards
-          from awa._lock_lanes(
-              awa._due_queue_ids(awa._null_at(l_queue_ids, coalesce(dup_i, '{}')),
-                                 load.run_ats),
-              load.priorities, l_key_shards, false
-          ) as t;
+          from awa._lock_lanes(l_due, l_priorities, l_key_shards, false) as t;
+        l_due := null;
+        l_priorities := null;
         load := null;
     end if;
     loop

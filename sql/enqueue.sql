@@ -252,7 +252,9 @@ $$;
 -- rows, hands the groups to awa._lock_lane_groups, which locks the lanes
 -- and reserves one sequence range per lane, and numbers each lane's rows
 -- in row order. With reserve false it takes the lanes only (null seqs):
--- COPY's mover holds a whole load's lanes before its first pass.
+-- COPY's mover holds a whole load's lanes before its first pass. The
+-- arrays are read by unnest: a subscript into a flat array with nulls (a
+-- record's field, a function's result) walks it from the start.
 -- Calls: awa._default_priority, awa._lock_lane_groups
 -- Writes: nothing
 create or replace function awa._lock_lanes(
@@ -274,11 +276,10 @@ as $$
               select array_agg(u.qid) as qids, array_agg(u.p) as ps, array_agg(u.ks) as kss,
                      array_agg(u.n) as ns
                 from (
-                    select queue_ids[i] as qid,
-                           coalesce(priorities[i], awa._default_priority()) as p,
-                           coalesce(key_shards[i], -1)::smallint as ks, count(*) as n
-                      from generate_series(1, cardinality(queue_ids)) as i
-                     where queue_ids[i] is not null
+                    select r.qid, coalesce(r.p, awa._default_priority()) as p,
+                           coalesce(r.ks, -1)::smallint as ks, count(*) as n
+                      from unnest(queue_ids, priorities, key_shards) as r (qid, p, ks)
+                     where r.qid is not null
                      group by 1, 2, 3
                 ) as u
           ) as g
@@ -290,15 +291,15 @@ as $$
     select array_agg(r.lane order by r.i), array_agg(r.shard order by r.i),
            array_agg(r.seq order by r.i)
       from (
-          select i, x.lane, x.shard,
-                 x.base + row_number() over (partition by x.lane order by i) - 1 as seq
-            from generate_series(1, cardinality(queue_ids)) as i
+          select u.i, x.lane, x.shard,
+                 x.base + row_number() over (partition by x.lane order by u.i) - 1 as seq
+            from unnest(queue_ids, priorities, key_shards) with ordinality as u (qid, p, ks, i)
            cross join groups as g
             left join unnest(g.g_qid, g.g_p, g.g_ks, g.g_lane, g.g_shard, g.g_base)
                       as x (qid, p, ks, lane, shard, base)
-              on x.qid = queue_ids[i]
-             and x.p = coalesce(priorities[i], awa._default_priority())
-             and x.ks = coalesce(key_shards[i], -1)
+              on x.qid = u.qid
+             and x.p = coalesce(u.p, awa._default_priority())
+             and x.ks = coalesce(u.ks, -1)
       ) as r
 $$;
 
@@ -613,6 +614,7 @@ declare
     holder_job bigint[];
     holder_qid integer[];
     holder_p smallint[];
+    due_qids integer[];
     t_shards smallint[];
     t_seqs bigint[];
 begin
@@ -678,8 +680,11 @@ begin
     end if;
 
     -- The lanes of the rows due now; a row for later waits in awa.scheduled.
-    select * into taken
-      from awa._lock_lanes(awa._due_queue_ids(queue_ids, run_ats), priorities, key_shards);
+    -- Its arrays in variables, which PL/pgSQL holds expanded: awa._lock_lanes
+    -- reads them by subscript, and a subscript into a flat array with nulls
+    -- walks it from the start (the square of the call's size).
+    due_qids := awa._due_queue_ids(queue_ids, run_ats);
+    select * into taken from awa._lock_lanes(due_qids, priorities, key_shards);
     -- In variables, which PL/pgSQL holds expanded: a subscript into a
     -- record's array with nulls (a duplicate's or a later row's) walks it
     -- from the start.
