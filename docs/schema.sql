@@ -1664,7 +1664,6 @@ declare
     holder_job bigint[];
     holder_qid integer[];
     holder_p smallint[];
-    due_qids integer[];
     t_shards smallint[];
     t_seqs bigint[];
 begin
@@ -1730,11 +1729,8 @@ begin
     end if;
 
     -- The lanes of the rows due now; a row for later waits in awa.scheduled.
-    -- Its arrays in variables, which PL/pgSQL holds expanded: awa._lock_lanes
-    -- reads them by subscript, and a subscript into a flat array with nulls
-    -- walks it from the start (the square of the call's size).
-    due_qids := awa._due_queue_ids(queue_ids, run_ats);
-    select * into taken from awa._lock_lanes(due_qids, priorities, key_shards);
+    select * into taken
+      from awa._lock_lanes(awa._due_queue_ids(queue_ids, run_ats), priorities, key_shards);
     -- In variables, which PL/pgSQL holds expanded: a subscript into a
     -- record's array with nulls (a duplicate's or a later row's) walks it
     -- from the start.
@@ -2821,8 +2817,6 @@ declare
     l_queue_ids integer[];
     l_key_shards smallint[];
     l_jobs bigint[];
-    l_due integer[];
-    l_priorities smallint[];
     dup_i integer[];
     routing record;
     n integer;
@@ -2892,16 +2886,13 @@ begin
         end if;
         -- Each row due now and not a duplicate is pinned to the lane taken
         -- for it here, as if keyed: a pass finds it held and chooses no
-        -- lane again, whatever S has become. The arrays in variables, which
-        -- PL/pgSQL holds expanded (awa._lock_lanes reads them by subscript;
-        -- a flat array with nulls is walked from the start at each one).
-        l_due := awa._due_queue_ids(awa._null_at(l_queue_ids, coalesce(dup_i, '{}')),
-                                    load.run_ats);
-        l_priorities := load.priorities;
+        -- lane again, whatever S has become.
         select t.shards into l_key_shards
-          from awa._lock_lanes(l_due, l_priorities, l_key_shards, false) as t;
-        l_due := null;
-        l_priorities := null;
+          from awa._lock_lanes(
+              awa._due_queue_ids(awa._null_at(l_queue_ids, coalesce(dup_i, '{}')),
+                                 load.run_ats),
+              load.priorities, l_key_shards, false
+          ) as t;
         load := null;
     end if;
     loop
@@ -5601,6 +5592,7 @@ CREATE OR REPLACE FUNCTION awa.move_staged(max_transactions integer DEFAULT 100)
 AS $function$
 declare
     xid xid8;
+    moved bigint;
 begin
     perform awa._check_limit('max_transactions', max_transactions);
     for xid in
@@ -5616,7 +5608,12 @@ begin
         if pg_try_advisory_xact_lock(
             awa._lock_class_copy(), (xid::text::bigint & 2147483647)::integer
         ) then
-            return awa._move_staged(xid);
+            moved := awa._move_staged(xid);
+            -- None: another session moved them after the list was read; the
+            -- next one, which took no lane either.
+            if moved > 0 then
+                return moved;
+            end if;
         end if;
     end loop;
     return 0;

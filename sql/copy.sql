@@ -80,8 +80,6 @@ declare
     l_queue_ids integer[];
     l_key_shards smallint[];
     l_jobs bigint[];
-    l_due integer[];
-    l_priorities smallint[];
     dup_i integer[];
     routing record;
     n integer;
@@ -151,16 +149,13 @@ begin
         end if;
         -- Each row due now and not a duplicate is pinned to the lane taken
         -- for it here, as if keyed: a pass finds it held and chooses no
-        -- lane again, whatever S has become. The arrays in variables, which
-        -- PL/pgSQL holds expanded (awa._lock_lanes reads them by subscript;
-        -- a flat array with nulls is walked from the start at each one).
-        l_due := awa._due_queue_ids(awa._null_at(l_queue_ids, coalesce(dup_i, '{}')),
-                                    load.run_ats);
-        l_priorities := load.priorities;
+        -- lane again, whatever S has become.
         select t.shards into l_key_shards
-          from awa._lock_lanes(l_due, l_priorities, l_key_shards, false) as t;
-        l_due := null;
-        l_priorities := null;
+          from awa._lock_lanes(
+              awa._due_queue_ids(awa._null_at(l_queue_ids, coalesce(dup_i, '{}')),
+                                 load.run_ats),
+              load.priorities, l_key_shards, false
+          ) as t;
         load := null;
     end if;
     loop
@@ -571,6 +566,7 @@ set search_path = pg_catalog, pg_temp
 as $$
 declare
     xid xid8;
+    moved bigint;
 begin
     perform awa._check_limit('max_transactions', max_transactions);
     for xid in
@@ -586,7 +582,12 @@ begin
         if pg_try_advisory_xact_lock(
             awa._lock_class_copy(), (xid::text::bigint & 2147483647)::integer
         ) then
-            return awa._move_staged(xid);
+            moved := awa._move_staged(xid);
+            -- None: another session moved them after the list was read; the
+            -- next one, which took no lane either.
+            if moved > 0 then
+                return moved;
+            end if;
         end if;
     end loop;
     return 0;

@@ -614,7 +614,6 @@ declare
     holder_job bigint[];
     holder_qid integer[];
     holder_p smallint[];
-    due_qids integer[];
     t_shards smallint[];
     t_seqs bigint[];
 begin
@@ -680,11 +679,8 @@ begin
     end if;
 
     -- The lanes of the rows due now; a row for later waits in awa.scheduled.
-    -- Its arrays in variables, which PL/pgSQL holds expanded: awa._lock_lanes
-    -- reads them by subscript, and a subscript into a flat array with nulls
-    -- walks it from the start (the square of the call's size).
-    due_qids := awa._due_queue_ids(queue_ids, run_ats);
-    select * into taken from awa._lock_lanes(due_qids, priorities, key_shards);
+    select * into taken
+      from awa._lock_lanes(awa._due_queue_ids(queue_ids, run_ats), priorities, key_shards);
     -- In variables, which PL/pgSQL holds expanded: a subscript into a
     -- record's array with nulls (a duplicate's or a later row's) walks it
     -- from the start.
