@@ -3214,6 +3214,34 @@ begin
 end;
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._partition_of(partitions integer, ordering_key bytea)
+ RETURNS integer
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+begin
+    if partitions <= 1 then
+        return 0;
+    elsif ordering_key is not null then
+        return awa.partition_for_ordering_key(ordering_key, partitions);
+    end if;
+    return awa._sticky(partitions);
+end;
+$function$;
+
+CREATE OR REPLACE FUNCTION awa._partition_target(anchor awa.queue_meta, partition integer)
+ RETURNS awa.queue_meta
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+begin
+    if partition > 0 then
+        return awa._ensure_partition(anchor.queue, partition);
+    end if;
+    return anchor;
+end;
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._pass_bytes()
  RETURNS bigint
  LANGUAGE sql
@@ -3262,17 +3290,7 @@ CREATE OR REPLACE FUNCTION awa._pick_stripe(anchor awa.queue_meta, ordering_key 
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
 begin
-    if anchor.stripes <= 1 then
-        return anchor;
-    end if;
-    return awa._ensure_stripe(
-        anchor.queue,
-        case
-            when ordering_key is not null
-                then awa.stripe_for_ordering_key(ordering_key, anchor.stripes)
-            else awa._sticky(anchor.stripes)
-        end
-    );
+    return awa._stripe_target(anchor, awa._stripe_of(anchor.stripes, ordering_key));
 end;
 $function$;
 
@@ -3826,21 +3844,14 @@ CREATE OR REPLACE FUNCTION awa._route_queue(anchor awa.queue_meta, ordering_key 
  LANGUAGE plpgsql
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
-declare
-    partition integer;
-    target awa.queue_meta := anchor;
 begin
-    if anchor.partitions > 1 then
-        partition := case
-            when ordering_key is not null
-                then awa.partition_for_ordering_key(ordering_key, anchor.partitions)
-            else awa._sticky(anchor.partitions)
-        end;
-        if partition > 0 then
-            target := awa._ensure_partition(anchor.queue, partition);
-        end if;
+    if anchor.partitions <= 1 and anchor.stripes <= 1 then
+        return anchor;
     end if;
-    return awa._pick_stripe(target, ordering_key);
+    return awa._pick_stripe(
+        awa._partition_target(anchor, awa._partition_of(anchor.partitions, ordering_key)),
+        ordering_key
+    );
 end;
 $function$;
 
@@ -3870,13 +3881,45 @@ begin
         select from awa.queue_meta as m
          where m.queue = any(queues) and (m.stripes > 1 or m.partitions > 1)
     ) then
+        -- awa._route_queue's steps, set-based: each row's partition, each
+        -- partition the call reaches looked up (or created) once, each row's
+        -- stripe of it, each stripe once. A lookup per row was most of the
+        -- cost of routing a row (tests/test_partitions.py compares the two).
         routed := array(
-            select case when m.stripes > 1 or m.partitions > 1
-                        then (awa._route_queue(m, ordering_keys[i])).queue
-                        else queues[i] end
-              from generate_series(1, n) as i
-              join awa.queue_meta as m on m.queue = queues[i]
-             order by i
+            with by_row as materialized (
+                select u.i, u.q, u.k, awa._partition_of(m.partitions, u.k) as p
+                  from unnest(queues, ordering_keys) with ordinality as u (q, k, i)
+                  join awa.queue_meta as m on m.queue = u.q
+            ),
+            by_partition as materialized (
+                select t.q, t.p, (t.target).queue as target_queue,
+                       (t.target).stripes as target_stripes, t.target
+                  from (
+                      select d.q, d.p, awa._partition_target(m, d.p) as target
+                        from (select distinct b.q, b.p from by_row as b) as d
+                        join awa.queue_meta as m on m.queue = d.q
+                       order by d.q, d.p
+                  ) as t
+            ),
+            by_stripe as materialized (
+                select b.i, t.target_queue, awa._stripe_of(t.target_stripes, b.k) as s
+                  from by_row as b
+                  join by_partition as t on t.q = b.q and t.p = b.p
+            ),
+            stripes as materialized (
+                select d.target_queue, d.s,
+                       (awa._stripe_target(
+                           (select t.target from by_partition as t
+                             where t.target_queue = d.target_queue limit 1),
+                           d.s
+                       )).queue as physical
+                  from (select distinct b.target_queue, b.s from by_stripe as b) as d
+                 order by d.target_queue, d.s
+            )
+            select s.physical
+              from by_stripe as b
+              join stripes as s on s.target_queue = b.target_queue and s.s = b.s
+             order by b.i
         );
     end if;
 
@@ -4134,6 +4177,34 @@ AS $function$
     select awa._job_ok(queue, kind, priority, max_attempts)
        and (run_at is null or run_at operator(pg_catalog.<=) pg_catalog.now())
        and not awa._has_lane_memo()
+$function$;
+
+CREATE OR REPLACE FUNCTION awa._stripe_of(stripes integer, ordering_key bytea)
+ RETURNS integer
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+begin
+    if stripes <= 1 then
+        return 0;
+    elsif ordering_key is not null then
+        return awa.stripe_for_ordering_key(ordering_key, stripes);
+    end if;
+    return awa._sticky(stripes);
+end;
+$function$;
+
+CREATE OR REPLACE FUNCTION awa._stripe_target(target awa.queue_meta, stripe integer)
+ RETURNS awa.queue_meta
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+begin
+    if target.stripes <= 1 then
+        return target;
+    end if;
+    return awa._ensure_stripe(target.queue, stripe);
+end;
 $function$;
 
 CREATE OR REPLACE FUNCTION awa._take_lane(lane_ids integer[], queue_id integer, priority smallint, shards integer, key_shard integer, above integer)

@@ -622,31 +622,103 @@ $$;
 
 -- Function: awa._route_queue(anchor awa.queue_meta, ordering_key bytea) returns awa.queue_meta
 -- The physical queue a new job for a logical name goes to: its partition
--- (by the partition hash, or this backend's sticky partition when
--- unkeyed), then that partition's stripe. The ordering key goes on
--- unchanged, so inside the partition it picks the shard.
--- Calls: awa._ensure_partition, awa._pick_stripe, awa._sticky, awa.partition_for_ordering_key
+-- (awa._partition_of: by the partition hash, or this backend's sticky
+-- partition when unkeyed), then that partition's stripe (awa._pick_stripe);
+-- a queue with neither is its own. The ordering key goes on unchanged, so
+-- inside the partition it picks the shard. awa._route_rows takes the same
+-- steps for a whole call, each partition and stripe looked up once.
+-- Calls: awa._partition_of, awa._partition_target, awa._pick_stripe
 -- Writes: nothing
 create or replace function awa._route_queue(anchor awa.queue_meta, ordering_key bytea)
 returns awa.queue_meta
 language plpgsql
 set search_path = pg_catalog, pg_temp
 as $$
-declare
-    partition integer;
-    target awa.queue_meta := anchor;
 begin
-    if anchor.partitions > 1 then
-        partition := case
-            when ordering_key is not null
-                then awa.partition_for_ordering_key(ordering_key, anchor.partitions)
-            else awa._sticky(anchor.partitions)
-        end;
-        if partition > 0 then
-            target := awa._ensure_partition(anchor.queue, partition);
-        end if;
+    if anchor.partitions <= 1 and anchor.stripes <= 1 then
+        return anchor;
     end if;
-    return awa._pick_stripe(target, ordering_key);
+    return awa._pick_stripe(
+        awa._partition_target(anchor, awa._partition_of(anchor.partitions, ordering_key)),
+        ordering_key
+    );
+end;
+$$;
+
+-- Function: awa._partition_of(partitions integer, ordering_key bytea) returns integer
+-- Which partition of a logical queue of `partitions` a new job goes to: by
+-- the partition hash when keyed, else this backend's sticky one; 0 (the
+-- queue itself) when it has one.
+-- Calls: awa._sticky, awa.partition_for_ordering_key
+-- Writes: nothing
+create or replace function awa._partition_of(partitions integer, ordering_key bytea)
+returns integer
+language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    if partitions <= 1 then
+        return 0;
+    elsif ordering_key is not null then
+        return awa.partition_for_ordering_key(ordering_key, partitions);
+    end if;
+    return awa._sticky(partitions);
+end;
+$$;
+
+-- Function: awa._partition_target(anchor awa.queue_meta, partition integer) returns awa.queue_meta
+-- Partition `partition` of a logical queue: the queue itself for 0, else
+-- its partition queue, created when missing.
+-- Calls: awa._ensure_partition
+-- Writes: nothing
+create or replace function awa._partition_target(anchor awa.queue_meta, partition integer)
+returns awa.queue_meta
+language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    if partition > 0 then
+        return awa._ensure_partition(anchor.queue, partition);
+    end if;
+    return anchor;
+end;
+$$;
+
+-- Function: awa._stripe_of(stripes integer, ordering_key bytea) returns integer
+-- Which stripe of a queue of `stripes` a new job goes to: by the stripe
+-- hash when keyed, else this backend's sticky one; 0 when it has one.
+-- Calls: awa._sticky, awa.stripe_for_ordering_key
+-- Writes: nothing
+create or replace function awa._stripe_of(stripes integer, ordering_key bytea)
+returns integer
+language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    if stripes <= 1 then
+        return 0;
+    elsif ordering_key is not null then
+        return awa.stripe_for_ordering_key(ordering_key, stripes);
+    end if;
+    return awa._sticky(stripes);
+end;
+$$;
+
+-- Function: awa._stripe_target(target awa.queue_meta, stripe integer) returns awa.queue_meta
+-- Stripe `stripe` of a queue: the queue itself when it has one stripe,
+-- else its stripe queue, created when missing.
+-- Calls: awa._ensure_stripe
+-- Writes: nothing
+create or replace function awa._stripe_target(target awa.queue_meta, stripe integer)
+returns awa.queue_meta
+language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    if target.stripes <= 1 then
+        return target;
+    end if;
+    return awa._ensure_stripe(target.queue, stripe);
 end;
 $$;
 
@@ -654,7 +726,7 @@ $$;
 -- The physical queue a new job of a logical queue goes to: the queue itself
 -- when it has one stripe; else the key's stripe, or this backend's sticky
 -- stripe for an unkeyed job.
--- Calls: awa._ensure_stripe, awa._sticky, awa.stripe_for_ordering_key
+-- Calls: awa._stripe_of, awa._stripe_target
 -- Writes: nothing
 create or replace function awa._pick_stripe(anchor awa.queue_meta, ordering_key bytea)
 returns awa.queue_meta
@@ -662,17 +734,7 @@ language plpgsql
 set search_path = pg_catalog, pg_temp
 as $$
 begin
-    if anchor.stripes <= 1 then
-        return anchor;
-    end if;
-    return awa._ensure_stripe(
-        anchor.queue,
-        case
-            when ordering_key is not null
-                then awa.stripe_for_ordering_key(ordering_key, anchor.stripes)
-            else awa._sticky(anchor.stripes)
-        end
-    );
+    return awa._stripe_target(anchor, awa._stripe_of(anchor.stripes, ordering_key));
 end;
 $$;
 
@@ -790,6 +852,10 @@ select awa._grant_execute('awa._queue_ids(text)');
 select awa._grant_execute('awa._ensure_linked(text, text, boolean)');
 select awa._grant_execute('awa._ensure_stripe(text, integer)');
 select awa._grant_execute('awa._pick_stripe(awa.queue_meta, bytea)');
+select awa._grant_execute('awa._partition_of(integer, bytea)');
+select awa._grant_execute('awa._partition_target(awa.queue_meta, integer)');
+select awa._grant_execute('awa._stripe_of(integer, bytea)');
+select awa._grant_execute('awa._stripe_target(awa.queue_meta, integer)');
 select awa._grant_execute('awa._ensure_partition(text, integer)');
 select awa._grant_execute('awa._route_queue(awa.queue_meta, bytea)');
 select awa._grant_execute('awa._physical_queues(text)');

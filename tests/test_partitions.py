@@ -138,3 +138,41 @@ def test_only_operators_may_partition(db):
     with db.connect(db.login_role("awa_producer")) as p, pytest.raises(
             psycopg.errors.InsufficientPrivilege):
         p.execute("select * from awa.set_queue_partitions('p', 2)")
+
+
+def test_batch_routing_equals_routing_one_row_at_a_time(db):
+    """awa._route_rows routes a call set-based (each partition and stripe it
+    reaches looked up once); awa._route_queue, awa.enqueue's, one row at a
+    time. The same rows, in one session (unkeyed rows take its sticky
+    partition and stripe), over plain, partitioned, striped, partitioned and
+    striped, and new queues, keyed and not: the same physical queue for each,
+    and the partitions and stripes created on the way the same."""
+    import random
+
+    rng = random.Random(27)
+    with db.connect() as su:
+        su.execute("select awa.set_queue_partitions('rp', 4)")
+        su.execute("select awa.set_queue_partitions('rps', 3)")
+        su.execute("select awa.set_queue_stripes('rps', 2)")
+        su.execute("select awa.set_queue_stripes('rs', 3)")
+        su.execute("select awa.set_enqueue_shards('rplain', 4)")
+        names = ["rp", "rps", "rs", "rplain", "rnew"]
+        queues = [rng.choice(names) for _ in range(2000)]
+        keys = [None if rng.random() < 0.3 else f"k{rng.randrange(300)}".encode()
+                for _ in queues]
+        su.execute("begin")
+        batch = su.execute("select r.routed, r.queue_ids, r.key_shards"
+                           " from awa._route_rows(%s::text[], %s::bytea[]) as r",
+                           [queues, keys]).fetchone()
+        created = su.execute("select array_agg(queue order by queue) from awa.queue_meta"
+                             " where xmin = pg_current_xact_id()::xid").fetchone()[0]
+        su.execute("rollback")
+        su.execute("begin")
+        one = [su.execute("select (awa._route_queue(awa._ensure_queue(%s), %s)).queue",
+                          [q, k]).fetchone()[0] for q, k in zip(queues, keys, strict=True)]
+        created_one = su.execute("select array_agg(queue order by queue) from awa.queue_meta"
+                                 " where xmin = pg_current_xact_id()::xid").fetchone()[0]
+        su.execute("rollback")
+    assert list(batch[0]) == one
+    assert created == created_one and "rnew" in created
+    assert len(set(one)) > 10  # partitions, stripes and partitions' stripes were reached
