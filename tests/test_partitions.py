@@ -154,6 +154,7 @@ def test_batch_routing_equals_routing_one_row_at_a_time(db):
         su.execute("select awa.set_queue_partitions('rp', 4)")
         su.execute("select awa.set_queue_partitions('rps', 3)")
         su.execute("select awa.set_queue_stripes('rps', 2)")
+        su.execute("select awa.set_queue_stripes('rps__p1', 2)")  # a partition's own stripes
         su.execute("select awa.set_queue_stripes('rs', 3)")
         su.execute("select awa.set_enqueue_shards('rplain', 4)")
         names = ["rp", "rps", "rs", "rplain", "rnew"]
