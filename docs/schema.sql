@@ -1019,6 +1019,16 @@ begin
         when proposed < s then 'would_lower'
         else 'held'
     end;
+    -- Whoever creates a queue or changes S holds the provisioning lock until
+    -- its transaction ends: waiting for a long one would hold this tick, and
+    -- awa maintain's loop behind it, until the statement timeout. Taken now
+    -- or not at all: a step it cannot take is logged as one it would take,
+    -- and the next tick decides again.
+    if verdict in ('raised', 'lowered') and not awa._try_leader('provisioning') then
+        verdict := case verdict when 'raised' then 'would_raise' else 'would_lower' end;
+        why := why || '; not taken: another transaction holds the provisioning lock'
+               || ' (it creates a queue or changes S); the next tick decides again';
+    end if;
     if verdict in ('raised', 'lowered') then
         perform awa._set_enqueue_shards(anchor.queue, proposed, 'auto');
     end if;

@@ -250,7 +250,7 @@ select awa._grant_execute('awa._autoscale_signal(awa.queue_meta, timestamptz)');
 -- as decided_at (a folded row's first tick stays in the log). Every
 -- decision adds one to its queue and action in awa.autoscale_decision_counts,
 -- which the metrics read instead of counting the log.
--- Calls: awa._autoscale_policy, awa._autoscale_signal, awa._set_enqueue_shards
+-- Calls: awa._autoscale_policy, awa._autoscale_signal, awa._set_enqueue_shards, awa._try_leader
 -- Writes: awa.autoscale_decision_counts, awa.autoscale_decisions
 create or replace function awa._autoscale_decide(anchor awa.queue_meta, at timestamptz)
 returns awa.autoscale_decisions
@@ -369,6 +369,16 @@ begin
         when proposed < s then 'would_lower'
         else 'held'
     end;
+    -- Whoever creates a queue or changes S holds the provisioning lock until
+    -- its transaction ends: waiting for a long one would hold this tick, and
+    -- awa maintain's loop behind it, until the statement timeout. Taken now
+    -- or not at all: a step it cannot take is logged as one it would take,
+    -- and the next tick decides again.
+    if verdict in ('raised', 'lowered') and not awa._try_leader('provisioning') then
+        verdict := case verdict when 'raised' then 'would_raise' else 'would_lower' end;
+        why := why || '; not taken: another transaction holds the provisioning lock'
+               || ' (it creates a queue or changes S); the next tick decides again';
+    end if;
     if verdict in ('raised', 'lowered') then
         perform awa._set_enqueue_shards(anchor.queue, proposed, 'auto');
     end if;

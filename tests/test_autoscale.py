@@ -519,3 +519,29 @@ def test_a_tick_counts_a_backlog_left_above_s_only_up_to_its_cap(db, logins):
         read = rows_read(m, "awa.ready", "select * from awa.autoscale_tick()")
     assert read <= 2 * 10_000 + 100
     assert "still hold at least 10000 ready rows" in decisions(db, "deep")[-1][3]
+
+
+def test_a_step_does_not_wait_for_a_transaction_that_creates_a_queue(db, logins):
+    """A producer whose open transaction created a queue holds the provisioning
+    lock until it ends, as every change of S needs it. The tick's raise used
+    to wait for it, holding awa maintain's loop until its statement timeout.
+    It now logs would_raise in auto mode, saying why, and changes nothing; the
+    next tick, the lock free, raises."""
+    opt_in(db, logins, "hot-new", "auto", 8)
+    policy(db, logins.operator, "hot-new", cooldown="0", min_samples=1)
+    with (db.connect(logins.producer, autocommit=False) as creator,
+          db.connect(logins.maintenance) as m):
+        m.execute("set statement_timeout = '5s'")  # the old tick waited: fail, not hang
+        enqueue(creator, "made-in-a-long-transaction")
+        with Contention(db, logins.producer, "hot-new", waiters=6):
+            first = [d for d in shards.autoscale_tick(m) if d.queue == "hot-new"]
+        assert shards_of(db, "hot-new") == 1
+        creator.commit()
+        with Contention(db, logins.producer, "hot-new", waiters=6):
+            second = [d for d in shards.autoscale_tick(m) if d.queue == "hot-new"]
+    assert [(d.action, d.current_shards, d.proposed_shards) for d in first] == [
+        ("would_raise", 1, 8)]
+    assert "not taken: another transaction holds the provisioning lock" in first[0].reason
+    assert [(d.action, d.current_shards, d.proposed_shards) for d in second] == [
+        ("raised", 1, 8)]
+    assert shards_of(db, "hot-new") == 8
