@@ -82,6 +82,10 @@ ENTRY_POINTS = {
         [[q] * 3, [kind] * 3, [p for p, _ in MIXED], [k for _, k in MIXED], _fresh_keys(3)]),
     "copy unique": lambda c, q, kind: (
         _copy_unique(c, q, kind, MIXED), c.execute("select awa.enqueue_copied()")),
+    # More than 10,000 rows: the batch mover's passes, its lanes taken before
+    # the first (ADR 042).
+    "copy several passes": lambda c, q, kind: (
+        _copy_unique(c, q, kind, MIXED * 3334), c.execute("select awa.enqueue_copied()")),
 }
 NAMES = {"plain": "fq", "partitioned": "fpart", "striped": "fstripe"}
 
