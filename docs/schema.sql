@@ -4448,6 +4448,14 @@ begin
 end;
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._walked_shards(lane_shards integer, enqueue_shards integer)
+ RETURNS integer
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+    select greatest(lane_shards, enqueue_shards)
+$function$;
+
 CREATE OR REPLACE FUNCTION awa.autoscale_tick()
  RETURNS SETOF awa.autoscale_decisions
  LANGUAGE plpgsql
@@ -4705,7 +4713,7 @@ begin
         <<solo>>
         begin
             exit solo when cardinality(queues) <> 1;
-            select m.queue, m.paused, m.lane_ids, greatest(m.lane_shards, m.enqueue_shards),
+            select m.queue, m.paused, m.lane_ids, awa._walked_shards(m.lane_shards, m.enqueue_shards),
                    m.completed_seq, m.max_run_time, m.unique_jobs
               into solo_queue, solo_paused, solo_lanes, solo_shards,
                    solo_completed_seq, solo_run_time, solo_unique_jobs
@@ -4801,11 +4809,10 @@ begin
                 -- with the shard their walk starts at (S >= 1: never a division by
                 -- zero).
                 with walked as materialized (
-                    -- Lanes exist for every shard below S too (greatest: a raise
-                    -- an earlier layer made during an upgrade, not yet counted).
                     select m.queue, m.lane_ids,
-                           greatest(m.lane_shards, m.enqueue_shards) as lane_shards,
-                           seed / 8 % greatest(m.lane_shards, m.enqueue_shards) as start,
+                           awa._walked_shards(m.lane_shards, m.enqueue_shards) as lane_shards,
+                           seed / 8 % awa._walked_shards(m.lane_shards, m.enqueue_shards)
+                               as start,
                            m.completed_seq, m.max_run_time, m.unique_jobs
                       from awa.queue_meta as m
                      where (m.queue = any(queues) or m.logical_queue = any(queues)

@@ -123,6 +123,22 @@ as $$
     select 64
 $$;
 
+-- Function: awa._walked_shards(lane_shards integer, enqueue_shards integer) returns integer
+-- How many shards of a queue a claim walks: every shard that has lanes
+-- (they drain after S is lowered, until awa.retire_lanes takes them out,
+-- ADR 041), and every shard below S (a raise an earlier layer made during
+-- an upgrade, not yet counted in lane_shards). Read by both walks of
+-- awa.claim; awa.lane_overview's walked column repeats it. Inlined.
+-- Calls: nothing
+-- Writes: nothing
+create or replace function awa._walked_shards(lane_shards integer, enqueue_shards integer)
+returns integer
+language sql
+immutable parallel safe
+as $$
+    select greatest(lane_shards, enqueue_shards)
+$$;
+
 -- Function: awa._claim_walk_shard(step, shards, start, stride) returns integer
 -- The shard a claim tries at its step-th lane of a queue whose lanes span
 -- `shards` shards: from `start`, `stride` shards on each time. A stride
@@ -174,7 +190,7 @@ $$;
 -- attempt is counted from 1; deadline_at null for a job without one.
 -- Errors: 22023 max_jobs < 0 or lease <= 0; 22004 null queues or worker.
 -- Calls: awa._check_limit, awa._claim_hint_step, awa._claim_walk_shard, awa._limit_ok,
---   awa._move_lane_hints, awa._running_slot
+--   awa._move_lane_hints, awa._running_slot, awa._walked_shards
 -- Writes: awa.ready, awa.running
 create or replace function awa.claim(
     queues text[],
@@ -238,7 +254,7 @@ begin
         <<solo>>
         begin
             exit solo when cardinality(queues) <> 1;
-            select m.queue, m.paused, m.lane_ids, greatest(m.lane_shards, m.enqueue_shards),
+            select m.queue, m.paused, m.lane_ids, awa._walked_shards(m.lane_shards, m.enqueue_shards),
                    m.completed_seq, m.max_run_time, m.unique_jobs
               into solo_queue, solo_paused, solo_lanes, solo_shards,
                    solo_completed_seq, solo_run_time, solo_unique_jobs
@@ -334,11 +350,10 @@ begin
                 -- with the shard their walk starts at (S >= 1: never a division by
                 -- zero).
                 with walked as materialized (
-                    -- Lanes exist for every shard below S too (greatest: a raise
-                    -- an earlier layer made during an upgrade, not yet counted).
                     select m.queue, m.lane_ids,
-                           greatest(m.lane_shards, m.enqueue_shards) as lane_shards,
-                           seed / 8 % greatest(m.lane_shards, m.enqueue_shards) as start,
+                           awa._walked_shards(m.lane_shards, m.enqueue_shards) as lane_shards,
+                           seed / 8 % awa._walked_shards(m.lane_shards, m.enqueue_shards)
+                               as start,
                            m.completed_seq, m.max_run_time, m.unique_jobs
                       from awa.queue_meta as m
                      where (m.queue = any(queues) or m.logical_queue = any(queues)
@@ -748,6 +763,7 @@ select awa._grant_execute('awa._advance_lane_hints(integer[], bigint[], bigint[]
 select awa._grant_execute('awa._move_lane_hints(integer[])');
 select awa._grant_execute('awa._claim_hint_step()');
 select awa._grant_execute('awa._claim_walk_shard(integer, integer, integer, integer)');
+select awa._grant_execute('awa._walked_shards(integer, integer)');
 select awa._grant_execute('awa.claim(text[], integer, text, interval)', 'worker');
 select awa._grant_execute('awa.complete(bigint, bigint)', 'worker');
 select awa._grant_execute('awa._finish(awa.running, text, text)');

@@ -306,7 +306,8 @@ select
     l.next_seq,
     l.head_seq as claim_position,
     coalesce(m.root_queue, m.logical_queue, m.queue) as logical_queue,
-    -- The shards awa.claim walks (sql/claim.sql, both walks).
+    -- The shards awa.claim walks: awa._walked_shards, written out here since
+    -- the view runs with its reader's rights and that function is the owner's.
     l.shard < greatest(m.lane_shards, m.enqueue_shards) as walked
 from awa.queue_meta as m
 cross join lateral awa._lane_states(m.queue_id) as l;

@@ -28,7 +28,14 @@ def key_for(shard: int, shards: int) -> bytes:
 
 
 def walked(conn, queue: str) -> tuple[int, int]:
-    """(S, lane_shards) of a queue."""
+    """(S, lane_shards) of a queue, once awa.lane_overview's walked column
+    was checked against the claim's own rule (awa._walked_shards), which the
+    view writes out again."""
+    view = conn.execute(
+        "select o.walked, o.shard < awa._walked_shards(m.lane_shards, m.enqueue_shards)"
+        "  from awa.lane_overview as o join awa.queue_meta as m on m.queue = o.queue"
+        " where o.queue = %s", [queue]).fetchall()
+    assert view and all(shown == rule for shown, rule in view), view
     return conn.execute("select enqueue_shards, lane_shards from awa.queue_meta"
                         " where queue = %s", [queue]).fetchone()
 
