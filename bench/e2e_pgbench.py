@@ -46,7 +46,7 @@ produced.
 
     python bench/e2e_pgbench.py [--seconds 60] [--runs 3] [--producers 8]
                                 [--workers 8] [--cells s1,s8,s16,plain,procrastinate,mirror,s8x2]
-                                [--idle-sleep-ms 0]
+                                [--idle-sleep-ms 0] [--waits]
 
 --long: awa at S = 8 only, --runs (3) rounds of two runs of --long-seconds
 (600): one plain and one with another connection holding a repeatable-read
@@ -64,6 +64,16 @@ hour at the defaults).
 
     python bench/e2e_pgbench.py --long [--long-seconds 600] [--runs 3]
 
+--waits: where each side's backends spend their time. Every 20 ms a
+sampling connection reads pg_stat_activity for the cell's two pgbench
+processes (told apart by application_name) and counts each backend's
+wait event while it runs a statement, "on CPU" when it has none (running,
+or waiting for a core); "between statements" is a backend idle while its
+pgbench client reads the result and sends the next. Also the WAL each
+transaction wrote (pg_stat_wal over the cell: records, full-page images,
+bytes, both sides together). Summed over the runs; printed after the
+report.
+
 --write-docs writes the run's block of docs/benchmarks.md (--long has a
 block of its own).
 """
@@ -71,6 +81,7 @@ block of its own).
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import itertools
 import os
@@ -353,6 +364,43 @@ class Sampler(threading.Thread):
             self.error = exc
 
 
+WAIT_SIDES = ("producers", "workers")
+WAL_SQL = "select wal_records, wal_fpi, wal_bytes from pg_stat_wal"
+
+
+class WaitSampler(threading.Thread):
+    """--waits: counts, per side, the wait events of its backends every
+    `every` s until stopped."""
+
+    def __init__(self, dsn: str, every: float = 0.02):
+        super().__init__(daemon=True)
+        self.dsn, self.every = dsn, every
+        self.counts: dict[str, collections.Counter[str]] = {
+            side: collections.Counter() for side in WAIT_SIDES}
+        self.stopping = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            with psycopg.connect(self.dsn, autocommit=True) as conn:
+                while not self.stopping.wait(self.every):
+                    for app, state, kind, event in conn.execute(
+                            "select application_name, state, wait_event_type, wait_event"
+                            "  from pg_stat_activity"
+                            " where application_name = any(%s)",
+                            [[f"e2e-{side}" for side in WAIT_SIDES]]):
+                        self.counts[app.removeprefix("e2e-")][wait_label(state, kind, event)] += 1
+        except BaseException as exc:  # re-raised by the caller
+            self.error = exc
+
+
+def wait_label(state: str | None, kind: str | None, event: str | None) -> str:
+    """One sample of a backend, as --waits prints it."""
+    if state != "active":
+        return "between statements"
+    return f"{kind}/{event}" if kind else "on CPU"
+
+
 @dataclass
 class Side:
     """One running pgbench process."""
@@ -383,6 +431,8 @@ def pgbench_sides(dsn: str, sides: Sequence[tuple[str, str, int]],
     started: list[Side] = []
     try:
         for name, script, clients in sides:
+            # Named, so that --waits can tell the sides' backends apart.
+            side_dsn = make_conninfo(dsn, application_name=f"e2e-{name}")
             path = tmp / f"{name}.sql"
             path.write_text(script)
             out, err = tmp / f"{name}.out", tmp / f"{name}.err"
@@ -390,7 +440,7 @@ def pgbench_sides(dsn: str, sides: Sequence[tuple[str, str, int]],
                 proc = subprocess.Popen(
                     [pgbench_binary(), "-n", "-M", "prepared", "-c", str(clients),
                      "-j", str(min(clients, os.cpu_count() or 1)), "-T", str(seconds),
-                     "-f", str(path), dsn],
+                     "-f", str(path), side_dsn],
                     stdout=o, stderr=e)
             started.append(Side(name, proc, script, out, err))
         yield started
@@ -411,6 +461,9 @@ class Outcome:
     seconds: float
     worker_tps: float
     samples: list[Sample] = field(default_factory=list)
+    # --waits: each side's wait events, and pg_stat_wal's growth over the cell.
+    waits: dict[str, collections.Counter[str]] = field(default_factory=dict)
+    wal: tuple[int, int, int] = (0, 0, 0)
 
     @property
     def consumed(self) -> int:
@@ -470,10 +523,47 @@ def measure_cell(dsn: str, system: System, args: argparse.Namespace) -> Outcome:
 
     every = min(10, args.seconds)
     with cell_database(dsn, system) as (cell, values):
-        produced, backlog, worker_tps, samples, _ = run_both(
-            cell, system, values, args, args.seconds, every, read)
+        waits = WaitSampler(cell) if args.waits else None
+        with psycopg.connect(cell, autocommit=True) as conn:
+            wal_before = conn.execute(WAL_SQL).fetchone()
+        if waits:
+            waits.start()
+        try:
+            produced, backlog, worker_tps, samples, _ = run_both(
+                cell, system, values, args, args.seconds, every, read)
+        finally:
+            if waits:
+                waits.stopping.set()
+                waits.join()
+        if waits and waits.error:
+            raise waits.error
+        with psycopg.connect(cell, autocommit=True) as conn:
+            wal_after = conn.execute(WAL_SQL).fetchone()
     return Outcome(produced, backlog, args.seconds, worker_tps,
-                   [(t, int(c)) for t, c in samples])
+                   [(t, int(c)) for t, c in samples],
+                   waits.counts if waits else {},
+                   tuple(int(a - b) for a, b in zip(wal_after, wal_before, strict=True)))
+
+
+def waits_report(chosen: Sequence[System], results: dict[str, list[Outcome]]) -> str:
+    """--waits: per cell and side, the share of samples in each state, the
+    six largest, summed over the runs; then the WAL per transaction."""
+    rows = []
+    for s in chosen:
+        runs = results[s.key]
+        transactions = sum(o.produced + o.worker_tps * o.seconds for o in runs)
+        records, fpi, size = (sum(o.wal[i] for o in runs) for i in range(3))
+        for side in WAIT_SIDES:
+            counts: collections.Counter[str] = collections.Counter()
+            for o in runs:
+                counts.update(o.waits.get(side, {}))
+            total = sum(counts.values()) or 1
+            top = ", ".join(f"{label} {n / total:.0%}" for label, n in counts.most_common(6))
+            wal = (f"{records / transactions:.1f} records, {fpi / transactions:.2f} FPI,"
+                   f" {size / transactions:,.0f} B" if side == WAIT_SIDES[0] else "")
+            rows.append([s.name, side, top, wal])
+    return table(["cell", "side", "where its backends were (share of samples)",
+                  "WAL per transaction (both sides)"], rows)
 
 
 # --- the report --------------------------------------------------------------
@@ -672,6 +762,8 @@ def main() -> None:
     ap.add_argument("--long", action="store_true", help="the long run at S = 8 instead")
     ap.add_argument("--long-seconds", type=int, default=600)
     ap.add_argument("--every", type=int, default=30, help="--long: seconds between samples")
+    ap.add_argument("--waits", action="store_true",
+                    help="sample each side's wait events and the WAL per transaction")
     ap.add_argument("--idle-sleep-ms", type=int, default=0,
                     help="workers sleep this long after an empty claim (default 0: never)")
     _docs.add_argument(ap)
@@ -728,6 +820,8 @@ def main() -> None:
     print(head + f"; procrastinate {peer_version}; {args.seconds} s per cell,"
           f" median of {args.runs}, cells interleaved per run, each in a fresh database\n")
     print(report(chosen, results, args))
+    if args.waits:
+        print("\n" + waits_report(chosen, results))
     block.write(targets(chosen, results))
 
 

@@ -9,6 +9,7 @@ from bench.e2e_pgbench import (
     median_series,
     parse_pgbench,
     systems,
+    wait_label,
     window_rates,
 )
 
@@ -79,3 +80,10 @@ def test_every_worker_returns_a_count_in_idle_mode():
         statement = script.split(" \\gset")[0]
         assert statement.startswith(("select count(", "with j as")), s.key
         assert "count(" in statement, s.key
+
+
+def test_wait_label_tells_cpu_from_waits_and_idle():
+    assert wait_label("active", None, None) == "on CPU"
+    assert wait_label("active", "LWLock", "WALWrite") == "LWLock/WALWrite"
+    assert wait_label("idle", "Client", "ClientRead") == "between statements"
+    assert wait_label("idle in transaction", None, None) == "between statements"
