@@ -1368,6 +1368,23 @@ begin
 end;
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._check_lease(what text, lease interval)
+ RETURNS void
+ LANGUAGE plpgsql
+ IMMUTABLE PARALLEL SAFE
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+begin
+    if lease is null then
+        raise exception '% must not be null', what using errcode = '22004';
+    end if;
+    if not awa._lease_ok(lease) then
+        raise exception '% must be a positive interval of at most 30 days, got %', what, lease
+            using errcode = '22023';
+    end if;
+end;
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._check_limit(what text, value integer)
  RETURNS void
  LANGUAGE plpgsql
@@ -1501,7 +1518,7 @@ begin
 end;
 $function$;
 
-CREATE OR REPLACE FUNCTION awa._check_row(queue text, kind text, priority smallint, max_attempts integer, max_run_time interval, ordering_key bytea, unique_key bytea, unique_window interval, row_label text, row_n bigint)
+CREATE OR REPLACE FUNCTION awa._check_row(queue text, kind text, priority smallint, max_attempts integer, max_run_time interval, ordering_key bytea, unique_key bytea, unique_window interval, run_at timestamp with time zone, row_label text, row_n bigint)
  RETURNS void
  LANGUAGE plpgsql
  SET search_path TO 'pg_catalog', 'pg_temp'
@@ -1513,9 +1530,25 @@ begin
     );
     perform awa._check_ordering_key(ordering_key);
     perform awa._check_unique(unique_key, unique_window);
+    perform awa._check_run_at('run_at', run_at);
 exception when others then
     raise exception '% % (1-based): %', row_label, row_n, sqlerrm
         using errcode = sqlstate;
+end;
+$function$;
+
+CREATE OR REPLACE FUNCTION awa._check_run_at(what text, run_at timestamp with time zone)
+ RETURNS void
+ LANGUAGE plpgsql
+ IMMUTABLE PARALLEL SAFE
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+begin
+    if not awa._run_at_ok(run_at) then
+        raise exception '% must be before 9999-12-31 00:00:00+00, got % UTC', what,
+            pg_catalog.timezone('UTC', run_at)
+            using errcode = '22023';
+    end if;
 end;
 $function$;
 
@@ -1690,13 +1723,13 @@ begin
           from generate_series(1, n) as i
          where not awa._row_ok(
              queues[i], kinds[i], priorities[i], max_attempts[i], max_run_times[i],
-             ordering_keys[i], unique_keys[i], unique_windows[i]
+             ordering_keys[i], unique_keys[i], unique_windows[i], run_ats[i]
          );
         if bad is not null then
             perform awa._check_row(
                 queues[bad], kinds[bad], priorities[bad], max_attempts[bad],
                 max_run_times[bad], ordering_keys[bad], unique_keys[bad], unique_windows[bad],
-                row_label, bad + row_offset
+                run_ats[bad], row_label, bad + row_offset
             );
         end if;
 
@@ -2355,6 +2388,15 @@ AS $function$
              operator(pg_catalog.*) 1000000)::pg_catalog.int8)::pg_catalog.text
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._lease_ok(lease interval)
+ RETURNS boolean
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+    select lease operator(pg_catalog.>) '0'::pg_catalog.interval
+       and lease operator(pg_catalog.<=) '30 days'::pg_catalog.interval
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._limbs_mod(limbs bigint[], m integer)
  RETURNS integer
  LANGUAGE plpgsql
@@ -2712,7 +2754,8 @@ begin
                s.queue, s.kind, coalesce(s.priority, awa._default_priority()),
                coalesce(s.max_attempts, awa._default_max_attempts())
            ) or not awa._max_run_time_ok(s.max_run_time)
-               or not awa._ordering_key_ok(s.ordering_key)), false) as bad
+               or not awa._ordering_key_ok(s.ordering_key)
+               or not awa._run_at_ok(s.run_at)), false) as bad
       into shape
       from awa.copy_staging as s
      where s.staged_xid = _move_staged.xid;
@@ -2850,14 +2893,15 @@ begin
          where s.staged_xid = _move_staged_in_batches.xid
            and not awa._row_ok(
                s.queue, s.kind, s.priority, s.max_attempts, s.max_run_time, s.ordering_key,
-               s.unique_key, s.unique_window
+               s.unique_key, s.unique_window, s.run_at
            )
          order by s.staged_id
          limit 1;
         if found then
             perform awa._check_row(
                 bad.queue, bad.kind, bad.priority, bad.max_attempts, bad.max_run_time,
-                bad.ordering_key, bad.unique_key, bad.unique_window, 'COPY row', bad.n
+                bad.ordering_key, bad.unique_key, bad.unique_window, bad.run_at, 'COPY row',
+                bad.n
             );
         end if;
         select array_agg(s.staged_id order by s.staged_id) as ids,
@@ -3027,6 +3071,7 @@ begin
                )
                or not awa._max_run_time_ok(s.max_run_time)
                or not awa._ordering_key_ok(s.ordering_key)
+               or not awa._run_at_ok(s.run_at)
                or s.unique_key is not null or s.unique_window is not null
                or m.stripes > 1 or m.partitions > 1
            ), false),
@@ -3950,7 +3995,7 @@ begin
 end;
 $function$;
 
-CREATE OR REPLACE FUNCTION awa._row_ok(queue text, kind text, priority smallint, max_attempts integer, max_run_time interval, ordering_key bytea, unique_key bytea, unique_window interval)
+CREATE OR REPLACE FUNCTION awa._row_ok(queue text, kind text, priority smallint, max_attempts integer, max_run_time interval, ordering_key bytea, unique_key bytea, unique_window interval, run_at timestamp with time zone)
  RETURNS boolean
  LANGUAGE sql
  IMMUTABLE PARALLEL SAFE
@@ -3960,7 +4005,16 @@ AS $function$
                coalesce(max_attempts, awa._default_max_attempts())
            )
        and awa._max_run_time_ok(max_run_time) and awa._ordering_key_ok(ordering_key)
-       and awa._unique_ok(unique_key, unique_window)
+       and awa._unique_ok(unique_key, unique_window) and awa._run_at_ok(run_at)
+$function$;
+
+CREATE OR REPLACE FUNCTION awa._run_at_ok(run_at timestamp with time zone)
+ RETURNS boolean
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+    select run_at is null
+        or run_at operator(pg_catalog.<) '9999-12-31 00:00:00+00'::pg_catalog.timestamptz
 $function$;
 
 CREATE OR REPLACE FUNCTION awa._run_policy(queue_id integer)
@@ -4697,9 +4751,8 @@ begin
     if not awa._limit_ok(max_jobs) then
         perform awa._check_limit('max_jobs', max_jobs);
     end if;
-    if lease is null or lease <= interval '0' then
-        raise exception 'lease must be a positive interval, got %', coalesce(lease::text, 'null')
-            using errcode = '22023';
+    if not coalesce(awa._lease_ok(lease), false) then
+        perform awa._check_lease('lease', lease);
     end if;
     if max_jobs = 0 then
         return;
@@ -5267,6 +5320,11 @@ begin
         -- evaluates it): a routed name, a job for later, a unique key.
         if not found or (run_at is not null and run_at > now()) or unique_key is not null
            or unique_window is not null then
+            -- Here, not with the checks above: a run_at past the bound is in the
+            -- future, and a test there would cost every keyed call.
+            if not awa._run_at_ok(run_at) then
+                perform awa._check_run_at('run_at', run_at);
+            end if;
             if not found or (run_at is not null and run_at > now()) then
                 -- A stripe's own name ('q#1') never gets here: awa._job_ok refuses '#'.
                 select m.queue_id, m.enqueue_shards, m.lane_ids, m.lane_seqs, m.queue
@@ -5492,6 +5550,9 @@ AS $function$
 declare
     job awa.running;
 begin
+    if not awa._run_at_ok(retry_at) then
+        perform awa._check_run_at('retry_at', retry_at);
+    end if;
     delete from awa.running as r
      where r.job_id = fail.job_id and r.run_lease = fail.run_lease
     returning r.* into job;
@@ -5511,10 +5572,8 @@ CREATE OR REPLACE FUNCTION awa.heartbeat(job_id bigint, run_lease bigint, extend
  SET enable_seqscan TO 'off'
 AS $function$
 begin
-    if extend is null or extend <= interval '0' then
-        raise exception 'extend must be a positive interval, got %',
-            coalesce(extend::text, 'null')
-            using errcode = '22023';
+    if not coalesce(awa._lease_ok(extend), false) then
+        perform awa._check_lease('extend', extend);
     end if;
     update awa.running as r
        set heartbeat_at = now(), lease_expires_at = least(now() + extend, r.deadline_at)

@@ -188,9 +188,10 @@ $$;
 -- Role: awa_worker.
 -- Returns: setof awa.claimed, by priority then claim order; each job's
 -- attempt is counted from 1; deadline_at null for a job without one.
--- Errors: 22023 max_jobs < 0 or lease <= 0; 22004 null queues or worker.
--- Calls: awa._check_limit, awa._claim_hint_step, awa._claim_walk_shard, awa._limit_ok,
---   awa._move_lane_hints, awa._running_slot, awa._walked_shards
+-- Errors: 22023 max_jobs < 0, or lease not positive or over 30 days (awa._lease_ok);
+--   22004 null queues, worker or lease.
+-- Calls: awa._check_lease, awa._check_limit, awa._claim_hint_step, awa._claim_walk_shard,
+--   awa._lease_ok, awa._limit_ok, awa._move_lane_hints, awa._running_slot, awa._walked_shards
 -- Writes: awa.ready, awa.running
 create or replace function awa.claim(
     queues text[],
@@ -238,9 +239,8 @@ begin
     if not awa._limit_ok(max_jobs) then
         perform awa._check_limit('max_jobs', max_jobs);
     end if;
-    if lease is null or lease <= interval '0' then
-        raise exception 'lease must be a positive interval, got %', coalesce(lease::text, 'null')
-            using errcode = '22023';
+    if not coalesce(awa._lease_ok(lease), false) then
+        perform awa._check_lease('lease', lease);
     end if;
     if max_jobs = 0 then
         return;
@@ -644,7 +644,9 @@ $$;
 -- The error is kept to its first 65,536 characters: it moves with the job
 -- through the maintenance passes, which copy it (awa._pass_bytes).
 -- Role: awa_worker.
--- Calls: awa._retry_or_fail
+-- Errors: 22023 retry_at not before 9999-12-31 UTC (awa._run_at_ok), before the
+--   job is touched.
+-- Calls: awa._check_run_at, awa._retry_or_fail, awa._run_at_ok
 -- Writes: awa.running
 create or replace function awa.fail(
     job_id bigint, run_lease bigint, error text, retry_at timestamptz default null
@@ -658,6 +660,9 @@ as $$
 declare
     job awa.running;
 begin
+    if not awa._run_at_ok(retry_at) then
+        perform awa._check_run_at('retry_at', retry_at);
+    end if;
     delete from awa.running as r
      where r.job_id = fail.job_id and r.run_lease = fail.run_lease
     returning r.* into job;
@@ -675,7 +680,8 @@ $$;
 -- the lease no longer moves and the rescue takes the job. False for a
 -- stale lease.
 -- Role: awa_worker.
--- Calls: nothing
+-- Errors: 22023 extend not positive or over 30 days (awa._lease_ok); 22004 null extend.
+-- Calls: awa._check_lease, awa._lease_ok
 -- Writes: awa.running
 create or replace function awa.heartbeat(job_id bigint, run_lease bigint, extend interval)
 returns boolean
@@ -685,10 +691,8 @@ set search_path = pg_catalog, pg_temp
 set enable_seqscan = off
 as $$
 begin
-    if extend is null or extend <= interval '0' then
-        raise exception 'extend must be a positive interval, got %',
-            coalesce(extend::text, 'null')
-            using errcode = '22023';
+    if not coalesce(awa._lease_ok(extend), false) then
+        perform awa._check_lease('extend', extend);
     end if;
     update awa.running as r
        set heartbeat_at = now(), lease_expires_at = least(now() + extend, r.deadline_at)

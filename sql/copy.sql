@@ -103,14 +103,15 @@ begin
          where s.staged_xid = _move_staged_in_batches.xid
            and not awa._row_ok(
                s.queue, s.kind, s.priority, s.max_attempts, s.max_run_time, s.ordering_key,
-               s.unique_key, s.unique_window
+               s.unique_key, s.unique_window, s.run_at
            )
          order by s.staged_id
          limit 1;
         if found then
             perform awa._check_row(
                 bad.queue, bad.kind, bad.priority, bad.max_attempts, bad.max_run_time,
-                bad.ordering_key, bad.unique_key, bad.unique_window, 'COPY row', bad.n
+                bad.ordering_key, bad.unique_key, bad.unique_window, bad.run_at, 'COPY row',
+                bad.n
             );
         end if;
         select array_agg(s.staged_id order by s.staged_id) as ids,
@@ -345,7 +346,7 @@ $$;
 -- (docs/fast-paths.md) of awa._move_staged_in_batches.
 -- Calls: awa._default_args, awa._default_max_attempts, awa._default_priority, awa._ensure_queue,
 --   awa._first_attempt, awa._in_seconds, awa._job_ok, awa._key_shard, awa._lock_lane_groups,
---   awa._max_run_time_ok, awa._move_staged_in_batches, awa._ordering_key_ok
+--   awa._max_run_time_ok, awa._move_staged_in_batches, awa._ordering_key_ok, awa._run_at_ok
 -- Writes: awa.copy_staging, awa.ready, awa.scheduled
 create or replace function awa._move_staged_sets(xid xid8)
 returns bigint
@@ -376,6 +377,7 @@ begin
                )
                or not awa._max_run_time_ok(s.max_run_time)
                or not awa._ordering_key_ok(s.ordering_key)
+               or not awa._run_at_ok(s.run_at)
                or s.unique_key is not null or s.unique_window is not null
                or m.stripes > 1 or m.partitions > 1
            ), false),
@@ -477,7 +479,8 @@ $$;
 -- awa._move_staged_one_lane (unkeyed) or awa._move_staged_by_key; any
 -- other load takes awa._move_staged_sets.
 -- Calls: awa._default_max_attempts, awa._default_priority, awa._job_ok, awa._max_run_time_ok,
---   awa._move_staged_by_key, awa._move_staged_one_lane, awa._move_staged_sets, awa._ordering_key_ok
+--   awa._move_staged_by_key, awa._move_staged_one_lane, awa._move_staged_sets,
+--   awa._ordering_key_ok, awa._run_at_ok
 -- Writes: nothing
 create or replace function awa._move_staged(xid xid8)
 returns bigint
@@ -502,7 +505,8 @@ begin
                s.queue, s.kind, coalesce(s.priority, awa._default_priority()),
                coalesce(s.max_attempts, awa._default_max_attempts())
            ) or not awa._max_run_time_ok(s.max_run_time)
-               or not awa._ordering_key_ok(s.ordering_key)), false) as bad
+               or not awa._ordering_key_ok(s.ordering_key)
+               or not awa._run_at_ok(s.run_at)), false) as bad
       into shape
       from awa.copy_staging as s
      where s.staged_xid = _move_staged.xid;

@@ -24,8 +24,9 @@
 --   duplicate); enqueue_shard and lane_seq are null when run_at is in the
 --   future or for a duplicate.
 -- Errors: 22004 null queue or kind; 22023 bad queue name, priority,
---   max_attempts, unique_key or unique_window, or an ordering_key over
---   1024 bytes (awa._ordering_key_ok, sql/routing.sql).
+--   max_attempts, unique_key or unique_window, an ordering_key over
+--   1024 bytes (awa._ordering_key_ok, sql/routing.sql), or a run_at not
+--   before 9999-12-31 UTC (awa._run_at_ok).
 -- A fast path (docs/fast-paths.md) of awa._insert_jobs for one row, in
 -- two labelled blocks: sticky (its test: awa._sticky_ok, sql/lanes.sql)
 -- and in_turn within it; the rest is the block general. The common case (a known
@@ -43,11 +44,11 @@
 -- routing (a new queue, a partitioned or striped name), awa.scheduled for a
 -- job for later, and awa._take_lane (tests/test_path_differential.py
 -- compares the ways, with lanes held by another transaction).
--- Calls: awa._check_job, awa._check_ordering_key, awa._check_unique, awa._default_args,
---   awa._ensure_queue, awa._first_attempt, awa._in_turn, awa._insert_jobs, awa._job_ok,
---   awa._key_shard, awa._lane_memo_name, awa._lane_wait_total, awa._lock_class_lane,
---   awa._mark_unique_jobs, awa._ordering_key_ok, awa._route_queue, awa._sticky, awa._sticky_ok,
---   awa._take_lane, awa._take_unique_keys
+-- Calls: awa._check_job, awa._check_ordering_key, awa._check_run_at, awa._check_unique,
+--   awa._default_args, awa._ensure_queue, awa._first_attempt, awa._in_turn, awa._insert_jobs,
+--   awa._job_ok, awa._key_shard, awa._lane_memo_name, awa._lane_wait_total, awa._lock_class_lane,
+--   awa._mark_unique_jobs, awa._ordering_key_ok, awa._route_queue, awa._run_at_ok, awa._sticky,
+--   awa._sticky_ok, awa._take_lane, awa._take_unique_keys
 -- Writes: awa.ready, awa.scheduled
 create or replace function awa.enqueue(
     queue text,
@@ -162,6 +163,11 @@ begin
         -- evaluates it): a routed name, a job for later, a unique key.
         if not found or (run_at is not null and run_at > now()) or unique_key is not null
            or unique_window is not null then
+            -- Here, not with the checks above: a run_at past the bound is in the
+            -- future, and a test there would cost every keyed call.
+            if not awa._run_at_ok(run_at) then
+                perform awa._check_run_at('run_at', run_at);
+            end if;
             if not found or (run_at is not null and run_at > now()) then
                 -- A stripe's own name ('q#1') never gets here: awa._job_ok refuses '#'.
                 select m.queue_id, m.enqueue_shards, m.lane_ids, m.lane_seqs, m.queue
@@ -395,12 +401,12 @@ end;
 $$;
 
 -- Function: awa._row_ok(queue, kind, priority, max_attempts, max_run_time, ordering_key,
---                       unique_key, unique_window) returns boolean
+--                       unique_key, unique_window, run_at) returns boolean
 -- The row check of a multi-row enqueue (batch, COPY): awa._job_ok with a
 -- null priority or max_attempts defaulted, and the row's max run time,
--- ordering key and unique key and window. Inlined.
+-- ordering key, unique key and window, and run_at. Inlined.
 -- Calls: awa._default_max_attempts, awa._default_priority, awa._job_ok, awa._max_run_time_ok,
---   awa._ordering_key_ok, awa._unique_ok
+--   awa._ordering_key_ok, awa._run_at_ok, awa._unique_ok
 -- Writes: nothing
 create or replace function awa._row_ok(
     queue text,
@@ -410,7 +416,8 @@ create or replace function awa._row_ok(
     max_run_time interval,
     ordering_key bytea,
     unique_key bytea,
-    unique_window interval
+    unique_window interval,
+    run_at timestamptz
 )
 returns boolean
 language sql
@@ -421,16 +428,16 @@ as $$
                coalesce(max_attempts, awa._default_max_attempts())
            )
        and awa._max_run_time_ok(max_run_time) and awa._ordering_key_ok(ordering_key)
-       and awa._unique_ok(unique_key, unique_window)
+       and awa._unique_ok(unique_key, unique_window) and awa._run_at_ok(run_at)
 $$;
 
 -- Function: awa._check_row(queue, kind, priority, max_attempts, max_run_time, ordering_key,
---                          unique_key, unique_window, row_label, row_n) returns void
+--                          unique_key, unique_window, run_at, row_label, row_n) returns void
 -- Raises the error for a row of a multi-row enqueue that awa._row_ok
 -- refuses, naming it as "<row_label> <row_n> (1-based): <the check's
 -- message>", with the check's SQLSTATE.
--- Calls: awa._check_job, awa._check_ordering_key, awa._check_unique, awa._default_max_attempts,
---   awa._default_priority
+-- Calls: awa._check_job, awa._check_ordering_key, awa._check_run_at, awa._check_unique,
+--   awa._default_max_attempts, awa._default_priority
 -- Writes: nothing
 create or replace function awa._check_row(
     queue text,
@@ -441,6 +448,7 @@ create or replace function awa._check_row(
     ordering_key bytea,
     unique_key bytea,
     unique_window interval,
+    run_at timestamptz,
     row_label text,
     row_n bigint
 )
@@ -455,6 +463,7 @@ begin
     );
     perform awa._check_ordering_key(ordering_key);
     perform awa._check_unique(unique_key, unique_window);
+    perform awa._check_run_at('run_at', run_at);
 exception when others then
     raise exception '% % (1-based): %', row_label, row_n, sqlerrm
         using errcode = sqlstate;
@@ -663,13 +672,13 @@ begin
           from generate_series(1, n) as i
          where not awa._row_ok(
              queues[i], kinds[i], priorities[i], max_attempts[i], max_run_times[i],
-             ordering_keys[i], unique_keys[i], unique_windows[i]
+             ordering_keys[i], unique_keys[i], unique_windows[i], run_ats[i]
          );
         if bad is not null then
             perform awa._check_row(
                 queues[bad], kinds[bad], priorities[bad], max_attempts[bad],
                 max_run_times[bad], ordering_keys[bad], unique_keys[bad], unique_windows[bad],
-                row_label, bad + row_offset
+                run_ats[bad], row_label, bad + row_offset
             );
         end if;
 
@@ -1012,11 +1021,12 @@ select awa._grant_execute(
     ' integer[], timestamptz[], bigint[], integer[], timestamptz[], text[], interval[])'
 );
 select awa._grant_execute(
-    'awa._row_ok(text, text, smallint, integer, interval, bytea, bytea, interval)'
+    'awa._row_ok(text, text, smallint, integer, interval, bytea, bytea, interval,'
+    ' timestamp with time zone)'
 );
 select awa._grant_execute(
-    'awa._check_row(text, text, smallint, integer, interval, bytea, bytea, interval, text,'
-    ' bigint)'
+    'awa._check_row(text, text, smallint, integer, interval, bytea, bytea, interval,'
+    ' timestamp with time zone, text, bigint)'
 );
 select awa._grant_execute('awa._route_rows(text[], bytea[])');
 select awa._grant_execute(

@@ -269,6 +269,80 @@ begin
 end;
 $$;
 
+-- Function: awa._run_at_ok(run_at timestamptz) returns boolean
+-- A time to run a job at (an enqueue's run_at, a failed attempt's
+-- retry_at): none (null: now), or before 9999-12-31 00:00 UTC, so that it
+-- is a date before year 10000 in every time zone. A later one (infinity
+-- included) would never run, and clients that hold dates in a year of four
+-- digits (Python's datetime among them) fail to read it: the job tools
+-- failed on the whole queue that held one. Inlined.
+-- Calls: nothing
+-- Writes: nothing
+create or replace function awa._run_at_ok(run_at timestamptz)
+returns boolean
+language sql
+immutable parallel safe
+as $$
+    select run_at is null
+        or run_at operator(pg_catalog.<) '9999-12-31 00:00:00+00'::pg_catalog.timestamptz
+$$;
+
+-- Function: awa._check_run_at(what text, run_at timestamptz) returns void
+-- Raises 22023 for a time awa._run_at_ok refuses, naming the argument and
+-- the value (in UTC, whatever the session's time zone).
+-- Calls: awa._run_at_ok
+-- Writes: nothing
+create or replace function awa._check_run_at(what text, run_at timestamptz)
+returns void
+language plpgsql
+immutable parallel safe
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    if not awa._run_at_ok(run_at) then
+        raise exception '% must be before 9999-12-31 00:00:00+00, got % UTC', what,
+            pg_catalog.timezone('UTC', run_at)
+            using errcode = '22023';
+    end if;
+end;
+$$;
+
+-- Function: awa._lease_ok(lease interval) returns boolean
+-- A lease given to a claim or a heartbeat: positive, and at most 30 days
+-- (the longest max run time: awa._max_run_time_ok). Inlined.
+-- Calls: nothing
+-- Writes: nothing
+create or replace function awa._lease_ok(lease interval)
+returns boolean
+language sql
+immutable parallel safe
+as $$
+    select lease operator(pg_catalog.>) '0'::pg_catalog.interval
+       and lease operator(pg_catalog.<=) '30 days'::pg_catalog.interval
+$$;
+
+-- Function: awa._check_lease(what text, lease interval) returns void
+-- Raises 22023 (22004 for null) for a lease awa._lease_ok refuses, naming
+-- the argument and the value.
+-- Calls: awa._lease_ok
+-- Writes: nothing
+create or replace function awa._check_lease(what text, lease interval)
+returns void
+language plpgsql
+immutable parallel safe
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    if lease is null then
+        raise exception '% must not be null', what using errcode = '22004';
+    end if;
+    if not awa._lease_ok(lease) then
+        raise exception '% must be a positive interval of at most 30 days, got %', what, lease
+            using errcode = '22023';
+    end if;
+end;
+$$;
+
 -- Function: awa._limit_ok(value integer) returns boolean
 -- A call's limit on what it handles (max_jobs of a claim, a promote or a
 -- rescue, max_rows, max_keys, max_transactions): 0 or more (0 does
@@ -839,6 +913,10 @@ select awa._grant_execute('awa._in_seconds(interval)');
 select awa._grant_execute('awa._check_queue_name(text)');
 select awa._grant_execute('awa._check_job(text, text, smallint, integer, interval)');
 select awa._grant_execute('awa._check_max_run_time(interval)');
+select awa._grant_execute('awa._run_at_ok(timestamp with time zone)');
+select awa._grant_execute('awa._check_run_at(text, timestamp with time zone)');
+select awa._grant_execute('awa._lease_ok(interval)');
+select awa._grant_execute('awa._check_lease(text, interval)');
 select awa._grant_execute('awa._check_priority(smallint)');
 select awa._grant_execute('awa._limit_ok(integer)');
 select awa._grant_execute('awa._check_limit(text, integer)');

@@ -106,3 +106,10 @@ drop function if exists awa._enqueue_rows(
     text[], text[], jsonb[], smallint[], bytea[], timestamptz[], integer[], interval[], bytea[],
     interval[], text, bigint, bigint[]
 );
+-- Unreleased: the row check of a multi-row enqueue checks run_at too.
+drop function if exists awa._row_ok(
+    text, text, smallint, integer, interval, bytea, bytea, interval
+);
+drop function if exists awa._check_row(
+    text, text, smallint, integer, interval, bytea, bytea, interval, text, bigint
+);
