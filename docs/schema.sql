@@ -1478,8 +1478,12 @@ begin
             quote_literal(queue)
             using errcode = '22023';
     end if;
+    if queue = '' then
+        raise exception 'queue name must be 1 to 200 bytes, got an empty name'
+            using errcode = '22023';
+    end if;
     raise exception 'queue name must be 1 to 200 bytes, got % bytes: %',
-        octet_length(queue), left(queue, 64)
+        octet_length(queue), quote_literal(left(queue, 64))
         using errcode = '22023',
               hint = 'Use a shorter name; long names cost nothing in lane names or locks, '
                      'but 200 bytes is the contract.';
@@ -2393,7 +2397,8 @@ CREATE OR REPLACE FUNCTION awa._lease_ok(lease interval)
  LANGUAGE sql
  IMMUTABLE PARALLEL SAFE
 AS $function$
-    select lease operator(pg_catalog.>) '0'::pg_catalog.interval
+    select lease is not null
+       and lease operator(pg_catalog.>) '0'::pg_catalog.interval
        and lease operator(pg_catalog.<=) '30 days'::pg_catalog.interval
 $function$;
 
@@ -4751,7 +4756,7 @@ begin
     if not awa._limit_ok(max_jobs) then
         perform awa._check_limit('max_jobs', max_jobs);
     end if;
-    if not coalesce(awa._lease_ok(lease), false) then
+    if not awa._lease_ok(lease) then
         perform awa._check_lease('lease', lease);
     end if;
     if max_jobs = 0 then
@@ -5572,7 +5577,7 @@ CREATE OR REPLACE FUNCTION awa.heartbeat(job_id bigint, run_lease bigint, extend
  SET enable_seqscan TO 'off'
 AS $function$
 begin
-    if not coalesce(awa._lease_ok(extend), false) then
+    if not awa._lease_ok(extend) then
         perform awa._check_lease('extend', extend);
     end if;
     update awa.running as r
@@ -6448,22 +6453,35 @@ CREATE OR REPLACE FUNCTION awa.set_autoscale_policy(queue text, grow_window inte
 AS $function$
 declare
     anchor awa.queue_meta;
+    bad text;
 begin
     anchor := awa._queue(set_autoscale_policy.queue);
-    if grow_window <= interval '0' or shrink_window <= interval '0' or cooldown < interval '0'
-        -- awa.sample_lane_contention keeps one hour of samples
-        or grow_window > interval '1 hour' or shrink_window > interval '1 hour'
-        or grow_wait_share not between 0 and 1 or shrink_wait_share not between 0 and 1
-        or grow_waiters < 0 or min_samples not between 1 and 10000 then
-        raise exception 'autoscale policy out of range for queue %', quote_literal(queue)
-            using errcode = '22023',
-                  detail = pg_catalog.format(
-                      'grow_window %s, grow_wait_share %s, grow_waiters %s, shrink_window %s,'
-                      ' shrink_wait_share %s, cooldown %s, min_samples %s',
-                      grow_window, grow_wait_share, grow_waiters, shrink_window,
-                      shrink_wait_share, cooldown, min_samples),
-                  hint = 'Windows > 0 and at most 1 hour, cooldown >= 0, shares between 0 and 1, '
-                         'grow_waiters >= 0, min_samples between 1 and 10000.';
+    -- The first argument out of range, in the order of the arguments (a null
+    -- keeps the default); awa.sample_lane_contention keeps one hour of
+    -- samples, so no window is longer.
+    bad := case
+        when grow_window <= interval '0' or grow_window > interval '1 hour' then
+            pg_catalog.format('grow_window must be above 0 and at most 1 hour, got %s',
+                              grow_window)
+        when grow_wait_share not between 0 and 1 then
+            pg_catalog.format('grow_wait_share must be between 0 and 1, got %s',
+                              grow_wait_share)
+        when grow_waiters < 0 then
+            pg_catalog.format('grow_waiters must be at least 0, got %s', grow_waiters)
+        when shrink_window <= interval '0' or shrink_window > interval '1 hour' then
+            pg_catalog.format('shrink_window must be above 0 and at most 1 hour, got %s',
+                              shrink_window)
+        when shrink_wait_share not between 0 and 1 then
+            pg_catalog.format('shrink_wait_share must be between 0 and 1, got %s',
+                              shrink_wait_share)
+        when cooldown < interval '0' then
+            pg_catalog.format('cooldown must be at least 0, got %s', cooldown)
+        when min_samples not between 1 and 10000 then
+            pg_catalog.format('min_samples must be between 1 and 10000, got %s', min_samples)
+    end;
+    if bad is not null then
+        raise exception 'autoscale policy for queue %: %', quote_literal(queue), bad
+            using errcode = '22023';
     end if;
     insert into awa.autoscale_policy as p (
         queue_id, grow_window, grow_wait_share, grow_waiters, shrink_window,

@@ -239,7 +239,7 @@ begin
     if not awa._limit_ok(max_jobs) then
         perform awa._check_limit('max_jobs', max_jobs);
     end if;
-    if not coalesce(awa._lease_ok(lease), false) then
+    if not awa._lease_ok(lease) then
         perform awa._check_lease('lease', lease);
     end if;
     if max_jobs = 0 then
@@ -691,7 +691,7 @@ set search_path = pg_catalog, pg_temp
 set enable_seqscan = off
 as $$
 begin
-    if not coalesce(awa._lease_ok(extend), false) then
+    if not awa._lease_ok(extend) then
         perform awa._check_lease('extend', extend);
     end if;
     update awa.running as r

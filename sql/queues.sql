@@ -187,8 +187,12 @@ begin
             quote_literal(queue)
             using errcode = '22023';
     end if;
+    if queue = '' then
+        raise exception 'queue name must be 1 to 200 bytes, got an empty name'
+            using errcode = '22023';
+    end if;
     raise exception 'queue name must be 1 to 200 bytes, got % bytes: %',
-        octet_length(queue), left(queue, 64)
+        octet_length(queue), quote_literal(left(queue, 64))
         using errcode = '22023',
               hint = 'Use a shorter name; long names cost nothing in lane names or locks, '
                      'but 200 bytes is the contract.';
@@ -308,8 +312,8 @@ end;
 $$;
 
 -- Function: awa._lease_ok(lease interval) returns boolean
--- A lease given to a claim or a heartbeat: positive, and at most 30 days
--- (the longest max run time: awa._max_run_time_ok). Inlined.
+-- A lease given to a claim or a heartbeat: not null, positive, and at most
+-- 30 days (the longest max run time: awa._max_run_time_ok). Inlined.
 -- Calls: nothing
 -- Writes: nothing
 create or replace function awa._lease_ok(lease interval)
@@ -317,7 +321,8 @@ returns boolean
 language sql
 immutable parallel safe
 as $$
-    select lease operator(pg_catalog.>) '0'::pg_catalog.interval
+    select lease is not null
+       and lease operator(pg_catalog.>) '0'::pg_catalog.interval
        and lease operator(pg_catalog.<=) '30 days'::pg_catalog.interval
 $$;
 

@@ -412,14 +412,25 @@ def test_set_shard_mode_unknown_queue_and_partition_names(db, logins):
 def test_policy_validation(db, logins):
     with db.connect(logins.producer) as p:
         enqueue(p, "pv")
+    """The message names the argument, its value and its range."""
     with db.connect(logins.operator) as op:
-        for bad in ({"cooldown": "-1s"}, {"grow_wait_share": 1.5}, {"min_samples": 0},
-                    {"shrink_window": "0"}, {"shrink_window": "2 hours"}):
+        for bad, message in (
+                ({"cooldown": "-1s"}, "cooldown must be at least 0, got -00:00:01"),
+                ({"grow_wait_share": 1.5}, "grow_wait_share must be between 0 and 1, got 1.5"),
+                ({"grow_waiters": -1}, "grow_waiters must be at least 0, got -1"),
+                ({"min_samples": 0}, "min_samples must be between 1 and 10000, got 0"),
+                ({"shrink_window": "0"},
+                 "shrink_window must be above 0 and at most 1 hour, got 00:00:00"),
+                ({"grow_window": "2 hours"},
+                 "grow_window must be above 0 and at most 1 hour, got 02:00:00"),
+                ({"shrink_wait_share": -0.5, "min_samples": 0},
+                 "shrink_wait_share must be between 0 and 1, got -0.5")):
             args = policy_args(bad)
             with pytest.raises(psycopg.Error) as err:
                 op.execute(f"select awa.set_autoscale_policy('pv', {args})", bad)
             assert err.value.sqlstate == "22023"
-            assert "autoscale policy out of range for queue 'pv'" in str(err.value)
+            assert err.value.diag.message_primary == (
+                f"autoscale policy for queue 'pv': {message}")
 
 
 def test_roles(db, logins):
