@@ -68,6 +68,7 @@ _NO_OVERRIDE: Mapping[str, Any] = {}
 COPIED_SQL = f"select n, {WAIT_COLUMNS} from awa.enqueue_copied() as n"
 JOB_FIELDS = ("kind", "args", "queue", "priority", "ordering_key", "run_at", "max_attempts",
               "max_run_time", "unique_key", "unique_window")
+_JOB_FIELD_SET = frozenset(JOB_FIELDS)
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,15 @@ def _key(key: Key) -> bytes | None:
     if key is None:
         return None
     return key.encode("utf-8") if isinstance(key, str) else bytes(key)
+
+
+def _check_job(job: Mapping[str, Any], n: int) -> None:
+    """Refuses a field of job ``n`` (1-based, as the SQL errors count) that no
+    enqueue reads: a typo would otherwise be dropped silently."""
+    if not job.keys() <= _JOB_FIELD_SET:
+        unknown = sorted(set(job) - _JOB_FIELD_SET)
+        raise TypeError(f"job {n} (1-based): unknown job fields {unknown};"
+                        f" allowed: {', '.join(JOB_FIELDS)}")
 
 
 def _params(kind: str, args: Mapping[str, Any] | None, queue: str, priority: int,
@@ -124,14 +134,17 @@ def enqueue(conn: psycopg.Connection, kind: str, args: Mapping[str, Any] | None 
 
 
 def _columns(jobs: Sequence[Mapping[str, Any]], defaults: Mapping[str, Any]) -> list[list]:
-    unknown = set(defaults) - set(JOB_FIELDS)
+    unknown = set(defaults) - _JOB_FIELD_SET
     if unknown:
-        raise TypeError(f"unknown job fields: {sorted(unknown)}")
+        raise TypeError(f"unknown job fields: {sorted(unknown)}; allowed: {', '.join(JOB_FIELDS)}")
     cols: dict[str, list] = {f: [] for f in JOB_FIELDS}
-    for i, job in enumerate(jobs):
+    for n, job in enumerate(jobs, 1):
+        _check_job(job, n)
         merged = {**defaults, **job}
-        if "kind" not in merged or "queue" not in merged:
-            raise ValueError(f"job {i} needs a kind and a queue (or a default queue)")
+        if merged.get("kind") is None:
+            raise ValueError(f"job {n} (1-based) has no kind")
+        if merged.get("queue") is None:
+            raise ValueError(f"job {n} (1-based) has no queue: pass queue= or set it per job")
         for f in JOB_FIELDS:
             value = merged.get(f)
             if f == "args":
@@ -198,10 +211,27 @@ def enqueue_many_copy(conn: psycopg.Connection, jobs: Sequence[Mapping[str, Any]
         return _copy_and_enqueue(conn, jobs, queue, ordering_key, opts)
 
 
+def _check_copy(jobs: Sequence[Mapping[str, Any]], queue: str | None,
+                opts: Sequence[Mapping[str, Any] | None] | None) -> None:
+    """Refuses a job COPY could not carry as it was meant, before the COPY
+    starts: a caller's transaction then stays usable."""
+    for i, job in enumerate(jobs):
+        _check_job(job, i + 1)
+        override = (opts[i] or _NO_OVERRIDE) if opts is not None else _NO_OVERRIDE
+        if override and not override.keys() <= {"queue", "ordering_key"}:
+            bad = sorted(set(override) - {"queue", "ordering_key"})
+            raise ValueError(f"opts[{i}] may set queue and ordering_key, not {bad}")
+        if job.get("kind") is None:
+            raise ValueError(f"job {i + 1} (1-based) has no kind")
+        if override.get("queue", job.get("queue", queue)) is None:
+            raise ValueError(f"job {i + 1} (1-based) has no queue: pass queue= or set it per job")
+
+
 def _copy_and_enqueue(conn: psycopg.Connection, jobs: Sequence[Mapping[str, Any]],
                       queue: str | None, ordering_key: Key,
                       opts: Sequence[Mapping[str, Any] | None] | None) -> int:
     started, queues = perf_counter(), set()
+    _check_copy(jobs, queue, opts)
     width = 7
     if any(job.get(f) is not None for job in jobs for f in ("unique_key", "unique_window")):
         width = 10
@@ -210,12 +240,7 @@ def _copy_and_enqueue(conn: psycopg.Connection, jobs: Sequence[Mapping[str, Any]
     with conn.cursor() as cur, cur.copy(COPY_SQLS[width]) as cp:
         for i, job in enumerate(jobs):
             override = (opts[i] or _NO_OVERRIDE) if opts is not None else _NO_OVERRIDE
-            if override and not override.keys() <= {"queue", "ordering_key"}:
-                bad = sorted(set(override) - {"queue", "ordering_key"})
-                raise ValueError(f"opts[{i}] may set queue and ordering_key, not {bad}")
             row_queue = override.get("queue", job.get("queue", queue))
-            if row_queue is None:
-                raise ValueError(f"job {i} has no queue: pass queue= or set it per job")
             queues.add(row_queue)
             key = override.get("ordering_key", job.get("ordering_key", ordering_key))
             args = job.get("args")
