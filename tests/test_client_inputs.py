@@ -1,14 +1,18 @@
 """What the Python client refuses before it sends anything: job fields it does
-not know. The enqueue cases run against real PostgreSQL 17 and 18, where the
-same input used to be sent, its typo silently lost."""
+not know and naive run_at datetimes. The enqueue cases run against real
+PostgreSQL 17 and 18, where the same input used to be sent, its typo or its
+time zone silently lost."""
 
 from __future__ import annotations
 
 import re
+from datetime import UTC, datetime
 
 import pytest
 
 import awa_sql
+
+NAIVE = datetime(2999, 1, 1)
 
 
 def ready_count(db) -> int:
@@ -37,3 +41,21 @@ def test_enqueue_many_counts_jobs_from_one(db, logins):
         with pytest.raises(ValueError, match=re.escape("job 2 (1-based) has no kind")):
             awa_sql.enqueue_many_copy(conn, [{"kind": "a"}, {}], queue="q")
     assert ready_count(db) == 0
+
+
+@pytest.mark.parametrize("call", [
+    lambda conn: awa_sql.enqueue(conn, "a", queue="naive", run_at=NAIVE),
+    lambda conn: awa_sql.enqueue_many(conn, [{"kind": "a", "run_at": NAIVE}], queue="naive"),
+    lambda conn: awa_sql.enqueue_many(conn, [{"kind": "a"}], queue="naive", run_at=NAIVE),
+    lambda conn: awa_sql.enqueue_many_copy(conn, [{"kind": "a", "run_at": NAIVE}],
+                                           queue="naive"),
+], ids=["enqueue", "enqueue_many", "enqueue_many default", "enqueue_many_copy"])
+def test_a_naive_run_at_is_refused(db, logins, call):
+    with db.connect(logins.producer) as conn:
+        with pytest.raises(ValueError, match=re.escape(
+                "run_at must be an aware datetime (with tzinfo), got "
+                "datetime.datetime(2999, 1, 1, 0, 0)")):
+            call(conn)
+        awa_sql.enqueue(conn, "a", queue="naive", run_at=datetime(2999, 1, 1, tzinfo=UTC))
+    with db.connect() as admin:
+        assert admin.execute("select count(*) from awa.scheduled").fetchone()[0] == 1

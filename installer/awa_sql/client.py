@@ -91,6 +91,14 @@ def _key(key: Key) -> bytes | None:
     return key.encode("utf-8") if isinstance(key, str) else bytes(key)
 
 
+def _aware(run_at: Any, where: str = "") -> Any:
+    """``run_at`` unless it is a naive datetime, which is refused: the server
+    would read it in its session's TimeZone, as Retry(at=...) refuses it too."""
+    if isinstance(run_at, datetime) and run_at.tzinfo is None:
+        raise ValueError(f"{where}run_at must be an aware datetime (with tzinfo), got {run_at!r}")
+    return run_at
+
+
 def _check_job(job: Mapping[str, Any], n: int) -> None:
     """Refuses a field of job ``n`` (1-based, as the SQL errors count) that no
     enqueue reads: a typo would otherwise be dropped silently."""
@@ -104,6 +112,7 @@ def _params(kind: str, args: Mapping[str, Any] | None, queue: str, priority: int
             ordering_key: Key, run_at: datetime | None, max_attempts: int,
             max_run_time: timedelta | None, unique_key: Key,
             unique_window: timedelta | None) -> dict:
+    _aware(run_at)
     return {"queue": queue, "kind": kind, "args": Jsonb(dict(args or {})),
             "priority": priority, "ordering_key": _key(ordering_key), "run_at": run_at,
             "max_attempts": max_attempts, "max_run_time": max_run_time,
@@ -137,6 +146,7 @@ def _columns(jobs: Sequence[Mapping[str, Any]], defaults: Mapping[str, Any]) -> 
     unknown = set(defaults) - _JOB_FIELD_SET
     if unknown:
         raise TypeError(f"unknown job fields: {sorted(unknown)}; allowed: {', '.join(JOB_FIELDS)}")
+    _aware(defaults.get("run_at"), "the default ")
     cols: dict[str, list] = {f: [] for f in JOB_FIELDS}
     for n, job in enumerate(jobs, 1):
         _check_job(job, n)
@@ -151,6 +161,8 @@ def _columns(jobs: Sequence[Mapping[str, Any]], defaults: Mapping[str, Any]) -> 
                 value = Jsonb(dict(value or {}))
             elif f in ("ordering_key", "unique_key"):
                 value = _key(value)
+            elif f == "run_at":
+                _aware(value, f"job {n} (1-based): ")
             cols[f].append(value)
     return _optional([cols[f] for f in (
         "queue", "kind", "args", "priority", "ordering_key", "run_at", "max_attempts",
@@ -225,6 +237,7 @@ def _check_copy(jobs: Sequence[Mapping[str, Any]], queue: str | None,
             raise ValueError(f"job {i + 1} (1-based) has no kind")
         if override.get("queue", job.get("queue", queue)) is None:
             raise ValueError(f"job {i + 1} (1-based) has no queue: pass queue= or set it per job")
+        _aware(job.get("run_at"), f"job {i + 1} (1-based): ")
 
 
 def _copy_and_enqueue(conn: psycopg.Connection, jobs: Sequence[Mapping[str, Any]],
