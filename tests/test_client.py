@@ -15,6 +15,7 @@ import pytest
 import awa_sql
 from awa_sql import PartitionedQueue
 from awa_sql.worker import Worker
+from tests.support.waiting import wait_until
 
 
 @pytest.fixture
@@ -73,6 +74,68 @@ def test_producer_commits_each_call(db, producer_login):
         assert producer.enqueue_many_copy([{"kind": "r"}] * 2, queue="own") == 2
     with db.connect() as admin:
         assert admin.execute("select count(*) from awa.ready").fetchone()[0] == 6
+
+
+def backend_of(db, login: str) -> int:
+    """The pid of the one connection ``login`` has open."""
+    with db.connect() as admin:
+        return admin.execute("select pid from pg_stat_activity where usename = %s",
+                             [login]).fetchone()[0]
+
+
+def terminate_backend(db, pid: int) -> None:
+    with db.connect() as admin:  # waits until the backend has exited
+        assert admin.execute("select pg_terminate_backend(%s, 10000)", [pid]).fetchone()[0]
+
+
+def kinds_of(db, queue: str) -> list[str]:
+    with db.connect() as admin:
+        return [k for (k,) in admin.execute(
+            "select r.kind from awa.ready r join awa.queue_meta m using (queue_id)"
+            " where m.queue = %s order by r.job_id", [queue])]
+
+
+def test_a_producer_whose_connection_was_lost_while_idle_connects_again(db, producer_login):
+    with awa_sql.Producer(db.dsn(producer_login), snapshot_every=None) as producer:
+        producer.enqueue("a", queue="idle-lost")
+        terminate_backend(db, backend_of(db, producer_login))
+        # Found lost at the call's BEGIN, before any of its statements was
+        # sent: the call runs on a new connection.
+        producer.enqueue("b", queue="idle-lost")
+        producer.enqueue_many([{"kind": "c"}], queue="idle-lost")
+        assert producer.enqueue_many_copy([{"kind": "d"}], queue="idle-lost") == 1
+    assert kinds_of(db, "idle-lost") == ["a", "b", "c", "d"]
+
+
+def test_a_producer_call_cut_off_by_a_lost_connection_raises_and_the_next_connects_again(
+        db, producer_login):
+    with awa_sql.Producer(db.dsn(producer_login), snapshot_every=None) as producer:
+        producer.enqueue("a", queue="cut-off")
+        pid = backend_of(db, producer_login)
+        errors: list[BaseException] = []
+
+        def cut_off():
+            try:
+                producer.enqueue("b", queue="cut-off")
+            except BaseException as err:  # looked at below
+                errors.append(err)
+
+        with db.connect(autocommit=False) as admin:
+            # The enqueue waits for this lock: the connection is lost while
+            # its statement runs, when it cannot be known to the caller
+            # whether the call committed.
+            admin.execute("lock table awa.queue_meta in access exclusive mode")
+            call = threading.Thread(target=cut_off)
+            call.start()
+            wait_until(lambda: admin.execute(
+                "select wait_event_type = 'Lock' from pg_stat_activity where pid = %s",
+                [pid]).fetchone()[0], 10, "the enqueue to wait for the lock")
+            terminate_backend(db, pid)
+            call.join(30)
+            admin.rollback()
+        assert len(errors) == 1 and isinstance(errors[0], psycopg.OperationalError), errors
+        producer.enqueue("c", queue="cut-off")
+    assert kinds_of(db, "cut-off") == ["a", "c"]
 
 
 def test_async_enqueue(db, producer_login):
@@ -158,6 +221,7 @@ def test_sigterm_finishes_the_held_job_and_exits(db, producer_login, worker_logi
 import pathlib, time
 from datetime import timedelta
 from awa_sql.worker import Worker
+from tests.support.waiting import wait_until
 started = pathlib.Path({str(marker)!r})
 def slow(job):
     started.write_text("1")

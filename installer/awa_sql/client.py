@@ -8,8 +8,9 @@ each call instead.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping, Sequence
-from contextlib import nullcontext
+from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from time import perf_counter
@@ -19,10 +20,12 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from awa_sql import routing
-from awa_sql.connect import connect, resolve_dsn
+from awa_sql.connect import connect, reconnect_timeout, resolve_dsn
 from awa_sql.metrics import client_metrics
 from awa_sql.metrics.client_metrics import WAIT_COLUMNS
 from awa_sql.runtimes import RuntimePublisher
+
+log = logging.getLogger("awa_sql.client")
 
 Key = routing.Key | None
 
@@ -270,17 +273,27 @@ def _copy_and_enqueue(conn: psycopg.Connection, jobs: Sequence[Mapping[str, Any]
 class Producer:
     """Owns a connection; every call is its own committed transaction.
 
+    A connection it opened and then lost (a server restart, a terminated
+    backend) is opened again at the next call. The call that found it lost
+    raises, unless it found it at its BEGIN, before any of its statements was
+    sent: that call runs on the new connection. A call cut off later raises,
+    as its transaction may have committed; it is never sent again.
+
     Given a DSN, it also publishes a runtime snapshot every ``snapshot_every``
     seconds on a second connection, for the admin page (None: off; off as well
     when given only ``conn``, whose password psycopg does not expose).
     ``prepared_statements`` (``"auto"``, ``"on"``, ``"off"``; default from
     ``AWA_PREPARED_STATEMENTS``, else auto) applies to the connections it opens;
-    a connection passed as ``conn`` is used as it is.
+    a connection passed as ``conn`` is used as it is, and not opened again.
     """
 
     def __init__(self, dsn: str | None = None, *, conn: psycopg.Connection | None = None,
                  snapshot_every: float | None = 10.0,
                  prepared_statements: str | bool | None = None):
+        self._dsn = resolve_dsn(dsn)
+        self._prepared = prepared_statements
+        self._owned = conn is None
+        self._closed = False
         self._conn = conn if conn is not None else connect(
             dsn, prepared_statements=prepared_statements)
         self.runtime = None
@@ -295,13 +308,39 @@ class Producer:
         self.close()
 
     def close(self) -> None:
+        self._closed = True
         if self.runtime is not None:
             self.runtime.stop()
         self._conn.close()
 
     def _run(self, fn, *args, **kwargs):
-        with self._conn.transaction():
-            return fn(self._conn, *args, **kwargs)
+        with ExitStack() as stack:
+            conn = self._begin(stack)
+            return fn(conn, *args, **kwargs)
+
+    def _lost(self) -> bool:
+        """The connection is one it opened and it was lost (not closed by close())."""
+        return self._owned and not self._closed and self._conn.closed
+
+    def _reopen(self) -> None:
+        self._conn = connect(self._dsn, prepared_statements=self._prepared,
+                             **reconnect_timeout(self._dsn))
+
+    def _begin(self, stack: ExitStack) -> psycopg.Connection:
+        """Enters the call's transaction, on a new connection if the last was lost."""
+        if self._lost():
+            self._reopen()
+        try:
+            stack.enter_context(self._conn.transaction())
+        except psycopg.OperationalError as err:
+            if not self._lost():
+                raise
+            # Lost at BEGIN: nothing of this call was sent, so it may go on a new one.
+            log.warning("producer: connection lost: %s; connecting again",
+                        " ".join(str(err).split()))
+            self._reopen()
+            stack.enter_context(self._conn.transaction())
+        return self._conn
 
     def _note(self, queues: Iterable[str]) -> None:
         if self.runtime is not None:
