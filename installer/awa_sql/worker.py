@@ -15,7 +15,7 @@ at the deadline an async handler is cancelled and the attempt failed, while
 a plain function, which Python cannot interrupt, runs on without a lease
 until ``awa.rescue_expired`` takes the job. A handler that raises
 ``Retry(at=...)`` or ``Retry(after=...)`` chooses when its job runs again.
-``stop()`` (or SIGTERM when ``run()`` is on the main thread) stops the
+``stop()`` (or SIGTERM or SIGINT when ``run()`` is on the main thread) stops the
 claimers, lets every slot finish the job it holds, heartbeating it meanwhile,
 then returns. With ``maintain=True`` a thread runs the loop of ``awa maintain``
 (awa_sql.maintain.Maintainer) beside them.
@@ -219,9 +219,21 @@ class Worker:
         self._stop.set()
 
     def run(self) -> None:
-        """Blocks until ``stop()``; every held job is finished first."""
+        """Blocks until ``stop()``, SIGTERM or SIGINT (when on the main thread);
+        every held job is finished first."""
+        previous = {}
         if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, lambda *_: self.stop())
+            # SIGINT too: its KeyboardInterrupt would leave run() while the
+            # claimers and slots went on claiming.
+            previous = {sig: signal.signal(sig, lambda *_: self.stop())
+                        for sig in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            self._run()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+
+    def _run(self) -> None:
         threads = [threading.Thread(target=self._heartbeat, name="awa-heartbeat", daemon=True)]
         for config in self.configs:
             name, slots = config["queue"], max(1, config.get("max_workers") or 1)
