@@ -1,16 +1,18 @@
 """What the Python client refuses before it sends anything: job fields it does
-not know and naive run_at datetimes. The enqueue cases run against real
-PostgreSQL 17 and 18, where the same input used to be sent, its typo or its
-time zone silently lost."""
+not know, naive run_at datetimes, and Worker settings it could not run with.
+The enqueue cases run against real PostgreSQL 17 and 18, where the same input
+used to be sent, its typo or its time zone silently lost."""
 
 from __future__ import annotations
 
 import re
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
 import awa_sql
+from awa_sql import PartitionedQueue
+from awa_sql.worker import Worker
 
 NAIVE = datetime(2999, 1, 1)
 
@@ -59,3 +61,57 @@ def test_a_naive_run_at_is_refused(db, logins, call):
         awa_sql.enqueue(conn, "a", queue="naive", run_at=datetime(2999, 1, 1, tzinfo=UTC))
     with db.connect() as admin:
         assert admin.execute("select count(*) from awa.scheduled").fetchone()[0] == 1
+
+
+def worker(**settings) -> Worker:
+    settings = {"queues": ["q"], "handlers": {}, **settings}
+    return Worker("dbname=unused", **settings)
+
+
+@pytest.mark.parametrize(("settings", "message"), [
+    ({"lease": timedelta(0)}, "lease must be a positive timedelta, got 0:00:00"),
+    ({"lease": timedelta(seconds=-5)}, "lease must be a positive timedelta, got -1 day, 23:59:55"),
+    ({"lease": 30}, "lease must be a positive timedelta, got 30"),
+    ({"lease": timedelta(seconds=30), "heartbeat_every": timedelta(seconds=30)},
+     "heartbeat_every must be more than 0 and less than the lease (0:00:30), got 0:00:30"),
+    ({"heartbeat_every": timedelta(seconds=-1)},
+     "heartbeat_every must be more than 0 and less than the lease (0:05:00), got -1 day"),
+    ({"poll_interval": 0}, "poll_interval must be more than 0 seconds, got 0"),
+    ({"poll_interval": -1.5}, "poll_interval must be more than 0 seconds, got -1.5"),
+    ({"batch": 0}, "batch must be an integer of 1 or more, got 0"),
+    ({"batch": 2.5}, "batch must be an integer of 1 or more, got 2.5"),
+    ({"maintain": {"promote": 0.001}},
+     "maintain: the cadence of promote must be between 0.05 and 3600 seconds, or None (off), "
+     "got 0.001"),
+    ({"maintain": {"prune": 7200}},
+     "maintain: the cadence of prune must be between 0.05 and 3600 seconds, or None (off), "
+     "got 7200"),
+    ({"queues": [{"queue": "q", "max_workers": 0}]},
+     "queue q: max_workers must be an integer of 1 or more (or None: 1), got 0"),
+    ({"queues": [{"queue": "q", "max_workers": -2}]},
+     "queue q: max_workers must be an integer of 1 or more (or None: 1), got -2"),
+    ({"queues": [{"queue": "q", "max_workers": "4"}]},
+     "queue q: max_workers must be an integer of 1 or more (or None: 1), got '4'"),
+    ({"queues": [{"queue": "q", "max_worker": 4}]},
+     "queue q: unknown key 'max_worker' (value 4); the Worker takes queue and max_workers"),
+    ({"queues": [{"max_workers": 4}]},
+     "queue config 1 (1-based) has no queue name: {'max_workers': 4}"),
+    ({"queues": PartitionedQueue("p", 2).queue_configs(min_workers_per_partition=1)},
+     "queue p: min_workers 1 is not supported: the Worker runs max_workers slots per queue "
+     "and takes queue and max_workers"),
+    ({"queues": PartitionedQueue("p", 2).queue_configs(rate_limit_per_partition=5.0)},
+     "queue p: rate_limit 5.0 is not supported: the Worker runs max_workers slots per queue "
+     "and takes queue and max_workers"),
+])
+def test_worker_settings_it_cannot_run_with_are_refused(settings, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        worker(**settings)
+
+
+def test_worker_settings_at_their_bounds_are_taken():
+    configs = PartitionedQueue("p", 2).queue_configs(max_workers_per_partition=3)
+    w = worker(queues=configs, lease=timedelta(seconds=1), poll_interval=0.001, batch=1,
+               maintain={"promote": 0.05, "prune": 3600, "rescue": None})
+    assert [c["max_workers"] for c in w.configs] == [3, 3]
+    assert w.heartbeat_every == timedelta(seconds=1) / 3
+    assert worker(queues=[{"queue": "q"}, {"queue": "r", "max_workers": None}]).configs

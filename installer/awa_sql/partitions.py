@@ -94,7 +94,10 @@ class PartitionedQueue:
         min_workers_per_partition: int | None = None,
         rate_limit_per_partition: float | None = None,
     ) -> list[dict]:
-        """One worker configuration per partition, for ``Worker(queues=...)``."""
+        """One worker configuration per partition, for ``Worker(queues=...)``.
+        The Worker runs ``max_workers`` slots per queue (None: 1) and refuses a
+        configuration with ``min_workers`` or ``rate_limit`` set: it does not
+        implement them."""
         if (min_workers_per_partition is not None and max_workers_per_partition is not None
                 and min_workers_per_partition > max_workers_per_partition):
             raise ValueError(

@@ -46,7 +46,7 @@ from typing import Any
 import psycopg
 
 from awa_sql.connect import connect, prepared_mode, reconnect_timeout, resolve_dsn
-from awa_sql.maintain import BACKOFF_MAX, BACKOFF_MIN, Maintainer, _one_line
+from awa_sql.maintain import BACKOFF_MAX, BACKOFF_MIN, TASK_NAMES, Maintainer, _one_line
 from awa_sql.metrics import client_metrics
 from awa_sql.partitions import iter_configs
 from awa_sql.runtimes import RuntimePublisher
@@ -61,6 +61,14 @@ CLAIM_SQL = (
     " from awa.claim(%s::text[], %s, %s::text, %s::interval)"
 )
 MIN_POLL = 0.01  # seconds; the first wait after an empty claim
+# The cadences ``maintain`` takes, in seconds: those of awa maintain's
+# --<task>-every (awa_sql.cli.common.parse_interval).
+MAINTAIN_EVERY_MIN = 0.05
+MAINTAIN_EVERY_MAX = 3600.0
+QUEUE_KEYS = ("queue", "max_workers")
+# Keys PartitionedQueue.queue_configs() writes that the Worker does not
+# implement: taken when None, refused otherwise.
+UNSUPPORTED_QUEUE_KEYS = ("min_workers", "rate_limit")
 
 
 @dataclass(frozen=True)
@@ -138,6 +146,65 @@ def _sendable(text: str) -> str:
     return text.encode("utf-8", "backslashreplace").decode("utf-8").replace("\x00", "\\x00")
 
 
+def _shown(value: object) -> str:
+    return str(value) if isinstance(value, timedelta) else repr(value)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _check_timing(lease: object, heartbeat_every: object, poll_interval: object,
+                  batch: object) -> None:
+    if not isinstance(lease, timedelta) or lease <= timedelta(0):
+        raise ValueError(f"lease must be a positive timedelta, got {_shown(lease)}")
+    if not isinstance(heartbeat_every, timedelta) or not timedelta(0) < heartbeat_every < lease:
+        raise ValueError(f"heartbeat_every must be more than 0 and less than the lease ({lease}),"
+                         f" got {_shown(heartbeat_every)}")
+    if not _is_number(poll_interval) or not 0 < poll_interval < float("inf"):
+        raise ValueError(f"poll_interval must be more than 0 seconds, got {poll_interval!r}")
+    if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
+        raise ValueError(f"batch must be an integer of 1 or more, got {batch!r}")
+
+
+def _check_maintain(maintain: object) -> None:
+    """Cadences awa maintain would take; unknown tasks are left to Maintainer."""
+    if maintain is None or isinstance(maintain, bool):
+        return
+    if not isinstance(maintain, Mapping):
+        raise TypeError("maintain takes True, False or {task: seconds or None},"
+                        f" got {maintain!r}")
+    for task, seconds in maintain.items():
+        if task not in TASK_NAMES or seconds is None:
+            continue
+        if not _is_number(seconds) or not MAINTAIN_EVERY_MIN <= seconds <= MAINTAIN_EVERY_MAX:
+            raise ValueError(
+                f"maintain: the cadence of {task} must be between {MAINTAIN_EVERY_MIN:g} and"
+                f" {MAINTAIN_EVERY_MAX:g} seconds, or None (off), got {seconds!r}")
+
+
+def _check_configs(configs: list[dict]) -> None:
+    takes = " and ".join(QUEUE_KEYS)
+    for n, config in enumerate(configs, 1):
+        name = config.get("queue")
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"queue config {n} (1-based) has no queue name: {config!r}")
+        for key, value in config.items():
+            if key in UNSUPPORTED_QUEUE_KEYS:
+                if value is not None:
+                    raise ValueError(
+                        f"queue {name}: {key} {value!r} is not supported: the Worker runs"
+                        f" max_workers slots per queue and takes {takes}")
+            elif key not in QUEUE_KEYS:
+                raise ValueError(f"queue {name}: unknown key {key!r} (value {value!r});"
+                                 f" the Worker takes {takes}")
+        slots = config.get("max_workers")
+        if slots is not None and (not isinstance(slots, int) or isinstance(slots, bool)
+                                  or slots < 1):
+            raise ValueError(f"queue {name}: max_workers must be an integer of 1 or more"
+                             f" (or None: 1), got {slots!r}")
+
+
 class _Link:
     """One thread's connection, opened at its first statement. When the
     connection turns out lost, the statement is sent once more on a new one.
@@ -192,11 +259,14 @@ class Worker:
         self.configs = iter_configs(queues)
         if not self.configs:
             raise ValueError("a worker needs at least one queue")
+        _check_configs(self.configs)
         self.handlers = dict(handlers)
+        if heartbeat_every is None and isinstance(lease, timedelta):
+            heartbeat_every = lease / 3
+        _check_timing(lease, heartbeat_every, poll_interval, batch)
+        _check_maintain(maintain)
         self.lease = lease
-        self.heartbeat_every = heartbeat_every or lease / 3
-        if poll_interval <= 0 or batch < 1:
-            raise ValueError("poll_interval must be > 0 and batch >= 1")
+        self.heartbeat_every = heartbeat_every
         self.poll_interval = poll_interval
         self.batch = batch
         self.claims = 0  # awa.claim calls, empty ones included
@@ -236,7 +306,7 @@ class Worker:
     def _run(self) -> None:
         threads = [threading.Thread(target=self._heartbeat, name="awa-heartbeat", daemon=True)]
         for config in self.configs:
-            name, slots = config["queue"], max(1, config.get("max_workers") or 1)
+            name, slots = config["queue"], config.get("max_workers") or 1
             free = threading.Semaphore(slots)
             jobs: queue_mod.SimpleQueue[Job | None] = queue_mod.SimpleQueue()
             threads.append(threading.Thread(target=self._claimer, args=(name, slots, free, jobs),
