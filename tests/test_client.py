@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import subprocess
 import sys
 import threading
+from datetime import timedelta
 
 import psycopg
 import pytest
@@ -211,6 +213,72 @@ def test_worker_fails_jobs_whose_handler_raises(db, producer_login, worker_login
     with db.connect() as admin:
         errors = dict(admin.execute("select kind, last_error from awa.finished").fetchall())
     assert "kaput" in errors["boom"] and "no handler" in errors["unknown-kind"]
+
+
+def run_until(worker: Worker, condition, what: str) -> None:
+    runner = threading.Thread(target=worker.run)
+    runner.start()
+    try:
+        wait_until(condition, 15, what)
+    finally:
+        worker.stop()
+        runner.join(30)
+    assert not runner.is_alive()
+
+
+def test_the_worker_logs_a_retry_asked_at_the_last_attempt_as_a_failure_for_good(
+        db, producer_login, worker_login, caplog):
+    caplog.set_level(logging.INFO, logger="awa_sql.worker")
+    with db.connect(producer_login) as conn:
+        last = awa_sql.enqueue(conn, "later", queue="lastlog", max_attempts=1)
+        again = awa_sql.enqueue(conn, "later", queue="lastlog", max_attempts=2)
+
+    def later(_job):
+        raise awa_sql.Retry("busy", after=timedelta(seconds=3))
+
+    worker = Worker(db.dsn(worker_login), queues=["lastlog"], handlers={"later": later},
+                    poll_interval=0.05, snapshot_every=None)
+    run_until(worker, lambda: worker.failed == 2, "both attempts to fail")
+    assert (f"job {last.job_id} (later) asked for a retry, but attempt 1 of 1 was its last:"
+            " it failed for good: busy") in caplog.text
+    assert f"job {last.job_id} (later) asked for a retry after" not in caplog.text
+    assert f"job {again.job_id} (later) asked for a retry after 0:00:03: busy" in caplog.text
+    with db.connect() as admin:
+        assert admin.execute("select job_id, state from awa.finished").fetchall() == [
+            (last.job_id, "failed")]
+
+
+@pytest.mark.parametrize("outcome", ["returns", "raises"])
+def test_the_worker_logs_a_job_cancelled_while_it_ran(db, logins, caplog, outcome):
+    caplog.set_level(logging.INFO, logger="awa_sql.worker")
+    with db.connect(logins.producer) as conn:
+        job = awa_sql.enqueue(conn, "held", queue="cancelled-log")
+    started, release = threading.Event(), threading.Event()
+
+    def held(_job):
+        started.set()
+        release.wait(60)
+        if outcome == "raises":
+            raise RuntimeError("too late")
+
+    worker = Worker(db.dsn(logins.worker), queues=["cancelled-log"], handlers={"held": held},
+                    poll_interval=0.05, snapshot_every=None)
+    gone = (f"job {job.job_id} (held): no longer running under this lease (cancelled,"
+            " rescued or finished elsewhere)")
+    runner = threading.Thread(target=worker.run)
+    runner.start()
+    try:
+        assert started.wait(15)
+        with db.connect(logins.operator) as op:
+            assert op.execute("select awa.cancel_job(%s)", [job.job_id]).fetchone()[0]
+        release.set()
+        wait_until(lambda: gone in caplog.text, 15, "the worker to log the cancelled job")
+    finally:
+        release.set()
+        worker.stop()
+        runner.join(30)
+    assert "lease expired" not in caplog.text
+    assert (worker.completed, worker.failed) == (0, 0)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])

@@ -391,7 +391,7 @@ def test_a_plain_handler_runs_on_past_its_deadline_without_a_lease(db, logins, c
             assert admin.execute(SCHEDULED, [job]).fetchone()[:2] == (
                 1, "deadline exceeded after 1 s")
         release.set()
-        wait_until(lambda: "lease expired before completion" in caplog.text, 15,
+        wait_until(lambda: "no longer running under this lease" in caplog.text, 15,
                    "the late completion to be refused")
     finally:
         release.set()

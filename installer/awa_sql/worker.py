@@ -205,6 +205,13 @@ def _check_configs(configs: list[dict]) -> None:
                              f" (or None: 1), got {slots!r}")
 
 
+def _log_gone(job: Job, outcome: str) -> None:
+    """awa.complete or awa.fail found the run gone: its lease is no longer current."""
+    log.warning("job %s (%s): no longer running under this lease (cancelled, rescued or"
+                " finished elsewhere); its %s was not recorded and is not counted",
+                job.job_id, job.kind, outcome)
+
+
 class _Link:
     """One thread's connection, opened at its first statement. When the
     connection turns out lost, the statement is sent once more on a new one.
@@ -414,16 +421,32 @@ class Worker:
     def _fail(self, conn: _Link, job: Job, error: str, retry: Retry | None = None) -> None:
         error = _sendable(error)
         if retry is not None and retry.at is not None:
-            conn.execute("select awa.fail(%s, %s, %s, %s::timestamptz)",
-                         [job.job_id, job.run_lease, error, retry.at])
+            cur = conn.execute("select awa.fail(%s, %s, %s, %s::timestamptz)",
+                               [job.job_id, job.run_lease, error, retry.at])
         elif retry is not None and retry.after is not None:
-            conn.execute("select awa.fail(%s, %s, %s, now() + %s::interval)",
-                         [job.job_id, job.run_lease, error, retry.after])
+            cur = conn.execute("select awa.fail(%s, %s, %s, now() + %s::interval)",
+                               [job.job_id, job.run_lease, error, retry.after])
         else:
-            conn.execute("select awa.fail(%s, %s, %s)", [job.job_id, job.run_lease, error])
+            cur = conn.execute("select awa.fail(%s, %s, %s)",
+                               [job.job_id, job.run_lease, error])
+        if not cur.fetchone()[0]:
+            _log_gone(job, "failure")
+            return
         with self._lock:
             self.failed += 1
         client_metrics.job_failed(job)
+        # awa.fail says only whether the lease was current; the attempt decides
+        # the rest, as in awa._retry_or_fail.
+        if retry is None:
+            return
+        if job.attempt >= job.max_attempts:
+            log.warning("job %s (%s) asked for a retry, but attempt %s of %s was its last: it"
+                        " failed for good: %s", job.job_id, job.kind, job.attempt,
+                        job.max_attempts, retry)
+        else:
+            log.info("job %s (%s) asked for a retry%s: %s", job.job_id, job.kind,
+                     f" at {retry.at}" if retry.at is not None
+                     else f" after {retry.after}" if retry.after is not None else "", retry)
 
     def _handle(self, conn: _Link, job: Job, loop: asyncio.Runner) -> None:
         try:
@@ -435,9 +458,6 @@ class Worker:
             self._fail(conn, job, error)
         except Retry as retry:
             self._fail(conn, job, str(retry), retry)
-            log.info("job %s (%s) asked for a retry%s: %s", job.job_id, job.kind,
-                     f" at {retry.at}" if retry.at is not None
-                     else f" after {retry.after}" if retry.after is not None else "", retry)
         except Exception as err:
             error = "".join(traceback.format_exception_only(err)).strip()
             log.warning("job %s (%s) failed: %s", job.job_id, job.kind, error)
@@ -450,8 +470,7 @@ class Worker:
                     self.completed += 1
                 client_metrics.job_completed(job)
             else:
-                log.warning("job %s: lease expired before completion; not counted",
-                            job.job_id)
+                _log_gone(job, "completion")
         finally:
             with self._lock:
                 self._running.pop(job.job_id, None)
