@@ -94,12 +94,11 @@ def _key(key: Key) -> bytes | None:
     return key.encode("utf-8") if isinstance(key, str) else bytes(key)
 
 
-def _aware(run_at: Any, where: str = "") -> Any:
-    """``run_at`` unless it is a naive datetime, which is refused: the server
-    would read it in its session's TimeZone, as Retry(at=...) refuses it too."""
+def _aware(run_at: Any, where: str = "") -> None:
+    """Refuses a naive datetime, which the server would read in its session's
+    TimeZone (as Retry(at=...) refuses one)."""
     if isinstance(run_at, datetime) and run_at.tzinfo is None:
         raise ValueError(f"{where}run_at must be an aware datetime (with tzinfo), got {run_at!r}")
-    return run_at
 
 
 def _check_job(job: Mapping[str, Any], n: int) -> None:
