@@ -115,3 +115,9 @@ def test_worker_settings_at_their_bounds_are_taken():
     assert [c["max_workers"] for c in w.configs] == [3, 3]
     assert w.heartbeat_every == timedelta(seconds=1) / 3
     assert worker(queues=[{"queue": "q"}, {"queue": "r", "max_workers": None}]).configs
+
+
+def test_one_queue_name_given_as_a_string_is_one_queue():
+    from awa_sql.partitions import iter_configs
+    assert iter_configs("emails") == [{"queue": "emails"}]
+    assert iter_configs(["emails", "sms"]) == [{"queue": "emails"}, {"queue": "sms"}]

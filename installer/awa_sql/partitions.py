@@ -130,6 +130,10 @@ def iter_configs(queues: Iterable) -> list[dict]:
     or the dicts ``PartitionedQueue.queue_configs()`` returns."""
     if isinstance(queues, PartitionedQueue):
         return queues.queue_configs()
+    if isinstance(queues, str):
+        # One name, not its letters: Worker(queues="emails") once claimed
+        # from queues "e", "m", "a", ...
+        return [{"queue": queues}]
     out = []
     for q in queues:
         out.append({"queue": q} if isinstance(q, str) else dict(q))
