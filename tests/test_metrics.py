@@ -411,6 +411,27 @@ def test_a_failed_scrape_reports_awa_up_0_then_recovers(db, logins):
     assert value(up, "awa_up") == 1
 
 
+def test_a_kept_connection_that_died_between_scrapes_is_reopened_in_the_scrape(db, logins):
+    """A server restart or an idle timeout kills the exporter's kept
+    connection; the next scrape reconnects instead of reporting awa_up 0."""
+    opened: list[psycopg.Connection] = []
+
+    def connect() -> psycopg.Connection:
+        opened.append(psycopg.connect(db.dsn(logins.reader), autocommit=True))
+        return opened[-1]
+
+    app = make_wsgi_app(connect=connect)
+    environ: dict = {}
+    setup_testing_defaults(environ)
+    assert value(parse(b"".join(app(environ, lambda *_: None)).decode()), "awa_up") == 1
+    pid = opened[0].info.backend_pid
+    with db.connect() as admin:
+        assert admin.execute("select pg_terminate_backend(%s, 10000)", [pid]).fetchone()[0]
+    again = parse(b"".join(app(environ, lambda *_: None)).decode())
+    assert value(again, "awa_up") == 1
+    assert len(opened) == 2
+
+
 def test_awa_admin_serve_serves_the_database_metrics(db, logins):
     """``awa admin serve`` routes /metrics to the same exporter as ``awa metrics serve``."""
     with db.connect(logins.producer) as p:

@@ -249,8 +249,10 @@ class DatabaseCollector(Collector):
     """A prometheus_client collector that scrapes the database on each collect.
 
     ``connect`` opens a connection (a login with awa_reader is enough); it is
-    kept between scrapes and reopened after an error. ``awa_up`` is 0 when
-    the scrape failed.
+    kept between scrapes and reopened after an error. A kept connection
+    found broken (the server restarted, or a proxy closed it while idle) is
+    reopened at once and the scrape tried again on the new one. ``awa_up`` is
+    0 when the scrape failed.
     """
 
     def __init__(self, connect: Callable[[], psycopg.Connection]):
@@ -264,15 +266,7 @@ class DatabaseCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         started = time.perf_counter()
         with self._lock:
-            try:
-                if self._conn is None or self._conn.closed:
-                    self._conn = self._connect()
-                families = scrape(self._conn)
-                up = 1
-            except psycopg.Error as err:
-                log.warning("awa metrics scrape failed: %s", str(err).strip())
-                self.close_connection()
-                families, up = [], 0
+            families, up = self._scrape()
         yield from families
         g = _gauge("awa_up", "1 when the last scrape of the awa views succeeded.", [])
         g.add_metric([], up)
@@ -281,6 +275,23 @@ class DatabaseCollector(Collector):
                    unit="seconds")
         d.add_metric([], time.perf_counter() - started)
         yield d
+
+    def _scrape(self) -> tuple[list[Metric], int]:
+        for _ in range(2):
+            kept = self._conn is not None and not self._conn.closed
+            try:
+                if not kept:
+                    self._conn = self._connect()
+                return scrape(self._conn), 1
+            except psycopg.Error as err:
+                broken = kept and self._conn is not None and self._conn.broken
+                self.close_connection()
+                if not broken:
+                    log.warning("awa metrics scrape failed: %s", str(err).strip())
+                    return [], 0
+                # The kept connection died between scrapes: one try on a new one.
+        log.warning("awa metrics scrape failed: the new connection broke too")
+        return [], 0
 
     def close_connection(self) -> None:
         if self._conn is not None:
