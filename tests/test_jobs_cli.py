@@ -138,3 +138,14 @@ def test_bulk_retry_and_cancel_ask_first_then_loop_in_batches(db, logins, failed
     none = db.awa("jobs", "cancel", "--queue", "cli", "--yes", user=logins.operator,
                   check=True)
     assert "no ready or scheduled jobs in cli" in none.stdout
+
+
+def test_an_error_without_a_sqlstate_prints_no_bracket(db, logins):
+    """A job due after year 9999 cannot be loaded as a Python datetime:
+    psycopg raises DataError itself, with no SQLSTATE to print."""
+    with db.connect(logins.producer) as p:
+        enqueue(p, "far", run_at="12000-01-01")
+    result = db.awa("jobs", "list", "--queue", "far", user=logins.reader)
+    assert result.returncode == 7, result.stderr
+    assert result.stderr.startswith("awa: DataError: timestamp too large"), result.stderr
+    assert "None" not in result.stderr

@@ -15,7 +15,7 @@ import psycopg
 
 from awa_sql import migrate as runner
 from awa_sql.cli import admin, demo, jobs, maintain, metrics, migrate, storage
-from awa_sql.cli.common import err
+from awa_sql.cli.common import err, sqlstate_suffix
 from awa_sql.demo.embedded import EmbeddedError
 from awa_sql.listen import CannotListen
 from awa_sql.version import __version__
@@ -52,12 +52,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return runner.EXIT_LOCK_TIMEOUT
     except psycopg.OperationalError as error:
         if error.sqlstate:  # the server answered: not a connection problem
-            err(f"{type(error).__name__} [{error.sqlstate}]: {str(error).strip()}")
+            err(f"{type(error).__name__}{sqlstate_suffix(error)}: {str(error).strip()}")
             return runner.EXIT_ERROR
         err(f"cannot connect: {str(error).strip()}")
         return runner.EXIT_ERROR
     except psycopg.Error as error:
-        err(f"{type(error).__name__} [{error.sqlstate}]: {str(error).strip()}")
+        err(f"{type(error).__name__}{sqlstate_suffix(error)}: {str(error).strip()}")
         return runner.EXIT_ERROR
 
 

@@ -4,9 +4,14 @@ parsers of intervals and ports, errors."""
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
+from collections.abc import Callable
+
+import psycopg
 
 from awa_sql import hosts
+from awa_sql.migrate import EXIT_USAGE
 from awa_sql.roles import CAPABILITIES, Roles
 
 
@@ -34,6 +39,30 @@ def roles_from(args: argparse.Namespace) -> Roles:
 
 def err(message: str) -> None:
     print(f"awa: {message}", file=sys.stderr)
+
+
+def sqlstate_suffix(error: psycopg.Error) -> str:
+    """`` [22023]``, or nothing for an error raised before the server answered
+    (psycopg's own, such as a timestamp past year 9999): it has no SQLSTATE."""
+    return f" [{error.sqlstate}]" if error.sqlstate else ""
+
+
+def bad_input_is_usage(command: Callable[[argparse.Namespace], int]
+                       ) -> Callable[[argparse.Namespace], int]:
+    """A value the database refuses (SQLSTATE class 22: a bad name, a value
+    out of range) or an unknown queue (42704) is a bad argument: exit 2 with
+    the database's message alone (no PL/pgSQL context)."""
+    @functools.wraps(command)
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return command(args)
+        except psycopg.Error as error:
+            if error.sqlstate and (error.sqlstate.startswith("22") or error.sqlstate == "42704"):
+                err(f"{error.diag.message_primary or str(error).strip()}"
+                    f"{sqlstate_suffix(error)}")
+                return EXIT_USAGE
+            raise
+    return run
 
 
 def add_allowed_hosts(p: argparse.ArgumentParser, variable: str,

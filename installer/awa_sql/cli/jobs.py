@@ -11,17 +11,15 @@ not apply to (nothing changed).
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import sys
-from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
 import psycopg
 from psycopg.rows import dict_row
 
-from awa_sql.cli.common import add_connection, err
+from awa_sql.cli.common import add_connection, bad_input_is_usage, err
 from awa_sql.cli.storage import table
 from awa_sql.connect import connect
 from awa_sql.migrate import EXIT_USAGE
@@ -163,28 +161,12 @@ def _print_job(job: dict) -> None:
 # -- commands -----------------------------------------------------------------------------
 
 
-def _bad_input_is_usage(command: Callable[[argparse.Namespace], int]
-                        ) -> Callable[[argparse.Namespace], int]:
-    """A value the database refuses (SQLSTATE class 22: a bad name, a value
-    out of range) or an unknown queue (42704) is a bad argument: exit 2."""
-    @functools.wraps(command)
-    def run(args: argparse.Namespace) -> int:
-        try:
-            return command(args)
-        except psycopg.Error as error:
-            if error.sqlstate and (error.sqlstate.startswith("22") or error.sqlstate == "42704"):
-                err(f"{error.diag.message_primary or str(error).strip()} [{error.sqlstate}]")
-                return EXIT_USAGE
-            raise
-    return run
-
-
 def _fetch_job(conn: psycopg.Connection, job_id: int) -> dict | None:
     with conn.cursor(row_factory=dict_row) as cur:
         return cur.execute("select * from awa.job(%s::bigint)", [job_id]).fetchone()
 
 
-@_bad_input_is_usage
+@bad_input_is_usage
 def cmd_show(args: argparse.Namespace) -> int:
     with connect(args.dsn) as conn:
         job = _fetch_job(conn, args.job_id)
@@ -205,7 +187,7 @@ def _in_range(flag: str, value: int) -> bool:
     return False
 
 
-@_bad_input_is_usage
+@bad_input_is_usage
 def cmd_list(args: argparse.Namespace) -> int:
     if not _in_range("--limit", args.limit):
         return EXIT_USAGE
@@ -315,7 +297,7 @@ def _check_target(args: argparse.Namespace) -> bool:
     return True
 
 
-@_bad_input_is_usage
+@bad_input_is_usage
 def cmd_retry(args: argparse.Namespace) -> int:
     if not _check_target(args):
         return EXIT_USAGE
@@ -324,7 +306,7 @@ def cmd_retry(args: argparse.Namespace) -> int:
     return _bulk(args, "retry_jobs", ("failed",), "Retry", "retried")
 
 
-@_bad_input_is_usage
+@bad_input_is_usage
 def cmd_cancel(args: argparse.Namespace) -> int:
     if not _check_target(args):
         return EXIT_USAGE
