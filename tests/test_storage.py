@@ -1,4 +1,5 @@
-"""Enqueue, claim and finish on real PostgreSQL 17 and 18, as the runtime roles."""
+"""Enqueue, claim and finish on real PostgreSQL 17 and 18, as the runtime roles;
+``awa storage set-enqueue-shards`` with a bad or a new queue name."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
 import psycopg
+import pytest
 
 from awa_sql import routing
 from tests.support.jobs import claim, claim_all, enqueue
@@ -395,3 +397,55 @@ def test_claim_cost_follows_lanes_not_history(db, logins):
         after_20k = claim_buffers()
     assert after_10k.get("ready_pkey") and after_20k.get("ready_pkey"), (after_10k, after_20k)
     assert sum(after_20k.values()) <= sum(after_10k.values()) * 1.5 + 10, (after_10k, after_20k)
+
+
+# -- awa storage set-enqueue-shards: names it refuses, queues it creates --------------------
+
+
+def _queues(db) -> list[str]:
+    with db.connect() as admin:
+        return [q for (q,) in admin.execute("select queue from awa.queue_meta order by queue")]
+
+
+@pytest.mark.parametrize(("queue", "says"), [
+    ("", "queue name must be 1 to 200 bytes, got 0 bytes"),
+    ("x" * 201, "queue name must be 1 to 200 bytes, got 201 bytes"),
+    ("orders#0", "queue name must not contain '#'"),
+])
+@pytest.mark.parametrize("mode", [[], ["--dry-run"], ["--auto", "--max", "4"]])
+def test_set_enqueue_shards_refuses_a_bad_queue_name_as_jobs_list_does(
+        db, logins, queue, says, mode):
+    before = _queues(db)
+    shards = [] if "--auto" in mode else ["--shards", "2"]
+    result = db.awa("storage", "set-enqueue-shards", "--queue", queue, *shards, *mode, "--yes",
+                    user=logins.operator)
+    listed = db.awa("jobs", "list", "--queue", queue, user=logins.operator)
+    assert (result.returncode, listed.returncode) == (2, 2), result.stderr
+    assert result.stderr.splitlines()[-1].startswith(f"awa: {says}"), result.stderr
+    assert result.stderr.splitlines()[-1] == listed.stderr.strip()
+    assert "CONTEXT" not in result.stderr and "PL/pgSQL" not in result.stderr
+    assert _queues(db) == before
+
+
+def test_set_enqueue_shards_says_when_it_creates_the_queue(db, logins):
+    with db.connect(logins.producer) as p:
+        enqueue(p, "known")
+    dry = db.awa("storage", "set-enqueue-shards", "--queue", "nosuch", "--shards", "2",
+                 "--dry-run", user=logins.operator, check=True)
+    rows = [line.split() for line in dry.stdout.splitlines() if line.startswith("nosuch")]
+    assert rows == [["nosuch", "(new", "queue)", "1", "2", "8"]], dry.stdout
+    assert "There is no queue 'nosuch' yet: this creates it with S = 2." in dry.stdout
+    unconfirmed = db.awa("storage", "set-enqueue-shards", "--queue", "nosuch", "--shards", "2",
+                         user=logins.operator)
+    assert unconfirmed.returncode == 2
+    assert "Set S = 2 for nosuch, creating the queue?" in unconfirmed.stderr
+    assert "nosuch" not in _queues(db)
+    done = db.awa("storage", "set-enqueue-shards", "--queue", "nosuch", "--shards", "2", "--yes",
+                  user=logins.operator, check=True)
+    assert [line.split() for line in done.stdout.splitlines()
+            if line.startswith("nosuch")][-1] == ["nosuch", "(new", "queue)", "1", "2", "8"]
+    assert "nosuch" in _queues(db)
+    for queue in ("nosuch", "known"):  # now both exist: nothing is marked
+        again = db.awa("storage", "set-enqueue-shards", "--queue", queue, "--shards", "3",
+                       "--yes", user=logins.operator, check=True)
+        assert "new queue" not in again.stdout and "no queue" not in again.stdout

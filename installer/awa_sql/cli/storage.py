@@ -10,7 +10,7 @@ import threading
 from collections.abc import Sequence
 
 from awa_sql import shards
-from awa_sql.cli.common import add_connection, parse_interval
+from awa_sql.cli.common import add_connection, bad_input_is_usage, parse_interval
 from awa_sql.connect import connect
 from awa_sql.migrate import EXIT_USAGE
 from awa_sql.routing import MAX_SHARDS
@@ -96,6 +96,18 @@ def _shards_in_range(flag: str, value: int) -> bool:
     return False
 
 
+NEW_QUEUE = " (new queue)"
+
+
+def _changes_table(changes: Sequence[shards.ShardChange], new_queue: bool,
+                   headers: Sequence[str]) -> str:
+    """One row per physical queue; a queue that did not exist before the
+    change is marked, since its S "1" is only what it is created with."""
+    return table(headers, [(c.physical_queue + (NEW_QUEUE if new_queue else ""), c.old_shards,
+                            c.new_shards, c.lanes_created) for c in changes])
+
+
+@bad_input_is_usage
 def cmd_set_enqueue_shards(args: argparse.Namespace) -> int:
     if args.mode is not None:
         return cmd_set_shard_mode(args)
@@ -109,30 +121,36 @@ def cmd_set_enqueue_shards(args: argparse.Namespace) -> int:
     if not _shards_in_range("--shards", args.shards):
         return EXIT_USAGE
     with connect(args.dsn) as conn:
+        # A bad name (empty, too long, a stripe's) raises here: exit 2.
+        new_queue = not shards._known_queue(conn, args.queue)
         plan = shards.plan_enqueue_shards(conn, args.queue, args.shards)
         conn.rollback()
-        print(table(["physical queue", "current S", "new S", "lanes to create"],
-                    [(c.physical_queue, c.old_shards, c.new_shards, c.lanes_created)
-                     for c in plan]))
+        print(_changes_table(plan, new_queue,
+                             ["physical queue", "current S", "new S", "lanes to create"]))
         old = max(c.old_shards for c in plan)
         print()
+        if new_queue:
+            print(f"There is no queue {args.queue!r} yet: this creates it with "
+                  f"S = {args.shards}.")
         print(shards.ordering_consequence(args.queue, old, args.shards))
         if args.dry_run:
             print("dry run: nothing changed")
             return 0
-        if not args.yes and not _confirm(f"Set S = {args.shards} for {args.queue}?"):
-            print("awa: not changed: pass --yes to change S when not attached to a terminal, "
-                  "or answer y", file=sys.stderr)
+        creates = ", creating the queue" if new_queue else ""
+        question = f"Set S = {args.shards} for {args.queue}{creates}?"
+        if not args.yes and not _confirm(question):
+            print(f"awa: not changed ({question}): pass --yes to change S when not attached "
+                  "to a terminal, or answer y", file=sys.stderr)
             return EXIT_NOT_CONFIRMED
         changes = shards.set_enqueue_shards(conn, args.queue, args.shards)
         conn.commit()
     print()
-    print(table(["physical queue", "old S", "new S", "lanes created"],
-                [(c.physical_queue, c.old_shards, c.new_shards, c.lanes_created)
-                 for c in changes]))
+    print(_changes_table(changes, new_queue,
+                         ["physical queue", "old S", "new S", "lanes created"]))
     return 0
 
 
+@bad_input_is_usage
 def cmd_set_shard_mode(args: argparse.Namespace) -> int:
     for flag, value in (("--max", args.max_shards), ("--shards", args.shards)):
         if value is not None and not _shards_in_range(flag, value):
@@ -226,6 +244,7 @@ def _print_autoscale(q: shards.QueueStatus) -> None:
               f"{d['proposed_shards']}: {d['reason']}")
 
 
+@bad_input_is_usage
 def cmd_show(args: argparse.Namespace) -> int:
     with connect(args.dsn) as conn:
         queues = shards.show(conn, args.queue)
