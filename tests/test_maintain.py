@@ -289,6 +289,9 @@ def test_every_pass_waits_for_a_contract_with_the_pass_lock(db, logins):
     ("--carry-every", "2h", "interval must be between 50ms and 1h, got '2h'"),
     ("--rescue-every", "soon", "interval must look like 5s, 500ms, 1m or 1h, got 'soon'"),
     ("--statement-timeout", "0s", "interval must be between 50ms and 1h, got '0s'"),
+    # A value starting with a minus is the flag's value, not another option.
+    ("--promote-every", "-1s", "interval must be between 50ms and 1h, got '-1s'"),
+    ("--statement-timeout", "-.5s", "interval must be between 50ms and 1h, got '-.5s'"),
     ("--metrics-port", "70000", "port must be between 0 and 65535, got 70000"),
 ])
 def test_a_bad_flag_exits_2_naming_the_value_and_the_range(flag, value, says):

@@ -9,6 +9,7 @@ adds the command's parser (and its subcommands) and sets ``func`` on each.
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Sequence
 
 import psycopg
@@ -23,8 +24,21 @@ from awa_sql.version import __version__
 COMMANDS = (migrate, storage, jobs, maintain, metrics, demo, admin)
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, except that any argument starting with a minus and a
+    digit is a value (``--promote-every -1s``, ``--shards -1``), so that it
+    reaches the option's own check and its message naming the range; argparse
+    takes only plain negative numbers so, and called ``-1s`` an option
+    ("expected one argument"). No option of awa's starts with a digit.
+    Subparsers are made of the same class."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = re.compile(r"^-\.?\d")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="awa", description="awa-sql: a PostgreSQL job-queue storage contract."
     )
     parser.add_argument("--version", action="version", version=f"awa-sql {__version__}")
