@@ -98,6 +98,23 @@ def test_bad_arguments_exit_2_and_change_nothing(db, logins, failed, args):
     assert [_state(db, j) for j in failed["failed"]] == ["failed"] * 5
 
 
+@pytest.mark.parametrize(("args", "says"), [
+    (["show", "99999999999999999999"],
+     "argument ID: job id must be between 1 and 9223372036854775807, got 99999999999999999999"),
+    (["show", "-1"], "argument ID: job id must be between 1 and 9223372036854775807, got -1"),
+    (["show", "0"], "argument ID: job id must be between 1 and 9223372036854775807, got 0"),
+    (["retry", "9223372036854775808"],
+     "argument ID: job id must be between 1 and 9223372036854775807, got 9223372036854775808"),
+    (["cancel", "-7"], "argument ID: job id must be between 1 and 9223372036854775807, got -7"),
+    (["list", "--queue", "cli", "--after", "-1"],
+     "argument --after: job id must be between 0 and 9223372036854775807, got -1"),
+])
+def test_a_job_id_out_of_range_exits_2_naming_the_value_and_the_range(db, logins, args, says):
+    result = db.awa("jobs", *args, user=logins.operator)
+    assert result.returncode == 2, result.stderr
+    assert says in result.stderr
+
+
 def test_retry_and_cancel_one_job_with_their_exit_codes(db, logins, failed):
     job_id = failed["failed"][1]
     done = db.awa("jobs", "retry", str(job_id), user=logins.operator, check=True)

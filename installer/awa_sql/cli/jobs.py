@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -33,6 +34,25 @@ MAX_JOBS = 100_000
 # long at most.
 LOCK_TIMEOUT = "5s"
 ERROR_WIDTH = 60
+MAX_JOB_ID = 2**63 - 1  # a bigint
+
+
+def _id_parser(lowest: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"job id must be a whole number, got {text!r}") from None
+        if not lowest <= value <= MAX_JOB_ID:
+            raise argparse.ArgumentTypeError(
+                f"job id must be between {lowest} and {MAX_JOB_ID}, got {value}")
+        return value
+    return parse
+
+
+parse_job_id = _id_parser(1)  # job ids start at 1
+parse_after = _id_parser(0)  # --after 0: from the first job
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -46,7 +66,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     s = js.add_parser("show", help="one job: state, args, attempts, last error, times")
     add_connection(s)
-    s.add_argument("job_id", type=int, metavar="ID")
+    s.add_argument("job_id", type=parse_job_id, metavar="ID")
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.set_defaults(func=cmd_show)
 
@@ -59,7 +79,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     ls.add_argument("--queue", required=True)
     ls.add_argument("--state", choices=STATES, help="only jobs in this state")
     ls.add_argument("--kind", help="only jobs of this kind")
-    ls.add_argument("--after", type=int, metavar="ID",
+    ls.add_argument("--after", type=parse_after, metavar="ID",
                     help="jobs after this job id (the last of the previous page)")
     ls.add_argument("--limit", type=int, default=100, help="jobs per page, 1..100000 "
                     "(default %(default)s)")
@@ -75,7 +95,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         p = js.add_parser(name, help=what, description=f"{verb.capitalize()} one job by id, "
                           f"or in bulk with --queue (asks first). {what[0].upper()}{what[1:]}.")
         add_connection(p)
-        p.add_argument("job_id", type=int, nargs="?", metavar="ID")
+        p.add_argument("job_id", type=parse_job_id, nargs="?", metavar="ID")
         p.add_argument("--queue", help="every job of this queue it applies to")
         p.add_argument("--kind", help="with --queue: only jobs of this kind")
         p.add_argument("--batch", type=int, default=10_000,
