@@ -166,3 +166,21 @@ def test_an_error_without_a_sqlstate_prints_no_bracket(db, logins):
     assert result.returncode == 7, result.stderr
     assert result.stderr.startswith("awa: DataError: timestamp too large"), result.stderr
     assert "None" not in result.stderr
+
+
+def test_bulk_wording_for_one_job_is_singular(db, logins):
+    with db.connect(logins.producer) as p:
+        failing = enqueue(p, "one", max_attempts=1)[0]
+        enqueue(p, "one")
+    with db.connect(logins.worker) as w:
+        (job_id, lease, *_), = claim(w, ["one"], 1)
+        assert job_id == failing
+        w.execute("select awa.fail(%s, %s, 'boom')", [job_id, lease])
+    asked = db.awa("jobs", "retry", "--queue", "one", user=logins.operator)
+    assert "Retry 1 failed job of one?" in asked.stderr, asked.stderr
+    retried = db.awa("jobs", "retry", "--queue", "one", "--yes", user=logins.operator,
+                     check=True)
+    assert retried.stdout.strip() == "retried 1 job of one"
+    cancelled = db.awa("jobs", "cancel", "--queue", "one", "--yes", user=logins.operator,
+                       check=True)
+    assert cancelled.stdout.strip() == "cancelled 2 jobs of one"

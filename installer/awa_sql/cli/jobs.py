@@ -267,6 +267,10 @@ def _one(args: argparse.Namespace, function: str, verb: str, applies_to: str) ->
     return EXIT_WRONG_STATE
 
 
+def _jobs(n: int) -> str:
+    return "job" if n == 1 else "jobs"
+
+
 def _bulk(args: argparse.Namespace, function: str, states: tuple[str, ...], ask: str,
           verb: str) -> int:
     if not _in_range("--batch", args.batch):
@@ -285,7 +289,7 @@ def _bulk(args: argparse.Namespace, function: str, states: tuple[str, ...], ask:
             print(f"no {' or '.join(states)} jobs{kind} in {args.queue}")
             return 0
         at_least = "at least " if any(n >= MAX_JOBS for n in counts.values()) else ""
-        question = f"{ask} {at_least}{what} jobs{kind} of {args.queue}?"
+        question = f"{ask} {at_least}{what} {_jobs(total)}{kind} of {args.queue}?"
         if not args.yes and not _confirm(question):
             err(f"not {verb} ({question}): pass --yes when not attached to a terminal, "
                 "or answer y")
@@ -303,7 +307,7 @@ def _bulk(args: argparse.Namespace, function: str, states: tuple[str, ...], ask:
     if args.json:
         print(json.dumps({"queue": args.queue, "kind": args.kind, verb: done}))
     else:
-        print(f"{verb} {done} jobs{kind} of {args.queue}")
+        print(f"{verb} {done} {_jobs(done)}{kind} of {args.queue}")
     return 0
 
 
