@@ -6,6 +6,9 @@ docs/admin.md (2 bad arguments or not confirmed, 7 refused by the server,
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 from psycopg.types.json import Jsonb
@@ -184,3 +187,23 @@ def test_bulk_wording_for_one_job_is_singular(db, logins):
     cancelled = db.awa("jobs", "cancel", "--queue", "one", "--yes", user=logins.operator,
                        check=True)
     assert cancelled.stdout.strip() == "cancelled 2 jobs of one"
+
+
+@pytest.mark.parametrize("args", [
+    ["storage", "show"],
+    ["jobs", "list", "--queue", "cli", "--json"],
+    ["jobs", "show", "1"],
+])
+def test_a_closed_stdout_ends_any_command_quietly(db, logins, failed, args):
+    """As `awa storage show | head` once head has gone: the pipe's read end is
+    closed before the command writes anything."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "awa_sql", *args], stdout=write, stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL, text=True, timeout=120, check=False,
+            env={**os.environ, "AWA_DATABASE_URL": db.dsn(logins.reader)})
+    finally:
+        os.close(write)
+    assert (result.returncode, result.stderr) == (141, "")

@@ -3,13 +3,16 @@
 One module per command in this package, each with ``register(sub)``: it
 adds the command's parser (and its subcommands) and sets ``func`` on each.
 ``main`` runs the chosen ``func`` and turns errors into the exit codes of
-``awa_sql.migrate`` (docs/migrations.md lists them).
+``awa_sql.migrate`` (docs/migrations.md lists them); a closed stdout
+(``awa storage show | head``) ends it quietly with 141.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import re
+import sys
 from collections.abc import Sequence
 
 import psycopg
@@ -22,6 +25,7 @@ from awa_sql.listen import CannotListen
 from awa_sql.version import __version__
 
 COMMANDS = (migrate, storage, jobs, maintain, metrics, demo, admin)
+EXIT_STDOUT_CLOSED = 141  # 128 + SIGPIPE, what the shell reports for a program SIGPIPE ends
 
 
 class Parser(argparse.ArgumentParser):
@@ -49,7 +53,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        try:
+            return _run(build_parser().parse_args(argv))
+        finally:  # here, not at exit, where a closed pipe would print a traceback
+            sys.stdout.flush()
+    except BrokenPipeError:
+        # Whoever read stdout has gone (`awa storage show | head`): stop
+        # quietly, as a program that SIGPIPE ends does. The interpreter
+        # flushes stdout again at exit: into /dev/null now.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_STDOUT_CLOSED
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         return args.func(args)
     except runner.MigrationError as error:
