@@ -179,6 +179,20 @@ def test_operations_md_gives_each_task_its_flag_and_cadence():
         assert f"| {t.every:g} s | `{t.flag}` |" in ops, t.name
 
 
+def test_help_names_every_task_and_the_pass_lock():
+    """The description is made from TASKS, so it names each task, and says
+    what the pass lock is since migration 0026: a row lock, not an advisory one."""
+    result = subprocess.run([str(AWA), "maintain", "--help"], capture_output=True, text=True,
+                            timeout=60, check=True)
+    text = " ".join(result.stdout.split())
+    for t in TASKS:
+        assert f"{t.name} ({t.function.split('(')[0]})" in text, t.name
+        assert t.flag in text, t.flag
+    assert f"Run the {len(TASKS)} maintenance tasks" in text
+    assert "awa.try_pass_lock(task), a row lock" in text
+    assert "advisory" not in text
+    assert "no two processes run the same pass at once" in text
+
 # -- stopping, restarts, the prune task, flags ----------------------------------------
 
 

@@ -1,7 +1,6 @@
-"""``awa maintain``: promote, rescue, move-staged, the auto-scaler tick,
-prune, the sweeps of unique keys and old changes of S and the retirement of
-drained lanes in one long-running process
-(awa_sql.maintain), with its own /metrics."""
+"""``awa maintain``: every maintenance task of awa_sql.maintain.TASKS
+(promote, rescue, the auto-scaler tick, prune, ...) in one long-running
+process (awa_sql.maintain), with its own /metrics."""
 
 from __future__ import annotations
 
@@ -67,17 +66,25 @@ def parse_every(text: str) -> float | None:
         raise argparse.ArgumentTypeError(f"{error}, or off") from None
 
 
+def description() -> str:
+    """``awa maintain --help``'s description, its list of tasks from TASKS."""
+    tasks = ", ".join(f"{t.name} ({t.function.split('(')[0]})" for t in TASKS)
+    return (
+        f"Run the {len(TASKS)} maintenance tasks, each at its own cadence (its flag below), "
+        f"until SIGINT or SIGTERM: {tasks}. Safe to run on every host at once: each pass is "
+        "one transaction that takes its task's pass lock, awa.try_pass_lock(task), a row "
+        "lock held until the transaction ends, and skips the pass while another process "
+        "holds it, so no two processes run the same pass at once. Each process keeps its "
+        "own cadence, so N processes make about N passes per cadence; the calls are safe to "
+        "repeat (each acts on what is due when it runs). Works through PgBouncer in "
+        "transaction mode; reconnects after a database restart. Needs a login holding "
+        "awa_maintenance.")
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     m = sub.add_parser(
         "maintain", help="run the maintenance calls in one long-running process",
-        description="Call awa.promote_due, awa.rescue_expired, awa.move_staged, "
-        "awa.autoscale_tick, awa.prune_finished, awa.prune_unique_keys and "
-        "awa.prune_ready_late, each at its own "
-        "cadence, until SIGINT "
-        "or SIGTERM. Safe to run on every host at once: each pass takes its task's "
-        "transaction-scoped advisory lock and skips when another process holds it. Works "
-        "through PgBouncer in transaction mode; reconnects after a database restart. "
-        "Needs a login holding awa_maintenance.")
+        description=description())
     add_connection(m)
     for task in TASKS:
         m.add_argument(task.flag, type=parse_every, default=task.every, metavar="INTERVAL",
