@@ -7,7 +7,9 @@ function is installed (``to_regprocedure``), takes the task's pass lock with
 ``awa.try_pass_lock(task)`` (a row only the owner can lock, held until the
 transaction ends: no runtime role can hold it to switch a pass off) and,
 only if it got it, makes the call. So any number of processes may run the
-loop at once, on every host: one of them does each pass, the others skip it.
+loop at once, on every host, and no two run the same pass at once: a pass
+that finds the lock taken is skipped. Each process keeps its own cadence,
+so N of them make about N passes per cadence (the calls are safe to repeat).
 Nothing outlives a transaction and nothing is prepared, so it runs through
 PgBouncer in transaction mode.
 

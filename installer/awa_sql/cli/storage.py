@@ -74,7 +74,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     r = aa.add_parser(
         "run", help="tick the auto-scaler in a loop",
         description="Call awa.autoscale_tick() every --interval until SIGINT or SIGTERM. Many "
-        "processes may run this at once: one decides per tick. Needs awa_maintenance.")
+        "processes may run this at once: a tick that finds another in progress does "
+        "nothing, so no two decide at once; each process ticks at its own --interval. "
+        "Needs awa_maintenance.")
     add_connection(r)
     r.add_argument("--interval", default="5s", type=parse_interval,
                    help="time between ticks: 5s, 500ms, 1m (default %(default)s)")
