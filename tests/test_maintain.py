@@ -297,6 +297,18 @@ def test_every_pass_waits_for_a_contract_with_the_pass_lock(db, logins):
             assert "promote: awa.try_pass_lock(text) is installed now" in m.log()
 
 
+@pytest.mark.parametrize("grants", [["awa_worker"], []])
+def test_a_login_without_awa_maintenance_exits_7_saying_what_to_grant(db, grants):
+    """Every pass would fail with "permission denied for function
+    try_pass_lock" (or "for schema awa"), logged with no hint."""
+    login = db.login_role(*grants)
+    result = db.awa("maintain", "--metrics-port", "0", user=login, timeout=60)
+    assert result.returncode == 7, result.stderr
+    assert result.stderr == (
+        f"awa: the login {login} does not hold awa_maintenance (it may not call "
+        f"awa.try_pass_lock): every pass would fail with permission denied; "
+        f"grant awa_maintenance to {login}\n")
+
 @pytest.mark.parametrize(("flag", "value", "says"), [
     ("--promote-every", "10ms", "interval must be between 50ms and 1h, got '10ms'"),
     ("--prune-every", "90m", "interval must be between 50ms and 1h, got '90m'"),

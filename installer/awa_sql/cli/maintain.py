@@ -10,6 +10,8 @@ import signal
 import sys
 import threading
 
+import psycopg
+
 from awa_sql.cli.common import (
     add_allowed_hosts,
     add_connection,
@@ -56,6 +58,45 @@ HELP = {
 }
 
 
+# Whether this login may take the pass locks, and which roles may (the
+# maintenance role, whatever its name): read from the catalog, which any
+# login may read, so that a login without USAGE on schema awa gets its answer too.
+GRANT_CHECK = """
+select pg_catalog.quote_ident(current_user),
+       pg_catalog.has_schema_privilege(n.oid, 'USAGE')
+           and pg_catalog.has_function_privilege(p.oid, 'EXECUTE'),
+       (select pg_catalog.array_agg(pg_catalog.quote_ident(r.rolname) order by r.rolname)
+          from pg_catalog.aclexplode(p.proacl) as a
+          join pg_catalog.pg_roles as r on r.oid = a.grantee
+         where a.privilege_type = 'EXECUTE' and a.grantee <> p.proowner)
+  from pg_catalog.pg_proc as p
+  join pg_catalog.pg_namespace as n on n.oid = p.pronamespace
+ where n.nspname = 'awa' and p.proname = 'try_pass_lock'
+   and p.proargtypes = '25'::pg_catalog.oidvector
+"""
+
+
+def missing_grant(dsn: str) -> str | None:
+    """What to grant when this login may not take the pass locks (every pass
+    would fail with "permission denied"), else None: also when the database
+    cannot be asked now (the loop connects again) or has no pass lock yet
+    (the loop waits for awa migrate)."""
+    from awa_sql.connect import connect, reconnect_timeout
+
+    try:
+        with connect(dsn, autocommit=True, prepared_statements="off",
+                     application_name="awa-sql maintain", **reconnect_timeout(dsn)) as conn:
+            row = conn.execute(GRANT_CHECK).fetchone()
+    except psycopg.Error:
+        return None
+    if row is None or row[1]:
+        return None
+    user, _, roles = row
+    role = " or ".join(roles or ["awa_maintenance"])
+    return (f"the login {user} does not hold {role} (it may not call awa.try_pass_lock): "
+            f"every pass would fail with permission denied; grant {role} to {user}")
+
+
 def parse_every(text: str) -> float | None:
     """An interval as parse_interval reads it, or ``off``."""
     if text.strip().lower() == "off":
@@ -78,7 +119,7 @@ def description() -> str:
         "own cadence, so N processes make about N passes per cadence; the calls are safe to "
         "repeat (each acts on what is due when it runs). Works through PgBouncer in "
         "transaction mode; reconnects after a database restart. Needs a login holding "
-        "awa_maintenance.")
+        "awa_maintenance: another exits 7 at start, naming the role to grant.")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -113,6 +154,9 @@ def cmd_maintain(args: argparse.Namespace) -> int:
     maintainer = Maintainer(
         args.dsn, every={t.name: getattr(args, t.name + "_every") for t in TASKS},
         statement_timeout=args.statement_timeout)
+    if (missing := missing_grant(maintainer.dsn)) is not None:
+        err(missing)
+        return EXIT_ERROR
     check, warning = for_server("awa maintain", ALLOWED_HOSTS_ENV, args.metrics_host,
                                 args.allowed_hosts, prefix="")
     server, _thread = start_server(args.metrics_host, args.metrics_port,
