@@ -80,12 +80,20 @@ def list_queues(request: Request) -> list[dict]:
 
 
 @router.get("/queues/{queue:path}/enqueue-shards/plan", response_model=ShardPlan,
-            responses=NOT_FOUND)
+            responses={**NOT_FOUND, 400: WRITE[400]})
 def plan_shards(request: Request, queue: QueueName,
-                shards: Annotated[int, Query(ge=1, le=MAX_SHARDS)]) -> dict:
-    """What a change of S would do and what it means for ordering; changes nothing."""
+                shards: Annotated[int, Query(ge=-(2**31), le=2**31 - 1,
+                                             description=f"the new S, 1..{MAX_SHARDS}")]
+                ) -> dict:
+    """What a change of S would do and what it means for ordering; changes nothing.
+    An S out of range is refused as the change refuses it: 400, the same message."""
     with _pool(request).connection() as conn, conn.transaction():
         queries.require_queue(conn, queue)
+        if not 1 <= shards <= MAX_SHARDS:
+            # awa.set_enqueue_shards's message (awa._check_range, which only
+            # the owner may call); the tests compare the two answers.
+            raise ApiError(400, f"enqueue shards must be between 1 and {MAX_SHARDS}, "
+                           f"got {shards}", "22023")
         plan = plan_enqueue_shards(conn, queue, shards)
     old = next((p.old_shards for p in plan if p.physical_queue == queue), plan[0].old_shards)
     return {"queue": queue, "old_shards": old, "new_shards": shards,
