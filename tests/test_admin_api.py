@@ -371,6 +371,19 @@ def test_job_pages_list_a_queues_failed_jobs_and_show_one(db, read_only_api):
     assert read_only_api.get("/jobs/0").status_code == 422
 
 
+@pytest.mark.parametrize("job_id", ["-1", "0", str(2**63), "99999999999999999999"])
+def test_a_job_id_no_job_can_have_is_422_naming_it(db, api, job_id):
+    """1..2^63-1 are the ids a job can have: another is a bad request (as
+    `awa jobs show` exits 2 for it), not an unknown job (404)."""
+    for method, path in (("GET", f"/api/jobs/{job_id}"), ("POST", f"/api/jobs/{job_id}/retry"),
+                         ("POST", f"/api/jobs/{job_id}/cancel")):
+        got = api.request(method, path, headers=auth())
+        assert got.status_code == 422, (method, path, got.text)
+        assert got.json()["fields"] == ["job_id"]
+        assert got.json()["error"].endswith(f", got {job_id}"), got.text
+    assert api.get("/api/queues/q/jobs", params={"limit": 1001}).json()["error"] == (
+        "limit: Input should be less than or equal to 1000, got 1001")
+
 def test_retry_and_cancel_one_job(db, api):
     (job_id,) = _failed_jobs(db, "one", 1)
     got = api.post(f"/api/jobs/{job_id}/retry", headers=auth())

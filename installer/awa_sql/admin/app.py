@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -82,6 +83,16 @@ def _field_names(errors: list[dict]) -> list[str]:
     return names
 
 
+def _got(error: dict) -> str:
+    """``, got -1``: the value a path or query parameter was refused for (a
+    body's field names itself through ``fields``, and may be large)."""
+    loc = error.get("loc") or ()
+    value = error.get("input")
+    if not loc or loc[0] not in ("path", "query") or not isinstance(value, str):
+        return ""
+    return f", got {value}" if re.fullmatch(r"-?\d{1,40}", value) else f", got {value[:80]!r}"
+
+
 def make_pool(settings: Settings, open_now: bool = False) -> ConnectionPool:
     pool = ConnectionPool(
         settings.dsn, min_size=1, max_size=settings.pool_size, open=False,
@@ -137,8 +148,8 @@ def create_app(settings: Settings, pool: ConnectionPool | None = None) -> FastAP
     async def bad_request(_request: Request, err: RequestValidationError) -> JSONResponse:
         errors = err.errors()
         names = _field_names(errors)
-        message = "; ".join(f"{n}: {e.get('msg', 'invalid')}" for n, e in zip(names, errors,
-                                                                               strict=True))
+        message = "; ".join(f"{n}: {e.get('msg', 'invalid')}{_got(e)}"
+                            for n, e in zip(names, errors, strict=True))
         detail = [{"loc": list(e.get("loc", ())), "msg": e.get("msg", ""),
                    "type": e.get("type", "")} for e in errors]
         return JSONResponse({"error": message, "fields": names, "detail": detail},
