@@ -481,6 +481,19 @@ def test_writable_server_needs_a_token():
         client_for("", writable=True, token=None).__enter__()
 
 
+def test_writable_server_refuses_a_short_token(db):
+    dsn = db.dsn(operator_login(db))
+    with pytest.raises(ValueError, match="AWA_ADMIN_TOKEN is 15 characters long; a writable "
+                       "admin server needs at least 16"):
+        client_for(dsn, writable=True, token="x" * 15).__enter__()
+    with client_for(dsn, writable=True, token="x" * 16) as api:
+        assert api.post("/api/queues/t/pause", headers=auth("x" * 16)).status_code == 404
+    result = db.awa("admin", "serve", "--writable", "--port", "0",
+                    env={"AWA_ADMIN_TOKEN": "a"}, timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert "AWA_ADMIN_TOKEN is 1 character long" in result.stderr
+    assert "at least 16" in result.stderr and "Traceback" not in result.stderr
+
 def test_guard_is_503_on_a_streaming_standby(cluster):
     if cluster.server is None:
         pytest.skip("the standby is built from the embedded server binaries")

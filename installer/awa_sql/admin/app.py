@@ -21,6 +21,10 @@ from awa_sql.version import __version__
 
 log = logging.getLogger("awa_sql.admin")
 
+# The bearer token of a writable server: anyone who guesses it may change S
+# and retry or cancel jobs, so a short one is refused.
+MIN_TOKEN_LENGTH = 16
+
 
 @dataclass(frozen=True)
 class Settings:
@@ -110,6 +114,12 @@ def create_app(settings: Settings, pool: ConnectionPool | None = None) -> FastAP
     """The app; it opens and closes its own pool unless given one (tests share one)."""
     if settings.writable and not settings.token:
         raise ValueError("a writable admin server needs a token: set AWA_ADMIN_TOKEN")
+    if settings.writable and len(settings.token) < MIN_TOKEN_LENGTH:
+        length = len(settings.token)
+        raise ValueError(
+            f"AWA_ADMIN_TOKEN is {length} character{'' if length == 1 else 's'} long; a writable "
+            f"admin server needs at least {MIN_TOKEN_LENGTH}: set it to a long random string "
+            "(openssl rand -hex 32)")
     owns_pool = pool is None
     if pool is None:
         pool = make_pool(settings)

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from fastapi import FastAPI
 
-from awa_sql.admin.app import Settings, create_app
+from awa_sql.admin.app import MIN_TOKEN_LENGTH, Settings, create_app
 from awa_sql.connect import resolve_dsn
 from awa_sql.hosts import HostCheck, for_server, url
 from awa_sql.listen import listen
@@ -20,7 +20,8 @@ def settings_from(dsn: str | None, writable: bool, hosts: HostCheck | None = Non
     token = os.environ.get("AWA_ADMIN_TOKEN") or None
     if writable and not token:
         raise ValueError("--writable needs a token: set AWA_ADMIN_TOKEN to a long random "
-                         "string and send it as 'Authorization: Bearer <token>'")
+                         f"string (at least {MIN_TOKEN_LENGTH} characters) and send it as "
+                         "'Authorization: Bearer <token>'")
     return Settings(dsn=resolve_dsn(dsn), writable=writable, token=token, hosts=hosts)
 
 

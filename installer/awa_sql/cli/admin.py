@@ -18,7 +18,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     a.add_argument("--port", type=parse_port, default=ADMIN_PORT,
                    help="TCP port (default %(default)s; 0: one the system picks, printed)")
     a.add_argument("--writable", action="store_true",
-                   help="allow changes, for requests bearing the token in AWA_ADMIN_TOKEN")
+                   help="allow changes, for requests bearing the token in AWA_ADMIN_TOKEN "
+                   "(a long random string; a short one is refused)")
     add_allowed_hosts(a, "AWA_ADMIN_ALLOWED_HOSTS")
     a.set_defaults(func=cmd_admin)
 
