@@ -75,6 +75,11 @@ def _autoscale(conn: psycopg.Connection) -> tuple[int, str]:
     return len(acted), "; ".join(d.summary() for d in acted)
 
 
+# The cadences a task takes, in seconds: awa maintain's --<task>-every and
+# Worker(maintain={...}).
+EVERY_MIN = 0.05
+EVERY_MAX = 3600.0
+
 TASKS: tuple[Task, ...] = (
     Task("promote", "awa.promote_due(integer)", 1.0,
          _scalar("select awa.promote_due(%s)", (BATCH,), "moved {n} due job(s) into their lanes"),

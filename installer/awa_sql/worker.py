@@ -46,7 +46,15 @@ from typing import Any
 import psycopg
 
 from awa_sql.connect import connect, prepared_mode, reconnect_timeout, resolve_dsn
-from awa_sql.maintain import BACKOFF_MAX, BACKOFF_MIN, TASK_NAMES, Maintainer, _one_line
+from awa_sql.maintain import (
+    BACKOFF_MAX,
+    BACKOFF_MIN,
+    EVERY_MAX,
+    EVERY_MIN,
+    TASK_NAMES,
+    Maintainer,
+    _one_line,
+)
 from awa_sql.metrics import client_metrics
 from awa_sql.partitions import iter_configs
 from awa_sql.runtimes import RuntimePublisher
@@ -61,10 +69,6 @@ CLAIM_SQL = (
     " from awa.claim(%s::text[], %s, %s::text, %s::interval)"
 )
 MIN_POLL = 0.01  # seconds; the first wait after an empty claim
-# The cadences ``maintain`` takes, in seconds: those of awa maintain's
-# --<task>-every (awa_sql.cli.common.parse_interval).
-MAINTAIN_EVERY_MIN = 0.05
-MAINTAIN_EVERY_MAX = 3600.0
 QUEUE_KEYS = ("queue", "max_workers")
 # Keys PartitionedQueue.queue_configs() writes that the Worker does not
 # implement: taken when None, refused otherwise.
@@ -177,10 +181,10 @@ def _check_maintain(maintain: object) -> None:
     for task, seconds in maintain.items():
         if task not in TASK_NAMES or seconds is None:
             continue
-        if not _is_number(seconds) or not MAINTAIN_EVERY_MIN <= seconds <= MAINTAIN_EVERY_MAX:
+        if not _is_number(seconds) or not EVERY_MIN <= seconds <= EVERY_MAX:
             raise ValueError(
-                f"maintain: the cadence of {task} must be between {MAINTAIN_EVERY_MIN:g} and"
-                f" {MAINTAIN_EVERY_MAX:g} seconds, or None (off), got {seconds!r}")
+                f"maintain: the cadence of {task} must be between {EVERY_MIN:g} and"
+                f" {EVERY_MAX:g} seconds, or None (off), got {seconds!r}")
 
 
 def _check_configs(configs: list[dict]) -> None:

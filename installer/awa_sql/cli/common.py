@@ -11,6 +11,7 @@ from collections.abc import Callable
 import psycopg
 
 from awa_sql import hosts
+from awa_sql.maintain import EVERY_MAX, EVERY_MIN
 from awa_sql.migrate import EXIT_USAGE
 from awa_sql.roles import CAPABILITIES, Roles
 
@@ -99,7 +100,7 @@ def parse_interval(text: str) -> float:
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"interval must look like 5s, 500ms, 1m or 1h, got {text!r}") from None
-    if not 0.05 <= seconds <= 3600:
+    if not EVERY_MIN <= seconds <= EVERY_MAX:
         raise argparse.ArgumentTypeError(
             f"interval must be between 50ms and 1h, got {text!r}")
     return seconds
