@@ -763,3 +763,16 @@ def test_detail_shows_folded_holds_once_with_their_count(db, read_only_api):
     assert decisions[0]["reason"].startswith("steady")
     assert "3 needed" in decisions[1]["reason"]
     assert all(d["last_decided_at"] > d["decided_at"] for d in decisions)
+
+
+def test_a_pooled_connection_the_server_closed_is_replaced_before_a_request(db, read_only_api):
+    """After a server restart (or a proxy's idle timeout) the first request
+    answered 500 with the dead connection's error."""
+    assert read_only_api.get("/api/queues").status_code == 200
+    with db.connect() as admin:
+        killed = admin.execute(
+            "select count(pg_terminate_backend(pid, 10000)) from pg_stat_activity"
+            " where application_name = 'awa-admin' and datname = current_database()"
+        ).fetchone()[0]
+    assert killed >= 1
+    assert read_only_api.get("/api/queues").status_code == 200
