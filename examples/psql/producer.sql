@@ -1,4 +1,5 @@
--- A producer and an operator in plain psql: run with
+-- A producer and an operator in plain psql: run from examples/psql (the
+-- \copy below reads jobs.csv from the current directory) with
 --   psql -X -v ON_ERROR_STOP=1 -d "$DATABASE_URL" -f producer.sql
 -- as a login granted awa_producer and awa_operator. Everything is a call to
 -- a function in schema awa; nothing here is specific to psql but \copy.
