@@ -261,7 +261,8 @@ def test_no_heartbeat_moves_a_lease_past_its_deadline(db):
             "select job_id, run_lease from awa.claim(array['fdl'], 1, 'w', '1 minute')").fetchone()
         for name in ("awa.max_run_time", "awa.deadline_at", "awa.lane_memo", "awa.extend"):
             w.execute("select set_config(%s, '1000 years', false)", [name])
-        assert w.execute("select awa.heartbeat(%s, %s, '1000 years')",
+        # The longest extend a heartbeat takes, 720 times the deadline's hour.
+        assert w.execute("select awa.heartbeat(%s, %s, '30 days')",
                          [job_id, lease]).fetchone()[0]
         until, deadline = admin.execute(
             "select lease_expires_at, deadline_at from awa.running where job_id = %s",

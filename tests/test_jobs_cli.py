@@ -162,9 +162,12 @@ def test_bulk_retry_and_cancel_ask_first_then_loop_in_batches(db, logins, failed
 
 def test_an_error_without_a_sqlstate_prints_no_bracket(db, logins):
     """A job due after year 9999 cannot be loaded as a Python datetime:
-    psycopg raises DataError itself, with no SQLSTATE to print."""
+    psycopg raises DataError itself, with no SQLSTATE to print. Enqueues
+    refuse such a time now; a job stored before they did keeps it."""
     with db.connect(logins.producer) as p:
-        enqueue(p, "far", run_at="12000-01-01")
+        job = enqueue(p, "far", run_at="2999-01-01")[0]
+    with db.connect() as su:
+        su.execute("update awa.scheduled set run_at = '12000-01-01' where job_id = %s", [job])
     result = db.awa("jobs", "list", "--queue", "far", user=logins.reader)
     assert result.returncode == 7, result.stderr
     assert result.stderr.startswith("awa: DataError: timestamp too large"), result.stderr

@@ -408,7 +408,7 @@ def _queues(db) -> list[str]:
 
 
 @pytest.mark.parametrize(("queue", "says"), [
-    ("", "queue name must be 1 to 200 bytes, got 0 bytes"),
+    ("", "queue name must be 1 to 200 bytes, got an empty name"),
     ("x" * 201, "queue name must be 1 to 200 bytes, got 201 bytes"),
     ("orders#0", "queue name must not contain '#'"),
 ])
