@@ -776,3 +776,18 @@ def test_a_pooled_connection_the_server_closed_is_replaced_before_a_request(db, 
         ).fetchone()[0]
     assert killed >= 1
     assert read_only_api.get("/api/queues").status_code == 200
+
+
+def test_a_job_due_past_year_9999_does_not_fail_its_queue_s_pages(db, read_only_api):
+    """Stored before enqueues refused such times (ADR 043): psycopg could
+    not load it, and every list of its queue answered 500."""
+    with db.connect() as su:
+        job = su.execute("select (awa.enqueue('farq', 'k', run_at => '2999-01-01')).job_id"
+                         ).fetchone()[0]
+        su.execute("update awa.scheduled set run_at = 'infinity' where job_id = %s", [job])
+    listed = read_only_api.get("/api/queues/farq/jobs")
+    assert listed.status_code == 200, listed.text
+    assert job in [j["job_id"] for j in listed.json()["jobs"]]
+    shown = read_only_api.get(f"/api/jobs/{job}")
+    assert shown.status_code == 200, shown.text
+    assert shown.json()["run_at"].startswith("9999-12-31")

@@ -161,17 +161,29 @@ def test_bulk_retry_and_cancel_ask_first_then_loop_in_batches(db, logins, failed
 
 
 def test_an_error_without_a_sqlstate_prints_no_bracket(db, logins):
-    """A job due after year 9999 cannot be loaded as a Python datetime:
-    psycopg raises DataError itself, with no SQLSTATE to print. Enqueues
-    refuse such a time now; a job stored before they did keeps it."""
+    """A connection refused has no SQLSTATE to print."""
+    result = db.awa("jobs", "list", "--queue", "q", user=logins.reader,
+                    env={"AWA_DATABASE_URL": "postgresql://nobody@127.0.0.1:1/none"})
+    assert result.returncode == 7, result.stderr
+    assert result.stderr.startswith("awa: "), result.stderr
+    assert "None" not in result.stderr and "[" not in result.stderr.splitlines()[0]
+
+
+def test_a_job_due_past_year_9999_is_listed_and_shown(db, logins):
+    """Python cannot hold such a date: psycopg raised DataError and the
+    tools failed on the whole queue. Enqueues refuse such a time now (ADR
+    043); a job stored before they did is shown at datetime's last moment."""
     with db.connect(logins.producer) as p:
         job = enqueue(p, "far", run_at="2999-01-01")[0]
+        enqueue(p, "far")
     with db.connect() as su:
-        su.execute("update awa.scheduled set run_at = '12000-01-01' where job_id = %s", [job])
-    result = db.awa("jobs", "list", "--queue", "far", user=logins.reader)
-    assert result.returncode == 7, result.stderr
-    assert result.stderr.startswith("awa: DataError: timestamp too large"), result.stderr
-    assert "None" not in result.stderr
+        su.execute("update awa.scheduled set run_at = 'infinity' where job_id = %s", [job])
+    listed = db.awa("jobs", "list", "--queue", "far", user=logins.reader)
+    assert listed.returncode == 0, listed.stderr
+    assert str(job) in listed.stdout and "9999-12-31" in listed.stdout
+    shown = db.awa("jobs", "show", str(job), user=logins.reader)
+    assert shown.returncode == 0, shown.stderr
+    assert "9999-12-31" in shown.stdout
 
 
 def test_bulk_wording_for_one_job_is_singular(db, logins):
@@ -210,3 +222,18 @@ def test_a_closed_stdout_ends_any_command_quietly(db, logins, failed, args):
     finally:
         os.close(write)
     assert (result.returncode, result.stderr) == (141, "")
+
+
+def test_far_dates_load_as_datetime_s_ends_in_text_and_binary(db):
+    from datetime import UTC, datetime
+
+    from awa_sql.connect import read_far_dates
+    last, first = datetime.max.replace(tzinfo=UTC), datetime.min.replace(tzinfo=UTC)
+    with db.connect() as conn:
+        read_far_dates(conn)
+        for binary in (False, True):
+            got = conn.cursor(binary=binary).execute(
+                "select 'infinity'::timestamptz, '-infinity'::timestamptz,"
+                " '12000-01-01 00:00+00'::timestamptz, '0044-03-15 00:00+00 BC'::timestamptz,"
+                " '2020-01-01 00:00+00'::timestamptz").fetchone()
+            assert got == (last, first, last, first, datetime(2020, 1, 1, tzinfo=UTC)), binary

@@ -15,9 +15,11 @@ docs/deployment.md):
 from __future__ import annotations
 
 import os
+from datetime import UTC, datetime
 
 import psycopg
 from psycopg.pq import TransactionStatus
+from psycopg.types.datetime import TimestamptzBinaryLoader, TimestamptzLoader
 
 PREPARED_ENV = "AWA_PREPARED_STATEMENTS"
 PREPARED_MODES = ("auto", "on", "off")
@@ -95,3 +97,35 @@ def connect(dsn: str | None = None, *, prepared_statements: PreparedSetting = No
     except BaseException:
         conn.close()
         raise
+
+
+class _FarTimestamptzLoader(TimestamptzLoader):
+    """A timestamptz Python cannot hold (infinity, a year past 9999 or BC)
+    as datetime.max or datetime.min in UTC, where psycopg raises DataError."""
+
+    def load(self, data) -> datetime:
+        try:
+            return super().load(data)
+        except psycopg.DataError:
+            text = bytes(data)
+            early = text.startswith(b"-") or text.endswith(b" BC")
+            return (datetime.min if early else datetime.max).replace(tzinfo=UTC)
+
+
+class _FarTimestamptzBinaryLoader(TimestamptzBinaryLoader):
+    def load(self, data) -> datetime:
+        try:
+            return super().load(data)
+        except psycopg.DataError:
+            early = bytes(data)[0] & 0x80  # microseconds since 2000, negative
+            return (datetime.min if early else datetime.max).replace(tzinfo=UTC)
+
+
+def read_far_dates(conn: psycopg.Connection) -> psycopg.Connection:
+    """Makes ``conn`` read a time outside Python's years as datetime.max or
+    datetime.min (UTC): for the job tools, so that one job due at infinity
+    (taken before enqueues refused such times, ADR 043) does not fail the
+    listing of its whole queue."""
+    conn.adapters.register_loader("timestamptz", _FarTimestamptzLoader)
+    conn.adapters.register_loader("timestamptz", _FarTimestamptzBinaryLoader)
+    return conn

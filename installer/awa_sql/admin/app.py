@@ -16,6 +16,7 @@ from psycopg_pool import ConnectionPool
 
 from awa_sql.admin import pages, routes
 from awa_sql.admin.errors import ApiError, from_database
+from awa_sql.connect import read_far_dates
 from awa_sql.hosts import HostCheck
 from awa_sql.version import __version__
 
@@ -73,6 +74,7 @@ def _configure(read_only: bool):
         # changed queue's latest shard change (or decision) from the newest
         # row of the primary key down, through every other queue's since.
         conn.prepare_threshold = None
+        read_far_dates(conn)
     return configure
 
 

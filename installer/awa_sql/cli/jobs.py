@@ -22,7 +22,7 @@ from psycopg.rows import dict_row
 
 from awa_sql.cli.common import add_connection, bad_input_is_usage, err
 from awa_sql.cli.storage import table
-from awa_sql.connect import connect
+from awa_sql.connect import connect, read_far_dates
 from awa_sql.migrate import EXIT_USAGE
 
 EXIT_NO_SUCH_JOB = 8
@@ -188,7 +188,7 @@ def _fetch_job(conn: psycopg.Connection, job_id: int) -> dict | None:
 
 @bad_input_is_usage
 def cmd_show(args: argparse.Namespace) -> int:
-    with connect(args.dsn) as conn:
+    with read_far_dates(connect(args.dsn)) as conn:
         job = _fetch_job(conn, args.job_id)
     if job is None:
         err(f"no job {args.job_id} (unknown, or removed by retention)")
@@ -211,7 +211,7 @@ def _in_range(flag: str, value: int) -> bool:
 def cmd_list(args: argparse.Namespace) -> int:
     if not _in_range("--limit", args.limit):
         return EXIT_USAGE
-    with connect(args.dsn) as conn, conn.cursor(row_factory=dict_row) as cur:
+    with read_far_dates(connect(args.dsn)) as conn, conn.cursor(row_factory=dict_row) as cur:
         rows = cur.execute(
             "select * from awa.jobs(%s::text, %s::text, %s::text, %s::bigint, %s::integer)",
             [args.queue, args.state, args.kind, args.after, args.limit]).fetchall()
@@ -244,7 +244,7 @@ def _confirm(question: str) -> bool:
 
 
 def _one(args: argparse.Namespace, function: str, verb: str, applies_to: str) -> int:
-    with connect(args.dsn) as conn:
+    with read_far_dates(connect(args.dsn)) as conn:
         conn.execute(f"set local lock_timeout = '{LOCK_TIMEOUT}'")
         changed = conn.execute(f"select awa.{function}(%s::bigint)",
                                [args.job_id]).fetchone()[0]
@@ -275,7 +275,7 @@ def _bulk(args: argparse.Namespace, function: str, states: tuple[str, ...], ask:
           verb: str) -> int:
     if not _in_range("--batch", args.batch):
         return EXIT_USAGE
-    with connect(args.dsn, autocommit=True) as conn:
+    with read_far_dates(connect(args.dsn, autocommit=True)) as conn:
         # How many there are now, counted up to the most one call may take:
         # the confirmation names it, and the loop stops there, so jobs that
         # fail again meanwhile are not retried round and round.
