@@ -212,7 +212,9 @@ select
     s.scheduled,
     t.failed,
     t.completed,
-    now() - r.oldest_ready_at as oldest_ready_age,
+    -- A job made ready after this transaction began (ready_at is the clock at
+    -- its insert) is visible to a later statement: not a negative age.
+    greatest(interval '0', now() - r.oldest_ready_at) as oldest_ready_age,
     coalesce(m.root_queue, m.logical_queue, m.queue) as logical_queue,
     m.stripes,
     m.partitions,
@@ -302,7 +304,7 @@ select
     l.lane_id,
     l.shard >= m.enqueue_shards and l.ready > 0 as draining,
     l.ready,
-    now() - l.oldest_ready_at as lag,
+    greatest(interval '0', now() - l.oldest_ready_at) as lag,
     l.next_seq,
     l.head_seq as claim_position,
     coalesce(m.root_queue, m.logical_queue, m.queue) as logical_queue,

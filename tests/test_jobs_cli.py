@@ -144,7 +144,7 @@ def test_bulk_retry_and_cancel_ask_first_then_loop_in_batches(db, logins, failed
     assert "retried 2 jobs of kind 'mail' of cli" in mail.stdout
     rest = json.loads(db.awa("jobs", "retry", "--queue", "cli", "--batch", "2", "--yes",
                              "--json", user=logins.operator, check=True).stdout)
-    assert rest == {"queue": "cli", "kind": None, "retried": 3}
+    assert rest == {"queue": "cli", "kind": None, "retried": 3, "more": False}
     assert [_state(db, j) for j in failed["failed"]] == ["ready"] * 5
     with db.connect(logins.producer) as p:
         later = enqueue(p, "cli", "mail", run_at="2999-01-01")[0]
@@ -158,6 +158,23 @@ def test_bulk_retry_and_cancel_ask_first_then_loop_in_batches(db, logins, failed
     none = db.awa("jobs", "cancel", "--queue", "cli", "--yes", user=logins.operator,
                   check=True)
     assert "no ready or scheduled jobs in cli" in none.stdout
+
+
+def test_a_bulk_cancel_past_the_count_says_that_more_may_be_left(db, logins):
+    """One run counts at most 100,000 jobs a state and stops there (so that
+    jobs failing again are not retried round and round); with --yes it said
+    only 'cancelled 100000 jobs' and exited 0 with the rest left."""
+    with db.connect(logins.producer) as p:
+        p.execute("select count(*) from awa.enqueue_batch("
+                  " array_fill('bulk'::text, array[100001]), array_fill('k'::text, array[100001]))")
+    done = db.awa("jobs", "cancel", "--queue", "bulk", "--batch", "100000", "--yes", "--json",
+                  user=logins.operator, check=True, timeout=300)
+    assert json.loads(done.stdout) == {"queue": "bulk", "kind": None, "cancelled": 100_000,
+                                       "more": True}
+    assert "more may be left; run the command again" in done.stderr
+    again = db.awa("jobs", "cancel", "--queue", "bulk", "--yes", user=logins.operator,
+                   check=True)
+    assert "cancelled 1 job of bulk" in again.stdout and "more may" not in again.stderr
 
 
 def test_an_error_without_a_sqlstate_prints_no_bracket(db, logins):

@@ -632,8 +632,14 @@ def test_every_alert_rule_is_well_formed_and_queries_emitted_series(db, logins, 
     # The signals an incident starts from.
     used = set().union(*(promql_metric_names(rule["expr"]) for rule in rules))
     for needed in ("awa_up", "awa_queue_lag_seconds", "awa_queue_depth",
-                   "awa_table_dead_tuples", "awa_maintain_passes_total"):
+                   "awa_table_dead_tuples", "awa_maintain_passes_total",
+                   "awa_xmin_horizon_age_transactions", "awa_queue_paused"):
         assert needed in used, f"no alert on {needed}"
+    # A stopped exporter or maintainer emits no series: an alert on them
+    # alone must also fire on their absence (increase() of nothing is not 0).
+    by_name = {rule["alert"]: rule["expr"] for rule in rules}
+    assert "absent(awa_up)" in by_name["AwaExporterDown"]
+    assert "absent(awa_maintain_passes_total" in by_name["AwaMaintenanceNotRunning"]
 
 
 
@@ -657,3 +663,19 @@ def test_a_queue_with_few_scheduled_jobs_never_reads_another_queues_schedule(db,
         scrape = rows_read(conn, "awa.scheduled", SCRAPE_SQL)
     assert small <= 10
     assert scrape <= 2 * (10_000 + 10)  # index entries, and the rows they name
+
+
+def test_a_job_made_ready_after_the_scrape_began_is_no_negative_lag(db, logins):
+    """The views measure lag from now(), the start of the reader's
+    transaction; a job enqueued after it (its ready_at is the clock at its
+    insert) is visible to the reader's next statement."""
+    with db.connect(logins.reader) as r, db.connect(logins.producer) as p:
+        r.execute("begin")
+        r.execute("select now()")
+        p.execute("select awa.enqueue('lagq', 'k')")
+        lane = r.execute("select min(lag) from awa.lane_overview where queue = 'lagq'"
+                         " and ready > 0").fetchone()[0]
+        age = r.execute("select oldest_ready_age from awa.queue_overview"
+                        " where queue = 'lagq'").fetchone()[0]
+        r.execute("rollback")
+    assert lane.total_seconds() == 0 and age.total_seconds() == 0

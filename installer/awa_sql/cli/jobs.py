@@ -304,10 +304,15 @@ def _bulk(args: argparse.Namespace, function: str, states: tuple[str, ...], ask:
             if n == 0:
                 break
             done += n
+    # The count stopped at MAX_JOBS a state: there may be more.
+    more = bool(at_least)
     if args.json:
-        print(json.dumps({"queue": args.queue, "kind": args.kind, verb: done}))
+        print(json.dumps({"queue": args.queue, "kind": args.kind, verb: done, "more": more}))
     else:
         print(f"{verb} {done} {_jobs(done)}{kind} of {args.queue}")
+    if more:
+        err(f"counted at most {MAX_JOBS} {' or '.join(states)} jobs a state: more may be "
+            "left; run the command again")
     return 0
 
 

@@ -260,7 +260,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         print("no queues")
         return 0
     print(table(
-        ["queue", "S", "mode", "paused", "stripes", "ready", "running", "scheduled", "failed",
+        ["queue", "S", "mode", "paused", "stripes", "ready", "running", "scheduled", "failed ever",
          "oldest ready"],
         [(q.queue, q.enqueue_shards, q.shard_mode, "yes" if q.paused else "no", q.stripes,
           q.ready, q.running, q.scheduled, q.failed, _fmt_age(q.oldest_ready_age_seconds))

@@ -111,7 +111,7 @@
       el("td", { class: "num" }, q.failed),
       el("td", { class: "num" }, seconds(q.oldest_ready_age_seconds))));
     replace("queues", table("queues",
-      ["Queue", "S", "Mode", "Max", "State", "Ready", "Running", "Failed", "Lag"], rows));
+      ["Queue", "S", "Mode", "Max", "State", "Ready", "Running", "Failed, ever", "Lag"], rows));
     if (!data.length) replace("queues", el("p", { id: "queues" }, "No queues yet."));
     app.dataset.refreshed = String(Date.now());
     setStatus("");
@@ -139,7 +139,7 @@
       item("Ready", q.ready),
       item("Running", q.running),
       item("Scheduled", q.scheduled),
-      item("Failed", q.failed),
+      item("Failed, ever", q.failed),
       item("Lag (oldest ready)", seconds(q.oldest_ready_age_seconds)));
   }
 
