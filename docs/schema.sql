@@ -6114,6 +6114,27 @@ AS $function$
      order by m.queue
 $function$;
 
+CREATE OR REPLACE FUNCTION awa.release_worker(worker text)
+ RETURNS bigint
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+ SET lock_timeout TO '5s'
+AS $function$
+declare
+    released bigint;
+begin
+    if worker is null then
+        raise exception 'worker must not be null' using errcode = '22004';
+    end if;
+    update awa.running as r
+       set lease_expires_at = now()
+     where r.worker = release_worker.worker and r.lease_expires_at > now();
+    get diagnostics released = row_count;
+    return released;
+end;
+$function$;
+
 CREATE OR REPLACE FUNCTION awa.remove_runtime(instance_id uuid)
  RETURNS boolean
  LANGUAGE sql
@@ -6991,6 +7012,7 @@ GRANT EXECUTE ON FUNCTION awa.prune_shard_changes(interval,integer) TO awa_maint
 GRANT EXECUTE ON FUNCTION awa.prune_unique_keys(integer) TO awa_maintenance;
 GRANT EXECUTE ON FUNCTION awa.publish_runtime(uuid,text,text,integer,text,integer,jsonb) TO awa_producer, awa_worker;
 GRANT EXECUTE ON FUNCTION awa.queue_counts(text) TO awa_operator, awa_reader;
+GRANT EXECUTE ON FUNCTION awa.release_worker(text) TO awa_operator;
 GRANT EXECUTE ON FUNCTION awa.remove_runtime(uuid) TO awa_producer, awa_worker;
 GRANT EXECUTE ON FUNCTION awa.rescue_expired(integer) TO awa_maintenance;
 GRANT EXECUTE ON FUNCTION awa.resume_queue(text) TO awa_operator;

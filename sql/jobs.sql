@@ -867,6 +867,42 @@ begin
 end;
 $$;
 
+-- Function: awa.release_worker(worker text) returns bigint
+-- Ends now the leases of the jobs a worker runs, for a worker known dead
+-- whose leases are long: the next awa.rescue_expired takes them back as it
+-- takes any expired lease (the attempt counted, after the queue's backoff,
+-- last error 'lease expired'), instead of after the lease the claim gave.
+-- A worker still alive keeps a job it heartbeats before the rescue (the
+-- heartbeat sets its lease again), and its complete or fail still counts
+-- until the rescue has taken the job. Reads awa.running, which holds the
+-- running jobs only. Returns how many leases it ended; 0 for a worker
+-- running nothing. Waits at most 5 s for a row a worker's call holds
+-- (55P03, to call again).
+-- Role: awa_operator.
+-- Errors: 22004 null worker; 55P03 a row held for over 5 s.
+-- Calls: nothing
+-- Writes: awa.running
+create or replace function awa.release_worker(worker text)
+returns bigint
+language plpgsql
+security definer
+set search_path = pg_catalog, pg_temp
+set lock_timeout = '5s'
+as $$
+declare
+    released bigint;
+begin
+    if worker is null then
+        raise exception 'worker must not be null' using errcode = '22004';
+    end if;
+    update awa.running as r
+       set lease_expires_at = now()
+     where r.worker = release_worker.worker and r.lease_expires_at > now();
+    get diagnostics released = row_count;
+    return released;
+end;
+$$;
+
 -- Function: awa.retry_job(job_id bigint) returns boolean
 -- A failed or cancelled job runs again now: back into a lane of its queue
 -- with its job_id, args, ordering key, priority and max_attempts, and a
@@ -1060,6 +1096,7 @@ select awa._grant_execute(
     ' timestamptz, text, interval)'
 );
 select awa._grant_execute('awa.cancel_job(bigint)', 'operator');
+select awa._grant_execute('awa.release_worker(text)', 'operator');
 select awa._grant_execute('awa.cancel_jobs(text, text, integer)', 'operator');
 select awa._grant_execute(
     'awa._requeue(bigint[], integer[], smallint[], text[], jsonb[], bytea[], integer[],'

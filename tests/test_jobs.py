@@ -744,3 +744,43 @@ def test_a_page_reads_what_it_lists_not_the_queues_history(db, logins):
             # state's page also probes each of awa.finished's 96 slots.
             bound = {"ready": 600, None: 700}.get(state, 400)
             assert read < bound, (state, read)
+
+
+def test_release_worker_hands_a_dead_worker_s_jobs_to_the_next_rescue(db, logins):
+    """A worker killed with hour-long leases: the operator ends them, the
+    next rescue takes those jobs back (attempt counted) and no other
+    worker's; the dead run's lease is stale; a heartbeat keeps a live job."""
+    with db.connect(logins.producer) as p:
+        for _ in range(4):
+            enqueue(p, "rw", max_attempts=5)
+    with db.connect(logins.worker) as w:
+        dead = claim(w, ["rw"], 3, worker="dead-7", lease="1 hour")
+        [alive] = claim(w, ["rw"], 1, worker="alive-1", lease="1 hour")
+    with db.connect(logins.operator) as op:
+        assert op.execute("select awa.release_worker('dead-7')").fetchone()[0] == 3
+        assert op.execute("select awa.release_worker('dead-7')").fetchone()[0] == 0
+        assert op.execute("select awa.release_worker('nobody')").fetchone()[0] == 0
+        with pytest.raises(psycopg.errors.NullValueNotAllowed):
+            op.execute("select awa.release_worker(null)")
+    with db.connect(logins.maintenance) as m:
+        assert m.execute("select awa.rescue_expired()").fetchone()[0] == 3
+    with db.connect(logins.operator) as op:
+        for job_id, *_ in dead:
+            back = job(op, job_id)
+            assert back["state"] in ("scheduled", "ready"), back
+            assert back["last_error"] == "lease expired" and back["attempt"] == 1
+        assert job(op, alive[0])["state"] == "running"
+    with db.connect(logins.worker) as w:
+        stale = dead[0]
+        assert not w.execute("select awa.complete(%s, %s)", [stale[0], stale[1]]).fetchone()[0]
+    # A live worker's heartbeat after a release keeps its job.
+    with db.connect(logins.operator) as op:
+        assert op.execute("select awa.release_worker('alive-1')").fetchone()[0] == 1
+    with db.connect(logins.worker) as w:
+        assert w.execute("select awa.heartbeat(%s, %s, '1 hour')",
+                         [alive[0], alive[1]]).fetchone()[0]
+    with db.connect(logins.maintenance) as m:
+        assert m.execute("select awa.rescue_expired()").fetchone()[0] == 0
+    for login in (logins.producer, logins.worker, logins.reader, logins.maintenance):
+        with db.connect(login) as c, pytest.raises(psycopg.errors.InsufficientPrivilege):
+            c.execute("select awa.release_worker('dead-7')")
