@@ -254,3 +254,16 @@ def test_far_dates_load_as_datetime_s_ends_in_text_and_binary(db):
                 " '12000-01-01 00:00+00'::timestamptz, '0044-03-15 00:00+00 BC'::timestamptz,"
                 " '2020-01-01 00:00+00'::timestamptz").fetchone()
             assert got == (last, first, last, first, datetime(2020, 1, 1, tzinfo=UTC)), binary
+
+
+def test_list_of_running_jobs_names_their_worker_and_lease(db, logins, failed):
+    """What an operator needs to find a dead worker's jobs and to call
+    awa.release_worker with its name."""
+    running = db.awa("jobs", "list", "--queue", "cli", "--state", "running",
+                     user=logins.reader, check=True)
+    header, _, row = running.stdout.splitlines()[:3]
+    assert "worker" in header and "lease until" in header
+    assert str(failed["running"]) in row and " w " in f" {row} "
+    failed_only = db.awa("jobs", "list", "--queue", "cli", "--state", "failed",
+                         user=logins.reader, check=True)
+    assert "worker" not in failed_only.stdout.splitlines()[0]

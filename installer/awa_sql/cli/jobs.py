@@ -225,12 +225,16 @@ def cmd_list(args: argparse.Namespace) -> int:
         print("no jobs")
         return 0
     several = len({r["queue"] for r in rows}) > 1
+    # Running jobs: who runs them and until when (awa.release_worker's input).
+    running = any(r["worker"] is not None for r in rows)
     print(table(
         ["job", "state", *(["queue"] if several else []), "kind", "attempts", "enqueued",
-         "at", "last error"],
+         "at", *(["worker", "lease until"] if running else []), "last error"],
         [(r["job_id"], r["state"], *([r["queue"]] if several else []), r["kind"],
           f"{r['attempt']}/{r['max_attempts']}", _when(r["enqueued_at"]),
-          _when(r["finished_at"] or r["run_at"]), _short(r["last_error"]))
+          _when(r["finished_at"] or r["run_at"]),
+          *([r["worker"] or "", _when(r["lease_expires_at"])] if running else []),
+          _short(r["last_error"]))
          for r in rows]))
     if more:
         print(f"\nmore: --after {rows[-1]['job_id']}")
