@@ -2755,12 +2755,10 @@ begin
            -- rows for later or with a unique key: not for the one-queue movers
            count(*) filter (where s.run_at > now() or s.unique_key is not null
                                   or s.unique_window is not null) as general,
-           coalesce(bool_or(not awa._job_ok(
-               s.queue, s.kind, coalesce(s.priority, awa._default_priority()),
-               coalesce(s.max_attempts, awa._default_max_attempts())
-           ) or not awa._max_run_time_ok(s.max_run_time)
-               or not awa._ordering_key_ok(s.ordering_key)
-               or not awa._run_at_ok(s.run_at)), false) as bad
+           coalesce(bool_or(not awa._row_ok(
+               s.queue, s.kind, s.priority, s.max_attempts, s.max_run_time, s.ordering_key,
+               s.unique_key, s.unique_window, s.run_at
+           )), false) as bad
       into shape
       from awa.copy_staging as s
      where s.staged_xid = _move_staged.xid;
@@ -3070,13 +3068,10 @@ begin
     -- One pass over the staged rows: any bad row, any partitioned or
     -- striped queue (both take the batch path), and the queues to create.
     select coalesce(bool_or(
-               not awa._job_ok(
-                   s.queue, s.kind, coalesce(s.priority, awa._default_priority()),
-                   coalesce(s.max_attempts, awa._default_max_attempts())
+               not awa._row_ok(
+                   s.queue, s.kind, s.priority, s.max_attempts, s.max_run_time,
+                   s.ordering_key, s.unique_key, s.unique_window, s.run_at
                )
-               or not awa._max_run_time_ok(s.max_run_time)
-               or not awa._ordering_key_ok(s.ordering_key)
-               or not awa._run_at_ok(s.run_at)
                or s.unique_key is not null or s.unique_window is not null
                or m.stripes > 1 or m.partitions > 1
            ), false),

@@ -345,8 +345,8 @@ $$;
 -- through awa._move_staged_in_batches instead. A fast path
 -- (docs/fast-paths.md) of awa._move_staged_in_batches.
 -- Calls: awa._default_args, awa._default_max_attempts, awa._default_priority, awa._ensure_queue,
---   awa._first_attempt, awa._in_seconds, awa._job_ok, awa._key_shard, awa._lock_lane_groups,
---   awa._max_run_time_ok, awa._move_staged_in_batches, awa._ordering_key_ok, awa._run_at_ok
+--   awa._first_attempt, awa._in_seconds, awa._key_shard, awa._lock_lane_groups,
+--   awa._move_staged_in_batches, awa._row_ok
 -- Writes: awa.copy_staging, awa.ready, awa.scheduled
 create or replace function awa._move_staged_sets(xid xid8)
 returns bigint
@@ -371,13 +371,10 @@ begin
     -- One pass over the staged rows: any bad row, any partitioned or
     -- striped queue (both take the batch path), and the queues to create.
     select coalesce(bool_or(
-               not awa._job_ok(
-                   s.queue, s.kind, coalesce(s.priority, awa._default_priority()),
-                   coalesce(s.max_attempts, awa._default_max_attempts())
+               not awa._row_ok(
+                   s.queue, s.kind, s.priority, s.max_attempts, s.max_run_time,
+                   s.ordering_key, s.unique_key, s.unique_window, s.run_at
                )
-               or not awa._max_run_time_ok(s.max_run_time)
-               or not awa._ordering_key_ok(s.ordering_key)
-               or not awa._run_at_ok(s.run_at)
                or s.unique_key is not null or s.unique_window is not null
                or m.stripes > 1 or m.partitions > 1
            ), false),
@@ -478,9 +475,8 @@ $$;
 -- without unique keys, for one plain queue at one priority, they take
 -- awa._move_staged_one_lane (unkeyed) or awa._move_staged_by_key; any
 -- other load takes awa._move_staged_sets.
--- Calls: awa._default_max_attempts, awa._default_priority, awa._job_ok, awa._max_run_time_ok,
---   awa._move_staged_by_key, awa._move_staged_one_lane, awa._move_staged_sets,
---   awa._ordering_key_ok, awa._run_at_ok
+-- Calls: awa._default_priority, awa._move_staged_by_key, awa._move_staged_one_lane,
+--   awa._move_staged_sets, awa._row_ok
 -- Writes: nothing
 create or replace function awa._move_staged(xid xid8)
 returns bigint
@@ -501,12 +497,10 @@ begin
            -- rows for later or with a unique key: not for the one-queue movers
            count(*) filter (where s.run_at > now() or s.unique_key is not null
                                   or s.unique_window is not null) as general,
-           coalesce(bool_or(not awa._job_ok(
-               s.queue, s.kind, coalesce(s.priority, awa._default_priority()),
-               coalesce(s.max_attempts, awa._default_max_attempts())
-           ) or not awa._max_run_time_ok(s.max_run_time)
-               or not awa._ordering_key_ok(s.ordering_key)
-               or not awa._run_at_ok(s.run_at)), false) as bad
+           coalesce(bool_or(not awa._row_ok(
+               s.queue, s.kind, s.priority, s.max_attempts, s.max_run_time, s.ordering_key,
+               s.unique_key, s.unique_window, s.run_at
+           )), false) as bad
       into shape
       from awa.copy_staging as s
      where s.staged_xid = _move_staged.xid;
