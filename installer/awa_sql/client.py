@@ -101,13 +101,19 @@ def _aware(run_at: Any, where: str = "") -> None:
         raise ValueError(f"{where}run_at must be an aware datetime (with tzinfo), got {run_at!r}")
 
 
-def _check_job(job: Mapping[str, Any], n: int) -> None:
-    """Refuses a field of job ``n`` (1-based, as the SQL errors count) that no
-    enqueue reads: a typo would otherwise be dropped silently."""
+def _check_job(job: Mapping[str, Any], n: int, kind: Any, queue: Any, run_at: Any) -> None:
+    """Refuses job ``n`` (1-based, as the SQL errors count) before anything is
+    sent: a field no enqueue reads (a typo would be dropped silently), no
+    kind or queue once defaults are applied, a naive run_at."""
     if not job.keys() <= _JOB_FIELD_SET:
         unknown = sorted(set(job) - _JOB_FIELD_SET)
         raise TypeError(f"job {n} (1-based): unknown job fields {unknown};"
                         f" allowed: {', '.join(JOB_FIELDS)}")
+    if kind is None:
+        raise ValueError(f"job {n} (1-based) has no kind")
+    if queue is None:
+        raise ValueError(f"job {n} (1-based) has no queue: pass queue= or set it per job")
+    _aware(run_at, f"job {n} (1-based): ")
 
 
 def _params(kind: str, args: Mapping[str, Any] | None, queue: str, priority: int,
@@ -151,20 +157,14 @@ def _columns(jobs: Sequence[Mapping[str, Any]], defaults: Mapping[str, Any]) -> 
     _aware(defaults.get("run_at"), "the default ")
     cols: dict[str, list] = {f: [] for f in JOB_FIELDS}
     for n, job in enumerate(jobs, 1):
-        _check_job(job, n)
         merged = {**defaults, **job}
-        if merged.get("kind") is None:
-            raise ValueError(f"job {n} (1-based) has no kind")
-        if merged.get("queue") is None:
-            raise ValueError(f"job {n} (1-based) has no queue: pass queue= or set it per job")
+        _check_job(job, n, merged.get("kind"), merged.get("queue"), merged.get("run_at"))
         for f in JOB_FIELDS:
             value = merged.get(f)
             if f == "args":
                 value = Jsonb(dict(value or {}))
             elif f in ("ordering_key", "unique_key"):
                 value = _key(value)
-            elif f == "run_at":
-                _aware(value, f"job {n} (1-based): ")
             cols[f].append(value)
     return _optional([cols[f] for f in (
         "queue", "kind", "args", "priority", "ordering_key", "run_at", "max_attempts",
@@ -230,16 +230,12 @@ def _check_copy(jobs: Sequence[Mapping[str, Any]], queue: str | None,
     """Refuses a job COPY could not carry as it was meant, before the COPY
     starts: a caller's transaction then stays usable."""
     for i, job in enumerate(jobs):
-        _check_job(job, i + 1)
         override = (opts[i] or _NO_OVERRIDE) if opts is not None else _NO_OVERRIDE
         if override and not override.keys() <= {"queue", "ordering_key"}:
             bad = sorted(set(override) - {"queue", "ordering_key"})
             raise ValueError(f"opts[{i}] may set queue and ordering_key, not {bad}")
-        if job.get("kind") is None:
-            raise ValueError(f"job {i + 1} (1-based) has no kind")
-        if override.get("queue", job.get("queue", queue)) is None:
-            raise ValueError(f"job {i + 1} (1-based) has no queue: pass queue= or set it per job")
-        _aware(job.get("run_at"), f"job {i + 1} (1-based): ")
+        _check_job(job, i + 1, job.get("kind"), override.get("queue", job.get("queue", queue)),
+                   job.get("run_at"))
 
 
 def _copy_and_enqueue(conn: psycopg.Connection, jobs: Sequence[Mapping[str, Any]],
