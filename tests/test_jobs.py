@@ -13,7 +13,7 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from tests.support.jobs import claim, claim_all, enqueue, waits_for_a_lock
+from tests.support.jobs import behind, claim, claim_all, enqueue, waits_for_a_lock
 from tests.support.reads import blocks_read
 from tests.support.waiting import wait_until
 
@@ -784,3 +784,41 @@ def test_release_worker_hands_a_dead_worker_s_jobs_to_the_next_rescue(db, logins
     for login in (logins.producer, logins.worker, logins.reader, logins.maintenance):
         with db.connect(login) as c, pytest.raises(psycopg.errors.InsufficientPrivilege):
             c.execute("select awa.release_worker('dead-7')")
+
+
+def test_release_worker_waits_for_a_call_that_holds_a_run_and_two_releases_agree(db, logins):
+    """A heartbeat in flight holds its row: the release waits for it (no
+    error, no row skipped) and then ends that lease too; two operators
+    releasing the same worker at once both finish, every lease ended."""
+    with db.connect(logins.producer) as p:
+        for _ in range(6):
+            enqueue(p, "rwc")
+    with db.connect(logins.worker) as w:
+        runs = claim(w, ["rwc"], 6, worker="gone", lease="1 hour")
+    holder = psycopg.connect(db.dsn(logins.worker))
+    try:
+        holder.execute("select awa.heartbeat(%s, %s, '1 hour')", [runs[2][0], runs[2][1]])
+        release = behind(db, holder, psycopg.connect(db.dsn(logins.operator)),
+                         lambda c: c.execute("select awa.release_worker('gone')").fetchone()[0])
+    finally:
+        holder.close()
+    release.conn.close()
+    assert release.error is None and release.result == 6
+    with db.connect(logins.producer) as p:
+        for _ in range(6):
+            enqueue(p, "rwc")
+    with db.connect(logins.worker) as w:
+        claim(w, ["rwc"], 6, worker="gone-2", lease="1 hour")
+
+    def both(_: int) -> int:
+        with db.connect(logins.operator) as op:
+            return op.execute("select awa.release_worker('gone-2')").fetchone()[0]
+
+    with ThreadPoolExecutor(2) as pool:
+        counts = list(pool.map(both, range(2)))
+    # The second waits for the first's rows, then may end them again (its
+    # own now()): a count each, never an error or a deadlock.
+    assert max(counts) >= 1
+    with db.connect() as su:
+        assert su.execute("select count(*) from awa.running where worker = 'gone-2'"
+                          " and lease_expires_at > now()").fetchone()[0] == 0
