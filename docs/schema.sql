@@ -1432,6 +1432,23 @@ begin
 end;
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._check_no_run(caller text, job_id bigint, run_lease bigint)
+ RETURNS void
+ LANGUAGE plpgsql
+ STABLE
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+begin
+    if current_setting('transaction_isolation') <> 'read committed' then
+        raise exception '% found no run of job % with lease % in a % transaction, which cannot '
+            'tell a stale lease from a run awa.rotate_running moved after its snapshot',
+            caller, job_id, run_lease, current_setting('transaction_isolation')
+            using errcode = '25000',
+                  hint = 'Call the worker functions in read committed transactions.';
+    end if;
+end;
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._check_ordering_key(key bytea)
  RETURNS void
  LANGUAGE plpgsql
@@ -5140,10 +5157,14 @@ begin
         -- The queue's counter, which the claim copied into the running row.
         select nextval(d.completed_seq), d.unique_jobs into counted, keyed from done as d;
     end if;
+    if counted is null then
+        perform awa._check_no_run('awa.complete', complete.job_id, complete.run_lease);
+        return false;
+    end if;
     if keyed then
         perform awa._release_unique_key(complete.job_id, true);
     end if;
-    return counted is not null;
+    return true;
 end;
 $function$;
 
@@ -5557,6 +5578,7 @@ begin
      where r.job_id = fail.job_id and r.run_lease = fail.run_lease
     returning r.* into job;
     if not found then
+        perform awa._check_no_run('awa.fail', fail.job_id, fail.run_lease);
         return false;
     end if;
     perform awa._retry_or_fail(job, left(error, 65536), retry_at);
@@ -5578,7 +5600,11 @@ begin
     update awa.running as r
        set heartbeat_at = now(), lease_expires_at = least(now() + extend, r.deadline_at)
      where r.job_id = heartbeat.job_id and r.run_lease = heartbeat.run_lease;
-    return found;
+    if not found then
+        perform awa._check_no_run('awa.heartbeat', heartbeat.job_id, heartbeat.run_lease);
+        return false;
+    end if;
+    return true;
 end;
 $function$;
 

@@ -471,7 +471,8 @@ $$;
 -- False, changing nothing, when the lease is stale (the job was rescued and
 -- claimed again, or already finished).
 -- Role: awa_worker.
--- Calls: awa._finished_slot, awa._release_unique_key, awa._running_slot
+-- Errors: 25000 no run for the lease outside read committed (awa._check_no_run).
+-- Calls: awa._check_no_run, awa._finished_slot, awa._release_unique_key, awa._running_slot
 -- Writes: awa.finished, awa.running_0, awa.running_1, awa.running_carried
 create or replace function awa.complete(job_id bigint, run_lease bigint)
 returns boolean
@@ -552,10 +553,14 @@ begin
         -- The queue's counter, which the claim copied into the running row.
         select nextval(d.completed_seq), d.unique_jobs into counted, keyed from done as d;
     end if;
+    if counted is null then
+        perform awa._check_no_run('awa.complete', complete.job_id, complete.run_lease);
+        return false;
+    end if;
     if keyed then
         perform awa._release_unique_key(complete.job_id, true);
     end if;
-    return counted is not null;
+    return true;
 end;
 $$;
 
@@ -646,7 +651,8 @@ $$;
 -- Role: awa_worker.
 -- Errors: 22023 retry_at not before 9999-12-31 UTC (awa._run_at_ok), before the
 --   job is touched.
--- Calls: awa._check_run_at, awa._retry_or_fail, awa._run_at_ok
+--   25000 no run for the lease outside read committed (awa._check_no_run).
+-- Calls: awa._check_no_run, awa._check_run_at, awa._retry_or_fail, awa._run_at_ok
 -- Writes: awa.running
 create or replace function awa.fail(
     job_id bigint, run_lease bigint, error text, retry_at timestamptz default null
@@ -667,6 +673,7 @@ begin
      where r.job_id = fail.job_id and r.run_lease = fail.run_lease
     returning r.* into job;
     if not found then
+        perform awa._check_no_run('awa.fail', fail.job_id, fail.run_lease);
         return false;
     end if;
     perform awa._retry_or_fail(job, left(error, 65536), retry_at);
@@ -681,7 +688,8 @@ $$;
 -- stale lease.
 -- Role: awa_worker.
 -- Errors: 22023 extend not positive or over 30 days (awa._lease_ok); 22004 null extend.
--- Calls: awa._check_lease, awa._lease_ok
+--   25000 no run for the lease outside read committed (awa._check_no_run).
+-- Calls: awa._check_lease, awa._check_no_run, awa._lease_ok
 -- Writes: awa.running
 create or replace function awa.heartbeat(job_id bigint, run_lease bigint, extend interval)
 returns boolean
@@ -697,7 +705,11 @@ begin
     update awa.running as r
        set heartbeat_at = now(), lease_expires_at = least(now() + extend, r.deadline_at)
      where r.job_id = heartbeat.job_id and r.run_lease = heartbeat.run_lease;
-    return found;
+    if not found then
+        perform awa._check_no_run('awa.heartbeat', heartbeat.job_id, heartbeat.run_lease);
+        return false;
+    end if;
+    return true;
 end;
 $$;
 

@@ -194,6 +194,35 @@ begin
 end;
 $$;
 
+-- Function: awa._check_no_run(caller text, job_id bigint, run_lease bigint) returns void
+-- For a worker call that found no run for its lease (awa.complete, awa.fail,
+-- awa.heartbeat): raises 25000 outside read committed. awa.rotate_running
+-- carries a slot's live runs into slot 2 and truncates the slot; a snapshot
+-- taken before that commit sees neither copy (TRUNCATE is not MVCC-safe),
+-- so it cannot tell a stale lease from a run that is still the caller's.
+-- False there would let the worker's transaction commit its effects while
+-- the rescue runs the job again; the error rolls them back. In read
+-- committed each statement reads after the rotation's lock: no run there is
+-- a stale lease, and the caller returns false.
+-- Calls: nothing
+-- Writes: nothing
+create or replace function awa._check_no_run(caller text, job_id bigint, run_lease bigint)
+returns void
+language plpgsql
+stable
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    if current_setting('transaction_isolation') <> 'read committed' then
+        raise exception '% found no run of job % with lease % in a % transaction, which cannot '
+            'tell a stale lease from a run awa.rotate_running moved after its snapshot',
+            caller, job_id, run_lease, current_setting('transaction_isolation')
+            using errcode = '25000',
+                  hint = 'Call the worker functions in read committed transactions.';
+    end if;
+end;
+$$;
+
 -- Function: awa._role_for(capability text) returns name
 -- The role bound to a capability in awa.role_binding.
 -- Calls: nothing
@@ -374,6 +403,7 @@ select awa._grant_execute('awa._lock_leader(text)');
 select awa._grant_execute('awa._try_leader(text)');
 select awa._grant_execute('awa._lock_class_migrate()');
 select awa._grant_execute('awa._check_read_committed(text)');
+select awa._grant_execute('awa._check_no_run(text, bigint, bigint)');
 select awa._grant_execute('awa._role_for(text)');
 select awa._grant_execute('awa._grant_execute(regprocedure, text[])');
 select awa._grant_execute('awa._grant_select(regclass, text[])');

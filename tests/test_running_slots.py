@@ -20,7 +20,7 @@ import psycopg
 import pytest
 
 from tests.support.isolation import OLDER_SNAPSHOTS, assert_refused_outside_read_committed
-from tests.support.jobs import claim
+from tests.support.jobs import behind, claim
 
 BLOCK = 65_536
 SLOT_TABLES = {0: "awa.running_0", 1: "awa.running_1", 2: "awa.running_carried"}
@@ -166,6 +166,51 @@ def test_a_snapshot_older_than_the_slots_lock_is_refused(db, su, logins, isolati
     assert_refused_outside_read_committed(db, logins.maintenance, "awa.rotate_running()",
                                           isolation)
     assert su.execute(WHERE, [job_id]).fetchone() == ("awa.running_0", 0, lease)
+
+
+WORKER_CALLS = {
+    "complete": "select awa.complete(%s, %s)",
+    "fail": "select awa.fail(%s, %s, 'boom')",
+    "heartbeat": "select awa.heartbeat(%s, %s, '1 hour')",
+}
+
+
+@pytest.mark.parametrize("call", sorted(WORKER_CALLS))
+def test_a_worker_call_older_than_a_rotation_refuses_instead_of_answering_stale(
+        db, su, logins, call):
+    """A repeatable read worker's statement takes its snapshot, then waits for
+    the rotation that carries its run into slot 2: its snapshot sees the run
+    in neither slot. It must not answer "stale lease" (false), which lets
+    the worker's transaction commit while the rescue runs the job again; it
+    raises 25000, and the run, still live, is found in read committed."""
+    lease_at(su, 14 * BLOCK)  # slot 0
+    with db.connect(logins.worker) as w:
+        (job_id, lease, *_), = claim(w, ["rot"], 1)
+        into_second_half(su)
+        claim(w, ["rot"], 1)
+    with db.connect(logins.maintenance, autocommit=False) as m, \
+            db.connect(logins.worker) as rr, db.connect(logins.worker) as rc:
+        rr.execute("set default_transaction_isolation = 'repeatable read'")
+        assert m.execute("select awa.rotate_running()").fetchone()[0] == 1
+        waiting = behind(db, m, rr, lambda c: c.execute(WORKER_CALLS[call], [job_id, lease]))
+        assert isinstance(waiting.error, psycopg.Error), waiting.result
+        assert waiting.error.sqlstate == "25000"
+        assert f"no run of job {job_id} with lease {lease}" in str(waiting.error)
+        assert su.execute(WHERE, [job_id]).fetchone() == ("awa.running_carried", 2, lease)
+        assert rc.execute(WORKER_CALLS[call], [job_id, lease]).fetchone()[0] is True
+
+
+@pytest.mark.parametrize("call", sorted(WORKER_CALLS))
+def test_a_stale_lease_is_false_in_read_committed_and_refused_outside_it(
+        db, su, logins, call):
+    with db.connect(logins.worker) as w:
+        (job_id, lease, *_), = claim(w, ["rot"], 1)
+        assert w.execute("select awa.complete(%s, %s)", [job_id, lease]).fetchone()[0]
+        assert w.execute(WORKER_CALLS[call], [job_id, lease]).fetchone()[0] is False
+        w.execute("set default_transaction_isolation = 'repeatable read'")
+        with pytest.raises(psycopg.Error) as err:
+            w.execute(WORKER_CALLS[call], [job_id, lease])
+        assert err.value.sqlstate == "25000"
 
 
 @pytest.mark.parametrize("role", ["producer", "worker", "operator", "reader"])
