@@ -2415,8 +2415,8 @@ CREATE OR REPLACE FUNCTION awa._lease_ok(lease interval)
  IMMUTABLE PARALLEL SAFE
 AS $function$
     select lease is not null
-       and lease operator(pg_catalog.>) '0'::pg_catalog.interval
-       and lease operator(pg_catalog.<=) '30 days'::pg_catalog.interval
+       and pg_catalog.date_part('epoch', lease) operator(pg_catalog.>) 0
+       and pg_catalog.date_part('epoch', lease) operator(pg_catalog.<=) 2592000
 $function$;
 
 CREATE OR REPLACE FUNCTION awa._limbs_mod(limbs bigint[], m integer)
@@ -4845,7 +4845,7 @@ begin
                         m.job_id, m.run_lease, m.lane_id, m.lane_seq, m.queue_id, m.priority,
                         m.kind, m.args, m.ordering_key, m.attempt + 1, m.max_attempts,
                         m.enqueued_at, claim.worker, now(), now(),
-                        least(now() + claim.lease, m.deadline_at),
+                        least(now() + awa._in_seconds(claim.lease), m.deadline_at),
                         solo_completed_seq, m.max_run_time, m.deadline_at,
                         -- Read again with this statement's snapshot unless the row
                         -- read first said so: the first keyed job marks its queue in
@@ -4954,7 +4954,7 @@ begin
                         m.kind, m.args, m.ordering_key, m.attempt + 1, m.max_attempts,
                         m.enqueued_at,
                         -- least() passes over a null deadline.
-                        claim.worker, now(), now(), least(now() + claim.lease, m.deadline_at),
+                        claim.worker, now(), now(), least(now() + awa._in_seconds(claim.lease), m.deadline_at),
                         m.completed_seq, m.max_run_time, m.deadline_at, m.unique_jobs,
                         awa._running_slot(m.run_lease)
                       from moved as m
@@ -5598,7 +5598,9 @@ begin
         perform awa._check_lease('extend', extend);
     end if;
     update awa.running as r
-       set heartbeat_at = now(), lease_expires_at = least(now() + extend, r.deadline_at)
+       set heartbeat_at = now(), lease_expires_at = least(
+           now() + awa._in_seconds(extend), r.deadline_at
+       )
      where r.job_id = heartbeat.job_id and r.run_lease = heartbeat.run_lease;
     if not found then
         perform awa._check_no_run('awa.heartbeat', heartbeat.job_id, heartbeat.run_lease);
@@ -6500,24 +6502,28 @@ begin
     anchor := awa._queue(set_autoscale_policy.queue);
     -- The first argument out of range, in the order of the arguments (a null
     -- keeps the default); awa.sample_lane_contention keeps one hour of
-    -- samples, so no window is longer.
+    -- samples, so no window is longer. NaN is above every number, so the
+    -- bounds refuse it.
     bad := case
-        when grow_window <= interval '0' or grow_window > interval '1 hour' then
+        when not pg_catalog.date_part('epoch', grow_window) > 0
+             or pg_catalog.date_part('epoch', grow_window) > 3600 then
             pg_catalog.format('grow_window must be above 0 and at most 1 hour, got %s',
                               grow_window)
         when grow_wait_share not between 0 and 1 then
             pg_catalog.format('grow_wait_share must be between 0 and 1, got %s',
                               grow_wait_share)
-        when grow_waiters < 0 then
-            pg_catalog.format('grow_waiters must be at least 0, got %s', grow_waiters)
-        when shrink_window <= interval '0' or shrink_window > interval '1 hour' then
+        when not (grow_waiters >= 0 and grow_waiters < 'Infinity') then
+            pg_catalog.format('grow_waiters must be a finite number of at least 0, got %s',
+                              grow_waiters)
+        when not pg_catalog.date_part('epoch', shrink_window) > 0
+             or pg_catalog.date_part('epoch', shrink_window) > 3600 then
             pg_catalog.format('shrink_window must be above 0 and at most 1 hour, got %s',
                               shrink_window)
         when shrink_wait_share not between 0 and 1 then
             pg_catalog.format('shrink_wait_share must be between 0 and 1, got %s',
                               shrink_wait_share)
-        when cooldown < interval '0' then
-            pg_catalog.format('cooldown must be at least 0, got %s', cooldown)
+        when not pg_catalog.date_part('epoch', cooldown) between 0 and 86400 then
+            pg_catalog.format('cooldown must be between 0 and 1 day, got %s', cooldown)
         when min_samples not between 1 and 10000 then
             pg_catalog.format('min_samples must be between 1 and 10000, got %s', min_samples)
     end;
@@ -6529,8 +6535,9 @@ begin
         queue_id, grow_window, grow_wait_share, grow_waiters, shrink_window,
         shrink_wait_share, cooldown, min_samples
     ) values (
-        anchor.queue_id, grow_window, grow_wait_share, grow_waiters, shrink_window,
-        shrink_wait_share, cooldown, min_samples
+        anchor.queue_id, awa._in_seconds(grow_window), grow_wait_share, grow_waiters,
+        awa._in_seconds(shrink_window), shrink_wait_share, awa._in_seconds(cooldown),
+        min_samples
     )
     on conflict (queue_id) do update
         set grow_window = excluded.grow_window,

@@ -118,8 +118,10 @@ select awa._grant_execute('awa.set_shard_mode(text, text, integer)', 'operator')
 -- Replaces the queue's auto-scaler thresholds; an argument left null takes
 -- the default. Role: awa_operator. Errors: 42704 unknown queue; 22023 a
 -- value out of range (windows > 0 and at most 1 hour, the samples kept;
--- cooldown >= 0, shares in 0..1, min_samples in 1..10000).
--- Calls: awa._queue
+-- cooldown 0 to 1 day; shares in 0..1; grow_waiters finite, >= 0;
+-- min_samples in 1..10000). Intervals are read and stored in seconds
+-- (awa._in_seconds), so a window is the one checked whatever the month.
+-- Calls: awa._in_seconds, awa._queue
 -- Writes: awa.autoscale_policy
 create or replace function awa.set_autoscale_policy(
     queue text,
@@ -143,24 +145,28 @@ begin
     anchor := awa._queue(set_autoscale_policy.queue);
     -- The first argument out of range, in the order of the arguments (a null
     -- keeps the default); awa.sample_lane_contention keeps one hour of
-    -- samples, so no window is longer.
+    -- samples, so no window is longer. NaN is above every number, so the
+    -- bounds refuse it.
     bad := case
-        when grow_window <= interval '0' or grow_window > interval '1 hour' then
+        when not pg_catalog.date_part('epoch', grow_window) > 0
+             or pg_catalog.date_part('epoch', grow_window) > 3600 then
             pg_catalog.format('grow_window must be above 0 and at most 1 hour, got %s',
                               grow_window)
         when grow_wait_share not between 0 and 1 then
             pg_catalog.format('grow_wait_share must be between 0 and 1, got %s',
                               grow_wait_share)
-        when grow_waiters < 0 then
-            pg_catalog.format('grow_waiters must be at least 0, got %s', grow_waiters)
-        when shrink_window <= interval '0' or shrink_window > interval '1 hour' then
+        when not (grow_waiters >= 0 and grow_waiters < 'Infinity') then
+            pg_catalog.format('grow_waiters must be a finite number of at least 0, got %s',
+                              grow_waiters)
+        when not pg_catalog.date_part('epoch', shrink_window) > 0
+             or pg_catalog.date_part('epoch', shrink_window) > 3600 then
             pg_catalog.format('shrink_window must be above 0 and at most 1 hour, got %s',
                               shrink_window)
         when shrink_wait_share not between 0 and 1 then
             pg_catalog.format('shrink_wait_share must be between 0 and 1, got %s',
                               shrink_wait_share)
-        when cooldown < interval '0' then
-            pg_catalog.format('cooldown must be at least 0, got %s', cooldown)
+        when not pg_catalog.date_part('epoch', cooldown) between 0 and 86400 then
+            pg_catalog.format('cooldown must be between 0 and 1 day, got %s', cooldown)
         when min_samples not between 1 and 10000 then
             pg_catalog.format('min_samples must be between 1 and 10000, got %s', min_samples)
     end;
@@ -172,8 +178,9 @@ begin
         queue_id, grow_window, grow_wait_share, grow_waiters, shrink_window,
         shrink_wait_share, cooldown, min_samples
     ) values (
-        anchor.queue_id, grow_window, grow_wait_share, grow_waiters, shrink_window,
-        shrink_wait_share, cooldown, min_samples
+        anchor.queue_id, awa._in_seconds(grow_window), grow_wait_share, grow_waiters,
+        awa._in_seconds(shrink_window), shrink_wait_share, awa._in_seconds(cooldown),
+        min_samples
     )
     on conflict (queue_id) do update
         set grow_window = excluded.grow_window,

@@ -191,7 +191,8 @@ $$;
 -- Errors: 22023 max_jobs < 0, or lease not positive or over 30 days (awa._lease_ok);
 --   22004 null queues, worker or lease.
 -- Calls: awa._check_lease, awa._check_limit, awa._claim_hint_step, awa._claim_walk_shard,
---   awa._lease_ok, awa._limit_ok, awa._move_lane_hints, awa._running_slot, awa._walked_shards
+--   awa._in_seconds, awa._lease_ok, awa._limit_ok, awa._move_lane_hints, awa._running_slot,
+--   awa._walked_shards
 -- Writes: awa.ready, awa.running
 create or replace function awa.claim(
     queues text[],
@@ -316,7 +317,7 @@ begin
                         m.job_id, m.run_lease, m.lane_id, m.lane_seq, m.queue_id, m.priority,
                         m.kind, m.args, m.ordering_key, m.attempt + 1, m.max_attempts,
                         m.enqueued_at, claim.worker, now(), now(),
-                        least(now() + claim.lease, m.deadline_at),
+                        least(now() + awa._in_seconds(claim.lease), m.deadline_at),
                         solo_completed_seq, m.max_run_time, m.deadline_at,
                         -- Read again with this statement's snapshot unless the row
                         -- read first said so: the first keyed job marks its queue in
@@ -425,7 +426,7 @@ begin
                         m.kind, m.args, m.ordering_key, m.attempt + 1, m.max_attempts,
                         m.enqueued_at,
                         -- least() passes over a null deadline.
-                        claim.worker, now(), now(), least(now() + claim.lease, m.deadline_at),
+                        claim.worker, now(), now(), least(now() + awa._in_seconds(claim.lease), m.deadline_at),
                         m.completed_seq, m.max_run_time, m.deadline_at, m.unique_jobs,
                         awa._running_slot(m.run_lease)
                       from moved as m
@@ -689,7 +690,7 @@ $$;
 -- Role: awa_worker.
 -- Errors: 22023 extend not positive or over 30 days (awa._lease_ok); 22004 null extend.
 --   25000 no run for the lease outside read committed (awa._check_no_run).
--- Calls: awa._check_lease, awa._check_no_run, awa._lease_ok
+-- Calls: awa._check_lease, awa._check_no_run, awa._in_seconds, awa._lease_ok
 -- Writes: awa.running
 create or replace function awa.heartbeat(job_id bigint, run_lease bigint, extend interval)
 returns boolean
@@ -703,7 +704,9 @@ begin
         perform awa._check_lease('extend', extend);
     end if;
     update awa.running as r
-       set heartbeat_at = now(), lease_expires_at = least(now() + extend, r.deadline_at)
+       set heartbeat_at = now(), lease_expires_at = least(
+           now() + awa._in_seconds(extend), r.deadline_at
+       )
      where r.job_id = heartbeat.job_id and r.run_lease = heartbeat.run_lease;
     if not found then
         perform awa._check_no_run('awa.heartbeat', heartbeat.job_id, heartbeat.run_lease);

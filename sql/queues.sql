@@ -313,7 +313,9 @@ $$;
 
 -- Function: awa._lease_ok(lease interval) returns boolean
 -- A lease given to a claim or a heartbeat: not null, positive, and at most
--- 30 days (the longest max run time: awa._max_run_time_ok). Inlined.
+-- 30 days (the longest max run time: awa._max_run_time_ok), in seconds, as
+-- it is applied (awa._in_seconds): '1 mon -30 days 1 second' is one second,
+-- where now() plus it in February would be two days in the past. Inlined.
 -- Calls: nothing
 -- Writes: nothing
 create or replace function awa._lease_ok(lease interval)
@@ -322,8 +324,8 @@ language sql
 immutable parallel safe
 as $$
     select lease is not null
-       and lease operator(pg_catalog.>) '0'::pg_catalog.interval
-       and lease operator(pg_catalog.<=) '30 days'::pg_catalog.interval
+       and pg_catalog.date_part('epoch', lease) operator(pg_catalog.>) 0
+       and pg_catalog.date_part('epoch', lease) operator(pg_catalog.<=) 2592000
 $$;
 
 -- Function: awa._check_lease(what text, lease interval) returns void

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import html
+import os
 import re
 import shutil
+import socket
+import subprocess
+import sys
 from pathlib import Path
 from urllib.parse import quote
 
@@ -551,6 +555,20 @@ def test_awa_admin_serve_on_a_taken_port_is_a_clear_error(db):
     with taken_port() as port:
         result = db.awa("admin", "serve", "--port", str(port), timeout=30)
     assert_cannot_listen(result, f"127.0.0.1:{port}")
+
+
+def test_awa_admin_serve_that_cannot_reach_its_database_exits_7():
+    """The exit code of every awa command that cannot connect (docs/migrations.md),
+    once the pool has tried for 30 s: not 3, which says drift."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed = probe.getsockname()[1]
+    env = {**os.environ, "AWA_DATABASE_URL": f"postgresql://nobody@127.0.0.1:{closed}/none"}
+    env.pop("DATABASE_URL", None)
+    result = subprocess.run([sys.executable, "-m", "awa_sql", "admin", "serve", "--port", "0"],
+                            env=env, capture_output=True, text=True, timeout=90,
+                            stdin=subprocess.DEVNULL, check=False)
+    assert result.returncode == 7, (result.returncode, result.stderr[-2000:])
 
 
 # -- the Host check (DNS rebinding) ------------------------------------------------------

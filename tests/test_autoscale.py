@@ -415,9 +415,22 @@ def test_policy_validation(db, logins):
     """The message names the argument, its value and its range."""
     with db.connect(logins.operator) as op:
         for bad, message in (
-                ({"cooldown": "-1s"}, "cooldown must be at least 0, got -00:00:01"),
+                ({"cooldown": "-1s"}, "cooldown must be between 0 and 1 day, got -00:00:01"),
+                ({"cooldown": "infinity"}, "cooldown must be between 0 and 1 day, got infinity"),
+                ({"cooldown": "1 day 1 second"},
+                 "cooldown must be between 0 and 1 day, got 1 day 00:00:01"),
                 ({"grow_wait_share": 1.5}, "grow_wait_share must be between 0 and 1, got 1.5"),
-                ({"grow_waiters": -1}, "grow_waiters must be at least 0, got -1"),
+                ({"grow_waiters": -1},
+                 "grow_waiters must be a finite number of at least 0, got -1"),
+                ({"grow_waiters": "NaN"},
+                 "grow_waiters must be a finite number of at least 0, got NaN"),
+                ({"grow_waiters": "Infinity"},
+                 "grow_waiters must be a finite number of at least 0, got Infinity"),
+                # One hour by PostgreSQL's comparison of intervals (a year is 360
+                # days), five days and more in seconds (365.25).
+                ({"grow_window": "1 year -360 days 1 hour"},
+                 "grow_window must be above 0 and at most 1 hour,"
+                 " got 1 year -360 days +01:00:00"),
                 ({"min_samples": 0}, "min_samples must be between 1 and 10000, got 0"),
                 ({"shrink_window": "0"},
                  "shrink_window must be above 0 and at most 1 hour, got 00:00:00"),
@@ -431,6 +444,14 @@ def test_policy_validation(db, logins):
             assert err.value.sqlstate == "22023"
             assert err.value.diag.message_primary == (
                 f"autoscale policy for queue 'pv': {message}")
+        # A window given with a month is stored as the seconds it was checked as.
+        op.execute("select awa.set_autoscale_policy('pv', grow_window => '1 mon -30 days 1 minute',"
+                   " cooldown => '1 mon -29 days')")
+    with db.connect() as admin:
+        assert admin.execute(
+            "select grow_window, cooldown from awa.autoscale_policy p"
+            " join awa.queue_meta m using (queue_id) where m.queue = 'pv'").fetchone() == (
+                timedelta(minutes=1), timedelta(days=1))
 
 
 def test_roles(db, logins):

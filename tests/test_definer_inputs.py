@@ -30,6 +30,10 @@ ALLOWED = {
     ("awa._lane_wait_total", "setting 'awa.lane_lock_wait_us'"):
         "the wait total for the client's metric: a non-number counts as 0, and forging it"
         " misleads only the caller's own numbers (test_forged_state)",
+    ("awa._check_no_run", "setting 'transaction_isolation'"):
+        "only after a worker call found no run, to raise instead of answering false from a"
+        " snapshot older than a rotation of awa.running; the caller can make its own call"
+        " fail, never make it change a run it does not hold",
     ("awa._check_read_committed", "setting 'transaction_isolation'"):
         "only to refuse an isolation level whose snapshot is older than the lock of the"
         " TRUNCATE that follows (awa.rotate_running, awa.compact_lane_hints); the caller can"

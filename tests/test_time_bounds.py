@@ -12,7 +12,7 @@ refused and a time just before it taken.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
@@ -116,6 +116,28 @@ def test_a_claim_refuses_a_lease_outside_its_range_and_takes_nothing(db, logins,
     with db.connect() as su:
         assert su.execute("select lease_expires_at - claimed_at from awa.running"
                           " where job_id = %s", [job[0]]).fetchone()[0].days == 30
+
+
+def test_a_lease_is_checked_and_applied_in_seconds(db, logins):
+    """PostgreSQL compares intervals with a month of 30 days and a year of
+    360, but adds a month to a time by the calendar: a lease is checked and
+    applied as its seconds (a month 30 days, a year 365.25), so the lease a
+    claim or heartbeat sets is the one checked, whatever the month."""
+    with db.connect(logins.producer) as p:
+        p.execute("select awa.enqueue_batch(array['tbs', 'tbs'], array['k', 'k'])")
+    with db.connect(logins.worker) as w:
+        # 25 days by comparison, 30.25 in seconds.
+        with pytest.raises(psycopg.errors.InvalidParameterValue):
+            claim(w, ["tbs"], 1, lease="1 year -335 days")
+        [job] = claim(w, ["tbs"], 1, lease="1 mon -30 days 1 second")
+        assert w.execute("select awa.heartbeat(%s, %s, '1 mon -29 days')",
+                         [job[0], job[1]]).fetchone()[0]
+        [second] = claim(w, ["tbs"], 1, lease="1 mon -30 days 1 second")
+    with db.connect() as su:
+        leases = dict(su.execute("select job_id, lease_expires_at - heartbeat_at"
+                                 " from awa.running where queue_id = (select queue_id"
+                                 " from awa.queue_meta where queue = 'tbs')").fetchall())
+    assert leases == {job[0]: timedelta(days=1), second[0]: timedelta(seconds=1)}
 
 
 def test_a_heartbeat_refuses_an_extension_outside_its_range(db, logins):

@@ -12,8 +12,10 @@ DESCRIPTIONS = {
     "owner": "owns schema awa and every object in it (NOLOGIN; never granted to applications)",
     "producer": "enqueue: single, batch, COPY",
     "worker": "claim, heartbeat, complete, fail",
-    "maintenance": "promote scheduled jobs, rescue expired leases, run the auto-scaler tick",
-    "operator": "change enqueue shards, shard mode, pause and resume; read everything",
+    "maintenance": "the maintenance passes: promote scheduled jobs, rescue expired leases, the "
+                   "auto-scaler tick, retention, rewrites",
+    "operator": "change enqueue shards, shard mode, pause and resume, the queue policies, "
+                "the queue limit, stripes and partitions; the job tools; read everything",
     "reader": "read-only views and stats for dashboards and the admin page",
 }
 

@@ -12,6 +12,7 @@ from awa_sql.admin.app import MIN_TOKEN_LENGTH, Settings, create_app
 from awa_sql.connect import resolve_dsn
 from awa_sql.hosts import HostCheck, for_server, url
 from awa_sql.listen import listen
+from awa_sql.migrate import EXIT_ERROR
 
 ALLOWED_HOSTS_ENV = "AWA_ADMIN_ALLOWED_HOSTS"
 
@@ -58,5 +59,11 @@ def serve(dsn: str | None, host: str, port: int, writable: bool,
     if warning:
         print(warning, file=sys.stderr, flush=True)
     server = uvicorn.Server(config)
-    server.run(sockets=[sock])
-    return 0 if server.started else 3
+    try:
+        server.run(sockets=[sock])
+    except SystemExit:
+        # uvicorn's own exit (3) when the app's start fails: its pool found no
+        # database in 30 s. 3 means drift to every awa command.
+        if server.started:
+            raise
+    return 0 if server.started else EXIT_ERROR
