@@ -1,8 +1,10 @@
 """Enqueue, claim and finish on real PostgreSQL 17 and 18, as the runtime roles;
-``awa storage set-enqueue-shards`` with a bad or a new queue name."""
+``awa storage set-enqueue-shards`` with a bad or a new queue name; ``awa storage
+pause`` and ``resume``."""
 
 from __future__ import annotations
 
+import json
 import random
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -449,3 +451,77 @@ def test_set_enqueue_shards_says_when_it_creates_the_queue(db, logins):
         again = db.awa("storage", "set-enqueue-shards", "--queue", queue, "--shards", "3",
                        "--yes", user=logins.operator, check=True)
         assert "new queue" not in again.stdout and "no queue" not in again.stdout
+
+
+# -- awa storage pause / resume ------------------------------------------------------------
+
+
+def _paused(db, queue) -> list[bool]:
+    with db.connect() as admin:
+        return [p for (p,) in admin.execute(
+            "select paused from awa.queue_meta where coalesce(root_queue, logical_queue, queue)"
+            " = %s order by queue", [queue])]
+
+
+def test_storage_pause_and_resume_say_whether_they_changed_anything(db, logins):
+    with db.connect(logins.producer) as p:
+        job_id = enqueue(p, "pq")[0]
+    with db.connect() as admin:
+        admin.execute("select awa.set_queue_stripes('pq', 2)")
+    assert _paused(db, "pq") == [False] * 3
+    paused = db.awa("storage", "pause", "pq", user=logins.operator, check=True)
+    assert paused.stdout.strip() == "paused pq"
+    assert _paused(db, "pq") == [True] * 3  # the queue and its stripes
+    with db.connect(logins.worker) as w:
+        assert claim(w, ["pq"]) == []
+    again = db.awa("storage", "pause", "--queue", "pq", user=logins.operator, check=True)
+    assert again.stdout.strip() == "pq was already paused: nothing changed"
+    as_json = db.awa("storage", "pause", "pq", "--json", user=logins.operator, check=True)
+    assert json.loads(as_json.stdout) == {"queue": "pq", "paused": True, "changed": False}
+    resumed = db.awa("storage", "resume", "pq", "--json", user=logins.operator, check=True)
+    assert json.loads(resumed.stdout) == {"queue": "pq", "paused": False, "changed": True}
+    assert _paused(db, "pq") == [False] * 3
+    with db.connect(logins.worker) as w:
+        assert [row[0] for row in claim(w, ["pq"])] == [job_id]
+    twice = db.awa("storage", "resume", "pq", user=logins.operator, check=True)
+    assert twice.stdout.strip() == "pq was not paused: nothing changed"
+
+
+@pytest.mark.parametrize("command", ["pause", "resume"])
+@pytest.mark.parametrize(("queue", "says"), [
+    ("nosuch", "queue 'nosuch' does not exist [42704]"),
+    ("", "queue name must be 1 to 200 bytes, got an empty name"),
+    ("orders#0", "queue name must not contain '#'"),
+])
+def test_storage_pause_and_resume_refuse_an_unknown_or_bad_queue_naming_it(
+        db, logins, command, queue, says):
+    before = _queues(db)
+    result = db.awa("storage", command, queue, user=logins.operator)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines() == [result.stderr.splitlines()[0]], result.stderr
+    assert result.stderr.startswith(f"awa: {says}"), result.stderr
+    assert "Traceback" not in result.stderr and "CONTEXT" not in result.stderr
+    assert result.stdout == ""
+    assert _queues(db) == before
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    ([], "awa: give the queue to pause: awa storage pause QUEUE"),
+    (["pq", "--queue", "other"], "awa: give the queue once: 'pq' or --queue 'other'"),
+])
+def test_storage_pause_needs_one_queue(db, logins, args, says):
+    with db.connect(logins.producer) as p:
+        enqueue(p, "pq")
+    result = db.awa("storage", "pause", *args, user=logins.operator)
+    assert (result.returncode, result.stderr.strip()) == (2, says)
+    assert _paused(db, "pq") == [False]
+
+
+def test_storage_pause_without_awa_operator_is_refused_as_the_other_commands_are(db, logins):
+    with db.connect(logins.producer) as p:
+        enqueue(p, "pq")
+    refused = db.awa("storage", "pause", "pq", user=logins.reader)
+    assert refused.returncode == 7, refused.stderr
+    assert refused.stderr.startswith("awa: InsufficientPrivilege [42501]: permission denied "
+                                     "for function pause_queue"), refused.stderr
+    assert _paused(db, "pq") == [False]

@@ -69,6 +69,26 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.set_defaults(func=cmd_show)
 
+    for name, paused, what in (
+        ("pause", True, "claims take nothing from the queue; producers may still enqueue"),
+        ("resume", False, "claims take the queue's jobs again"),
+    ):
+        p = ss.add_parser(
+            name, help=f"{name} a queue: {what}",
+            description=f"{name.capitalize()} a queue with all its partitions and stripes "
+            f"(awa.{name}_queue): {what}. Says whether it changed anything; a queue "
+            f"{'already paused' if paused else 'not paused'} is left as it is (exit 0). Needs "
+            "awa_operator. Exit codes: 0 done, 2 a bad or unknown queue name, 7 connection "
+            "or server error (42501: the login lacks awa_operator).")
+        add_connection(p)
+        p.add_argument("queue", nargs="?", metavar="QUEUE",
+                       help="queue name: a logical queue (all its partitions and stripes), or "
+                       "one partition (orders__p1)")
+        p.add_argument("--queue", dest="queue_option", metavar="QUEUE",
+                       help="the same, as the other storage commands take it")
+        p.add_argument("--json", action="store_true", help="machine-readable output")
+        p.set_defaults(func=cmd_set_paused, paused=paused)
+
     a = ss.add_parser("autoscale", help="run the enqueue-shard auto-scaler")
     aa = a.add_subparsers(dest="autoscale_command", required=True)
     r = aa.add_parser(
@@ -184,6 +204,33 @@ def cmd_set_shard_mode(args: argparse.Namespace) -> int:
         print(table(["physical queue", "old S", "new S", "lanes created"],
                     [(c.physical_queue, c.old_shards, c.new_shards, c.lanes_created)
                      for c in changes]))
+    return 0
+
+
+@bad_input_is_usage
+def cmd_set_paused(args: argparse.Namespace) -> int:
+    command = "pause" if args.paused else "resume"
+    if args.queue is not None and args.queue_option is not None \
+            and args.queue != args.queue_option:
+        print(f"awa: give the queue once: {args.queue!r} or --queue {args.queue_option!r}",
+              file=sys.stderr)
+        return EXIT_USAGE
+    queue = args.queue if args.queue is not None else args.queue_option
+    if queue is None:
+        print(f"awa: give the queue to {command}: awa storage {command} QUEUE",
+              file=sys.stderr)
+        return EXIT_USAGE
+    with connect(args.dsn) as conn:
+        # An unknown queue (42704) or a bad name (22xxx) raises here: exit 2.
+        changed = conn.execute(f"select awa.{command}_queue(%s::text)", [queue]).fetchone()[0]
+        conn.commit()
+    if args.json:
+        print(json.dumps({"queue": queue, "paused": args.paused, "changed": changed},
+                         sort_keys=True))
+    elif changed:
+        print(f"{command}d {queue}")
+    else:
+        print(f"{queue} was {'already paused' if args.paused else 'not paused'}: nothing changed")
     return 0
 
 
