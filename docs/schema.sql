@@ -5634,7 +5634,7 @@ begin
 end;
 $function$;
 
-CREATE OR REPLACE FUNCTION awa.jobs(queue text, state text DEFAULT NULL::text, kind text DEFAULT NULL::text, after_job_id bigint DEFAULT NULL::bigint, max_jobs integer DEFAULT 100)
+CREATE OR REPLACE FUNCTION awa.jobs(queue text, state text DEFAULT NULL::text, kind text DEFAULT NULL::text, after_job_id bigint DEFAULT NULL::bigint, max_jobs integer DEFAULT 100, worker text DEFAULT NULL::text)
  RETURNS SETOF awa.job_info
  LANGUAGE plpgsql
  SECURITY DEFINER
@@ -5648,12 +5648,20 @@ AS $function$
 declare
     ids integer[] := awa._queue_ids(queue);
     from_id bigint := coalesce(after_job_id, 0);
+    -- The state listed: null for every state.
+    listed text;
     terminal text[];
 begin
     perform awa._check_job_state(state);
     perform awa._check_max_jobs('max_jobs', max_jobs);
-    terminal := case when jobs.state is null then array['completed', 'failed', 'cancelled']
-                     when jobs.state in ('completed', 'failed', 'cancelled') then array[jobs.state]
+    if worker is not null and state <> 'running' then
+        raise exception 'worker % holds running jobs only: state must be running or null, '
+                        'got %', quote_literal(worker), quote_literal(state)
+            using errcode = '22023';
+    end if;
+    listed := case when worker is not null then 'running' else state end;
+    terminal := case when listed is null then array['completed', 'failed', 'cancelled']
+                     when listed in ('completed', 'failed', 'cancelled') then array[listed]
                      else '{}'::text[] end;
     return query
     select j.job_id, m.queue, coalesce(m.root_queue, m.logical_queue, m.queue), j.kind,
@@ -5678,7 +5686,7 @@ begin
                 order by x.queue_id, x.job_id
                 limit jobs.max_jobs
            ) as s
-           where jobs.state is null or jobs.state = 'scheduled'
+           where listed is null or listed = 'scheduled'
           union all
           select r.job_id, r.queue_id, 'running', r.priority, r.kind, r.args, r.ordering_key,
                  r.attempt, r.max_attempts, r.enqueued_at, r.claimed_at, null, null, r.worker,
@@ -5689,10 +5697,11 @@ begin
                   from awa.running as x
                  where x.queue_id = any(ids) and x.job_id > from_id
                    and (jobs.kind is null or x.kind = jobs.kind)
+                   and (jobs.worker is null or x.worker = jobs.worker)
                  order by x.job_id
                  limit jobs.max_jobs
             ) as r
-           where jobs.state is null or jobs.state = 'running'
+           where listed is null or listed = 'running'
           union all
           select w.job_id, w.queue_id, 'ready', w.priority, w.kind, w.args, w.ordering_key,
                  w.attempt, w.max_attempts, w.enqueued_at, w.ready_at, null, w.last_error,
@@ -5714,7 +5723,7 @@ begin
                 order by x.lane_seq
                 limit jobs.max_jobs
            ) as w
-           where (jobs.state is null or jobs.state = 'ready') and l.head_seq is not null
+           where (listed is null or listed = 'ready') and l.head_seq is not null
           union all
           select v.job_id, v.queue_id, 'ready', v.priority, v.kind, v.args, v.ordering_key,
                  v.attempt, v.max_attempts, v.enqueued_at, v.ready_at, null, v.last_error,
@@ -5731,7 +5740,7 @@ begin
                 order by y.queue_id, y.job_id
                 limit jobs.max_jobs
            ) as v
-           where jobs.state is null or jobs.state = 'ready'
+           where listed is null or listed = 'ready'
           union all
           select f.job_id, f.queue_id, f.state, f.priority, f.kind, f.args, f.ordering_key,
                  f.attempt, f.max_attempts, f.enqueued_at, null, f.finished_at, f.last_error,
@@ -7026,7 +7035,7 @@ GRANT EXECUTE ON FUNCTION awa.enqueue_shards(text) TO awa_maintenance, awa_opera
 GRANT EXECUTE ON FUNCTION awa.fail(bigint,bigint,text,timestamp with time zone) TO awa_worker;
 GRANT EXECUTE ON FUNCTION awa.heartbeat(bigint,bigint,interval) TO awa_worker;
 GRANT EXECUTE ON FUNCTION awa.job(bigint) TO awa_operator, awa_reader;
-GRANT EXECUTE ON FUNCTION awa.jobs(text,text,text,bigint,integer) TO awa_operator, awa_reader;
+GRANT EXECUTE ON FUNCTION awa.jobs(text,text,text,bigint,integer,text) TO awa_operator, awa_reader;
 GRANT EXECUTE ON FUNCTION awa.move_staged(integer) TO awa_maintenance;
 GRANT EXECUTE ON FUNCTION awa.ordering_key_hash64(bytea) TO awa_maintenance, awa_operator, awa_producer, awa_reader, awa_worker;
 GRANT EXECUTE ON FUNCTION awa.partition_for_ordering_key(bytea,integer) TO awa_maintenance, awa_operator, awa_producer, awa_reader, awa_worker;

@@ -262,10 +262,13 @@ begin
 end;
 $$;
 
--- Function: awa.jobs(queue, state, kind, after_job_id, max_jobs) returns setof awa.job_info
+-- Function: awa.jobs(queue, state, kind, after_job_id, max_jobs, worker)
+--   returns setof awa.job_info
 -- A page of a queue's jobs (a logical name covers its partitions and
--- stripes), optionally of one state and one kind: the max_jobs lowest
--- job_ids above after_job_id, in job_id order. Page on with the last
+-- stripes), optionally of one state, one kind and, for running jobs, one
+-- worker: the max_jobs lowest job_ids above after_job_id, in job_id order.
+-- A worker holds running jobs only: with a worker, state null means
+-- running, and any other state is an error. Page on with the last
 -- job_id of a page as the next after_job_id. Each state is read by its
 -- keys, per physical queue, up to max_jobs rows, so a page costs what the
 -- page holds, not what the queue or its history holds; with a kind, the
@@ -274,8 +277,9 @@ $$;
 -- bisection of the lane), and those that entered their lane with an older
 -- id from awa.ready_late by job id (ADR 029): every ready job is listed.
 -- Role: awa_reader, awa_operator.
--- Errors: 22004 null queue or max_jobs; 22023 an unknown state, max_jobs
--- outside 1 .. 100000, a bad name; 42704 no such queue.
+-- Errors: 22004 null queue or max_jobs; 22023 an unknown state, a worker
+-- with a state other than running, max_jobs outside 1 .. 100000, a bad
+-- name; 42704 no such queue.
 -- Calls: awa._check_job_state, awa._check_max_jobs, awa._lane_states, awa._queue_ids,
 --   awa._ready_from
 -- Writes: nothing
@@ -284,7 +288,8 @@ create or replace function awa.jobs(
     state text default null,
     kind text default null,
     after_job_id bigint default null,
-    max_jobs integer default 100
+    max_jobs integer default 100,
+    worker text default null
 )
 returns setof awa.job_info
 language plpgsql
@@ -305,12 +310,20 @@ as $$
 declare
     ids integer[] := awa._queue_ids(queue);
     from_id bigint := coalesce(after_job_id, 0);
+    -- The state listed: null for every state.
+    listed text;
     terminal text[];
 begin
     perform awa._check_job_state(state);
     perform awa._check_max_jobs('max_jobs', max_jobs);
-    terminal := case when jobs.state is null then array['completed', 'failed', 'cancelled']
-                     when jobs.state in ('completed', 'failed', 'cancelled') then array[jobs.state]
+    if worker is not null and state <> 'running' then
+        raise exception 'worker % holds running jobs only: state must be running or null, '
+                        'got %', quote_literal(worker), quote_literal(state)
+            using errcode = '22023';
+    end if;
+    listed := case when worker is not null then 'running' else state end;
+    terminal := case when listed is null then array['completed', 'failed', 'cancelled']
+                     when listed in ('completed', 'failed', 'cancelled') then array[listed]
                      else '{}'::text[] end;
     return query
     select j.job_id, m.queue, coalesce(m.root_queue, m.logical_queue, m.queue), j.kind,
@@ -335,7 +348,7 @@ begin
                 order by x.queue_id, x.job_id
                 limit jobs.max_jobs
            ) as s
-           where jobs.state is null or jobs.state = 'scheduled'
+           where listed is null or listed = 'scheduled'
           union all
           select r.job_id, r.queue_id, 'running', r.priority, r.kind, r.args, r.ordering_key,
                  r.attempt, r.max_attempts, r.enqueued_at, r.claimed_at, null, null, r.worker,
@@ -346,10 +359,11 @@ begin
                   from awa.running as x
                  where x.queue_id = any(ids) and x.job_id > from_id
                    and (jobs.kind is null or x.kind = jobs.kind)
+                   and (jobs.worker is null or x.worker = jobs.worker)
                  order by x.job_id
                  limit jobs.max_jobs
             ) as r
-           where jobs.state is null or jobs.state = 'running'
+           where listed is null or listed = 'running'
           union all
           select w.job_id, w.queue_id, 'ready', w.priority, w.kind, w.args, w.ordering_key,
                  w.attempt, w.max_attempts, w.enqueued_at, w.ready_at, null, w.last_error,
@@ -371,7 +385,7 @@ begin
                 order by x.lane_seq
                 limit jobs.max_jobs
            ) as w
-           where (jobs.state is null or jobs.state = 'ready') and l.head_seq is not null
+           where (listed is null or listed = 'ready') and l.head_seq is not null
           union all
           select v.job_id, v.queue_id, 'ready', v.priority, v.kind, v.args, v.ordering_key,
                  v.attempt, v.max_attempts, v.enqueued_at, v.ready_at, null, v.last_error,
@@ -388,7 +402,7 @@ begin
                 order by y.queue_id, y.job_id
                 limit jobs.max_jobs
            ) as v
-           where jobs.state is null or jobs.state = 'ready'
+           where listed is null or listed = 'ready'
           union all
           select f.job_id, f.queue_id, f.state, f.priority, f.kind, f.args, f.ordering_key,
                  f.attempt, f.max_attempts, f.enqueued_at, null, f.finished_at, f.last_error,
@@ -1087,7 +1101,9 @@ select awa._grant_execute('awa._check_max_jobs(text, integer)');
 select awa._grant_execute('awa._job_at(bigint)');
 select awa._grant_execute('awa.job(bigint)', 'reader', 'operator');
 select awa._grant_execute('awa._ready_from(integer, bigint, bigint, bigint)');
-select awa._grant_execute('awa.jobs(text, text, text, bigint, integer)', 'reader', 'operator');
+select awa._grant_execute(
+    'awa.jobs(text, text, text, bigint, integer, text)', 'reader', 'operator'
+);
 select awa._grant_execute('awa.prune_ready_late(integer)', 'maintenance');
 select awa._grant_execute('awa.count_jobs(text, text, text, integer)', 'reader', 'operator');
 select awa._grant_execute('awa._cancelled_error(text)');

@@ -113,3 +113,6 @@ drop function if exists awa._row_ok(
 drop function if exists awa._check_row(
     text, text, smallint, integer, interval, bytea, bytea, interval, text, bigint
 );
+-- Unreleased: awa.jobs lists one worker's running jobs too (its last
+-- argument, worker).
+drop function if exists awa.jobs(text, text, text, bigint, integer);

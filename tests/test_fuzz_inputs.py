@@ -80,10 +80,11 @@ states = st.one_of(st.none(), st.sampled_from(
 
 @settings(max_examples=40, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(queue=texts, state=states, kind=texts, after=job_ids, n=ints, job_id=job_ids)
-def test_job_tool_inputs(producer_conn, queue, state, kind, after, n, job_id):
+@given(queue=texts, state=states, kind=texts, after=job_ids, n=ints, job_id=job_ids,
+       worker=texts)
+def test_job_tool_inputs(producer_conn, queue, state, kind, after, n, job_id, worker):
     _call(producer_conn, "select * from awa.jobs(%s::text, %s::text, %s::text, %s::bigint,"
-          " %s::integer)", [queue, state, kind, after, n])
+          " %s::integer, %s::text)", [queue, state, kind, after, n, worker])
     _call(producer_conn, "select awa.count_jobs(%s::text, %s::text, %s::text, %s::integer)",
           [queue, state, kind, n])
     _call(producer_conn, "select * from awa.job(%s::bigint)", [job_id])

@@ -668,6 +668,10 @@ BAD = [
      "max_jobs must be between 1 and 100000, got 0"),
     ("select * from awa.jobs('bad', max_jobs => 100001)", "22023", "got 100001"),
     ("select * from awa.jobs('bad', max_jobs => null)", "22004", "max_jobs must not be null"),
+    ("select * from awa.jobs('bad', 'ready', worker => 'w-1')", "22023",
+     "worker 'w-1' holds running jobs only: state must be running or null, got 'ready'"),
+    ("select * from awa.jobs('bad', 'failed', worker => '')", "22023",
+     "worker '' holds running jobs only: state must be running or null, got 'failed'"),
     ("select awa.count_jobs('bad', null)", "22004", "state must not be null"),
     ("select awa.count_jobs('bad', 'x')", "22023", "state must be one of"),
     ("select awa.count_jobs('bad', 'ready', up_to => -1)", "22023",
@@ -744,6 +748,42 @@ def test_a_page_reads_what_it_lists_not_the_queues_history(db, logins):
             # state's page also probes each of awa.finished's 96 slots.
             bound = {"ready": 600, None: 700}.get(state, 400)
             assert read < bound, (state, read)
+
+
+def test_jobs_of_one_worker_are_its_running_jobs_paged_by_job_id(db, logins):
+    """What an operator reads before awa.release_worker: one worker's jobs,
+    across the queue's stripes, every page full until the last (the worker
+    is matched before the page's limit, not after)."""
+    with db.connect() as su:
+        su.execute("select awa.set_queue_stripes('wq', 2)")
+    with db.connect(logins.producer) as p:
+        for _ in range(7):
+            enqueue(p, "wq")
+    with db.connect(logins.worker) as w:
+        held = {"a": [], "b": []}
+        for name in ("a", "b", "a", "b", "a"):  # job ids interleave between the workers
+            held[name] += [row[0] for row in claim(w, ["wq"], 1, worker=name)]
+        [(failing, lease, *_)] = claim(w, ["wq"], 1, worker="a")
+        assert w.execute("select awa.fail(%s, %s, 'x')", [failing, lease]).fetchone()[0]
+    assert len(held["a"]) == 3 and len(held["b"]) == 2
+    with db.connect(logins.reader) as r:
+        def of(worker, state=None, after=None, n=100):
+            return [tuple(row) for row in r.execute(
+                "select job_id, state, worker from awa.jobs('wq', %s, null, %s, %s,"
+                " worker => %s)", [state, after, n, worker]).fetchall()]
+
+        assert of("a") == [(j, "running", "a") for j in sorted(held["a"])]
+        assert of("a", "running") == of("a")
+        assert of("b") == [(j, "running", "b") for j in sorted(held["b"])]
+        pages, after = [], None
+        while rows := of("a", after=after, n=2):
+            pages.append([job_id for job_id, *_ in rows])
+            after = rows[-1][0]
+        assert pages == [sorted(held["a"])[:2], sorted(held["a"])[2:]]
+        assert of("nobody") == []
+        # Without a worker: every state, a's failed job (scheduled for its
+        # retry) and the ready one too.
+        assert {s for _, s in page(r, "wq")} == {"running", "scheduled", "ready"}
 
 
 def test_release_worker_hands_a_dead_worker_s_jobs_to_the_next_rescue(db, logins):

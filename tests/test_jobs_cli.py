@@ -267,3 +267,46 @@ def test_list_of_running_jobs_names_their_worker_and_lease(db, logins, failed):
     failed_only = db.awa("jobs", "list", "--queue", "cli", "--state", "failed",
                          user=logins.reader, check=True)
     assert "worker" not in failed_only.stdout.splitlines()[0]
+
+
+def test_list_of_one_worker_shows_its_running_jobs_only_and_pages_them(db, logins, failed):
+    """`--worker NAME`: the jobs awa.release_worker('NAME') would release."""
+    with db.connect(logins.producer) as p:
+        mine = [enqueue(p, "cli", "mail")[0] for _ in range(3)]
+    with db.connect(logins.worker) as w:
+        # The fixture's running job and its ready one are w's and the first
+        # here; then two of ours and one of another worker's, interleaved.
+        assert [r[0] for r in claim(w, ["cli"], 1)] == [failed["ready"]]
+        assert [r[0] for r in claim(w, ["cli"], 1, worker="other")] == [mine[0]]
+        assert [r[0] for r in claim(w, ["cli"], 2)] == mine[1:]
+    ws = [failed["running"], failed["ready"], *mine[1:]]
+    listed = db.awa("jobs", "list", "--queue", "cli", "--worker", "w", user=logins.reader,
+                    check=True).stdout.splitlines()
+    assert "worker" in listed[0] and "lease until" in listed[0]
+    assert [int(line.split()[0]) for line in listed[2:]] == ws
+    assert all(line.split()[1] == "running" and " w " in f" {line} " for line in listed[2:])
+    first = json.loads(db.awa("jobs", "list", "--queue", "cli", "--worker", "w", "--state",
+                              "running", "--limit", "3", "--json", user=logins.reader,
+                              check=True).stdout)
+    assert [(j["job_id"], j["worker"]) for j in first["jobs"]] == [(i, "w") for i in ws[:3]]
+    assert first["next_after"] == ws[2]
+    rest = json.loads(db.awa("jobs", "list", "--queue", "cli", "--worker", "w", "--after",
+                             str(first["next_after"]), "--limit", "3", "--json",
+                             user=logins.reader, check=True).stdout)
+    assert [j["job_id"] for j in rest["jobs"]] == ws[3:] and rest["next_after"] is None
+    other = db.awa("jobs", "list", "--queue", "cli", "--worker", "other", "--json",
+                   user=logins.reader, check=True).stdout
+    assert [j["job_id"] for j in json.loads(other)["jobs"]] == [mine[0]]
+    nobody = db.awa("jobs", "list", "--queue", "cli", "--worker", "gone-1", user=logins.reader,
+                    check=True)
+    assert nobody.stdout.strip() == "no running jobs held by worker 'gone-1' in cli"
+
+
+@pytest.mark.parametrize("state", ["failed", "ready", "scheduled"])
+def test_list_of_one_worker_with_another_state_exits_2_naming_both(db, logins, failed, state):
+    result = db.awa("jobs", "list", "--queue", "cli", "--worker", "w", "--state", state,
+                    user=logins.reader)
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr.strip() == (
+        f"awa: --worker 'w' lists running jobs only (a worker holds no others): drop --state "
+        f"{state}, or give --state running")

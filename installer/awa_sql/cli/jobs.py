@@ -79,6 +79,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     ls.add_argument("--queue", required=True)
     ls.add_argument("--state", choices=STATES, help="only jobs in this state")
     ls.add_argument("--kind", help="only jobs of this kind")
+    ls.add_argument("--worker", metavar="NAME",
+                    help="only the running jobs this worker holds (the name it gave "
+                    "awa.claim, as the worker column shows, and awa.release_worker takes); "
+                    "implies --state running, and any other --state is an error")
     ls.add_argument("--after", type=parse_after, metavar="ID",
                     help="jobs after this job id (the last of the previous page)")
     ls.add_argument("--limit", type=int, default=100, help="jobs per page, 1..100000 "
@@ -211,10 +215,15 @@ def _in_range(flag: str, value: int) -> bool:
 def cmd_list(args: argparse.Namespace) -> int:
     if not _in_range("--limit", args.limit):
         return EXIT_USAGE
+    if args.worker is not None and args.state not in (None, "running"):
+        err(f"--worker {args.worker!r} lists running jobs only (a worker holds no others): "
+            f"drop --state {args.state}, or give --state running")
+        return EXIT_USAGE
     with read_far_dates(connect(args.dsn)) as conn, conn.cursor(row_factory=dict_row) as cur:
         rows = cur.execute(
-            "select * from awa.jobs(%s::text, %s::text, %s::text, %s::bigint, %s::integer)",
-            [args.queue, args.state, args.kind, args.after, args.limit]).fetchall()
+            "select * from awa.jobs(%s::text, %s::text, %s::text, %s::bigint, %s::integer,"
+            " %s::text)",
+            [args.queue, args.state, args.kind, args.after, args.limit, args.worker]).fetchall()
     more = len(rows) == args.limit
     if args.json:
         print(json.dumps({"jobs": [as_json(r) for r in rows],
@@ -222,7 +231,11 @@ def cmd_list(args: argparse.Namespace) -> int:
                          indent=2, sort_keys=True, ensure_ascii=False))
         return 0
     if not rows:
-        print("no jobs")
+        if args.worker is not None:
+            print(f"no running jobs held by worker {args.worker!r} in {args.queue}"
+                  f"{' after job ' + str(args.after) if args.after else ''}")
+        else:
+            print("no jobs")
         return 0
     several = len({r["queue"] for r in rows}) > 1
     # Running jobs: who runs them and until when (awa.release_worker's input).
