@@ -375,6 +375,28 @@ def test_job_pages_list_a_queues_failed_jobs_and_show_one(db, read_only_api):
     assert read_only_api.get("/jobs/0").status_code == 422
 
 
+def test_job_page_of_one_worker_lists_its_running_jobs(db, read_only_api):
+    with db.connect() as conn:
+        ids = [r[0] for r in conn.execute(
+            "select (awa.enqueue('wj', 't')).job_id from generate_series(1, 5)").fetchall()]
+        for worker in ("a", "b", "a", "b"):
+            conn.execute("select * from awa.claim(array['wj'], 1, %s)", [worker])
+    first = read_only_api.get("/api/queues/wj/jobs", params={"worker": "a", "limit": 1})
+    assert first.status_code == 200, first.text
+    body = first.json()
+    assert (body["worker"], [(j["job_id"], j["state"], j["worker"]) for j in body["jobs"]]) == (
+        "a", [(ids[0], "running", "a")])
+    rest = read_only_api.get("/api/queues/wj/jobs", params={
+        "worker": "a", "state": "running", "after_job_id": body["next_after_job_id"]}).json()
+    assert [j["job_id"] for j in rest["jobs"]] == [ids[2]] and rest["next_after_job_id"] is None
+    every = read_only_api.get("/api/queues/wj/jobs").json()
+    assert every["worker"] is None and len(every["jobs"]) == 5
+    bad = read_only_api.get("/api/queues/wj/jobs", params={"worker": "a", "state": "ready"})
+    assert bad.status_code == 400
+    assert bad.json() == {"error": "worker 'a' holds running jobs only: state must be running "
+                                   "or null, got 'ready'", "sqlstate": "22023"}
+
+
 @pytest.mark.parametrize("job_id", ["-1", "0", str(2**63), "99999999999999999999"])
 def test_a_job_id_no_job_can_have_is_422_naming_it(db, api, job_id):
     """1..2^63-1 are the ids a job can have: another is a bad request (as

@@ -302,6 +302,7 @@ class JobPage(BaseModel):
     queue: str
     state: str | None
     kind: str | None
+    worker: str | None = Field(default=None, description="the worker asked for, if any")
     jobs: list[Job]
     next_after_job_id: int | None = Field(
         description="pass as after_job_id for the next page; null on the last page")

@@ -282,13 +282,19 @@ def job(conn: psycopg.Connection, job_id: int) -> dict:
 
 
 def jobs_page(conn: psycopg.Connection, queue: str, state: str | None, kind: str | None,
-              after_job_id: int | None, limit: int) -> dict:
-    """A page of the queue's jobs by job id (awa.jobs); 404 for an unknown queue."""
+              after_job_id: int | None, limit: int, worker: str | None = None) -> dict:
+    """A page of the queue's jobs by job id (awa.jobs); 404 for an unknown queue. With a
+    worker, its running jobs only (awa.jobs refuses another state: 400)."""
     with conn.cursor(row_factory=dict_row) as cur:
         rows = cur.execute(
-            "select * from awa.jobs(%s::text, %s::text, %s::text, %s::bigint, %s::integer)",
-            [queue, state, kind, after_job_id, limit]).fetchall()
-    return {"queue": queue, "state": state, "kind": kind, "jobs": [_job(r) for r in rows],
+            "select * from awa.jobs(%s::text, %s::text, %s::text, %s::bigint, %s::integer"
+            # Named, and only when given: a page without one works on a database
+            # whose awa.jobs predates the argument.
+            + (", worker => %s::text)" if worker is not None else ")"),
+            [queue, state, kind, after_job_id, limit,
+             *([worker] if worker is not None else [])]).fetchall()
+    return {"queue": queue, "state": state, "kind": kind, "worker": worker,
+            "jobs": [_job(r) for r in rows],
             "next_after_job_id": rows[-1]["job_id"] if len(rows) == limit else None}
 
 

@@ -145,12 +145,16 @@ def list_jobs(request: Request, queue: QueueName,
               state: Annotated[JobState | None, Query(description="only this state")] = None,
               kind: Annotated[str | None, Query(description="only this kind")] = None,
               after_job_id: Annotated[int | None, Query(ge=0, le=2**63 - 1)] = None,
-              limit: Annotated[int, Query(ge=1, le=1000)] = 50) -> dict:
+              limit: Annotated[int, Query(ge=1, le=1000)] = 50,
+              worker: Annotated[str | None, Query(
+                  description="only the running jobs this worker holds (the name it gave "
+                  "awa.claim); implies state=running, another state is 400")] = None
+              ) -> dict:
     """A page of the queue's jobs in job id order (awa.jobs): page on with
     ``next_after_job_id``. Every job is listed, ready ones included."""
     with _pool(request).connection() as conn, conn.transaction():
         return queries.jobs_page(conn, queue, state.value if state else None, kind,
-                                 after_job_id, limit)
+                                 after_job_id, limit, worker)
 
 
 # Queue names may hold "/": every route takes the rest of the path as the
