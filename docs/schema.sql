@@ -1913,6 +1913,16 @@ begin
 end;
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._error_class(last_error text)
+ RETURNS text
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+    select pg_catalog.left(
+        pg_catalog.rtrim(pg_catalog.substring(last_error, '[^[:space:]][^\r\n]*')), 200
+    )
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._finish(job awa.running, state text, error text)
  RETURNS void
  LANGUAGE plpgsql
@@ -5586,6 +5596,61 @@ begin
 end;
 $function$;
 
+CREATE OR REPLACE FUNCTION awa.failure_summary(queue text DEFAULT NULL::text, since interval DEFAULT NULL::interval, max_groups integer DEFAULT 100)
+ RETURNS TABLE(logical_queue text, kind text, error text, failed bigint, first_failed_at timestamp with time zone, last_failed_at timestamp with time zone, sample_job_id bigint, sample_error text)
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+declare
+    ids integer[];
+    since_at timestamptz;
+begin
+    perform awa._check_max_jobs('max_groups', max_groups);
+    if since < interval '0' or since > interval '10 years' then
+        raise exception 'since must be between 0 and 10 years, got %', since
+            using errcode = '22023';
+    end if;
+    if failure_summary.queue is null then
+        ids := array(select m.queue_id from awa.queue_meta as m order by m.queue_id);
+    else
+        ids := awa._queue_ids(failure_summary.queue);
+    end if;
+    since_at := now() - since;
+    return query
+    select g.name, g.kind, g.error, g.n, g.first_at, g.last_at, s.job_id, s.last_error
+      from (
+          select f.name, f.kind, f.error, count(*) as n, min(f.finished_at) as first_at,
+                 max(f.finished_at) as last_at,
+                 -- The group's last failure (then its highest job id), where
+                 -- it is: one pass, with no sort of the rows.
+                 max(array[extract(epoch from f.finished_at), f.job_id, f.slot]) as latest
+            from (
+                select coalesce(m.root_queue, m.logical_queue, m.queue) as name, x.kind,
+                       awa._error_class(x.last_error) as error, x.finished_at, x.job_id,
+                       x.slot
+                  from unnest(ids) as q (id)
+                  join awa.queue_meta as m on m.queue_id = q.id
+                 cross join lateral (
+                     -- Failed rows are in the failed and the long rings only
+                     -- (sql/retention.sql): the completed ring's slots are
+                     -- not read.
+                     select y.kind, y.last_error, y.finished_at, y.job_id, y.slot
+                       from awa.finished as y
+                      where y.queue_id = q.id and y.state = 'failed'
+                        and y.slot >= awa._finished_ring_slots()
+                        and (since_at is null or y.finished_at >= since_at)
+                 ) as x
+            ) as f
+           group by f.name, f.kind, f.error
+           order by count(*) desc, max(f.finished_at) desc, f.name, f.kind, f.error
+           limit failure_summary.max_groups
+      ) as g
+      join awa.finished as s on s.job_id = g.latest[2]::bigint and s.slot = g.latest[3]::smallint
+     order by g.n desc, g.last_at desc, g.name, g.kind, g.error;
+end;
+$function$;
+
 CREATE OR REPLACE FUNCTION awa.heartbeat(job_id bigint, run_lease bigint, extend interval)
  RETURNS boolean
  LANGUAGE plpgsql
@@ -7033,6 +7098,7 @@ GRANT EXECUTE ON FUNCTION awa.enqueue_batch(text[],text[],jsonb[],smallint[],byt
 GRANT EXECUTE ON FUNCTION awa.enqueue_copied() TO awa_producer;
 GRANT EXECUTE ON FUNCTION awa.enqueue_shards(text) TO awa_maintenance, awa_operator, awa_producer, awa_reader, awa_worker;
 GRANT EXECUTE ON FUNCTION awa.fail(bigint,bigint,text,timestamp with time zone) TO awa_worker;
+GRANT EXECUTE ON FUNCTION awa.failure_summary(text,interval,integer) TO awa_operator, awa_reader;
 GRANT EXECUTE ON FUNCTION awa.heartbeat(bigint,bigint,interval) TO awa_worker;
 GRANT EXECUTE ON FUNCTION awa.job(bigint) TO awa_operator, awa_reader;
 GRANT EXECUTE ON FUNCTION awa.jobs(text,text,text,bigint,integer,text) TO awa_operator, awa_reader;

@@ -569,6 +569,109 @@ begin
 end;
 $$;
 
+-- Function: awa._error_class(last_error text) returns text
+-- What awa.failure_summary groups a failed job's last error by: its first
+-- line that holds text, trailing blanks dropped, cut to 200 characters
+-- (the rest of a message, a stack trace, varies from job to job). Null for
+-- a job with no last error. Inlined.
+-- Calls: nothing
+-- Writes: nothing
+create or replace function awa._error_class(last_error text)
+returns text
+language sql
+immutable parallel safe
+as $$
+    select pg_catalog.left(
+        pg_catalog.rtrim(pg_catalog.substring(last_error, '[^[:space:]][^\r\n]*')), 200
+    )
+$$;
+
+-- Function: awa.failure_summary(queue, since, max_groups) returns a row per failure
+-- What is failing, where, since when: the jobs that failed for good (state
+-- failed, their attempts spent; not the cancelled ones) and are still kept
+-- in awa.finished, one row per logical queue, kind and error
+-- class (awa._error_class: the first line of the last error, cut to 200
+-- characters), with how many, the first and the last failure, and the
+-- last one's job id and whole last error. For one queue (a logical name
+-- covers its partitions and stripes) or, with a null queue, every queue;
+-- with since, only the failures of that long back from now. The groups of
+-- most failures first (then the latest), at most max_groups of them. Reads
+-- every failed row kept of the queues asked for, whatever since: for an
+-- operator on demand, never on a refresh path (the admin page and the
+-- metrics do not call it).
+-- Role: awa_reader, awa_operator.
+-- Errors: 22004 null max_groups; 22023 since below 0 or above 10 years (the
+-- longest retention), max_groups outside 1 .. 100000, a bad name; 42704 no
+-- such queue.
+-- Calls: awa._check_max_jobs, awa._error_class, awa._finished_ring_slots, awa._queue_ids
+-- Writes: nothing
+create or replace function awa.failure_summary(
+    queue text default null, since interval default null, max_groups integer default 100
+)
+returns table (
+    logical_queue text,
+    kind text,
+    error text,
+    failed bigint,
+    first_failed_at timestamptz,
+    last_failed_at timestamptz,
+    sample_job_id bigint,
+    sample_error text
+)
+language plpgsql
+volatile
+security definer
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    ids integer[];
+    since_at timestamptz;
+begin
+    perform awa._check_max_jobs('max_groups', max_groups);
+    if since < interval '0' or since > interval '10 years' then
+        raise exception 'since must be between 0 and 10 years, got %', since
+            using errcode = '22023';
+    end if;
+    if failure_summary.queue is null then
+        ids := array(select m.queue_id from awa.queue_meta as m order by m.queue_id);
+    else
+        ids := awa._queue_ids(failure_summary.queue);
+    end if;
+    since_at := now() - since;
+    return query
+    select g.name, g.kind, g.error, g.n, g.first_at, g.last_at, s.job_id, s.last_error
+      from (
+          select f.name, f.kind, f.error, count(*) as n, min(f.finished_at) as first_at,
+                 max(f.finished_at) as last_at,
+                 -- The group's last failure (then its highest job id), where
+                 -- it is: one pass, with no sort of the rows.
+                 max(array[extract(epoch from f.finished_at), f.job_id, f.slot]) as latest
+            from (
+                select coalesce(m.root_queue, m.logical_queue, m.queue) as name, x.kind,
+                       awa._error_class(x.last_error) as error, x.finished_at, x.job_id,
+                       x.slot
+                  from unnest(ids) as q (id)
+                  join awa.queue_meta as m on m.queue_id = q.id
+                 cross join lateral (
+                     -- Failed rows are in the failed and the long rings only
+                     -- (sql/retention.sql): the completed ring's slots are
+                     -- not read.
+                     select y.kind, y.last_error, y.finished_at, y.job_id, y.slot
+                       from awa.finished as y
+                      where y.queue_id = q.id and y.state = 'failed'
+                        and y.slot >= awa._finished_ring_slots()
+                        and (since_at is null or y.finished_at >= since_at)
+                 ) as x
+            ) as f
+           group by f.name, f.kind, f.error
+           order by count(*) desc, max(f.finished_at) desc, f.name, f.kind, f.error
+           limit failure_summary.max_groups
+      ) as g
+      join awa.finished as s on s.job_id = g.latest[2]::bigint and s.slot = g.latest[3]::smallint
+     order by g.n desc, g.last_at desc, g.name, g.kind, g.error;
+end;
+$$;
+
 -- Function: awa._cancelled_error(last_error text) returns text
 -- What a cancelled job keeps as its last error: who cancelled it (the
 -- login), and the error of its last failed attempt, if it had one (without
@@ -1106,6 +1209,10 @@ select awa._grant_execute(
 );
 select awa._grant_execute('awa.prune_ready_late(integer)', 'maintenance');
 select awa._grant_execute('awa.count_jobs(text, text, text, integer)', 'reader', 'operator');
+select awa._grant_execute('awa._error_class(text)');
+select awa._grant_execute(
+    'awa.failure_summary(text, interval, integer)', 'reader', 'operator'
+);
 select awa._grant_execute('awa._cancelled_error(text)');
 select awa._grant_execute(
     'awa._cancel_waiting(bigint, integer, smallint, text, jsonb, bytea, integer, integer,'

@@ -102,7 +102,8 @@ def test_the_scan_sees_a_new_read(db):
 
 JOB_TOOLS = {"awa.job", "awa.jobs", "awa.count_jobs", "awa.cancel_job", "awa.cancel_jobs",
              "awa.retry_job", "awa.retry_jobs", "awa._job_at", "awa._requeue",
-             "awa._cancel_waiting", "awa._queue_ids"}
+             "awa._cancel_waiting", "awa._queue_ids", "awa.failure_summary",
+             "awa._error_class"}
 
 
 def test_the_scan_covers_the_job_tools_and_they_read_nothing_a_caller_sets(db):

@@ -94,3 +94,11 @@ def test_job_tool_inputs(producer_conn, queue, state, kind, after, n, job_id, wo
           [queue, kind, n])
     _call(producer_conn, "select awa.cancel_jobs(%s::text, %s::text, %s::integer)",
           [queue, kind, n])
+
+
+@settings(max_examples=40, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(queue=texts, since=st.one_of(st.none(), st.timedeltas()), n=ints)
+def test_failure_summary_inputs(producer_conn, queue, since, n):
+    _call(producer_conn, "select * from awa.failure_summary(%s::text, %s::interval,"
+          " %s::integer)", [queue, since, n])

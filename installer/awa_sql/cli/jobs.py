@@ -1,5 +1,6 @@
 """``awa jobs ...``: look at jobs, retry and cancel them (awa.job, awa.jobs,
-awa.retry_job(s), awa.cancel_job(s); docs/sql-api.md, ADR 025).
+awa.retry_job(s), awa.cancel_job(s); docs/sql-api.md, ADR 025), and sum up
+what is failing (awa.failure_summary).
 
 Exit codes (docs/admin.md): 0 done; 2 bad arguments, or a bulk change not
 confirmed; 5 a lock timeout (a cancel waited 5 s for a claim in flight);
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections.abc import Callable
 from datetime import datetime
@@ -34,6 +36,9 @@ MAX_JOBS = 100_000
 # long at most.
 LOCK_TIMEOUT = "5s"
 ERROR_WIDTH = 60
+# --since: a number and one of these units, passed on as an interval.
+SINCE_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+SINCE_RE = re.compile(r"(-?[0-9]{1,9}(?:\.[0-9]{1,6})?)([smhdw])")
 MAX_JOB_ID = 2**63 - 1  # a bigint
 
 
@@ -53,6 +58,26 @@ def _id_parser(lowest: int) -> Callable[[str], int]:
 
 parse_job_id = _id_parser(1)  # job ids start at 1
 parse_after = _id_parser(0)  # --after 0: from the first job
+
+
+def parse_since(text: str) -> str:
+    """``30m``, ``1h``, ``2d``, ``1w``: an age, checked for its form here and
+    for its range (0 to 10 years) by awa.failure_summary."""
+    value = text.strip()
+    if SINCE_RE.fullmatch(value) is None:
+        raise argparse.ArgumentTypeError(
+            f"age must be a number and a unit (s, m, h, d, w), like 30m, 1h or 2d, "
+            f"got {text!r}")
+    return value
+
+
+def _interval(since: str | None) -> str | None:
+    """An age as parse_since gives it, as interval text: '30m' -> '30 minutes'."""
+    if since is None:
+        return None
+    match = SINCE_RE.fullmatch(since)
+    assert match is not None
+    return f"{match[1]} {SINCE_UNITS[match[2]]}"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -89,6 +114,25 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "(default %(default)s)")
     ls.add_argument("--json", action="store_true", help="machine-readable output")
     ls.set_defaults(func=cmd_list)
+
+    f = js.add_parser(
+        "failures", help="what is failing, where, since when: failed jobs by queue, kind "
+        "and error",
+        description="The failed jobs kept (retention keeps them 7 days by default; not the "
+        "cancelled ones), one line per queue, kind and error (the first line of the last "
+        "error, cut to 200 characters): how many, the first and the last failure, and the "
+        "last one's job id (awa jobs show ID for its whole error). Most failures first. "
+        "Reads every failed job kept of the queues asked for: for an incident, not for a "
+        "dashboard that refreshes.")
+    add_connection(f)
+    f.add_argument("--queue", help="only this queue (a logical name covers its partitions "
+                   "and stripes); default every queue")
+    f.add_argument("--since", type=parse_since, metavar="AGE",
+                   help="only the jobs that failed this long back from now: 30m, 1h, 2d, 1w")
+    f.add_argument("--limit", type=int, default=100, help="groups shown, 1..100000 "
+                   "(default %(default)s)")
+    f.add_argument("--json", action="store_true", help="machine-readable output")
+    f.set_defaults(func=cmd_failures)
 
     for name, verb, what in (
         ("retry", "retry", "a failed or cancelled job runs again now, with fresh attempts; "
@@ -251,6 +295,36 @@ def cmd_list(args: argparse.Namespace) -> int:
          for r in rows]))
     if more:
         print(f"\nmore: --after {rows[-1]['job_id']}")
+    return 0
+
+
+@bad_input_is_usage
+def cmd_failures(args: argparse.Namespace) -> int:
+    if not _in_range("--limit", args.limit):
+        return EXIT_USAGE
+    with read_far_dates(connect(args.dsn)) as conn, conn.cursor(row_factory=dict_row) as cur:
+        # One group more than shown: whether there are more.
+        rows = cur.execute(
+            "select * from awa.failure_summary(%s::text, %s::interval, %s::integer)",
+            [args.queue, _interval(args.since), min(args.limit + 1, MAX_JOBS)]).fetchall()
+    more = len(rows) > args.limit
+    rows = rows[: args.limit]
+    if args.json:
+        print(json.dumps({"failures": [as_json(r) for r in rows], "more": more},
+                         indent=2, sort_keys=True, ensure_ascii=False))
+        return 0
+    where = f" of {args.queue}" if args.queue else ""
+    if not rows:
+        print(f"no failed jobs kept{where}"
+              + (f" that failed in the last {args.since}" if args.since else ""))
+        return 0
+    print(table(
+        ["queue", "kind", "failed", "first", "last", "last job", "error"],
+        [(r["logical_queue"], r["kind"], r["failed"], _when(r["first_failed_at"]),
+          _when(r["last_failed_at"]), r["sample_job_id"], r["error"] or "(no error)")
+         for r in rows]))
+    if more:
+        print(f"\nmore: the {args.limit} groups of most failures are shown; --limit for more")
     return 0
 
 
