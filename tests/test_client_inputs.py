@@ -5,9 +5,11 @@ used to be sent, its typo or its time zone silently lost."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 from datetime import UTC, datetime, timedelta
 
+import psycopg
 import pytest
 
 import awa_sql
@@ -121,3 +123,53 @@ def test_one_queue_name_given_as_a_string_is_one_queue():
     from awa_sql.partitions import iter_configs
     assert iter_configs("emails") == [{"queue": "emails"}]
     assert iter_configs(["emails", "sms"]) == [{"queue": "emails"}, {"queue": "sms"}]
+
+
+BAD_OPTIONS = [
+    ({"max_run_time": timedelta(seconds=-1)},
+     # psycopg sends timedelta(seconds=-1) as -1 days 86399 seconds.
+     "max_run_time must be between 1 second and 30 days, got -1 days +23:59:59"),
+    ({"unique_key": b""}, "unique_key must be 1 to 1024 bytes, got 0"),
+    ({"unique_window": timedelta(hours=1)}, "unique_window 01:00:00 needs a unique_key"),
+    ({"max_run_time": timedelta(minutes=1), "priority": 9},
+     "priority must be between 1 (highest) and 4 (lowest), got 9"),
+]
+
+
+def _single_enqueue_error(raised, message) -> None:
+    """A single enqueue's error, as awa.enqueue words it: no batch element,
+    its SQLSTATE and diagnostics kept."""
+    error = raised.value
+    assert error.diag.message_primary == message
+    assert str(error).splitlines()[0] == message  # what a traceback shows first
+    assert (error.sqlstate, error.diag.sqlstate) == ("22023", "22023")
+    assert error.diag.context  # the PL/pgSQL context is kept
+
+
+@pytest.mark.parametrize(("options", "message"), BAD_OPTIONS)
+def test_a_single_enqueue_with_options_names_no_batch_element(db, logins, options, message):
+    """A job with a max run time or a unique key goes as a batch of one
+    (awa.enqueue takes no max run time, ADR 026): its error said "batch
+    element 1 (1-based): ..." of a batch the caller never made."""
+    with awa_sql.Producer(db.dsn(logins.producer), snapshot_every=None) as producer, \
+            pytest.raises(psycopg.errors.InvalidParameterValue) as raised:
+        producer.enqueue("k", queue="one", **options)
+    _single_enqueue_error(raised, message)
+    with db.connect(logins.producer) as conn, \
+            pytest.raises(psycopg.errors.InvalidParameterValue) as raised:
+        awa_sql.enqueue(conn, "k", queue="one", **options)
+    _single_enqueue_error(raised, message)
+
+    async def go():
+        async with await psycopg.AsyncConnection.connect(db.dsn(logins.producer)) as conn:
+            await awa_sql.enqueue_async(conn, "k", queue="one", **options)
+
+    with pytest.raises(psycopg.errors.InvalidParameterValue) as raised:
+        asyncio.run(go())
+    _single_enqueue_error(raised, message)
+    # A batch, of one job too, still names the element.
+    with db.connect(logins.producer) as conn, \
+            pytest.raises(psycopg.errors.InvalidParameterValue) as raised:
+        awa_sql.enqueue_many(conn, [{"kind": "k", **options}], queue="one")
+    assert raised.value.diag.message_primary == f"batch element 1 (1-based): {message}"
+    assert ready_count(db) == 0

@@ -9,14 +9,15 @@ each call instead.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping, Sequence
-from contextlib import ExitStack, nullcontext
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from time import perf_counter
 from typing import Any
 
 import psycopg
+from psycopg import pq
 from psycopg.types.json import Jsonb
 
 from awa_sql import routing
@@ -132,6 +133,32 @@ def _enqueue_sql(params: Mapping[str, Any]) -> str:
     return ENQUEUE_SQL if all(params[o] is None for o in options) else ENQUEUE_OPTIONS_SQL
 
 
+# What awa.enqueue_batch puts before the error of its one element.
+_BATCH_OF_ONE = "batch element 1 (1-based): "
+
+
+@contextmanager
+def _as_one_job(conn: psycopg.Connection | psycopg.AsyncConnection) -> Iterator[None]:
+    """The error of a single enqueue, whichever statement it went as. A job
+    with options goes as a batch of one (ENQUEUE_OPTIONS_SQL), whose checks
+    name the element: "batch element 1 (1-based): max_run_time must be ...",
+    of a batch the caller never made. Raised again as the same class with
+    the same diagnostics (SQLSTATE, context), the prefix taken off."""
+    try:
+        yield
+    except psycopg.Error as error:
+        message = error.diag.message_primary
+        result = error.pgresult
+        if result is None or message is None or not message.startswith(_BATCH_OF_ONE):
+            raise
+        encoding = conn.info.encoding
+        info = {field: result.error_field(field) for field in pq.DiagnosticField}
+        info[pq.DiagnosticField.MESSAGE_PRIMARY] = message.removeprefix(
+            _BATCH_OF_ONE).encode(encoding)
+        raise type(error)(str(error).replace(_BATCH_OF_ONE, "", 1), info=info,
+                          encoding=encoding) from None
+
+
 def enqueue(conn: psycopg.Connection, kind: str, args: Mapping[str, Any] | None = None, *,
             queue: str, priority: int = 2, ordering_key: Key = None,
             run_at: datetime | None = None, max_attempts: int = 25,
@@ -145,7 +172,8 @@ def enqueue(conn: psycopg.Connection, kind: str, args: Mapping[str, Any] | None 
     started = perf_counter()
     params = _params(kind, args, queue, priority, ordering_key, run_at, max_attempts,
                      max_run_time, unique_key, unique_window)
-    row = conn.execute(_enqueue_sql(params), params).fetchone()
+    with _as_one_job(conn):
+        row = conn.execute(_enqueue_sql(params), params).fetchone()
     client_metrics.enqueued(conn, queue, "enqueue", 1, started, row[WAITS:])
     return Enqueued(*row[:WAITS])
 
@@ -371,8 +399,9 @@ async def enqueue_async(conn: psycopg.AsyncConnection, kind: str,
     started = perf_counter()
     params = _params(kind, args, queue, priority, ordering_key, run_at, max_attempts,
                      max_run_time, unique_key, unique_window)
-    cur = await conn.execute(_enqueue_sql(params), params)
-    row = await cur.fetchone()
+    with _as_one_job(conn):
+        cur = await conn.execute(_enqueue_sql(params), params)
+        row = await cur.fetchone()
     client_metrics.enqueued(conn, queue, "enqueue", 1, started, row[WAITS:])
     return Enqueued(*row[:WAITS])
 
