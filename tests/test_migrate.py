@@ -310,6 +310,38 @@ def test_status_reports_pending_and_json(db):
     assert db.awa("status", "--check").returncode == 0
 
 
+def test_status_of_an_empty_database_says_the_function_layer_is_not_installed(
+        empty_db, role_prefix):
+    """Nothing installed and no roles: the missing roles stop the plan, which
+    left no layer change to list, and status said "function layer: up to date"."""
+    status = empty_db.awa("status", "--role-prefix", role_prefix, check=True).stdout
+    assert "database contract not installed" in status
+    assert "function layer: not installed" in status
+    assert "up to date" not in status
+    assert f"problem: missing roles: {role_prefix}owner" in status
+    doc = json.loads(empty_db.awa("status", "--json", "--role-prefix", role_prefix,
+                                  check=True).stdout)
+    assert doc["function_layer_installed"] is False
+    assert doc["function_layer_changes"] == [f"{f.name} (new)" for f in LAYER]
+    empty_db.awa("migrate", "--create-roles", "--role-prefix", role_prefix, check=True)
+    installed = empty_db.awa("status", "--role-prefix", role_prefix, check=True).stdout
+    assert "function layer: up to date" in installed
+    assert json.loads(empty_db.awa("status", "--json", "--role-prefix", role_prefix,
+                                   check=True).stdout)["function_layer_installed"] is True
+
+
+def test_status_lists_layer_changes_when_a_problem_stops_the_plan(db):
+    """A drifted migration is a problem that stops the plan; the layer that
+    differs from the files is still reported, not "up to date"."""
+    with db.connect() as conn:
+        conn.execute("delete from awa.schema_functions where file = 'private.sql'")
+        conn.execute("update awa.schema_migrations set checksum = repeat('0', 64)"
+                     " where version = 1")
+    status = db.awa("status").stdout
+    assert "function layer: private.sql (new)" in status
+    assert "problem: migration 0001_" in status
+
+
 def test_status_check_gives_each_outcome_its_own_exit_code(db):
     """The deploy gate: 0 up to date, 1 pending, 3 drift, 4 newer, 7 could not ask."""
     def gate(**kw) -> subprocess.CompletedProcess[str]:

@@ -292,6 +292,9 @@ def build_plan(
             "there. awa-sql does not rely on it, but consider "
             "'REVOKE CREATE ON SCHEMA public FROM PUBLIC'."
         )
+    # What the layer lacks, said even when a problem stops the plan (`awa
+    # status` would have said "up to date").
+    plan.layer_changes = _layer_changes(state, layer, package_version)
     if plan.problems:
         return plan
 
@@ -304,7 +307,6 @@ def build_plan(
     for migration in plan.pending:
         plan.steps.append(_migration_step(migration, roles, package_version))
 
-    plan.layer_changes = _layer_changes(state, layer, package_version)
     if plan.pending or plan.layer_changes or state.bound_roles != roles.as_dict():
         plan.steps.append(Step("layer", f"function layer ({len(layer)} files) and grants",
                                _layer_sql(layer, roles, package_version)))

@@ -97,6 +97,7 @@ def _status_document(plan: runner.Plan, roles: Roles, state: runner.DatabaseStat
                      "file_checksum": m.checksum} for m, a in plan.drifted],
         "unknown": [{"version": a.version, "name": a.name,
                      "contract_version": a.contract_version} for a in plan.unknown],
+        "function_layer_installed": bool(state.layer),
         "function_layer_changes": plan.layer_changes,
         "problems": [str(p) for p in plan.problems],
         "warnings": plan.warnings,
@@ -118,7 +119,10 @@ def _print_status(doc: dict) -> None:
             print(f"  {d['version']:04d}_{d['name']}  database {d['database_checksum'][:12]}"
                   f"  file {d['file_checksum'][:12]}")
     changes = doc["function_layer_changes"]
-    print("function layer: " + ("up to date" if not changes else "; ".join(changes)))
+    if not doc["function_layer_installed"]:
+        print("function layer: not installed")
+    else:
+        print("function layer: " + ("up to date" if not changes else "; ".join(changes)))
     for p in doc["problems"]:
         print(f"problem: {p}")
     for w in doc["warnings"]:
