@@ -208,6 +208,35 @@ def test_read_only_mode_has_no_write_control(db, page):
         expect(page.locator("header")).to_contain_text("read-only")
 
 
+def test_a_queue_state_says_active_or_paused_apart_from_its_running_jobs(db, page):
+    """The state of a queue that is not paused said "running", as did the
+    column of its running jobs next to it."""
+    from playwright.sync_api import expect
+
+    enqueue_jobs(db, "live", 2)
+    enqueue_jobs(db, "held", 2)
+    with db.connect() as conn:
+        assert len(claim(conn, ["live"], 1)) == 1
+        conn.execute("select awa.pause_queue('held')")
+    with serve_cli(db.dsn(reader_login(db))) as base:
+        page.goto(f"{base}/")
+        expect(page.locator("#queues tbody tr")).to_have_count(2)
+        headers = page.locator("#queues thead th").all_inner_texts()
+        state, running = headers.index("State"), headers.index("Running")
+
+        def cells(queue):
+            return page.locator("#queues tbody tr", has_text=queue).locator("td")
+
+        expect(cells("live").nth(state)).to_have_text("active")
+        expect(cells("live").nth(running)).to_have_text("1")
+        expect(cells("held").nth(state)).to_have_text("paused")
+        expect(cells("held").nth(running)).to_have_text("0")
+        page.click("text=live")
+        expect(page.locator("#paused-value")).to_have_text("active")
+        page.goto(f"{base}/queues/held")
+        expect(page.locator("#paused-value")).to_have_text("paused")
+
+
 def _state(db, job_id):
     with db.connect() as conn:
         return conn.execute("select state from awa.job(%s)", [job_id]).fetchone()[0]
