@@ -82,9 +82,10 @@ def _interval(since: str | None) -> str | None:
 
 def register(sub: argparse._SubParsersAction) -> None:
     jobs_parser = sub.add_parser(
-        "jobs", help="look at jobs, retry and cancel them",
-        description="Show, list, retry and cancel jobs. Reading needs awa_reader or "
-        "awa_operator; retry and cancel need awa_operator. Exit codes: 0 done, 2 bad "
+        "jobs", help="look at jobs, retry and cancel them, sum up failures",
+        description="Show, list, retry and cancel jobs, and sum up what is failing. Reading "
+        "needs awa_reader or awa_operator; retry and cancel need awa_operator. Exit codes: "
+        "0 done, 2 bad "
         "arguments or not confirmed, 5 lock timeout, 7 connection or server error, 8 no such "
         "job, 9 the job is not in a state the command applies to.")
     js = jobs_parser.add_subparsers(dest="jobs_command", required=True)
