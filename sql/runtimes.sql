@@ -65,7 +65,8 @@ select awa._grant_execute('awa._shards_at(text, timestamptz)');
 -- {"queue": physical queue, "activity": "enqueue" | "claim", "age_seconds": n}:
 -- how long ago the runtime last did that there, by its own clock, so that
 -- the database's clock dates it and finds the S it used. Only the login that
--- created a row may refresh it. Removes stale rows (30 s without a snapshot);
+-- created a row may refresh it, also when two logins create one id at once.
+-- Removes stale rows (30 s without a snapshot);
 -- returns how many. Roles: awa_producer, awa_worker.
 -- Errors: 22023 bad kind, pid, in_flight, text length or activity;
 --   22004 nulls; 42501 the instance belongs to another login.
@@ -119,10 +120,17 @@ begin
         raise exception 'runtime % belongs to login %', instance_id, owner_login
             using errcode = '42501';
     end if;
+    -- The owner again: a login that made the same instance id after the read
+    -- above (it waited here for that insert to commit) updates nothing.
     insert into awa.runtimes as r (instance_id, kind, hostname, pid, version, in_flight)
     values (instance_id, kind, host, pid, version, in_flight)
     on conflict on constraint runtimes_pkey do update
-       set in_flight = excluded.in_flight, last_seen = pg_catalog.now();
+       set in_flight = excluded.in_flight, last_seen = pg_catalog.now()
+     where r.owner_login = session_user;
+    if not found then
+        raise exception 'runtime % belongs to another login', instance_id
+            using errcode = '42501';
+    end if;
     delete from awa.runtime_queues as q where q.instance_id = publish_runtime.instance_id;
     insert into awa.runtime_queues (instance_id, queue, activity, last_at, shards)
     select publish_runtime.instance_id, t.queue, t.activity, t.at,

@@ -11,6 +11,7 @@ import pytest
 import awa_sql
 from awa_sql.worker import Worker
 from tests.support.admin import client_for, enqueue_jobs, reader_login, wait_for
+from tests.support.jobs import behind
 
 PUBLISH = ("select awa.publish_runtime(%s::uuid, %s, 'h', 42, '0.1.0', 0,"
            " %s::jsonb)")
@@ -110,6 +111,28 @@ def test_publish_runtime_checks_its_input_and_the_owner(db):
         conn.execute(PUBLISH, [instance, "producer", "[]"])
     with db.connect(b) as conn:
         assert conn.execute("select awa.remove_runtime(%s)", [instance]).fetchone()[0] is False
+
+
+def test_two_logins_making_one_instance_id_at_once_leave_it_to_the_first(db):
+    """The owner check reads no row while the first login's insert is not
+    committed; the second waits at its own insert, then must neither take
+    the row over nor rewrite its queues."""
+    a = db.login_role("awa_producer")
+    b = db.login_role("awa_producer")
+    instance = uuid.uuid4()
+    with db.connect(a, autocommit=False) as first, db.connect(b, autocommit=False) as second:
+        first.execute(PUBLISH, [instance, "producer", '[{"queue": "mine", "activity":'
+                                                      ' "enqueue", "age_seconds": 1}]'])
+        call = behind(db, first, second, lambda c: c.execute(
+            PUBLISH, [instance, "producer", '[{"queue": "theirs", "activity": "enqueue",'
+                                            ' "age_seconds": 1}]']))
+    assert isinstance(call.error, psycopg.errors.InsufficientPrivilege), call.result
+    assert "belongs to another login" in str(call.error)
+    with db.connect() as su:
+        assert su.execute("select r.owner_login, array_agg(q.queue) from awa.runtimes r"
+                          " join awa.runtime_queues q using (instance_id)"
+                          " where r.instance_id = %s group by 1", [instance]).fetchone() == (
+            a, ["mine"])
 
 
 def test_stale_snapshots_are_hidden_then_removed(db):
