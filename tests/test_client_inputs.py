@@ -6,7 +6,9 @@ used to be sent, its typo or its time zone silently lost."""
 from __future__ import annotations
 
 import asyncio
+import os
 import re
+import socket
 from datetime import UTC, datetime, timedelta
 
 import psycopg
@@ -117,6 +119,18 @@ def test_worker_settings_at_their_bounds_are_taken():
     assert [c["max_workers"] for c in w.configs] == [3, 3]
     assert w.heartbeat_every == timedelta(seconds=1) / 3
     assert worker(queues=[{"queue": "q"}, {"queue": "r", "max_workers": None}]).configs
+
+
+def test_a_workers_default_name_is_new_at_every_start():
+    """awa.release_worker releases every job claimed under a name: a worker
+    started again on the same host with the same pid (a container's pid 1),
+    or a second Worker in one process, must not share the first one's."""
+    first, second = worker().name, worker().name
+    assert first != second
+    host, pid, token = first.rsplit(":", 2)
+    assert (host, pid) == (socket.gethostname(), str(os.getpid()))
+    assert re.fullmatch("[0-9a-f]{6}", token)
+    assert worker(name="fixed").name == "fixed"
 
 
 def test_one_queue_name_given_as_a_string_is_one_queue():

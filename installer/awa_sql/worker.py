@@ -32,7 +32,9 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import os
 import queue as queue_mod
+import secrets
 import signal
 import socket
 import threading
@@ -281,7 +283,10 @@ class Worker:
         self.poll_interval = poll_interval
         self.batch = batch
         self.claims = 0  # awa.claim calls, empty ones included
-        self.name = name or f"{socket.gethostname()}:{threading.get_native_id()}"
+        # New at every start: a restarted container often has the same hostname
+        # and pid, and awa.release_worker ends the leases of every job claimed
+        # under the name it is given.
+        self.name = name or f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         self._stop = threading.Event()
         self._done = threading.Event()  # every slot has finished: the heartbeat ends
         self._running: dict[int, _Held] = {}  # job_id -> lease and deadline
