@@ -1392,9 +1392,11 @@ CREATE OR REPLACE FUNCTION awa._check_limit(what text, value integer)
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
 begin
+    if value is null then
+        raise exception '% must not be null', what using errcode = '22004';
+    end if;
     if not awa._limit_ok(value) then
-        raise exception '% must be 0 or more, got %', what, coalesce(value::text, 'null')
-            using errcode = '22023';
+        raise exception '% must be 0 or more, got %', what, value using errcode = '22023';
     end if;
 end;
 $function$;

@@ -365,7 +365,8 @@ as $$
 $$;
 
 -- Function: awa._check_limit(what text, value integer) returns void
--- Raises 22023 for a limit awa._limit_ok refuses, naming `what`.
+-- Raises 22023 for a limit awa._limit_ok refuses, naming `what`; 22004
+-- for null, as every other null argument.
 -- Calls: awa._limit_ok
 -- Writes: nothing
 create or replace function awa._check_limit(what text, value integer)
@@ -375,9 +376,11 @@ immutable parallel safe
 set search_path = pg_catalog, pg_temp
 as $$
 begin
+    if value is null then
+        raise exception '% must not be null', what using errcode = '22004';
+    end if;
     if not awa._limit_ok(value) then
-        raise exception '% must be 0 or more, got %', what, coalesce(value::text, 'null')
-            using errcode = '22023';
+        raise exception '% must be 0 or more, got %', what, value using errcode = '22023';
     end if;
 end;
 $$;
