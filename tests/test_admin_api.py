@@ -397,6 +397,31 @@ def test_job_page_of_one_worker_lists_its_running_jobs(db, read_only_api):
                                    "or null, got 'ready'", "sqlstate": "22023"}
 
 
+def test_failures_sum_up_the_failed_jobs_kept_by_queue_kind_and_error(db, read_only_api):
+    _failed_jobs(db, "fa", 3, kind="charge")
+    _failed_jobs(db, "fb", 1, kind="mail")
+    with db.connect() as conn:
+        conn.execute("update awa.finished set last_error = 'timeout' || chr(10) || 'trace'"
+                     " where state = 'failed'")
+    got = read_only_api.get("/api/failures")
+    assert got.status_code == 200, got.text
+    body = got.json()
+    assert (body["queue"], body["since_seconds"], body["more"]) == (None, None, False)
+    assert [(g["logical_queue"], g["kind"], g["error"], g["failed"]) for g in body["groups"]
+            if g["logical_queue"] in ("fa", "fb")] == [
+        ("fa", "charge", "timeout", 3), ("fb", "mail", "timeout", 1)]
+    one = read_only_api.get("/api/failures", params={"queue": "fb", "since_seconds": 3600})
+    assert [(g["kind"], g["sample_error"]) for g in one.json()["groups"]] == [
+        ("mail", "timeout\ntrace")]
+    assert read_only_api.get("/api/failures", params={"queue": "fa", "limit": 1}).json()[
+        "more"] is False
+    assert read_only_api.get("/api/failures", params={"limit": 1}).json()["more"] is True
+    assert read_only_api.get("/api/failures", params={"queue": "nosuch"}).status_code == 404
+    old = read_only_api.get("/api/failures", params={"since_seconds": 400_000_000})
+    assert (old.status_code, old.json()["sqlstate"]) == (400, "22023")
+    assert read_only_api.get("/api/failures", params={"since_seconds": -1}).status_code == 422
+
+
 @pytest.mark.parametrize("job_id", ["-1", "0", str(2**63), "99999999999999999999"])
 def test_a_job_id_no_job_can_have_is_422_naming_it(db, api, job_id):
     """1..2^63-1 are the ids a job can have: another is a bad request (as
@@ -725,7 +750,7 @@ def test_openapi_schema_finds_no_server_error(db):
     with shared_pool_app(db.dsn(operator_login(db)), writable=True) as app:
         api_schema = schemathesis.openapi.from_asgi("/openapi.json", app)
         operations = [result.ok() for result in api_schema.get_all_operations()]
-        assert len(operations) == 15
+        assert len(operations) == 16
         for operation in operations:
 
             @given(case=operation.as_strategy(), existing=st.booleans())

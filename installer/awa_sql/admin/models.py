@@ -308,6 +308,25 @@ class JobPage(BaseModel):
         description="pass as after_job_id for the next page; null on the last page")
 
 
+class FailureGroup(BaseModel):
+    logical_queue: str
+    kind: str
+    error: str | None = Field(
+        description="the error class: the first line of the last error, cut to 200 characters")
+    failed: int = Field(description="jobs that failed for good and are still kept")
+    first_failed_at: datetime
+    last_failed_at: datetime
+    sample_job_id: int = Field(description="the group's last failure")
+    sample_error: str | None = Field(description="that job's whole last error")
+
+
+class FailureSummary(BaseModel):
+    queue: str | None = Field(description="the queue asked for; null: every queue")
+    since_seconds: float | None
+    groups: list[FailureGroup] = Field(description="most failures first, then the latest")
+    more: bool = Field(description="more groups than limit: narrow the queue or the age")
+
+
 class BulkBody(Body):
     kind: Text | None = Field(default=None, description="only jobs of this kind")
     max_jobs: Int32 | None = Field(

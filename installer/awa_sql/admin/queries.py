@@ -298,6 +298,20 @@ def jobs_page(conn: psycopg.Connection, queue: str, state: str | None, kind: str
             "next_after_job_id": rows[-1]["job_id"] if len(rows) == limit else None}
 
 
+def failure_summary(conn: psycopg.Connection, queue: str | None, since_seconds: float | None,
+                    limit: int) -> dict:
+    """The failed jobs kept, grouped (awa.failure_summary, one more group than
+    ``limit`` to tell whether more are left); 404 for an unknown queue, 400 for
+    an age out of range."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        rows = cur.execute(
+            "select * from awa.failure_summary(%s::text,"
+            " make_interval(secs => %s::double precision), %s::integer)",
+            [queue, since_seconds, limit + 1]).fetchall()
+    return {"queue": queue, "since_seconds": since_seconds, "groups": rows[:limit],
+            "more": len(rows) > limit}
+
+
 def bulk_plan(conn: psycopg.Connection, queue: str, action: str, kind: str | None,
               max_jobs: int = BULK_MAX_JOBS) -> dict:
     """How many jobs a bulk retry or cancel would take, counted (awa.count_jobs) up to

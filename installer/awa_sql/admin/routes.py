@@ -16,6 +16,7 @@ from awa_sql.admin.models import (
     BulkPlan,
     BulkResult,
     Error,
+    FailureSummary,
     Job,
     JobChange,
     JobPage,
@@ -240,6 +241,23 @@ APPLIES_TO = {"retry": ("failed or cancelled", "retried"),
               "cancel": ("scheduled, ready or running", "cancelled")}
 # A cancel waits for a claim in flight that holds its job (ADR 025), this long at most.
 LOCK_TIMEOUT = "5s"
+
+
+@router.get("/failures", response_model=FailureSummary,
+            responses={**NOT_FOUND, 400: {"model": Error, "description": "an age out of range"}})
+def failures(request: Request,
+             queue: Annotated[str | None, Query(
+                 description="one queue (a logical name covers its partitions); "
+                 "none: every queue")] = None,
+             since_seconds: Annotated[float | None, Query(
+                 ge=0, description="only the failures of that many seconds back; "
+                 "none: every failed job kept")] = None,
+             limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> dict:
+    """What is failing, where, since when (awa.failure_summary): the jobs that
+    failed for good and are kept, by queue, kind and error class. Reads every
+    failed job kept of the queues asked for: for an incident, not a refresh."""
+    with _pool(request).connection() as conn, conn.transaction():
+        return queries.failure_summary(conn, queue, since_seconds, limit)
 
 
 @router.get("/jobs/{job_id}", response_model=Job, responses=JOB_NOT_FOUND)
