@@ -237,6 +237,37 @@ def test_a_queue_state_says_active_or_paused_apart_from_its_running_jobs(db, pag
         expect(page.locator("#paused-value")).to_have_text("paused")
 
 
+def test_what_is_failing_is_summed_up_on_request_and_links_the_last_job(db, page):
+    """The queue list sums up the failed jobs kept (awa.failure_summary) when
+    asked, by queue, kind and error, never on its refresh."""
+    from playwright.sync_api import expect
+
+    with db.connect() as conn:
+        # One attempt each: a failure is for good.
+        conn.execute("select awa.enqueue('pay', 'charge', '{}', 2::smallint, null, null, 1)"
+                     " from generate_series(1, 3)")
+        jobs = claim(conn, ["pay"], 3)
+        for job_id, lease, *_ in jobs:
+            conn.execute("select awa.fail(%s, %s, 'card declined' || chr(10) || 'at charge()')",
+                         [job_id, lease])
+    failed = [j[0] for j in jobs]
+    assert {_state(db, j) for j in failed} == {"failed"}
+    with serve_cli(db.dsn(reader_login(db))) as base:
+        page.goto(f"{base}/")
+        expect(page.locator("#queues tbody tr")).to_have_count(1)
+        expect(page.locator("#failures-table")).to_have_count(0)
+        page.click("#sum-failures")
+        row = page.locator("#failures-table tbody tr")
+        expect(row).to_have_count(1)
+        cells = row.locator("td")
+        expect(cells.nth(0)).to_have_text("pay")
+        expect(cells.nth(2)).to_have_text("card declined")
+        expect(cells.nth(3)).to_have_text(str(len(failed)))
+        row.locator("a.job-link").click()
+        expect(page).to_have_url(re.compile(r"/jobs/\d+$"))
+        assert int(page.url.rsplit("/", 1)[1]) in failed
+
+
 def _state(db, job_id):
     with db.connect() as conn:
         return conn.execute("select state from awa.job(%s)", [job_id]).fetchone()[0]

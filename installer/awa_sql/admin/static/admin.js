@@ -121,7 +121,40 @@
     app.replaceChildren(
       el("h1", {}, "Queues"),
       el("p", { id: "status", role: "status" }),
-      el("div", { id: "queues" }));
+      el("div", { id: "queues" }),
+      el("section", { id: "failing" },
+        el("h2", {}, "What is failing"),
+        el("p", { class: "muted" },
+          "The jobs that failed for good and are kept, by queue, kind and error. It reads " +
+          "every failed job kept, so it runs when you ask, never on the refresh."),
+        el("button", { type: "button", id: "sum-failures", onclick: () => refresh(loadFailures) },
+          "Sum up failures"),
+        el("div", { id: "failures" })));
+  }
+
+  async function loadFailures() {
+    const { ok, status, data } = await api("GET", "/api/failures?limit=100");
+    if (!ok) {
+      setStatus(`${status}: ${data.error}`, "error");
+      return;
+    }
+    const rows = data.groups.map((g) => el("tr", {},
+      el("td", {}, el("a", { href: `/queues/${encodeURIComponent(g.logical_queue)}` },
+        g.logical_queue)),
+      el("td", {}, g.kind),
+      el("td", { class: "error" }, oneLine(g.error, 80)),
+      el("td", { class: "num" }, number(g.failed)),
+      el("td", {}, when(g.first_failed_at)),
+      el("td", {}, when(g.last_failed_at)),
+      el("td", { class: "num" }, el("a", { class: "job-link",
+        href: `/jobs/${encodeURIComponent(g.sample_job_id)}` }, g.sample_job_id))));
+    replace("failures", rows.length
+      ? el("div", { id: "failures" },
+        table("failures-table", ["Queue", "Kind", "Error", "Failed", "First", "Last",
+          "Last job"], rows),
+        data.more ? el("p", { class: "muted" }, "More groups than shown.") : null,
+        el("p", { class: "muted" }, `Summed up at ${when(new Date().toISOString())}.`))
+      : el("p", { id: "failures", class: "muted" }, "No failed jobs are kept."));
   }
 
   // -- queue page ---------------------------------------------------------------------
