@@ -151,6 +151,12 @@ CREATE UNLOGGED TABLE awa.copy_staging (
     unique_window interval
 );
 
+CREATE TABLE awa.dropped_sequences (
+    seq regclass NOT NULL,
+    removed_xact xid8 DEFAULT pg_current_xact_id() NOT NULL,
+    CONSTRAINT dropped_sequences_pkey PRIMARY KEY (seq)
+);
+
 CREATE TABLE awa.finished (
     job_id bigint NOT NULL,
     slot smallint NOT NULL,
@@ -441,7 +447,12 @@ CREATE TABLE awa.queue_meta (
     lane_shards smallint DEFAULT 0 NOT NULL,
     has_linked boolean DEFAULT false NOT NULL,
     shards_changed_xact xid8 DEFAULT pg_current_xact_id() NOT NULL,
+    dropped_name text,
+    dropped_paused boolean,
+    dropped_xact xid8,
+    dropped_at timestamp with time zone,
     CONSTRAINT queue_meta_pkey PRIMARY KEY (queue),
+    CONSTRAINT queue_meta_dropped_whole CHECK ((((dropped_xact IS NULL) = (dropped_name IS NULL)) AND ((dropped_xact IS NULL) = (dropped_paused IS NULL)) AND ((dropped_xact IS NULL) = (dropped_at IS NULL)))),
     CONSTRAINT queue_meta_enqueue_shards_range CHECK (((enqueue_shards >= 1) AND (enqueue_shards <= 64))),
     CONSTRAINT queue_meta_lane_ids_shape CHECK ((array_dims(lane_ids) = '[1:4][0:63]'::text)),
     CONSTRAINT queue_meta_lane_seqs_shape CHECK ((array_dims(lane_seqs) = '[1:4][0:63]'::text)),
@@ -649,6 +660,8 @@ CREATE INDEX copy_staging_xid_idx ON awa.copy_staging USING btree (staged_xid, s
 CREATE INDEX finished_queue_state_idx ON ONLY awa.finished USING btree (queue_id, state, job_id);
 
 CREATE INDEX lane_hints_lane_idx ON awa.lane_hints USING btree (lane_id, head_seq);
+
+CREATE INDEX queue_meta_dropped_idx ON awa.queue_meta USING btree (queue_id) WHERE (dropped_xact IS NOT NULL);
 
 CREATE INDEX queue_meta_logical_queue_idx ON awa.queue_meta USING btree (logical_queue) WHERE (logical_queue IS NOT NULL);
 
@@ -1693,6 +1706,36 @@ CREATE OR REPLACE FUNCTION awa._default_priority()
  IMMUTABLE PARALLEL SAFE
 AS $function$
     select 2::pg_catalog.int2
+$function$;
+
+CREATE OR REPLACE FUNCTION awa._drop_sequences()
+ RETURNS void
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+declare
+    d record;
+begin
+    for d in
+        select x.seq, n.nspname, c.relname
+          from awa.dropped_sequences as x
+         cross join (select awa._oldest_snapshot() as xmin) as o
+          left join pg_class as c on c.oid = x.seq
+          left join pg_namespace as n on n.oid = c.relnamespace
+         where (o.xmin is null or x.removed_xact < o.xmin)
+           and x.removed_xact is distinct from pg_current_xact_id_if_assigned()
+         order by x.seq
+    loop
+        begin
+            if d.relname is not null then
+                execute format('drop sequence %I.%I', d.nspname, d.relname);
+            end if;
+            delete from awa.dropped_sequences as x where x.seq = d.seq;
+        exception when lock_not_available then
+            null;  -- a session holds it (a watch reading it): the next call
+        end;
+    end loop;
+end;
 $function$;
 
 CREATE OR REPLACE FUNCTION awa._due_queue_ids(queue_ids integer[], run_ats timestamp with time zone[])
@@ -3600,6 +3643,26 @@ begin
 end;
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._queue_contents(queue_id integer, OUT ready bigint, OUT scheduled bigint, OUT running bigint, OUT unique_keys bigint, OUT finished bigint)
+ RETURNS record
+ LANGUAGE sql
+ STABLE
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+    select
+        (select count(*)
+           from awa.lanes as l
+           join awa.ready as r on r.lane_id = l.lane_id
+          where l.queue_id = _queue_contents.queue_id),
+        (select count(*) from awa.scheduled as s where s.queue_id = _queue_contents.queue_id),
+        (select count(*) from awa.running as x where x.queue_id = _queue_contents.queue_id),
+        (select count(*)
+           from awa.unique_keys as u
+          where u.queue_id = _queue_contents.queue_id
+            and (u.held_until is null or u.held_until > now())),
+        (select count(*) from awa.finished as f where f.queue_id = _queue_contents.queue_id)
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._queue_ids(queue text)
  RETURNS integer[]
  LANGUAGE plpgsql
@@ -3727,6 +3790,31 @@ begin
 end;
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._recovery_name(queue text, queue_id integer)
+ RETURNS text
+ LANGUAGE plpgsql
+ STABLE
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+declare
+    suffix text := '~dropped-' || queue_id;
+    base text := queue;
+    candidate text;
+    n integer := 1;
+begin
+    loop
+        while octet_length(base || suffix) > 200 loop
+            base := left(base, -1);
+        end loop;
+        candidate := base || suffix;
+        exit when not exists (select from awa.queue_meta as m where m.queue = candidate);
+        n := n + 1;
+        suffix := '~dropped-' || queue_id || '-' || n;
+    end loop;
+    return candidate;
+end;
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._release_unique_key(job_id bigint, completed boolean)
  RETURNS TABLE(unique_key bytea, unique_window interval)
  LANGUAGE plpgsql
@@ -3748,6 +3836,35 @@ begin
     delete from awa.unique_keys as u
      where u.job_id = _release_unique_key.job_id and u.held_until is null
     returning u.unique_key, u.unique_window;
+end;
+$function$;
+
+CREATE OR REPLACE FUNCTION awa._remove_dropped(meta awa.queue_meta)
+ RETURNS void
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+begin
+    insert into awa.dropped_sequences (seq)
+    select s.seq
+      from (
+          select l.seq from awa.lanes as l where l.queue_id = meta.queue_id
+          union all
+          select unnest(array[meta.completed_seq, meta.failed_seq, meta.cancelled_seq])
+      ) as s
+     where s.seq is not null
+    on conflict do nothing;
+    delete from awa.lane_hints as h
+     where h.lane_id in (select l.lane_id from awa.lanes as l where l.queue_id = meta.queue_id);
+    delete from awa.lane_heads as h
+     where h.lane_id in (select l.lane_id from awa.lanes as l where l.queue_id = meta.queue_id);
+    delete from awa.ready_late as y where y.queue_id = meta.queue_id;
+    delete from awa.unique_keys as u where u.queue_id = meta.queue_id;
+    delete from awa.contention_samples as s where s.queue_id = meta.queue_id;
+    delete from awa.autoscale_policy as p where p.queue_id = meta.queue_id;
+    delete from awa.lanes as l where l.queue_id = meta.queue_id;
+    delete from awa.queue_meta as m where m.queue_id = meta.queue_id;
+    update awa.queue_limit as q set queues = greatest(q.queues - 1, 0);
 end;
 $function$;
 
@@ -4563,6 +4680,8 @@ begin
     for anchor in
         select m.* from awa.queue_meta as m
          where m.shard_mode <> 'manual' and m.root_queue is null
+           -- A dropped queue (awa.drop_queue) is no one's to scale.
+           and m.dropped_xact is null
          order by m.queue_id
     loop
         decision := awa._autoscale_decide(anchor, at);
@@ -5250,6 +5369,61 @@ begin
 end;
 $function$;
 
+CREATE OR REPLACE FUNCTION awa.drop_queue(queue text, discard_finished boolean DEFAULT false)
+ RETURNS boolean
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+declare
+    meta awa.queue_meta;
+    held record;
+begin
+    if discard_finished is null then
+        raise exception 'discard_finished must not be null' using errcode = '22004';
+    end if;
+    perform awa._require_primary('drop a queue');
+    meta := awa._queue(queue);
+    -- The row, then the provisioning lock: the order of a change of S.
+    select m.* into meta from awa.queue_meta as m where m.queue_id = meta.queue_id for update;
+    -- Dropped by another transaction while this one waited.
+    if not found or meta.queue is distinct from drop_queue.queue then
+        raise exception 'queue % does not exist', quote_literal(queue) using errcode = '42704';
+    end if;
+    perform awa._lock_leader('provisioning');
+    if meta.root_queue is not null then
+        raise exception 'queue % is a partition or stripe of %: dropping one is not supported yet',
+            quote_literal(queue), quote_literal(meta.root_queue)
+            using errcode = '0A000';
+    end if;
+    if meta.has_linked or meta.partitions > 1 or meta.stripes > 1 then
+        raise exception 'queue % has partitions or stripes: dropping it is not supported yet',
+            quote_literal(queue)
+            using errcode = '0A000';
+    end if;
+    if discard_finished then
+        delete from awa.finished as f where f.queue_id = meta.queue_id;
+        delete from awa.unique_keys as u
+         where u.queue_id = meta.queue_id and u.held_until is not null;
+    end if;
+    select c.* into strict held from awa._queue_contents(meta.queue_id) as c;
+    if held.ready + held.scheduled + held.running + held.unique_keys + held.finished > 0 then
+        raise exception 'queue % is not empty: % ready, % scheduled, % running, '
+                        '% unique keys held, % terminal jobs kept',
+            quote_literal(queue), held.ready, held.scheduled, held.running, held.unique_keys,
+            held.finished
+            using errcode = '55006',
+                  hint = 'Let its jobs finish or cancel them (awa jobs); pass discard_finished '
+                         '=> true to delete its kept terminal jobs with the drop.';
+    end if;
+    update awa.queue_meta as m
+       set queue = '#dropped#' || m.queue_id, paused = true, dropped_name = m.queue,
+           dropped_paused = m.paused, dropped_xact = pg_current_xact_id(), dropped_at = now()
+     where m.queue_id = meta.queue_id;
+    return true;
+end;
+$function$;
+
 CREATE OR REPLACE FUNCTION awa.enqueue(queue text, kind text, args jsonb DEFAULT '{}'::jsonb, priority smallint DEFAULT 2, ordering_key bytea DEFAULT NULL::bytea, run_at timestamp with time zone DEFAULT NULL::timestamp with time zone, max_attempts integer DEFAULT 25, unique_key bytea DEFAULT NULL::bytea, unique_window interval DEFAULT NULL::interval)
  RETURNS awa.enqueued
  LANGUAGE plpgsql
@@ -5650,6 +5824,98 @@ begin
       ) as g
       join awa.finished as s on s.job_id = g.latest[2]::bigint and s.slot = g.latest[3]::smallint
      order by g.n desc, g.last_at desc, g.name, g.kind, g.error;
+end;
+$function$;
+
+CREATE OR REPLACE FUNCTION awa.finish_drops()
+ RETURNS TABLE(queue text, queue_id integer, outcome text, named text)
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+ SET lock_timeout TO '100ms'
+AS $function$
+declare
+    candidates integer[];
+    qid integer;
+    meta awa.queue_meta;
+    busy bigint;
+    tried bigint;
+    locked bigint := 0;
+    held record;
+    back text;
+begin
+    perform awa._check_read_committed('awa.finish_drops()');
+    -- The sessions read afresh, after every removal and drop committed.
+    perform pg_stat_clear_snapshot();
+    perform awa._drop_sequences();
+    select array_agg(m.queue_id order by m.queue_id) into candidates
+      from awa.queue_meta as m
+     cross join (select awa._oldest_snapshot() as xmin) as o
+     where m.dropped_xact is not null
+       and (o.xmin is null or m.dropped_xact < o.xmin)
+       -- A drop this transaction made has not committed: sessions still
+       -- read the old name.
+       and m.dropped_xact is distinct from pg_current_xact_id_if_assigned();
+    if candidates is null then
+        return;
+    end if;
+    begin
+        lock table awa.ready, awa.lane_hints, awa.running, awa.finished in access share mode;
+    exception when lock_not_available then
+        return;
+    end;
+    foreach qid in array candidates loop
+        exit when locked >= 1024;
+        meta := null;
+        begin
+            select m.* into meta from awa.queue_meta as m
+             where m.queue_id = qid and m.dropped_xact is not null
+               for update;
+        exception when lock_not_available then
+            continue;  -- an insert into awa.scheduled in flight, or a change: the next call
+        end;
+        continue when meta.queue_id is null;
+        -- Every lane tried (a filter is evaluated for each row).
+        select count(*) filter (
+                   where not pg_try_advisory_xact_lock(awa._lock_class_lane(), l.lane_id)
+               ),
+               count(*)
+          into busy, tried
+          from awa.lanes as l
+         where l.queue_id = qid;
+        locked := locked + tried;
+        continue when busy > 0;
+        -- A job committed before those locks is seen now.
+        select c.* into strict held from awa._queue_contents(qid) as c;
+        begin
+            if held.ready + held.scheduled + held.running + held.unique_keys + held.finished
+               = 0 then
+                perform awa._remove_dropped(meta);
+                outcome := 'removed';
+                named := null;
+            else
+                -- A job came late: the queue goes back, never away.
+                perform awa._lock_leader('provisioning');
+                if exists (select from awa.queue_meta as m where m.queue = meta.dropped_name) then
+                    back := awa._recovery_name(meta.dropped_name, qid);
+                    outcome := 'renamed';
+                else
+                    back := meta.dropped_name;
+                    outcome := 'restored';
+                end if;
+                update awa.queue_meta as m
+                   set queue = back, paused = m.dropped_paused, dropped_name = null,
+                       dropped_paused = null, dropped_xact = null, dropped_at = null
+                 where m.queue_id = qid;
+                named := back;
+            end if;
+        exception when lock_not_available then
+            continue;  -- a row or table another session holds: the next call
+        end;
+        queue := meta.dropped_name;
+        queue_id := qid;
+        return next;
+    end loop;
 end;
 $function$;
 
@@ -6929,6 +7195,14 @@ COMMENT ON COLUMN awa.lanes.seq IS 'The lane''s own sequence, awa.lane_seq_<lane
 
 COMMENT ON COLUMN awa.queue_meta.completed_seq IS 'Counter of the queue''s completed jobs (a sequence; see awa.queue_overview).';
 
+COMMENT ON COLUMN awa.queue_meta.dropped_at IS 'For a dropped queue: when it was dropped.';
+
+COMMENT ON COLUMN awa.queue_meta.dropped_name IS 'For a queue awa.drop_queue() dropped and awa.finish_drops() has not removed yet: the name it had (the row is renamed to #dropped#<queue_id>); null otherwise.';
+
+COMMENT ON COLUMN awa.queue_meta.dropped_paused IS 'For a dropped queue: whether it was paused before the drop, restored if a job came late.';
+
+COMMENT ON COLUMN awa.queue_meta.dropped_xact IS 'For a dropped queue: the transaction that dropped it. A snapshot older than it may still read the old name and route a job to the queue: awa.finish_drops() waits for none to be held.';
+
 COMMENT ON COLUMN awa.queue_meta.enqueue_shards IS 'S: lanes per (queue, priority); 1 keeps strict FIFO, more gives partitioned FIFO.';
 
 COMMENT ON COLUMN awa.queue_meta.has_linked IS 'True once another queue (a stripe, a partition) links to this one by logical_queue or root_queue: a claim by this name reads them too. Set by awa._count_linked; never cleared, since a link is never removed.';
@@ -7007,6 +7281,8 @@ COMMENT ON TABLE awa.copy_pending IS 'Transactions with COPY rows staged; a defe
 
 COMMENT ON TABLE awa.copy_staging IS 'COPY target for producers: COPY awa.copy_staging (queue, priority, ordering_key, kind, args, run_at, max_attempts) FROM STDIN, then select awa.enqueue_copied() in the same transaction (or just commit: the rows are enqueued at commit). Unlogged: no staged row outlives its transaction.';
 
+COMMENT ON TABLE awa.dropped_sequences IS 'Sequences of queues awa.finish_drops() removed, in the transaction removed_xact, and not dropped yet: a snapshot older than that transaction still reads the rows that name them (a watch would fail to read a dropped one). A later call drops them once no session holds such a snapshot.';
+
 COMMENT ON TABLE awa.finished IS 'Terminal jobs: completed, failed after max_attempts, or cancelled; kept for the queue''s retention, then removed by awa.prune_finished(), which empties whole slots with TRUNCATE. Failed and cancelled rows keep args, ordering_key and max_attempts.';
 
 COMMENT ON TABLE awa.finished_carry IS 'Per slot of awa.finished being carried (ADR 040): the period of its ring it is carried in, and next_tid, the heap position below which its batches have moved every retained row. Written by awa.prune_finished and awa.carry_finished only.';
@@ -7072,6 +7348,7 @@ GRANT USAGE ON SCHEMA awa TO awa_maintenance, awa_operator, awa_producer, awa_re
 GRANT SELECT ON TABLE awa.autoscale_decision_counts TO awa_operator, awa_reader;
 GRANT SELECT ON TABLE awa.autoscale_decisions TO awa_operator, awa_reader;
 GRANT SELECT ON TABLE awa.autoscale_policy TO awa_operator, awa_reader;
+GRANT SELECT ON TABLE awa.dropped_sequences TO awa_operator, awa_reader;
 GRANT SELECT ON TABLE awa.lane_contention TO awa_operator, awa_reader;
 GRANT SELECT ON TABLE awa.lane_overview TO awa_operator, awa_reader;
 GRANT SELECT ON TABLE awa.queue_history TO awa_operator, awa_reader;
@@ -7102,12 +7379,14 @@ GRANT EXECUTE ON FUNCTION awa.compact_ready() TO awa_maintenance;
 GRANT EXECUTE ON FUNCTION awa.complete(bigint,bigint) TO awa_worker;
 GRANT EXECUTE ON FUNCTION awa.contract_version() TO awa_maintenance, awa_operator, awa_producer, awa_reader, awa_worker;
 GRANT EXECUTE ON FUNCTION awa.count_jobs(text,text,text,integer) TO awa_operator, awa_reader;
+GRANT EXECUTE ON FUNCTION awa.drop_queue(text,boolean) TO awa_operator;
 GRANT EXECUTE ON FUNCTION awa.enqueue(text,text,jsonb,smallint,bytea,timestamp with time zone,integer,bytea,interval) TO awa_producer;
 GRANT EXECUTE ON FUNCTION awa.enqueue_batch(text[],text[],jsonb[],smallint[],bytea[],timestamp with time zone[],integer[],interval[],bytea[],interval[]) TO awa_producer;
 GRANT EXECUTE ON FUNCTION awa.enqueue_copied() TO awa_producer;
 GRANT EXECUTE ON FUNCTION awa.enqueue_shards(text) TO awa_maintenance, awa_operator, awa_producer, awa_reader, awa_worker;
 GRANT EXECUTE ON FUNCTION awa.fail(bigint,bigint,text,timestamp with time zone) TO awa_worker;
 GRANT EXECUTE ON FUNCTION awa.failure_summary(text,interval,integer) TO awa_operator, awa_reader;
+GRANT EXECUTE ON FUNCTION awa.finish_drops() TO awa_maintenance;
 GRANT EXECUTE ON FUNCTION awa.heartbeat(bigint,bigint,interval) TO awa_worker;
 GRANT EXECUTE ON FUNCTION awa.job(bigint) TO awa_operator, awa_reader;
 GRANT EXECUTE ON FUNCTION awa.jobs(text,text,text,bigint,integer,text) TO awa_operator, awa_reader;

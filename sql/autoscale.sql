@@ -451,8 +451,8 @@ select awa._grant_execute('awa._autoscale_decide(awa.queue_meta, timestamptz)');
 -- One controller tick: takes a contention sample and counts the lanes
 -- (awa._count_lanes: every queue's enqueue counter, and the ready depth and
 -- oldest ready job of the queues in shadow or auto mode), then one decision
--- for every queue in shadow or auto mode, and prunes decisions whose last
--- tick is older than 24 hours.
+-- for every queue in shadow or auto mode (a dropped one aside: ADR 044),
+-- and prunes decisions whose last tick is older than 24 hours.
 -- Safe to call from many processes at once: the caller that gets the leader
 -- lock decides, the others return no rows. Run it every 5 seconds (`awa
 -- storage autoscale run`, pg_cron, or any scheduler). Role:
@@ -484,6 +484,8 @@ begin
     for anchor in
         select m.* from awa.queue_meta as m
          where m.shard_mode <> 'manual' and m.root_queue is null
+           -- A dropped queue (awa.drop_queue) is no one's to scale.
+           and m.dropped_xact is null
          order by m.queue_id
     loop
         decision := awa._autoscale_decide(anchor, at);

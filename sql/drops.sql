@@ -1,0 +1,360 @@
+-- drops.sql: dropping an empty queue, in two steps (ADR 044).
+--
+-- An enqueue reads the queue's row by name, then locks a lane and inserts
+-- (sql/enqueue.sql): a queue removed between the two would leave the job in
+-- a lane no queue has. So awa.drop_queue only renames the row to a name no
+-- lookup can use and pauses it; awa.finish_drops removes the queue later,
+-- once no session can still hold the old row, as awa.retire_lanes retires
+-- lanes (ADR 041), and puts it back if a job came late.
+
+-- Function: awa._queue_contents(queue_id integer) returns record
+-- What a physical queue still holds, all read with one snapshot (the
+-- calling statement's): ready rows (in any of its lanes), scheduled rows,
+-- running rows, unique keys held (by a job, or for a window not yet
+-- passed) and kept terminal rows. awa.ready_late rows are not counted: each
+-- names a ready row, counted as ready while it is there, and is garbage
+-- once that row is gone (awa.prune_ready_late removes it).
+-- Calls: nothing
+-- Writes: nothing
+create or replace function awa._queue_contents(
+    queue_id integer,
+    out ready bigint,
+    out scheduled bigint,
+    out running bigint,
+    out unique_keys bigint,
+    out finished bigint
+)
+language sql
+stable
+set search_path = pg_catalog, pg_temp
+as $$
+    select
+        (select count(*)
+           from awa.lanes as l
+           join awa.ready as r on r.lane_id = l.lane_id
+          where l.queue_id = _queue_contents.queue_id),
+        (select count(*) from awa.scheduled as s where s.queue_id = _queue_contents.queue_id),
+        (select count(*) from awa.running as x where x.queue_id = _queue_contents.queue_id),
+        (select count(*)
+           from awa.unique_keys as u
+          where u.queue_id = _queue_contents.queue_id
+            and (u.held_until is null or u.held_until > now())),
+        (select count(*) from awa.finished as f where f.queue_id = _queue_contents.queue_id)
+$$;
+
+-- Function: awa.drop_queue(queue text, discard_finished boolean default false) returns boolean
+-- Drops an empty queue, first step: its settings row is renamed
+-- '#dropped#<queue_id>' (no enqueue, claim or operator call can look that
+-- up: every name a caller gives is refused with '#', and a stripe's name
+-- never starts with it), paused, and marked with the old name, the pause
+-- state and this transaction. From its commit, an enqueue to the name
+-- creates a new queue. awa.finish_drops() (awa maintain) removes the queue
+-- later, with its lanes and sequences, and gives its place under the queue
+-- limit back; a job that a session routed to it by the old row meanwhile
+-- makes it put the queue back instead (ADR 044).
+-- Empty: no ready, scheduled or running job, no unique key held, no kept
+-- terminal job; with discard_finished, its kept terminal jobs and the keys
+-- their windows hold are deleted first (in this transaction: a refusal
+-- deletes nothing). Partitions, stripes and queues that have them are
+-- refused: not supported yet. Role: awa_operator. Returns true.
+-- Errors: 22004 null; 22023 bad name; 42704 unknown queue; 0A000 a
+--   partition or stripe, or a queue with partitions or stripes; 55006 not
+--   empty (naming what it holds); 25006 on a standby.
+-- Calls: awa._lock_leader, awa._queue, awa._queue_contents, awa._require_primary
+-- Writes: awa.finished, awa.queue_meta, awa.unique_keys
+create or replace function awa.drop_queue(queue text, discard_finished boolean default false)
+returns boolean
+language plpgsql
+security definer
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    meta awa.queue_meta;
+    held record;
+begin
+    if discard_finished is null then
+        raise exception 'discard_finished must not be null' using errcode = '22004';
+    end if;
+    perform awa._require_primary('drop a queue');
+    meta := awa._queue(queue);
+    -- The row, then the provisioning lock: the order of a change of S.
+    select m.* into meta from awa.queue_meta as m where m.queue_id = meta.queue_id for update;
+    -- Dropped by another transaction while this one waited.
+    if not found or meta.queue is distinct from drop_queue.queue then
+        raise exception 'queue % does not exist', quote_literal(queue) using errcode = '42704';
+    end if;
+    perform awa._lock_leader('provisioning');
+    if meta.root_queue is not null then
+        raise exception 'queue % is a partition or stripe of %: dropping one is not supported yet',
+            quote_literal(queue), quote_literal(meta.root_queue)
+            using errcode = '0A000';
+    end if;
+    if meta.has_linked or meta.partitions > 1 or meta.stripes > 1 then
+        raise exception 'queue % has partitions or stripes: dropping it is not supported yet',
+            quote_literal(queue)
+            using errcode = '0A000';
+    end if;
+    if discard_finished then
+        delete from awa.finished as f where f.queue_id = meta.queue_id;
+        delete from awa.unique_keys as u
+         where u.queue_id = meta.queue_id and u.held_until is not null;
+    end if;
+    select c.* into strict held from awa._queue_contents(meta.queue_id) as c;
+    if held.ready + held.scheduled + held.running + held.unique_keys + held.finished > 0 then
+        raise exception 'queue % is not empty: % ready, % scheduled, % running, '
+                        '% unique keys held, % terminal jobs kept',
+            quote_literal(queue), held.ready, held.scheduled, held.running, held.unique_keys,
+            held.finished
+            using errcode = '55006',
+                  hint = 'Let its jobs finish or cancel them (awa jobs); pass discard_finished '
+                         '=> true to delete its kept terminal jobs with the drop.';
+    end if;
+    update awa.queue_meta as m
+       set queue = '#dropped#' || m.queue_id, paused = true, dropped_name = m.queue,
+           dropped_paused = m.paused, dropped_xact = pg_current_xact_id(), dropped_at = now()
+     where m.queue_id = meta.queue_id;
+    return true;
+end;
+$$;
+
+-- Function: awa._recovery_name(queue text, queue_id integer) returns text
+-- A name no queue has, for a dropped queue that a job came to late while
+-- another queue took its name: '<queue>~dropped-<queue_id>' (then -2, -3,
+-- ...), the name cut so the whole is at most 200 bytes.
+-- Calls: nothing
+-- Writes: nothing
+create or replace function awa._recovery_name(queue text, queue_id integer)
+returns text
+language plpgsql
+stable
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    suffix text := '~dropped-' || queue_id;
+    base text := queue;
+    candidate text;
+    n integer := 1;
+begin
+    loop
+        while octet_length(base || suffix) > 200 loop
+            base := left(base, -1);
+        end loop;
+        candidate := base || suffix;
+        exit when not exists (select from awa.queue_meta as m where m.queue = candidate);
+        n := n + 1;
+        suffix := '~dropped-' || queue_id || '-' || n;
+    end loop;
+    return candidate;
+end;
+$$;
+
+-- Function: awa._drop_sequences() returns void
+-- Drops the sequences of queues awa.finish_drops removed, once the removal
+-- has committed in another transaction and no other session holds a
+-- snapshot older than it (awa._oldest_snapshot): one that does may still
+-- read the rows that named them, and a watch that read a dropped sequence
+-- would fail. A sequence whose lock is not granted in time is left to the
+-- next call.
+-- Calls: awa._oldest_snapshot
+-- Writes: awa.dropped_sequences
+create or replace function awa._drop_sequences()
+returns void
+language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    d record;
+begin
+    for d in
+        select x.seq, n.nspname, c.relname
+          from awa.dropped_sequences as x
+         cross join (select awa._oldest_snapshot() as xmin) as o
+          left join pg_class as c on c.oid = x.seq
+          left join pg_namespace as n on n.oid = c.relnamespace
+         where (o.xmin is null or x.removed_xact < o.xmin)
+           and x.removed_xact is distinct from pg_current_xact_id_if_assigned()
+         order by x.seq
+    loop
+        begin
+            if d.relname is not null then
+                execute format('drop sequence %I.%I', d.nspname, d.relname);
+            end if;
+            delete from awa.dropped_sequences as x where x.seq = d.seq;
+        exception when lock_not_available then
+            null;  -- a session holds it (a watch reading it): the next call
+        end;
+    end loop;
+end;
+$$;
+
+-- Function: awa._remove_dropped(meta awa.queue_meta) returns void
+-- Removes a dropped queue that awa.finish_drops found empty, holding its
+-- row and every lane: the rows that name it (its lanes, their claim hints,
+-- awa.ready_late and expired unique keys, contention samples, its
+-- auto-scaler policy, its settings row), its place in awa.queue_limit;
+-- its sequences go to awa.dropped_sequences, dropped by a later call. The
+-- history that names it only (awa.shard_changes, awa.autoscale_decisions,
+-- awa.runtime_queues) is kept, and pruned as it is for every queue.
+-- Calls: nothing
+-- Writes: awa.autoscale_policy, awa.contention_samples, awa.dropped_sequences, awa.lane_heads,
+--   awa.lane_hints, awa.lanes, awa.queue_limit, awa.queue_meta, awa.ready_late, awa.unique_keys
+create or replace function awa._remove_dropped(meta awa.queue_meta)
+returns void
+language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    insert into awa.dropped_sequences (seq)
+    select s.seq
+      from (
+          select l.seq from awa.lanes as l where l.queue_id = meta.queue_id
+          union all
+          select unnest(array[meta.completed_seq, meta.failed_seq, meta.cancelled_seq])
+      ) as s
+     where s.seq is not null
+    on conflict do nothing;
+    delete from awa.lane_hints as h
+     where h.lane_id in (select l.lane_id from awa.lanes as l where l.queue_id = meta.queue_id);
+    delete from awa.lane_heads as h
+     where h.lane_id in (select l.lane_id from awa.lanes as l where l.queue_id = meta.queue_id);
+    delete from awa.ready_late as y where y.queue_id = meta.queue_id;
+    delete from awa.unique_keys as u where u.queue_id = meta.queue_id;
+    delete from awa.contention_samples as s where s.queue_id = meta.queue_id;
+    delete from awa.autoscale_policy as p where p.queue_id = meta.queue_id;
+    delete from awa.lanes as l where l.queue_id = meta.queue_id;
+    delete from awa.queue_meta as m where m.queue_id = meta.queue_id;
+    update awa.queue_limit as q set queues = greatest(q.queues - 1, 0);
+end;
+$$;
+
+-- Function: awa.finish_drops() returns table (queue, queue_id, outcome, named)
+-- The second step of awa.drop_queue (ADR 044): removes each dropped queue
+-- (awa._remove_dropped) once no job can come to it any more, and drops the
+-- sequences of queues removed before (awa._drop_sequences). A session can
+-- route a job to a dropped queue by its old row while it holds a snapshot
+-- older than the drop (a repeatable read producer for its whole
+-- transaction, a read committed one for the statement), and its job is
+-- not committed until its transaction is. So a queue is taken only when:
+-- 1. its drop committed in another transaction, and no other session holds
+--    a snapshot older than it (awa._oldest_snapshot, as awa.retire_lanes);
+-- 2. its row is locked (an insert into awa.scheduled holds a key share of
+--    it, by the foreign key, until it commits) and so is every lane (an
+--    enqueue holds its lane's lock until it commits): if another session
+--    holds one, the queue is left to the next call;
+-- 3. read again with a snapshot taken after those locks, it is empty
+--    (awa._queue_contents).
+-- After 1 no session can route a job to it, after 2 none has one in
+-- flight, so 3 sees every job it will ever hold. A queue that holds a job
+-- (one came late) is put back instead, never removed: under its old name
+-- with its pause state, or under awa._recovery_name when a new queue has
+-- taken the name. awa.ready, awa.lane_hints, awa.running and awa.finished
+-- are held (ACCESS SHARE) for the call, so that no rewrite by TRUNCATE
+-- comes between a snapshot and a read of them. Never waits more than
+-- 100 ms for a lock: what it did not get is left to the next call; a call
+-- stops after the queue that takes its lane locks past 1,024.
+-- Role: awa_maintenance. Returns one row per queue it removed (outcome
+-- 'removed') or put back ('restored' under its old name, 'renamed' under
+-- the name `named`); queue is the name the queue had.
+-- Errors: 25000 the calling transaction is not read committed.
+-- Calls: awa._check_read_committed, awa._drop_sequences, awa._lock_class_lane, awa._lock_leader,
+--   awa._oldest_snapshot, awa._queue_contents, awa._recovery_name, awa._remove_dropped
+-- Writes: awa.queue_meta
+create or replace function awa.finish_drops()
+returns table (queue text, queue_id integer, outcome text, named text)
+language plpgsql
+security definer
+set search_path = pg_catalog, pg_temp
+set lock_timeout = '100ms'
+as $$
+declare
+    candidates integer[];
+    qid integer;
+    meta awa.queue_meta;
+    busy bigint;
+    tried bigint;
+    locked bigint := 0;
+    held record;
+    back text;
+begin
+    perform awa._check_read_committed('awa.finish_drops()');
+    -- The sessions read afresh, after every removal and drop committed.
+    perform pg_stat_clear_snapshot();
+    perform awa._drop_sequences();
+    select array_agg(m.queue_id order by m.queue_id) into candidates
+      from awa.queue_meta as m
+     cross join (select awa._oldest_snapshot() as xmin) as o
+     where m.dropped_xact is not null
+       and (o.xmin is null or m.dropped_xact < o.xmin)
+       -- A drop this transaction made has not committed: sessions still
+       -- read the old name.
+       and m.dropped_xact is distinct from pg_current_xact_id_if_assigned();
+    if candidates is null then
+        return;
+    end if;
+    begin
+        lock table awa.ready, awa.lane_hints, awa.running, awa.finished in access share mode;
+    exception when lock_not_available then
+        return;
+    end;
+    foreach qid in array candidates loop
+        exit when locked >= 1024;
+        meta := null;
+        begin
+            select m.* into meta from awa.queue_meta as m
+             where m.queue_id = qid and m.dropped_xact is not null
+               for update;
+        exception when lock_not_available then
+            continue;  -- an insert into awa.scheduled in flight, or a change: the next call
+        end;
+        continue when meta.queue_id is null;
+        -- Every lane tried (a filter is evaluated for each row).
+        select count(*) filter (
+                   where not pg_try_advisory_xact_lock(awa._lock_class_lane(), l.lane_id)
+               ),
+               count(*)
+          into busy, tried
+          from awa.lanes as l
+         where l.queue_id = qid;
+        locked := locked + tried;
+        continue when busy > 0;
+        -- A job committed before those locks is seen now.
+        select c.* into strict held from awa._queue_contents(qid) as c;
+        begin
+            if held.ready + held.scheduled + held.running + held.unique_keys + held.finished
+               = 0 then
+                perform awa._remove_dropped(meta);
+                outcome := 'removed';
+                named := null;
+            else
+                -- A job came late: the queue goes back, never away.
+                perform awa._lock_leader('provisioning');
+                if exists (select from awa.queue_meta as m where m.queue = meta.dropped_name) then
+                    back := awa._recovery_name(meta.dropped_name, qid);
+                    outcome := 'renamed';
+                else
+                    back := meta.dropped_name;
+                    outcome := 'restored';
+                end if;
+                update awa.queue_meta as m
+                   set queue = back, paused = m.dropped_paused, dropped_name = null,
+                       dropped_paused = null, dropped_xact = null, dropped_at = null
+                 where m.queue_id = qid;
+                named := back;
+            end if;
+        exception when lock_not_available then
+            continue;  -- a row or table another session holds: the next call
+        end;
+        queue := meta.dropped_name;
+        queue_id := qid;
+        return next;
+    end loop;
+end;
+$$;
+
+select awa._grant_execute('awa._queue_contents(integer)');
+select awa._grant_execute('awa.drop_queue(text, boolean)', 'operator');
+select awa._grant_execute('awa._recovery_name(text, integer)');
+select awa._grant_execute('awa._drop_sequences()');
+select awa._grant_execute('awa._remove_dropped(awa.queue_meta)');
+select awa._grant_execute('awa.finish_drops()', 'maintenance');
+select awa._grant_select('awa.dropped_sequences', 'reader', 'operator');

@@ -1,0 +1,378 @@
+"""Dropping an empty queue in two steps (ADR 044), on real PostgreSQL 17 and
+18: awa.drop_queue renames the queue's row out of every lookup and pauses
+it; awa.finish_drops removes it (lanes, sequences, rows, its place under the
+queue limit) once no session can still route a job to it, and puts it back,
+never away, when a job came late. No job is lost or stranded."""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+
+import psycopg
+import pytest
+
+from tests.support.isolation import OLDER_SNAPSHOTS, assert_refused_outside_read_committed
+from tests.support.jobs import behind, claim, claim_all, enqueue
+from tests.support.waiting import wait_until
+
+
+@pytest.fixture
+def su(db):
+    with db.connect() as conn:
+        yield conn
+
+
+@pytest.fixture
+def op(db, logins):
+    with db.connect(logins.operator) as conn:
+        yield conn
+
+
+def drop(op, queue: str, **kw) -> bool:
+    extra = "".join(f", {k} => %({k})s" for k in kw)
+    return op.execute(f"select awa.drop_queue(%(queue)s{extra})",
+                      {"queue": queue, **kw}).fetchone()[0]
+
+
+def finish(db, logins) -> list[tuple]:
+    with db.connect(logins.maintenance) as m:
+        return m.execute("select * from awa.finish_drops()").fetchall()
+
+
+def sequences(su) -> set[str]:
+    return {r[0] for r in su.execute(
+        "select relname from pg_class where relkind = 'S'"
+        " and relnamespace = 'awa'::regnamespace").fetchall()}
+
+
+def queue_row(su, queue_id: int):
+    return su.execute("select queue, paused, dropped_name from awa.queue_meta"
+                      " where queue_id = %s", [queue_id]).fetchone()
+
+
+def queue_id(su, queue: str) -> int:
+    return su.execute("select queue_id from awa.queue_meta where queue = %s",
+                      [queue]).fetchone()[0]
+
+
+def counted(su) -> int:
+    return su.execute("select queues from awa.queue_limit").fetchone()[0]
+
+
+def refused(conn, call: str, params=()) -> psycopg.Error:
+    with pytest.raises(psycopg.Error) as err:
+        conn.execute(call, params)
+    return err.value
+
+
+def test_refusals_name_the_queue_and_what_it_holds(db, logins, su, op):
+    assert refused(op, "select awa.drop_queue('nope')").sqlstate == "42704"
+    assert refused(op, "select awa.drop_queue(null)").sqlstate == "22004"
+    assert refused(op, "select awa.drop_queue('a#0')").sqlstate == "22023"
+    assert refused(op, "select awa.drop_queue('x', null)").sqlstate == "22004"
+    op.execute("select * from awa.set_queue_partitions('parts', 2)")
+    err = refused(op, "select awa.drop_queue('parts')")
+    assert (err.sqlstate, "not supported yet" in str(err)) == ("0A000", True)
+    err = refused(op, "select awa.drop_queue('parts__p1')")
+    assert err.sqlstate == "0A000" and "'parts__p1' is a partition or stripe of 'parts'" in str(err)
+    op.execute("select * from awa.set_queue_stripes('striped', 2)")
+    assert refused(op, "select awa.drop_queue('striped')").sqlstate == "0A000"
+    with db.connect(logins.producer) as p:
+        enqueue(p, "busy")
+        enqueue(p, "later", run_at="2100-01-01T00:00:00Z")
+        enqueue(p, "done", unique_key=b"k", unique_window="1 hour")
+    err = refused(op, "select awa.drop_queue('busy')")
+    assert err.sqlstate == "55006"
+    assert err.diag.message_primary == (
+        "queue 'busy' is not empty: 1 ready, 0 scheduled, 0 running, 0 unique keys held,"
+        " 0 terminal jobs kept")
+    assert "1 scheduled" in str(refused(op, "select awa.drop_queue('later')"))
+    with db.connect(logins.worker) as w:
+        (job,) = claim(w, ["busy"])
+        assert "1 running" in str(refused(op, "select awa.drop_queue('busy')"))
+        w.execute("select awa.complete(%s, %s)", [job[0], job[1]])
+        (done,) = claim(w, ["done"])
+        w.execute("select awa.complete(%s, %s)", [done[0], done[1]])
+    assert "1 terminal jobs kept" in str(refused(op, "select awa.drop_queue('busy')"))
+    assert "1 unique keys held, 1 terminal" in str(refused(op, "select awa.drop_queue('done')"))
+    # Nothing a refusal did stays: the rows are all there.
+    assert su.execute("select count(*) from awa.finished").fetchone()[0] == 2
+    assert drop(op, "busy", discard_finished=True) is True
+    assert drop(op, "done", discard_finished=True) is True
+    assert su.execute("select count(*) from awa.finished").fetchone()[0] == 0
+    assert su.execute("select count(*) from awa.unique_keys").fetchone()[0] == 0
+    assert refused(op, "select awa.drop_queue('busy')").sqlstate == "42704"
+
+
+@pytest.mark.parametrize("role", ["producer", "worker", "maintenance", "reader"])
+def test_only_operators_drop(db, logins, role):
+    with db.connect(logins.producer) as p:
+        enqueue(p, "q")
+    with db.connect(getattr(logins, role)) as conn:
+        assert refused(conn, "select awa.drop_queue('q')").sqlstate == "42501"
+
+
+@pytest.mark.parametrize("role", ["producer", "worker", "operator", "reader"])
+def test_only_maintenance_finishes(db, logins, role):
+    with db.connect(getattr(logins, role)) as conn:
+        assert refused(conn, "select * from awa.finish_drops()").sqlstate == "42501"
+
+
+@pytest.mark.parametrize("isolation", OLDER_SNAPSHOTS)
+def test_finish_refuses_a_snapshot_older_than_the_call(db, logins, isolation):
+    assert_refused_outside_read_committed(db, logins.maintenance, "awa.finish_drops()",
+                                          isolation)
+
+
+def test_a_drop_then_a_finish_removes_the_queue_and_frees_its_place(db, logins, su, op):
+    before = (counted(su), sequences(su))
+    with db.connect(logins.producer) as p:
+        enqueue(p, "gone")
+        enqueue(p, "kept")
+    with db.connect(logins.worker) as w:
+        for job in claim_all(w, ["gone"]):
+            w.execute("select awa.complete(%s, %s)", [job[0], job[1]])
+    op.execute("select awa.set_autoscale_policy('gone', cooldown => '1 minute')")
+    gone = queue_id(su, "gone")
+    lanes = [r[0] for r in su.execute("select lane_id from awa.lanes where queue_id = %s",
+                                      [gone]).fetchall()]
+    assert len(lanes) == 4
+    su.execute("insert into awa.lane_hints select unnest(%s::integer[]), 1", [lanes])
+    own = sequences(su) - before[1]
+    assert len(own) == 14  # two queues of seven
+    assert drop(op, "gone", discard_finished=True) is True
+    assert queue_row(su, gone) == (f"#dropped#{gone}", True, "gone")
+    # A lookup by the old name misses it; the overview shows it paused.
+    assert refused(op, "select awa.enqueue_shards('gone')").sqlstate == "42704"
+    assert op.execute("select * from awa.queue_counts('gone')").fetchall() == []
+    assert counted(su) == before[0] + 2  # still a place until removed
+    assert finish(db, logins) == [("gone", gone, "removed", None)]
+    assert queue_row(su, gone) is None
+    assert counted(su) == before[0] + 1
+    for table in ("lanes", "autoscale_policy", "contention_samples", "ready_late",
+                  "unique_keys"):
+        assert su.execute(f"select count(*) from awa.{table} where queue_id = %s",
+                          [gone]).fetchone()[0] == 0
+    assert su.execute("select count(*) from awa.lane_hints where lane_id = any(%s)",
+                      [lanes]).fetchone()[0] == 0
+    # The sequences go a call later, once no snapshot reads the rows that named them.
+    assert len(sequences(su) - before[1]) == 14
+    assert finish(db, logins) == []
+    assert len(sequences(su) - before[1]) == 7
+    assert su.execute("select count(*) from awa.dropped_sequences").fetchone()[0] == 0
+    assert all(s.startswith(("lane_seq_", "queue_")) for s in own)
+    # Every watch still reads.
+    with db.connect(logins.reader) as r:
+        r.execute("select * from awa.queue_overview").fetchall()
+        r.execute("select * from awa.lane_overview").fetchall()
+        r.execute("select * from awa.shard_change_evidence").fetchall()
+
+
+def test_an_enqueue_after_the_drop_makes_a_new_queue_and_the_finish_leaves_it(db, logins, su,
+                                                                              op):
+    with db.connect(logins.producer) as p:
+        enqueue(p, "again")
+        old = queue_id(su, "again")
+        su.execute("delete from awa.ready")
+        drop(op, "again")
+        job = enqueue(p, "again")[0]
+    new = queue_id(su, "again")
+    assert new != old
+    assert finish(db, logins) == [("again", old, "removed", None)]
+    assert queue_row(su, new) == ("again", False, None)
+    with db.connect(logins.worker) as w:
+        assert [c[0] for c in claim_all(w, ["again"])] == [job]
+
+
+def late_job(db, logins, su, op, queue: str, take_name: bool) -> tuple[int, int, int | None]:
+    """A repeatable read producer whose snapshot predates the drop routes a
+    job into the dropped queue; (old queue id, the job, the new queue id)."""
+    with db.connect(logins.producer) as p:
+        enqueue(p, queue)
+        old = queue_id(su, queue)
+    su.execute("delete from awa.ready")
+    with db.connect(logins.producer, autocommit=False) as late:
+        late.execute("begin isolation level repeatable read")
+        late.execute("select 1")
+        drop(op, queue)
+        new = None
+        if take_name:
+            with db.connect(logins.producer) as p:
+                enqueue(p, queue, run_at="2100-01-01T00:00:00Z")
+            new = queue_id(su, queue)
+        # The snapshot still reads the old row, by the old name.
+        job = enqueue(late, queue)[0]
+        assert finish(db, logins) == []  # the snapshot predates the drop
+        assert queue_row(su, old)[2] == queue
+        late.commit()
+    return old, job, new
+
+
+def test_a_late_job_puts_the_queue_back_under_its_name(db, logins, su, op):
+    old, job, _ = late_job(db, logins, su, op, "late", take_name=False)
+    assert finish(db, logins) == [("late", old, "restored", "late")]
+    assert queue_row(su, old) == ("late", False, None)
+    with db.connect(logins.worker) as w:
+        assert [c[0] for c in claim_all(w, ["late"])] == [job]
+    assert finish(db, logins) == []
+
+
+def test_a_late_job_puts_the_queue_back_under_a_recovery_name_when_the_name_is_taken(
+        db, logins, su, op):
+    old, job, new = late_job(db, logins, su, op, "taken", take_name=True)
+    name = f"taken~dropped-{old}"
+    assert finish(db, logins) == [("taken", old, "renamed", name)]
+    assert queue_row(su, old) == (name, False, None)
+    assert queue_row(su, new) == ("taken", False, None)
+    with db.connect(logins.worker) as w:
+        (claimed,) = claim_all(w, [name])
+        assert claimed[0] == job
+        assert claim_all(w, ["taken"]) == []
+        w.execute("select awa.complete(%s, %s)", [claimed[0], claimed[1]])
+    # Empty now: it can be dropped and removed like any queue.
+    drop(op, name, discard_finished=True)
+    assert finish(db, logins) == [(name, old, "removed", None)]
+
+
+def test_a_recovery_name_fits_in_200_bytes_and_avoids_taken_names(db, su):
+    long = "é" * 100  # 200 bytes
+    assert su.execute("select awa._recovery_name(%s, 7)", [long]).fetchone()[0] == (
+        "é" * 95 + "~dropped-7")
+    su.execute("insert into awa.queue_meta (queue) values ('q~dropped-7')")
+    assert su.execute("select awa._recovery_name('q', 7)").fetchone()[0] == "q~dropped-7-2"
+
+
+def test_an_uncommitted_enqueue_holding_a_lane_keeps_the_queue_until_it_ends(db, logins, su,
+                                                                            op):
+    with db.connect(logins.producer) as p:
+        enqueue(p, "held")
+    old = queue_id(su, "held")
+    su.execute("delete from awa.ready")
+    with db.connect(logins.producer, autocommit=False) as p:
+        enqueue(p, "held")
+        # A simple-protocol statement drops the enqueue's portal, whose
+        # snapshot psycopg's extended protocol leaves open until the next.
+        p.pgconn.exec_(b"select 1")
+        drop(op, "held")
+        assert finish(db, logins) == []  # the lane is held: skipped
+        assert queue_row(su, old)[2] == "held"
+        p.rollback()
+    assert finish(db, logins) == [("held", old, "removed", None)]
+
+
+def test_an_uncommitted_enqueue_that_commits_puts_the_queue_back(db, logins, su, op):
+    with db.connect(logins.producer) as p:
+        enqueue(p, "held")
+    old = queue_id(su, "held")
+    su.execute("delete from awa.ready")
+    with db.connect(logins.producer, autocommit=False) as p:
+        job = enqueue(p, "held")[0]
+        p.pgconn.exec_(b"select 1")
+        drop(op, "held")
+        assert finish(db, logins) == []
+        p.commit()
+    assert finish(db, logins) == [("held", old, "restored", "held")]
+    with db.connect(logins.worker) as w:
+        assert [c[0] for c in claim_all(w, ["held"])] == [job]
+
+
+def test_a_drop_waits_for_an_uncommitted_scheduled_job_and_then_sees_it(db, logins, su, op):
+    with db.connect(logins.producer) as p:
+        enqueue(p, "sched")
+    su.execute("delete from awa.ready")
+    with db.connect(logins.producer, autocommit=False) as p, \
+            db.connect(logins.operator, autocommit=False) as dropper:
+        enqueue(p, "sched", run_at="2100-01-01T00:00:00Z")
+        call = behind(db, p, dropper, lambda c: drop(c, "sched"))
+    assert call.error is not None and call.error.sqlstate == "55006"
+    assert "1 scheduled" in str(call.error)
+
+
+def test_every_job_is_found_once_while_a_queue_is_dropped_under_load(db, logins, su):
+    """Producers (read committed, and repeatable read ones whose snapshot is
+    taken before their enqueue) enqueue to one queue in a loop, workers claim
+    and complete from it and from any recovery name, an operator drops it
+    whenever it is empty and maintenance finishes drops in a loop. Then every
+    job enqueued was claimed once, or is still in some queue, once."""
+    stop = threading.Event()
+    produced: list[int] = []
+    claimed: list[int] = []
+    outcomes: list[tuple] = []
+    drops = [0]
+
+    def produce(n: int) -> None:
+        rng = random.Random(n)
+        isolation = "repeatable read" if n % 2 else "read committed"
+        with db.connect(logins.producer) as p:
+            while not stop.is_set():
+                p.execute(f"begin isolation level {isolation}")
+                try:
+                    # The snapshot, then the producer's own work: the queue
+                    # may be dropped before its job goes where the row sent it.
+                    p.execute("select pg_sleep(%s)", [rng.random() / 50])
+                    job = enqueue(p, "dq")[0]
+                    p.execute("commit")
+                except psycopg.Error as err:
+                    # A repeatable read producer racing a new queue's creation
+                    # (ADR 039): its job is rolled back, not lost.
+                    assert isolation == "repeatable read", err
+                    p.execute("rollback")
+                    continue
+                produced.append(job)
+                p.execute("select pg_sleep(%s)", [rng.random() / 4])
+
+    def operate() -> None:
+        with db.connect(logins.operator) as op:
+            while not stop.is_set():
+                try:
+                    drop(op, "dq", discard_finished=True)
+                    drops[0] += 1
+                except psycopg.Error as err:
+                    assert err.sqlstate in ("55006", "42704"), err
+                op.execute("select pg_sleep(0.01)")
+
+    def maintain() -> None:
+        with db.connect(logins.maintenance) as m:
+            while not stop.is_set():
+                outcomes.extend(m.execute("select * from awa.finish_drops()").fetchall())
+
+    def work() -> None:
+        with db.connect(logins.worker) as w, db.connect(logins.reader) as reader:
+            while not stop.is_set():
+                names = [row[0] for row in reader.execute(
+                    "select queue from awa.queue_overview where queue like 'dq%'").fetchall()]
+                for job in claim(w, names, 10) if names else []:
+                    w.execute("select awa.complete(%s, %s)", [job[0], job[1]])
+                    claimed.append(job[0])
+
+    with ThreadPoolExecutor(8) as pool:
+        futures = [pool.submit(produce, n) for n in range(4)]
+        futures += [pool.submit(operate), pool.submit(maintain), pool.submit(work),
+                    pool.submit(work)]
+        try:
+            wait_until(lambda: drops[0] >= 10 and len(produced) >= 200, timeout=120,
+                       what="drops under load")
+        except AssertionError as err:
+            raise AssertionError(f"{err}: {drops[0]} drops, {len(produced)} jobs") from None
+        finally:
+            stop.set()
+        for f in futures:
+            f.result()
+    # Every drop finished: removed, or put back with its late jobs.
+    wait_until(lambda: (finish(db, logins), su.execute(
+        "select count(*) from awa.queue_meta where dropped_xact is not null").fetchone()[0]
+        == 0)[1], what="the drops to finish")
+    left = []
+    with db.connect(logins.worker) as w:
+        names = [r[0] for r in su.execute("select queue from awa.queue_meta").fetchall()]
+        left = [c[0] for c in claim_all(w, names)]
+    found = Counter(claimed + left)
+    assert set(found) == set(produced)
+    assert max(found.values()) == 1
+    assert su.execute("select count(*) from awa.ready").fetchone()[0] == 0
+    # Both ways were taken (some 60 removals and 30 put back in a run of 100 drops).
+    kinds = Counter(o[2] for o in outcomes)
+    assert kinds["removed"] and kinds["restored"] + kinds["renamed"], kinds
