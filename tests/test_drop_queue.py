@@ -203,9 +203,11 @@ def late_job(db, logins, su, op, queue: str, take_name: bool) -> tuple[int, int,
             with db.connect(logins.producer) as p:
                 enqueue(p, queue, run_at="2100-01-01T00:00:00Z")
             new = queue_id(su, queue)
-        # The snapshot still reads the old row, by the old name.
+        # Not while a snapshot predates the drop: it still reads the old row,
+        # by the old name, and routes its job there.
+        assert finish(db, logins) == []
         job = enqueue(late, queue)[0]
-        assert finish(db, logins) == []  # the snapshot predates the drop
+        assert finish(db, logins) == []
         assert queue_row(su, old)[2] == queue
         late.commit()
     return old, job, new
