@@ -6,6 +6,7 @@ never away, when a job came late. No job is lost or stranded."""
 
 from __future__ import annotations
 
+import json
 import random
 import threading
 from collections import Counter
@@ -14,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 import psycopg
 import pytest
 
+from awa_sql.maintain import TASKS
 from tests.support.isolation import OLDER_SNAPSHOTS, assert_refused_outside_read_committed
 from tests.support.jobs import behind, claim, claim_all, enqueue
 from tests.support.waiting import wait_until
@@ -378,3 +380,42 @@ def test_every_job_is_found_once_while_a_queue_is_dropped_under_load(db, logins,
     # Both ways were taken (some 60 removals and 30 put back in a run of 100 drops).
     kinds = Counter(o[2] for o in outcomes)
     assert kinds["removed"] and kinds["restored"] + kinds["renamed"], kinds
+
+
+def test_awa_maintain_finishes_drops_and_names_a_queue_it_put_back(db, logins, su, op):
+    (task,) = [t for t in TASKS if t.name == "drops"]
+    assert (task.function, task.every, task.flag) == ("awa.finish_drops()", 60.0,
+                                                      "--drops-every")
+    late_job(db, logins, su, op, "m2", take_name=False)
+    with db.connect(logins.producer) as p:
+        enqueue(p, "m1")
+    su.execute("delete from awa.ready where queue_id = %s", [queue_id(su, "m1")])
+    drop(op, "m1")
+    with db.connect(logins.maintenance) as m:
+        assert task.call(m) == (2, "removed 1 dropped queue(s); put dropped queue 'm2' back"
+                                   " as 'm2': a job came to it late")
+        assert task.call(m) == (0, "")
+
+
+def test_awa_storage_drop_asks_refuses_and_drops(db, logins, su):
+    with db.connect(logins.producer) as p:
+        enqueue(p, "cli")
+    unconfirmed = db.awa("storage", "drop", "cli", user=logins.operator)
+    assert unconfirmed.returncode == 2
+    assert "not dropped (Drop queue 'cli'?)" in unconfirmed.stderr
+    full = db.awa("storage", "drop", "cli", "--yes", user=logins.operator)
+    assert full.returncode == 9
+    assert "queue 'cli' is not empty: 1 ready, 0 scheduled" in full.stderr
+    assert db.awa("storage", "drop", "nosuch", "--yes", user=logins.operator).returncode == 2
+    assert db.awa("storage", "drop", "cli", "--yes", user=logins.reader).returncode == 7
+    with db.connect(logins.worker) as w:
+        for job in claim_all(w, ["cli"]):
+            w.execute("select awa.complete(%s, %s)", [job[0], job[1]])
+    kept = db.awa("storage", "drop", "cli", "--yes", user=logins.operator)
+    assert kept.returncode == 9 and "1 terminal jobs kept" in kept.stderr
+    assert "discard_finished" in kept.stderr  # the hint
+    done = db.awa("storage", "drop", "cli", "--discard-finished", "--yes", "--json",
+                  user=logins.operator, check=True)
+    assert json.loads(done.stdout) == {"queue": "cli", "dropped": True}
+    assert su.execute("select dropped_name from awa.queue_meta where dropped_name is not null"
+                      ).fetchall() == [("cli",)]

@@ -75,6 +75,16 @@ def _autoscale(conn: psycopg.Connection) -> tuple[int, str]:
     return len(acted), "; ".join(d.summary() for d in acted)
 
 
+def _finish_drops(conn: psycopg.Connection) -> tuple[int, str]:
+    """Counts the dropped queues removed or put back; names each put back."""
+    rows = conn.execute("select queue, outcome, named from awa.finish_drops()").fetchall()
+    removed = sum(1 for _, outcome, _ in rows if outcome == "removed")
+    said = [f"removed {removed} dropped queue(s)"] if removed else []
+    said += [f"put dropped queue {queue!r} back as {named!r}: a job came to it late"
+             for queue, outcome, named in rows if outcome != "removed"]
+    return len(rows), "; ".join(said)
+
+
 # The cadences a task takes, in seconds: awa maintain's --<task>-every and
 # Worker(maintain={...}).
 EVERY_MIN = 0.05
@@ -115,6 +125,7 @@ TASKS: tuple[Task, ...] = (
     Task("retire_lanes", "awa.retire_lanes()", 60.0,
          _scalar("select awa.retire_lanes()", (),
                  "took the drained lanes above S of {n} queue(s) out of the claim walk")),
+    Task("drops", "awa.finish_drops()", 60.0, _finish_drops),
     Task("shard_changes", "awa.prune_shard_changes(interval, integer)", 600.0,
          _scalar("select awa.prune_shard_changes(max_changes => %s)", (BATCH,),
                  "removed {n} change(s) of S past their 90 days"),
@@ -153,6 +164,7 @@ class MaintainMetrics:
             "awa.lane_hints (lane_hints) and of awa.ready (ready_rewrite), unique keys "
             "whose window had passed removed (unique_keys), "
             "awa.ready_late rows of jobs gone from their lanes removed (ready_late), "
+            "dropped queues removed or put back (drops), "
             "decisions that change S or would (autoscale).",
             ["task"], registry=registry)
         self.errors = Counter(

@@ -53,6 +53,9 @@ HELP = {
     "retire_lanes": "take the drained lanes above S out of the claim walk once no snapshot "
                     "older than the change of S is left (awa.retire_lanes, skipped while it is "
                     "not installed)",
+    "drops": "remove the queues awa.drop_queue dropped once no session can still enqueue to "
+             "them by the old name, or put back one a job came to late (awa.finish_drops, "
+             "skipped while it is not installed)",
     "shard_changes": "remove changes of S older than 90 days, each queue's latest kept "
                      "(awa.prune_shard_changes, skipped while it is not installed)",
 }

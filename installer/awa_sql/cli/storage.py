@@ -9,6 +9,8 @@ import sys
 import threading
 from collections.abc import Sequence
 
+import psycopg
+
 from awa_sql import shards
 from awa_sql.cli.common import add_connection, bad_input_is_usage, parse_interval
 from awa_sql.connect import connect
@@ -88,6 +90,28 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help="the same, as the other storage commands take it")
         p.add_argument("--json", action="store_true", help="machine-readable output")
         p.set_defaults(func=cmd_set_paused, paused=paused)
+
+    d = ss.add_parser(
+        "drop", help="drop an empty queue",
+        description="Drop an empty queue (awa.drop_queue, ADR 044): its name is free at once "
+        "(an enqueue to it creates a new queue), and awa maintain's drops pass "
+        "(awa.finish_drops) removes it, with its lanes and sequences, once no session can "
+        "still enqueue to it by the old name; a job that came late puts it back instead. "
+        "Refused, changing nothing, for a queue that holds ready, scheduled or running jobs, "
+        "unique keys or kept terminal jobs (--discard-finished deletes those), and for "
+        "partitions, stripes and queues that have them (not supported yet). Asks for "
+        "confirmation. Needs awa_operator. Exit codes: 0 dropped; 2 a bad or unknown queue "
+        "name, or not confirmed; 7 connection or server error (42501: the login lacks "
+        "awa_operator); 9 the queue is not empty, or not one that can be dropped (nothing "
+        "changed).")
+    add_connection(d)
+    d.add_argument("queue", metavar="QUEUE", help="the queue's name")
+    d.add_argument("--discard-finished", action="store_true",
+                   help="delete the queue's kept terminal jobs (completed, failed, cancelled) "
+                   "and the unique keys their windows hold, with the drop")
+    d.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    d.add_argument("--json", action="store_true", help="machine-readable output")
+    d.set_defaults(func=cmd_drop)
 
     a = ss.add_parser("autoscale", help="run the enqueue-shard auto-scaler")
     aa = a.add_subparsers(dest="autoscale_command", required=True)
@@ -231,6 +255,46 @@ def cmd_set_paused(args: argparse.Namespace) -> int:
         print(f"{command}d {queue}")
     else:
         print(f"{queue} was {'already paused' if args.paused else 'not paused'}: nothing changed")
+    return 0
+
+
+EXIT_WRONG_STATE = 9  # as awa jobs: nothing changed, the queue is not in a state to drop
+
+
+@bad_input_is_usage
+def cmd_drop(args: argparse.Namespace) -> int:
+    with connect(args.dsn) as conn:
+        # An unknown queue (42704) or a bad name (22xxx) raises here: exit 2.
+        conn.execute("select awa.enqueue_shards(%s::text)", [args.queue])
+        kept = conn.execute(
+            "select coalesce(sum(completed_kept + failed_kept + cancelled_kept), 0)::bigint"
+            "  from awa.queue_counts(%s::text) where queue = %s::text",
+            [args.queue, args.queue]).fetchone()[0]
+        conn.rollback()
+        discards = (f", deleting its {kept} kept terminal job(s)"
+                    if args.discard_finished and kept else "")
+        question = f"Drop queue {args.queue!r}{discards}?"
+        if not args.yes and not _confirm(question):
+            print(f"awa: not dropped ({question}): pass --yes when not attached to a terminal, "
+                  "or answer y", file=sys.stderr)
+            return EXIT_NOT_CONFIRMED
+        try:
+            conn.execute("select awa.drop_queue(%s::text, %s::boolean)",
+                         [args.queue, args.discard_finished])
+        except psycopg.Error as error:
+            if error.sqlstate not in ("55006", "0A000"):
+                raise
+            conn.rollback()
+            hint = f"\n{error.diag.message_hint}" if error.diag.message_hint else ""
+            print(f"awa: {error.diag.message_primary} (SQLSTATE {error.sqlstate}){hint}",
+                  file=sys.stderr)
+            return EXIT_WRONG_STATE
+        conn.commit()
+    if args.json:
+        print(json.dumps({"queue": args.queue, "dropped": True}, sort_keys=True))
+    else:
+        print(f"dropped {args.queue}: awa maintain removes it (awa.finish_drops) once no "
+              "session can still enqueue to it by that name")
     return 0
 
 
