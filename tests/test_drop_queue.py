@@ -419,3 +419,21 @@ def test_awa_storage_drop_asks_refuses_and_drops(db, logins, su):
     assert json.loads(done.stdout) == {"queue": "cli", "dropped": True}
     assert su.execute("select dropped_name from awa.queue_meta where dropped_name is not null"
                       ).fetchall() == [("cli",)]
+
+
+def test_a_late_scheduled_job_fails_to_serialize_and_is_not_lost(db, logins, su, op):
+    """A repeatable read producer whose snapshot predates the drop sends a
+    job for later into awa.scheduled by the old row: its foreign key's check
+    meets the renamed row, and the transaction fails (40001) rather than
+    leave a job behind."""
+    with db.connect(logins.producer) as p:
+        enqueue(p, "later")
+    old = queue_id(su, "later")
+    su.execute("delete from awa.ready")
+    with db.connect(logins.producer, autocommit=False) as late:
+        late.execute("begin isolation level repeatable read")
+        late.execute("select 1")
+        drop(op, "later")
+        err = refused(late, "select awa.enqueue('later', 'k', run_at => now() + interval '1 h')")
+        assert err.sqlstate == "40001"
+    assert finish(db, logins) == [("later", old, "removed", None)]
