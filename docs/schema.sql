@@ -5845,9 +5845,13 @@ declare
     back text;
 begin
     perform awa._check_read_committed('awa.finish_drops()');
-    -- The sessions read afresh, after every removal and drop committed.
+    -- The sessions are read afresh in the statement that reads the removals,
+    -- then in the one that reads the drops, so after those committed: a
+    -- read of the sessions kept from before would miss a snapshot taken
+    -- before a drop that committed since.
     perform pg_stat_clear_snapshot();
     perform awa._drop_sequences();
+    perform pg_stat_clear_snapshot();
     select array_agg(m.queue_id order by m.queue_id) into candidates
       from awa.queue_meta as m
      cross join (select awa._oldest_snapshot() as xmin) as o

@@ -16,6 +16,7 @@ import psycopg
 import pytest
 
 from awa_sql.maintain import TASKS
+from awa_sql.metrics import render
 from tests.support.isolation import OLDER_SNAPSHOTS, assert_refused_outside_read_committed
 from tests.support.jobs import behind, claim, claim_all, enqueue
 from tests.support.waiting import wait_until
@@ -138,19 +139,29 @@ def test_a_drop_then_a_finish_removes_the_queue_and_frees_its_place(db, logins, 
         for job in claim_all(w, ["gone"]):
             w.execute("select awa.complete(%s, %s)", [job[0], job[1]])
     op.execute("select awa.set_autoscale_policy('gone', cooldown => '1 minute')")
+    # Changes of S, whose history names its lanes (and is kept).
+    op.execute("select awa.set_enqueue_shards('gone', 2)")
+    op.execute("select awa.set_enqueue_shards('gone', 1)")
     gone = queue_id(su, "gone")
     lanes = [r[0] for r in su.execute("select lane_id from awa.lanes where queue_id = %s",
                                       [gone]).fetchall()]
-    assert len(lanes) == 4
+    assert len(lanes) == 8
     su.execute("insert into awa.lane_hints select unnest(%s::integer[]), 1", [lanes])
     own = sequences(su) - before[1]
-    assert len(own) == 14  # two queues of seven
+    assert len(own) == 18  # two queues of seven, and four lanes of shard 1
     assert drop(op, "gone", discard_finished=True) is True
     assert queue_row(su, gone) == (f"#dropped#{gone}", True, "gone")
     # A lookup by the old name misses it; the overview shows it paused.
     assert refused(op, "select awa.enqueue_shards('gone')").sqlstate == "42704"
     assert op.execute("select * from awa.queue_counts('gone')").fetchall() == []
     assert counted(su) == before[0] + 2  # still a place until removed
+    # The watches read a dropped queue: the overview, awa storage show, metrics.
+    assert ("#dropped#" + str(gone), True) in op.execute(
+        "select queue, paused from awa.queue_overview").fetchall()
+    db.awa("storage", "show", user=logins.operator, check=True)
+    db.awa("storage", "show", "--json", user=logins.operator, check=True)
+    with db.connect(logins.reader) as r:
+        assert f'queue="#dropped#{gone}"' in render(r)[0].decode()
     assert finish(db, logins) == [("gone", gone, "removed", None)]
     assert queue_row(su, gone) is None
     assert counted(su) == before[0] + 1
@@ -161,7 +172,7 @@ def test_a_drop_then_a_finish_removes_the_queue_and_frees_its_place(db, logins, 
     assert su.execute("select count(*) from awa.lane_hints where lane_id = any(%s)",
                       [lanes]).fetchone()[0] == 0
     # The sequences go a call later, once no snapshot reads the rows that named them.
-    assert len(sequences(su) - before[1]) == 14
+    assert len(sequences(su) - before[1]) == 18
     assert finish(db, logins) == []
     assert len(sequences(su) - before[1]) == 7
     assert su.execute("select count(*) from awa.dropped_sequences").fetchone()[0] == 0
@@ -170,7 +181,8 @@ def test_a_drop_then_a_finish_removes_the_queue_and_frees_its_place(db, logins, 
     with db.connect(logins.reader) as r:
         r.execute("select * from awa.queue_overview").fetchall()
         r.execute("select * from awa.lane_overview").fetchall()
-        r.execute("select * from awa.shard_change_evidence").fetchall()
+        assert len(r.execute("select * from awa.shard_change_evidence where queue = 'gone'")
+                   .fetchall()) == 2
 
 
 def test_an_enqueue_after_the_drop_makes_a_new_queue_and_the_finish_leaves_it(db, logins, su,
