@@ -3,6 +3,7 @@ logins that hold only awa_maintenance (and, for the jobs, the other roles)."""
 
 from __future__ import annotations
 
+import logging
 import re
 import shutil
 import signal
@@ -380,6 +381,31 @@ def test_a_worker_runs_the_same_loop_in_process(db, logins):
     assert not thread.is_alive() and time.monotonic() - started < 2
     assert sorted(attempts) == [("flaky", 1), ("flaky", 2), ("k", 1)]
     assert not any(t.name == "awa-maintain" for t in threading.enumerate())
+
+
+def test_a_worker_without_awa_maintenance_says_what_to_grant_and_runs_no_passes(
+        db, logins, caplog):
+    """As `awa maintain` exits 7: a Worker(maintain=True) whose login lacks
+    awa_maintenance says once what to grant and starts no maintenance loop,
+    where each pass failed with permission denied; it still works its jobs."""
+    with db.connect(logins.producer) as p:
+        p.execute("select awa.enqueue('nomaint', 'k')")
+    worker = Worker(db.dsn(logins.worker), queues=["nomaint"], handlers={"k": lambda job: None},
+                    poll_interval=0.05, snapshot_every=None, maintain=True)
+    thread = threading.Thread(target=worker.run)
+    with caplog.at_level(logging.WARNING, logger="awa_sql.worker"):
+        thread.start()
+        try:
+            wait_until(lambda: worker.completed == 1, 20, "the job")
+            assert not any(t.name == "awa-maintain" for t in threading.enumerate())
+        finally:
+            worker.stop()
+            thread.join(10)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == [
+        f"maintain: the login {logins.worker} does not hold awa_maintenance (it may not call"
+        f" awa.try_pass_lock): every pass would fail with permission denied; grant"
+        f" awa_maintenance to {logins.worker}; this worker runs no maintenance"], warnings
 
 
 def test_a_taken_metrics_port_is_a_clear_error(db, logins):

@@ -205,6 +205,43 @@ def _one_line(err: BaseException) -> str:
     return " ".join(str(err).split()) or type(err).__name__
 
 
+# Whether this login may take the pass locks, and which roles may (the
+# maintenance role, whatever its name): read from the catalog, which any
+# login may read, so that a login without USAGE on schema awa gets its answer too.
+GRANT_CHECK = """
+select pg_catalog.quote_ident(current_user),
+       pg_catalog.has_schema_privilege(n.oid, 'USAGE')
+           and pg_catalog.has_function_privilege(p.oid, 'EXECUTE'),
+       (select pg_catalog.array_agg(pg_catalog.quote_ident(r.rolname) order by r.rolname)
+          from pg_catalog.aclexplode(p.proacl) as a
+          join pg_catalog.pg_roles as r on r.oid = a.grantee
+         where a.privilege_type = 'EXECUTE' and a.grantee <> p.proowner)
+  from pg_catalog.pg_proc as p
+  join pg_catalog.pg_namespace as n on n.oid = p.pronamespace
+ where n.nspname = 'awa' and p.proname = 'try_pass_lock'
+   and p.proargtypes = '25'::pg_catalog.oidvector
+"""
+
+
+def missing_grant(dsn: str) -> str | None:
+    """What to grant when this login may not take the pass locks (every pass
+    would fail with "permission denied"), else None: also when the database
+    cannot be asked now (the loop connects again) or has no pass lock yet
+    (the loop waits for awa migrate)."""
+    try:
+        with connect(dsn, autocommit=True, prepared_statements="off",
+                     application_name="awa-sql maintain", **reconnect_timeout(dsn)) as conn:
+            row = conn.execute(GRANT_CHECK).fetchone()
+    except psycopg.Error:
+        return None
+    if row is None or row[1]:
+        return None
+    user, _, roles = row
+    role = " or ".join(roles or ["awa_maintenance"])
+    return (f"the login {user} does not hold {role} (it may not call awa.try_pass_lock): "
+            f"every pass would fail with permission denied; grant {role} to {user}")
+
+
 class Maintainer:
     """The loop: ``run()`` blocks until ``stop()``; ``every`` maps task names
     (TASK_NAMES) to cadences in seconds, None turning a task off."""

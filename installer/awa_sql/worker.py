@@ -56,6 +56,7 @@ from awa_sql.maintain import (
     TASK_NAMES,
     Maintainer,
     _one_line,
+    missing_grant,
 )
 from awa_sql.metrics import client_metrics
 from awa_sql.partitions import iter_configs
@@ -331,7 +332,14 @@ class Worker:
                                          name=f"awa-{name}-{slot}") for slot in range(slots)]
         if self.runtime is not None:
             self.runtime.start()
-        maintaining = self.maintainer.start() if self.maintainer is not None else None
+        maintaining = None
+        if self.maintainer is not None:
+            # As `awa maintain` refuses to start: every pass would fail with
+            # permission denied, logged pass after pass.
+            if (missing := missing_grant(self.dsn)) is not None:
+                log.warning("maintain: %s; this worker runs no maintenance", missing)
+            else:
+                maintaining = self.maintainer.start()
         for t in threads:
             t.start()
         for t in threads[1:]:

@@ -10,8 +10,6 @@ import signal
 import sys
 import threading
 
-import psycopg
-
 from awa_sql.cli.common import (
     add_allowed_hosts,
     add_connection,
@@ -20,7 +18,7 @@ from awa_sql.cli.common import (
     parse_port,
 )
 from awa_sql.defaults import LOCAL_HOST, MAINTAIN_METRICS_PORT
-from awa_sql.maintain import STATEMENT_TIMEOUT, TASKS
+from awa_sql.maintain import STATEMENT_TIMEOUT, TASKS, missing_grant
 from awa_sql.migrate import EXIT_ERROR
 
 ALLOWED_HOSTS_ENV = "AWA_MAINTAIN_ALLOWED_HOSTS"
@@ -59,45 +57,6 @@ HELP = {
     "shard_changes": "remove changes of S older than 90 days, each queue's latest kept "
                      "(awa.prune_shard_changes, skipped while it is not installed)",
 }
-
-
-# Whether this login may take the pass locks, and which roles may (the
-# maintenance role, whatever its name): read from the catalog, which any
-# login may read, so that a login without USAGE on schema awa gets its answer too.
-GRANT_CHECK = """
-select pg_catalog.quote_ident(current_user),
-       pg_catalog.has_schema_privilege(n.oid, 'USAGE')
-           and pg_catalog.has_function_privilege(p.oid, 'EXECUTE'),
-       (select pg_catalog.array_agg(pg_catalog.quote_ident(r.rolname) order by r.rolname)
-          from pg_catalog.aclexplode(p.proacl) as a
-          join pg_catalog.pg_roles as r on r.oid = a.grantee
-         where a.privilege_type = 'EXECUTE' and a.grantee <> p.proowner)
-  from pg_catalog.pg_proc as p
-  join pg_catalog.pg_namespace as n on n.oid = p.pronamespace
- where n.nspname = 'awa' and p.proname = 'try_pass_lock'
-   and p.proargtypes = '25'::pg_catalog.oidvector
-"""
-
-
-def missing_grant(dsn: str) -> str | None:
-    """What to grant when this login may not take the pass locks (every pass
-    would fail with "permission denied"), else None: also when the database
-    cannot be asked now (the loop connects again) or has no pass lock yet
-    (the loop waits for awa migrate)."""
-    from awa_sql.connect import connect, reconnect_timeout
-
-    try:
-        with connect(dsn, autocommit=True, prepared_statements="off",
-                     application_name="awa-sql maintain", **reconnect_timeout(dsn)) as conn:
-            row = conn.execute(GRANT_CHECK).fetchone()
-    except psycopg.Error:
-        return None
-    if row is None or row[1]:
-        return None
-    user, _, roles = row
-    role = " or ".join(roles or ["awa_maintenance"])
-    return (f"the login {user} does not hold {role} (it may not call awa.try_pass_lock): "
-            f"every pass would fail with permission denied; grant {role} to {user}")
 
 
 def parse_every(text: str) -> float | None:
