@@ -1136,6 +1136,17 @@ AS $function$
       from per_instant as p
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._before_every_snapshot(xact xid8, oldest xid8)
+ RETURNS boolean
+ LANGUAGE sql
+ STABLE
+AS $function$
+    select (oldest is null or xact operator(pg_catalog.<) oldest)
+       and coalesce(
+           xact operator(pg_catalog.<>) pg_catalog.pg_current_xact_id_if_assigned(), true
+       )
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._cancel_waiting(job_id bigint, queue_id integer, priority smallint, kind text, args jsonb, ordering_key bytea, attempt integer, max_attempts integer, enqueued_at timestamp with time zone, last_error text, max_run_time interval)
  RETURNS void
  LANGUAGE plpgsql
@@ -1722,8 +1733,7 @@ begin
          cross join (select awa._oldest_snapshot() as xmin) as o
           left join pg_class as c on c.oid = x.seq
           left join pg_namespace as n on n.oid = c.relnamespace
-         where (o.xmin is null or x.removed_xact < o.xmin)
-           and x.removed_xact is distinct from pg_current_xact_id_if_assigned()
+         where awa._before_every_snapshot(x.removed_xact, o.xmin)
          order by x.seq
     loop
         begin
@@ -5856,10 +5866,7 @@ begin
       from awa.queue_meta as m
      cross join (select awa._oldest_snapshot() as xmin) as o
      where m.dropped_xact is not null
-       and (o.xmin is null or m.dropped_xact < o.xmin)
-       -- A drop this transaction made has not committed: sessions still
-       -- read the old name.
-       and m.dropped_xact is distinct from pg_current_xact_id_if_assigned();
+       and awa._before_every_snapshot(m.dropped_xact, o.xmin);
     if candidates is null then
         return;
     end if;
@@ -6613,10 +6620,7 @@ begin
           from awa.queue_meta as m
          cross join (select awa._oldest_snapshot() as xmin) as o
          where m.lane_shards > m.enqueue_shards
-           and (o.xmin is null or m.shards_changed_xact < o.xmin)
-           -- A change this transaction made has not committed: sessions
-           -- still read the S before it.
-           and m.shards_changed_xact is distinct from pg_current_xact_id_if_assigned()
+           and awa._before_every_snapshot(m.shards_changed_xact, o.xmin)
          order by m.queue_id
     loop
         exit when locked >= 1024;

@@ -155,7 +155,7 @@ $$;
 -- read the rows that named them, and a watch that read a dropped sequence
 -- would fail. A sequence whose lock is not granted in time is left to the
 -- next call.
--- Calls: awa._oldest_snapshot
+-- Calls: awa._before_every_snapshot, awa._oldest_snapshot
 -- Writes: awa.dropped_sequences
 create or replace function awa._drop_sequences()
 returns void
@@ -171,8 +171,7 @@ begin
          cross join (select awa._oldest_snapshot() as xmin) as o
           left join pg_class as c on c.oid = x.seq
           left join pg_namespace as n on n.oid = c.relnamespace
-         where (o.xmin is null or x.removed_xact < o.xmin)
-           and x.removed_xact is distinct from pg_current_xact_id_if_assigned()
+         where awa._before_every_snapshot(x.removed_xact, o.xmin)
          order by x.seq
     loop
         begin
@@ -256,8 +255,9 @@ $$;
 -- 'removed') or put back ('restored' under its old name, 'renamed' under
 -- the name `named`); queue is the name the queue had.
 -- Errors: 25000 the calling transaction is not read committed.
--- Calls: awa._check_read_committed, awa._drop_sequences, awa._lock_class_lane, awa._lock_leader,
---   awa._oldest_snapshot, awa._queue_contents, awa._recovery_name, awa._remove_dropped
+-- Calls: awa._before_every_snapshot, awa._check_read_committed, awa._drop_sequences,
+--   awa._lock_class_lane, awa._lock_leader, awa._oldest_snapshot, awa._queue_contents,
+--   awa._recovery_name, awa._remove_dropped
 -- Writes: awa.queue_meta
 create or replace function awa.finish_drops()
 returns table (queue text, queue_id integer, outcome text, named text)
@@ -288,10 +288,7 @@ begin
       from awa.queue_meta as m
      cross join (select awa._oldest_snapshot() as xmin) as o
      where m.dropped_xact is not null
-       and (o.xmin is null or m.dropped_xact < o.xmin)
-       -- A drop this transaction made has not committed: sessions still
-       -- read the old name.
-       and m.dropped_xact is distinct from pg_current_xact_id_if_assigned();
+       and awa._before_every_snapshot(m.dropped_xact, o.xmin);
     if candidates is null then
         return;
     end if;

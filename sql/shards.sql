@@ -242,7 +242,8 @@ $$;
 -- Returns: how many physical queues' claims now walk fewer shards.
 -- Errors: 25000 the calling transaction is not read committed: its
 -- snapshot could miss a job that entered a lane before the call.
--- Calls: awa._check_read_committed, awa._lock_class_lane, awa._oldest_snapshot, awa._shards_in_use
+-- Calls: awa._before_every_snapshot, awa._check_read_committed, awa._lock_class_lane,
+--   awa._oldest_snapshot, awa._shards_in_use
 -- Writes: awa.queue_meta
 create or replace function awa.retire_lanes()
 returns integer
@@ -273,10 +274,7 @@ begin
           from awa.queue_meta as m
          cross join (select awa._oldest_snapshot() as xmin) as o
          where m.lane_shards > m.enqueue_shards
-           and (o.xmin is null or m.shards_changed_xact < o.xmin)
-           -- A change this transaction made has not committed: sessions
-           -- still read the S before it.
-           and m.shards_changed_xact is distinct from pg_current_xact_id_if_assigned()
+           and awa._before_every_snapshot(m.shards_changed_xact, o.xmin)
          order by m.queue_id
     loop
         exit when locked >= 1024;
@@ -308,6 +306,28 @@ end;
 $$;
 
 select awa._grant_execute('awa._oldest_snapshot()');
+
+-- Function: awa._before_every_snapshot(xact xid8, oldest xid8) returns boolean
+-- Whether every other session reads what transaction `xact` did: no
+-- snapshot older than it is held (`oldest`, awa._oldest_snapshot(), read
+-- once by the caller for all its rows; a snapshot whose xmin is above a
+-- transaction's id was taken after it ended), and it is not the caller's
+-- own, which has not committed. The rule of awa.retire_lanes (a change of
+-- S) and awa.finish_drops (a drop, a removal). Inlined.
+-- Calls: nothing
+-- Writes: nothing
+create or replace function awa._before_every_snapshot(xact xid8, oldest xid8)
+returns boolean
+language sql
+stable
+as $$
+    select (oldest is null or xact operator(pg_catalog.<) oldest)
+       and coalesce(
+           xact operator(pg_catalog.<>) pg_catalog.pg_current_xact_id_if_assigned(), true
+       )
+$$;
+
+select awa._grant_execute('awa._before_every_snapshot(xid8, xid8)');
 select awa._grant_execute('awa._shards_in_use(integer, integer, integer)');
 select awa._grant_execute('awa.retire_lanes()', 'maintenance');
 
