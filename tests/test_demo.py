@@ -131,6 +131,7 @@ def test_demo_against_an_existing_database(empty_db):
         output = demo.interrupt()
     assert demo.proc.returncode == 0, output
     assert not (folder / ".awa").exists()  # no server of its own
+    shutil.rmtree(folder, ignore_errors=True)
     with empty_db.connect() as conn:
         assert conn.execute("select count(*) from awa.queue_meta where queue = 'emails'"
                             ).fetchone()[0] == 1
