@@ -6352,6 +6352,7 @@ CREATE OR REPLACE FUNCTION awa.prune_shard_changes(older_than interval DEFAULT '
 AS $function$
 declare
     removed bigint;
+    gone bigint;
 begin
     if older_than is null then
         raise exception 'older_than must not be null' using errcode = '22004';
@@ -6373,7 +6374,20 @@ begin
             for update skip locked
      ));
     get diagnostics removed = row_count;
-    return removed;
+    -- A statement of its own: beside the test above in an or, the probe for
+    -- a later change is a subplan, planned to stop at its first row, which
+    -- walks the primary key down from the change and filters by queue.
+    delete from awa.shard_changes as c
+     where c.change_id = any(array(
+         select x.change_id from awa.shard_changes as x
+          where x.changed_at < now() - older_than
+            and not exists (select from awa.queue_meta as m where m.queue = x.queue)
+          order by x.changed_at
+          limit max_changes - removed
+            for update skip locked
+     ));
+    get diagnostics gone = row_count;
+    return removed + gone;
 end;
 $function$;
 

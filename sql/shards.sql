@@ -429,10 +429,13 @@ select awa._grant_execute('awa.set_queue_partitions(text, integer)', 'operator')
 --   max_changes integer default 10000) returns bigint
 -- Removes up to max_changes changes of S made more than older_than ago,
 -- oldest first, with their lanes' rows (awa.shard_change_lanes, by its
--- cascade); never a queue's latest change, which the auto-scaler's
--- cooldown, the runtimes' evidence and awa._shards_at read. Changes
--- another transaction holds are skipped. It reads the changes it removes
--- and at most one kept change per queue, whatever the history's length.
+-- cascade); never the latest change of a queue that exists, which the
+-- auto-scaler's cooldown, the runtimes' evidence and awa._shards_at read.
+-- The latest change of a name no queue has any more (a queue dropped and
+-- removed, ADR 044) goes too, after the others: kept, it stayed for good,
+-- and every call read it again. Changes another transaction holds are
+-- skipped. It reads the changes it removes and at most one kept change per
+-- queue that exists, whatever the history's length.
 -- awa maintain's shard_changes pass calls it with the defaults.
 -- Role: awa_maintenance. Returns how many changes it removed.
 -- Errors: 22004 older_than null; 22023 older_than under 1 day or
@@ -451,6 +454,7 @@ set enable_bitmapscan = off
 as $$
 declare
     removed bigint;
+    gone bigint;
 begin
     if older_than is null then
         raise exception 'older_than must not be null' using errcode = '22004';
@@ -472,7 +476,20 @@ begin
             for update skip locked
      ));
     get diagnostics removed = row_count;
-    return removed;
+    -- A statement of its own: beside the test above in an or, the probe for
+    -- a later change is a subplan, planned to stop at its first row, which
+    -- walks the primary key down from the change and filters by queue.
+    delete from awa.shard_changes as c
+     where c.change_id = any(array(
+         select x.change_id from awa.shard_changes as x
+          where x.changed_at < now() - older_than
+            and not exists (select from awa.queue_meta as m where m.queue = x.queue)
+          order by x.changed_at
+          limit max_changes - removed
+            for update skip locked
+     ));
+    get diagnostics gone = row_count;
+    return removed + gone;
 end;
 $$;
 

@@ -9,6 +9,7 @@ import pytest
 
 from awa_sql.admin import queries
 from awa_sql.admin.app import Settings, make_pool
+from tests.support.jobs import enqueue
 from tests.support.reads import rows_read, rows_read_by
 
 # Changes of other queues made after a quiet queue's only change: what a
@@ -141,3 +142,45 @@ def test_admin_reads_a_quiet_queues_changes_not_the_history_since(db):
                                 lambda: queries.queue_detail(conn, "quiet")) <= 50
     finally:
         pool.close()
+
+
+def test_prune_takes_the_latest_change_of_a_queue_that_no_longer_exists(db, logins):
+    """A queue's latest change is kept for the readers of the queue: once the
+    queue is gone (dropped, and removed by awa.finish_drops), nothing reads it
+    and it goes with the rest of the history. Kept for good, it was one row
+    more (and one per lane) for every queue ever dropped, each read again by
+    every prune."""
+    with db.connect(logins.operator) as op:
+        for queue in ("gone", "kept"):
+            op.execute("select awa.set_enqueue_shards(%s, 2)", [queue])
+        assert op.execute("select awa.drop_queue('gone')").fetchone()[0] is True
+    with db.connect(logins.maintenance) as m:
+        assert [r[2] for r in m.execute("select * from awa.finish_drops()")] == ["removed"]
+    with db.connect() as admin:
+        _age(admin, "gone", 100)
+        _age(admin, "kept", 100)
+        gone = admin.execute("select change_id from awa.shard_changes"
+                             " where queue = 'gone'").fetchone()[0]
+        # The names of queues removed long ago, one old change each.
+        admin.execute("insert into awa.shard_changes (queue, old_shards, new_shards,"
+                      " lanes_created, changed_at)"
+                      " select 'removed-' || i, 1, 2, 0, now() - interval '100 days'"
+                      " from generate_series(1, 2000) as i")
+        admin.execute("analyze awa.shard_changes")
+    with db.connect(logins.maintenance) as m:
+        assert m.execute("select awa.prune_shard_changes()").fetchone()[0] == 2001
+    with db.connect() as admin:
+        admin.execute("vacuum awa.shard_changes")  # the dead rows, as autovacuum would
+    with db.connect(logins.maintenance) as m:
+        # What is left to read is the kept change of each queue that exists.
+        assert rows_read(m, "awa.shard_changes", "select awa.prune_shard_changes()") <= 20
+    with db.connect() as admin:
+        assert admin.execute("select queue from awa.shard_changes").fetchall() == [("kept",)]
+        assert admin.execute("select count(*) from awa.shard_change_lanes"
+                             " where change_id = %s", [gone]).fetchone()[0] == 0
+        assert admin.execute("select awa._shards_at('kept', now())").fetchone()[0] == 2
+    with db.connect(logins.producer) as p:
+        enqueue(p, "gone")
+    with db.connect() as admin:
+        # A queue made again under the name reads its own S, not the old one's.
+        assert admin.execute("select awa._shards_at('gone', now())").fetchone()[0] == 1
