@@ -452,14 +452,16 @@ select awa._grant_execute('awa._autoscale_decide(awa.queue_meta, timestamptz)');
 -- (awa._count_lanes: every queue's enqueue counter, and the ready depth and
 -- oldest ready job of the queues in shadow or auto mode), then one decision
 -- for every queue in shadow or auto mode (a dropped one aside: ADR 044),
--- and prunes decisions whose last tick is older than 24 hours.
+-- and prunes decisions whose last tick is older than 24 hours and the
+-- decision counts of names no queue has any more (a queue dropped: they
+-- were its metrics' counters, exported for good once it was gone).
 -- Safe to call from many processes at once: the caller that gets the leader
 -- lock decides, the others return no rows. Run it every 5 seconds (`awa
 -- storage autoscale run`, pg_cron, or any scheduler). Role:
 -- awa_maintenance. Errors: 25006 on a standby.
 -- Calls: awa._autoscale_decide, awa._count_lanes, awa._require_primary,
 --   awa._sample_lane_contention, awa._try_leader
--- Writes: awa.autoscale_decisions
+-- Writes: awa.autoscale_decision_counts, awa.autoscale_decisions
 create or replace function awa.autoscale_tick()
 returns setof awa.autoscale_decisions
 language plpgsql
@@ -493,6 +495,10 @@ begin
     end loop;
     delete from awa.autoscale_decisions as d
      where d.last_decided_at < at - interval '24 hours';
+    -- A probe of queue_meta's primary key per row of counts (five at most
+    -- per queue ever scaled), not a read of every queue at every tick.
+    delete from awa.autoscale_decision_counts as c
+     where (select m.queue_id from awa.queue_meta as m where m.queue = c.queue) is null;
 end;
 $$;
 

@@ -129,3 +129,30 @@ def test_the_admin_page_and_storage_show_read_a_queues_latest_decisions(db):
             assert read <= 50, read
     finally:
         pool.close()
+
+
+def test_a_removed_queues_decision_counts_go_with_it(db, logins):
+    """The counter is its queue's: once the queue is dropped and removed, the
+    next tick removes its rows and the scrape exports no series of it. Kept,
+    every auto-scaled queue ever dropped left its rows, ten series and a
+    probe of the log at every scrape, for good."""
+    with db.connect() as admin:
+        _shadow_queue(admin)
+        admin.execute("select awa.set_enqueue_shards('gone', 1)")
+        admin.execute("select awa.set_shard_mode('gone', 'shadow', 8)")
+    with db.connect(logins.maintenance) as m:
+        m.execute("select * from awa.autoscale_tick()")
+    with db.connect(logins.operator) as op:
+        assert op.execute("select awa.drop_queue('gone')").fetchone()[0] is True
+    with db.connect(logins.maintenance) as m:
+        assert [r[2] for r in m.execute("select * from awa.finish_drops()")] == ["removed"]
+        m.execute("select * from awa.autoscale_tick()")
+    with db.connect() as admin:
+        assert admin.execute("select queue, action, decisions"
+                             " from awa.autoscale_decision_counts").fetchall() == [
+            ("watched", "held", 2)]
+    with db.connect(logins.reader) as reader:
+        named = {s.labels.get("queue") for family in database.scrape(reader)
+                 for s in family.samples}
+    assert "watched" in named
+    assert "gone" not in named
