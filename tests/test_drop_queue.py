@@ -425,7 +425,7 @@ def test_awa_storage_drop_asks_refuses_and_drops(db, logins, su):
             w.execute("select awa.complete(%s, %s)", [job[0], job[1]])
     kept = db.awa("storage", "drop", "cli", "--yes", user=logins.operator)
     assert kept.returncode == 9 and "1 terminal jobs kept" in kept.stderr
-    assert "discard_finished" in kept.stderr  # the hint
+    assert "--discard-finished deletes" in kept.stderr  # the hint, in the CLI's flags
     done = db.awa("storage", "drop", "cli", "--discard-finished", "--yes", "--json",
                   user=logins.operator, check=True)
     assert json.loads(done.stdout) == {"queue": "cli", "dropped": True}

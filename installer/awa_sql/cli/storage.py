@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import signal
 import sys
 import threading
@@ -286,6 +287,12 @@ def cmd_drop(args: argparse.Namespace) -> int:
                 raise
             conn.rollback()
             hint = f"\n{error.diag.message_hint}" if error.diag.message_hint else ""
+            if error.sqlstate == "55006":
+                # The server's hint is spelled for SQL (discard_finished =>
+                # true); say it in this command's flags.
+                hint = (f"\nLet its jobs finish, or cancel its ready and scheduled ones "
+                        f"(awa jobs cancel --queue {shlex.quote(args.queue)}); "
+                        "--discard-finished deletes its kept terminal jobs with the drop.")
             print(f"awa: {error.diag.message_primary} (SQLSTATE {error.sqlstate}){hint}",
                   file=sys.stderr)
             return EXIT_WRONG_STATE
