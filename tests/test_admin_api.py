@@ -450,6 +450,21 @@ def test_retry_and_cancel_one_job(db, api):
     assert missing.status_code == 404 and "no job 999999999" in missing.json()["error"]
 
 
+
+def test_a_retry_refused_for_a_held_unique_key_says_so(db, api):
+    with db.connect() as conn:
+        first = conn.execute("select job_id from awa.enqueue('ukq', 't', max_attempts => 1,"
+                             " unique_key => 'k'::bytea)").fetchone()[0]
+        conn.execute("select awa.fail(c.job_id, c.run_lease, 'boom')"
+                     " from awa.claim(array['ukq'], 1, 'w') as c")
+        conn.execute("select awa.enqueue('ukq', 't', unique_key => 'k'::bytea)")
+    got = api.post(f"/api/jobs/{first}/retry", headers=auth())
+    assert got.status_code == 409
+    assert got.json()["error"].startswith(
+        f"job {first} is failed but was not retried: another job of its queue holds its unique"
+        " key"), got.text
+
+
 def test_bulk_plan_says_how_many_and_the_bulk_call_takes_them(db, api):
     ids = _failed_jobs(db, "bulk", 4) + _failed_jobs(db, "bulk", 2, kind="other")
     plan = api.get("/api/queues/bulk/jobs/retry/plan").json()

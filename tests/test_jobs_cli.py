@@ -134,6 +134,24 @@ def test_retry_and_cancel_one_job_with_their_exit_codes(db, logins, failed):
     assert _state(db, failed["failed"][2]) == "failed"
 
 
+def test_a_retry_refused_for_a_held_unique_key_says_so_not_the_state(db, logins):
+    """awa.retry_job returns false for a failed job whose unique key another
+    job holds: the command says why, rather than "only failed or cancelled
+    jobs can be retried" of a failed job."""
+    with db.connect(logins.producer) as p:
+        first = enqueue(p, "uk", max_attempts=1, unique_key=b"k")[0]
+    with db.connect(logins.worker) as w:
+        for job_id, lease, *_ in claim(w, ["uk"]):
+            w.execute("select awa.fail(%s, %s, 'boom')", [job_id, lease])
+    with db.connect(logins.producer) as p:
+        assert enqueue(p, "uk", unique_key=b"k")[0] != first  # the key is free: a new job
+    refused = db.awa("jobs", "retry", str(first), user=logins.operator)
+    assert refused.returncode == WRONG_STATE
+    assert f"job {first} is failed but was not retried: another job of its queue holds its " \
+           "unique key" in refused.stderr
+    assert _state(db, first) == "failed"
+
+
 def test_bulk_retry_and_cancel_ask_first_then_loop_in_batches(db, logins, failed):
     unconfirmed = db.awa("jobs", "retry", "--queue", "cli", user=logins.operator)
     assert unconfirmed.returncode == 2

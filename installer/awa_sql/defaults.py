@@ -7,3 +7,8 @@ LOCAL_HOST = "127.0.0.1"  # the embedded server's address; HTTP servers bind it 
 ADMIN_PORT = 8700  # awa admin serve, and the demo's admin page and /metrics
 METRICS_PORT = 9187  # awa metrics serve
 MAINTAIN_METRICS_PORT = 9189  # awa maintain's own /metrics
+
+# Why awa.retry_job returns false for a job that is failed or cancelled
+# (docs/sql-api.md): not its state. `awa jobs retry ID` and the admin API say it.
+RETRY_REFUSED = ("another job of its queue holds its unique key now (retry it once that job "
+                 "has finished), or it failed before migration 0015 and kept no args")

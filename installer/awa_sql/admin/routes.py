@@ -32,6 +32,7 @@ from awa_sql.admin.models import (
     ShardResult,
     ShardsBody,
 )
+from awa_sql.defaults import RETRY_REFUSED
 from awa_sql.routing import MAX_SHARDS
 from awa_sql.shards import (
     ordering_consequence,
@@ -273,6 +274,9 @@ def _change_job(request: Request, job_id: int, action: str) -> dict:
         changed = conn.execute(f"select awa.{action}_job(%s::bigint)", [job_id]).fetchone()[0]
         found = queries.job(conn, job_id)  # 404 for an unknown job
         if not changed:
+            if action == "retry" and found["state"] in ("failed", "cancelled"):
+                raise ApiError(409, f"job {job_id} is {found['state']} but was not retried: "
+                               f"{RETRY_REFUSED}; nothing changed")
             states, done = APPLIES_TO[action]
             raise ApiError(409, f"job {job_id} is {found['state']}: only {states} jobs can be "
                            f"{done}; nothing changed")

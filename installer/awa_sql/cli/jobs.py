@@ -25,6 +25,7 @@ from psycopg.rows import dict_row
 from awa_sql.cli.common import add_connection, bad_input_is_usage, err
 from awa_sql.cli.storage import table
 from awa_sql.connect import connect, read_far_dates
+from awa_sql.defaults import RETRY_REFUSED
 from awa_sql.migrate import EXIT_USAGE
 
 EXIT_NO_SUCH_JOB = 8
@@ -354,8 +355,12 @@ def _one(args: argparse.Namespace, function: str, verb: str, applies_to: str) ->
         return EXIT_NO_SUCH_JOB
     if args.json:
         print(json.dumps({"job_id": args.job_id, "changed": False, "state": job["state"]}))
-    err(f"job {args.job_id} is {job['state']}: only {applies_to} jobs can be {verb}; "
-        "nothing changed")
+    if function == "retry_job" and job["state"] in ("failed", "cancelled"):
+        err(f"job {args.job_id} is {job['state']} but was not retried: {RETRY_REFUSED}; "
+            "nothing changed")
+    else:
+        err(f"job {args.job_id} is {job['state']}: only {applies_to} jobs can be {verb}; "
+            "nothing changed")
     return EXIT_WRONG_STATE
 
 
