@@ -208,9 +208,10 @@ MODE_NOTES = {
     "manual": "manual: S changes only when an operator sets it.",
     "shadow": "shadow: the auto-scaler logs what it would do (up to S = {max}) and changes "
               "nothing.",
-    "auto": "auto: the auto-scaler raises S (x2, up to {max}) under lane contention and lowers "
-            "it (/2) when contention is gone; S > 1 makes {queue} partitioned FIFO (order per "
-            "lane and per ordering key).",
+    "auto": "auto: the auto-scaler raises S under lane contention (doubled up to three "
+            "times in one step, as the demand calls for, up to {max}) and lowers it (/2) when "
+            "contention is gone; S > 1 makes {queue} partitioned FIFO (order per lane and per "
+            "ordering key).",
 }
 
 
