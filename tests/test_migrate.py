@@ -276,6 +276,12 @@ def test_other_role_names_than_the_bound_ones_are_refused(db, role_prefix):
     result = db.awa("migrate", "--role-prefix", role_prefix)
     assert result.returncode == 6
     assert "bound to other role names" in result.stderr
+    with db.connect() as conn:
+        bound = dict(conn.execute("select capability, role_name from awa.role_binding"
+                                  ).fetchall())
+    # It names the options that would pass: the bound names' prefix.
+    assert f"Pass the same names: --role-prefix {bound['owner'][:-len('owner')]}." \
+        in result.stderr, result.stderr
 
 
 def test_schema_owned_by_someone_else_is_refused(empty_db, role_prefix):

@@ -27,6 +27,7 @@ migration needs a session of its own and is refused behind a pooler.
 
 from __future__ import annotations
 
+import shlex
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
@@ -313,6 +314,15 @@ def build_plan(
     return plan
 
 
+def _role_flags(bound: dict[str, str]) -> str:
+    """The options that name a database's bound roles: ``--role-prefix P``
+    when every name is P and its capability, else one option per name."""
+    prefixes = {name[: -len(cap)] for cap, name in bound.items() if name.endswith(cap)}
+    if len(prefixes) == 1 and all(name.endswith(cap) for cap, name in bound.items()):
+        return f"--role-prefix {shlex.quote(prefixes.pop())}"
+    return " ".join(f"--{cap}-role {shlex.quote(name)}" for cap, name in bound.items())
+
+
 def _check_roles(state: DatabaseState, roles: Roles, create_roles: bool, plan: Plan) -> None:
     if state.bound_roles and state.bound_roles != roles.as_dict():
         differ = {
@@ -323,7 +333,7 @@ def _check_roles(state: DatabaseState, roles: Roles, create_roles: bool, plan: P
         plan.problems.append(RolesError(
             "this database is bound to other role names: "
             + ", ".join(f"{cap} is {old!r}, not {new!r}" for cap, (old, new) in differ.items())
-            + ". Pass the same names (see 'awa status')."
+            + f". Pass the same names: {_role_flags(state.bound_roles)}."
         ))
     if state.offline:
         plan.missing_roles = list(roles.as_dict().values())
