@@ -131,6 +131,7 @@ def test_retry_and_cancel_one_job_with_their_exit_codes(db, logins, failed):
     assert db.awa("jobs", "cancel", "999999999", user=logins.operator).returncode == NO_SUCH_JOB
     refused = db.awa("jobs", "retry", str(failed["failed"][2]), user=logins.reader)
     assert refused.returncode == 7 and "42501" in refused.stderr
+    assert "this command needs a login that holds awa_operator" in refused.stderr
     assert _state(db, failed["failed"][2]) == "failed"
 
 

@@ -89,6 +89,11 @@ def _run(args: argparse.Namespace) -> int:
         return runner.EXIT_ERROR
     except psycopg.Error as error:
         err(f"{type(error).__name__}{sqlstate_suffix(error)}: {str(error).strip()}")
+        needs = getattr(args, "needs", None)
+        if error.sqlstate == "42501" and needs:
+            # Say which role the login lacks, as awa maintain does.
+            err(f"this command needs a login that holds {needs} (other names where awa was "
+                "installed with --role-prefix)")
         return runner.EXIT_ERROR
 
 

@@ -95,7 +95,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_connection(s)
     s.add_argument("job_id", type=parse_job_id, metavar="ID")
     s.add_argument("--json", action="store_true", help="machine-readable output")
-    s.set_defaults(func=cmd_show)
+    s.set_defaults(func=cmd_show, needs="awa_reader or awa_operator")
 
     ls = js.add_parser(
         "list", help="a page of a queue's jobs, by job id",
@@ -115,7 +115,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     ls.add_argument("--limit", type=int, default=100, help="jobs per page, 1..100000 "
                     "(default %(default)s)")
     ls.add_argument("--json", action="store_true", help="machine-readable output")
-    ls.set_defaults(func=cmd_list)
+    ls.set_defaults(func=cmd_list, needs="awa_reader or awa_operator")
 
     f = js.add_parser(
         "failures", help="what is failing, where, since when: failed jobs by queue, kind "
@@ -134,7 +134,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     f.add_argument("--limit", type=int, default=100, help="groups shown, 1..100000 "
                    "(default %(default)s)")
     f.add_argument("--json", action="store_true", help="machine-readable output")
-    f.set_defaults(func=cmd_failures)
+    f.set_defaults(func=cmd_failures, needs="awa_reader or awa_operator")
 
     for name, verb, what in (
         ("retry", "retry", "a failed or cancelled job runs again now, with fresh attempts; "
@@ -154,7 +154,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         p.add_argument("--yes", action="store_true",
                        help="with --queue: do not ask for confirmation")
         p.add_argument("--json", action="store_true", help="machine-readable output")
-        p.set_defaults(func=cmd_retry if name == "retry" else cmd_cancel)
+        p.set_defaults(func=cmd_retry if name == "retry" else cmd_cancel,
+                       needs="awa_operator")
 
 
 # -- values as people and scripts read them ------------------------------------------------

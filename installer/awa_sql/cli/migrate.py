@@ -41,7 +41,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="deploy gate: exit 0 when up to date, 1 when anything is pending, "
                    "3 on drift, 4 when the database is newer, 6 on role problems, "
                    "7 when it could not ask (connection or permission failure)")
-    s.set_defaults(func=cmd_status)
+    s.set_defaults(func=cmd_status, needs="awa_owner, as the login that runs awa migrate "
+                   "does")
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:

@@ -64,13 +64,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                    f"1..{MAX_SHARDS}")
     p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     p.add_argument("--dry-run", action="store_true", help="show the plan, change nothing")
-    p.set_defaults(func=cmd_set_enqueue_shards)
+    p.set_defaults(func=cmd_set_enqueue_shards, needs="awa_operator")
 
     s = ss.add_parser("show", help="queues, their S and per-lane depth and lag")
     add_connection(s)
     s.add_argument("--queue", help="one logical queue (all its stripes)")
     s.add_argument("--json", action="store_true", help="machine-readable output")
-    s.set_defaults(func=cmd_show)
+    s.set_defaults(func=cmd_show, needs="awa_reader or awa_operator")
 
     for name, paused, what in (
         ("pause", True, "claims take nothing from the queue; producers may still enqueue"),
@@ -90,7 +90,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         p.add_argument("--queue", dest="queue_option", metavar="QUEUE",
                        help="the same, as the other storage commands take it")
         p.add_argument("--json", action="store_true", help="machine-readable output")
-        p.set_defaults(func=cmd_set_paused, paused=paused)
+        p.set_defaults(func=cmd_set_paused, paused=paused, needs="awa_operator")
 
     d = ss.add_parser(
         "drop", help="drop an empty queue",
@@ -112,7 +112,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "and the unique keys their windows hold, with the drop")
     d.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     d.add_argument("--json", action="store_true", help="machine-readable output")
-    d.set_defaults(func=cmd_drop)
+    d.set_defaults(func=cmd_drop, needs="awa_operator")
 
     a = ss.add_parser("autoscale", help="run the enqueue-shard auto-scaler")
     aa = a.add_subparsers(dest="autoscale_command", required=True)
@@ -127,7 +127,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="time between ticks: 5s, 500ms, 1m (default %(default)s)")
     r.add_argument("--once", action="store_true", help="one tick, then exit")
     r.add_argument("--verbose", action="store_true", help="print holds too")
-    r.set_defaults(func=cmd_autoscale_run)
+    r.set_defaults(func=cmd_autoscale_run, needs="awa_maintenance")
 
 
 def _confirm(question: str) -> bool:
