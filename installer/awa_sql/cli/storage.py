@@ -357,7 +357,8 @@ def _print_autoscale(q: shards.QueueStatus) -> None:
               f"{sig['wait_share']:.2f}, {sig['mean_waiters_per_held_lane']:.2f} waiters per "
               f"held lane, {sig['enqueue_rate'] or 0:.0f} enqueues/s")
     else:
-        print("  signal: no samples in the last minute (is `awa storage autoscale run` on?)")
+        print("  signal: no samples in the last minute (is `awa maintain`, or `awa storage "
+              "autoscale run`, running?)")
     d = q.last_decision
     if d:
         print(f"  last decision {d['decided_at']}: {d['action']} S {d['current_shards']} -> "
