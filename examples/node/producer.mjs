@@ -1,5 +1,7 @@
 // A Node.js producer for awa-sql, with the `pg` package only (plus
-// pg-copy-streams for COPY). Run: DATABASE_URL=... node producer.mjs
+// pg-copy-streams for COPY). Run, in examples/node after `npm install` (which
+// `make dev` does), as a login granted awa_producer:
+//   DATABASE_URL=postgresql://app_web@db/app node producer.mjs
 import pg from "pg";
 import { from as copyFrom } from "pg-copy-streams";
 import { pipeline } from "node:stream/promises";
