@@ -41,7 +41,8 @@ class DemoLoad:
         self.dsn, self.queue, self.producers, self.tick_every = dsn, queue, producers, tick_every
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        self.worker = Worker(dsn, queues=[{"queue": queue, "max_workers": 2}],
+        # Eight slots: enough to keep up at S = 4, the S the demo suggests trying.
+        self.worker = Worker(dsn, queues=[{"queue": queue, "max_workers": 8}],
                              handlers={k: self._handle for k in KINDS}, poll_interval=0.1,
                              maintain={"autoscale": tick_every})
         self.errors: list[str] = []
