@@ -6486,7 +6486,15 @@ begin
             from jsonb_array_elements(activity) as a (e)
            group by 1, 2
       ) as t;
-    delete from awa.runtimes as r where r.last_seen < now() - interval '30 seconds';
+    -- A stale row another publish holds is being refreshed: passed over. Waiting
+    -- for it deadlocked two stale runtimes publishing at once, each holding
+    -- its own row and waiting for the other's.
+    delete from awa.runtimes as r
+     where r.instance_id in (
+         select s.instance_id from awa.runtimes as s
+          where s.last_seen < now() - interval '30 seconds'
+            for update skip locked
+     );
     get diagnostics removed = row_count;
     return removed;
 end;

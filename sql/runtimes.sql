@@ -66,8 +66,8 @@ select awa._grant_execute('awa._shards_at(text, timestamptz)');
 -- how long ago the runtime last did that there, by its own clock, so that
 -- the database's clock dates it and finds the S it used. Only the login that
 -- created a row may refresh it, also when two logins create one id at once.
--- Removes stale rows (30 s without a snapshot);
--- returns how many. Roles: awa_producer, awa_worker.
+-- Removes stale rows (30 s without a snapshot) but those another publish
+-- holds, which it is refreshing; returns how many. Roles: awa_producer, awa_worker.
 -- Errors: 22023 bad kind, pid, in_flight, text length or activity;
 --   22004 nulls; 42501 the instance belongs to another login.
 -- Calls: awa._shards_at
@@ -142,7 +142,15 @@ begin
             from jsonb_array_elements(activity) as a (e)
            group by 1, 2
       ) as t;
-    delete from awa.runtimes as r where r.last_seen < now() - interval '30 seconds';
+    -- A stale row another publish holds is being refreshed: passed over. Waiting
+    -- for it deadlocked two stale runtimes publishing at once, each holding
+    -- its own row and waiting for the other's.
+    delete from awa.runtimes as r
+     where r.instance_id in (
+         select s.instance_id from awa.runtimes as s
+          where s.last_seen < now() - interval '30 seconds'
+            for update skip locked
+     );
     get diagnostics removed = row_count;
     return removed;
 end;

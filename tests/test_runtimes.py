@@ -11,7 +11,8 @@ import pytest
 import awa_sql
 from awa_sql.worker import Worker
 from tests.support.admin import client_for, enqueue_jobs, reader_login, wait_for
-from tests.support.jobs import behind
+from tests.support.jobs import Call, behind, waits_for_a_lock
+from tests.support.waiting import wait_until
 
 PUBLISH = ("select awa.publish_runtime(%s::uuid, %s, 'h', 42, '0.1.0', 0,"
            " %s::jsonb)")
@@ -149,3 +150,38 @@ def test_stale_snapshots_are_hidden_then_removed(db):
         assert conn.execute(PUBLISH, [fresh, "producer", "[]"]).fetchone()[0] == 1
     with db.connect() as conn:
         assert [r[0] for r in conn.execute("select instance_id from awa.runtimes")] == [fresh]
+
+
+def test_two_stale_runtimes_publishing_at_once_do_not_deadlock(db):
+    """Two runtimes whose rows are stale (a database back after 30 s away)
+    publish at once: each holds its own row, then removes the stale rows,
+    the other's included, which the other holds. Waiting for it deadlocked
+    (40P01); a row another publish holds is being refreshed, not stale."""
+    login = db.login_role("awa_producer")
+    a, b = uuid.uuid4(), uuid.uuid4()
+    activity = '[{"queue": "x", "activity": "enqueue", "age_seconds": 1}]'
+    with db.connect(login) as conn:
+        for instance in (a, b):
+            conn.execute(PUBLISH, [instance, "producer", activity])
+    with db.connect() as su:
+        su.execute("update awa.runtimes set last_seen = now() - interval '1 minute'")
+    # Each publish stops at its own awa.runtime_queues rows, its runtime row
+    # already locked, until the holder commits; then both remove stale rows.
+    with db.connect(autocommit=False) as holder, db.connect(login, autocommit=False) as one, \
+            db.connect(login, autocommit=False) as two, db.connect() as watch:
+        holder.execute("select from awa.runtime_queues for update")
+        calls = [Call(one, lambda c: c.execute(PUBLISH, [a, "producer", activity])),
+                 Call(two, lambda c: c.execute(PUBLISH, [b, "producer", activity]))]
+        for call in calls:
+            call.start()
+        for call in calls:
+            wait_until(lambda call=call: waits_for_a_lock(watch, call.pid),
+                       what="the publish to wait")
+        holder.commit()
+        for call in calls:
+            call.join(timeout=30)
+            assert not call.is_alive()
+    assert [call.error for call in calls] == [None, None]
+    with db.connect() as su:
+        assert su.execute("select count(*) from awa.runtimes where last_seen > now()"
+                          " - interval '30 seconds'").fetchone()[0] == 2
