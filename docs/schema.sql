@@ -1032,15 +1032,46 @@ begin
         when proposed < s then 'would_lower'
         else 'held'
     end;
-    -- Whoever creates a queue or changes S holds the provisioning lock until
-    -- its transaction ends: waiting for a long one would hold this tick, and
-    -- awa maintain's loop behind it, until the statement timeout. Taken now
-    -- or not at all: a step it cannot take is logged as one it would take,
-    -- and the next tick decides again.
-    if verdict in ('raised', 'lowered') and not awa._try_leader('provisioning') then
-        verdict := case verdict when 'raised' then 'would_raise' else 'would_lower' end;
-        why := why || '; not taken: another transaction holds the provisioning lock'
-               || ' (it creates a queue or changes S); the next tick decides again';
+    -- A step takes the queue's rows (its partitions' and stripes' too), then
+    -- the provisioning lock: the order of every change of S and of
+    -- awa.drop_queue. Taking the lock first and then waiting for a row that
+    -- an operator's transaction held deadlocked with its next change of S or
+    -- drop, and held every queue creation meanwhile. Whoever holds either
+    -- may hold it until its transaction ends: waiting for a long one would
+    -- hold this tick, and awa maintain's loop behind it, until the statement
+    -- timeout. So both are taken now or not at all: a step it cannot take is
+    -- logged as one it would take, and the next tick decides again.
+    if verdict in ('raised', 'lowered') then
+        begin
+            perform from awa.queue_meta as m
+             where m.queue_id = anchor.queue_id or m.root_queue = anchor.queue
+                or m.logical_queue = anchor.queue
+               for update nowait;
+            -- Read again under the lock: a drop or a change of S that committed
+            -- since the tick read the row makes this step another one.
+            if not exists (
+                select from awa.queue_meta as m
+                 where m.queue_id = anchor.queue_id and m.queue = anchor.queue
+                   and m.dropped_xact is null and m.enqueue_shards = anchor.enqueue_shards
+                   and m.shard_mode = 'auto'
+            ) then
+                why := why || '; not taken: the queue was dropped or its S or mode changed'
+                       || ' since this tick read it; the next tick decides again';
+                verdict := 'not taken';
+            end if;
+        exception when lock_not_available then
+            why := why || '; not taken: another transaction holds the queue (it changes its'
+                   || ' settings or S, or drops it); the next tick decides again';
+            verdict := 'not taken';
+        end;
+        if verdict <> 'not taken' and not awa._try_leader('provisioning') then
+            why := why || '; not taken: another transaction holds the provisioning lock'
+                   || ' (it creates a queue or changes S); the next tick decides again';
+            verdict := 'not taken';
+        end if;
+        if verdict = 'not taken' then
+            verdict := case when proposed > s then 'would_raise' else 'would_lower' end;
+        end if;
     end if;
     if verdict in ('raised', 'lowered') then
         perform awa._set_enqueue_shards(anchor.queue, proposed, 'auto');

@@ -18,7 +18,15 @@ import psycopg
 import pytest
 
 from awa_sql import shards
-from tests.support.jobs import claim, claim_all, enqueue, key_for_shard, lane_waiters
+from tests.support.jobs import (
+    Call,
+    claim,
+    claim_all,
+    enqueue,
+    key_for_shard,
+    lane_waiters,
+    waits_for_a_lock,
+)
 from tests.support.reads import rows_read
 from tests.support.waiting import wait_until
 
@@ -577,3 +585,38 @@ def test_a_step_does_not_wait_for_a_transaction_that_creates_a_queue(db, logins)
     assert [(d.action, d.current_shards, d.proposed_shards) for d in second] == [
         ("raised", 1, 8)]
     assert shards_of(db, "hot-new") == 8
+
+
+def test_a_step_neither_waits_for_nor_deadlocks_with_a_transaction_holding_the_queue(
+        db, logins):
+    """An operator's open transaction that changed the queue's row (a pause)
+    and then drops it, or changes S, takes the row, then the provisioning
+    lock, as every change of S does. The tick took the provisioning lock
+    first and then waited for the row: the drop then waited for the tick,
+    a deadlock (40P01), and meanwhile no queue could be created. The tick
+    takes the rows without waiting now, logs the step as one it would take,
+    and holds nothing the operator waits for."""
+    with db.connect(logins.operator) as op:
+        op.execute("select * from awa.set_enqueue_shards('held', 2)")
+        op.execute("select * from awa.set_shard_mode('held', 'auto', 1)")
+    policy(db, logins.operator, "held", cooldown="0")
+    with (db.connect(logins.operator, autocommit=False) as op,
+          db.connect(logins.maintenance, autocommit=False) as m,
+          db.connect() as watch):
+        op.execute("select awa.pause_queue('held')")
+        tick = Call(m, lambda c: c.execute("select * from awa.autoscale_tick()").fetchall())
+        tick.start()
+        wait_until(lambda: not tick.is_alive() or waits_for_a_lock(watch, tick.pid),
+                   what="the tick to end or wait")
+        try:
+            dropped = op.execute("select awa.drop_queue('held')").fetchone()[0]
+            op.commit()
+        finally:
+            tick.join(timeout=30)
+        assert not tick.is_alive()
+    assert tick.error is None, tick.error
+    assert dropped is True
+    steps = [(d[13], d[9], d[10]) for d in tick.result if d[1] == "held"]
+    assert steps == [("above_max", 2, 1)], tick.result
+    assert [d[:3] for d in decisions(db, "held")] == [("would_lower", 2, 1)]
+    assert "not taken: another transaction holds the queue" in decisions(db, "held")[0][3]
