@@ -2715,6 +2715,27 @@ begin
 end;
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._lock_queue(queue text)
+ RETURNS awa.queue_meta
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+declare
+    meta awa.queue_meta;
+begin
+    loop
+        meta := awa._ensure_queue(queue);
+        select m.* into meta
+          from awa.queue_meta as m
+         where m.queue_id = meta.queue_id and m.queue = _lock_queue.queue
+           for update;
+        if found then
+            return meta;
+        end if;
+    end loop;
+end;
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._mark_unique_jobs(queue_ids integer[], unique_keys bytea[])
  RETURNS void
  LANGUAGE sql
@@ -3427,10 +3448,7 @@ declare
     anchor awa.queue_meta;
     part awa.queue_meta;
 begin
-    anchor := awa._ensure_queue(queue);
-    select m.* into strict anchor
-      from awa.queue_meta as m where m.queue_id = anchor.queue_id
-       for update;
+    anchor := awa._lock_queue(queue);
     for k in 1 .. anchor.partitions - 1 loop
         perform awa._ensure_partition(anchor.queue, k);
     end loop;
@@ -7017,7 +7035,7 @@ declare
     anchor awa.queue_meta;
 begin
     perform awa._check_layout_change(queue, 'partitions', partitions, 32767);
-    anchor := awa._ensure_queue(queue);
+    anchor := awa._lock_queue(queue);
     if anchor.root_queue is not null then
         raise exception 'queue % is itself a partition or stripe of %',
             quote_literal(queue), quote_literal(anchor.root_queue)
@@ -7047,7 +7065,7 @@ declare
     anchor awa.queue_meta;
 begin
     perform awa._check_layout_change(queue, 'stripes', stripes, 64);
-    anchor := awa._ensure_queue(queue);
+    anchor := awa._lock_queue(queue);
     update awa.queue_meta as m set stripes = set_queue_stripes.stripes
      where m.queue_id = anchor.queue_id;
     perform awa._physical_queues(set_queue_stripes.queue);

@@ -629,6 +629,36 @@ begin
 end;
 $$;
 
+-- Function: awa._lock_queue(queue text) returns awa.queue_meta
+-- The queue's settings row (awa._ensure_queue: created when missing), locked
+-- until the transaction ends: the first lock of an operator's change of a
+-- queue's layout. Locked by its id and its name: a drop (awa.drop_queue)
+-- that committed while this waited for the row renamed it, and the name is
+-- then no queue's, created as any new name is. Taken by its id alone, the
+-- change went to the dropped queue.
+-- Calls: awa._ensure_queue
+-- Writes: nothing
+create or replace function awa._lock_queue(queue text)
+returns awa.queue_meta
+language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    meta awa.queue_meta;
+begin
+    loop
+        meta := awa._ensure_queue(queue);
+        select m.* into meta
+          from awa.queue_meta as m
+         where m.queue_id = meta.queue_id and m.queue = _lock_queue.queue
+           for update;
+        if found then
+            return meta;
+        end if;
+    end loop;
+end;
+$$;
+
 -- Function: awa._ensure_linked(physical text, logical text, is_stripe boolean)
 -- A physical queue that belongs to a logical one (a stripe or a partition),
 -- created with the logical queue's S, pause state, max run time, retry
@@ -826,7 +856,7 @@ $$;
 -- Every physical queue of a logical name: its own row, its partitions and
 -- all their stripes, the current ones created when missing. Locked against
 -- concurrent changes.
--- Calls: awa._ensure_partition, awa._ensure_queue, awa._ensure_stripe
+-- Calls: awa._ensure_partition, awa._ensure_stripe, awa._lock_queue
 -- Writes: nothing
 create or replace function awa._physical_queues(queue text)
 returns setof awa.queue_meta
@@ -837,10 +867,7 @@ declare
     anchor awa.queue_meta;
     part awa.queue_meta;
 begin
-    anchor := awa._ensure_queue(queue);
-    select m.* into strict anchor
-      from awa.queue_meta as m where m.queue_id = anchor.queue_id
-       for update;
+    anchor := awa._lock_queue(queue);
     for k in 1 .. anchor.partitions - 1 loop
         perform awa._ensure_partition(anchor.queue, k);
     end loop;
@@ -935,6 +962,7 @@ select awa._grant_execute('awa._count_lane_shards(integer)');
 select awa._grant_execute('awa._count_linked()');
 select awa._grant_execute('awa._provision_lanes(integer, integer)');
 select awa._grant_execute('awa._ensure_queue(text)');
+select awa._grant_execute('awa._lock_queue(text)');
 select awa._grant_execute('awa._queue(text)');
 select awa._grant_execute('awa._queue_ids(text)');
 select awa._grant_execute('awa._ensure_linked(text, text, boolean)');

@@ -348,7 +348,7 @@ update awa.queue_meta as m
 -- raise S first, then partition. Role: awa_operator.
 -- Returns one row per physical queue that new enqueues now use.
 -- Errors: 22004 null; 22023 out of range (1..64) or bad name; 25006 standby.
--- Calls: awa._check_layout_change, awa._ensure_queue, awa._physical_queues
+-- Calls: awa._check_layout_change, awa._lock_queue, awa._physical_queues
 -- Writes: awa.queue_meta
 create or replace function awa.set_queue_stripes(queue text, stripes integer)
 returns table (physical_queue text, enqueue_shards smallint, lanes integer)
@@ -360,7 +360,7 @@ declare
     anchor awa.queue_meta;
 begin
     perform awa._check_layout_change(queue, 'stripes', stripes, 64);
-    anchor := awa._ensure_queue(queue);
+    anchor := awa._lock_queue(queue);
     update awa.queue_meta as m set stripes = set_queue_stripes.stripes
      where m.queue_id = anchor.queue_id;
     perform awa._physical_queues(set_queue_stripes.queue);
@@ -390,7 +390,7 @@ select awa._grant_execute('awa.set_queue_stripes(text, integer)', 'operator');
 -- and per-key order returns once the old partitions drain (ADR 004).
 -- Role: awa_operator. Returns one row per partition.
 -- Errors: 22004 null; 22023 out of range (1..32767) or bad name; 25006 standby.
--- Calls: awa._check_layout_change, awa._ensure_partition, awa._ensure_queue,
+-- Calls: awa._check_layout_change, awa._ensure_partition, awa._lock_queue,
 --   awa.partition_queue_names
 -- Writes: awa.queue_meta
 create or replace function awa.set_queue_partitions(queue text, partitions integer)
@@ -403,7 +403,7 @@ declare
     anchor awa.queue_meta;
 begin
     perform awa._check_layout_change(queue, 'partitions', partitions, 32767);
-    anchor := awa._ensure_queue(queue);
+    anchor := awa._lock_queue(queue);
     if anchor.root_queue is not null then
         raise exception 'queue % is itself a partition or stripe of %',
             quote_literal(queue), quote_literal(anchor.root_queue)

@@ -449,3 +449,41 @@ def test_a_late_scheduled_job_fails_to_serialize_and_is_not_lost(db, logins, su,
         err = refused(late, "select awa.enqueue('later', 'k', run_at => now() + interval '1 h')")
         assert err.sqlstate == "40001"
     assert finish(db, logins) == [("later", old, "removed", None)]
+
+
+
+@pytest.mark.parametrize("change, layout", [
+    ("set_enqueue_shards('resized', 4)", (4, 1, 1)),
+    ("set_queue_partitions('resized', 2)", (1, 2, 1)),
+    ("set_queue_stripes('resized', 2)", (1, 1, 2)),
+])
+def test_a_layout_change_waiting_for_a_drop_changes_a_new_queue_of_the_name(
+        db, logins, su, op, change, layout):
+    """A change of S, partitions or stripes that looked the queue up before a
+    drop committed waits for the drop's row lock. It then took the row by
+    its id, renamed by the drop, and changed the dropped queue: a change of
+    S provisioned lanes for it, returned '#dropped#<id>' as its queue and
+    wrote that name into the history of changes of S; a change of
+    partitions left the dropped row with P partitions and a new queue of the
+    name with one, and their links. After the drop the name is no queue's,
+    and a layout change to a new name creates the queue: so does this one."""
+    op.execute("select * from awa.set_enqueue_shards('resized', 1)")
+    old = queue_id(su, "resized")
+    with db.connect(logins.operator, autocommit=False) as dropper, \
+            db.connect(logins.operator, autocommit=False) as changer:
+        assert drop(dropper, "resized") is True
+        call = behind(db, dropper, changer,
+                      lambda c: c.execute(f"select * from awa.{change}").fetchall())
+    assert call.error is None, call.error
+    assert not any("#dropped#" in str(row) for row in call.result), call.result
+    new = queue_id(su, "resized")
+    assert new != old
+    layout_of = ("select enqueue_shards, partitions, stripes, (select count(*) from awa.lanes"
+                 " as l where l.queue_id = m.queue_id) from awa.queue_meta as m"
+                 " where m.queue_id = %s")
+    assert su.execute(layout_of, [new]).fetchone()[:3] == layout
+    assert su.execute(layout_of, [old]).fetchone() == (1, 1, 1, 4)
+    assert queue_row(su, old) == (f"#dropped#{old}", True, "resized")
+    assert su.execute("select count(*) from awa.shard_changes where queue like '#%%'"
+                      ).fetchone()[0] == 0
+    assert finish(db, logins) == [("resized", old, "removed", None)]
