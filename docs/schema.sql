@@ -2736,6 +2736,26 @@ begin
 end;
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._locked_queue(queue text)
+ RETURNS awa.queue_meta
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+declare
+    meta awa.queue_meta := awa._queue(queue);
+begin
+    select m.* into meta
+      from awa.queue_meta as m
+     where m.queue_id = meta.queue_id and m.queue = _locked_queue.queue
+       for update;
+    if not found then
+        raise exception 'queue % does not exist', quote_literal(queue)
+            using errcode = '42704';
+    end if;
+    return meta;
+end;
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._mark_unique_jobs(queue_ids integer[], unique_keys bytea[])
  RETURNS void
  LANGUAGE sql
@@ -4381,7 +4401,7 @@ CREATE OR REPLACE FUNCTION awa._set_paused(queue text, paused boolean)
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
 begin
-    perform awa._queue(queue);
+    perform awa._locked_queue(queue);
     update awa.queue_meta as m set paused = _set_paused.paused
      where (m.queue = _set_paused.queue or m.logical_queue = _set_paused.queue
             or m.root_queue = _set_paused.queue)
@@ -5446,13 +5466,9 @@ begin
         raise exception 'discard_finished must not be null' using errcode = '22004';
     end if;
     perform awa._require_primary('drop a queue');
-    meta := awa._queue(queue);
-    -- The row, then the provisioning lock: the order of a change of S.
-    select m.* into meta from awa.queue_meta as m where m.queue_id = meta.queue_id for update;
-    -- Dropped by another transaction while this one waited.
-    if not found or meta.queue is distinct from drop_queue.queue then
-        raise exception 'queue % does not exist', quote_literal(queue) using errcode = '42704';
-    end if;
+    -- The row (42704 if another transaction dropped it while this one
+    -- waited), then the provisioning lock: the order of a change of S.
+    meta := awa._locked_queue(queue);
     perform awa._lock_leader('provisioning');
     if meta.root_queue is not null then
         raise exception 'queue % is a partition or stripe of %: dropping one is not supported yet',
@@ -7163,7 +7179,7 @@ begin
         perform awa._check_range('max_shards', set_shard_mode.max_shards, 64);
     end if;
     perform awa._require_primary('change the shard mode');
-    anchor := awa._queue(set_shard_mode.queue);
+    anchor := awa._locked_queue(set_shard_mode.queue);
     if anchor.root_queue is not null then
         raise exception 'queue % is a partition or stripe of %; set the mode on %',
             quote_literal(anchor.queue), quote_literal(anchor.root_queue),

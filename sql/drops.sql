@@ -60,7 +60,7 @@ $$;
 -- Errors: 22004 null; 22023 bad name; 42704 unknown queue; 0A000 a
 --   partition or stripe, or a queue with partitions or stripes; 55006 not
 --   empty (naming what it holds); 25006 on a standby.
--- Calls: awa._lock_leader, awa._queue, awa._queue_contents, awa._require_primary
+-- Calls: awa._lock_leader, awa._locked_queue, awa._queue_contents, awa._require_primary
 -- Writes: awa.finished, awa.queue_meta, awa.unique_keys
 create or replace function awa.drop_queue(queue text, discard_finished boolean default false)
 returns boolean
@@ -76,13 +76,9 @@ begin
         raise exception 'discard_finished must not be null' using errcode = '22004';
     end if;
     perform awa._require_primary('drop a queue');
-    meta := awa._queue(queue);
-    -- The row, then the provisioning lock: the order of a change of S.
-    select m.* into meta from awa.queue_meta as m where m.queue_id = meta.queue_id for update;
-    -- Dropped by another transaction while this one waited.
-    if not found or meta.queue is distinct from drop_queue.queue then
-        raise exception 'queue % does not exist', quote_literal(queue) using errcode = '42704';
-    end if;
+    -- The row (42704 if another transaction dropped it while this one
+    -- waited), then the provisioning lock: the order of a change of S.
+    meta := awa._locked_queue(queue);
     perform awa._lock_leader('provisioning');
     if meta.root_queue is not null then
         raise exception 'queue % is a partition or stripe of %: dropping one is not supported yet',

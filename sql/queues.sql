@@ -912,6 +912,34 @@ begin
 end;
 $$;
 
+-- Function: awa._locked_queue(queue text) returns awa.queue_meta
+-- The settings row of an existing queue, locked until the transaction
+-- ends, or 42704 naming it: the first lock of an operator's switch on a
+-- queue. Locked by its id and its name: a drop (awa.drop_queue) that
+-- committed while this waited for the row renamed it, and the name is then
+-- no queue's. Taken by its id alone, the switch went to the dropped queue.
+-- Calls: awa._queue
+-- Writes: nothing
+create or replace function awa._locked_queue(queue text)
+returns awa.queue_meta
+language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    meta awa.queue_meta := awa._queue(queue);
+begin
+    select m.* into meta
+      from awa.queue_meta as m
+     where m.queue_id = meta.queue_id and m.queue = _locked_queue.queue
+       for update;
+    if not found then
+        raise exception 'queue % does not exist', quote_literal(queue)
+            using errcode = '42704';
+    end if;
+    return meta;
+end;
+$$;
+
 -- Function: awa._queue_ids(queue text) returns integer[]
 -- The physical queues of an existing name: the queue itself, its partitions
 -- and their stripes, by queue_id. What every operator call that takes a
@@ -964,6 +992,7 @@ select awa._grant_execute('awa._provision_lanes(integer, integer)');
 select awa._grant_execute('awa._ensure_queue(text)');
 select awa._grant_execute('awa._lock_queue(text)');
 select awa._grant_execute('awa._queue(text)');
+select awa._grant_execute('awa._locked_queue(text)');
 select awa._grant_execute('awa._queue_ids(text)');
 select awa._grant_execute('awa._ensure_linked(text, text, boolean)');
 select awa._grant_execute('awa._ensure_stripe(text, integer)');

@@ -487,3 +487,31 @@ def test_a_layout_change_waiting_for_a_drop_changes_a_new_queue_of_the_name(
     assert su.execute("select count(*) from awa.shard_changes where queue like '#%%'"
                       ).fetchone()[0] == 0
     assert finish(db, logins) == [("resized", old, "removed", None)]
+
+
+@pytest.mark.parametrize("change", [
+    "pause_queue('switched')",
+    "resume_queue('switched')",
+    "set_shard_mode('switched', 'auto', 4)",
+])
+def test_a_switch_waiting_for_a_drop_finds_no_queue(db, logins, su, op, change):
+    """A pause, a resume or a change of shard mode that looked the queue up
+    before a drop committed waits for the drop's row lock. A pause or resume
+    then found the row renamed and said 'nothing changed' (already paused,
+    not paused) of a queue that was gone; a change of mode changed the
+    dropped queue and returned '#dropped#<id>' as its queue. After the drop
+    the name is no queue's: 42704, as for a call after the commit."""
+    op.execute("select * from awa.set_enqueue_shards('switched', 1)")
+    if change.startswith("resume"):
+        op.execute("select awa.pause_queue('switched')")
+    old = queue_id(su, "switched")
+    with db.connect(logins.operator, autocommit=False) as dropper, \
+            db.connect(logins.operator, autocommit=False) as switcher:
+        assert drop(dropper, "switched") is True
+        call = behind(db, dropper, switcher,
+                      lambda c: c.execute(f"select * from awa.{change}").fetchall())
+    assert call.error is not None and call.error.sqlstate == "42704", (call.error, call.result)
+    assert "queue 'switched' does not exist" in str(call.error)
+    assert su.execute("select shard_mode, paused, dropped_paused from awa.queue_meta"
+                      " where queue_id = %s", [old]).fetchone() == (
+        "manual", True, change.startswith("resume"))
