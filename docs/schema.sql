@@ -7109,14 +7109,19 @@ declare
     -- no row would be scanned.
     ids integer[] := awa._queue_ids(set_retention.queue);
 begin
-    if completed <= interval '0' or completed > interval '10 years'
-       or failed <= interval '0' or failed > interval '10 years' then
+    -- Checked as the seconds that are stored and applied: PostgreSQL's
+    -- comparison of intervals counts a year 360 days, date_part 365.25.
+    if not date_part('epoch', completed) > 0
+       or date_part('epoch', completed) > date_part('epoch', interval '10 years')
+       or not date_part('epoch', failed) > 0
+       or date_part('epoch', failed) > date_part('epoch', interval '10 years') then
         raise exception 'retention must be above 0 and at most 10 years, got completed %, failed %',
             coalesce(completed::text, 'default'), coalesce(failed::text, 'default')
             using errcode = '22023';
     end if;
     update awa.queue_meta as m
-       set retain_completed = set_retention.completed, retain_failed = set_retention.failed
+       set retain_completed = awa._in_seconds(set_retention.completed),
+           retain_failed = awa._in_seconds(set_retention.failed)
      where m.queue_id = any(ids);
 end;
 $function$;

@@ -144,12 +144,14 @@ $$;
 
 -- Function: awa.set_retention(queue text, completed interval, failed interval) returns void
 -- How long the queue keeps its completed jobs and its failed and cancelled
--- ones; null restores the default (24 hours; 7 days). Applies to every
--- partition and stripe of a logical queue. Takes effect at the next prune.
--- Role: awa_operator.
+-- ones; null restores the default (24 hours; 7 days). Checked and stored
+-- as seconds (awa._in_seconds: a day 24 hours, a month 30 days, a year
+-- 365.25), so that what is checked is what a prune applies, whatever the
+-- month or the session's time zone. Applies to every partition and stripe
+-- of a logical queue. Takes effect at the next prune. Role: awa_operator.
 -- Errors: 22023 a retention not above 0 or above 10 years; 42704 no such
 -- queue.
--- Calls: awa._queue_ids
+-- Calls: awa._in_seconds, awa._queue_ids
 -- Writes: awa.queue_meta
 create or replace function awa.set_retention(queue text, completed interval, failed interval)
 returns void
@@ -162,14 +164,19 @@ declare
     -- no row would be scanned.
     ids integer[] := awa._queue_ids(set_retention.queue);
 begin
-    if completed <= interval '0' or completed > interval '10 years'
-       or failed <= interval '0' or failed > interval '10 years' then
+    -- Checked as the seconds that are stored and applied: PostgreSQL's
+    -- comparison of intervals counts a year 360 days, date_part 365.25.
+    if not date_part('epoch', completed) > 0
+       or date_part('epoch', completed) > date_part('epoch', interval '10 years')
+       or not date_part('epoch', failed) > 0
+       or date_part('epoch', failed) > date_part('epoch', interval '10 years') then
         raise exception 'retention must be above 0 and at most 10 years, got completed %, failed %',
             coalesce(completed::text, 'default'), coalesce(failed::text, 'default')
             using errcode = '22023';
     end if;
     update awa.queue_meta as m
-       set retain_completed = set_retention.completed, retain_failed = set_retention.failed
+       set retain_completed = awa._in_seconds(set_retention.completed),
+           retain_failed = awa._in_seconds(set_retention.failed)
      where m.queue_id = any(ids);
 end;
 $$;

@@ -330,3 +330,23 @@ def test_queue_counts_counts_every_row_for_a_reader_and_the_overview_agrees(db, 
     for login in (logins.producer, logins.worker, logins.maintenance):
         with db.connect(login) as conn, pytest.raises(psycopg.errors.InsufficientPrivilege):
             conn.execute("select * from awa.queue_counts('counted')")
+
+
+def test_set_retention_checks_and_stores_the_seconds_it_applies(db, logins):
+    """A retention was checked by PostgreSQL's comparison of intervals (a
+    month 30 days, a year 360) but added to finished_at by the calendar, and
+    a day by the session's time zone: '-1 year 363 days' passed as 3 days
+    and kept a job until 2 days before it finished; '1 mon' kept 28 to 31
+    days. It is checked and stored as its seconds now (awa._in_seconds: a
+    month 30 days, a year 365.25), as the retry policy and max run time are."""
+    with db.connect(logins.operator) as op:
+        op.execute("select * from awa.set_enqueue_shards('kept', 1)")
+        for bad in (("-1 year 363 days", "1 day"), ("1 hour", "1 mon -30 days"),
+                    ("1 hour", "10 years 1 second")):
+            with pytest.raises(psycopg.errors.InvalidParameterValue,
+                               match="retention must be above 0 and at most 10 years"):
+                op.execute("select awa.set_retention('kept', %s, %s)", bad)
+        op.execute("select awa.set_retention('kept', '1 mon', '10 years')")
+        assert op.execute("select retain_completed::text, retain_failed::text"
+                          " from awa.queue_overview where queue = 'kept'").fetchone() == (
+            "720:00:00", "87660:00:00")
