@@ -137,8 +137,11 @@ begin
            awa._shards_at(t.queue, t.at)
       from (
           select a.e ->> 'queue' as queue, a.e ->> 'activity' as activity,
+                 -- To the microsecond first: 1e-400 is a number in range, and
+                 -- no double precision.
                  min(clock_timestamp()
-                     - make_interval(secs => (a.e ->> 'age_seconds')::double precision)) as at
+                     - make_interval(secs => round((a.e ->> 'age_seconds')::numeric, 6)
+                                             ::double precision)) as at
             from jsonb_array_elements(activity) as a (e)
            group by 1, 2
       ) as t;

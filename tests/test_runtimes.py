@@ -105,6 +105,9 @@ def test_publish_runtime_checks_its_input_and_the_owner(db):
             conn.execute(PUBLISH, [uuid.uuid4(), "robot", "[]"])
         with pytest.raises(psycopg.errors.InvalidParameterValue, match="activity must be"):
             conn.execute(PUBLISH, [uuid.uuid4(), "producer", '[{"queue": "x"}]'])
+        # In range, and no double precision: it failed with 22003 and all its digits.
+        conn.execute(PUBLISH, [uuid.uuid4(), "producer", '[{"queue": "x", "activity":'
+                                                         ' "claim", "age_seconds": 1e-400}]'])
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             conn.execute("select * from awa.runtimes")
     with db.connect(b) as conn, pytest.raises(psycopg.errors.InsufficientPrivilege,
