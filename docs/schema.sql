@@ -1040,13 +1040,16 @@ begin
     -- may hold it until its transaction ends: waiting for a long one would
     -- hold this tick, and awa maintain's loop behind it, until the statement
     -- timeout. So both are taken now or not at all: a step it cannot take is
-    -- logged as one it would take, and the next tick decides again.
+    -- logged as one it would take, and the next tick decides again. The
+    -- rows are locked as every change of S locks them (no key update): an
+    -- enqueue of a job for later holds a key share until it commits, and a
+    -- queue that schedules jobs all the time always has one in flight.
     if verdict in ('raised', 'lowered') then
         begin
             perform from awa.queue_meta as m
              where m.queue_id = anchor.queue_id or m.root_queue = anchor.queue
                 or m.logical_queue = anchor.queue
-               for update nowait;
+               for no key update nowait;
             -- Read again under the lock: a drop or a change of S that committed
             -- since the tick read the row makes this step another one.
             if not exists (
@@ -2728,7 +2731,7 @@ begin
         select m.* into meta
           from awa.queue_meta as m
          where m.queue_id = meta.queue_id and m.queue = _lock_queue.queue
-           for update;
+           for no key update;
         if found then
             return meta;
         end if;
@@ -3486,7 +3489,7 @@ begin
      where m.queue_id = anchor.queue_id or m.root_queue = anchor.queue
         or m.logical_queue = anchor.queue
      order by m.queue_id
-       for update;
+       for no key update;
 end;
 $function$;
 

@@ -635,7 +635,9 @@ $$;
 -- queue's layout. Locked by its id and its name: a drop (awa.drop_queue)
 -- that committed while this waited for the row renamed it, and the name is
 -- then no queue's, created as any new name is. Taken by its id alone, the
--- change went to the dropped queue.
+-- change went to the dropped queue. Locked for no key update: it conflicts
+-- with every other change of the queue and with a drop (for update), not
+-- with the key share an enqueue of a job for later holds until it commits.
 -- Calls: awa._ensure_queue
 -- Writes: nothing
 create or replace function awa._lock_queue(queue text)
@@ -651,7 +653,7 @@ begin
         select m.* into meta
           from awa.queue_meta as m
          where m.queue_id = meta.queue_id and m.queue = _lock_queue.queue
-           for update;
+           for no key update;
         if found then
             return meta;
         end if;
@@ -855,7 +857,7 @@ $$;
 -- Function: awa._physical_queues(queue text) returns setof awa.queue_meta
 -- Every physical queue of a logical name: its own row, its partitions and
 -- all their stripes, the current ones created when missing. Locked against
--- concurrent changes.
+-- concurrent changes, as awa._lock_queue locks (no key update).
 -- Calls: awa._ensure_partition, awa._ensure_stripe, awa._lock_queue
 -- Writes: nothing
 create or replace function awa._physical_queues(queue text)
@@ -885,7 +887,7 @@ begin
      where m.queue_id = anchor.queue_id or m.root_queue = anchor.queue
         or m.logical_queue = anchor.queue
      order by m.queue_id
-       for update;
+       for no key update;
 end;
 $$;
 

@@ -620,3 +620,31 @@ def test_a_step_neither_waits_for_nor_deadlocks_with_a_transaction_holding_the_q
     assert steps == [("above_max", 2, 1)], tick.result
     assert [d[:3] for d in decisions(db, "held")] == [("would_lower", 2, 1)]
     assert "not taken: another transaction holds the queue" in decisions(db, "held")[0][3]
+
+
+def test_a_step_takes_a_queue_whose_jobs_for_later_are_being_enqueued(db, logins):
+    """An enqueue of a job for later holds a key share of the queue's row (the
+    foreign key of awa.scheduled) until it commits; a queue whose producers
+    schedule jobs all the time always has one. A step locks the row against
+    other changes of the queue, not against those: it neither waits for the
+    producer nor gives the step up."""
+    with db.connect(logins.operator) as op:
+        op.execute("select * from awa.set_enqueue_shards('later', 2)")
+        op.execute("select * from awa.set_shard_mode('later', 'auto', 1)")
+    policy(db, logins.operator, "later", cooldown="0")
+    with (db.connect(logins.producer, autocommit=False) as p,
+          db.connect(logins.maintenance, autocommit=False) as m,
+          db.connect() as watch):
+        p.execute("select awa.enqueue('later', 'k', run_at => now() + interval '1 hour')")
+        tick = Call(m, lambda c: c.execute("select * from awa.autoscale_tick()").fetchall())
+        tick.start()
+        wait_until(lambda: not tick.is_alive() or waits_for_a_lock(watch, tick.pid),
+                   what="the tick to end or wait")
+        waited = tick.is_alive()
+        p.commit()
+        tick.join(timeout=30)
+        m.commit()
+    assert not waited, "the step waited for the producer's transaction"
+    assert tick.error is None, tick.error
+    assert [d[:3] for d in decisions(db, "later")] == [("lowered", 2, 1)]
+    assert shards_of(db, "later") == 1
