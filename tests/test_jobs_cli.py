@@ -153,6 +153,27 @@ def test_a_retry_refused_for_a_held_unique_key_says_so_not_the_state(db, logins)
     assert _state(db, first) == "failed"
 
 
+def test_a_bulk_retry_that_leaves_counted_jobs_says_how_many_and_why(db, logins):
+    """The bulk retry counts the failed jobs, then retries them in batches:
+    one whose unique key another job holds now stays failed. The command
+    says how many of those it counted it did not retry, and why, rather
+    than only "retried 1 job"."""
+    with db.connect(logins.producer) as p:
+        keyed = enqueue(p, "ukb", max_attempts=1, unique_key=b"k")[0]
+        enqueue(p, "ukb", max_attempts=1)
+    with db.connect(logins.worker) as w:
+        for job_id, lease, *_ in claim(w, ["ukb"], 2):
+            w.execute("select awa.fail(%s, %s, 'boom')", [job_id, lease])
+    with db.connect(logins.producer) as p:
+        assert enqueue(p, "ukb", unique_key=b"k")[0] != keyed
+    retried = db.awa("jobs", "retry", "--queue", "ukb", "--yes", user=logins.operator,
+                     check=True)
+    assert retried.stdout.strip() == "retried 1 job of ukb"
+    assert "1 of the 2 failed jobs counted was not retried: another job of its queue holds " \
+           "its unique key" in retried.stderr, retried.stderr
+    assert _state(db, keyed) == "failed"
+
+
 def test_bulk_retry_and_cancel_ask_first_then_loop_in_batches(db, logins, failed):
     unconfirmed = db.awa("jobs", "retry", "--queue", "cli", user=logins.operator)
     assert unconfirmed.returncode == 2

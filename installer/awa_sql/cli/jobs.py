@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shlex
 import sys
 from collections.abc import Callable
 from datetime import datetime
@@ -408,10 +409,26 @@ def _bulk(args: argparse.Namespace, function: str, states: tuple[str, ...], ask:
         print(json.dumps({"queue": args.queue, "kind": args.kind, verb: done, "more": more}))
     else:
         print(f"{verb} {done} {_jobs(done)}{kind} of {args.queue}")
+    if done < total:
+        _say_left(args, states, total - done, total, verb)
     if more:
         err(f"counted at most {MAX_JOBS} {' or '.join(states)} jobs a state: more may be "
             "left; run the command again")
     return 0
+
+
+def _say_left(args: argparse.Namespace, states: tuple[str, ...], left: int, total: int,
+              verb: str) -> None:
+    """Jobs counted that the calls did not change: the function passes over
+    them (a failed job whose unique key another job holds), or they changed
+    meanwhile (another operator, a worker)."""
+    why = ("another job of its queue holds its unique key now, it kept no args (it failed "
+           "before migration 0015), or it changed meanwhile" if verb == "retried"
+           else "it changed meanwhile (claimed, finished or cancelled by another caller)")
+    err(f"{left} of the {total} {' or '.join(states)} {_jobs(total)} counted "
+        f"{'was' if left == 1 else 'were'} not {verb}: {'' if left == 1 else 'for each, '}{why}; "
+        f"awa jobs list --queue {shlex.quote(args.queue)} --state {states[0]} lists "
+        f"{'it' if left == 1 else 'them'}")
 
 
 def _check_target(args: argparse.Namespace) -> bool:
