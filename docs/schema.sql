@@ -3950,6 +3950,18 @@ begin
 end;
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._rename_history(queue text, new_name text)
+ RETURNS void
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+begin
+    update awa.shard_changes as c set queue = new_name where c.queue = _rename_history.queue;
+    update awa.autoscale_decisions as d set queue = new_name
+     where d.queue = _rename_history.queue;
+end;
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._requeue(job_ids bigint[], queue_ids integer[], priorities smallint[], kinds text[], args jsonb[], ordering_keys bytea[], max_attempts integer[], enqueued_ats timestamp with time zone[], last_errors text[], max_run_times interval[], unique_keys bytea[], unique_windows interval[])
  RETURNS bigint[]
  LANGUAGE plpgsql
@@ -5502,6 +5514,7 @@ begin
        set queue = '#dropped#' || m.queue_id, paused = true, dropped_name = m.queue,
            dropped_paused = m.paused, dropped_xact = pg_current_xact_id(), dropped_at = now()
      where m.queue_id = meta.queue_id;
+    perform awa._rename_history(meta.queue, '#dropped#' || meta.queue_id);
     return true;
 end;
 $function$;
@@ -5990,6 +6003,7 @@ begin
                    set queue = back, paused = m.dropped_paused, dropped_name = null,
                        dropped_paused = null, dropped_xact = null, dropped_at = null
                  where m.queue_id = qid;
+                perform awa._rename_history('#dropped#' || qid, back);
                 named := back;
             end if;
         exception when lock_not_available then

@@ -42,6 +42,28 @@ as $$
         (select count(*) from awa.finished as f where f.queue_id = _queue_contents.queue_id)
 $$;
 
+-- Function: awa._rename_history(queue text, new_name text) returns void
+-- The history that names a queue (its changes of S, awa.shard_changes, and
+-- the auto-scaler's decisions, awa.autoscale_decisions) moved to the name
+-- its row takes: a drop's '#dropped#<queue_id>', or the name a queue put
+-- back gets. Read by name (awa._shards_at, the auto-scaler's cooldown, the
+-- admin's history), it would otherwise be a new queue's of the old name.
+-- The decisions' counts stay with the name: they are counters, exported
+-- by name.
+-- Calls: nothing
+-- Writes: awa.autoscale_decisions, awa.shard_changes
+create or replace function awa._rename_history(queue text, new_name text)
+returns void
+language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    update awa.shard_changes as c set queue = new_name where c.queue = _rename_history.queue;
+    update awa.autoscale_decisions as d set queue = new_name
+     where d.queue = _rename_history.queue;
+end;
+$$;
+
 -- Function: awa.drop_queue(queue text, discard_finished boolean default false) returns boolean
 -- Drops an empty queue, first step: its settings row is renamed
 -- '#dropped#<queue_id>' (no enqueue, claim or operator call can look that
@@ -60,7 +82,8 @@ $$;
 -- Errors: 22004 null; 22023 bad name; 42704 unknown queue; 0A000 a
 --   partition or stripe, or a queue with partitions or stripes; 55006 not
 --   empty (naming what it holds); 25006 on a standby.
--- Calls: awa._lock_leader, awa._locked_queue, awa._queue_contents, awa._require_primary
+-- Calls: awa._lock_leader, awa._locked_queue, awa._queue_contents, awa._rename_history,
+--   awa._require_primary
 -- Writes: awa.finished, awa.queue_meta, awa.unique_keys
 create or replace function awa.drop_queue(queue text, discard_finished boolean default false)
 returns boolean
@@ -109,6 +132,7 @@ begin
        set queue = '#dropped#' || m.queue_id, paused = true, dropped_name = m.queue,
            dropped_paused = m.paused, dropped_xact = pg_current_xact_id(), dropped_at = now()
      where m.queue_id = meta.queue_id;
+    perform awa._rename_history(meta.queue, '#dropped#' || meta.queue_id);
     return true;
 end;
 $$;
@@ -189,7 +213,8 @@ $$;
 -- auto-scaler policy, its settings row), its place in awa.queue_limit;
 -- its sequences go to awa.dropped_sequences, dropped by a later call. The
 -- history that names it only (awa.shard_changes, awa.autoscale_decisions,
--- awa.runtime_queues) is kept, and pruned as it is for every queue.
+-- under the name the drop gave it, and awa.runtime_queues) is kept, and
+-- pruned as it is for every queue.
 -- Calls: nothing
 -- Writes: awa.autoscale_policy, awa.contention_samples, awa.dropped_sequences, awa.lane_heads,
 --   awa.lane_hints, awa.lanes, awa.queue_limit, awa.queue_meta, awa.ready_late, awa.unique_keys
@@ -253,7 +278,7 @@ $$;
 -- Errors: 25000 the calling transaction is not read committed.
 -- Calls: awa._before_every_snapshot, awa._check_read_committed, awa._drop_sequences,
 --   awa._lock_class_lane, awa._lock_leader, awa._oldest_snapshot, awa._queue_contents,
---   awa._recovery_name, awa._remove_dropped
+--   awa._recovery_name, awa._remove_dropped, awa._rename_history
 -- Writes: awa.queue_meta
 create or replace function awa.finish_drops()
 returns table (queue text, queue_id integer, outcome text, named text)
@@ -336,6 +361,7 @@ begin
                    set queue = back, paused = m.dropped_paused, dropped_name = null,
                        dropped_paused = null, dropped_xact = null, dropped_at = null
                  where m.queue_id = qid;
+                perform awa._rename_history('#dropped#' || qid, back);
                 named := back;
             end if;
         exception when lock_not_available then
@@ -349,6 +375,7 @@ end;
 $$;
 
 select awa._grant_execute('awa._queue_contents(integer)');
+select awa._grant_execute('awa._rename_history(text, text)');
 select awa._grant_execute('awa.drop_queue(text, boolean)', 'operator');
 select awa._grant_execute('awa._recovery_name(text, integer)');
 select awa._grant_execute('awa._drop_sequences()');

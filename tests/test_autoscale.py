@@ -600,6 +600,9 @@ def test_a_step_neither_waits_for_nor_deadlocks_with_a_transaction_holding_the_q
         op.execute("select * from awa.set_enqueue_shards('held', 2)")
         op.execute("select * from awa.set_shard_mode('held', 'auto', 1)")
     policy(db, logins.operator, "held", cooldown="0")
+    with db.connect() as admin:
+        held_id = admin.execute("select queue_id from awa.queue_meta where queue = 'held'"
+                                ).fetchone()[0]
     with (db.connect(logins.operator, autocommit=False) as op,
           db.connect(logins.maintenance, autocommit=False) as m,
           db.connect() as watch):
@@ -618,8 +621,11 @@ def test_a_step_neither_waits_for_nor_deadlocks_with_a_transaction_holding_the_q
     assert dropped is True
     steps = [(d[13], d[9], d[10]) for d in tick.result if d[1] == "held"]
     assert steps == [("above_max", 2, 1)], tick.result
-    assert [d[:3] for d in decisions(db, "held")] == [("would_lower", 2, 1)]
-    assert "not taken: another transaction holds the queue" in decisions(db, "held")[0][3]
+    # The decision went with the queue's row when it was dropped (ADR 044).
+    assert decisions(db, "held") == []
+    (logged,) = decisions(db, f"#dropped#{held_id}")
+    assert logged[:3] == ("would_lower", 2, 1)
+    assert "not taken: another transaction holds the queue" in logged[3]
 
 
 def test_a_step_takes_a_queue_whose_jobs_for_later_are_being_enqueued(db, logins):

@@ -181,8 +181,11 @@ def test_a_drop_then_a_finish_removes_the_queue_and_frees_its_place(db, logins, 
     with db.connect(logins.reader) as r:
         r.execute("select * from awa.queue_overview").fetchall()
         r.execute("select * from awa.lane_overview").fetchall()
-        assert len(r.execute("select * from awa.shard_change_evidence where queue = 'gone'")
-                   .fetchall()) == 2
+        # The changes of S went with the row's name (a new queue of the name
+        # starts its own history).
+        evidence = "select * from awa.shard_change_evidence where queue = %s"
+        assert len(r.execute(evidence, [f"#dropped#{gone}"]).fetchall()) == 2
+        assert r.execute(evidence, ["gone"]).fetchall() == []
 
 
 def test_an_enqueue_after_the_drop_makes_a_new_queue_and_the_finish_leaves_it(db, logins, su,
@@ -515,3 +518,38 @@ def test_a_switch_waiting_for_a_drop_finds_no_queue(db, logins, su, op, change):
     assert su.execute("select shard_mode, paused, dropped_paused from awa.queue_meta"
                       " where queue_id = %s", [old]).fetchone() == (
         "manual", True, change.startswith("resume"))
+
+
+def changes_of(su, queue: str) -> int:
+    return su.execute("select count(*) from awa.shard_changes where queue = %s",
+                      [queue]).fetchone()[0]
+
+
+def test_a_new_queue_of_a_dropped_name_has_its_own_history_of_s(db, logins, su, op):
+    """The history of S is read by name (awa._shards_at, the auto-scaler's
+    cooldown, the admin's history). A dropped queue's changes go with its
+    row's name, so a new queue of the name (an enqueue after the drop) does
+    not read the old queue's S as its own."""
+    op.execute("select * from awa.set_enqueue_shards('resown', 4)")
+    op.execute("select * from awa.set_shard_mode('resown', 'auto', 8)")
+    old = queue_id(su, "resown")
+    drop(op, "resown")
+    assert changes_of(su, "resown") == 0
+    assert changes_of(su, f"#dropped#{old}") == 1
+    with db.connect(logins.producer) as p:
+        enqueue(p, "resown")
+    assert su.execute("select awa._shards_at('resown', now())").fetchone()[0] == 1
+    assert finish(db, logins) == [("resown", old, "removed", None)]
+    assert changes_of(su, "resown") == 0
+
+
+@pytest.mark.parametrize("take_name", [False, True])
+def test_a_queue_put_back_takes_its_history_of_s_with_it(db, logins, su, op, take_name):
+    op.execute("select * from awa.set_enqueue_shards('kept', 2)")
+    old, _, _ = late_job(db, logins, su, op, "kept", take_name=take_name)
+    (_, _, outcome, name), = finish(db, logins)
+    assert outcome == ("renamed" if take_name else "restored")
+    assert changes_of(su, name) == 1
+    assert changes_of(su, f"#dropped#{old}") == 0
+    if take_name:
+        assert changes_of(su, "kept") == 0

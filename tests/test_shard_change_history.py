@@ -153,14 +153,18 @@ def test_prune_takes_the_latest_change_of_a_queue_that_no_longer_exists(db, logi
     with db.connect(logins.operator) as op:
         for queue in ("gone", "kept"):
             op.execute("select awa.set_enqueue_shards(%s, 2)", [queue])
+        with db.connect() as admin:
+            gone_id = admin.execute("select queue_id from awa.queue_meta where queue = 'gone'"
+                                    ).fetchone()[0]
         assert op.execute("select awa.drop_queue('gone')").fetchone()[0] is True
     with db.connect(logins.maintenance) as m:
         assert [r[2] for r in m.execute("select * from awa.finish_drops()")] == ["removed"]
     with db.connect() as admin:
-        _age(admin, "gone", 100)
+        # The drop renamed the queue's history with its row (ADR 044).
+        _age(admin, f"#dropped#{gone_id}", 100)
         _age(admin, "kept", 100)
-        gone = admin.execute("select change_id from awa.shard_changes"
-                             " where queue = 'gone'").fetchone()[0]
+        gone = admin.execute("select change_id from awa.shard_changes where queue = %s",
+                             [f"#dropped#{gone_id}"]).fetchone()[0]
         # The names of queues removed long ago, one old change each.
         admin.execute("insert into awa.shard_changes (queue, old_shards, new_shards,"
                       " lanes_created, changed_at)"
