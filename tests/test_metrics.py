@@ -411,6 +411,65 @@ def test_a_failed_scrape_reports_awa_up_0_then_recovers(db, logins):
     assert value(up, "awa_up") == 1
 
 
+@contextmanager
+def silent_server() -> Iterator[int]:
+    """A port whose connections the kernel accepts and nobody answers, as a
+    host that hangs (a wedged server, a pooler or proxy whose backend is
+    gone) looks to libpq; closing it resets the connections left."""
+    import socket
+
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        yield listener.getsockname()[1]
+
+
+def scrape_in_thread(dsn: str) -> threading.Thread:
+    """One scrape of ``make_wsgi_app(dsn)`` in a thread; its samples in
+    ``thread.samples`` once it is done."""
+    def run() -> None:
+        environ: dict = {}
+        setup_testing_defaults(environ)
+        body = b"".join(make_wsgi_app(dsn)(environ, lambda *_: None))
+        thread.samples = parse(body.decode())
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.samples = None
+    thread.start()
+    return thread
+
+
+def test_a_scrape_of_a_host_that_never_answers_reports_awa_up_0_in_time(monkeypatch):
+    """libpq waits for ever to connect unless told otherwise: a scrape of a
+    host that accepts and never answers hung, held the collector's lock,
+    and every later scrape queued behind it, with no awa_up at all."""
+    from awa_sql.metrics import apps
+
+    monkeypatch.delenv("PGCONNECT_TIMEOUT", raising=False)
+    monkeypatch.setattr(apps, "CONNECT_TIMEOUT", 2, raising=False)
+    with silent_server() as port:
+        started = time.monotonic()
+        scrape = scrape_in_thread(f"postgresql://metrics@127.0.0.1:{port}/app")
+        scrape.join(30)
+        took = time.monotonic() - started
+        assert not scrape.is_alive(), "the scrape still waits to connect after 30 s"
+    assert value(scrape.samples, "awa_up") == 0
+    assert values(scrape.samples, "awa_queue_depth") == []
+    assert took < 20
+
+
+def test_the_dsns_own_connect_timeout_wins(monkeypatch):
+    from awa_sql.metrics import apps
+
+    monkeypatch.delenv("PGCONNECT_TIMEOUT", raising=False)
+    monkeypatch.setattr(apps, "CONNECT_TIMEOUT", 3600, raising=False)
+    with silent_server() as port:
+        scrape = scrape_in_thread(f"postgresql://metrics@127.0.0.1:{port}/app?connect_timeout=2")
+        scrape.join(30)
+        assert not scrape.is_alive(), "the DSN's connect_timeout was not applied"
+    assert value(scrape.samples, "awa_up") == 0
+
+
 def test_a_kept_connection_that_died_between_scrapes_is_reopened_in_the_scrape(db, logins):
     """A server restart or an idle timeout kills the exporter's kept
     connection; the next scrape reconnects instead of reporting awa_up 0."""

@@ -7,6 +7,7 @@ scrape of the awa views.
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import threading
 from collections.abc import Callable
@@ -18,14 +19,31 @@ from prometheus_client import make_wsgi_app as _prometheus_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
 
 from awa_sql.connect import connect as _connect
+from awa_sql.connect import resolve_dsn
 from awa_sql.hosts import HostCheck, url
 from awa_sql.listen import CannotListen
 from awa_sql.metrics.database import DatabaseCollector
 
+# Seconds a scrape waits to connect, unless the DSN or PGCONNECT_TIMEOUT says
+# otherwise: libpq's default is to wait for ever, and a host that accepts
+# and never answers (a hung server, a pooler or proxy whose backend is gone)
+# would hold the scrape, and every one queued behind it, with no awa_up at
+# all. Under Prometheus's default scrape timeout (10 s), so the scrape
+# answers awa_up 0 in time.
+CONNECT_TIMEOUT = 5
+
+
+def _connect_timeout(dsn: str | None) -> dict[str, int]:
+    if ("connect_timeout" in psycopg.conninfo.conninfo_to_dict(resolve_dsn(dsn))
+            or os.environ.get("PGCONNECT_TIMEOUT")):
+        return {}
+    return {"connect_timeout": CONNECT_TIMEOUT}
+
 
 def _opener(dsn: str | None) -> Callable[[], psycopg.Connection]:
     def open_connection() -> psycopg.Connection:
-        return _connect(dsn, autocommit=True, application_name="awa-sql metrics")
+        return _connect(dsn, autocommit=True, application_name="awa-sql metrics",
+                        **_connect_timeout(dsn))
     return open_connection
 
 
