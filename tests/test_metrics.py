@@ -702,6 +702,84 @@ def test_every_alert_rule_is_well_formed_and_queries_emitted_series(db, logins, 
 
 
 
+SELECTOR = re.compile(r"(?<![\w.$])([a-zA-Z_:][\w:]*)\s*\{([^}]*)\}")
+MATCHER = re.compile(r'(\w+)\s*(=~|!~|!=|=)\s*"((?:[^"\\]|\\.)*)"')
+GROUPING = re.compile(r"\b(?:by|without|on|ignoring)\s*\(([^)]*)\)")
+# Added by Prometheus to every series of a target.
+TARGET_LABELS = {"instance", "job"}
+
+
+def label_problems(expr: str, series: dict[str, list[dict[str, str]]]) -> list[str]:
+    """What in ``expr`` selects or groups by a label the emitted ``series``
+    (name: the label sets of its samples) do not have: a matcher on a label
+    the series lacks, an equality or an alternative of a plain regex that
+    matches no value emitted, a by/on clause on a label none of the
+    expression's series has."""
+    problems = []
+    names = promql_metric_names(expr)
+    for name, matchers in SELECTOR.findall(expr):
+        found = series.get(name, [])
+        for label, op, wanted in MATCHER.findall(matchers):
+            emitted = {s[label] for s in found if label in s}
+            if not emitted:
+                problems.append(f"{name} has no label {label}")
+            elif "$" in wanted or op in ("!=", "!~"):
+                continue
+            elif op == "=" and wanted not in emitted:
+                problems.append(f'{name}{{{label}="{wanted}"}}: no such series')
+            elif op == "=~" and re.fullmatch(r"[\w|]+", wanted):
+                problems.extend(f'{name}{{{label}=~"{wanted}"}}: no {label}="{alt}"'
+                                for alt in wanted.split("|") if alt not in emitted)
+    for clause in GROUPING.findall(expr):
+        for label in (x.strip() for x in clause.split(",") if x.strip()):
+            if label not in TARGET_LABELS and not any(
+                    label in s for name in names for s in series.get(name, [])):
+                problems.append(f"groups by {label}, which none of {sorted(names)} has")
+    return problems
+
+
+def test_the_label_check_finds_a_renamed_label():
+    series = {"awa_queue_jobs": [{"queue": "q", "state": "running"}],
+              "awa_maintain_passes_total": [{"task": "promote", "outcome": "ran"}]}
+    assert label_problems('sum by (queue) (awa_queue_jobs{state="running"})', series) == []
+    assert label_problems('awa_queue_jobs{status="running"}', series) == [
+        "awa_queue_jobs has no label status"]
+    assert label_problems('awa_queue_jobs{state="runing"}', series) == [
+        'awa_queue_jobs{state="runing"}: no such series']
+    assert label_problems('awa_maintain_passes_total{task=~"promote|promot"}', series) == [
+        'awa_maintain_passes_total{task=~"promote|promot"}: no task="promot"']
+    assert label_problems("max by (shard) (awa_queue_jobs)", series) == [
+        "groups by shard, which none of ['awa_queue_jobs'] has"]
+
+
+def test_every_label_the_dashboard_and_the_alerts_use_is_emitted(db, logins, registry, served):
+    """The name check above misses a renamed label or value: a panel on
+    awa_queue_jobs{state="running"} or an alert on a task that is no more
+    would show nothing, silently. Scraped with jobs in every state, a paused
+    queue and `awa maintain`'s series."""
+    run_workload(db, logins)
+    with db.connect() as admin:
+        admin.execute("select awa.enqueue('later', 'k', run_at => now() + interval '1 hour')")
+        job = admin.execute("select job_id from awa.enqueue('later', 'k')").fetchone()[0]
+        admin.execute("select awa.cancel_job(%s)", [job])
+        admin.execute("select awa.pause_queue('later')")
+    client_metrics.on_registry(MaintainMetrics, registry)
+    scraped = parse(fetch(served)[0])
+    assert value(scraped, "awa_queue_jobs", queue="later", state="scheduled") == 1
+    assert value(scraped, "awa_queue_finished_total", queue="later", state="cancelled") == 1
+    assert value(scraped, "awa_queue_paused", queue="later") == 1
+    series: dict[str, list[dict[str, str]]] = {}
+    for s in [*scraped, *parse(generate_latest(registry).decode())]:
+        series.setdefault(s.name, []).append(s.labels)
+    exprs = [(title, expr) for title, expr in dashboard_queries(json.loads(DASHBOARD.read_text()))
+             if "(" in expr or "{" in expr]
+    exprs += [(rule["alert"], rule["expr"])
+              for group in yaml.safe_load(ALERTS.read_text())["groups"]
+              for rule in group["rules"]]
+    assert len(exprs) >= 30
+    problems = [f"{title}: {p}" for title, expr in exprs for p in label_problems(expr, series)]
+    assert problems == []
+
 def test_a_queue_with_few_scheduled_jobs_never_reads_another_queues_schedule(db, logins):
     """The overview counts scheduled jobs up to 10,000 per queue. In the view
     the queue is a parameter the planner estimates as the average; once one
