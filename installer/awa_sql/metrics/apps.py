@@ -7,7 +7,6 @@ scrape of the awa views.
 from __future__ import annotations
 
 import asyncio
-import os
 import socket
 import threading
 from collections.abc import Callable
@@ -19,7 +18,7 @@ from prometheus_client import make_wsgi_app as _prometheus_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
 
 from awa_sql.connect import connect as _connect
-from awa_sql.connect import resolve_dsn
+from awa_sql.connect import reconnect_timeout, resolve_dsn
 from awa_sql.hosts import HostCheck, url
 from awa_sql.listen import CannotListen
 from awa_sql.metrics.database import DatabaseCollector
@@ -33,17 +32,10 @@ from awa_sql.metrics.database import DatabaseCollector
 CONNECT_TIMEOUT = 5
 
 
-def _connect_timeout(dsn: str | None) -> dict[str, int]:
-    if ("connect_timeout" in psycopg.conninfo.conninfo_to_dict(resolve_dsn(dsn))
-            or os.environ.get("PGCONNECT_TIMEOUT")):
-        return {}
-    return {"connect_timeout": CONNECT_TIMEOUT}
-
-
 def _opener(dsn: str | None) -> Callable[[], psycopg.Connection]:
     def open_connection() -> psycopg.Connection:
         return _connect(dsn, autocommit=True, application_name="awa-sql metrics",
-                        **_connect_timeout(dsn))
+                        **reconnect_timeout(resolve_dsn(dsn), CONNECT_TIMEOUT))
     return open_connection
 
 
