@@ -7,6 +7,7 @@ handler's error with a NUL byte is recorded, escaped."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -220,3 +221,39 @@ def test_a_reconnect_gives_up_after_ten_seconds_unless_told_otherwise(monkeypatc
     assert reconnect_timeout("postgresql://db/app?connect_timeout=3") == {}
     monkeypatch.setenv("PGCONNECT_TIMEOUT", "2")
     assert reconnect_timeout("host=db dbname=app") == {}
+
+
+def test_a_handler_raising_a_base_exception_fails_its_job_and_the_slot_goes_on(
+        db, logins):
+    """SystemExit, KeyboardInterrupt and a CancelledError of an async handler
+    fail the attempt like any exception; the queue's one slot takes the next job."""
+    with db.connect(logins.producer) as conn:
+        bad = [awa_sql.enqueue(conn, kind, queue="baseexc", max_attempts=1)
+               for kind in ("exit", "interrupt", "cancelled")]
+        last = awa_sql.enqueue(conn, "ok", queue="baseexc")
+    ran = threading.Event()
+
+    def leave(_job):
+        raise SystemExit(3)
+
+    def interrupt(_job):
+        raise KeyboardInterrupt
+
+    async def cancelled(_job):
+        raise asyncio.CancelledError
+
+    worker = Worker(db.dsn(logins.worker), queues=[{"queue": "baseexc", "max_workers": 1}],
+                    handlers={"exit": leave, "interrupt": interrupt, "cancelled": cancelled,
+                              "ok": lambda _job: ran.set()}, **FAST)
+    with running(worker):
+        if not ran.wait(15):
+            raise AssertionError(f"the last job never ran; it is {job_row(db, last.job_id)}")
+        for job in bad:
+            wait_until(lambda job=job: state(db, job.job_id) == "failed", 10,
+                       f"job {job.job_id} to fail")
+    with db.connect() as conn:
+        errors = [conn.execute("select last_error from awa.finished where job_id = %s",
+                               [job.job_id]).fetchone()[0] for job in bad]
+    assert errors == ["SystemExit: 3", "KeyboardInterrupt", "asyncio.exceptions.CancelledError"]
+    assert worker.failed == 3
+

@@ -475,7 +475,10 @@ class Worker:
             self._fail(conn, job, error)
         except Retry as retry:
             self._fail(conn, job, str(retry), retry)
-        except Exception as err:
+        except BaseException as err:
+            # SystemExit, KeyboardInterrupt or CancelledError too: raised in a
+            # slot's thread, they would end the slot with its job unrecorded,
+            # and a queue's last slot with its queue (its claimer claiming on).
             error = "".join(traceback.format_exception_only(err)).strip()
             log.warning("job %s (%s) failed: %s", job.job_id, job.kind, error)
             self._fail(conn, job, error)
