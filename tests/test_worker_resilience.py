@@ -8,6 +8,7 @@ handler's error with a NUL byte is recorded, escaped."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -256,4 +257,51 @@ def test_a_handler_raising_a_base_exception_fails_its_job_and_the_slot_goes_on(
                                [job.job_id]).fetchone()[0] for job in bad]
     assert errors == ["SystemExit: 3", "KeyboardInterrupt", "asyncio.exceptions.CancelledError"]
     assert worker.failed == 3
+
+
+def test_a_job_claimed_again_while_its_old_attempt_runs_on_stays_heartbeated(
+        db, logins, caplog):
+    """A plain handler past its deadline runs on; its job is rescued and
+    claimed again by another slot of the same worker. When the old attempt
+    ends, the new one keeps its heartbeat."""
+    caplog.set_level(logging.INFO, logger="awa_sql.worker")
+    with db.connect(logins.producer) as conn:
+        job = awa_sql.enqueue(conn, "hang", queue="reclaim")
+    with db.connect(logins.operator) as op:
+        op.execute("select awa.set_max_run_time('reclaim', '1 second')")
+    started = [threading.Event(), threading.Event()]
+    release = [threading.Event(), threading.Event()]
+    runs = []
+
+    def hang(_job):
+        n = len(runs)
+        runs.append(n)
+        started[n].set()
+        release[n].wait(60)
+
+    worker = Worker(db.dsn(logins.worker), queues=[{"queue": "reclaim", "max_workers": 2}],
+                    handlers={"hang": hang}, **FAST, lease=timedelta(seconds=2),
+                    heartbeat_every=timedelta(seconds=0.1))
+    with running(worker, *release), db.connect(logins.maintenance) as m, \
+            db.connect(logins.operator) as op:
+        assert started[0].wait(15)
+        wait_until(lambda: m.execute("select awa.rescue_expired()").fetchone()[0], 10,
+                   "the first attempt to pass its deadline and be rescued")
+        op.execute("select awa.set_max_run_time('reclaim', null)")
+
+        def claimed_again() -> bool:
+            m.execute("select awa.promote_due()")
+            return started[1].is_set()
+
+        wait_until(claimed_again, 15, "the retry to be claimed by the other slot")
+        release[0].set()
+        wait_until(lambda: "no longer running under this lease" in caplog.text, 10,
+                   "the first attempt's late completion to be refused")
+        at = lease(db, job.job_id)
+        wait_until(lambda: lease(db, job.job_id) > at + timedelta(seconds=1), 6,
+                   "the second attempt's lease to be extended after the first one ended")
+        release[1].set()
+        wait_until(lambda: state(db, job.job_id) == "completed", 10, "the retry to complete")
+    assert job_row(db, job.job_id)[:2] == ("completed", 2)
+    assert runs == [0, 1]
 

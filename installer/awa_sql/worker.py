@@ -290,7 +290,10 @@ class Worker:
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         self._stop = threading.Event()
         self._done = threading.Event()  # every slot has finished: the heartbeat ends
-        self._running: dict[int, _Held] = {}  # job_id -> lease and deadline
+        # (job_id, run_lease) -> lease and deadline. Not job_id alone: a plain
+        # handler past its deadline runs on while its job, rescued, may be
+        # claimed again by another slot of this worker.
+        self._running: dict[tuple[int, int], _Held] = {}
         self._lock = threading.Lock()
         self.completed = 0
         self.failed = 0
@@ -395,7 +398,8 @@ class Worker:
                         deadline = (None if job.max_run_time is None
                                     else claimed_at + job.max_run_time.total_seconds())
                         with self._lock:
-                            self._running[job.job_id] = _Held(job.run_lease, deadline)
+                            self._running[job.job_id, job.run_lease] = _Held(job.run_lease,
+                                                                             deadline)
                         jobs.put(job)
                     if rows:
                         delay = MIN_POLL
@@ -428,7 +432,7 @@ class Worker:
         result = handler(job)
         if inspect.isawaitable(result):
             with self._lock:
-                held = self._running.get(job.job_id)
+                held = self._running.get((job.job_id, job.run_lease))
                 if held is not None:
                     held.is_async = True
             left = None if held is None or held.deadline is None \
@@ -493,7 +497,7 @@ class Worker:
                 _log_gone(job, "completion")
         finally:
             with self._lock:
-                self._running.pop(job.job_id, None)
+                self._running.pop((job.job_id, job.run_lease), None)
 
     def _heartbeat(self) -> None:
         """Extends the lease of every held job until its deadline, not after: the
@@ -512,7 +516,7 @@ class Worker:
         now = time.monotonic()
         with self._lock:
             held = list(self._running.items())
-        for job_id, h in held:
+        for (job_id, _), h in held:
             if h.deadline is not None and now >= h.deadline:
                 if not h.passed and not h.is_async:
                     log.warning(
