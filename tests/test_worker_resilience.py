@@ -305,3 +305,37 @@ def test_a_job_claimed_again_while_its_old_attempt_runs_on_stays_heartbeated(
     assert job_row(db, job.job_id)[:2] == ("completed", 2)
     assert runs == [0, 1]
 
+
+def test_an_outcome_is_recorded_once_the_database_takes_connections_again(
+        db, logins, caplog):
+    """The slot's connection is lost while its handler runs, and the server
+    refuses new ones (a restart, max_connections): the completion is tried
+    again, under the job's lease, until it is recorded; the job does not run twice."""
+    caplog.set_level(logging.INFO, logger="awa_sql.worker")
+    with db.connect(logins.producer) as conn:
+        warm = awa_sql.enqueue(conn, "warm", queue="outage")
+        job = awa_sql.enqueue(conn, "held", queue="outage")
+    started, release = threading.Event(), threading.Event()
+    runs = []
+
+    def held(_job):
+        runs.append(1)
+        started.set()
+        release.wait(60)
+
+    worker = Worker(db.dsn(logins.worker), queues=["outage"],
+                    handlers={"warm": lambda _job: None, "held": held}, **FAST)
+    with running(worker, release), db.connect() as admin:
+        assert started.wait(15)
+        wait_until(lambda: state(db, warm.job_id) == "completed", 10, "the first job")
+        admin.execute(f'alter role "{logins.worker}" nologin')
+        terminate(db, logins.worker, "slot")
+        release.set()
+        wait_until(lambda: any(str(job.job_id) in r.getMessage() and r.levelno >= logging.WARNING
+                               for r in caplog.records), 10,
+                   "the slot to find that it cannot record the outcome")
+        admin.execute(f'alter role "{logins.worker}" login')
+        wait_until(lambda: state(db, job.job_id) == "completed", 10,
+                   "the completion to be recorded once the server takes connections")
+    assert job_row(db, job.job_id)[:2] == ("completed", 1)
+    assert runs == [1]

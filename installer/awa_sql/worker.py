@@ -22,9 +22,11 @@ then returns. With ``maintain=True`` a thread runs the loop of ``awa maintain``
 
 Each thread opens its connection when it first needs one and opens it again
 when it was lost (_Link). A claim that fails is retried with back-off (0.5 s
-up to 30 s), a heartbeat pass at the next beat. A slot whose complete or fail
-could not be recorded logs it and takes the next job; the job it held is no
-longer heartbeated, so its lease expires and ``awa.rescue_expired`` retries it.
+up to 30 s), a heartbeat pass at the next beat. A complete or fail that cannot
+reach the server is sent again while the job's lease may be current (_record);
+one that still could not be recorded is logged and the slot takes the next
+job; the job it held is no longer heartbeated, so its lease expires and
+``awa.rescue_expired`` retries it.
 """
 
 from __future__ import annotations
@@ -72,6 +74,7 @@ CLAIM_SQL = (
     " from awa.claim(%s::text[], %s, %s::text, %s::interval)"
 )
 MIN_POLL = 0.01  # seconds; the first wait after an empty claim
+RECORD_BACKOFF_MAX = 5.0  # seconds between tries to record an outcome, at most
 QUEUE_KEYS = ("queue", "max_workers")
 # Keys PartitionedQueue.queue_configs() writes that the Worker does not
 # implement: taken when None, refused otherwise.
@@ -131,6 +134,9 @@ class _Held:
 
     run_lease: int
     deadline: float | None
+    # When the server's lease surely ends (this host's monotonic clock): the
+    # claim's or last heartbeat's answer plus the lease.
+    lease_until: float = float("inf")
     passed: bool = False  # the heartbeat thread saw the deadline pass
     is_async: bool = False
 
@@ -365,6 +371,7 @@ class Worker:
                  jobs: queue_mod.SimpleQueue) -> None:
         """Claims for free slots only, so no claimed job waits for a slot."""
         delay, backoff = MIN_POLL, BACKOFF_MIN
+        lease_seconds = self.lease.total_seconds()
         try:
             with self._link("claimer") as conn:
                 while not self._stop.is_set():
@@ -398,8 +405,8 @@ class Worker:
                         deadline = (None if job.max_run_time is None
                                     else claimed_at + job.max_run_time.total_seconds())
                         with self._lock:
-                            self._running[job.job_id, job.run_lease] = _Held(job.run_lease,
-                                                                             deadline)
+                            self._running[job.job_id, job.run_lease] = _Held(
+                                job.run_lease, deadline, claimed_at + lease_seconds)
                         jobs.put(job)
                     if rows:
                         delay = MIN_POLL
@@ -439,18 +446,40 @@ class Worker:
                 else held.deadline - time.monotonic()
             loop.run(_within(result, left))
 
+    def _record(self, conn: _Link, job: Job, outcome: str, statement: str,
+                params: list) -> bool:
+        """Sends awa.complete or awa.fail and returns its answer. When the
+        server cannot be reached (a restart, a lost connection, connections
+        refused), it is sent again after a back-off for as long as the job's
+        lease may be current: the job is still held, so the heartbeat goes on
+        extending its lease. Once the lease has surely ended, the error is
+        raised: the job is left to awa.rescue_expired."""
+        backoff = BACKOFF_MIN
+        while True:
+            try:
+                return conn.execute(statement, params).fetchone()[0]
+            except psycopg.OperationalError as err:
+                with self._lock:
+                    held = self._running.get((job.job_id, job.run_lease))
+                if held is None or time.monotonic() + backoff >= held.lease_until:
+                    raise
+                log.warning("job %s (%s): its %s could not be recorded: %s; trying again in"
+                            " %.1f s while its lease lasts", job.job_id, job.kind, outcome,
+                            _one_line(err), backoff)
+            time.sleep(backoff)
+            backoff = min(backoff * 2, RECORD_BACKOFF_MAX)
+
     def _fail(self, conn: _Link, job: Job, error: str, retry: Retry | None = None) -> None:
         error = _sendable(error)
         if retry is not None and retry.at is not None:
-            cur = conn.execute("select awa.fail(%s, %s, %s, %s::timestamptz)",
-                               [job.job_id, job.run_lease, error, retry.at])
+            statement, params = ("select awa.fail(%s, %s, %s, %s::timestamptz)",
+                                 [job.job_id, job.run_lease, error, retry.at])
         elif retry is not None and retry.after is not None:
-            cur = conn.execute("select awa.fail(%s, %s, %s, now() + %s::interval)",
-                               [job.job_id, job.run_lease, error, retry.after])
+            statement, params = ("select awa.fail(%s, %s, %s, now() + %s::interval)",
+                                 [job.job_id, job.run_lease, error, retry.after])
         else:
-            cur = conn.execute("select awa.fail(%s, %s, %s)",
-                               [job.job_id, job.run_lease, error])
-        if not cur.fetchone()[0]:
+            statement, params = ("select awa.fail(%s, %s, %s)", [job.job_id, job.run_lease, error])
+        if not self._record(conn, job, "failure", statement, params):
             _log_gone(job, "failure")
             return
         with self._lock:
@@ -487,8 +516,8 @@ class Worker:
             log.warning("job %s (%s) failed: %s", job.job_id, job.kind, error)
             self._fail(conn, job, error)
         else:
-            done = conn.execute("select awa.complete(%s, %s)",
-                                [job.job_id, job.run_lease]).fetchone()[0]
+            done = self._record(conn, job, "completion", "select awa.complete(%s, %s)",
+                                [job.job_id, job.run_lease])
             if done:
                 with self._lock:
                     self.completed += 1
@@ -507,12 +536,12 @@ class Worker:
         with self._link("heartbeat") as conn:
             while not self._done.wait(every):
                 try:
-                    self._beat(conn)
+                    self._beat(conn, self.lease.total_seconds())
                 except psycopg.Error as err:
                     log.warning("heartbeat failed: %s; trying again in %.1f s",
                                 _one_line(err), every)
 
-    def _beat(self, conn: _Link) -> None:
+    def _beat(self, conn: _Link, lease_seconds: float) -> None:
         now = time.monotonic()
         with self._lock:
             held = list(self._running.items())
@@ -525,4 +554,6 @@ class Worker:
                         " and awa.rescue_expired will retry the job", job_id)
                 h.passed = True
                 continue
-            conn.execute("select awa.heartbeat(%s, %s, %s)", [job_id, h.run_lease, self.lease])
+            if conn.execute("select awa.heartbeat(%s, %s, %s)",
+                            [job_id, h.run_lease, self.lease]).fetchone()[0]:
+                h.lease_until = time.monotonic() + lease_seconds
