@@ -339,3 +339,35 @@ def test_an_outcome_is_recorded_once_the_database_takes_connections_again(
                    "the completion to be recorded once the server takes connections")
     assert job_row(db, job.job_id)[:2] == ("completed", 1)
     assert runs == [1]
+
+
+def test_one_job_whose_heartbeat_fails_does_not_starve_the_others(db, logins):
+    """Under default_transaction_isolation = repeatable read, awa.heartbeat
+    raises for a run that is gone (an operator cancelled it) instead of
+    returning false; the other held jobs are heartbeated all the same."""
+    with db.connect() as admin:
+        admin.execute(f'alter role "{logins.worker}"'
+                      " set default_transaction_isolation = 'repeatable read'")
+    with db.connect(logins.producer) as conn:
+        first = awa_sql.enqueue(conn, "slow", queue="hbiso")
+    started, release = [threading.Event(), threading.Event()], threading.Event()
+    runs = []
+
+    def slow(_job):
+        started[len(runs)].set()
+        runs.append(1)
+        release.wait(60)
+
+    worker = Worker(db.dsn(logins.worker), queues=[{"queue": "hbiso", "max_workers": 2}],
+                    handlers={"slow": slow}, **FAST, **SHORT_LEASE)
+    with running(worker, release), db.connect(logins.operator) as op:
+        assert started[0].wait(15)
+        with db.connect(logins.producer) as conn:
+            second = awa_sql.enqueue(conn, "slow", queue="hbiso")
+        assert started[1].wait(15)
+        assert op.execute("select awa.cancel_job(%s)", [first.job_id]).fetchone()[0]
+        at = lease(db, second.job_id)
+        wait_until(lambda: lease(db, second.job_id) > at + timedelta(seconds=1), 6,
+                   "the other job's lease to be extended")
+        release.set()
+        wait_until(lambda: state(db, second.job_id) == "completed", 10, "the other job")

@@ -554,6 +554,15 @@ class Worker:
                         " and awa.rescue_expired will retry the job", job_id)
                 h.passed = True
                 continue
-            if conn.execute("select awa.heartbeat(%s, %s, %s)",
-                            [job_id, h.run_lease, self.lease]).fetchone()[0]:
+            try:
+                extended = conn.execute("select awa.heartbeat(%s, %s, %s)",
+                                        [job_id, h.run_lease, self.lease]).fetchone()[0]
+            except psycopg.OperationalError:
+                raise  # the server is out of reach: so for every other job
+            except psycopg.Error as err:
+                # This job's error (awa.heartbeat raises for a gone run outside
+                # read committed): the jobs after it are heartbeated all the same.
+                log.warning("job %s: heartbeat failed: %s", job_id, _one_line(err))
+                continue
+            if extended:
                 h.lease_until = time.monotonic() + lease_seconds
