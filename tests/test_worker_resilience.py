@@ -371,3 +371,38 @@ def test_one_job_whose_heartbeat_fails_does_not_starve_the_others(db, logins):
                    "the other job's lease to be extended")
         release.set()
         wait_until(lambda: state(db, second.job_id) == "completed", 10, "the other job")
+
+
+def test_a_job_whose_args_python_cannot_decode_fails_alone_and_the_queue_goes_on(
+        db, logins):
+    """jsonb nested deeper than Python's json decoder goes (valid jsonb, which
+    a producer in another language may enqueue): that job fails with why,
+    the job claimed in the same batch runs, and so do the jobs after them."""
+    deep = "2000"
+    with db.connect(logins.producer) as conn:
+        bad = conn.execute(
+            "select job_id from awa.enqueue('deepargs', 'deep',"
+            " ('{\"a\": ' || repeat('[', %s::int) || repeat(']', %s::int) || '}')::jsonb,"
+            " max_attempts => 1)", [deep, deep]).fetchone()[0]
+        same_batch = awa_sql.enqueue(conn, "ok", {"n": 1}, queue="deepargs")
+    seen, ran = [], threading.Event()
+
+    def ok(job):
+        seen.append(job.args["n"])
+        if len(seen) == 2:
+            ran.set()
+
+    worker = Worker(db.dsn(logins.worker), queues=[{"queue": "deepargs", "max_workers": 2}],
+                    handlers={"deep": lambda _job: None, "ok": ok}, **FAST)
+    with running(worker) as runner:
+        wait_until(lambda: state(db, same_batch.job_id) == "completed", 10,
+                   "the job claimed with it to complete")
+        with db.connect(logins.producer) as conn:
+            awa_sql.enqueue(conn, "ok", {"n": 2}, queue="deepargs")
+        assert ran.wait(10), f"the next job never ran; run() alive: {runner.is_alive()}"
+        wait_until(lambda: state(db, bad) == "failed", 10, "the undecodable job to fail")
+    with db.connect() as conn:
+        error = conn.execute("select last_error from awa.finished where job_id = %s",
+                             [bad]).fetchone()[0]
+    assert error.startswith("its args could not be decoded: RecursionError"), error
+    assert sorted(seen) == [1, 2]

@@ -121,6 +121,42 @@ class DeadlineExceeded(Exception):
     """An async handler was cancelled at its job's deadline."""
 
 
+class _Undecodable:
+    """A job's args that the JSON decoder refused (valid jsonb nested deeper
+    than Python's json goes, say), in place of the args."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = "".join(traceback.format_exception_only(error)).strip()
+
+    def __repr__(self) -> str:
+        return f"<undecodable args: {self.error}>"
+
+
+def _decode_args_apart(conn: psycopg.Connection) -> None:
+    """Makes the claimer's jsonb loaders (those the connection has, so a
+    ``set_json_loads`` is kept) return an _Undecodable instead of raising:
+    a raise would fail the whole claim's fetch, with every job of the batch
+    already claimed, and end the claimer."""
+    oid = conn.adapters.types["jsonb"].oid
+    for fmt in (psycopg.pq.Format.TEXT, psycopg.pq.Format.BINARY):
+        base = conn.adapters.get_loader(oid, fmt)
+        if base is None:
+            continue
+
+        class Tolerant(base):  # type: ignore[misc, valid-type]
+            def load(self, data: Any) -> Any:
+                try:
+                    return super().load(data)
+                except Exception as err:  # RecursionError, ValueError, DataError
+                    return _Undecodable(err)
+
+        conn.adapters.register_loader(oid, Tolerant)
+
+
+class _BadArgs(Exception):
+    """A job whose args could not be decoded: its handler is not called."""
+
+
 def deadline_message(max_run_time: timedelta) -> str:
     """'deadline exceeded after N s', N as awa.rescue_expired writes it (trim_scale)."""
     seconds, micros = divmod(max_run_time // timedelta(microseconds=1), 1_000_000)
@@ -361,11 +397,17 @@ class Worker:
         if self.runtime is not None:
             self.runtime.stop()
 
-    def _link(self, role: str) -> _Link:
+    def _link(self, role: str,
+              prepare: Callable[[psycopg.Connection], None] | None = None) -> _Link:
         """A connection named ``awa-sql worker <role>`` (application_name)."""
-        return _Link(lambda: connect(
-            self.dsn, autocommit=True, prepared_statements=self.prepared_statements,
-            application_name=f"awa-sql worker {role}", **reconnect_timeout(self.dsn)))
+        def open_connection() -> psycopg.Connection:
+            conn = connect(
+                self.dsn, autocommit=True, prepared_statements=self.prepared_statements,
+                application_name=f"awa-sql worker {role}", **reconnect_timeout(self.dsn))
+            if prepare is not None:
+                prepare(conn)
+            return conn
+        return _Link(open_connection)
 
     def _claimer(self, queue: str, slots: int, free: threading.Semaphore,
                  jobs: queue_mod.SimpleQueue) -> None:
@@ -373,7 +415,7 @@ class Worker:
         delay, backoff = MIN_POLL, BACKOFF_MIN
         lease_seconds = self.lease.total_seconds()
         try:
-            with self._link("claimer") as conn:
+            with self._link("claimer", _decode_args_apart) as conn:
                 while not self._stop.is_set():
                     if not free.acquire(timeout=MIN_POLL * 10):
                         continue
@@ -433,6 +475,8 @@ class Worker:
     def _call(self, job: Job, loop: asyncio.Runner) -> None:
         """Runs the job's handler; a coroutine it returns runs until the job's
         deadline, then is cancelled (DeadlineExceeded)."""
+        if isinstance(job.args, _Undecodable):
+            raise _BadArgs(f"its args could not be decoded: {job.args.error}")
         handler = self.handlers.get(job.kind)
         if handler is None:
             raise LookupError(f"no handler for kind {job.kind!r}")
@@ -508,6 +552,9 @@ class Worker:
             self._fail(conn, job, error)
         except Retry as retry:
             self._fail(conn, job, str(retry), retry)
+        except _BadArgs as err:
+            log.warning("job %s (%s) failed: %s", job.job_id, job.kind, err)
+            self._fail(conn, job, str(err))
         except BaseException as err:
             # SystemExit, KeyboardInterrupt or CancelledError too: raised in a
             # slot's thread, they would end the slot with its job unrecorded,
