@@ -375,6 +375,43 @@ def test_job_pages_list_a_queues_failed_jobs_and_show_one(db, read_only_api):
     assert read_only_api.get("/jobs/0").status_code == 422
 
 
+BIG_ERROR = "card declined\n" + "at frame()\n" * 100_000  # 1 MB: a stack trace
+KEPT_ERROR = BIG_ERROR[:65536]  # what awa.fail keeps of it
+
+
+def _big_failed_jobs(db, queue: str, n: int) -> list[int]:
+    """``n`` failed jobs, each with 1 MB of args and a 1 MB last error (64 kB kept)."""
+    with db.connect() as conn:
+        ids = [r[0] for r in conn.execute(
+            "select (awa.enqueue(%s, 'big', jsonb_build_object('blob', repeat(md5(i::text),"
+            " 32768)), 2::smallint, null, null, 1)).job_id from generate_series(1, %s) as i",
+            [queue, n]).fetchall()]
+        conn.execute("select count(awa.fail(c.job_id, c.run_lease, %s))"
+                     " from awa.claim(array[%s], %s, 'w') as c", [BIG_ERROR, queue, n])
+    return ids
+
+
+def test_a_brief_page_of_jobs_leaves_out_args_and_cuts_the_error(db, read_only_api):
+    """The page's failed list refreshes every 3 s: brief rows carry no args
+    and 200 characters of the error, whatever a producer or a worker wrote."""
+    ids = _big_failed_jobs(db, "heavy", 5)
+    brief = read_only_api.get("/api/queues/heavy/jobs",
+                              params={"state": "failed", "limit": 20, "brief": "true"})
+    assert brief.status_code == 200, brief.text
+    assert len(brief.content) < 10_000, len(brief.content)
+    body = brief.json()
+    assert body["brief"] is True
+    assert [j["job_id"] for j in body["jobs"]] == ids
+    for job in body["jobs"]:
+        assert (job["kind"], job["state"], job["attempt"], job["max_attempts"]) == (
+            "big", "failed", 1, 1)
+        assert job["args"] is None and job["last_error"] == BIG_ERROR[:200]
+    full = read_only_api.get("/api/queues/heavy/jobs", params={"state": "failed", "limit": 1})
+    job = full.json()["jobs"][0]
+    assert full.json()["brief"] is False
+    assert len(job["args"]["blob"]) == 32 * 32768 and job["last_error"] == KEPT_ERROR
+
+
 def test_job_page_of_one_worker_lists_its_running_jobs(db, read_only_api):
     with db.connect() as conn:
         ids = [r[0] for r in conn.execute(

@@ -373,3 +373,37 @@ def test_bulk_retry_and_cancel_say_how_many_jobs_and_the_list_pages(db, page):
         with db.connect() as conn:
             assert conn.execute("select awa.count_jobs('bulk', 'cancelled')").fetchone()[0] == 28
             assert conn.execute("select awa.count_jobs('bulk', 'ready')").fetchone()[0] == 0
+
+
+def test_the_failed_list_refreshes_without_the_jobs_args_and_whole_errors(db, page):
+    """A producer's 1 MB args and a worker's long error: the queue page's
+    refresh reads brief rows, not megabytes a job every 3 seconds; the job
+    page has the whole of them."""
+    from playwright.sync_api import expect
+
+    error = "card declined\n" + "at frame()\n" * 100_000  # 1 MB: a stack trace
+    with db.connect() as conn:
+        ids = [r[0] for r in conn.execute(
+            "select (awa.enqueue('heavy', 'big', jsonb_build_object('blob', repeat(md5(i::text),"
+            " 32768)), 2::smallint, null, null, 1)).job_id from generate_series(1, 3) as i"
+        ).fetchall()]
+        conn.execute("select count(awa.fail(c.job_id, c.run_lease, %s))"
+                     " from awa.claim(array['heavy'], 3, 'w') as c", [error])
+    sizes = []
+
+    def listed(response):
+        if "/api/queues/heavy/jobs?" in response.url:
+            sizes.append(len(response.body()))
+
+    page.on("response", listed)
+    with serve_cli(db.dsn(reader_login(db))) as base:
+        page.goto(f"{base}/queues/heavy")
+        rows = page.locator("#failed-jobs tbody tr")
+        expect(rows).to_have_count(3)
+        expect(rows.first).to_contain_text("card declined at frame() at frame()")
+        assert sizes and max(sizes) < 10_000, sizes
+        rows.first.locator("a.job-link").click()
+        expect(page).to_have_url(f"{base}/jobs/{ids[0]}")
+        expect(page.locator("#job-args")).to_contain_text('"blob": "c4ca4238')
+        expect(page.locator("#job-error")).to_contain_text("card declined")
+        assert page.locator("#job-error").text_content() == error[:65536]  # what awa.fail keeps

@@ -303,6 +303,7 @@ class JobPage(BaseModel):
     state: str | None
     kind: str | None
     worker: str | None = Field(default=None, description="the worker asked for, if any")
+    brief: bool = Field(default=False, description="brief rows: args null, last_error cut")
     jobs: list[Job]
     next_after_job_id: int | None = Field(
         description="pass as after_job_id for the next page; null on the last page")

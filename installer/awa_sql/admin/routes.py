@@ -150,13 +150,17 @@ def list_jobs(request: Request, queue: QueueName,
               limit: Annotated[int, Query(ge=1, le=1000)] = 50,
               worker: Annotated[str | None, Query(
                   description="only the running jobs this worker holds (the name it gave "
-                  "awa.claim); implies state=running, another state is 400")] = None
+                  "awa.claim); implies state=running, another state is 400")] = None,
+              brief: Annotated[bool, Query(
+                  description="rows for a list that refreshes: args null and last_error cut "
+                  f"to its first {queries.BRIEF_ERROR_CHARS} characters (GET /api/jobs/{{id}} "
+                  "has the whole job)")] = False
               ) -> dict:
     """A page of the queue's jobs in job id order (awa.jobs): page on with
     ``next_after_job_id``. Every job is listed, ready ones included."""
     with _pool(request).connection() as conn, conn.transaction():
         return queries.jobs_page(conn, queue, state.value if state else None, kind,
-                                 after_job_id, limit, worker)
+                                 after_job_id, limit, worker, brief)
 
 
 # Queue names may hold "/": every route takes the rest of the path as the

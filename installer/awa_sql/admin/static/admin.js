@@ -588,8 +588,9 @@
 
   async function loadFailed() {
     const after = failedPages[failedPages.length - 1];
+    // Brief rows: no args, the error's first characters (a job's page has the rest).
     const { ok, status, data } = await api("GET", `${queuePath(queueName)}/jobs?state=failed` +
-      `&limit=${FAILED_PAGE}${after === null ? "" : `&after_job_id=${after}`}`);
+      `&brief=true&limit=${FAILED_PAGE}${after === null ? "" : `&after_job_id=${after}`}`);
     if (!ok) {
       setStatus(`${status}: ${data.error}`, "error");
       return;
