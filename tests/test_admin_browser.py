@@ -407,3 +407,55 @@ def test_the_failed_list_refreshes_without_the_jobs_args_and_whole_errors(db, pa
         expect(page.locator("#job-args")).to_contain_text('"blob": "c4ca4238')
         expect(page.locator("#job-error")).to_contain_text("card declined")
         assert page.locator("#job-error").text_content() == error[:65536]  # what awa.fail keeps
+
+
+def test_a_refresh_waits_for_the_one_before_instead_of_piling_up(db, page):
+    """A read slower than the 3 s refresh (a huge queue, a slow database): the
+    page sent another every 3 s while the first was unanswered, and more the
+    slower the server got. A refresh starts 3 s after the one before ended.
+    The page's clock is Playwright's: time moves only when the test says."""
+    from datetime import datetime, timedelta
+
+    enqueue_jobs(db, "slow", 2)
+    page.add_init_script("""
+        window.__fetches = [];
+        const send = window.fetch;
+        window.fetch = (...args) => {
+            window.__fetches.push(String(args[0]));
+            return send(...args);
+        };
+    """)
+    details = "window.__fetches.filter((u) => u.endsWith('/api/queues/slow')).length"
+    refreshed = "document.getElementById('app').dataset.refreshed"
+    held = []
+    hold = [True]
+
+    def answer_later(route):
+        if hold[0]:
+            held.append(route)
+        else:
+            route.continue_()
+
+    start = datetime.now()
+    page.clock.install(time=start)
+    page.clock.pause_at(start + timedelta(seconds=1))
+    with serve_cli(db.dsn(reader_login(db))) as base:
+        page.goto(f"{base}/queues/slow")
+        page.wait_for_function(refreshed)
+        first = page.evaluate(details)
+        page.route(re.compile(r"/api/queues/slow$"), answer_later)
+        page.clock.run_for(3_000)
+        assert page.evaluate(details) == first + 1
+        page.clock.run_for(30_000)  # ten refreshes' time, that one still unanswered
+        assert page.evaluate(details) == first + 1
+        for _ in range(1_000):  # Playwright hands the route over between its calls
+            if held:
+                break
+            page.evaluate("0")
+        assert len(held) == 1
+        hold[0] = False
+        before = page.evaluate(refreshed)
+        held.pop().continue_()
+        page.wait_for_function(f"b => {refreshed} !== b", arg=before)
+        page.clock.run_for(3_000)  # and refreshes go on
+        assert page.evaluate(details) == first + 2

@@ -1,5 +1,5 @@
 // awa admin: renders the queue list and the queue page from the JSON API and
-// refreshes them every few seconds. Every value from the database is set as
+// refreshes them every few seconds (3 s after the read before ended). Every value from the database is set as
 // text (never as HTML), so queue names cannot inject markup.
 (function () {
   "use strict";
@@ -765,17 +765,21 @@
     }
   }
 
+  // Loads now, then REFRESH_MS after each load ends: never a second read
+  // while one is unanswered, however slow the server or large the queue.
+  async function every(load) {
+    await refresh(load);
+    setTimeout(() => every(load), REFRESH_MS);
+  }
+
   if (page === "queue") {
     renderQueuePage();
-    refresh(loadQueue);
-    setInterval(() => refresh(loadQueue), REFRESH_MS);
+    every(loadQueue);
   } else if (page === "job") {
     renderJobPage();
-    refresh(loadJob);
-    setInterval(() => refresh(loadJob), REFRESH_MS);
+    every(loadJob);
   } else {
     renderQueueList();
-    refresh(loadQueues);
-    setInterval(() => refresh(loadQueues), REFRESH_MS);
+    every(loadQueues);
   }
 })();
