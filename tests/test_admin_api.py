@@ -412,6 +412,23 @@ def test_a_brief_page_of_jobs_leaves_out_args_and_cuts_the_error(db, read_only_a
     assert len(job["args"]["blob"]) == 32 * 32768 and job["last_error"] == KEPT_ERROR
 
 
+def test_a_database_error_the_api_does_not_map_says_its_sqlstate_not_its_sql(db):
+    """A statement timeout in awa.jobs: the 500 said what psycopg prints, the
+    CONTEXT too, with the statements of the awa function it stopped in. The
+    answer is the SQLSTATE and the message; the server's log has the rest."""
+    _failed_jobs(db, "locked", 1)
+    login = reader_login(db)
+    with db.connect() as conn:
+        conn.execute(f'alter role "{login}" set statement_timeout = 200')
+    with (db.connect() as locker, client_for(db.dsn(login), writable=False) as api,
+          locker.transaction(force_rollback=True)):
+        locker.execute("lock table awa.finished in access exclusive mode")
+        got = api.get("/api/queues/locked/jobs", params={"state": "failed"})
+    assert got.status_code == 500, got.text
+    assert got.json() == {"error": "database error 57014: canceling statement due to "
+                                   "statement timeout", "sqlstate": "57014"}
+
+
 def test_job_page_of_one_worker_lists_its_running_jobs(db, read_only_api):
     with db.connect() as conn:
         ids = [r[0] for r in conn.execute(

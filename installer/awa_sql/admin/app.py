@@ -155,9 +155,13 @@ def create_app(settings: Settings, pool: ConnectionPool | None = None) -> FastAP
     async def database_error(_request: Request, err: psycopg.Error) -> JSONResponse:
         mapped = from_database(err)
         if mapped is None:
+            # The whole error (DETAIL, CONTEXT: the statements of the awa
+            # function it failed in) goes to the log; the answer, to whoever
+            # asked, has the SQLSTATE and the message only.
             log.error("database error: %s", err)
-            mapped = ApiError(500, f"database error {err.sqlstate}: {str(err).strip()}",
-                              err.sqlstate)
+            message = err.diag.message_primary or (str(err).strip().splitlines() or [""])[0]
+            mapped = ApiError(500, f"database error {err.sqlstate}: {message}"
+                              if err.sqlstate else f"database error: {message}", err.sqlstate)
         return JSONResponse(mapped.body(), status_code=mapped.status)
 
     @app.exception_handler(RequestValidationError)
