@@ -412,6 +412,16 @@ def test_a_brief_page_of_jobs_leaves_out_args_and_cuts_the_error(db, read_only_a
     assert len(job["args"]["blob"]) == 32 * 32768 and job["last_error"] == KEPT_ERROR
 
 
+def test_a_job_without_its_args_is_the_same_job(db, read_only_api):
+    (job_id,) = _big_failed_jobs(db, "heavy", 1)
+    whole = read_only_api.get(f"/api/jobs/{job_id}").json()
+    bare = read_only_api.get(f"/api/jobs/{job_id}", params={"args": "false"})
+    assert bare.status_code == 200 and len(bare.content) < 100_000  # the error, escaped
+    assert len(whole["args"]["blob"]) == 32 * 32768
+    assert bare.json() == {**whole, "args": None}
+    assert read_only_api.get("/api/jobs/999999", params={"args": "false"}).status_code == 404
+
+
 def test_a_database_error_the_api_does_not_map_says_its_sqlstate_not_its_sql(db):
     """A statement timeout in awa.jobs: the 500 said what psycopg prints, the
     CONTEXT too, with the statements of the awa function it stopped in. The

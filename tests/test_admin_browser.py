@@ -459,3 +459,40 @@ def test_a_refresh_waits_for_the_one_before_instead_of_piling_up(db, page):
         page.wait_for_function(f"b => {refreshed} !== b", arg=before)
         page.clock.run_for(3_000)  # and refreshes go on
         assert page.evaluate(details) == first + 2
+
+
+def test_a_job_page_reads_the_jobs_args_once_not_on_every_refresh(db, page):
+    """A producer's 1 MB of args: the job page read them every 3 s. It reads
+    them when the job changes state or attempt, and its refresh without them."""
+    from playwright.sync_api import expect
+
+    with db.connect() as conn:
+        job_id = conn.execute(
+            "select (awa.enqueue('heavy', 'big', jsonb_build_object('blob',"
+            " repeat(md5('1'), 32768)))).job_id").fetchone()[0]
+    sizes = []
+
+    def read(response):
+        if f"/api/jobs/{job_id}" in response.url:
+            sizes.append(len(response.body()))
+
+    page.on("response", read)
+    with serve_cli(db.dsn(reader_login(db))) as base:
+        page.goto(f"{base}/jobs/{job_id}")
+        expect(page.locator("#job-state")).to_have_text("ready")
+        expect(page.locator("#job-args")).to_contain_text('"blob": "c4ca4238')
+        assert max(sizes) > 1_000_000
+        shown = len(sizes)
+        with page.expect_response(lambda r: f"/api/jobs/{job_id}" in r.url):
+            pass  # the next refresh
+        with db.connect() as conn:
+            assert claim(conn, ["heavy"], 1, worker="w-1")
+        expect(page.locator("#job-state")).to_have_text("running", timeout=10_000)
+        expect(page.locator("#job-worker")).to_have_text("w-1")
+        expect(page.locator("#job-args")).to_contain_text('"blob": "c4ca4238')
+        with page.expect_response(lambda r: f"/api/jobs/{job_id}" in r.url):
+            pass  # a refresh after the change
+        later = sizes[shown:]
+        # Refreshes without the args; the args once more for the new state.
+        assert sum(size > 1_000_000 for size in later) == 1, later
+        assert sum(size < 10_000 for size in later) >= 2, later

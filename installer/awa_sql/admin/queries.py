@@ -272,10 +272,11 @@ def _job(row: dict) -> dict:
     return out
 
 
-def job(conn: psycopg.Connection, job_id: int) -> dict:
-    """One job (awa.job), or 404."""
+def job(conn: psycopg.Connection, job_id: int, args: bool = True) -> dict:
+    """One job (awa.job), or 404; its args null unless ``args``."""
     with conn.cursor(row_factory=dict_row) as cur:
-        row = cur.execute("select * from awa.job(%s::bigint)", [job_id]).fetchone()
+        row = cur.execute(f"select {_columns(args)} from awa.job(%s::bigint) as j",
+                          [job_id]).fetchone()
     if row is None:
         raise ApiError(404, f"no job {job_id} (unknown, or removed by retention)")
     return _job(row)
@@ -286,11 +287,16 @@ def job(conn: psycopg.Connection, job_id: int) -> dict:
 # 10 MB args, a 1 MB stack trace): a page of 20 such rows read every 3 s was
 # 200 MB each time, longer to read than the refresh.
 BRIEF_ERROR_CHARS = 200
-BRIEF_COLUMNS = (
-    "j.job_id, j.queue, j.logical_queue, j.kind, j.state, j.priority, j.ordering_key,"
-    " null::jsonb as args, j.attempt, j.max_attempts, j.enqueued_at, j.run_at,"
-    f" j.finished_at, pg_catalog.left(j.last_error, {BRIEF_ERROR_CHARS}) as last_error,"
-    " j.worker, j.lease_expires_at")
+
+
+def _columns(args: bool = True, error_chars: int | None = None) -> str:
+    """awa.job_info's columns (as ``j``), args null unless ``args``, the last
+    error cut to ``error_chars``."""
+    error = ("j.last_error" if error_chars is None
+             else f"pg_catalog.left(j.last_error, {int(error_chars)}) as last_error")
+    return ("j.job_id, j.queue, j.logical_queue, j.kind, j.state, j.priority, j.ordering_key,"
+            f" {'j.args' if args else 'null::jsonb as args'}, j.attempt, j.max_attempts,"
+            f" j.enqueued_at, j.run_at, j.finished_at, {error}, j.worker, j.lease_expires_at")
 
 
 def jobs_page(conn: psycopg.Connection, queue: str, state: str | None, kind: str | None,
@@ -301,7 +307,7 @@ def jobs_page(conn: psycopg.Connection, queue: str, state: str | None, kind: str
     without args, the last error cut to its first BRIEF_ERROR_CHARS characters."""
     with conn.cursor(row_factory=dict_row) as cur:
         rows = cur.execute(
-            f"select {BRIEF_COLUMNS if brief else 'j.*'}"
+            f"select {_columns(False, BRIEF_ERROR_CHARS) if brief else _columns()}"
             " from awa.jobs(%s::text, %s::text, %s::text, %s::bigint, %s::integer"
             # Named, and only when given: a page without one works on a database
             # whose awa.jobs predates the argument.

@@ -266,10 +266,13 @@ def failures(request: Request,
 
 
 @router.get("/jobs/{job_id}", response_model=Job, responses=JOB_NOT_FOUND)
-def get_job(request: Request, job_id: JobId) -> dict:
+def get_job(request: Request, job_id: JobId,
+            args: Annotated[bool, Query(
+                description="false: args null, for a page that refreshes and has read "
+                "them (a job's args change only with its state)")] = True) -> dict:
     """One job (awa.job): state, args, attempts, last error, times."""
     with _pool(request).connection() as conn, conn.transaction():
-        return queries.job(conn, job_id)
+        return queries.job(conn, job_id, args)
 
 
 def _change_job(request: Request, job_id: int, action: str) -> dict:

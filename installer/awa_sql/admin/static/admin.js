@@ -636,7 +636,17 @@
   }
 
   async function loadJob() {
-    const { ok, status, data } = await api("GET", jobPath(jobId));
+    // Without the args, read once more only when the job changed state or
+    // attempt: a producer's 10 MB of args are not read every refresh.
+    let { ok, status, data } = await api("GET", `${jobPath(jobId)}?args=false`);
+    let argsRead = false;
+    if (ok && currentJob && currentJob.state === data.state &&
+        currentJob.attempt === data.attempt) {
+      data.args = currentJob.args;
+    } else if (ok) {
+      ({ ok, status, data } = await api("GET", jobPath(jobId)));
+      argsRead = true;
+    }
     if (!ok) {
       setStatus(`${status}: ${data.error}`, "error");
       currentJob = null;
@@ -644,8 +654,8 @@
       replace("job", el("section", { id: "job" }, el("p", { class: "muted" }, data.error)));
     } else {
       currentJob = data;
-      const shown = JSON.stringify(data);
-      if (shown !== jobShown) {
+      const shown = JSON.stringify({ ...data, args: undefined });
+      if (argsRead || shown !== jobShown) {
         jobShown = shown;
         replace("job", jobFields(data));
       }
