@@ -486,6 +486,18 @@ def test_failures_sum_up_the_failed_jobs_kept_by_queue_kind_and_error(db, read_o
     assert read_only_api.get("/api/failures", params={"since_seconds": -1}).status_code == 422
 
 
+@pytest.mark.parametrize("since", ["1e13", "1e308", "1e400", "inf", "Infinity"])
+def test_an_age_no_interval_holds_is_400_naming_since_seconds(db, read_only_api, since):
+    """Past what an interval holds the age never reached awa.failure_summary's
+    check: 400 "value out of range: overflow" or "interval out of range",
+    naming neither the parameter nor its range."""
+    got = read_only_api.get("/api/failures", params={"since_seconds": since})
+    assert got.status_code == 400, got.text
+    assert got.json()["sqlstate"] == "22023"
+    assert got.json()["error"].startswith(
+        "since_seconds must be between 0 and 10 years (315576000 seconds), got "), got.json()
+
+
 @pytest.mark.parametrize("job_id", ["-1", "0", str(2**63), "99999999999999999999"])
 def test_a_job_id_no_job_can_have_is_422_naming_it(db, api, job_id):
     """1..2^63-1 are the ids a job can have: another is a bad request (as

@@ -248,6 +248,12 @@ APPLIES_TO = {"retry": ("failed or cancelled", "retried"),
 LOCK_TIMEOUT = "5s"
 
 
+# awa.failure_summary takes an age of 0 to 10 years (its message says so); an
+# age past this is beyond what an interval holds, refused here in its words.
+TEN_YEARS_SECONDS = 315_576_000
+MAX_AGE_SECONDS = 1e12
+
+
 @router.get("/failures", response_model=FailureSummary,
             responses={**NOT_FOUND, 400: {"model": Error, "description": "an age out of range"}})
 def failures(request: Request,
@@ -261,6 +267,11 @@ def failures(request: Request,
     """What is failing, where, since when (awa.failure_summary): the jobs that
     failed for good and are kept, by queue, kind and error class. Reads every
     failed job kept of the queues asked for: for an incident, not a refresh."""
+    if since_seconds is not None and not since_seconds <= MAX_AGE_SECONDS:
+        # More than an interval holds: make_interval would refuse it ("value
+        # out of range: overflow") before awa.failure_summary says its range.
+        raise ApiError(400, f"since_seconds must be between 0 and 10 years "
+                       f"({TEN_YEARS_SECONDS} seconds), got {since_seconds:g}", "22023")
     with _pool(request).connection() as conn, conn.transaction():
         return queries.failure_summary(conn, queue, since_seconds, limit)
 
