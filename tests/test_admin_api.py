@@ -297,6 +297,25 @@ def test_body_that_is_not_json_is_422(db, api):
     assert (empty.status_code, empty.json()["fields"]) == (422, ["body"])
 
 
+@pytest.mark.parametrize("sized", [True, False], ids=["content-length", "chunked"])
+def test_a_body_larger_than_any_write_takes_is_413_before_the_token_is_asked(db, api, sized):
+    """A write's body is a few bytes ({"shards": 4}); the server read any body
+    whole, and parsed it, before the guard: anyone who could reach it sent
+    hundreds of megabytes to be held in memory, with or without a token."""
+    big = b'{"shards": 4, "pad": [' + b"0," * 1_000_000 + b'0]}'
+
+    def pieces():
+        for start in range(0, len(big), 65_536):
+            yield big[start:start + 65_536]
+
+    for token in ({}, auth()):
+        got = api.put("/api/queues/b/enqueue-shards", content=big if sized else pieces(),
+                      headers={**token, "Content-Type": "application/json"})
+        assert got.status_code == 413, got.text
+        assert got.json() == {"error": "the request body is over 65536 bytes; no write "
+                                       "here takes more than a few"}
+
+
 def test_pause_and_resume(db, api):
     enqueue_jobs(db, "pr", 1)
     first = api.post("/api/queues/pr/pause", headers=auth())

@@ -13,6 +13,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from psycopg_pool import ConnectionPool
+from starlette.exceptions import HTTPException
 
 from awa_sql.admin import pages, routes
 from awa_sql.admin.errors import ApiError, from_database
@@ -58,6 +59,78 @@ class RefuseOtherHosts:
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+# The largest request body read. A write's body is a few bytes
+# ({"shards": 4}); FastAPI reads and parses a body before any dependency,
+# the write guard included, so without a limit anyone who reaches the server
+# has it hold hundreds of megabytes.
+MAX_BODY_BYTES = 65_536
+
+
+TOO_LARGE = (f"the request body is over {MAX_BODY_BYTES} bytes; no write here takes "
+             "more than a few")
+
+
+class BodyTooLarge(HTTPException):
+    """Raised while a body is read: an HTTPException, which FastAPI's body
+    reading passes on (any other error there becomes its own 400)."""
+
+    def __init__(self) -> None:
+        super().__init__(413, TOO_LARGE)
+
+
+class LimitBody:
+    """ASGI middleware: a request body over MAX_BODY_BYTES is answered 413, by
+    its Content-Length before any of it is read, else once the bytes received
+    pass the limit (a chunked body); the app never sees more."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = next((value for name, value in scope["headers"]
+                         if name == b"content-length"), b"")
+        if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+            await self._refuse(scope, receive, send)
+            return
+        received = 0
+        started = False
+
+        async def limited_receive():
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > MAX_BODY_BYTES:
+                    raise BodyTooLarge
+            return message
+
+        async def tracked_send(message):
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, limited_receive, tracked_send)
+        except BodyTooLarge:
+            if started:
+                raise
+            await self._refuse(scope, receive, send)
+
+    @staticmethod
+    async def _refuse(scope, receive, send) -> None:
+        await _too_large()(scope, receive, send)
+
+
+def _too_large() -> JSONResponse:
+    # Connection: close: the rest of the body is never read.
+    return JSONResponse(ApiError(413, TOO_LARGE).body(), status_code=413,
+                        headers={"Connection": "close"})
 
 
 def _configure(read_only: bool):
@@ -151,6 +224,10 @@ def create_app(settings: Settings, pool: ConnectionPool | None = None) -> FastAP
     async def api_error(_request: Request, err: ApiError) -> JSONResponse:
         return JSONResponse(err.body(), status_code=err.status)
 
+    @app.exception_handler(BodyTooLarge)
+    async def too_large(_request: Request, _err: BodyTooLarge) -> JSONResponse:
+        return _too_large()
+
     @app.exception_handler(psycopg.Error)
     async def database_error(_request: Request, err: psycopg.Error) -> JSONResponse:
         mapped = from_database(err)
@@ -177,6 +254,7 @@ def create_app(settings: Settings, pool: ConnectionPool | None = None) -> FastAP
 
     app.include_router(routes.router)
     pages.install(app)
+    app.add_middleware(LimitBody)
     if settings.hosts is not None and not settings.hosts.any_host:
         app.add_middleware(RefuseOtherHosts, check=settings.hosts)
     return app
