@@ -441,7 +441,7 @@ def test_a_refresh_waits_for_the_one_before_instead_of_piling_up(db, page):
     page.clock.pause_at(start + timedelta(seconds=1))
     with serve_cli(db.dsn(reader_login(db))) as base:
         page.goto(f"{base}/queues/slow")
-        page.wait_for_function(refreshed)
+        page.wait_for_function(f"() => {refreshed}")  # a function: the page's CSP forbids eval
         first = page.evaluate(details)
         page.route(re.compile(r"/api/queues/slow$"), answer_later)
         page.clock.run_for(3_000)
@@ -496,3 +496,27 @@ def test_a_job_page_reads_the_jobs_args_once_not_on_every_refresh(db, page):
         # Refreshes without the args; the args once more for the new state.
         assert sum(size > 1_000_000 for size in later) == 1, later
         assert sum(size < 10_000 for size in later) >= 2, later
+
+
+def test_another_site_cannot_frame_the_page_under_its_own(db, page):
+    """A page on another site framed the admin page (its Host is the admin's
+    own, which the Host check allows) under buttons of its own: clickjacking
+    of Change S, Pause, Retry. The pages forbid framing and any script,
+    style or fetch but their own (Content-Security-Policy)."""
+    from playwright.sync_api import expect
+
+    enqueue_jobs(db, "framed", 1)
+    with serve_cli(db.dsn(operator_login(db)), "--writable", token=TOKEN) as base:
+        page.set_content(f'<iframe id="admin" src="{base}/queues/framed"></iframe>')
+        framed = [f for f in page.frames if f != page.main_frame]
+        assert len(framed) == 1
+        assert not framed[0].url.startswith(base), framed[0].url
+        assert page.frame_locator("#admin").locator("#app").count() == 0
+        page.goto(f"{base}/queues/framed")  # on its own it works, the lane bars drawn
+        expect(page.locator("#lanes-table tbody tr")).to_have_count(4)
+        bar = page.locator("#lanes-table td.bar span").first
+        assert bar.evaluate("b => b.style.width") in ("100%", "0%")
+        got = page.request.get(f"{base}/queues/framed")
+        policy = got.headers["content-security-policy"]
+        assert "frame-ancestors 'none'" in policy and "script-src 'self'" in policy
+        assert got.headers["x-frame-options"] == "DENY"

@@ -36,6 +36,21 @@ SHELL = """<!doctype html>
 """
 
 
+# Only the page's own script, stylesheet and API; never inside another
+# site's frame, where a page could lay its own buttons over Change S, Pause
+# and Retry (clickjacking: the admin's Host is its own, so the Host check
+# lets the framed page load).
+HEADERS = {
+    "Cache-Control": "no-store",
+    "Content-Security-Policy": (
+        "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
+        "img-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"),
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
+
+
 def _shell(request: Request, page: str, title: str, queue: str = "",
            job: int | None = None) -> HTMLResponse:
     writable = request.app.state.settings.writable
@@ -45,7 +60,7 @@ def _shell(request: Request, page: str, title: str, queue: str = "",
         writable="true" if writable else "false", version=__version__,
         mode="writable" if writable else "read-only",
     )
-    return HTMLResponse(body, headers={"Cache-Control": "no-store"})
+    return HTMLResponse(body, headers=HEADERS)
 
 
 def install(app: FastAPI) -> None:

@@ -17,6 +17,8 @@
     for (const [key, value] of Object.entries(attrs || {})) {
       if (value === undefined || value === null || value === false) continue;
       if (key === "class") node.className = value;
+      // Through the CSSOM: the page's policy (style-src 'self') refuses a style attribute.
+      else if (key === "style") node.style.cssText = value;
       else if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
       else node.setAttribute(key, value === true ? "" : value);
     }
