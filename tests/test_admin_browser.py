@@ -520,3 +520,56 @@ def test_another_site_cannot_frame_the_page_under_its_own(db, page):
         policy = got.headers["content-security-policy"]
         assert "frame-ancestors 'none'" in policy and "script-src 'self'" in policy
         assert got.headers["x-frame-options"] == "DENY"
+
+
+MARKUP = '"><img src=x onerror="window.__xss=1"><script>window.__xss=2</script><b>'
+
+
+def test_what_producers_workers_and_runtimes_write_is_shown_as_text(db, page):
+    """Queue names, kinds, args, ordering keys, errors, worker names and a
+    runtime's host are the producers' and workers' own: the pages show them
+    as text, never as markup (the policy would stop a script, not markup)."""
+    import json
+    import uuid
+    from urllib.parse import quote
+
+    from playwright.sync_api import expect
+
+    queue = "q" + MARKUP
+    with db.connect() as conn:
+        conn.execute("select awa.enqueue(%s, %s, %s::jsonb, 2::smallint, %s::bytea, null, 1)",
+                     [queue, "k" + MARKUP, json.dumps({"a": MARKUP}), MARKUP.encode()])
+        (failed,) = claim(conn, [queue], 1, worker="w" + MARKUP)
+        conn.execute("select awa.fail(%s, %s, %s)", [failed[0], failed[1], "e" + MARKUP])
+        conn.execute("select awa.enqueue(%s, %s)", [queue, "k" + MARKUP])
+        (running,) = claim(conn, [queue], 1, worker="w" + MARKUP)
+        conn.execute("select awa.publish_runtime(%s, 'producer', %s, 1, %s, 0, %s::jsonb)",
+                     [str(uuid.uuid4()), "h" + MARKUP, "v<b>1",
+                      json.dumps([{"queue": queue, "activity": "enqueue", "age_seconds": 1}])])
+
+    def no_markup():
+        assert page.evaluate("window.__xss") is None
+        assert page.locator("#app img, #app script, #app b").count() == 0
+
+    with serve_cli(db.dsn(operator_login(db)), "--writable", token=TOKEN) as base:
+        page.goto(f"{base}/")
+        expect(page.locator("#queues tbody tr td").first).to_have_text(queue)
+        page.click("#sum-failures")
+        expect(page.locator("#failures-table tbody td").nth(1)).to_have_text("k" + MARKUP)
+        no_markup()
+        page.goto(f"{base}/queues/{quote(queue, safe='')}")
+        expect(page.locator("h1")).to_have_text(queue)
+        expect(page.locator("#failed-jobs tbody tr")).to_contain_text("e" + MARKUP)
+        expect(page.locator("#runtimes-table tbody tr")).to_contain_text("h" + MARKUP)
+        page.fill("#token", TOKEN)
+        page.click(".retry-one")
+        expect(page.locator("#confirm-jobs-title")).to_contain_text(f"(k{MARKUP}, failed)")
+        no_markup()
+        page.goto(f"{base}/jobs/{failed[0]}")
+        expect(page.locator("#job-error")).to_have_text("e" + MARKUP)
+        expect(page.locator("#job-key")).to_have_text(MARKUP)
+        expect(page.locator("#job-args")).to_contain_text('"a": "\\"><img')
+        no_markup()
+        page.goto(f"{base}/jobs/{running[0]}")
+        expect(page.locator("#job-worker")).to_have_text("w" + MARKUP)
+        no_markup()
