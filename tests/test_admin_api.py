@@ -765,6 +765,23 @@ def test_awa_admin_serve_refuses_a_host_it_does_not_answer_to(db):
         assert "p@example.org" in _reads(base, job_id, "LocalHost")[4].text
 
 
+def test_the_host_check_covers_static_files_the_schema_errors_and_writes(db):
+    """Not only the routes that read the database: the script, the schema,
+    an unknown path, a method no route takes and a write are all refused
+    for a Host the server does not answer to, before the token is asked."""
+    import httpx
+
+    with serve_cli(db.dsn(operator_login(db)), "--writable", token=TOKEN) as base:
+        for method, path in [("GET", "/static/admin.js"), ("GET", "/openapi.json"),
+                             ("GET", "/nope"), ("OPTIONS", "/api/queues"),
+                             ("POST", "/api/queues/q/pause"), ("GET", "/jobs/0")]:
+            got = httpx.request(method, f"{base}{path}", timeout=30,
+                                headers={"Host": "evil.example", **auth()})
+            assert got.status_code == 400, (method, path, got.text)
+            assert "refused Host 'evil.example'" in got.json()["error"]
+            assert httpx.request(method, f"{base}{path}", timeout=30).status_code != 400
+
+
 def test_awa_admin_serve_answers_each_allowed_host_and_no_other(db):
     job_id = _personal_job(db)
     with serve_cli(db.dsn(reader_login(db)), "--allowed-host", "admin.example",
