@@ -983,3 +983,15 @@ def test_a_job_due_past_year_9999_does_not_fail_its_queue_s_pages(db, read_only_
     shown = read_only_api.get(f"/api/jobs/{job}")
     assert shown.status_code == 200, shown.text
     assert shown.json()["run_at"].startswith("9999-12-31")
+
+
+def test_an_unknown_route_or_method_answers_as_every_error_does(api):
+    """Errors are {"error": ...} (docs/admin.md), those of routing too: a
+    client reads one shape, not FastAPI's {"detail": ...} for these two."""
+    missing = api.get("/api/no-such-thing")
+    assert missing.status_code == 404
+    assert missing.json() == {"error": "no such route: GET /api/no-such-thing"}
+    wrong = api.delete("/api/queues")
+    assert wrong.status_code == 405
+    assert wrong.json()["error"] == "method DELETE not allowed on /api/queues"
+    assert "GET" in wrong.headers["allow"]

@@ -228,6 +228,17 @@ def create_app(settings: Settings, pool: ConnectionPool | None = None) -> FastAP
     async def too_large(_request: Request, _err: BodyTooLarge) -> JSONResponse:
         return _too_large()
 
+    @app.exception_handler(HTTPException)
+    async def routing_error(request: Request, err: HTTPException) -> JSONResponse:
+        # Routing's own errors (no route, a method the route lacks), in the
+        # shape of every other error rather than FastAPI's {"detail": ...}.
+        where = f"{request.method} {request.url.path}"
+        message = {404: f"no such route: {where}",
+                   405: f"method {request.method} not allowed on {request.url.path}"
+                   }.get(err.status_code, str(err.detail))
+        return JSONResponse({"error": message}, status_code=err.status_code,
+                            headers=err.headers)
+
     @app.exception_handler(psycopg.Error)
     async def database_error(_request: Request, err: psycopg.Error) -> JSONResponse:
         mapped = from_database(err)
