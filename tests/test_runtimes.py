@@ -188,3 +188,34 @@ def test_two_stale_runtimes_publishing_at_once_do_not_deadlock(db):
     with db.connect() as su:
         assert su.execute("select count(*) from awa.runtimes where last_seen > now()"
                           " - interval '30 seconds'").fetchone()[0] == 2
+
+
+def test_a_publisher_of_a_host_that_never_answers_gives_up_connecting(monkeypatch, caplog):
+    """libpq waits for ever to connect unless told otherwise: a publisher of
+    a host that accepts and never answers sat in its first connect, and
+    stop() gave up joining it after 10 s. It waits RECONNECT_TIMEOUT, as the
+    worker's and producer's connections do, logs, and stops when asked."""
+    import logging
+    import socket
+    import time
+
+    from awa_sql import connect as connect_module
+    from awa_sql.runtimes import RuntimePublisher
+
+    monkeypatch.delenv("PGCONNECT_TIMEOUT", raising=False)
+    monkeypatch.setattr(connect_module, "RECONNECT_TIMEOUT", 2)
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        port = listener.getsockname()[1]
+        publisher = RuntimePublisher(f"postgresql://p@127.0.0.1:{port}/app", "producer",
+                                     every=3600)
+        with caplog.at_level(logging.WARNING, logger="awa_sql.runtimes"):
+            publisher.start()
+            thread = publisher._thread
+            wait_until(lambda: "runtime snapshot failed" in caplog.text, 30,
+                       "the publisher to give up its connect")
+            started = time.monotonic()
+            publisher.stop()
+            assert time.monotonic() - started < 5
+            assert not thread.is_alive()

@@ -78,13 +78,13 @@ def configure(conn: psycopg.Connection, prepared_statements: PreparedSetting = N
 RECONNECT_TIMEOUT = 10  # seconds, unless the DSN or PGCONNECT_TIMEOUT says otherwise
 
 
-def reconnect_timeout(dsn: str, seconds: int = RECONNECT_TIMEOUT) -> dict[str, int]:
-    """``{"connect_timeout": seconds}`` unless ``dsn`` or PGCONNECT_TIMEOUT
-    sets one."""
+def reconnect_timeout(dsn: str, seconds: int | None = None) -> dict[str, int]:
+    """``{"connect_timeout": seconds}`` (default RECONNECT_TIMEOUT) unless
+    ``dsn`` or PGCONNECT_TIMEOUT sets one."""
     if ("connect_timeout" in psycopg.conninfo.conninfo_to_dict(dsn)
             or os.environ.get("PGCONNECT_TIMEOUT")):
         return {}
-    return {"connect_timeout": seconds}
+    return {"connect_timeout": RECONNECT_TIMEOUT if seconds is None else seconds}
 
 
 def connect(dsn: str | None = None, *, prepared_statements: PreparedSetting = None,

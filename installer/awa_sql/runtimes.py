@@ -21,7 +21,7 @@ from collections.abc import Callable
 import psycopg
 from psycopg.types.json import Jsonb
 
-from awa_sql.connect import connect
+from awa_sql.connect import connect, reconnect_timeout, resolve_dsn
 from awa_sql.version import __version__
 
 log = logging.getLogger("awa_sql.runtimes")
@@ -83,8 +83,12 @@ class RuntimePublisher:
             while True:
                 try:
                     if conn is None or conn.closed:
+                        # Bounded, as the worker's and producer's own: a host
+                        # that never answers held this thread, and stop()
+                        # gave up joining it.
                         conn = connect(self.dsn, autocommit=True,
-                                       application_name="awa-runtime")
+                                       application_name="awa-runtime",
+                                       **reconnect_timeout(resolve_dsn(self.dsn)))
                     if self._stop.is_set():
                         conn.execute("select awa.remove_runtime(%s::uuid)",
                                      [self.instance_id])
