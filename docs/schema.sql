@@ -2718,7 +2718,7 @@ begin
 end;
 $function$;
 
-CREATE OR REPLACE FUNCTION awa._lock_queue(queue text)
+CREATE OR REPLACE FUNCTION awa._lock_queue(queue text, create_missing boolean DEFAULT true)
  RETURNS awa.queue_meta
  LANGUAGE plpgsql
  SET search_path TO 'pg_catalog', 'pg_temp'
@@ -2727,7 +2727,11 @@ declare
     meta awa.queue_meta;
 begin
     loop
-        meta := awa._ensure_queue(queue);
+        if create_missing then
+            meta := awa._ensure_queue(queue);
+        else
+            meta := awa._queue(queue);
+        end if;
         select m.* into meta
           from awa.queue_meta as m
          where m.queue_id = meta.queue_id and m.queue = _lock_queue.queue
@@ -2736,26 +2740,6 @@ begin
             return meta;
         end if;
     end loop;
-end;
-$function$;
-
-CREATE OR REPLACE FUNCTION awa._locked_queue(queue text)
- RETURNS awa.queue_meta
- LANGUAGE plpgsql
- SET search_path TO 'pg_catalog', 'pg_temp'
-AS $function$
-declare
-    meta awa.queue_meta := awa._queue(queue);
-begin
-    select m.* into meta
-      from awa.queue_meta as m
-     where m.queue_id = meta.queue_id and m.queue = _locked_queue.queue
-       for update;
-    if not found then
-        raise exception 'queue % does not exist', quote_literal(queue)
-            using errcode = '42704';
-    end if;
-    return meta;
 end;
 $function$;
 
@@ -4416,7 +4400,7 @@ CREATE OR REPLACE FUNCTION awa._set_paused(queue text, paused boolean)
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
 begin
-    perform awa._locked_queue(queue);
+    perform awa._lock_queue(queue, create_missing => false);
     update awa.queue_meta as m set paused = _set_paused.paused
      where (m.queue = _set_paused.queue or m.logical_queue = _set_paused.queue
             or m.root_queue = _set_paused.queue)
@@ -5482,8 +5466,12 @@ begin
     end if;
     perform awa._require_primary('drop a queue');
     -- The row (42704 if another transaction dropped it while this one
-    -- waited), then the provisioning lock: the order of a change of S.
-    meta := awa._locked_queue(queue);
+    -- waited), then the provisioning lock: the order of a change of S. The
+    -- row for update too, unlike a change: that waits for an enqueue of a job
+    -- for later in flight (its key share), so the read of the contents below
+    -- sees the job.
+    meta := awa._lock_queue(queue, create_missing => false);
+    perform from awa.queue_meta as m where m.queue_id = meta.queue_id for update;
     perform awa._lock_leader('provisioning');
     if meta.root_queue is not null then
         raise exception 'queue % is a partition or stripe of %: dropping one is not supported yet',
@@ -7204,7 +7192,7 @@ begin
         perform awa._check_range('max_shards', set_shard_mode.max_shards, 64);
     end if;
     perform awa._require_primary('change the shard mode');
-    anchor := awa._locked_queue(set_shard_mode.queue);
+    anchor := awa._lock_queue(set_shard_mode.queue, create_missing => false);
     if anchor.root_queue is not null then
         raise exception 'queue % is a partition or stripe of %; set the mode on %',
             quote_literal(anchor.queue), quote_literal(anchor.root_queue),

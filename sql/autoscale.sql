@@ -51,7 +51,7 @@ select awa._grant_execute('awa._autoscale_policy(integer)');
 -- Errors: 42704 unknown queue; 22004 null mode, or no max_shards for
 --   shadow/auto; 22023 unknown mode, max_shards outside 1..64, or a
 --   partition or stripe named instead of its logical queue; 25006 standby.
--- Calls: awa._check_range, awa._locked_queue, awa._require_primary
+-- Calls: awa._check_range, awa._lock_queue, awa._require_primary
 -- Writes: awa.queue_meta
 create or replace function awa.set_shard_mode(
     queue text, mode text, max_shards integer default null
@@ -76,7 +76,7 @@ begin
         perform awa._check_range('max_shards', set_shard_mode.max_shards, 64);
     end if;
     perform awa._require_primary('change the shard mode');
-    anchor := awa._locked_queue(set_shard_mode.queue);
+    anchor := awa._lock_queue(set_shard_mode.queue, create_missing => false);
     if anchor.root_queue is not null then
         raise exception 'queue % is a partition or stripe of %; set the mode on %',
             quote_literal(anchor.queue), quote_literal(anchor.root_queue),

@@ -3,7 +3,7 @@
 -- Function: awa._set_paused(queue text, paused boolean) returns boolean
 -- Pauses or resumes a queue with all its partitions and stripes; true when
 -- anything changed.
--- Calls: awa._locked_queue
+-- Calls: awa._lock_queue
 -- Writes: awa.queue_meta
 create or replace function awa._set_paused(queue text, paused boolean)
 returns boolean
@@ -11,7 +11,7 @@ language plpgsql
 set search_path = pg_catalog, pg_temp
 as $$
 begin
-    perform awa._locked_queue(queue);
+    perform awa._lock_queue(queue, create_missing => false);
     update awa.queue_meta as m set paused = _set_paused.paused
      where (m.queue = _set_paused.queue or m.logical_queue = _set_paused.queue
             or m.root_queue = _set_paused.queue)

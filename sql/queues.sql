@@ -629,18 +629,20 @@ begin
 end;
 $$;
 
--- Function: awa._lock_queue(queue text) returns awa.queue_meta
--- The queue's settings row (awa._ensure_queue: created when missing), locked
--- until the transaction ends: the first lock of an operator's change of a
--- queue's layout. Locked by its id and its name: a drop (awa.drop_queue)
--- that committed while this waited for the row renamed it, and the name is
--- then no queue's, created as any new name is. Taken by its id alone, the
--- change went to the dropped queue. Locked for no key update: it conflicts
--- with every other change of the queue and with a drop (for update), not
--- with the key share an enqueue of a job for later holds until it commits.
--- Calls: awa._ensure_queue
+-- Function: awa._lock_queue(queue text, create_missing boolean default true) returns awa.queue_meta
+-- The queue's settings row, locked until the transaction ends: the first
+-- lock of an operator's change of a queue (its layout, its pause, its
+-- shard mode). A missing queue is created (awa._ensure_queue), or with
+-- create_missing false is 42704 naming it (awa._queue). Locked by its id and its
+-- name: a drop (awa.drop_queue) that committed while this waited for the
+-- row renamed it, and the name is then no queue's: created as any new name
+-- is, or 42704. Taken by its id alone, the change went to the dropped
+-- queue. Locked for no key update: it conflicts with every other change
+-- of the queue and with a drop (for update), not with the key share an
+-- enqueue of a job for later holds until it commits.
+-- Calls: awa._ensure_queue, awa._queue
 -- Writes: nothing
-create or replace function awa._lock_queue(queue text)
+create or replace function awa._lock_queue(queue text, create_missing boolean default true)
 returns awa.queue_meta
 language plpgsql
 set search_path = pg_catalog, pg_temp
@@ -649,7 +651,11 @@ declare
     meta awa.queue_meta;
 begin
     loop
-        meta := awa._ensure_queue(queue);
+        if create_missing then
+            meta := awa._ensure_queue(queue);
+        else
+            meta := awa._queue(queue);
+        end if;
         select m.* into meta
           from awa.queue_meta as m
          where m.queue_id = meta.queue_id and m.queue = _lock_queue.queue
@@ -914,34 +920,6 @@ begin
 end;
 $$;
 
--- Function: awa._locked_queue(queue text) returns awa.queue_meta
--- The settings row of an existing queue, locked until the transaction
--- ends, or 42704 naming it: the first lock of an operator's switch on a
--- queue. Locked by its id and its name: a drop (awa.drop_queue) that
--- committed while this waited for the row renamed it, and the name is then
--- no queue's. Taken by its id alone, the switch went to the dropped queue.
--- Calls: awa._queue
--- Writes: nothing
-create or replace function awa._locked_queue(queue text)
-returns awa.queue_meta
-language plpgsql
-set search_path = pg_catalog, pg_temp
-as $$
-declare
-    meta awa.queue_meta := awa._queue(queue);
-begin
-    select m.* into meta
-      from awa.queue_meta as m
-     where m.queue_id = meta.queue_id and m.queue = _locked_queue.queue
-       for update;
-    if not found then
-        raise exception 'queue % does not exist', quote_literal(queue)
-            using errcode = '42704';
-    end if;
-    return meta;
-end;
-$$;
-
 -- Function: awa._queue_ids(queue text) returns integer[]
 -- The physical queues of an existing name: the queue itself, its partitions
 -- and their stripes, by queue_id. What every operator call that takes a
@@ -992,9 +970,8 @@ select awa._grant_execute('awa._count_lane_shards(integer)');
 select awa._grant_execute('awa._count_linked()');
 select awa._grant_execute('awa._provision_lanes(integer, integer)');
 select awa._grant_execute('awa._ensure_queue(text)');
-select awa._grant_execute('awa._lock_queue(text)');
+select awa._grant_execute('awa._lock_queue(text, boolean)');
 select awa._grant_execute('awa._queue(text)');
-select awa._grant_execute('awa._locked_queue(text)');
 select awa._grant_execute('awa._queue_ids(text)');
 select awa._grant_execute('awa._ensure_linked(text, text, boolean)');
 select awa._grant_execute('awa._ensure_stripe(text, integer)');

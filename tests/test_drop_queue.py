@@ -553,3 +553,22 @@ def test_a_queue_put_back_takes_its_history_of_s_with_it(db, logins, su, op, tak
     assert changes_of(su, f"#dropped#{old}") == 0
     if take_name:
         assert changes_of(su, "kept") == 0
+
+
+@pytest.mark.parametrize("change", [
+    "pause_queue('later')",
+    "set_shard_mode('later', 'auto', 4)",
+    "set_enqueue_shards('later', 2)",
+])
+def test_a_change_does_not_wait_for_an_enqueue_of_a_job_for_later(db, logins, su, op, change):
+    """An enqueue of a job for later holds a key share of its queue's row
+    until it commits; a change of the queue locks the row against other
+    changes and drops only (no key update), so it does not wait for it. The
+    drop does (test_a_drop_waits_for_an_uncommitted_scheduled_job_...)."""
+    with db.connect(logins.producer) as p:
+        enqueue(p, "later")
+    with db.connect(logins.producer, autocommit=False) as p:
+        enqueue(p, "later", run_at="2100-01-01T00:00:00Z")
+        op.execute("set lock_timeout = '5s'")  # a wait fails the test, not hangs it
+        op.execute(f"select * from awa.{change}")
+        p.commit()
