@@ -4767,8 +4767,8 @@ begin
     end loop;
     delete from awa.autoscale_decisions as d
      where d.last_decided_at < at - interval '24 hours';
-    -- A probe of queue_meta's primary key per row of counts (five at most
-    -- per queue ever scaled), not a read of every queue at every tick.
+    -- A probe of queue_meta's index on the name per row of counts (five at
+    -- most per queue ever scaled), not a read of every queue at every tick.
     delete from awa.autoscale_decision_counts as c
      where (select m.queue_id from awa.queue_meta as m where m.queue = c.queue) is null;
 end;

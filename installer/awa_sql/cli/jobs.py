@@ -422,8 +422,7 @@ def _say_left(args: argparse.Namespace, states: tuple[str, ...], left: int, tota
     """Jobs counted that the calls did not change: the function passes over
     them (a failed job whose unique key another job holds), or they changed
     meanwhile (another operator, a worker)."""
-    why = ("another job of its queue holds its unique key now, it kept no args (it failed "
-           "before migration 0015), or it changed meanwhile" if verb == "retried"
+    why = (f"{RETRY_REFUSED}, or it changed meanwhile" if verb == "retried"
            else "it changed meanwhile (claimed, finished or cancelled by another caller)")
     err(f"{left} of the {total} {' or '.join(states)} {_jobs(total)} counted "
         f"{'was' if left == 1 else 'were'} not {verb}: {'' if left == 1 else 'for each, '}{why}; "
