@@ -15,6 +15,10 @@ from awa_sql.maintain import EVERY_MAX, EVERY_MIN
 from awa_sql.migrate import EXIT_USAGE
 from awa_sql.roles import CAPABILITIES, Roles
 
+# A command refused by the state of what it names (a retry of a ready job, a
+# drop of a queue that is not empty): nothing changed. awa jobs and awa storage.
+EXIT_WRONG_STATE = 9
+
 
 def add_connection(p: argparse.ArgumentParser) -> None:
     p.add_argument(

@@ -23,14 +23,13 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from awa_sql.cli.common import add_connection, bad_input_is_usage, err
+from awa_sql.cli.common import EXIT_WRONG_STATE, add_connection, bad_input_is_usage, err
 from awa_sql.cli.storage import table
 from awa_sql.connect import connect, read_far_dates
 from awa_sql.defaults import RETRY_REFUSED
 from awa_sql.migrate import EXIT_USAGE
 
 EXIT_NO_SUCH_JOB = 8
-EXIT_WRONG_STATE = 9
 
 STATES = ("scheduled", "ready", "running", "completed", "failed", "cancelled")
 MAX_JOBS = 100_000

@@ -13,7 +13,12 @@ from collections.abc import Sequence
 import psycopg
 
 from awa_sql import shards
-from awa_sql.cli.common import add_connection, bad_input_is_usage, parse_interval
+from awa_sql.cli.common import (
+    EXIT_WRONG_STATE,
+    add_connection,
+    bad_input_is_usage,
+    parse_interval,
+)
 from awa_sql.connect import connect
 from awa_sql.migrate import EXIT_USAGE
 from awa_sql.routing import MAX_SHARDS
@@ -257,9 +262,6 @@ def cmd_set_paused(args: argparse.Namespace) -> int:
     else:
         print(f"{queue} was {'already paused' if args.paused else 'not paused'}: nothing changed")
     return 0
-
-
-EXIT_WRONG_STATE = 9  # as awa jobs: nothing changed, the queue is not in a state to drop
 
 
 @bad_input_is_usage
