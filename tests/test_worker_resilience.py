@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
+from pathlib import Path
 
 import awa_sql
+from awa_sql.maintain import Maintainer
 from awa_sql.worker import Worker
 from tests.support.waiting import wait_until
 
@@ -36,6 +39,17 @@ def running(worker: Worker, *releases: threading.Event) -> Iterator[threading.Th
         worker.stop()
         runner.join(30)
     assert not runner.is_alive(), "run() did not return after stop()"
+
+
+@contextmanager
+def _thread(target, stop) -> Iterator[None]:
+    thread = threading.Thread(target=target)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop()
+        thread.join(30)
 
 
 def blocking(started: threading.Event, release: threading.Event):
@@ -215,13 +229,78 @@ def test_a_job_whose_complete_was_not_recorded_is_no_longer_heartbeated(
 def test_a_reconnect_gives_up_after_ten_seconds_unless_told_otherwise(monkeypatch):
     """The worker and awa maintain connect again by themselves: without a
     connect_timeout, a host that drops packets would hang a reconnect."""
-    from awa_sql.connect import reconnect_timeout
+    from awa_sql.connect import network_defaults
 
     monkeypatch.delenv("PGCONNECT_TIMEOUT", raising=False)
-    assert reconnect_timeout("host=db dbname=app") == {"connect_timeout": 10}
-    assert reconnect_timeout("postgresql://db/app?connect_timeout=3") == {}
+    assert network_defaults("host=db dbname=app")["connect_timeout"] == 10
+    assert network_defaults("host=db dbname=app", 5)["connect_timeout"] == 5
+    assert "connect_timeout" not in network_defaults("postgresql://db/app?connect_timeout=3")
     monkeypatch.setenv("PGCONNECT_TIMEOUT", "2")
-    assert reconnect_timeout("host=db dbname=app") == {}
+    assert "connect_timeout" not in network_defaults("host=db dbname=app")
+
+
+def test_keepalives_the_dsn_sets_are_left_to_it(monkeypatch):
+    from awa_sql.connect import KEEPALIVES, network_defaults
+
+    monkeypatch.delenv("PGCONNECT_TIMEOUT", raising=False)
+    assert network_defaults("host=db") == {**KEEPALIVES, "connect_timeout": 10}
+    mine = network_defaults("host=db keepalives_idle=5 tcp_user_timeout=0")
+    assert "keepalives_idle" not in mine and "tcp_user_timeout" not in mine
+    assert mine["keepalives_count"] == KEEPALIVES["keepalives_count"]
+
+
+def _keepalive_timers() -> dict[int, float]:
+    """Local TCP port -> seconds left on its socket's keepalive timer, for the
+    IPv4 and IPv6 sockets of this machine whose keepalive timer is armed."""
+    timers = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except FileNotFoundError:
+            continue
+        for line in lines:
+            fields = line.split()
+            timer, when = fields[5].split(":")
+            if timer == "02":  # the keepalive timer, in clock ticks
+                port = int(fields[1].rsplit(":", 1)[1], 16)
+                timers[port] = int(when, 16) / os.sysconf("SC_CLK_TCK")
+    return timers
+
+
+def test_long_lived_connections_probe_a_silent_server_within_a_minute(db, logins):
+    """A connection to a host that vanished without a word (a failover that
+    moved the address, a NAT that forgot the flow) fails only when TCP says
+    so: with the kernel's default, a keepalive probe after two hours idle.
+    The worker's, the producer's, the runtime publisher's and awa maintain's
+    connections probe after 30 s: each one's socket, found by the port its
+    backend reports, has its keepalive timer at 30 s or less, not the
+    kernel's 7,200."""
+    worker = Worker(db.dsn(logins.worker), queues=["q"], handlers={}, poll_interval=1.0,
+                    snapshot_every=60.0)
+    maintainer = Maintainer(db.dsn(logins.maintenance), every={"promote": 60})
+    names = ("awa-sql worker claimer", "awa-runtime",
+             "awa-sql maintain", "awa-sql")
+    with running(worker), awa_sql.Producer(db.dsn(logins.producer), snapshot_every=None), \
+            _thread(maintainer.run, maintainer.stop):
+        def ports() -> dict[str, int] | None:
+            with db.connect() as conn:
+                rows = conn.execute(
+                    "select application_name, client_port from pg_stat_activity"
+                    " where datname = current_database() and application_name = any(%s)",
+                    [list(names)]).fetchall()
+            found = dict(rows)
+            return found if set(found) == set(names) else None
+
+        found = wait_until(ports, 20, "every long-lived connection")
+
+        def probed() -> dict[str, float] | None:
+            timers = _keepalive_timers()
+            left = {name: timers.get(port) for name, port in found.items()}
+            # A socket sending at that moment has its retransmit timer armed instead.
+            return left if None not in left.values() else None
+
+        left = wait_until(probed, 10, "every connection's keepalive timer")
+    assert all(seconds <= 30 for seconds in left.values()), left
 
 
 def test_a_handler_raising_a_base_exception_fails_its_job_and_the_slot_goes_on(

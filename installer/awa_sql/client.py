@@ -21,7 +21,7 @@ from psycopg import pq
 from psycopg.types.json import Jsonb
 
 from awa_sql import routing
-from awa_sql.connect import connect, reconnect_timeout, resolve_dsn
+from awa_sql.connect import connect, network_defaults, resolve_dsn
 from awa_sql.metrics import client_metrics
 from awa_sql.metrics.client_metrics import WAIT_COLUMNS
 from awa_sql.runtimes import RuntimePublisher
@@ -318,7 +318,8 @@ class Producer:
         self._owned = conn is None
         self._closed = False
         self._conn = conn if conn is not None else connect(
-            dsn, prepared_statements=prepared_statements)
+            self._dsn, prepared_statements=prepared_statements,
+            **network_defaults(self._dsn))
         self.runtime = None
         if snapshot_every is not None and (conn is None or dsn is not None):
             self.runtime = RuntimePublisher(resolve_dsn(dsn), "producer", every=snapshot_every)
@@ -347,7 +348,7 @@ class Producer:
 
     def _reopen(self) -> None:
         self._conn = connect(self._dsn, prepared_statements=self._prepared,
-                             **reconnect_timeout(self._dsn))
+                             **network_defaults(self._dsn))
 
     def _begin(self, stack: ExitStack) -> psycopg.Connection:
         """Enters the call's transaction, on a new connection if the last was lost."""

@@ -77,14 +77,32 @@ def configure(conn: psycopg.Connection, prepared_statements: PreparedSetting = N
 # host that drops packets would otherwise hang a reconnect for minutes.
 RECONNECT_TIMEOUT = 10  # seconds, unless the DSN or PGCONNECT_TIMEOUT says otherwise
 
+# A connection to a host that vanished without a word (a failover that moved
+# the address, a crashed host, a NAT or firewall that forgot the flow) waits
+# for a reply the kernel's keepalive default (two hours on Linux) and its
+# retransmissions (about 15 minutes) before it fails: so long, a worker
+# claims nothing and a publisher is stale. With these, such a connection
+# fails within about a minute and the process connects again. They touch
+# only TCP connections; each one the DSN sets is left to the DSN.
+KEEPALIVES = {
+    "keepalives": 1,
+    "keepalives_idle": 30,  # seconds idle before the first probe
+    "keepalives_interval": 10,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 60_000,  # ms a sent byte may stay unacknowledged
+}
 
-def reconnect_timeout(dsn: str, seconds: int | None = None) -> dict[str, int]:
-    """``{"connect_timeout": seconds}`` (default RECONNECT_TIMEOUT) unless
-    ``dsn`` or PGCONNECT_TIMEOUT sets one."""
-    if ("connect_timeout" in psycopg.conninfo.conninfo_to_dict(dsn)
-            or os.environ.get("PGCONNECT_TIMEOUT")):
-        return {}
-    return {"connect_timeout": RECONNECT_TIMEOUT if seconds is None else seconds}
+
+def network_defaults(dsn: str, connect_seconds: int | None = None) -> dict[str, int]:
+    """The connection parameters of a process that connects again by itself:
+    ``connect_timeout`` (``connect_seconds``, default RECONNECT_TIMEOUT) unless
+    ``dsn`` or PGCONNECT_TIMEOUT sets one, and KEEPALIVES but those ``dsn`` sets."""
+    given = psycopg.conninfo.conninfo_to_dict(dsn)
+    params = {key: value for key, value in KEEPALIVES.items() if key not in given}
+    if "connect_timeout" not in given and not os.environ.get("PGCONNECT_TIMEOUT"):
+        params["connect_timeout"] = (RECONNECT_TIMEOUT if connect_seconds is None
+                                     else connect_seconds)
+    return params
 
 
 def connect(dsn: str | None = None, *, prepared_statements: PreparedSetting = None,

@@ -32,7 +32,7 @@ import psycopg
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from awa_sql import shards
-from awa_sql.connect import connect, reconnect_timeout, resolve_dsn
+from awa_sql.connect import connect, network_defaults, resolve_dsn
 from awa_sql.metrics import client_metrics
 
 log = logging.getLogger("awa_sql.maintain")
@@ -230,7 +230,7 @@ def missing_grant(dsn: str) -> str | None:
     (the loop waits for awa migrate)."""
     try:
         with connect(dsn, autocommit=True, prepared_statements="off",
-                     application_name="awa-sql maintain", **reconnect_timeout(dsn)) as conn:
+                     application_name="awa-sql maintain", **network_defaults(dsn)) as conn:
             row = conn.execute(GRANT_CHECK).fetchone()
     except psycopg.Error:
         return None
@@ -325,7 +325,7 @@ class Maintainer:
         # A few statements a second gain nothing from server-side prepared
         # statements, and behind a transaction pooler they break.
         return connect(self.dsn, autocommit=True, prepared_statements="off",
-                       application_name="awa-sql maintain", **reconnect_timeout(self.dsn))
+                       application_name="awa-sql maintain", **network_defaults(self.dsn))
 
     def _wait_backoff(self) -> None:
         self._stop.wait(self._backoff)

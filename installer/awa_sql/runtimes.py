@@ -21,7 +21,7 @@ from collections.abc import Callable
 import psycopg
 from psycopg.types.json import Jsonb
 
-from awa_sql.connect import connect, reconnect_timeout, resolve_dsn
+from awa_sql.connect import connect, network_defaults, resolve_dsn
 from awa_sql.version import __version__
 
 log = logging.getLogger("awa_sql.runtimes")
@@ -88,7 +88,7 @@ class RuntimePublisher:
                         # gave up joining it.
                         conn = connect(self.dsn, autocommit=True,
                                        application_name="awa-runtime",
-                                       **reconnect_timeout(resolve_dsn(self.dsn)))
+                                       **network_defaults(resolve_dsn(self.dsn)))
                     if self._stop.is_set():
                         conn.execute("select awa.remove_runtime(%s::uuid)",
                                      [self.instance_id])

@@ -49,7 +49,7 @@ from typing import Any
 
 import psycopg
 
-from awa_sql.connect import connect, prepared_mode, reconnect_timeout, resolve_dsn
+from awa_sql.connect import connect, network_defaults, prepared_mode, resolve_dsn
 from awa_sql.maintain import (
     BACKOFF_MAX,
     BACKOFF_MIN,
@@ -403,7 +403,7 @@ class Worker:
         def open_connection() -> psycopg.Connection:
             conn = connect(
                 self.dsn, autocommit=True, prepared_statements=self.prepared_statements,
-                application_name=f"awa-sql worker {role}", **reconnect_timeout(self.dsn))
+                application_name=f"awa-sql worker {role}", **network_defaults(self.dsn))
             if prepare is not None:
                 prepare(conn)
             return conn

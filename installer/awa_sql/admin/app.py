@@ -17,7 +17,7 @@ from starlette.exceptions import HTTPException
 
 from awa_sql.admin import pages, routes
 from awa_sql.admin.errors import ApiError, from_database
-from awa_sql.connect import read_far_dates
+from awa_sql.connect import network_defaults, read_far_dates
 from awa_sql.hosts import HostCheck
 from awa_sql.version import __version__
 
@@ -177,7 +177,8 @@ def make_pool(settings: Settings, open_now: bool = False) -> ConnectionPool:
         settings.dsn, min_size=1, max_size=settings.pool_size, open=False,
         # Each request's work is one transaction, committed when the pool
         # takes the connection back (rolled back on an error).
-        kwargs={"autocommit": False, "application_name": "awa-admin"},
+        kwargs={"autocommit": False, "application_name": "awa-admin",
+                **network_defaults(settings.dsn)},
         configure=_configure(not settings.writable),
         # A connection the server closed while it sat in the pool (a restart,
         # a proxy's idle timeout) is replaced before a request gets it: an

@@ -18,7 +18,7 @@ from prometheus_client import make_wsgi_app as _prometheus_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
 
 from awa_sql.connect import connect as _connect
-from awa_sql.connect import reconnect_timeout, resolve_dsn
+from awa_sql.connect import network_defaults, resolve_dsn
 from awa_sql.hosts import HostCheck, url
 from awa_sql.listen import CannotListen
 from awa_sql.metrics.database import DatabaseCollector
@@ -35,7 +35,7 @@ CONNECT_TIMEOUT = 5
 def _opener(dsn: str | None) -> Callable[[], psycopg.Connection]:
     def open_connection() -> psycopg.Connection:
         return _connect(dsn, autocommit=True, application_name="awa-sql metrics",
-                        **reconnect_timeout(resolve_dsn(dsn), CONNECT_TIMEOUT))
+                        **network_defaults(resolve_dsn(dsn), CONNECT_TIMEOUT))
     return open_connection
 
 
