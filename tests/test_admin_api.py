@@ -995,3 +995,23 @@ def test_an_unknown_route_or_method_answers_as_every_error_does(api):
     assert wrong.status_code == 405
     assert wrong.json()["error"] == "method DELETE not allowed on /api/queues"
     assert "GET" in wrong.headers["allow"]
+
+
+def test_head_is_answered_as_get_without_the_body(db, api):
+    """Uptime checks and proxies probe with HEAD: every page and read answers
+    it with GET's status and headers (the page's CSP too), and no body."""
+    enqueue_jobs(db, "headq", 1)
+    for path in ("/", "/queues/headq", "/api/server", "/api/queues", "/openapi.json"):
+        got, head = api.get(path), api.head(path)
+        assert (head.status_code, head.content) == (200, b""), path
+        assert got.status_code == 200 and got.content, path
+        same = ("content-type", "content-security-policy", "x-frame-options")
+        assert {k: head.headers.get(k) for k in same} == {k: got.headers.get(k) for k in same}
+        if "content-length" in got.headers:
+            assert head.headers["content-length"] == got.headers["content-length"], path
+    missing = api.head("/api/no-such-thing")
+    assert (missing.status_code, missing.content) == (404, b"")
+    # A route that takes no GET answers HEAD as it answers GET.
+    wrong = api.head("/api/jobs/1/retry")
+    assert wrong.status_code == 405 and wrong.content == b""
+    assert "POST" in wrong.headers["allow"]

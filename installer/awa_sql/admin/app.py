@@ -80,6 +80,29 @@ class BodyTooLarge(HTTPException):
         super().__init__(413, TOO_LARGE)
 
 
+class HeadAsGet:
+    """ASGI middleware: HEAD is answered as GET is, status and headers
+    alike, without the body. Uptime checks and proxies probe with HEAD, and
+    a FastAPI route answers only the methods it names."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http" or scope["method"] != "HEAD":
+            await self.app(scope, receive, send)
+            return
+
+        async def headers_only(message):
+            if message["type"] == "http.response.body":
+                if message.get("more_body", False):
+                    return
+                message = {"type": "http.response.body", "body": b"", "more_body": False}
+            await send(message)
+
+        await self.app({**scope, "method": "GET"}, receive, headers_only)
+
+
 class LimitBody:
     """ASGI middleware: a request body over MAX_BODY_BYTES is answered 413, by
     its Content-Length before any of it is read, else once the bytes received
@@ -266,6 +289,7 @@ def create_app(settings: Settings, pool: ConnectionPool | None = None) -> FastAP
 
     app.include_router(routes.router)
     pages.install(app)
+    app.add_middleware(HeadAsGet)
     app.add_middleware(LimitBody)
     if settings.hosts is not None and not settings.hosts.any_host:
         app.add_middleware(RefuseOtherHosts, check=settings.hosts)
