@@ -399,6 +399,34 @@ def test_a_held_snapshot_shows_in_the_horizon_age_and_the_hot_tables_dead_tuples
     assert counted
 
 
+def test_a_transaction_that_wrote_and_sits_idle_holds_the_horizon_in_the_metric(db, logins):
+    """BEGIN, one write, then nothing (a psql session left open, a request
+    that never committed): in read committed the session keeps no snapshot
+    (backend_xmin is null) but its transaction id holds vacuum back just
+    the same (backend_xid), and AwaXminHorizonHeld must see it."""
+    with db.connect(logins.producer, autocommit=False) as holder:
+        holder.execute("select awa.enqueue('held', 'a')")
+        held_xid = holder.execute("select pg_current_xact_id()::text").fetchone()[0]
+        with db.connect() as su:
+            for _ in range(30):
+                su.execute("select pg_current_xact_id()")
+            row = su.execute("select backend_xmin, backend_xid::text from pg_stat_activity"
+                             " where backend_xid::text = %s", [held_xid]).fetchone()
+            assert row == (None, held_xid)  # no snapshot: only its xid holds the horizon
+        with db.connect(logins.reader) as r:
+            s = parse(render(r)[0].decode())
+        assert value(s, "awa_xmin_horizon_age_transactions") >= 30
+        # The runbook's query, as written, names it first, to a reader.
+        runbook = (ROOT / "docs" / "operations.md").read_text()
+        query = re.search(r"Find the holder with\n\n```sql\n(.*?)```", runbook, re.S).group(1)
+        with db.connect(logins.reader) as r:
+            first = r.execute(query).fetchone()
+        assert first[0] == holder.info.backend_pid
+        holder.rollback()
+    with db.connect(logins.reader) as r:
+        assert value(parse(render(r)[0].decode()), "awa_xmin_horizon_age_transactions") < 30
+
+
 def test_a_failed_scrape_reports_awa_up_0_then_recovers(db, logins):
     dsns = iter([db.dsn("awa_no_such_login"), db.dsn(logins.reader)])
     app = make_wsgi_app(connect=lambda: psycopg.connect(next(dsns), autocommit=True))

@@ -96,7 +96,11 @@ select 'queue_limit', pg_catalog.jsonb_build_object('max', l.max_queues)
   from awa.queue_limit as l
 union all
 select 'horizon', pg_catalog.jsonb_build_object('age', coalesce(greatest(
-    (select pg_catalog.max(pg_catalog.age(a.backend_xmin))
+    -- backend_xid too: a transaction that wrote and sits idle in read
+    -- committed holds no snapshot (backend_xmin null), yet its xid holds
+    -- vacuum back just the same.
+    (select pg_catalog.max(greatest(pg_catalog.age(a.backend_xmin),
+                                    pg_catalog.age(a.backend_xid)))
        from pg_catalog.pg_stat_activity as a
       where a.pid <> pg_catalog.pg_backend_pid()
         and (a.datname = pg_catalog.current_database() or a.datid is null)),
@@ -214,8 +218,8 @@ def metric_families(rows: list[tuple[str, dict[str, Any]]]) -> list[Metric]:
     for t in by_kind["table"]:
         dead.add_metric([t["table"]], t["dead"])
     horizon = _gauge("awa_xmin_horizon_age_transactions",
-                     "Transactions since the oldest snapshot, replication slot or prepared "
-                     "transaction that holds vacuum back in this database (other sessions "
+                     "Transactions since the oldest snapshot or open transaction id, "
+                     "replication slot or prepared transaction that holds vacuum back in this database (other sessions "
                      "than the scrape's): rows deleted since cannot be removed.", [])
     for h in by_kind["horizon"]:
         horizon.add_metric([], h["age"])
