@@ -727,6 +727,20 @@ def test_every_alert_rule_is_well_formed_and_queries_emitted_series(db, logins, 
     by_name = {rule["alert"]: rule["expr"] for rule in rules}
     assert "absent(awa_up)" in by_name["AwaExporterDown"]
     assert "absent(awa_maintain_passes_total" in by_name["AwaMaintenanceNotRunning"]
+    # Neither the lag nor the backlog alert says "add workers" for a paused
+    # queue; one alert says when a pause has held jobs back.
+    for name in ("AwaQueueLagHigh", "AwaBacklogGrowing"):
+        assert "unless on (queue) max by (queue) (awa_queue_paused) == 1" in by_name[name]
+    assert "awa_queue_paused) == 1" in by_name["AwaQueuePausedWithBacklog"]
+    # Every alert is in observability.md's table and has its entry in the
+    # runbook (operations.md, "When an alert fires"): what to look at, what
+    # ends it.
+    table = (ROOT / "docs" / "observability.md").read_text()
+    runbook = (ROOT / "docs" / "operations.md").read_text().split(
+        "## When an alert fires", 1)[1].split("\n## ", 1)[0]
+    for name in names:
+        assert f"| `{name}` |" in table, f"{name} is not in observability.md's alert table"
+        assert f"**{name}**" in runbook, f"{name} has no runbook entry in operations.md"
 
 
 
