@@ -270,3 +270,24 @@ def test_cli_refused_to_a_login_without_the_role(db, logins):
     assert refused.returncode == 7 and "42501" in refused.stderr
     empty = db.awa("jobs", "failures", user=logins.reader, check=True)
     assert empty.stdout.strip() == "no failed jobs kept"
+
+
+def test_cli_points_to_the_jobs_still_retrying_which_it_does_not_count(db, logins):
+    """A job that fails every attempt is retried for hours before it is
+    failed for good: all that while the summary finds nothing, and says
+    where the failing attempts are instead of leaving "no failed jobs"."""
+    with db.connect(logins.producer) as p:
+        p.execute("select awa.enqueue('mail', 'poison')")
+    with db.connect(logins.worker) as w:
+        (job,) = w.execute("select job_id, run_lease from awa.claim(array['mail'], 1, 'w')"
+                           ).fetchall()
+        assert w.execute("select awa.fail(%s, %s, 'boom')", list(job)).fetchone()[0]
+    result = db.awa("jobs", "failures", "--queue", "mail", user=logins.reader, check=True)
+    assert result.stdout.strip() == "no failed jobs kept of mail"
+    assert ("jobs still retrying are not counted here: awa jobs list --queue mail"
+            " --state scheduled shows them, with their last error") in result.stderr
+    listed = db.awa("jobs", "list", "--queue", "mail", "--state", "scheduled",
+                    user=logins.reader, check=True).stdout
+    assert "poison" in listed and "1/25" in listed and "boom" in listed
+    every = db.awa("jobs", "failures", user=logins.reader, check=True)
+    assert "awa jobs list --queue QUEUE --state scheduled" in every.stderr

@@ -317,6 +317,13 @@ def cmd_failures(args: argparse.Namespace) -> int:
                          indent=2, sort_keys=True, ensure_ascii=False))
         return 0
     where = f" of {args.queue}" if args.queue else ""
+    # A job that fails every attempt is retried for hours (25 attempts,
+    # backoff up to an hour) before it is failed for good: those attempts
+    # are in awa.scheduled, which the summary does not read. Said on stderr,
+    # so that the table stays what a script reads.
+    print(f"jobs still retrying are not counted here: awa jobs list --queue "
+          f"{shlex.quote(args.queue) if args.queue else 'QUEUE'} --state scheduled shows them, with their last error",
+          file=sys.stderr)
     if not rows:
         print(f"no failed jobs kept{where}"
               + (f" that failed in the last {args.since}" if args.since else ""))
