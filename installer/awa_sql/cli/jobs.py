@@ -321,9 +321,9 @@ def cmd_failures(args: argparse.Namespace) -> int:
     # backoff up to an hour) before it is failed for good: those attempts
     # are in awa.scheduled, which the summary does not read. Said on stderr,
     # so that the table stays what a script reads.
-    print(f"jobs still retrying are not counted here: awa jobs list --queue "
-          f"{shlex.quote(args.queue) if args.queue else 'QUEUE'} --state scheduled shows them, with their last error",
-          file=sys.stderr)
+    queue = shlex.quote(args.queue) if args.queue else "QUEUE"
+    print(f"jobs still retrying are not counted here: awa jobs list --queue {queue}"
+          " --state scheduled shows them, with their last error", file=sys.stderr)
     if not rows:
         print(f"no failed jobs kept{where}"
               + (f" that failed in the last {args.since}" if args.since else ""))

@@ -219,8 +219,9 @@ def metric_families(rows: list[tuple[str, dict[str, Any]]]) -> list[Metric]:
         dead.add_metric([t["table"]], t["dead"])
     horizon = _gauge("awa_xmin_horizon_age_transactions",
                      "Transactions since the oldest snapshot or open transaction id, "
-                     "replication slot or prepared transaction that holds vacuum back in this database (other sessions "
-                     "than the scrape's): rows deleted since cannot be removed.", [])
+                     "replication slot or prepared transaction that holds vacuum back in "
+                     "this database (other sessions than the scrape's): rows deleted since "
+                     "cannot be removed.", [])
     for h in by_kind["horizon"]:
         horizon.add_metric([], h["age"])
     queues = _gauge("awa_queues", "Physical queues that exist (partitions and stripes "
