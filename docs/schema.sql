@@ -2002,6 +2002,34 @@ begin
 end;
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._ensure_trigger(on_table regclass, name text, definition text)
+ RETURNS void
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+declare
+    made text;
+begin
+    made := (select pg_catalog.pg_get_triggerdef(t.oid) from pg_catalog.pg_trigger as t
+              where t.tgrelid = on_table and t.tgname = _ensure_trigger.name);
+    if made is not distinct from definition then
+        return;
+    end if;
+    if made is not null then
+        execute pg_catalog.format('drop trigger %I on %s', name, on_table);
+    end if;
+    execute definition;
+    made := (select pg_catalog.pg_get_triggerdef(t.oid) from pg_catalog.pg_trigger as t
+              where t.tgrelid = on_table and t.tgname = _ensure_trigger.name);
+    if made is distinct from definition then
+        raise exception 'trigger % on % prints as %, not as its definition %',
+            name, on_table, coalesce(made, 'nothing'), definition
+            using errcode = '42P17',
+                  hint = 'Write the definition as pg_get_triggerdef prints it.';
+    end if;
+end;
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._error_class(last_error text)
  RETURNS text
  LANGUAGE sql

@@ -629,16 +629,18 @@ begin
 end;
 $$;
 
-create or replace trigger copy_staging_note
-after insert on awa.copy_staging
-for each statement execute function awa._note_copy();
-
--- Constraint triggers have no OR REPLACE.
-drop trigger if exists copy_pending_move on awa.copy_pending;
-create constraint trigger copy_pending_move
-after insert on awa.copy_pending
-deferrable initially deferred
-for each row execute function awa._move_at_commit();
+-- Made only when missing or different (awa._ensure_trigger): a layer
+-- applied again takes no lock on the tables of COPY loads.
+select awa._ensure_trigger(
+    'awa.copy_staging', 'copy_staging_note',
+    'CREATE TRIGGER copy_staging_note AFTER INSERT ON awa.copy_staging'
+    ' FOR EACH STATEMENT EXECUTE FUNCTION awa._note_copy()'
+);
+select awa._ensure_trigger(
+    'awa.copy_pending', 'copy_pending_move',
+    'CREATE CONSTRAINT TRIGGER copy_pending_move AFTER INSERT ON awa.copy_pending'
+    ' DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION awa._move_at_commit()'
+);
 
 select awa._grant_execute('awa._move_staged_one_lane(xid8, integer, smallint, bigint)');
 select awa._grant_execute(

@@ -320,6 +320,48 @@ begin
 end;
 $$;
 
+-- Function: awa._ensure_trigger(on_table regclass, name text, definition text)
+-- Makes trigger `name` on `on_table` by `definition`, a CREATE [CONSTRAINT]
+-- TRIGGER statement written as pg_get_triggerdef prints it, unless the
+-- table has that trigger so already: then it changes nothing and takes no
+-- lock on the table. CREATE TRIGGER waits for every writer of the table in
+-- flight (a COPY load open for minutes) and holds every next one off until
+-- the layer commits, DROP TRIGGER its readers too: layer files make their
+-- triggers with this, so that a layer applied again on a live queue stops
+-- no producer. A trigger of that name that differs is dropped and made
+-- again.
+-- Errors: 42P17 the trigger made does not print as `definition` (every
+-- apply would make it again).
+-- Calls: (dynamic)
+-- Writes: (dynamic)
+create or replace function awa._ensure_trigger(on_table regclass, name text, definition text)
+returns void
+language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    made text;
+begin
+    made := (select pg_catalog.pg_get_triggerdef(t.oid) from pg_catalog.pg_trigger as t
+              where t.tgrelid = on_table and t.tgname = _ensure_trigger.name);
+    if made is not distinct from definition then
+        return;
+    end if;
+    if made is not null then
+        execute pg_catalog.format('drop trigger %I on %s', name, on_table);
+    end if;
+    execute definition;
+    made := (select pg_catalog.pg_get_triggerdef(t.oid) from pg_catalog.pg_trigger as t
+              where t.tgrelid = on_table and t.tgname = _ensure_trigger.name);
+    if made is distinct from definition then
+        raise exception 'trigger % on % prints as %, not as its definition %',
+            name, on_table, coalesce(made, 'nothing'), definition
+            using errcode = '42P17',
+                  hint = 'Write the definition as pg_get_triggerdef prints it.';
+    end if;
+end;
+$$;
+
 -- Function: awa._assert_security() returns void
 -- The invariants every install and upgrade must leave behind. Raises AW001,
 -- naming the offending objects, so the migration transaction rolls back.
@@ -408,4 +450,5 @@ select awa._grant_execute('awa._role_for(text)');
 select awa._grant_execute('awa._grant_execute(regprocedure, text[])');
 select awa._grant_execute('awa._grant_select(regclass, text[])');
 select awa._grant_execute('awa._grant_insert(regclass, text[], text[])');
+select awa._grant_execute('awa._ensure_trigger(regclass, text, text)');
 select awa._grant_execute('awa._assert_security()');

@@ -22,9 +22,11 @@ $$;
 
 select awa._grant_execute('awa._record_change_lanes()');
 
-create or replace trigger shard_changes_record_lanes
-after insert on awa.shard_changes
-for each row execute function awa._record_change_lanes();
+select awa._ensure_trigger(
+    'awa.shard_changes', 'shard_changes_record_lanes',
+    'CREATE TRIGGER shard_changes_record_lanes AFTER INSERT ON awa.shard_changes'
+    ' FOR EACH ROW EXECUTE FUNCTION awa._record_change_lanes()'
+);
 
 -- Function: awa._shards_at(queue text, at timestamptz) returns smallint
 -- The S a physical queue had at a moment, from its change history: what

@@ -1,0 +1,185 @@
+"""`awa migrate` on a live queue: the function layer applied again while
+producers, workers and readers run."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+
+import psycopg
+import pytest
+
+from awa_sql import client, migrate
+from awa_sql.roles import Roles
+from awa_sql.source import load_layer
+from tests.support.jobs import COPY_SQL, claim
+from tests.support.schema import dump as dump_schema
+
+# Table locks that hold writers off (RowExclusiveLock conflicts with each).
+WRITER_BLOCKING = ("ShareLock", "ShareRowExclusiveLock", "ExclusiveLock", "AccessExclusiveLock")
+
+
+def _layer_changed(db) -> None:
+    """What a new package version does: the layer is applied again as a whole."""
+    with db.connect() as conn:
+        conn.execute("update awa.schema_functions set checksum = 'changed'"
+                     " where file = 'private.sql'")
+
+
+def _ready(conn: psycopg.Connection, queue: str) -> int:
+    return conn.execute("select count(*) from awa.ready r join awa.queue_meta m using"
+                        " (queue_id) where m.queue = %s", [queue]).fetchone()[0]
+
+
+def test_the_layer_applied_again_takes_no_lock_that_holds_writers_off_a_table(db):
+    """A trigger is made again only when it differs: CREATE TRIGGER would wait
+    for every COPY load in flight and hold every next one off until the
+    layer commits (DROP TRIGGER, readers too)."""
+    with db.connect() as conn, conn.transaction(force_rollback=True):
+        conn.execute("select set_config('search_path', 'pg_catalog, pg_temp', true)")
+        conn.execute(migrate._layer_sql(load_layer(), Roles(), "0.0.0-test"))
+        held = conn.execute(
+            "select l.relation::regclass::text, l.mode from pg_locks l"
+            " join pg_class c on c.oid = l.relation"
+            " where l.pid = pg_backend_pid() and l.locktype = 'relation'"
+            " and c.relkind in ('r', 'p') and l.mode = any(%s) order by 1, 2",
+            [list(WRITER_BLOCKING)]).fetchall()
+    assert held == []
+
+
+def test_migrate_runs_while_a_copy_load_is_open_and_the_load_lands(db, logins):
+    producer = db.connect(logins.producer, autocommit=False)
+    try:
+        with producer.cursor().copy(COPY_SQL) as cp:
+            for _ in range(3):
+                cp.write_row(("live-load", 2, None, "k", "{}", None, 5))
+        _layer_changed(db)
+        result = db.awa("migrate", "--lock-timeout", "1s")
+        assert result.returncode == 0, result.stderr
+        assert "applied function layer" in result.stdout
+        producer.commit()  # the commit trigger moves the staged rows
+    finally:
+        producer.close()
+    # A new load, through the triggers as the layer left them.
+    with db.connect(logins.producer) as conn, conn.transaction(), \
+            conn.cursor().copy(COPY_SQL) as cp:
+        cp.write_row(("live-load", 2, None, "k", "{}", None, 5))
+    with db.connect() as conn:
+        assert _ready(conn, "live-load") == 4
+        assert conn.execute("select count(*) from awa.copy_staging").fetchone()[0] == 0
+
+
+def test_a_trigger_that_differs_from_the_layer_is_made_again(db):
+    with db.connect() as conn:
+        before = dump_schema(conn)
+        conn.execute("set role awa_owner")
+        conn.execute("drop trigger copy_pending_move on awa.copy_pending")
+        conn.execute("create or replace trigger copy_staging_note after insert on"
+                     " awa.copy_staging for each row execute function awa._note_copy()")
+        conn.execute("reset role")
+        assert dump_schema(conn) != before
+    _layer_changed(db)
+    db.awa("migrate", check=True)
+    with db.connect() as conn:
+        assert dump_schema(conn) == before
+
+
+def test_producers_and_workers_see_no_error_while_the_layer_is_applied_again(db, logins):
+    """Enqueue, batch, COPY, claim, heartbeat and complete in loops, over
+    prepared statements, while the layer is applied three times: no call
+    fails, every loop ran while a layer was being applied, and every job is
+    ready or finished, none completed twice."""
+    queue = "live-traffic"
+    applying, stop = threading.Event(), threading.Event()
+    errors: list[str] = []
+    during: Counter[str] = Counter()
+    enqueued: set[int] = set()
+    copied = [0]
+    completed: Counter[int] = Counter()
+    lock = threading.Lock()
+
+    def loop(login: str, name: str, work) -> None:
+        with psycopg.connect(db.dsn(login), autocommit=True) as conn:
+            conn.prepare_threshold = 0
+            while not stop.is_set():
+                was = applying.is_set()
+                try:
+                    work(conn)
+                except psycopg.Error as err:
+                    with lock:
+                        errors.append(f"{name}: {err.sqlstate} {err}")
+                    return
+                if was and applying.is_set():
+                    with lock:
+                        during[name] += 1
+
+    def single(conn):
+        job = client.enqueue(conn, "k", queue=queue)
+        with lock:
+            enqueued.add(job.job_id)
+
+    def batch(conn):
+        jobs = client.enqueue_many(conn, [{"kind": "k", "queue": queue}] * 5)
+        with lock:
+            enqueued.update(j.job_id for j in jobs)
+
+    def copy(conn):
+        n = client.enqueue_many_copy(conn, [{"kind": "k"}] * 5, queue=queue)
+        with lock:
+            copied[0] += n
+
+    def work(conn):
+        for job_id, lease in [r[:2] for r in claim(conn, [queue], 5)]:
+            conn.execute("select awa.heartbeat(%s, %s, '5 minutes')", [job_id, lease])
+            assert conn.execute("select awa.complete(%s, %s)", [job_id, lease]).fetchone()[0]
+            with lock:
+                completed[job_id] += 1
+
+    def read(conn):
+        conn.execute("select * from awa.queue_overview").fetchall()
+
+    loops = [threading.Thread(target=loop, args=args, daemon=True) for args in [
+        (logins.producer, "enqueue", single), (logins.producer, "batch", batch),
+        (logins.producer, "copy", copy), (logins.worker, "work", work),
+        (logins.reader, "read", read)]]
+    for t in loops:
+        t.start()
+    try:
+        with db.connect() as runner:
+            for _ in range(3):
+                _layer_changed(db)
+                applying.set()
+                migrate.migrate(runner, Roles(), log=lambda _line: None)
+                applying.clear()
+    finally:
+        stop.set()
+        for t in loops:
+            t.join(timeout=30)
+    assert errors == []
+    assert set(during) == {"enqueue", "batch", "copy", "work", "read"}, during
+    assert max(completed.values(), default=1) == 1
+    with db.connect() as conn:
+        finished = conn.execute(
+            "select count(*) from awa.finished f join awa.queue_meta m using (queue_id)"
+            " where m.queue = %s", [queue]).fetchone()[0]
+        assert finished == len(completed)
+        assert _ready(conn, queue) + finished == len(enqueued) + copied[0]
+
+
+
+def test_a_trigger_definition_not_as_postgresql_prints_it_is_refused(db):
+    """Otherwise every apply would find it different and make it again,
+    taking the table's lock each time."""
+    with db.connect() as conn, conn.transaction(force_rollback=True):
+        conn.execute("set local role awa_owner")
+        conn.execute("create table awa.trigger_probe (x integer)")
+        made = ("CREATE TRIGGER probe AFTER INSERT ON awa.trigger_probe"
+                " FOR EACH ROW EXECUTE FUNCTION awa._note_copy()")
+        with pytest.raises(psycopg.errors.InvalidObjectDefinition, match="prints as"), \
+                conn.transaction():
+            conn.execute("select awa._ensure_trigger('awa.trigger_probe', 'probe', %s)",
+                         [made.lower()])
+        conn.execute("select awa._ensure_trigger('awa.trigger_probe', 'probe', %s)", [made])
+        oid = conn.execute("select oid from pg_trigger where tgname = 'probe'").fetchone()
+        conn.execute("select awa._ensure_trigger('awa.trigger_probe', 'probe', %s)", [made])
+        assert conn.execute("select oid from pg_trigger where tgname = 'probe'").fetchone() == oid
