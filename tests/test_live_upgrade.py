@@ -87,8 +87,9 @@ def test_a_trigger_that_differs_from_the_layer_is_made_again(db):
 def test_producers_and_workers_see_no_error_while_the_layer_is_applied_again(db, logins):
     """Enqueue, batch, COPY, claim, heartbeat and complete in loops, over
     prepared statements, while the layer is applied three times: no call
-    fails, every loop ran while a layer was being applied, and every job is
-    ready or finished, none completed twice."""
+    fails, every producer and worker loop made calls while a layer was
+    being applied, and every job is ready or finished, none completed
+    twice. (A reader of a view waits for the apply's commit.)"""
     queue = "live-traffic"
     applying, stop = threading.Event(), threading.Event()
     errors: list[str] = []
@@ -156,7 +157,7 @@ def test_producers_and_workers_see_no_error_while_the_layer_is_applied_again(db,
         for t in loops:
             t.join(timeout=30)
     assert errors == []
-    assert set(during) == {"enqueue", "batch", "copy", "work", "read"}, during
+    assert {"enqueue", "batch", "copy", "work"} <= set(during), during
     assert max(completed.values(), default=1) == 1
     with db.connect() as conn:
         finished = conn.execute(
