@@ -1175,7 +1175,9 @@ CREATE OR REPLACE FUNCTION awa._before_every_snapshot(xact xid8, oldest xid8)
  LANGUAGE sql
  STABLE
 AS $function$
-    select (oldest is null or xact operator(pg_catalog.<) oldest)
+    select (oldest is null or xact operator(pg_catalog.<) oldest
+            or xact operator(pg_catalog.>=)
+               pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot()))
        and coalesce(
            xact operator(pg_catalog.<>) pg_catalog.pg_current_xact_id_if_assigned(), true
        )

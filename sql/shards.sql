@@ -313,7 +313,15 @@ select awa._grant_execute('awa._oldest_snapshot()');
 -- once by the caller for all its rows; a snapshot whose xmin is above a
 -- transaction's id was taken after it ended), and it is not the caller's
 -- own, which has not committed. The rule of awa.retire_lanes (a change of
--- S) and awa.finish_drops (a drop, a removal). Inlined.
+-- S) and awa.finish_drops (a drop, a removal). A transaction id this
+-- cluster has not reached yet (at or above the next one to be assigned)
+-- was recorded on another cluster, the one a dump was taken from (pg_dump
+-- keeps the rows, not the transaction counter): no session here can hold a
+-- snapshot from before it, so it counts as before every snapshot. Without
+-- this, a change of S or a drop restored from a cluster further on would
+-- wait for this cluster's counter to catch up (billions of transactions
+-- away, epochs included). pg_upgrade keeps the counter, so there the ids
+-- stay this cluster's own. Inlined.
 -- Calls: nothing
 -- Writes: nothing
 create or replace function awa._before_every_snapshot(xact xid8, oldest xid8)
@@ -321,7 +329,9 @@ returns boolean
 language sql
 stable
 as $$
-    select (oldest is null or xact operator(pg_catalog.<) oldest)
+    select (oldest is null or xact operator(pg_catalog.<) oldest
+            or xact operator(pg_catalog.>=)
+               pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot()))
        and coalesce(
            xact operator(pg_catalog.<>) pg_catalog.pg_current_xact_id_if_assigned(), true
        )

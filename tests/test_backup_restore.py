@@ -1,0 +1,228 @@
+"""A database moved with pg_dump and pg_restore, on real PostgreSQL 17 and 18.
+
+pg_dump keeps the rows, not the cluster's transaction counter: the
+transaction ids awa keeps (the last change of S of each queue, a drop, a
+removal; ADR 041, ADR 044) may name transactions the new cluster has not
+reached. They count as before every snapshot there (awa._before_every_snapshot),
+so lanes retire and drops finish after a restore as before it, while the
+sessions of a live application hold snapshots. The first test builds that
+state by hand; the second makes it with the real tools, restoring a live
+database (jobs in every state) into a new PostgreSQL 18 server, and checks
+what producers, workers, maintenance and readers do there.
+
+The tools: pg_dump, pg_restore, pg_dumpall and psql of PostgreSQL 18, which
+read from 17 and 18 (tests/support/pgtools.py finds them; Debian 12 has only
+15's, which refuse a newer server).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from awa_sql.demo import embedded
+from tests.support import pgtools, scratch
+from tests.support.cluster import TEST_SETTINGS
+from tests.support.jobs import Logins, claim
+
+AHEAD = 1_000_000  # transactions between the dumped cluster's counter and the new one's
+
+
+def held_snapshot(dsn: str) -> psycopg.Connection:
+    """A session holding a snapshot, as the sessions of a live application do."""
+    conn = psycopg.connect(dsn)
+    conn.execute("set transaction isolation level repeatable read")
+    conn.execute("select count(*) from awa.queue_meta")
+    return conn
+
+
+def test_ids_of_transactions_this_cluster_has_not_reached_are_before_every_snapshot(
+        db, logins):
+    su = db.connect()
+    with db.connect(logins.operator) as op, db.connect(logins.producer) as p:
+        op.execute("select awa.set_enqueue_shards('moved', 8)")
+        p.execute("select awa.enqueue('moved', 'k')")
+        p.execute("select awa.enqueue('gone', 'k')")
+        op.execute("select awa.set_enqueue_shards('moved', 1)")
+        with db.connect(logins.worker) as w:
+            for job_id, lease, *_ in claim(w, ["moved", "gone"]):
+                w.execute("select awa.complete(%s, %s)", [job_id, lease])
+        op.execute("select awa.drop_queue('gone', true)")
+    # As a restore leaves them: ids of a cluster further on than this one.
+    su.execute("update awa.queue_meta set"
+               " shards_changed_xact = (pg_current_xact_id()::text::bigint + %s)::text::xid8,"
+               " dropped_xact = case when dropped_xact is not null then"
+               "  (pg_current_xact_id()::text::bigint + %s)::text::xid8 end",
+               [AHEAD, AHEAD])
+    holder = held_snapshot(db.dsn())  # taken after them, as every snapshot here is
+    with db.connect(logins.maintenance) as m:
+        assert m.execute("select awa.retire_lanes()").fetchone()[0] == 1
+        (outcome,) = m.execute("select queue, outcome from awa.finish_drops()").fetchall()
+        assert outcome == ("gone", "removed")
+        seqs = su.execute("select seq::text from awa.dropped_sequences").fetchall()
+        assert len(seqs) == 7
+        su.execute("update awa.dropped_sequences set removed_xact ="
+                   " (pg_current_xact_id()::text::bigint + %s)::text::xid8", [AHEAD])
+        assert m.execute("select * from awa.finish_drops()").fetchall() == []
+        assert su.execute("select count(*) from awa.dropped_sequences").fetchone()[0] == 0
+        assert su.execute("select count(*) from pg_class where oid::regclass::text = any(%s)",
+                          [[s for (s,) in seqs]]).fetchone()[0] == 0
+    holder.close()
+    su.close()
+
+
+# -- the real tools --------------------------------------------------------------------
+
+
+def populate(conn: psycopg.Connection) -> dict:
+    """Jobs in every state, and queues in every shape, as a live database has them."""
+    def q(statement, *args):
+        cur = conn.execute(statement, args)
+        return cur.fetchall() if cur.description else []
+
+    # The dumped cluster is further on than the new one will be.
+    q("create temporary table burn (i integer)")
+    q("do $$ begin for i in 1..30000 loop begin insert into burn values (i);"
+      " exception when others then null; end; end loop; end $$")
+    q("select awa.set_enqueue_shards('ready', 4)")
+    for i in range(24):
+        q("select awa.enqueue('ready', 'k', priority => %s::smallint, ordering_key => %s)",
+          1 + i % 3, f"key{i % 5}".encode())
+    q("select awa.enqueue('sched', 'k', run_at => now() + interval '1 day')")
+    for _ in range(4):
+        q("select awa.enqueue('run', 'k')")
+    facts = {
+        "long": q("select job_id, run_lease from awa.claim(array['run'], 2, 'w-long',"
+                  " interval '1 hour')"),
+        "lost": q("select job_id, run_lease from awa.claim(array['run'], 2, 'w-lost',"
+                  " interval '1 hour')"),
+    }
+    q("select awa.enqueue('dead', 'k', max_attempts => 1)")
+    q("select awa.fail(job_id, run_lease, 'fatal') from awa.claim(array['dead'], 1, 'w')")
+    for _ in range(4):
+        q("select awa.enqueue('done', 'k', max_attempts => 2)")
+    done = q("select job_id, run_lease from awa.claim(array['done'], 3, 'w')")
+    q("select awa.complete(%s, %s)", *done[0])
+    q("select awa.fail(%s, %s, 'again later', now() + interval '1 day')", *done[1])
+    q("select awa.fail(%s, %s, 'retried by the backoff')", *done[2])
+    q("select awa.cancel_job(job_id) from awa.jobs('done', 'ready')")
+    q("select awa.enqueue('uniq', 'k', unique_key => 'u1'::bytea)")
+    q("select awa.enqueue('paused', 'k')")
+    q("select awa.pause_queue('paused')")
+    q("select awa.enqueue('auto', 'k')")
+    q("select * from awa.set_shard_mode('auto', 'auto', 8)")
+    q("select awa.autoscale_tick()")
+    q("select awa.enqueue('parts', 'k')")
+    q("select * from awa.set_queue_partitions('parts', 2)")
+    q("select awa.enqueue('parts', 'k', ordering_key => 'p'::bytea)")
+    q("select awa.set_enqueue_shards('lowered', 4)")
+    q("select awa.set_enqueue_shards('lowered', 1)")
+    q("select awa.enqueue('gone', 'k')")
+    q("select awa.cancel_job(job_id) from awa.jobs('gone', 'ready')")
+    q("select awa.drop_queue('gone', true)")
+    facts["ready"] = {r[0] for r in q("select job_id from awa.jobs('ready', 'ready')")}
+    facts["max_id"] = q("select max(job_id) from (select job_id from awa.ready"
+                        " union all select job_id from awa.scheduled"
+                        " union all select job_id from awa.running"
+                        " union all select job_id from awa.finished) as j")[0][0]
+    return facts
+
+
+def fifo(claimed) -> bool:
+    """Highest priority first; within each lane, lane_seq order."""
+    seen = defaultdict(list)
+    for row in claimed:
+        seen[row[3], row[4]].append(row[5])
+    priorities = [row[3] for row in claimed]
+    return priorities == sorted(priorities) and all(s == sorted(s) for s in seen.values())
+
+
+@pytest.fixture
+def target(cluster):
+    """A new PostgreSQL 18 server: the next major for a 17 database, the same for 18."""
+    workdir = scratch.mkdtemp("awa-sql-restore-")
+    server = embedded.LocalServer(embedded.ensure_binaries(18), workdir / "pg18",
+                                  settings=TEST_SETTINGS)
+    server.start()
+    yield server
+    server.stop()
+    shutil.rmtree(workdir, ignore_errors=True)
+
+
+def run(*args: object) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run([str(a) for a in args], capture_output=True, text=True,
+                            check=False, timeout=120)
+    assert result.returncode == 0, f"{Path(str(args[0])).name}: {result.stderr}"
+    return result
+
+
+@pytest.mark.parametrize("form", ["custom", "plain"])
+def test_a_live_database_dumped_and_restored_into_a_new_server_works_on(
+        db, logins: Logins, target, form, tmp_path):
+    tools = pgtools.client_bin(18)
+    with db.connect() as conn:
+        facts = populate(conn)
+    dump = tmp_path / "awa.dump"
+    run(tools / "pg_dump", "--format", form, "--file", dump, "--dbname", db.dsn())
+    roles = tmp_path / "roles.sql"
+    run(tools / "pg_dumpall", "--roles-only", "--file", roles, "--dbname", db.cluster.dsn())
+    # "role postgres already exists" is the one error: no ON_ERROR_STOP.
+    run(tools / "psql", "-X", "-q", "-f", roles, "-d", target.dsn())
+    with psycopg.connect(target.dsn(), autocommit=True) as conn:
+        conn.execute("create database app")
+    if form == "custom":
+        run(tools / "pg_restore", "--exit-on-error", "--dbname", target.dsn(dbname="app"), dump)
+    else:
+        run(tools / "psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-f", dump,
+            "-d", target.dsn(dbname="app"))
+
+    def connect(user=None):
+        return psycopg.connect(target.dsn(user=user, dbname="app"), autocommit=True)
+
+    with connect() as su:
+        assert su.execute("select awa._assert_security()").fetchone() is not None
+        ahead = su.execute("select min(dropped_xact) > pg_current_xact_id() from awa.queue_meta"
+                           " where dropped_xact is not null").fetchone()[0]
+        assert ahead  # the state this test is about: ids the new cluster has not reached
+    holder = held_snapshot(target.dsn(dbname="app"))
+    with connect(logins.producer) as p:
+        new = p.execute("select (awa.enqueue('ready', 'new')).job_id").fetchone()[0]
+        assert new > facts["max_id"]
+        dup = p.execute("select (awa.enqueue('uniq', 'k', unique_key => 'u1'::bytea)).job_id"
+                        ).fetchone()[0]
+        assert dup <= facts["max_id"]  # the key is still held: the old job comes back
+    with connect(logins.worker) as w:
+        claimed = w.execute("select job_id, run_lease, queue, priority, enqueue_shard, lane_seq"
+                            " from awa.claim(array['ready'], 100, 'after', interval '1 minute')"
+                            " order by run_lease").fetchall()
+        assert {c[0] for c in claimed} == facts["ready"] | {new}
+        assert fifo(claimed)
+        assert [w.execute("select awa.complete(%s, %s)", r).fetchone()[0]
+                for r in facts["long"]] == [True, True]
+        assert claim(w, ["paused"]) == []
+        assert len(claim(w, ["parts"])) == 2
+    with connect(logins.operator) as op:
+        assert op.execute("select awa.release_worker('w-lost')").fetchone()[0] == 2
+    with connect(logins.maintenance) as m:
+        assert m.execute("select awa.rescue_expired()").fetchone()[0] == 2
+        assert m.execute("select awa.retire_lanes()").fetchone()[0] == 1
+        assert m.execute("select queue, outcome from awa.finish_drops()").fetchall() == [
+            ("gone", "removed")]
+        for call in ("awa.autoscale_tick()", "awa.prune_finished()", "awa.promote_due()",
+                     "awa.move_staged()", "awa.prune_unique_keys()"):
+            m.execute(f"select {call}")
+    with connect(logins.reader) as r:
+        shown = {row[0] for row in r.execute("select queue from awa.queue_overview")}
+        assert {"ready", "sched", "run", "done", "uniq", "paused", "auto"} <= shown
+    holder.close()
+    status = subprocess.run(
+        [sys.executable, "-m", "awa_sql", "status", "--check", "--dsn",
+         target.dsn(dbname="app")],
+        capture_output=True, text=True, check=False, timeout=60, stdin=subprocess.DEVNULL)
+    assert status.returncode == 0, status.stdout + status.stderr
