@@ -408,6 +408,13 @@ CREATE TABLE awa.leader_locks (
     CONSTRAINT leader_locks_name_shape CHECK ((name ~ '^[a-z][a-z_.]{0,62}$'::text))
 );
 
+CREATE TABLE awa.maintenance_runs (
+    name text NOT NULL,
+    last_at timestamp with time zone NOT NULL,
+    CONSTRAINT maintenance_runs_pkey PRIMARY KEY (name),
+    CONSTRAINT maintenance_runs_name_shape CHECK ((name ~ '^[a-z][a-z_]{0,39}$'::text))
+) WITH (fillfactor=50);
+
 CREATE TABLE awa.queue_limit (
     singleton boolean DEFAULT true NOT NULL,
     max_queues integer NOT NULL,
@@ -3350,6 +3357,20 @@ begin
 end;
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._note_run(task text)
+ RETURNS void
+ LANGUAGE sql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+    update awa.maintenance_runs as r set last_at = now()
+      from (
+          select x.ctid from awa.maintenance_runs as x
+           where x.name = _note_run.task and x.last_at < now() - interval '5 seconds'
+             for update skip locked
+      ) as s
+     where r.ctid = s.ctid;
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._null_at(arr anyarray, positions integer[])
  RETURNS anyarray
  LANGUAGE plpgsql
@@ -4779,6 +4800,7 @@ declare
     at timestamptz := pg_catalog.now();
 begin
     perform awa._require_primary('run the auto-scaler');
+    perform awa._note_run('autoscale');
     if not awa._try_leader('autoscale') then
         return;
     end if;
@@ -4957,6 +4979,7 @@ declare
     ring text;
 begin
     perform awa._check_read_committed('awa.carry_finished()');
+    perform awa._note_run('carry');
     if not awa._try_leader('prune') then
         return 0;
     end if;
@@ -5240,6 +5263,7 @@ declare
     kept_heads bigint[];
 begin
     perform awa._check_read_committed('awa.compact_lane_hints()');
+    perform awa._note_run('lane_hints');
     if pg_relation_size('awa.lane_hints') <= awa._lane_hints_bytes_allowed() then
         return 0;
     end if;
@@ -5279,6 +5303,7 @@ declare
     backlog bigint;
 begin
     perform awa._check_read_committed('awa.compact_ready()');
+    perform awa._note_run('ready_rewrite');
     if not awa._ready_compaction_due() then
         return 0;
     end if;
@@ -5958,6 +5983,7 @@ declare
     back text;
 begin
     perform awa._check_read_committed('awa.finish_drops()');
+    perform awa._note_run('drops');
     -- The sessions are read afresh in the statement that reads the removals,
     -- then in the one that reads the drops, so after those committed: a
     -- read of the sessions kept from before would miss a snapshot taken
@@ -6227,6 +6253,7 @@ declare
     moved bigint;
 begin
     perform awa._check_limit('max_transactions', max_transactions);
+    perform awa._note_run('move_staged');
     for xid in
         select c.staged_xid
           from awa.copy_staging as c
@@ -6327,6 +6354,7 @@ declare
     taken record;
 begin
     perform awa._check_limit('max_jobs', max_jobs);
+    perform awa._note_run('promote');
     select array_agg(d.job_id order by d.run_at, d.job_id) as job_ids,
            array_agg(d.queue_id order by d.run_at, d.job_id) as queue_ids,
            array_agg(d.priority order by d.run_at, d.job_id) as priorities,
@@ -6389,6 +6417,7 @@ declare
     removed bigint := 0;
 begin
     perform awa._check_read_committed('awa.prune_finished()');
+    perform awa._note_run('prune');
     if not awa._try_leader('prune') then
         return 0;
     end if;
@@ -6412,6 +6441,7 @@ declare
     removed bigint;
 begin
     perform awa._check_limit('max_rows', max_rows);
+    perform awa._note_run('ready_late');
     delete from awa.ready_late as y
      where y.ctid = any(array(
          select x.ctid
@@ -6467,6 +6497,7 @@ begin
                   hint = 'The history of changes of S is an audit trail: keep a day at least.';
     end if;
     perform awa._check_limit('max_changes', max_changes);
+    perform awa._note_run('shard_changes');
     delete from awa.shard_changes as c
      where c.change_id = any(array(
          select x.change_id from awa.shard_changes as x
@@ -6506,6 +6537,7 @@ declare
     removed bigint;
 begin
     perform awa._check_limit('max_keys', max_keys);
+    perform awa._note_run('unique_keys');
     delete from awa.unique_keys as u
      where u.ctid = any(array(
          select x.ctid from awa.unique_keys as x
@@ -6673,6 +6705,7 @@ declare
     rescued integer := 0;
 begin
     perform awa._check_limit('max_jobs', max_jobs);
+    perform awa._note_run('rescue');
     for job in
         delete from awa.running as r
          where r.job_id in (
@@ -6736,6 +6769,7 @@ declare
     retired integer := 0;
 begin
     perform awa._check_read_committed('awa.retire_lanes()');
+    perform awa._note_run('retire_lanes');
     begin
         lock table awa.ready, awa.lane_hints in access share mode;
     exception when lock_not_available then
@@ -6940,6 +6974,7 @@ declare
     part regclass;
 begin
     perform awa._check_read_committed('awa.rotate_running()');
+    perform awa._note_run('running_slots');
     if not awa._try_leader('running') then
         return 0;
     end if;
@@ -7437,6 +7472,8 @@ COMMENT ON TABLE awa.lanes IS 'One lane per (physical queue, priority, enqueue s
 
 COMMENT ON TABLE awa.leader_locks IS 'One row per leader lock: a caller that locks the row FOR UPDATE does that work alone until it commits (ADR 037). Only the owner can lock them: no runtime role may take or hold one.';
 
+COMMENT ON TABLE awa.maintenance_runs IS 'When each maintenance task (named as awa maintain names its passes) last ran and committed, within about 5 seconds: each maintenance function records its call (awa._note_run). Exported as awa_maintenance_last_run_timestamp_seconds; read by awa_reader and awa_operator.';
+
 COMMENT ON TABLE awa.queue_limit IS 'One row: max_queues, the most physical queues (partitions and stripes count) that may exist, and queues, how many do. Creating a queue past it is refused (53400). Set by awa.set_max_queues.';
 
 COMMENT ON TABLE awa.queue_meta IS 'Per physical queue settings. Change them through awa functions, never by hand.';
@@ -7493,6 +7530,7 @@ GRANT SELECT ON TABLE awa.autoscale_policy TO awa_operator, awa_reader;
 GRANT SELECT ON TABLE awa.dropped_sequences TO awa_operator, awa_reader;
 GRANT SELECT ON TABLE awa.lane_contention TO awa_operator, awa_reader;
 GRANT SELECT ON TABLE awa.lane_overview TO awa_operator, awa_reader;
+GRANT SELECT ON TABLE awa.maintenance_runs TO awa_operator, awa_reader;
 GRANT SELECT ON TABLE awa.queue_history TO awa_operator, awa_reader;
 GRANT SELECT ON TABLE awa.queue_limit TO awa_operator, awa_reader;
 GRANT SELECT ON TABLE awa.queue_overview TO awa_operator, awa_reader;

@@ -493,7 +493,7 @@ select awa._grant_execute('awa._autoscale_decide(awa.queue_meta, timestamptz)');
 -- lock decides, the others return no rows. Run it every 5 seconds (`awa
 -- storage autoscale run`, pg_cron, or any scheduler). Role:
 -- awa_maintenance. Errors: 25006 on a standby.
--- Calls: awa._autoscale_decide, awa._count_lanes, awa._require_primary,
+-- Calls: awa._autoscale_decide, awa._count_lanes, awa._note_run, awa._require_primary,
 --   awa._sample_lane_contention, awa._try_leader
 -- Writes: awa.autoscale_decision_counts, awa.autoscale_decisions
 create or replace function awa.autoscale_tick()
@@ -511,6 +511,7 @@ declare
     at timestamptz := pg_catalog.now();
 begin
     perform awa._require_primary('run the auto-scaler');
+    perform awa._note_run('autoscale');
     if not awa._try_leader('autoscale') then
         return;
     end if;

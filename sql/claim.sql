@@ -726,7 +726,7 @@ $$;
 -- Up to max_jobs, oldest lease first, and awa._pass_bytes() of payload
 -- (at least one job).
 -- Role: awa_maintenance. Returns how many jobs it rescued.
--- Calls: awa._check_limit, awa._job_bytes, awa._pass_bytes, awa._retry_or_fail
+-- Calls: awa._check_limit, awa._job_bytes, awa._note_run, awa._pass_bytes, awa._retry_or_fail
 -- Writes: awa.running
 create or replace function awa.rescue_expired(max_jobs integer default 10000)
 returns integer
@@ -740,6 +740,7 @@ declare
     rescued integer := 0;
 begin
     perform awa._check_limit('max_jobs', max_jobs);
+    perform awa._note_run('rescue');
     for job in
         delete from awa.running as r
          where r.job_id in (

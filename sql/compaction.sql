@@ -55,7 +55,7 @@ $$;
 -- Returns: 1 if it rewrote the table, else 0.
 -- Errors: 25000 the calling transaction is not read committed: a snapshot
 -- older than the lock would miss the hints committed since, and lose them.
--- Calls: awa._check_read_committed, awa._lane_hints_bytes_allowed
+-- Calls: awa._check_read_committed, awa._lane_hints_bytes_allowed, awa._note_run
 -- Writes: awa.lane_hints
 create or replace function awa.compact_lane_hints()
 returns integer
@@ -69,6 +69,7 @@ declare
     kept_heads bigint[];
 begin
     perform awa._check_read_committed('awa.compact_lane_hints()');
+    perform awa._note_run('lane_hints');
     if pg_relation_size('awa.lane_hints') <= awa._lane_hints_bytes_allowed() then
         return 0;
     end if;
@@ -179,7 +180,8 @@ $$;
 -- Errors: 25000 the calling transaction is not read committed: a snapshot
 -- older than the lock would not see the rows committed since, and the
 -- TRUNCATE would remove them.
--- Calls: awa._check_read_committed, awa._pass_bytes, awa._ready_backlog, awa._ready_compaction_due
+-- Calls: awa._check_read_committed, awa._note_run, awa._pass_bytes, awa._ready_backlog,
+--   awa._ready_compaction_due
 -- Writes: awa.ready, awa.ready_rewrite
 create or replace function awa.compact_ready()
 returns integer
@@ -198,6 +200,7 @@ declare
     backlog bigint;
 begin
     perform awa._check_read_committed('awa.compact_ready()');
+    perform awa._note_run('ready_rewrite');
     if not awa._ready_compaction_due() then
         return 0;
     end if;

@@ -554,7 +554,7 @@ $$;
 -- that waits for one of them (40P01, the producer's call failed as often
 -- as this one). awa maintain calls it again at once while it moves rows.
 -- Role: awa_maintenance. Returns how many rows it moved.
--- Calls: awa._check_limit, awa._lock_class_copy, awa._move_staged
+-- Calls: awa._check_limit, awa._lock_class_copy, awa._move_staged, awa._note_run
 -- Writes: nothing
 create or replace function awa.move_staged(max_transactions integer default 100)
 returns bigint
@@ -567,6 +567,7 @@ declare
     moved bigint;
 begin
     perform awa._check_limit('max_transactions', max_transactions);
+    perform awa._note_run('move_staged');
     for xid in
         select c.staged_xid
           from awa.copy_staging as c

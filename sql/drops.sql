@@ -281,8 +281,8 @@ $$;
 -- the name `named`); queue is the name the queue had.
 -- Errors: 25000 the calling transaction is not read committed.
 -- Calls: awa._before_every_snapshot, awa._check_read_committed, awa._drop_sequences,
---   awa._lock_class_lane, awa._lock_leader, awa._oldest_snapshot, awa._queue_contents,
---   awa._recovery_name, awa._remove_dropped, awa._rename_history
+--   awa._lock_class_lane, awa._lock_leader, awa._note_run, awa._oldest_snapshot,
+--   awa._queue_contents, awa._recovery_name, awa._remove_dropped, awa._rename_history
 -- Writes: awa.queue_meta
 create or replace function awa.finish_drops()
 returns table (queue text, queue_id integer, outcome text, named text)
@@ -302,6 +302,7 @@ declare
     back text;
 begin
     perform awa._check_read_committed('awa.finish_drops()');
+    perform awa._note_run('drops');
     -- The sessions are read afresh in the statement that reads the removals,
     -- then in the one that reads the drops, so after those committed: a
     -- read of the sessions kept from before would miss a snapshot taken

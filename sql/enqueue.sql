@@ -941,7 +941,7 @@ $$;
 -- job). Role: awa_maintenance. Returns how many jobs it moved. Concurrent
 -- callers skip each other's rows.
 -- Calls: awa._check_limit, awa._insert_jobs, awa._job_bytes, awa._key_shard, awa._lock_lanes,
---   awa._pass_bytes
+--   awa._note_run, awa._pass_bytes
 -- Writes: awa.scheduled
 create or replace function awa.promote_due(max_jobs integer default 10000)
 returns integer
@@ -961,6 +961,7 @@ declare
     taken record;
 begin
     perform awa._check_limit('max_jobs', max_jobs);
+    perform awa._note_run('promote');
     select array_agg(d.job_id order by d.run_at, d.job_id) as job_ids,
            array_agg(d.queue_id order by d.run_at, d.job_id) as queue_ids,
            array_agg(d.priority order by d.run_at, d.job_id) as priorities,

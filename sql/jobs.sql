@@ -439,7 +439,7 @@ $$;
 -- Reads each lane once (the queues' shape) and the rows it removes.
 -- Role: awa_maintenance. Returns how many rows it removed.
 -- Errors: 22023 max_rows null or below 0.
--- Calls: awa._check_limit
+-- Calls: awa._check_limit, awa._note_run
 -- Writes: awa.ready_late
 create or replace function awa.prune_ready_late(max_rows integer default 10000)
 returns bigint
@@ -454,6 +454,7 @@ declare
     removed bigint;
 begin
     perform awa._check_limit('max_rows', max_rows);
+    perform awa._note_run('ready_late');
     delete from awa.ready_late as y
      where y.ctid = any(array(
          select x.ctid

@@ -1,5 +1,6 @@
 -- maintenance.sql: what awa maintain needs besides the calls it makes: the
--- lock that lets one of any number of maintain processes make each pass.
+-- lock that lets one of any number of maintain processes make each pass;
+-- and the record of when each maintenance task last ran, whoever ran it.
 
 -- Function: awa.try_pass_lock(task text) returns boolean
 -- Takes the leader lock of awa maintain's pass `task` (the row 'pass.' ||
@@ -33,3 +34,31 @@ end;
 $$;
 
 select awa._grant_execute('awa.try_pass_lock(text)', 'maintenance');
+
+-- Function: awa._note_run(task text) returns void
+-- Records that maintenance task `task` ran, in the caller's transaction
+-- (awa.maintenance_runs): every maintenance function calls it, so that
+-- whether maintenance runs is known to the database, whatever runs it
+-- (awa maintain, a Worker, pg_cron). A row updated in the last 5 seconds is
+-- left as it is (a task called every second writes a row version every 5),
+-- and one another transaction holds is skipped, not waited for: that
+-- transaction records the run, and two maintenance calls never wait for
+-- each other here.
+-- Calls: nothing
+-- Writes: awa.maintenance_runs
+create or replace function awa._note_run(task text)
+returns void
+language sql
+set search_path = pg_catalog, pg_temp
+as $$
+    update awa.maintenance_runs as r set last_at = now()
+      from (
+          select x.ctid from awa.maintenance_runs as x
+           where x.name = _note_run.task and x.last_at < now() - interval '5 seconds'
+             for update skip locked
+      ) as s
+     where r.ctid = s.ctid;
+$$;
+
+select awa._grant_execute('awa._note_run(text)');
+select awa._grant_select('awa.maintenance_runs', 'reader', 'operator');

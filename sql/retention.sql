@@ -545,8 +545,8 @@ $$;
 -- Errors: 25000 the calling transaction is not read committed: a snapshot
 -- older than a slot's lock would not see the rows committed since, and the
 -- TRUNCATE would remove them uncopied.
--- Calls: awa._carry_time, awa._check_read_committed, awa._finished_slot_count, awa._prune_slot,
---   awa._try_leader
+-- Calls: awa._carry_time, awa._check_read_committed, awa._finished_slot_count, awa._note_run,
+--   awa._prune_slot, awa._try_leader
 -- Writes: nothing
 create or replace function awa.prune_finished()
 returns bigint
@@ -560,6 +560,7 @@ declare
     removed bigint := 0;
 begin
     perform awa._check_read_committed('awa.prune_finished()');
+    perform awa._note_run('prune');
     if not awa._try_leader('prune') then
         return 0;
     end if;
@@ -584,7 +585,7 @@ $$;
 -- Returns: how many jobs it carried.
 -- Errors: 25000 the calling transaction is not read committed.
 -- Calls: awa._carry_slot, awa._carry_time, awa._check_read_committed, awa._finished_slot,
---   awa._finished_slot_seconds, awa._try_leader
+--   awa._finished_slot_seconds, awa._note_run, awa._try_leader
 -- Writes: nothing
 create or replace function awa.carry_finished()
 returns bigint
@@ -599,6 +600,7 @@ declare
     ring text;
 begin
     perform awa._check_read_committed('awa.carry_finished()');
+    perform awa._note_run('carry');
     if not awa._try_leader('prune') then
         return 0;
     end if;

@@ -61,7 +61,8 @@ $$;
 -- Returns: how many slots it emptied, 0 or 1.
 -- Errors: 25000 the calling transaction is not read committed: a snapshot
 -- older than the slot's lock might miss rows that the TRUNCATE removes.
--- Calls: awa._check_read_committed, awa._running_block_leases, awa._running_slot, awa._try_leader
+-- Calls: awa._check_read_committed, awa._note_run, awa._running_block_leases, awa._running_slot,
+--   awa._try_leader
 -- Writes: awa.running, (dynamic)
 create or replace function awa.rotate_running()
 returns integer
@@ -77,6 +78,7 @@ declare
     part regclass;
 begin
     perform awa._check_read_committed('awa.rotate_running()');
+    perform awa._note_run('running_slots');
     if not awa._try_leader('running') then
         return 0;
     end if;

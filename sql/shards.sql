@@ -243,7 +243,7 @@ $$;
 -- Errors: 25000 the calling transaction is not read committed: its
 -- snapshot could miss a job that entered a lane before the call.
 -- Calls: awa._before_every_snapshot, awa._check_read_committed, awa._lock_class_lane,
---   awa._oldest_snapshot, awa._shards_in_use
+--   awa._note_run, awa._oldest_snapshot, awa._shards_in_use
 -- Writes: awa.queue_meta
 create or replace function awa.retire_lanes()
 returns integer
@@ -261,6 +261,7 @@ declare
     retired integer := 0;
 begin
     perform awa._check_read_committed('awa.retire_lanes()');
+    perform awa._note_run('retire_lanes');
     begin
         lock table awa.ready, awa.lane_hints in access share mode;
     exception when lock_not_available then
@@ -450,7 +451,7 @@ select awa._grant_execute('awa.set_queue_partitions(text, integer)', 'operator')
 -- Role: awa_maintenance. Returns how many changes it removed.
 -- Errors: 22004 older_than null; 22023 older_than under 1 day or
 --   max_changes below 0.
--- Calls: awa._check_limit
+-- Calls: awa._check_limit, awa._note_run
 -- Writes: awa.shard_changes
 create or replace function awa.prune_shard_changes(
     older_than interval default '90 days', max_changes integer default 10000
@@ -475,6 +476,7 @@ begin
                   hint = 'The history of changes of S is an audit trail: keep a day at least.';
     end if;
     perform awa._check_limit('max_changes', max_changes);
+    perform awa._note_run('shard_changes');
     delete from awa.shard_changes as c
      where c.change_id = any(array(
          select x.change_id from awa.shard_changes as x

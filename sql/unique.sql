@@ -273,7 +273,7 @@ $$;
 -- enqueue of its key anyway: this keeps the table to the keys held.
 -- Role: awa_maintenance. Returns how many rows it removed.
 -- Errors: 22023 max_keys null or below 0.
--- Calls: awa._check_limit
+-- Calls: awa._check_limit, awa._note_run
 -- Writes: awa.unique_keys
 create or replace function awa.prune_unique_keys(max_keys integer default 10000)
 returns bigint
@@ -286,6 +286,7 @@ declare
     removed bigint;
 begin
     perform awa._check_limit('max_keys', max_keys);
+    perform awa._note_run('unique_keys');
     delete from awa.unique_keys as u
      where u.ctid = any(array(
          select x.ctid from awa.unique_keys as x

@@ -164,6 +164,69 @@ def test_a_runtime_role_can_neither_take_nor_block_a_pass_lock(db, logins):
             m.wait(lambda: count(admin, "ready", "held") == 5, "the due jobs to be promoted")
 
 
+def _last_runs(admin) -> dict[str, object]:
+    return dict(admin.execute("select name, last_at from awa.maintenance_runs").fetchall())
+
+
+def _age_runs(admin) -> None:
+    admin.execute("update awa.maintenance_runs set last_at = '2000-01-01'")
+
+
+def test_every_maintenance_function_records_its_run_whoever_calls_it(db, logins):
+    """awa.maintenance_runs has a row per task awa maintain runs, and each
+    task's function, called by the maintenance login as pg_cron would, moves
+    its own row's time and no other's: AwaMaintenanceNotRunning reads the
+    database, not awa maintain's own metrics."""
+    with db.connect() as admin, db.connect(logins.maintenance) as m:
+        assert set(_last_runs(admin)) == {t.name for t in TASKS}
+        for task in TASKS:
+            _age_runs(admin)
+            function = task.function.split("(", 1)[0]
+            m.execute(f"select count(*) from {function}()")
+            moved = {name for name, at in _last_runs(admin).items() if at.year > 2000}
+            assert moved == {task.name}, (task.name, moved)
+
+
+def test_a_maintenance_call_that_rolls_back_records_nothing(db, logins):
+    with db.connect() as admin, db.connect(logins.maintenance, autocommit=False) as m:
+        _age_runs(admin)
+        m.execute("select awa.promote_due()")
+        m.rollback()
+        assert _last_runs(admin)["promote"].year == 2000
+        m.execute("select awa.promote_due()")
+        m.commit()
+        assert _last_runs(admin)["promote"].year > 2000
+
+
+def test_a_run_another_transaction_is_recording_is_not_waited_for(db, logins):
+    """Two calls of one task at once (pg_cron beside awa maintain): the
+    second skips the row the first holds, and never waits for it here."""
+    with db.connect() as admin, db.connect(logins.maintenance, autocommit=False) as first, \
+            db.connect(logins.maintenance) as second:
+        _age_runs(admin)
+        first.execute("select awa.promote_due()")  # holds the row until it ends
+        second.execute("set lock_timeout = '200ms'")
+        assert second.execute("select awa.promote_due()").fetchone()[0] == 0
+        assert _last_runs(admin)["promote"].year == 2000
+        first.commit()
+        assert _last_runs(admin)["promote"].year > 2000
+
+
+def test_a_run_is_recorded_once_per_five_seconds(db, logins):
+    """A task called every second writes its row every 5 s, not at every call."""
+    with db.connect() as admin, db.connect(logins.maintenance) as m:
+        _age_runs(admin)
+        m.execute("select awa.promote_due()")
+        recorded = _last_runs(admin)["promote"]
+        assert recorded.year > 2000
+        xmin = admin.execute("select xmin::text from awa.maintenance_runs"
+                             " where name = 'promote'").fetchone()[0]
+        m.execute("select awa.promote_due()")
+        assert _last_runs(admin)["promote"] == recorded
+        assert admin.execute("select xmin::text from awa.maintenance_runs"
+                             " where name = 'promote'").fetchone()[0] == xmin
+
+
 @pytest.mark.parametrize("task", ["", "Promote", "a-b", "x" * 41, None])
 def test_a_pass_lock_of_a_bad_name_is_refused(db, logins, task):
     with db.connect(logins.maintenance) as m, pytest.raises(psycopg.Error) as err:

@@ -95,6 +95,10 @@ union all
 select 'queue_limit', pg_catalog.jsonb_build_object('max', l.max_queues)
   from awa.queue_limit as l
 union all
+select 'maintenance', pg_catalog.jsonb_build_object(
+    'task', r.name, 'at', extract(epoch from r.last_at))
+  from awa.maintenance_runs as r
+union all
 select 'horizon', pg_catalog.jsonb_build_object('age', coalesce(greatest(
     -- backend_xid too: a transaction that wrote and sits idle in read
     -- committed holds no snapshot (backend_xmin null), yet its xid holds
@@ -224,6 +228,12 @@ def metric_families(rows: list[tuple[str, dict[str, Any]]]) -> list[Metric]:
                      "cannot be removed.", [])
     for h in by_kind["horizon"]:
         horizon.add_metric([], h["age"])
+    ran = _gauge("awa_maintenance_last_run_timestamp",
+                 "When the maintenance task last ran and committed, whoever ran it (awa "
+                 "maintain, a Worker, pg_cron), within about 5 s (Unix time).", ["task"],
+                 unit="seconds")
+    for m in by_kind["maintenance"]:
+        ran.add_metric([m["task"]], m["at"])
     queues = _gauge("awa_queues", "Physical queues that exist (partitions and stripes "
                     "count): each enqueue to a new name creates one.", [])
     queues_max = _gauge("awa_queues_max", "The most physical queues that may exist "
@@ -234,7 +244,7 @@ def metric_families(rows: list[tuple[str, dict[str, Any]]]) -> list[Metric]:
         queues_max.add_metric([], q["max"])
     return [depth, jobs, finished, lag, shards, max_shards, mode, paused, lane_depth, lane_lag,
             draining, waiters, share, rate, samples, age, total, recent, proposed, last, dead,
-            horizon, queues, queues_max]
+            horizon, ran, queues, queues_max]
 
 
 def scrape(conn: psycopg.Connection) -> list[Metric]:
