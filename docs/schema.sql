@@ -860,64 +860,16 @@ CREATE OR REPLACE FUNCTION awa._assert_security()
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
 declare
-    owner_oid oid := awa._role_for('owner')::regrole::oid;
-    schema_oid oid := 'awa'::regnamespace::oid;
-    offenders text;
+    found text;
+    first_hint text;
 begin
-    select string_agg(p.oid::regprocedure::text, ', ' order by p.oid::regprocedure::text)
-      into offenders
-      from pg_catalog.pg_proc as p
-     where p.pronamespace = schema_oid
-       and p.prosecdef
-       and (
-           select count(*) filter (
-               where c.setting in ('search_path=pg_catalog, pg_temp', 'search_path=""')
-           ) <> 1
-           or count(*) filter (where c.setting like 'search_path=%') <> 1
-             from unnest(coalesce(p.proconfig, '{}')) as c (setting)
-       );
-    if offenders is not null then
-        raise exception 'SECURITY DEFINER functions without a pinned search_path: %', offenders
+    select string_agg(v.message, '; ' order by v.n), (array_agg(v.hint order by v.n))[1]
+      into found, first_hint
+      from awa._security_violations() with ordinality as v (rule, message, hint, n);
+    if found is not null then
+        raise exception '%', found
             using errcode = 'AW001',
-                  hint = 'Add SET search_path = pg_catalog, pg_temp to each.';
-    end if;
-
-    select string_agg(p.oid::regprocedure::text, ', ' order by p.oid::regprocedure::text)
-      into offenders
-      from pg_catalog.pg_proc as p
-     where p.pronamespace = schema_oid
-       and (
-           p.proacl is null
-           or exists (
-               select from pg_catalog.aclexplode(p.proacl) as a
-                where a.grantee = 0
-           )
-       );
-    if offenders is not null then
-        raise exception 'routines executable by PUBLIC: %', offenders
-            using errcode = 'AW001',
-                  hint = 'Every routine needs its awa._grant_execute line.';
-    end if;
-
-    select string_agg(o.what, ', ' order by o.what)
-      into offenders
-      from (
-          select p.oid::regprocedure::text as what
-            from pg_catalog.pg_proc as p
-           where p.pronamespace = schema_oid and p.proowner <> owner_oid
-          union all
-          select c.oid::regclass::text
-            from pg_catalog.pg_class as c
-           where c.relnamespace = schema_oid and c.relowner <> owner_oid
-          union all
-          select t.oid::regtype::text
-            from pg_catalog.pg_type as t
-           where t.typnamespace = schema_oid and t.typowner <> owner_oid
-      ) as o;
-    if offenders is not null then
-        raise exception 'objects in schema awa not owned by %: %',
-            owner_oid::regrole, offenders
-            using errcode = 'AW001';
+                  hint = first_hint;
     end if;
 end;
 $function$;
@@ -4405,6 +4357,124 @@ AS $function$
            where x.queue_id = _scheduled_capped.queue_id
            limit 10000
       ) as capped
+$function$;
+
+CREATE OR REPLACE FUNCTION awa._security_violations()
+ RETURNS TABLE(rule text, message text, hint text)
+ LANGUAGE sql
+ STABLE
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+    with
+    this (owner_oid, schema_oid) as (
+        select awa._role_for('owner')::regrole::oid, 'awa'::regnamespace::oid
+    ),
+    offender (rule, what) as (
+        select 'search_path', p.oid::regprocedure::text
+          from pg_catalog.pg_proc as p, this
+         where p.pronamespace = this.schema_oid
+           and p.prosecdef
+           and (
+               select count(*) filter (
+                   where c.setting in ('search_path=pg_catalog, pg_temp', 'search_path=""')
+               ) <> 1
+               or count(*) filter (where c.setting like 'search_path=%') <> 1
+                 from unnest(coalesce(p.proconfig, '{}')) as c (setting)
+           )
+        union all
+        select 'public_execute', p.oid::regprocedure::text
+          from pg_catalog.pg_proc as p, this
+         where p.pronamespace = this.schema_oid
+           and (
+               p.proacl is null
+               or exists (
+                   select from pg_catalog.aclexplode(p.proacl) as a where a.grantee = 0
+               )
+           )
+        union all
+        select 'schema_grants', 'PUBLIC has ' || a.privilege_type
+          from pg_catalog.pg_namespace as n, this,
+               pg_catalog.aclexplode(
+                   coalesce(n.nspacl, pg_catalog.acldefault('n', n.nspowner))
+               ) as a
+         where n.oid = this.schema_oid and a.grantee = 0
+        union all
+        select 'schema_grants', b.role_name || ' has no USAGE'
+          from awa.role_binding as b, this
+         where b.capability <> 'owner'
+           and not exists (
+               select
+                 from pg_catalog.pg_namespace as n,
+                      pg_catalog.aclexplode(
+                          coalesce(n.nspacl, pg_catalog.acldefault('n', n.nspowner))
+                      ) as a
+                where n.oid = this.schema_oid
+                  and a.grantee = (select r.oid from pg_catalog.pg_roles as r
+                                    where r.rolname = b.role_name)
+                  and a.privilege_type = 'USAGE'
+           )
+        union all
+        select 'public_relations', c.oid::regclass::text
+          from pg_catalog.pg_class as c, this
+         where c.relnamespace = this.schema_oid
+           and exists (select from pg_catalog.aclexplode(c.relacl) as a where a.grantee = 0)
+        union all
+        select 'default_privileges', d.what
+          from (values ('f', 'EXECUTE on routines'), ('T', 'USAGE on types')) as d (kind, what),
+               this
+         where not exists (
+             select
+               from pg_catalog.pg_default_acl as da
+              where da.defaclrole = this.owner_oid
+                and da.defaclnamespace = 0
+                and da.defaclobjtype = d.kind::"char"
+                and not exists (
+                    select from pg_catalog.aclexplode(da.defaclacl) as a where a.grantee = 0
+                )
+         )
+        union all
+        select 'owner', p.oid::regprocedure::text
+          from pg_catalog.pg_proc as p, this
+         where p.pronamespace = this.schema_oid and p.proowner <> this.owner_oid
+        union all
+        select 'owner', c.oid::regclass::text
+          from pg_catalog.pg_class as c, this
+         where c.relnamespace = this.schema_oid and c.relowner <> this.owner_oid
+        union all
+        select 'owner', t.oid::regtype::text
+          from pg_catalog.pg_type as t, this
+         where t.typnamespace = this.schema_oid and t.typowner <> this.owner_oid
+    ),
+    named (rule, n, first_ten) as (
+        select o.rule, count(*), (array_agg(o.what order by o.what))[1:10]
+          from offender as o
+         group by o.rule
+    )
+    select r.rule,
+           r.message || ': ' || array_to_string(named.first_ten, ', ')
+           || case when named.n > 10 then pg_catalog.format(' and %s more', named.n - 10)
+                   else '' end,
+           r.hint
+      from named
+      join (
+          values
+          (1, 'search_path', 'SECURITY DEFINER functions without a pinned search_path',
+           'Add SET search_path = pg_catalog, pg_temp to each.'),
+          (2, 'public_execute', 'routines executable by PUBLIC',
+           'Every routine needs its awa._grant_execute line.'),
+          (3, 'schema_grants', 'schema awa''s grants differ from the bootstrap''s',
+           'Runtime roles need USAGE on schema awa; PUBLIC needs nothing.'),
+          (4, 'public_relations', 'relations PUBLIC may use',
+           'The layer revokes everything on schema awa''s relations from PUBLIC.'),
+          (5, 'default_privileges', 'the owner''s default privileges give PUBLIC',
+           'The bootstrap revokes them with ALTER DEFAULT PRIVILEGES FOR ROLE.'),
+          (6, 'owner', pg_catalog.format(
+              'objects in schema awa not owned by %s',
+              (select this.owner_oid::regrole from this)
+           ),
+           'Only a superuser or their owner can give them to the owner role.')
+      ) as r (ord, rule, message, hint) on r.rule = named.rule
+     order by r.ord;
 $function$;
 
 CREATE OR REPLACE FUNCTION awa._set_enqueue_shards(queue text, shards integer, source text)
