@@ -570,3 +570,115 @@ def test_running_jobs_stay_through_migration_0024_and_end_from_slot_2(empty_db, 
         assert conn.execute("select array_agg(p.oid::regprocedure::text) from pg_proc p"
                             " where p.oid::regprocedure::text like 'awa._finish(%%'"
                             ).fetchone()[0] == ["awa._finish(awa.running,text,text)"]
+
+
+# -- grants and owners lost after the install ------------------------------------------
+#
+# A restore with --no-acl (-x), a DBA's REVOKE or GRANT: the migrations and
+# the function layer are all applied, so nothing is pending, yet the runtime
+# roles cannot reach schema awa, or PUBLIC may run the owner's routines.
+
+NO_ACL = (
+    # What a restore with --no-acl leaves: every ACL the default one, the
+    # owner's default privileges gone.
+    "update pg_catalog.pg_namespace set nspacl = null where nspname = 'awa'",
+    "update pg_catalog.pg_proc set proacl = null where pronamespace = 'awa'::regnamespace",
+    "update pg_catalog.pg_class set relacl = null where relnamespace = 'awa'::regnamespace",
+    "update pg_catalog.pg_attribute set attacl = null where attrelid in"
+    " (select oid from pg_catalog.pg_class where relnamespace = 'awa'::regnamespace)",
+    "delete from pg_catalog.pg_default_acl where defaclrole = 'awa_owner'::regrole",
+)
+
+DAMAGE = {
+    "usage revoked": (["revoke usage on schema awa from awa_producer"],
+                      "awa_producer"),
+    "private routine granted to public": (
+        ["grant execute on function awa._sticky(integer) to public"], "awa._sticky(integer)"),
+    "every acl dropped": (list(NO_ACL), "routines executable by PUBLIC"),
+}
+
+
+def _can(conn: psycopg.Connection, statement: str) -> bool:
+    try:
+        with conn.transaction():
+            conn.execute(statement)
+        return True
+    except psycopg.errors.InsufficientPrivilege:
+        return False
+
+
+@pytest.mark.parametrize("damage", list(DAMAGE))
+def test_lost_grants_fail_the_gate_and_migrate_puts_them_back(db, logins, damage):
+    statements, named = DAMAGE[damage]
+    enqueue = "select awa.enqueue('grants', 'k')"
+    private = "select awa._sticky(4)"
+    with db.connect(logins.producer) as p, db.connect(logins.reader) as r:
+        assert _can(p, enqueue) and not _can(r, private)
+    with db.connect() as conn:
+        for statement in statements:
+            conn.execute(statement)
+        records = _records(conn)
+    with db.connect(logins.producer) as p, db.connect(logins.reader) as r:
+        broken = {"producer enqueues": _can(p, enqueue), "reader runs a private": _can(r, private)}
+    assert broken != {"producer enqueues": True, "reader runs a private": False}  # the damage
+
+    gate = db.awa("status", "--check")
+    assert gate.returncode == 10, gate.stdout + gate.stderr
+    assert named in gate.stdout and "awa migrate" in gate.stdout, gate.stdout
+    assert "pending: none" in gate.stdout
+    doc = json.loads(db.awa("status", "--json", check=True).stdout)
+    assert doc["up_to_date"] is False and doc["pending"] == []
+    assert any(named in line for line in doc["security"]), doc["security"]
+    dry = db.awa("migrate", "--dry-run", check=True).stdout
+    assert "function layer" in dry and named in dry, dry
+    with db.connect() as conn:
+        assert _records(conn) == records  # the dry run changed nothing
+
+    repaired = db.awa("migrate", check=True)
+    assert named in repaired.stdout and "applied function layer" in repaired.stdout, \
+        repaired.stdout
+    assert db.awa("status", "--check").returncode == 0
+    assert "database is up to date" in db.awa("migrate", check=True).stdout
+    with db.connect(logins.producer) as p, db.connect(logins.reader) as r:
+        assert _can(p, enqueue) and not _can(r, private)
+    with db.connect() as conn:
+        assert conn.execute("select awa._assert_security()").fetchone() is not None
+
+
+def test_a_security_definer_that_lost_its_search_path_fails_the_gate(db):
+    with db.connect() as conn:
+        conn.execute("alter function awa.enqueue_copied() reset search_path")
+    gate = db.awa("status", "--check")
+    assert gate.returncode == 10
+    assert "awa.enqueue_copied()" in gate.stdout and "search_path" in gate.stdout
+    db.awa("migrate", check=True)
+    assert db.awa("status", "--check").returncode == 0
+
+
+def test_an_object_owned_by_another_role_is_refused_not_repaired(db):
+    """migrate cannot give an object back to the owner (it runs as the owner):
+    exit 6 naming the object and what to do, and nothing changes."""
+    with db.connect() as conn:
+        conn.execute("alter function awa._sticky(integer) owner to postgres")
+        records = _records(conn)
+    gate = db.awa("status", "--check")
+    assert gate.returncode == 6, gate.stdout + gate.stderr
+    assert "awa._sticky(integer)" in gate.stdout and "not owned by awa_owner" in gate.stdout
+    assert "--no-owner" in gate.stdout
+    refused = db.awa("migrate")
+    assert refused.returncode == 6
+    assert "awa._sticky(integer)" in refused.stderr and "ALTER" in refused.stderr, \
+        refused.stderr
+    with db.connect() as conn:
+        assert _records(conn) == records
+
+
+def test_an_installed_schema_owned_by_another_role_says_what_to_do(db):
+    """What a restore with --no-owner leaves: the schema and everything in it
+    belong to the restoring login."""
+    with db.connect() as conn:
+        conn.execute("alter schema awa owner to postgres")
+    gate = db.awa("status", "--check")
+    assert gate.returncode == 6
+    assert "owned by 'postgres', not 'awa_owner'" in gate.stdout
+    assert "--no-owner" in gate.stdout and "restore" in gate.stdout, gate.stdout

@@ -57,6 +57,10 @@ EXIT_NEWER = 4
 EXIT_LOCK_TIMEOUT = 5
 EXIT_ROLES = 6
 EXIT_ERROR = 7  # could not connect, permission denied, or the server failed
+# awa status --check: nothing pending, but the grants (or a definer's
+# search_path) differ from what the layer sets; awa migrate applies them again.
+# 8 and 9 are awa jobs' and awa storage's (cli/jobs.py, cli/common.py).
+EXIT_SECURITY = 10
 
 
 class MigrationError(RuntimeError):
@@ -137,6 +141,10 @@ class DatabaseState:
     can_act_as_owner: bool = False
     public_can_create_in_public: bool = False
     offline: bool = False
+    # awa._security_violations() as the owner: (rule, message) of each broken
+    # invariant. Read only where it can be (an installed layer that has it, in
+    # a schema the owner role owns), else empty.
+    security: list[tuple[str, str]] = field(default_factory=list)
 
     @property
     def installed(self) -> bool:
@@ -195,7 +203,25 @@ def read_state(conn: psycopg.Connection, roles: Roles) -> DatabaseState:
         state.bound_roles = dict(
             conn.execute("select capability, role_name::text from awa.role_binding").fetchall()
         )
+    if has_layer and has_binding and state.schema_owner == roles.owner and state.can_act_as_owner:
+        state.security = _read_security(conn, roles)
     return state
+
+
+def _read_security(conn: psycopg.Connection, roles: Roles) -> list[tuple[str, str]]:
+    """The rules the layer step asserts (awa._security_violations), read as
+    the owner role in a savepoint rolled back after, so that nothing of it,
+    the role included, outlives the read. One pass over schema awa's catalog
+    rows: cheap enough for every ``awa status``."""
+    with conn.transaction(force_rollback=True):
+        if conn.execute("select pg_catalog.to_regprocedure('awa._security_violations()')"
+                        " is null").fetchone()[0]:
+            return []  # a layer before it: the layer step is pending anyway
+        if conn.execute("select pg_catalog.pg_has_role(current_user, %s, 'SET')",
+                        [roles.owner]).fetchone()[0]:
+            conn.execute(sql.SQL("set local role {}").format(sql.Identifier(roles.owner)))
+        return [(rule, message) for rule, message in conn.execute(
+            "select rule, message from awa._security_violations()")]
 
 
 # --------------------------------------------------------------------------
@@ -222,6 +248,9 @@ class Plan:
     unknown: list[AppliedMigration] = field(default_factory=list)
     layer_changes: list[str] = field(default_factory=list)
     missing_roles: list[str] = field(default_factory=list)
+    # Broken invariants the layer step repairs (lost grants), each a message
+    # naming what is wrong: the layer step is planned even when nothing else is.
+    security: list[str] = field(default_factory=list)
     problems: list[MigrationError] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
 
@@ -287,6 +316,7 @@ def build_plan(
             ))
 
     _check_roles(state, roles, create_roles, plan)
+    _check_security(state, roles, plan)
     if state.public_can_create_in_public:
         plan.warnings.append(
             "schema public still grants CREATE to PUBLIC: any login can plant functions "
@@ -308,7 +338,8 @@ def build_plan(
     for migration in plan.pending:
         plan.steps.append(_migration_step(migration, roles, package_version))
 
-    if plan.pending or plan.layer_changes or state.bound_roles != roles.as_dict():
+    if (plan.pending or plan.layer_changes or plan.security
+            or state.bound_roles != roles.as_dict()):
         plan.steps.append(Step("layer", f"function layer ({len(layer)} files) and grants",
                                _layer_sql(layer, roles, package_version)))
     return plan
@@ -346,16 +377,45 @@ def _check_roles(state: DatabaseState, roles: Roles, create_roles: bool, plan: P
             "to the login that migrates."
         ))
     if state.schema_owner is not None and state.schema_owner != roles.owner:
-        plan.problems.append(RolesError(
-            f"schema awa exists but is owned by {state.schema_owner!r}, not {roles.owner!r}; "
-            "refusing to install into a schema someone else owns."
-        ))
+        if state.installed:
+            plan.problems.append(RolesError(
+                f"schema awa is installed but owned by {state.schema_owner!r}, not "
+                f"{roles.owner!r}, as a restore with --no-owner (-O) leaves it: its SECURITY "
+                f"DEFINER functions run as their owner. "
+                + _GIVE_BACK.format(owner=roles.owner,
+                                    what="schema awa and every object in it")
+            ))
+        else:
+            plan.problems.append(RolesError(
+                f"schema awa exists but is owned by {state.schema_owner!r}, not "
+                f"{roles.owner!r}; refusing to install into a schema someone else owns."
+            ))
     if roles.owner in state.existing_roles and not state.can_act_as_owner:
         plan.problems.append(RolesError(
             f"login {state.current_user!r} cannot act as {roles.owner!r}: "
             f"GRANT {roles.owner} TO {state.current_user} (or migrate as a role with "
             "CREATEROLE that created it)."
         ))
+
+
+_GIVE_BACK = (
+    "awa migrate runs as {owner} and cannot take objects back: restore the dump again "
+    "without --no-owner, as a superuser or a member of {owner} (docs/operations.md, \"Back "
+    "up, restore, move to a new major version\"), or as a superuser ALTER {what} OWNER TO "
+    "{owner}; then run awa status --check."
+)
+
+
+def _check_security(state: DatabaseState, roles: Roles, plan: Plan) -> None:
+    """Objects of another owner stop the plan; lost grants add the layer step."""
+    for rule, message in state.security:
+        if rule == "owner":
+            plan.problems.append(RolesError(
+                f"{message}. "
+                + _GIVE_BACK.format(owner=roles.owner, what="each object named")
+            ))
+        else:
+            plan.security.append(message)
 
 
 def _layer_changes(state: DatabaseState, layer: list[LayerFile], version: str) -> list[str]:
@@ -390,9 +450,23 @@ def _roles_sql(roles: Roles, missing: list[str]) -> str:
     return "".join(blocks)
 
 
-def _bootstrap_sql(roles: Roles, create_schema: bool) -> str:
+def _schema_grants_sql(roles: Roles) -> str:
+    """The bootstrap's grants, which the layer step applies again: a restore
+    with --no-acl, or a REVOKE, loses them (awa._security_violations checks them)."""
     owner = _ident(roles.owner)
     runtime = ", ".join(_ident(n) for n in roles.runtime().values())
+    return (
+        "-- Global form on purpose: the per-schema form cannot revoke the built-in\n"
+        "-- PUBLIC EXECUTE default.\n"
+        f"alter default privileges for role {owner} revoke execute on routines from public;\n"
+        f"alter default privileges for role {owner} revoke usage on types from public;\n"
+        "revoke all on schema awa from public;\n"
+        f"grant usage on schema awa to {runtime};\n"
+    )
+
+
+def _bootstrap_sql(roles: Roles, create_schema: bool) -> str:
+    owner = _ident(roles.owner)
     return (
         "-- The migrating login must be able to SET ROLE to the owner; a CREATEROLE\n"
         "-- login holds ADMIN on roles it created and can grant itself membership.\n"
@@ -401,12 +475,7 @@ def _bootstrap_sql(roles: Roles, create_schema: bool) -> str:
         f"        execute pg_catalog.format('grant %I to %I', {_lit(roles.owner)}, current_user);\n"
         "    end if;\nend\n$awa$;\n"
         + (f"create schema awa authorization {owner};\n" if create_schema else "")
-        + "-- Global form on purpose: the per-schema form cannot revoke the built-in\n"
-        "-- PUBLIC EXECUTE default.\n"
-        f"alter default privileges for role {owner} revoke execute on routines from public;\n"
-        f"alter default privileges for role {owner} revoke usage on types from public;\n"
-        "revoke all on schema awa from public;\n"
-        f"grant usage on schema awa to {runtime};\n"
+        + _schema_grants_sql(roles)
     )
 
 
@@ -459,6 +528,7 @@ def _layer_sql(layer: list[LayerFile], roles: Roles, version: str) -> str:
         "insert into awa.role_binding (capability, role_name) values\n    "
         f"{rows}\non conflict (capability) do update set role_name = excluded.role_name;\n"
     )
+    parts.append(_schema_grants_sql(roles))
     for f in layer:
         parts.append(f"-- function layer: {f.name}\n{f.text.rstrip()}\n;\n")
     parts.append(_contract_version_sql(version))
@@ -699,6 +769,8 @@ def migrate(
         plan = replan()
         for warning in plan.warnings:
             log(f"warning: {warning}")
+        for message in plan.security:
+            log(f"security: {message}; the function layer's step applies the grants again")
         plan.raise_problems()
         if dry_run or plan.up_to_date:
             return plan

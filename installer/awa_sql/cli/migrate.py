@@ -39,8 +39,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.add_argument("--check", action="store_true",
                    help="deploy gate: exit 0 when up to date, 1 when anything is pending, "
-                   "3 on drift, 4 when the database is newer, 6 on role problems, "
-                   "7 when it could not ask (connection or permission failure)")
+                   "3 on drift, 4 when the database is newer, 6 on role problems (an "
+                   "object of another owner included), 7 when it could not ask (connection "
+                   "or permission failure), 10 when grants differ from what the layer sets "
+                   "(awa migrate applies them again)")
     s.set_defaults(func=cmd_status, needs="awa_owner, as the login that runs awa migrate "
                    "does")
 
@@ -73,6 +75,8 @@ def cmd_migrate(args: argparse.Namespace) -> int:
             print(f"  {step.label}")
         for change in plan.layer_changes:
             print(f"    {change}")
+        if plan.security:
+            print("    grants, to apply again")
     else:
         print(f"awa-sql {__version__}: migrated ({len(plan.steps)} steps)")
     return 0
@@ -100,6 +104,7 @@ def _status_document(plan: runner.Plan, roles: Roles, state: runner.DatabaseStat
                      "contract_version": a.contract_version} for a in plan.unknown],
         "function_layer_installed": bool(state.layer),
         "function_layer_changes": plan.layer_changes,
+        "security": plan.security,
         "problems": [str(p) for p in plan.problems],
         "warnings": plan.warnings,
     }
@@ -123,7 +128,14 @@ def _print_status(doc: dict) -> None:
     if not doc["function_layer_installed"]:
         print("function layer: not installed")
     else:
-        print("function layer: " + ("up to date" if not changes else "; ".join(changes)))
+        print("function layer: " + ("; ".join(changes) if changes else
+                                    "files up to date, grants not" if doc["security"] else
+                                    "up to date"))
+    for s in doc["security"]:
+        print(f"security: {s}")
+    if doc["security"]:
+        print("  run 'awa migrate': it applies schema awa's and the function layer's grants "
+              "again")
     for p in doc["problems"]:
         print(f"problem: {p}")
     for w in doc["warnings"]:
@@ -144,4 +156,6 @@ def cmd_status(args: argparse.Namespace) -> int:
         return 0
     if plan.problems:
         return plan.problems[0].exit_code
+    if plan.security:
+        return runner.EXIT_SECURITY
     return runner.EXIT_PENDING if plan.steps else runner.EXIT_OK
