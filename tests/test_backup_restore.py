@@ -226,3 +226,61 @@ def test_a_live_database_dumped_and_restored_into_a_new_server_works_on(
          target.dsn(dbname="app")],
         capture_output=True, text=True, check=False, timeout=60, stdin=subprocess.DEVNULL)
     assert status.returncode == 0, status.stdout + status.stderr
+
+
+def awa_cli(*args: str, dsn: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "awa_sql", *args, "--dsn", dsn],
+                          capture_output=True, text=True, check=False, timeout=120,
+                          stdin=subprocess.DEVNULL)
+
+
+def test_a_restore_without_grants_or_owners_fails_the_gate_and_migrate_repairs_the_grants(
+        db, logins: Logins, target, tmp_path):
+    """pg_restore --no-acl (-x) and --no-owner (-O): nothing is pending, so
+    `awa status --check` said 0 and `awa migrate` "up to date", while the
+    runtime roles could not reach schema awa and PUBLIC could execute every
+    routine, or the restoring superuser owned every SECURITY DEFINER function."""
+    tools = pgtools.client_bin(18)
+    with db.connect() as conn:
+        conn.execute("select awa.enqueue('kept', 'k')")
+    dump = tmp_path / "awa.dump"
+    run(tools / "pg_dump", "--format", "custom", "--file", dump, "--dbname", db.dsn())
+    roles = tmp_path / "roles.sql"
+    run(tools / "pg_dumpall", "--roles-only", "--file", roles, "--dbname", db.cluster.dsn())
+    run(tools / "psql", "-X", "-q", "-f", roles, "-d", target.dsn())
+    for name, flag in (("noacl", "--no-acl"), ("noowner", "--no-owner")):
+        with psycopg.connect(target.dsn(), autocommit=True) as conn:
+            conn.execute(f"create database {name}")
+        run(tools / "pg_restore", "--exit-on-error", flag, "--dbname",
+            target.dsn(dbname=name), dump)
+
+    noacl = target.dsn(dbname="noacl")
+    def connect(user: str) -> psycopg.Connection:
+        return psycopg.connect(target.dsn(user=user, dbname="noacl"), autocommit=True)
+
+    with connect(logins.producer) as p, pytest.raises(psycopg.errors.InsufficientPrivilege,
+                                                      match="schema awa"):
+        p.execute("select awa.enqueue('kept', 'k')")
+    gate = awa_cli("status", "--check", dsn=noacl)
+    assert gate.returncode == 10, gate.stdout + gate.stderr
+    assert "routines executable by PUBLIC" in gate.stdout
+    assert "awa_producer has no USAGE" in gate.stdout
+    assert "run 'awa migrate'" in gate.stdout
+    repaired = awa_cli("migrate", dsn=noacl)
+    assert repaired.returncode == 0, repaired.stdout + repaired.stderr
+    assert "applied function layer" in repaired.stdout
+    assert awa_cli("status", "--check", dsn=noacl).returncode == 0
+    with connect(logins.producer) as p:
+        p.execute("select awa.enqueue('kept', 'k')")
+    with connect(logins.worker) as w:
+        assert len(claim(w, ["kept"], 10)) == 2  # the restored job and the new one
+    with connect(logins.reader) as r, pytest.raises(psycopg.errors.InsufficientPrivilege):
+        r.execute("select awa._sticky(4)")
+
+    noowner = target.dsn(dbname="noowner")
+    gate = awa_cli("status", "--check", dsn=noowner)
+    assert gate.returncode == 6, gate.stdout + gate.stderr
+    assert "owned by 'postgres', not 'awa_owner'" in gate.stdout
+    assert "without --no-owner" in gate.stdout
+    refused = awa_cli("migrate", dsn=noowner)
+    assert refused.returncode == 6 and "without --no-owner" in refused.stderr, refused.stderr
