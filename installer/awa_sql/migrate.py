@@ -9,9 +9,16 @@ A run has three kinds of step, always in this order:
    transaction (unless its header says ``-- awa:no-transaction``), run as the
    owner role and recorded in ``awa.schema_migrations``;
 3. the function layer from ``sql/`` in one transaction, whenever any file,
-   the package version or a migration changed: every file in manifest order,
-   then PUBLIC is revoked again from everything and ``awa._assert_security()``
+   the package version or a migration changed, or its security rules no
+   longer hold (grants lost to a restore with --no-acl, a REVOKE): the
+   bootstrap's schema grants again, every file in manifest order, then
+   PUBLIC is revoked again from everything and ``awa._assert_security()``
    checks owners, ACLs and pinned search_paths before the commit.
+
+``read_state`` reads those rules (``awa._security_violations()``) too, so
+``awa status`` reports lost grants with nothing pending; an object of
+another owner stops the plan (the layer runs as the owner and cannot take
+it back).
 
 The same steps are either executed (``apply``) or printed as one psql script
 (``render_sql``), so the two cannot disagree.
