@@ -1991,6 +1991,42 @@ begin
 end;
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._ensure_view(target text, scratch regclass)
+ RETURNS void
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+declare
+    names text[] := pg_catalog.parse_ident(target);
+    wanted text := awa._view_shape(scratch);
+    made text;
+begin
+    if wanted is null or pg_catalog.cardinality(names) <> 2 then
+        raise exception 'want a view and a qualified name, not % and %', scratch, target
+            using errcode = '22023';
+    end if;
+    target := pg_catalog.format('%I.%I', names[1], names[2]);
+    made := awa._view_shape(pg_catalog.to_regclass(target));
+    if made is distinct from wanted then
+        execute pg_catalog.format(
+            'create or replace view %s%s as %s',
+            target,
+            (select ' with (' || pg_catalog.array_to_string(c.reloptions, ', ') || ')'
+               from pg_catalog.pg_class as c
+              where c.oid = scratch and pg_catalog.cardinality(c.reloptions) > 0),
+            pg_catalog.pg_get_viewdef(scratch)
+        );
+        made := awa._view_shape(pg_catalog.to_regclass(target));
+        if made is distinct from wanted then
+            raise exception 'view % is made as %, not as its definition %',
+                target, coalesce(made, 'nothing'), wanted
+                using errcode = '42P17';
+        end if;
+    end if;
+    execute pg_catalog.format('drop view %s', scratch);
+end;
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._error_class(last_error text)
  RETURNS text
  LANGUAGE sql
@@ -4830,6 +4866,28 @@ CREATE OR REPLACE FUNCTION awa._unique_scope(queue text, root_queue text)
  IMMUTABLE PARALLEL SAFE
 AS $function$
     select coalesce(root_queue, queue)
+$function$;
+
+CREATE OR REPLACE FUNCTION awa._view_shape(relation regclass)
+ RETURNS text
+ LANGUAGE sql
+ STABLE
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+    select pg_catalog.format(
+        'with (%s) columns (%s) as %s',
+        pg_catalog.array_to_string(c.reloptions, ', '),
+        (select pg_catalog.string_agg(
+                    pg_catalog.format('%I %s collate %s', a.attname,
+                                      pg_catalog.format_type(a.atttypid, a.atttypmod),
+                                      a.attcollation::regcollation),
+                    ', ' order by a.attnum)
+           from pg_catalog.pg_attribute as a
+          where a.attrelid = c.oid and a.attnum > 0 and not a.attisdropped),
+        pg_catalog.pg_get_viewdef(c.oid)
+    )
+      from pg_catalog.pg_class as c
+     where c.oid = _view_shape.relation and c.relkind = 'v'
 $function$;
 
 CREATE OR REPLACE FUNCTION awa._wait_for_lane(lane_id integer)

@@ -135,12 +135,16 @@ $$;
 
 select awa._grant_execute('awa.sample_lane_contention()', 'maintenance');
 
+-- Each view below is made as a scratch view (its name after _new_) that
+-- awa._ensure_view puts in place only when it differs: CREATE OR REPLACE
+-- VIEW would hold every reader of the view off until the layer commits.
+
 -- View: awa.lane_contention, per queue over the last minute of samples,
 -- the minute before the reading transaction began: now(), not
 -- clock_timestamp(), which is volatile, so the planner could not use the
 -- index on sampled_at and every read (each scrape, each refresh of the
 -- admin page) went through the whole hour kept for every queue.
-create or replace view awa.lane_contention as
+create view awa._new_lane_contention as
 with recent as (
     select s.*
     from awa.contention_samples as s
@@ -160,6 +164,8 @@ from recent as r
 inner join awa.queue_meta as m on r.queue_id = m.queue_id
 group by m.queue;
 
+select awa._ensure_view('awa.lane_contention', 'awa._new_lane_contention');
+
 comment on view awa.lane_contention is
 'Per queue over the last minute of contention samples: mean backends waiting per held '
 'lane, the share of samples with any lane waited for, and enqueues per second (from the '
@@ -172,7 +178,7 @@ select awa._grant_select('awa.lane_contention', 'reader', 'operator');
 -- awa.autoscale_tick the enqueue counter (differences between samples are
 -- enqueues) and, for queues in shadow or auto mode, the ready depth and the
 -- age of the oldest ready job. The admin page charts it.
-create or replace view awa.queue_history as
+create view awa._new_queue_history as
 select
     s.sampled_at,
     m.queue,
@@ -184,6 +190,8 @@ select
     s.sampled_at - s.oldest_ready_at as lag
 from awa.contention_samples as s
 inner join awa.queue_meta as m on s.queue_id = m.queue_id;
+
+select awa._ensure_view('awa.queue_history', 'awa._new_queue_history');
 
 comment on view awa.queue_history is
 'Per physical queue and contention sample (the last hour): lanes held, backends waiting, '

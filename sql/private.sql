@@ -363,6 +363,87 @@ begin
 end;
 $$;
 
+-- Function: awa._view_shape(relation regclass) returns text
+-- What a view is made of, as one text: its definition as pg_get_viewdef
+-- prints it, its options, and its columns' names, types and collations.
+-- Two views of the same shape read the same rows under any name.
+-- Calls: nothing
+-- Writes: nothing
+create or replace function awa._view_shape(relation regclass)
+returns text
+language sql
+stable
+set search_path = pg_catalog, pg_temp
+as $$
+    select pg_catalog.format(
+        'with (%s) columns (%s) as %s',
+        pg_catalog.array_to_string(c.reloptions, ', '),
+        (select pg_catalog.string_agg(
+                    pg_catalog.format('%I %s collate %s', a.attname,
+                                      pg_catalog.format_type(a.atttypid, a.atttypmod),
+                                      a.attcollation::regcollation),
+                    ', ' order by a.attnum)
+           from pg_catalog.pg_attribute as a
+          where a.attrelid = c.oid and a.attnum > 0 and not a.attisdropped),
+        pg_catalog.pg_get_viewdef(c.oid)
+    )
+      from pg_catalog.pg_class as c
+     where c.oid = _view_shape.relation and c.relkind = 'v'
+$$;
+
+-- Function: awa._ensure_view(target text, scratch regclass)
+-- Makes view `target` (a qualified name) as view `scratch` defines it,
+-- then drops `scratch`: the layer file makes each view's new definition
+-- as a scratch view of a name of its own (the view's name after _new_)
+-- and hands both names here. A target of the same shape
+-- (awa._view_shape: definition, options, columns) is left as it is and
+-- takes no lock but its readers' own: CREATE OR REPLACE VIEW holds the
+-- view ACCESS EXCLUSIVE until the layer commits, so every reader of it
+-- (the admin page, the metrics scrape) waited for the apply, and a
+-- transaction left open that had read it made the apply wait. A target
+-- missing or of another shape is made by CREATE OR REPLACE VIEW with the
+-- scratch's options and printed definition: its grants, comment and the
+-- views that read it stay.
+-- Errors: 42P17 the view made is not of the scratch's shape (every apply
+-- would make it again).
+-- Calls: awa._view_shape, (dynamic)
+-- Writes: (dynamic)
+create or replace function awa._ensure_view(target text, scratch regclass)
+returns void
+language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    names text[] := pg_catalog.parse_ident(target);
+    wanted text := awa._view_shape(scratch);
+    made text;
+begin
+    if wanted is null or pg_catalog.cardinality(names) <> 2 then
+        raise exception 'want a view and a qualified name, not % and %', scratch, target
+            using errcode = '22023';
+    end if;
+    target := pg_catalog.format('%I.%I', names[1], names[2]);
+    made := awa._view_shape(pg_catalog.to_regclass(target));
+    if made is distinct from wanted then
+        execute pg_catalog.format(
+            'create or replace view %s%s as %s',
+            target,
+            (select ' with (' || pg_catalog.array_to_string(c.reloptions, ', ') || ')'
+               from pg_catalog.pg_class as c
+              where c.oid = scratch and pg_catalog.cardinality(c.reloptions) > 0),
+            pg_catalog.pg_get_viewdef(scratch)
+        );
+        made := awa._view_shape(pg_catalog.to_regclass(target));
+        if made is distinct from wanted then
+            raise exception 'view % is made as %, not as its definition %',
+                target, coalesce(made, 'nothing'), wanted
+                using errcode = '42P17';
+        end if;
+    end if;
+    execute pg_catalog.format('drop view %s', scratch);
+end;
+$$;
+
 -- Function: awa._security_violations() returns table (rule text, message text, hint text)
 -- The invariants every install and upgrade must leave behind, one row for
 -- each that is broken, naming up to ten offenders and how many more. The
@@ -543,4 +624,6 @@ select awa._grant_execute('awa._grant_select(regclass, text[])');
 select awa._grant_execute('awa._grant_insert(regclass, text[], text[])');
 select awa._grant_execute('awa._ensure_trigger(regclass, text, text)');
 select awa._grant_execute('awa._security_violations()');
+select awa._grant_execute('awa._view_shape(regclass)');
+select awa._grant_execute('awa._ensure_view(text, regclass)');
 select awa._grant_execute('awa._assert_security()');

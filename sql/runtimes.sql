@@ -186,8 +186,12 @@ $$;
 
 select awa._grant_execute('awa.remove_runtime(uuid)', 'producer', 'worker');
 
+-- Each view below is made as a scratch view (its name after _new_) that
+-- awa._ensure_view puts in place only when it differs: CREATE OR REPLACE
+-- VIEW would hold every reader of the view off until the layer commits.
+
 -- View: awa.runtime_overview, the live runtimes.
-create or replace view awa.runtime_overview as
+create view awa._new_runtime_overview as
 select
     r.instance_id,
     r.kind,
@@ -201,11 +205,13 @@ select
 from awa.runtimes as r
 where r.last_seen >= pg_catalog.now() - interval '30 seconds';
 
+select awa._ensure_view('awa.runtime_overview', 'awa._new_runtime_overview');
+
 comment on view awa.runtime_overview is
 'Python producers and workers that published a snapshot in the last 30 seconds.';
 
 -- View: awa.runtime_queue_overview, per live runtime and queue.
-create or replace view awa.runtime_queue_overview as
+create view awa._new_runtime_queue_overview as
 select
     q.instance_id,
     q.queue,
@@ -215,11 +221,13 @@ select
 from awa.runtime_queues as q
 inner join awa.runtime_overview as r on q.instance_id = r.instance_id;
 
+select awa._ensure_view('awa.runtime_queue_overview', 'awa._new_runtime_queue_overview');
+
 comment on view awa.runtime_queue_overview is
 'Per live runtime and physical queue: its last enqueue or claim there and the S then.';
 
 -- View: awa.shard_change_evidence, per shard change.
-create or replace view awa.shard_change_evidence as
+create view awa._new_shard_change_evidence as
 select
     c.change_id,
     c.queue,
@@ -240,6 +248,8 @@ left join lateral (
     where x.change_id = c.change_id
 ) as d on true
 group by c.change_id, c.queue, c.changed_at, c.new_shards, c.old_shards;
+
+select awa._ensure_view('awa.shard_change_evidence', 'awa._new_shard_change_evidence');
 
 comment on view awa.shard_change_evidence is
 'Enqueues since each shard change, from the lanes (every producer, any language): on '

@@ -194,13 +194,17 @@ $$;
 
 select awa._grant_execute('awa._run_policy(integer)', 'reader', 'operator');
 
+-- Each view below is made as a scratch view (its name after _new_) that
+-- awa._ensure_view puts in place only when it differs: CREATE OR REPLACE
+-- VIEW would hold every reader of the view off until the layer commits.
+
 -- View: awa.queue_overview, one row per physical queue.
 -- Reads what the queue's shape costs (its lanes, its counters, its jobs in
 -- flight), never its backlog or history: ready is the lanes' span
 -- (awa._lane_states); scheduled counts up to 10,000; completed,
 -- failed and cancelled are counters since the counters were made.
 -- awa.queue_counts(queue) counts every row, on purpose.
-create or replace view awa.queue_overview as
+create view awa._new_queue_overview as
 select
     m.queue,
     m.enqueue_shards,
@@ -242,6 +246,8 @@ left join (
     from awa.running as x
     group by x.queue_id
 ) as ru on m.queue_id = ru.queue_id;
+
+select awa._ensure_view('awa.queue_overview', 'awa._new_queue_overview');
 
 comment on view awa.queue_overview is
 'Per physical queue: S, shard mode, paused; ready (the span of its lanes'' live lane_seqs), '
@@ -296,7 +302,7 @@ $$;
 select awa._grant_execute('awa.queue_counts(text)', 'reader', 'operator');
 
 -- View: awa.lane_overview, one row per lane.
-create or replace view awa.lane_overview as
+create view awa._new_lane_overview as
 select
     m.queue,
     l.priority,
@@ -313,6 +319,8 @@ select
     l.shard < greatest(m.lane_shards, m.enqueue_shards) as walked
 from awa.queue_meta as m
 cross join lateral awa._lane_states(m.queue_id) as l;
+
+select awa._ensure_view('awa.lane_overview', 'awa._new_lane_overview');
 
 comment on view awa.lane_overview is
 'Per lane: ready depth (the span of its live lane_seqs), lag (age of its oldest ready job), '

@@ -17,6 +17,8 @@ from tests.support.schema import dump as dump_schema
 
 # Table locks that hold writers off (RowExclusiveLock conflicts with each).
 WRITER_BLOCKING = ("ShareLock", "ShareRowExclusiveLock", "ExclusiveLock", "AccessExclusiveLock")
+# What holds a view's readers off (AccessShareLock conflicts with it alone).
+READER_BLOCKING = ("AccessExclusiveLock",)
 
 
 def _layer_changed(db) -> None:
@@ -31,10 +33,13 @@ def _ready(conn: psycopg.Connection, queue: str) -> int:
                         " (queue_id) where m.queue = %s", [queue]).fetchone()[0]
 
 
-def test_the_layer_applied_again_takes_no_lock_that_holds_writers_off_a_table(db):
+def test_the_layer_applied_again_takes_no_lock_that_holds_writers_off_a_table_or_readers_off_a_view(
+        db):
     """A trigger is made again only when it differs: CREATE TRIGGER would wait
     for every COPY load in flight and hold every next one off until the
-    layer commits (DROP TRIGGER, readers too)."""
+    layer commits (DROP TRIGGER, readers too). A view is replaced only when
+    it differs: CREATE OR REPLACE VIEW would wait for every transaction that
+    read it and hold every next reader off until the layer commits."""
     with db.connect() as conn, conn.transaction(force_rollback=True):
         conn.execute("select set_config('search_path', 'pg_catalog, pg_temp', true)")
         conn.execute(migrate._layer_sql(load_layer(), Roles(), "0.0.0-test"))
@@ -42,9 +47,57 @@ def test_the_layer_applied_again_takes_no_lock_that_holds_writers_off_a_table(db
             "select l.relation::regclass::text, l.mode from pg_locks l"
             " join pg_class c on c.oid = l.relation"
             " where l.pid = pg_backend_pid() and l.locktype = 'relation'"
-            " and c.relkind in ('r', 'p') and l.mode = any(%s) order by 1, 2",
-            [list(WRITER_BLOCKING)]).fetchall()
+            " and (c.relkind in ('r', 'p') and l.mode = any(%s)"
+            "      or c.relkind = 'v' and l.mode = any(%s)) order by 1, 2",
+            [list(WRITER_BLOCKING), list(READER_BLOCKING)]).fetchall()
+        views = conn.execute("select count(*) from pg_class where relkind = 'v'"
+                             " and relnamespace = 'awa'::regnamespace").fetchone()[0]
     assert held == []
+    assert views >= 7
+
+
+def test_migrate_runs_while_a_transaction_that_read_every_view_is_open(db, logins):
+    """A dashboard's transaction left open (a psql session) made the apply
+    wait --lock-timeout and exit 5, and every reader after it queued."""
+    reader = db.connect(logins.reader, autocommit=False)
+    try:
+        views = reader.execute("select c.oid::regclass::text from pg_class c"
+                               " where c.relkind = 'v' and c.relnamespace = 'awa'::regnamespace"
+                               " order by 1").fetchall()
+        assert len(views) >= 7
+        for (view,) in views:
+            reader.execute(f"select * from {view} limit 1").fetchall()
+        _layer_changed(db)
+        result = db.awa("migrate", "--lock-timeout", "1s")
+        assert result.returncode == 0, result.stderr
+        assert "applied function layer" in result.stdout
+        reader.execute("select * from awa.queue_overview").fetchall()
+        reader.commit()
+    finally:
+        reader.close()
+
+
+def test_a_view_that_differs_from_the_layer_is_replaced_keeping_its_grants(db, logins):
+    """A changed definition, changed options and a missing view: the next
+    layer puts each back as the files write it, with its grants and comment,
+    and a view that depends on a replaced one stays."""
+    with db.connect() as conn:
+        before = dump_schema(conn)
+        conn.execute("set role awa_owner")
+        conn.execute("create or replace view awa.runtime_overview as select r.instance_id,"
+                     " r.kind, r.hostname, r.pid, r.version, r.in_flight, r.owner_login,"
+                     " r.started_at, r.last_seen from awa.runtimes as r")
+        conn.execute("alter view awa.queue_history set (security_barrier = true)")
+        conn.execute("drop view awa.lane_overview")
+        conn.execute("reset role")
+        assert dump_schema(conn) != before
+    _layer_changed(db)
+    db.awa("migrate", check=True)
+    with db.connect() as conn:
+        assert dump_schema(conn) == before
+    with db.connect(logins.reader) as conn:
+        conn.execute("select * from awa.lane_overview").fetchall()
+        conn.execute("select * from awa.runtime_queue_overview").fetchall()
 
 
 def test_migrate_runs_while_a_copy_load_is_open_and_the_load_lands(db, logins):
@@ -87,9 +140,10 @@ def test_a_trigger_that_differs_from_the_layer_is_made_again(db):
 def test_producers_and_workers_see_no_error_while_the_layer_is_applied_again(db, logins):
     """Enqueue, batch, COPY, claim, heartbeat and complete in loops, over
     prepared statements, while the layer is applied three times: no call
-    fails, every producer and worker loop made calls while a layer was
-    being applied, and every job is ready or finished, none completed
-    twice. (A reader of a view waits for the apply's commit.)"""
+    fails, every producer, worker and view reader loop made calls while a
+    layer was being applied (a reader of a view no longer waits for the
+    apply's commit), and every job is ready or finished, none completed
+    twice."""
     queue = "live-traffic"
     applying, stop = threading.Event(), threading.Event()
     errors: list[str] = []
@@ -157,7 +211,7 @@ def test_producers_and_workers_see_no_error_while_the_layer_is_applied_again(db,
         for t in loops:
             t.join(timeout=30)
     assert errors == []
-    assert {"enqueue", "batch", "copy", "work"} <= set(during), during
+    assert {"enqueue", "batch", "copy", "work", "read"} <= set(during), during
     assert max(completed.values(), default=1) == 1
     with db.connect() as conn:
         finished = conn.execute(
@@ -184,3 +238,38 @@ def test_a_trigger_definition_not_as_postgresql_prints_it_is_refused(db):
         oid = conn.execute("select oid from pg_trigger where tgname = 'probe'").fetchone()
         conn.execute("select awa._ensure_trigger('awa.trigger_probe', 'probe', %s)", [made])
         assert conn.execute("select oid from pg_trigger where tgname = 'probe'").fetchone() == oid
+
+
+def test_a_view_is_made_from_its_scratch_options_included_and_only_when_it_differs(db):
+    """The scratch is dropped whatever happens; a view of the same shape
+    keeps its rule row (it was not replaced), one of other options or
+    columns is replaced, its comment kept."""
+    with db.connect() as conn, conn.transaction(force_rollback=True):
+        conn.execute("set local role awa_owner")
+
+        def ensure(query: str, options: str = "") -> str:
+            conn.execute(f"create view awa._new_probe {options} as {query}")
+            conn.execute("select awa._ensure_view('awa.probe', 'awa._new_probe')")
+            assert conn.execute("select to_regclass('awa._new_probe')").fetchone()[0] is None
+            return conn.execute("select ctid::text from pg_rewrite"
+                                " where ev_class = 'awa.probe'::regclass").fetchone()[0]
+
+        def shape() -> str:
+            return conn.execute("select awa._view_shape('awa.probe')").fetchone()[0]
+
+        made = ensure("select q.queue from awa.queue_meta as q", "with (security_barrier)")
+        conn.execute("comment on view awa.probe is 'kept'")
+        before = shape()
+        assert ensure("select q.queue from awa.queue_meta as q",
+                      "with (security_barrier)") == made
+        assert shape() == before
+        assert ensure("select q.queue from awa.queue_meta as q") != made
+        assert "security_barrier" not in shape()
+        made = ensure("select q.queue, 1 as one from awa.queue_meta as q")
+        assert "one integer" in shape()
+        assert ensure("select q.queue, 1 as one from awa.queue_meta as q") == made
+        conn.execute("create view awa._new_probe as select 1")
+        with pytest.raises(psycopg.errors.InvalidParameterValue), conn.transaction():
+            conn.execute("select awa._ensure_view('probe', 'awa._new_probe')")
+        assert conn.execute("select obj_description('awa.probe'::regclass)").fetchone()[0] \
+            == "kept"

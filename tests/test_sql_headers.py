@@ -101,3 +101,20 @@ def test_wraps_at_100_characters():
     assert all(len(line) <= h.WIDTH for line in lines)
     assert all(line.startswith(h.CONTINUATION) for line in lines[1:])
     assert h.parse_generated(lines)["Calls"] == items
+
+
+def test_a_view_made_in_place_is_refused(tmp_path, monkeypatch):
+    """CREATE OR REPLACE VIEW holds the view's readers off until the layer
+    commits: each view is a scratch that awa._ensure_view puts in place."""
+    (tmp_path / "v.sql").write_text(
+        "create or replace view awa.v as select 1 as one;\n"
+        "create view awa._new_w as select 1 as one;\n"
+        "select awa._ensure_view('awa.w', 'awa._new_w');\n")
+    monkeypatch.setattr(h, "SQL_DIR", tmp_path)
+    with pytest.raises(h.HeaderError, match=r"awa\.v is not made through awa\._ensure_view"):
+        h.read_sql_file("v.sql")
+    (tmp_path / "v.sql").write_text(
+        "create view awa._new_w as select 1 as one;\n"
+        "select awa._ensure_view('awa.w', 'awa._new_w');\n"
+        "select awa._grant_select('awa.w', 'reader');\n")
+    assert h.read_sql_file("v.sql").views == [("awa.w", ("reader",))]

@@ -429,12 +429,19 @@ def read_sql_file(name: str) -> SqlFile:
     stmts = _json(text)["stmts"]
     grants = _grants(stmts, "awa._grant_execute")
     selects = _grants(stmts, "awa._grant_select")
+    # A view is made as a scratch view that awa._ensure_view(view, scratch)
+    # puts in place: list it by its own name.
+    scratches = {args[0]: view for view, args in _grants(stmts, "awa._ensure_view").items()}
     functions, views = [], []
     for raw in stmts:
         start = raw.get("stmt_location", 0)
         sql = data[start:start + raw["stmt_len"]].decode()
         if "ViewStmt" in raw["stmt"]:
-            view = _range_var(raw["stmt"]["ViewStmt"]["view"])
+            made = _range_var(raw["stmt"]["ViewStmt"]["view"])
+            if made not in scratches:
+                raise HeaderError(f"{name}: view {made} is not made through awa._ensure_view "
+                                  "(CREATE OR REPLACE VIEW locks out its readers)")
+            view = scratches[made]
             views.append((view, selects.get(view, ())))
         if "CreateFunctionStmt" not in raw["stmt"]:
             continue
