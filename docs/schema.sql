@@ -1971,7 +1971,11 @@ AS $function$
 declare
     made text;
 begin
-    made := (select pg_catalog.pg_get_triggerdef(t.oid) from pg_catalog.pg_trigger as t
+    -- pg_get_triggerdef does not print whether the trigger fires: one
+    -- disabled (or set to fire on replica only) is made again too.
+    made := (select pg_catalog.pg_get_triggerdef(t.oid)
+                    || case when t.tgenabled <> 'O' then ' -- not enabled' else '' end
+               from pg_catalog.pg_trigger as t
               where t.tgrelid = on_table and t.tgname = _ensure_trigger.name);
     if made is not distinct from definition then
         return;

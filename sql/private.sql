@@ -324,13 +324,14 @@ $$;
 -- Function: awa._ensure_trigger(on_table regclass, name text, definition text)
 -- Makes trigger `name` on `on_table` by `definition`, a CREATE [CONSTRAINT]
 -- TRIGGER statement written as pg_get_triggerdef prints it, unless the
--- table has that trigger so already: then it changes nothing and takes no
--- lock on the table. CREATE TRIGGER waits for every writer of the table in
--- flight (a COPY load open for minutes) and holds every next one off until
--- the layer commits, DROP TRIGGER its readers too: layer files make their
--- triggers with this, so that a layer applied again on a live queue stops
--- no producer. A trigger of that name that differs is dropped and made
--- again.
+-- table has that trigger so already, enabled: then it changes nothing and
+-- takes no lock on the table. CREATE TRIGGER waits for every writer of the
+-- table in flight (a COPY load open for minutes) and holds every next one
+-- off until the layer commits, DROP TRIGGER its readers too: layer files
+-- make their triggers with this, so that a layer applied again on a live
+-- queue stops no producer. A trigger of that name that differs, or that does not fire
+-- (ALTER TABLE ... DISABLE TRIGGER, ENABLE REPLICA TRIGGER), is dropped and
+-- made again.
 -- Errors: 42P17 the trigger made does not print as `definition` (every
 -- apply would make it again).
 -- Calls: (dynamic)
@@ -343,7 +344,11 @@ as $$
 declare
     made text;
 begin
-    made := (select pg_catalog.pg_get_triggerdef(t.oid) from pg_catalog.pg_trigger as t
+    -- pg_get_triggerdef does not print whether the trigger fires: one
+    -- disabled (or set to fire on replica only) is made again too.
+    made := (select pg_catalog.pg_get_triggerdef(t.oid)
+                    || case when t.tgenabled <> 'O' then ' -- not enabled' else '' end
+               from pg_catalog.pg_trigger as t
               where t.tgrelid = on_table and t.tgname = _ensure_trigger.name);
     if made is not distinct from definition then
         return;

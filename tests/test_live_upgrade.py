@@ -137,6 +137,28 @@ def test_a_trigger_that_differs_from_the_layer_is_made_again(db):
         assert dump_schema(conn) == before
 
 
+@pytest.mark.parametrize("how", ["disable trigger copy_pending_move",
+                                 "enable replica trigger copy_pending_move"])
+def test_a_trigger_left_disabled_is_enabled_again(db, logins, how):
+    """pg_get_triggerdef does not print whether a trigger fires: one left
+    disabled (an interrupted restore with --disable-triggers, an ALTER TABLE)
+    printed as the layer writes it, and a COPY load's jobs stayed staged."""
+    with db.connect() as conn:
+        conn.execute("set role awa_owner")
+        conn.execute(f"alter table awa.copy_pending {how}")
+        conn.execute("reset role")
+    _layer_changed(db)
+    db.awa("migrate", check=True)
+    with db.connect() as conn:
+        assert conn.execute("select tgenabled from pg_trigger where tgname = 'copy_pending_move'"
+                            ).fetchone()[0] == "O"
+    with db.connect(logins.producer) as conn, conn.transaction(), \
+            conn.cursor().copy(COPY_SQL) as cp:
+        cp.write_row(("disabled-trigger", 2, None, "k", "{}", None, 5))
+    with db.connect() as conn:
+        assert _ready(conn, "disabled-trigger") == 1
+
+
 def test_producers_and_workers_see_no_error_while_the_layer_is_applied_again(db, logins):
     """Enqueue, batch, COPY, claim, heartbeat and complete in loops, over
     prepared statements, while the layer is applied three times: no call
