@@ -3351,16 +3351,28 @@ $function$;
 
 CREATE OR REPLACE FUNCTION awa._note_run(task text)
  RETURNS void
- LANGUAGE sql
+ LANGUAGE plpgsql
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
-    update awa.maintenance_runs as r set last_at = now()
-      from (
-          select x.ctid from awa.maintenance_runs as x
-           where x.name = _note_run.task and x.last_at < now() - interval '5 seconds'
-             for update skip locked
-      ) as s
-     where r.ctid = s.ctid;
+begin
+    if not exists (
+        select from awa.maintenance_runs as x
+         where x.name = _note_run.task and x.last_at < now() - interval '5 seconds'
+    ) then
+        return;
+    end if;
+    begin
+        update awa.maintenance_runs as r set last_at = now()
+          from (
+              select x.ctid from awa.maintenance_runs as x
+               where x.name = _note_run.task and x.last_at < now() - interval '5 seconds'
+                 for update skip locked
+          ) as s
+         where r.ctid = s.ctid;
+    exception when serialization_failure then
+        null;  -- updated since this transaction's snapshot: recorded by another
+    end;
+end;
 $function$;
 
 CREATE OR REPLACE FUNCTION awa._null_at(arr anyarray, positions integer[])

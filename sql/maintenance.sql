@@ -43,21 +43,36 @@ select awa._grant_execute('awa.try_pass_lock(text)', 'maintenance');
 -- left as it is (a task called every second writes a row version every 5),
 -- and one another transaction holds is skipped, not waited for: that
 -- transaction records the run, and two maintenance calls never wait for
--- each other here.
+-- each other here. Outside read committed, a row another transaction
+-- updated since the caller's snapshot is skipped too (that one recorded
+-- the run): its lock would fail the caller's maintenance call with 40001.
+-- The subtransaction that catches it is entered only when a record is due.
 -- Calls: nothing
 -- Writes: awa.maintenance_runs
 create or replace function awa._note_run(task text)
 returns void
-language sql
+language plpgsql
 set search_path = pg_catalog, pg_temp
 as $$
-    update awa.maintenance_runs as r set last_at = now()
-      from (
-          select x.ctid from awa.maintenance_runs as x
-           where x.name = _note_run.task and x.last_at < now() - interval '5 seconds'
-             for update skip locked
-      ) as s
-     where r.ctid = s.ctid;
+begin
+    if not exists (
+        select from awa.maintenance_runs as x
+         where x.name = _note_run.task and x.last_at < now() - interval '5 seconds'
+    ) then
+        return;
+    end if;
+    begin
+        update awa.maintenance_runs as r set last_at = now()
+          from (
+              select x.ctid from awa.maintenance_runs as x
+               where x.name = _note_run.task and x.last_at < now() - interval '5 seconds'
+                 for update skip locked
+          ) as s
+         where r.ctid = s.ctid;
+    exception when serialization_failure then
+        null;  -- updated since this transaction's snapshot: recorded by another
+    end;
+end;
 $$;
 
 select awa._grant_execute('awa._note_run(text)');

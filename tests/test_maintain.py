@@ -227,6 +227,26 @@ def test_a_run_is_recorded_once_per_five_seconds(db, logins):
                              " where name = 'promote'").fetchone()[0] == xmin
 
 
+@pytest.mark.parametrize("isolation", ["repeatable read", "serializable"])
+def test_a_run_recorded_since_the_snapshot_does_not_fail_a_call_outside_read_committed(
+        db, logins, isolation):
+    """promote_due, rescue_expired and the other calls that do not ask for
+    read committed run under any isolation: a second call whose snapshot is
+    older than the first's record skips the record, it does not fail 40001
+    (a lock on a row updated since the snapshot)."""
+    with db.connect() as admin, db.connect(logins.maintenance) as first, \
+            db.connect(logins.maintenance, autocommit=False) as second:
+        _age_runs(admin)
+        second.execute(f"set transaction isolation level {isolation}")
+        second.execute("select 1").fetchone()  # its snapshot
+        first.execute("select awa.promote_due()")  # records, and commits
+        recorded = _last_runs(admin)["promote"]
+        assert recorded.year > 2000
+        assert second.execute("select awa.promote_due()").fetchone()[0] == 0
+        second.commit()
+        assert _last_runs(admin)["promote"] == recorded
+
+
 @pytest.mark.parametrize("task", ["", "Promote", "a-b", "x" * 41, None])
 def test_a_pass_lock_of_a_bad_name_is_refused(db, logins, task):
     with db.connect(logins.maintenance) as m, pytest.raises(psycopg.Error) as err:
