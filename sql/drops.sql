@@ -293,6 +293,7 @@ set lock_timeout = '100ms'
 as $$
 declare
     candidates integer[];
+    drops xid8[];
     qid integer;
     meta awa.queue_meta;
     busy bigint;
@@ -310,7 +311,9 @@ begin
     perform pg_stat_clear_snapshot();
     perform awa._drop_sequences();
     perform pg_stat_clear_snapshot();
-    select array_agg(m.queue_id order by m.queue_id) into candidates
+    select array_agg(m.queue_id order by m.queue_id),
+           array_agg(m.dropped_xact order by m.queue_id)
+      into candidates, drops
       from awa.queue_meta as m
      cross join (select awa._oldest_snapshot() as xmin) as o
      where m.dropped_xact is not null
@@ -323,12 +326,15 @@ begin
     exception when lock_not_available then
         return;
     end;
-    foreach qid in array candidates loop
+    for i in 1 .. cardinality(candidates) loop
         exit when locked >= 1024;
+        qid := candidates[i];
         meta := null;
         begin
+            -- The drop the list read, not a later one: a queue put back and
+            -- dropped again since is not yet before every snapshot.
             select m.* into meta from awa.queue_meta as m
-             where m.queue_id = qid and m.dropped_xact is not null
+             where m.queue_id = qid and m.dropped_xact = drops[i]
                for update;
         exception when lock_not_available then
             continue;  -- an insert into awa.scheduled in flight, or a change: the next call
