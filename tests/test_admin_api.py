@@ -1008,7 +1008,9 @@ def test_head_is_answered_as_get_without_the_body(db, api):
         same = ("content-type", "content-security-policy", "x-frame-options")
         assert {k: head.headers.get(k) for k in same} == {k: got.headers.get(k) for k in same}
         if "content-length" in got.headers:
-            assert head.headers["content-length"] == got.headers["content-length"], path
+            assert "content-length" in head.headers, path
+            if not path.startswith("/api/"):  # a read's numbers change between two calls
+                assert head.headers["content-length"] == got.headers["content-length"], path
     missing = api.head("/api/no-such-thing")
     assert (missing.status_code, missing.content) == (404, b"")
     # A route that takes no GET answers HEAD as it answers GET.
