@@ -77,24 +77,33 @@ def test_migrate_runs_while_a_transaction_that_read_every_view_is_open(db, login
         reader.close()
 
 
-def test_a_view_that_differs_from_the_layer_is_replaced_keeping_its_grants(db, logins):
-    """A changed definition, changed options and a missing view: the next
-    layer puts each back as the files write it, with its grants and comment,
-    and a view that depends on a replaced one stays."""
+def _migrate_undoes(db, *changes: str) -> None:
+    """Makes ``changes`` as the owner, then asserts the next layer apply puts
+    the schema back as it was."""
     with db.connect() as conn:
         before = dump_schema(conn)
         conn.execute("set role awa_owner")
-        conn.execute("create or replace view awa.runtime_overview as select r.instance_id,"
-                     " r.kind, r.hostname, r.pid, r.version, r.in_flight, r.owner_login,"
-                     " r.started_at, r.last_seen from awa.runtimes as r")
-        conn.execute("alter view awa.queue_history set (security_barrier = true)")
-        conn.execute("drop view awa.lane_overview")
+        for change in changes:
+            conn.execute(change)
         conn.execute("reset role")
         assert dump_schema(conn) != before
     _layer_changed(db)
     db.awa("migrate", check=True)
     with db.connect() as conn:
         assert dump_schema(conn) == before
+
+
+def test_a_view_that_differs_from_the_layer_is_replaced_keeping_its_grants(db, logins):
+    """A changed definition, changed options and a missing view: the next
+    layer puts each back as the files write it, with its grants and comment,
+    and a view that depends on a replaced one stays."""
+    _migrate_undoes(
+        db,
+        "create or replace view awa.runtime_overview as select r.instance_id,"
+        " r.kind, r.hostname, r.pid, r.version, r.in_flight, r.owner_login,"
+        " r.started_at, r.last_seen from awa.runtimes as r",
+        "alter view awa.queue_history set (security_barrier = true)",
+        "drop view awa.lane_overview")
     with db.connect(logins.reader) as conn:
         conn.execute("select * from awa.lane_overview").fetchall()
         conn.execute("select * from awa.runtime_queue_overview").fetchall()
@@ -123,18 +132,11 @@ def test_migrate_runs_while_a_copy_load_is_open_and_the_load_lands(db, logins):
 
 
 def test_a_trigger_that_differs_from_the_layer_is_made_again(db):
-    with db.connect() as conn:
-        before = dump_schema(conn)
-        conn.execute("set role awa_owner")
-        conn.execute("drop trigger copy_pending_move on awa.copy_pending")
-        conn.execute("create or replace trigger copy_staging_note after insert on"
-                     " awa.copy_staging for each row execute function awa._note_copy()")
-        conn.execute("reset role")
-        assert dump_schema(conn) != before
-    _layer_changed(db)
-    db.awa("migrate", check=True)
-    with db.connect() as conn:
-        assert dump_schema(conn) == before
+    _migrate_undoes(
+        db,
+        "drop trigger copy_pending_move on awa.copy_pending",
+        "create or replace trigger copy_staging_note after insert on"
+        " awa.copy_staging for each row execute function awa._note_copy()")
 
 
 @pytest.mark.parametrize("how", ["disable trigger copy_pending_move",
