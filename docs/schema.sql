@@ -4152,6 +4152,14 @@ begin
 end;
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._retry_states()
+ RETURNS text[]
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+    select array['failed', 'cancelled']
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._role_for(capability text)
  RETURNS name
  LANGUAGE plpgsql
@@ -6988,7 +6996,7 @@ begin
     for look in 1 .. 2 loop
         select x.* into f
           from awa.finished as x
-         where x.job_id = retry_job.job_id and x.state in ('failed', 'cancelled')
+         where x.job_id = retry_job.job_id and x.state = any(awa._retry_states())
            and x.args is not null
            for update;
         held := found;
@@ -7010,7 +7018,7 @@ begin
 end;
 $function$;
 
-CREATE OR REPLACE FUNCTION awa.retry_jobs(queue text, kind text DEFAULT NULL::text, max_jobs integer DEFAULT 10000)
+CREATE OR REPLACE FUNCTION awa.retry_jobs(queue text, kind text DEFAULT NULL::text, max_jobs integer DEFAULT 10000, state text DEFAULT 'failed'::text)
  RETURNS bigint
  LANGUAGE plpgsql
  SECURITY DEFINER
@@ -7028,6 +7036,16 @@ declare
     k integer := 1;
 begin
     perform awa._check_max_jobs('max_jobs', max_jobs);
+    if retry_jobs.state is null then
+        raise exception 'state must not be null'
+            using errcode = '22004';
+    end if;
+    if not retry_jobs.state = any(awa._retry_states()) then
+        raise exception 'state must be %, got %',
+                        array_to_string(awa._retry_states(), ' or '),
+                        quote_literal(retry_jobs.state)
+            using errcode = '22023';
+    end if;
     for look in 1 .. 2 loop
         with gone as (
             select x.*
@@ -7041,7 +7059,7 @@ begin
                  -- job_id) index of each slot, merged.
                  select y.*
                    from awa.finished as y
-                  where y.queue_id = q.id and y.state between 'failed' and 'failed'
+                  where y.queue_id = q.id and y.state between retry_jobs.state and retry_jobs.state
                     and y.args is not null
                     and (retry_jobs.kind is null or y.kind = retry_jobs.kind)
                     and (y.unique_key is null or not exists (
@@ -7079,7 +7097,7 @@ begin
         -- new slot: a 0 means none is left.
         perform
           from awa.finished as y
-         where y.queue_id = any(ids) and y.state between 'failed' and 'failed'
+         where y.queue_id = any(ids) and y.state between retry_jobs.state and retry_jobs.state
            and y.args is not null
            and (retry_jobs.kind is null or y.kind = retry_jobs.kind)
          limit 1
@@ -7739,7 +7757,7 @@ GRANT EXECUTE ON FUNCTION awa.rescue_expired(integer) TO awa_maintenance;
 GRANT EXECUTE ON FUNCTION awa.resume_queue(text) TO awa_operator;
 GRANT EXECUTE ON FUNCTION awa.retire_lanes() TO awa_maintenance;
 GRANT EXECUTE ON FUNCTION awa.retry_job(bigint) TO awa_operator;
-GRANT EXECUTE ON FUNCTION awa.retry_jobs(text,text,integer) TO awa_operator;
+GRANT EXECUTE ON FUNCTION awa.retry_jobs(text,text,integer,text) TO awa_operator;
 GRANT EXECUTE ON FUNCTION awa.rotate_running() TO awa_maintenance;
 GRANT EXECUTE ON FUNCTION awa.sample_lane_contention() TO awa_maintenance;
 GRANT EXECUTE ON FUNCTION awa.set_autoscale_policy(text,interval,numeric,numeric,interval,numeric,interval,integer) TO awa_operator;

@@ -1021,6 +1021,19 @@ begin
 end;
 $$;
 
+-- Function: awa._retry_states() returns text[]
+-- The states a job is retried from: failed and cancelled. awa.retry_job
+-- takes a job in either; awa.retry_jobs one of them a call. Inlined.
+-- Calls: nothing
+-- Writes: nothing
+create or replace function awa._retry_states()
+returns text[]
+language sql
+immutable parallel safe
+as $$
+    select array['failed', 'cancelled']
+$$;
+
 -- Function: awa.retry_job(job_id bigint) returns boolean
 -- A failed or cancelled job runs again now: back into a lane of its queue
 -- with its job_id, args, ordering key, priority and max_attempts, and a
@@ -1033,7 +1046,7 @@ $$;
 -- holds now (ADR 027).
 -- Role: awa_operator.
 -- Errors: 22004 null job_id.
--- Calls: awa._requeue
+-- Calls: awa._requeue, awa._retry_states
 -- Writes: awa.finished
 create or replace function awa.retry_job(job_id bigint)
 returns boolean
@@ -1059,7 +1072,7 @@ begin
     for look in 1 .. 2 loop
         select x.* into f
           from awa.finished as x
-         where x.job_id = retry_job.job_id and x.state in ('failed', 'cancelled')
+         where x.job_id = retry_job.job_id and x.state = any(awa._retry_states())
            and x.args is not null
            for update;
         held := found;
@@ -1081,24 +1094,30 @@ begin
 end;
 $$;
 
--- Function: awa.retry_jobs(queue text, kind text, max_jobs integer) returns bigint
--- awa.retry_job for up to max_jobs failed jobs of a queue (a logical name
--- covers its partitions and stripes), optionally of one kind, oldest job
--- id first within each physical queue. Cancelled jobs stay cancelled
--- (retry one with awa.retry_job). Rows another transaction holds (a
--- retry, a carry of awa.prune_finished) are skipped; when they are all that
--- is left, they are waited for once (the caller's lock_timeout bounds the
--- wait) and looked for again, so a 0 means none is left to retry. Jobs
--- whose unique key another job holds now are skipped too (they stay
--- failed). Call it again until it returns 0 to retry more than max_jobs,
--- each call its own transaction. Returns how many jobs it retried.
+-- Function: awa.retry_jobs(queue text, kind text, max_jobs integer, state text)
+--   returns bigint
+-- awa.retry_job for up to max_jobs jobs of a queue (a logical name covers
+-- its partitions and stripes) in `state`, failed (the default) or
+-- cancelled, optionally of one kind, oldest job id first within each
+-- physical queue. One state a call: bringing back a flood of cancelled
+-- jobs never retries the failed ones too, nor the other way round. Rows
+-- another transaction holds (a retry, a carry of
+-- awa.prune_finished) are skipped; when they are all that is left, they
+-- are waited for once (the caller's lock_timeout bounds the wait) and
+-- looked for again, so a 0 means none is left to retry. Jobs whose unique
+-- key another job holds now are skipped too (they stay failed or
+-- cancelled). Call it again until it returns 0 to retry more than
+-- max_jobs, each call its own transaction. Returns how many jobs it
+-- retried.
 -- Role: awa_operator.
--- Errors: 22004 null queue or max_jobs; 22023 max_jobs outside 1 .. 100000,
--- a bad name; 42704 no such queue.
--- Calls: awa._check_max_jobs, awa._queue_ids, awa._requeue, awa._unique_scope
+-- Errors: 22004 null queue, max_jobs or state; 22023 max_jobs outside
+-- 1 .. 100000, a state other than failed or cancelled, a bad name; 42704
+-- no such queue.
+-- Calls: awa._check_max_jobs, awa._queue_ids, awa._requeue, awa._retry_states, awa._unique_scope
 -- Writes: awa.finished
 create or replace function awa.retry_jobs(
-    queue text, kind text default null, max_jobs integer default 10000
+    queue text, kind text default null, max_jobs integer default 10000,
+    state text default 'failed'
 )
 returns bigint
 language plpgsql
@@ -1118,6 +1137,16 @@ declare
     k integer := 1;
 begin
     perform awa._check_max_jobs('max_jobs', max_jobs);
+    if retry_jobs.state is null then
+        raise exception 'state must not be null'
+            using errcode = '22004';
+    end if;
+    if not retry_jobs.state = any(awa._retry_states()) then
+        raise exception 'state must be %, got %',
+                        array_to_string(awa._retry_states(), ' or '),
+                        quote_literal(retry_jobs.state)
+            using errcode = '22023';
+    end if;
     for look in 1 .. 2 loop
         with gone as (
             select x.*
@@ -1131,7 +1160,7 @@ begin
                  -- job_id) index of each slot, merged.
                  select y.*
                    from awa.finished as y
-                  where y.queue_id = q.id and y.state between 'failed' and 'failed'
+                  where y.queue_id = q.id and y.state between retry_jobs.state and retry_jobs.state
                     and y.args is not null
                     and (retry_jobs.kind is null or y.kind = retry_jobs.kind)
                     and (y.unique_key is null or not exists (
@@ -1169,7 +1198,7 @@ begin
         -- new slot: a 0 means none is left.
         perform
           from awa.finished as y
-         where y.queue_id = any(ids) and y.state between 'failed' and 'failed'
+         where y.queue_id = any(ids) and y.state between retry_jobs.state and retry_jobs.state
            and y.args is not null
            and (retry_jobs.kind is null or y.kind = retry_jobs.kind)
          limit 1
@@ -1226,8 +1255,9 @@ select awa._grant_execute(
     'awa._requeue(bigint[], integer[], smallint[], text[], jsonb[], bytea[], integer[],'
     ' timestamptz[], text[], interval[], bytea[], interval[])'
 );
+select awa._grant_execute('awa._retry_states()');
 select awa._grant_execute('awa.retry_job(bigint)', 'operator');
-select awa._grant_execute('awa.retry_jobs(text, text, integer)', 'operator');
+select awa._grant_execute('awa.retry_jobs(text, text, integer, text)', 'operator');
 
 -- The first apply of this layer after migration 0020 (the earlier layer's
 -- last apply predates it): record the ready rows that entered their lane

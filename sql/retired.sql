@@ -116,3 +116,6 @@ drop function if exists awa._check_row(
 -- Unreleased: awa.jobs lists one worker's running jobs too (its last
 -- argument, worker).
 drop function if exists awa.jobs(text, text, text, bigint, integer);
+-- Unreleased: awa.retry_jobs takes the state it retries, failed or
+-- cancelled (its last argument, state).
+drop function if exists awa.retry_jobs(text, text, integer);

@@ -502,6 +502,99 @@ def test_a_cancelled_job_can_be_retried(db, logins):
         assert (c[0], c[7], c[10]) == (job_id, {"a": 1}, b"k")
 
 
+def _cancelled_flood(db, logins, queue: str) -> dict[str, list[int]]:
+    """A queue as the AwaJobsFailing runbook leaves it: kind 'bad' cancelled
+    (a running one by id, its first attempt spent; ready and scheduled ones
+    in bulk), two 'bad' jobs failed for good, and a 'good' job cancelled."""
+    with db.connect(logins.producer) as p:
+        run = enqueue(p, queue, "bad", args=Jsonb({"run": 1}))[0]
+    with db.connect(logins.worker) as w:
+        assert [c[0] for c in claim(w, [queue])] == [run]
+    with db.connect(logins.producer) as p:
+        failing = [enqueue(p, queue, "bad", max_attempts=1)[0] for _ in range(2)]
+    with db.connect(logins.worker) as w:
+        for job_id, lease, *_ in claim(w, [queue]):
+            assert w.execute("select awa.fail(%s, %s, 'poison')", [job_id, lease]).fetchone()[0]
+    with db.connect(logins.producer) as p:
+        ready = [enqueue(p, queue, "bad", args=Jsonb({"i": i}),
+                         ordering_key=b"acct-7" if i == 0 else None, priority=1,
+                         max_attempts=4)[0] for i in range(5)]
+        later = enqueue(p, queue, "bad", args=Jsonb({"later": True}), run_at="2999-01-01")[0]
+        good = enqueue(p, queue, "good", args=Jsonb({"g": 1}))[0]
+    with db.connect(logins.operator) as op:
+        assert op.execute("select awa.cancel_job(%s)", [run]).fetchone()[0]
+        assert op.execute("select awa.cancel_jobs(%s, 'bad')", [queue]).fetchone()[0] == 6
+        assert op.execute("select awa.cancel_job(%s)", [good]).fetchone()[0]
+    return {"cancelled": [run, *ready, later], "failed": failing, "good": [good]}
+
+
+def test_bulk_retry_of_cancelled_jobs_brings_them_back_as_retry_job_does(db, logins):
+    """The runbook's way back after a fix: awa.retry_jobs(state => 'cancelled')
+    takes the cancelled jobs of a queue and kind, and only those, as
+    awa.retry_job takes one: ready now with attempt 0, their max_attempts,
+    args, ordering key, priority and last error. The default stays failed."""
+    ids = _cancelled_flood(db, logins, "cf")
+    with db.connect(logins.reader) as r:
+        assert r.execute("select awa.count_jobs('cf', 'cancelled', 'bad')").fetchone()[0] == 7
+        before = {j: job(r, j) for j in ids["cancelled"]}
+    with db.connect(logins.operator) as op:
+        # One of them by id, for what awa.retry_job gives a job.
+        assert op.execute("select awa.retry_job(%s)", [ids["cancelled"][0]]).fetchone()[0]
+        one = job(op, ids["cancelled"][0])
+        assert op.execute("select awa.retry_jobs('cf', 'bad', 2, 'cancelled')").fetchone()[0] == 2
+        assert op.execute("select awa.retry_jobs('cf', 'bad', state => 'cancelled')"
+                          ).fetchone()[0] == 4
+        assert op.execute("select awa.retry_jobs('cf', 'bad', state => 'cancelled')"
+                          ).fetchone()[0] == 0
+        after = {j: job(op, j) for j in ids["cancelled"]}
+        # The failed ones and the other kind stayed as they were.
+        assert [job(op, j)["state"] for j in ids["failed"]] == ["failed"] * 2
+        assert job(op, ids["good"][0])["state"] == "cancelled"
+        assert op.execute("select awa.retry_jobs('cf', 'bad')").fetchone()[0] == 2
+    assert one["state"] == "ready" and one["attempt"] == 0
+    for j, row in after.items():
+        was = before[j]
+        assert row["state"] == "ready", (j, row)  # the scheduled one too: it runs now
+        assert (row["attempt"], row["max_attempts"], row["priority"], row["args"],
+                row["ordering_key"], row["last_error"]) == (
+            one["attempt"], was["max_attempts"], was["priority"], was["args"],
+            was["ordering_key"], was["last_error"]), (j, row, was)
+        assert row["last_error"].startswith("cancelled by ")
+    with db.connect(logins.worker) as w:
+        got = {c[0]: (c[7], c[10]) for c in claim_all(w, ["cf"])}
+    assert set(got) == {*ids["cancelled"], *ids["failed"]}
+    assert got[ids["cancelled"][0]] == ({"run": 1}, None)
+    assert got[ids["cancelled"][1]] == ({"i": 0}, b"acct-7")
+
+
+def test_bulk_retry_of_cancelled_jobs_skips_rows_another_call_holds_then_waits_once(
+        db, logins):
+    """As for failed jobs: a cancelled row another transaction holds (a
+    retry in flight) is skipped while others are left, and waited for once
+    when it is all that is left, so that a 0 means none is left."""
+    with db.connect(logins.producer) as p:
+        # The held one in a lane of its own (priority 1): the retry in flight
+        # holds its lane too, until it commits.
+        ids = [enqueue(p, "ch", "k", args=Jsonb({"i": i}), priority=1 if i == 0 else 2)[0]
+               for i in range(3)]
+    with db.connect(logins.operator) as op:
+        assert op.execute("select awa.cancel_jobs('ch')").fetchone()[0] == 3
+    with db.connect(logins.operator, autocommit=False) as holder, \
+            db.connect(logins.operator, autocommit=False) as op:
+        assert holder.execute("select awa.retry_job(%s)", [ids[0]]).fetchone()[0]
+        # Skipped without a wait: a wait would end in this lock timeout.
+        op.execute("set local lock_timeout = '5s'")
+        assert op.execute("select awa.retry_jobs('ch', state => 'cancelled')"
+                          ).fetchone()[0] == 2
+        op.commit()
+        call = behind(db, holder, op, lambda c: c.execute(
+            "select awa.retry_jobs('ch', state => 'cancelled')").fetchone()[0])
+    assert call.error is None and call.result == 0
+    with db.connect(logins.reader) as r:
+        assert [job(r, j)["state"] for j in ids] == ["ready"] * 3
+        assert r.execute("select awa.count_jobs('ch', 'ready')").fetchone()[0] == 3
+
+
 def test_retry_of_a_job_in_any_other_state_is_false_and_changes_nothing(db, logins):
     ids = one_of_each(db, logins)
     with db.connect() as su:
@@ -677,6 +770,12 @@ BAD = [
     ("select awa.count_jobs('bad', 'ready', up_to => -1)", "22023",
      "up_to must be between 1 and 100000, got -1"),
     ("select awa.retry_jobs('bad', max_jobs => 0)", "22023", "max_jobs must be between 1"),
+    ("select awa.retry_jobs('bad', state => null)", "22004", "state must not be null"),
+    ("select awa.retry_jobs('bad', state => 'ready')", "22023",
+     "state must be failed or cancelled, got 'ready'"),
+    ("select awa.retry_jobs('bad', 'k', 10, 'Cancelled')", "22023",
+     "state must be failed or cancelled, got 'Cancelled'"),
+    ("select awa.retry_jobs('nope', state => 'cancelled')", "42704", "does not exist"),
     ("select awa.cancel_jobs('bad', max_jobs => 200000)", "22023", "got 200000"),
     ("select awa.cancel_jobs('bad', max_jobs => null)", "22004", "max_jobs must not be null"),
     ("select awa.retry_jobs('nope')", "42704", "does not exist"),

@@ -290,6 +290,32 @@ def test_bulk_retry_skips_jobs_whose_key_is_held_and_retries_the_rest(db, logins
     assert [states[i] for i in ids] == ["failed", "ready", "ready", "failed", "ready", "ready"]
 
 
+def test_bulk_retry_of_cancelled_jobs_skips_those_whose_key_is_held_and_retries_the_rest(
+        db, logins):
+    """A cancel gives a job's key back; a job enqueued with it meanwhile holds
+    it, and the cancelled one stays cancelled (not changed, not counted as
+    retried), as a failed one stays failed. The others take their keys
+    back: an enqueue of one of them is a duplicate of the retried job."""
+    with db.connect(logins.producer) as p:
+        ids = [put(p, "rbc", f"k{i}".encode())["job_id"] for i in range(5)]
+    with db.connect(logins.operator) as op:
+        assert op.execute("select awa.cancel_jobs('rbc')").fetchone()[0] == 5
+    with db.connect(logins.producer) as p:
+        assert put(p, "rbc", b"k1")["duplicate"] is False
+        assert put(p, "rbc", b"k4")["duplicate"] is False
+    with db.connect(logins.operator) as op:
+        assert op.execute("select awa.retry_jobs('rbc')").fetchone()[0] == 0  # failed: none
+        assert op.execute("select awa.retry_jobs('rbc', state => 'cancelled')"
+                          ).fetchone()[0] == 3
+        assert op.execute("select awa.retry_jobs('rbc', state => 'cancelled')"
+                          ).fetchone()[0] == 0
+        states = {i: op.execute("select state from awa.job(%s)", [i]).fetchone()[0] for i in ids}
+    assert [states[i] for i in ids] == ["ready", "cancelled", "ready", "ready", "cancelled"]
+    with db.connect(logins.producer) as p:
+        again = put(p, "rbc", b"k2")
+    assert again["duplicate"] is True and again["job_id"] == ids[2]
+
+
 # -- bad input ------------------------------------------------------------------------------
 
 
