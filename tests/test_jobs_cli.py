@@ -13,6 +13,7 @@ import sys
 import pytest
 from psycopg.types.json import Jsonb
 
+from awa_sql.defaults import RETRY_STATES
 from tests.support.jobs import claim, enqueue
 
 NO_SUCH_JOB = 8
@@ -92,6 +93,10 @@ def test_list_pages_with_after_and_filters(db, logins, failed):
     ["retry", "1", "--queue", "cli"],
     ["cancel", "1", "--kind", "mail"],
     ["cancel", "--queue", "cli", "--batch", "0"],
+    ["retry", "--queue", "cli", "--state", "ready"],
+    ["retry", "--queue", "cli", "--state", "Cancelled"],
+    ["retry", "1", "--state", "cancelled"],
+    ["cancel", "--queue", "cli", "--state", "failed"],
     ["show", "x"],
 ])
 def test_bad_arguments_exit_2_and_change_nothing(db, logins, failed, args):
@@ -198,6 +203,57 @@ def test_bulk_retry_and_cancel_ask_first_then_loop_in_batches(db, logins, failed
     none = db.awa("jobs", "cancel", "--queue", "cli", "--yes", user=logins.operator,
                   check=True)
     assert "no ready or scheduled jobs in cli" in none.stdout
+
+
+def test_bulk_retry_of_cancelled_jobs_asks_naming_the_state_and_leaves_failed_ones(
+        db, logins, failed):
+    """The AwaJobsFailing runbook: a flood cancelled with `awa jobs cancel
+    --queue Q --kind K --yes` comes back after the fix with `awa jobs retry
+    --queue Q --kind K --state cancelled`, the failed jobs left failed."""
+    with db.connect(logins.producer) as p:
+        bad = [enqueue(p, "cli", "bad", args=Jsonb({"b": i}))[0] for i in range(3)]
+    db.awa("jobs", "cancel", "--queue", "cli", "--kind", "bad", "--yes",
+           user=logins.operator, check=True)
+    asked = db.awa("jobs", "retry", "--queue", "cli", "--kind", "bad", "--state", "cancelled",
+                   user=logins.operator)
+    assert asked.returncode == 2
+    assert "Retry 3 cancelled jobs of kind 'bad' of cli?" in asked.stderr, asked.stderr
+    assert [_state(db, j) for j in bad] == ["cancelled"] * 3
+    none = db.awa("jobs", "retry", "--queue", "cli", "--kind", "bad", "--yes",
+                  user=logins.operator, check=True)  # the default: failed jobs only
+    assert "no failed jobs of kind 'bad' in cli" in none.stdout
+    done = db.awa("jobs", "retry", "--queue", "cli", "--kind", "bad", "--state", "cancelled",
+                  "--batch", "2", "--yes", "--json", user=logins.operator, check=True)
+    assert json.loads(done.stdout) == {"queue": "cli", "kind": "bad", "retried": 3,
+                                       "more": False}
+    assert [_state(db, j) for j in bad] == ["ready"] * 3
+    assert [_state(db, j) for j in failed["failed"]] == ["failed"] * 5
+    again = db.awa("jobs", "retry", "--queue", "cli", "--kind", "bad", "--state", "cancelled",
+                   "--yes", user=logins.operator, check=True)
+    assert "no cancelled jobs of kind 'bad' in cli" in again.stdout
+
+
+def test_a_bulk_retry_of_cancelled_jobs_says_those_left_cancelled_and_why(db, logins):
+    """The count and the "not retried" message name the state asked for, and
+    the list command they point to lists that state."""
+    with db.connect(logins.producer) as p:
+        keyed = enqueue(p, "ukc", unique_key=b"k")[0]
+        enqueue(p, "ukc")
+    db.awa("jobs", "cancel", "--queue", "ukc", "--yes", user=logins.operator, check=True)
+    with db.connect(logins.producer) as p:
+        assert enqueue(p, "ukc", unique_key=b"k")[0] != keyed  # the cancel gave the key back
+    retried = db.awa("jobs", "retry", "--queue", "ukc", "--state", "cancelled", "--yes",
+                     user=logins.operator, check=True)
+    assert retried.stdout.strip() == "retried 1 job of ukc"
+    assert "1 of the 2 cancelled jobs counted was not retried: another job of its queue " \
+           "holds its unique key" in retried.stderr, retried.stderr
+    assert "awa jobs list --queue ukc --state cancelled lists it" in retried.stderr
+    assert _state(db, keyed) == "cancelled"
+
+
+def test_the_retry_states_the_cli_offers_are_the_database_s(db):
+    with db.connect() as su:
+        assert su.execute("select awa._retry_states()").fetchone()[0] == list(RETRY_STATES)
 
 
 def test_a_bulk_cancel_past_the_count_says_that_more_may_be_left(db, logins):

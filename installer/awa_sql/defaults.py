@@ -12,3 +12,8 @@ MAINTAIN_METRICS_PORT = 9189  # awa maintain's own /metrics
 # (docs/sql-api.md): not its state. `awa jobs retry ID` and the admin API say it.
 RETRY_REFUSED = ("another job of its queue holds its unique key now (retry it once that job "
                  "has finished), or it failed before migration 0015 and kept no args")
+
+# The states awa.retry_jobs takes jobs from, one a call, failed the default
+# (awa._retry_states in sql/jobs.sql, which decides; tests compare the two):
+# `awa jobs retry --queue Q --state` and the admin API's bulk retry plan.
+RETRY_STATES = ("failed", "cancelled")

@@ -26,7 +26,7 @@ from psycopg.rows import dict_row
 from awa_sql.cli.common import EXIT_WRONG_STATE, add_connection, bad_input_is_usage, err
 from awa_sql.cli.storage import table
 from awa_sql.connect import connect, read_far_dates
-from awa_sql.defaults import RETRY_REFUSED
+from awa_sql.defaults import RETRY_REFUSED, RETRY_STATES
 from awa_sql.migrate import EXIT_USAGE
 
 EXIT_NO_SUCH_JOB = 8
@@ -138,7 +138,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     for name, verb, what in (
         ("retry", "retry", "a failed or cancelled job runs again now, with fresh attempts; "
-         "--queue: every failed job of the queue"),
+         "--queue: every failed job of the queue (--state cancelled: every cancelled one)"),
         ("cancel", "cancel", "a scheduled, ready or running job ends cancelled; --queue: "
          "every scheduled and ready job of the queue"),
     ):
@@ -148,6 +148,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         p.add_argument("job_id", type=parse_job_id, nargs="?", metavar="ID")
         p.add_argument("--queue", help="every job of this queue it applies to")
         p.add_argument("--kind", help="with --queue: only jobs of this kind")
+        if name == "retry":
+            p.add_argument("--state", choices=RETRY_STATES,
+                           help="with --queue: the jobs of this state, one state a run "
+                           "(default failed; cancelled brings back jobs cancelled in bulk)")
         p.add_argument("--batch", type=int, default=10_000,
                        help="with --queue: jobs per transaction, 1..100000 (default "
                        "%(default)s)")
@@ -155,7 +159,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help="with --queue: do not ask for confirmation")
         p.add_argument("--json", action="store_true", help="machine-readable output")
         p.set_defaults(func=cmd_retry if name == "retry" else cmd_cancel,
-                       needs="awa_operator")
+                       needs="awa_operator", state=None)
 
 
 # -- values as people and scripts read them ------------------------------------------------
@@ -403,9 +407,13 @@ def _bulk(args: argparse.Namespace, function: str, states: tuple[str, ...], ask:
         while done < total:
             with conn.transaction():
                 conn.execute(f"set local lock_timeout = '{LOCK_TIMEOUT}'")
-                n = conn.execute(f"select awa.{function}(%s::text, %s::text, %s::integer)",
-                                 [args.queue, args.kind, min(args.batch, total - done)]
-                                 ).fetchone()[0]
+                # The state a retry takes (awa.retry_jobs's last argument);
+                # a cancel takes ready and scheduled jobs, no state.
+                with_state = ", %s::text" if args.state is not None else ""
+                n = conn.execute(
+                    f"select awa.{function}(%s::text, %s::text, %s::integer{with_state})",
+                    [args.queue, args.kind, min(args.batch, total - done),
+                     *([args.state] if args.state is not None else [])]).fetchone()[0]
             if n == 0:
                 break
             done += n
@@ -443,6 +451,9 @@ def _check_target(args: argparse.Namespace) -> bool:
     if args.job_id is not None and args.kind is not None:
         err("--kind goes with --queue")
         return False
+    if args.job_id is not None and args.state is not None:
+        err("--state goes with --queue (a job retried by id may be failed or cancelled)")
+        return False
     return True
 
 
@@ -452,7 +463,8 @@ def cmd_retry(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     if args.job_id is not None:
         return _one(args, "retry_job", "retried", "failed or cancelled")
-    return _bulk(args, "retry_jobs", ("failed",), "Retry", "retried")
+    args.state = args.state or "failed"
+    return _bulk(args, "retry_jobs", (args.state,), "Retry", "retried")
 
 
 @bad_input_is_usage
