@@ -585,6 +585,67 @@ def test_bulk_plan_says_how_many_and_the_bulk_call_takes_them(db, api):
     assert len(ids) == 6
 
 
+def test_bulk_retry_of_cancelled_jobs_plans_and_takes_that_state_only(db, api):
+    """The runbook's way back through the API: the plan and the call take
+    state=cancelled; without it they stay failed-only, as before."""
+    failed = _failed_jobs(db, "bc", 2)
+    with db.connect() as conn:
+        cancelled = [r[0] for r in conn.execute(
+            "select (awa.enqueue('bc', 'bad', jsonb_build_object('i', i))).job_id"
+            " from generate_series(1, 3) as i").fetchall()]
+    assert api.post("/api/queues/bc/jobs/cancel", json={"kind": "bad"},
+                    headers=auth()).json()["jobs"] == 3
+    plan = api.get("/api/queues/bc/jobs/retry/plan", params={"state": "cancelled"}).json()
+    assert (plan["counts"], plan["jobs"], plan["more"]) == ({"cancelled": 3}, 3, False)
+    assert plan["question"] == "Retry 3 cancelled jobs of bc?"
+    failed_plan = api.get("/api/queues/bc/jobs/retry/plan").json()
+    assert (failed_plan["counts"], failed_plan["question"]) == (
+        {"failed": 2}, "Retry 2 failed jobs of bc?")
+    got = api.post("/api/queues/bc/jobs/retry", json={"state": "cancelled", "max_jobs": 2},
+                   headers=auth())
+    assert got.json() == {"queue": "bc", "action": "retry", "kind": None, "jobs": 2}
+    assert api.post("/api/queues/bc/jobs/retry", json={"state": "cancelled", "kind": "bad"},
+                    headers=auth()).json()["jobs"] == 1
+    none = api.get("/api/queues/bc/jobs/retry/plan", params={"state": "cancelled"}).json()
+    assert none["question"] == "No cancelled jobs in bc."
+    states = {j["job_id"]: j["state"] for j in api.get("/api/queues/bc/jobs").json()["jobs"]}
+    assert [states[j] for j in cancelled] == ["ready"] * 3
+    assert [states[j] for j in failed] == ["failed"] * 2
+
+
+@pytest.mark.parametrize("state", ["ready", "Cancelled", "x'y", ""])
+def test_a_state_a_bulk_retry_does_not_take_is_400_in_the_plan_and_the_call_alike(
+        db, api, state):
+    """The plan refuses it as the call does, awa.retry_jobs's message naming
+    the value and the states it takes; nothing changes."""
+    ids = _failed_jobs(db, "bs", 2)
+    got = api.post("/api/queues/bs/jobs/retry", json={"state": state}, headers=auth())
+    plan = api.get("/api/queues/bs/jobs/retry/plan", params={"state": state})
+    assert (got.status_code, plan.status_code) == (400, 400), (got.text, plan.text)
+    quoted = "'" + state.replace("'", "''") + "'"
+    assert got.json() == plan.json() == {
+        "error": f"state must be failed or cancelled, got {quoted}", "sqlstate": "22023"}
+    assert {j["state"] for j in api.get("/api/queues/bs/jobs").json()["jobs"]} == {"failed"}
+    assert len(ids) == 2
+
+
+def test_a_state_given_to_a_bulk_cancel_or_of_the_wrong_type_is_refused(db, api):
+    _failed_jobs(db, "bt", 1)
+    with db.connect() as conn:
+        conn.execute("select awa.enqueue('bt', 'k')")
+    for got in (api.post("/api/queues/bt/jobs/cancel", json={"state": "cancelled"},
+                         headers=auth()),
+                api.get("/api/queues/bt/jobs/cancel/plan", params={"state": "cancelled"})):
+        assert got.status_code == 400, got.text
+        assert got.json()["sqlstate"] == "22023" and "a retry only" in got.json()["error"]
+    typed = api.post("/api/queues/bt/jobs/retry", json={"state": 1}, headers=auth())
+    assert typed.status_code == 422 and typed.json()["fields"] == ["state"], typed.text
+    missing = api.get("/api/queues/nope/jobs/retry/plan", params={"state": "ready"})
+    assert missing.status_code == 404  # an unknown queue first, as in the call
+    assert api.get("/api/queues/bt/jobs/cancel/plan").json()["counts"] == {
+        "ready": 1, "scheduled": 0}
+
+
 # -- the guard ---------------------------------------------------------------------------
 
 WRITES = [

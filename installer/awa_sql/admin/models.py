@@ -330,6 +330,9 @@ class FailureSummary(BaseModel):
 
 class BulkBody(Body):
     kind: Text | None = Field(default=None, description="only jobs of this kind")
+    state: Text | None = Field(
+        default=None, description="retry only: the jobs of this state, failed (default) or "
+        "cancelled; a cancel takes none", examples=["cancelled"])
     max_jobs: Int32 | None = Field(
         default=None, description="at most this many in this call, 1..100000 (default 10000)")
 
@@ -339,8 +342,8 @@ class BulkPlan(BaseModel):
     action: str = Field(description="retry or cancel")
     kind: str | None
     counts: dict[str, int] = Field(
-        description="jobs per state the call would take (retry: failed; cancel: ready and "
-                    "scheduled), each counted up to max_jobs + 1")
+        description="jobs per state the call would take (retry: failed, or the state "
+                    "asked for; cancel: ready and scheduled), each counted up to max_jobs + 1")
     jobs: int = Field(description="how many jobs one call takes: at most max_jobs")
     more: bool = Field(description="more jobs than one call takes")
     max_jobs: int

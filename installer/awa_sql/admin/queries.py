@@ -14,6 +14,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from awa_sql.admin.errors import ApiError
+from awa_sql.defaults import RETRY_STATES
 
 RECENT = 20
 
@@ -254,6 +255,25 @@ BULK_MAX_JOBS = 10_000
 BULK_STATES = {"retry": ("failed",), "cancel": ("ready", "scheduled")}
 
 
+def bulk_states(conn: psycopg.Connection, queue: str, action: str,
+                state: str | None) -> tuple[str, ...]:
+    """The states a bulk call takes: a cancel, ready and scheduled (it takes
+    no state); a retry, ``state``, failed by default. A state a retry does
+    not take is refused as awa.retry_jobs refuses it (400, its message: the
+    tests compare the two answers), a state given to a cancel with 400 too;
+    either after an unknown queue's 404, as in the functions."""
+    if action == "cancel" and state is None:
+        return BULK_STATES[action]
+    if action == "retry" and (state is None or state in RETRY_STATES):
+        return BULK_STATES[action] if state is None else (state,)
+    require_queue(conn, queue)
+    if action == "cancel":
+        raise ApiError(400, f"state goes with a retry only (a cancel takes ready and "
+                       f"scheduled jobs), got {state!r}", "22023")
+    quoted = conn.execute("select pg_catalog.quote_literal(%s::text)", [state]).fetchone()[0]
+    raise ApiError(400, f"state must be {' or '.join(RETRY_STATES)}, got {quoted}", "22023")
+
+
 def _key_text(key: bytes | None) -> str | None:
     if key is None:
         return None
@@ -334,12 +354,14 @@ def failure_summary(conn: psycopg.Connection, queue: str | None, since_seconds: 
 
 
 def bulk_plan(conn: psycopg.Connection, queue: str, action: str, kind: str | None,
-              max_jobs: int = BULK_MAX_JOBS) -> dict:
-    """How many jobs a bulk retry or cancel would take, counted (awa.count_jobs) up to
-    one more than a call takes, and the question to confirm it with."""
+              state: str | None = None, max_jobs: int = BULK_MAX_JOBS) -> dict:
+    """How many jobs a bulk retry (of ``state``, failed by default) or cancel
+    would take, counted (awa.count_jobs) up to one more than a call takes,
+    and the question to confirm it with."""
+    states = bulk_states(conn, queue, action, state)
     counts = {state: conn.execute(
         "select awa.count_jobs(%s::text, %s::text, %s::text, %s::integer)",
-        [queue, state, kind, max_jobs + 1]).fetchone()[0] for state in BULK_STATES[action]}
+        [queue, state, kind, max_jobs + 1]).fetchone()[0] for state in states}
     total = sum(counts.values())
     jobs = min(total, max_jobs)
     more = total > max_jobs
@@ -347,10 +369,10 @@ def bulk_plan(conn: psycopg.Connection, queue: str, action: str, kind: str | Non
     of_kind = f" of kind {kind!r}" if kind else ""
     verb = action.capitalize()
     if total == 0:
-        question = f"No {' or '.join(BULK_STATES[action])} jobs{of_kind} in {queue}."
+        question = f"No {' or '.join(states)} jobs{of_kind} in {queue}."
     elif more:
         question = (f"{verb} {jobs:,} of more than {max_jobs:,} "
-                    f"{' and '.join(BULK_STATES[action])} jobs{of_kind} of {queue}? One call "
+                    f"{' and '.join(states)} jobs{of_kind} of {queue}? One call "
                     f"takes {max_jobs:,}; repeat it for the rest.")
     else:
         question = f"{verb} {what} job{'s' if total > 1 else ''}{of_kind} of {queue}?"

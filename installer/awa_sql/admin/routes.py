@@ -127,19 +127,22 @@ JOBS_READ = {
                                          "22xxx)"},
 }
 BulkAction = Annotated[str, Path(pattern="^(retry|cancel)$",
-                                 description="retry (failed jobs) or cancel (ready and "
-                                             "scheduled jobs)")]
+                                 description="retry (failed jobs, or cancelled ones with "
+                                             "state) or cancel (ready and scheduled jobs)")]
 
 
 @router.get("/queues/{queue:path}/jobs/{action}/plan", response_model=BulkPlan,
             responses=JOBS_READ)
 def bulk_plan(request: Request, queue: QueueName, action: BulkAction,
-              kind: Annotated[str | None, Query(description="only jobs of this kind")] = None
+              kind: Annotated[str | None, Query(description="only jobs of this kind")] = None,
+              state: Annotated[str | None, Query(
+                  description="retry only: the jobs of this state, failed (default) or "
+                  "cancelled; another is 400, as the retry refuses it")] = None
               ) -> dict:
     """How many jobs a bulk retry or cancel would take, and the question that
     confirms it; changes nothing."""
     with _pool(request).connection() as conn, conn.transaction():
-        return queries.bulk_plan(conn, queue, action, kind)
+        return queries.bulk_plan(conn, queue, action, kind, state)
 
 
 @router.get("/queues/{queue:path}/jobs", response_model=JobPage, responses=JOBS_READ)
@@ -222,15 +225,23 @@ def resume(request: Request, queue: QueueName) -> dict:
              dependencies=[Depends(require_write)], responses=WRITE)
 def bulk_change(request: Request, queue: QueueName, action: BulkAction,
                 body: BulkBody | None = None) -> dict:
-    """``awa.retry_jobs`` (failed jobs) or ``awa.cancel_jobs`` (ready and
-    scheduled ones): one call, at most ``max_jobs`` (default 10,000)."""
+    """``awa.retry_jobs`` (failed jobs, or those of ``state``: failed or
+    cancelled) or ``awa.cancel_jobs`` (ready and scheduled ones): one call, at
+    most ``max_jobs`` (default 10,000)."""
     body = body or BulkBody()
-    function = "awa.retry_jobs" if action == "retry" else "awa.cancel_jobs"
+    max_jobs = queries.BULK_MAX_JOBS if body.max_jobs is None else body.max_jobs
     with _pool(request).connection() as conn, conn.transaction():
-        changed = conn.execute(
-            f"select {function}(%s::text, %s::text, %s::integer)",
-            [queue, body.kind,
-             queries.BULK_MAX_JOBS if body.max_jobs is None else body.max_jobs]).fetchone()[0]
+        if action == "retry":
+            # awa.retry_jobs decides which states it takes (400 for another).
+            state = "failed" if body.state is None else body.state
+            changed = conn.execute(
+                "select awa.retry_jobs(%s::text, %s::text, %s::integer, %s::text)",
+                [queue, body.kind, max_jobs, state]).fetchone()[0]
+        else:
+            queries.bulk_states(conn, queue, action, body.state)  # a cancel takes none
+            changed = conn.execute(
+                "select awa.cancel_jobs(%s::text, %s::text, %s::integer)",
+                [queue, body.kind, max_jobs]).fetchone()[0]
     return {"queue": queue, "action": action, "kind": body.kind, "jobs": changed}
 
 
