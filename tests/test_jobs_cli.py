@@ -406,3 +406,26 @@ def test_list_of_one_worker_with_another_state_exits_2_naming_both(db, logins, f
     assert result.stderr.strip() == (
         f"awa: --worker 'w' lists running jobs only (a worker holds no others): drop --state "
         f"{state}, or give --state running")
+
+
+def test_release_worker_ends_a_dead_workers_leases_and_the_rescue_retries_its_jobs(
+        db, logins, failed):
+    """`awa jobs release-worker NAME`: the runbook's step for a worker known
+    dead, without SQL. Its running job's lease ends now, another worker's
+    is left, and the next rescue pass sends the job back to retry."""
+    with db.connect(logins.worker) as w:
+        assert claim(w, ["cli"], 1, worker="alive")[0][0] == failed["ready"]
+    refused = db.awa("jobs", "release-worker", "w", user=logins.reader)
+    assert refused.returncode == 7 and "awa_operator" in refused.stderr
+    got = db.awa("jobs", "release-worker", "w", user=logins.operator, check=True)
+    assert got.stdout.strip() == ("ended the leases of 1 running job of worker w: the next "
+                                  "rescue pass of awa maintain sends it back to retry, the "
+                                  "attempt counted")
+    with db.connect(logins.maintenance) as m:
+        assert m.execute("select awa.rescue_expired()").fetchone()[0] == 1
+    assert _state(db, failed["running"]) in ("scheduled", "ready")
+    assert _state(db, failed["ready"]) == "running"  # the other worker's, untouched
+    again = db.awa("jobs", "release-worker", "w", "--json", user=logins.operator, check=True)
+    assert json.loads(again.stdout) == {"worker": "w", "released": 0}
+    none = db.awa("jobs", "release-worker", "w", user=logins.operator, check=True)
+    assert none.stdout.strip() == "worker w runs no job: nothing changed"

@@ -84,8 +84,9 @@ def _interval(since: str | None) -> str | None:
 def register(sub: argparse._SubParsersAction) -> None:
     jobs_parser = sub.add_parser(
         "jobs", help="look at jobs, retry and cancel them, sum up failures",
-        description="Show, list, retry and cancel jobs, and sum up what is failing. Reading "
-        "needs awa_reader or awa_operator; retry and cancel need awa_operator. Exit codes: "
+        description="Show, list, retry and cancel jobs, sum up what is failing, and hand a "
+        "dead worker's jobs back. Reading needs awa_reader or awa_operator; retry, cancel "
+        "and release-worker need awa_operator. Exit codes: "
         "0 done, 2 bad "
         "arguments or not confirmed, 5 lock timeout, 7 connection or server error, 8 no such "
         "job, 9 the job is not in a state the command applies to.")
@@ -135,6 +136,21 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "(default %(default)s)")
     f.add_argument("--json", action="store_true", help="machine-readable output")
     f.set_defaults(func=cmd_failures, needs="awa_reader or awa_operator")
+
+    rw = js.add_parser(
+        "release-worker", help="end now the leases of every job a dead worker runs",
+        description="For a worker known dead whose leases are long (a killed process, a "
+        "lost host): ends the leases of the jobs it runs now (awa.release_worker), so the "
+        "next rescue pass of awa maintain sends them back to retry, the attempt counted, "
+        "instead of when the leases end. A worker alive after all keeps a job it "
+        "heartbeats before that pass. awa jobs list --queue Q --worker NAME lists what it "
+        "holds.")
+    add_connection(rw)
+    rw.add_argument("worker", metavar="NAME",
+                    help="the worker name its claims record (the worker column of awa jobs "
+                    "list)")
+    rw.add_argument("--json", action="store_true", help="machine-readable output")
+    rw.set_defaults(func=cmd_release_worker, needs="awa_operator")
 
     for name, verb, what in (
         ("retry", "retry", "a failed or cancelled job runs again now, with fresh attempts; "
@@ -474,3 +490,18 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     if args.job_id is not None:
         return _one(args, "cancel_job", "cancelled", "scheduled, ready or running")
     return _bulk(args, "cancel_jobs", ("ready", "scheduled"), "Cancel", "cancelled")
+
+
+@bad_input_is_usage
+def cmd_release_worker(args: argparse.Namespace) -> int:
+    with connect(args.dsn, autocommit=True) as conn:
+        released = conn.execute("select awa.release_worker(%s)", [args.worker]).fetchone()[0]
+    if args.json:
+        print(json.dumps({"worker": args.worker, "released": released}))
+    elif released:
+        print(f"ended the leases of {released} running {_jobs(released)} of worker "
+              f"{args.worker}: the next rescue pass of awa maintain sends "
+              f"{'it' if released == 1 else 'them'} back to retry, the attempt counted")
+    else:
+        print(f"worker {args.worker} runs no job: nothing changed")
+    return 0
