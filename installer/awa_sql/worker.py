@@ -166,9 +166,9 @@ def deadline_message(max_run_time: timedelta) -> str:
 
 @dataclass
 class _Held:
-    """A job a slot holds: its lease and its deadline on this host's monotonic clock."""
+    """A job a slot holds (keyed by job id and run lease in Worker._running):
+    its lease and its deadline on this host's monotonic clock."""
 
-    run_lease: int
     deadline: float | None
     # When the server's lease surely ends (this host's monotonic clock): the
     # claim's or last heartbeat's answer plus the lease.
@@ -448,7 +448,7 @@ class Worker:
                                     else claimed_at + job.max_run_time.total_seconds())
                         with self._lock:
                             self._running[job.job_id, job.run_lease] = _Held(
-                                job.run_lease, deadline, claimed_at + lease_seconds)
+                                deadline, claimed_at + lease_seconds)
                         jobs.put(job)
                     if rows:
                         delay = MIN_POLL
@@ -592,7 +592,7 @@ class Worker:
         now = time.monotonic()
         with self._lock:
             held = list(self._running.items())
-        for (job_id, _), h in held:
+        for (job_id, run_lease), h in held:
             if h.deadline is not None and now >= h.deadline:
                 if not h.passed and not h.is_async:
                     log.warning(
@@ -603,7 +603,7 @@ class Worker:
                 continue
             try:
                 extended = conn.execute("select awa.heartbeat(%s, %s, %s)",
-                                        [job_id, h.run_lease, self.lease]).fetchone()[0]
+                                        [job_id, run_lease, self.lease]).fetchone()[0]
             except psycopg.OperationalError:
                 raise  # the server is out of reach: so for every other job
             except psycopg.Error as err:
