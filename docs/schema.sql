@@ -458,6 +458,7 @@ CREATE TABLE awa.queue_meta (
     dropped_paused boolean,
     dropped_xact xid8,
     dropped_at timestamp with time zone,
+    retried_seq regclass,
     CONSTRAINT queue_meta_pkey PRIMARY KEY (queue),
     CONSTRAINT queue_meta_dropped_whole CHECK ((((dropped_xact IS NULL) = (dropped_name IS NULL)) AND ((dropped_xact IS NULL) = (dropped_paused IS NULL)) AND ((dropped_xact IS NULL) = (dropped_at IS NULL)))),
     CONSTRAINT queue_meta_enqueue_shards_range CHECK (((enqueue_shards >= 1) AND (enqueue_shards <= 64))),
@@ -767,7 +768,8 @@ CREATE VIEW awa.queue_overview AS
     p.max_run_time,
     p.retry_base,
     p.retry_cap,
-    p.retry_jitter
+    p.retry_jitter,
+    awa._retried_total(m.queue_id) AS retried
    FROM awa.queue_meta m
      CROSS JOIN LATERAL ( SELECT sum(x.ready) AS ready,
             min(x.oldest_ready_at) AS oldest_ready_at
@@ -3558,27 +3560,33 @@ CREATE OR REPLACE FUNCTION awa._provision_counters(queue_id integer)
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
 declare
-    st text;
-    seqs regclass[] := '{}';
+    counters text[] := array['completed', 'failed', 'cancelled', 'retried'];
+    seqs regclass[];
     so_far bigint;
 begin
-    if exists (select from awa.queue_meta as m
-                where m.queue_id = _provision_counters.queue_id and m.completed_seq is not null) then
+    select array[m.completed_seq, m.failed_seq, m.cancelled_seq, m.retried_seq] into seqs
+      from awa.queue_meta as m
+     where m.queue_id = _provision_counters.queue_id;
+    if array_position(seqs, null) is null then
         return;
     end if;
-    foreach st in array array['completed', 'failed', 'cancelled'] loop
+    for i in 1 .. cardinality(counters) loop
+        continue when seqs[i] is not null;
         execute format('create sequence if not exists awa.%I as bigint',
-                       'queue_' || queue_id || '_' || st);
-        seqs := seqs || format('awa.%I', 'queue_' || queue_id || '_' || st)::regclass;
-        select count(*) into so_far
-          from awa.finished as f
-         where f.queue_id = _provision_counters.queue_id and f.state = st;
-        if so_far > 0 then
-            perform setval(seqs[cardinality(seqs)], so_far);
+                       'queue_' || queue_id || '_' || counters[i]);
+        seqs[i] := format('awa.%I', 'queue_' || queue_id || '_' || counters[i])::regclass;
+        if counters[i] <> 'retried' then
+            select count(*) into so_far
+              from awa.finished as f
+             where f.queue_id = _provision_counters.queue_id and f.state = counters[i];
+            if so_far > 0 then
+                perform setval(seqs[i], so_far);
+            end if;
         end if;
     end loop;
     update awa.queue_meta as m
-       set completed_seq = seqs[1], failed_seq = seqs[2], cancelled_seq = seqs[3]
+       set completed_seq = seqs[1], failed_seq = seqs[2], cancelled_seq = seqs[3],
+           retried_seq = seqs[4]
      where m.queue_id = _provision_counters.queue_id;
 end;
 $function$;
@@ -3971,7 +3979,9 @@ begin
       from (
           select l.seq from awa.lanes as l where l.queue_id = meta.queue_id
           union all
-          select unnest(array[meta.completed_seq, meta.failed_seq, meta.cancelled_seq])
+          select unnest(array[
+              meta.completed_seq, meta.failed_seq, meta.cancelled_seq, meta.retried_seq
+          ])
       ) as s
      where s.seq is not null
     on conflict do nothing;
@@ -4077,6 +4087,17 @@ AS $function$
                 else coalesce(retain_failed, interval '7 days') end
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._retried_total(queue_id integer)
+ RETURNS bigint
+ LANGUAGE sql
+ STABLE SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+    select coalesce(pg_sequence_last_value(m.retried_seq), 0)
+      from awa.queue_meta as m
+     where m.queue_id = _retried_total.queue_id
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._retry_default_base()
  RETURNS interval
  LANGUAGE sql
@@ -4148,6 +4169,9 @@ begin
             error, job.max_run_time
           from awa.queue_meta as m
          where m.queue_id = job.queue_id;
+        perform nextval(m.retried_seq)
+           from awa.queue_meta as m
+          where m.queue_id = job.queue_id;
     end if;
 end;
 $function$;
@@ -7574,6 +7598,8 @@ COMMENT ON COLUMN awa.queue_meta.retain_completed IS 'How long completed jobs ar
 
 COMMENT ON COLUMN awa.queue_meta.retain_failed IS 'How long failed and cancelled jobs are kept (awa.set_retention); null: the default, 7 days.';
 
+COMMENT ON COLUMN awa.queue_meta.retried_seq IS 'Counter of the queue''s failed attempts scheduled for a retry (a sequence; see awa.queue_overview).';
+
 COMMENT ON COLUMN awa.queue_meta.retry_base IS 'Retry delay of the first retry, doubled at each further attempt (awa.set_retry_policy); null: the default.';
 
 COMMENT ON COLUMN awa.queue_meta.retry_cap IS 'Longest retry delay (awa.set_retry_policy); null: the default.';
@@ -7680,7 +7706,7 @@ COMMENT ON VIEW awa.lane_overview IS 'Per lane: ready depth (the span of its liv
 
 COMMENT ON VIEW awa.queue_history IS 'Per physical queue and contention sample (the last hour): lanes held, backends waiting, and where awa.autoscale_tick() counted the lanes the sum of the lane sequences (its difference between samples is enqueues; null in a sample taken alone), and ready depth and lag (oldest ready job) for queues in shadow or auto mode.';
 
-COMMENT ON VIEW awa.queue_overview IS 'Per physical queue: S, shard mode, paused; ready (the span of its lanes'' live lane_seqs), running, scheduled (counted up to 10,000), and counters of completed, failed and cancelled jobs; age of the oldest ready job; retention; max run time (null: none) and retry policy in force. logical_queue names the logical queue a partition or stripe belongs to (itself otherwise); stripes is K; partitions is P for a partitioned logical queue. Its cost follows queues and lanes, not jobs: exact counts are awa.queue_counts(queue).';
+COMMENT ON VIEW awa.queue_overview IS 'Per physical queue: S, shard mode, paused; ready (the span of its lanes'' live lane_seqs), running, scheduled (counted up to 10,000), and counters of completed, failed and cancelled jobs; age of the oldest ready job; retention; max run time (null: none) and retry policy in force; retried, a counter of failed attempts scheduled for a retry. logical_queue names the logical queue a partition or stripe belongs to (itself otherwise); stripes is K; partitions is P for a partitioned logical queue. Its cost follows queues and lanes, not jobs: exact counts are awa.queue_counts(queue).';
 
 COMMENT ON VIEW awa.runtime_overview IS 'Python producers and workers that published a snapshot in the last 30 seconds.';
 
@@ -7715,6 +7741,7 @@ GRANT EXECUTE ON FUNCTION awa._limbs_mod(bigint[],integer) TO awa_maintenance, a
 GRANT EXECUTE ON FUNCTION awa._limbs_numeric(bigint[]) TO awa_maintenance, awa_operator, awa_producer, awa_reader, awa_worker;
 GRANT EXECUTE ON FUNCTION awa._mix_limbs(bytea,bigint,bigint) TO awa_maintenance, awa_operator, awa_producer, awa_reader, awa_worker;
 GRANT EXECUTE ON FUNCTION awa._partition_limbs(bytea) TO awa_maintenance, awa_operator, awa_producer, awa_reader, awa_worker;
+GRANT EXECUTE ON FUNCTION awa._retried_total(integer) TO awa_operator, awa_reader;
 GRANT EXECUTE ON FUNCTION awa._run_policy(integer) TO awa_operator, awa_reader;
 GRANT EXECUTE ON FUNCTION awa._scheduled_capped(integer) TO awa_operator, awa_reader;
 GRANT EXECUTE ON FUNCTION awa.autoscale_tick() TO awa_maintenance;

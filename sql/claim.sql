@@ -610,7 +610,8 @@ $$;
 -- After a failed attempt: back to awa.scheduled for a retry, at retry_at
 -- when given, else after the queue's backoff (awa._retry_delay with its
 -- retry policy: exponential with jitter), with its own max run time; or
--- finished as failed once attempt reaches max_attempts.
+-- finished as failed once attempt reaches max_attempts. A retry moves the
+-- queue's retried counter (awa._provision_counters).
 -- Calls: awa._finish, awa._retry_delay
 -- Writes: awa.scheduled
 create or replace function awa._retry_or_fail(
@@ -640,6 +641,9 @@ begin
             error, job.max_run_time
           from awa.queue_meta as m
          where m.queue_id = job.queue_id;
+        perform nextval(m.retried_seq)
+           from awa.queue_meta as m
+          where m.queue_id = job.queue_id;
     end if;
 end;
 $$;

@@ -233,7 +233,9 @@ begin
       from (
           select l.seq from awa.lanes as l where l.queue_id = meta.queue_id
           union all
-          select unnest(array[meta.completed_seq, meta.failed_seq, meta.cancelled_seq])
+          select unnest(array[
+              meta.completed_seq, meta.failed_seq, meta.cancelled_seq, meta.retried_seq
+          ])
       ) as s
      where s.seq is not null
     on conflict do nothing;

@@ -386,13 +386,16 @@ end;
 $$;
 
 -- Function: awa._provision_counters(queue_id integer) returns void
--- Gives a physical queue its terminal counters when it has none: one
--- sequence per terminal state (queue_<queue_id>_<state> in schema awa), kept in
--- awa.queue_meta (completed_seq, failed_seq, cancelled_seq). A sequence,
+-- Gives a physical queue each of its counters it has none of: one sequence
+-- per terminal state and one of retried attempts
+-- (queue_<queue_id>_<counter> in schema awa), kept in awa.queue_meta
+-- (completed_seq, failed_seq, cancelled_seq, retried_seq). A sequence,
 -- because every worker that finishes a job moves it: nextval never waits
 -- for another transaction and leaves no dead row. A queue that already had
--- terminal jobs (an upgrade) starts at their count. The caller holds the
--- provisioning lock, or runs in the function layer's transaction.
+-- terminal jobs (an upgrade) starts at their count; the retried counter
+-- starts at 0 (what was retried before it was made is not kept). The
+-- caller holds the provisioning lock, or runs in the function layer's
+-- transaction.
 -- Calls: nothing
 -- Writes: awa.queue_meta
 create or replace function awa._provision_counters(queue_id integer)
@@ -401,27 +404,33 @@ language plpgsql
 set search_path = pg_catalog, pg_temp
 as $$
 declare
-    st text;
-    seqs regclass[] := '{}';
+    counters text[] := array['completed', 'failed', 'cancelled', 'retried'];
+    seqs regclass[];
     so_far bigint;
 begin
-    if exists (select from awa.queue_meta as m
-                where m.queue_id = _provision_counters.queue_id and m.completed_seq is not null) then
+    select array[m.completed_seq, m.failed_seq, m.cancelled_seq, m.retried_seq] into seqs
+      from awa.queue_meta as m
+     where m.queue_id = _provision_counters.queue_id;
+    if array_position(seqs, null) is null then
         return;
     end if;
-    foreach st in array array['completed', 'failed', 'cancelled'] loop
+    for i in 1 .. cardinality(counters) loop
+        continue when seqs[i] is not null;
         execute format('create sequence if not exists awa.%I as bigint',
-                       'queue_' || queue_id || '_' || st);
-        seqs := seqs || format('awa.%I', 'queue_' || queue_id || '_' || st)::regclass;
-        select count(*) into so_far
-          from awa.finished as f
-         where f.queue_id = _provision_counters.queue_id and f.state = st;
-        if so_far > 0 then
-            perform setval(seqs[cardinality(seqs)], so_far);
+                       'queue_' || queue_id || '_' || counters[i]);
+        seqs[i] := format('awa.%I', 'queue_' || queue_id || '_' || counters[i])::regclass;
+        if counters[i] <> 'retried' then
+            select count(*) into so_far
+              from awa.finished as f
+             where f.queue_id = _provision_counters.queue_id and f.state = counters[i];
+            if so_far > 0 then
+                perform setval(seqs[i], so_far);
+            end if;
         end if;
     end loop;
     update awa.queue_meta as m
-       set completed_seq = seqs[1], failed_seq = seqs[2], cancelled_seq = seqs[3]
+       set completed_seq = seqs[1], failed_seq = seqs[2], cancelled_seq = seqs[3],
+           retried_seq = seqs[4]
      where m.queue_id = _provision_counters.queue_id;
 end;
 $$;
@@ -996,11 +1005,11 @@ select awa._count_lane_shards(null);
 select pg_catalog.pg_advisory_xact_lock(awa._lock_class_provisioning(), 0);
 select awa._count_linked();
 
--- Queues created before the counters existed get theirs, and the jobs
+-- Queues created before a counter existed get it, and the jobs
 -- their workers hold carry the completed one, as a claim copies it.
 select awa._provision_counters(m.queue_id)
   from awa.queue_meta as m
- where m.completed_seq is null;
+ where m.completed_seq is null or m.retried_seq is null;
 update awa.running as r
    set completed_seq = m.completed_seq
   from awa.queue_meta as m

@@ -164,6 +164,29 @@ $$;
 select awa._grant_execute('awa._lane_states(integer)', 'reader', 'operator');
 select awa._grant_execute('awa._finished_totals(integer)', 'reader', 'operator');
 
+-- Function: awa._retried_total(queue_id integer) returns bigint
+-- The queue's counter of failed attempts scheduled for a retry
+-- (awa._retry_or_fail), since the counter was made; non-transactional, as
+-- awa._finished_totals' counters are. Its own function, not a column of
+-- awa._finished_totals, whose result type the view depends on. A definer
+-- for the same reason.
+-- Role: awa_reader, awa_operator.
+-- Calls: nothing
+-- Writes: nothing
+create or replace function awa._retried_total(queue_id integer)
+returns bigint
+language sql
+stable
+security definer
+set search_path = pg_catalog, pg_temp
+as $$
+    select coalesce(pg_sequence_last_value(m.retried_seq), 0)
+      from awa.queue_meta as m
+     where m.queue_id = _retried_total.queue_id
+$$;
+
+select awa._grant_execute('awa._retried_total(integer)', 'reader', 'operator');
+
 -- Function: awa._run_policy(queue_id integer)
 -- The queue's max run time (null: none) and its retry policy in force,
 -- defaults applied (sql/deadlines.sql). A definer, to apply the defaults,
@@ -202,7 +225,8 @@ select awa._grant_execute('awa._run_policy(integer)', 'reader', 'operator');
 -- Reads what the queue's shape costs (its lanes, its counters, its jobs in
 -- flight), never its backlog or history: ready is the lanes' span
 -- (awa._lane_states); scheduled counts up to 10,000; completed,
--- failed and cancelled are counters since the counters were made.
+-- failed, cancelled and retried (failed attempts scheduled again) are
+-- counters since the counters were made.
 -- awa.queue_counts(queue) counts every row, on purpose.
 create view awa._new_queue_overview as
 select
@@ -228,7 +252,8 @@ select
     p.max_run_time,
     p.retry_base,
     p.retry_cap,
-    p.retry_jitter
+    p.retry_jitter,
+    awa._retried_total(m.queue_id) as retried
 from awa.queue_meta as m
 cross join lateral (
     select
@@ -253,10 +278,10 @@ comment on view awa.queue_overview is
 'Per physical queue: S, shard mode, paused; ready (the span of its lanes'' live lane_seqs), '
 'running, scheduled (counted up to 10,000), and counters of completed, failed and cancelled '
 'jobs; age of the oldest ready job; retention; max run time (null: none) and retry policy '
-'in force. logical_queue names the logical queue a '
-'partition or stripe belongs to (itself otherwise); stripes is K; partitions is P for a '
-'partitioned logical queue. Its cost follows queues and lanes, not jobs: exact counts are '
-'awa.queue_counts(queue).';
+'in force; retried, a counter of failed attempts scheduled for a retry. logical_queue '
+'names the logical queue a partition or stripe belongs to (itself otherwise); stripes is '
+'K; partitions is P for a partitioned logical queue. Its cost follows queues and lanes, '
+'not jobs: exact counts are awa.queue_counts(queue).';
 
 -- Function: awa.queue_counts(queue text)
 -- Exact job counts of a queue (a logical name covers its partitions and

@@ -148,7 +148,7 @@ def test_a_drop_then_a_finish_removes_the_queue_and_frees_its_place(db, logins, 
     assert len(lanes) == 8
     su.execute("insert into awa.lane_hints select unnest(%s::integer[]), 1", [lanes])
     own = sequences(su) - before[1]
-    assert len(own) == 18  # two queues of seven, and four lanes of shard 1
+    assert len(own) == 20  # two queues of eight, and four lanes of shard 1
     assert drop(op, "gone", discard_finished=True) is True
     assert queue_row(su, gone) == (f"#dropped#{gone}", True, "gone")
     # A lookup by the old name misses it; the overview shows it paused.
@@ -172,9 +172,9 @@ def test_a_drop_then_a_finish_removes_the_queue_and_frees_its_place(db, logins, 
     assert su.execute("select count(*) from awa.lane_hints where lane_id = any(%s)",
                       [lanes]).fetchone()[0] == 0
     # The sequences go a call later, once no snapshot reads the rows that named them.
-    assert len(sequences(su) - before[1]) == 18
+    assert len(sequences(su) - before[1]) == 20
     assert finish(db, logins) == []
-    assert len(sequences(su) - before[1]) == 7
+    assert len(sequences(su) - before[1]) == 8
     assert su.execute("select count(*) from awa.dropped_sequences").fetchone()[0] == 0
     assert all(s.startswith(("lane_seq_", "queue_")) for s in own)
     # Every watch still reads.

@@ -860,3 +860,38 @@ def test_a_job_made_ready_after_the_scrape_began_is_no_negative_lag(db, logins):
                         " where queue = 'lagq'").fetchone()[0]
         r.execute("rollback")
     assert lane.total_seconds() == 0 and age.total_seconds() == 0
+
+
+def test_failed_attempts_retried_are_counted_by_the_database_for_every_worker(db, logins):
+    """A worker in any language (plain SQL here): each failed attempt that is
+    retried moves the queue's retried counter, by awa.fail and by a lease that
+    ran out; the last attempt counts as failed instead; a stale fail, nothing."""
+    retried = "select retried, failed from awa.queue_overview where queue = 'retries'"
+    enqueue = "select awa.enqueue('retries', 'flaky', max_attempts => 2)"
+
+    def fail_next(w, m) -> None:
+        m.execute("select awa.promote_due()")
+        [(job_id, lease)] = w.execute(
+            "select job_id, run_lease from awa.claim(array['retries'], 1, 'w')").fetchall()
+        assert w.execute("select awa.fail(%s, %s, 'stale', now())",
+                         [job_id, lease + 1]).fetchone()[0] is False
+        assert w.execute("select awa.fail(%s, %s, 'boom', now())",
+                         [job_id, lease]).fetchone()[0] is True
+
+    with db.connect(logins.producer) as p, db.connect(logins.worker) as w, \
+            db.connect(logins.maintenance) as m, db.connect(logins.reader) as r:
+        p.execute(enqueue)
+        assert r.execute(retried).fetchone() == (0, 0)
+        fail_next(w, m)
+        assert r.execute(retried).fetchone() == (1, 0)
+        fail_next(w, m)  # its last attempt
+        assert r.execute(retried).fetchone() == (1, 1)
+        # Another job's worker dies: its lease runs out.
+        p.execute(enqueue)
+        claim(w, ["retries"], n=1, lease="300 milliseconds")
+        wait_until(lambda: m.execute("select awa.rescue_expired()").fetchone()[0] == 1,
+                   what="the lease to run out")
+        assert r.execute(retried).fetchone() == (2, 1)
+        s = parse(render(r)[0].decode())
+        assert value(s, "awa_queue_retried_total", queue="retries") == 2
+        assert value(s, "awa_queue_finished_total", queue="retries", state="failed") == 1

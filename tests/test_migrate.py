@@ -512,6 +512,28 @@ def test_lanes_an_earlier_layer_made_are_walked(db, logins):
                             ).fetchone()[0] == 8
 
 
+def test_a_queue_from_before_migration_0035_gets_its_retried_counter_at_the_layer(db):
+    """After migration 0035 a queue has no retried counter until the layer
+    gives it one, starting at 0, its terminal counters kept as they were."""
+    with db.connect() as conn:
+        conn.execute("select awa.enqueue('rc-old', 'j', max_attempts => 2)")
+        conn.execute("select awa.enqueue('rc-old', 'j', max_attempts => 2)")
+        conn.execute("select count(awa.complete(c.job_id, c.run_lease))"
+                     " from awa.claim(array['rc-old'], 1, 'w') c")
+        seq = conn.execute("update awa.queue_meta set retried_seq = null where queue = 'rc-old'"
+                           " returning (select retried_seq from awa.queue_meta"
+                           " where queue = 'rc-old')").fetchone()[0]
+        conn.execute(f"drop sequence {seq}")
+        conn.execute("delete from awa.schema_functions")  # the layer is applied again
+    db.awa("migrate", check=True)
+    overview = "select completed, retried from awa.queue_overview where queue = 'rc-old'"
+    with db.connect() as conn:
+        assert conn.execute(overview).fetchone() == (1, 0)
+        conn.execute("select awa.fail(c.job_id, c.run_lease, 'boom')"
+                     " from awa.claim(array['rc-old'], 1, 'w') c")
+        assert conn.execute(overview).fetchone() == (1, 1)
+
+
 # What the claim of a layer before migration 0024 inserted: no slot named.
 EARLIER_CLAIM = """
     with moved as (

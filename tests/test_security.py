@@ -107,7 +107,7 @@ def test_private_routines_are_the_owners_alone(db, logins):
         # sequence and head, and each queue's counters: sequences only the
         # owner may read. Read-only, whatever queue id they are given.
         "awa._lane_next_seq(integer)", "awa._lane_states(integer)",
-        "awa._finished_totals(integer)",
+        "awa._finished_totals(integer)", "awa._retried_total(integer)",
         # awa.queue_overview applies the retry policy's defaults, and counts
         # a queue's scheduled jobs up to a cap, from that queue's index only.
         "awa._run_policy(integer)", "awa._scheduled_capped(integer)",

@@ -36,7 +36,7 @@ select 'queue' as kind, pg_catalog.jsonb_build_object(
     'queue', q.queue, 'logical_queue', q.logical_queue, 'shards', q.enqueue_shards,
     'mode', q.shard_mode, 'max_shards', q.max_shards, 'paused', q.paused,
     'ready', q.ready, 'running', q.running, 'scheduled', q.scheduled, 'failed', q.failed,
-    'completed', q.completed, 'cancelled', q.cancelled,
+    'completed', q.completed, 'cancelled', q.cancelled, 'retried', q.retried,
     'lag', coalesce(extract(epoch from q.oldest_ready_age), 0)) as row
   from awa.queue_overview as q
 union all
@@ -135,6 +135,11 @@ def metric_families(rows: list[tuple[str, dict[str, Any]]]) -> list[Metric]:
         "awa_queue_finished", "Jobs that reached a terminal state (completed, failed, "
         "cancelled), counted in the database whatever retention removed since.",
         labels=[*ql, "state"])
+    retried = CounterMetricFamily(
+        "awa_queue_retried", "Failed attempts scheduled for a retry (awa.fail, or a lease "
+        "or deadline that ran out), counted in the database: with "
+        "awa_queue_finished_total{state=\"failed\"}, every failed attempt, whatever "
+        "language the worker is written in.", labels=ql)
     lag = _gauge("awa_queue_lag", "Age of the oldest ready job; 0 when none is ready.", ql,
                  unit="seconds")
     shards = _gauge("awa_queue_enqueue_shards", "S, the enqueue shards of the queue.", ql)
@@ -151,6 +156,7 @@ def metric_families(rows: list[tuple[str, dict[str, Any]]]) -> list[Metric]:
             jobs.add_metric([*values, state], q[state])
         for state in TERMINAL_STATES:
             finished.add_metric([*values, state], q[state])
+        retried.add_metric(values, q["retried"])
         lag.add_metric(values, q["lag"])
         shards.add_metric(values, q["shards"])
         if q["max_shards"] is not None:
@@ -242,9 +248,9 @@ def metric_families(rows: list[tuple[str, dict[str, Any]]]) -> list[Metric]:
     queues.add_metric([], len(by_kind["queue"]))
     for q in by_kind["queue_limit"]:
         queues_max.add_metric([], q["max"])
-    return [depth, jobs, finished, lag, shards, max_shards, mode, paused, lane_depth, lane_lag,
-            draining, waiters, share, rate, samples, age, total, recent, proposed, last, dead,
-            horizon, ran, queues, queues_max]
+    return [depth, jobs, finished, retried, lag, shards, max_shards, mode, paused, lane_depth,
+            lane_lag, draining, waiters, share, rate, samples, age, total, recent, proposed, last,
+            dead, horizon, ran, queues, queues_max]
 
 
 def scrape(conn: psycopg.Connection) -> list[Metric]:
