@@ -157,6 +157,14 @@ CREATE TABLE awa.dropped_sequences (
     CONSTRAINT dropped_sequences_pkey PRIMARY KEY (seq)
 );
 
+CREATE TABLE awa.expected_grants (
+    on_what text NOT NULL,
+    column_name text NOT NULL,
+    privilege text NOT NULL,
+    grantee text NOT NULL,
+    CONSTRAINT expected_grants_pkey PRIMARY KEY (on_what, column_name, privilege, grantee)
+);
+
 CREATE TABLE awa.finished (
     job_id bigint NOT NULL,
     slot smallint NOT NULL,
@@ -2162,6 +2170,39 @@ AS $function$
     select 0
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._grant_drift()
+ RETURNS TABLE(what text)
+ LANGUAGE plpgsql
+ STABLE
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+begin
+    -- Two statements: one would be planned whole, the table named in it.
+    if pg_catalog.to_regclass('awa.expected_grants') is null then
+        return;
+    end if;
+    if not exists (select from awa.expected_grants) then
+        return;
+    end if;
+    return query
+    select pg_catalog.format(
+               '%s %s %s%s on %s',
+               coalesce(f.grantee, e.grantee),
+               case when e.grantee is null then 'was granted'
+                    when f.grantee is null then 'lost'
+                    else 'was given the grant option of' end,
+               coalesce(f.privilege, e.privilege),
+               case when coalesce(f.column_name, e.column_name) <> ''
+                    then pg_catalog.format(' (%I)', coalesce(f.column_name, e.column_name)) end,
+               coalesce(f.on_what, e.on_what))
+      from awa._grants_found() as f
+      full join awa.expected_grants as e
+        on e.on_what = f.on_what and e.column_name = f.column_name
+       and e.privilege = f.privilege and e.grantee = f.grantee
+     where e.grantee is null or f.grantee is null or f.grantable;
+end;
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._grant_execute(routine regprocedure, VARIADIC capabilities text[] DEFAULT '{}'::text[])
  RETURNS void
  LANGUAGE plpgsql
@@ -2211,6 +2252,33 @@ begin
         );
     end loop;
 end;
+$function$;
+
+CREATE OR REPLACE FUNCTION awa._grants_found()
+ RETURNS TABLE(on_what text, column_name text, privilege text, grantee text, grantable boolean)
+ LANGUAGE sql
+ STABLE
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+    select 'function ' || p.oid::regprocedure::text, '', a.privilege_type,
+           pg_catalog.pg_get_userbyid(a.grantee), a.is_grantable
+      from pg_catalog.pg_proc as p, pg_catalog.aclexplode(p.proacl) as a
+     where p.pronamespace = 'awa'::regnamespace and a.grantee not in (0, p.proowner)
+    union all
+    select case when c.relkind = 'S' then 'sequence ' else 'table ' end
+           || c.oid::regclass::text,
+           '', a.privilege_type, pg_catalog.pg_get_userbyid(a.grantee), a.is_grantable
+      from pg_catalog.pg_class as c, pg_catalog.aclexplode(c.relacl) as a
+     where c.relnamespace = 'awa'::regnamespace and a.grantee not in (0, c.relowner)
+    union all
+    select 'table ' || c.oid::regclass::text, t.attname::text, a.privilege_type,
+           pg_catalog.pg_get_userbyid(a.grantee), a.is_grantable
+      from pg_catalog.pg_class as c
+      join pg_catalog.pg_attribute as t on t.attrelid = c.oid,
+           pg_catalog.aclexplode(t.attacl) as a
+     where c.relnamespace = 'awa'::regnamespace
+       and t.attnum > 0 and not t.attisdropped
+       and a.grantee not in (0, c.relowner)
 $function$;
 
 CREATE OR REPLACE FUNCTION awa._has_lane_memo()
@@ -3919,6 +3987,23 @@ begin
 end;
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._record_grants()
+ RETURNS void
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+begin
+    if pg_catalog.to_regclass('awa.expected_grants') is null then
+        return;
+    end if;
+    delete from awa.expected_grants;
+    insert into awa.expected_grants (on_what, column_name, privilege, grantee)
+    select f.on_what, f.column_name, f.privilege, f.grantee
+      from awa._grants_found() as f
+     where not f.grantable;
+end;
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._recovery_name(queue text, queue_id integer)
  RETURNS text
  LANGUAGE plpgsql
@@ -4182,6 +4267,25 @@ CREATE OR REPLACE FUNCTION awa._retry_states()
  IMMUTABLE PARALLEL SAFE
 AS $function$
     select array['failed', 'cancelled']
+$function$;
+
+CREATE OR REPLACE FUNCTION awa._revoke_grants()
+ RETURNS void
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+ SET client_min_messages TO 'error'
+AS $function$
+declare
+    g record;
+begin
+    for g in select * from awa._grants_found() loop
+        execute pg_catalog.format(
+            'revoke %s%s on %s from %I cascade', g.privilege,
+            case when g.column_name <> '' then pg_catalog.format(' (%I)', g.column_name) end,
+            g.on_what, g.grantee
+        );
+    end loop;
+end;
 $function$;
 
 CREATE OR REPLACE FUNCTION awa._role_for(capability text)
@@ -4528,6 +4632,8 @@ AS $function$
         select 'owner', t.oid::regtype::text
           from pg_catalog.pg_type as t, this
          where t.typnamespace = this.schema_oid and t.typowner <> this.owner_oid
+        union all
+        select 'grants', d.what from awa._grant_drift() as d
     ),
     named (rule, n, first_ten) as (
         select o.rule, count(*), (array_agg(o.what order by o.what))[1:10]
@@ -4556,7 +4662,10 @@ AS $function$
               'objects in schema awa not owned by %s',
               (select this.owner_oid::regrole from this)
            ),
-           'Only a superuser or their owner can give them to the owner role.')
+           'Only a superuser or their owner can give them to the owner role.'),
+          (7, 'grants', 'grants on schema awa''s objects differ from the layer''s',
+           'awa migrate applies the layer''s grants again and revokes the others; give a '
+           'login a bound role (GRANT awa_producer TO app), not privileges on awa''s objects.')
       ) as r (ord, rule, message, hint) on r.rule = named.rule
      order by r.ord;
 $function$;
@@ -7653,6 +7762,8 @@ COMMENT ON TABLE awa.copy_pending IS 'Transactions with COPY rows staged; a defe
 COMMENT ON TABLE awa.copy_staging IS 'COPY target for producers: COPY awa.copy_staging (queue, priority, ordering_key, kind, args, run_at, max_attempts) FROM STDIN, then select awa.enqueue_copied() in the same transaction (or just commit: the rows are enqueued at commit). Unlogged: no staged row outlives its transaction.';
 
 COMMENT ON TABLE awa.dropped_sequences IS 'Sequences of queues awa.finish_drops() removed, in the transaction removed_xact, and not dropped yet: a snapshot older than that transaction still reads the rows that name them (a watch would fail to read a dropped one). A later call drops them once no session holds such a snapshot.';
+
+COMMENT ON TABLE awa.expected_grants IS 'Every privilege the function layer granted on schema awa''s routines, relations and columns, as REVOKE names it (column_name empty for a whole object); rewritten by each layer apply. awa status compares it with the catalog.';
 
 COMMENT ON TABLE awa.finished IS 'Terminal jobs: completed, failed after max_attempts, or cancelled; kept for the queue''s retention, then removed by awa.prune_finished(), which empties whole slots with TRUNCATE. Failed and cancelled rows keep args, ordering_key and max_attempts.';
 

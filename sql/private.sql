@@ -449,6 +449,135 @@ begin
 end;
 $$;
 
+-- Function: awa._grants_found()
+-- Every privilege on schema awa's routines, relations and their columns
+-- held by a role other than PUBLIC (its own rules) and the owner: each as
+-- REVOKE names it (on_what 'function awa.enqueue_shards(text)', 'table
+-- awa.ready' or 'sequence awa.run_lease_seq'; column_name '' for the whole
+-- object).
+-- Calls: nothing
+-- Writes: nothing
+create or replace function awa._grants_found()
+returns table (
+    on_what text, column_name text, privilege text, grantee text, grantable boolean
+)
+language sql
+stable
+set search_path = pg_catalog, pg_temp
+as $$
+    select 'function ' || p.oid::regprocedure::text, '', a.privilege_type,
+           pg_catalog.pg_get_userbyid(a.grantee), a.is_grantable
+      from pg_catalog.pg_proc as p, pg_catalog.aclexplode(p.proacl) as a
+     where p.pronamespace = 'awa'::regnamespace and a.grantee not in (0, p.proowner)
+    union all
+    select case when c.relkind = 'S' then 'sequence ' else 'table ' end
+           || c.oid::regclass::text,
+           '', a.privilege_type, pg_catalog.pg_get_userbyid(a.grantee), a.is_grantable
+      from pg_catalog.pg_class as c, pg_catalog.aclexplode(c.relacl) as a
+     where c.relnamespace = 'awa'::regnamespace and a.grantee not in (0, c.relowner)
+    union all
+    select 'table ' || c.oid::regclass::text, t.attname::text, a.privilege_type,
+           pg_catalog.pg_get_userbyid(a.grantee), a.is_grantable
+      from pg_catalog.pg_class as c
+      join pg_catalog.pg_attribute as t on t.attrelid = c.oid,
+           pg_catalog.aclexplode(t.attacl) as a
+     where c.relnamespace = 'awa'::regnamespace
+       and t.attnum > 0 and not t.attisdropped
+       and a.grantee not in (0, c.relowner)
+$$;
+
+-- Function: awa._revoke_grants() returns void
+-- Revokes every privilege awa._grants_found() lists, so that the layer
+-- grants from nothing and what it grants is all there is: a privilege
+-- someone granted since (EXECUTE on an operator's function to the producer
+-- role, a write on a table to a login) does not outlive the next apply.
+-- The layer's transaction grants its own again before it commits.
+-- Calls: awa._grants_found
+-- Writes: nothing
+create or replace function awa._revoke_grants()
+returns void
+language plpgsql
+set search_path = pg_catalog, pg_temp
+-- A grant another grantee made goes with its grantor's (CASCADE): the
+-- revokes after it find nothing, which is no news.
+set client_min_messages = error
+as $$
+declare
+    g record;
+begin
+    for g in select * from awa._grants_found() loop
+        execute pg_catalog.format(
+            'revoke %s%s on %s from %I cascade', g.privilege,
+            case when g.column_name <> '' then pg_catalog.format(' (%I)', g.column_name) end,
+            g.on_what, g.grantee
+        );
+    end loop;
+end;
+$$;
+
+-- Function: awa._record_grants() returns void
+-- Keeps what the layer granted (awa._grants_found() once every file is
+-- applied) in awa.expected_grants, which awa._security_violations compares
+-- with the catalog from then on. Nothing where that table does not exist
+-- yet (a layer applied over the migrations before 0036).
+-- Calls: awa._grants_found
+-- Writes: awa.expected_grants
+create or replace function awa._record_grants()
+returns void
+language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    if pg_catalog.to_regclass('awa.expected_grants') is null then
+        return;
+    end if;
+    delete from awa.expected_grants;
+    insert into awa.expected_grants (on_what, column_name, privilege, grantee)
+    select f.on_what, f.column_name, f.privilege, f.grantee
+      from awa._grants_found() as f
+     where not f.grantable;
+end;
+$$;
+
+-- Function: awa._grant_drift() returns table (what text)
+-- How the catalog's grants differ from those the layer made
+-- (awa.expected_grants): a privilege granted since, one revoked since, a
+-- grant option; one line each. Nothing before the layer has recorded them.
+-- Calls: awa._grants_found
+-- Writes: nothing
+create or replace function awa._grant_drift()
+returns table (what text)
+language plpgsql
+stable
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    -- Two statements: one would be planned whole, the table named in it.
+    if pg_catalog.to_regclass('awa.expected_grants') is null then
+        return;
+    end if;
+    if not exists (select from awa.expected_grants) then
+        return;
+    end if;
+    return query
+    select pg_catalog.format(
+               '%s %s %s%s on %s',
+               coalesce(f.grantee, e.grantee),
+               case when e.grantee is null then 'was granted'
+                    when f.grantee is null then 'lost'
+                    else 'was given the grant option of' end,
+               coalesce(f.privilege, e.privilege),
+               case when coalesce(f.column_name, e.column_name) <> ''
+                    then pg_catalog.format(' (%I)', coalesce(f.column_name, e.column_name)) end,
+               coalesce(f.on_what, e.on_what))
+      from awa._grants_found() as f
+      full join awa.expected_grants as e
+        on e.on_what = f.on_what and e.column_name = f.column_name
+       and e.privilege = f.privilege and e.grantee = f.grantee
+     where e.grantee is null or f.grantee is null or f.grantable;
+end;
+$$;
+
 -- Function: awa._security_violations() returns table (rule text, message text, hint text)
 -- The invariants every install and upgrade must leave behind, one row for
 -- each that is broken, naming up to ten offenders and how many more. The
@@ -464,10 +593,13 @@ $$;
 --   default_privileges  the owner's default privileges let PUBLIC execute
 --                       the routines or use the types it creates
 --   owner               an object in schema awa not owned by the owner role
+--   grants              a privilege on a routine, relation or column that
+--                       the layer did not grant, or one it granted that is
+--                       gone (awa._grant_drift)
 -- The layer step repairs every rule (its grants, and CREATE OR REPLACE
 -- with the pin) but owner, since it runs as the owner and cannot take an
 -- object back, and search_path for a routine that is not the layer's.
--- Calls: awa._role_for
+-- Calls: awa._grant_drift, awa._role_for
 -- Writes: nothing
 create or replace function awa._security_violations()
 returns table (rule text, message text, hint text)
@@ -554,6 +686,8 @@ as $$
         select 'owner', t.oid::regtype::text
           from pg_catalog.pg_type as t, this
          where t.typnamespace = this.schema_oid and t.typowner <> this.owner_oid
+        union all
+        select 'grants', d.what from awa._grant_drift() as d
     ),
     named (rule, n, first_ten) as (
         select o.rule, count(*), (array_agg(o.what order by o.what))[1:10]
@@ -582,7 +716,10 @@ as $$
               'objects in schema awa not owned by %s',
               (select this.owner_oid::regrole from this)
            ),
-           'Only a superuser or their owner can give them to the owner role.')
+           'Only a superuser or their owner can give them to the owner role.'),
+          (7, 'grants', 'grants on schema awa''s objects differ from the layer''s',
+           'awa migrate applies the layer''s grants again and revokes the others; give a '
+           'login a bound role (GRANT awa_producer TO app), not privileges on awa''s objects.')
       ) as r (ord, rule, message, hint) on r.rule = named.rule
      order by r.ord;
 $$;
@@ -613,6 +750,10 @@ begin
 end;
 $$;
 
+-- The layer grants from nothing: each file's grant lines below and after
+-- this one are every privilege on the schema's objects when it commits.
+select awa._revoke_grants();
+
 select awa._grant_execute('awa._sticky(integer)');
 select awa._grant_execute('awa._in_turn(integer, integer)');
 select awa._grant_execute('awa._lock_class_lane()');
@@ -628,6 +769,10 @@ select awa._grant_execute('awa._grant_execute(regprocedure, text[])');
 select awa._grant_execute('awa._grant_select(regclass, text[])');
 select awa._grant_execute('awa._grant_insert(regclass, text[], text[])');
 select awa._grant_execute('awa._ensure_trigger(regclass, text, text)');
+select awa._grant_execute('awa._grants_found()');
+select awa._grant_execute('awa._revoke_grants()');
+select awa._grant_execute('awa._record_grants()');
+select awa._grant_execute('awa._grant_drift()');
 select awa._grant_execute('awa._security_violations()');
 select awa._grant_execute('awa._view_shape(regclass)');
 select awa._grant_execute('awa._ensure_view(text, regclass)');

@@ -66,7 +66,7 @@ def test_ids_of_transactions_this_cluster_has_not_reached_are_before_every_snaps
         (outcome,) = m.execute("select queue, outcome from awa.finish_drops()").fetchall()
         assert outcome == ("gone", "removed")
         seqs = su.execute("select seq::text from awa.dropped_sequences").fetchall()
-        assert len(seqs) == 7
+        assert len(seqs) == 8  # four lanes, four counters
         su.execute("update awa.dropped_sequences set removed_xact ="
                    " (pg_current_xact_id()::text::bigint + %s)::text::xid8", [AHEAD])
         assert m.execute("select * from awa.finish_drops()").fetchall() == []

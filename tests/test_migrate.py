@@ -667,6 +667,71 @@ def test_lost_grants_fail_the_gate_and_migrate_puts_them_back(db, logins, damage
         assert conn.execute("select awa._assert_security()").fetchone() is not None
 
 
+# One privilege granted or revoked by hand since the layer: (damage, what the
+# gate names, a call the damage changes, as whom, whether it may run).
+DRIFT = {
+    "an operator's function granted to the producer role": (
+        "grant execute on function awa.set_enqueue_shards(text, integer) to awa_producer",
+        "awa_producer was granted EXECUTE on function awa.set_enqueue_shards(text,integer)",
+        "select awa.set_enqueue_shards('drift', 2)", "producer", False),
+    "the worker's heartbeat revoked": (
+        "revoke execute on function awa.heartbeat(bigint, bigint, interval) from awa_worker",
+        "awa_worker lost EXECUTE on function awa.heartbeat(bigint,bigint,interval)",
+        "select awa.heartbeat(1, 1, interval '1 minute')", "worker", True),
+    "a write on a table granted to a login": (
+        "grant delete on awa.ready to {worker}",
+        "{worker} was granted DELETE on table awa.ready",
+        "delete from awa.ready", "worker", False),
+    "a column of the staging table granted to the reader role": (
+        "grant insert (kind) on awa.copy_staging to awa_reader",
+        "awa_reader was granted INSERT (kind) on table awa.copy_staging",
+        "insert into awa.copy_staging (kind) select 'k' where false", "reader", False),
+    "a grant option given to the worker role": (
+        "grant execute on function awa.heartbeat(bigint, bigint, interval) to awa_worker"
+        " with grant option",
+        "awa_worker was given the grant option of EXECUTE on function"
+        " awa.heartbeat(bigint,bigint,interval)", None, "worker", True),
+}
+
+
+@pytest.mark.parametrize("damage", list(DRIFT))
+def test_a_grant_made_or_revoked_by_hand_fails_the_gate_and_migrate_undoes_it(
+        db, logins, damage):
+    statement, named, call, who, allowed = DRIFT[damage]
+    statement, named = (x.format(worker=logins.worker) for x in (statement, named))
+    login = getattr(logins, who)
+    with db.connect() as conn:
+        conn.execute(statement)
+    if call is not None:
+        with db.connect(login) as c:
+            assert _can(c, call) is not allowed  # the damage
+    gate = db.awa("status", "--check")
+    assert gate.returncode == 10, gate.stdout + gate.stderr
+    assert named in gate.stdout and "awa migrate" in gate.stdout, gate.stdout
+    repaired = db.awa("migrate", check=True)
+    assert named in repaired.stdout and "applied function layer" in repaired.stdout
+    assert db.awa("status", "--check").returncode == 0
+    if call is not None:
+        with db.connect(login) as c:
+            assert _can(c, call) is allowed
+    with db.connect() as conn:
+        assert conn.execute("select count(*) from awa._grants_found() where grantable"
+                            ).fetchone()[0] == 0
+
+
+def test_the_layer_records_every_grant_it_makes(db):
+    """What the layer granted is what it recorded: nothing drifts after an
+    apply, and every runtime role's grant is in the record."""
+    with db.connect() as conn:
+        assert conn.execute("select * from awa._grant_drift()").fetchall() == []
+        recorded = conn.execute(
+            "select grantee, count(*) from awa.expected_grants group by grantee order by 1"
+        ).fetchall()
+    assert {g for g, _ in recorded} == {
+        "awa_maintenance", "awa_operator", "awa_producer", "awa_reader", "awa_worker"}
+    assert all(n > 0 for _, n in recorded)
+
+
 def test_a_security_definer_that_lost_its_search_path_fails_the_gate(db):
     with db.connect() as conn:
         conn.execute("alter function awa.enqueue_copied() reset search_path")

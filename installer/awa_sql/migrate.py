@@ -549,6 +549,7 @@ def _layer_sql(layer: list[LayerFile], roles: Roles, version: str) -> str:
         "revoke all on all routines in schema awa from public;\n"
         "revoke all on all tables in schema awa from public;\n"
         "revoke all on all sequences in schema awa from public;\n"
+        "select awa._record_grants();\n"
         "select awa._assert_security();\n"
         f"delete from awa.schema_functions where file not in ({names});\n"
         "insert into awa.schema_functions (file, checksum, checksum_algorithm, contract_version)"
