@@ -4038,7 +4038,7 @@ begin
     if completed then
         return query
         update awa.unique_keys as u
-           set held_until = clock_timestamp() + u.unique_window
+           set held_until = clock_timestamp() + awa._in_seconds(u.unique_window)
          where u.job_id = _release_unique_key.job_id and u.held_until is null
            and u.unique_window is not null
         returning u.unique_key, u.unique_window;

@@ -237,10 +237,13 @@ $$;
 -- Gives back the unique key a job that ends holds: at once, or for a
 -- completed job with a unique window once the window has passed, counted
 -- from the clock now, not from the start of the worker's transaction,
--- which may be as old as the worker likes. Returns the key and window the
--- job held (no row when it held none), which a failed or cancelled job
--- keeps for a retry.
--- Calls: nothing
+-- which may be as old as the worker likes. The window counts in seconds
+-- (awa._in_seconds), not by the calendar of the worker's time zone, where
+-- '1 day' is 23 or 25 hours across a daylight-saving change, and 12 or 36
+-- in a zone the worker makes up. Returns the key and window the job held
+-- (no row when it held none), which a failed or cancelled job keeps for a
+-- retry.
+-- Calls: awa._in_seconds
 -- Writes: awa.unique_keys
 create or replace function awa._release_unique_key(job_id bigint, completed boolean)
 returns table (unique_key bytea, unique_window interval)
@@ -251,7 +254,7 @@ begin
     if completed then
         return query
         update awa.unique_keys as u
-           set held_until = clock_timestamp() + u.unique_window
+           set held_until = clock_timestamp() + awa._in_seconds(u.unique_window)
          where u.job_id = _release_unique_key.job_id and u.held_until is null
            and u.unique_window is not null
         returning u.unique_key, u.unique_window;
