@@ -6215,7 +6215,7 @@ begin
     else
         ids := awa._queue_ids(failure_summary.queue);
     end if;
-    since_at := now() - since;
+    since_at := now() - awa._in_seconds(since);  -- seconds, not the caller's calendar
     return query
     select g.name, g.kind, g.error, g.n, g.first_at, g.last_at, s.job_id, s.last_error
       from (
@@ -6778,6 +6778,9 @@ AS $function$
 declare
     removed bigint;
     gone bigint;
+    -- In seconds, as every duration is applied (awa._in_seconds): by the
+    -- calendar of the caller's time zone, '1 day' could be 12 hours.
+    cutoff timestamptz;
 begin
     if older_than is null then
         raise exception 'older_than must not be null' using errcode = '22004';
@@ -6789,10 +6792,11 @@ begin
     end if;
     perform awa._check_limit('max_changes', max_changes);
     perform awa._note_run('shard_changes');
+    cutoff := now() - awa._in_seconds(older_than);
     delete from awa.shard_changes as c
      where c.change_id = any(array(
          select x.change_id from awa.shard_changes as x
-          where x.changed_at < now() - older_than
+          where x.changed_at < cutoff
             and exists (select from awa.shard_changes as n
                          where n.queue = x.queue and n.change_id > x.change_id)
           order by x.changed_at
@@ -6806,7 +6810,7 @@ begin
     delete from awa.shard_changes as c
      where c.change_id = any(array(
          select x.change_id from awa.shard_changes as x
-          where x.changed_at < now() - older_than
+          where x.changed_at < cutoff
             and not exists (select from awa.queue_meta as m where m.queue = x.queue)
           order by x.changed_at
           limit max_changes - removed

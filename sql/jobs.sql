@@ -604,7 +604,8 @@ $$;
 -- Errors: 22004 null max_groups; 22023 since below 0 or above 10 years (the
 -- longest retention), max_groups outside 1 .. 100000, a bad name; 42704 no
 -- such queue.
--- Calls: awa._check_max_jobs, awa._error_class, awa._finished_ring_slots, awa._queue_ids
+-- Calls: awa._check_max_jobs, awa._error_class, awa._finished_ring_slots, awa._in_seconds,
+--   awa._queue_ids
 -- Writes: nothing
 create or replace function awa.failure_summary(
     queue text default null, since interval default null, max_groups integer default 100
@@ -638,7 +639,7 @@ begin
     else
         ids := awa._queue_ids(failure_summary.queue);
     end if;
-    since_at := now() - since;
+    since_at := now() - awa._in_seconds(since);  -- seconds, not the caller's calendar
     return query
     select g.name, g.kind, g.error, g.n, g.first_at, g.last_at, s.job_id, s.last_error
       from (

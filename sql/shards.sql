@@ -451,7 +451,7 @@ select awa._grant_execute('awa.set_queue_partitions(text, integer)', 'operator')
 -- Role: awa_maintenance. Returns how many changes it removed.
 -- Errors: 22004 older_than null; 22023 older_than under 1 day or
 --   max_changes below 0.
--- Calls: awa._check_limit, awa._note_run
+-- Calls: awa._check_limit, awa._in_seconds, awa._note_run
 -- Writes: awa.shard_changes
 create or replace function awa.prune_shard_changes(
     older_than interval default '90 days', max_changes integer default 10000
@@ -466,6 +466,9 @@ as $$
 declare
     removed bigint;
     gone bigint;
+    -- In seconds, as every duration is applied (awa._in_seconds): by the
+    -- calendar of the caller's time zone, '1 day' could be 12 hours.
+    cutoff timestamptz;
 begin
     if older_than is null then
         raise exception 'older_than must not be null' using errcode = '22004';
@@ -477,10 +480,11 @@ begin
     end if;
     perform awa._check_limit('max_changes', max_changes);
     perform awa._note_run('shard_changes');
+    cutoff := now() - awa._in_seconds(older_than);
     delete from awa.shard_changes as c
      where c.change_id = any(array(
          select x.change_id from awa.shard_changes as x
-          where x.changed_at < now() - older_than
+          where x.changed_at < cutoff
             and exists (select from awa.shard_changes as n
                          where n.queue = x.queue and n.change_id > x.change_id)
           order by x.changed_at
@@ -494,7 +498,7 @@ begin
     delete from awa.shard_changes as c
      where c.change_id = any(array(
          select x.change_id from awa.shard_changes as x
-          where x.changed_at < now() - older_than
+          where x.changed_at < cutoff
             and not exists (select from awa.queue_meta as m where m.queue = x.queue)
           order by x.changed_at
           limit max_changes - removed
