@@ -888,6 +888,9 @@ CREATE OR REPLACE FUNCTION awa._autoscale_decide(anchor awa.queue_meta, at times
  RETURNS awa.autoscale_decisions
  LANGUAGE plpgsql
  SET search_path TO 'pg_catalog', 'pg_temp'
+ SET "TimeZone" TO 'UTC'
+ SET "DateStyle" TO 'ISO, YMD'
+ SET "IntervalStyle" TO 'postgres'
 AS $function$
 declare
     -- Doublings one raise may take; configuration.md documents it.

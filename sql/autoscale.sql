@@ -270,12 +270,20 @@ select awa._grant_execute('awa._autoscale_signal(awa.queue_meta, timestamptz)');
 -- as decided_at (a folded row's first tick stays in the log). Every
 -- decision adds one to its queue and action in awa.autoscale_decision_counts,
 -- which the metrics read instead of counting the log.
+--
+-- The reason renders times and windows in one form whoever calls (ISO, in
+-- UTC; intervals as postgres writes them): the caller's DateStyle,
+-- TimeZone and IntervalStyle made the log read '06/12/2026 13:31:08 UTC'
+-- for 23:31:08 UTC the day before, under a zone '<UTC>-14'.
 -- Calls: awa._autoscale_policy, awa._autoscale_signal, awa._set_enqueue_shards, awa._try_leader
 -- Writes: awa.autoscale_decision_counts, awa.autoscale_decisions
 create or replace function awa._autoscale_decide(anchor awa.queue_meta, at timestamptz)
 returns awa.autoscale_decisions
 language plpgsql
 set search_path = pg_catalog, pg_temp
+set timezone = 'UTC'
+set datestyle = 'ISO, YMD'
+set intervalstyle = 'postgres'
 as $$
 declare
     -- Doublings one raise may take; configuration.md documents it.
