@@ -1159,6 +1159,7 @@ CREATE OR REPLACE FUNCTION awa._cancel_waiting(job_id bigint, queue_id integer, 
  RETURNS void
  LANGUAGE plpgsql
  SET search_path TO 'pg_catalog', 'pg_temp'
+ SET "TimeZone" TO 'UTC'
 AS $function$
 begin
     -- The running-row value awa._finish takes, built by column name (its

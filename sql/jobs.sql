@@ -718,6 +718,10 @@ create or replace function awa._cancel_waiting(
 returns void
 language plpgsql
 set search_path = pg_catalog, pg_temp
+-- jsonb writes enqueued_at at the session's offset from UTC, which jsonb
+-- cannot read back beyond 15:59 hours: a caller's zone of '<+20>-20' made
+-- every cancel of a waiting job fail.
+set timezone = 'UTC'
 as $$
 begin
     -- The running-row value awa._finish takes, built by column name (its
