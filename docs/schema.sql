@@ -3429,6 +3429,9 @@ CREATE OR REPLACE FUNCTION awa._note_run(task text)
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
 begin
+    if pg_catalog.current_setting('transaction_read_only')::boolean then
+        return;
+    end if;
     if not exists (
         select from awa.maintenance_runs as x
          where x.name = _note_run.task and x.last_at < now() - interval '5 seconds'
@@ -6548,6 +6551,11 @@ declare
     moved bigint;
 begin
     perform awa._check_limit('max_transactions', max_transactions);
+    -- awa.copy_staging is unlogged: a standby has none of its rows, and may
+    -- not read it (0A000).
+    if pg_is_in_recovery() then
+        return 0;
+    end if;
     perform awa._note_run('move_staged');
     for xid in
         select c.staged_xid

@@ -553,6 +553,7 @@ $$;
 -- first's lanes, and could wait for a lane below them held by a producer
 -- that waits for one of them (40P01, the producer's call failed as often
 -- as this one). awa maintain calls it again at once while it moves rows.
+-- On a standby it moves nothing: the staged rows are the primary's alone.
 -- Role: awa_maintenance. Returns how many rows it moved.
 -- Calls: awa._check_limit, awa._lock_class_copy, awa._move_staged, awa._note_run
 -- Writes: nothing
@@ -567,6 +568,11 @@ declare
     moved bigint;
 begin
     perform awa._check_limit('max_transactions', max_transactions);
+    -- awa.copy_staging is unlogged: a standby has none of its rows, and may
+    -- not read it (0A000).
+    if pg_is_in_recovery() then
+        return 0;
+    end if;
     perform awa._note_run('move_staged');
     for xid in
         select c.staged_xid

@@ -47,6 +47,9 @@ select awa._grant_execute('awa.try_pass_lock(text)', 'maintenance');
 -- updated since the caller's snapshot is skipped too (that one recorded
 -- the run): its lock would fail the caller's maintenance call with 40001.
 -- The subtransaction that catches it is entered only when a record is due.
+-- A read-only transaction (BEGIN READ ONLY, and every transaction of a
+-- standby) records nothing: it can write no row, and a call there did no
+-- maintenance; an idle call that writes nothing else stays a no-op there.
 -- Calls: nothing
 -- Writes: awa.maintenance_runs
 create or replace function awa._note_run(task text)
@@ -55,6 +58,9 @@ language plpgsql
 set search_path = pg_catalog, pg_temp
 as $$
 begin
+    if pg_catalog.current_setting('transaction_read_only')::boolean then
+        return;
+    end if;
     if not exists (
         select from awa.maintenance_runs as x
          where x.name = _note_run.task and x.last_at < now() - interval '5 seconds'
