@@ -2576,11 +2576,13 @@ begin
           ) as f on true
          where l.queue_id = _lane_states.queue_id;
     else
+        -- Nor is a sequence exact there: it reads as the primary last logged
+        -- it, up to 32 past the last lane_seq handed out. The span ends at
+        -- the lane's last ready row instead.
         return query
         select
             l.lane_id, l.priority, l.shard,
-            case when f.lane_seq is null then 0
-                 else pg_sequence_last_value(l.seq) - f.lane_seq + 1 end,
+            coalesce(t.lane_seq - f.lane_seq + 1, 0),
             f.ready_at,
             coalesce(pg_sequence_last_value(l.seq), 0) + 1,
             f.lane_seq
@@ -2592,6 +2594,13 @@ begin
                order by r.lane_seq
                limit 1
           ) as f on true
+          left join lateral (
+              select r.lane_seq
+                from awa.ready as r
+               where r.lane_id = l.lane_id
+               order by r.lane_seq desc
+               limit 1
+          ) as t on true
          where l.queue_id = _lane_states.queue_id;
     end if;
 end;

@@ -27,8 +27,10 @@ select awa._grant_execute('awa._lane_next_seq(integer)', 'reader', 'operator');
 -- next lane_seq and the claim position. A probe and a sequence read per
 -- lane: the cost of the queue's shape, never of its backlog or history.
 -- The span counts as ready the lane_seqs of enqueues still in flight or
--- rolled back after that row (exact counts: awa.queue_counts). A definer:
--- reading a sequence needs a privilege only the owner role has.
+-- rolled back after that row (exact counts: awa.queue_counts). On a
+-- standby the span ends at the lane's last ready row (a sequence there is
+-- up to 32 ahead), and next_seq may be up to 32 ahead. A definer: reading
+-- a sequence needs a privilege only the owner role has.
 -- Role: awa_reader, awa_operator.
 -- Calls: nothing
 -- Writes: nothing
@@ -78,11 +80,13 @@ begin
           ) as f on true
          where l.queue_id = _lane_states.queue_id;
     else
+        -- Nor is a sequence exact there: it reads as the primary last logged
+        -- it, up to 32 past the last lane_seq handed out. The span ends at
+        -- the lane's last ready row instead.
         return query
         select
             l.lane_id, l.priority, l.shard,
-            case when f.lane_seq is null then 0
-                 else pg_sequence_last_value(l.seq) - f.lane_seq + 1 end,
+            coalesce(t.lane_seq - f.lane_seq + 1, 0),
             f.ready_at,
             coalesce(pg_sequence_last_value(l.seq), 0) + 1,
             f.lane_seq
@@ -94,6 +98,13 @@ begin
                order by r.lane_seq
                limit 1
           ) as f on true
+          left join lateral (
+              select r.lane_seq
+                from awa.ready as r
+               where r.lane_id = l.lane_id
+               order by r.lane_seq desc
+               limit 1
+          ) as t on true
          where l.queue_id = _lane_states.queue_id;
     end if;
 end;

@@ -14,8 +14,12 @@ import shutil
 from collections.abc import Iterator
 
 import pytest
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
+from awa_sql.metrics import database_registry, render
 from tests.support import scratch
+from tests.support.jobs import claim
 from tests.support.standby import Standby, start_standby
 
 
@@ -70,3 +74,59 @@ def test_an_idle_maintenance_call_on_a_standby_records_no_run(db, logins, standb
             assert m.execute(f"select * from {call}").fetchall() in ([(0,)], []), call
     with standby.connect(db.name) as admin:
         assert {at.year for at in _last_runs(admin).values()} == {2000}
+
+
+def workload(db, logins) -> None:
+    """Jobs in every state, on the primary."""
+    with db.connect(logins.operator) as op:
+        op.execute("select awa.set_enqueue_shards('wide', 4)")
+    with db.connect(logins.producer) as p:
+        for i in range(6):
+            p.execute("select awa.enqueue('sb', 'k', ordering_key => %s)", [f"k{i}".encode()])
+            p.execute("select awa.enqueue('wide', 'k', priority => %s::smallint)", [1 + i % 4])
+        p.execute("select awa.enqueue('sb', 'later', run_at => now() + interval '1 day')")
+        p.execute("select awa.enqueue('dead', 'k', max_attempts => 1)")
+    with db.connect(logins.worker) as w:
+        done, _held = claim(w, ["sb"], 2)
+        w.execute("select awa.complete(%s, %s)", done[:2])
+        (dead,) = claim(w, ["dead"], 1)
+        w.execute("select awa.fail(%s, %s, 'boom')", dead[:2])
+    with db.connect(logins.maintenance) as m:
+        m.execute("select count(*) from awa.autoscale_tick()")
+
+
+def samples(text: bytes) -> dict:
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for f in text_string_to_metric_families(text.decode()) for s in f.samples}
+
+
+# What a standby's scrape says of itself, not of the primary: its own
+# statistics and snapshots, and times that move between two scrapes.
+OWN_OR_MOVING = ("awa_table_dead_tuples", "awa_xmin_horizon_age_transactions",
+                 "awa_queue_lag_seconds", "awa_lane_lag_seconds",
+                 "awa_lane_contention_last_sample_age_seconds", "awa_scrape_duration_seconds")
+# A sequence on a standby reads as the primary last logged it: up to 32
+# (PostgreSQL's SEQ_LOG_VALS) past the value the primary handed out.
+SEQUENCE_LOGGED_AHEAD = 32
+
+
+def test_the_exporter_on_a_standby_scrapes_what_the_primary_does(db, logins, standby):
+    """awa_up is 1, and once the standby has replayed, every number the
+    primary's scrape gives is the same there, the terminal counters aside
+    (read from sequences: at most 32 ahead). The depths were read from
+    the lanes' sequences too: 31 ready for a lane of 4."""
+    workload(db, logins)
+    standby.caught_up()
+    with db.connect(logins.reader) as on_primary:
+        primary = samples(render(on_primary)[0])
+    replica = samples(generate_latest(database_registry(standby.dsn(db.name, logins.reader))))
+    assert replica.pop(("awa_up", ())) == 1
+    assert primary[("awa_queue_depth", (("logical_queue", "sb"), ("queue", "sb")))] == 4
+    assert primary[("awa_queue_depth", (("logical_queue", "wide"), ("queue", "wide")))] == 6
+    for key in set(primary) | set(replica):
+        if key[0] in OWN_OR_MOVING:
+            continue
+        if key[0] == "awa_queue_finished_total":
+            assert 0 <= replica[key] - primary[key] <= SEQUENCE_LOGGED_AHEAD, key
+            continue
+        assert replica.get(key) == primary.get(key), key
