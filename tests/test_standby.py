@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from awa_sql.metrics import database_registry, render
 from tests.support import scratch
+from tests.support.admin import client_for, operator_login
 from tests.support.jobs import claim
 from tests.support.standby import Standby, start_standby
 
@@ -130,3 +131,85 @@ def test_the_exporter_on_a_standby_scrapes_what_the_primary_does(db, logins, sta
             assert 0 <= replica[key] - primary[key] <= SEQUENCE_LOGGED_AHEAD, key
             continue
         assert replica.get(key) == primary.get(key), key
+
+
+def test_the_admin_reads_answer_on_a_standby_as_on_the_primary(db, logins, standby):
+    """Every read route and page answers there; what it reads from rows is
+    the primary's, once replayed. Times move between the two reads, and the
+    terminal counters and next lane_seq come from sequences (up to 32 ahead)."""
+    workload(db, logins)
+    login = operator_login(db)
+    standby.caught_up()
+    with db.connect() as su:
+        job = su.execute("select job_id from awa.jobs('dead', 'failed')").fetchone()[0]
+    same = ["/api/queues/sb/jobs", "/api/queues/dead/jobs?state=failed",
+            "/api/queues/dead/jobs/retry/plan", "/api/queues/sb/jobs/cancel/plan",
+            "/api/queues/wide/enqueue-shards/plan?shards=2", "/api/failures",
+            f"/api/jobs/{job}", "/", "/queues/sb", f"/jobs/{job}"]
+    with client_for(db.dsn(login), writable=False) as primary, \
+            client_for(standby.dsn(db.name, login), writable=False) as replica:
+        for route in same:
+            got = replica.get(route)
+            assert got.status_code == 200, (route, got.text)
+            assert got.text == primary.get(route).text, route
+        assert replica.get("/api/server").json()["in_recovery"] is True
+        assert replica.get("/api/queues/sb/history").status_code == 200
+        listed = {q["queue"]: q for q in replica.get("/api/queues").json()}
+        assert {q: (v["ready"], v["running"], v["scheduled"]) for q, v in listed.items()} == {
+            q["queue"]: (q["ready"], q["running"], q["scheduled"])
+            for q in primary.get("/api/queues").json()}
+        lanes = [(lane["priority"], lane["shard"], lane["ready"])
+                 for lane in replica.get("/api/queues/wide").json()["lanes"]]
+        assert lanes == [(lane["priority"], lane["shard"], lane["ready"])
+                         for lane in primary.get("/api/queues/wide").json()["lanes"]]
+
+
+def awa_on(standby: Standby, db, *args: str, user: str | None = None, check: bool = False):
+    return db.awa(*args, env={"AWA_DATABASE_URL": standby.dsn(db.name, user)}, check=check)
+
+
+# Every command that writes, as an operator would point it at a standby.
+CLI_WRITES = [
+    ("jobs", "cancel", "{job}", "--yes"),
+    ("jobs", "retry", "{dead}", "--yes"),
+    ("jobs", "retry", "--queue", "dead", "--yes"),
+    ("jobs", "release-worker", "w"),
+    ("storage", "pause", "sb"),
+    ("storage", "resume", "sb"),
+    ("storage", "set-enqueue-shards", "--queue", "sb", "--shards", "4", "--yes"),
+    ("storage", "drop", "sb", "--yes"),
+]
+
+
+def test_the_cli_reads_on_a_standby_and_says_a_write_needs_the_primary(db, logins, standby):
+    """The read commands answer as on the primary; each write exits 7 with
+    one line naming the standby and what to do, not the PL/pgSQL context of
+    the statement that failed."""
+    workload(db, logins)
+    login = operator_login(db)
+    standby.caught_up()
+    with db.connect() as su:
+        job = su.execute("select job_id from awa.jobs('sb', 'ready') limit 1").fetchone()[0]
+        dead = su.execute("select job_id from awa.jobs('dead', 'failed')").fetchone()[0]
+    for args, user in ((["status"], None), (["storage", "show"], login)):
+        got = awa_on(standby, db, *args, user=user)
+        assert got.returncode == 0, got.stderr
+    for args in (["jobs", "list", "--queue", "sb"], ["jobs", "show", str(dead)],
+                 ["jobs", "failures"]):
+        got = awa_on(standby, db, *args, user=login)
+        assert got.returncode == 0, got.stderr
+        assert got.stdout == db.awa(*args, user=login).stdout, args
+    # Nothing to apply: awa migrate only reads, and says so.
+    assert "up to date" in awa_on(standby, db, "migrate", check=True).stdout
+    for args, user in [*((w, login) for w in CLI_WRITES),
+                       (("storage", "autoscale", "run", "--once"), logins.maintenance)]:
+        args = [a.format(job=job, dead=dead) for a in args]
+        got = awa_on(standby, db, *args, user=user)
+        assert got.returncode == 7, (args, got.stdout, got.stderr)
+        said = got.stderr.strip().splitlines()[-1]
+        assert said.startswith(f"awa: the server at 127.0.0.1:{standby.server.port} is a hot "
+                               "standby"), (args, got.stderr)
+        assert "[25006]" in said and "target_session_attrs=read-write" in said, said
+        assert "CONTEXT" not in got.stderr and "Traceback" not in got.stderr, got.stderr
+    with db.connect() as su:  # and nothing changed on the primary
+        assert su.execute("select count(*) from awa.jobs('sb', 'ready')").fetchone()[0] == 4

@@ -117,6 +117,35 @@ def connect(dsn: str | None = None, *, prepared_statements: PreparedSetting = No
         raise
 
 
+# A server that takes no writes answers every write with SQLSTATE 25006: a
+# hot standby (what a dashboard's DSN names, and after a failover sometimes
+# a worker's), or a login whose default_transaction_read_only is on.
+READ_ONLY_SQL = ("select pg_catalog.pg_is_in_recovery(),"
+                 " pg_catalog.current_setting('transaction_read_only')::boolean")
+TO_THE_PRIMARY = ("point the DSN at the primary (given several hosts, "
+                  "target_session_attrs=read-write picks it)")
+
+
+def read_only_reason(conn: psycopg.Connection) -> str | None:
+    """None when ``conn``'s server takes writes; else why not, naming it."""
+    idle = conn.info.transaction_status == TransactionStatus.IDLE
+    standby, read_only = conn.execute(READ_ONLY_SQL).fetchone()
+    if idle and not conn.autocommit:
+        conn.rollback()  # leave no transaction open that the caller did not start
+    where = f"{conn.info.host}:{conn.info.port}"
+    if standby:
+        return f"the server at {where} is a hot standby (in recovery)"
+    if read_only:
+        return f"the server at {where} is read-only for this login (default_transaction_read_only)"
+    return None
+
+
+def read_only_error(reason: str, who: str) -> str:
+    """What an operator is told when ``who`` (something that writes) meets a
+    server that takes no writes."""
+    return f"{reason}: {who} writes, and only the primary takes writes; {TO_THE_PRIMARY}"
+
+
 class _FarTimestamptzLoader(TimestamptzLoader):
     """A timestamptz Python cannot hold (infinity, a year past 9999 or BC)
     as datetime.max or datetime.min in UTC, where psycopg raises DataError."""

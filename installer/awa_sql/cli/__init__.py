@@ -20,6 +20,13 @@ import psycopg
 from awa_sql import migrate as runner
 from awa_sql.cli import admin, demo, jobs, maintain, metrics, migrate, storage
 from awa_sql.cli.common import err, sqlstate_suffix
+from awa_sql.connect import (
+    connect,
+    network_defaults,
+    read_only_error,
+    read_only_reason,
+    resolve_dsn,
+)
 from awa_sql.demo.embedded import EmbeddedError
 from awa_sql.listen import CannotListen
 from awa_sql.version import __version__
@@ -87,6 +94,9 @@ def _run(args: argparse.Namespace) -> int:
             return runner.EXIT_ERROR
         err(f"cannot connect: {str(error).strip()}")
         return runner.EXIT_ERROR
+    except psycopg.errors.ReadOnlySqlTransaction as error:
+        err(f"{read_only_error(_read_only_reason(args), 'this command')} [{error.sqlstate}]")
+        return runner.EXIT_ERROR
     except psycopg.Error as error:
         err(f"{type(error).__name__}{sqlstate_suffix(error)}: {str(error).strip()}")
         needs = getattr(args, "needs", None)
@@ -95,6 +105,19 @@ def _run(args: argparse.Namespace) -> int:
             err(f"this command needs a login that holds {needs} (other names where awa was "
                 "installed with --role-prefix)")
         return runner.EXIT_ERROR
+
+
+def _read_only_reason(args: argparse.Namespace) -> str:
+    """Why the command's server refused its write (25006), asked on a
+    connection of its own: the command's is gone by now."""
+    dsn = resolve_dsn(getattr(args, "dsn", None))
+    try:
+        with connect(dsn, autocommit=True, prepared_statements="off",
+                     **network_defaults(dsn)) as conn:
+            reason = read_only_reason(conn)
+    except psycopg.Error:
+        reason = None
+    return reason or "the server is read-only (a hot standby, or default_transaction_read_only)"
 
 
 if __name__ == "__main__":
