@@ -10,18 +10,25 @@ what is wrong: the database is a standby, and the primary is where to point.
 
 from __future__ import annotations
 
+import logging
 import shutil
+import threading
 from collections.abc import Iterator
 
+import psycopg
 import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from awa_sql.client import Producer
 from awa_sql.metrics import database_registry, render
+from awa_sql.worker import Worker
 from tests.support import scratch
 from tests.support.admin import client_for, operator_login
 from tests.support.jobs import claim
+from tests.support.maintain import MaintainProcess
 from tests.support.standby import Standby, start_standby
+from tests.support.waiting import wait_until
 
 
 @pytest.fixture(scope="module")
@@ -213,3 +220,95 @@ def test_the_cli_reads_on_a_standby_and_says_a_write_needs_the_primary(db, login
         assert "CONTEXT" not in got.stderr and "Traceback" not in got.stderr, got.stderr
     with db.connect() as su:  # and nothing changed on the primary
         assert su.execute("select count(*) from awa.jobs('sb', 'ready')").fetchone()[0] == 4
+
+
+def test_awa_maintain_on_a_standby_says_so_once_and_waits_for_a_primary(db, logins, standby):
+    """Every pass failed 25006 (the pass lock is a row), logged once per task
+    under the name of the task's function, and the loop kept its connection
+    to the standby for good. It says what is wrong once, makes no pass, and
+    connects again with back-off: a primary it reaches then gets its passes."""
+    standby.caught_up()
+    with MaintainProcess(standby.dsn(db.name, logins.maintenance), "--promote-every",
+                         "100ms") as m:
+        m.wait_for_log("is a hot standby")
+        m.wait_for_log("the server still takes no writes; connecting again in 1.0 s")
+        assert m.passes("promote") == 0
+        code, _ = m.stop()
+        assert code == 0, m.log()
+    said = [line for line in m.log().splitlines() if "WARNING" in line]
+    assert len(said) == 1, m.log()
+    assert (f"the server at 127.0.0.1:{standby.server.port} is a hot standby (in recovery):"
+            " maintenance writes, and only the primary takes writes; point the DSN at the"
+            " primary") in said[0]
+
+
+def test_a_worker_on_a_standby_says_so_once_and_claims_nothing(db, logins, standby, caplog):
+    """Each claim failed 25006, logged at every retry ("cannot execute
+    INSERT in a read-only transaction"), on the same connection for good.
+    Now one line names the standby; the claimer connects again with
+    back-off, and nothing changes on the primary."""
+    with db.connect(logins.producer) as p:
+        p.execute("select awa.enqueue('onsb', 'k')")
+    standby.caught_up()
+    worker = Worker(standby.dsn(db.name, logins.worker), queues=["onsb"],
+                    handlers={"k": lambda job: None}, poll_interval=0.05, snapshot_every=0.1)
+    thread = threading.Thread(target=worker.run)
+    with caplog.at_level(logging.WARNING):
+        thread.start()
+        try:
+            wait_until(lambda: worker.runtime.published == 0 and len(
+                [r for r in caplog.records if "claim" in r.getMessage()
+                 or "hot standby" in r.getMessage()]) >= 1, 20, "the claimer's line")
+            # Three tries at least (0.5 s, then 1 s), and snapshots every 0.1 s.
+            wait_until(lambda: standby_sessions(standby, db, logins.worker) >= 3, 20,
+                       "the claimer to connect again")
+        finally:
+            worker.stop()
+            thread.join(10)
+    said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    claims = [m for m in said if m.startswith("queue onsb:")]
+    assert claims == [
+        f"queue onsb: the server at 127.0.0.1:{standby.server.port} is a hot standby (in"
+        " recovery): a worker writes, and only the primary takes writes; point the DSN at the"
+        " primary (given several hosts, target_session_attrs=read-write picks it); no claim"
+        " runs until it takes writes: connecting again in 0.5 s, then with back-off up to"
+        " 30 s"], said
+    assert [m for m in said if m.startswith("runtime snapshot failed")] == [
+        f"runtime snapshot failed: the server at 127.0.0.1:{standby.server.port} is a hot"
+        " standby (in recovery): a runtime snapshot writes, and only the primary takes writes;"
+        " point the DSN at the primary (given several hosts, target_session_attrs=read-write"
+        " picks it)"], said
+    assert worker.completed == worker.failed == worker.claims == 0
+    with db.connect() as su:
+        assert su.execute("select count(*) from awa.jobs('onsb', 'ready')").fetchone()[0] == 1
+
+
+def test_a_producer_on_a_standby_is_refused_at_once_and_starts_nothing(db, logins, standby):
+    standby.caught_up()
+    before = {t.name for t in threading.enumerate()}
+    with pytest.raises(psycopg.errors.ReadOnlySqlTransaction) as refused:
+        Producer(standby.dsn(db.name, logins.producer))
+    assert str(refused.value) == (
+        f"the server at 127.0.0.1:{standby.server.port} is a hot standby (in recovery): a"
+        " Producer writes, and only the primary takes writes; point the DSN at the primary"
+        " (given several hosts, target_session_attrs=read-write picks it)")
+    assert refused.value.sqlstate == "25006"
+    assert {t.name for t in threading.enumerate()} == before  # no runtime publisher
+    # Given a connection, it is used as it is: each call fails 25006 and
+    # leaves the connection usable, its transaction rolled back.
+    with standby.connect(db.name, logins.producer) as conn:
+        conn.autocommit = False
+        producer = Producer(conn=conn, snapshot_every=None)
+        for call in (lambda: producer.enqueue("k", queue="onsb"),
+                     lambda: producer.enqueue_many([{"kind": "k"}], queue="onsb"),
+                     lambda: producer.enqueue_many_copy([{"kind": "k"}], queue="onsb")):
+            with pytest.raises(psycopg.errors.ReadOnlySqlTransaction):
+                call()
+            assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+
+
+def standby_sessions(standby: Standby, db, user: str) -> int:
+    """Sessions of ``user`` the standby has seen start (pg_stat_database counts them)."""
+    with standby.connect(db.name) as conn:
+        return conn.execute("select sessions from pg_stat_database where datname = %s",
+                            [db.name]).fetchone()[0]

@@ -21,7 +21,13 @@ from psycopg import pq
 from psycopg.types.json import Jsonb
 
 from awa_sql import routing
-from awa_sql.connect import connect, network_defaults, resolve_dsn
+from awa_sql.connect import (
+    connect,
+    network_defaults,
+    read_only_error,
+    read_only_reason,
+    resolve_dsn,
+)
 from awa_sql.metrics import client_metrics
 from awa_sql.metrics.client_metrics import WAIT_COLUMNS
 from awa_sql.runtimes import RuntimePublisher
@@ -320,10 +326,24 @@ class Producer:
         self._conn = conn if conn is not None else connect(
             self._dsn, prepared_statements=prepared_statements,
             **network_defaults(self._dsn))
+        if self._owned:
+            self._refuse_read_only()
         self.runtime = None
         if snapshot_every is not None and (conn is None or dsn is not None):
             self.runtime = RuntimePublisher(resolve_dsn(dsn), "producer", every=snapshot_every)
             self.runtime.start()
+
+    def _refuse_read_only(self) -> None:
+        """A server that takes no writes (a standby) would fail every call
+        with 25006: refused here, with what to do, before anything starts."""
+        try:
+            reason = read_only_reason(self._conn)
+        except BaseException:
+            self._conn.close()
+            raise
+        if reason is not None:
+            self._conn.close()
+            raise psycopg.errors.ReadOnlySqlTransaction(read_only_error(reason, "a Producer"))
 
     def __enter__(self) -> Producer:
         return self

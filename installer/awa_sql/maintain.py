@@ -32,7 +32,13 @@ import psycopg
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from awa_sql import shards
-from awa_sql.connect import connect, network_defaults, resolve_dsn
+from awa_sql.connect import (
+    connect,
+    network_defaults,
+    read_only_error,
+    read_only_reason,
+    resolve_dsn,
+)
 from awa_sql.metrics import client_metrics
 
 log = logging.getLogger("awa_sql.maintain")
@@ -201,6 +207,10 @@ def cadences(every: Mapping[str, float | None] | None = None) -> dict[str, float
     return chosen
 
 
+class _ReadOnly(Exception):
+    """The server takes no writes (a standby): no pass can run there."""
+
+
 def _one_line(err: BaseException) -> str:
     return " ".join(str(err).split()) or type(err).__name__
 
@@ -268,6 +278,7 @@ class Maintainer:
         self._due = dict.fromkeys(self.every, 0.0)  # monotonic time of each task's next pass
         self._absent: dict[str, str] = {}  # task -> the function it missed at the last pass
         self._failing: dict[str, str] = {}  # task -> the error its last pass logged
+        self._read_only: str | None = None  # why the last server took no writes
         self._backoff = BACKOFF_MIN
 
     def describe(self) -> str:
@@ -310,7 +321,21 @@ class Maintainer:
             try:
                 with conn:
                     self._conn = conn
+                    self._require_writes(conn)
                     self._serve(conn)
+            except _ReadOnly as err:
+                # Once, then briefly: connecting again follows a failover
+                # (target_session_attrs, a moved address), and a standby
+                # promoted in place takes writes on the next connection.
+                if self._read_only is None:
+                    log.warning("%s; no pass runs until it takes writes: connecting again"
+                                " in %.1f s, then with back-off up to %g s", err,
+                                self._backoff, BACKOFF_MAX)
+                else:
+                    log.info("the server still takes no writes; connecting again in %.1f s",
+                             self._backoff)
+                self._read_only = str(err)
+                self._wait_backoff()
             except psycopg.Error as err:
                 if self._stop.is_set():
                     break
@@ -326,6 +351,15 @@ class Maintainer:
         # statements, and behind a transaction pooler they break.
         return connect(self.dsn, autocommit=True, prepared_statements="off",
                        application_name="awa-sql maintain", **network_defaults(self.dsn))
+
+    def _require_writes(self, conn: psycopg.Connection) -> None:
+        """Raises _ReadOnly when ``conn``'s server takes no writes: every pass
+        would fail 25006 (the pass lock is a row)."""
+        if (reason := read_only_reason(conn)) is not None:
+            raise _ReadOnly(read_only_error(reason, "maintenance"))
+        if self._read_only is not None:
+            log.info("the server takes writes: the passes resume")
+            self._read_only = None
 
     def _wait_backoff(self) -> None:
         self._stop.wait(self._backoff)
@@ -363,6 +397,8 @@ class Maintainer:
             self.metrics.passes.labels(task.name, "failed").inc()
             if conn.closed:
                 raise
+            if isinstance(err, psycopg.errors.ReadOnlySqlTransaction):
+                self._require_writes(conn)  # the server became read-only since the connect
             message = _one_line(err)
             if self._failing.get(task.name) != message:  # the same error again: logged once
                 log.warning("%s: %s failed: %s", task.name, task.function, message)

@@ -21,7 +21,13 @@ from collections.abc import Callable
 import psycopg
 from psycopg.types.json import Jsonb
 
-from awa_sql.connect import connect, network_defaults, resolve_dsn
+from awa_sql.connect import (
+    connect,
+    network_defaults,
+    read_only_error,
+    read_only_reason,
+    resolve_dsn,
+)
 from awa_sql.version import __version__
 
 log = logging.getLogger("awa_sql.runtimes")
@@ -30,6 +36,18 @@ PUBLISH_SQL = (
     "select awa.publish_runtime(%s::uuid, %s::text, %s::text, %s::integer, %s::text,"
     " %s::integer, %s::jsonb)"
 )
+
+
+def _why(conn: psycopg.Connection | None, err: psycopg.Error) -> str:
+    """The error of a snapshot; on a server that takes no writes (a
+    standby), that, in an operator's words."""
+    if conn is not None and not conn.closed and not isinstance(err, psycopg.OperationalError):
+        try:
+            if (reason := read_only_reason(conn)) is not None:
+                return read_only_error(reason, "a runtime snapshot")
+        except psycopg.Error:
+            pass
+    return str(err).strip()
 
 
 class RuntimePublisher:
@@ -79,6 +97,7 @@ class RuntimePublisher:
 
     def _run(self) -> None:
         conn: psycopg.Connection | None = None
+        failing = None  # the error last logged: the same again is not (a standby's)
         try:
             while True:
                 try:
@@ -95,8 +114,12 @@ class RuntimePublisher:
                         return
                     conn.execute(PUBLISH_SQL, self._snapshot())
                     self.published += 1
+                    failing = None
                 except psycopg.Error as err:
-                    log.warning("runtime snapshot failed: %s", str(err).strip())
+                    said = _why(conn, err)
+                    if said != failing:
+                        log.warning("runtime snapshot failed: %s", said)
+                    failing = said
                     if conn is not None:
                         conn.close()
                     conn = None

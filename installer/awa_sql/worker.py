@@ -49,7 +49,14 @@ from typing import Any
 
 import psycopg
 
-from awa_sql.connect import connect, network_defaults, prepared_mode, resolve_dsn
+from awa_sql.connect import (
+    connect,
+    network_defaults,
+    prepared_mode,
+    read_only_error,
+    read_only_reason,
+    resolve_dsn,
+)
 from awa_sql.maintain import (
     BACKOFF_MAX,
     BACKOFF_MIN,
@@ -284,6 +291,21 @@ class _Link:
         self._conn = self._open()
         return self._conn.execute(statement, params)
 
+    def read_only_reason(self) -> str | None:
+        """Why the server takes no writes (None: it does), asked on this
+        link's connection. One that does not is closed: the next statement
+        connects again, and may reach the primary (a failover,
+        target_session_attrs)."""
+        if self._conn is None or self._conn.closed:
+            return None
+        try:
+            reason = read_only_reason(self._conn)
+        except psycopg.Error:
+            return None
+        if reason is not None:
+            self._conn.close()
+        return reason
+
     def __enter__(self) -> _Link:
         return self
 
@@ -413,6 +435,7 @@ class Worker:
                  jobs: queue_mod.SimpleQueue) -> None:
         """Claims for free slots only, so no claimed job waits for a slot."""
         delay, backoff = MIN_POLL, BACKOFF_MIN
+        read_only = False  # the last claim met a server that takes no writes
         lease_seconds = self.lease.total_seconds()
         try:
             with self._link("claimer", _decode_args_apart) as conn:
@@ -428,12 +451,22 @@ class Worker:
                     except psycopg.Error as err:
                         for _ in range(want):
                             free.release()
-                        log.warning("queue %s: claim failed: %s; trying again in %.1f s",
-                                    queue, _one_line(err), backoff)
+                        # On a standby: 25006, or 0A000 (awa.lane_hints is unlogged).
+                        reason = (None if isinstance(err, psycopg.OperationalError)
+                                  else conn.read_only_reason())
+                        if reason is None:
+                            log.warning("queue %s: claim failed: %s; trying again in %.1f s",
+                                        queue, _one_line(err), backoff)
+                        elif not read_only:  # said once, until a claim works again
+                            log.warning("queue %s: %s; no claim runs until it takes writes:"
+                                        " connecting again in %.1f s, then with back-off up"
+                                        " to %g s", queue, read_only_error(reason, "a worker"),
+                                        backoff, BACKOFF_MAX)
+                        read_only = reason is not None
                         self._stop.wait(backoff)
                         backoff = min(backoff * 2, BACKOFF_MAX)
                         continue
-                    backoff = BACKOFF_MIN
+                    backoff, read_only = BACKOFF_MIN, False
                     with self._lock:
                         self.claims += 1
                     for _ in range(want - len(rows)):
