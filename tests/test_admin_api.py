@@ -568,7 +568,8 @@ def test_bulk_plan_says_how_many_and_the_bulk_call_takes_them(db, api):
     one = api.get("/api/queues/bulk/jobs/retry/plan", params={"kind": "other"}).json()
     assert one["question"] == "Retry 2 failed jobs of kind 'other' of bulk?"
     got = api.post("/api/queues/bulk/jobs/retry", json={"kind": "other"}, headers=auth())
-    assert got.json() == {"queue": "bulk", "action": "retry", "kind": "other", "jobs": 2}
+    assert got.json() == {"queue": "bulk", "action": "retry", "kind": "other",
+                          "state": "failed", "jobs": 2}
     assert api.post("/api/queues/bulk/jobs/retry", json={"max_jobs": 3},
                     headers=auth()).json()["jobs"] == 3
     bad = api.post("/api/queues/bulk/jobs/retry", json={"max_jobs": 0}, headers=auth())
@@ -603,7 +604,8 @@ def test_bulk_retry_of_cancelled_jobs_plans_and_takes_that_state_only(db, api):
         {"failed": 2}, "Retry 2 failed jobs of bc?")
     got = api.post("/api/queues/bc/jobs/retry", json={"state": "cancelled", "max_jobs": 2},
                    headers=auth())
-    assert got.json() == {"queue": "bc", "action": "retry", "kind": None, "jobs": 2}
+    assert got.json() == {"queue": "bc", "action": "retry", "kind": None,
+                          "state": "cancelled", "jobs": 2}
     assert api.post("/api/queues/bc/jobs/retry", json={"state": "cancelled", "kind": "bad"},
                     headers=auth()).json()["jobs"] == 1
     none = api.get("/api/queues/bc/jobs/retry/plan", params={"state": "cancelled"}).json()
@@ -611,6 +613,29 @@ def test_bulk_retry_of_cancelled_jobs_plans_and_takes_that_state_only(db, api):
     states = {j["job_id"]: j["state"] for j in api.get("/api/queues/bc/jobs").json()["jobs"]}
     assert [states[j] for j in cancelled] == ["ready"] * 3
     assert [states[j] for j in failed] == ["failed"] * 2
+
+
+def test_a_bulk_retry_and_its_plan_name_the_state_they_take(db, api):
+    """A script that retried with {"state": "cancelled"} read back only a
+    count: the plan and the result now say which state was taken (failed
+    when none is given); a cancel, which takes no state, says null."""
+    _failed_jobs(db, "bn", 1)
+    with db.connect() as conn:
+        conn.execute("select awa.enqueue('bn', 'k')")
+    plans = {state: api.get("/api/queues/bn/jobs/retry/plan",
+                            params={} if state is None else {"state": state}).json()
+             for state in (None, "failed", "cancelled")}
+    assert {s: p["state"] for s, p in plans.items()} == {
+        None: "failed", "failed": "failed", "cancelled": "cancelled"}
+    cancel_plan = api.get("/api/queues/bn/jobs/cancel/plan").json()
+    assert cancel_plan["state"] is None
+    cancelled = api.post("/api/queues/bn/jobs/cancel", headers=auth()).json()
+    assert (cancelled["state"], cancelled["jobs"]) == (None, 1)
+    by_state = {state: api.post("/api/queues/bn/jobs/retry", headers=auth(),
+                                json={} if state is None else {"state": state}).json()
+                for state in ("cancelled", None)}
+    assert {s: (r["state"], r["jobs"]) for s, r in by_state.items()} == {
+        "cancelled": ("cancelled", 1), None: ("failed", 1)}
 
 
 @pytest.mark.parametrize("state", ["ready", "Cancelled", "x'y", ""])

@@ -189,7 +189,8 @@ def test_bulk_retry_and_cancel_ask_first_then_loop_in_batches(db, logins, failed
     assert "retried 2 jobs of kind 'mail' of cli" in mail.stdout
     rest = json.loads(db.awa("jobs", "retry", "--queue", "cli", "--batch", "2", "--yes",
                              "--json", user=logins.operator, check=True).stdout)
-    assert rest == {"queue": "cli", "kind": None, "retried": 3, "more": False}
+    assert rest == {"queue": "cli", "kind": None, "state": "failed", "retried": 3,
+                    "more": False}
     assert [_state(db, j) for j in failed["failed"]] == ["ready"] * 5
     with db.connect(logins.producer) as p:
         later = enqueue(p, "cli", "mail", run_at="2999-01-01")[0]
@@ -224,13 +225,30 @@ def test_bulk_retry_of_cancelled_jobs_asks_naming_the_state_and_leaves_failed_on
     assert "no failed jobs of kind 'bad' in cli" in none.stdout
     done = db.awa("jobs", "retry", "--queue", "cli", "--kind", "bad", "--state", "cancelled",
                   "--batch", "2", "--yes", "--json", user=logins.operator, check=True)
-    assert json.loads(done.stdout) == {"queue": "cli", "kind": "bad", "retried": 3,
-                                       "more": False}
+    assert json.loads(done.stdout) == {"queue": "cli", "kind": "bad", "state": "cancelled",
+                                       "retried": 3, "more": False}
     assert [_state(db, j) for j in bad] == ["ready"] * 3
     assert [_state(db, j) for j in failed["failed"]] == ["failed"] * 5
     again = db.awa("jobs", "retry", "--queue", "cli", "--kind", "bad", "--state", "cancelled",
                    "--yes", user=logins.operator, check=True)
     assert "no cancelled jobs of kind 'bad' in cli" in again.stdout
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    (["retry", "--queue", "cli", "--state", "cancelled"],
+     {"queue": "cli", "kind": None, "state": "cancelled", "retried": 0, "more": False}),
+    (["retry", "--queue", "cli", "--kind", "nokind"],
+     {"queue": "cli", "kind": "nokind", "state": "failed", "retried": 0, "more": False}),
+    (["cancel", "--queue", "cli", "--kind", "nokind"],
+     {"queue": "cli", "kind": "nokind", "cancelled": 0, "more": False}),
+])
+def test_a_bulk_change_that_finds_no_jobs_still_answers_in_json(db, logins, failed, args,
+                                                                 expected):
+    """With --json, a bulk retry or cancel that found nothing printed "no
+    cancelled jobs in cli", which a script reading JSON cannot parse."""
+    done = db.awa("jobs", *args, "--yes", "--json", user=logins.operator, check=True)
+    assert json.loads(done.stdout) == expected
+    assert [_state(db, j) for j in failed["failed"]] == ["failed"] * 5
 
 
 def test_a_bulk_retry_of_cancelled_jobs_says_those_left_cancelled_and_why(db, logins):

@@ -337,10 +337,16 @@ class BulkBody(Body):
         default=None, description="at most this many in this call, 1..100000 (default 10000)")
 
 
+# The state a bulk retry takes, echoed by its plan and its result: the one
+# asked for, failed by default; null for a cancel (ready and scheduled).
+BULK_STATE = "the state a retry takes (failed, the default, or cancelled); null for a cancel"
+
+
 class BulkPlan(BaseModel):
     queue: str
     action: str = Field(description="retry or cancel")
     kind: str | None
+    state: str | None = Field(description=BULK_STATE)
     counts: dict[str, int] = Field(
         description="jobs per state the call would take (retry: failed, or the state "
                     "asked for; cancel: ready and scheduled), each counted up to max_jobs + 1")
@@ -354,6 +360,7 @@ class BulkResult(BaseModel):
     queue: str
     action: str
     kind: str | None
+    state: str | None = Field(description=BULK_STATE)
     jobs: int = Field(description="how many jobs the call retried or cancelled")
 
 

@@ -376,5 +376,6 @@ def bulk_plan(conn: psycopg.Connection, queue: str, action: str, kind: str | Non
                     f"takes {max_jobs:,}; repeat it for the rest.")
     else:
         question = f"{verb} {what} job{'s' if total > 1 else ''}{of_kind} of {queue}?"
-    return {"queue": queue, "action": action, "kind": kind, "counts": counts, "jobs": jobs,
+    return {"queue": queue, "action": action, "kind": kind,
+            "state": states[0] if action == "retry" else None, "counts": counts, "jobs": jobs,
             "more": more, "max_jobs": max_jobs, "question": question}

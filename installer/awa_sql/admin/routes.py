@@ -230,6 +230,7 @@ def bulk_change(request: Request, queue: QueueName, action: BulkAction,
     most ``max_jobs`` (default 10,000)."""
     body = body or BulkBody()
     max_jobs = queries.BULK_MAX_JOBS if body.max_jobs is None else body.max_jobs
+    state = None
     with _pool(request).connection() as conn, conn.transaction():
         if action == "retry":
             # awa.retry_jobs decides which states it takes (400 for another).
@@ -242,7 +243,8 @@ def bulk_change(request: Request, queue: QueueName, action: BulkAction,
             changed = conn.execute(
                 "select awa.cancel_jobs(%s::text, %s::text, %s::integer)",
                 [queue, body.kind, max_jobs]).fetchone()[0]
-    return {"queue": queue, "action": action, "kind": body.kind, "jobs": changed}
+    return {"queue": queue, "action": action, "kind": body.kind, "state": state,
+            "jobs": changed}
 
 
 JobId = Annotated[int, Path(ge=1, le=2**63 - 1, description="a job id")]

@@ -411,7 +411,10 @@ def _bulk(args: argparse.Namespace, function: str, states: tuple[str, ...], ask:
         what = " and ".join(f"{n} {s}" for s, n in counts.items() if n)
         kind = f" of kind {args.kind!r}" if args.kind else ""
         if total == 0:
-            print(f"no {' or '.join(states)} jobs{kind} in {args.queue}")
+            if args.json:
+                _print_bulk_json(args, verb, 0, False)
+            else:
+                print(f"no {' or '.join(states)} jobs{kind} in {args.queue}")
             return 0
         at_least = "at least " if any(n >= MAX_JOBS for n in counts.values()) else ""
         question = f"{ask} {at_least}{what} {_jobs(total)}{kind} of {args.queue}?"
@@ -436,7 +439,7 @@ def _bulk(args: argparse.Namespace, function: str, states: tuple[str, ...], ask:
     # The count stopped at MAX_JOBS a state: there may be more.
     more = bool(at_least)
     if args.json:
-        print(json.dumps({"queue": args.queue, "kind": args.kind, verb: done, "more": more}))
+        _print_bulk_json(args, verb, done, more)
     else:
         print(f"{verb} {done} {_jobs(done)}{kind} of {args.queue}")
     if done < total:
@@ -445,6 +448,13 @@ def _bulk(args: argparse.Namespace, function: str, states: tuple[str, ...], ask:
         err(f"counted at most {MAX_JOBS} {' or '.join(states)} jobs a state: more may be "
             "left; run the command again")
     return 0
+
+
+def _print_bulk_json(args: argparse.Namespace, verb: str, done: int, more: bool) -> None:
+    # A retry names the state it took (failed, or --state's); a cancel takes none.
+    state = {"state": args.state} if args.state is not None else {}
+    print(json.dumps({"queue": args.queue, "kind": args.kind, **state, verb: done,
+                      "more": more}))
 
 
 def _say_left(args: argparse.Namespace, states: tuple[str, ...], left: int, total: int,
