@@ -31,6 +31,7 @@ from tests.support.admin import (
     serve_cli,
     shared_pool_app,
 )
+from tests.support.jobs import claim
 from tests.support.ports import assert_cannot_listen, needs_ipv6, taken_port
 
 
@@ -671,6 +672,61 @@ def test_a_state_given_to_a_bulk_cancel_or_of_the_wrong_type_is_refused(db, api)
         "ready": 1, "scheduled": 0}
 
 
+# -- a dead worker's jobs (awa.release_worker) ------------------------------------------
+
+
+def _leases(db, worker: str) -> list[tuple[int, bool]]:
+    """(job id, lease still running) of each running job claimed under ``worker``."""
+    with db.connect() as conn:
+        return conn.execute("select job_id, lease_expires_at > now() from awa.running"
+                            " where worker = %s order by job_id", [worker]).fetchall()
+
+
+def _claimed(db, queue: str, worker: str, n: int) -> list[int]:
+    with db.connect() as conn:
+        conn.execute("select awa.enqueue(%s, 't') from generate_series(1, %s)", [queue, n])
+        return [r[0] for r in claim(conn, [queue], n, worker=worker)]
+
+
+def test_release_worker_ends_a_dead_workers_leases_and_the_rescue_retries_its_jobs(db, api):
+    """The runbook's step for a worker known dead, from the API as from `awa
+    jobs release-worker`: every running job it holds, in any queue, has its
+    lease end now; another worker's are left; the rescue takes them back."""
+    dead = "host-3/a:4121:ab12cd"  # a name may hold "/" and ":"
+    mine = _claimed(db, "rw1", dead, 2) + _claimed(db, "rw2", dead, 1)
+    other = _claimed(db, "rw1", "alive", 1)
+    path = f"/api/workers/{quote(dead, safe='')}/release"
+    assert api.post(path).status_code == 403  # no token: nothing changes
+    assert _leases(db, dead) == [(j, True) for j in mine]
+    got = api.post(path, headers=auth())
+    assert got.status_code == 200, got.text
+    assert got.json() == {"worker": dead, "released": 3}
+    assert _leases(db, dead) == [(j, False) for j in mine]
+    assert _leases(db, "alive") == [(other[0], True)]
+    with db.connect() as conn:
+        assert conn.execute("select awa.rescue_expired()").fetchone()[0] == 3
+    assert {api.get(f"/api/jobs/{j}").json()["state"] for j in mine} <= {"scheduled", "ready"}
+    assert api.get(f"/api/jobs/{other[0]}").json()["state"] == "running"
+    again = api.post(path, headers=auth())
+    assert again.json() == {"worker": dead, "released": 0}
+    nobody = api.post("/api/workers/nobody/release", headers=auth())
+    assert nobody.json() == {"worker": "nobody", "released": 0}
+
+
+def test_release_worker_with_a_nul_byte_is_400_and_on_a_reader_login_403_naming_the_role(db):
+    _claimed(db, "rw3", "w", 1)
+    with client_for(db.dsn(reader_login(db)), writable=True) as client:
+        got = client.post("/api/workers/w/release", headers=auth())
+        nul = client.post("/api/workers/w%00x/release", headers=auth())
+    assert got.status_code == 403, got.text
+    assert got.json()["sqlstate"] == "42501"
+    assert got.json()["error"] == "permission denied for function release_worker"
+    assert got.json()["hint"] == ("the admin server's login needs awa_operator to make "
+                                  "changes: grant awa_operator to it")
+    assert (nul.status_code, nul.json()["sqlstate"]) == (400, "22021")
+    assert _leases(db, "w") == [(_leases(db, "w")[0][0], True)]
+
+
 # -- the guard ---------------------------------------------------------------------------
 
 WRITES = [
@@ -682,6 +738,7 @@ WRITES = [
     ("POST", "/api/queues/g/jobs/cancel", {}),
     ("POST", "/api/jobs/1/retry", None),
     ("POST", "/api/jobs/1/cancel", None),
+    ("POST", "/api/workers/w/release", None),
 ]
 
 
@@ -721,6 +778,19 @@ def test_writable_server_on_a_reader_login_is_403_from_the_database(db):
         got = client.put("/api/queues/g/enqueue-shards", json={"shards": 2}, headers=auth())
     assert got.status_code == 403
     assert got.json()["sqlstate"] == "42501"
+    assert "needs awa_operator to make changes" in got.json()["hint"]
+
+
+def test_a_login_without_awa_reader_is_403_naming_the_role_it_needs(db):
+    """PostgreSQL's message names the schema it refused, not the role."""
+    enqueue_jobs(db, "g", 1)
+    with client_for(db.dsn(db.login_role(prefix="awa_adm_")), writable=False) as client:
+        got = client.get("/api/queues")
+        head = client.head("/api/queues/g")
+    assert got.status_code == head.status_code == 403, got.text
+    assert got.json() == {"error": "permission denied for schema awa", "sqlstate": "42501",
+                          "hint": "the admin server's login needs awa_reader to read: "
+                                  "grant awa_reader to it"}
 
 
 def test_writable_server_needs_a_token():
@@ -963,7 +1033,7 @@ def test_openapi_schema_finds_no_server_error(db):
     with shared_pool_app(db.dsn(operator_login(db)), writable=True) as app:
         api_schema = schemathesis.openapi.from_asgi("/openapi.json", app)
         operations = [result.ok() for result in api_schema.get_all_operations()]
-        assert len(operations) == 16
+        assert len(operations) == 17
         for operation in operations:
 
             @given(case=operation.as_strategy(), existing=st.booleans())

@@ -353,7 +353,8 @@ def test_bulk_retry_and_cancel_say_how_many_jobs_and_the_list_pages(db, page):
         expect(rows).to_have_count(20)
 
         page.fill("#token", TOKEN)
-        page.click("#retry-failed")
+        expect(page.locator("#retry-state")).to_have_value("failed")
+        page.click("#retry-jobs")
         expect(page.locator("#confirm-jobs-title")).to_have_text("Retry 25 failed jobs of bulk?")
         expect(page.locator("#confirm-jobs-ok")).to_have_text("Retry 25 jobs")
         page.click("#confirm-jobs-cancel")
@@ -361,9 +362,9 @@ def test_bulk_retry_and_cancel_say_how_many_jobs_and_the_list_pages(db, page):
         with db.connect() as conn:
             assert conn.execute("select awa.count_jobs('bulk', 'failed')").fetchone()[0] == 25
 
-        page.click("#retry-failed")
+        page.click("#retry-jobs")
         page.click("#confirm-jobs-ok")
-        expect(page.locator("#status")).to_have_text("Retried 25 jobs.")
+        expect(page.locator("#status")).to_have_text("Retried 25 failed jobs.")
         expect(page.locator("#failed-jobs")).to_have_text("No failed jobs.")
 
         page.click("#cancel-waiting")
@@ -373,6 +374,88 @@ def test_bulk_retry_and_cancel_say_how_many_jobs_and_the_list_pages(db, page):
         with db.connect() as conn:
             assert conn.execute("select awa.count_jobs('bulk', 'cancelled')").fetchone()[0] == 28
             assert conn.execute("select awa.count_jobs('bulk', 'ready')").fetchone()[0] == 0
+
+
+def test_bulk_retry_of_cancelled_jobs_is_chosen_on_the_page_and_leaves_failed_ones(db, page):
+    """The runbook's way back for a flood cancelled in bulk, from the page:
+    the state picked beside the button goes to the plan, the dialog and
+    the call; the failed jobs stay failed."""
+    from playwright.sync_api import expect
+
+    with db.connect() as conn:
+        conn.execute("select awa.enqueue('flood', 'ok', '{}', 2::smallint, null, null, 1)"
+                     " from generate_series(1, 2)")
+        conn.execute("select count(awa.fail(c.job_id, c.run_lease, 'boom'))"
+                     " from awa.claim(array['flood'], 2, 'w') as c")
+        conn.execute("select awa.enqueue('flood', 'bad') from generate_series(1, 3)")
+        assert conn.execute("select awa.cancel_jobs('flood', 'bad')").fetchone()[0] == 3
+    with serve_cli(db.dsn(operator_login(db)), "--writable", token=TOKEN) as base:
+        page.goto(f"{base}/queues/flood")
+        expect(page.locator("#failed-jobs tbody tr")).to_have_count(2)
+        page.fill("#token", TOKEN)
+        page.select_option("#retry-state", "cancelled")
+        expect(page.locator("#retry-jobs")).to_have_text("Retry cancelled jobs…")
+        page.click("#retry-jobs")
+        expect(page.locator("#confirm-jobs-title")).to_have_text(
+            "Retry 3 cancelled jobs of flood?")
+        expect(page.locator("#confirm-jobs-ok")).to_have_text("Retry 3 jobs")
+        with db.connect() as conn:  # nothing is sent before the confirmation
+            assert conn.execute("select awa.count_jobs('flood', 'cancelled')").fetchone()[0] == 3
+        page.click("#confirm-jobs-ok")
+        expect(page.locator("#status")).to_have_text("Retried 3 cancelled jobs.")
+        expect(page.locator("#failed-jobs tbody tr")).to_have_count(2)
+        with db.connect() as conn:
+            assert conn.execute("select awa.count_jobs('flood', 'cancelled')").fetchone()[0] == 0
+            assert conn.execute("select awa.count_jobs('flood', 'ready')").fetchone()[0] == 3
+            assert conn.execute("select awa.count_jobs('flood', 'failed')").fetchone()[0] == 2
+        page.click("#retry-jobs")  # the state stays picked: none are left
+        expect(page.locator("#status")).to_have_text("No cancelled jobs in flood.")
+
+
+def _leases_running(db, worker: str) -> list[bool]:
+    with db.connect() as conn:
+        return [r[0] for r in conn.execute(
+            "select lease_expires_at > now() from awa.running where worker = %s"
+            " order by job_id", [worker]).fetchall()]
+
+
+def test_a_dead_workers_jobs_are_released_from_a_running_jobs_page(db, page):
+    """A running job's page names its worker; for a worker known dead,
+    "Release worker…", confirmed, ends the leases of every job it runs
+    (here in two queues), and the rescue then sends the job back."""
+    from playwright.sync_api import expect
+
+    with db.connect() as conn:
+        conn.execute("select awa.enqueue(q, 't') from unnest(array['rw-a', 'rw-b']) as q")
+        (job, *_), = claim(conn, ["rw-a"], 1, worker="dead-w")
+        claim(conn, ["rw-b"], 1, worker="dead-w")
+        conn.execute("select awa.enqueue('rw-a', 'failing', '{}', 2::smallint, null, null, 1)")
+        (f, lease, *_), = claim(conn, ["rw-a"], 1, worker="x")
+        conn.execute("select awa.fail(%s, %s, 'boom')", [f, lease])
+    with serve_cli(db.dsn(operator_login(db)), "--writable", token=TOKEN) as base:
+        page.goto(f"{base}/jobs/{f}")
+        expect(page.locator("#job-state")).to_have_text("failed")
+        expect(page.locator("#release-worker")).to_be_disabled()
+        page.goto(f"{base}/jobs/{job}")
+        expect(page.locator("#job-worker")).to_have_text("dead-w")
+        expect(page.locator("#release-worker")).to_be_enabled()
+        page.fill("#token", TOKEN)
+        page.click("#release-worker")
+        expect(page.locator("#confirm-jobs-title")).to_have_text(
+            "Release worker dead-w? The leases of every job it runs, in every queue, end "
+            "now, and the next rescue pass of awa maintain sends them back to retry, the "
+            "attempt counted. Only for a worker known dead: a live one keeps a job it "
+            "heartbeats before that pass.")
+        expect(page.locator("#confirm-jobs-ok")).to_have_text("Release worker")
+        assert _leases_running(db, "dead-w") == [True, True]  # nothing sent yet
+        page.click("#confirm-jobs-ok")
+        expect(page.locator("#status")).to_have_text(
+            "Released worker dead-w: the leases of 2 running jobs ended.")
+        assert _leases_running(db, "dead-w") == [False, False]
+        with db.connect() as conn:
+            assert conn.execute("select awa.rescue_expired()").fetchone()[0] == 2
+        expect(page.locator("#job-state")).not_to_have_text("running", timeout=10_000)
+        expect(page.locator("#release-worker")).to_be_disabled()
 
 
 def test_the_failed_list_refreshes_without_the_jobs_args_and_whole_errors(db, page):

@@ -264,8 +264,9 @@ def create_app(settings: Settings, pool: ConnectionPool | None = None) -> FastAP
                             headers=err.headers)
 
     @app.exception_handler(psycopg.Error)
-    async def database_error(_request: Request, err: psycopg.Error) -> JSONResponse:
-        mapped = from_database(err)
+    async def database_error(request: Request, err: psycopg.Error) -> JSONResponse:
+        # HEAD is GET by now (HeadAsGet): a read.
+        mapped = from_database(err, write=request.method != "GET")
         if mapped is None:
             # The whole error (DETAIL, CONTEXT: the statements of the awa
             # function it failed in) goes to the log; the answer, to whoever

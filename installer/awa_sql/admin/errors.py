@@ -34,13 +34,24 @@ class ApiError(Exception):
         return out
 
 
-def from_database(err: psycopg.Error) -> ApiError | None:
-    """The ApiError a database error maps to, or None for a server fault."""
+def _missing_role(write: bool) -> str:
+    """What a 42501 means here: PostgreSQL names the function or schema
+    refused, not the awa role the server's login lacks."""
+    role, does = ("awa_operator", "make changes") if write else ("awa_reader", "read")
+    return f"the admin server's login needs {role} to {does}: grant {role} to it"
+
+
+def from_database(err: psycopg.Error, write: bool = False) -> ApiError | None:
+    """The ApiError a database error maps to, or None for a server fault;
+    ``write``: the request was a change (for what a permission error needs)."""
     state = err.sqlstate or ""
     diag = err.diag
     message = diag.message_primary or str(err).strip()
+    hint = diag.message_hint
+    if state == "42501" and not hint:
+        hint = _missing_role(write)
     if state.startswith("22"):
-        return ApiError(400, message, state, diag.message_hint)
+        return ApiError(400, message, state, hint)
     if state in STATUS_BY_SQLSTATE:
-        return ApiError(STATUS_BY_SQLSTATE[state], message, state, diag.message_hint)
+        return ApiError(STATUS_BY_SQLSTATE[state], message, state, hint)
     return None

@@ -368,3 +368,9 @@ class JobChange(BaseModel):
     job_id: int
     action: str
     state: str | None = Field(description="the job's state after the change")
+
+
+class WorkerRelease(BaseModel):
+    worker: str = Field(description="the worker name asked for")
+    released: int = Field(description="running jobs whose lease this call ended; 0 for a "
+                                      "worker that runs none")

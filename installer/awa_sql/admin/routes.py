@@ -31,6 +31,7 @@ from awa_sql.admin.models import (
     ShardPlan,
     ShardResult,
     ShardsBody,
+    WorkerRelease,
 )
 from awa_sql.defaults import RETRY_REFUSED
 from awa_sql.routing import MAX_SHARDS
@@ -326,3 +327,22 @@ def retry_job(request: Request, job_id: JobId) -> dict:
 def cancel_job(request: Request, job_id: JobId) -> dict:
     """``awa.cancel_job``: a scheduled, ready or running job ends cancelled."""
     return _change_job(request, job_id, "cancel")
+
+
+WorkerName = Annotated[str, Path(description="the name the worker gave awa.claim (a running "
+                                             "job's worker)")]
+
+
+@router.post("/workers/{worker:path}/release", response_model=WorkerRelease,
+             dependencies=[Depends(require_write)],
+             responses={**{k: v for k, v in WRITE.items() if k != 404},
+                        409: {"model": Error, "description": "a row the worker's call held "
+                                                            "for over 5 s (55P03); try again"}})
+def release_worker(request: Request, worker: WorkerName) -> dict:
+    """``awa.release_worker``: for a worker known dead, the leases of every
+    job it runs (in any queue) end now, and the next rescue pass of ``awa
+    maintain`` sends them back to retry, the attempt counted. A worker alive
+    after all keeps a job it heartbeats before that pass."""
+    with _pool(request).connection() as conn, conn.transaction():
+        released = conn.execute("select awa.release_worker(%s::text)", [worker]).fetchone()[0]
+    return {"worker": worker, "released": released}

@@ -527,8 +527,16 @@
     });
   }
 
+  // A bulk retry takes the state picked beside its button (failed or
+  // cancelled, one a call: awa.retry_jobs); a cancel, ready and scheduled jobs.
+  function retryState() {
+    return document.getElementById("retry-state").value;
+  }
+
   async function changeJobs(action) {
-    const plan = await api("GET", `${queuePath(queueName)}/jobs/${action}/plan`);
+    const state = action === "retry" ? retryState() : null;
+    const query = state ? `?state=${encodeURIComponent(state)}` : "";
+    const plan = await api("GET", `${queuePath(queueName)}/jobs/${action}/plan${query}`);
     if (!plan.ok) {
       setStatus(`${plan.status}: ${plan.data.error}`, "error");
       return;
@@ -539,10 +547,13 @@
     }
     const label = `${action === "retry" ? "Retry" : "Cancel"} ${plural(plan.data.jobs, "job")}`;
     askJobs(plan.data.question, label, async () => {
-      const result = await api("POST", `${queuePath(queueName)}/jobs/${action}`, {});
+      const result = await api("POST", `${queuePath(queueName)}/jobs/${action}`,
+        state ? { state } : {});
       if (result.ok) {
+        // The state the call says it took, not the picker's (changed meanwhile).
+        const taken = result.data.state ? `${result.data.state} ` : "";
         setStatus(`${action === "retry" ? "Retried" : "Cancelled"} ` +
-          `${plural(result.data.jobs, "job")}.`, "ok");
+          `${result.data.jobs} ${taken}job${result.data.jobs === 1 ? "" : "s"}.`, "ok");
       } else setStatus(`${result.status}: ${result.data.error}`, "error");
       failedPages = [null];
       await loadQueue();
@@ -664,10 +675,30 @@
     }
     const retry = document.getElementById("retry-job");
     const cancel = document.getElementById("cancel-job");
+    const release = document.getElementById("release-worker");
     const state = currentJob ? currentJob.state : null;
     if (retry) retry.disabled = !["failed", "cancelled"].includes(state);
     if (cancel) cancel.disabled = !["scheduled", "ready", "running"].includes(state);
+    if (release) release.disabled = state !== "running" || !currentJob.worker;
     app.dataset.refreshed = String(Date.now());
+  }
+
+  // awa.release_worker: every job the worker runs, in every queue, not only
+  // this one; for a worker known dead (a live one loses the jobs it does
+  // not heartbeat before the rescue).
+  function releaseWorker(worker) {
+    askJobs(`Release worker ${worker}? The leases of every job it runs, in every queue, ` +
+      "end now, and the next rescue pass of awa maintain sends them back to retry, the " +
+      "attempt counted. Only for a worker known dead: a live one keeps a job it heartbeats " +
+      "before that pass.", "Release worker", async () => {
+      const result = await api("POST",
+        `/api/workers/${encodeURIComponent(worker)}/release`);
+      if (result.ok) {
+        setStatus(`Released worker ${worker}: the leases of ` +
+          `${plural(result.data.released, "running job")} ended.`, "ok");
+      } else setStatus(`${result.status}: ${result.data.error}`, "error");
+      await loadJob();
+    });
   }
 
   function jobControls() {
@@ -679,7 +710,10 @@
         el("button", { id: "retry-job", type: "button", disabled: true,
           onclick: () => currentJob && changeJob(currentJob, "retry", loadJob) }, "Retry…"),
         el("button", { id: "cancel-job", type: "button", disabled: true,
-          onclick: () => currentJob && changeJob(currentJob, "cancel", loadJob) }, "Cancel…")),
+          onclick: () => currentJob && changeJob(currentJob, "cancel", loadJob) }, "Cancel…"),
+        el("button", { id: "release-worker", type: "button", disabled: true,
+          onclick: () => currentJob && currentJob.worker && releaseWorker(currentJob.worker) },
+        "Release worker…")),
       jobsDialog());
   }
 
@@ -713,7 +747,13 @@
         el("button", { id: "resume", type: "button", onclick: () => setPaused(false) },
           "Resume")),
       el("div", {},
-        el("button", { id: "retry-failed", type: "button", onclick: () => changeJobs("retry") },
+        el("label", {}, "Retry ",
+          el("select", { id: "retry-state", onchange: (event) => {
+            document.getElementById("retry-jobs").textContent =
+              `Retry ${event.target.value} jobs…`;
+          } }, ["failed", "cancelled"].map((s) => el("option", { value: s }, s))),
+          " jobs "),
+        el("button", { id: "retry-jobs", type: "button", onclick: () => changeJobs("retry") },
           "Retry failed jobs…"),
         el("button", { id: "cancel-waiting", type: "button",
           onclick: () => changeJobs("cancel") }, "Cancel ready and scheduled jobs…")),
