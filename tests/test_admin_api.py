@@ -21,6 +21,7 @@ from schemathesis.specs.openapi.checks import positive_data_acceptance
 from awa_sql.hosts import host_check, url
 from tests.support import scratch
 from tests.support.admin import (
+    ROOT,
     TOKEN,
     auth,
     client_for,
@@ -1050,6 +1051,68 @@ def test_openapi_schema_finds_no_server_error(db):
                                        excluded_checks=[positive_data_acceptance])
 
             check()
+
+
+# -- the runbook ---------------------------------------------------------------------------
+
+RUNBOOK = ROOT / "docs" / "operations.md"
+CODE = re.compile(r"`([^`]+)`")
+API_CALL = re.compile(r"^(GET|POST|PUT) (/api/\S+)$")
+
+
+def _runbook_steps() -> list[tuple[str, str, str]]:
+    """(step, CLI cell, API cell) of the table in "When an alert fires"."""
+    section = RUNBOOK.read_text().split("## When an alert fires", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split(" | ") for line in section.splitlines()
+            if line.startswith("| ") and not line.startswith(("| step", "|---"))]
+    return [(step.strip("| "), cli, api_cell.strip("| ")) for step, cli, api_cell in rows]
+
+
+def _route_for(schema: dict, method: str, target: str) -> str | None:
+    """The path of the OpenAPI ``schema`` that answers ``method target``: the
+    first that matches, in the router's order, as the router picks it; its
+    query parameters must be the route's."""
+    from urllib.parse import parse_qsl, unquote, urlsplit
+
+    parts = urlsplit(target)
+    for path, operations in schema["paths"].items():
+        pattern = re.sub(r"\\\{\w+\\\}", ".+", re.escape(path))
+        if re.fullmatch(pattern, unquote(parts.path)):
+            if method.lower() not in operations:
+                continue
+            taken = {p["name"] for p in operations[method.lower()].get("parameters", ())
+                     if p["in"] == "query"}
+            unknown = {k for k, _ in parse_qsl(parts.query)} - taken
+            assert not unknown, f"{method} {target}: {path} takes no {unknown}"
+            return path
+    return None
+
+
+def test_every_runbook_step_names_a_command_and_an_api_call_that_exist():
+    """The table of "When an alert fires" (docs/operations.md): each step's
+    CLI command parses as `awa` parses it, and each API call is a route of
+    the admin app with the query parameters it takes; a step one of them
+    cannot do says so (a dash and the SQL)."""
+    from awa_sql.admin.app import Settings, create_app
+    from awa_sql.cli import build_parser
+
+    steps = _runbook_steps()
+    assert len(steps) >= 12, steps
+    schema = create_app(Settings(dsn="", writable=False)).openapi()
+    parser = build_parser()
+    for step, cli, api_cell in steps:
+        commands = [c for c in CODE.findall(cli) if c.startswith("awa ")]
+        calls = [c for c in CODE.findall(api_cell) if API_CALL.match(c)]
+        assert commands or cli.startswith("—"), f"{step}: no CLI command, and no dash"
+        assert calls or api_cell.startswith(("—", "the page")), f"{step}: no API call"
+        for command in commands:
+            try:
+                parser.parse_args(command.split()[1:])
+            except SystemExit as exit_:
+                raise AssertionError(f"{step}: `{command}` does not parse") from exit_
+        for call in calls:
+            method, target = API_CALL.match(call).groups()
+            assert _route_for(schema, method, target) is not None, f"{step}: no route {call}"
 
 
 # -- the last hour -----------------------------------------------------------------------
