@@ -1624,7 +1624,8 @@ begin
             using errcode = '22023';
     end if;
     if not awa._unique_ok(unique_key, unique_window) then
-        raise exception 'unique_window must be 1 second to 365 days, got %', unique_window
+        raise exception 'unique_window must be 1 second to 365 days (31,536,000 s), got % (% s)',
+            unique_window, date_part('epoch', unique_window)
             using errcode = '22023';
     end if;
 end;
@@ -5028,8 +5029,9 @@ AS $function$
         else pg_catalog.length(unique_key) operator(pg_catalog.>=) 1
             and pg_catalog.length(unique_key) operator(pg_catalog.<=) 1024
             and (unique_window is null
-                 or (unique_window operator(pg_catalog.>=) '1 second'::pg_catalog.interval
-                     and unique_window operator(pg_catalog.<=) '365 days'::pg_catalog.interval))
+                 or (pg_catalog.date_part('epoch', unique_window) operator(pg_catalog.>=) 1
+                     and pg_catalog.date_part('epoch', unique_window)
+                         operator(pg_catalog.<=) 31536000))
     end
 $function$;
 

@@ -24,7 +24,10 @@ $$;
 
 -- Function: awa._unique_ok(unique_key bytea, unique_window interval) returns boolean
 -- A job's unique key and window: no key and no window, or a key of 1 to
--- 1024 bytes with no window or one of 1 second to 365 days. Inlined.
+-- 1024 bytes with no window or one of 1 second to 365 days. The window is
+-- checked as the seconds it is applied as (awa._release_unique_key): an
+-- interval comparison counts a year 360 days, so '1 year', held 365.25,
+-- passed. Inlined.
 -- Calls: nothing
 -- Writes: nothing
 create or replace function awa._unique_ok(unique_key bytea, unique_window interval)
@@ -37,8 +40,9 @@ as $$
         else pg_catalog.length(unique_key) operator(pg_catalog.>=) 1
             and pg_catalog.length(unique_key) operator(pg_catalog.<=) 1024
             and (unique_window is null
-                 or (unique_window operator(pg_catalog.>=) '1 second'::pg_catalog.interval
-                     and unique_window operator(pg_catalog.<=) '365 days'::pg_catalog.interval))
+                 or (pg_catalog.date_part('epoch', unique_window) operator(pg_catalog.>=) 1
+                     and pg_catalog.date_part('epoch', unique_window)
+                         operator(pg_catalog.<=) 31536000))
     end
 $$;
 
@@ -63,7 +67,8 @@ begin
             using errcode = '22023';
     end if;
     if not awa._unique_ok(unique_key, unique_window) then
-        raise exception 'unique_window must be 1 second to 365 days, got %', unique_window
+        raise exception 'unique_window must be 1 second to 365 days (31,536,000 s), got % (% s)',
+            unique_window, date_part('epoch', unique_window)
             using errcode = '22023';
     end if;
 end;

@@ -326,9 +326,15 @@ def test_bulk_retry_of_cancelled_jobs_skips_those_whose_key_is_held_and_retries_
     ("select awa.enqueue('q', 'k', unique_key => convert_to(repeat('x', 1025), 'UTF8'))",
      "got 1025"),
     ("select awa.enqueue('q', 'k', unique_key => 'k', unique_window => '0 seconds')",
-     "1 second to 365 days, got 00:00:00"),
+     "1 second to 365 days (31,536,000 s), got 00:00:00 (0 s)"),
     ("select awa.enqueue('q', 'k', unique_key => 'k', unique_window => '366 days')",
      "got 366 days"),
+    # Held as its seconds: a year is 365.25 days, over the bound (an interval
+    # comparison counts it 360 and let it through).
+    ("select awa.enqueue('q', 'k', unique_key => 'k', unique_window => '1 year')",
+     "got 1 year (31557600 s)"),
+    ("select awa.enqueue('q', 'k', unique_key => 'k', unique_window => '12 mons 5 days')",
+     "got 1 year 5 days"),
     ("select awa.enqueue_batch(array['q', 'q'], array['k', 'k'],"
      " unique_keys => array['a', '']::bytea[])",
      "batch element 2 (1-based): unique_key must be 1 to 1024 bytes, got 0"),
