@@ -84,6 +84,14 @@ def worker(**settings) -> Worker:
     ({"poll_interval": -1.5}, "poll_interval must be more than 0 seconds, got -1.5"),
     ({"batch": 0}, "batch must be an integer of 1 or more, got 0"),
     ({"batch": 2.5}, "batch must be an integer of 1 or more, got 2.5"),
+    ({"shutdown_timeout": -1}, "shutdown_timeout must be 0 or more seconds (or None: wait for"
+     " every handler), got -1"),
+    ({"shutdown_timeout": float("inf")}, "shutdown_timeout must be 0 or more seconds (or None:"
+     " wait for every handler), got inf"),
+    ({"shutdown_timeout": True}, "shutdown_timeout must be 0 or more seconds (or None: wait"
+     " for every handler), got True"),
+    ({"shutdown_timeout": timedelta(seconds=5)}, "shutdown_timeout must be 0 or more seconds"
+     " (or None: wait for every handler), got 0:00:05"),
     ({"maintain": {"promote": 0.001}},
      "maintain: the cadence of promote must be between 0.05 and 3600 seconds, or None (off), "
      "got 0.001"),
@@ -115,10 +123,11 @@ def test_worker_settings_it_cannot_run_with_are_refused(settings, message):
 def test_worker_settings_at_their_bounds_are_taken():
     configs = PartitionedQueue("p", 2).queue_configs(max_workers_per_partition=3)
     w = worker(queues=configs, lease=timedelta(seconds=1), poll_interval=0.001, batch=1,
-               maintain={"promote": 0.05, "prune": 3600, "rescue": None})
+               maintain={"promote": 0.05, "prune": 3600, "rescue": None}, shutdown_timeout=0)
     assert [c["max_workers"] for c in w.configs] == [3, 3]
     assert w.heartbeat_every == timedelta(seconds=1) / 3
     assert worker(queues=[{"queue": "q"}, {"queue": "r", "max_workers": None}]).configs
+    assert worker(shutdown_timeout=None).shutdown_timeout is None
 
 
 def test_a_workers_default_name_is_new_at_every_start():

@@ -16,8 +16,12 @@ a plain function, which Python cannot interrupt, runs on without a lease
 until ``awa.rescue_expired`` takes the job. A handler that raises
 ``Retry(at=...)`` or ``Retry(after=...)`` chooses when its job runs again.
 ``stop()`` (or SIGTERM or SIGINT when ``run()`` is on the main thread) stops the
-claimers, lets every slot finish the job it holds, heartbeating it meanwhile,
-then returns. With ``maintain=True`` a thread runs the loop of ``awa maintain``
+claimers and gives every held job's handler ``shutdown_timeout`` to finish,
+heartbeating the job meanwhile; a job whose handler still runs then (or at a
+second signal) is handed back with awa.fail, a retry due at once, and
+``run()`` returns without waiting for that handler (a daemon thread, which
+Python cannot stop; its late outcome is refused under the dead lease). With
+``maintain=True`` a thread runs the loop of ``awa maintain``
 (awa_sql.maintain.Maintainer) beside them.
 
 Each thread opens its connection when it first needs one and opens it again
@@ -82,6 +86,13 @@ CLAIM_SQL = (
 )
 MIN_POLL = 0.01  # seconds; the first wait after an empty claim
 RECORD_BACKOFF_MAX = 5.0  # seconds between tries to record an outcome, at most
+# Seconds a held job's handler gets after stop() before its job is handed
+# back: under Kubernetes' default grace period of 30 s before SIGKILL, with
+# time left to hand the jobs back (ADR 046).
+SHUTDOWN_TIMEOUT = 25.0
+# The first line of a handed-back job's last error (what awa.failure_summary
+# groups by); the second says after how long and which worker.
+HAND_BACK_ERROR = "handed back at worker shutdown: its handler was still running"
 QUEUE_KEYS = ("queue", "max_workers")
 # Keys PartitionedQueue.queue_configs() writes that the Worker does not
 # implement: taken when None, refused otherwise.
@@ -182,6 +193,12 @@ class _Held:
     lease_until: float = float("inf")
     passed: bool = False  # the heartbeat thread saw the deadline pass
     is_async: bool = False
+    kind: str = ""  # for the shutdown's log of the jobs it hands back
+    last_attempt: bool = False
+
+
+# Held jobs as Worker._running holds them: ((job_id, run_lease), _Held).
+_HeldJobs = list[tuple[tuple[int, int], _Held]]
 
 
 async def _within(awaitable: Awaitable[Any], seconds: float | None) -> Any:
@@ -223,6 +240,12 @@ def _check_timing(lease: object, heartbeat_every: object, poll_interval: object,
         raise ValueError(f"batch must be an integer of 1 or more, got {batch!r}")
 
 
+def _check_shutdown_timeout(seconds: object) -> None:
+    if seconds is not None and (not _is_number(seconds) or not 0 <= seconds < float("inf")):
+        raise ValueError("shutdown_timeout must be 0 or more seconds (or None: wait for every"
+                         f" handler), got {_shown(seconds)}")
+
+
 def _check_maintain(maintain: object) -> None:
     """Cadences awa maintain would take; unknown tasks are left to Maintainer."""
     if maintain is None or isinstance(maintain, bool):
@@ -261,8 +284,12 @@ def _check_configs(configs: list[dict]) -> None:
                              f" (or None: 1), got {slots!r}")
 
 
-def _log_gone(job: Job, outcome: str) -> None:
+def _log_gone(job: Job, outcome: str, handed_back: bool = False) -> None:
     """awa.complete or awa.fail found the run gone: its lease is no longer current."""
+    if handed_back:
+        log.warning("job %s (%s): handed back at shutdown while its handler ran; its %s was not"
+                    " recorded and is not counted", job.job_id, job.kind, outcome)
+        return
     log.warning("job %s (%s): no longer running under this lease (cancelled, rescued or"
                 " finished elsewhere); its %s was not recorded and is not counted",
                 job.job_id, job.kind, outcome)
@@ -329,6 +356,7 @@ class Worker:
         snapshot_every: float | None = 10.0,
         prepared_statements: str | bool | None = None,
         maintain: bool | Mapping[str, float | None] = False,
+        shutdown_timeout: float | None = SHUTDOWN_TIMEOUT,
     ) -> None:
         self.dsn = resolve_dsn(dsn)
         # Every call runs in autocommit (one transaction per statement), so a
@@ -343,6 +371,8 @@ class Worker:
             heartbeat_every = lease / 3
         _check_timing(lease, heartbeat_every, poll_interval, batch)
         _check_maintain(maintain)
+        _check_shutdown_timeout(shutdown_timeout)
+        self.shutdown_timeout = shutdown_timeout
         self.lease = lease
         self.heartbeat_every = heartbeat_every
         self.poll_interval = poll_interval
@@ -352,8 +382,18 @@ class Worker:
         # and pid, and awa.release_worker ends the leases of every job claimed
         # under the name it is given.
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
-        self._stop = threading.Event()
-        self._done = threading.Event()  # every slot has finished: the heartbeat ends
+        self._stop = threading.Event()  # the claimers stop
+        self._stopped_at: float | None = None  # the first stop, on the monotonic clock
+        self._hand_back = threading.Event()  # hand the held jobs back now
+        self._hand_back_at = ""  # what asked for it, for the log
+        self._wake = threading.Event()  # the heartbeat thread looks again (_heartbeat)
+        self._signals = self._signals_seen = 0  # _on_signal
+        self._in_signal = False
+        # Under _lock: the slots still running; once closing, the jobs held
+        # were handed back, and so are those claimed after.
+        self._slots_left = 0
+        self._closing = False
+        self._handed_back: set[tuple[int, int]] = set()
         # (job_id, run_lease) -> lease and deadline. Not job_id alone: a plain
         # handler past its deadline runs on while its job, rescued, may be
         # claimed again by another slot of this worker.
@@ -369,17 +409,54 @@ class Worker:
         self.maintainer = None if maintain is None or maintain is False else Maintainer(
             self.dsn, every=None if maintain is True else maintain)
 
-    def stop(self) -> None:
+    def stop(self, *, hand_back: bool = False) -> None:
+        """Stops claiming at once. ``run()`` returns when every held job's
+        handler has finished, or at ``shutdown_timeout`` after the first stop,
+        handing back the jobs whose handlers still run; ``hand_back=True``
+        hands them back now."""
+        if self._stopped_at is None:
+            self._stopped_at = time.monotonic()
         self._stop.set()
+        if hand_back:
+            self._request_hand_back("at stop(hand_back=True)")
+        self._wake.set()
+
+    def _request_hand_back(self, what: str) -> None:
+        if not self._hand_back.is_set():
+            self._hand_back_at = what
+        self._hand_back.set()
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        """SIGTERM or SIGINT: the first stops, one during the shutdown hands
+        back at once. A signal that comes while this handler runs (Python may
+        run it between two of its bytecodes) is only counted, for the outer
+        call to act on: setting an Event whose lock the outer call holds would
+        never return."""
+        self._signals += 1
+        if self._in_signal:
+            return
+        self._in_signal = True
+        try:
+            while self._signals_seen < self._signals:
+                self._signals_seen += 1
+                if self._stop.is_set():
+                    self._request_hand_back(
+                        f"at {signal.Signals(signum).name} during the shutdown")
+                    self._wake.set()
+                else:
+                    self.stop()
+        finally:
+            self._in_signal = False
 
     def run(self) -> None:
-        """Blocks until ``stop()``, SIGTERM or SIGINT (when on the main thread);
-        every held job is finished first."""
+        """Blocks until ``stop()``, SIGTERM or SIGINT (when on the main thread),
+        then until every held job's handler has finished or was handed back
+        (``shutdown_timeout``, a second signal)."""
         previous = {}
         if threading.current_thread() is threading.main_thread():
             # SIGINT too: its KeyboardInterrupt would leave run() while the
             # claimers and slots went on claiming.
-            previous = {sig: signal.signal(sig, lambda *_: self.stop())
+            previous = {sig: signal.signal(sig, self._on_signal)
                         for sig in (signal.SIGTERM, signal.SIGINT)}
         try:
             self._run()
@@ -388,15 +465,20 @@ class Worker:
                 signal.signal(sig, signal.SIG_DFL if handler is None else handler)
 
     def _run(self) -> None:
-        threads = [threading.Thread(target=self._heartbeat, name="awa-heartbeat", daemon=True)]
+        # Daemon threads all: a handler still running when its job was handed
+        # back must not keep the process from exiting.
+        heartbeat = threading.Thread(target=self._heartbeat, name="awa-heartbeat", daemon=True)
+        threads = []
         for config in self.configs:
             name, slots = config["queue"], config.get("max_workers") or 1
             free = threading.Semaphore(slots)
             jobs: queue_mod.SimpleQueue[Job | None] = queue_mod.SimpleQueue()
             threads.append(threading.Thread(target=self._claimer, args=(name, slots, free, jobs),
-                                             name=f"awa-{name}-claim"))
+                                             name=f"awa-{name}-claim", daemon=True))
             threads += [threading.Thread(target=self._slot, args=(free, jobs),
-                                         name=f"awa-{name}-{slot}") for slot in range(slots)]
+                                         name=f"awa-{name}-{slot}", daemon=True)
+                        for slot in range(slots)]
+        self._slots_left = len(threads) - len(self.configs)
         if self.runtime is not None:
             self.runtime.start()
         maintaining = None
@@ -407,12 +489,13 @@ class Worker:
                 log.warning("maintain: %s; this worker runs no maintenance", missing)
             else:
                 maintaining = self.maintainer.start()
+        heartbeat.start()
         for t in threads:
             t.start()
-        for t in threads[1:]:
-            t.join()
-        self._done.set()
-        threads[0].join()
+        heartbeat.join()  # every slot has finished, or the jobs held were handed back
+        if not self._closing:
+            for t in threads:
+                t.join()
         if maintaining is not None:
             self.maintainer.stop()
             maintaining.join()
@@ -471,17 +554,13 @@ class Worker:
                         self.claims += 1
                     for _ in range(want - len(rows)):
                         free.release()
-                    claimed_at = time.monotonic()
-                    for row in rows:
-                        job = Job(*row)
-                        if self.runtime is not None:
-                            self.runtime.note(job.queue, "claim")
-                        client_metrics.job_claimed(job)
-                        deadline = (None if job.max_run_time is None
-                                    else claimed_at + job.max_run_time.total_seconds())
-                        with self._lock:
-                            self._running[job.job_id, job.run_lease] = _Held(
-                                deadline, claimed_at + lease_seconds)
+                    claimed = [Job(*row) for row in rows]
+                    if late := self._hold(claimed, lease_seconds):
+                        for _ in claimed:
+                            free.release()
+                        self._give_back(conn, late, "claimed after the hand-back",
+                                        running=False)
+                    for job in () if late else claimed:
                         jobs.put(job)
                     if rows:
                         delay = MIN_POLL
@@ -492,18 +571,47 @@ class Worker:
             for _ in range(slots):
                 jobs.put(None)
 
+    def _hold(self, claimed: list[Job], lease_seconds: float) -> _HeldJobs:
+        """Records the jobs of a claim as held, for the slots to run. Once the
+        shutdown has handed back the held jobs, a claim that was in flight
+        then is answered late: its jobs are returned, to be handed back too."""
+        claimed_at = time.monotonic()
+        held = {(job.job_id, job.run_lease): _Held(
+            None if job.max_run_time is None else claimed_at + job.max_run_time.total_seconds(),
+            claimed_at + lease_seconds, kind=job.kind,
+            last_attempt=job.attempt >= job.max_attempts) for job in claimed}
+        for job in claimed:
+            if self.runtime is not None:
+                self.runtime.note(job.queue, "claim")
+            client_metrics.job_claimed(job)
+        with self._lock:
+            if self._closing:
+                self._handed_back.update(held)
+                return list(held.items())
+            self._running.update(held)
+        return []
+
+    def _slot_ended(self) -> None:
+        """The heartbeat thread looks whether every slot has ended."""
+        with self._lock:
+            self._slots_left -= 1
+        self._wake.set()
+
     def _slot(self, free: threading.Semaphore, jobs: queue_mod.SimpleQueue) -> None:
-        # The slot's event loop, made for its first async handler.
-        with self._link("slot") as conn, asyncio.Runner() as loop:
-            while (job := jobs.get()) is not None:
-                try:
-                    self._handle(conn, job, loop)
-                except Exception as err:  # the job is no longer heartbeated (_handle)
-                    log.error("job %s (%s): its outcome could not be recorded: %s; once its"
-                              " lease expires, awa.rescue_expired will retry it", job.job_id,
-                              job.kind, _one_line(err))
-                finally:
-                    free.release()
+        try:
+            # The slot's event loop, made for its first async handler.
+            with self._link("slot") as conn, asyncio.Runner() as loop:
+                while (job := jobs.get()) is not None:
+                    try:
+                        self._handle(conn, job, loop)
+                    except Exception as err:  # the job is no longer heartbeated (_handle)
+                        log.error("job %s (%s): its outcome could not be recorded: %s; once"
+                                  " its lease expires, awa.rescue_expired will retry it",
+                                  job.job_id, job.kind, _one_line(err))
+                    finally:
+                        free.release()
+        finally:
+            self._slot_ended()
 
     def _call(self, job: Job, loop: asyncio.Runner) -> None:
         """Runs the job's handler; a coroutine it returns runs until the job's
@@ -557,7 +665,7 @@ class Worker:
         else:
             statement, params = ("select awa.fail(%s, %s, %s)", [job.job_id, job.run_lease, error])
         if not self._record(conn, job, "failure", statement, params):
-            _log_gone(job, "failure")
+            _log_gone(job, "failure", self._was_handed_back(job))
             return
         with self._lock:
             self.failed += 1
@@ -603,23 +711,119 @@ class Worker:
                     self.completed += 1
                 client_metrics.job_completed(job)
             else:
-                _log_gone(job, "completion")
+                _log_gone(job, "completion", self._was_handed_back(job))
         finally:
             with self._lock:
                 self._running.pop((job.job_id, job.run_lease), None)
 
+    def _was_handed_back(self, job: Job) -> bool:
+        with self._lock:
+            return (job.job_id, job.run_lease) in self._handed_back
+
     def _heartbeat(self) -> None:
         """Extends the lease of every held job until its deadline, not after: the
-        server would not extend it anyway (awa.heartbeat). Runs until every slot
-        has finished, after stop() too; a failed pass is tried again at the next beat."""
+        server would not extend it anyway (awa.heartbeat); a failed pass is tried
+        again at the next beat. After stop() it goes on until every slot has
+        finished, or until the jobs still held are handed back (_hand_back_due);
+        then run() returns."""
         every = self.heartbeat_every.total_seconds()
+        beat_at = time.monotonic() + every
+        told = False
         with self._link("heartbeat") as conn:
-            while not self._done.wait(every):
-                try:
-                    self._beat(conn, self.lease.total_seconds())
-                except psycopg.Error as err:
-                    log.warning("heartbeat failed: %s; trying again in %.1f s",
-                                _one_line(err), every)
+            while True:
+                self._wake.clear()  # before looking: a wake from here on is seen
+                if time.monotonic() >= beat_at:
+                    try:
+                        self._beat(conn, self.lease.total_seconds())
+                    except psycopg.Error as err:
+                        log.warning("heartbeat failed: %s; trying again in %.1f s",
+                                    _one_line(err), every)
+                    beat_at = time.monotonic() + every
+                if self._stop.is_set():
+                    with self._lock:
+                        if self._slots_left == 0:
+                            return
+                    if not told:
+                        self._log_stopping()
+                        told = True
+                    if (why := self._hand_back_due()) is not None:
+                        self._hand_back_held(conn, why)
+                        return
+                self._wake.wait(self._next_look(beat_at))
+
+    def _log_stopping(self) -> None:
+        with self._lock:
+            held = len(self._running)
+        if self.shutdown_timeout is None:
+            grace = "as long as they take (shutdown_timeout None)"
+        else:
+            grace = f"{self.shutdown_timeout:g} s (shutdown_timeout)"
+        log.info("shutdown: stopping; claiming has stopped, and the %d job(s) held get %s to"
+                 " finish before they are handed back; a second SIGTERM or SIGINT hands them"
+                 " back at once", held, grace)
+
+    def _hand_back_due(self) -> str | None:
+        """Why the jobs still held are handed back now, or None: not yet."""
+        since = time.monotonic() - (self._stopped_at or 0.0)
+        if self._hand_back.is_set():
+            return f"{self._hand_back_at} after {since:.1f} s"
+        if self.shutdown_timeout is not None and since >= self.shutdown_timeout:
+            return f"after {self.shutdown_timeout:g} s"
+        return None
+
+    def _next_look(self, beat_at: float) -> float:
+        """Seconds to the next beat, or to the shutdown timeout when sooner."""
+        now = time.monotonic()
+        wait = beat_at - now
+        if self._stopped_at is not None and self.shutdown_timeout is not None:
+            wait = min(wait, self._stopped_at + self.shutdown_timeout - now)
+        return max(wait, 0.0)
+
+    def _hand_back_held(self, conn: _Link, why: str) -> None:
+        """Hands back every job still held: from here on, none is heartbeated,
+        and the jobs of a claim answered late are handed back by their claimer."""
+        with self._lock:
+            self._closing = True
+            held = list(self._running.items())
+            self._running.clear()
+            self._handed_back.update(key for key, _ in held)
+        self._give_back(conn, held, why)
+
+    def _give_back(self, conn: _Link, held: _HeldJobs, why: str, *,
+                   running: bool = True) -> None:
+        """awa.fail with a retry due now, for each job, and one log line of
+        those handed back (``running``: their handlers were still running).
+        The attempt counts, as at a lease's end; the job is ready again at the
+        next promote pass."""
+        error = f"{HAND_BACK_ERROR}\n{why}; worker {self.name}"
+        back, done = [], []
+        for n, ((job_id, run_lease), h) in enumerate(held):
+            try:
+                failed = conn.execute("select awa.fail(%s, %s, %s, now())",
+                                      [job_id, run_lease, error]).fetchone()[0]
+            except psycopg.Error as err:
+                # Out of reach (OperationalError): so for the jobs after it.
+                lost = held[n:] if isinstance(err, psycopg.OperationalError) else [held[n]]
+                log.error("shutdown: could not hand back %s: %s; once their leases expire,"
+                          " awa.rescue_expired will retry them",
+                          ", ".join(f"{key[0]} ({x.kind})" for key, x in lost), _one_line(err))
+                if isinstance(err, psycopg.OperationalError):
+                    break
+                continue
+            if not failed:
+                done.append(f"{job_id} ({h.kind})")
+            else:
+                back.append(f"{job_id} ({h.kind}; its last attempt: failed for good)"
+                            if h.last_attempt else f"{job_id} ({h.kind})")
+        if back:
+            many = len(back) != 1
+            if running:
+                why = f"whose handler{'s were' if many else ' was'} still running {why}"
+            log.warning("shutdown: handed back %d job%s %s: %s", len(back), "s" if many else "",
+                        why, ", ".join(back))
+        if done:
+            log.info("shutdown: not handed back, finished meanwhile (or cancelled): %s",
+                     ", ".join(done))
 
     def _beat(self, conn: _Link, lease_seconds: float) -> None:
         now = time.monotonic()
