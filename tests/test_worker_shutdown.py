@@ -3,11 +3,13 @@ stop() a held job's handler gets ``shutdown_timeout`` to finish; a job whose
 handler still runs then is handed back (awa.fail, retry due now: claimable by
 another worker at the next promote pass, not after its lease), and run()
 returns; the handler's late completion is refused and leaves the job's next
-run alone; ``stop(hand_back=True)``, or a second SIGTERM or SIGINT, hands
-back at once, and the process exits though the handler never returns."""
+run alone, and an async handler is cancelled; ``stop(hand_back=True)``, or a
+second SIGTERM or SIGINT, hands back at once, and the process exits though
+the handler never returns."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import signal
@@ -184,3 +186,34 @@ print("returned", flush=True)
             " after") in err.read_text()
     assert took < 10, took
     assert job_state(db, job.job_id) == ("scheduled", 1, None, HAND_BACK_ERROR)
+
+
+def test_an_async_handler_is_cancelled_when_its_job_is_handed_back(db, logins, caplog):
+    """Its CancelledError fails the attempt under the dead lease: refused,
+    and the job keeps the hand-back's error."""
+    caplog.set_level(logging.INFO, logger="awa_sql.worker")
+    with db.connect(logins.producer) as conn:
+        job = awa_sql.enqueue(conn, "waits", queue="ashut")
+    started, cancelled = threading.Event(), threading.Event()
+
+    async def waits(_job):
+        started.set()
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    worker = Worker(db.dsn(logins.worker), queues=["ashut"], handlers={"waits": waits},
+                    shutdown_timeout=0.2, **FAST, **LONG_LEASE)
+    runner = threading.Thread(target=worker.run, daemon=True)
+    runner.start()
+    assert started.wait(15)
+    worker.stop()
+    runner.join(10)
+    assert not runner.is_alive(), "run() did not return at the shutdown timeout"
+    assert cancelled.wait(10), "the async handler was not cancelled"
+    wait_until(lambda: f"job {job.job_id} (waits): handed back at shutdown" in caplog.text, 10,
+               "the cancelled handler's failure to be refused")
+    assert job_state(db, job.job_id) == ("scheduled", 1, None, HAND_BACK_ERROR)
+    assert (worker.completed, worker.failed) == (0, 0)

@@ -19,8 +19,9 @@ until ``awa.rescue_expired`` takes the job. A handler that raises
 claimers and gives every held job's handler ``shutdown_timeout`` to finish,
 heartbeating the job meanwhile; a job whose handler still runs then (or at a
 second signal) is handed back with awa.fail, a retry due at once, and
-``run()`` returns without waiting for that handler (a daemon thread, which
-Python cannot stop; its late outcome is refused under the dead lease). With
+``run()`` returns without waiting for that handler (an async one is cancelled;
+a plain one runs on in its daemon thread, which Python cannot stop; a late
+outcome is refused under the dead lease). With
 ``maintain=True`` a thread runs the loop of ``awa maintain``
 (awa_sql.maintain.Maintainer) beside them.
 
@@ -36,6 +37,8 @@ job; the job it held is no longer heartbeated, so its lease expires and
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import inspect
 import logging
 import os
@@ -195,10 +198,18 @@ class _Held:
     is_async: bool = False
     kind: str = ""  # for the shutdown's log of the jobs it hands back
     last_attempt: bool = False
+    # An async handler's task cancelled from another thread (the hand-back).
+    cancel: Callable[[], object] | None = None
 
 
 # Held jobs as Worker._running holds them: ((job_id, run_lease), _Held).
 _HeldJobs = list[tuple[tuple[int, int], _Held]]
+
+
+def _cancel_in(loop: asyncio.AbstractEventLoop, task: asyncio.Task) -> None:
+    """Cancels a task of another thread's loop; a loop closed since has no task left."""
+    with contextlib.suppress(RuntimeError):
+        loop.call_soon_threadsafe(task.cancel)
 
 
 async def _within(awaitable: Awaitable[Any], seconds: float | None) -> Any:
@@ -623,13 +634,22 @@ class Worker:
             raise LookupError(f"no handler for kind {job.kind!r}")
         result = handler(job)
         if inspect.isawaitable(result):
-            with self._lock:
-                held = self._running.get((job.job_id, job.run_lease))
-                if held is not None:
-                    held.is_async = True
-            left = None if held is None or held.deadline is None \
-                else held.deadline - time.monotonic()
-            loop.run(_within(result, left))
+            loop.run(self._awaited(job, result))
+
+    async def _awaited(self, job: Job, awaitable: Awaitable[Any]) -> Any:
+        """The handler's coroutine, in its slot's event loop: cancelled at the
+        job's deadline (_within) or when the job is handed back."""
+        task, running = asyncio.current_task(), asyncio.get_running_loop()
+        with self._lock:
+            held = self._running.get((job.job_id, job.run_lease))
+            if held is not None:
+                held.is_async = True
+                held.cancel = functools.partial(_cancel_in, running, task)
+            elif (job.job_id, job.run_lease) in self._handed_back:
+                task.cancel()  # raised at the await below
+        left = None if held is None or held.deadline is None \
+            else held.deadline - time.monotonic()
+        return await _within(awaitable, left)
 
     def _record(self, conn: _Link, job: Job, outcome: str, statement: str,
                 params: list) -> bool:
@@ -788,6 +808,9 @@ class Worker:
             self._running.clear()
             self._handed_back.update(key for key, _ in held)
         self._give_back(conn, held, why)
+        for _, h in held:
+            if h.cancel is not None:
+                h.cancel()
 
     def _give_back(self, conn: _Link, held: _HeldJobs, why: str, *,
                    running: bool = True) -> None:
