@@ -39,6 +39,11 @@ ALLOWED = {
         " TRUNCATE that follows (awa.rotate_running, awa.compact_lane_hints); the caller can"
         " make it refuse, never make it truncate rows it did not read"
         " (test_running_slots, test_lane_hints_compaction)",
+    ("awa._note_run", "setting 'transaction_read_only'"):
+        "only to skip the record of a maintenance call in a read-only transaction, where"
+        " the call could write nothing else either: a caller can leave out the record of a"
+        " call that did no maintenance, never record one or hide one that did (ADR 045,"
+        " test_standby)",
     ("awa._move_staged", "table awa.copy_staging"): _STAGING,
     ("awa._move_staged_one_lane", "table awa.copy_staging"): _STAGING,
     ("awa._move_staged_by_key", "table awa.copy_staging"): _STAGING,
