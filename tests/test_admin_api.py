@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import html
+import json
 import os
 import re
 import shutil
 import socket
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 from urllib.parse import quote
 
+import psycopg
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
@@ -126,6 +129,8 @@ def test_unknown_queue_is_404_on_every_route(api):
         ("GET", "/api/queues/nope/jobs/cancel/plan", None),
         ("POST", "/api/queues/nope/jobs/retry", {}),
         ("POST", "/api/queues/nope/jobs/cancel", None),
+        ("GET", "/api/queues/nope/drop/plan", None),
+        ("POST", "/api/queues/nope/drop", None),
     ]:
         got = api.request(method, path, json=body, headers=auth())
         assert got.status_code == 404, (method, path, got.text)
@@ -728,6 +733,185 @@ def test_release_worker_with_a_nul_byte_is_400_and_on_a_reader_login_403_naming_
     assert _leases(db, "w") == [(_leases(db, "w")[0][0], True)]
 
 
+# -- dropping a queue (awa.drop_queue, ADR 044) ------------------------------------------
+
+
+def _completed(db, queue: str, n: int) -> None:
+    """``n`` jobs of ``queue`` run and completed: kept for the retention."""
+    with db.connect() as conn:
+        conn.execute("select awa.enqueue(%s, 't') from generate_series(1, %s)", [queue, n])
+        for job in claim(conn, [queue], n):
+            conn.execute("select awa.complete(%s, %s)", [job[0], job[1]])
+
+
+def _kept(db, queue: str) -> int:
+    with db.connect() as conn:
+        return conn.execute("select count(*) from awa.finished f join awa.queue_meta m"
+                            " using (queue_id) where m.queue = %s", [queue]).fetchone()[0]
+
+
+def test_a_drop_plans_then_refuses_kept_jobs_without_discard_then_drops(db, api):
+    """The runbook's drop from the API: the plan counts the queue's jobs and
+    asks as `awa storage drop` asks; the drop of a queue that keeps finished
+    jobs is 409 (55006) naming them, with the hint in the API's terms, and
+    changes nothing; with discard_finished it drops the queue, jobs and all."""
+    _completed(db, "dq", 2)
+    plan = api.get("/api/queues/dq/drop/plan")
+    assert plan.status_code == 200, plan.text
+    assert plan.json() == {
+        "queue": "dq", "discard_finished": False, "kept": 2,
+        "counts": {"ready": 0, "running": 0, "scheduled": 0, "completed_kept": 2,
+                   "failed_kept": 0, "cancelled_kept": 0},
+        "question": "Drop queue 'dq'?"}
+    discarding = api.get("/api/queues/dq/drop/plan?discard_finished=true").json()
+    assert discarding["question"] == "Drop queue 'dq', deleting its 2 kept terminal job(s)?"
+
+    refused = api.post("/api/queues/dq/drop", headers=auth())
+    assert refused.status_code == 409, refused.text
+    assert refused.json()["sqlstate"] == "55006"
+    assert refused.json()["error"] == ("queue 'dq' is not empty: 0 ready, 0 scheduled, "
+                                       "0 running, 0 unique keys held, 2 terminal jobs kept")
+    assert '{"discard_finished": true}' in refused.json()["hint"]
+    assert "discard_finished =>" not in refused.json()["hint"]  # not the SQL's spelling
+    assert api.get("/api/queues/dq").status_code == 200
+    assert _kept(db, "dq") == 2
+
+    dropped = api.post("/api/queues/dq/drop", json={"discard_finished": True}, headers=auth())
+    assert dropped.status_code == 200, dropped.text
+    assert dropped.json() == {"queue": "dq", "dropped": True, "discard_finished": True}
+    assert api.get("/api/queues/dq").status_code == 404  # the name is free at once
+    with db.connect() as conn:
+        assert conn.execute("select count(*) from awa.finished f join awa.queue_meta m"
+                            " using (queue_id) where m.dropped_name = 'dq'").fetchone() == (0,)
+    again = api.post("/api/queues/dq/drop", headers=auth())
+    assert (again.status_code, again.json()["sqlstate"]) == (404, "42704")
+
+
+def test_a_drop_of_a_queue_with_jobs_or_stripes_is_409_and_changes_nothing(db, api):
+    enqueue_jobs(db, "busy", 1)
+    busy = api.post("/api/queues/busy/drop", json={"discard_finished": True}, headers=auth())
+    assert busy.status_code == 409, busy.text
+    assert busy.json()["error"].startswith("queue 'busy' is not empty: 1 ready")
+    assert "POST /api/queues/busy/jobs/cancel" in busy.json()["hint"]
+    assert _ready(db, "busy") == 1
+    with db.connect() as conn:
+        conn.execute("select awa.set_queue_stripes('striped', 2)")
+    striped = api.post("/api/queues/striped/drop", headers=auth())
+    assert (striped.status_code, striped.json()["sqlstate"]) == (409, "0A000"), striped.text
+    assert "not supported yet" in striped.json()["error"]
+    assert api.get("/api/queues/striped").status_code == 200
+    empty = api.post("/api/queues/busy/drop", json={"discard_finished": "yes"}, headers=auth())
+    assert (empty.status_code, empty.json()["fields"]) == (422, ["discard_finished"])
+
+
+def test_a_drop_on_a_reader_login_is_403_naming_the_role(db):
+    enqueue_jobs(db, "rd", 1)
+    with client_for(db.dsn(reader_login(db)), writable=True) as client:
+        assert client.get("/api/queues/rd/drop/plan").status_code == 200
+        got = client.post("/api/queues/rd/drop", headers=auth())
+    assert (got.status_code, got.json()["sqlstate"]) == (403, "42501"), got.text
+    assert "needs awa_operator" in got.json()["hint"]
+
+
+# -- the queue limit (awa.set_max_queues, ADR 039) ---------------------------------------
+
+
+def _queue_limit(db) -> int:
+    with db.connect() as conn:
+        return conn.execute("select max_queues from awa.queue_limit").fetchone()[0]
+
+
+def test_the_queue_limit_is_read_and_set_with_the_database_s_own_range(db, api, read_only_api):
+    enqueue_jobs(db, "ql", 1)
+    assert read_only_api.get("/api/queue-limit").json() == {"max_queues": 10000, "queues": 1}
+    raised = api.put("/api/queue-limit", json={"max_queues": 20000}, headers=auth())
+    assert raised.status_code == 200, raised.text
+    assert raised.json() == {"max_queues": 20000, "previous": 10000, "queues": 1}
+    assert _queue_limit(db) == 20000
+    with db.connect(operator_login(db)) as op:
+        for value in (0, 1_000_001):
+            with pytest.raises(psycopg.errors.InvalidParameterValue) as sql:
+                op.execute("select awa.set_max_queues(%s)", [value])
+            got = api.put("/api/queue-limit", json={"max_queues": value}, headers=auth())
+            assert got.status_code == 400, got.text
+            assert got.json() == {"error": sql.value.diag.message_primary, "sqlstate": "22023"}
+            assert f"got {value}" in got.json()["error"]
+    for body, field in [({"max_queues": 2**31}, "max_queues"), ({"max_queues": "5"},
+                        "max_queues"), ({}, "max_queues"), ({"max_queues": 5, "x": 1}, "x")]:
+        got = api.put("/api/queue-limit", json=body, headers=auth())
+        assert (got.status_code, got.json()["fields"]) == (422, [field]), (body, got.text)
+    assert _queue_limit(db) == 20000
+    with client_for(db.dsn(reader_login(db)), writable=True) as client:
+        got = client.put("/api/queue-limit", json={"max_queues": 5}, headers=auth())
+    assert (got.status_code, got.json()["sqlstate"]) == (403, "42501"), got.text
+    assert _queue_limit(db) == 20000
+
+
+# -- live runtimes and maintenance runs ----------------------------------------------------
+
+PUBLISH = ("select awa.publish_runtime(%s::uuid, %s, %s, %s, '0.1.0', %s, %s::jsonb)")
+
+
+def _publish(db, login: str, kind: str, host: str, pid: int, in_flight: int,
+             activity: list[tuple[str, str]]) -> str:
+    instance = str(uuid.uuid4())
+    with db.connect(login) as conn:
+        conn.execute(PUBLISH, [instance, kind, host, pid, in_flight, json.dumps(
+            [{"queue": q, "activity": a, "age_seconds": 1} for q, a in activity])])
+    return instance
+
+
+def test_runtimes_lists_every_live_runtime_with_its_queues(db, read_only_api):
+    enqueue_jobs(db, "ra", 1)
+    enqueue_jobs(db, "rb", 1)
+    producer, worker = db.login_roles("awa_producer", "awa_worker")
+    p = _publish(db, producer, "producer", "host-1", 11, 0, [("ra", "enqueue")])
+    w = _publish(db, worker, "worker", "host-2", 22, 3, [("rb", "claim"), ("ra", "claim")])
+    idle = _publish(db, worker, "worker", "host-3", 33, 0, [])
+    stale = _publish(db, worker, "worker", "host-4", 44, 0, [("ra", "claim")])
+    with db.connect() as conn:
+        conn.execute("update awa.runtimes set last_seen = now() - interval '1 minute'"
+                     " where instance_id = %s", [stale])
+    everything = read_only_api.get("/api/runtimes")
+    assert everything.status_code == 200, everything.text
+    rows = everything.json()["runtimes"]
+    assert [(r["instance_id"], r["kind"], r["hostname"], r["pid"], r["in_flight"],
+             [(q["queue"], q["activity"], q["shards"]) for q in r["queues"]]) for r in rows] == [
+        (p, "producer", "host-1", 11, 0, [("ra", "enqueue", 1)]),
+        (w, "worker", "host-2", 22, 3, [("ra", "claim", 1), ("rb", "claim", 1)]),
+        (idle, "worker", "host-3", 33, 0, []),
+    ]
+    of_ra = read_only_api.get("/api/runtimes?queue=ra").json()
+    assert of_ra["queue"] == "ra"
+    assert [(r["instance_id"], [q["queue"] for q in r["queues"]])
+            for r in of_ra["runtimes"]] == [(p, ["ra"]), (w, ["ra"])]
+    unknown = read_only_api.get("/api/runtimes?queue=nope")
+    assert (unknown.status_code, unknown.json()["sqlstate"]) == (404, "42704")
+
+
+def test_maintenance_runs_say_when_each_task_last_ran(db, read_only_api):
+    from awa_sql.maintain import TASKS
+
+    with db.connect() as conn:
+        conn.execute("update awa.maintenance_runs set last_at = now() - interval '1 hour'")
+    with db.connect(db.login_role("awa_maintenance")) as m:
+        m.execute("select awa.promote_due()")
+    got = read_only_api.get("/api/maintenance-runs")
+    assert got.status_code == 200, got.text
+    tasks = got.json()["tasks"]
+    assert [(t["name"], t["function"], t["default_every_seconds"]) for t in tasks] == [
+        (t.name, t.function, t.every) for t in TASKS]
+    ages = {t["name"]: t["age_seconds"] for t in tasks}
+    assert ages.pop("promote") < 60
+    assert all(3600 <= age < 3700 for age in ages.values()), ages
+    with db.connect() as conn:
+        conn.execute("drop table awa.maintenance_runs cascade")
+    older = read_only_api.get("/api/maintenance-runs")
+    assert older.status_code == 501, older.text
+    assert older.json()["error"] == ("this database records no maintenance runs "
+                                     "(awa.maintenance_runs, migration 0034); run awa migrate")
+
+
 # -- the guard ---------------------------------------------------------------------------
 
 WRITES = [
@@ -740,6 +924,8 @@ WRITES = [
     ("POST", "/api/jobs/1/retry", None),
     ("POST", "/api/jobs/1/cancel", None),
     ("POST", "/api/workers/w/release", None),
+    ("POST", "/api/queues/g/drop", {"discard_finished": True}),
+    ("PUT", "/api/queue-limit", {"max_queues": 1}),
 ]
 
 
@@ -760,6 +946,7 @@ def test_guard_refuses_without_the_right_token(db, api, method, path, body):
     assert _shards(db, "g") == 1
     assert api.get("/api/queues/g").json()["paused"] is False
     assert _ready(db, "g") == 1  # job 1 is neither cancelled nor retried
+    assert _queue_limit(db) == 10000
 
 
 @pytest.mark.parametrize(("method", "path", "body"), WRITES)
@@ -771,6 +958,7 @@ def test_guard_refuses_on_a_read_only_server_even_with_the_token(db, read_only_a
     assert "read-only" in got.json()["error"]
     assert _shards(db, "g") == 1
     assert _ready(db, "g") == 1
+    assert _queue_limit(db) == 10000
 
 
 def test_writable_server_on_a_reader_login_is_403_from_the_database(db):
@@ -1034,7 +1222,7 @@ def test_openapi_schema_finds_no_server_error(db):
     with shared_pool_app(db.dsn(operator_login(db)), writable=True) as app:
         api_schema = schemathesis.openapi.from_asgi("/openapi.json", app)
         operations = [result.ok() for result in api_schema.get_all_operations()]
-        assert len(operations) == 17
+        assert len(operations) == 23
         for operation in operations:
 
             @given(case=operation.as_strategy(), existing=st.booleans())
@@ -1088,31 +1276,54 @@ def _route_for(schema: dict, method: str, target: str) -> str | None:
     return None
 
 
+def _body_type(method: str, path: str):
+    """The type the API's route ``method path`` (an OpenAPI path) reads its
+    body as (its model, or the model or None for an optional body); None for
+    a route that takes none."""
+    from awa_sql.admin.routes import router
+
+    (route,) = [r for r in router.routes if r.path_format == path and method in r.methods]
+    params = route.dependant.body_params
+    return params[0].field_info.annotation if params else None
+
+
 def test_every_runbook_step_names_a_command_and_an_api_call_that_exist():
-    """The table of "When an alert fires" (docs/operations.md): each step's
-    CLI command parses as `awa` parses it, and each API call is a route of
-    the admin app with the query parameters it takes; a step one of them
-    cannot do says so (a dash and the SQL)."""
+    """The table of "When an alert fires" (docs/operations.md): every step
+    has a CLI command and an API call; each command parses as `awa` parses
+    it, each call is a route of the admin app with the query parameters it
+    takes, and each body given after a call is one the route accepts."""
+    from pydantic import TypeAdapter
+
     from awa_sql.admin.app import Settings, create_app
     from awa_sql.cli import build_parser
 
     steps = _runbook_steps()
-    assert len(steps) >= 12, steps
+    assert len(steps) >= 15, steps
     schema = create_app(Settings(dsn="", writable=False)).openapi()
     parser = build_parser()
     for step, cli, api_cell in steps:
         commands = [c for c in CODE.findall(cli) if c.startswith("awa ")]
-        calls = [c for c in CODE.findall(api_cell) if API_CALL.match(c)]
-        assert commands or cli.startswith("—"), f"{step}: no CLI command, and no dash"
-        assert calls or api_cell.startswith(("—", "the page")), f"{step}: no API call"
+        assert commands, f"{step}: no CLI command"
+        assert not cli.startswith("—") and not api_cell.startswith("—"), step
         for command in commands:
             try:
                 parser.parse_args(command.split()[1:])
             except SystemExit as exit_:
                 raise AssertionError(f"{step}: `{command}` does not parse") from exit_
-        for call in calls:
-            method, target = API_CALL.match(call).groups()
-            assert _route_for(schema, method, target) is not None, f"{step}: no route {call}"
+        route = None
+        calls = 0
+        for code in CODE.findall(api_cell):
+            if (match := API_CALL.match(code)) is not None:
+                method, target = match.groups()
+                path = _route_for(schema, method, target)
+                assert path is not None, f"{step}: no route {code}"
+                route, calls = (method, path), calls + 1
+            elif code.startswith("{"):
+                assert route is not None, f"{step}: a body {code} before any call"
+                body_type = _body_type(*route)
+                assert body_type is not None, f"{step}: {route} takes no body, got {code}"
+                TypeAdapter(body_type).validate_python(json.loads(code))
+        assert calls, f"{step}: no API call"
 
 
 # -- the last hour -----------------------------------------------------------------------

@@ -3,6 +3,7 @@ logins that hold only awa_maintenance (and, for the jobs, the other roles)."""
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import shutil
@@ -225,6 +226,48 @@ def test_a_run_is_recorded_once_per_five_seconds(db, logins):
         assert _last_runs(admin)["promote"] == recorded
         assert admin.execute("select xmin::text from awa.maintenance_runs"
                              " where name = 'promote'").fetchone()[0] == xmin
+
+
+def test_awa_maintain_show_says_when_each_task_last_ran(db, logins):
+    """The runbook's "how long each task has not run" without SQL, as a
+    reader: every task of TASKS in order, whoever ran it (here a call as
+    pg_cron makes it), for people and for scripts as GET
+    /api/maintenance-runs answers."""
+    with db.connect() as admin, db.connect(logins.maintenance) as m:
+        admin.execute("update awa.maintenance_runs set last_at = now() - interval '2 hours'")
+        m.execute("select awa.promote_due()")
+    shown = db.awa("maintain", "--show", user=logins.reader, check=True)
+    lines = shown.stdout.splitlines()
+    assert lines[0].split() == ["task", "function", "last", "run", "ago", "default", "every"]
+    rows = [line.split() for line in lines[2:]]
+    assert [(r[0], r[1]) for r in rows] == [(t.name, t.function.split("(")[0]) for t in TASKS]
+    ago = {r[0]: r[-2] for r in rows}
+    assert re.fullmatch(r"\d+\.\ds", ago.pop("promote")), shown.stdout
+    assert set(ago.values()) == {"2h0m"}, shown.stdout
+    assert [r[-1] for r in rows] == [f"{t.every:g}s" for t in TASKS]
+    as_json = json.loads(db.awa("maintain", "--show", "--json", user=logins.reader,
+                                check=True).stdout)
+    assert [(t["name"], t["default_every_seconds"]) for t in as_json["tasks"]] == [
+        (t.name, t.every) for t in TASKS]
+    assert as_json["tasks"][0]["age_seconds"] < 60
+    assert all(7200 <= t["age_seconds"] < 7260 for t in as_json["tasks"][1:])
+
+
+def test_awa_maintain_show_needs_a_reader_and_its_json_needs_show(db, logins):
+    refused = db.awa("maintain", "--show", user=logins.maintenance)
+    assert refused.returncode == 7, refused.stderr
+    assert "needs a login that holds awa_reader or awa_operator" in refused.stderr
+    alone = db.awa("maintain", "--json", user=logins.reader)
+    assert (alone.returncode, alone.stderr) == (2, "awa: --json goes with --show\n")
+
+
+def test_awa_maintain_show_on_a_database_without_the_record_says_to_migrate(db, logins):
+    with db.connect() as admin:
+        admin.execute("drop table awa.maintenance_runs cascade")
+    result = db.awa("maintain", "--show", user=logins.reader)
+    assert result.returncode == 7, result.stderr
+    assert result.stderr == ("awa: this database records no maintenance runs "
+                             "(awa.maintenance_runs, migration 0034): run awa migrate\n")
 
 
 @pytest.mark.parametrize("isolation", ["repeatable read", "serializable"])

@@ -4,10 +4,13 @@ queues number less than awa.queue_limit.max_queues; past it the call fails
 with 53400 naming the count and the limit, and creates nothing. Partitions
 count. Two creations at the last place: one wins, the other is refused; a
 second creation of the same name is not refused. awa.set_max_queues is the
-operator's, with 22004/22023 for bad values.
+operator's, with 22004/22023 for bad values; `awa storage queue-limit` shows
+and sets it with the database's message for a value out of range.
 """
 
 from __future__ import annotations
+
+import json
 
 import psycopg
 import pytest
@@ -200,3 +203,60 @@ def test_the_upgrade_gives_an_install_with_many_queues_twice_what_it_has(db, exi
         n = conn.execute("select count(*) from awa.queue_meta").fetchone()[0]
         assert conn.execute("select max_queues, queues from awa.queue_limit").fetchone() == (
             cap, n)
+
+
+# -- awa storage queue-limit -----------------------------------------------------------------
+
+
+def limit(db) -> int:
+    with db.connect() as su:
+        return su.execute("select max_queues from awa.queue_limit").fetchone()[0]
+
+
+def test_awa_storage_queue_limit_shows_and_sets_the_limit(db, logins):
+    """The runbook's "raise the queue limit" without SQL: read as a reader,
+    set as an operator, for people and for scripts."""
+    with db.connect(logins.producer) as p:
+        enqueue(p, "one")
+    shown = db.awa("storage", "queue-limit", user=logins.reader, check=True)
+    assert shown.stdout == "queue limit 10000: 1 queue exists\n"
+    as_json = db.awa("storage", "queue-limit", "--json", user=logins.reader, check=True)
+    assert json.loads(as_json.stdout) == {"max_queues": 10000, "queues": 1}
+    raised = db.awa("storage", "queue-limit", "20000", user=logins.operator, check=True)
+    assert raised.stdout == "queue limit 20000 (was 10000): 1 queue exists\n"
+    assert limit(db) == 20000
+    lowered = db.awa("storage", "queue-limit", "5", "--json", user=logins.operator, check=True)
+    assert json.loads(lowered.stdout) == {"max_queues": 5, "previous": 20000, "queues": 1}
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "1000001"])
+def test_awa_storage_queue_limit_out_of_range_exits_2_with_the_database_s_message(
+        db, logins, value):
+    with db.connect(logins.operator) as op, pytest.raises(psycopg.Error) as sql:
+        op.execute("select awa.set_max_queues(%s)", [int(value)])
+    result = db.awa("storage", "queue-limit", value, user=logins.operator)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == f"awa: {sql.value.diag.message_primary} [22023]\n"
+    assert f"between 1 and 1000000, got {value}" in result.stderr
+    assert limit(db) == 10000
+
+
+@pytest.mark.parametrize(("value", "says"), [
+    ("2147483648", "a PostgreSQL integer (-2147483648..2147483647), got '2147483648'"),
+    ("-2147483649", "a PostgreSQL integer (-2147483648..2147483647), got '-2147483649'"),
+    ("lots", "a whole number, got 'lots'"),
+    ("1.5", "a whole number, got '1.5'"),
+])
+def test_awa_storage_queue_limit_that_is_no_integer_exits_2_naming_it(db, logins, value, says):
+    result = db.awa("storage", "queue-limit", value, user=logins.operator)
+    assert result.returncode == 2, result.stderr
+    assert f"argument MAX_QUEUES: the queue limit must be {says}" in result.stderr
+    assert limit(db) == 10000
+
+
+def test_awa_storage_queue_limit_set_by_a_reader_exits_7_naming_the_role(db, logins):
+    result = db.awa("storage", "queue-limit", "20000", user=logins.reader)
+    assert result.returncode == 7, result.stderr
+    assert "permission denied for function set_max_queues" in result.stderr
+    assert "this command needs a login that holds awa_operator" in result.stderr
+    assert limit(db) == 10000

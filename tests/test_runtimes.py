@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 import threading
 import uuid
 
@@ -219,3 +221,68 @@ def test_a_publisher_of_a_host_that_never_answers_gives_up_connecting(monkeypatc
             publisher.stop()
             assert time.monotonic() - started < 5
             assert not thread.is_alive()
+
+
+# -- awa runtimes ----------------------------------------------------------------------------
+
+
+def _publish(db, login: str, kind: str, host: str, pid: int,
+             activity: list[tuple[str, str]]) -> str:
+    instance = str(uuid.uuid4())
+    with db.connect(login) as conn:
+        conn.execute("select awa.publish_runtime(%s::uuid, %s, %s, %s, '0.1.0', 2, %s::jsonb)",
+                     [instance, kind, host, pid, json.dumps(
+                         [{"queue": q, "activity": a, "age_seconds": 1} for q, a in activity])])
+    return instance
+
+
+def test_awa_runtimes_lists_the_live_runtimes_for_people_and_scripts(db, logins):
+    """The runbook's "which workers are alive" without SQL: one line per
+    live runtime and queue it works on, --queue for one queue's, --json with
+    what GET /api/runtimes answers."""
+    none = db.awa("runtimes", user=logins.reader, check=True)
+    assert none.stdout.startswith("no live runtimes"), none.stdout
+    enqueue_jobs(db, "ca", 1)
+    enqueue_jobs(db, "cb", 1)
+    p = _publish(db, logins.producer, "producer", "host-1", 11, [("ca", "enqueue")])
+    w = _publish(db, logins.worker, "worker", "host-2", 22, [("cb", "claim"), ("ca", "claim")])
+    _publish(db, logins.worker, "worker", "host-3", 33, [])
+
+    shown = db.awa("runtimes", user=logins.reader, check=True)
+    lines = shown.stdout.splitlines()
+    assert lines[0].split() == ["kind", "host", "pid", "version", "in", "flight", "last",
+                                "seen", "queue", "activity", "last", "S"], shown.stdout
+    rows = [line.split() for line in lines[2:]]
+    assert [[r[i] for i in (0, 1, 2, 3, 4, 6, 7, 9)] for r in rows] == [
+        ["producer", "host-1", "11", "0.1.0", "2", "ca", "enqueue", "1"],
+        ["worker", "host-2", "22", "0.1.0", "2", "ca", "claim", "1"],
+        ["worker", "host-2", "22", "0.1.0", "2", "cb", "claim", "1"],
+        ["worker", "host-3", "33", "0.1.0", "2", "-", "-", "-"],
+    ], shown.stdout
+    assert all(re.fullmatch(r"\d+\.\ds", r[5]) for r in rows), shown.stdout  # last seen
+    assert all(re.fullmatch(r"\d+\.\ds", r[8]) for r in rows[:3]), shown.stdout
+    assert rows[3][8] == "-"
+
+    of_ca = json.loads(db.awa("runtimes", "--queue", "ca", "--json", user=logins.reader,
+                              check=True).stdout)
+    assert of_ca["queue"] == "ca"
+    assert [(r["instance_id"], r["kind"], r["pid"], r["in_flight"],
+             [(q["queue"], q["activity"], q["shards"]) for q in r["queues"]])
+            for r in of_ca["runtimes"]] == [(p, "producer", 11, 2, [("ca", "enqueue", 1)]),
+                                            (w, "worker", 22, 2, [("ca", "claim", 1)])]
+    everything = json.loads(db.awa("runtimes", "--json", user=logins.reader,
+                                   check=True).stdout)
+    with client_for(db.dsn(reader_login(db)), writable=False) as client:
+        api = client.get("/api/runtimes").json()
+    assert [(r["instance_id"], [q["queue"] for q in r["queues"]])
+            for r in everything["runtimes"]] == [
+        (r["instance_id"], [q["queue"] for q in r["queues"]]) for r in api["runtimes"]]
+
+    unknown = db.awa("runtimes", "--queue", "nosuch", user=logins.reader)
+    assert (unknown.returncode, unknown.stderr) == (
+        2, "awa: queue 'nosuch' does not exist [42704]\n")
+    bad = db.awa("runtimes", "--queue", "a#b", user=logins.reader)
+    assert bad.returncode == 2 and "must not contain '#'" in bad.stderr, bad.stderr
+    refused = db.awa("runtimes", user=logins.worker)
+    assert refused.returncode == 7, refused.stderr
+    assert "needs a login that holds awa_reader or awa_operator" in refused.stderr

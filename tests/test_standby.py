@@ -152,6 +152,7 @@ def test_the_admin_reads_answer_on_a_standby_as_on_the_primary(db, logins, stand
     same = ["/api/queues/sb/jobs", "/api/queues/dead/jobs?state=failed",
             "/api/queues/dead/jobs/retry/plan", "/api/queues/sb/jobs/cancel/plan",
             "/api/queues/wide/enqueue-shards/plan?shards=2", "/api/failures",
+            "/api/queues/sb/drop/plan?discard_finished=true", "/api/queue-limit",
             f"/api/jobs/{job}", "/", "/queues/sb", f"/jobs/{job}"]
     with client_for(db.dsn(login), writable=False) as primary, \
             client_for(standby.dsn(db.name, login), writable=False) as replica:
@@ -161,6 +162,8 @@ def test_the_admin_reads_answer_on_a_standby_as_on_the_primary(db, logins, stand
             assert got.text == primary.get(route).text, route
         assert replica.get("/api/server").json()["in_recovery"] is True
         assert replica.get("/api/queues/sb/history").status_code == 200
+        for moving in ("/api/runtimes", "/api/maintenance-runs"):  # ages move
+            assert replica.get(moving).status_code == 200, moving
         listed = {q["queue"]: q for q in replica.get("/api/queues").json()}
         assert {q: (v["ready"], v["running"], v["scheduled"]) for q, v in listed.items()} == {
             q["queue"]: (q["ready"], q["running"], q["scheduled"])
@@ -185,6 +188,7 @@ CLI_WRITES = [
     ("storage", "resume", "sb"),
     ("storage", "set-enqueue-shards", "--queue", "sb", "--shards", "4", "--yes"),
     ("storage", "drop", "sb", "--yes"),
+    ("storage", "queue-limit", "20000"),
 ]
 
 
@@ -198,7 +202,9 @@ def test_the_cli_reads_on_a_standby_and_says_a_write_needs_the_primary(db, login
     with db.connect() as su:
         job = su.execute("select job_id from awa.jobs('sb', 'ready') limit 1").fetchone()[0]
         dead = su.execute("select job_id from awa.jobs('dead', 'failed')").fetchone()[0]
-    for args, user in ((["status"], None), (["storage", "show"], login)):
+    for args, user in ((["status"], None), (["storage", "show"], login),
+                       (["storage", "queue-limit"], login), (["runtimes"], login),
+                       (["maintain", "--show"], login)):
         got = awa_on(standby, db, *args, user=user)
         assert got.returncode == 0, got.stderr
     for args in (["jobs", "list", "--queue", "sb"], ["jobs", "show", str(dead)],

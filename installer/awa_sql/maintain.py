@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import psycopg
 from prometheus_client import CollectorRegistry, Counter, Gauge
+from psycopg.rows import dict_row
 
 from awa_sql import shards
 from awa_sql.connect import (
@@ -205,6 +206,33 @@ def cadences(every: Mapping[str, float | None] | None = None) -> dict[str, float
             raise ValueError(f"the cadence of {name} must be > 0 seconds or None (off), "
                              f"got {seconds!r}")
     return chosen
+
+
+LAST_RUNS_SQL = """
+select r.name, r.last_at,
+       extract(epoch from pg_catalog.statement_timestamp() - r.last_at)::float8 as age_seconds
+  from awa.maintenance_runs as r
+"""
+
+
+def last_runs(conn: psycopg.Connection) -> list[dict] | None:
+    """When each task last ran and committed, whoever ran it (awa maintain, a
+    Worker, pg_cron: awa.maintenance_runs, ADR 045), in TASKS order, each
+    with its function and default cadence; a row this package knows no task
+    of comes last. None when the database records no runs (before migration
+    0034). Needs awa_reader or awa_operator."""
+    if conn.execute("select pg_catalog.to_regclass('awa.maintenance_runs') is null"
+                    ).fetchone()[0]:
+        return None
+    with conn.cursor(row_factory=dict_row) as cur:
+        runs = {r["name"]: r for r in cur.execute(LAST_RUNS_SQL)}
+    known = [{"name": t.name, "function": t.function, "default_every_seconds": t.every,
+              "last_at": runs.get(t.name, {}).get("last_at"),
+              "age_seconds": runs.get(t.name, {}).get("age_seconds")} for t in TASKS]
+    others = [{"name": name, "function": None, "default_every_seconds": None,
+               "last_at": r["last_at"], "age_seconds": r["age_seconds"]}
+              for name, r in sorted(runs.items()) if name not in TASK_NAMES]
+    return known + others
 
 
 class _ReadOnly(Exception):

@@ -4,8 +4,9 @@ Every ``every`` seconds (10 by default) a daemon thread calls
 ``awa.publish_runtime`` on its own connection with the process's host, pid,
 version, jobs in flight, and per physical queue how long ago it last
 enqueued or claimed there. The database dates that by its own clock and
-records the queue's S at that moment; the admin page reads it. A snapshot
-that fails is logged and retried next round: it never stops the runtime.
+records the queue's S at that moment; the admin page, ``GET /api/runtimes``
+and ``awa runtimes`` read it (``live``). A snapshot that fails is logged and
+retried next round: it never stops the runtime.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import uuid
 from collections.abc import Callable
 
 import psycopg
+from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from awa_sql.connect import (
@@ -130,3 +132,42 @@ class RuntimePublisher:
         finally:
             if conn is not None:
                 conn.close()
+
+
+LIVE_SQL = """
+select r.instance_id::text as instance_id, r.kind, r.hostname, r.pid, r.version, r.in_flight,
+       r.started_at, r.last_seen,
+       extract(epoch from pg_catalog.statement_timestamp() - r.last_seen)::float8
+           as last_seen_age_seconds,
+       q.queue, q.activity, q.last_at, q.shards,
+       extract(epoch from pg_catalog.statement_timestamp() - q.last_at)::float8 as age_seconds
+  from awa.runtime_overview as r
+  left join awa.runtime_queue_overview as q on q.instance_id = r.instance_id
+ where %(queue)s::text is null
+    or q.queue in (select o.queue from awa.queue_overview as o
+                    where o.queue = %(queue)s::text or o.logical_queue = %(queue)s::text)
+ order by r.kind, r.hostname, r.pid, r.instance_id, q.queue, q.activity
+"""
+RUNTIME_COLUMNS = ("instance_id", "kind", "hostname", "pid", "version", "in_flight",
+                   "started_at", "last_seen", "last_seen_age_seconds")
+QUEUE_COLUMNS = ("queue", "activity", "last_at", "shards", "age_seconds")
+
+
+def live(conn: psycopg.Connection, queue: str | None = None) -> list[dict]:
+    """The live runtimes (awa.runtime_overview: a snapshot in the last 30 s),
+    each with the queues it enqueued to or claimed from (``queues``: the
+    physical queue, the activity, when, the S then), read in one statement.
+    ``queue``: only the runtimes that work on it (a logical name covers its
+    partitions and stripes), with only its queues; the database's error for
+    an unknown queue (42704) or a bad name (22xxx). Needs awa_reader or
+    awa_operator."""
+    if queue is not None:
+        conn.execute("select awa.enqueue_shards(%s::text)", [queue])
+    runtimes: dict[str, dict] = {}
+    with conn.cursor(row_factory=dict_row) as cur:
+        for row in cur.execute(LIVE_SQL, {"queue": queue}):
+            runtime = runtimes.setdefault(
+                row["instance_id"], {**{c: row[c] for c in RUNTIME_COLUMNS}, "queues": []})
+            if row["queue"] is not None:
+                runtime["queues"].append({c: row[c] for c in QUEUE_COLUMNS})
+    return list(runtimes.values())

@@ -13,6 +13,8 @@ STATUS_BY_SQLSTATE = {
     "42883": 501,  # function missing: an older awa contract
     "55P03": 409,  # lock timeout: a cancel waited for a claim in flight; try again
     "40001": 409,  # the job moved on every look; try again
+    "55006": 409,  # a drop of a queue that is not empty
+    "0A000": 409,  # a drop of a partition or stripe, or of a queue that has them
 }
 
 

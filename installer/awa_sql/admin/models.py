@@ -7,7 +7,14 @@ from enum import StrEnum
 from typing import Annotated, Any
 
 from annotated_types import Interval
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+)
 
 from awa_sql.routing import MAX_SHARDS
 
@@ -374,3 +381,94 @@ class WorkerRelease(BaseModel):
     worker: str = Field(description="the worker name asked for")
     released: int = Field(description="running jobs whose lease this call ended; 0 for a "
                                       "worker that runs none")
+
+
+# -- whole queues: drops (ADR 044) and the queue limit (ADR 039) ----------------------------
+
+
+class DropBody(Body):
+    # A JSON true or false only: lax pydantic reads "yes", "on" and 1 as true,
+    # and this one deletes jobs.
+    discard_finished: StrictBool = Field(
+        default=False, description="delete the queue's kept terminal jobs (completed, failed, "
+        "cancelled) and the unique keys their windows hold, with the drop")
+
+
+class QueueCounts(BaseModel):
+    ready: int
+    running: int
+    scheduled: int
+    completed_kept: int
+    failed_kept: int
+    cancelled_kept: int
+
+
+class DropPlan(BaseModel):
+    queue: str
+    discard_finished: bool
+    counts: QueueCounts = Field(description="the queue's exact job counts (awa.queue_counts)")
+    kept: int = Field(description="its kept terminal jobs: a drop without discard_finished "
+                                  "refuses a queue that has any")
+    question: str = Field(description="the confirmation to show")
+
+
+class DropResult(BaseModel):
+    queue: str
+    dropped: bool
+    discard_finished: bool
+
+
+class QueueLimit(BaseModel):
+    max_queues: int = Field(description="the most physical queues that may exist")
+    queues: int = Field(description="the physical queues that count under it now")
+
+
+class QueueLimitBody(Body):
+    max_queues: Int32 = Field(description="the new limit, 1..1000000", examples=[20000])
+
+
+class QueueLimitResult(QueueLimit):
+    previous: int = Field(description="the limit this call replaced")
+
+
+# -- live runtimes and maintenance runs -----------------------------------------------------
+
+
+class RuntimeQueue(BaseModel):
+    queue: str = Field(description="the physical queue")
+    activity: str = Field(description="enqueue (a producer) or claim (a worker)")
+    last_at: datetime | None
+    shards: int | None = Field(description="S of the queue at that moment")
+    age_seconds: float | None = Field(description="how long ago, by the database's clock")
+
+
+class LiveRuntime(BaseModel):
+    instance_id: str
+    kind: str = Field(description="producer or worker")
+    hostname: str
+    pid: int
+    version: str
+    in_flight: int
+    started_at: datetime
+    last_seen: datetime
+    last_seen_age_seconds: float
+    queues: list[RuntimeQueue]
+
+
+class LiveRuntimes(BaseModel):
+    queue: str | None = Field(description="the queue asked for; null: every runtime")
+    runtimes: list[LiveRuntime]
+
+
+class MaintenanceRun(BaseModel):
+    name: str = Field(description="the task, as awa maintain names its pass")
+    function: str | None = Field(description="the call it makes; null for a task this "
+                                             "package does not know")
+    default_every_seconds: float | None = Field(description="awa maintain's default cadence")
+    last_at: datetime | None = Field(description="its last run that committed, whoever ran "
+                                                 "it, within about 5 s")
+    age_seconds: float | None
+
+
+class MaintenanceRuns(BaseModel):
+    tasks: list[MaintenanceRun]

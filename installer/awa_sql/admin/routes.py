@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from datetime import timedelta
 from typing import Annotated
+from urllib.parse import quote
 
+import psycopg
 from fastapi import APIRouter, Depends, Path, Query, Request
 
+from awa_sql import queues as queue_calls
 from awa_sql.admin import queries
 from awa_sql.admin.errors import ApiError
 from awa_sql.admin.guard import require_write
@@ -15,15 +18,23 @@ from awa_sql.admin.models import (
     BulkBody,
     BulkPlan,
     BulkResult,
+    DropBody,
+    DropPlan,
+    DropResult,
     Error,
     FailureSummary,
     Job,
     JobChange,
     JobPage,
     JobState,
+    LiveRuntimes,
+    MaintenanceRuns,
     PauseResult,
     QueueDetail,
     QueueHistory,
+    QueueLimit,
+    QueueLimitBody,
+    QueueLimitResult,
     QueueSummary,
     ServerInfo,
     ShardModeBody,
@@ -34,7 +45,9 @@ from awa_sql.admin.models import (
     WorkerRelease,
 )
 from awa_sql.defaults import RETRY_REFUSED
+from awa_sql.maintain import last_runs
 from awa_sql.routing import MAX_SHARDS
+from awa_sql.runtimes import live
 from awa_sql.shards import (
     ordering_consequence,
     plan_enqueue_shards,
@@ -167,6 +180,19 @@ def list_jobs(request: Request, queue: QueueName,
                                  after_job_id, limit, worker, brief)
 
 
+@router.get("/queues/{queue:path}/drop/plan", response_model=DropPlan, responses=JOBS_READ)
+def drop_plan(request: Request, queue: QueueName,
+              discard_finished: Annotated[bool, Query(
+                  description="as the drop would take it: the question names the kept "
+                  "terminal jobs it deletes")] = False) -> dict:
+    """What a drop of the queue meets: its exact job counts (reads every row:
+    on demand, not on a refresh) and the question that confirms it; changes
+    nothing. The drop decides whether the queue may go (409 naming what it
+    holds)."""
+    with _pool(request).connection() as conn, conn.transaction():
+        return queue_calls.plan_drop(conn, queue, discard_finished)
+
+
 # Queue names may hold "/": every route takes the rest of the path as the
 # name ({queue:path}), so this catch-all comes after the GET routes that end
 # in a fixed suffix.
@@ -220,6 +246,35 @@ def pause(request: Request, queue: QueueName) -> dict:
              dependencies=[Depends(require_write)], responses=WRITE)
 def resume(request: Request, queue: QueueName) -> dict:
     return _set_paused(request, queue, False)
+
+
+DROP_REFUSED = {409: {"model": Error, "description": "the queue is not empty (55006, naming "
+                                                   "what it holds), or is a partition or "
+                                                   "stripe or has them (0A000); nothing "
+                                                   "changed"}}
+
+
+@router.post("/queues/{queue:path}/drop", response_model=DropResult,
+             dependencies=[Depends(require_write)], responses={**WRITE, **DROP_REFUSED})
+def drop_queue(request: Request, queue: QueueName, body: DropBody | None = None) -> dict:
+    """``awa.drop_queue`` (ADR 044): an empty queue's name is free at once,
+    and ``awa maintain``'s drops pass removes the queue once no session can
+    still enqueue to it by that name. ``discard_finished`` deletes its kept
+    terminal jobs with the drop; without it a queue that keeps any is 409."""
+    body = body or DropBody()
+    with _pool(request).connection() as conn, conn.transaction():
+        try:
+            queue_calls.drop(conn, queue, body.discard_finished)
+        except psycopg.Error as error:
+            if error.sqlstate != "55006":
+                raise
+            # The server's hint is spelled for SQL (discard_finished => true).
+            cancel = f"POST /api/queues/{quote(queue, safe='')}/jobs/cancel"
+            raise ApiError(409, error.diag.message_primary, error.sqlstate, (
+                f"Let its jobs finish, or cancel its ready and scheduled ones ({cancel}); "
+                'the body {"discard_finished": true} deletes its kept terminal jobs with '
+                "the drop.")) from None
+    return {"queue": queue, "dropped": True, "discard_finished": body.discard_finished}
 
 
 @router.post("/queues/{queue:path}/jobs/{action}", response_model=BulkResult,
@@ -346,3 +401,50 @@ def release_worker(request: Request, worker: WorkerName) -> dict:
     with _pool(request).connection() as conn, conn.transaction():
         released = conn.execute("select awa.release_worker(%s::text)", [worker]).fetchone()[0]
     return {"worker": worker, "released": released}
+
+
+# -- the queue limit (ADR 039), live runtimes, maintenance runs (ADR 045) -------------------
+
+
+@router.get("/queue-limit", response_model=QueueLimit)
+def get_queue_limit(request: Request) -> dict:
+    """The most physical queues that may exist (``awa.queue_limit``) and how
+    many count under it now."""
+    with _pool(request).connection() as conn, conn.transaction():
+        return queue_calls.queue_limit(conn)
+
+
+@router.put("/queue-limit", response_model=QueueLimitResult,
+            dependencies=[Depends(require_write)],
+            responses={k: v for k, v in WRITE.items() if k != 404})
+def put_queue_limit(request: Request, body: QueueLimitBody) -> dict:
+    """``awa.set_max_queues``: a limit out of its range is 400 with its
+    message; a limit below the count removes nothing."""
+    with _pool(request).connection() as conn, conn.transaction():
+        return queue_calls.set_queue_limit(conn, body.max_queues)
+
+
+@router.get("/runtimes", response_model=LiveRuntimes, responses=JOBS_READ)
+def runtimes(request: Request,
+             queue: Annotated[str | None, Query(
+                 description="only the runtimes that enqueued to or claimed from this queue "
+                 "(a logical name covers its partitions and stripes), with only its "
+                 "queues")] = None) -> dict:
+    """The Python producers and workers that published a snapshot in the last
+    30 seconds, each with the queues it works on."""
+    with _pool(request).connection() as conn, conn.transaction():
+        return {"queue": queue, "runtimes": live(conn, queue)}
+
+
+@router.get("/maintenance-runs", response_model=MaintenanceRuns,
+            responses={501: {"model": Error,
+                             "description": "the database records no maintenance runs"}})
+def maintenance_runs(request: Request) -> dict:
+    """When each maintenance task last ran and committed, whoever ran it
+    (``awa.maintenance_runs``)."""
+    with _pool(request).connection() as conn, conn.transaction():
+        runs = last_runs(conn)
+    if runs is None:
+        raise ApiError(501, "this database records no maintenance runs "
+                       "(awa.maintenance_runs, migration 0034); run awa migrate", "42P01")
+    return {"tasks": runs}

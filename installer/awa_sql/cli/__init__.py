@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import psycopg
 
 from awa_sql import migrate as runner
-from awa_sql.cli import admin, demo, jobs, maintain, metrics, migrate, storage
+from awa_sql.cli import admin, demo, jobs, maintain, metrics, migrate, runtimes, storage
 from awa_sql.cli.common import err, sqlstate_suffix
 from awa_sql.connect import (
     connect,
@@ -31,7 +31,7 @@ from awa_sql.demo.embedded import EmbeddedError
 from awa_sql.listen import CannotListen
 from awa_sql.version import __version__
 
-COMMANDS = (migrate, storage, jobs, maintain, metrics, demo, admin)
+COMMANDS = (migrate, storage, jobs, runtimes, maintain, metrics, demo, admin)
 EXIT_STDOUT_CLOSED = 141  # 128 + SIGPIPE, what the shell reports for a program SIGPIPE ends
 
 

@@ -7,6 +7,7 @@ import argparse
 import functools
 import sys
 from collections.abc import Callable
+from datetime import datetime
 
 import psycopg
 
@@ -50,6 +51,28 @@ def sqlstate_suffix(error: psycopg.Error) -> str:
     """`` [22023]``, or nothing for an error raised before the server answered
     (psycopg's own, such as a timestamp past year 9999): it has no SQLSTATE."""
     return f" [{error.sqlstate}]" if error.sqlstate else ""
+
+
+def fmt_age(seconds: float | None) -> str:
+    """An age for a table, to the tenth of a second under a minute, else in its
+    two largest units: 12.3s, 5m3s, 2h0m, 3d4h; "-" for none."""
+    if seconds is None:
+        return "-"
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    whole = int(seconds)
+    for unit, size, smaller, smaller_size in (("d", 86400, "h", 3600), ("h", 3600, "m", 60),
+                                              ("m", 60, "s", 1)):
+        if whole >= size:
+            return f"{whole // size}{unit}{whole % size // smaller_size}{smaller}"
+    raise AssertionError(seconds)
+
+
+def json_default(value: object) -> str:
+    """``json.dumps``'s ``default`` for the rows commands print: times in ISO 8601."""
+    if isinstance(value, datetime):
+        return value.isoformat()
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
 def bad_input_is_usage(command: Callable[[argparse.Namespace], int]

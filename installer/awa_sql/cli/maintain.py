@@ -5,6 +5,7 @@ process (awa_sql.maintain), with its own /metrics."""
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import signal
 import sys
@@ -14,12 +15,16 @@ from awa_sql.cli.common import (
     add_allowed_hosts,
     add_connection,
     err,
+    fmt_age,
+    json_default,
     parse_interval,
     parse_port,
 )
+from awa_sql.cli.storage import table
+from awa_sql.connect import connect
 from awa_sql.defaults import LOCAL_HOST, MAINTAIN_METRICS_PORT
-from awa_sql.maintain import STATEMENT_TIMEOUT, TASKS, missing_grant
-from awa_sql.migrate import EXIT_ERROR
+from awa_sql.maintain import STATEMENT_TIMEOUT, TASKS, last_runs, missing_grant
+from awa_sql.migrate import EXIT_ERROR, EXIT_USAGE
 
 ALLOWED_HOSTS_ENV = "AWA_MAINTAIN_ALLOWED_HOSTS"
 JOIN_TIMEOUT = 0.8  # seconds; stop() has cancelled any statement, so the loop ends sooner
@@ -100,10 +105,42 @@ def register(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--metrics-port", type=parse_port, default=MAINTAIN_METRICS_PORT,
                    help="TCP port of /metrics; 0 picks a free one (default %(default)s)")
     add_allowed_hosts(m, ALLOWED_HOSTS_ENV, host_flag="--metrics-host")
+    m.add_argument("--show", action="store_true",
+                   help="run nothing: print when each task last ran and committed, whoever ran "
+                   "it (awa maintain, a Worker, pg_cron: awa.maintenance_runs), and exit. "
+                   "Needs awa_reader or awa_operator, not awa_maintenance")
+    m.add_argument("--json", action="store_true", help="with --show: machine-readable output")
     m.set_defaults(func=cmd_maintain)
 
 
+def cmd_show(args: argparse.Namespace) -> int:
+    """``awa maintain --show``: the last run of each task, from the database."""
+    args.needs = "awa_reader or awa_operator"
+    with connect(args.dsn) as conn:
+        runs = last_runs(conn)
+    if runs is None:
+        err("this database records no maintenance runs (awa.maintenance_runs, migration "
+            "0034): run awa migrate")
+        return EXIT_ERROR
+    if args.json:
+        print(json.dumps({"tasks": runs}, indent=2, sort_keys=True, default=json_default))
+        return 0
+    print(table(
+        ["task", "function", "last run", "ago", "default every"],
+        [(r["name"], (r["function"] or "-").split("(")[0],
+          "-" if r["last_at"] is None else r["last_at"].isoformat(sep=" ", timespec="seconds"),
+          fmt_age(r["age_seconds"]),
+          "-" if r["default_every_seconds"] is None else f"{r['default_every_seconds']:g}s")
+         for r in runs]))
+    return 0
+
+
 def cmd_maintain(args: argparse.Namespace) -> int:
+    if args.show:
+        return cmd_show(args)
+    if args.json:
+        err("--json goes with --show")
+        return EXIT_USAGE
     from prometheus_client import make_wsgi_app
 
     from awa_sql.hosts import for_server, url

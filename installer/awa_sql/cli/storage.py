@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import psycopg
 
-from awa_sql import shards
+from awa_sql import queues, shards
 from awa_sql.cli.common import (
     EXIT_WRONG_STATE,
     add_connection,
@@ -24,6 +24,22 @@ from awa_sql.migrate import EXIT_USAGE
 from awa_sql.routing import MAX_SHARDS
 
 EXIT_NOT_CONFIRMED = EXIT_USAGE
+INT4 = (-(2**31), 2**31 - 1)
+
+
+def parse_max_queues(text: str) -> int:
+    """A whole number a PostgreSQL integer holds: awa.set_max_queues checks
+    its range itself, and names it."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"the queue limit must be a whole number, got {text!r}") from None
+    if not INT4[0] <= value <= INT4[1]:
+        raise argparse.ArgumentTypeError(
+            f"the queue limit must be a PostgreSQL integer ({INT4[0]}..{INT4[1]}), "
+            f"got {text!r}")
+    return value
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
@@ -118,6 +134,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     d.add_argument("--json", action="store_true", help="machine-readable output")
     d.set_defaults(func=cmd_drop, needs="awa_operator")
+
+    q = ss.add_parser(
+        "queue-limit", help="show or set the queue limit",
+        description="Show the queue limit, the most physical queues (partitions and stripes "
+        "count) that may exist, and how many do (awa.queue_limit); with MAX_QUEUES, set it "
+        "(awa.set_max_queues, ADR 039). At the limit, an enqueue to a name no queue has "
+        "fails with 53400 while enqueues to existing queues go on; a limit below the count "
+        "removes nothing. Showing needs awa_reader or awa_operator, setting awa_operator. "
+        "Exit codes: 0 done; 2 a value out of the database's range (it names the range) or "
+        "not a whole number; 7 connection or server error (42501: the login lacks the "
+        "role).")
+    add_connection(q)
+    q.add_argument("max_queues", nargs="?", type=parse_max_queues, metavar="MAX_QUEUES",
+                   help="the new limit (the database takes 1..1000000)")
+    q.add_argument("--json", action="store_true", help="machine-readable output")
+    q.set_defaults(func=cmd_queue_limit, needs="awa_reader or awa_operator")
 
     a = ss.add_parser("autoscale", help="run the enqueue-shard auto-scaler")
     aa = a.add_subparsers(dest="autoscale_command", required=True)
@@ -268,22 +300,14 @@ def cmd_set_paused(args: argparse.Namespace) -> int:
 def cmd_drop(args: argparse.Namespace) -> int:
     with connect(args.dsn) as conn:
         # An unknown queue (42704) or a bad name (22xxx) raises here: exit 2.
-        conn.execute("select awa.enqueue_shards(%s::text)", [args.queue])
-        kept = conn.execute(
-            "select coalesce(sum(completed_kept + failed_kept + cancelled_kept), 0)::bigint"
-            "  from awa.queue_counts(%s::text) where queue = %s::text",
-            [args.queue, args.queue]).fetchone()[0]
+        question = queues.plan_drop(conn, args.queue, args.discard_finished)["question"]
         conn.rollback()
-        discards = (f", deleting its {kept} kept terminal job(s)"
-                    if args.discard_finished and kept else "")
-        question = f"Drop queue {args.queue!r}{discards}?"
         if not args.yes and not _confirm(question):
             print(f"awa: not dropped ({question}): pass --yes when not attached to a terminal, "
                   "or answer y", file=sys.stderr)
             return EXIT_NOT_CONFIRMED
         try:
-            conn.execute("select awa.drop_queue(%s::text, %s::boolean)",
-                         [args.queue, args.discard_finished])
+            queues.drop(conn, args.queue, args.discard_finished)
         except psycopg.Error as error:
             if error.sqlstate not in ("55006", "0A000"):
                 raise
@@ -304,6 +328,31 @@ def cmd_drop(args: argparse.Namespace) -> int:
     else:
         print(f"dropped {args.queue}: awa maintain removes it (awa.finish_drops) once no "
               "session can still enqueue to it by that name")
+    return 0
+
+
+def _queues_text(n: int) -> str:
+    return f"{n} queue exists" if n == 1 else f"{n} queues exist"
+
+
+@bad_input_is_usage
+def cmd_queue_limit(args: argparse.Namespace) -> int:
+    if args.max_queues is not None:
+        args.needs = "awa_operator"
+    with connect(args.dsn) as conn:
+        if args.max_queues is None:
+            limit = queues.queue_limit(conn)
+        else:
+            # A value out of range (22023, naming it) raises here: exit 2.
+            limit = queues.set_queue_limit(conn, args.max_queues)
+            conn.commit()
+    if args.json:
+        print(json.dumps(limit, sort_keys=True))
+    elif args.max_queues is None:
+        print(f"queue limit {limit['max_queues']}: {_queues_text(limit['queues'])}")
+    else:
+        print(f"queue limit {limit['max_queues']} (was {limit['previous']}): "
+              f"{_queues_text(limit['queues'])}")
     return 0
 
 
