@@ -4009,9 +4009,29 @@ CREATE OR REPLACE FUNCTION awa._record_grants()
  LANGUAGE plpgsql
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
+declare
+    taken text[];
 begin
     if pg_catalog.to_regclass('awa.expected_grants') is null then
         return;
+    end if;
+    select array_agg(pg_catalog.format(
+               '%s %s%s on %s', e.grantee, e.privilege,
+               case when e.column_name <> '' then pg_catalog.format(' (%I)', e.column_name) end,
+               e.on_what) order by e.on_what, e.column_name, e.privilege, e.grantee)
+      into taken
+      from (
+          select x.on_what, x.column_name, x.privilege, x.grantee
+            from awa.expected_grants as x
+          except
+          select f.on_what, f.column_name, f.privilege, f.grantee
+            from awa._grants_found() as f
+      ) as e;
+    if taken is not null then
+        raise warning 'the function layer took back % privilege(s) it does not grant: %',
+            cardinality(taken), array_to_string(taken, '; ')
+            using hint = 'Give a login a bound role (GRANT awa_producer TO app), not '
+                         'privileges on awa''s objects.';
     end if;
     delete from awa.expected_grants;
     insert into awa.expected_grants (on_what, column_name, privilege, grantee)
@@ -4295,6 +4315,12 @@ AS $function$
 declare
     g record;
 begin
+    if pg_catalog.to_regclass('awa.expected_grants') is not null then
+        delete from awa.expected_grants;
+        insert into awa.expected_grants (on_what, column_name, privilege, grantee)
+        select distinct f.on_what, f.column_name, f.privilege, f.grantee
+          from awa._grants_found() as f;
+    end if;
     for g in select * from awa._grants_found() loop
         execute pg_catalog.format(
             'revoke %s%s on %s from %I cascade', g.privilege,

@@ -491,9 +491,12 @@ $$;
 -- grants from nothing and what it grants is all there is: a privilege
 -- someone granted since (EXECUTE on an operator's function to the producer
 -- role, a write on a table to a login) does not outlive the next apply.
--- The layer's transaction grants its own again before it commits.
+-- The layer's transaction grants its own again before it commits. What it
+-- revokes is kept in awa.expected_grants until then, for
+-- awa._record_grants to name those not granted again: on the upgrade that
+-- makes that table nothing is recorded yet, so no check saw them before.
 -- Calls: awa._grants_found
--- Writes: nothing
+-- Writes: awa.expected_grants
 create or replace function awa._revoke_grants()
 returns void
 language plpgsql
@@ -505,6 +508,12 @@ as $$
 declare
     g record;
 begin
+    if pg_catalog.to_regclass('awa.expected_grants') is not null then
+        delete from awa.expected_grants;
+        insert into awa.expected_grants (on_what, column_name, privilege, grantee)
+        select distinct f.on_what, f.column_name, f.privilege, f.grantee
+          from awa._grants_found() as f;
+    end if;
     for g in select * from awa._grants_found() loop
         execute pg_catalog.format(
             'revoke %s%s on %s from %I cascade', g.privilege,
@@ -518,8 +527,10 @@ $$;
 -- Function: awa._record_grants() returns void
 -- Keeps what the layer granted (awa._grants_found() once every file is
 -- applied) in awa.expected_grants, which awa._security_violations compares
--- with the catalog from then on. Nothing where that table does not exist
--- yet (a layer applied over the migrations before 0036).
+-- with the catalog from then on. First it warns, in one WARNING that awa
+-- migrate prints, of every privilege awa._revoke_grants took back that the
+-- layer did not grant again. Nothing where that table does not exist yet
+-- (a layer applied over the migrations before 0036).
 -- Calls: awa._grants_found
 -- Writes: awa.expected_grants
 create or replace function awa._record_grants()
@@ -527,9 +538,29 @@ returns void
 language plpgsql
 set search_path = pg_catalog, pg_temp
 as $$
+declare
+    taken text[];
 begin
     if pg_catalog.to_regclass('awa.expected_grants') is null then
         return;
+    end if;
+    select array_agg(pg_catalog.format(
+               '%s %s%s on %s', e.grantee, e.privilege,
+               case when e.column_name <> '' then pg_catalog.format(' (%I)', e.column_name) end,
+               e.on_what) order by e.on_what, e.column_name, e.privilege, e.grantee)
+      into taken
+      from (
+          select x.on_what, x.column_name, x.privilege, x.grantee
+            from awa.expected_grants as x
+          except
+          select f.on_what, f.column_name, f.privilege, f.grantee
+            from awa._grants_found() as f
+      ) as e;
+    if taken is not null then
+        raise warning 'the function layer took back % privilege(s) it does not grant: %',
+            cardinality(taken), array_to_string(taken, '; ')
+            using hint = 'Give a login a bound role (GRANT awa_producer TO app), not '
+                         'privileges on awa''s objects.';
     end if;
     delete from awa.expected_grants;
     insert into awa.expected_grants (on_what, column_name, privilege, grantee)

@@ -719,6 +719,31 @@ def test_a_grant_made_or_revoked_by_hand_fails_the_gate_and_migrate_undoes_it(
                             ).fetchone()[0] == 0
 
 
+def test_the_upgrade_that_first_records_the_grants_names_those_it_takes_back(db, logins):
+    """A database from before migration 0036: nothing recorded, so the plan
+    sees no drift, and the layer's revoke-all takes a grant made by hand
+    back all the same. The run names each one it did not grant again."""
+    with db.connect() as conn:
+        conn.execute(f"grant select on awa.queue_overview to {logins.producer}")
+        conn.execute("grant execute on function awa.set_enqueue_shards(text, integer)"
+                     " to awa_producer")
+        # As before 0036: no record of the grants, and the layer due again.
+        conn.execute("drop table awa.expected_grants")
+        conn.execute("delete from awa.schema_migrations where version = 36")
+        conn.execute("delete from awa.schema_functions")
+    upgraded = db.awa("migrate", check=True)
+    assert "applied migration 0036_expected_grants" in upgraded.stdout, upgraded.stdout
+    for taken in (f"{logins.producer} SELECT on table awa.queue_overview",
+                  "awa_producer EXECUTE on function awa.set_enqueue_shards(text,integer)"):
+        assert taken in upgraded.stdout, upgraded.stdout
+    # What the layer grants itself again is not named.
+    assert "awa_reader SELECT on table awa.queue_overview" not in upgraded.stdout
+    with db.connect() as conn:
+        assert conn.execute("select has_table_privilege(%s, 'awa.queue_overview', 'select')",
+                            [logins.producer]).fetchone()[0] is False
+    assert db.awa("status", "--check").returncode == 0
+
+
 def test_the_layer_records_every_grant_it_makes(db):
     """What the layer granted is what it recorded: nothing drifts after an
     apply, and every runtime role's grant is in the record."""

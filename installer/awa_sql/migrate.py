@@ -34,6 +34,7 @@ migration needs a session of its own and is refused behind a pooler.
 
 from __future__ import annotations
 
+import functools
 import shlex
 import time
 from collections.abc import Callable, Iterator
@@ -655,6 +656,11 @@ def apply_plan(
     """
     for step in plan.steps:
         started = time.monotonic()
+        # A WARNING of the step's (awa._record_grants: privileges it took
+        # back), said once the step is applied.
+        warnings: list[str] = []
+        collect = functools.partial(_collect_warning, warnings)
+        conn.add_notice_handler(collect)
         try:
             if step.transactional:
                 applied = _apply_in_transaction(conn, step, lock_timeout, lock_wait, replan)
@@ -669,10 +675,20 @@ def apply_plan(
             ) from err
         except psycopg.Error as err:
             raise MigrationError(f"{step.label} failed and was rolled back: {err}") from err
+        finally:
+            conn.remove_notice_handler(collect)
         if applied:
             log(f"applied {step.label} ({(time.monotonic() - started) * 1000:.0f} ms)")
+            for warning in warnings:
+                log(f"warning: {warning}")
         else:
             log(f"skipped {step.label}: another runner applied it")
+
+
+def _collect_warning(warnings: list[str], diag: psycopg.errors.Diagnostic) -> None:
+    if diag.severity_nonlocalized == "WARNING":
+        hint = f" ({diag.message_hint})" if diag.message_hint else ""
+        warnings.append(f"{diag.message_primary}{hint}")
 
 
 WAIT_SLICE_MS = 1000
