@@ -2265,7 +2265,9 @@ CREATE OR REPLACE FUNCTION awa._grants_found()
  STABLE
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
-    select 'function ' || p.oid::regprocedure::text, '', a.privilege_type,
+    -- REVOKE ... ON FUNCTION refuses a procedure (42809).
+    select case when p.prokind = 'p' then 'procedure ' else 'function ' end
+           || p.oid::regprocedure::text, '', a.privilege_type,
            pg_catalog.pg_get_userbyid(a.grantee), a.is_grantable
       from pg_catalog.pg_proc as p, pg_catalog.aclexplode(p.proacl) as a
      where p.pronamespace = 'awa'::regnamespace and a.grantee not in (0, p.proowner)

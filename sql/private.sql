@@ -452,9 +452,9 @@ $$;
 -- Function: awa._grants_found()
 -- Every privilege on schema awa's routines, relations and their columns
 -- held by a role other than PUBLIC (its own rules) and the owner: each as
--- REVOKE names it (on_what 'function awa.enqueue_shards(text)', 'table
--- awa.ready' or 'sequence awa.run_lease_seq'; column_name '' for the whole
--- object).
+-- REVOKE names it (on_what 'function awa.enqueue_shards(text)', 'procedure
+-- ...', 'table awa.ready' or 'sequence awa.run_lease_seq'; column_name ''
+-- for the whole object).
 -- Calls: nothing
 -- Writes: nothing
 create or replace function awa._grants_found()
@@ -465,7 +465,9 @@ language sql
 stable
 set search_path = pg_catalog, pg_temp
 as $$
-    select 'function ' || p.oid::regprocedure::text, '', a.privilege_type,
+    -- REVOKE ... ON FUNCTION refuses a procedure (42809).
+    select case when p.prokind = 'p' then 'procedure ' else 'function ' end
+           || p.oid::regprocedure::text, '', a.privilege_type,
            pg_catalog.pg_get_userbyid(a.grantee), a.is_grantable
       from pg_catalog.pg_proc as p, pg_catalog.aclexplode(p.proacl) as a
      where p.pronamespace = 'awa'::regnamespace and a.grantee not in (0, p.proowner)

@@ -744,6 +744,25 @@ def test_the_upgrade_that_first_records_the_grants_names_those_it_takes_back(db,
     assert db.awa("status", "--check").returncode == 0
 
 
+def test_a_procedure_granted_by_hand_is_taken_back_too(db):
+    """REVOKE ... ON FUNCTION refuses a procedure (42809): the layer's
+    revoke-all names each routine as what it is, or one procedure granted
+    by hand would stop every apply of the layer."""
+    with db.connect() as conn:
+        conn.execute("set role awa_owner")
+        conn.execute("create procedure awa.by_hand() language sql as $$select 1$$")
+        conn.execute("grant execute on procedure awa.by_hand() to awa_reader")
+    gate = db.awa("status", "--check")
+    assert gate.returncode == 10, gate.stdout + gate.stderr
+    assert "awa_reader was granted EXECUTE on procedure awa.by_hand()" in gate.stdout
+    repaired = db.awa("migrate")
+    assert repaired.returncode == 0, repaired.stdout + repaired.stderr
+    with db.connect() as conn:
+        assert conn.execute("select has_function_privilege('awa_reader', 'awa.by_hand()',"
+                            " 'execute')").fetchone()[0] is False
+    assert db.awa("status", "--check").returncode == 0
+
+
 def test_the_layer_records_every_grant_it_makes(db):
     """What the layer granted is what it recorded: nothing drifts after an
     apply, and every runtime role's grant is in the record."""
