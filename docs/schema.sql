@@ -4321,13 +4321,25 @@ begin
         delete from awa.expected_grants;
         insert into awa.expected_grants (on_what, column_name, privilege, grantee)
         select distinct f.on_what, f.column_name, f.privilege, f.grantee
-          from awa._grants_found() as f;
+          from awa._grants_found() as f
+        union
+        select 'schema awa', '',
+               case when x.grant_option_only then 'the grant option of ' else '' end
+               || x.privilege, x.grantee
+          from awa._schema_grants_extra() as x;
     end if;
     for g in select * from awa._grants_found() loop
         execute pg_catalog.format(
             'revoke %s%s on %s from %I cascade', g.privilege,
             case when g.column_name <> '' then pg_catalog.format(' (%I)', g.column_name) end,
             g.on_what, g.grantee
+        );
+    end loop;
+    for g in select * from awa._schema_grants_extra() loop
+        execute pg_catalog.format(
+            'revoke %s%s on schema awa from %I cascade',
+            case when g.grant_option_only then 'grant option for ' else '' end,
+            g.privilege, g.grantee
         );
     end loop;
 end;
@@ -4592,6 +4604,27 @@ AS $function$
       ) as capped
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._schema_grants_extra()
+ RETURNS TABLE(privilege text, grantee text, grant_option_only boolean)
+ LANGUAGE sql
+ STABLE
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+    select a.privilege_type, pg_catalog.pg_get_userbyid(a.grantee),
+           a.privilege_type = 'USAGE' and r.bound
+      from pg_catalog.pg_namespace as n,
+           pg_catalog.aclexplode(n.nspacl) as a,
+           lateral (
+               select exists (
+                   select from awa.role_binding as b
+                    where b.capability <> 'owner'
+                      and b.role_name = pg_catalog.pg_get_userbyid(a.grantee)
+               )
+           ) as r (bound)
+     where n.oid = 'awa'::regnamespace and a.grantee not in (0, n.nspowner)
+       and not (a.privilege_type = 'USAGE' and r.bound and not a.is_grantable)
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._security_violations()
  RETURNS TABLE(rule text, message text, hint text)
  LANGUAGE sql
@@ -4647,6 +4680,11 @@ AS $function$
                   and a.privilege_type = 'USAGE'
            )
         union all
+        select 'schema_grants', x.grantee || ' has '
+               || case when x.grant_option_only then 'the grant option of ' else '' end
+               || x.privilege
+          from awa._schema_grants_extra() as x
+        union all
         select 'public_relations', c.oid::regclass::text
           from pg_catalog.pg_class as c, this
          where c.relnamespace = this.schema_oid
@@ -4698,7 +4736,8 @@ AS $function$
           (2, 'public_execute', 'routines executable by PUBLIC',
            'Every routine needs its awa._grant_execute line.'),
           (3, 'schema_grants', 'schema awa''s grants differ from the bootstrap''s',
-           'Runtime roles need USAGE on schema awa; PUBLIC needs nothing.'),
+           'Runtime roles need USAGE on schema awa; PUBLIC and every other role need '
+           'nothing: awa migrate revokes the rest.'),
           (4, 'public_relations', 'relations PUBLIC may use',
            'The layer revokes everything on schema awa''s relations from PUBLIC.'),
           (5, 'default_privileges', 'the owner''s default privileges give PUBLIC',

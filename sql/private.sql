@@ -488,16 +488,47 @@ as $$
        and a.grantee not in (0, c.relowner)
 $$;
 
+-- Function: awa._schema_grants_extra()
+-- The privileges on schema awa itself that the bootstrap does not give,
+-- held by a role other than PUBLIC (its own rule) and the owner: CREATE,
+-- USAGE held by a role no runtime capability is bound to, and the grant
+-- option of USAGE (grant_option_only: the USAGE itself is the bootstrap's).
+-- CREATE there would let a role add a routine that a definer's qualified
+-- call could resolve to.
+-- Calls: nothing
+-- Writes: nothing
+create or replace function awa._schema_grants_extra()
+returns table (privilege text, grantee text, grant_option_only boolean)
+language sql
+stable
+set search_path = pg_catalog, pg_temp
+as $$
+    select a.privilege_type, pg_catalog.pg_get_userbyid(a.grantee),
+           a.privilege_type = 'USAGE' and r.bound
+      from pg_catalog.pg_namespace as n,
+           pg_catalog.aclexplode(n.nspacl) as a,
+           lateral (
+               select exists (
+                   select from awa.role_binding as b
+                    where b.capability <> 'owner'
+                      and b.role_name = pg_catalog.pg_get_userbyid(a.grantee)
+               )
+           ) as r (bound)
+     where n.oid = 'awa'::regnamespace and a.grantee not in (0, n.nspowner)
+       and not (a.privilege_type = 'USAGE' and r.bound and not a.is_grantable)
+$$;
+
 -- Function: awa._revoke_grants() returns void
 -- Revokes every privilege awa._grants_found() lists, so that the layer
 -- grants from nothing and what it grants is all there is: a privilege
 -- someone granted since (EXECUTE on an operator's function to the producer
--- role, a write on a table to a login) does not outlive the next apply.
+-- role, a write on a table to a login) does not outlive the next apply;
+-- and those on the schema itself that awa._schema_grants_extra() lists.
 -- The layer's transaction grants its own again before it commits. What it
 -- revokes is kept in awa.expected_grants until then, for
 -- awa._record_grants to name those not granted again: on the upgrade that
 -- makes that table nothing is recorded yet, so no check saw them before.
--- Calls: awa._grants_found
+-- Calls: awa._grants_found, awa._schema_grants_extra
 -- Writes: awa.expected_grants
 create or replace function awa._revoke_grants()
 returns void
@@ -514,13 +545,25 @@ begin
         delete from awa.expected_grants;
         insert into awa.expected_grants (on_what, column_name, privilege, grantee)
         select distinct f.on_what, f.column_name, f.privilege, f.grantee
-          from awa._grants_found() as f;
+          from awa._grants_found() as f
+        union
+        select 'schema awa', '',
+               case when x.grant_option_only then 'the grant option of ' else '' end
+               || x.privilege, x.grantee
+          from awa._schema_grants_extra() as x;
     end if;
     for g in select * from awa._grants_found() loop
         execute pg_catalog.format(
             'revoke %s%s on %s from %I cascade', g.privilege,
             case when g.column_name <> '' then pg_catalog.format(' (%I)', g.column_name) end,
             g.on_what, g.grantee
+        );
+    end loop;
+    for g in select * from awa._schema_grants_extra() loop
+        execute pg_catalog.format(
+            'revoke %s%s on schema awa from %I cascade',
+            case when g.grant_option_only then 'grant option for ' else '' end,
+            g.privilege, g.grantee
         );
     end loop;
 end;
@@ -620,8 +663,9 @@ $$;
 --   search_path         a SECURITY DEFINER routine without a pinned search_path
 --   public_execute      a routine PUBLIC may execute: granted, or no ACL at
 --                       all (PostgreSQL's default: EXECUTE to PUBLIC)
---   schema_grants       schema awa grants PUBLIC anything, or a bound runtime
---                       role lacks USAGE (the bootstrap's grants)
+--   schema_grants       schema awa grants PUBLIC anything, a bound runtime
+--                       role lacks USAGE, or any role holds more than the
+--                       bootstrap's USAGE (awa._schema_grants_extra)
 --   public_relations    a table, view or sequence grants PUBLIC anything
 --   default_privileges  the owner's default privileges let PUBLIC execute
 --                       the routines or use the types it creates
@@ -632,7 +676,7 @@ $$;
 -- The layer step repairs every rule (its grants, and CREATE OR REPLACE
 -- with the pin) but owner, since it runs as the owner and cannot take an
 -- object back, and search_path for a routine that is not the layer's.
--- Calls: awa._grant_drift, awa._role_for
+-- Calls: awa._grant_drift, awa._role_for, awa._schema_grants_extra
 -- Writes: nothing
 create or replace function awa._security_violations()
 returns table (rule text, message text, hint text)
@@ -689,6 +733,11 @@ as $$
                   and a.privilege_type = 'USAGE'
            )
         union all
+        select 'schema_grants', x.grantee || ' has '
+               || case when x.grant_option_only then 'the grant option of ' else '' end
+               || x.privilege
+          from awa._schema_grants_extra() as x
+        union all
         select 'public_relations', c.oid::regclass::text
           from pg_catalog.pg_class as c, this
          where c.relnamespace = this.schema_oid
@@ -740,7 +789,8 @@ as $$
           (2, 'public_execute', 'routines executable by PUBLIC',
            'Every routine needs its awa._grant_execute line.'),
           (3, 'schema_grants', 'schema awa''s grants differ from the bootstrap''s',
-           'Runtime roles need USAGE on schema awa; PUBLIC needs nothing.'),
+           'Runtime roles need USAGE on schema awa; PUBLIC and every other role need '
+           'nothing: awa migrate revokes the rest.'),
           (4, 'public_relations', 'relations PUBLIC may use',
            'The layer revokes everything on schema awa''s relations from PUBLIC.'),
           (5, 'default_privileges', 'the owner''s default privileges give PUBLIC',
@@ -803,6 +853,7 @@ select awa._grant_execute('awa._grant_select(regclass, text[])');
 select awa._grant_execute('awa._grant_insert(regclass, text[], text[])');
 select awa._grant_execute('awa._ensure_trigger(regclass, text, text)');
 select awa._grant_execute('awa._grants_found()');
+select awa._grant_execute('awa._schema_grants_extra()');
 select awa._grant_execute('awa._revoke_grants()');
 select awa._grant_execute('awa._record_grants()');
 select awa._grant_execute('awa._grant_drift()');

@@ -691,6 +691,16 @@ DRIFT = {
         " with grant option",
         "awa_worker was given the grant option of EXECUTE on function"
         " awa.heartbeat(bigint,bigint,interval)", None, "worker", True),
+    # The schema's own grants: CREATE there lets a runtime role add a
+    # routine that a definer's qualified call could resolve to.
+    "CREATE on schema awa granted to the producer role": (
+        "grant create on schema awa to awa_producer", "awa_producer has CREATE",
+        None, "producer", False),
+    "USAGE on schema awa granted to a login": (
+        "grant usage on schema awa to {worker}", "{worker} has USAGE", None, "worker", False),
+    "the grant option of USAGE on schema awa given to the reader role": (
+        "grant usage on schema awa to awa_reader with grant option",
+        "awa_reader has the grant option of USAGE", None, "reader", True),
 }
 
 
@@ -717,6 +727,15 @@ def test_a_grant_made_or_revoked_by_hand_fails_the_gate_and_migrate_undoes_it(
     with db.connect() as conn:
         assert conn.execute("select count(*) from awa._grants_found() where grantable"
                             ).fetchone()[0] == 0
+        # The schema's grants are the bootstrap's again: USAGE to each
+        # runtime role (the reader's too), nothing else.
+        held = conn.execute(
+            "select a.grantee::regrole::text || ' ' || a.privilege_type"
+            "       || case when a.is_grantable then ' with grant option' else '' end"
+            "  from pg_namespace n, aclexplode(n.nspacl) a"
+            " where n.nspname = 'awa' and a.grantee <> n.nspowner order by 1").fetchall()
+        assert [h for h, in held] == [f"awa_{cap} USAGE" for cap in (
+            "maintenance", "operator", "producer", "reader", "worker")]
 
 
 def test_the_upgrade_that_first_records_the_grants_names_those_it_takes_back(db, logins):
@@ -727,6 +746,7 @@ def test_the_upgrade_that_first_records_the_grants_names_those_it_takes_back(db,
         conn.execute(f"grant select on awa.queue_overview to {logins.producer}")
         conn.execute("grant execute on function awa.set_enqueue_shards(text, integer)"
                      " to awa_producer")
+        conn.execute(f"grant create on schema awa to {logins.producer}")
         # As before 0036: no record of the grants, and the layer due again.
         conn.execute("drop table awa.expected_grants")
         conn.execute("delete from awa.schema_migrations where version = 36")
@@ -734,7 +754,8 @@ def test_the_upgrade_that_first_records_the_grants_names_those_it_takes_back(db,
     upgraded = db.awa("migrate", check=True)
     assert "applied migration 0036_expected_grants" in upgraded.stdout, upgraded.stdout
     for taken in (f"{logins.producer} SELECT on table awa.queue_overview",
-                  "awa_producer EXECUTE on function awa.set_enqueue_shards(text,integer)"):
+                  "awa_producer EXECUTE on function awa.set_enqueue_shards(text,integer)",
+                  f"{logins.producer} CREATE on schema awa"):
         assert taken in upgraded.stdout, upgraded.stdout
     # What the layer grants itself again is not named.
     assert "awa_reader SELECT on table awa.queue_overview" not in upgraded.stdout
