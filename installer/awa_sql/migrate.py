@@ -794,7 +794,8 @@ def migrate(
         for warning in plan.warnings:
             log(f"warning: {warning}")
         for message in plan.security:
-            log(f"security: {message}; the function layer's step applies the grants again")
+            log(f"security: {message}; the function layer's step applies its grants "
+                "again and takes back the others")
         plan.raise_problems()
         if dry_run or plan.up_to_date:
             return plan
