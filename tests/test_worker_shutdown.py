@@ -217,3 +217,27 @@ def test_an_async_handler_is_cancelled_when_its_job_is_handed_back(db, logins, c
                "the cancelled handler's failure to be refused")
     assert job_state(db, job.job_id) == ("scheduled", 1, None, HAND_BACK_ERROR)
     assert (worker.completed, worker.failed) == (0, 0)
+
+
+def test_a_job_handed_back_while_it_waited_for_its_slot_is_not_run(db, logins):
+    """A job claimed for a slot and handed back before the slot took it: its
+    next run belongs to whoever claims it again, so its handler never starts
+    here, and the slot is free again."""
+    import queue as queue_mod
+
+    from awa_sql.worker import Job
+
+    ran = []
+    worker = Worker(db.dsn(logins.worker), queues=["waited"],
+                    handlers={"job": lambda job: ran.append(job.job_id)},
+                    snapshot_every=None)
+    job = Job(job_id=1, run_lease=7, queue="waited", priority=2, enqueue_shard=0, lane_seq=1,
+              kind="job", args={}, attempt=1, max_attempts=25, ordering_key=None)
+    worker._handed_back.add((job.job_id, job.run_lease))
+    worker._slots_left = 1
+    free, jobs = threading.Semaphore(0), queue_mod.SimpleQueue()
+    jobs.put(job)
+    jobs.put(None)
+    worker._slot(free, jobs)
+    assert ran == []
+    assert free.acquire(blocking=False)

@@ -614,6 +614,10 @@ class Worker:
             with self._link("slot") as conn, asyncio.Runner() as loop:
                 while (job := jobs.get()) is not None:
                     try:
+                        if self._was_handed_back(job):
+                            # Handed back while it waited for this slot: its
+                            # next run is another's, its handler must not start.
+                            continue
                         self._handle(conn, job, loop)
                     except Exception as err:  # the job is no longer heartbeated (_handle)
                         log.error("job %s (%s): its outcome could not be recorded: %s; once"
