@@ -11,6 +11,8 @@ import psycopg
 import pytest
 
 import awa_sql
+from awa_sql import runtimes
+from awa_sql.runtimes import RuntimePublisher
 from awa_sql.worker import Worker
 from tests.support.admin import client_for, enqueue_jobs, reader_login, wait_for
 from tests.support.jobs import Call, behind, waits_for_a_lock
@@ -94,6 +96,64 @@ def test_worker_snapshot_has_claims_and_in_flight(db):
         worker.stop()
         runner.join(30)
     assert _runtime_rows(db, "worker") == []
+
+
+class _Clock:
+    """``time`` as awa_sql.runtimes reads it: monotonic() is what the test sets."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+def _activity(db, instance: uuid.UUID) -> list[str]:
+    with db.connect() as conn:
+        return [r[0] for r in conn.execute(
+            "select queue from awa.runtime_queues where instance_id = %s order by queue",
+            [instance])]
+
+
+def test_a_queue_untouched_for_a_day_leaves_the_snapshot_and_the_runtime(db, monkeypatch):
+    """A long-lived producer or worker that once used a queue it has not
+    touched for a day: the queue's age passed what awa.publish_runtime takes
+    (86,400 s), and every snapshot from then on was refused (22023), so the
+    runtime vanished from the admin page for good. The queue is left out of
+    the snapshot and forgotten: what a runtime remembers is bounded."""
+    clock = _Clock()
+    monkeypatch.setattr(runtimes, "time", clock)
+    publisher = RuntimePublisher(db.dsn(db.login_role("awa_producer")), "producer", every=0.05)
+    publisher.note("weekly", "enqueue")
+    clock.now += 86_400.5
+    publisher.note("busy", "enqueue")
+    publisher.start()
+    try:
+        wait_for(lambda: publisher.published and _activity(db, publisher.instance_id),
+                 what="a snapshot taken")
+        assert _activity(db, publisher.instance_id) == ["busy"]
+        assert list(publisher._last) == [("busy", "enqueue")]
+    finally:
+        publisher.stop()
+
+
+def test_a_snapshot_carries_the_newest_thousand_queues(db, monkeypatch):
+    """awa.publish_runtime takes at most 1000 activities: a runtime that had
+    used more queues within the day had every snapshot refused (22023). It
+    sends the 1000 it used last."""
+    clock = _Clock()
+    monkeypatch.setattr(runtimes, "time", clock)
+    publisher = RuntimePublisher(db.dsn(db.login_role("awa_producer")), "producer", every=0.05)
+    for n in range(1001):
+        clock.now += 1
+        publisher.note(f"q{n:04d}", "enqueue")
+    publisher.start()
+    try:
+        wait_for(lambda: publisher.published and _activity(db, publisher.instance_id),
+                 what="a snapshot taken")
+        assert _activity(db, publisher.instance_id) == [f"q{n:04d}" for n in range(1, 1001)]
+    finally:
+        publisher.stop()
 
 
 def test_publish_runtime_checks_its_input_and_the_owner(db):

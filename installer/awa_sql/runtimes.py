@@ -7,6 +7,14 @@ enqueued or claimed there. The database dates that by its own clock and
 records the queue's S at that moment; the admin page, ``GET /api/runtimes``
 and ``awa runtimes`` read it (``live``). A snapshot that fails is logged and
 retried next round: it never stops the runtime.
+records the queue's S at that moment; the admin page reads it. A snapshot
+that fails is logged and retried next round: it never stops the runtime.
+
+A snapshot holds what awa.publish_runtime takes: the queues used in the last
+day (MAX_ACTIVITY_AGE; an older one is forgotten, so a process that runs for
+months remembers a day's queues, not every queue it ever used), at most
+MAX_ACTIVITIES of them, the latest. An age or a count past those had the
+server refuse every snapshot from then on.
 """
 
 from __future__ import annotations
@@ -33,6 +41,10 @@ from awa_sql.connect import (
 from awa_sql.version import __version__
 
 log = logging.getLogger("awa_sql.runtimes")
+
+# awa.publish_runtime's bounds on its activity array.
+MAX_ACTIVITY_AGE = 86_400.0  # seconds
+MAX_ACTIVITIES = 1000
 
 PUBLISH_SQL = (
     "select awa.publish_runtime(%s::uuid, %s::text, %s::text, %s::integer, %s::text,"
@@ -69,7 +81,9 @@ class RuntimePublisher:
 
     def note(self, queue: str, activity: str) -> None:
         """Record an enqueue or claim on a physical queue (cheap: a dict write)."""
-        self._last[(queue, activity)] = time.monotonic()
+        at = time.monotonic()
+        with self._lock:
+            self._last[(queue, activity)] = at
 
     def start(self) -> None:
         if self._thread is None:
@@ -88,10 +102,19 @@ class RuntimePublisher:
         self._thread.join(10)
         self._thread = None
 
+    def _activities(self, now: float) -> list[tuple[tuple[str, str], float]]:
+        """The activities a snapshot sends, the latest first; those older
+        than MAX_ACTIVITY_AGE are forgotten."""
+        with self._lock:
+            for key in [k for k, at in self._last.items() if now - at > MAX_ACTIVITY_AGE]:
+                del self._last[key]
+            items = list(self._last.items())
+        items.sort(key=lambda item: item[1], reverse=True)
+        return items[:MAX_ACTIVITIES]
+
     def _snapshot(self) -> list:
         now = time.monotonic()
-        with self._lock:
-            items = list(self._last.items())
+        items = self._activities(now)
         activity = [{"queue": q, "activity": a, "age_seconds": round(max(now - t, 0), 3)}
                     for (q, a), t in items]
         return [self.instance_id, self.kind, socket.gethostname(), os.getpid(), __version__,
