@@ -7,8 +7,6 @@ enqueued or claimed there. The database dates that by its own clock and
 records the queue's S at that moment; the admin page, ``GET /api/runtimes``
 and ``awa runtimes`` read it (``live``). A snapshot that fails is logged and
 retried next round: it never stops the runtime.
-records the queue's S at that moment; the admin page reads it. A snapshot
-that fails is logged and retried next round: it never stops the runtime.
 
 A snapshot holds what awa.publish_runtime takes: the queues used in the last
 day (MAX_ACTIVITY_AGE; an older one is forgotten, so a process that runs for
