@@ -4032,8 +4032,9 @@ begin
     if taken is not null then
         raise warning 'the function layer took back % privilege(s) it does not grant: %',
             cardinality(taken), array_to_string(taken, '; ')
-            using hint = 'Give a login a bound role (GRANT awa_producer TO app), not '
-                         'privileges on awa''s objects.';
+            using hint = pg_catalog.format(
+                'Give a login a bound role (GRANT %I TO app), not privileges on awa''s '
+                'objects.', awa._role_for('producer'));
     end if;
     delete from awa.expected_grants;
     insert into awa.expected_grants (on_what, column_name, privilege, grantee)
@@ -4748,8 +4749,10 @@ AS $function$
            ),
            'Only a superuser or their owner can give them to the owner role.'),
           (7, 'grants', 'grants on schema awa''s objects differ from the layer''s',
-           'awa migrate applies the layer''s grants again and revokes the others; give a '
-           'login a bound role (GRANT awa_producer TO app), not privileges on awa''s objects.')
+           pg_catalog.format(
+               'awa migrate applies the layer''s grants again and revokes the others; give a '
+               'login a bound role (GRANT %I TO app), not privileges on awa''s objects.',
+               awa._role_for('producer')))
       ) as r (ord, rule, message, hint) on r.rule = named.rule
      order by r.ord;
 $function$;

@@ -576,7 +576,7 @@ $$;
 -- migrate prints, of every privilege awa._revoke_grants took back that the
 -- layer did not grant again. Nothing where that table does not exist yet
 -- (a layer applied over the migrations before 0036).
--- Calls: awa._grants_found
+-- Calls: awa._grants_found, awa._role_for
 -- Writes: awa.expected_grants
 create or replace function awa._record_grants()
 returns void
@@ -604,8 +604,9 @@ begin
     if taken is not null then
         raise warning 'the function layer took back % privilege(s) it does not grant: %',
             cardinality(taken), array_to_string(taken, '; ')
-            using hint = 'Give a login a bound role (GRANT awa_producer TO app), not '
-                         'privileges on awa''s objects.';
+            using hint = pg_catalog.format(
+                'Give a login a bound role (GRANT %I TO app), not privileges on awa''s '
+                'objects.', awa._role_for('producer'));
     end if;
     delete from awa.expected_grants;
     insert into awa.expected_grants (on_what, column_name, privilege, grantee)
@@ -801,8 +802,10 @@ as $$
            ),
            'Only a superuser or their owner can give them to the owner role.'),
           (7, 'grants', 'grants on schema awa''s objects differ from the layer''s',
-           'awa migrate applies the layer''s grants again and revokes the others; give a '
-           'login a bound role (GRANT awa_producer TO app), not privileges on awa''s objects.')
+           pg_catalog.format(
+               'awa migrate applies the layer''s grants again and revokes the others; give a '
+               'login a bound role (GRANT %I TO app), not privileges on awa''s objects.',
+               awa._role_for('producer')))
       ) as r (ord, rule, message, hint) on r.rule = named.rule
      order by r.ord;
 $$;

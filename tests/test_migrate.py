@@ -834,3 +834,18 @@ def test_an_installed_schema_owned_by_another_role_says_what_to_do(db):
     assert gate.returncode == 6
     assert "owned by 'postgres', not 'awa_owner'" in gate.stdout
     assert "--no-owner" in gate.stdout and "restore" in gate.stdout, gate.stdout
+
+
+def test_the_grants_hint_names_the_roles_bound_here(empty_db, role_prefix):
+    """Installed with another prefix, the hint names that producer role."""
+    empty_db.awa("migrate", "--create-roles", "--role-prefix", role_prefix, check=True)
+    with empty_db.connect() as conn:
+        conn.execute(f"grant execute on function awa.set_enqueue_shards(text, integer)"
+                     f" to {role_prefix}producer")
+    out = empty_db.awa("status", "--check", "--role-prefix", role_prefix)
+    assert out.returncode == 10, out.stdout + out.stderr
+    with empty_db.connect() as conn:
+        conn.execute(f"set role {role_prefix}owner")
+        hint = conn.execute("select hint from awa._security_violations() where rule = 'grants'"
+                            ).fetchone()[0]
+    assert f"GRANT {role_prefix}producer TO app" in hint, hint
