@@ -2191,15 +2191,14 @@ begin
     end if;
     return query
     select pg_catalog.format(
-               '%s %s %s%s on %s',
+               '%s %s %s',
                coalesce(f.grantee, e.grantee),
                case when e.grantee is null then 'was granted'
                     when f.grantee is null then 'lost'
                     else 'was given the grant option of' end,
-               coalesce(f.privilege, e.privilege),
-               case when coalesce(f.column_name, e.column_name) <> ''
-                    then pg_catalog.format(' (%I)', coalesce(f.column_name, e.column_name)) end,
-               coalesce(f.on_what, e.on_what))
+               awa._privilege_text(coalesce(f.privilege, e.privilege),
+                                   coalesce(f.column_name, e.column_name),
+                                   coalesce(f.on_what, e.on_what)))
       from awa._grants_found() as f
       full join awa.expected_grants as e
         on e.on_what = f.on_what and e.column_name = f.column_name
@@ -3641,6 +3640,18 @@ AS $function$
     )
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._privilege_text(privilege text, column_name text, on_what text)
+ RETURNS text
+ LANGUAGE sql
+ IMMUTABLE
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+    select privilege
+           || case when column_name <> '' then pg_catalog.format(' (%I)', column_name)
+                   else '' end
+           || ' on ' || on_what
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._provision_counters(queue_id integer)
  RETURNS void
  LANGUAGE plpgsql
@@ -4017,10 +4028,8 @@ begin
     if pg_catalog.to_regclass('awa.expected_grants') is null then
         return;
     end if;
-    select array_agg(pg_catalog.format(
-               '%s %s%s on %s', e.grantee, e.privilege,
-               case when e.column_name <> '' then pg_catalog.format(' (%I)', e.column_name) end,
-               e.on_what) order by e.on_what, e.column_name, e.privilege, e.grantee)
+    select array_agg(e.grantee || ' ' || awa._privilege_text(e.privilege, e.column_name, e.on_what)
+                     order by e.on_what, e.column_name, e.privilege, e.grantee)
       into taken
       from (
           select x.on_what, x.column_name, x.privilege, x.grantee
@@ -4331,9 +4340,8 @@ begin
     end if;
     for g in select * from awa._grants_found() loop
         execute pg_catalog.format(
-            'revoke %s%s on %s from %I cascade', g.privilege,
-            case when g.column_name <> '' then pg_catalog.format(' (%I)', g.column_name) end,
-            g.on_what, g.grantee
+            'revoke %s from %I cascade',
+            awa._privilege_text(g.privilege, g.column_name, g.on_what), g.grantee
         );
     end loop;
     for g in select * from awa._schema_grants_extra() loop

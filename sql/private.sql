@@ -449,6 +449,25 @@ begin
 end;
 $$;
 
+-- Function: awa._privilege_text(privilege text, column_name text, on_what text) returns text
+-- A privilege as GRANT and REVOKE name it ('EXECUTE on function
+-- awa.enqueue_shards(text)', 'INSERT (kind) on table awa.copy_staging'):
+-- the one spelling of the layer's revokes, its warning and
+-- awa._grant_drift. column_name '' for the whole object.
+-- Calls: nothing
+-- Writes: nothing
+create or replace function awa._privilege_text(privilege text, column_name text, on_what text)
+returns text
+language sql
+immutable
+set search_path = pg_catalog, pg_temp
+as $$
+    select privilege
+           || case when column_name <> '' then pg_catalog.format(' (%I)', column_name)
+                   else '' end
+           || ' on ' || on_what
+$$;
+
 -- Function: awa._grants_found()
 -- Every privilege on schema awa's routines, relations and their columns
 -- held by a role other than PUBLIC (its own rules) and the owner: each as
@@ -528,7 +547,7 @@ $$;
 -- revokes is kept in awa.expected_grants until then, for
 -- awa._record_grants to name those not granted again: on the upgrade that
 -- makes that table nothing is recorded yet, so no check saw them before.
--- Calls: awa._grants_found, awa._schema_grants_extra
+-- Calls: awa._grants_found, awa._privilege_text, awa._schema_grants_extra
 -- Writes: awa.expected_grants
 create or replace function awa._revoke_grants()
 returns void
@@ -554,9 +573,8 @@ begin
     end if;
     for g in select * from awa._grants_found() loop
         execute pg_catalog.format(
-            'revoke %s%s on %s from %I cascade', g.privilege,
-            case when g.column_name <> '' then pg_catalog.format(' (%I)', g.column_name) end,
-            g.on_what, g.grantee
+            'revoke %s from %I cascade',
+            awa._privilege_text(g.privilege, g.column_name, g.on_what), g.grantee
         );
     end loop;
     for g in select * from awa._schema_grants_extra() loop
@@ -576,7 +594,7 @@ $$;
 -- migrate prints, of every privilege awa._revoke_grants took back that the
 -- layer did not grant again. Nothing where that table does not exist yet
 -- (a layer applied over the migrations before 0036).
--- Calls: awa._grants_found, awa._role_for
+-- Calls: awa._grants_found, awa._privilege_text, awa._role_for
 -- Writes: awa.expected_grants
 create or replace function awa._record_grants()
 returns void
@@ -589,10 +607,8 @@ begin
     if pg_catalog.to_regclass('awa.expected_grants') is null then
         return;
     end if;
-    select array_agg(pg_catalog.format(
-               '%s %s%s on %s', e.grantee, e.privilege,
-               case when e.column_name <> '' then pg_catalog.format(' (%I)', e.column_name) end,
-               e.on_what) order by e.on_what, e.column_name, e.privilege, e.grantee)
+    select array_agg(e.grantee || ' ' || awa._privilege_text(e.privilege, e.column_name, e.on_what)
+                     order by e.on_what, e.column_name, e.privilege, e.grantee)
       into taken
       from (
           select x.on_what, x.column_name, x.privilege, x.grantee
@@ -620,7 +636,7 @@ $$;
 -- How the catalog's grants differ from those the layer made
 -- (awa.expected_grants): a privilege granted since, one revoked since, a
 -- grant option; one line each. Nothing before the layer has recorded them.
--- Calls: awa._grants_found
+-- Calls: awa._grants_found, awa._privilege_text
 -- Writes: nothing
 create or replace function awa._grant_drift()
 returns table (what text)
@@ -638,15 +654,14 @@ begin
     end if;
     return query
     select pg_catalog.format(
-               '%s %s %s%s on %s',
+               '%s %s %s',
                coalesce(f.grantee, e.grantee),
                case when e.grantee is null then 'was granted'
                     when f.grantee is null then 'lost'
                     else 'was given the grant option of' end,
-               coalesce(f.privilege, e.privilege),
-               case when coalesce(f.column_name, e.column_name) <> ''
-                    then pg_catalog.format(' (%I)', coalesce(f.column_name, e.column_name)) end,
-               coalesce(f.on_what, e.on_what))
+               awa._privilege_text(coalesce(f.privilege, e.privilege),
+                                   coalesce(f.column_name, e.column_name),
+                                   coalesce(f.on_what, e.on_what)))
       from awa._grants_found() as f
       full join awa.expected_grants as e
         on e.on_what = f.on_what and e.column_name = f.column_name
@@ -855,6 +870,7 @@ select awa._grant_execute('awa._grant_execute(regprocedure, text[])');
 select awa._grant_execute('awa._grant_select(regclass, text[])');
 select awa._grant_execute('awa._grant_insert(regclass, text[], text[])');
 select awa._grant_execute('awa._ensure_trigger(regclass, text, text)');
+select awa._grant_execute('awa._privilege_text(text, text, text)');
 select awa._grant_execute('awa._grants_found()');
 select awa._grant_execute('awa._schema_grants_extra()');
 select awa._grant_execute('awa._revoke_grants()');
