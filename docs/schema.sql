@@ -5497,10 +5497,11 @@ begin
                         -- Read again with this statement's snapshot unless the row
                         -- read first said so: the first keyed job marks its queue in
                         -- its own transaction, which may have committed since, and
-                        -- this statement may have taken that very job.
+                        -- this statement may have taken that very job. By id: a drop
+                        -- renames the queue meanwhile (null then broke the insert).
                         solo_unique_jobs or (select k.unique_jobs
                                                from awa.queue_meta as k
-                                              where k.queue = solo_queue),
+                                              where k.queue_id = m.queue_id),
                         awa._running_slot(m.run_lease)
                       from moved as m
                 )
