@@ -46,10 +46,12 @@ class Database:
         with self.cluster.admin() as conn:
             return _create_login(conn, grants, prefix, extra)
 
-    def login_roles(self, *roles: str) -> list[str]:
+    def login_roles(self, *roles: str, by: str | None = None) -> list[str]:
         """A new login for each of ``roles``, holding that role: ``login_role``
-        for each, over one connection."""
-        with self.cluster.admin() as conn:
+        for each, over one connection; made and granted by login ``by`` (one
+        with CREATEROLE, as an installer has) rather than the superuser."""
+        with (psycopg.connect(self.cluster.dsn(user=by), autocommit=True) if by
+              else self.cluster.admin()) as conn:
             return [_create_login(conn, [role]) for role in roles]
 
 

@@ -166,13 +166,15 @@ class LocalServer:
     def dsn(self, user: str | None = None, dbname: str = "postgres") -> str:
         return f"host={LOCAL_HOST} port={self.port} user={user or self.superuser} dbname={dbname}"
 
-    def _run(self, *args: str) -> subprocess.CompletedProcess[str]:
+    def _run(self, *args: str, cwd: str = "/") -> subprocess.CompletedProcess[str]:
+        """``args`` as the server's OS user, in ``cwd`` (which it must be able to
+        write to when the tool writes there, as pg_upgrade does)."""
         user = server_os_user()
         kwargs = {}
         if user is not None:
             kwargs = {"user": user.pw_uid, "group": user.pw_gid, "extra_groups": []}
         result = subprocess.run(
-            list(args), capture_output=True, text=True, check=False, cwd="/", **kwargs
+            list(args), capture_output=True, text=True, check=False, cwd=cwd, **kwargs
         )
         if result.returncode != 0:
             log = self.log_file.read_text()[-2000:] if self.log_file.exists() else ""
