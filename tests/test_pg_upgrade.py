@@ -9,7 +9,7 @@ sequences as regclass (the lanes' counters, the terminal counters), xid8
 (the last change of S, a drop, the staging transaction of COPY rows), the
 grants it made by routine signature (awa.expected_grants), unlogged tables
 (COPY staging, the lane heads and hints). The test builds a live database
-with all of them on a 17 cluster, upgrades it (--copy and --link), and
+with all of them on a 17 cluster, upgrades it (--copy, --link, --swap), and
 checks that every row is where it was and that producers, workers,
 maintenance and the deploy gate carry on.
 
@@ -156,7 +156,7 @@ def installed(cluster: Cluster) -> tuple[Database, Logins]:
     return db, Logins(**dict(zip(caps, names, strict=True)))
 
 
-@pytest.mark.parametrize("mode", ["--copy", "--link"])
+@pytest.mark.parametrize("mode", ["--copy", "--link", "--swap"])
 def test_a_live_database_upgraded_with_pg_upgrade_carries_on(old_cluster, workdir, mode):
     cluster, old_bin = old_cluster
     db, logins = installed(cluster)

@@ -41,7 +41,7 @@ def old_bindir(major: int, workdir: Path) -> Path:
 def pg_upgrade(old: embedded.LocalServer, old_bin: Path, major: int, workdir: Path,
                mode: str) -> tuple[embedded.LocalServer, str]:
     """Upgrades ``old`` (stopped) to a new cluster of ``major`` in ``workdir``
-    with ``mode`` (``--copy`` or ``--link``); returns the new server, not yet
+    with ``mode`` (``--copy``, ``--link`` or ``--swap``); returns the new server, not yet
     started, and pg_upgrade's output."""
     new_bin = pgtools.server_bin(major, NEW_TOOLS)
     new = embedded.LocalServer(new_bin, workdir / f"pg{major}", settings=TEST_SETTINGS)
