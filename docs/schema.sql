@@ -1070,6 +1070,9 @@ begin
            and d.mode = anchor.shard_mode
            and d.current_shards = s
            and d.reason_code = code
+           -- A row whose count is full (int4) stays as it is: the hold goes on
+           -- in a row of its own. Incremented, it failed every tick after.
+           and d.repeats < 2147483647
         returning d.decision_id, d.queue, at, d.mode, d.samples, d.mean_waiters, d.wait_share,
                   d.enqueue_rate, d.busiest_held, d.current_shards, d.proposed_shards,
                   d.action, d.reason, d.reason_code, d.repeats, d.last_decided_at

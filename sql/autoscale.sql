@@ -265,8 +265,9 @@ select awa._grant_execute('awa._autoscale_signal(awa.queue_meta, timestamptz)');
 --
 -- The log folds: a hold with the same reason_code, mode and S as the
 -- queue's latest row adds to that row (repeats, last_decided_at, the latest
--- signal and reason) instead of a new one. Steps, and holds for a new
--- reason, are rows of their own. The row returned carries this tick's time
+-- signal and reason) instead of a new one, until its repeats fill an
+-- int4 (2,147,483,647 ticks: 340 years at one every 5 s). Steps, and holds
+-- for a new reason, are rows of their own. The row returned carries this tick's time
 -- as decided_at (a folded row's first tick stays in the log). Every
 -- decision adds one to its queue and action in awa.autoscale_decision_counts,
 -- which the metrics read instead of counting the log.
@@ -463,6 +464,9 @@ begin
            and d.mode = anchor.shard_mode
            and d.current_shards = s
            and d.reason_code = code
+           -- A row whose count is full (int4) stays as it is: the hold goes on
+           -- in a row of its own. Incremented, it failed every tick after.
+           and d.repeats < 2147483647
         returning d.decision_id, d.queue, at, d.mode, d.samples, d.mean_waiters, d.wait_share,
                   d.enqueue_rate, d.busiest_held, d.current_shards, d.proposed_shards,
                   d.action, d.reason, d.reason_code, d.repeats, d.last_decided_at

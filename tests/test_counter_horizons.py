@@ -1,0 +1,155 @@
+"""The counters and identifiers awa keeps, at the far end of their range, on
+real PostgreSQL 17 and 18 (docs/operations.md, "Counters and their
+horizons"): every operation that uses one still works with it near its
+limit, and one that runs out fails with a clear error and leaves nothing
+behind.
+
+The ends are reached as the superuser moves a sequence (or sets a column):
+the values ten years of a busy installation, or far more, would have left.
+"""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+
+from awa_sql import shards
+from tests.support.jobs import COPY_SQL, claim, enqueue
+
+INT4_MAX = 2**31 - 1
+INT8_MAX = 2**63 - 1
+LANE_IDS = "awa.lanes_lane_id_seq"
+QUEUE_IDS = "awa.queue_meta_queue_id_seq"
+
+
+def next_value(su, seq: str, value: int) -> None:
+    """The next value `seq` hands out is `value`."""
+    su.execute("select setval(%s, %s, false)", [seq, value])
+
+
+def refused(conn, query: str, params=None) -> psycopg.Error:
+    with pytest.raises(psycopg.Error) as err:
+        conn.execute(query, params)
+    return err.value
+
+
+@pytest.fixture
+def su(db):
+    with db.connect() as conn:
+        yield conn
+
+
+def exercise(db, logins, queue: str) -> None:
+    """Every operation on a queue's jobs once: enqueue (one, keyed, for later,
+    unique, a batch, COPY), claim, complete, fail and retry, rescue, the job
+    tools, the maintenance passes and a drop; asserting each did its work."""
+    with db.connect(logins.producer) as p:
+        enqueue(p, queue)
+        enqueue(p, queue, ordering_key=b"k1")
+        enqueue(p, queue, unique_key=b"u1")
+        p.execute("select awa.enqueue_batch(array_fill(%s::text, array[5]),"
+                  " array_fill('b'::text, array[5]))", [queue])
+        with p.cursor().copy(COPY_SQL) as cp:
+            for i in range(3):
+                cp.write_row([queue, 2, f"c{i}".encode(), "copied", "{}", None, 25])
+    with db.connect(logins.worker) as w:
+        jobs = claim(w, [queue], 100)
+        assert len(jobs) == 11
+        (j1, l1, *_), (j2, l2, *_), (j3, l3, *_), *rest = jobs
+        assert w.execute("select awa.complete(%s, %s)", [j1, l1]).fetchone()[0]
+        assert w.execute("select awa.fail(%s, %s, 'boom', now())", [j2, l2]).fetchone()[0]
+        assert w.execute("select awa.heartbeat(%s, %s, '1 minute')", [j3, l3]).fetchone()[0]
+        for job_id, lease, *_ in rest:
+            assert w.execute("select awa.complete(%s, %s)", [job_id, lease]).fetchone()[0]
+    with db.connect() as admin:
+        admin.execute("update awa.running set lease_expires_at = now() - interval '1 s'"
+                      " where job_id = %s", [j3])
+    with db.connect(logins.maintenance) as m:
+        assert m.execute("select awa.rescue_expired()").fetchone()[0] == 1
+        # The rescued job's retry is due after its backoff: due now.
+        m.execute("select 1")
+    with db.connect() as admin:
+        admin.execute("update awa.scheduled set run_at = now() - interval '1 s'")
+    with db.connect(logins.maintenance) as m:
+        assert m.execute("select awa.promote_due()").fetchone()[0] == 2
+        m.execute("select awa.sample_lane_contention()")
+        m.execute("select awa.rotate_running()")
+        m.execute("select awa.prune_finished()")
+        m.execute("select awa.compact_lane_hints()")
+        m.execute("select awa.retire_lanes()")
+    with db.connect(logins.operator) as op:
+        assert op.execute("select state from awa.job(%s)", [j1]).fetchone()[0] == "completed"
+        assert op.execute("select state from awa.job(%s)", [j2]).fetchone()[0] == "ready"
+        assert op.execute("select awa.cancel_job(%s)", [j2]).fetchone()[0]
+        assert op.execute("select awa.retry_job(%s)", [j2]).fetchone()[0]
+        found = op.execute("select count(*) from awa.jobs(%s)", [queue]).fetchone()[0]
+        assert found == 11
+    with db.connect(logins.worker) as w:
+        again = claim(w, [queue], 100)
+        assert sorted(j[0] for j in again) == sorted([j2, j3])
+        for job_id, lease, *_ in again:
+            assert w.execute("select awa.complete(%s, %s)", [job_id, lease]).fetchone()[0]
+    with db.connect(logins.reader) as r:
+        counts = r.execute("select ready, running from awa.queue_counts(%s)",
+                           [queue]).fetchone()
+        assert counts == (0, 0)
+
+
+def test_lane_ids_at_the_top_of_int4(db, logins, su):
+    next_value(su, LANE_IDS, INT4_MAX - 19)
+    with db.connect(logins.operator) as op:
+        rows = op.execute("select * from awa.set_enqueue_shards('top', 4)").fetchall()
+        assert rows == [("top", 1, 4, 16)]
+    lanes = su.execute("select min(lane_id), max(lane_id) from awa.lanes l"
+                       " join awa.queue_meta m using (queue_id) where m.queue = 'top'"
+                       ).fetchone()
+    assert lanes == (INT4_MAX - 19, INT4_MAX - 4)
+    exercise(db, logins, "top")
+
+
+def test_queue_ids_at_the_top_of_int4(db, logins, su):
+    next_value(su, QUEUE_IDS, INT4_MAX)
+    exercise(db, logins, "last")
+    assert su.execute("select queue_id from awa.queue_meta where queue = 'last'"
+                      ).fetchone()[0] == INT4_MAX
+
+
+def test_job_ids_leases_and_lane_positions_past_int4_and_2_53(db, logins, su):
+    big = 2**62
+    next_value(su, "awa.job_id_seq", big)
+    next_value(su, "awa.run_lease_seq", big)
+    with db.connect(logins.operator) as op:
+        op.execute("select awa.set_enqueue_shards('wide', 2)")
+    for (seq,) in su.execute("select seq::text from awa.lanes").fetchall():
+        next_value(su, seq, big)
+    exercise(db, logins, "wide")
+
+
+def tick(m) -> tuple:
+    """One tick of the auto-scaler: its one decision's id, action, reason code
+    and repeats."""
+    return m.execute("select decision_id, action, reason_code, repeats"
+                     " from awa.autoscale_tick()").fetchone()
+
+
+def test_a_hold_repeated_int4_times_starts_a_new_row(db, logins, su):
+    """A held decision folds its repeats into one row (ADR 008): a queue held
+    for long enough filled the int4 count, and every tick after, for every
+    queue, failed on it (22003). The full row stays; the next hold starts
+    one of its own."""
+    with db.connect(logins.producer) as p:
+        enqueue(p, "calm")
+    with db.connect(logins.operator) as op:
+        shards.set_shard_mode(op, "calm", "auto", 4)
+        op.execute("select awa.set_autoscale_policy('calm', cooldown => interval '0',"
+                   " min_samples => 1)")
+    with db.connect(logins.maintenance) as m:
+        first = tick(m)
+        su.execute("update awa.autoscale_decisions set repeats = %s - 1", [INT4_MAX])
+        assert tick(m) == (*first[:3], INT4_MAX)
+        again = tick(m)
+        assert tick(m) == (*again[:3], 2)
+    assert first[1] == "held" and again[1:] == (*first[1:3], 1)
+    rows = su.execute("select decision_id, repeats from awa.autoscale_decisions"
+                      " order by decision_id").fetchall()
+    assert rows == [(first[0], INT4_MAX), (again[0], 2)]
