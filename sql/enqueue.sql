@@ -48,7 +48,7 @@
 --   awa._default_args, awa._ensure_queue, awa._first_attempt, awa._in_turn, awa._insert_jobs,
 --   awa._job_ok, awa._key_shard, awa._lane_memo_name, awa._lane_wait_total, awa._lock_class_lane,
 --   awa._mark_unique_jobs, awa._ordering_key_ok, awa._route_queue, awa._run_at_ok, awa._sticky,
---   awa._sticky_ok, awa._take_lane, awa._take_unique_keys
+--   awa._sticky_ok, awa._take_lane, awa._take_unique_keys, awa._unique_ok
 -- Writes: awa.ready, awa.scheduled
 create or replace function awa.enqueue(
     queue text,
@@ -168,6 +168,10 @@ begin
             if not awa._run_at_ok(run_at) then
                 perform awa._check_run_at('run_at', run_at);
             end if;
+            -- Before a queue is created: its ids are not given back.
+            if not awa._unique_ok(unique_key, unique_window) then
+                perform awa._check_unique(unique_key, unique_window);
+            end if;
             if not found or (run_at is not null and run_at > now()) then
                 -- A stripe's own name ('q#1') never gets here: awa._job_ok refuses '#'.
                 select m.queue_id, m.enqueue_shards, m.lane_ids, m.lane_seqs, m.queue
@@ -179,7 +183,6 @@ begin
                 -- held by another job, this call is its duplicate; else the job,
                 -- with the id it took the key for, goes the general insert's way
                 -- (into a lane, or awa.scheduled for later).
-                perform awa._check_unique(unique_key, unique_window);
                 new_job := nextval('awa.job_id_seq');
                 select d.job_id, m.queue, d.priority into new_seq, memo, shard
                   from awa._take_unique_keys(

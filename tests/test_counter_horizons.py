@@ -153,3 +153,30 @@ def test_a_hold_repeated_int4_times_starts_a_new_row(db, logins, su):
     rows = su.execute("select decision_id, repeats from awa.autoscale_decisions"
                       " order by decision_id").fetchall()
     assert rows == [(first[0], INT4_MAX), (again[0], 2)]
+
+
+def ids_used(su) -> tuple:
+    """How far the lane id and queue id sequences have gone, and how many
+    sequences exist."""
+    return su.execute(
+        "select pg_sequence_last_value(%s), pg_sequence_last_value(%s),"
+        " (select count(*) from pg_class where relkind = 'S')",
+        [LANE_IDS, QUEUE_IDS]).fetchone()
+
+
+@pytest.mark.parametrize("unique", [
+    "unique_key => 'k'::bytea, unique_window => interval '-1 s'",
+    "unique_key => ''::bytea",
+    "unique_window => interval '1 hour'",
+])
+def test_an_enqueue_refused_for_its_unique_key_uses_up_no_ids(db, logins, su, unique):
+    """Lane and queue ids are never given back, and a rolled-back creation of
+    a queue uses up its four lane ids. An enqueue to a new name created the
+    queue before it checked its unique key: a producer retrying such a call
+    used up four lane ids a try (at 100 tries a second, all of them in 62
+    days). It is refused first now."""
+    before = ids_used(su)
+    with db.connect(logins.producer) as p:
+        assert refused(p, f"select awa.enqueue('fresh', 'k', {unique})").sqlstate == "22023"
+    assert ids_used(su) == before
+
