@@ -4788,10 +4788,14 @@ begin
             perform awa._lock_leader('provisioning');
             perform awa._provision_lanes(meta.queue_id, shards);
         end if;
-        -- Lanes this transaction created, a new queue's first four included.
+        -- Lanes this transaction created, a new queue's first four included:
+        -- by xmin, a 32-bit id, which comes round again every 2^32
+        -- transactions (a frozen row keeps it), and by the transaction's
+        -- start, which does not.
         select count(*)::integer into created
           from awa.lanes as l
-         where l.queue_id = meta.queue_id and l.xmin = pg_current_xact_id()::xid;
+         where l.queue_id = meta.queue_id and l.xmin = pg_current_xact_id()::xid
+           and l.created_at = now();
         lanes_created := created;
         if shards <> meta.enqueue_shards then
             update awa.queue_meta as m

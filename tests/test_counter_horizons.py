@@ -10,10 +10,16 @@ the values ten years of a busy installation, or far more, would have left.
 
 from __future__ import annotations
 
+import shutil
+
 import psycopg
 import pytest
 
-from awa_sql import shards
+from awa_sql import migrate, shards
+from awa_sql.demo import embedded
+from awa_sql.roles import Roles
+from tests.support import pgtools, scratch
+from tests.support.cluster import ensure_binaries
 from tests.support.jobs import COPY_SQL, claim, enqueue
 
 INT4_MAX = 2**31 - 1
@@ -180,3 +186,50 @@ def test_an_enqueue_refused_for_its_unique_key_uses_up_no_ids(db, logins, su, un
         assert refused(p, f"select awa.enqueue('fresh', 'k', {unique})").sqlstate == "22023"
     assert ids_used(su) == before
 
+
+def test_lanes_made_2_32_transactions_before_are_not_counted_as_made_now():
+    """A change of S counts the lanes its transaction made by their xmin, a
+    32-bit id: at 10,000 jobs a second the ids go round every 40 hours or
+    so, and a frozen row keeps its raw xmin. A queue's lanes made 2^32
+    transactions before counted as made by the change. Reached with
+    pg_resetwal on a server of its own: every row frozen, the next id set
+    back to the one that made the lanes, in the next epoch."""
+    tools = pgtools.client_bin(18, ("pg_resetwal",))
+    if pgtools._major(tools, "pg_resetwal") != 18:
+        pytest.skip("needs PostgreSQL 18's pg_resetwal for the suite's 18 server")
+    workdir = scratch.mkdtemp("awa-sql-wrap-")
+    server = embedded.LocalServer(ensure_binaries(18), workdir / "pg18",
+                                  settings={"autovacuum": "off", "fsync": "off"})
+    try:
+        server.start()
+        with psycopg.connect(server.dsn(), autocommit=True) as conn:
+            conn.execute("create database wrap")
+        with psycopg.connect(server.dsn(dbname="wrap"), autocommit=True) as conn:
+            migrate.migrate(conn, Roles(), create_roles=True, log=lambda _line: None)
+            for i in range(20):  # one transaction each
+                conn.execute("select awa.set_enqueue_shards(%s, 1)", [f"q{i}"])
+            made = dict(conn.execute(
+                "select distinct l.xmin::text::bigint, m.queue from awa.lanes as l"
+                " join awa.queue_meta as m using (queue_id)").fetchall())
+            assert len(made) == 20
+        for dbname in ("wrap", "postgres", "template1"):
+            with psycopg.connect(server.dsn(dbname=dbname), autocommit=True) as conn:
+                conn.execute("vacuum freeze")
+        with psycopg.connect(server.dsn(), autocommit=True) as conn:
+            conn.execute("checkpoint")
+        server.stop()
+        server._run(str(tools / "pg_resetwal"), "--epoch", "1",
+                    "--next-transaction-id", str(min(made)), str(server.data_dir))
+        server.start()
+        with psycopg.connect(server.dsn(dbname="wrap")) as conn:
+            xid = conn.execute("select pg_current_xact_id()::text::bigint").fetchone()[0]
+            assert xid >> 32 == 1 and xid % 2**32 in made
+            queue = made[xid % 2**32]
+            assert conn.execute("select lanes_created from awa.set_enqueue_shards(%s, 2)",
+                                [queue]).fetchone()[0] == 4
+            conn.commit()
+            assert conn.execute("select lanes_created from awa.shard_changes"
+                                " where queue = %s", [queue]).fetchone()[0] == 4
+    finally:
+        server.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
