@@ -497,6 +497,9 @@ $$;
 -- (the shards they span, which a claim walks); and the
 -- queue's terminal counters (awa._provision_counters) when it has none.
 -- Returns how many lanes it created. The caller holds the provisioning lock.
+-- Errors: 2200H fewer lane ids left (an int4, never given back) than the
+--   lanes it needs, before it makes any (docs/operations.md, "Counters and
+--   their horizons").
 -- Calls: awa._count_lane_shards, awa._lane_seq_name, awa._provision_counters
 -- Writes: awa.lanes, awa.queue_meta
 create or replace function awa._provision_lanes(queue_id integer, shards integer)
@@ -510,30 +513,49 @@ declare
     new_seq regclass;
     ids integer[];
     seqs regclass[];
-    missing record;
+    need_p smallint[];
+    need_s smallint[];
+    ids_left bigint;
+    top bigint;
 begin
     select m.lane_ids, m.lane_seqs into strict ids, seqs
       from awa.queue_meta as m where m.queue_id = _provision_lanes.queue_id;
-    for missing in
-        select p.priority::smallint as priority, s.shard::smallint as shard
-          from generate_series(1, 4) as p (priority)
-         cross join generate_series(0, shards - 1) as s (shard)
-         where not exists (
-             select from awa.lanes as l
-              where l.queue_id = _provision_lanes.queue_id
-                and l.priority = p.priority
-                and l.shard = s.shard
-         )
-         order by p.priority, s.shard
-    loop
-        new_id := nextval(pg_get_serial_sequence('awa.lanes', 'lane_id')::regclass);
+    select coalesce(array_agg(p.priority::smallint order by p.priority, s.shard), '{}'),
+           coalesce(array_agg(s.shard::smallint order by p.priority, s.shard), '{}')
+      into need_p, need_s
+      from generate_series(1, 4) as p (priority)
+     cross join generate_series(0, shards - 1) as s (shard)
+     where not exists (
+         select from awa.lanes as l
+          where l.queue_id = _provision_lanes.queue_id
+            and l.priority = p.priority
+            and l.shard = s.shard
+     );
+    -- All or none, and said so: the identity's own error came at the lane
+    -- past its last id, naming a sequence, not what ran out. Read from the
+    -- sequence itself: pg_sequence_last_value is null after a restart.
+    select q.seqmax - (n.last_value - case when n.is_called then 0 else 1 end), q.seqmax
+      into strict ids_left, top
+      from awa.lanes_lane_id_seq as n
+     cross join pg_sequence as q
+     where q.seqrelid = 'awa.lanes_lane_id_seq'::regclass;
+    if cardinality(need_p) > ids_left then
+        raise exception 'lane ids used up: % more lanes needed, % of the lane ids up to % left',
+            cardinality(need_p), ids_left, top
+            using errcode = '2200H',
+                  hint = 'Lane ids are never given back: every lane a queue gets takes one, '
+                         'in a transaction that rolls back too. No queue can be created, '
+                         'nor S raised past the shards a queue has had.';
+    end if;
+    for i in 1 .. cardinality(need_p) loop
+        new_id := nextval('awa.lanes_lane_id_seq');
         execute format('create sequence awa.%I as bigint', awa._lane_seq_name(new_id));
         new_seq := format('awa.%I', awa._lane_seq_name(new_id))::regclass;
         insert into awa.lanes (lane_id, queue_id, priority, shard, seq)
         overriding system value
-        values (new_id, _provision_lanes.queue_id, missing.priority, missing.shard, new_seq);
-        ids[missing.priority][missing.shard] := new_id;
-        seqs[missing.priority][missing.shard] := new_seq;
+        values (new_id, _provision_lanes.queue_id, need_p[i], need_s[i], new_seq);
+        ids[need_p[i]][need_s[i]] := new_id;
+        seqs[need_p[i]][need_s[i]] := new_seq;
         created := created + 1;
     end loop;
     if created > 0 then

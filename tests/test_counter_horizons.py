@@ -187,6 +187,51 @@ def test_an_enqueue_refused_for_its_unique_key_uses_up_no_ids(db, logins, su, un
     assert ids_used(su) == before
 
 
+def test_lane_ids_run_out_with_a_clear_error_and_nothing_made(db, logins, su):
+    """The last lane ids: a raise of S, a partition or a new queue that needs
+    more lanes than there are ids left is refused before it makes any
+    (2200H, naming what it needs and what is left); what fits still goes."""
+    with db.connect(logins.operator) as op:
+        op.execute("select awa.set_enqueue_shards('full', 2)")
+    next_value(su, LANE_IDS, INT4_MAX - 5)  # six left
+
+    def used_up(conn, call: str, needs: int, left: int) -> None:
+        err = refused(conn, call)
+        assert (err.sqlstate, err.diag.message_primary) == (
+            "2200H", f"lane ids used up: {needs} more lanes needed, {left} of the lane ids"
+                     f" up to {INT4_MAX} left")
+        assert "never given back" in err.diag.message_hint
+
+    with db.connect(logins.operator) as op, db.connect(logins.producer) as p:
+        before = ids_used(su)
+        used_up(op, "select awa.set_enqueue_shards('full', 4)", 8, 6)
+        used_up(op, "select awa.set_queue_partitions('full', 3)", 8, 6)  # the first one's
+        # No lane id taken, no sequence made (a partition's row took its
+        # queue id before: queue ids outlast lane ids four times over).
+        assert ids_used(su)[0::2] == before[0::2]
+        enqueue(p, "new")  # four fit
+        used_up(p, "select awa.enqueue_batch(array['other'], array['k'])", 4, 2)
+        used_up(p, "select awa.enqueue('other', 'k')", 4, 2)
+    assert su.execute("select count(*), max(lane_id) from awa.lanes").fetchone() == (
+        12, INT4_MAX - 2)
+    assert su.execute("select count(*) from awa.queue_meta").fetchone()[0] == 2
+
+
+def test_queue_ids_run_out_with_the_sequences_error(db, logins, su):
+    """Every queue takes four lane ids or more and one queue id: lane ids
+    run out first. Past the last queue id, the identity's own error."""
+    next_value(su, QUEUE_IDS, INT4_MAX)
+    with db.connect(logins.producer) as p:
+        enqueue(p, "last")
+        before = ids_used(su)
+        err = refused(p, "select awa.enqueue('another', 'k')")
+    assert (err.sqlstate, err.diag.message_primary) == (
+        "2200H", 'nextval: reached maximum value of sequence "queue_meta_queue_id_seq"'
+                 f" ({INT4_MAX})")
+    assert ids_used(su) == before
+    assert su.execute("select queues from awa.queue_limit").fetchone()[0] == 1
+
+
 def test_lanes_made_2_32_transactions_before_are_not_counted_as_made_now():
     """A change of S counts the lanes its transaction made by their xmin, a
     32-bit id: at 10,000 jobs a second the ids go round every 40 hours or
