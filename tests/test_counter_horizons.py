@@ -10,6 +10,7 @@ the values ten years of a busy installation, or far more, would have left.
 
 from __future__ import annotations
 
+import os
 import shutil
 
 import psycopg
@@ -232,49 +233,103 @@ def test_queue_ids_run_out_with_the_sequences_error(db, logins, su):
     assert su.execute("select queues from awa.queue_limit").fetchone()[0] == 1
 
 
-def test_lanes_made_2_32_transactions_before_are_not_counted_as_made_now():
-    """A change of S counts the lanes its transaction made by their xmin, a
-    32-bit id: at 10,000 jobs a second the ids go round every 40 hours or
-    so, and a frozen row keeps its raw xmin. A queue's lanes made 2^32
-    transactions before counted as made by the change. Reached with
-    pg_resetwal on a server of its own: every row frozen, the next id set
-    back to the one that made the lanes, in the next epoch."""
+class OwnServer:
+    """A PostgreSQL 18 server of a test's own, database wrap migrated, whose
+    transaction ids can be moved (reset): every row frozen, then
+    pg_resetwal sets the next id and its epoch."""
+
+    def __init__(self, workdir, tools):
+        self.tools = tools
+        self.server = embedded.LocalServer(ensure_binaries(18), workdir / "pg18",
+                                           settings={"autovacuum": "off", "fsync": "off"})
+        self.server.start()
+        with psycopg.connect(self.server.dsn(), autocommit=True) as conn:
+            conn.execute("create database wrap")
+        with self.connect() as conn:
+            migrate.migrate(conn, Roles(), create_roles=True, log=lambda _line: None)
+
+    def connect(self, autocommit: bool = True) -> psycopg.Connection:
+        return psycopg.connect(self.server.dsn(dbname="wrap"), autocommit=autocommit)
+
+    def reset(self, epoch: int, xid: int) -> None:
+        for dbname in ("wrap", "postgres", "template1"):
+            with psycopg.connect(self.server.dsn(dbname=dbname), autocommit=True) as conn:
+                conn.execute("vacuum freeze")
+        with psycopg.connect(self.server.dsn(), autocommit=True) as conn:
+            conn.execute("checkpoint")
+        self.server.stop()
+        # The commit log's segment of the new id (2^20 ids a file), zeroed
+        # when no transaction reached it yet.
+        segment = self.server.data_dir / "pg_xact" / f"{xid >> 20:04X}"
+        if not segment.exists():
+            segment.write_bytes(bytes(2**20 // 4))  # two status bits an id
+            if user := embedded.server_os_user():
+                os.chown(segment, user.pw_uid, user.pw_gid)
+            segment.chmod(0o600)
+        self.server._run(str(self.tools / "pg_resetwal"), "--epoch", str(epoch),
+                         "--next-transaction-id", str(xid), str(self.server.data_dir))
+        self.server.start()
+
+
+@pytest.fixture
+def own_server():
     tools = pgtools.client_bin(18, ("pg_resetwal",))
     if pgtools._major(tools, "pg_resetwal") != 18:
         pytest.skip("needs PostgreSQL 18's pg_resetwal for the suite's 18 server")
-    workdir = scratch.mkdtemp("awa-sql-wrap-")
-    server = embedded.LocalServer(ensure_binaries(18), workdir / "pg18",
-                                  settings={"autovacuum": "off", "fsync": "off"})
+    workdir = scratch.mkdtemp("awa-sql-xids-")
+    own = None
     try:
-        server.start()
-        with psycopg.connect(server.dsn(), autocommit=True) as conn:
-            conn.execute("create database wrap")
-        with psycopg.connect(server.dsn(dbname="wrap"), autocommit=True) as conn:
-            migrate.migrate(conn, Roles(), create_roles=True, log=lambda _line: None)
-            for i in range(20):  # one transaction each
-                conn.execute("select awa.set_enqueue_shards(%s, 1)", [f"q{i}"])
-            made = dict(conn.execute(
-                "select distinct l.xmin::text::bigint, m.queue from awa.lanes as l"
-                " join awa.queue_meta as m using (queue_id)").fetchall())
-            assert len(made) == 20
-        for dbname in ("wrap", "postgres", "template1"):
-            with psycopg.connect(server.dsn(dbname=dbname), autocommit=True) as conn:
-                conn.execute("vacuum freeze")
-        with psycopg.connect(server.dsn(), autocommit=True) as conn:
-            conn.execute("checkpoint")
-        server.stop()
-        server._run(str(tools / "pg_resetwal"), "--epoch", "1",
-                    "--next-transaction-id", str(min(made)), str(server.data_dir))
-        server.start()
-        with psycopg.connect(server.dsn(dbname="wrap")) as conn:
-            xid = conn.execute("select pg_current_xact_id()::text::bigint").fetchone()[0]
-            assert xid >> 32 == 1 and xid % 2**32 in made
-            queue = made[xid % 2**32]
-            assert conn.execute("select lanes_created from awa.set_enqueue_shards(%s, 2)",
-                                [queue]).fetchone()[0] == 4
-            conn.commit()
-            assert conn.execute("select lanes_created from awa.shard_changes"
-                                " where queue = %s", [queue]).fetchone()[0] == 4
+        own = OwnServer(workdir, tools)
+        yield own
     finally:
-        server.stop()
+        if own is not None:
+            own.server.stop()
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def test_lanes_made_2_32_transactions_before_are_not_counted_as_made_now(own_server):
+    """A change of S counts the lanes its transaction made by their xmin, a
+    32-bit id: at 10,000 jobs a second the ids go round every 40 hours or
+    so, and a frozen row keeps its raw xmin. A queue's lanes made 2^32
+    transactions before counted as made by the change. The next id is set
+    back to the one that made the lanes, in the next epoch."""
+    with own_server.connect() as conn:
+        for i in range(20):  # one transaction each
+            conn.execute("select awa.set_enqueue_shards(%s, 1)", [f"q{i}"])
+        made = dict(conn.execute(
+            "select distinct l.xmin::text::bigint, m.queue from awa.lanes as l"
+            " join awa.queue_meta as m using (queue_id)").fetchall())
+    assert len(made) == 20
+    own_server.reset(1, min(made))
+    with own_server.connect(autocommit=False) as conn:
+        xid = conn.execute("select pg_current_xact_id()::text::bigint").fetchone()[0]
+        assert xid >> 32 == 1 and xid % 2**32 in made
+        queue = made[xid % 2**32]
+        assert conn.execute("select lanes_created from awa.set_enqueue_shards(%s, 2)",
+                            [queue]).fetchone()[0] == 4
+        conn.commit()
+        assert conn.execute("select lanes_created from awa.shard_changes"
+                            " where queue = %s", [queue]).fetchone()[0] == 4
+
+
+def test_a_snapshot_from_before_the_ids_went_round_is_widened_to_its_epoch(own_server):
+    """awa._oldest_snapshot widens another session's 32-bit backend_xmin to an
+    xid8 by its distance from the next id (awa.retire_lanes and
+    awa.finish_drops compare it with a change's or a drop's xid8): a
+    snapshot taken just before the 32-bit ids went round is the epoch
+    before the next id's, and a change made after it is not before it."""
+    own_server.reset(0, 2**32 - 8)
+    with own_server.connect(autocommit=False) as holder, own_server.connect() as other:
+        holder.execute("set transaction isolation level repeatable read")
+        held = holder.execute(
+            "select pg_snapshot_xmin(pg_current_snapshot())::text::bigint").fetchone()[0]
+        for _ in range(12):
+            other.execute("select pg_current_xact_id()")  # a transaction each
+        after = other.execute("select pg_current_xact_id()::text::bigint").fetchone()[0]
+        assert held < 2**32 < after
+        assert other.execute("select awa._oldest_snapshot()::text::bigint"
+                             ).fetchone()[0] == held
+        assert other.execute("select awa._before_every_snapshot(%s::text::xid8,"
+                             " awa._oldest_snapshot())", [after]).fetchone()[0] is False
+        holder.rollback()
+        assert other.execute("select awa._oldest_snapshot()").fetchone()[0] is None
