@@ -1,0 +1,512 @@
+"""Crash recovery, on real PostgreSQL 17 and 18: a server of the module's own
+(tests/support/crash.py) is stopped in immediate mode, or loses one backend
+to SIGKILL in the middle of a maintenance step (the postmaster then ends
+every backend and recovers). After the restart: every enqueue whose commit
+the client saw is there exactly once and nothing uncommitted is; every
+complete and fail that committed stayed; a job that was running is rescued
+when its lease runs out and completes once; the claim hints (unlogged) are
+gone and the sequences may have jumped, and claims still take each lane in
+order, skipping nothing; the next pass of the interrupted step finishes it;
+`awa status --check` is clean; the Python Worker and Producer carry on by
+themselves."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from psycopg.types.json import Jsonb
+
+from awa_sql import maintain
+from tests.support.crash import CrashServer, Hold, Step, crash_server, drop_holds
+from tests.support.dead_rows import NO_LANE, junk
+from tests.support.jobs import COPY_SQL
+from tests.support.waiting import wait_until
+
+ROLES = ("awa_producer", "awa_worker", "awa_maintenance", "awa_operator")
+
+
+@pytest.fixture(scope="module", params=[
+    pytest.param(17, marks=pytest.mark.pg17, id="pg17"),
+    pytest.param(18, marks=pytest.mark.pg18, id="pg18"),
+])
+def server(request) -> Iterator[CrashServer]:
+    with crash_server(request.param) as s:
+        yield s
+
+
+class Db:
+    """One database of the crash server, and a login per runtime role."""
+
+    def __init__(self, server: CrashServer):
+        self.server = server
+        self.name = server.new_database()
+        self.login = dict(zip(ROLES, (server.login(r) for r in ROLES), strict=True))
+
+    def dsn(self, role: str | None = None) -> str:
+        return self.server.dsn(self.name, self.login[role] if role else None)
+
+    def connect(self, role: str | None = None, autocommit: bool = True) -> psycopg.Connection:
+        return psycopg.connect(self.dsn(role), autocommit=autocommit)
+
+
+@pytest.fixture
+def db(server) -> Db:
+    return Db(server)
+
+
+# -- reading the state -----------------------------------------------------------------
+
+WHERE = """
+    select job_id, 'ready' as state, attempt from awa.ready
+    union all select job_id, 'scheduled', attempt from awa.scheduled
+    union all select job_id, 'running', attempt from awa.running
+    union all select job_id, state, attempt from awa.finished
+"""
+
+
+def places(conn: psycopg.Connection) -> dict[int, list[tuple[str, int]]]:
+    """Every job's rows, by job id: one each, unless something went wrong."""
+    out: dict[int, list[tuple[str, int]]] = {}
+    for job_id, state, attempt in conn.execute(WHERE).fetchall():
+        out.setdefault(job_id, []).append((state, attempt))
+    return out
+
+
+def copied_ids(conn: psycopg.Connection, tag: str) -> list[int]:
+    return [r[0] for r in conn.execute(
+        "select job_id from awa.ready where args->>'tag' = %s order by (args->>'i')::int",
+        [tag]).fetchall()]
+
+
+def copy_jobs(conn: psycopg.Connection, queue: str, tag: str, n: int) -> None:
+    with conn.cursor().copy(COPY_SQL) as cp:
+        for i in range(n):
+            cp.write_row((queue, None, None, "job", Jsonb({"tag": tag, "i": i}), None, None))
+
+
+def claim(conn: psycopg.Connection, queue: str, n: int, lease: str = "5 minutes") -> list:
+    return conn.execute(
+        "select job_id, run_lease, attempt, lane_seq from awa.claim(%s::text[], %s, 'w',"
+        " %s::interval)", [[queue], n, lease]).fetchall()
+
+
+def awa_status_check(db: Db) -> tuple[int, str]:
+    """`awa status --check` as the superuser: its exit code and output."""
+    env = {**os.environ, "AWA_DATABASE_URL": db.dsn()}
+    env.pop("DATABASE_URL", None)
+    done = subprocess.run([sys.executable, "-m", "awa_sql", "status", "--check"], env=env,
+                          capture_output=True, text=True, timeout=120, check=False,
+                          stdin=subprocess.DEVNULL)
+    return done.returncode, done.stdout + done.stderr
+
+
+# -- an immediate stop with every kind of work in flight ---------------------------------
+
+
+def test_an_immediate_stop_keeps_every_commit_and_nothing_else_and_the_lanes_go_on(db):
+    """Producers (single, batch, COPY), workers (claim, complete, fail with a
+    retry, heartbeat) and an open transaction of each kind at the crash."""
+    p = db.connect("awa_producer", autocommit=False)
+    w = db.connect("awa_worker")
+    op = db.connect("awa_operator")
+    acked: list[int] = []  # in enqueue order: one lane (S = 1, one priority)
+    for i in range(150):
+        acked.append(p.execute("select job_id from awa.enqueue('fifo', 'job', %s)",
+                               [Jsonb({"i": i})]).fetchone()[0])
+        p.commit()
+    acked += [r[0] for r in p.execute(
+        "select job_id from awa.enqueue_batch(array_fill('fifo'::text, array[100]),"
+        " array_fill('job'::text, array[100]))").fetchall()]
+    p.commit()
+    copy_jobs(p, "fifo", "copied", 100)
+    p.commit()
+    with db.connect() as su:
+        acked += copied_ids(su, "copied")
+    assert len(acked) == 350
+
+    # Workers: 120 claimed in small claims (the lane's hint moves), 100 of
+    # them completed, 10 failed with a retry due at once, 10 left running:
+    # 5 heartbeated for long, 5 with a lease of 2 s.
+    taken = []
+    while len(taken) < 120:
+        taken += claim(w, "fifo", min(7, 120 - len(taken)))
+    assert [t[0] for t in taken] == acked[:120]
+    for job_id, lease, *_ in taken[:100]:
+        assert w.execute("select awa.complete(%s, %s)", [job_id, lease]).fetchone()[0]
+    for job_id, lease, *_ in taken[100:110]:
+        assert w.execute("select awa.fail(%s, %s, 'again', retry_at => now())",
+                         [job_id, lease]).fetchone()[0]
+    for job_id, lease, *_ in taken[110:115]:
+        assert w.execute("select awa.heartbeat(%s, %s, interval '1 hour')",
+                         [job_id, lease]).fetchone()[0]
+    for job_id, lease, *_ in taken[115:120]:
+        assert w.execute("select awa.heartbeat(%s, %s, interval '2 seconds')",
+                         [job_id, lease]).fetchone()[0]
+
+    # In flight at the crash, none committed: an enqueue, a COPY, a claim,
+    # a complete.
+    with db.connect() as su:
+        before = su.execute(
+            "select (select count(*) from awa.lane_hints),"
+            " (select max(lane_seq) from awa.ready),"
+            " (select completed from awa._finished_totals("
+            "   (select queue_id from awa.queue_meta where queue = 'fifo')))").fetchone()
+    assert before[0] > 0, "the claims left a hint to lose"
+    open_enqueue = db.connect("awa_producer", autocommit=False)
+    open_enqueue.execute("select awa.enqueue('fifo', 'lost')")
+    open_copy = db.connect("awa_producer", autocommit=False)
+    copy_jobs(open_copy, "fifo", "lost", 50)
+    open_claim = db.connect("awa_worker", autocommit=False)
+    assert claim(open_claim, "fifo", 3)
+    open_complete = db.connect("awa_worker", autocommit=False)
+    job_id, lease, *_ = taken[110]
+    assert open_complete.execute("select awa.complete(%s, %s)", [job_id, lease]).fetchone()[0]
+
+    db.server.stop_immediately_and_start()
+    for conn in (p, w, op, open_enqueue, open_copy, open_claim, open_complete):
+        conn.close()
+
+    with db.connect() as su:
+        where = places(su)
+        assert sorted(where) == sorted(acked), "exactly the acknowledged jobs"
+        assert all(len(rows) == 1 for rows in where.values()), "each job once"
+        assert {where[j][0] for j, *_ in taken[:100]} == {("completed", 1)}
+        assert {where[j][0] for j, *_ in taken[100:110]} == {("scheduled", 1)}
+        assert {where[j][0] for j, *_ in taken[110:120]} == {("running", 1)}
+        assert copied_ids(su, "lost") == []
+        assert su.execute("select count(*) from awa.lane_hints").fetchone()[0] == 0
+        assert su.execute("select count(*) from awa.copy_staging").fetchone()[0] == 0
+        completed = su.execute(
+            "select completed from awa._finished_totals("
+            " (select queue_id from awa.queue_meta where queue = 'fifo'))").fetchone()[0]
+        assert completed >= 100
+
+    # The lane goes on after the jump of its sequence: new jobs come after
+    # the old, and a claim takes them all in order from the lane's start.
+    p = db.connect("awa_producer")
+    later = [p.execute("select job_id, lane_seq from awa.enqueue('fifo', 'job')").fetchone()
+             for _ in range(30)]
+    assert later[0][1] > before[1]
+    w = db.connect("awa_worker")
+    order = []
+    while batch := claim(w, "fifo", 9):
+        order += [j for j, *_ in batch]
+        w.execute("select count(awa.complete(j, l)) from unnest(%s::bigint[], %s::bigint[])"
+                  " as x(j, l)", [[b[0] for b in batch], [b[1] for b in batch]])
+    assert order == acked[120:] + [j for j, _ in later]
+    gap = later[0][1] - before[1]
+
+    # The runs of before the crash: the heartbeated ones complete; the
+    # others are rescued once their lease runs out, and complete once; the
+    # failed ones come back for their retry.
+    for job_id, lease, *_ in taken[110:115]:
+        assert w.execute("select awa.complete(%s, %s)", [job_id, lease]).fetchone()[0]
+    m, su = db.connect("awa_maintenance"), db.connect()
+    wait_until(lambda: su.execute("select count(*) from awa.running where lease_expires_at < now()"
+                                  ).fetchone()[0] == 5, 30, "the short leases to run out")
+    assert m.execute("select awa.rescue_expired()").fetchone()[0] == 5
+    wait_until(lambda: m.execute("select awa.promote_due()").fetchone()[0] > 0 and
+               su.execute("select count(*) from awa.scheduled").fetchone()[0] == 0, 30,
+               "the retries to come due")
+    again = []
+    while batch := claim(w, "fifo", 9):
+        again += batch
+    for job_id, lease, attempt, _ in again:
+        assert attempt == 2
+        assert w.execute("select awa.complete(%s, %s)", [job_id, lease]).fetchone()[0]
+    with db.connect() as su:
+        where = places(su)
+        assert all(rows == [("completed", 1)] or rows == [("completed", 2)]
+                   for rows in where.values()), where
+        assert len(where) == len(acked) + len(later)
+    assert gap >= 1
+    code, out = awa_status_check(db)
+    assert code == 0, out
+
+
+# -- SIGKILL of a backend in the middle of a maintenance step -----------------------------
+
+
+def run_pass(conn: psycopg.Connection, name: str) -> int:
+    """One pass of `awa maintain`'s task ``name``, as its loop makes it: the
+    prologue, the pass lock, the call, in one transaction."""
+    task = next(t for t in maintain.TASKS if t.name == name)
+    with conn.transaction():
+        conn.execute(maintain.PROLOGUE, ["10s", task.function, maintain.LOCK_FUNCTION])
+        assert conn.execute(maintain.TAKE_LOCK, [name]).fetchone()[0]
+        return task.call(conn)[0]
+
+
+def complete_all(w: psycopg.Connection, jobs: list) -> None:
+    for job_id, lease, *_ in jobs:
+        assert w.execute("select awa.complete(%s, %s)", [job_id, lease]).fetchone()[0]
+
+
+def backlog(db: Db, queue: str, n: int) -> None:
+    with db.connect("awa_producer") as p:
+        p.execute("select awa.enqueue_batch(array_fill(%s::text, array[%s]),"
+                  " array_fill('job'::text, array[%s]))", [queue, n, n])
+
+
+class Scenario:
+    """A step with work to do, the table and event its hold goes on, and
+    what the test checks once the crash has undone it and once the next
+    pass has done it."""
+
+    task: str
+    table: str
+    event: str
+
+    def __init__(self, db: Db):
+        self.db = db
+
+    def prepare(self) -> None: ...
+
+    def undone(self, su: psycopg.Connection) -> None: ...
+
+    def done(self, su: psycopg.Connection, handled: int) -> None: ...
+
+
+def ready_rows(su: psycopg.Connection) -> list:
+    return su.execute("select lane_id, lane_seq, job_id, attempt from awa.ready"
+                      " where lane_id <> %s order by lane_id, lane_seq",
+                      [NO_LANE]).fetchall()
+
+
+class ReadyRewrite(Scenario):
+    """awa.compact_ready, held right after its TRUNCATE of awa.ready: the
+    live rows are then only in the unlogged awa.ready_rewrite."""
+
+    task, table, event = "ready_rewrite", "awa.ready", "truncate"
+
+    def prepare(self) -> None:
+        backlog(self.db, "rw", 300)
+        with self.db.connect("awa_worker") as w:
+            complete_all(w, claim(w, "rw", 100))
+        self.snapshot = self.db.connect(autocommit=False)  # no vacuum of the dead rows
+        self.snapshot.execute("set transaction isolation level repeatable read")
+        self.snapshot.execute("select 1")
+        with self.db.connect() as su:
+            junk(su, 210_000)
+            self.rows = ready_rows(su)
+
+    def undone(self, su: psycopg.Connection) -> None:
+        assert ready_rows(su) == self.rows
+        assert su.execute("select count(*) from awa.ready_rewrite").fetchone()[0] == 0
+        # The statistics went with the crash: the dead rows are vacuum's
+        # again (no snapshot survives a crash); a new held snapshot counts
+        # them from 0 and a rewrite comes after as many again.
+        assert not su.execute("select awa._ready_compaction_due()").fetchone()[0]
+        self.snapshot = self.db.connect(autocommit=False)
+        self.snapshot.execute("set transaction isolation level repeatable read")
+        self.snapshot.execute("select 1")
+        junk(su, 210_000)
+
+    def done(self, su: psycopg.Connection, handled: int) -> None:
+        assert handled == 1
+        assert ready_rows(su) == self.rows
+
+
+class LaneHints(Scenario):
+    """awa.compact_lane_hints, held right after its TRUNCATE of awa.lane_hints."""
+
+    task, table, event = "lane_hints", "awa.lane_hints", "truncate"
+
+    def prepare(self) -> None:
+        backlog(self.db, "lh", 200)
+        with self.db.connect("awa_worker") as w:
+            for _ in range(10):
+                complete_all(w, claim(w, "lh", 10))
+        with self.db.connect() as su:
+            # Stale hints below each lane's highest, as a held snapshot leaves them.
+            su.execute("insert into awa.lane_hints select lane_id, 0 from awa.lanes,"
+                       " generate_series(1, 5000)")
+
+    def undone(self, su: psycopg.Connection) -> None:
+        assert su.execute("select count(*) from awa.lane_hints").fetchone()[0] == 0
+
+    def done(self, su: psycopg.Connection, handled: int) -> None:
+        assert handled == 0  # nothing left to compact: the crash emptied it
+        with self.db.connect("awa_worker") as w:
+            taken = []
+            while batch := claim(w, "lh", 30):
+                taken += batch
+                complete_all(w, batch)
+        assert [t[3] for t in taken] == list(range(101, 201))
+
+
+class RunningSlots(Scenario):
+    """awa.rotate_running, held right after its TRUNCATE of the idle slot,
+    whose runs it moved to slot 2 in the same transaction."""
+
+    task, table, event = "running_slots", "awa.running_1", "truncate"
+
+    def prepare(self) -> None:
+        backlog(self.db, "rs", 5)
+        with self.db.connect() as su:
+            su.execute("select setval('awa.run_lease_seq', 65536 + 10)")  # block 1: slot 1
+            with self.db.connect("awa_worker") as w:
+                self.runs = claim(w, "rs", 5)
+            su.execute("select setval('awa.run_lease_seq', 2 * 65536 + 40000)")  # half of 2
+
+    def slots(self, su: psycopg.Connection) -> list[int]:
+        return [r[0] for r in su.execute(
+            "select slot from awa.running order by job_id").fetchall()]
+
+    def undone(self, su: psycopg.Connection) -> None:
+        assert self.slots(su) == [1] * 5
+
+    def done(self, su: psycopg.Connection, handled: int) -> None:
+        assert handled == 1
+        assert self.slots(su) == [2] * 5
+        with self.db.connect("awa_worker") as w:
+            complete_all(w, self.runs)
+
+
+class Prune(Scenario):
+    """awa.prune_finished, held right after its TRUNCATE of a slot past
+    retention."""
+
+    task, event = "prune", "truncate"
+
+    def prepare(self) -> None:
+        backlog(self.db, "pr", 3)
+        with self.db.connect("awa_worker") as w:
+            complete_all(w, claim(w, "pr", 3))
+        with self.db.connect() as su:
+            slot = su.execute("select awa._finished_slot('completed', now() - interval '26 hours')"
+                              ).fetchone()[0]
+            su.execute("update awa.finished set finished_at = now() - interval '26 hours',"
+                       " slot = %s", [slot])
+            self.table = su.execute("select awa._finished_part(%s)", [slot]).fetchone()[0]
+
+    def undone(self, su: psycopg.Connection) -> None:
+        assert su.execute("select count(*) from awa.finished").fetchone()[0] == 3
+
+    def done(self, su: psycopg.Connection, handled: int) -> None:
+        assert handled == 3
+        assert su.execute("select count(*) from awa.finished").fetchone()[0] == 0
+
+
+class RetireLanes(Scenario):
+    """awa.retire_lanes, held right after its update of the queue's lane_shards."""
+
+    task, table, event = "retire_lanes", "awa.queue_meta", "update"
+
+    def prepare(self) -> None:
+        with self.db.connect("awa_operator") as op:
+            op.execute("select awa.set_enqueue_shards('rl', 8)")
+            op.execute("select awa.set_enqueue_shards('rl', 1)")
+
+    def lane_shards(self, su: psycopg.Connection) -> int:
+        return su.execute("select lane_shards from awa.queue_meta where queue = 'rl'"
+                          ).fetchone()[0]
+
+    def undone(self, su: psycopg.Connection) -> None:
+        assert self.lane_shards(su) == 8
+
+    def done(self, su: psycopg.Connection, handled: int) -> None:
+        assert handled == 1
+        assert self.lane_shards(su) == 1
+
+
+class Drops(Scenario):
+    """awa.finish_drops, held right after it deleted the dropped queue's lanes."""
+
+    task, table, event = "drops", "awa.lanes", "delete"
+
+    def prepare(self) -> None:
+        backlog(self.db, "gone", 2)
+        with self.db.connect("awa_worker") as w:
+            complete_all(w, claim(w, "gone", 2))
+        with self.db.connect("awa_operator") as op:
+            op.execute("select awa.drop_queue('gone', discard_finished => true)")
+        with self.db.connect() as su:
+            self.qid, self.seqs = su.execute(
+                "select m.queue_id, array_agg(l.seq::text) from awa.queue_meta m"
+                " join awa.lanes l using (queue_id) where m.dropped_name = 'gone'"
+                " group by m.queue_id").fetchone()
+
+    def undone(self, su: psycopg.Connection) -> None:
+        assert su.execute("select queue from awa.queue_meta where queue_id = %s",
+                          [self.qid]).fetchone() == (f"#dropped#{self.qid}",)
+        assert su.execute("select count(*) from awa.lanes where queue_id = %s",
+                          [self.qid]).fetchone()[0] == 4  # a lane per priority
+
+    def done(self, su: psycopg.Connection, handled: int) -> None:
+        assert handled == 1
+        assert su.execute("select count(*) from awa.queue_meta where queue_id = %s",
+                          [self.qid]).fetchone()[0] == 0
+        with self.db.connect("awa_maintenance") as m:
+            run_pass(m, "drops")  # the sequences go once the removal has committed
+        assert su.execute("select count(*) from unnest(%s::text[]) as s(name)"
+                          " where to_regclass(s.name) is not null", [self.seqs]).fetchone()[0] == 0
+        with self.db.connect("awa_producer") as p:  # the name is free
+            p.execute("select awa.enqueue('gone', 'job')")
+
+
+class Autoscale(Scenario):
+    """The auto-scaler's tick raising S, held right after it made the new lanes."""
+
+    task, table, event = "autoscale", "awa.lanes", "insert"
+
+    def prepare(self) -> None:
+        backlog(self.db, "as", 1)
+        with self.db.connect("awa_operator") as op:
+            op.execute("select awa.set_shard_mode('as', 'auto', 4)")
+            op.execute("select awa.set_autoscale_policy('as', min_samples => 1,"
+                       " cooldown => interval '0')")
+        with self.db.connect() as su:  # lanes waited for, as contention leaves them sampled
+            su.execute("insert into awa.contention_samples (sampled_at, queue_id, lanes,"
+                       " lanes_held, lanes_waited, waiters, busiest_priority_held)"
+                       " select now() - g * interval '1 second', queue_id, 1, 1, 1, 8, 1"
+                       " from awa.queue_meta, generate_series(1, 20) g where queue = 'as'")
+
+    def shards(self, su: psycopg.Connection) -> tuple:
+        return su.execute("select m.enqueue_shards, count(l.*) from awa.queue_meta m"
+                          " join awa.lanes l using (queue_id) where m.queue = 'as'"
+                          " group by m.enqueue_shards").fetchone()
+
+    def undone(self, su: psycopg.Connection) -> None:
+        assert self.shards(su) == (1, 4)  # a lane per priority
+
+    def done(self, su: psycopg.Connection, handled: int) -> None:
+        assert handled == 1
+        s, lanes = self.shards(su)
+        assert s > 1 and lanes == 4 * s
+        with self.db.connect("awa_producer") as p:
+            p.execute("select awa.enqueue('as', 'job', ordering_key => %s)",
+                      [b"k" * 3])
+
+
+SCENARIOS = [ReadyRewrite, LaneHints, RunningSlots, Prune, RetireLanes, Drops, Autoscale]
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=[s.task for s in SCENARIOS])
+def test_a_step_killed_in_its_middle_is_undone_and_the_next_pass_does_it(db, scenario):
+    case = scenario(db)
+    case.prepare()
+    with db.connect() as su:
+        hold = Hold(su, case.table, case.event)
+    step = Step(db.dsn("awa_maintenance"), lambda conn: run_pass(conn, case.task))
+    step.start()
+    wait_until(lambda: hold.waiting(step.pid) or not step.is_alive(), 30,
+               f"{case.task} to reach its hold")
+    assert step.is_alive(), f"{case.task} ended before its hold: {step.error!r}"
+    db.server.kill_backend(step.pid)
+    step.join(30)
+    assert isinstance(step.error, psycopg.OperationalError)
+    hold.close()
+    with db.connect() as su:
+        drop_holds(su, case.table)
+        case.undone(su)
+        with db.connect("awa_maintenance") as m:
+            handled = run_pass(m, case.task)
+        case.done(su, handled)
+    code, out = awa_status_check(db)
+    assert code == 0, out
