@@ -12,16 +12,21 @@ themselves."""
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
+from datetime import timedelta
 
 import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
+import awa_sql
 from awa_sql import maintain
+from awa_sql.worker import Worker
 from tests.support.crash import CrashServer, Hold, Step, crash_server, drop_holds
 from tests.support.dead_rows import NO_LANE, junk
 from tests.support.jobs import COPY_SQL
@@ -510,3 +515,121 @@ def test_a_step_killed_in_its_middle_is_undone_and_the_next_pass_does_it(db, sce
         case.done(su, handled)
     code, out = awa_status_check(db)
     assert code == 0, out
+
+
+# -- the Python Worker and Producer across a crash ----------------------------------------
+
+
+def test_the_worker_and_producer_carry_on_and_the_outcome_in_flight_is_recorded(db):
+    """A Worker (with its maintenance loop) runs a job whose handler is in
+    the middle of its work when the server crashes; the handler ends after
+    the restart: its completion is recorded, under the lease it had, and the
+    job ran once. The Producer's next calls, single, batch and COPY, go
+    through on a new connection, and the Worker takes those jobs too."""
+    login = db.server.login("awa_worker", "awa_maintenance")
+    started, release = threading.Event(), threading.Event()
+    runs: dict[int, int] = {}
+
+    def handle(job) -> None:
+        runs[job.job_id] = runs.get(job.job_id, 0) + 1
+        if job.args.get("hold"):
+            started.set()
+            release.wait(60)
+
+    worker = Worker(db.server.dsn(db.name, login), queues=["py"], handlers={"job": handle},
+                    poll_interval=0.05, snapshot_every=0.2,
+                    maintain={"promote": 0.2, "rescue": 0.2})
+    runner = threading.Thread(target=worker.run)
+    runner.start()
+    producer = awa_sql.Producer(db.dsn("awa_producer"), snapshot_every=0.2)
+    try:
+        before = [producer.enqueue("job", {"i": i}, queue="py").job_id for i in range(20)]
+        held = producer.enqueue("job", {"hold": True}, queue="py").job_id
+        assert started.wait(30)
+        db.server.stop_immediately_and_start()
+        release.set()
+        with db.connect() as su:
+            wait_until(lambda: su.execute("select count(*) from awa.finished where job_id = %s",
+                                          [held]).fetchone()[0] == 1, 60,
+                       "the completion of the job in flight to be recorded")
+        after = [producer.enqueue("job", {"i": i}, queue="py").job_id for i in range(10)]
+        after += [e.job_id for e in producer.enqueue_many(
+            [{"kind": "job", "args": {"i": i}} for i in range(10)], queue="py")]
+        assert producer.enqueue_many_copy(
+            [{"kind": "job", "args": {"copied": i}} for i in range(10)], queue="py") == 10
+        with db.connect() as su:
+            wait_until(lambda: su.execute("select count(*) from awa.finished").fetchone()[0]
+                       == 51, 60, "every job to be completed")
+            assert su.execute("select count(*) from awa.finished where state = 'completed'"
+                              " and attempt = 1").fetchone()[0] == 51
+            # Both published their snapshot again since the restart.
+            wait_until(lambda: su.execute(
+                "select count(*) from awa.runtimes where last_seen > pg_postmaster_start_time()"
+            ).fetchone()[0] == 2, 30, "both runtimes to publish again")
+    finally:
+        release.set()
+        producer.close()
+        worker.stop()
+        runner.join(30)
+    assert not runner.is_alive()
+    assert runs[held] == 1
+    assert all(runs[j] == 1 for j in before + after)
+    assert worker.completed == 51
+
+
+def test_a_completion_committed_as_the_server_crashed_is_not_said_to_be_lost(db, caplog):
+    """The commit of a completion is in the WAL when the server crashes, but
+    its answer never reaches the worker: its commit waits for a synchronous
+    standby that never answers, as it would for a standby lost with the
+    primary. After the restart the worker sends the completion again and
+    awa.complete answers false (the run is gone: it ended then). The job is
+    completed, once; the worker must not say that its completion was not
+    recorded, only that it may have been (it cannot tell that from a run
+    cancelled or rescued meanwhile)."""
+    caplog.set_level(logging.INFO, logger="awa_sql.worker")
+    login = db.server.login("awa_worker")
+    started, release = threading.Event(), threading.Event()
+
+    def handle(_job) -> None:
+        started.set()
+        release.wait(60)
+
+    with db.connect("awa_producer") as p:
+        job_id = p.execute("select job_id from awa.enqueue('doubt', 'job')").fetchone()[0]
+    worker = Worker(db.server.dsn(db.name, login), queues=["doubt"], handlers={"job": handle},
+                    poll_interval=0.05, snapshot_every=None, lease=timedelta(seconds=60))
+    runner = threading.Thread(target=worker.run)
+    runner.start()
+    try:
+        assert started.wait(30)
+        with db.connect() as su:
+            su.execute("alter system set synchronous_standby_names = 'never_answers'")
+            su.execute("select pg_reload_conf()")
+            wait_until(lambda: _setting(db, "synchronous_standby_names") == "never_answers",
+                       10, "the reload")
+            release.set()
+            wait_until(lambda: su.execute(
+                "select count(*) from pg_stat_activity where wait_event = 'SyncRep'"
+                " and application_name = 'awa-sql worker slot'").fetchone()[0] == 1, 30,
+                "the completion's commit to wait for the standby")
+            su.execute("alter system reset synchronous_standby_names")  # for the restart
+        db.server.stop_immediately_and_start()
+        with db.connect() as su:
+            assert places(su)[job_id] == [("completed", 1)]
+        wait_until(lambda: any(f"job {job_id} (job): its completion" in r.getMessage()
+                               and "trying again" not in r.getMessage()
+                               for r in caplog.records), 30, "the worker to hear back")
+    finally:
+        release.set()
+        worker.stop()
+        runner.join(30)
+    said = [r.getMessage() for r in caplog.records if f"job {job_id} " in r.getMessage()]
+    assert said[-1] == (f"job {job_id} (job): its completion was sent as the connection was"
+                        " lost and may have been recorded then: the run has ended since (or"
+                        " was cancelled or rescued meanwhile); not counted"), said
+    assert not any("not recorded" in s for s in said), said
+
+
+def _setting(db: Db, name: str) -> str:
+    with db.connect() as conn:
+        return conn.execute("select current_setting(%s)", [name]).fetchone()[0]

@@ -295,8 +295,17 @@ def _check_configs(configs: list[dict]) -> None:
                              f" (or None: 1), got {slots!r}")
 
 
-def _log_gone(job: Job, outcome: str, handed_back: bool = False) -> None:
-    """awa.complete or awa.fail found the run gone: its lease is no longer current."""
+def _log_gone(job: Job, outcome: str, handed_back: bool = False,
+              in_doubt: bool = False) -> None:
+    """awa.complete or awa.fail found the run gone: its lease is no longer current.
+    ``in_doubt``: the outcome was sent before, on a connection lost before
+    its answer came, so that call may have recorded it (a crash after its
+    commit, a synchronous standby that never answered it)."""
+    if in_doubt:
+        log.warning("job %s (%s): its %s was sent as the connection was lost and may have been"
+                    " recorded then: the run has ended since (or was cancelled or rescued"
+                    " meanwhile); not counted", job.job_id, job.kind, outcome)
+        return
     if handed_back:
         log.warning("job %s (%s): handed back at shutdown while its handler ran; its %s was not"
                     " recorded and is not counted", job.job_id, job.kind, outcome)
@@ -316,6 +325,9 @@ class _Link:
     def __init__(self, open_connection: Callable[[], psycopg.Connection]) -> None:
         self._open = open_connection
         self._conn: psycopg.Connection | None = None
+        # Set when a statement went out on a connection that was then lost
+        # without an answer: the server may have run it. The caller clears it.
+        self.lost_after_send = False
 
     def execute(self, statement: str, params: list) -> psycopg.Cursor:
         if self._conn is None or self._conn.closed:
@@ -325,6 +337,7 @@ class _Link:
         except psycopg.OperationalError as err:
             if not self._conn.closed:
                 raise
+            self.lost_after_send = True
             log.warning("connection lost: %s; connecting again", _one_line(err))
         self._conn = self._open()
         return self._conn.execute(statement, params)
@@ -656,17 +669,21 @@ class Worker:
         return await _within(awaitable, left)
 
     def _record(self, conn: _Link, job: Job, outcome: str, statement: str,
-                params: list) -> bool:
+                params: list) -> bool | None:
         """Sends awa.complete or awa.fail and returns its answer. When the
         server cannot be reached (a restart, a lost connection, connections
         refused), it is sent again after a back-off for as long as the job's
         lease may be current: the job is still held, so the heartbeat goes on
         extending its lease. Once the lease has surely ended, the error is
-        raised: the job is left to awa.rescue_expired."""
+        raised: the job is left to awa.rescue_expired. None instead of false
+        when an earlier send went out on a connection lost before its answer:
+        that one may have recorded the outcome (_log_gone)."""
         backoff = BACKOFF_MIN
+        conn.lost_after_send = False
         while True:
             try:
-                return conn.execute(statement, params).fetchone()[0]
+                answer = conn.execute(statement, params).fetchone()[0]
+                return None if not answer and conn.lost_after_send else answer
             except psycopg.OperationalError as err:
                 with self._lock:
                     held = self._running.get((job.job_id, job.run_lease))
@@ -688,8 +705,8 @@ class Worker:
                                  [job.job_id, job.run_lease, error, retry.after])
         else:
             statement, params = ("select awa.fail(%s, %s, %s)", [job.job_id, job.run_lease, error])
-        if not self._record(conn, job, "failure", statement, params):
-            _log_gone(job, "failure", self._was_handed_back(job))
+        if not (done := self._record(conn, job, "failure", statement, params)):
+            _log_gone(job, "failure", self._was_handed_back(job), in_doubt=done is None)
             return
         with self._lock:
             self.failed += 1
@@ -735,7 +752,7 @@ class Worker:
                     self.completed += 1
                 client_metrics.job_completed(job)
             else:
-                _log_gone(job, "completion", self._was_handed_back(job))
+                _log_gone(job, "completion", self._was_handed_back(job), in_doubt=done is None)
         finally:
             with self._lock:
                 self._running.pop((job.job_id, job.run_lease), None)
