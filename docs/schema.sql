@@ -1981,13 +1981,14 @@ begin
 end;
 $function$;
 
-CREATE OR REPLACE FUNCTION awa._ensure_trigger(on_table regclass, name text, definition text)
+CREATE OR REPLACE FUNCTION awa._ensure_trigger(on_table regclass, name text, definition text, always boolean DEFAULT false)
  RETURNS void
  LANGUAGE plpgsql
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
 declare
     made text;
+    fires "char" := case when always then 'A' else 'O' end;
 begin
     -- The second look is at the trigger just made: 42P17 if it still
     -- differs, or every apply would make it again.
@@ -1995,7 +1996,8 @@ begin
         -- pg_get_triggerdef does not print whether the trigger fires: one
         -- disabled (or set to fire on replica only) is made again too.
         made := (select pg_catalog.pg_get_triggerdef(t.oid)
-                        || case when t.tgenabled <> 'O' then ' -- not enabled' else '' end
+                        || case when t.tgenabled operator(pg_catalog.<>) fires
+                                then ' -- not enabled as asked' else '' end
                    from pg_catalog.pg_trigger as t
                   where t.tgrelid = on_table and t.tgname = _ensure_trigger.name);
         exit when made is not distinct from definition;
@@ -2009,6 +2011,9 @@ begin
             execute pg_catalog.format('drop trigger %I on %s', name, on_table);
         end if;
         execute definition;
+        if always then
+            execute pg_catalog.format('alter table %s enable always trigger %I', on_table, name);
+        end if;
     end loop;
 end;
 $function$;
@@ -7778,7 +7783,11 @@ $function$;
 
 CREATE CONSTRAINT TRIGGER copy_pending_move AFTER INSERT ON awa.copy_pending DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION awa._move_at_commit();
 
+ALTER TABLE awa.copy_pending ENABLE ALWAYS TRIGGER copy_pending_move;
+
 CREATE TRIGGER copy_staging_note AFTER INSERT ON awa.copy_staging FOR EACH STATEMENT EXECUTE FUNCTION awa._note_copy();
+
+ALTER TABLE awa.copy_staging ENABLE ALWAYS TRIGGER copy_staging_note;
 
 CREATE TRIGGER shard_changes_record_lanes AFTER INSERT ON awa.shard_changes FOR EACH ROW EXECUTE FUNCTION awa._record_change_lanes();
 

@@ -637,16 +637,21 @@ end;
 $$;
 
 -- Made only when missing or different (awa._ensure_trigger): a layer
--- applied again takes no lock on the tables of COPY loads.
+-- applied again takes no lock on the tables of COPY loads. Both fire in
+-- every session_replication_role: a load committed in replica mode would
+-- otherwise stay in awa.copy_staging, unlogged, until awa.move_staged, and
+-- a crash before that emptied it (tests/test_crash_recovery.py).
 select awa._ensure_trigger(
     'awa.copy_staging', 'copy_staging_note',
     'CREATE TRIGGER copy_staging_note AFTER INSERT ON awa.copy_staging'
-    ' FOR EACH STATEMENT EXECUTE FUNCTION awa._note_copy()'
+    ' FOR EACH STATEMENT EXECUTE FUNCTION awa._note_copy()',
+    always => true
 );
 select awa._ensure_trigger(
     'awa.copy_pending', 'copy_pending_move',
     'CREATE CONSTRAINT TRIGGER copy_pending_move AFTER INSERT ON awa.copy_pending'
-    ' DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION awa._move_at_commit()'
+    ' DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION awa._move_at_commit()',
+    always => true
 );
 
 select awa._grant_execute('awa._move_staged_one_lane(xid8, integer, smallint, bigint)');

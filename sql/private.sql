@@ -321,28 +321,34 @@ begin
 end;
 $$;
 
--- Function: awa._ensure_trigger(on_table regclass, name text, definition text)
+-- Function: awa._ensure_trigger(on_table regclass, name text, definition text,
+--                                always boolean default false)
 -- Makes trigger `name` on `on_table` by `definition`, a CREATE [CONSTRAINT]
 -- TRIGGER statement written as pg_get_triggerdef prints it, unless the
--- table has that trigger so already, enabled: then it changes nothing and
--- takes no lock on the table. CREATE TRIGGER waits for every writer of the
+-- table has that trigger so already, firing as asked: then it changes
+-- nothing and takes no lock on the table. CREATE TRIGGER waits for every writer of the
 -- table in flight (a COPY load open for minutes) and holds every next one
 -- off until the layer commits, DROP TRIGGER its readers too: layer files
 -- make their triggers with this, so that a layer applied again on a live
--- queue stops no producer. A trigger of that name that differs, or that does not fire
--- (ALTER TABLE ... DISABLE TRIGGER, ENABLE REPLICA TRIGGER), is dropped and
+-- queue stops no producer. `always`: the trigger fires whatever the
+-- session's session_replication_role (ENABLE ALWAYS TRIGGER), else in
+-- origin and local mode only. A trigger of that name that differs, or that does not fire
+-- so (ALTER TABLE ... DISABLE TRIGGER, ENABLE REPLICA TRIGGER), is dropped and
 -- made again.
 -- Errors: 42P17 the trigger made does not print as `definition` (every
 -- apply would make it again).
 -- Calls: (dynamic)
 -- Writes: (dynamic)
-create or replace function awa._ensure_trigger(on_table regclass, name text, definition text)
+create or replace function awa._ensure_trigger(
+    on_table regclass, name text, definition text, always boolean default false
+)
 returns void
 language plpgsql
 set search_path = pg_catalog, pg_temp
 as $$
 declare
     made text;
+    fires "char" := case when always then 'A' else 'O' end;
 begin
     -- The second look is at the trigger just made: 42P17 if it still
     -- differs, or every apply would make it again.
@@ -350,7 +356,8 @@ begin
         -- pg_get_triggerdef does not print whether the trigger fires: one
         -- disabled (or set to fire on replica only) is made again too.
         made := (select pg_catalog.pg_get_triggerdef(t.oid)
-                        || case when t.tgenabled <> 'O' then ' -- not enabled' else '' end
+                        || case when t.tgenabled operator(pg_catalog.<>) fires
+                                then ' -- not enabled as asked' else '' end
                    from pg_catalog.pg_trigger as t
                   where t.tgrelid = on_table and t.tgname = _ensure_trigger.name);
         exit when made is not distinct from definition;
@@ -364,6 +371,9 @@ begin
             execute pg_catalog.format('drop trigger %I on %s', name, on_table);
         end if;
         execute definition;
+        if always then
+            execute pg_catalog.format('alter table %s enable always trigger %I', on_table, name);
+        end if;
     end loop;
 end;
 $$;
@@ -869,7 +879,7 @@ select awa._grant_execute('awa._role_for(text)');
 select awa._grant_execute('awa._grant_execute(regprocedure, text[])');
 select awa._grant_execute('awa._grant_select(regclass, text[])');
 select awa._grant_execute('awa._grant_insert(regclass, text[], text[])');
-select awa._grant_execute('awa._ensure_trigger(regclass, text, text)');
+select awa._grant_execute('awa._ensure_trigger(regclass, text, text, boolean)');
 select awa._grant_execute('awa._privilege_text(text, text, text)');
 select awa._grant_execute('awa._grants_found()');
 select awa._grant_execute('awa._schema_grants_extra()');

@@ -119,3 +119,6 @@ drop function if exists awa.jobs(text, text, text, bigint, integer);
 -- Unreleased: awa.retry_jobs takes the state it retries, failed or
 -- cancelled (its last argument, state).
 drop function if exists awa.retry_jobs(text, text, integer);
+-- Unreleased: a trigger may fire in every session_replication_role (the
+-- COPY staging triggers do).
+drop function if exists awa._ensure_trigger(regclass, text, text);

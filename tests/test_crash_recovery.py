@@ -633,3 +633,23 @@ def test_a_completion_committed_as_the_server_crashed_is_not_said_to_be_lost(db,
 def _setting(db: Db, name: str) -> str:
     with db.connect() as conn:
         return conn.execute("select current_setting(%s)", [name]).fetchone()[0]
+
+
+def test_a_copy_committed_in_replica_mode_is_enqueued_at_its_commit_and_survives(db):
+    """A producer whose session runs with session_replication_role = replica
+    (a login granted SET on it, a tool that loads in that mode): triggers
+    that fire only in origin mode would leave its committed rows in
+    awa.copy_staging, an unlogged table, until awa.move_staged, and a crash
+    before that pass empties the table: the commit was acknowledged and the
+    jobs were gone."""
+    with db.connect() as su:
+        su.execute("grant set on parameter session_replication_role to {}".format(
+            db.login["awa_producer"]))
+    with db.connect("awa_producer", autocommit=False) as p:
+        p.execute("set session_replication_role = replica")
+        copy_jobs(p, "replica", "replica", 40)
+        p.commit()
+    db.server.stop_immediately_and_start()
+    with db.connect() as su:
+        assert len(copied_ids(su, "replica")) == 40
+        assert su.execute("select count(*) from awa.copy_staging").fetchone()[0] == 0

@@ -184,12 +184,22 @@ def _routines(conn) -> list[str]:
          order by p.oid::regprocedure::text""")]
 
 
+# pg_get_triggerdef does not print when a trigger fires: pg_dump writes this after it.
+_FIRES = {"O": None, "A": "ENABLE ALWAYS", "R": "ENABLE REPLICA", "D": "DISABLE"}
+
+
 def _triggers(conn) -> list[str]:
-    return [f"{d};" for (d,) in _q(conn, """
-        select pg_catalog.pg_get_triggerdef(t.oid, true)
+    out = []
+    for definition, table, name, fires in _q(conn, """
+        select pg_catalog.pg_get_triggerdef(t.oid, true), c.oid::regclass::text,
+               pg_catalog.quote_ident(t.tgname), t.tgenabled
           from pg_catalog.pg_trigger t join pg_catalog.pg_class c on c.oid = t.tgrelid
          where c.relnamespace = 'awa'::regnamespace and not t.tgisinternal
-         order by c.relname, t.tgname""")]
+         order by c.relname, t.tgname"""):
+        out.append(f"{definition};")
+        if _FIRES[fires] is not None:
+            out.append(f"ALTER TABLE {table} {_FIRES[fires]} TRIGGER {name};")
+    return out
 
 
 def _comments(conn) -> list[str]:
