@@ -234,6 +234,48 @@ def test_an_immediate_stop_keeps_every_commit_and_nothing_else_and_the_lanes_go_
     assert code == 0, out
 
 
+def test_keyed_lanes_keep_each_keys_order_across_an_immediate_stop(db):
+    """S = 4, eight ordering keys over its lanes, the lanes' hints moved by
+    claims before the crash: after it, every key's jobs, old and new, are
+    claimed in the order they were enqueued, none skipped, none twice."""
+    with db.connect("awa_operator") as op:
+        op.execute("select awa.set_enqueue_shards('keyed', 4)")
+    p, w = db.connect("awa_producer"), db.connect("awa_worker")
+    order: dict[bytes, list[int]] = {}
+
+    def enqueue_some(n: int) -> None:
+        for i in range(n):
+            key = f"k{i % 8}".encode()
+            job_id = p.execute("select job_id from awa.enqueue('keyed', 'job',"
+                               " ordering_key => %s)", [key]).fetchone()[0]
+            order.setdefault(key, []).append(job_id)
+        keys = [f"k{i % 8}".encode() for i in range(n)]
+        for key, job_id in zip(keys, [r[0] for r in p.execute(
+                "select job_id from awa.enqueue_batch(array_fill('keyed'::text, array[%s]),"
+                " array_fill('job'::text, array[%s]), ordering_keys => %s)",
+                [n, n, keys]).fetchall()], strict=True):
+            order[key].append(job_id)
+
+    enqueue_some(200)  # 100 a lane
+    taken = []
+    while len(taken) < 320:  # 80 a lane: their hints move
+        batch = claim(w, "keyed", 8)
+        complete_all(w, batch)
+        taken += [j for j, *_ in batch]
+    with db.connect() as su:
+        assert su.execute("select count(*) from awa.lane_hints").fetchone()[0] > 0
+    db.server.stop_immediately_and_start()
+    p, w = db.connect("awa_producer"), db.connect("awa_worker")
+    enqueue_some(40)
+    while batch := claim(w, "keyed", 7):
+        complete_all(w, batch)
+        taken += [j for j, *_ in batch]
+    assert sorted(taken) == sorted(j for ids in order.values() for j in ids)
+    position = {j: i for i, j in enumerate(taken)}
+    for ids in order.values():
+        assert sorted(ids, key=position.get) == ids
+
+
 # -- SIGKILL of a backend in the middle of a maintenance step -----------------------------
 
 
@@ -398,6 +440,36 @@ class Prune(Scenario):
         assert su.execute("select count(*) from awa.finished").fetchone()[0] == 0
 
 
+class Carry(Scenario):
+    """awa.carry_finished, held right after it recorded how far its batches
+    got (awa.finished_carry), the rows moved to the current slot."""
+
+    task, table, event = "carry", "awa.finished_carry", "insert"
+
+    def prepare(self) -> None:
+        backlog(self.db, "ca", 3)
+        with self.db.connect("awa_worker") as w:
+            complete_all(w, claim(w, "ca", 3))
+        with self.db.connect("awa_operator") as op:
+            op.execute("select awa.set_retention('ca', interval '48 hours', null)")
+        with self.db.connect() as su:  # written 31 hours ago: the ring's next slot
+            su.execute("update awa.finished set finished_at = now() - interval '31 hours',"
+                       " slot = awa._finished_slot('completed', now() - interval '31 hours')")
+            self.slot = self.slots(su)[0]
+
+    def slots(self, su: psycopg.Connection) -> list[int]:
+        return [r[0] for r in su.execute("select slot from awa.finished order by job_id")]
+
+    def undone(self, su: psycopg.Connection) -> None:
+        assert self.slots(su) == [self.slot] * 3
+        assert su.execute("select count(*) from awa.finished_carry").fetchone()[0] == 0
+
+    def done(self, su: psycopg.Connection, handled: int) -> None:
+        assert handled == 3
+        now = su.execute("select awa._finished_slot('completed', now())").fetchone()[0]
+        assert self.slots(su) == [now] * 3
+
+
 class RetireLanes(Scenario):
     """awa.retire_lanes, held right after its update of the queue's lane_shards."""
 
@@ -489,7 +561,8 @@ class Autoscale(Scenario):
                       [b"k" * 3])
 
 
-SCENARIOS = [ReadyRewrite, LaneHints, RunningSlots, Prune, RetireLanes, Drops, Autoscale]
+SCENARIOS = [ReadyRewrite, LaneHints, RunningSlots, Prune, Carry, RetireLanes, Drops,
+             Autoscale]
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=[s.task for s in SCENARIOS])
