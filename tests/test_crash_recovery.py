@@ -743,3 +743,44 @@ def test_a_copy_committed_in_replica_mode_is_enqueued_at_its_commit_and_survives
     with db.connect() as su:
         assert len(copied_ids(su, "replica")) == 40
         assert su.execute("select count(*) from awa.copy_staging").fetchone()[0] == 0
+
+
+def test_a_copy_killed_while_its_commit_moves_its_rows_leaves_nothing(db):
+    """The producer's backend is killed while its commit's deferred trigger
+    moves the staged rows into the lane: the client saw no commit, and after
+    the recovery nothing of the load is anywhere; the lane then takes the
+    next load in order."""
+    with db.connect("awa_producer") as p:
+        p.execute("select awa.enqueue('mid', 'job')")  # the queue and its lane
+    with db.connect() as su:
+        hold = Hold(su, "awa.ready", "insert")
+
+    def load(conn: psycopg.Connection) -> None:
+        with conn.transaction():
+            copy_jobs(conn, "mid", "killed", 100)
+
+    step = Step(db.dsn("awa_producer"), load)
+    step.start()
+    wait_until(lambda: hold.waiting(step.pid) or not step.is_alive(), 30,
+               "the commit to reach its hold")
+    assert step.is_alive(), f"the load ended before its hold: {step.error!r}"
+    db.server.kill_backend(step.pid)
+    step.join(30)
+    assert isinstance(step.error, psycopg.OperationalError)
+    hold.close()
+    with db.connect() as su:
+        drop_holds(su, "awa.ready")
+        assert copied_ids(su, "killed") == []
+        for table in ("copy_staging", "copy_pending"):
+            assert su.execute(f"select count(*) from awa.{table}").fetchone()[0] == 0
+    with db.connect("awa_producer", autocommit=False) as p:
+        copy_jobs(p, "mid", "next", 100)
+        p.commit()
+    with db.connect() as su:
+        loaded = copied_ids(su, "next")
+    assert len(loaded) == 100
+    with db.connect("awa_worker") as w:
+        taken = []
+        while batch := claim(w, "mid", 30):
+            taken += batch
+    assert [t[0] for t in taken[1:]] == loaded
