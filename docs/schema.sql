@@ -3321,6 +3321,9 @@ declare
     q text;
     batch_path boolean;
     unknown text[];
+    q_name text[];
+    q_id integer[];
+    q_shards smallint[];
     k_qid integer[];
     k_key bytea[];
     k_shard smallint[];
@@ -3346,9 +3349,23 @@ begin
     if batch_path then
         return awa._move_staged_in_batches(xid);
     end if;
-    -- Create unknown queues in name order, so concurrent movers agree.
-    foreach q in array coalesce(unknown, '{}') loop
-        perform awa._ensure_queue(q);
+    -- Each queue's id and S, read once: the statements below join these, not
+    -- awa.queue_meta by name, which a drop committed meanwhile renames (ADR
+    -- 044): its rows would find no queue (ADR 049). Unknown queues are
+    -- created in name order, so concurrent movers agree, until every name
+    -- is found.
+    loop
+        foreach q in array coalesce(unknown, '{}') loop
+            perform awa._ensure_queue(q);
+        end loop;
+        select array_agg(d.queue order by d.queue), array_agg(m.queue_id order by d.queue),
+               array_agg(m.enqueue_shards order by d.queue),
+               array_agg(d.queue order by d.queue) filter (where m.queue_id is null)
+          into q_name, q_id, q_shards, unknown
+          from (select distinct s.queue from awa.copy_staging as s
+                 where s.staged_xid = _move_staged_sets.xid) as d
+          left join awa.queue_meta as m on m.queue = d.queue;
+        exit when unknown is null;
     end loop;
 
     -- Each distinct (queue, key) of the due keyed rows, hashed once.
@@ -3358,7 +3375,8 @@ begin
       from (
           select distinct m.queue_id, m.enqueue_shards, s.ordering_key
             from awa.copy_staging as s
-            join awa.queue_meta as m on m.queue = s.queue
+            join unnest(q_name, q_id, q_shards) as m (queue, queue_id, enqueue_shards)
+              on m.queue = s.queue
            where s.staged_xid = _move_staged_sets.xid and s.ordering_key is not null
              and (s.run_at is null or s.run_at <= now())
       ) as k;
@@ -3370,7 +3388,7 @@ begin
           select m.queue_id as qid, coalesce(s.priority, awa._default_priority()) as p,
                  coalesce(k.shard, -1)::smallint as ks, count(*) as n
             from awa.copy_staging as s
-            join awa.queue_meta as m on m.queue = s.queue
+            join unnest(q_name, q_id) as m (queue, queue_id) on m.queue = s.queue
             left join unnest(k_qid, k_key, k_shard) as k (qid, key, shard)
               on k.qid = m.queue_id and k.key = s.ordering_key
            where s.staged_xid = _move_staged_sets.xid
@@ -3387,7 +3405,7 @@ begin
                l.base + row_number() over (partition by l.lane order by s.staged_id) - 1
                as seq
           from awa.copy_staging as s
-          join awa.queue_meta as m on m.queue = s.queue
+          join unnest(q_name, q_id) as m (queue, queue_id) on m.queue = s.queue
           left join unnest(k_qid, k_key, k_shard) as k (qid, key, shard)
             on k.qid = m.queue_id and k.key = s.ordering_key
           left join unnest(lanes.g_qid, lanes.g_p, lanes.g_ks, lanes.g_lane, lanes.g_base)
@@ -4428,78 +4446,84 @@ declare
     n integer := coalesce(cardinality(queues), 0);
     q text;
 begin
-    -- Create unknown queues in name order, so concurrent calls agree.
-    for q in
-        select distinct u.q from unnest(queues) as u (q)
-         where not exists (select from awa.queue_meta as m where m.queue = u.q)
-         order by 1
+    -- Until every row's queue is found: a queue dropped after the names were
+    -- read (its row renamed, ADR 044) is no queue of the name any more, and
+    -- is created again, as for any enqueue after a drop.
     loop
-        perform awa._ensure_queue(q);
+        -- Create unknown queues in name order, so concurrent calls agree.
+        for q in
+            select distinct u.q from unnest(queues) as u (q)
+             where not exists (select from awa.queue_meta as m where m.queue = u.q)
+             order by 1
+        loop
+            perform awa._ensure_queue(q);
+        end loop;
+
+        -- Partitioned and striped queues: each row goes to its partition, then
+        -- its stripe (by key, else this backend's sticky one); created when missing.
+        routed := queues;
+        if exists (
+            select from awa.queue_meta as m
+             where m.queue = any(queues) and (m.stripes > 1 or m.partitions > 1)
+        ) then
+            -- awa._route_queue's steps, set-based: each row's partition, each
+            -- partition the call reaches looked up (or created) once, each row's
+            -- stripe of it, each stripe once. A lookup per row was most of the
+            -- cost of routing a row (tests/test_partitions.py compares the two).
+            routed := array(
+                with by_row as materialized (
+                    select u.i, u.q, u.k, awa._partition_of(m.partitions, u.k) as p
+                      from unnest(queues, ordering_keys) with ordinality as u (q, k, i)
+                      join awa.queue_meta as m on m.queue = u.q
+                ),
+                by_partition as materialized (
+                    select t.q, t.p, (t.target).queue as target_queue,
+                           (t.target).stripes as target_stripes, t.target
+                      from (
+                          select d.q, d.p, awa._partition_target(m, d.p) as target
+                            from (select distinct b.q, b.p from by_row as b) as d
+                            join awa.queue_meta as m on m.queue = d.q
+                           order by d.q, d.p
+                      ) as t
+                ),
+                by_stripe as materialized (
+                    select b.i, t.target_queue, awa._stripe_of(t.target_stripes, b.k) as s
+                      from by_row as b
+                      join by_partition as t on t.q = b.q and t.p = b.p
+                ),
+                stripes as materialized (
+                    select d.target_queue, d.s,
+                           (awa._stripe_target(
+                               (select t.target from by_partition as t
+                                 where t.target_queue = d.target_queue limit 1),
+                               d.s
+                           )).queue as physical
+                      from (select distinct b.target_queue, b.s from by_stripe as b) as d
+                     order by d.target_queue, d.s
+                )
+                select s.physical
+                  from by_stripe as b
+                  join stripes as s on s.target_queue = b.target_queue and s.s = b.s
+                 order by b.i
+            );
+        end if;
+
+        -- Per row: the queue id, and the keyed shard under the queue's current S.
+        select array_agg(m.queue_id order by i),
+               array_agg(
+                   case when ordering_keys[i] is not null
+                        then awa._key_shard(ordering_keys[i], m.enqueue_shards) end
+                   order by i
+               )
+          into queue_ids, key_shards
+          from generate_series(1, n) as i
+          left join (
+              select x.queue, x.queue_id, x.enqueue_shards
+                from awa.queue_meta as x
+               where x.queue = any(routed)
+          ) as m on m.queue = routed[i];
+        exit when n = 0 or array_position(queue_ids, null) is null;
     end loop;
-
-    -- Partitioned and striped queues: each row goes to its partition, then
-    -- its stripe (by key, else this backend's sticky one); created when missing.
-    routed := queues;
-    if exists (
-        select from awa.queue_meta as m
-         where m.queue = any(queues) and (m.stripes > 1 or m.partitions > 1)
-    ) then
-        -- awa._route_queue's steps, set-based: each row's partition, each
-        -- partition the call reaches looked up (or created) once, each row's
-        -- stripe of it, each stripe once. A lookup per row was most of the
-        -- cost of routing a row (tests/test_partitions.py compares the two).
-        routed := array(
-            with by_row as materialized (
-                select u.i, u.q, u.k, awa._partition_of(m.partitions, u.k) as p
-                  from unnest(queues, ordering_keys) with ordinality as u (q, k, i)
-                  join awa.queue_meta as m on m.queue = u.q
-            ),
-            by_partition as materialized (
-                select t.q, t.p, (t.target).queue as target_queue,
-                       (t.target).stripes as target_stripes, t.target
-                  from (
-                      select d.q, d.p, awa._partition_target(m, d.p) as target
-                        from (select distinct b.q, b.p from by_row as b) as d
-                        join awa.queue_meta as m on m.queue = d.q
-                       order by d.q, d.p
-                  ) as t
-            ),
-            by_stripe as materialized (
-                select b.i, t.target_queue, awa._stripe_of(t.target_stripes, b.k) as s
-                  from by_row as b
-                  join by_partition as t on t.q = b.q and t.p = b.p
-            ),
-            stripes as materialized (
-                select d.target_queue, d.s,
-                       (awa._stripe_target(
-                           (select t.target from by_partition as t
-                             where t.target_queue = d.target_queue limit 1),
-                           d.s
-                       )).queue as physical
-                  from (select distinct b.target_queue, b.s from by_stripe as b) as d
-                 order by d.target_queue, d.s
-            )
-            select s.physical
-              from by_stripe as b
-              join stripes as s on s.target_queue = b.target_queue and s.s = b.s
-             order by b.i
-        );
-    end if;
-
-    -- Per row: the queue id, and the keyed shard under the queue's current S.
-    select array_agg(m.queue_id order by i),
-           array_agg(
-               case when ordering_keys[i] is not null
-                    then awa._key_shard(ordering_keys[i], m.enqueue_shards) end
-               order by i
-           )
-      into queue_ids, key_shards
-      from generate_series(1, n) as i
-      join (
-          select x.queue, x.queue_id, x.enqueue_shards
-            from awa.queue_meta as x
-           where x.queue = any(routed)
-      ) as m on m.queue = routed[i];
 end;
 $function$;
 

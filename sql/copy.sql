@@ -361,6 +361,9 @@ declare
     q text;
     batch_path boolean;
     unknown text[];
+    q_name text[];
+    q_id integer[];
+    q_shards smallint[];
     k_qid integer[];
     k_key bytea[];
     k_shard smallint[];
@@ -386,9 +389,23 @@ begin
     if batch_path then
         return awa._move_staged_in_batches(xid);
     end if;
-    -- Create unknown queues in name order, so concurrent movers agree.
-    foreach q in array coalesce(unknown, '{}') loop
-        perform awa._ensure_queue(q);
+    -- Each queue's id and S, read once: the statements below join these, not
+    -- awa.queue_meta by name, which a drop committed meanwhile renames (ADR
+    -- 044): its rows would find no queue (ADR 049). Unknown queues are
+    -- created in name order, so concurrent movers agree, until every name
+    -- is found.
+    loop
+        foreach q in array coalesce(unknown, '{}') loop
+            perform awa._ensure_queue(q);
+        end loop;
+        select array_agg(d.queue order by d.queue), array_agg(m.queue_id order by d.queue),
+               array_agg(m.enqueue_shards order by d.queue),
+               array_agg(d.queue order by d.queue) filter (where m.queue_id is null)
+          into q_name, q_id, q_shards, unknown
+          from (select distinct s.queue from awa.copy_staging as s
+                 where s.staged_xid = _move_staged_sets.xid) as d
+          left join awa.queue_meta as m on m.queue = d.queue;
+        exit when unknown is null;
     end loop;
 
     -- Each distinct (queue, key) of the due keyed rows, hashed once.
@@ -398,7 +415,8 @@ begin
       from (
           select distinct m.queue_id, m.enqueue_shards, s.ordering_key
             from awa.copy_staging as s
-            join awa.queue_meta as m on m.queue = s.queue
+            join unnest(q_name, q_id, q_shards) as m (queue, queue_id, enqueue_shards)
+              on m.queue = s.queue
            where s.staged_xid = _move_staged_sets.xid and s.ordering_key is not null
              and (s.run_at is null or s.run_at <= now())
       ) as k;
@@ -410,7 +428,7 @@ begin
           select m.queue_id as qid, coalesce(s.priority, awa._default_priority()) as p,
                  coalesce(k.shard, -1)::smallint as ks, count(*) as n
             from awa.copy_staging as s
-            join awa.queue_meta as m on m.queue = s.queue
+            join unnest(q_name, q_id) as m (queue, queue_id) on m.queue = s.queue
             left join unnest(k_qid, k_key, k_shard) as k (qid, key, shard)
               on k.qid = m.queue_id and k.key = s.ordering_key
            where s.staged_xid = _move_staged_sets.xid
@@ -427,7 +445,7 @@ begin
                l.base + row_number() over (partition by l.lane order by s.staged_id) - 1
                as seq
           from awa.copy_staging as s
-          join awa.queue_meta as m on m.queue = s.queue
+          join unnest(q_name, q_id) as m (queue, queue_id) on m.queue = s.queue
           left join unnest(k_qid, k_key, k_shard) as k (qid, key, shard)
             on k.qid = m.queue_id and k.key = s.ordering_key
           left join unnest(lanes.g_qid, lanes.g_p, lanes.g_ks, lanes.g_lane, lanes.g_base)

@@ -479,9 +479,11 @@ $$;
 -- partitioned or striped queue goes to its partition, then its stripe (by
 -- key, else this backend's sticky one), created when missing. Returns each
 -- row's physical queue name, its queue id, and its keyed shard under that
--- queue's current S (null for an unkeyed row). The rows come checked
--- (awa._row_ok). The one home of the routing of awa._enqueue_rows and of
--- COPY's prologue for keyed loads (awa._move_staged_in_batches).
+-- queue's current S (null for an unkeyed row), all read in one statement:
+-- a queue dropped since its name was found (ADR 044) is looked for again,
+-- and created (ADR 049). The rows come checked (awa._row_ok). The one home
+-- of the routing of awa._enqueue_rows and of COPY's prologue for keyed
+-- loads (awa._move_staged_in_batches).
 -- Calls: awa._ensure_queue, awa._key_shard, awa._partition_of, awa._partition_target,
 --   awa._stripe_of, awa._stripe_target
 -- Writes: nothing
@@ -501,78 +503,84 @@ declare
     n integer := coalesce(cardinality(queues), 0);
     q text;
 begin
-    -- Create unknown queues in name order, so concurrent calls agree.
-    for q in
-        select distinct u.q from unnest(queues) as u (q)
-         where not exists (select from awa.queue_meta as m where m.queue = u.q)
-         order by 1
+    -- Until every row's queue is found: a queue dropped after the names were
+    -- read (its row renamed, ADR 044) is no queue of the name any more, and
+    -- is created again, as for any enqueue after a drop.
     loop
-        perform awa._ensure_queue(q);
+        -- Create unknown queues in name order, so concurrent calls agree.
+        for q in
+            select distinct u.q from unnest(queues) as u (q)
+             where not exists (select from awa.queue_meta as m where m.queue = u.q)
+             order by 1
+        loop
+            perform awa._ensure_queue(q);
+        end loop;
+
+        -- Partitioned and striped queues: each row goes to its partition, then
+        -- its stripe (by key, else this backend's sticky one); created when missing.
+        routed := queues;
+        if exists (
+            select from awa.queue_meta as m
+             where m.queue = any(queues) and (m.stripes > 1 or m.partitions > 1)
+        ) then
+            -- awa._route_queue's steps, set-based: each row's partition, each
+            -- partition the call reaches looked up (or created) once, each row's
+            -- stripe of it, each stripe once. A lookup per row was most of the
+            -- cost of routing a row (tests/test_partitions.py compares the two).
+            routed := array(
+                with by_row as materialized (
+                    select u.i, u.q, u.k, awa._partition_of(m.partitions, u.k) as p
+                      from unnest(queues, ordering_keys) with ordinality as u (q, k, i)
+                      join awa.queue_meta as m on m.queue = u.q
+                ),
+                by_partition as materialized (
+                    select t.q, t.p, (t.target).queue as target_queue,
+                           (t.target).stripes as target_stripes, t.target
+                      from (
+                          select d.q, d.p, awa._partition_target(m, d.p) as target
+                            from (select distinct b.q, b.p from by_row as b) as d
+                            join awa.queue_meta as m on m.queue = d.q
+                           order by d.q, d.p
+                      ) as t
+                ),
+                by_stripe as materialized (
+                    select b.i, t.target_queue, awa._stripe_of(t.target_stripes, b.k) as s
+                      from by_row as b
+                      join by_partition as t on t.q = b.q and t.p = b.p
+                ),
+                stripes as materialized (
+                    select d.target_queue, d.s,
+                           (awa._stripe_target(
+                               (select t.target from by_partition as t
+                                 where t.target_queue = d.target_queue limit 1),
+                               d.s
+                           )).queue as physical
+                      from (select distinct b.target_queue, b.s from by_stripe as b) as d
+                     order by d.target_queue, d.s
+                )
+                select s.physical
+                  from by_stripe as b
+                  join stripes as s on s.target_queue = b.target_queue and s.s = b.s
+                 order by b.i
+            );
+        end if;
+
+        -- Per row: the queue id, and the keyed shard under the queue's current S.
+        select array_agg(m.queue_id order by i),
+               array_agg(
+                   case when ordering_keys[i] is not null
+                        then awa._key_shard(ordering_keys[i], m.enqueue_shards) end
+                   order by i
+               )
+          into queue_ids, key_shards
+          from generate_series(1, n) as i
+          left join (
+              select x.queue, x.queue_id, x.enqueue_shards
+                from awa.queue_meta as x
+               where x.queue = any(routed)
+          ) as m on m.queue = routed[i];
+        exit when n = 0 or array_position(queue_ids, null) is null;
     end loop;
-
-    -- Partitioned and striped queues: each row goes to its partition, then
-    -- its stripe (by key, else this backend's sticky one); created when missing.
-    routed := queues;
-    if exists (
-        select from awa.queue_meta as m
-         where m.queue = any(queues) and (m.stripes > 1 or m.partitions > 1)
-    ) then
-        -- awa._route_queue's steps, set-based: each row's partition, each
-        -- partition the call reaches looked up (or created) once, each row's
-        -- stripe of it, each stripe once. A lookup per row was most of the
-        -- cost of routing a row (tests/test_partitions.py compares the two).
-        routed := array(
-            with by_row as materialized (
-                select u.i, u.q, u.k, awa._partition_of(m.partitions, u.k) as p
-                  from unnest(queues, ordering_keys) with ordinality as u (q, k, i)
-                  join awa.queue_meta as m on m.queue = u.q
-            ),
-            by_partition as materialized (
-                select t.q, t.p, (t.target).queue as target_queue,
-                       (t.target).stripes as target_stripes, t.target
-                  from (
-                      select d.q, d.p, awa._partition_target(m, d.p) as target
-                        from (select distinct b.q, b.p from by_row as b) as d
-                        join awa.queue_meta as m on m.queue = d.q
-                       order by d.q, d.p
-                  ) as t
-            ),
-            by_stripe as materialized (
-                select b.i, t.target_queue, awa._stripe_of(t.target_stripes, b.k) as s
-                  from by_row as b
-                  join by_partition as t on t.q = b.q and t.p = b.p
-            ),
-            stripes as materialized (
-                select d.target_queue, d.s,
-                       (awa._stripe_target(
-                           (select t.target from by_partition as t
-                             where t.target_queue = d.target_queue limit 1),
-                           d.s
-                       )).queue as physical
-                  from (select distinct b.target_queue, b.s from by_stripe as b) as d
-                 order by d.target_queue, d.s
-            )
-            select s.physical
-              from by_stripe as b
-              join stripes as s on s.target_queue = b.target_queue and s.s = b.s
-             order by b.i
-        );
-    end if;
-
-    -- Per row: the queue id, and the keyed shard under the queue's current S.
-    select array_agg(m.queue_id order by i),
-           array_agg(
-               case when ordering_keys[i] is not null
-                    then awa._key_shard(ordering_keys[i], m.enqueue_shards) end
-               order by i
-           )
-      into queue_ids, key_shards
-      from generate_series(1, n) as i
-      join (
-          select x.queue, x.queue_id, x.enqueue_shards
-            from awa.queue_meta as x
-           where x.queue = any(routed)
-      ) as m on m.queue = routed[i];
 end;
 $$;
 

@@ -18,7 +18,7 @@ import pytest
 from awa_sql.maintain import TASKS
 from awa_sql.metrics import render
 from tests.support.isolation import OLDER_SNAPSHOTS, assert_refused_outside_read_committed
-from tests.support.jobs import behind, claim, claim_all, enqueue
+from tests.support.jobs import behind, claim, claim_all, copy_rows, enqueue
 from tests.support.waiting import wait_until
 
 
@@ -594,3 +594,47 @@ def test_a_queue_dropped_again_while_the_finish_waits_for_its_row_is_left(db, lo
     assert queue_row(su, again) == (f"#dropped#{again}", True, "again")
     assert [(r[1], r[2]) for r in finish(db, logins)] == [(again, "removed")]
     assert queue_row(su, again) is None
+
+
+def copy_two_queues(queues):
+    """A COPY load for the general mover: one unkeyed row per queue."""
+    def work(conn):
+        copy_rows(conn, [(q, 2, None, "job", json.dumps({"q": q}), None, 25) for q in queues])
+        return conn.execute("select awa.enqueue_copied()").fetchone()[0]
+    return work
+
+
+def batch_two_queues(queues):
+    def work(conn):
+        return [r[0] for r in conn.execute(
+            "select job_id from awa.enqueue_batch(%s::text[], %s::text[])",
+            [queues, ["job"] * len(queues)]).fetchall()]
+    return work
+
+
+@pytest.mark.parametrize("path", ["copy", "batch"])
+def test_a_multi_queue_load_that_waits_for_a_drop_enqueues_every_row(db, logins, su, op, path):
+    """A load for an existing queue and a new one reads which queues exist,
+    then waits for the provisioning lock to create the new one; a drop of the
+    existing one holds that lock and commits meanwhile. The load then finds
+    the name no queue's: its row goes to a new queue of the name, like any
+    enqueue after a drop, and none is lost (the movers once looked the queues
+    up by name again, statement by statement, and left the row out)."""
+    with db.connect(logins.producer) as p:
+        enqueue(p, "dl")
+    su.execute("delete from awa.ready")
+    old = queue_id(su, "dl")
+    queues = ["dl", "dl-new"]
+    work = copy_two_queues(queues) if path == "copy" else batch_two_queues(queues)
+    with db.connect(logins.operator, autocommit=False) as holder, \
+            db.connect(logins.producer, autocommit=False) as p:
+        drop(holder, "dl")
+        call = behind(db, holder, p, work)
+    assert call.error is None, call.error
+    assert call.result == (2 if path == "copy" else call.result)
+    counts = dict(su.execute(
+        "select m.queue, count(*) from awa.ready r join awa.queue_meta m using (queue_id)"
+        " group by 1").fetchall())
+    assert counts == {"dl": 1, "dl-new": 1}
+    assert queue_id(su, "dl") != old
+    assert finish(db, logins) == [("dl", old, "removed", None)]
