@@ -5958,13 +5958,16 @@ begin
     end if;
     perform awa._require_primary('drop a queue');
     -- The row (42704 if another transaction dropped it while this one
-    -- waited), then the provisioning lock: the order of a change of S. The
-    -- row for update too, unlike a change: that waits for an enqueue of a job
-    -- for later in flight (its key share), so the read of the contents below
-    -- sees the job.
+    -- waited), then the provisioning lock: the order of a change of S. Then
+    -- the row for update too, unlike a change: that waits for an enqueue of a
+    -- job for later in flight (its key share), so the read of the contents
+    -- below sees the job. Not before the provisioning lock: a producer
+    -- holding a lane would wait for this drop at its job for later while
+    -- this drop waited for a queue's creation that waits for that lane
+    -- (40P01, ADR 049).
     meta := awa._lock_queue(queue, create_missing => false);
-    perform from awa.queue_meta as m where m.queue_id = meta.queue_id for update;
     perform awa._lock_leader('provisioning');
+    perform from awa.queue_meta as m where m.queue_id = meta.queue_id for update;
     if meta.root_queue is not null then
         raise exception 'queue % is a partition or stripe of %: dropping one is not supported yet',
             quote_literal(queue), quote_literal(meta.root_queue)
@@ -6480,8 +6483,11 @@ begin
                 outcome := 'removed';
                 named := null;
             else
-                -- A job came late: the queue goes back, never away.
-                perform awa._lock_leader('provisioning');
+                -- A job came late: the queue goes back, never away. The
+                -- provisioning lock is tried, not waited for: a removal
+                -- before it holds awa.queue_limit, which a queue's creation
+                -- waits for while it holds that lock (ADR 049).
+                continue when not awa._try_leader('provisioning');
                 if exists (select from awa.queue_meta as m where m.queue = meta.dropped_name) then
                     back := awa._recovery_name(meta.dropped_name, qid);
                     outcome := 'renamed';

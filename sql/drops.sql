@@ -100,13 +100,16 @@ begin
     end if;
     perform awa._require_primary('drop a queue');
     -- The row (42704 if another transaction dropped it while this one
-    -- waited), then the provisioning lock: the order of a change of S. The
-    -- row for update too, unlike a change: that waits for an enqueue of a job
-    -- for later in flight (its key share), so the read of the contents below
-    -- sees the job.
+    -- waited), then the provisioning lock: the order of a change of S. Then
+    -- the row for update too, unlike a change: that waits for an enqueue of a
+    -- job for later in flight (its key share), so the read of the contents
+    -- below sees the job. Not before the provisioning lock: a producer
+    -- holding a lane would wait for this drop at its job for later while
+    -- this drop waited for a queue's creation that waits for that lane
+    -- (40P01, ADR 049).
     meta := awa._lock_queue(queue, create_missing => false);
-    perform from awa.queue_meta as m where m.queue_id = meta.queue_id for update;
     perform awa._lock_leader('provisioning');
+    perform from awa.queue_meta as m where m.queue_id = meta.queue_id for update;
     if meta.root_queue is not null then
         raise exception 'queue % is a partition or stripe of %: dropping one is not supported yet',
             quote_literal(queue), quote_literal(meta.root_queue)
@@ -276,15 +279,17 @@ $$;
 -- taken the name. awa.ready, awa.lane_hints, awa.running and awa.finished
 -- are held (ACCESS SHARE) for the call, so that no rewrite by TRUNCATE
 -- comes between a snapshot and a read of them. Never waits more than
--- 100 ms for a lock: what it did not get is left to the next call; a call
--- stops after the queue that takes its lane locks past 1,024.
+-- 100 ms for a lock, nor at all for the provisioning lock (a creation
+-- holding it may wait for awa.queue_limit, which a removal holds): what it
+-- did not get is left to the next call; a call stops after the queue that
+-- takes its lane locks past 1,024.
 -- Role: awa_maintenance. Returns one row per queue it removed (outcome
 -- 'removed') or put back ('restored' under its old name, 'renamed' under
 -- the name `named`); queue is the name the queue had.
 -- Errors: 25000 the calling transaction is not read committed.
 -- Calls: awa._before_every_snapshot, awa._check_read_committed, awa._drop_sequences,
---   awa._lock_class_lane, awa._lock_leader, awa._note_run, awa._oldest_snapshot,
---   awa._queue_contents, awa._recovery_name, awa._remove_dropped, awa._rename_history
+--   awa._lock_class_lane, awa._note_run, awa._oldest_snapshot, awa._queue_contents,
+--   awa._recovery_name, awa._remove_dropped, awa._rename_history, awa._try_leader
 -- Writes: awa.queue_meta
 create or replace function awa.finish_drops()
 returns table (queue text, queue_id integer, outcome text, named text)
@@ -361,8 +366,11 @@ begin
                 outcome := 'removed';
                 named := null;
             else
-                -- A job came late: the queue goes back, never away.
-                perform awa._lock_leader('provisioning');
+                -- A job came late: the queue goes back, never away. The
+                -- provisioning lock is tried, not waited for: a removal
+                -- before it holds awa.queue_limit, which a queue's creation
+                -- waits for while it holds that lock (ADR 049).
+                continue when not awa._try_leader('provisioning');
                 if exists (select from awa.queue_meta as m where m.queue = meta.dropped_name) then
                     back := awa._recovery_name(meta.dropped_name, qid);
                     outcome := 'renamed';

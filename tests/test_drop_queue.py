@@ -18,7 +18,15 @@ import pytest
 from awa_sql.maintain import TASKS
 from awa_sql.metrics import render
 from tests.support.isolation import OLDER_SNAPSHOTS, assert_refused_outside_read_committed
-from tests.support.jobs import behind, claim, claim_all, copy_rows, enqueue
+from tests.support.jobs import (
+    Call,
+    behind,
+    claim,
+    claim_all,
+    copy_rows,
+    enqueue,
+    waits_for_a_lock,
+)
 from tests.support.waiting import wait_until
 
 
@@ -638,3 +646,94 @@ def test_a_multi_queue_load_that_waits_for_a_drop_enqueues_every_row(db, logins,
     assert counts == {"dl": 1, "dl-new": 1}
     assert queue_id(su, "dl") != old
     assert finish(db, logins) == [("dl", old, "removed", None)]
+
+
+def test_a_drop_waiting_for_a_queue_creation_lets_enqueues_of_jobs_for_later_through(
+        db, logins, su):
+    """Three single calls and a drop: a batch holds a lane of dx and waits for
+    a lane of dx2 (which a transaction holds), then writes a job for later to
+    dd; a batch that creates a queue (holding the provisioning lock until it
+    commits) waits for that lane of dx; the drop of dd waits for the
+    provisioning lock. The drop once took dd's row for update before that
+    wait, so the first batch's job for later (a key share of the row, by the
+    foreign key) waited for the drop: a cycle of waits, and one call ended
+    with a deadlock (40P01). The drop now takes its row for update once it
+    holds the provisioning lock: the batches commit, and the drop sees the
+    job for later and refuses (55006)."""
+    with db.connect(logins.producer) as p:
+        for queue in ("dd", "dx", "dx2"):  # in this order: dx's lanes below dx2's
+            enqueue(p, queue)
+    su.execute("delete from awa.ready")
+    later = "2100-01-01T00:00:00Z"
+    with db.connect(logins.producer, autocommit=False) as holder, \
+            db.connect(logins.producer, autocommit=False) as p2, \
+            db.connect(logins.producer, autocommit=False) as p1, \
+            db.connect(logins.operator, autocommit=False) as op, \
+            db.connect() as watch:
+        enqueue(holder, "dx2")
+        calls = [
+            Call(p2, lambda c: c.execute(
+                "select job_id from awa.enqueue_batch(array['dx', 'dx2', 'dd'],"
+                " array['job', 'job', 'job'], run_ats => array[null, null, %s]::timestamptz[])",
+                [later]).fetchall()),
+            Call(p1, lambda c: c.execute(
+                "select job_id from awa.enqueue_batch(array['dy-new', 'dx'],"
+                " array['job', 'job'])").fetchall()),
+            Call(op, lambda c: drop(c, "dd")),
+        ]
+        for call in calls:  # each waits before the next starts
+            call.start()
+            wait_until(lambda call=call: waits_for_a_lock(watch, call.pid),
+                       what=f"backend {call.pid} to wait")
+        holder.commit()
+        for call in calls:
+            call.join(timeout=30)
+            assert not call.is_alive()
+    p2_call, p1_call, drop_call = calls
+    assert p2_call.error is None, p2_call.error
+    assert p1_call.error is None, p1_call.error
+    assert drop_call.error is not None and drop_call.error.sqlstate == "55006", drop_call.error
+    assert "1 scheduled" in str(drop_call.error)
+
+
+def test_a_finish_that_puts_a_queue_back_never_waits_for_a_creation(db, logins, su, op):
+    """A finish removed one dropped queue (holding awa.queue_limit's row until
+    it commits), and a creation of a queue took the provisioning lock and
+    waits for that row. The finish then finds a late job in another dropped
+    queue: putting it back takes the provisioning lock. Waited for, that was
+    a cycle (the finish waits for the creation, which waits for the finish),
+    which PostgreSQL's deadlock check ends by failing a call: the producer's,
+    when its own check ran first (the chaos harness met it). The finish now
+    tries the lock and leaves the queue to its next call. Two finish calls in
+    one transaction stand for one that reaches the second queue after the
+    first; a short deadlock_timeout makes the finish's own check find the
+    cycle within its 100 ms lock_timeout."""
+    with db.connect(logins.producer) as p:
+        enqueue(p, "fa")
+        enqueue(p, "fb")
+    su.execute("delete from awa.ready")
+    removed_id, late_id = queue_id(su, "fa"), queue_id(su, "fb")
+    su.execute(f'alter role "{logins.maintenance}" set deadlock_timeout = \'20ms\'')
+    drop(op, "fa")
+    with db.connect(logins.producer, autocommit=False) as late:
+        late.execute("begin isolation level repeatable read")
+        late.execute("select 1")
+        drop(op, "fb")
+        enqueue(late, "fb")  # to the dropped row, by its snapshot
+        with db.connect(logins.maintenance, autocommit=False) as fin, \
+                db.connect(logins.producer, autocommit=False) as creator, \
+                db.connect() as watch:
+            # The late job's snapshot keeps fb from this call: only fa goes.
+            assert fin.execute("select * from awa.finish_drops()").fetchall() == [
+                ("fa", removed_id, "removed", None)]
+            late.commit()
+            create = Call(creator, lambda c: enqueue(c, "fc-new"))
+            create.start()
+            wait_until(lambda: waits_for_a_lock(watch, create.pid), what="the creation to wait")
+            put_back = fin.execute("select * from awa.finish_drops()").fetchall()
+            fin.commit()
+            create.join(timeout=30)
+            assert not create.is_alive()
+            assert create.error is None, create.error
+    assert put_back == []
+    assert finish(db, logins) == [("fb", late_id, "restored", "fb")]
