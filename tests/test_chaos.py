@@ -6,7 +6,9 @@ replays the mix for longer."""
 
 from __future__ import annotations
 
-from tests.support.chaos import Chaos
+import pytest
+
+from tests.support.chaos import Chaos, Failure, check
 
 SEED = 20261206
 SECONDS = 12
@@ -20,3 +22,26 @@ def test_the_whole_api_at_once_keeps_every_job_once(db, logins):
                "cancel_job", "retry_job", "set_enqueue_shards", "pass:promote", "pass:rescue"):
         assert calls.get(f"{op} ok", 0) > 0, (op, calls)
     assert report["claims"] > 100, report
+
+
+def test_the_checks_find_a_lost_job_and_a_job_in_two_places(db, logins):
+    """The checks are not vacuous: after a short clean run, a job removed and
+    another written to a second slot of awa.finished are both named."""
+    chaos = Chaos(db, logins, SEED, 3)
+    chaos.run()
+    with db.connect() as su:
+        ready = {r[0] for r in su.execute("select job_id from awa.ready").fetchall()}
+        lost = min(j for j, info in chaos.ledger.jobs.items()
+                   if j in ready and info["queue"] != "drop")
+        su.execute("delete from awa.ready where job_id = %s", [lost])
+        doubled = su.execute(
+            "insert into awa.finished select f.job_id, (f.slot + 1) % 96, f.queue_id, f.priority,"
+            " f.kind, f.state, f.attempt, f.max_attempts, f.enqueued_at, f.finished_at, f.args,"
+            " f.ordering_key, f.last_error, f.max_run_time, f.unique_key, f.unique_window"
+            " from awa.finished f where f.state = 'completed' order by f.job_id limit 1"
+            " returning job_id").fetchone()[0]
+        with pytest.raises(Failure) as err:
+            check(su, chaos.ledger, SEED)
+    assert f"job {doubled} is in 2 places" in str(err.value)
+    assert f"job {lost} " in str(err.value)
+    assert f"seed {SEED}" in str(err.value)

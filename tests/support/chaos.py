@@ -38,6 +38,7 @@ import collections
 import itertools
 import json
 import random
+import re
 import shutil
 import sys
 import tempfile
@@ -524,7 +525,7 @@ class Maintenance(Actor):
         r = self.rng.random()
         if r < 0.05 and self.chaos.jump_leases:
             self.chaos.lease_jump()
-            self.history.append("lease_jump")
+            self.history.append(f"{time.monotonic() - self.chaos.t0:8.3f} lease_jump()")
             return
         if r < 0.12:
             self.call("sample_lane_contention", lambda conn: conn.execute(
@@ -533,12 +534,13 @@ class Maintenance(Actor):
         weights = [8 if t.name in ("promote", "rescue") else 2 for t in TASKS]
         task = self.rng.choices(TASKS, weights)[0]
         got, err = self.call(f"pass:{task.name}", lambda conn: self.maintain(conn, task))
-        if err is not None:
-            with self.ledger.lock:
+        with self.ledger.lock:
+            if err is not None:
                 self.ledger.rolled_back_finishes += 1
-        elif got and task.name == "rescue":
-            with self.ledger.lock:
-                self.ledger.rescued += got
+            elif got:  # the pass did something: how often each does
+                self.ledger.counts[(f"pass:{task.name}", "did")] += 1
+                if task.name == "rescue":
+                    self.ledger.rescued += got
 
     @staticmethod
     def maintain(conn, task) -> int | None:
@@ -614,9 +616,24 @@ class Chaos:
                     self.stop.set()
             if self.ledger.failures:
                 raise Failure("\n\n".join(self.ledger.failures))
-            return check(self._admin, self.ledger, self.seed)
+            try:
+                return check(self._admin, self.ledger, self.seed)
+            except Failure as err:
+                raise Failure(f"{err}\n{calls_naming(str(err), actors)}") from None
         finally:
             self._admin.close()
+
+
+def calls_naming(report: str, actors: list[Actor], most: int = 60) -> str:
+    """The calls of every caller that name a job the report names."""
+    jobs = set(re.findall(r"\bjob (\d+)", report))
+    lines = [f"{a.name}: {line}" for a in actors for line in a.history
+             if jobs & set(re.findall(r"\d+", line))]
+    if not lines:
+        return ""
+    lines.sort(key=lambda line: float(line.split(": ", 1)[1].split()[0]))
+    return "calls naming those jobs (each caller keeps its last 400):\n    " + \
+        "\n    ".join(lines[:most])
 
 
 def _rows(admin) -> dict[int, list[tuple]]:
@@ -784,6 +801,7 @@ def check(admin, ledger: Ledger, seed: int) -> dict:
     return {"jobs": len(ledger.jobs) + len(ledger.staged), "claims": len(ledger.claims),
             "dropped_with_queue": dropped_with_queue, "drops": len(ledger.drops),
             "rescued": ledger.rescued,
+            "fifo_completed_in_order": sum(len(d) for d in ledger.fifo_done.values()),
             "states": dict(collections.Counter(rs[0][2] for rs in rows.values())),
             "calls": {f"{op} {state}": n for (op, state), n in sorted(ledger.counts.items())}}
 
@@ -803,6 +821,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pg", type=int, choices=(17, 18), default=18)
     parser.add_argument("--producers", type=int, default=3)
     parser.add_argument("--workers", type=int, default=3)
+    parser.add_argument("--operators", type=int, default=1)
+    parser.add_argument("--maintainers", type=int, default=2)
     args = parser.parse_args(argv)
     workdir = Path(tempfile.mkdtemp(prefix="awa-sql-chaos-"))
     cluster = start_cluster(args.pg, workdir)
@@ -818,7 +838,8 @@ def main(argv: list[str] | None = None) -> int:
                                        strict=True)))
             try:
                 report = Chaos(db, logins, seed, args.seconds, producers=args.producers,
-                               workers=args.workers).run()
+                               workers=args.workers, operators=args.operators,
+                               maintainers=args.maintainers).run()
                 print(f"seed {seed}: ok {json.dumps(report, indent=1)}")
             except Failure as err:
                 failed += 1
