@@ -100,16 +100,9 @@ begin
     end if;
     perform awa._require_primary('drop a queue');
     -- The row (42704 if another transaction dropped it while this one
-    -- waited), then the provisioning lock: the order of a change of S. Then
-    -- the row for update too, unlike a change: that waits for an enqueue of a
-    -- job for later in flight (its key share), so the read of the contents
-    -- below sees the job. Not before the provisioning lock: a producer
-    -- holding a lane would wait for this drop at its job for later while
-    -- this drop waited for a queue's creation that waits for that lane
-    -- (40P01, ADR 049).
+    -- waited), then the provisioning lock: the order of a change of S.
     meta := awa._lock_queue(queue, create_missing => false);
     perform awa._lock_leader('provisioning');
-    perform from awa.queue_meta as m where m.queue_id = meta.queue_id for update;
     if meta.root_queue is not null then
         raise exception 'queue % is a partition or stripe of %: dropping one is not supported yet',
             quote_literal(queue), quote_literal(meta.root_queue)
@@ -125,6 +118,13 @@ begin
         delete from awa.unique_keys as u
          where u.queue_id = meta.queue_id and u.held_until is not null;
     end if;
+    -- The row for update too, unlike a change: that waits for an enqueue of
+    -- a job for later in flight (its key share), so the read of the contents
+    -- below sees the job. Last: while this drop waited for anything with it
+    -- (the provisioning lock, terminal rows a retry holds), a producer that
+    -- holds a lane would wait for it at its job for later, and the holder
+    -- may wait for that lane (40P01, ADR 049).
+    perform from awa.queue_meta as m where m.queue_id = meta.queue_id for update;
     select c.* into strict held from awa._queue_contents(meta.queue_id) as c;
     if held.ready + held.scheduled + held.running + held.unique_keys + held.finished > 0 then
         raise exception 'queue % is not empty: % ready, % scheduled, % running, '

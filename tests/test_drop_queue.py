@@ -737,3 +737,52 @@ def test_a_finish_that_puts_a_queue_back_never_waits_for_a_creation(db, logins, 
             assert create.error is None, create.error
     assert put_back == []
     assert finish(db, logins) == [("fb", late_id, "restored", "fb")]
+
+
+def test_a_drop_that_discards_terminal_jobs_waits_for_a_retry_of_them_holding_nothing(
+        db, logins, su, op):
+    """A retry of a queue's cancelled jobs holds their rows and waits for a
+    lane of the queue that a batch holds; the batch waits for another lane,
+    then writes a job for later to the queue; a drop with discard_finished
+    waits for the cancelled rows. The drop once locked the queue's row for
+    update before that delete, so the batch's job for later (a key share of
+    the row) waited for the drop: a cycle, and the retry failed with 40P01
+    (the chaos harness met it). The drop now deletes first and locks the row
+    for update after: the batch and the retry commit, and the drop refuses
+    (55006)."""
+    with db.connect(logins.producer) as p:
+        for queue in ("rd", "rx2"):  # in this order: rd's lanes below rx2's
+            enqueue(p, queue)
+    su.execute("delete from awa.ready")
+    with db.connect(logins.producer) as p:
+        enqueue(p, "rd", priority=2)
+    assert op.execute("select awa.cancel_jobs('rd')").fetchone()[0] == 1
+    later = "2100-01-01T00:00:00Z"
+    with db.connect(logins.producer, autocommit=False) as holder, \
+            db.connect(logins.producer, autocommit=False) as batch, \
+            db.connect(logins.operator, autocommit=False) as retrier, \
+            db.connect(logins.operator, autocommit=False) as dropper, \
+            db.connect() as watch:
+        enqueue(holder, "rx2")
+        calls = [
+            Call(batch, lambda c: c.execute(
+                "select job_id from awa.enqueue_batch(array['rd', 'rx2', 'rd'],"
+                " array['job', 'job', 'job'], run_ats => array[null, null, %s]::timestamptz[])",
+                [later]).fetchall()),
+            Call(retrier, lambda c: c.execute(
+                "select awa.retry_jobs('rd', state => 'cancelled')").fetchone()[0]),
+            Call(dropper, lambda c: drop(c, "rd", discard_finished=True)),
+        ]
+        for call in calls:  # each waits before the next starts
+            call.start()
+            wait_until(lambda call=call: waits_for_a_lock(watch, call.pid),
+                       what=f"backend {call.pid} to wait")
+        holder.commit()
+        for call in calls:
+            call.join(timeout=30)
+            assert not call.is_alive()
+    batch_call, retry_call, drop_call = calls
+    assert batch_call.error is None, batch_call.error
+    assert retry_call.error is None, retry_call.error
+    assert retry_call.result == 1
+    assert drop_call.error is not None and drop_call.error.sqlstate == "55006", drop_call.error
