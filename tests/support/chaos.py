@@ -28,7 +28,7 @@ a busy system's claims would) makes ``awa.rotate_running`` carry live runs
 within a short run.
 
 ``python -m tests.support.chaos --seconds 300 --seed 7`` runs it by hand on a
-server it starts (README.md, "Tests").
+server it starts (README.md).
 """
 
 from __future__ import annotations
@@ -121,7 +121,6 @@ class End:
     result: bool
     start: float
     end: float
-    outcome: str = ""  # fail: "retry" or "final" as the worker expected
 
 
 @dataclass
@@ -421,8 +420,7 @@ class Worker(Actor):
             return False
         with self.ledger.lock:
             self.ledger.ends.append(End(op, c.job_id, c.lease, bool(result), started,
-                                        time.monotonic(),
-                                        "final" if c.attempt >= c.max_attempts else "retry"))
+                                        time.monotonic()))
         return bool(result)
 
 
@@ -580,7 +578,7 @@ class Chaos:
                 "select setval('awa.run_lease_seq', (last_value / 65536 + 1) * 65536 + 32768)"
                 " from awa.run_lease_seq")
 
-    def setup(self, conn) -> None:
+    def setup(self) -> None:
         op = psycopg.connect(self.dsn(self.logins.operator), autocommit=True)
         with op:
             for queue, s in ((FIFO, 1), (UNIQ, 2), (KEYED, 4), (DROP, 1)):
@@ -596,7 +594,7 @@ class Chaos:
     def run(self) -> dict:
         self._admin = self.db.connect()
         try:
-            self.setup(self._admin)
+            self.setup()
             actors: list[Actor] = []
             actors += [Producer(self, i, self.logins.producer) for i in range(self.producers)]
             actors += [Worker(self, i, self.logins.worker) for i in range(self.workers)]
