@@ -465,12 +465,13 @@ def run_sequence(cluster, template: str, settings, refusal=None) -> tuple[dict, 
             conns = {role: db.connect(login) for role, login in logins.items()}
             try:
                 for conn in conns.values():
-                    _set_all(conn, values)
                     # psycopg reads json as UTF-8 whatever the client encoding.
                     set_json_loads(partial(_json_in, conn), conn)
                     # The same draws in every run: the claim's lane order, the
-                    # retry's jitter.
+                    # retry's jitter. Before the settings: a statement timeout
+                    # of 1 ms could cut this short on a loaded machine.
                     conn.execute("select setseed(0.25)")
+                    _set_all(conn, values)
                 run = Run(db, su, conns, logins, anchor, values, refusal)
                 # Every maintenance call notes its run (at most once in 5 s):
                 # in every run, then, whenever it starts.
