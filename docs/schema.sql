@@ -3321,6 +3321,7 @@ declare
     q text;
     batch_path boolean;
     unknown text[];
+    staged_queues text[];
     q_name text[];
     q_id integer[];
     q_shards smallint[];
@@ -3332,7 +3333,8 @@ declare
     moved bigint;
 begin
     -- One pass over the staged rows: any bad row, any partitioned or
-    -- striped queue (both take the batch path), and the queues to create.
+    -- striped queue (both take the batch path), the load's queues, and those
+    -- to create.
     select coalesce(bool_or(
                not awa._row_ok(
                    s.queue, s.kind, s.priority, s.max_attempts, s.max_run_time,
@@ -3341,8 +3343,9 @@ begin
                or s.unique_key is not null or s.unique_window is not null
                or m.stripes > 1 or m.partitions > 1
            ), false),
+           array_agg(distinct s.queue order by s.queue),
            array_agg(distinct s.queue order by s.queue) filter (where m.queue is null)
-      into batch_path, unknown
+      into batch_path, staged_queues, unknown
       from awa.copy_staging as s
       left join awa.queue_meta as m on m.queue = s.queue
      where s.staged_xid = _move_staged_sets.xid;
@@ -3362,8 +3365,7 @@ begin
                array_agg(m.enqueue_shards order by d.queue),
                array_agg(d.queue order by d.queue) filter (where m.queue_id is null)
           into q_name, q_id, q_shards, unknown
-          from (select distinct s.queue from awa.copy_staging as s
-                 where s.staged_xid = _move_staged_sets.xid) as d
+          from unnest(staged_queues) as d (queue)
           left join awa.queue_meta as m on m.queue = d.queue;
         exit when unknown is null;
     end loop;
