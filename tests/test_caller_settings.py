@@ -36,6 +36,7 @@ from functools import partial
 import psycopg
 import pytest
 from psycopg import sql
+from psycopg.pq import TransactionStatus
 from psycopg.types.json import Jsonb, set_json_loads
 
 from tests.support.database import Database
@@ -210,13 +211,18 @@ class Run:
 
 
 def _lift_statement_timeout(conn: psycopg.Connection) -> None:
+    # The timeout can cut short the COMMIT (or the ROLLBACK) that ended the
+    # call before it ends the transaction: the session is then still in
+    # the aborted transaction, and is rolled back first, in time too.
     for _ in range(1000):
         try:
+            if conn.info.transaction_status != TransactionStatus.IDLE:
+                conn.rollback()
             conn.execute("set statement_timeout = 0")
             return
         except psycopg.errors.QueryCanceled:
             continue
-    raise AssertionError("no SET of statement_timeout in time in 1,000 tries")
+    raise AssertionError("no ROLLBACK and SET of statement_timeout in time in 1,000 tries")
 
 
 def _set_all(conn: psycopg.Connection, settings) -> None:
