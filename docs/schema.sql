@@ -2454,7 +2454,14 @@ AS $function$
                select awa._ready_from(l.lane_id, l.head_seq, l.next_seq, _job_at.id - 1) as seq
                offset 0
            ) as f
-            join awa.ready as r on r.lane_id = l.lane_id and r.lane_seq = f.seq
+           cross join lateral (
+               -- The row at that place, by key. A join here let the planner
+               -- read the whole of awa.ready for the job id instead (an
+               -- unknown or rolled-back id, or a table without statistics).
+               select x.* from awa.ready as x
+                where x.lane_id = l.lane_id and x.lane_seq = f.seq
+               offset 0
+           ) as r
            where l.head_seq is not null and r.job_id = _job_at.id
       ) as j
      limit 1

@@ -14,7 +14,7 @@ import pytest
 from psycopg.types.json import Jsonb
 
 from tests.support.jobs import behind, claim, claim_all, enqueue, waits_for_a_lock
-from tests.support.reads import blocks_read
+from tests.support.reads import blocks_read, rows_read
 from tests.support.waiting import wait_until
 
 STATES = ["scheduled", "ready", "running", "completed", "failed", "cancelled"]
@@ -160,6 +160,29 @@ def test_job_finds_ready_jobs_lane_by_lane_without_scanning_awa_ready(db, logins
         assert op.execute(READY_SCANS).fetchone()[0] == before
         op.commit()
         assert job(op, deep)["state"] == "cancelled"
+
+
+def test_job_reads_one_row_of_a_lane_for_an_id_it_does_not_hold(db, logins):
+    """An id handed out and rolled back, and a ready job deep in a lane of
+    2,000, in a database whose statistics of awa.ready were never gathered:
+    awa.job reads the lane's bisection and the one row it lands on, not
+    every row of awa.ready for the job id (as a plain join let the planner
+    do)."""
+    with db.connect(logins.producer, autocommit=False) as p:
+        enqueue(p, "wide")
+        p.commit()
+        rolled_back = enqueue(p, "wide")[0]
+        p.rollback()
+        p.execute("select awa.enqueue_batch(array_fill('wide'::text, array[2000]),"
+                  " array_fill('job'::text, array[2000]))")
+        p.commit()
+    deep = rolled_back + 1500  # the batch's ids follow the rolled-back one
+    with db.connect(logins.reader) as r:
+        assert job(r, deep)["state"] == "ready"
+        missing = rows_read(r, "awa.ready", f"select * from awa.job({rolled_back})")
+        found = rows_read(r, "awa.ready", f"select * from awa.job({deep})")
+    assert missing < 40, missing
+    assert found < 40, found
 
 
 def test_jobs_pages_every_state_by_job_id_as_an_oracle_says(db, logins):
