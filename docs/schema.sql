@@ -7481,6 +7481,59 @@ begin
 end;
 $function$;
 
+CREATE OR REPLACE FUNCTION awa.run_outcome(job_id bigint, run_lease bigint, attempt integer)
+ RETURNS text
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+ SET enable_seqscan TO 'off'
+AS $function$
+declare
+    here record;
+begin
+    if job_id is null or run_lease is null or attempt is null then
+        raise exception '% must not be null',
+            case when job_id is null then 'job_id'
+                 when run_lease is null then 'run_lease' else 'attempt' end
+            using errcode = '22004';
+    end if;
+    if attempt < 1 then
+        raise exception 'attempt must be 1 or more (a claim counts from 1), got %', attempt
+            using errcode = '22023';
+    end if;
+    perform awa._check_read_committed('awa.run_outcome');
+    if exists (
+        select from awa.running as r
+         where r.job_id = run_outcome.job_id and r.run_lease = run_outcome.run_lease
+           and r.attempt = run_outcome.attempt
+    ) then
+        return 'running';
+    end if;
+    -- Above every id handed out: no job, and no scan.
+    if job_id > coalesce(pg_sequence_last_value('awa.job_id_seq'), 0) then
+        return 'gone';
+    end if;
+    -- The job's one row, in one snapshot, wherever it is now.
+    select j.state, j.attempt, j.last_error into here
+      from awa._job_at(run_outcome.job_id) as j;
+    if not found or here.attempt < attempt then
+        return 'gone';
+    elsif here.attempt > attempt then
+        return 'failed';
+    elsif here.state = 'completed' then
+        return 'completed';
+    elsif here.state in ('scheduled', 'ready', 'failed') then
+        return 'failed';
+    elsif here.state = 'cancelled'
+          and position('; last error: ' in coalesce(here.last_error, '')) > 0 then
+        return 'failed';
+    end if;
+    -- Cancelled while it ran, or running at this attempt under another
+    -- lease (a run after an operator's retry).
+    return 'gone';
+end;
+$function$;
+
 CREATE OR REPLACE FUNCTION awa.sample_lane_contention()
  RETURNS integer
  LANGUAGE sql
@@ -8080,6 +8133,7 @@ GRANT EXECUTE ON FUNCTION awa.retire_lanes() TO awa_maintenance;
 GRANT EXECUTE ON FUNCTION awa.retry_job(bigint) TO awa_operator;
 GRANT EXECUTE ON FUNCTION awa.retry_jobs(text,text,integer,text) TO awa_operator;
 GRANT EXECUTE ON FUNCTION awa.rotate_running() TO awa_maintenance;
+GRANT EXECUTE ON FUNCTION awa.run_outcome(bigint,bigint,integer) TO awa_worker;
 GRANT EXECUTE ON FUNCTION awa.sample_lane_contention() TO awa_maintenance;
 GRANT EXECUTE ON FUNCTION awa.set_autoscale_policy(text,interval,numeric,numeric,interval,numeric,interval,integer) TO awa_operator;
 GRANT EXECUTE ON FUNCTION awa.set_enqueue_shards(text,integer) TO awa_operator;

@@ -721,6 +721,86 @@ begin
 end;
 $$;
 
+-- Function: awa.run_outcome(job_id bigint, run_lease bigint, attempt integer) returns text
+-- The outcome the database holds now for one run of a job, read only:
+-- 'running', 'completed', 'failed' or 'gone'. For a worker whose
+-- awa.complete or awa.fail went out on a connection lost before its answer
+-- and whose second send answered false: did the first one commit?
+-- 'running': the run still holds its lease. 'completed': the job completed
+-- at this attempt, which only this run's awa.complete does. 'failed': this
+-- attempt ended as a failure: the job waits for its retry at this attempt,
+-- failed for good at it, was cancelled while it waited for that retry (its
+-- last error names the failure: awa._cancelled_error), or has run again
+-- since (a later attempt, in any state); recorded by awa.fail, or by
+-- awa.rescue_expired once the lease ran out: the rows do not tell which.
+-- 'gone': none of these: cancelled while it ran, an unknown job, or one
+-- removed (retention, a dropped queue). Once its running row is gone a run
+-- is known by its attempt: each claim counts one more, a retry keeps it,
+-- and only awa.retry_job starts a job's attempts over (at 0), after which
+-- an attempt names a later run too: an answer about a job an operator
+-- retried since the run is not to be trusted. Reads like awa.job
+-- (awa._job_at): by key, and a ready, unknown or removed job costs a
+-- bisection of each lane with ready rows, never the backlog or history.
+-- Role: awa_worker.
+-- Errors: 22004 a null argument; 22023 attempt below 1; 25000 outside read
+--   committed (a snapshot from before a rotation of awa.running or a prune
+--   could miss the rows that it moved).
+-- Calls: awa._check_read_committed, awa._job_at
+-- Writes: nothing
+create or replace function awa.run_outcome(job_id bigint, run_lease bigint, attempt integer)
+returns text
+language plpgsql
+volatile
+security definer
+set search_path = pg_catalog, pg_temp
+set enable_seqscan = off
+as $$
+declare
+    here record;
+begin
+    if job_id is null or run_lease is null or attempt is null then
+        raise exception '% must not be null',
+            case when job_id is null then 'job_id'
+                 when run_lease is null then 'run_lease' else 'attempt' end
+            using errcode = '22004';
+    end if;
+    if attempt < 1 then
+        raise exception 'attempt must be 1 or more (a claim counts from 1), got %', attempt
+            using errcode = '22023';
+    end if;
+    perform awa._check_read_committed('awa.run_outcome');
+    if exists (
+        select from awa.running as r
+         where r.job_id = run_outcome.job_id and r.run_lease = run_outcome.run_lease
+           and r.attempt = run_outcome.attempt
+    ) then
+        return 'running';
+    end if;
+    -- Above every id handed out: no job, and no scan.
+    if job_id > coalesce(pg_sequence_last_value('awa.job_id_seq'), 0) then
+        return 'gone';
+    end if;
+    -- The job's one row, in one snapshot, wherever it is now.
+    select j.state, j.attempt, j.last_error into here
+      from awa._job_at(run_outcome.job_id) as j;
+    if not found or here.attempt < attempt then
+        return 'gone';
+    elsif here.attempt > attempt then
+        return 'failed';
+    elsif here.state = 'completed' then
+        return 'completed';
+    elsif here.state in ('scheduled', 'ready', 'failed') then
+        return 'failed';
+    elsif here.state = 'cancelled'
+          and position('; last error: ' in coalesce(here.last_error, '')) > 0 then
+        return 'failed';
+    end if;
+    -- Cancelled while it ran, or running at this attempt under another
+    -- lease (a run after an operator's retry).
+    return 'gone';
+end;
+$$;
+
 -- Function: awa.rescue_expired(max_jobs integer default 10000) returns integer
 -- Running jobs whose lease expired go back to retry with the attempt
 -- counted (or fail after max_attempts). The old run_lease is dead from then
@@ -795,4 +875,5 @@ select awa._grant_execute('awa._finish(awa.running, text, text)');
 select awa._grant_execute('awa._retry_or_fail(awa.running, text, timestamptz)');
 select awa._grant_execute('awa.fail(bigint, bigint, text, timestamptz)', 'worker');
 select awa._grant_execute('awa.heartbeat(bigint, bigint, interval)', 'worker');
+select awa._grant_execute('awa.run_outcome(bigint, bigint, integer)', 'worker');
 select awa._grant_execute('awa.rescue_expired(integer)', 'maintenance');

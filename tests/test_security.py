@@ -180,6 +180,7 @@ MUTATING = {
     "complete": "select awa.complete(1, 1)",
     "fail": "select awa.fail(1, 1, 'x')",
     "heartbeat": "select awa.heartbeat(1, 1, '1 minute')",
+    "run_outcome": "select awa.run_outcome(1, 1, 1)",  # read-only, the worker's only
     "set_enqueue_shards": "select awa.set_enqueue_shards('cap', 2)",
     "pause_queue": "select awa.pause_queue('cap')",
     "resume_queue": "select awa.resume_queue('cap')",
@@ -192,7 +193,7 @@ MUTATING = {
 }
 ALLOWED = {
     "producer": {"enqueue", "enqueue_batch"},
-    "worker": {"claim", "complete", "fail", "heartbeat"},
+    "worker": {"claim", "complete", "fail", "heartbeat", "run_outcome"},
     "maintenance": {"promote_due", "rescue_expired"},
     "operator": {"set_enqueue_shards", "pause_queue", "resume_queue", "retry_job", "cancel_job",
                  "retry_jobs", "cancel_jobs"},

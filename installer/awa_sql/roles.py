@@ -11,7 +11,7 @@ RUNTIME_CAPABILITIES = CAPABILITIES[1:]
 DESCRIPTIONS = {
     "owner": "owns schema awa and every object in it (NOLOGIN; never granted to applications)",
     "producer": "enqueue: single, batch, COPY",
-    "worker": "claim, heartbeat, complete, fail",
+    "worker": "claim, heartbeat, complete, fail; read a run's outcome",
     "maintenance": "the maintenance passes: promote scheduled jobs, rescue expired leases, the "
                    "auto-scaler tick, retention, rewrites",
     "operator": "change enqueue shards, shard mode, pause and resume, the queue policies, "
