@@ -650,25 +650,47 @@ def test_the_worker_and_producer_carry_on_and_the_outcome_in_flight_is_recorded(
     assert worker.completed == 51
 
 
-def test_a_completion_committed_as_the_server_crashed_is_not_said_to_be_lost(db, caplog):
-    """The commit of a completion is in the WAL when the server crashes, but
-    its answer never reaches the worker: its commit waits for a synchronous
-    standby that never answers, as it would for a standby lost with the
-    primary. After the restart the worker sends the completion again and
-    awa.complete answers false (the run is gone: it ended then). The job is
-    completed, once; the worker must not say that its completion was not
-    recorded, only that it may have been (it cannot tell that from a run
-    cancelled or rescued meanwhile)."""
+IN_DOUBT = {
+    "completion": ("completed", "its completion was sent as the connection was lost and was"
+                   " recorded then (awa.run_outcome: completed); counted"),
+    "failure": ("scheduled", "its failure was sent as the connection was lost; attempt 1 is"
+                " recorded as failed (awa.run_outcome: failed; by that send, or by the rescue"
+                " if the lease had run out meanwhile); counted"),
+    # awa.run_outcome refused too: the doubt stays, as before it existed.
+    "unreadable": ("completed", "its completion was sent as the connection was lost and may"
+                   " have been recorded then (awa.run_outcome could not tell: permission denied"
+                   " for function run_outcome): the run has ended since (or was cancelled or"
+                   " rescued meanwhile); not counted"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(IN_DOUBT))
+def test_an_outcome_committed_as_the_server_crashed_is_known_to_be_recorded(db, caplog, case):
+    """The commit of a completion (or failure) is in the WAL when the server
+    crashes, but its answer never reaches the worker: its commit waits for a
+    synchronous standby that never answers, as it would for a standby lost
+    with the primary. After the restart the worker sends it again and
+    awa.complete (awa.fail) answers false: the run is gone, it ended then.
+    awa.run_outcome tells the worker that this attempt completed (failed):
+    the worker says the outcome was recorded and counts it, once. If that
+    read fails too, the worker says only that it may have been recorded."""
     caplog.set_level(logging.INFO, logger="awa_sql.worker")
     login = db.server.login("awa_worker")
     started, release = threading.Event(), threading.Event()
+    state, message = IN_DOUBT[case]
 
     def handle(_job) -> None:
         started.set()
         release.wait(60)
+        if case == "failure":
+            raise ValueError("boom")
 
     with db.connect("awa_producer") as p:
         job_id = p.execute("select job_id from awa.enqueue('doubt', 'job')").fetchone()[0]
+    if case == "unreadable":
+        with db.connect() as su:
+            su.execute("revoke execute on function awa.run_outcome(bigint, bigint, integer)"
+                       " from awa_worker")
     worker = Worker(db.server.dsn(db.name, login), queues=["doubt"], handlers={"job": handle},
                     poll_interval=0.05, snapshot_every=None, lease=timedelta(seconds=60))
     runner = threading.Thread(target=worker.run)
@@ -689,23 +711,23 @@ def test_a_completion_committed_as_the_server_crashed_is_not_said_to_be_lost(db,
             wait_until(lambda: su.execute(
                 "select count(*) from pg_stat_activity where wait_event = 'SyncRep'"
                 " and application_name = 'awa-sql worker slot'").fetchone()[0] == 1, 30,
-                "the completion's commit to wait for the standby")
+                "the outcome's commit to wait for the standby")
             su.execute("alter system reset synchronous_standby_names")  # for the restart
         db.server.stop_immediately_and_start()
         with db.connect() as su:
-            assert places(su)[job_id] == [("completed", 1)]
+            assert places(su)[job_id] == [(state, 1)]
         wait_until(lambda: any(r.getMessage().startswith(f"job {job_id} (job): ")
-                               and r.getMessage().endswith("not counted")
-                               for r in caplog.records), 30, "the worker to hear back")
+                               and "was lost" in r.getMessage() for r in caplog.records), 30,
+                   "the worker to hear back")
     finally:
         release.set()
         worker.stop()
         runner.join(30)
     said = [r.getMessage() for r in caplog.records if f"job {job_id} " in r.getMessage()]
-    assert said[-1] == (f"job {job_id} (job): its completion was sent as the connection was"
-                        " lost and may have been recorded then: the run has ended since (or"
-                        " was cancelled or rescued meanwhile); not counted"), said
+    assert said[-1] == f"job {job_id} (job): {message}", said
     assert not any("not recorded" in s for s in said), said
+    counted = (worker.completed, worker.failed)
+    assert counted == {"completion": (1, 0), "failure": (0, 1), "unreadable": (0, 0)}[case]
 
 
 class _Committer(threading.Thread):

@@ -19,6 +19,8 @@ from pathlib import Path
 import awa_sql
 from awa_sql.maintain import Maintainer
 from awa_sql.worker import Worker
+from tests.support.crash import Hold
+from tests.support.jobs import Call, waits_for_a_lock
 from tests.support.waiting import wait_until
 
 FAST = {"poll_interval": 0.05, "snapshot_every": None}
@@ -224,6 +226,59 @@ def test_a_job_whose_complete_was_not_recorded_is_no_longer_heartbeated(
         wait_until(lambda: state(db, job.job_id) == "completed", 10, "the retry to complete")
     assert job_row(db, job.job_id)[:2] == ("completed", 2)
     assert len(runs) == 2
+
+
+def test_a_completion_lost_before_its_commit_while_the_job_was_cancelled_is_not_counted(
+        db, logins, caplog):
+    """The slot's awa.complete has deleted the running row but not committed
+    (held by a trigger) when an operator cancels the job (waiting for that
+    row) and the slot's connection is lost: the complete rolls back, the
+    cancel commits, and the worker's second send answers false. The first
+    send might have committed, as far as the worker knows: awa.run_outcome
+    says the run was not completed ('gone'), and the worker says the
+    completion was not recorded and does not count it."""
+    caplog.set_level(logging.INFO, logger="awa_sql.worker")
+    started, release = threading.Event(), threading.Event()
+    worker = Worker(db.dsn(logins.worker), queues=["indoubt"],
+                    handlers={"held": blocking(started, release)}, **FAST)
+    with db.connect(logins.producer) as conn:
+        job = awa_sql.enqueue(conn, "held", queue="indoubt")
+    with running(worker, release), db.connect() as admin:
+        assert started.wait(15)
+        # awa.complete deletes from the run's slot by name (awa.cancel_job
+        # through awa.running, which this statement trigger does not see).
+        assert admin.execute("select slot from awa.running where job_id = %s",
+                             [job.job_id]).fetchone()[0] == 0
+        hold = Hold(admin, "awa.running_0", "delete")
+        try:
+            release.set()
+
+            def slot_pid():
+                row = admin.execute(
+                    "select pid from pg_stat_activity where usename = %s"
+                    " and application_name = 'awa-sql worker slot'", [logins.worker]).fetchone()
+                return row[0] if row and hold.waiting(row[0]) else None
+
+            pid = wait_until(slot_pid, 15, "the slot's complete to wait in the trigger")
+            cancel = Call(db.connect(logins.operator, autocommit=False),
+                          lambda c: c.execute("select awa.cancel_job(%s)",
+                                              [job.job_id]).fetchone()[0])
+            cancel.start()
+            wait_until(lambda: waits_for_a_lock(admin, cancel.pid), 15,
+                       "the cancel to wait for the running row")
+            assert admin.execute("select pg_terminate_backend(%s)", [pid]).fetchone()[0]
+            cancel.join(30)
+            assert cancel.error is None and cancel.result is True
+        finally:
+            hold.close()  # the second send goes through the trigger too
+        wait_until(lambda: any("was lost" in r.getMessage() for r in caplog.records), 15,
+                   "the worker to hear back")
+    said = [r.getMessage() for r in caplog.records if f"job {job.job_id} " in r.getMessage()]
+    assert said[-1] == (f"job {job.job_id} (held): its completion was sent as the connection"
+                        " was lost and was not recorded (awa.run_outcome: gone): the run was"
+                        " cancelled or rescued meanwhile; not counted"), said
+    assert job_row(db, job.job_id)[:2] == ("cancelled", 1)
+    assert worker.completed == 0
 
 
 def test_a_reconnect_gives_up_after_ten_seconds_unless_told_otherwise(monkeypatch):

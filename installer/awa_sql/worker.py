@@ -29,6 +29,8 @@ Each thread opens its connection when it first needs one and opens it again
 when it was lost (_Link). A claim that fails is retried with back-off (0.5 s
 up to 30 s), a heartbeat pass at the next beat. A complete or fail that cannot
 reach the server is sent again while the job's lease may be current (_record);
+when a send was lost with its answer and the next finds the run ended,
+awa.run_outcome says whether that first send recorded it (_settle);
 one that still could not be recorded is logged and the slot takes the next
 job; the job it held is no longer heartbeated, so its lease expires and
 ``awa.rescue_expired`` retries it.
@@ -296,15 +298,17 @@ def _check_configs(configs: list[dict]) -> None:
 
 
 def _log_gone(job: Job, outcome: str, handed_back: bool = False,
-              in_doubt: bool = False) -> None:
+              in_doubt: str | None = None) -> None:
     """awa.complete or awa.fail found the run gone: its lease is no longer current.
     ``in_doubt``: the outcome was sent before, on a connection lost before
     its answer came, so that call may have recorded it (a crash after its
-    commit, a synchronous standby that never answered it)."""
-    if in_doubt:
+    commit, a synchronous standby that never answered it), and
+    awa.run_outcome could not tell (the error it raised)."""
+    if in_doubt is not None:
         log.warning("job %s (%s): its %s was sent as the connection was lost and may have been"
-                    " recorded then: the run has ended since (or was cancelled or rescued"
-                    " meanwhile); not counted", job.job_id, job.kind, outcome)
+                    " recorded then (awa.run_outcome could not tell: %s): the run has ended"
+                    " since (or was cancelled or rescued meanwhile); not counted", job.job_id,
+                    job.kind, outcome, in_doubt)
         return
     if handed_back:
         log.warning("job %s (%s): handed back at shutdown while its handler ran; its %s was not"
@@ -313,6 +317,23 @@ def _log_gone(job: Job, outcome: str, handed_back: bool = False,
     log.warning("job %s (%s): no longer running under this lease (cancelled, rescued or"
                 " finished elsewhere); its %s was not recorded and is not counted",
                 job.job_id, job.kind, outcome)
+
+
+def _log_settled(job: Job, outcome: str, held: str) -> None:
+    """An in-doubt outcome (Worker._settle) that awa.run_outcome settled:
+    ``held`` is what the database holds for the run."""
+    if outcome == "completion" and held == "completed":
+        log.info("job %s (%s): its completion was sent as the connection was lost and was"
+                 " recorded then (awa.run_outcome: completed); counted", job.job_id, job.kind)
+    elif outcome == "failure" and held == "failed":
+        log.info("job %s (%s): its failure was sent as the connection was lost; attempt %s is"
+                 " recorded as failed (awa.run_outcome: failed; by that send, or by the rescue"
+                 " if the lease had run out meanwhile); counted", job.job_id, job.kind,
+                 job.attempt)
+    else:
+        log.warning("job %s (%s): its %s was sent as the connection was lost and was not"
+                    " recorded (awa.run_outcome: %s): the run was cancelled or rescued"
+                    " meanwhile; not counted", job.job_id, job.kind, outcome, held)
 
 
 class _Link:
@@ -675,15 +696,18 @@ class Worker:
         refused), it is sent again after a back-off for as long as the job's
         lease may be current: the job is still held, so the heartbeat goes on
         extending its lease. Once the lease has surely ended, the error is
-        raised: the job is left to awa.rescue_expired. None instead of false
-        when an earlier send went out on a connection lost before its answer:
-        that one may have recorded the outcome (_log_gone)."""
+        raised: the job is left to awa.rescue_expired. When an earlier send
+        went out on a connection lost before its answer and a later one
+        answers false, that one may have recorded the outcome: the answer is
+        then _settle's, None for one it logged as not recorded."""
         backoff = BACKOFF_MIN
         conn.lost_after_send = False
         while True:
             try:
                 answer = conn.execute(statement, params).fetchone()[0]
-                return None if not answer and conn.lost_after_send else answer
+                if not answer and conn.lost_after_send:
+                    return self._settle(conn, job, outcome)
+                return answer
             except psycopg.OperationalError as err:
                 with self._lock:
                     held = self._running.get((job.job_id, job.run_lease))
@@ -694,6 +718,21 @@ class Worker:
                             _one_line(err), backoff)
             time.sleep(backoff)
             backoff = min(backoff * 2, RECORD_BACKOFF_MAX)
+
+    def _settle(self, conn: _Link, job: Job, outcome: str) -> bool | None:
+        """Whether the first send of an outcome, lost with its connection,
+        recorded it, as awa.run_outcome reads the run now: a completion if
+        the job completed at this attempt, a failure if this attempt ended
+        failed. True: recorded; None: not, or not known (the read failed
+        too: the doubt stays). Either way logged here."""
+        try:
+            held = conn.execute("select awa.run_outcome(%s, %s, %s)",
+                                [job.job_id, job.run_lease, job.attempt]).fetchone()[0]
+        except psycopg.Error as err:
+            _log_gone(job, outcome, in_doubt=_one_line(err))
+            return None
+        _log_settled(job, outcome, held)
+        return True if held == ("completed" if outcome == "completion" else "failed") else None
 
     def _fail(self, conn: _Link, job: Job, error: str, retry: Retry | None = None) -> None:
         error = _sendable(error)
@@ -706,7 +745,8 @@ class Worker:
         else:
             statement, params = ("select awa.fail(%s, %s, %s)", [job.job_id, job.run_lease, error])
         if not (done := self._record(conn, job, "failure", statement, params)):
-            _log_gone(job, "failure", self._was_handed_back(job), in_doubt=done is None)
+            if done is not None:  # None: settled and logged (_settle)
+                _log_gone(job, "failure", self._was_handed_back(job))
             return
         with self._lock:
             self.failed += 1
@@ -751,8 +791,8 @@ class Worker:
                 with self._lock:
                     self.completed += 1
                 client_metrics.job_completed(job)
-            else:
-                _log_gone(job, "completion", self._was_handed_back(job), in_doubt=done is None)
+            elif done is not None:  # None: settled and logged (_settle)
+                _log_gone(job, "completion", self._was_handed_back(job))
         finally:
             with self._lock:
                 self._running.pop((job.job_id, job.run_lease), None)
