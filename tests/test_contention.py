@@ -7,7 +7,8 @@ import threading
 import psycopg
 import pytest
 
-from tests.support.jobs import enqueue
+from tests.support.jobs import enqueue, lane_waiters
+from tests.support.waiting import wait_until
 
 
 def test_a_waiting_producer_shows_in_the_sample(db):
@@ -30,13 +31,9 @@ def test_a_waiting_producer_shows_in_the_sample(db):
 
     t = threading.Thread(target=blocked)
     t.start()
-    waiting.wait(10)
-    with db.connect() as admin:
-        for _ in range(200):  # until the second producer is really queued on the lock
-            if admin.execute("select count(*) from pg_locks where locktype = 'advisory'"
-                             " and not granted").fetchone()[0]:
-                break
-            admin.execute("select pg_sleep(0.02)")
+    assert waiting.wait(30), "the second producer never connected"
+    wait_until(lambda: lane_waiters(db, "contended") == 1,
+               what="the second producer to queue on the lane lock")
     try:
         with db.connect(maintenance) as m:
             assert m.execute("select awa.sample_lane_contention()").fetchone()[0] >= 1
@@ -50,8 +47,8 @@ def test_a_waiting_producer_shows_in_the_sample(db):
     finally:
         holder.commit()
         holder.close()
-        t.join(10)
-    assert done.is_set()
+        t.join(30)
+    assert done.is_set(), "the second producer's enqueue never ended"
     # The tick's samples count the lanes: the sum of their sequences.
     with db.connect(maintenance) as m:
         m.execute("select awa.autoscale_tick()")

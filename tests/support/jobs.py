@@ -85,6 +85,8 @@ def lane_waiters(db, queue: str) -> int:
             "select count(*) from pg_locks k join awa.lanes l on l.lane_id = k.objid::integer"
             " join awa.queue_meta m using (queue_id)"
             " where k.locktype = 'advisory' and k.classid = %s and not k.granted"
+            # Lane ids repeat in every database cloned from the template.
+            " and k.database = (select oid from pg_database where datname = current_database())"
             " and m.queue = %s", [LANE_CLASS, queue]).fetchone()[0]
 
 
