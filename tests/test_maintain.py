@@ -324,35 +324,45 @@ def test_help_names_every_task_and_the_pass_lock():
 # -- stopping, restarts, the prune task, flags ----------------------------------------
 
 
-def test_sigterm_exits_0_within_a_second(db, logins):
-    with MaintainProcess(db.dsn(logins.maintenance)) as m:
-        m.wait_for_pass("autoscale")
+# Stopping takes well under a second (docs/operations.md), but a loaded
+# machine can stall a process for seconds: a stop is timed against the waits
+# it must not sit through (a cadence or a statement timeout of an hour, a
+# heartbeat's 20 s), not against a second.
+STOP_BOUND = 10.0
+HOUR_CADENCES = [arg for task in TASKS for arg in (task.flag, "1h")]
+
+
+def test_sigterm_exits_0_without_waiting_for_the_next_pass(db, logins):
+    with MaintainProcess(db.dsn(logins.maintenance), *HOUR_CADENCES) as m:
+        m.wait_for_pass("autoscale")  # every task has run once: the next passes are an hour away
         code, seconds = m.stop(signal.SIGTERM)
         assert code == 0, m.log()
-        assert seconds < 1.0, m.log()
+        assert seconds < STOP_BOUND, m.log()
         assert "awa maintain: stopped" in m.log() and "Traceback" not in m.log()
 
 
-def test_sigint_during_a_blocked_call_exits_0_within_a_second(db, logins):
+def test_sigint_during_a_blocked_call_exits_0_and_cancels_it(db, logins):
     """The promote call waits for a lane a producer holds: stopping cancels it
     and its transaction rolls back."""
     with db.connect(logins.producer, autocommit=False) as holder, db.connect() as admin:
         admin.execute("select awa.enqueue('blocked', 'k')")  # the queue exists
         holder.execute("select awa.enqueue('blocked', 'k', ordering_key => 'x')")
         schedule(admin, "blocked", ahead="0.2 seconds", key=b"x")
-        with MaintainProcess(db.dsn(logins.maintenance), "--promote-every", "100ms") as m:
+        with MaintainProcess(db.dsn(logins.maintenance), "--promote-every", "100ms",
+                             "--statement-timeout", "1h") as m:
             m.wait(lambda: admin.execute(
                 "select exists (select from pg_stat_activity a join pg_locks l using (pid)"
                 " where a.application_name = 'awa-sql maintain' and not l.granted)"
             ).fetchone()[0], "promote to wait for the held lane")
             code, seconds = m.stop(signal.SIGINT)
             assert code == 0, m.log()
-            assert seconds < 1.0, m.log()
-        # Cancelled, not left waiting behind the lane after the process ended.
+            assert seconds < STOP_BOUND, m.log()
+        # Cancelled, not left waiting behind the lane after the process ended
+        # (uncancelled, it would wait for the holder, or the hour's timeout).
         wait_until(lambda: not admin.execute(
             "select exists (select from pg_stat_activity"
             " where application_name = 'awa-sql maintain' and datname = current_database())"
-        ).fetchone()[0], 5, "the maintain backend to end")
+        ).fetchone()[0], 30, "the maintain backend to end")
         holder.rollback()
         assert count(admin, "scheduled") == 1
 
@@ -504,8 +514,9 @@ def test_a_worker_runs_the_same_loop_in_process(db, logins):
     finally:
         worker.stop()
         started = time.monotonic()
-        thread.join(10)
-    assert not thread.is_alive() and time.monotonic() - started < 2
+        thread.join(30)
+    assert not thread.is_alive(), "run() did not return after stop()"
+    assert time.monotonic() - started < STOP_BOUND  # not a heartbeat's 20 s
     assert sorted(attempts) == [("flaky", 1), ("flaky", 2), ("k", 1)]
     assert not any(t.name == "awa-maintain" for t in threading.enumerate())
 

@@ -110,5 +110,9 @@ class MaintainProcess:
         """Sends ``sig``; the exit code and the seconds until the process ended."""
         started = time.monotonic()
         self.proc.send_signal(sig)
-        code = self.proc.wait(timeout=30)
+        try:
+            code = self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"awa maintain still runs 30 s after {signal.Signals(sig).name}:\n"
+                                 f"{self.log()}") from None
         return code, time.monotonic() - started
