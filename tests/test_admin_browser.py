@@ -22,6 +22,9 @@ SCREENSHOT_DIR = Path(os.environ.get("AWA_SCREENSHOT_DIR")
 
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(),
                                 reason="needs Debian's chromium (apt-get install chromium)")
+# Playwright's own deadlines (5 s for an expect, 30 s for an action), long
+# enough on a machine where the browser and the server share two loaded cores.
+WAIT_MS = 60_000
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +39,11 @@ def browser():
 
 @pytest.fixture
 def page(browser):
+    from playwright.sync_api import expect
+
+    expect.set_options(timeout=WAIT_MS)
     context = browser.new_context(viewport={"width": 1200, "height": 1000})
+    context.set_default_timeout(WAIT_MS)
     # Nothing but the admin server: a request elsewhere fails the test.
     outside = []
     context.route(re.compile(r"^(?!http://127\.0\.0\.1:).*"),
@@ -85,9 +92,9 @@ def test_change_s_from_1_to_4_through_the_confirm_dialog(db, page):
             assert conn.execute("select awa.enqueue_shards('orders')").fetchone()[0] == 4
 
         enqueue_jobs(db, "orders", 40)  # the page refreshes itself: ready jobs appear
-        expect(page.locator("#summary")).to_contain_text("45", timeout=10_000)
+        expect(page.locator("#summary")).to_contain_text("45")
         expect(page.locator("#lane-evidence")).to_contain_text(
-            "40 enqueues: 40 on lanes < S, 0 on lanes ≥ S", timeout=10_000)
+            "40 enqueues: 40 on lanes < S, 0 on lanes ≥ S")
 
         with db.connect() as conn:  # what the auto-scaler in shadow mode would log
             conn.execute("select awa.sample_lane_contention()")
@@ -101,8 +108,7 @@ def test_change_s_from_1_to_4_through_the_confirm_dialog(db, page):
                               snapshot_every=0.2) as producer:
             producer.enqueue("t", queue="orders", ordering_key="o-1")
             expect(page.locator("#producers-on-s")).to_have_text(
-                "1 of 1 live producers have enqueued with S = 4 since the change.",
-                timeout=10_000)
+                "1 of 1 live producers have enqueued with S = 4 since the change.")
             expect(page.locator("#decisions-table")).to_contain_text("would_raise")
             expect(page.locator("#decisions-table")).to_contain_text("2.50 >= 1.00")
             expect(page.locator("#contention-table tbody tr")).to_have_count(1)
@@ -322,11 +328,11 @@ def test_fail_a_job_find_it_on_the_queue_page_retry_it_and_see_it_run(db, page):
         with db.connect(worker) as w:  # it runs again: same job, args and key
             (c,) = claim(w, ["orders"], worker="browser-worker")
             assert (c[0], c[7], c[10], c[8]) == (job_id, {"order": 1001}, b"cust-42", 1)
-            expect(page.locator("#job-state")).to_have_text("running", timeout=10_000)
+            expect(page.locator("#job-state")).to_have_text("running")
             expect(page.locator("#job-worker")).to_have_text("browser-worker")
             expect(page.locator("#job-attempts")).to_have_text("1 of 1")
             assert w.execute("select awa.complete(%s, %s)", [c[0], c[1]]).fetchone()[0]
-        expect(page.locator("#job-state")).to_have_text("completed", timeout=10_000)
+        expect(page.locator("#job-state")).to_have_text("completed")
         expect(page.locator("#job-args")).to_have_text("(not kept for a completed job)")
 
         page.click("#job-queue a")
@@ -454,7 +460,7 @@ def test_a_dead_workers_jobs_are_released_from_a_running_jobs_page(db, page):
         assert _leases_running(db, "dead-w") == [False, False]
         with db.connect() as conn:
             assert conn.execute("select awa.rescue_expired()").fetchone()[0] == 2
-        expect(page.locator("#job-state")).not_to_have_text("running", timeout=10_000)
+        expect(page.locator("#job-state")).not_to_have_text("running")
         expect(page.locator("#release-worker")).to_be_disabled()
 
 
@@ -570,7 +576,7 @@ def test_a_job_page_reads_the_jobs_args_once_not_on_every_refresh(db, page):
             pass  # the next refresh
         with db.connect() as conn:
             assert claim(conn, ["heavy"], 1, worker="w-1")
-        expect(page.locator("#job-state")).to_have_text("running", timeout=10_000)
+        expect(page.locator("#job-state")).to_have_text("running")
         expect(page.locator("#job-worker")).to_have_text("w-1")
         expect(page.locator("#job-args")).to_contain_text('"blob": "c4ca4238')
         with page.expect_response(lambda r: f"/api/jobs/{job_id}" in r.url):
