@@ -504,7 +504,8 @@ def test_a_waiting_enqueue_reports_its_lane_lock_wait(db, logins):
     wait_until(lambda: time.monotonic() - started > 0.2, what="a measurable wait")
     holder.commit()
     holder.close()
-    t.join(10)
+    t.join(30)
+    assert not t.is_alive(), "the waiting enqueue never ended"
     assert result["us"] >= 200_000
 
 

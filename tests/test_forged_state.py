@@ -195,6 +195,7 @@ def test_a_forged_wait_total_is_ignored_when_the_call_waits(db):
                    what="the producer to wait for the lane")
         hold.commit()
         t.join(timeout=30)
+    assert not t.is_alive(), "the producer never got its lane"
     assert "error" not in outcome, outcome.get("error")
     assert int(outcome["wait"]) >= 0
 

@@ -341,6 +341,7 @@ def test_cancel_waits_for_a_claim_in_flight_then_cancels_where_the_job_is(
         else:
             w.rollback()
         t.join(timeout=30)
+        assert not t.is_alive(), "the cancel never ended"
         assert outcome["cancelled"] is True
         assert w.execute("select awa.complete(%s, %s)", [job_id, c[1]]).fetchone()[0] is False
         assert claim(w, ["cw"]) == []

@@ -172,6 +172,7 @@ def test_a_call_waits_only_above_the_lanes_it_holds(db):
         assert held_by_call == [] and waited in low
         hold.commit()
         call.join(timeout=30)
+        assert not call.is_alive()
     assert call.error is None and len(call.result) == 2
 
 

@@ -235,6 +235,7 @@ def test_producers_and_workers_see_no_error_while_the_layer_is_applied_again(db,
         stop.set()
         for t in loops:
             t.join(timeout=30)
+    assert not [t.name for t in loops if t.is_alive()], "a loop never ended"
     assert errors == []
     assert {"enqueue", "batch", "copy", "work", "read"} <= set(during), during
     assert max(completed.values(), default=1) == 1

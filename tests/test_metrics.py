@@ -126,7 +126,8 @@ def test_a_blocked_enqueue_records_its_lane_lock_wait_an_uncontended_one_zero(
     wait_until(lambda: time.monotonic() - started > 0.2, what="a measurable wait")
     holder.commit()
     holder.close()
-    t.join(10)
+    t.join(30)
+    assert not t.is_alive(), "the waiting enqueue never ended"
     assert not errors
     count, total = wait_hist(registry, "w", method)
     assert count == 3

@@ -652,7 +652,7 @@ def test_a_key_given_back_while_a_batch_waits_for_an_earlier_key_is_taken(db, lo
         w.commit()
         locker.rollback()
         producer.join(timeout=30)
-        assert producer.error is None, producer.error
+        assert not producer.is_alive() and producer.error is None, producer.error
         held = dict(admin.execute("select u.unique_key, r.kind from awa.unique_keys as u"
                                   " join awa.ready as r using (job_id)").fetchall())
         assert held == {b"K1": "b", b"K2": "a"}
