@@ -425,9 +425,12 @@ def test_concurrent_producers_and_workers_never_see_two_live_jobs_share_a_key(db
     with db.connect() as su:
         done_before = su.execute("select count(*) from awa.finished").fetchone()[0]
 
+    go = threading.Event()  # the sampler is connected: a fast plan cannot end unseen
+
     def producer(calls) -> None:
         try:
             with db.connect(logins.producer, autocommit=False) as conn:
+                assert go.wait(60), "the sampler never connected"
                 duplicates.extend(_produce(conn, calls))
         except BaseException as exc:
             errors.append(exc)
@@ -455,12 +458,14 @@ def test_concurrent_producers_and_workers_never_see_two_live_jobs_share_a_key(db
         t.start()
     samples = 0
     with db.connect() as su:
+        go.set()
         while any(t.is_alive() for t in producers):
             assert su.execute(LIVE_KEYS_SHARED).fetchall() == []
             samples += 1
         stop.set()
         for t in producers + workers:
             t.join(timeout=120)
+        assert not [t.name for t in producers + workers if t.is_alive()], "a thread never ended"
         assert not errors, errors
         assert samples > 0
         assert su.execute(LIVE_KEYS_SHARED).fetchall() == []
