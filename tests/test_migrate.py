@@ -410,7 +410,9 @@ def test_runners_queue_behind_each_other_not_fail(db):
         for _ in range(600):
             row = watcher.execute(
                 "select count(*) from pg_locks where locktype = 'advisory' and not granted"
-                " and classid = %s and objid = %s", MIGRATION_LOCK).fetchone()
+                " and classid = %s and objid = %s"
+                " and database = (select oid from pg_database where datname = current_database())",
+                MIGRATION_LOCK).fetchone()
             if row[0]:
                 waiting.set()
                 break

@@ -436,7 +436,9 @@ def test_autoscale_tick_through_the_pooler(pooled, logins):
         with pooled.db.connect() as admin:
             _wait_for(lambda: admin.execute(
                 "select count(*) from pg_locks where locktype = 'advisory'"
-                " and classid = 1635213644 and not granted").fetchone()[0] == 1,
+                " and classid = 1635213644 and not granted"
+                " and database = (select oid from pg_database where datname = current_database())"
+                ).fetchone()[0] == 1,
                 "the waiter to queue on the lane lock")
         first = pooled.connect(maintenance, autocommit=False)
         try:
