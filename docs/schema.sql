@@ -1180,6 +1180,14 @@ begin
 end;
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._cancelled_after_failure(last_error text)
+ RETURNS boolean
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+    select coalesce(last_error operator(pg_catalog.~) '^cancelled by [^;]*; last error: ', false)
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._cancelled_error(last_error text)
  RETURNS text
  LANGUAGE sql
@@ -7524,8 +7532,7 @@ begin
         return 'completed';
     elsif here.state in ('scheduled', 'ready', 'failed') then
         return 'failed';
-    elsif here.state = 'cancelled'
-          and position('; last error: ' in coalesce(here.last_error, '')) > 0 then
+    elsif here.state = 'cancelled' and awa._cancelled_after_failure(here.last_error) then
         return 'failed';
     end if;
     -- Cancelled while it ran, or running at this attempt under another

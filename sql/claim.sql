@@ -730,7 +730,7 @@ $$;
 -- at this attempt, which only this run's awa.complete does. 'failed': this
 -- attempt ended as a failure: the job waits for its retry at this attempt,
 -- failed for good at it, was cancelled while it waited for that retry (its
--- last error names the failure: awa._cancelled_error), or has run again
+-- last error names the failure: awa._cancelled_after_failure), or has run again
 -- since (a later attempt, in any state); recorded by awa.fail, or by
 -- awa.rescue_expired once the lease ran out: the rows do not tell which.
 -- 'gone': none of these: cancelled while it ran, an unknown job, or one
@@ -745,7 +745,7 @@ $$;
 -- Errors: 22004 a null argument; 22023 attempt below 1; 25000 outside read
 --   committed (a snapshot from before a rotation of awa.running or a prune
 --   could miss the rows that it moved).
--- Calls: awa._check_read_committed, awa._job_at
+-- Calls: awa._cancelled_after_failure, awa._check_read_committed, awa._job_at
 -- Writes: nothing
 create or replace function awa.run_outcome(job_id bigint, run_lease bigint, attempt integer)
 returns text
@@ -791,8 +791,7 @@ begin
         return 'completed';
     elsif here.state in ('scheduled', 'ready', 'failed') then
         return 'failed';
-    elsif here.state = 'cancelled'
-          and position('; last error: ' in coalesce(here.last_error, '')) > 0 then
+    elsif here.state = 'cancelled' and awa._cancelled_after_failure(here.last_error) then
         return 'failed';
     end if;
     -- Cancelled while it ran, or running at this attempt under another

@@ -700,6 +700,21 @@ as $$
         ), '')
 $$;
 
+-- Function: awa._cancelled_after_failure(last_error text) returns boolean
+-- Whether a cancelled job's last error (awa._cancelled_error) carries the
+-- error of a failed attempt: it was cancelled while it waited for a retry,
+-- not while it ran. The reading of the format awa._cancelled_error writes,
+-- next to it. Inlined.
+-- Calls: nothing
+-- Writes: nothing
+create or replace function awa._cancelled_after_failure(last_error text)
+returns boolean
+language sql
+immutable parallel safe
+as $$
+    select coalesce(last_error operator(pg_catalog.~) '^cancelled by [^;]*; last error: ', false)
+$$;
+
 -- Function: awa._cancel_waiting(job_id, queue_id, priority, kind, args, ordering_key,
 --                               attempt, max_attempts, enqueued_at, last_error,
 --                               max_run_time) returns void
@@ -1256,6 +1271,7 @@ select awa._grant_execute(
     'awa.failure_summary(text, interval, integer)', 'reader', 'operator'
 );
 select awa._grant_execute('awa._cancelled_error(text)');
+select awa._grant_execute('awa._cancelled_after_failure(text)');
 select awa._grant_execute(
     'awa._cancel_waiting(bigint, integer, smallint, text, jsonb, bytea, integer, integer,'
     ' timestamptz, text, interval)'
