@@ -13,11 +13,11 @@ import pytest
 from psycopg import sql
 
 from awa_sql import __version__
-from awa_sql.demo.embedded import free_port
 from awa_sql.migrate import MIGRATION_LOCK
 from awa_sql.source import load_layer, load_migrations
 from tests.support.catalog import snapshot
 from tests.support.database import Database
+from tests.support.ports import refusing_port
 
 MIGRATIONS = load_migrations()
 LAYER = load_layer()
@@ -371,8 +371,9 @@ def test_status_check_gives_each_outcome_its_own_exit_code(db):
         conn.execute("delete from awa.schema_migrations where version = 9999")
     assert gate().returncode == 0  # back where it started: each code came from its cause
 
-    nobody_listens = f"host=127.0.0.1 port={free_port()} dbname={db.name} connect_timeout=5"
-    refused = gate(env={"AWA_DATABASE_URL": nobody_listens})
+    with refusing_port() as port:
+        nobody_listens = f"host=127.0.0.1 port={port} dbname={db.name} connect_timeout=5"
+        refused = gate(env={"AWA_DATABASE_URL": nobody_listens})
     codes["connection failure"] = refused.returncode
     assert "cannot connect" in refused.stderr
     denied = gate(user=db.login_role())  # a login holding no awa role

@@ -1,4 +1,4 @@
-"""A local TCP port another socket holds, and what a command that cannot
+"""A local TCP port another socket holds (listening or refusing), and what a command that cannot
 bind it must print: one line naming the address, no traceback; whether this
 machine has the IPv6 loopback."""
 
@@ -19,6 +19,17 @@ def taken_port() -> Iterator[int]:
         taken.bind(("127.0.0.1", 0))
         taken.listen(1)
         yield taken.getsockname()[1]
+
+
+@contextmanager
+def refusing_port() -> Iterator[int]:
+    """A port of 127.0.0.1 this block holds without listening: a connection to
+    it is refused, and no other process can start listening on it meanwhile
+    (a port found free and let go could be taken by a server another test
+    starts)."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        yield held.getsockname()[1]
 
 
 def assert_cannot_listen(result: subprocess.CompletedProcess, address: str) -> None:
