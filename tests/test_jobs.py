@@ -863,16 +863,22 @@ def test_a_page_reads_what_it_lists_not_the_queues_history(db, logins):
         su.execute("analyze")
         for state in (*STATES, None):
             su.execute("select count(*) from awa.jobs('hist', %s)", [state])  # plan, cache
-            with su.transaction():
-                before = _blocks(su)
-                got = su.execute("select count(*) from awa.jobs('hist', %s)",
-                                 [state]).fetchone()[0]
-                read = _blocks(su) - before
-            assert got == (3 if state == "cancelled" else 0 if state == "running" else 100)
+            reads = []
+            # The fewer of two reads: a page planned again (an autovacuum of
+            # the history invalidates the cached plan) reads its probes twice
+            # (402 blocks seen for 201); a plan that walks rows reads
+            # thousands every time.
+            for _ in range(2):
+                with su.transaction():
+                    before = _blocks(su)
+                    got = su.execute("select count(*) from awa.jobs('hist', %s)",
+                                     [state]).fetchone()[0]
+                    reads.append(_blocks(su) - before)
+                assert got == (3 if state == "cancelled" else 0 if state == "running" else 100)
             # The ready window: 1,000 rows of the one lane with jobs; every
             # state's page also probes each of awa.finished's 96 slots.
             bound = {"ready": 600, None: 700}.get(state, 400)
-            assert read < bound, (state, read)
+            assert min(reads) < bound, (state, reads)
 
 
 def test_jobs_of_one_worker_are_its_running_jobs_paged_by_job_id(db, logins):
