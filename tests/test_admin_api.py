@@ -7,9 +7,9 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 from urllib.parse import quote
@@ -36,7 +36,7 @@ from tests.support.admin import (
     shared_pool_app,
 )
 from tests.support.jobs import claim
-from tests.support.ports import assert_cannot_listen, needs_ipv6, taken_port
+from tests.support.ports import assert_cannot_listen, needs_ipv6, refusing_port, taken_port
 
 
 @pytest.fixture
@@ -1061,16 +1061,33 @@ def test_awa_admin_serve_on_a_taken_port_is_a_clear_error(db):
 
 def test_awa_admin_serve_that_cannot_reach_its_database_exits_7():
     """The exit code of every awa command that cannot connect (docs/migrations.md),
-    once the pool has tried for 30 s: not 3, which says drift."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        closed = probe.getsockname()[1]
-    env = {**os.environ, "AWA_DATABASE_URL": f"postgresql://nobody@127.0.0.1:{closed}/none"}
+    once the pool has tried for --start-wait: not 3, which says drift."""
+    env = {**os.environ}
     env.pop("DATABASE_URL", None)
-    result = subprocess.run([sys.executable, "-m", "awa_sql", "admin", "serve", "--port", "0"],
-                            env=env, capture_output=True, text=True, timeout=90,
-                            stdin=subprocess.DEVNULL, check=False)
+    with refusing_port() as closed:
+        env["AWA_DATABASE_URL"] = f"postgresql://nobody@127.0.0.1:{closed}/none"
+        started = time.monotonic()
+        result = subprocess.run(
+            [sys.executable, "-m", "awa_sql", "admin", "serve", "--port", "0",
+             "--start-wait", "2s"],
+            env=env, capture_output=True, text=True, timeout=90,
+            stdin=subprocess.DEVNULL, check=False)
+        waited = time.monotonic() - started
     assert result.returncode == 7, (result.returncode, result.stderr[-2000:])
+    assert waited >= 2, waited  # it tried for the time it was given
+    assert "Traceback" not in result.stderr, result.stderr
+    assert "Connection refused" in result.stderr, result.stderr  # why, from the pool
+    assert result.stderr.rstrip().endswith(
+        "awa: cannot connect to the database in 2 s (--start-wait)"), result.stderr
+    assert "awa admin" not in result.stdout  # no URL for a server that never answered
+
+
+def test_awa_admin_serve_waits_30_s_for_its_database_unless_told_otherwise():
+    from awa_sql.cli import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["admin", "serve"]).start_wait == 30
+    assert parser.parse_args(["admin", "serve", "--start-wait", "2m"]).start_wait == 120
 
 
 # -- the Host check (DNS rebinding) ------------------------------------------------------

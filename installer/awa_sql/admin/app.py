@@ -37,6 +37,9 @@ class Settings:
     # The Host names answered (awa_sql.hosts); None answers any, as in the
     # tests' TestClient. `awa admin serve` and `awa demo` always set one.
     hosts: HostCheck | None = None
+    # How long the server waits at start for its database (a restart, a
+    # database started after it) before it gives up: exit 7.
+    start_wait: float = 30.0
 
 
 class RefuseOtherHosts:
@@ -209,7 +212,7 @@ def make_pool(settings: Settings, open_now: bool = False) -> ConnectionPool:
         check=ConnectionPool.check_connection,
     )
     if open_now:
-        pool.open(wait=True, timeout=30)
+        pool.open(wait=True, timeout=settings.start_wait)
     return pool
 
 
@@ -230,7 +233,7 @@ def create_app(settings: Settings, pool: ConnectionPool | None = None) -> FastAP
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> Iterator[None]:
         if owns_pool:
-            pool.open(wait=True, timeout=30)
+            pool.open(wait=True, timeout=settings.start_wait)
         try:
             yield
         finally:
