@@ -14,7 +14,7 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from tests.support.finished import kept, next_slot, past, slot_of
+from tests.support.finished import kept, next_slot, past, slot_of, slots_of
 from tests.support.jobs import behind
 
 BLOCK = "(f.ctid::text::point)[0]"
@@ -62,7 +62,7 @@ def test_a_slot_is_carried_a_bounded_batch_of_blocks_at_a_time_and_then_emptied(
                        [blocks]).fetchone()[0]
     # The first batch moves the retained rows of the first blocks, no other.
     assert batch(su, target) == (len(first), False)
-    assert {slot_of(su, j) for j in first} == {current(su, "completed")}
+    assert slots_of(su, first) == {current(su, "completed")}
     assert su.execute(f"select count(*) from {part} f where f.job_id = any(%s)",
                       [first]).fetchone()[0] == 0
     # A prune of the slot before the batches are through makes one more
@@ -82,7 +82,7 @@ def test_a_slot_is_carried_a_bounded_batch_of_blocks_at_a_time_and_then_emptied(
         late = past(su, "long", "completed", ago, 1)
         assert m.execute("select awa.prune_finished()").fetchone()[0] == len(drop)
     assert kept(su, keep + late + drop) == set(keep + late)
-    assert {slot_of(su, j) for j in keep + late} == {current(su, "completed")}
+    assert slots_of(su, keep + late) == {current(su, "completed")}
     assert su.execute("select count(*), count(distinct job_id) from awa.finished").fetchone() \
         == (len(keep) + 1, len(keep) + 1)
     assert su.execute("select count(*) from awa.finished_carry").fetchone()[0] == 0
@@ -113,7 +113,7 @@ def test_a_batch_stops_at_the_pass_bytes_of_payload(db, su, logins):
         if start + carried < 5:  # cut: one more row would pass the bound
             assert sum(sizes[start:start + carried]) >= limit
         start += carried
-    assert {slot_of(su, j) for j in ids} == {current(su, "failed")}
+    assert slots_of(su, ids) == {current(su, "failed")}
 
 
 def test_a_retry_that_waited_for_the_carry_finds_the_job_where_it_went(db, su, logins):
@@ -156,7 +156,7 @@ def test_a_retention_raised_after_the_batches_is_kept_by_the_truncate(db, su, lo
         assert m.execute("select awa.carry_finished()").fetchone()[0] == over
         assert m.execute("select awa.prune_finished()").fetchone()[0] == 0
     assert kept(su, raised + keep) == set(raised + keep)
-    assert {slot_of(su, j) for j in raised} == {current(su, "completed")}
+    assert slots_of(su, raised) == {current(su, "completed")}
 
 
 def test_the_carry_runs_for_the_maintenance_role_only_and_one_at_a_time(db, su, logins):
@@ -186,7 +186,7 @@ def test_awa_maintain_carries_again_at_once_while_the_carry_moves_rows(db, su, l
                          "--prune-every", "off") as m:
         m.wait(lambda: m.handled("carry") == 4 and m.passes("carry", "ran") == 2,
                "the carry and the pass after it", timeout=60)
-    assert {slot_of(su, j) for j in ids} == {current(su, "failed")} != {target}
+    assert slots_of(su, ids) == {current(su, "failed")} != {target}
 
 
 def test_a_slot_whose_every_row_the_carry_moved_is_truncated(db, su, logins):
@@ -224,13 +224,13 @@ def test_the_last_look_under_the_lock_carries_no_more_payload_than_a_batch(db, s
         assert m.execute("select awa.carry_finished()").fetchone()[0] == 0
         su.execute("select awa.set_retention('long', '1 hour', '10 days')")
         assert m.execute("select awa.prune_finished()").fetchone()[0] == 0
-        assert {slot_of(su, j) for j in ids} == {target}
+        assert slots_of(su, ids) == {target}
         moved = 0
         while carried := m.execute("select awa.carry_finished()").fetchone()[0]:
             moved += carried
         assert moved == 5
         assert m.execute("select awa.prune_finished()").fetchone()[0] == 0
-    assert {slot_of(su, j) for j in ids} == {current(su, "failed")}
+    assert slots_of(su, ids) == {current(su, "failed")}
 
 
 def test_retry_jobs_waits_for_rows_a_carry_holds_rather_than_say_none_is_left(
@@ -269,9 +269,9 @@ def test_a_job_kept_past_its_rings_next_turn_is_carried_to_the_long_ring(
     with db.connect(logins.maintenance) as m:
         assert m.execute("select awa.prune_finished()").fetchone()[0] == 0
     assert kept(su, long_kept + short_kept) == set(long_kept + short_kept)
-    assert {slot_of(su, j) for j in long_kept} == {current(su, "long")}
+    assert slots_of(su, long_kept) == {current(su, "long")}
     assert 64 <= current(su, "long") <= 95
-    assert {slot_of(su, j) for j in short_kept} == {current(su, state)}
+    assert slots_of(su, short_kept) == {current(su, state)}
 
 
 def test_the_long_ring_drops_a_slot_past_every_retention_and_carries_its_next(

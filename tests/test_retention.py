@@ -19,7 +19,7 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from tests.support.finished import INSERT_PAST, kept, next_slot, past, slot_of
+from tests.support.finished import INSERT_PAST, kept, next_slot, past, slot_of, slots_of
 from tests.support.isolation import OLDER_SNAPSHOTS, assert_refused_outside_read_committed
 from tests.support.jobs import claim, enqueue
 from tests.support.waiting import wait_until
@@ -158,7 +158,7 @@ def test_the_next_slot_keeps_what_is_still_retained_and_drops_the_rest(
     ago = "now() - interval '31 hours'" if completed else "now() - interval '186 hours'"
     kept_ids = past(su, "long", state, ago, 3)
     dropped = past(su, "short", state, ago, 4)
-    assert {slot_of(su, j) for j in kept_ids + dropped} == {target}
+    assert slots_of(su, kept_ids + dropped) == {target}
     # Every column but the slot moves with the row (the catalog's list: a
     # column the move forgets fails here).
     rows = ("select to_jsonb(f) - 'slot' from awa.finished f"
@@ -169,7 +169,7 @@ def test_the_next_slot_keeps_what_is_still_retained_and_drops_the_rest(
         assert m.execute("select awa.prune_finished()").fetchone()[0] == 4
     assert kept(su, kept_ids + dropped) == set(kept_ids)
     current = su.execute("select awa._finished_slot(%s, now())", [state]).fetchone()[0]
-    assert {slot_of(su, j) for j in kept_ids} == {current}
+    assert slots_of(su, kept_ids) == {current}
     assert su.execute(rows, [kept_ids]).fetchall() == before
 
 
@@ -281,7 +281,7 @@ def test_a_prune_begun_before_the_slot_turned_keeps_the_jobs_completed_since(db,
             assert w.execute("select awa.complete(%s, %s)", [job_id, lease]).fetchone()[0]
             done.append(job_id)
         assert len(done) == 3
-        assert began not in {slot_of(su, j) for j in done}
+        assert began not in slots_of(su, done)
         assert m.execute("select awa.prune_finished()").fetchone()[0] == 0
         m.commit()
     assert kept(su, done) == set(done)

@@ -34,6 +34,15 @@ def slot_of(su, job_id: int) -> int:
     return su.execute("select slot from awa.finished where job_id = %s", [job_id]).fetchone()[0]
 
 
+def slots_of(su, job_ids: list[int]) -> set[int]:
+    """The slots that hold these jobs, in one read; each job must be in
+    awa.finished exactly once."""
+    rows = su.execute("select job_id, slot from awa.finished where job_id = any(%s)",
+                      [job_ids]).fetchall()
+    assert sorted(r[0] for r in rows) == sorted(job_ids), "a job is missing or there twice"
+    return {r[1] for r in rows}
+
+
 def next_slot(su, state: str) -> int:
     """The slot of `state`'s ring that is written to next, and when it last was."""
     return su.execute("select awa._finished_slot(%s, now() + awa._finished_slot_seconds(%s)"
