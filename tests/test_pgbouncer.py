@@ -377,7 +377,7 @@ def test_concurrent_migrate_runners_through_the_pooler(empty_db, pgbouncer, role
     assert sum("applied migration" in r.stdout for r in results) == 1
     status = empty_db.awa("status", "--check", "--role-prefix", role_prefix, env=env)
     assert status.returncode == 0, status.stdout + status.stderr
-    # Waiting runners wait for the run lock a second at a time: those
+    # Waiting runners wait for the run lock 100 ms at a time: those
     # timeouts are expected, nothing else is.
     assert [line for line in log_problems(p, since)
             if "canceling statement due to lock timeout" not in line] == []
