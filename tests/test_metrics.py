@@ -15,7 +15,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from wsgiref.util import setup_testing_defaults
@@ -417,12 +417,32 @@ def test_a_transaction_that_wrote_and_sits_idle_holds_the_horizon_in_the_metric(
         with db.connect(logins.reader) as r:
             s = parse(render(r)[0].decode())
         assert value(s, "awa_xmin_horizon_age_transactions") >= 30
-        # The runbook's query, as written, names it first, to a reader.
+        # The runbook's query, as written, names it first, to a reader, before
+        # the sessions that took a snapshot since: their backend_xmin is its
+        # xid, as old (a closing session showed so, and came first).
         runbook = (ROOT / "docs" / "operations.md").read_text()
         query = re.search(r"Find the holder with\n\n```sql\n(.*?)```", runbook, re.S).group(1)
+        with ExitStack() as stack:
+            for _ in range(3):
+                since = stack.enter_context(db.connect(autocommit=False))
+                since.execute("set transaction isolation level repeatable read")
+                since.execute("select 1")
+            with db.connect(logins.reader) as r:
+                ranked = r.execute(query).fetchall()
+        tied = [row[0] for row in ranked if row[1] is not None and str(row[1]) == held_xid]
+        assert len(tied) >= 3, ranked  # the snapshots rank as old as the holder
+        assert ranked[0][0] == holder.info.backend_pid, ranked
+        # Which of tied rows the view lists first is up to the server: the
+        # same rows in a fixed order, the holder last, through the query's
+        # own ORDER BY (a CTE named pg_stat_activity stands in for the view).
+        fixed = ("with pg_stat_activity (pid, datid, datname, backend_xmin, backend_xid,"
+                 " xact_start, state, query) as (values"
+                 " (1, 1::oid, current_database(), %(x)s::xid, null::xid, now(), 'active', ''),"
+                 " (2, 1::oid, current_database(), %(x)s::xid, null::xid, now(), 'active', ''),"
+                 " (3, 1::oid, current_database(), null::xid, %(x)s::xid, now(), 'idle', ''))"
+                 " " + query.replace("%", "%%"))
         with db.connect(logins.reader) as r:
-            first = r.execute(query).fetchone()
-        assert first[0] == holder.info.backend_pid
+            assert r.execute(fixed, {"x": held_xid}).fetchone()[0] == 3
         holder.rollback()
     with db.connect(logins.reader) as r:
         assert value(parse(render(r)[0].decode()), "awa_xmin_horizon_age_transactions") < 30
