@@ -571,7 +571,7 @@ CREATE TABLE awa.runtime_queues (
     last_at timestamp with time zone NOT NULL,
     shards smallint,
     CONSTRAINT runtime_queues_pkey PRIMARY KEY (instance_id, queue, activity),
-    CONSTRAINT runtime_queues_activity_known CHECK ((activity = ANY (ARRAY['enqueue'::text, 'claim'::text]))),
+    CONSTRAINT runtime_queues_activity_known CHECK ((activity = ANY (ARRAY['enqueue'::text, 'claim'::text, 'poll'::text]))),
     CONSTRAINT runtime_queues_instance_id_fkey FOREIGN KEY (instance_id) REFERENCES awa.runtimes(instance_id) ON DELETE CASCADE
 );
 
@@ -7058,14 +7058,15 @@ begin
     if jsonb_typeof(activity) <> 'array' or jsonb_array_length(activity) > 1000 or exists (
         select from jsonb_array_elements(activity) as a (e)
          where jsonb_typeof(a.e) <> 'object'
-            or a.e ->> 'activity' is null or a.e ->> 'activity' not in ('enqueue', 'claim')
+            or a.e ->> 'activity' is null
+            or a.e ->> 'activity' not in ('enqueue', 'claim', 'poll')
             or jsonb_typeof(a.e -> 'queue') <> 'string'
             or octet_length(a.e ->> 'queue') not between 1 and 203
             or jsonb_typeof(a.e -> 'age_seconds') <> 'number'
             or (a.e ->> 'age_seconds')::numeric not between 0 and 86400
     ) then
         raise exception 'activity must be an array of at most 1000 '
-            '{"queue": text, "activity": "enqueue"|"claim", "age_seconds": 0..86400}'
+            '{"queue": text, "activity": "enqueue"|"claim"|"poll", "age_seconds": 0..86400}'
             using errcode = '22023';
     end if;
     select r.owner_login into owner_login from awa.runtimes as r
@@ -7090,13 +7091,22 @@ begin
     select publish_runtime.instance_id, t.queue, t.activity, t.at,
            awa._shards_at(t.queue, t.at)
       from (
-          select a.e ->> 'queue' as queue, a.e ->> 'activity' as activity,
-                 -- To the microsecond first: 1e-400 is a number in range, and
-                 -- no double precision.
-                 min(clock_timestamp()
-                     - make_interval(secs => round((a.e ->> 'age_seconds')::numeric, 6)
-                                             ::double precision)) as at
-            from jsonb_array_elements(activity) as a (e)
+          select coalesce(p.queue, a.queue) as queue, a.activity, max(a.at) as at
+            from (
+                select x.e ->> 'queue' as queue, x.e ->> 'activity' as activity,
+                       -- To the microsecond first: 1e-400 is a number in
+                       -- range, and no double precision.
+                       clock_timestamp()
+                       - make_interval(secs => round((x.e ->> 'age_seconds')::numeric, 6)
+                                               ::double precision) as at
+                  from jsonb_array_elements(activity) as x (e)
+            ) as a
+            left join lateral (
+                select m.queue from awa.queue_meta as m
+                 where a.activity = 'poll'
+                   and (m.queue = a.queue or m.logical_queue = a.queue
+                        or m.root_queue = a.queue)
+            ) as p on true
            group by 1, 2
       ) as t;
     -- A stale row another publish holds is being refreshed: passed over. Waiting
@@ -8038,7 +8048,7 @@ COMMENT ON TABLE awa.running IS 'Claimed jobs. run_lease changes at every claim,
 
 COMMENT ON TABLE awa.running_carried IS 'Slot 2 of awa.running: jobs still running when their slot was emptied.';
 
-COMMENT ON TABLE awa.runtime_queues IS 'Per runtime and physical queue: when it last enqueued or claimed there, and the queue''s S at that moment.';
+COMMENT ON TABLE awa.runtime_queues IS 'Per runtime and physical queue: when it last enqueued there, claimed a job there or polled it (a claim call, with or without a job), and the queue''s S at that moment.';
 
 COMMENT ON TABLE awa.runtimes IS 'One row per running Python Producer or Worker, refreshed every 10 s by awa.publish_runtime(); rows not refreshed for 30 s are stale and removed.';
 
@@ -8064,7 +8074,7 @@ COMMENT ON VIEW awa.queue_overview IS 'Per physical queue: S, shard mode, paused
 
 COMMENT ON VIEW awa.runtime_overview IS 'Python producers and workers that published a snapshot in the last 30 seconds.';
 
-COMMENT ON VIEW awa.runtime_queue_overview IS 'Per live runtime and physical queue: its last enqueue or claim there and the S then.';
+COMMENT ON VIEW awa.runtime_queue_overview IS 'Per live runtime and physical queue: its last enqueue, claim or poll there and the S then.';
 
 COMMENT ON VIEW awa.shard_change_evidence IS 'Enqueues since each shard change, from the lanes (every producer, any language): on lanes below the new S, at or above it, and on the lanes a raise added. Lane sequences count rolled-back reservations too.';
 

@@ -64,9 +64,13 @@ select awa._grant_execute('awa._shards_at(text, timestamptz)');
 -- Function: awa.publish_runtime(instance_id uuid, kind text, host text, pid integer,
 --   version text, in_flight integer, activity jsonb) returns integer
 -- A runtime's snapshot, every 10 s. activity is a JSON array of
--- {"queue": physical queue, "activity": "enqueue" | "claim", "age_seconds": n}:
+-- {"queue": name, "activity": "enqueue" | "claim" | "poll", "age_seconds": n}:
 -- how long ago the runtime last did that there, by its own clock, so that
--- the database's clock dates it and finds the S it used. Only the login that
+-- the database's clock dates it and finds the S it used. enqueue and claim
+-- name a physical queue; poll (a worker's claim call, with or without a
+-- job) the name it claims by, recorded for each physical queue that name
+-- covers as awa.claim reads it (a logical name: its partitions and stripes;
+-- a name no queue has yet: itself), the latest poll of each. Only the login that
 -- created a row may refresh it, also when two logins create one id at once.
 -- Removes stale rows (30 s without a snapshot) but those another publish
 -- holds, which it is refreshing; returns how many. Roles: awa_producer, awa_worker.
@@ -106,14 +110,15 @@ begin
     if jsonb_typeof(activity) <> 'array' or jsonb_array_length(activity) > 1000 or exists (
         select from jsonb_array_elements(activity) as a (e)
          where jsonb_typeof(a.e) <> 'object'
-            or a.e ->> 'activity' is null or a.e ->> 'activity' not in ('enqueue', 'claim')
+            or a.e ->> 'activity' is null
+            or a.e ->> 'activity' not in ('enqueue', 'claim', 'poll')
             or jsonb_typeof(a.e -> 'queue') <> 'string'
             or octet_length(a.e ->> 'queue') not between 1 and 203
             or jsonb_typeof(a.e -> 'age_seconds') <> 'number'
             or (a.e ->> 'age_seconds')::numeric not between 0 and 86400
     ) then
         raise exception 'activity must be an array of at most 1000 '
-            '{"queue": text, "activity": "enqueue"|"claim", "age_seconds": 0..86400}'
+            '{"queue": text, "activity": "enqueue"|"claim"|"poll", "age_seconds": 0..86400}'
             using errcode = '22023';
     end if;
     select r.owner_login into owner_login from awa.runtimes as r
@@ -138,13 +143,22 @@ begin
     select publish_runtime.instance_id, t.queue, t.activity, t.at,
            awa._shards_at(t.queue, t.at)
       from (
-          select a.e ->> 'queue' as queue, a.e ->> 'activity' as activity,
-                 -- To the microsecond first: 1e-400 is a number in range, and
-                 -- no double precision.
-                 min(clock_timestamp()
-                     - make_interval(secs => round((a.e ->> 'age_seconds')::numeric, 6)
-                                             ::double precision)) as at
-            from jsonb_array_elements(activity) as a (e)
+          select coalesce(p.queue, a.queue) as queue, a.activity, max(a.at) as at
+            from (
+                select x.e ->> 'queue' as queue, x.e ->> 'activity' as activity,
+                       -- To the microsecond first: 1e-400 is a number in
+                       -- range, and no double precision.
+                       clock_timestamp()
+                       - make_interval(secs => round((x.e ->> 'age_seconds')::numeric, 6)
+                                               ::double precision) as at
+                  from jsonb_array_elements(activity) as x (e)
+            ) as a
+            left join lateral (
+                select m.queue from awa.queue_meta as m
+                 where a.activity = 'poll'
+                   and (m.queue = a.queue or m.logical_queue = a.queue
+                        or m.root_queue = a.queue)
+            ) as p on true
            group by 1, 2
       ) as t;
     -- A stale row another publish holds is being refreshed: passed over. Waiting
@@ -224,7 +238,7 @@ inner join awa.runtime_overview as r on q.instance_id = r.instance_id;
 select awa._ensure_view('awa.runtime_queue_overview', 'awa._new_runtime_queue_overview');
 
 comment on view awa.runtime_queue_overview is
-'Per live runtime and physical queue: its last enqueue or claim there and the S then.';
+'Per live runtime and physical queue: its last enqueue, claim or poll there and the S then.';
 
 -- View: awa.shard_change_evidence, per shard change.
 create view awa._new_shard_change_evidence as

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import threading
 import uuid
@@ -89,13 +90,46 @@ def test_worker_snapshot_has_claims_and_in_flight(db):
     runner = threading.Thread(target=worker.run)
     runner.start()
     try:
-        wait_for(lambda: _runtime_rows(db, "worker") == [("wq", "claim", 1, 1)],
+        wait_for(lambda: _runtime_rows(db, "worker") == [("wq", "claim", 1, 1),
+                                                         ("wq", "poll", 1, 1)],
                  what="a worker snapshot with one job in flight")
     finally:
         release.set()
         worker.stop()
         runner.join(30)
     assert _runtime_rows(db, "worker") == []
+
+
+def test_a_worker_on_an_idle_queue_is_listed_under_it(db, logins):
+    """A worker whose claims find nothing (a nightly queue, a worker just
+    started) was listed with no queue, and not under `--queue`: its polls
+    name the queue. A logical name is recorded for each physical queue it
+    covers, as awa.claim reads it; a name no queue has yet, as itself."""
+    with db.connect() as su:
+        su.execute("select awa.set_enqueue_shards('idle', 1)")
+        su.execute("select awa.set_queue_partitions('parted', 2)")
+        physical = [r[0] for r in su.execute(
+            "select queue from awa.queue_meta where 'parted' in (queue, root_queue,"
+            " logical_queue) order by queue")]
+    assert physical == ["parted", "parted__p1"]
+    worker = Worker(db.dsn(logins.worker), queues=["idle", "parted", "later"],
+                    handlers={"t": lambda _j: None}, poll_interval=0.05, snapshot_every=0.1)
+    runner = threading.Thread(target=worker.run)
+    runner.start()
+    try:
+        want = sorted([("idle", "poll", 1, 0), ("later", "poll", None, 0)]
+                      + [(q, "poll", 1, 0) for q in physical])
+        wait_for(lambda: _runtime_rows(db, "worker") == want,
+                 what="a snapshot naming every queue polled, no job claimed")
+        with db.connect(logins.reader) as r:
+            for asked in ("idle", "parted", physical[1]):
+                listed = runtimes.live(r, asked)
+                assert [rt["pid"] for rt in listed] == [os.getpid()], asked
+                assert {q["activity"] for q in listed[0]["queues"]} == {"poll"}, asked
+    finally:
+        worker.stop()
+        runner.join(30)
+        assert not runner.is_alive()
 
 
 class _Clock:
@@ -167,6 +201,9 @@ def test_publish_runtime_checks_its_input_and_the_owner(db):
             conn.execute(PUBLISH, [uuid.uuid4(), "robot", "[]"])
         with pytest.raises(psycopg.errors.InvalidParameterValue, match="activity must be"):
             conn.execute(PUBLISH, [uuid.uuid4(), "producer", '[{"queue": "x"}]'])
+        with pytest.raises(psycopg.errors.InvalidParameterValue, match="activity must be"):
+            conn.execute(PUBLISH, [uuid.uuid4(), "producer", '[{"queue": "x", "activity":'
+                                                             ' "sleep", "age_seconds": 1}]'])
         # In range, and no double precision: it failed with 22003 and all its digits.
         conn.execute(PUBLISH, [uuid.uuid4(), "producer", '[{"queue": "x", "activity":'
                                                          ' "claim", "age_seconds": 1e-400}]'])

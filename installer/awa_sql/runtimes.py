@@ -2,9 +2,10 @@
 
 Every ``every`` seconds (10 by default) a daemon thread calls
 ``awa.publish_runtime`` on its own connection with the process's host, pid,
-version, jobs in flight, and per physical queue how long ago it last
-enqueued or claimed there. The database dates that by its own clock and
-records the queue's S at that moment; the admin page, ``GET /api/runtimes``
+version, jobs in flight, and per queue how long ago it last enqueued, claimed
+a job or polled there (a worker's claim call, with or without a job: a
+worker on an idle queue is listed under it). The database dates that by its
+own clock and records the queue's S at that moment; the admin page, ``GET /api/runtimes``
 and ``awa runtimes`` read it (``live``). A snapshot that fails is logged and
 retried next round: it never stops the runtime.
 
@@ -78,7 +79,8 @@ class RuntimePublisher:
         self.published = 0
 
     def note(self, queue: str, activity: str) -> None:
-        """Record an enqueue or claim on a physical queue (cheap: a dict write)."""
+        """Record an enqueue or claim on a physical queue, or a poll of a name
+        a worker claims by (cheap: a dict write)."""
         at = time.monotonic()
         with self._lock:
             self._last[(queue, activity)] = at

@@ -597,6 +597,8 @@ class Worker:
                     backoff, read_only = BACKOFF_MIN, False
                     with self._lock:
                         self.claims += 1
+                    if self.runtime is not None:  # polled, whatever the claim returned
+                        self.runtime.note(queue, "poll")
                     for _ in range(want - len(rows)):
                         free.release()
                     claimed = [Job(*row) for row in rows]

@@ -188,7 +188,7 @@ class RuntimeRow(BaseModel):
     activity: str
     last_at: datetime | None
     shards: int | None = Field(description="S of the queue at this runtime's last "
-                               "enqueue (producer) or claim (worker)")
+                               "enqueue (producer), claim or poll (worker)")
 
 
 class ProducerCount(BaseModel):
@@ -436,7 +436,8 @@ class QueueLimitResult(QueueLimit):
 
 class RuntimeQueue(BaseModel):
     queue: str = Field(description="the physical queue")
-    activity: str = Field(description="enqueue (a producer) or claim (a worker)")
+    activity: str = Field(description="enqueue (a producer), claim (a worker got a job) or "
+                          "poll (a worker's claim call, with or without a job)")
     last_at: datetime | None
     shards: int | None = Field(description="S of the queue at that moment")
     age_seconds: float | None = Field(description="how long ago, by the database's clock")

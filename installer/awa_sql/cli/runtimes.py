@@ -17,7 +17,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "runtimes", help="the live Python producers and workers, and their queues",
         description="The Python producers and workers that published a snapshot in the last "
         "30 seconds (awa.runtime_overview; each publishes one every 10 s and removes it when "
-        "it stops cleanly), one line per runtime and queue it enqueued to or claimed from: "
+        "it stops cleanly), one line per runtime and queue it enqueued to, claimed a job from or "
+        "polled (a worker's claim call, with or without a job): "
         "host, pid, version, jobs in flight, how long ago it was last seen, and per queue how "
         "long ago it last did that and the S then. A worker's claims record it as "
         "HOST:PID:..., the name awa jobs release-worker takes: a worker missing here for "
@@ -25,9 +26,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "publish nothing. Needs awa_reader or awa_operator. Exit codes: 0 done (none live "
         "too), 2 a bad or unknown queue name, 7 connection or server error.")
     add_connection(r)
-    r.add_argument("--queue", help="only the runtimes that enqueued to or claimed from this "
-                   "queue (a logical name covers its partitions and stripes), with only its "
-                   "lines")
+    r.add_argument("--queue", help="only the runtimes that enqueued to, claimed from or "
+                   "polled this queue (a logical name covers its partitions and stripes), with "
+                   "only its lines")
     r.add_argument("--json", action="store_true", help="machine-readable output")
     r.set_defaults(func=cmd_runtimes, needs="awa_reader or awa_operator")
 
