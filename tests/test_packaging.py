@@ -66,3 +66,21 @@ def test_wheel_ships_the_admin_page(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     static = ROOT / "installer" / "awa_sql" / "admin" / "static"
     assert {f"awa_sql/admin/static/{p.name}" for p in static.iterdir()} <= names
+
+
+def test_the_cli_starts_without_the_client_worker_or_web_stack():
+    """`awa` builds its parser and answers --version without importing what
+    only some commands use (about half its start-up time); the package's
+    public names still resolve, on first use."""
+    probe = ("import sys\n"
+             "from awa_sql.cli import build_parser\n"
+             "build_parser().parse_args(['jobs', 'list', '--queue', 'q'])\n"
+             "heavy = ('awa_sql.client', 'awa_sql.worker', 'fastapi', 'uvicorn',\n"
+             "         'psycopg_pool')\n"
+             "print(sorted(m for m in heavy if m in sys.modules))\n"
+             "import awa_sql\n"
+             "print(awa_sql.Producer.__module__, awa_sql.Retry.__module__,"
+             " sorted(set(awa_sql.__all__) - set(dir(awa_sql))))\n")
+    out = subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True,
+                         text=True).stdout.splitlines()
+    assert out == ["[]", "awa_sql.client awa_sql.worker []"]

@@ -8,6 +8,11 @@ ADMIN_PORT = 8700  # awa admin serve, and the demo's admin page and /metrics
 METRICS_PORT = 9187  # awa metrics serve
 MAINTAIN_METRICS_PORT = 9189  # awa maintain's own /metrics
 
+# The cadences a maintenance task takes, in seconds: awa maintain's
+# --<task>-every and Worker(maintain={...}).
+EVERY_MIN = 0.05
+EVERY_MAX = 3600.0
+
 # Why awa.retry_job returns false for a job that is failed or cancelled
 # (docs/sql-api.md): not its state. `awa jobs retry ID` and the admin API say it.
 RETRY_REFUSED = ("another job of its queue holds its unique key now (retry it once that job "

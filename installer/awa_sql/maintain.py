@@ -92,10 +92,6 @@ def _finish_drops(conn: psycopg.Connection) -> tuple[int, str]:
     return len(rows), "; ".join(said)
 
 
-# The cadences a task takes, in seconds: awa maintain's --<task>-every and
-# Worker(maintain={...}).
-EVERY_MIN = 0.05
-EVERY_MAX = 3600.0
 
 TASKS: tuple[Task, ...] = (
     Task("promote", "awa.promote_due(integer)", 1.0,

@@ -66,11 +66,10 @@ from awa_sql.connect import (
     read_only_reason,
     resolve_dsn,
 )
+from awa_sql.defaults import EVERY_MAX, EVERY_MIN
 from awa_sql.maintain import (
     BACKOFF_MAX,
     BACKOFF_MIN,
-    EVERY_MAX,
-    EVERY_MIN,
     TASK_NAMES,
     Maintainer,
     _one_line,

@@ -12,7 +12,7 @@ from datetime import datetime
 import psycopg
 
 from awa_sql import hosts
-from awa_sql.maintain import EVERY_MAX, EVERY_MIN
+from awa_sql.defaults import EVERY_MAX, EVERY_MIN
 from awa_sql.migrate import EXIT_USAGE
 from awa_sql.roles import CAPABILITIES, Roles
 
