@@ -80,7 +80,8 @@ def test_the_cli_starts_without_the_client_worker_or_web_stack():
              "print(sorted(m for m in heavy if m in sys.modules))\n"
              "import awa_sql\n"
              "print(awa_sql.Producer.__module__, awa_sql.Retry.__module__,"
-             " sorted(set(awa_sql.__all__) - set(dir(awa_sql))))\n")
+             " sorted(set(awa_sql.__all__) - set(dir(awa_sql))), awa_sql.shards.__name__,"
+             " hasattr(awa_sql, 'nosuch'))\n")
     out = subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True,
                          text=True).stdout.splitlines()
-    assert out == ["[]", "awa_sql.client awa_sql.worker []"]
+    assert out == ["[]", "awa_sql.client awa_sql.worker [] awa_sql.shards False"]

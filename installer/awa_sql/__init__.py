@@ -63,10 +63,18 @@ if TYPE_CHECKING:
 
 
 def __getattr__(name: str) -> object:
+    """A public name, or a submodule (``awa_sql.shards`` after ``import
+    awa_sql``, as when this module imported them all), loaded now."""
     home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module 'awa_sql' has no attribute {name!r}")
-    value = getattr(importlib.import_module(home), name)
+    if home is not None:
+        value = getattr(importlib.import_module(home), name)
+    else:
+        try:
+            value = importlib.import_module(f"awa_sql.{name}")
+        except ModuleNotFoundError as err:
+            if err.name != f"awa_sql.{name}":
+                raise
+            raise AttributeError(f"module 'awa_sql' has no attribute {name!r}") from None
     globals()[name] = value
     return value
 
