@@ -72,7 +72,9 @@ class Demo:
 def test_demo_serves_admin_and_metrics_and_sigint_leaves_no_process():
     folder = Path(tempfile.mkdtemp(prefix="awa-demo-test-"))
     folder.chmod(0o755)
-    pg_port, http_port = free_port(), free_port()
+    pg_port = free_port()
+    # Two ports found free one after the other can be the same one.
+    http_port = next(port for port in iter(free_port, None) if port != pg_port)
     demo = Demo("--port", str(pg_port), "--http-port", str(http_port), cwd=folder)
     data_dir = str(folder / ".awa" / "pgdata")
     try:
