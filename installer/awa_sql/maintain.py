@@ -92,7 +92,6 @@ def _finish_drops(conn: psycopg.Connection) -> tuple[int, str]:
     return len(rows), "; ".join(said)
 
 
-
 TASKS: tuple[Task, ...] = (
     Task("promote", "awa.promote_due(integer)", 1.0,
          _scalar("select awa.promote_due(%s)", (BATCH,), "moved {n} due job(s) into their lanes"),

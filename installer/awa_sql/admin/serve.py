@@ -60,11 +60,9 @@ def serve(dsn: str | None, host: str, port: int, writable: bool,
     bound = sock.getsockname()[1]
     # The database before the line too: a server that cannot reach it says
     # so in one line (the pool's own lines above it say why) and exits 7.
-    pool = make_pool(settings)
     try:
-        pool.open(wait=True, timeout=settings.start_wait)
+        pool = make_pool(settings, open_now=True)  # closed again if it times out
     except PoolTimeout:
-        pool.close()
         sock.close()
         print(f"awa: cannot connect to the database in {start_wait:g} s (--start-wait)",
               file=sys.stderr, flush=True)
