@@ -144,7 +144,7 @@ def test_a_heartbeating_job_past_its_deadline_is_rescued_by_awa_maintain(db, log
         with MaintainProcess(db.dsn(logins.maintenance), "--rescue-every", "200ms",
                              "--promote-every", "off") as m:
             m.wait(beat, "the heartbeating job to be rescued", 30)
-            assert m.handled("rescue") == 1
+            m.wait_for_handled("rescue", 1)
     # A beat's lease as read just after it; gone (None) when the rescue came
     # between the two reads.
     alive = [b for b in beats if b[0] and b[2] is not None]

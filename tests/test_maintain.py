@@ -67,8 +67,8 @@ def test_a_job_for_later_is_claimable_within_two_promote_cadences(db, logins):
             # Nothing but awa maintain promotes: due in 2 s, then at most two passes.
             (job,) = m.wait(lambda: claim(w, "later"), "the job to be claimable", 2 + 2 * 1)
         assert job[2] == 1
-        assert m.handled("promote") == 1
-        assert "promote: moved 1 due job(s) into their lanes" in m.log()
+        m.wait_for_handled("promote", 1)
+        m.wait_for_log("promote: moved 1 due job(s) into their lanes")
 
 
 def test_a_job_whose_worker_vanished_is_claimable_again_with_its_attempt_counted(db, logins):
@@ -81,8 +81,8 @@ def test_a_job_whose_worker_vanished_is_claimable_again_with_its_attempt_counted
                              "--promote-every", "200ms") as m:
             # Rescued to a retry 2 s later (2^attempt), then promoted.
             again = m.wait(lambda: claim(w, "vanish"), "the job to be claimable again", 20)
-            assert m.handled("rescue") == 1
-            assert "rescue: sent 1 job(s) whose lease expired back to retry" in m.log()
+            m.wait_for_handled("rescue", 1)
+            m.wait_for_log("rescue: sent 1 job(s) whose lease expired back to retry")
         assert [(j, a) for j, _, a in again] == [(job_id, 2)]
         assert w.execute("select awa.complete(%s, %s)", [job_id, lease]).fetchone()[0] is False
 
@@ -105,8 +105,9 @@ def test_a_copy_left_without_enqueue_copied_is_moved(db, logins):
         assert count(admin, "copy_staging") == 300
         with MaintainProcess(db.dsn(logins.maintenance), "--move-staged-every", "1h") as m:
             m.wait(lambda: count(admin, "copy_staging") == 0, "the staged rows to move")
-            assert m.handled("move_staged") == 300
-            assert m.log().count("move_staged: enqueued 150 staged COPY row(s)") == 2
+            m.wait_for_handled("move_staged", 300)
+            m.wait(lambda: m.log().count("move_staged: enqueued 150 staged COPY row(s)") == 2,
+                   "two move_staged lines in the log")
         assert count(admin, "ready", "leftover") == 301
 
 
@@ -142,6 +143,8 @@ def test_two_processes_at_once_move_each_job_once_and_skip_while_the_lock_is_tak
         a.wait(lambda: count(admin, "ready", "pair") == 700, "700 jobs promoted")
         assert count(admin, "scheduled") == 0
         assert admin.execute("select count(distinct job_id) from awa.ready").fetchone()[0] == 700
+        a.wait(lambda: a.handled("promote") + b.handled("promote") >= 700,
+               "both processes to count the 700 they promoted")
         assert a.handled("promote") + b.handled("promote") == 700
         assert a.passes("promote") >= 1 and b.passes("promote") >= 1
 
@@ -413,10 +416,9 @@ def test_prune_is_skipped_while_prune_finished_is_not_installed(db, logins):
             admin.execute("create function awa.prune_finished() returns bigint"
                           " language sql as 'select 7::bigint'")
             admin.execute("grant execute on function awa.prune_finished() to awa_maintenance")
-            m.wait_for_pass("prune")
-            assert m.handled("prune") >= 7
+            m.wait(lambda: m.handled("prune") >= 7, "a prune pass counted")
             assert "prune: awa.prune_finished() is installed now" in m.log()
-            assert "prune: pruned 7 finished job(s)" in m.log()
+            m.wait_for_log("prune: pruned 7 finished job(s)")
 
 
 def test_every_pass_waits_for_a_contract_with_the_pass_lock(db, logins):
@@ -432,7 +434,7 @@ def test_every_pass_waits_for_a_contract_with_the_pass_lock(db, logins):
             assert count(admin, "ready", "waits") == 0
             admin.execute("alter function awa.try_pass_lock_later(text) rename to try_pass_lock")
             m.wait(lambda: count(admin, "ready", "waits") == 1, "the job to be promoted")
-            assert "promote: awa.try_pass_lock(text) is installed now" in m.log()
+            m.wait_for_log("promote: awa.try_pass_lock(text) is installed now")
 
 
 @pytest.mark.parametrize("grants", [["awa_worker"], []])

@@ -103,6 +103,13 @@ class MaintainProcess:
         self.wait(lambda: self.passes(task, outcome) > more_than,
                   f"a {task} pass ({outcome}) after {more_than:g}", timeout)
 
+    def wait_for_handled(self, task: str, n: float, timeout: float = 30) -> None:
+        """Waits until the process counted ``n`` handled by ``task``, then checks
+        it counted no more. It counts (and then logs) after the call committed,
+        so what a pass did shows in the database a moment before it shows here."""
+        self.wait(lambda: self.handled(task) >= n, f"{n:g} handled by {task}", timeout)
+        assert self.handled(task) == n
+
     def wait_for_log(self, text: str, timeout: float = 30) -> None:
         self.wait(lambda: text in self.log(), f"{text!r} in the log", timeout)
 
