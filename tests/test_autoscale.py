@@ -343,7 +343,9 @@ def test_live_producers_and_workers_while_the_controller_acts(db, logins):
                 shards.set_shard_mode(op, "live", "auto", 2)
             wait_until(lambda: shards_of(db, "live") == 2, what="S = 2")
             final_lower_seen = time.monotonic()
-            wait_until(lambda: time.monotonic() > final_lower_seen + 0.5, what="more enqueues")
+            wait_until(lambda: sum(started > final_lower_seen for rows in acked.values()
+                                   for *_, started in list(rows)) >= 4,
+                       what="enqueues that started after S = 2 was seen")
         finally:
             stop.set()
             for f in futures:

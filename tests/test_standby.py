@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import shutil
 import threading
+import time
 from collections.abc import Iterator
 
 import psycopg
@@ -20,6 +21,7 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from awa_sql import worker as worker_module
 from awa_sql.client import Producer
 from awa_sql.metrics import database_registry, render
 from awa_sql.worker import Worker
@@ -248,7 +250,8 @@ def test_awa_maintain_on_a_standby_says_so_once_and_waits_for_a_primary(db, logi
             " primary") in said[0]
 
 
-def test_a_worker_on_a_standby_says_so_once_and_claims_nothing(db, logins, standby, caplog):
+def test_a_worker_on_a_standby_says_so_once_and_claims_nothing(db, logins, standby, caplog,
+                                                               monkeypatch):
     """Each claim failed 25006, logged at every retry ("cannot execute
     INSERT in a read-only transaction"), on the same connection for good.
     Now one line names the standby; the claimer connects again with
@@ -256,18 +259,25 @@ def test_a_worker_on_a_standby_says_so_once_and_claims_nothing(db, logins, stand
     with db.connect(logins.producer) as p:
         p.execute("select awa.enqueue('onsb', 'k')")
     standby.caught_up()
+    claimer_connects = []
+
+    def connect(*args, **kwargs):
+        if kwargs.get("application_name") == "awa-sql worker claimer":
+            claimer_connects.append(time.monotonic())
+        return real_connect(*args, **kwargs)
+
+    real_connect = worker_module.connect
+    monkeypatch.setattr(worker_module, "connect", connect)
     worker = Worker(standby.dsn(db.name, logins.worker), queues=["onsb"],
                     handlers={"k": lambda job: None}, poll_interval=0.05, snapshot_every=0.1)
     thread = threading.Thread(target=worker.run)
     with caplog.at_level(logging.WARNING):
         thread.start()
         try:
-            wait_until(lambda: worker.runtime.published == 0 and len(
-                [r for r in caplog.records if "claim" in r.getMessage()
-                 or "hot standby" in r.getMessage()]) >= 1, 20, "the claimer's line")
-            # Three tries at least (0.5 s, then 1 s), and snapshots every 0.1 s.
-            wait_until(lambda: standby_sessions(standby, db, logins.worker) >= 3, 20,
-                       "the claimer to connect again")
+            wait_until(lambda: any(r.getMessage().startswith("queue onsb:")
+                                   for r in list(caplog.records)), 20, "the claimer's line")
+            # Three tries at least, each on a new connection (0.5 s, then 1 s apart).
+            wait_until(lambda: len(claimer_connects) >= 3, 20, "the claimer to connect again")
         finally:
             worker.stop()
             thread.join(10)
@@ -284,6 +294,8 @@ def test_a_worker_on_a_standby_says_so_once_and_claims_nothing(db, logins, stand
         " standby (in recovery): a runtime snapshot writes, and only the primary takes writes;"
         " point the DSN at the primary (given several hosts, target_session_attrs=read-write"
         " picks it)"], said
+    first, second, third = claimer_connects[:3]
+    assert second - first >= 0.5 - 0.01 and third - second >= 1.0 - 0.01  # the back-off
     assert worker.completed == worker.failed == worker.claims == 0
     with db.connect() as su:
         assert su.execute("select count(*) from awa.jobs('onsb', 'ready')").fetchone()[0] == 1
@@ -311,10 +323,3 @@ def test_a_producer_on_a_standby_is_refused_at_once_and_starts_nothing(db, login
             with pytest.raises(psycopg.errors.ReadOnlySqlTransaction):
                 call()
             assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
-
-
-def standby_sessions(standby: Standby, db, user: str) -> int:
-    """Sessions of ``user`` the standby has seen start (pg_stat_database counts them)."""
-    with standby.connect(db.name) as conn:
-        return conn.execute("select sessions from pg_stat_database where datname = %s",
-                            [db.name]).fetchone()[0]
