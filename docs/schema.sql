@@ -3464,6 +3464,16 @@ begin
 end;
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._names_cover(names text[], queue text, logical_queue text, root_queue text)
+ RETURNS boolean
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+    select queue operator(pg_catalog.=) any (names)
+        or logical_queue operator(pg_catalog.=) any (names)
+        or root_queue operator(pg_catalog.=) any (names)
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._note_copy()
  RETURNS trigger
  LANGUAGE plpgsql
@@ -3963,8 +3973,8 @@ begin
     return array(
         select m.queue_id
           from awa.queue_meta as m
-         where m.queue = _queue_ids.queue or m.logical_queue = _queue_ids.queue
-            or m.root_queue = _queue_ids.queue
+         where awa._names_cover(array[_queue_ids.queue], m.queue, m.logical_queue,
+                                m.root_queue)
          order by m.queue_id
     );
 end;
@@ -4883,8 +4893,7 @@ AS $function$
 begin
     perform awa._lock_queue(queue, create_missing => false);
     update awa.queue_meta as m set paused = _set_paused.paused
-     where (m.queue = _set_paused.queue or m.logical_queue = _set_paused.queue
-            or m.root_queue = _set_paused.queue)
+     where awa._names_cover(array[_set_paused.queue], m.queue, m.logical_queue, m.root_queue)
        and m.paused <> _set_paused.paused;
     return found;
 end;
@@ -5605,8 +5614,7 @@ begin
                                as start,
                            m.completed_seq, m.max_run_time, m.unique_jobs
                       from awa.queue_meta as m
-                     where (m.queue = any(queues) or m.logical_queue = any(queues)
-                            or m.root_queue = any(queues))
+                     where awa._names_cover(queues, m.queue, m.logical_queue, m.root_queue)
                        and not m.paused
                      order by pg_catalog.hashint4(m.queue_id operator(pg_catalog.#) seed)
                 ),
@@ -7104,8 +7112,8 @@ begin
             left join lateral (
                 select m.queue from awa.queue_meta as m
                  where a.activity = 'poll'
-                   and (m.queue = a.queue or m.logical_queue = a.queue
-                        or m.root_queue = a.queue)
+                   and awa._names_cover(array[a.queue], m.queue, m.logical_queue,
+                                        m.root_queue)
             ) as p on true
            group by 1, 2
       ) as t;
@@ -7141,8 +7149,7 @@ AS $function$
         (select count(*) from awa.finished as x
           where x.queue_id = m.queue_id and x.state = 'cancelled')
       from awa.queue_meta as m
-     where m.queue = queue_counts.queue or m.logical_queue = queue_counts.queue
-        or m.root_queue = queue_counts.queue
+     where awa._names_cover(array[queue_counts.queue], m.queue, m.logical_queue, m.root_queue)
      order by m.queue
 $function$;
 

@@ -191,8 +191,8 @@ $$;
 -- Errors: 22023 max_jobs < 0, or lease not positive or over 30 days (awa._lease_ok);
 --   22004 null queues, worker or lease.
 -- Calls: awa._check_lease, awa._check_limit, awa._claim_hint_step, awa._claim_walk_shard,
---   awa._in_seconds, awa._lease_ok, awa._limit_ok, awa._move_lane_hints, awa._running_slot,
---   awa._walked_shards
+--   awa._in_seconds, awa._lease_ok, awa._limit_ok, awa._move_lane_hints, awa._names_cover,
+--   awa._running_slot, awa._walked_shards
 -- Writes: awa.ready, awa.running
 create or replace function awa.claim(
     queues text[],
@@ -358,8 +358,7 @@ begin
                                as start,
                            m.completed_seq, m.max_run_time, m.unique_jobs
                       from awa.queue_meta as m
-                     where (m.queue = any(queues) or m.logical_queue = any(queues)
-                            or m.root_queue = any(queues))
+                     where awa._names_cover(queues, m.queue, m.logical_queue, m.root_queue)
                        and not m.paused
                      order by pg_catalog.hashint4(m.queue_id operator(pg_catalog.#) seed)
                 ),

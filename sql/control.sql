@@ -3,7 +3,7 @@
 -- Function: awa._set_paused(queue text, paused boolean) returns boolean
 -- Pauses or resumes a queue with all its partitions and stripes; true when
 -- anything changed.
--- Calls: awa._lock_queue
+-- Calls: awa._lock_queue, awa._names_cover
 -- Writes: awa.queue_meta
 create or replace function awa._set_paused(queue text, paused boolean)
 returns boolean
@@ -13,8 +13,7 @@ as $$
 begin
     perform awa._lock_queue(queue, create_missing => false);
     update awa.queue_meta as m set paused = _set_paused.paused
-     where (m.queue = _set_paused.queue or m.logical_queue = _set_paused.queue
-            or m.root_queue = _set_paused.queue)
+     where awa._names_cover(array[_set_paused.queue], m.queue, m.logical_queue, m.root_queue)
        and m.paused <> _set_paused.paused;
     return found;
 end;

@@ -951,12 +951,32 @@ begin
 end;
 $$;
 
+-- Function: awa._names_cover(names, queue, logical_queue, root_queue) returns boolean
+-- Whether one of names covers a physical queue, given as its awa.queue_meta
+-- columns: a name covers its own queue, the partitions of the logical queue
+-- it names and the stripes of the root it names. What a claim reads and a
+-- pause, a count or a poll acts on. Null (false in a WHERE) for a queue no
+-- name covers. Inlined: the callers' plans are those of the expression.
+-- Calls: nothing
+-- Writes: nothing
+create or replace function awa._names_cover(
+    names text[], queue text, logical_queue text, root_queue text
+)
+returns boolean
+language sql
+immutable parallel safe
+as $$
+    select queue operator(pg_catalog.=) any (names)
+        or logical_queue operator(pg_catalog.=) any (names)
+        or root_queue operator(pg_catalog.=) any (names)
+$$;
+
 -- Function: awa._queue_ids(queue text) returns integer[]
 -- The physical queues of an existing name: the queue itself, its partitions
 -- and their stripes, by queue_id. What every operator call that takes a
 -- logical name acts on. Errors: 22004 null, 22023 a bad name, 42704 no such
 -- queue (awa._queue).
--- Calls: awa._queue
+-- Calls: awa._names_cover, awa._queue
 -- Writes: nothing
 create or replace function awa._queue_ids(queue text)
 returns integer[]
@@ -969,14 +989,15 @@ begin
     return array(
         select m.queue_id
           from awa.queue_meta as m
-         where m.queue = _queue_ids.queue or m.logical_queue = _queue_ids.queue
-            or m.root_queue = _queue_ids.queue
+         where awa._names_cover(array[_queue_ids.queue], m.queue, m.logical_queue,
+                                m.root_queue)
          order by m.queue_id
     );
 end;
 $$;
 
 select awa._grant_execute('awa._queue_name_ok(text)');
+select awa._grant_execute('awa._names_cover(text[], text, text, text)');
 select awa._grant_execute('awa._priority_ok(smallint)');
 select awa._grant_execute('awa._max_attempts_ok(integer)');
 select awa._grant_execute('awa._job_ok(text, text, smallint, integer)');

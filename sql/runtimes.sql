@@ -76,7 +76,7 @@ select awa._grant_execute('awa._shards_at(text, timestamptz)');
 -- holds, which it is refreshing; returns how many. Roles: awa_producer, awa_worker.
 -- Errors: 22023 bad kind, pid, in_flight, text length or activity;
 --   22004 nulls; 42501 the instance belongs to another login.
--- Calls: awa._shards_at
+-- Calls: awa._names_cover, awa._shards_at
 -- Writes: awa.runtime_queues, awa.runtimes
 create or replace function awa.publish_runtime(
     instance_id uuid, kind text, host text, pid integer, version text,
@@ -156,8 +156,8 @@ begin
             left join lateral (
                 select m.queue from awa.queue_meta as m
                  where a.activity = 'poll'
-                   and (m.queue = a.queue or m.logical_queue = a.queue
-                        or m.root_queue = a.queue)
+                   and awa._names_cover(array[a.queue], m.queue, m.logical_queue,
+                                        m.root_queue)
             ) as p on true
            group by 1, 2
       ) as t;

@@ -301,7 +301,7 @@ comment on view awa.queue_overview is
 -- with the backlog and the history: for a dashboard, use
 -- awa.queue_overview; call this on purpose.
 -- Role: awa_reader, awa_operator.
--- Calls: nothing
+-- Calls: awa._names_cover
 -- Writes: nothing
 create or replace function awa.queue_counts(queue text)
 returns table (
@@ -330,8 +330,7 @@ as $$
         (select count(*) from awa.finished as x
           where x.queue_id = m.queue_id and x.state = 'cancelled')
       from awa.queue_meta as m
-     where m.queue = queue_counts.queue or m.logical_queue = queue_counts.queue
-        or m.root_queue = queue_counts.queue
+     where awa._names_cover(array[queue_counts.queue], m.queue, m.logical_queue, m.root_queue)
      order by m.queue
 $$;
 

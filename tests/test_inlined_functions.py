@@ -66,6 +66,9 @@ def test_the_lock_class_functions_name_the_numbers_the_runner_and_tests_use(db):
 def test_no_other_sql_file_writes_a_lock_class_number_or_the_row_rule():
     number = re.compile(r"16352136\d\d")
     rule = re.compile(r"between 1 and (4|200|1000)\b|octet_length\(\w*queue|'#'\)")
+    # The queues a name covers (awa._names_cover); a queue's rows found from
+    # its locked row (anchor) go by its id instead.
+    cover = re.compile(r"(logical_queue|root_queue)\s*=(?!\s*\(?anchor\b)")
     homes = {"number": {"private.sql"}, "rule": {"queues.sql"}}
     for path in sorted(ROOT.glob("sql/*.sql")):
         code = "\n".join(line.split("--")[0] for line in path.read_text().splitlines())
@@ -73,6 +76,8 @@ def test_no_other_sql_file_writes_a_lock_class_number_or_the_row_rule():
             assert not number.search(code), f"{path.name}: use awa._lock_class_*()"
         if path.name not in homes["rule"]:
             assert not rule.search(code), f"{path.name}: {rule.search(code)}; use awa._job_ok"
+            assert not cover.search(code), f"{path.name}: {cover.search(code)}; use" \
+                " awa._names_cover"
 
 
 CHECK = settings(max_examples=150, deadline=None,

@@ -9,7 +9,7 @@ import psycopg
 INLINED_FUNCTIONS = (
     "_lock_class_lane", "_lock_class_provisioning",
     "_lock_class_copy", "_lock_class_migrate",
-    "_queue_name_ok", "_priority_ok", "_max_attempts_ok", "_job_ok",
+    "_queue_name_ok", "_names_cover", "_priority_ok", "_max_attempts_ok", "_job_ok",
     "_sticky", "_in_turn", "_has_lane_memo", "_lane_memo_name", "_lane_wait_total",
     "_claim_hint_step", "_claim_walk_shard", "_walked_shards",
     "_finished_slot_seconds", "_finished_ring_slots", "_finished_slot",
