@@ -76,7 +76,7 @@ def test_the_cli_starts_without_the_client_worker_or_web_stack():
              "from awa_sql.cli import build_parser\n"
              "build_parser().parse_args(['jobs', 'list', '--queue', 'q'])\n"
              "heavy = ('awa_sql.client', 'awa_sql.worker', 'fastapi', 'uvicorn',\n"
-             "         'psycopg_pool')\n"
+             "         'psycopg_pool', 'prometheus_client')\n"
              "print(sorted(m for m in heavy if m in sys.modules))\n"
              "import awa_sql\n"
              "for name in awa_sql.__all__: getattr(awa_sql, name)\n"

@@ -27,9 +27,9 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import psycopg
-from prometheus_client import CollectorRegistry, Counter, Gauge
 from psycopg.rows import dict_row
 
 from awa_sql import shards
@@ -40,7 +40,9 @@ from awa_sql.connect import (
     read_only_reason,
     resolve_dsn,
 )
-from awa_sql.metrics import client_metrics
+
+if TYPE_CHECKING:  # the metrics stack loads with a Maintainer, not with the CLI's parser
+    from prometheus_client import CollectorRegistry
 
 log = logging.getLogger("awa_sql.maintain")
 
@@ -151,6 +153,8 @@ class MaintainMetrics:
     """The loop's metrics on one registry (client_metrics.on_registry makes it once)."""
 
     def __init__(self, registry: CollectorRegistry):
+        from prometheus_client import Counter, Gauge
+
         self.passes = Counter(
             "awa_maintain_passes",
             "awa.maintain.passes: passes of each task by outcome: ran (this process held "
@@ -292,6 +296,8 @@ class Maintainer:
         if not statement_timeout > 0:
             raise ValueError(f"statement_timeout must be > 0 seconds, got {statement_timeout!r}")
         self.statement_timeout = f"{max(1, round(statement_timeout * 1000))}ms"
+        from awa_sql.metrics import client_metrics
+
         if registry is None:
             registry = client_metrics.current().registry
         self.metrics = client_metrics.on_registry(MaintainMetrics, registry)
