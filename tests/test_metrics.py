@@ -845,6 +845,59 @@ def test_every_label_the_dashboard_and_the_alerts_use_is_emitted(db, logins, reg
     problems = [f"{title}: {p}" for title, expr in exprs for p in label_problems(expr, series)]
     assert problems == []
 
+# An exporter's own series: one per exporter, on purpose.
+PER_EXPORTER = {"awa_up", "awa_scrape_duration_seconds"}
+AGGREGATION = re.compile(r"\b(sum|max|min|avg|count)\s*(?:(?:by|without)\s*\([^)]*\)\s*)?\(")
+
+
+def innermost_aggregation(expr: str, at: int) -> str | None:
+    """The aggregation operator whose argument encloses position ``at``, the
+    innermost one; None when no aggregation does."""
+    found = None
+    for m in AGGREGATION.finditer(expr):
+        start = m.end() - 1  # its argument's "("
+        if start > at:
+            break
+        depth = 0
+        for end in range(start, len(expr)):
+            depth += {"(": 1, ")": -1}.get(expr[end], 0)
+            if depth == 0:
+                break
+        if at < end:
+            found = m.group(1)  # a later start inside is an inner one
+    return found
+
+
+def test_the_innermost_aggregation_is_found():
+    expr = ('sum by (queue) (max by (queue, shard) (awa_lane_depth{a="x"})) + awa_queue_depth'
+            ' + max(rate(awa_queue_retried_total[5m]))')
+    assert innermost_aggregation(expr, expr.index("awa_lane_depth")) == "max"
+    assert innermost_aggregation(expr, expr.index("awa_queue_depth")) is None
+    assert innermost_aggregation(expr, expr.index("awa_queue_retried")) == "max"
+
+
+def test_the_dashboard_and_the_alerts_read_a_database_series_once_however_many_exporters(
+        db, logins, served):
+    """Two exporters of one database (the admin server's /metrics beside
+    `awa metrics serve`, or two for redundancy) give each database series
+    twice, one per target. Read through max or min, it is its value; a sum
+    doubled it, and a bare series drew two lines or fired two alerts."""
+    run_workload(db, logins)
+    database = {s.name for s in parse(fetch(served)[0])} - PER_EXPORTER
+    exprs = [(title, expr) for title, expr in dashboard_queries(json.loads(DASHBOARD.read_text()))
+             if not title.startswith("variable ")]  # label_values() lists each value once
+    exprs += [(rule["alert"], rule["expr"])
+              for group in yaml.safe_load(ALERTS.read_text())["groups"]
+              for rule in group["rules"]]
+    problems = []
+    for title, expr in exprs:
+        for name in sorted(promql_metric_names(expr) & database):
+            for m in re.finditer(rf"\b{name}\b", expr):
+                if innermost_aggregation(expr, m.start()) not in ("max", "min"):
+                    problems.append(f"{title}: {name} at {m.start()} in {expr!r}")
+    assert problems == []
+
+
 def test_a_queue_with_few_scheduled_jobs_never_reads_another_queues_schedule(db, logins):
     """The overview counts scheduled jobs up to 10,000 per queue. In the view
     the queue is a parameter the planner estimates as the average; once one
