@@ -68,14 +68,16 @@ select awa._grant_execute('awa._shards_at(text, timestamptz)');
 -- how long ago the runtime last did that there, by its own clock, so that
 -- the database's clock dates it and finds the S it used. enqueue and claim
 -- name a physical queue; poll (a worker's claim call, with or without a
--- job) the name it claims by, recorded for each physical queue that name
--- covers as awa.claim reads it (a logical name: its partitions and stripes;
--- a name no queue has yet: itself), the latest poll of each. Only the login that
+-- job; workers only) the name it claims by, recorded for each physical
+-- queue that name covers (awa._names_cover: a logical name, its partitions
+-- and stripes, paused or not; a name no queue has yet, itself), the latest
+-- poll of each. At most 1,000 rows a snapshot: enqueues and claims first,
+-- then polls until the cap. Only the login that
 -- created a row may refresh it, also when two logins create one id at once.
 -- Removes stale rows (30 s without a snapshot) but those another publish
 -- holds, which it is refreshing; returns how many. Roles: awa_producer, awa_worker.
--- Errors: 22023 bad kind, pid, in_flight, text length or activity;
---   22004 nulls; 42501 the instance belongs to another login.
+-- Errors: 22023 bad kind, pid, in_flight, text length or activity, or a
+--   poll from a producer; 22004 nulls; 42501 the instance belongs to another login.
 -- Calls: awa._names_cover, awa._shards_at
 -- Writes: awa.runtime_queues, awa.runtimes
 create or replace function awa.publish_runtime(
@@ -138,28 +140,44 @@ begin
         raise exception 'runtime % belongs to another login', instance_id
             using errcode = '42501';
     end if;
+    if kind <> 'worker' and exists (
+        select from jsonb_array_elements(activity) as a (e) where a.e ->> 'activity' = 'poll'
+    ) then
+        raise exception 'poll is a worker''s activity, not a %''s', kind
+            using errcode = '22023';
+    end if;
     delete from awa.runtime_queues as q where q.instance_id = publish_runtime.instance_id;
     insert into awa.runtime_queues (instance_id, queue, activity, last_at, shards)
+    with entries as (
+        select x.e ->> 'queue' as queue, x.e ->> 'activity' as activity,
+               -- To the microsecond first: 1e-400 is a number in range, and
+               -- no double precision.
+               clock_timestamp()
+               - make_interval(secs => round((x.e ->> 'age_seconds')::numeric, 6)
+                                       ::double precision) as at
+          from jsonb_array_elements(activity) as x (e)
+    )
     select publish_runtime.instance_id, t.queue, t.activity, t.at,
            awa._shards_at(t.queue, t.at)
       from (
-          select coalesce(p.queue, a.queue) as queue, a.activity, max(a.at) as at
+          select e.queue, e.activity, max(e.at) as at
             from (
-                select x.e ->> 'queue' as queue, x.e ->> 'activity' as activity,
-                       -- To the microsecond first: 1e-400 is a number in
-                       -- range, and no double precision.
-                       clock_timestamp()
-                       - make_interval(secs => round((x.e ->> 'age_seconds')::numeric, 6)
-                                               ::double precision) as at
-                  from jsonb_array_elements(activity) as x (e)
-            ) as a
-            left join lateral (
-                select m.queue from awa.queue_meta as m
-                 where a.activity = 'poll'
-                   and awa._names_cover(array[a.queue], m.queue, m.logical_queue,
-                                        m.root_queue)
-            ) as p on true
-           group by 1, 2
+                (select a.queue, a.activity, a.at from entries as a
+                  where a.activity <> 'poll')
+                union all
+                -- Each name polled once, then the physical queues it covers;
+                -- the rows end at the cap, however many a name covers.
+                (select coalesce(m.queue, n.queue), 'poll', n.at
+                   from (select a.queue, max(a.at) as at from entries as a
+                          where a.activity = 'poll' group by a.queue) as n
+                   left join lateral (
+                       select m.queue from awa.queue_meta as m
+                        where awa._names_cover(array[n.queue], m.queue, m.logical_queue,
+                                               m.root_queue)
+                   ) as m on true)
+                limit 1000
+            ) as e
+           group by e.queue, e.activity
       ) as t;
     -- A stale row another publish holds is being refreshed: passed over. Waiting
     -- for it deadlocked two stale runtimes publishing at once, each holding

@@ -132,6 +132,48 @@ def test_a_worker_on_an_idle_queue_is_listed_under_it(db, logins):
         assert not runner.is_alive()
 
 
+def test_a_snapshots_polls_are_bounded_whatever_the_names_cover(db, logins):
+    """A poll is expanded to the physical queues its name covers: 1,000
+    copies of one name write its queues once, not 1,000 times; a snapshot
+    writes at most 1,000 rows, its enqueues and claims first; only a worker
+    polls. A refused snapshot leaves the last one in place."""
+    with db.connect() as su:
+        su.execute("select awa.set_queue_partitions('wide', 3)")
+        su.execute("select awa.set_queue_stripes('wide__p1', 2)")
+        wide = [r[0] for r in su.execute(
+            "select queue from awa.queue_meta"
+            " where awa._names_cover(array['wide'], queue, logical_queue, root_queue)"
+            " order by queue")]
+    assert len(wide) == 5  # wide, wide__p1, its two stripes, wide__p2
+    instance = uuid.uuid4()
+
+    def entry(queue: str, activity: str, age: float = 1) -> dict:
+        return {"queue": queue, "activity": activity, "age_seconds": age}
+
+    with db.connect(logins.worker) as w:
+        w.execute(PUBLISH, [instance, "worker", json.dumps(
+            [entry("wide", "poll", age=n % 50) for n in range(1000)])])
+    assert _activity(db, instance) == wide
+    with db.connect() as su:
+        ages = su.execute("select max(now() - last_at) < interval '1 second'"
+                          " from awa.runtime_queues where instance_id = %s",
+                          [instance]).fetchone()[0]
+    assert ages  # the latest of its copies (age 0)
+    with db.connect(logins.worker) as w:
+        w.execute(PUBLISH, [instance, "worker", json.dumps(
+            [entry(f"c{n:03d}", "claim") for n in range(998)] + [entry("wide", "poll")])])
+    listed = _activity(db, instance)
+    assert len(listed) == 1000
+    assert [q for q in listed if q.startswith("c")] == [f"c{n:03d}" for n in range(998)]
+    assert len(set(listed) & set(wide)) == 2  # the polls up to the cap
+    with db.connect(logins.producer) as p, pytest.raises(
+            psycopg.errors.InvalidParameterValue, match="poll is a worker's activity"):
+        p.execute(PUBLISH, [uuid.uuid4(), "producer", json.dumps([entry("wide", "poll")])])
+    with db.connect(logins.worker) as w, pytest.raises(psycopg.errors.InvalidParameterValue):
+        w.execute(PUBLISH, [instance, "worker", json.dumps([entry("wide", "sleep")])])
+    assert _activity(db, instance) == listed
+
+
 class _Clock:
     """``time`` as awa_sql.runtimes reads it: monotonic() is what the test sets."""
 
