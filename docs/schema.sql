@@ -1185,7 +1185,8 @@ CREATE OR REPLACE FUNCTION awa._cancelled_after_failure(last_error text)
  LANGUAGE sql
  IMMUTABLE PARALLEL SAFE
 AS $function$
-    select coalesce(last_error operator(pg_catalog.~) '^cancelled by [^;]*; last error: ', false)
+    -- LIKE, not a pattern that stops at ';': a login's name may hold one.
+    select coalesce(last_error operator(pg_catalog.~~) 'cancelled by %; last error: %', false)
 $function$;
 
 CREATE OR REPLACE FUNCTION awa._cancelled_error(last_error text)

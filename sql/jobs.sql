@@ -712,7 +712,8 @@ returns boolean
 language sql
 immutable parallel safe
 as $$
-    select coalesce(last_error operator(pg_catalog.~) '^cancelled by [^;]*; last error: ', false)
+    -- LIKE, not a pattern that stops at ';': a login's name may hold one.
+    select coalesce(last_error operator(pg_catalog.~~) 'cancelled by %; last error: %', false)
 $$;
 
 -- Function: awa._cancel_waiting(job_id, queue_id, priority, kind, args, ordering_key,

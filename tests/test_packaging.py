@@ -83,7 +83,11 @@ def test_the_cli_starts_without_the_client_worker_or_web_stack():
              "print(awa_sql.Producer.__module__, awa_sql.Retry.__module__,"
              " sorted(set(awa_sql.__all__) ^ {*awa_sql._HOMES, '__version__'}),"
              " awa_sql.shards.__name__,"
-             " hasattr(awa_sql, 'nosuch'))\n")
+             " hasattr(awa_sql, 'nosuch'))\n"
+             # Probes of what is no attribute import nothing: __main__ runs the CLI.
+             "print(hasattr(awa_sql, '__main__'), hasattr(awa_sql, 'admin'),"
+             " 'awa_sql.admin' in sys.modules)\n")
     out = subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True,
                          text=True).stdout.splitlines()
-    assert out == ["[]", "awa_sql.client awa_sql.worker [] awa_sql.shards False"]
+    assert out == ["[]", "awa_sql.client awa_sql.worker [] awa_sql.shards False",
+                   "False False False"]

@@ -37,6 +37,13 @@ _HOMES = {
     "Retry": "awa_sql.worker",
 }
 
+# The submodules `import awa_sql` loaded when it imported every name at once,
+# and so could be reached as attributes; any other is imported by name.
+_SUBMODULES = frozenset({
+    "client", "connect", "defaults", "hosts", "listen", "maintain", "metrics",
+    "partitions", "routing", "runtimes", "shards", "unique", "worker",
+})
+
 if TYPE_CHECKING:
     from awa_sql.client import (
         Enqueued,
@@ -63,18 +70,16 @@ if TYPE_CHECKING:
 
 
 def __getattr__(name: str) -> object:
-    """A public name, or a submodule (``awa_sql.shards`` after ``import
-    awa_sql``, as when this module imported them all), loaded now."""
+    """A public name, or one of _SUBMODULES (``awa_sql.shards`` after
+    ``import awa_sql``), loaded now. Anything else, ``__main__`` (the CLI)
+    or an extra's module among them, is no attribute until imported."""
     home = _HOMES.get(name)
     if home is not None:
         value = getattr(importlib.import_module(home), name)
+    elif name in _SUBMODULES:
+        value = importlib.import_module(f"awa_sql.{name}")
     else:
-        try:
-            value = importlib.import_module(f"awa_sql.{name}")
-        except ModuleNotFoundError as err:
-            if err.name != f"awa_sql.{name}":
-                raise
-            raise AttributeError(f"module 'awa_sql' has no attribute {name!r}") from None
+        raise AttributeError(f"module 'awa_sql' has no attribute {name!r}")
     globals()[name] = value
     return value
 
