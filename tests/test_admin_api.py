@@ -7,6 +7,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -37,6 +38,7 @@ from tests.support.admin import (
 )
 from tests.support.jobs import claim
 from tests.support.ports import assert_cannot_listen, needs_ipv6, refusing_port, taken_port
+from tests.support.waiting import wait_until
 
 
 @pytest.fixture
@@ -1080,6 +1082,30 @@ def test_awa_admin_serve_that_cannot_reach_its_database_exits_7():
     assert result.stderr.rstrip().endswith(
         "awa: cannot connect to the database in 2 s (--start-wait)"), result.stderr
     assert "awa admin" not in result.stdout  # no URL for a server that never answered
+
+
+def test_ctrl_c_while_awa_admin_serve_waits_for_its_database_exits_130_without_a_traceback(
+        tmp_path):
+    env = {**os.environ}
+    env.pop("DATABASE_URL", None)
+    log = tmp_path / "stderr"
+    with refusing_port() as closed, log.open("w") as stderr:
+        env["AWA_DATABASE_URL"] = f"postgresql://nobody@127.0.0.1:{closed}/none"
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "awa_sql", "admin", "serve", "--port", "0",
+             "--start-wait", "5m"],
+            env=env, stdout=subprocess.DEVNULL, stderr=stderr, stdin=subprocess.DEVNULL)
+        try:
+            wait_until(lambda: "Connection refused" in log.read_text(), 60,
+                       "the pool's first refused connect")
+            proc.send_signal(signal.SIGINT)
+            code = proc.wait(60)
+        finally:
+            proc.kill()
+            proc.wait()
+    said = log.read_text()
+    assert code == 130, said
+    assert "Traceback" not in said, said
 
 
 def test_awa_admin_serve_waits_30_s_for_its_database_unless_told_otherwise():

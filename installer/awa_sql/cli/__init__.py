@@ -71,6 +71,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         # flushes stdout again at exit: into /dev/null now.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_STDOUT_CLOSED
+    except KeyboardInterrupt:
+        # Ctrl-C in a wait (a lock, a server's start, a slow query): the
+        # shell's code for SIGINT, not a traceback. What was done stays done;
+        # an open transaction ends with its connection.
+        return runner.EXIT_INTERRUPTED
 
 
 def _run(args: argparse.Namespace) -> int:
