@@ -174,6 +174,32 @@ def test_a_snapshots_polls_are_bounded_whatever_the_names_cover(db, logins):
     assert _activity(db, instance) == listed
 
 
+def test_a_worker_on_a_contract_before_polls_publishes_without_them(db, logins, caplog):
+    """Workers of this package on a database not yet migrated to 0037, whose
+    awa.publish_runtime refuses a poll (22023): each snapshot goes again
+    without its polls, so the worker stays listed until awa migrate runs."""
+    with db.connect() as su:
+        made = su.execute("select pg_get_functiondef('awa.publish_runtime(uuid, text, text,"
+                          " integer, text, integer, jsonb)'::regprocedure)").fetchone()[0]
+        before = made.replace("not in ('enqueue', 'claim', 'poll')", "not in ('enqueue', 'claim')")
+        assert before != made
+        su.execute(before)  # the activities it took before 0037
+    with db.connect(logins.producer) as p:
+        p.execute("select awa.enqueue('old', 't')")
+    worker = Worker(db.dsn(logins.worker), queues=["old"], handlers={"t": lambda _j: None},
+                    poll_interval=0.05, snapshot_every=0.1)
+    runner = threading.Thread(target=worker.run)
+    with caplog.at_level("WARNING", logger="awa_sql.runtimes"):
+        runner.start()
+        try:
+            wait_for(lambda: _runtime_rows(db, "worker") == [("old", "claim", 1, 0)],
+                     what="a snapshot with the claim, without the polls")
+        finally:
+            worker.stop()
+            runner.join(30)
+    assert "runtime snapshot failed" not in caplog.text
+
+
 class _Clock:
     """``time`` as awa_sql.runtimes reads it: monotonic() is what the test sets."""
 

@@ -120,6 +120,19 @@ class RuntimePublisher:
         return [self.instance_id, self.kind, socket.gethostname(), os.getpid(), __version__,
                 max(int(self.in_flight()), 0), Jsonb(activity)]
 
+    def _publish(self, conn: psycopg.Connection) -> None:
+        snapshot = self._snapshot()
+        try:
+            conn.execute(PUBLISH_SQL, snapshot)
+        except psycopg.errors.InvalidParameterValue:
+            # A contract before migration 0037 takes no poll: until awa
+            # migrate has run, the snapshot goes without them.
+            *head, activity = snapshot
+            kept = [a for a in activity.obj if a["activity"] != "poll"]
+            if len(kept) == len(activity.obj):
+                raise
+            conn.execute(PUBLISH_SQL, [*head, Jsonb(kept)])
+
     def _run(self) -> None:
         conn: psycopg.Connection | None = None
         failing = None  # the error last logged: the same again is not (a standby's)
@@ -137,7 +150,7 @@ class RuntimePublisher:
                         conn.execute("select awa.remove_runtime(%s::uuid)",
                                      [self.instance_id])
                         return
-                    conn.execute(PUBLISH_SQL, self._snapshot())
+                    self._publish(conn)
                     self.published += 1
                     failing = None
                 except psycopg.Error as err:
