@@ -68,7 +68,9 @@ def test_no_other_sql_file_writes_a_lock_class_number_or_the_row_rule():
     rule = re.compile(r"between 1 and (4|200|1000)\b|octet_length\(\w*queue|'#'\)")
     # The queues a name covers (awa._names_cover); a queue's rows found from
     # its locked row (anchor) go by its id instead.
-    cover = re.compile(r"(logical_queue|root_queue)\s*=(?!\s*\(?anchor\b)")
+    cover = re.compile(r"(logical_queue|root_queue)\s*=(?!\s*\(?anchor\b)"
+                       r"|=\s*\(?\w+\)?\.(logical_queue|root_queue)\b"
+                       r"|\bin\s*\([^)]*\b(logical_queue|root_queue)\b")
     homes = {"number": {"private.sql"}, "rule": {"queues.sql"}}
     for path in sorted(ROOT.glob("sql/*.sql")):
         code = "\n".join(line.split("--")[0] for line in path.read_text().splitlines())
