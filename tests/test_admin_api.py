@@ -1091,9 +1091,14 @@ def test_ctrl_c_while_awa_admin_serve_waits_for_its_database_exits_130_without_a
     log = tmp_path / "stderr"
     with refusing_port() as closed, log.open("w") as stderr:
         env["AWA_DATABASE_URL"] = f"postgresql://nobody@127.0.0.1:{closed}/none"
+        # As from a terminal: a process inherits an ignored SIGINT (a pytest-xdist
+        # worker ignores it, as a shell does for a job started with &), and
+        # Python then leaves it ignored.
         proc = subprocess.Popen(
-            [sys.executable, "-m", "awa_sql", "admin", "serve", "--port", "0",
-             "--start-wait", "5m"],
+            [sys.executable, "-c", "import runpy, signal;"
+             " signal.signal(signal.SIGINT, signal.default_int_handler);"
+             " runpy.run_module('awa_sql', run_name='__main__')",
+             "admin", "serve", "--port", "0", "--start-wait", "5m"],
             env=env, stdout=subprocess.DEVNULL, stderr=stderr, stdin=subprocess.DEVNULL)
         try:
             wait_until(lambda: "Connection refused" in log.read_text(), 60,
