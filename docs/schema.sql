@@ -7046,6 +7046,7 @@ CREATE OR REPLACE FUNCTION awa.publish_runtime(instance_id uuid, kind text, host
 AS $function$
 declare
     owner_login text;
+    known_kind text;
     removed integer;
 begin
     if instance_id is null or kind is null or host is null or pid is null
@@ -7078,11 +7079,15 @@ begin
             '{"queue": text, "activity": "enqueue"|"claim"|"poll", "age_seconds": 0..86400}'
             using errcode = '22023';
     end if;
-    select r.owner_login into owner_login from awa.runtimes as r
+    select r.owner_login, r.kind into owner_login, known_kind from awa.runtimes as r
      where r.instance_id = publish_runtime.instance_id for update;
     if owner_login is not null and owner_login <> session_user then
         raise exception 'runtime % belongs to login %', instance_id, owner_login
             using errcode = '42501';
+    end if;
+    if known_kind is not null and known_kind <> kind then
+        raise exception 'runtime % is a %, not a %', instance_id, known_kind, kind
+            using errcode = '22023';
     end if;
     -- The owner again: a login that made the same instance id after the read
     -- above (it waited here for that insert to commit) updates nothing.
@@ -7120,11 +7125,15 @@ begin
                 (select a.queue, a.activity, a.at from entries as a
                   where a.activity <> 'poll')
                 union all
-                -- Each name polled once, then the physical queues it covers;
-                -- the rows end at the cap, however many a name covers.
+                -- Each name polled once, the latest first, then the physical
+                -- queues it covers; the rows end at the cap, however many a
+                -- name covers. The cap keeps the rows read first, unsorted so
+                -- that a wide name is never expanded whole: an Append reads
+                -- its branches in order, and a nested loop its outer rows.
                 (select coalesce(m.queue, n.queue), 'poll', n.at
                    from (select a.queue, max(a.at) as at from entries as a
-                          where a.activity = 'poll' group by a.queue) as n
+                          where a.activity = 'poll' group by a.queue
+                          order by at desc) as n
                    left join lateral (
                        select m.queue from awa.queue_meta as m
                         where awa._names_cover(array[n.queue], m.queue, m.logical_queue,

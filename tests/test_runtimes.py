@@ -166,6 +166,18 @@ def test_a_snapshots_polls_are_bounded_whatever_the_names_cover(db, logins):
     assert len(listed) == 1000
     assert [q for q in listed if q.startswith("c")] == [f"c{n:03d}" for n in range(998)]
     assert len(set(listed) & set(wide)) == 2  # the polls up to the cap
+    with db.connect(logins.worker) as w:  # the latest polls first
+        w.execute(PUBLISH, [instance, "worker", json.dumps(
+            [entry(f"c{n:03d}", "claim") for n in range(996)]
+            + [entry("wide", "poll", age=40), entry("fresh", "poll", age=0)])])
+    assert "fresh" in _activity(db, instance) and len(_activity(db, instance)) == 1000
+    with db.connect(logins.producer) as p:  # a producer cannot turn into a worker
+        other = uuid.uuid4()
+        p.execute(PUBLISH, [other, "producer", "[]"])
+        with pytest.raises(psycopg.errors.InvalidParameterValue,
+                           match=f"runtime {other} is a producer, not a worker"):
+            p.execute(PUBLISH, [other, "worker", json.dumps([entry("wide", "poll")])])
+    listed = _activity(db, instance)
     with db.connect(logins.producer) as p, pytest.raises(
             psycopg.errors.InvalidParameterValue, match="poll is a worker's activity"):
         p.execute(PUBLISH, [uuid.uuid4(), "producer", json.dumps([entry("wide", "poll")])])

@@ -70,7 +70,7 @@ EXIT_ERROR = 7  # could not connect, permission denied, or the server failed
 # search_path) differ from what the layer sets; awa migrate applies them again.
 # 8 and 9 are awa jobs' and awa storage's (cli/jobs.py, cli/common.py).
 EXIT_SECURITY = 10
-EXIT_INTERRUPTED = 130  # Ctrl-C (SIGINT) where the command does not stop on it itself
+EXIT_INTERRUPTED = 130  # Ctrl-C, where re-raising SIGINT cannot end the process
 
 
 class MigrationError(RuntimeError):

@@ -45,6 +45,7 @@ log = logging.getLogger("awa_sql.runtimes")
 MAX_ACTIVITY_AGE = 86_400.0  # seconds
 MAX_ACTIVITIES = 1000
 
+POLLS_RETRY_AFTER = 600.0  # seconds between tries of polls a contract refused
 PUBLISH_SQL = (
     "select awa.publish_runtime(%s::uuid, %s::text, %s::text, %s::integer, %s::text,"
     " %s::integer, %s::jsonb)"
@@ -77,6 +78,7 @@ class RuntimePublisher:
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self.published = 0
+        self._polls_refused_at: float | None = None  # monotonic; see _publish
 
     def note(self, queue: str, activity: str) -> None:
         """Record an enqueue or claim on a physical queue, or a poll of a name
@@ -121,17 +123,24 @@ class RuntimePublisher:
                 max(int(self.in_flight()), 0), Jsonb(activity)]
 
     def _publish(self, conn: psycopg.Connection) -> None:
-        snapshot = self._snapshot()
+        *head, activity = self._snapshot()
+        kept = [a for a in activity.obj if a["activity"] != "poll"]
+        refused = self._polls_refused_at
+        if refused is not None and time.monotonic() - refused < POLLS_RETRY_AFTER:
+            conn.execute(PUBLISH_SQL, [*head, Jsonb(kept)])
+            return
         try:
-            conn.execute(PUBLISH_SQL, snapshot)
+            conn.execute(PUBLISH_SQL, [*head, activity])
+            self._polls_refused_at = None
         except psycopg.errors.InvalidParameterValue:
             # A contract before migration 0037 takes no poll: until awa
-            # migrate has run, the snapshot goes without them.
-            *head, activity = snapshot
-            kept = [a for a in activity.obj if a["activity"] != "poll"]
+            # migrate has run, the snapshots go without them (asked again
+            # every POLLS_RETRY_AFTER, not every snapshot: each refusal is
+            # an ERROR in the server's log).
             if len(kept) == len(activity.obj):
                 raise
             conn.execute(PUBLISH_SQL, [*head, Jsonb(kept)])
+            self._polls_refused_at = time.monotonic()
 
     def _run(self) -> None:
         conn: psycopg.Connection | None = None

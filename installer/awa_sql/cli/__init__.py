@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -72,10 +73,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_STDOUT_CLOSED
     except KeyboardInterrupt:
-        # Ctrl-C in a wait (a lock, a server's start, a slow query): the
-        # shell's code for SIGINT, not a traceback. What was done stays done;
+        # Ctrl-C in a wait (a lock, a server's start, a slow query): no
+        # traceback. Ended by the signal itself, as Python ends on one it
+        # does not catch, so that a shell script stops too (a loop of awa
+        # commands goes on after an exit of 130). What was done stays done;
         # an open transaction ends with its connection.
-        return runner.EXIT_INTERRUPTED
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+        return runner.EXIT_INTERRUPTED  # where the signal cannot end it
 
 
 def _run(args: argparse.Namespace) -> int:
