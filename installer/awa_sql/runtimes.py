@@ -6,8 +6,8 @@ version, jobs in flight, and per queue how long ago it last enqueued, claimed
 a job or polled there (a worker's claim call, with or without a job: a
 worker on an idle queue is listed under it). The database dates that by its
 own clock and records the queue's S at that moment; the admin page,
-``GET /api/runtimes`` and ``awa runtimes`` read it (``live``). A snapshot that fails is logged and
-retried next round: it never stops the runtime.
+``GET /api/runtimes`` and ``awa runtimes`` read it (``live``). A snapshot
+that fails is logged and retried next round: it never stops the runtime.
 
 A snapshot holds what awa.publish_runtime takes: the queues used in the last
 day (MAX_ACTIVITY_AGE; an older one is forgotten, so a process that runs for
