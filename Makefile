@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml examples/node/package.json
 
 dev: $(STAMP)
 
-# Debian packages (npm, psql, chromium, pgbouncer, ...): installed when
+# Debian packages (npm, psql, chromium, pgbouncer, promtool, ...): installed when
 # missing if root, else printed with the apt-get line.
 system-deps-test:
 	@scripts/system-deps.sh test

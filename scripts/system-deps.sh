@@ -14,6 +14,8 @@ if [ "$target" = test ]; then
   command -v chromium >/dev/null 2>&1 || missing+=(chromium)  # the admin page's browser test
   # The pooler tests (tests/test_pgbouncer.py) run through Debian's PgBouncer.
   command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ] || missing+=(pgbouncer)
+  # promtool runs the alert rules' tests (tests/test_alert_rules.py).
+  command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 fi
 if [ "$target" = bench ]; then
   command -v pgbench >/dev/null 2>&1 || missing+=(postgresql-client)  # the C client
