@@ -33,6 +33,7 @@ from awa_sql.metrics import client_metrics, make_asgi_app, make_wsgi_app, render
 from awa_sql.metrics.database import HOT_TABLES
 from awa_sql.worker import Worker
 from tests.support.admin import serve_cli
+from tests.support.dashboard import ALERTS, DASHBOARD, dashboard_queries
 from tests.support.jobs import Logins, claim, key_for_shard, lane_waiters
 from tests.support.jobs import enqueue as raw_enqueue
 from tests.support.ports import assert_cannot_listen, needs_ipv6, taken_port
@@ -40,8 +41,6 @@ from tests.support.reads import rows_read
 from tests.support.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
-DASHBOARD = ROOT / "docs" / "grafana" / "awa-sql.json"
-ALERTS = ROOT / "docs" / "prometheus" / "awa-alerts.yml"
 
 
 @pytest.fixture
@@ -667,25 +666,6 @@ def test_the_promql_parser_finds_the_names():
             ' / on (queue) group_left awa_queue_depth offset 5m > 1e3')
     assert promql_metric_names(expr) == {"awa_enqueue_lane_lock_wait_seconds_bucket",
                                          "awa_queue_depth"}
-
-
-def dashboard_queries(doc: dict) -> list[tuple[str, str]]:
-    """(panel title, PromQL) for every target, template queries included."""
-    out = []
-
-    def walk(panels):
-        for panel in panels:
-            out.extend((panel["title"], t["expr"]) for t in panel.get("targets", []))
-            walk(panel.get("panels", []))
-
-    walk(doc["panels"])
-    for var in doc.get("templating", {}).get("list", []):
-        if var.get("type") == "query":
-            query = var["query"]["query"] if isinstance(var["query"], dict) else var["query"]
-            match = re.fullmatch(r"label_values\((\w+),\s*\w+\)", query)
-            assert match, f"template {var['name']}: unexpected query {query!r}"
-            out.append((f"variable {var['name']}", match.group(1)))
-    return out
 
 
 def emitted_series(served: str, registry: CollectorRegistry) -> set[str]:
