@@ -1195,10 +1195,7 @@ CREATE OR REPLACE FUNCTION awa._cancelled_error(last_error text)
  STABLE
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
-    select 'cancelled by ' || session_user
-        || coalesce('; last error: ' || nullif(
-            regexp_replace(last_error, '^cancelled by [^;]*(; last error: )?', ''), ''
-        ), '')
+    select 'cancelled by ' || session_user || coalesce('; last error: ' || last_error, '')
 $function$;
 
 CREATE OR REPLACE FUNCTION awa._carried_slot(state text, kept_until timestamp with time zone, at timestamp with time zone)

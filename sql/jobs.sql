@@ -683,9 +683,10 @@ $$;
 
 -- Function: awa._cancelled_error(last_error text) returns text
 -- What a cancelled job keeps as its last error: who cancelled it (the
--- login), and the error of its last failed attempt, if it had one (without
--- the note of an earlier cancel, for a job cancelled, retried and
--- cancelled again).
+-- login), and the last error it had, whole: its last failed attempt's,
+-- or for a job cancelled, retried and cancelled again before it ran, the
+-- earlier cancel's note. Never trimmed: an attempt's own error may read
+-- like a note ('cancelled by upstream: ...'), and a login may hold a ';'.
 -- Calls: nothing
 -- Writes: nothing
 create or replace function awa._cancelled_error(last_error text)
@@ -694,10 +695,7 @@ language sql
 stable
 set search_path = pg_catalog, pg_temp
 as $$
-    select 'cancelled by ' || session_user
-        || coalesce('; last error: ' || nullif(
-            regexp_replace(last_error, '^cancelled by [^;]*(; last error: )?', ''), ''
-        ), '')
+    select 'cancelled by ' || session_user || coalesce('; last error: ' || last_error, '')
 $$;
 
 -- Function: awa._cancelled_after_failure(last_error text) returns boolean

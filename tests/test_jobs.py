@@ -315,6 +315,28 @@ def test_a_cancelled_running_job_ends_cancelled_and_its_worker_gets_false(db, lo
         assert ended["last_error"] == f"cancelled by {logins.operator}"
 
 
+def test_a_second_cancel_keeps_the_first_ones_note_whole(db, logins):
+    """A job cancelled while it ran, retried, and cancelled again before it
+    ran: the second note keeps the first, whoever wrote it (a login may
+    hold a ';')."""
+    with db.connect(logins.producer) as p:
+        job_id = enqueue(p, "c2", "k")[0]
+    with db.connect(logins.worker) as w:
+        assert [c[0] for c in claim(w, ["c2"])] == [job_id]
+    second = db.login_role("awa_operator", prefix="ops;eu_")
+    with db.connect(logins.operator) as op:
+        assert op.execute("select awa.cancel_job(%s)", [job_id]).fetchone()[0] is True
+        assert op.execute("select awa.retry_job(%s)", [job_id]).fetchone()[0] is True
+        assert job(op, job_id)["last_error"] == f"cancelled by {logins.operator}"
+    with db.connect(second) as op:
+        assert op.execute("select awa.cancel_job(%s)", [job_id]).fetchone()[0] is True
+        assert op.execute("select awa.retry_job(%s)", [job_id]).fetchone()[0] is True
+        assert op.execute("select awa.cancel_job(%s)", [job_id]).fetchone()[0] is True
+        assert job(op, job_id)["last_error"] == (
+            f"cancelled by {second}; last error: cancelled by {second}; "
+            f"last error: cancelled by {logins.operator}")
+
+
 @pytest.mark.parametrize("claim_commits", [True, False])
 def test_cancel_waits_for_a_claim_in_flight_then_cancels_where_the_job_is(
         db, logins, claim_commits):

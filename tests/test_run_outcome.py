@@ -143,13 +143,16 @@ def test_a_run_cancelled_while_it_ran_is_gone(db, logins):
         assert outcome(w, job_id, lease, 1) == "gone"
 
 
-@pytest.mark.parametrize(("where", "operator"), [("scheduled", "plain"), ("ready", "plain"),
-                                                 ("scheduled", "ops;eu")])
+@pytest.mark.parametrize(("where", "operator", "error"), [
+    ("scheduled", "plain", "boom"), ("ready", "plain", "boom"), ("scheduled", "ops;eu", "boom"),
+    # An attempt's own error that reads like a cancel's note is kept whole.
+    ("scheduled", "plain", "cancelled by upstream: deadline"),
+])
 def test_a_failure_cancelled_while_it_waited_for_its_retry_is_failed(db, logins, where,
-                                                                     operator):
+                                                                     operator, error):
     job_id, lease, _ = one_run(db, logins)
     with db.connect(logins.worker) as w:
-        assert w.execute("select awa.fail(%s, %s, 'boom')", [job_id, lease]).fetchone()[0]
+        assert w.execute("select awa.fail(%s, %s, %s)", [job_id, lease, error]).fetchone()[0]
     if where == "ready":
         with db.connect() as su:
             su.execute("update awa.scheduled set run_at = now() where job_id = %s", [job_id])
@@ -162,7 +165,7 @@ def test_a_failure_cancelled_while_it_waited_for_its_retry_is_failed(db, logins,
         assert op.execute("select awa.cancel_job(%s)", [job_id]).fetchone()[0]
         assert op.execute("select state, attempt, last_error from awa.job(%s)",
                           [job_id]).fetchone() == (
-            "cancelled", 1, f"cancelled by {login}; last error: boom")
+            "cancelled", 1, f"cancelled by {login}; last error: {error}")
     with db.connect(logins.worker) as w:
         assert outcome(w, job_id, lease, 1) == "failed"
 
