@@ -5966,6 +5966,19 @@ begin
 end;
 $function$;
 
+CREATE OR REPLACE FUNCTION awa.covered_queues(name text)
+ RETURNS SETOF text
+ LANGUAGE sql
+ STABLE SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+    select m.queue
+      from awa.queue_meta as m
+     where awa._names_cover(array[covered_queues.name], m.queue, m.logical_queue,
+                            m.root_queue)
+     order by m.queue
+$function$;
+
 CREATE OR REPLACE FUNCTION awa.drop_queue(queue text, discard_finished boolean DEFAULT false)
  RETURNS boolean
  LANGUAGE plpgsql
@@ -8148,6 +8161,7 @@ GRANT EXECUTE ON FUNCTION awa.compact_ready() TO awa_maintenance;
 GRANT EXECUTE ON FUNCTION awa.complete(bigint,bigint) TO awa_worker;
 GRANT EXECUTE ON FUNCTION awa.contract_version() TO awa_maintenance, awa_operator, awa_producer, awa_reader, awa_worker;
 GRANT EXECUTE ON FUNCTION awa.count_jobs(text,text,text,integer) TO awa_operator, awa_reader;
+GRANT EXECUTE ON FUNCTION awa.covered_queues(text) TO awa_operator, awa_reader;
 GRANT EXECUTE ON FUNCTION awa.drop_queue(text,boolean) TO awa_operator;
 GRANT EXECUTE ON FUNCTION awa.enqueue(text,text,jsonb,smallint,bytea,timestamp with time zone,integer,bytea,interval) TO awa_producer;
 GRANT EXECUTE ON FUNCTION awa.enqueue_batch(text[],text[],jsonb[],smallint[],bytea[],timestamp with time zone[],integer[],interval[],bytea[],interval[]) TO awa_producer;

@@ -336,6 +336,33 @@ $$;
 
 select awa._grant_execute('awa.queue_counts(text)', 'reader', 'operator');
 
+-- Function: awa.covered_queues(name text) returns setof text
+-- The physical queues a name covers, as a claim, a pause or
+-- awa.queue_counts reads it: the queue of that name, the partitions of the
+-- logical queue it names and the stripes of either. For a filter by name
+-- over awa.queue_overview and awa.lane_overview, whose logical_queue names
+-- a stripe's root only (a partition's stripes name the logical queue, not
+-- the partition). None for an unknown or null name. Cost: an index read
+-- per column of awa.queue_meta, whatever the jobs.
+-- Role: awa_reader, awa_operator.
+-- Calls: awa._names_cover
+-- Writes: nothing
+create or replace function awa.covered_queues(name text)
+returns setof text
+language sql
+stable
+security definer
+set search_path = pg_catalog, pg_temp
+as $$
+    select m.queue
+      from awa.queue_meta as m
+     where awa._names_cover(array[covered_queues.name], m.queue, m.logical_queue,
+                            m.root_queue)
+     order by m.queue
+$$;
+
+select awa._grant_execute('awa.covered_queues(text)', 'reader', 'operator');
+
 -- View: awa.lane_overview, one row per lane.
 create view awa._new_lane_overview as
 select

@@ -1495,3 +1495,39 @@ def test_head_is_answered_as_get_without_the_body(db, api):
     wrong = api.head("/api/jobs/1/retry")
     assert wrong.status_code == 405 and wrong.content == b""
     assert "POST" in wrong.headers["allow"]
+
+
+def test_a_partitions_name_finds_its_stripes_in_every_read_by_name(db, logins, read_only_api):
+    """A partition's stripes name the logical queue in the overviews
+    (logical_queue), not the partition: a read by the partition's name
+    found the partition's own row and none of its stripes. Every read by
+    name goes by awa.covered_queues, what a claim or a pause covers."""
+    from awa_sql import runtimes, shards
+
+    with db.connect() as su:
+        su.execute("select awa.set_queue_partitions('pw', 2)")
+        su.execute("select awa.set_queue_stripes('pw__p1', 2)")
+    part = ["pw__p1", "pw__p1#0", "pw__p1#1"]
+    with db.connect(logins.reader) as r:
+        covered = "select array(select awa.covered_queues(%s))"
+        assert r.execute(covered, ["pw__p1"]).fetchone()[0] == part
+        assert r.execute(covered, ["pw"]).fetchone()[0] == ["pw", *part]
+        assert r.execute(covered, ["pw__p1#0"]).fetchone()[0] == ["pw__p1#0"]
+        assert r.execute(covered, ["nope"]).fetchone()[0] == []
+        assert r.execute(covered, [None]).fetchone()[0] == []
+        assert [q.queue for q in shards.show(r, "pw__p1")] == part
+        assert all(q.lanes for q in shards.show(r, "pw__p1"))
+    with db.connect(logins.producer) as p, pytest.raises(psycopg.errors.InsufficientPrivilege):
+        p.execute("select awa.covered_queues('pw')")
+    instance = uuid.uuid4()
+    with db.connect(logins.worker) as w:
+        w.execute("select awa.publish_runtime(%s::uuid, 'worker', 'h', 42, '0.1.0', 0,"
+                  " %s::jsonb)", [instance, json.dumps(
+                      [{"queue": "pw__p1#1", "activity": "claim", "age_seconds": 1}])])
+    with db.connect(logins.reader) as r:
+        assert [rt["instance_id"] for rt in runtimes.live(r, "pw__p1")] == [str(instance)]
+    detail = read_only_api.get("/api/queues/pw__p1").json()
+    assert [q["queue"] for q in detail["physical_queues"]] == part
+    assert {ln["queue"] for ln in detail["lanes"]} == set(part)
+    listed = read_only_api.get("/api/runtimes", params={"queue": "pw__p1"}).json()
+    assert [rt["instance_id"] for rt in listed["runtimes"]] == [str(instance)]

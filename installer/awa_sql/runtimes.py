@@ -189,8 +189,7 @@ select r.instance_id::text as instance_id, r.kind, r.hostname, r.pid, r.version,
   from awa.runtime_overview as r
   left join awa.runtime_queue_overview as q on q.instance_id = r.instance_id
  where %(queue)s::text is null
-    or q.queue in (select o.queue from awa.queue_overview as o
-                    where o.queue = %(queue)s::text or o.logical_queue = %(queue)s::text)
+    or q.queue in (select awa.covered_queues(%(queue)s::text))
  order by r.kind, r.hostname, r.pid, r.instance_id, q.queue, q.activity
 """
 RUNTIME_COLUMNS = ("instance_id", "kind", "hostname", "pid", "version", "in_flight",

@@ -135,10 +135,8 @@ def plan_enqueue_shards(conn: psycopg.Connection, queue: str, shards: int) -> li
     and the admin API's plan): one row per physical queue it changes.
 
     The physical queues ``awa._physical_queues`` gives the change, each at
-    its own S: the queue itself; for a logical queue, its partitions and all
-    their stripes (awa.queue_overview names it as their logical_queue); and
-    the queue's own stripes, ``queue#k`` (a partition's stripes name the
-    logical queue there, so they are found by name). ``lanes_created``
+    its own S: those the name covers (``awa.covered_queues``: the queue
+    itself, a logical queue's partitions, the stripes of either). ``lanes_created``
     counts the lanes the change would provision: those missing below the
     new S when it differs from the current one. Needs awa_reader or
     awa_operator.
@@ -155,8 +153,7 @@ def plan_enqueue_shards(conn: psycopg.Connection, queue: str, shards: int) -> li
                               where l.queue = o.queue and l.shard < %(shards)s))::integer
                end
           from awa.queue_overview as o
-         where o.queue = %(queue)s or o.logical_queue = %(queue)s
-            or pg_catalog.starts_with(o.queue, %(queue)s || '#')
+         where o.queue in (select awa.covered_queues(%(queue)s::text))
          order by o.queue <> %(queue)s, o.queue
         """,
         {"queue": queue, "shards": shards},
@@ -168,7 +165,7 @@ def show(conn: psycopg.Connection, queue: str | None = None) -> list[QueueStatus
     """Every physical queue with its lanes, or those ``queue`` names: itself (a
     partition's or stripe's own name included) and, for a logical queue, its
     partitions and stripes."""
-    where = ("where o.queue = %(queue)s or o.logical_queue = %(queue)s"
+    where = ("where o.queue in (select awa.covered_queues(%(queue)s::text))"
              if queue is not None else "")
     queues = conn.execute(
         f"""
@@ -183,7 +180,7 @@ def show(conn: psycopg.Connection, queue: str | None = None) -> list[QueueStatus
     result = {
         q[0]: QueueStatus(*q[:12], oldest_ready_age_seconds=_seconds(q[12])) for q in queues
     }
-    lane_where = ("where l.queue = %(queue)s or l.logical_queue = %(queue)s"
+    lane_where = ("where l.queue in (select awa.covered_queues(%(queue)s::text))"
                   if queue is not None else "")
     for row in conn.execute(
         f"""

@@ -66,7 +66,7 @@ def require_queue(conn: psycopg.Connection, queue: str) -> None:
     """404 unless ``queue`` names a queue (logical or physical)."""
     found = conn.execute(
         "select exists (select from awa.queue_overview as o"
-        " where o.queue = %(q)s or o.logical_queue = %(q)s)", {"q": queue}).fetchone()[0]
+        " where o.queue in (select awa.covered_queues(%(q)s::text)))", {"q": queue}).fetchone()[0]
     if not found:
         raise ApiError(404, f"unknown queue {queue!r}", "42704")
 
@@ -75,7 +75,7 @@ def queue_detail(conn: psycopg.Connection, queue: str) -> dict:
     with conn.cursor(row_factory=dict_row) as cur:
         physical = [_plain(r) for r in cur.execute(
             f"select {QUEUE_COLUMNS} from awa.queue_overview as o"
-            " where o.queue = %(q)s or o.logical_queue = %(q)s"
+            " where o.queue in (select awa.covered_queues(%(q)s::text))"
             " order by o.queue = %(q)s desc, o.queue", {"q": queue}).fetchall()]
         if not physical:
             raise ApiError(404, f"unknown queue {queue!r}", "42704")
@@ -176,7 +176,7 @@ def history(conn: psycopg.Connection, queue: str, window: timedelta) -> dict | N
         physical = cur.execute(
             "select o.queue, o.enqueue_shards, o.shard_mode, o.max_shards,"
             " pg_catalog.clock_timestamp() as until from awa.queue_overview as o"
-            " where o.queue = %(q)s or o.logical_queue = %(q)s"
+            " where o.queue in (select awa.covered_queues(%(q)s::text))"
             " order by o.queue = %(q)s desc, o.queue", {"q": queue}).fetchall()
         if not physical:
             raise ApiError(404, f"unknown queue {queue!r}", "42704")
