@@ -1175,7 +1175,12 @@ begin
             'max_attempts', max_attempts, 'enqueued_at', enqueued_at,
             'max_run_time', max_run_time, 'unique_jobs', true
         )),
-        'cancelled', awa._cancelled_error(last_error)
+        -- From its first failed attempt on, a waiting job waits for a retry:
+        -- the note says so even when the attempt gave no error, as
+        -- awa.run_outcome reads it (awa._cancelled_after_failure).
+        'cancelled', awa._cancelled_error(
+            case when attempt >= 1 then coalesce(last_error, '') else last_error end
+        )
     );
 end;
 $function$;
@@ -1195,7 +1200,8 @@ CREATE OR REPLACE FUNCTION awa._cancelled_error(last_error text)
  STABLE
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
-    select 'cancelled by ' || session_user || coalesce('; last error: ' || last_error, '')
+    select 'cancelled by ' || session_user
+        || coalesce('; last error: ' || pg_catalog.left(last_error, 65536), '')
 $function$;
 
 CREATE OR REPLACE FUNCTION awa._carried_slot(state text, kept_until timestamp with time zone, at timestamp with time zone)

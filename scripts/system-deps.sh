@@ -31,3 +31,9 @@ fi
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -q
 apt-get install -y -q --no-install-recommends "${missing[@]}"
+# prometheus is installed for its promtool: where its postinst started the
+# server (a systemd host), it is stopped and left disabled.
+if [[ " ${missing[*]} " == *" prometheus "* ]] && command -v systemctl >/dev/null 2>&1 \
+    && systemctl is-active --quiet prometheus 2>/dev/null; then
+  systemctl disable --now prometheus >/dev/null 2>&1 || true
+fi

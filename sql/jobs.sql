@@ -687,6 +687,9 @@ $$;
 -- or for a job cancelled, retried and cancelled again before it ran, the
 -- earlier cancel's note. Never trimmed: an attempt's own error may read
 -- like a note ('cancelled by upstream: ...'), and a login may hold a ';'.
+-- Null for a job that has no error; '' for one whose failed attempt gave
+-- none (the note still says an attempt failed). Bounded as awa.fail
+-- bounds an error, so that cancels and retries never grow it.
 -- Calls: nothing
 -- Writes: nothing
 create or replace function awa._cancelled_error(last_error text)
@@ -695,7 +698,8 @@ language sql
 stable
 set search_path = pg_catalog, pg_temp
 as $$
-    select 'cancelled by ' || session_user || coalesce('; last error: ' || last_error, '')
+    select 'cancelled by ' || session_user
+        || coalesce('; last error: ' || pg_catalog.left(last_error, 65536), '')
 $$;
 
 -- Function: awa._cancelled_after_failure(last_error text) returns boolean
@@ -755,7 +759,12 @@ begin
             'max_attempts', max_attempts, 'enqueued_at', enqueued_at,
             'max_run_time', max_run_time, 'unique_jobs', true
         )),
-        'cancelled', awa._cancelled_error(last_error)
+        -- From its first failed attempt on, a waiting job waits for a retry:
+        -- the note says so even when the attempt gave no error, as
+        -- awa.run_outcome reads it (awa._cancelled_after_failure).
+        'cancelled', awa._cancelled_error(
+            case when attempt >= 1 then coalesce(last_error, '') else last_error end
+        )
     );
 end;
 $$;

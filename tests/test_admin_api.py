@@ -1529,5 +1529,7 @@ def test_a_partitions_name_finds_its_stripes_in_every_read_by_name(db, logins, r
     detail = read_only_api.get("/api/queues/pw__p1").json()
     assert [q["queue"] for q in detail["physical_queues"]] == part
     assert {ln["queue"] for ln in detail["lanes"]} == set(part)
+    assert [(rt["instance_id"], rt["queue"], rt["activity"])
+            for rt in detail["runtimes"]["live"]] == [(str(instance), "pw__p1#1", "claim")]
     listed = read_only_api.get("/api/runtimes", params={"queue": "pw__p1"}).json()
     assert [rt["instance_id"] for rt in listed["runtimes"]] == [str(instance)]

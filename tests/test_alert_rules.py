@@ -95,7 +95,11 @@ CASES = [
                    'awa_queue_depth{queue="gap"}': "0+10x10 _x20 300+10x50",
                    'awa_queue_lag_seconds{queue="gap"}': "120x10 _x20 120x50",
                    'awa_queue_paused{queue="gap"}': "0x10 _x20 0x50"},
-         expect={45: {}, 58: {}, 70: {"AwaBacklogGrowing": [{"queue": "gap"}, {"queue": "new"}]}}),
+         # A slope from minute 31 (new) and 32 (gap) on: 27 minutes of them at
+         # 57 and 58, then 5 more for `for`. The edge is pinned, so that a
+         # count Prometheus would never reach (31 of its 30 steps) fails.
+         expect={45: {}, 61: {}, 62: {"AwaBacklogGrowing": [{"queue": "new"}]},
+                 63: {"AwaBacklogGrowing": [{"queue": "gap"}, {"queue": "new"}]}}),
     Case("jobs failing for good, attempts retried, a queue with no attempt",
          database={'awa_queue_finished_total{queue="broken",state="failed"}': "0x10 1x30",
                    'awa_queue_finished_total{queue="broken",state="completed"}': "0+10x40",
@@ -234,6 +238,9 @@ def test_each_alert_fires_once_on_its_signal_behind_one_exporter_or_two(tmp_path
     ("AwaQueueLimitNear", "max(awa_queues / awa_queues_max)", "sum(awa_queues / awa_queues_max)"),
     # A burst that drains would fire.
     ("AwaBacklogGrowing", "min_over_time(", "max_over_time("),
+    # A count of slopes that a minute more or less of data would change.
+    ("AwaBacklogGrowing", ">= 27", ">= 31"),
+    ("AwaBacklogGrowing", ">= 27", ">= 26"),
     # A new queue would fire on its first minutes of growth.
     ("AwaBacklogGrowing", "\n  and count_over_time(deriv(awa_queue_depth[5m])[30m:1m]) >= 27", ""),
     # One job failed for good is enough.

@@ -147,6 +147,8 @@ def test_a_run_cancelled_while_it_ran_is_gone(db, logins):
     ("scheduled", "plain", "boom"), ("ready", "plain", "boom"), ("scheduled", "ops;eu", "boom"),
     # An attempt's own error that reads like a cancel's note is kept whole.
     ("scheduled", "plain", "cancelled by upstream: deadline"),
+    # An attempt that failed with no error failed all the same.
+    ("ready", "plain", None),
 ])
 def test_a_failure_cancelled_while_it_waited_for_its_retry_is_failed(db, logins, where,
                                                                      operator, error):
@@ -165,7 +167,7 @@ def test_a_failure_cancelled_while_it_waited_for_its_retry_is_failed(db, logins,
         assert op.execute("select awa.cancel_job(%s)", [job_id]).fetchone()[0]
         assert op.execute("select state, attempt, last_error from awa.job(%s)",
                           [job_id]).fetchone() == (
-            "cancelled", 1, f"cancelled by {login}; last error: {error}")
+            "cancelled", 1, f"cancelled by {login}; last error: {error or ''}")
     with db.connect(logins.worker) as w:
         assert outcome(w, job_id, lease, 1) == "failed"
 

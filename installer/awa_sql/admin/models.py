@@ -185,6 +185,8 @@ class RuntimeRow(BaseModel):
     in_flight: int
     last_seen: datetime
     started_at: datetime
+    queue: str = Field(description="the physical queue: the queue's own, or one of its "
+                       "partitions or stripes")
     activity: str
     last_at: datetime | None
     shards: int | None = Field(description="S of the queue at this runtime's last "

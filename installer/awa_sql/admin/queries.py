@@ -102,7 +102,7 @@ def queue_detail(conn: psycopg.Connection, queue: str) -> dict:
     detail["contention"] = [_plain(c) for c in contention]
     detail["shard_changes"] = changes
     detail["decisions"] = decisions(conn, names)
-    detail["runtimes"] = runtimes(conn, physical[0])
+    detail["runtimes"] = runtimes(conn, physical)
     return detail
 
 
@@ -201,15 +201,20 @@ def history(conn: psycopg.Connection, queue: str, window: timedelta) -> dict | N
             "points": points, "changes": changes}
 
 
-def runtimes(conn: psycopg.Connection, queue: dict) -> dict | None:
-    """Live runtimes serving ``queue`` and the evidence that producers use S
-    since its last change.
+def runtimes(conn: psycopg.Connection, physical: list[dict]) -> dict | None:
+    """Live runtimes serving a queue, on any of the ``physical`` queues its
+    name covers (the queue's own row first), and the evidence that its
+    producers use S since the queue's last change: a producer is on the
+    current S once it has enqueued to one of them, after the change, with
+    that physical queue's S.
 
     None when the contract has no runtime snapshots.
     """
     if not _exists(conn, "awa.runtime_overview"):
         return None
+    queue = physical[0]
     name = queue["queue"]
+    shards_of = {p["queue"]: p["enqueue_shards"] for p in physical}
     with conn.cursor(row_factory=dict_row) as cur:
         # The queue's own last change, not one among the recent changes of
         # all its physical queues (one change of a logical queue writes a row
@@ -222,10 +227,11 @@ def runtimes(conn: psycopg.Connection, queue: dict) -> dict | None:
         since = last["changed_at"] if last else None
         live = cur.execute(
             "select r.instance_id::text, r.kind, r.hostname, r.pid, r.version, r.in_flight,"
-            " r.last_seen, r.started_at, q.activity, q.last_at, q.shards"
+            " r.last_seen, r.started_at, q.queue, q.activity, q.last_at, q.shards"
             " from awa.runtime_overview as r"
             " join awa.runtime_queue_overview as q on q.instance_id = r.instance_id"
-            " where q.queue = %s order by r.kind, r.hostname, r.pid", [name]).fetchall()
+            " where q.queue = any(%s) order by r.kind, r.hostname, r.pid, q.queue = %s desc,"
+            " q.queue, q.activity", [list(shards_of), name]).fetchall()
         evidence = None
         if last is not None:
             evidence = cur.execute(
@@ -233,9 +239,10 @@ def runtimes(conn: psycopg.Connection, queue: dict) -> dict | None:
                 " e.below_s, e.at_or_above_s, e.on_new_lanes"
                 " from awa.shard_change_evidence as e where e.change_id = %s",
                 [last["change_id"]]).fetchone()
-    producers = [r for r in live if r["activity"] == "enqueue"]
-    current = [r for r in producers if since is not None and r["last_at"] is not None
-               and r["last_at"] >= since and r["shards"] == queue["enqueue_shards"]]
+    producers = {r["instance_id"] for r in live if r["activity"] == "enqueue"}
+    current = {r["instance_id"] for r in live if r["activity"] == "enqueue"
+               and since is not None and r["last_at"] is not None and r["last_at"] >= since
+               and r["shards"] == shards_of[r["queue"]]}
     return {
         "live": live,
         "producers": {

@@ -394,6 +394,7 @@
       el("td", {}, x.kind),
       el("td", {}, `${x.hostname}:${x.pid}`),
       el("td", {}, x.version),
+      el("td", {}, x.queue),
       el("td", {}, x.activity),
       el("td", { class: "num" }, number(x.shards)),
       el("td", {}, when(x.last_at)),
@@ -401,7 +402,7 @@
       el("td", {}, when(x.last_seen))));
     parts.push(rows.length
       ? table("runtimes-table",
-        ["Kind", "Host:pid", "Version", "Does", "S at last", "Last at", "In flight",
+        ["Kind", "Host:pid", "Version", "Queue", "Does", "S at last", "Last at", "In flight",
           "Last seen"], rows)
       : el("p", { class: "muted" }, "No live runtime serves this queue."));
     return el("section", { id: "runtimes" }, parts);
