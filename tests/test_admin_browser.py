@@ -650,6 +650,7 @@ def test_what_producers_workers_and_runtimes_write_is_shown_as_text(db, page):
         expect(page.locator("h1")).to_have_text(queue)
         expect(page.locator("#failed-jobs tbody tr")).to_contain_text("e" + MARKUP)
         expect(page.locator("#runtimes-table tbody tr")).to_contain_text("h" + MARKUP)
+        expect(page.locator("#runtimes-table tbody tr td").nth(3)).to_have_text(queue)
         page.fill("#token", TOKEN)
         page.click(".retry-one")
         expect(page.locator("#confirm-jobs-title")).to_contain_text(f"(k{MARKUP}, failed)")
