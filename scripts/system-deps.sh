@@ -32,8 +32,11 @@ export DEBIAN_FRONTEND=noninteractive
 apt-get update -q
 apt-get install -y -q --no-install-recommends "${missing[@]}"
 # prometheus is installed for its promtool: where its postinst started the
-# server (a systemd host), it is stopped and left disabled.
-if [[ " ${missing[*]} " == *" prometheus "* ]] && command -v systemctl >/dev/null 2>&1 \
-    && systemctl is-active --quiet prometheus 2>/dev/null; then
-  systemctl disable --now prometheus >/dev/null 2>&1 || true
+# server, it is stopped (and on a systemd host left disabled).
+if [[ " ${missing[*]} " == *" prometheus "* ]]; then
+  if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet prometheus 2>/dev/null; then
+    systemctl disable --now prometheus >/dev/null 2>&1 || true
+  elif [ -x /etc/init.d/prometheus ]; then
+    /etc/init.d/prometheus stop >/dev/null 2>&1 || true
+  fi
 fi
