@@ -29,12 +29,17 @@ if [ "$(id -u)" -ne 0 ]; then
   exit 1
 fi
 export DEBIAN_FRONTEND=noninteractive
+# prometheus is installed for its promtool only: a server its postinst
+# starts is stopped, and on a systemd host left disabled. Not one that ran
+# before (a server of the host's own).
+for_promtool=false
+if [[ " ${missing[*]} " == *" prometheus "* ]] && ! pgrep -x prometheus >/dev/null 2>&1; then
+  for_promtool=true
+fi
 apt-get update -q
 apt-get install -y -q --no-install-recommends "${missing[@]}"
-# prometheus is installed for its promtool: where its postinst started the
-# server, it is stopped (and on a systemd host left disabled).
-if [[ " ${missing[*]} " == *" prometheus "* ]]; then
-  if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet prometheus 2>/dev/null; then
+if $for_promtool; then
+  if [ -d /run/systemd/system ]; then
     systemctl disable --now prometheus >/dev/null 2>&1 || true
   elif [ -x /etc/init.d/prometheus ]; then
     /etc/init.d/prometheus stop >/dev/null 2>&1 || true

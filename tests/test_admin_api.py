@@ -1533,3 +1533,41 @@ def test_a_partitions_name_finds_its_stripes_in_every_read_by_name(db, logins, r
             for rt in detail["runtimes"]["live"]] == [(str(instance), "pw__p1#1", "claim")]
     listed = read_only_api.get("/api/runtimes", params={"queue": "pw__p1"}).json()
     assert [rt["instance_id"] for rt in listed["runtimes"]] == [str(instance)]
+
+
+def test_the_queue_pages_runtimes_are_a_line_per_runtime_and_activity_over_its_queues(
+        db, logins, read_only_api):
+    """A striped queue: its jobs and its runtimes' rows are on the stripes.
+    The page lists each runtime once per activity (how many of the queue's
+    physical queues, the latest one), counts the producers that enqueued to
+    any of them with the new S since the change, and sums the lanes'
+    evidence over every queue the change made."""
+    with db.connect() as su:
+        su.execute("select awa.set_queue_stripes('st', 2)")
+        su.execute("select awa.set_enqueue_shards('st', 4)")
+    with db.connect(logins.producer) as p:
+        p.execute("select awa.enqueue('st', 'k', ordering_key => n::text::bytea)"
+                  " from generate_series(1, 20) as n")
+    publish = ("select awa.publish_runtime(%s::uuid, %s, %s, 42, '0.1.0', 0, %s::jsonb)")
+
+    def entries(*rows) -> str:
+        return json.dumps([{"queue": q, "activity": a, "age_seconds": age} for q, a, age in rows])
+
+    on_s, before, worker = (str(uuid.uuid4()) for _ in range(3))
+    with db.connect(logins.producer) as p:
+        p.execute(publish, [on_s, "producer", "h1", entries(("st#0", "enqueue", 1),
+                                                              ("st#1", "enqueue", 0))])
+        p.execute(publish, [before, "producer", "h2", entries(("st#1", "enqueue", 3600))])
+    with db.connect(logins.worker) as w:
+        w.execute(publish, [worker, "worker", "h3", entries(("st#0", "claim", 0),
+                                                            ("st", "poll", 0))])
+    detail = read_only_api.get("/api/queues/st").json()["runtimes"]
+    assert [(r["instance_id"], r["activity"], r["queue"], r["queues"], r["shards"])
+            for r in detail["live"]] == [
+        (on_s, "enqueue", "st#1", 2, 4), (before, "enqueue", "st#1", 1, 1),
+        (worker, "claim", "st#0", 1, 4), (worker, "poll", "st", 3, 4)]
+    assert {k: detail["producers"][k] for k in ("live", "on_current_s", "shards")} == {
+        "live": 2, "on_current_s": 1, "shards": 4}
+    evidence = detail["lane_evidence"]
+    assert (evidence["shards"], evidence["enqueues_since"]) == (4, 20), evidence
+    assert evidence["below_s"] == 20

@@ -179,8 +179,8 @@ class RuntimePublisher:
                 conn.close()
 
 
-# {where}: nothing, or the queue filter (named only when a queue is asked
-# for, so that the unfiltered list works on a contract without it).
+# LIVE_SQL, then QUEUE_FILTER when a queue is asked for (named only then, so
+# that the unfiltered list works on a contract without it), then LIVE_ORDER.
 LIVE_SQL = """
 select r.instance_id::text as instance_id, r.kind, r.hostname, r.pid, r.version, r.in_flight,
        r.started_at, r.last_seen,
@@ -190,7 +190,8 @@ select r.instance_id::text as instance_id, r.kind, r.hostname, r.pid, r.version,
        extract(epoch from pg_catalog.statement_timestamp() - q.last_at)::float8 as age_seconds
   from awa.runtime_overview as r
   left join awa.runtime_queue_overview as q on q.instance_id = r.instance_id
- {where}
+"""
+LIVE_ORDER = """
  order by r.kind, r.hostname, r.pid, r.instance_id, q.queue, q.activity
 """
 QUEUE_FILTER = "where q.queue in (select awa.covered_queues(%(queue)s::text))"
@@ -211,8 +212,8 @@ def live(conn: psycopg.Connection, queue: str | None = None) -> list[dict]:
         conn.execute("select awa.enqueue_shards(%s::text)", [queue])
     runtimes: dict[str, dict] = {}
     with conn.cursor(row_factory=dict_row) as cur:
-        where = "" if queue is None else QUEUE_FILTER
-        for row in cur.execute(LIVE_SQL.format(where=where), {"queue": queue}):
+        query = LIVE_SQL + ("" if queue is None else QUEUE_FILTER) + LIVE_ORDER
+        for row in cur.execute(query, {"queue": queue}):
             runtime = runtimes.setdefault(
                 row["instance_id"], {**{c: row[c] for c in RUNTIME_COLUMNS}, "queues": []})
             if row["queue"] is not None:

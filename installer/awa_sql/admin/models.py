@@ -185,8 +185,9 @@ class RuntimeRow(BaseModel):
     in_flight: int
     last_seen: datetime
     started_at: datetime
-    queue: str = Field(description="the physical queue: the queue's own, or one of its "
-                       "partitions or stripes")
+    queue: str = Field(description="the physical queue of its latest activity of this kind: "
+                       "the queue's own, or one of its partitions or stripes")
+    queues: int = Field(description="how many of the queue's physical queues it did this on")
     activity: str
     last_at: datetime | None
     shards: int | None = Field(description="S of the queue at this runtime's last "
@@ -196,7 +197,8 @@ class RuntimeRow(BaseModel):
 class ProducerCount(BaseModel):
     live: int
     on_current_s: int | None = Field(
-        description="live producers whose last enqueue came after the last change, with S")
+        description="live producers that enqueued with S to one of the queue's physical "
+        "queues since its last change")
     shards: int
     since: datetime | None
 

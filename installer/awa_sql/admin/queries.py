@@ -201,20 +201,61 @@ def history(conn: psycopg.Connection, queue: str, window: timedelta) -> dict | N
             "points": points, "changes": changes}
 
 
+# One line per live runtime and activity over the physical queues a name
+# covers (a worker polling a logical name has a row on each of them): how
+# many, and the queue and S of the latest.
+RUNTIMES_OF_QUEUES = """
+select r.instance_id::text, r.kind, r.hostname, r.pid, r.version, r.in_flight, r.last_seen,
+       r.started_at, q.activity, count(*)::integer as queues,
+       (array_agg(q.queue order by q.last_at desc nulls last, q.queue))[1] as queue,
+       max(q.last_at) as last_at,
+       (array_agg(q.shards order by q.last_at desc nulls last, q.queue))[1] as shards
+  from awa.runtime_overview as r
+  join awa.runtime_queue_overview as q on q.instance_id = r.instance_id
+ where q.queue = any(%(names)s)
+ group by r.instance_id, r.kind, r.hostname, r.pid, r.version, r.in_flight, r.last_seen,
+          r.started_at, q.activity
+ order by r.kind, r.hostname, r.pid, r.instance_id, q.activity
+"""
+
+# Live producers of those queues, and those that enqueued to one of them
+# with S = %(shards)s since %(since)s.
+PRODUCERS_ON_S = """
+select count(distinct q.instance_id)::integer as live,
+       (count(distinct q.instance_id) filter (
+            where q.last_at >= %(since)s and q.shards = %(shards)s))::integer as on_current_s
+  from awa.runtime_overview as r
+  join awa.runtime_queue_overview as q on q.instance_id = r.instance_id
+ where q.activity = 'enqueue' and q.queue = any(%(names)s)
+"""
+
+# The enqueues since one change of S, summed over the physical queues it
+# changed (a change of a logical name writes a row for each, at one time).
+CHANGE_EVIDENCE = """
+select %(change)s::bigint as change_id, min(e.changed_at) as changed_at,
+       max(e.shards) filter (where e.change_id = %(change)s) as shards,
+       sum(e.enqueues_since)::bigint as enqueues_since, sum(e.below_s)::bigint as below_s,
+       sum(e.at_or_above_s)::bigint as at_or_above_s,
+       sum(e.on_new_lanes)::bigint as on_new_lanes
+  from awa.shard_change_evidence as e
+ where e.queue = any(%(names)s) and e.changed_at = %(since)s
+"""
+
+
 def runtimes(conn: psycopg.Connection, physical: list[dict]) -> dict | None:
     """Live runtimes serving a queue, on any of the ``physical`` queues its
-    name covers (the queue's own row first), and the evidence that its
-    producers use S since the queue's last change: a producer is on the
-    current S once it has enqueued to one of them, after the change, with
-    that physical queue's S.
+    name covers (the queue's own row first): one line per runtime and
+    activity. And the evidence that producers use S since the queue's last
+    change: of the live producers of those queues, those that enqueued with
+    that S since; from the lanes, the enqueues since the change over the
+    queues it changed.
 
     None when the contract has no runtime snapshots.
     """
     if not _exists(conn, "awa.runtime_overview"):
         return None
     queue = physical[0]
-    name = queue["queue"]
-    shards_of = {p["queue"]: p["enqueue_shards"] for p in physical}
+    names = [p["queue"] for p in physical]
     with conn.cursor(row_factory=dict_row) as cur:
         # The queue's own last change, not one among the recent changes of
         # all its physical queues (one change of a logical queue writes a row
@@ -223,31 +264,22 @@ def runtimes(conn: psycopg.Connection, physical: list[dict]) -> dict | None:
         last = cur.execute(
             "select c.change_id, c.changed_at from awa.shard_changes as c"
             " where c.queue = %s order by c.changed_at desc, c.change_id desc limit 1",
-            [name]).fetchone()
+            [queue["queue"]]).fetchone()
         since = last["changed_at"] if last else None
-        live = cur.execute(
-            "select r.instance_id::text, r.kind, r.hostname, r.pid, r.version, r.in_flight,"
-            " r.last_seen, r.started_at, q.queue, q.activity, q.last_at, q.shards"
-            " from awa.runtime_overview as r"
-            " join awa.runtime_queue_overview as q on q.instance_id = r.instance_id"
-            " where q.queue = any(%s) order by r.kind, r.hostname, r.pid, q.queue = %s desc,"
-            " q.queue, q.activity", [list(shards_of), name]).fetchall()
+        live = cur.execute(RUNTIMES_OF_QUEUES, {"names": names}).fetchall()
+        producers = cur.execute(PRODUCERS_ON_S, {
+            "names": names, "since": since, "shards": queue["enqueue_shards"]}).fetchone()
         evidence = None
         if last is not None:
-            evidence = cur.execute(
-                "select e.change_id, e.changed_at, e.shards, e.enqueues_since,"
-                " e.below_s, e.at_or_above_s, e.on_new_lanes"
-                " from awa.shard_change_evidence as e where e.change_id = %s",
-                [last["change_id"]]).fetchone()
-    producers = {r["instance_id"] for r in live if r["activity"] == "enqueue"}
-    current = {r["instance_id"] for r in live if r["activity"] == "enqueue"
-               and since is not None and r["last_at"] is not None and r["last_at"] >= since
-               and r["shards"] == shards_of[r["queue"]]}
+            evidence = cur.execute(CHANGE_EVIDENCE, {
+                "change": last["change_id"], "names": names, "since": since}).fetchone()
+            if evidence["shards"] is None:  # the change's own row gone meanwhile
+                evidence = None
     return {
         "live": live,
         "producers": {
-            "live": len(producers),
-            "on_current_s": len(current) if since is not None else None,
+            "live": producers["live"],
+            "on_current_s": producers["on_current_s"] if since is not None else None,
             "shards": queue["enqueue_shards"],
             "since": since,
         },

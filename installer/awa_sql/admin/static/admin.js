@@ -394,7 +394,7 @@
       el("td", {}, x.kind),
       el("td", {}, `${x.hostname}:${x.pid}`),
       el("td", {}, x.version),
-      el("td", {}, x.queue),
+      el("td", {}, x.queues > 1 ? `${x.queue} (+${x.queues - 1})` : x.queue),
       el("td", {}, x.activity),
       el("td", { class: "num" }, number(x.shards)),
       el("td", {}, when(x.last_at)),
