@@ -156,3 +156,29 @@ def test_a_removed_queues_decision_counts_go_with_it(db, logins):
                  for s in family.samples}
     assert "watched" in named
     assert "gone" not in named
+
+
+def test_the_admin_page_reads_one_changes_evidence_not_the_change_history(db):
+    """The page sums the lanes' evidence of the queue's last change over
+    its physical queues: by name and time through the view, not every
+    change kept for 90 days (the other queues' and its own older ones)."""
+    with db.connect() as admin:
+        admin.execute("select awa.set_queue_stripes('hist', 2)")
+        admin.execute("select awa.set_enqueue_shards('hist', 2)")
+        admin.execute(
+            "insert into awa.shard_changes (queue, old_shards, new_shards, lanes_created,"
+            " changed_at) select case when n %% 2 = 0 then 'hist' else 'noise' end, 1, 2, 0,"
+            " now() - interval '1 day' - n * interval '1 second'"
+            " from generate_series(1, %s) as n", [OLD_ROWS])
+        admin.execute("analyze awa.shard_changes")
+    pool = make_pool(Settings(db.dsn()), open_now=True)
+    try:
+        with pool.connection() as conn:
+            for _ in range(12):  # past the runs before a statement is prepared
+                detail = queries.queue_detail(conn, "hist")
+            assert detail["runtimes"]["lane_evidence"]["shards"] == 2
+            read = rows_read_by(conn, "awa.shard_changes",
+                                lambda: queries.queue_detail(conn, "hist"))
+            assert read <= 100, read
+    finally:
+        pool.close()
