@@ -855,11 +855,13 @@ PUBLISH = ("select awa.publish_runtime(%s::uuid, %s, %s, %s, '0.1.0', %s, %s::js
 
 
 def _publish(db, login: str, kind: str, host: str, pid: int, in_flight: int,
-             activity: list[tuple[str, str]]) -> str:
+             activity: list[tuple]) -> str:
+    """A snapshot of a new runtime; each activity (queue, what[, age in s, 1])."""
     instance = str(uuid.uuid4())
     with db.connect(login) as conn:
         conn.execute(PUBLISH, [instance, kind, host, pid, in_flight, json.dumps(
-            [{"queue": q, "activity": a, "age_seconds": 1} for q, a in activity])])
+            [{"queue": q, "activity": a, "age_seconds": age[0] if age else 1}
+             for q, a, *age in activity])])
     return instance
 
 
@@ -1519,20 +1521,16 @@ def test_a_partitions_name_finds_its_stripes_in_every_read_by_name(db, logins, r
         assert all(q.lanes for q in shards.show(r, "pw__p1"))
     with db.connect(logins.producer) as p, pytest.raises(psycopg.errors.InsufficientPrivilege):
         p.execute("select awa.covered_queues('pw')")
-    instance = uuid.uuid4()
-    with db.connect(logins.worker) as w:
-        w.execute("select awa.publish_runtime(%s::uuid, 'worker', 'h', 42, '0.1.0', 0,"
-                  " %s::jsonb)", [instance, json.dumps(
-                      [{"queue": "pw__p1#1", "activity": "claim", "age_seconds": 1}])])
+    instance = _publish(db, logins.worker, "worker", "h", 42, 0, [("pw__p1#1", "claim")])
     with db.connect(logins.reader) as r:
-        assert [rt["instance_id"] for rt in runtimes.live(r, "pw__p1")] == [str(instance)]
+        assert [rt["instance_id"] for rt in runtimes.live(r, "pw__p1")] == [instance]
     detail = read_only_api.get("/api/queues/pw__p1").json()
     assert [q["queue"] for q in detail["physical_queues"]] == part
     assert {ln["queue"] for ln in detail["lanes"]} == set(part)
     assert [(rt["instance_id"], rt["queue"], rt["activity"])
-            for rt in detail["runtimes"]["live"]] == [(str(instance), "pw__p1#1", "claim")]
+            for rt in detail["runtimes"]["live"]] == [(instance, "pw__p1#1", "claim")]
     listed = read_only_api.get("/api/runtimes", params={"queue": "pw__p1"}).json()
-    assert [rt["instance_id"] for rt in listed["runtimes"]] == [str(instance)]
+    assert [rt["instance_id"] for rt in listed["runtimes"]] == [instance]
 
 
 def test_the_queue_pages_runtimes_are_a_line_per_runtime_and_activity_over_its_queues(
@@ -1548,19 +1546,11 @@ def test_the_queue_pages_runtimes_are_a_line_per_runtime_and_activity_over_its_q
     with db.connect(logins.producer) as p:
         p.execute("select awa.enqueue('st', 'k', ordering_key => n::text::bytea)"
                   " from generate_series(1, 20) as n")
-    publish = ("select awa.publish_runtime(%s::uuid, %s, %s, 42, '0.1.0', 0, %s::jsonb)")
-
-    def entries(*rows) -> str:
-        return json.dumps([{"queue": q, "activity": a, "age_seconds": age} for q, a, age in rows])
-
-    on_s, before, worker = (str(uuid.uuid4()) for _ in range(3))
-    with db.connect(logins.producer) as p:
-        p.execute(publish, [on_s, "producer", "h1", entries(("st#0", "enqueue", 1),
-                                                              ("st#1", "enqueue", 0))])
-        p.execute(publish, [before, "producer", "h2", entries(("st#1", "enqueue", 3600))])
-    with db.connect(logins.worker) as w:
-        w.execute(publish, [worker, "worker", "h3", entries(("st#0", "claim", 0),
-                                                            ("st", "poll", 0))])
+    on_s = _publish(db, logins.producer, "producer", "h1", 42, 0,
+                    [("st#0", "enqueue", 1), ("st#1", "enqueue", 0)])
+    before = _publish(db, logins.producer, "producer", "h2", 42, 0, [("st#1", "enqueue", 3600)])
+    worker = _publish(db, logins.worker, "worker", "h3", 42, 0,
+                      [("st#0", "claim", 0), ("st", "poll", 0)])
     detail = read_only_api.get("/api/queues/st").json()["runtimes"]
     assert [(r["instance_id"], r["activity"], r["queue"], r["queues"], r["shards"])
             for r in detail["live"]] == [

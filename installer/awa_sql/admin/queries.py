@@ -65,8 +65,7 @@ def list_queues(conn: psycopg.Connection) -> list[dict]:
 def require_queue(conn: psycopg.Connection, queue: str) -> None:
     """404 unless ``queue`` names a queue (logical or physical)."""
     found = conn.execute(
-        "select exists (select from awa.queue_overview as o"
-        " where o.queue in (select awa.covered_queues(%(q)s::text)))", {"q": queue}).fetchone()[0]
+        "select exists (select from awa.covered_queues(%s::text))", [queue]).fetchone()[0]
     if not found:
         raise ApiError(404, f"unknown queue {queue!r}", "42704")
 
@@ -203,30 +202,22 @@ def history(conn: psycopg.Connection, queue: str, window: timedelta) -> dict | N
 
 # One line per live runtime and activity over the physical queues a name
 # covers (a worker polling a logical name has a row on each of them): how
-# many, and the queue and S of the latest.
+# many, and the queue and S of the latest; on_s: whether it did this with
+# S = %(shards)s since %(since)s on one of them (for enqueues, the producers
+# on the current S).
 RUNTIMES_OF_QUEUES = """
 select r.instance_id::text, r.kind, r.hostname, r.pid, r.version, r.in_flight, r.last_seen,
        r.started_at, q.activity, count(*)::integer as queues,
        (array_agg(q.queue order by q.last_at desc nulls last, q.queue))[1] as queue,
        max(q.last_at) as last_at,
-       (array_agg(q.shards order by q.last_at desc nulls last, q.queue))[1] as shards
+       (array_agg(q.shards order by q.last_at desc nulls last, q.queue))[1] as shards,
+       coalesce(bool_or(q.last_at >= %(since)s and q.shards = %(shards)s), false) as on_s
   from awa.runtime_overview as r
   join awa.runtime_queue_overview as q on q.instance_id = r.instance_id
  where q.queue = any(%(names)s)
  group by r.instance_id, r.kind, r.hostname, r.pid, r.version, r.in_flight, r.last_seen,
           r.started_at, q.activity
  order by r.kind, r.hostname, r.pid, r.instance_id, q.activity
-"""
-
-# Live producers of those queues, and those that enqueued to one of them
-# with S = %(shards)s since %(since)s.
-PRODUCERS_ON_S = """
-select count(distinct q.instance_id)::integer as live,
-       (count(distinct q.instance_id) filter (
-            where q.last_at >= %(since)s and q.shards = %(shards)s))::integer as on_current_s
-  from awa.runtime_overview as r
-  join awa.runtime_queue_overview as q on q.instance_id = r.instance_id
- where q.activity = 'enqueue' and q.queue = any(%(names)s)
 """
 
 # The enqueues since one change of S, summed over the physical queues it
@@ -266,20 +257,21 @@ def runtimes(conn: psycopg.Connection, physical: list[dict]) -> dict | None:
             " where c.queue = %s order by c.changed_at desc, c.change_id desc limit 1",
             [queue["queue"]]).fetchone()
         since = last["changed_at"] if last else None
-        live = cur.execute(RUNTIMES_OF_QUEUES, {"names": names}).fetchall()
-        producers = cur.execute(PRODUCERS_ON_S, {
-            "names": names, "since": since, "shards": queue["enqueue_shards"]}).fetchone()
+        live = cur.execute(RUNTIMES_OF_QUEUES, {
+            "names": names, "since": since, "shards": queue["enqueue_shards"]}).fetchall()
         evidence = None
         if last is not None:
             evidence = cur.execute(CHANGE_EVIDENCE, {
                 "change": last["change_id"], "names": names, "since": since}).fetchone()
             if evidence["shards"] is None:  # the change's own row gone meanwhile
                 evidence = None
+    on_s = [(r["activity"], r.pop("on_s")) for r in live]
+    producers = [on for activity, on in on_s if activity == "enqueue"]
     return {
         "live": live,
         "producers": {
-            "live": producers["live"],
-            "on_current_s": producers["on_current_s"] if since is not None else None,
+            "live": len(producers),
+            "on_current_s": sum(producers) if since is not None else None,
             "shards": queue["enqueue_shards"],
             "since": since,
         },
