@@ -1519,6 +1519,8 @@ def test_a_partitions_name_finds_its_stripes_in_every_read_by_name(db, logins, r
         assert r.execute(covered, [None]).fetchone()[0] == []
         assert [q.queue for q in shards.show(r, "pw__p1")] == part
         assert all(q.lanes for q in shards.show(r, "pw__p1"))
+    with db.connect(logins.operator) as op:
+        assert op.execute("select array(select awa.covered_queues('pw__p1'))").fetchone()[0] == part
     with db.connect(logins.producer) as p, pytest.raises(psycopg.errors.InsufficientPrivilege):
         p.execute("select awa.covered_queues('pw')")
     instance = _publish(db, logins.worker, "worker", "h", 42, 0, [("pw__p1#1", "claim")])
