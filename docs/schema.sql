@@ -1335,7 +1335,7 @@ begin
             return;
         end if;
         -- At least one batch a call, however little time is left.
-        exit when batches > 0 and at >= until;
+        exit when until is null or (batches > 0 and at >= until);
         stop_tid := format('(%s,0)', (from_tid::text::point)[0]::bigint + awa._carry_blocks())::tid;
         select x.moved, x.last_tid, x.cut into b
           from awa._carry_batch(slot, from_tid, stop_tid, at) as x;
@@ -2884,6 +2884,17 @@ begin
 end;
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._lock_queue_provisioning(queue text, create_missing boolean DEFAULT true)
+ RETURNS awa.queue_meta
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+begin
+    perform awa._lock_leader('provisioning');
+    return awa._lock_queue(queue, create_missing);
+end;
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._mark_unique_jobs(queue_ids integer[], unique_keys bytea[])
  RETURNS void
  LANGUAGE sql
@@ -3655,7 +3666,7 @@ declare
     anchor awa.queue_meta;
     part awa.queue_meta;
 begin
-    anchor := awa._lock_queue(queue);
+    anchor := awa._lock_queue_provisioning(queue);
     for k in 1 .. anchor.partitions - 1 loop
         perform awa._ensure_partition(anchor.queue, k);
     end loop;
@@ -4863,8 +4874,8 @@ begin
         new_shards := shards;
         -- Lowering creates nothing, but counts the lanes again
         -- (queue_meta.lane_shards, which claims walk).
+        -- Under the provisioning lock awa._physical_queues took.
         if shards <> meta.enqueue_shards then
-            perform awa._lock_leader('provisioning');
             perform awa._provision_lanes(meta.queue_id, shards);
         end if;
         -- Lanes this transaction created, a new queue's first four included:
@@ -5999,10 +6010,9 @@ begin
         raise exception 'discard_finished must not be null' using errcode = '22004';
     end if;
     perform awa._require_primary('drop a queue');
-    -- The row (42704 if another transaction dropped it while this one
-    -- waited), then the provisioning lock: the order of a change of S.
-    meta := awa._lock_queue(queue, create_missing => false);
-    perform awa._lock_leader('provisioning');
+    -- The provisioning lock, then the row (42704 if another transaction
+    -- dropped it while this one waited): the order of a change of S.
+    meta := awa._lock_queue_provisioning(queue, create_missing => false);
     if meta.root_queue is not null then
         raise exception 'queue % is a partition or stripe of %: dropping one is not supported yet',
             quote_literal(queue), quote_literal(meta.root_queue)
@@ -6921,7 +6931,12 @@ begin
         return 0;
     end if;
     for s in 0 .. awa._finished_slot_count() - 1 loop
-        removed := removed + awa._prune_slot(s, until);
+        if awa._prune_action(s, clock_timestamp()) = 'carry' then
+            perform awa._carry_slot(s, until);
+        end if;
+    end loop;
+    for s in 0 .. awa._finished_slot_count() - 1 loop
+        removed := removed + awa._prune_slot(s, null);
     end loop;
     return removed;
 end;
@@ -7723,7 +7738,7 @@ declare
     anchor awa.queue_meta;
 begin
     perform awa._check_layout_change(queue, 'partitions', partitions, 32767);
-    anchor := awa._lock_queue(queue);
+    anchor := awa._lock_queue_provisioning(queue);
     if anchor.root_queue is not null then
         raise exception 'queue % is itself a partition or stripe of %',
             quote_literal(queue), quote_literal(anchor.root_queue)
@@ -7753,7 +7768,7 @@ declare
     anchor awa.queue_meta;
 begin
     perform awa._check_layout_change(queue, 'stripes', stripes, 64);
-    anchor := awa._lock_queue(queue);
+    anchor := awa._lock_queue_provisioning(queue);
     update awa.queue_meta as m set stripes = set_queue_stripes.stripes
      where m.queue_id = anchor.queue_id;
     perform awa._physical_queues(set_queue_stripes.queue);

@@ -82,7 +82,7 @@ $$;
 -- Errors: 22004 null; 22023 bad name; 42704 unknown queue; 0A000 a
 --   partition or stripe, or a queue with partitions or stripes; 55006 not
 --   empty (naming what it holds); 25006 on a standby.
--- Calls: awa._lock_leader, awa._lock_queue, awa._queue_contents, awa._rename_history,
+-- Calls: awa._lock_queue_provisioning, awa._queue_contents, awa._rename_history,
 --   awa._require_primary
 -- Writes: awa.finished, awa.queue_meta, awa.unique_keys
 create or replace function awa.drop_queue(queue text, discard_finished boolean default false)
@@ -99,10 +99,9 @@ begin
         raise exception 'discard_finished must not be null' using errcode = '22004';
     end if;
     perform awa._require_primary('drop a queue');
-    -- The row (42704 if another transaction dropped it while this one
-    -- waited), then the provisioning lock: the order of a change of S.
-    meta := awa._lock_queue(queue, create_missing => false);
-    perform awa._lock_leader('provisioning');
+    -- The provisioning lock, then the row (42704 if another transaction
+    -- dropped it while this one waited): the order of a change of S.
+    meta := awa._lock_queue_provisioning(queue, create_missing => false);
     if meta.root_queue is not null then
         raise exception 'queue % is a partition or stripe of %: dropping one is not supported yet',
             quote_literal(queue), quote_literal(meta.root_queue)

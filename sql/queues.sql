@@ -662,10 +662,11 @@ $$;
 
 -- Function: awa._lock_queue(queue text, create_missing boolean default true) returns awa.queue_meta
 -- The queue's settings row, locked until the transaction ends: the first
--- lock of an operator's change of a queue (its layout, its pause, its
--- shard mode). A missing queue is created (awa._ensure_queue), or with
--- create_missing false is 42704 naming it (awa._queue). Locked by its id and its
--- name: a drop (awa.drop_queue) that committed while this waited for the
+-- lock of an operator's change of a queue's settings (its pause, its shard
+-- mode); a change that may create queues or lanes, or a drop, takes the
+-- provisioning lock before it (awa._lock_queue_provisioning). A missing
+-- queue is created (awa._ensure_queue), or with create_missing false is
+-- 42704 naming it (awa._queue). Locked by its id and its name: a drop (awa.drop_queue) that committed while this waited for the
 -- row renamed it, and the name is then no queue's: created as any new name
 -- is, or 42704. Taken by its id alone, the change went to the dropped
 -- queue. Locked for no key update: it conflicts with every other change
@@ -695,6 +696,31 @@ begin
             return meta;
         end if;
     end loop;
+end;
+$$;
+
+-- Function: awa._lock_queue_provisioning(queue text, create_missing boolean default true)
+--           returns awa.queue_meta
+-- The provisioning lock, then the queue's row (awa._lock_queue): the first
+-- locks of an operator's call that may create queues or lanes (a change of
+-- S, partitions or stripes) or removes a queue (a drop). Never the row
+-- first: a producer that creates a queue holds the provisioning lock until
+-- it commits, and when the same call enqueues another queue's first keyed
+-- job it then marks that queue's row (awa._mark_unique_jobs), once it
+-- holds its lanes. A call that held the row while it waited for the
+-- provisioning lock closed the cycle (40P01, two single calls).
+-- Calls: awa._lock_leader, awa._lock_queue
+-- Writes: nothing
+create or replace function awa._lock_queue_provisioning(
+    queue text, create_missing boolean default true
+)
+returns awa.queue_meta
+language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    perform awa._lock_leader('provisioning');
+    return awa._lock_queue(queue, create_missing);
 end;
 $$;
 
@@ -894,8 +920,9 @@ $$;
 -- Function: awa._physical_queues(queue text) returns setof awa.queue_meta
 -- Every physical queue of a logical name: its own row, its partitions and
 -- all their stripes, the current ones created when missing. Locked against
--- concurrent changes, as awa._lock_queue locks (no key update).
--- Calls: awa._ensure_partition, awa._ensure_stripe, awa._lock_queue
+-- concurrent changes (no key update), after the provisioning lock
+-- (awa._lock_queue_provisioning), which the caller holds until it ends.
+-- Calls: awa._ensure_partition, awa._ensure_stripe, awa._lock_queue_provisioning
 -- Writes: nothing
 create or replace function awa._physical_queues(queue text)
 returns setof awa.queue_meta
@@ -906,7 +933,7 @@ declare
     anchor awa.queue_meta;
     part awa.queue_meta;
 begin
-    anchor := awa._lock_queue(queue);
+    anchor := awa._lock_queue_provisioning(queue);
     for k in 1 .. anchor.partitions - 1 loop
         perform awa._ensure_partition(anchor.queue, k);
     end loop;
@@ -1023,6 +1050,7 @@ select awa._grant_execute('awa._count_linked()');
 select awa._grant_execute('awa._provision_lanes(integer, integer)');
 select awa._grant_execute('awa._ensure_queue(text)');
 select awa._grant_execute('awa._lock_queue(text, boolean)');
+select awa._grant_execute('awa._lock_queue_provisioning(text, boolean)');
 select awa._grant_execute('awa._queue(text)');
 select awa._grant_execute('awa._queue_ids(text)');
 select awa._grant_execute('awa._ensure_linked(text, text, boolean)');

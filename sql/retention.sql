@@ -362,8 +362,9 @@ $$;
 -- Function: awa._carry_slot(slot integer, until timestamptz) returns (carried bigint, done boolean)
 -- While the slot is the next its ring will write (awa._prune_action says
 -- 'carry'), moves its rows still within their queue's retention out of it,
--- batch after batch (awa._carry_batch) until `until` (at least one batch),
--- each batch the rows of the next awa._carry_blocks() heap blocks.
+-- batch after batch (awa._carry_batch) until `until` (at least one batch;
+-- none when `until` is null: only whether the batches are done), each
+-- batch the rows of the next awa._carry_blocks() heap blocks.
 -- awa.finished_carry keeps where the batches have got to in this period.
 -- Rows another transaction holds (a retry) are passed over; the
 -- TRUNCATE's last look takes them. `done` once no row lies past where the
@@ -407,7 +408,7 @@ begin
             return;
         end if;
         -- At least one batch a call, however little time is left.
-        exit when batches > 0 and at >= until;
+        exit when until is null or (batches > 0 and at >= until);
         stop_tid := format('(%s,0)', (from_tid::text::point)[0]::bigint + awa._carry_blocks())::tid;
         select x.moved, x.last_tid, x.cut into b
           from awa._carry_batch(slot, from_tid, stop_tid, at) as x;
@@ -443,8 +444,8 @@ $$;
 -- Empties one slot of awa.finished if it is due (awa._prune_action) and
 -- its lock can be had at once; returns how many jobs it removed (rows
 -- carried to the current slot do not count). A slot to carry is first
--- carried in batches (awa._carry_slot, until `until`), and emptied only
--- once they have read all of it. The caller holds the prune lock. Whether
+-- carried in batches (awa._carry_slot, until `until`; with `until` null,
+-- none), and emptied only once they have read all of it. The caller holds the prune lock. Whether
 -- the slot is due is decided again once its lock is held, at a time read
 -- then from the clock, not at the transaction's start: a job that ends in
 -- a transaction begun before that moment is written to a slot no later
@@ -533,10 +534,14 @@ $$;
 -- slots of awa.finished with TRUNCATE (see the file header). Never removes
 -- a job within its retention, nor one that is not terminal. A slot whose
 -- lock is not free at once (a reader of awa.finished holds it) is skipped
--- until the next call, so a prune never waits long, nor makes others wait.
--- A slot with rows to carry is carried in batches for at most
--- awa._carry_time() per call (awa.carry_finished does only that) and
--- emptied by the call after its batches have read it all.
+-- until the next call, so a prune never waits long. A slot with rows to
+-- carry is carried in batches for at most awa._carry_time() per call
+-- (awa.carry_finished does only that) and emptied by the call after its
+-- batches have read it all. Every carry comes before the first TRUNCATE:
+-- an emptied slot stays locked (ACCESS EXCLUSIVE) until the call ends, and
+-- every reader of awa.finished (the job tools, awa.run_outcome) waits for
+-- it, so readers wait for the TRUNCATEs (a count and a truncate per due
+-- slot), never for the batches.
 -- One prune at a time: a second concurrent call returns 0 at once.
 -- Run it every minute or so (awa maintain does); a slot becomes due about
 -- once an hour.
@@ -545,8 +550,8 @@ $$;
 -- Errors: 25000 the calling transaction is not read committed: a snapshot
 -- older than a slot's lock would not see the rows committed since, and the
 -- TRUNCATE would remove them uncopied.
--- Calls: awa._carry_time, awa._check_read_committed, awa._finished_slot_count, awa._note_run,
---   awa._prune_slot, awa._try_leader
+-- Calls: awa._carry_slot, awa._carry_time, awa._check_read_committed, awa._finished_slot_count,
+--   awa._note_run, awa._prune_action, awa._prune_slot, awa._try_leader
 -- Writes: nothing
 create or replace function awa.prune_finished()
 returns bigint
@@ -565,7 +570,12 @@ begin
         return 0;
     end if;
     for s in 0 .. awa._finished_slot_count() - 1 loop
-        removed := removed + awa._prune_slot(s, until);
+        if awa._prune_action(s, clock_timestamp()) = 'carry' then
+            perform awa._carry_slot(s, until);
+        end if;
+    end loop;
+    for s in 0 .. awa._finished_slot_count() - 1 loop
+        removed := removed + awa._prune_slot(s, null);
     end loop;
     return removed;
 end;

@@ -84,7 +84,7 @@ $$;
 -- blocked), provision every priority x shard lane of each when raising, then
 -- update S. Producers read S per statement, so none can see the new S
 -- before its lanes exist, and every producer sees it at this commit.
--- Calls: awa._check_layout_change, awa._lock_leader, awa._physical_queues, awa._provision_lanes
+-- Calls: awa._check_layout_change, awa._physical_queues, awa._provision_lanes
 -- Writes: awa.queue_meta, awa.shard_changes
 create or replace function awa._set_enqueue_shards(queue text, shards integer, source text)
 returns table (
@@ -104,8 +104,8 @@ begin
         new_shards := shards;
         -- Lowering creates nothing, but counts the lanes again
         -- (queue_meta.lane_shards, which claims walk).
+        -- Under the provisioning lock awa._physical_queues took.
         if shards <> meta.enqueue_shards then
-            perform awa._lock_leader('provisioning');
             perform awa._provision_lanes(meta.queue_id, shards);
         end if;
         -- Lanes this transaction created, a new queue's first four included:
@@ -363,7 +363,7 @@ update awa.queue_meta as m
 -- raise S first, then partition. Role: awa_operator.
 -- Returns one row per physical queue that new enqueues now use.
 -- Errors: 22004 null; 22023 out of range (1..64) or bad name; 25006 standby.
--- Calls: awa._check_layout_change, awa._lock_queue, awa._physical_queues
+-- Calls: awa._check_layout_change, awa._lock_queue_provisioning, awa._physical_queues
 -- Writes: awa.queue_meta
 create or replace function awa.set_queue_stripes(queue text, stripes integer)
 returns table (physical_queue text, enqueue_shards smallint, lanes integer)
@@ -375,7 +375,7 @@ declare
     anchor awa.queue_meta;
 begin
     perform awa._check_layout_change(queue, 'stripes', stripes, 64);
-    anchor := awa._lock_queue(queue);
+    anchor := awa._lock_queue_provisioning(queue);
     update awa.queue_meta as m set stripes = set_queue_stripes.stripes
      where m.queue_id = anchor.queue_id;
     perform awa._physical_queues(set_queue_stripes.queue);
@@ -405,7 +405,7 @@ select awa._grant_execute('awa.set_queue_stripes(text, integer)', 'operator');
 -- and per-key order returns once the old partitions drain (ADR 004).
 -- Role: awa_operator. Returns one row per partition.
 -- Errors: 22004 null; 22023 out of range (1..32767) or bad name; 25006 standby.
--- Calls: awa._check_layout_change, awa._ensure_partition, awa._lock_queue,
+-- Calls: awa._check_layout_change, awa._ensure_partition, awa._lock_queue_provisioning,
 --   awa.partition_queue_names
 -- Writes: awa.queue_meta
 create or replace function awa.set_queue_partitions(queue text, partitions integer)
@@ -418,7 +418,7 @@ declare
     anchor awa.queue_meta;
 begin
     perform awa._check_layout_change(queue, 'partitions', partitions, 32767);
-    anchor := awa._lock_queue(queue);
+    anchor := awa._lock_queue_provisioning(queue);
     if anchor.root_queue is not null then
         raise exception 'queue % is itself a partition or stripe of %',
             quote_literal(queue), quote_literal(anchor.root_queue)

@@ -173,6 +173,41 @@ def test_the_next_slot_keeps_what_is_still_retained_and_drops_the_rest(
     assert su.execute(rows, [kept_ids]).fetchall() == before
 
 
+def test_a_prune_carries_before_it_empties_a_slot(db, su, logins):
+    """An emptied slot stays locked (ACCESS EXCLUSIVE) until the prune ends,
+    and every reader of awa.finished (the job tools, awa.run_outcome) waits
+    for it: the batches of a carry come before the first TRUNCATE. A trigger
+    on the slot the carry writes to fails the prune if it holds such a lock
+    on a slot of awa.finished when it carries (it did: the slots in order,
+    the completed ring's due slot emptied before the failed ring's next one
+    was carried, and readers waited up to awa._carry_time())."""
+    su.execute("select awa.set_retention('short', '1 hour', '1 day')")
+    su.execute("select awa.set_retention('long', '1 hour', '10 days')")
+    old = past(su, "short", "completed", "now() - interval '3 hours'", 5)
+    carried = past(su, "long", "failed", "now() - interval '186 hours'", 3)
+    assert slots_of(su, carried) == {next_slot(su, "failed")}
+    current = su.execute("select awa._finished_slot('failed', now())").fetchone()[0]
+    su.execute("""
+        create function public.no_carry_behind_a_truncate() returns trigger
+        language plpgsql as $$
+        begin
+            if exists (select from pg_locks as l join pg_class as c on c.oid = l.relation
+                        where l.pid = pg_backend_pid() and l.mode = 'AccessExclusiveLock'
+                          and c.relnamespace = 'awa'::regnamespace
+                          and c.relname like 'finished\\_%') then
+                raise exception 'carried while a slot of awa.finished was held';
+            end if;
+            return null;
+        end $$""")
+    su.execute(f"create trigger no_carry_behind_a_truncate after insert"
+               f" on awa.finished_{current:02d} for each row"
+               f" execute function public.no_carry_behind_a_truncate()")
+    with db.connect(logins.maintenance) as m:
+        assert m.execute("select awa.prune_finished()").fetchone()[0] == 5
+    assert kept(su, old) == set()
+    assert slots_of(su, carried) == {current}
+
+
 def test_a_slot_a_reader_holds_is_skipped_then_pruned(db, su, logins):
     su.execute("select awa.set_retention('short', '1 hour', '1 day')")
     su.execute("select awa.set_retention('long', '1 hour', '1 day')")

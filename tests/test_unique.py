@@ -627,6 +627,51 @@ def test_a_queues_first_keyed_enqueue_does_not_deadlock_another_keys_producer(db
         assert live(admin, "uq") == 4
 
 
+@pytest.mark.parametrize("change", [
+    "select * from awa.set_enqueue_shards('uq', 2)",
+    "select * from awa.set_queue_partitions('uq', 2)",
+    "select * from awa.set_queue_stripes('uq', 2)",
+    "select awa.drop_queue('uq')",
+])
+def test_a_batch_that_creates_a_queue_and_marks_another_does_not_deadlock_a_change(
+        db, logins, change):
+    """A batch that creates a queue holds the provisioning lock until it
+    commits; its first keyed job of another queue marks that queue's row
+    once it holds the lane. A change that locked the row and then waited
+    for the provisioning lock closed the cycle: 40P01, two single calls.
+    The change takes the provisioning lock first now. A third producer
+    holds uq's lane only so that the batch waits there."""
+    _fast_deadlock_detection(db)
+    with db.connect(logins.producer) as p:
+        enqueue(p, "uq", "seed")
+    with db.connect() as admin, db.connect(logins.producer, autocommit=False) as holder:
+        enqueue(holder, "uq", "plain")
+        calls = [
+            Call(db.connect(logins.producer, autocommit=False), lambda c: c.execute(
+                "select duplicate from awa.enqueue_batch(array['zz-new', 'uq'],"
+                " array['a', 'b'], unique_keys => array[null, 'k1']::bytea[])").fetchall()),
+            Call(db.connect(logins.operator, autocommit=False),
+                 lambda c: c.execute(change).fetchall()),
+        ]
+        for call in calls:
+            call.start()
+            wait_until(lambda call=call: waits_for_a_lock(admin, call.pid),
+                       what="each call to wait")
+        holder.commit()
+        for call in calls:
+            call.join(timeout=30)
+            assert not call.is_alive()
+        batch, op = calls
+        assert batch.error is None, batch.error
+        assert batch.result == [(False,), (False,)]
+        if "drop_queue" in change:
+            assert op.error is not None and op.error.sqlstate == "55006", op.error
+        else:
+            assert op.error is None, op.error
+        assert admin.execute("select unique_jobs from awa.queue_meta where queue = 'uq'"
+                             ).fetchone()[0]
+
+
 def test_a_key_given_back_while_a_batch_waits_for_an_earlier_key_is_taken(db, logins):
     """A batch settles its keys one at a time, in key order. While it waits
     for the row of its first key (K1, whose window has passed, locked by
