@@ -555,6 +555,7 @@ CREATE TABLE awa.running (
     deadline_at timestamp with time zone,
     unique_jobs boolean DEFAULT false NOT NULL,
     slot smallint DEFAULT 2 NOT NULL,
+    claimed_by text,
     CONSTRAINT running_pkey PRIMARY KEY (job_id, slot)
 ) PARTITION BY LIST (slot);
 
@@ -1489,6 +1490,7 @@ CREATE OR REPLACE FUNCTION awa._check_no_run(caller text, job_id bigint, run_lea
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
 begin
+    perform awa._check_run_owner(caller, job_id, run_lease);
     if current_setting('transaction_isolation') <> 'read committed' then
         raise exception '% found no run of job % with lease % in a % transaction, which cannot '
             'tell a stale lease from a run awa.rotate_running moved after its snapshot',
@@ -1619,6 +1621,26 @@ begin
         raise exception '% must be before 9999-12-31 00:00:00+00, got % UTC', what,
             pg_catalog.timezone('UTC', run_at)
             using errcode = '22023';
+    end if;
+end;
+$function$;
+
+CREATE OR REPLACE FUNCTION awa._check_run_owner(caller text, job_id bigint, run_lease bigint)
+ RETURNS void
+ LANGUAGE plpgsql
+ STABLE
+ SET search_path TO 'pg_catalog', 'pg_temp'
+ SET enable_seqscan TO 'off'
+AS $function$
+begin
+    perform from awa.running as r
+     where r.job_id = _check_run_owner.job_id and r.run_lease = _check_run_owner.run_lease
+       and r.claimed_by <> session_user;
+    if found then
+        raise exception '% may not act on job %: its run was claimed by another login than %',
+            caller, job_id, quote_literal(session_user)
+            using errcode = '42501',
+                  hint = 'Complete, fail and heartbeat a job with the login that claimed it.';
     end if;
 end;
 $function$;
@@ -5582,7 +5604,7 @@ begin
                         job_id, run_lease, lane_id, lane_seq, queue_id, priority, kind, args,
                         ordering_key, attempt, max_attempts, enqueued_at, worker, claimed_at,
                         heartbeat_at, lease_expires_at, completed_seq, max_run_time, deadline_at,
-                        unique_jobs, slot
+                        unique_jobs, slot, claimed_by
                     )
                     select
                         m.job_id, m.run_lease, m.lane_id, m.lane_seq, m.queue_id, m.priority,
@@ -5598,7 +5620,7 @@ begin
                         solo_unique_jobs or (select k.unique_jobs
                                                from awa.queue_meta as k
                                               where k.queue_id = m.queue_id),
-                        awa._running_slot(m.run_lease)
+                        awa._running_slot(m.run_lease), session_user
                       from moved as m
                 )
                 select
@@ -5690,7 +5712,7 @@ begin
                         job_id, run_lease, lane_id, lane_seq, queue_id, priority, kind, args,
                         ordering_key, attempt, max_attempts, enqueued_at, worker, claimed_at,
                         heartbeat_at, lease_expires_at, completed_seq, max_run_time, deadline_at,
-                        unique_jobs, slot
+                        unique_jobs, slot, claimed_by
                     )
                     select
                         m.job_id, m.run_lease, m.lane_id, m.lane_seq, m.queue_id, m.priority,
@@ -5699,7 +5721,7 @@ begin
                         -- least() passes over a null deadline.
                         claim.worker, now(), now(), least(now() + awa._in_seconds(claim.lease), m.deadline_at),
                         m.completed_seq, m.max_run_time, m.deadline_at, m.unique_jobs,
-                        awa._running_slot(m.run_lease)
+                        awa._running_slot(m.run_lease), session_user
                       from moved as m
                 )
                 select
@@ -5838,6 +5860,7 @@ begin
         with done as (
             delete from awa.running_0 as r
              where r.job_id = complete.job_id and r.run_lease = complete.run_lease
+               and coalesce(r.claimed_by, session_user) = session_user
             returning r.job_id, r.queue_id, r.priority, r.kind, r.attempt, r.max_attempts,
                 r.enqueued_at, r.completed_seq, r.unique_jobs
         ),
@@ -5860,6 +5883,7 @@ begin
         with done as (
             delete from awa.running_1 as r
              where r.job_id = complete.job_id and r.run_lease = complete.run_lease
+               and coalesce(r.claimed_by, session_user) = session_user
             returning r.job_id, r.queue_id, r.priority, r.kind, r.attempt, r.max_attempts,
                 r.enqueued_at, r.completed_seq, r.unique_jobs
         ),
@@ -5883,6 +5907,7 @@ begin
         with done as (
             delete from awa.running_carried as r
              where r.job_id = complete.job_id and r.run_lease = complete.run_lease
+               and coalesce(r.claimed_by, session_user) = session_user
             returning r.job_id, r.queue_id, r.priority, r.kind, r.attempt, r.max_attempts,
                 r.enqueued_at, r.completed_seq, r.unique_jobs
         ),
@@ -6395,6 +6420,7 @@ begin
     end if;
     delete from awa.running as r
      where r.job_id = fail.job_id and r.run_lease = fail.run_lease
+       and coalesce(r.claimed_by, session_user) = session_user
     returning r.* into job;
     if not found then
         perform awa._check_no_run('awa.fail', fail.job_id, fail.run_lease);
@@ -6579,7 +6605,8 @@ begin
        set heartbeat_at = now(), lease_expires_at = least(
            now() + awa._in_seconds(extend), r.deadline_at
        )
-     where r.job_id = heartbeat.job_id and r.run_lease = heartbeat.run_lease;
+     where r.job_id = heartbeat.job_id and r.run_lease = heartbeat.run_lease
+       and coalesce(r.claimed_by, session_user) = session_user;
     if not found then
         perform awa._check_no_run('awa.heartbeat', heartbeat.job_id, heartbeat.run_lease);
         return false;
@@ -7588,9 +7615,11 @@ begin
         select from awa.running as r
          where r.job_id = run_outcome.job_id and r.run_lease = run_outcome.run_lease
            and r.attempt = run_outcome.attempt
+           and coalesce(r.claimed_by, session_user) = session_user
     ) then
         return 'running';
     end if;
+    perform awa._check_run_owner('awa.run_outcome', run_outcome.job_id, run_outcome.run_lease);
     -- Above every id handed out: no job, and no scan.
     if job_id > coalesce(pg_sequence_last_value('awa.job_id_seq'), 0) then
         return 'gone';
@@ -8041,6 +8070,8 @@ COMMENT ON COLUMN awa.queue_meta.shards_changed_xact IS 'The transaction that la
 COMMENT ON COLUMN awa.queue_meta.stripes IS 'K: how many stripes new enqueues to this logical name spread over; 1 means no striping.';
 
 COMMENT ON COLUMN awa.queue_meta.unique_jobs IS 'A job with a unique key was enqueued to this queue: claims and completes look its jobs'' keys up from then on.';
+
+COMMENT ON COLUMN awa.running.claimed_by IS 'The login (session_user) whose claim started the run; only it may complete, fail or heartbeat the run or ask its outcome. Null for a run claimed before migration 0038.';
 
 COMMENT ON COLUMN awa.running.slot IS '0 or 1: the slot of the run lease''s block (awa._running_slot); 2: carried there by awa.rotate_running() when its slot was emptied.';
 

@@ -311,7 +311,7 @@ begin
                         job_id, run_lease, lane_id, lane_seq, queue_id, priority, kind, args,
                         ordering_key, attempt, max_attempts, enqueued_at, worker, claimed_at,
                         heartbeat_at, lease_expires_at, completed_seq, max_run_time, deadline_at,
-                        unique_jobs, slot
+                        unique_jobs, slot, claimed_by
                     )
                     select
                         m.job_id, m.run_lease, m.lane_id, m.lane_seq, m.queue_id, m.priority,
@@ -327,7 +327,7 @@ begin
                         solo_unique_jobs or (select k.unique_jobs
                                                from awa.queue_meta as k
                                               where k.queue_id = m.queue_id),
-                        awa._running_slot(m.run_lease)
+                        awa._running_slot(m.run_lease), session_user
                       from moved as m
                 )
                 select
@@ -419,7 +419,7 @@ begin
                         job_id, run_lease, lane_id, lane_seq, queue_id, priority, kind, args,
                         ordering_key, attempt, max_attempts, enqueued_at, worker, claimed_at,
                         heartbeat_at, lease_expires_at, completed_seq, max_run_time, deadline_at,
-                        unique_jobs, slot
+                        unique_jobs, slot, claimed_by
                     )
                     select
                         m.job_id, m.run_lease, m.lane_id, m.lane_seq, m.queue_id, m.priority,
@@ -428,7 +428,7 @@ begin
                         -- least() passes over a null deadline.
                         claim.worker, now(), now(), least(now() + awa._in_seconds(claim.lease), m.deadline_at),
                         m.completed_seq, m.max_run_time, m.deadline_at, m.unique_jobs,
-                        awa._running_slot(m.run_lease)
+                        awa._running_slot(m.run_lease), session_user
                       from moved as m
                 )
                 select
@@ -490,6 +490,7 @@ begin
         with done as (
             delete from awa.running_0 as r
              where r.job_id = complete.job_id and r.run_lease = complete.run_lease
+               and coalesce(r.claimed_by, session_user) = session_user
             returning r.job_id, r.queue_id, r.priority, r.kind, r.attempt, r.max_attempts,
                 r.enqueued_at, r.completed_seq, r.unique_jobs
         ),
@@ -512,6 +513,7 @@ begin
         with done as (
             delete from awa.running_1 as r
              where r.job_id = complete.job_id and r.run_lease = complete.run_lease
+               and coalesce(r.claimed_by, session_user) = session_user
             returning r.job_id, r.queue_id, r.priority, r.kind, r.attempt, r.max_attempts,
                 r.enqueued_at, r.completed_seq, r.unique_jobs
         ),
@@ -535,6 +537,7 @@ begin
         with done as (
             delete from awa.running_carried as r
              where r.job_id = complete.job_id and r.run_lease = complete.run_lease
+               and coalesce(r.claimed_by, session_user) = session_user
             returning r.job_id, r.queue_id, r.priority, r.kind, r.attempt, r.max_attempts,
                 r.enqueued_at, r.completed_seq, r.unique_jobs
         ),
@@ -676,6 +679,7 @@ begin
     end if;
     delete from awa.running as r
      where r.job_id = fail.job_id and r.run_lease = fail.run_lease
+       and coalesce(r.claimed_by, session_user) = session_user
     returning r.* into job;
     if not found then
         perform awa._check_no_run('awa.fail', fail.job_id, fail.run_lease);
@@ -711,7 +715,8 @@ begin
        set heartbeat_at = now(), lease_expires_at = least(
            now() + awa._in_seconds(extend), r.deadline_at
        )
-     where r.job_id = heartbeat.job_id and r.run_lease = heartbeat.run_lease;
+     where r.job_id = heartbeat.job_id and r.run_lease = heartbeat.run_lease
+       and coalesce(r.claimed_by, session_user) = session_user;
     if not found then
         perform awa._check_no_run('awa.heartbeat', heartbeat.job_id, heartbeat.run_lease);
         return false;
@@ -744,7 +749,7 @@ $$;
 -- Errors: 22004 a null argument; 22023 attempt below 1; 25000 outside read
 --   committed (a snapshot from before a rotation of awa.running or a prune
 --   could miss the rows that it moved).
--- Calls: awa._cancelled_after_failure, awa._check_read_committed, awa._job_at
+-- Calls: awa._cancelled_after_failure, awa._check_read_committed, awa._check_run_owner, awa._job_at
 -- Writes: nothing
 create or replace function awa.run_outcome(job_id bigint, run_lease bigint, attempt integer)
 returns text
@@ -772,9 +777,11 @@ begin
         select from awa.running as r
          where r.job_id = run_outcome.job_id and r.run_lease = run_outcome.run_lease
            and r.attempt = run_outcome.attempt
+           and coalesce(r.claimed_by, session_user) = session_user
     ) then
         return 'running';
     end if;
+    perform awa._check_run_owner('awa.run_outcome', run_outcome.job_id, run_outcome.run_lease);
     -- Above every id handed out: no job, and no scan.
     if job_id > coalesce(pg_sequence_last_value('awa.job_id_seq'), 0) then
         return 'gone';

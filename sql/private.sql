@@ -195,6 +195,36 @@ begin
 end;
 $$;
 
+-- Function: awa._check_run_owner(caller text, job_id bigint, run_lease bigint) returns void
+-- For a worker call that found no run of its login for its lease: 42501
+-- when the lease names a live run another login claimed
+-- (awa.running.claimed_by). A lease is a number from a sequence, so a
+-- worker could guess another's; the calls act only on their own login's
+-- runs, and say so rather than answer as for a stale lease, so that a
+-- worker whose claim and complete use two logins learns why.
+-- Errors: 42501 the run is another login's.
+-- Calls: nothing
+-- Writes: nothing
+create or replace function awa._check_run_owner(caller text, job_id bigint, run_lease bigint)
+returns void
+language plpgsql
+stable
+set search_path = pg_catalog, pg_temp
+set enable_seqscan = off
+as $$
+begin
+    perform from awa.running as r
+     where r.job_id = _check_run_owner.job_id and r.run_lease = _check_run_owner.run_lease
+       and r.claimed_by <> session_user;
+    if found then
+        raise exception '% may not act on job %: its run was claimed by another login than %',
+            caller, job_id, quote_literal(session_user)
+            using errcode = '42501',
+                  hint = 'Complete, fail and heartbeat a job with the login that claimed it.';
+    end if;
+end;
+$$;
+
 -- Function: awa._check_no_run(caller text, job_id bigint, run_lease bigint) returns void
 -- For a worker call that found no run for its lease (awa.complete, awa.fail,
 -- awa.heartbeat): raises 25000 outside read committed. awa.rotate_running
@@ -205,7 +235,7 @@ $$;
 -- the rescue runs the job again; the error rolls them back. In read
 -- committed each statement reads after the rotation's lock: no run there is
 -- a stale lease, and the caller returns false.
--- Calls: nothing
+-- Calls: awa._check_run_owner
 -- Writes: nothing
 create or replace function awa._check_no_run(caller text, job_id bigint, run_lease bigint)
 returns void
@@ -214,6 +244,7 @@ stable
 set search_path = pg_catalog, pg_temp
 as $$
 begin
+    perform awa._check_run_owner(caller, job_id, run_lease);
     if current_setting('transaction_isolation') <> 'read committed' then
         raise exception '% found no run of job % with lease % in a % transaction, which cannot '
             'tell a stale lease from a run awa.rotate_running moved after its snapshot',
@@ -874,6 +905,7 @@ select awa._grant_execute('awa._lock_leader(text)');
 select awa._grant_execute('awa._try_leader(text)');
 select awa._grant_execute('awa._lock_class_migrate()');
 select awa._grant_execute('awa._check_read_committed(text)');
+select awa._grant_execute('awa._check_run_owner(text, bigint, bigint)');
 select awa._grant_execute('awa._check_no_run(text, bigint, bigint)');
 select awa._grant_execute('awa._role_for(text)');
 select awa._grant_execute('awa._grant_execute(regprocedure, text[])');

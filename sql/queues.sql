@@ -666,9 +666,10 @@ $$;
 -- mode); a change that may create queues or lanes, or a drop, takes the
 -- provisioning lock before it (awa._lock_queue_provisioning). A missing
 -- queue is created (awa._ensure_queue), or with create_missing false is
--- 42704 naming it (awa._queue). Locked by its id and its name: a drop (awa.drop_queue) that committed while this waited for the
--- row renamed it, and the name is then no queue's: created as any new name
--- is, or 42704. Taken by its id alone, the change went to the dropped
+-- 42704 naming it (awa._queue). Locked by its id and its name: a drop
+-- (awa.drop_queue) that committed while this waited for the row renamed
+-- it, and the name is then no queue's: created as any new name is, or
+-- 42704. Taken by its id alone, the change went to the dropped
 -- queue. Locked for no key update: it conflicts with every other change
 -- of the queue and with a drop (for update), not with the key share an
 -- enqueue of a job for later holds until it commits.

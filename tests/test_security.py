@@ -251,6 +251,44 @@ def test_cross_role_lanes(db):
     assert owners == [("awa_owner",)]
 
 
+@pytest.mark.parametrize("call", [
+    "select awa.complete(%(job)s, %(lease)s)",
+    "select awa.fail(%(job)s, %(lease)s, 'forged', now() + interval '1 year')",
+    "select awa.heartbeat(%(job)s, %(lease)s, '1 day')",
+    "select awa.run_outcome(%(job)s, %(lease)s, 1)",
+])
+def test_a_worker_cannot_act_on_a_run_another_login_claimed(db, logins, call):
+    """A lease is a number from a sequence: a worker that knows its own can
+    guess its neighbour's. The calls that take one act only on a run of the
+    caller's login (42501) and leave the run as it was; the claimer's own
+    calls still work. A run claimed before migration 0038 has no login, and
+    any worker holding its lease may end it, as before."""
+    other = db.login_role("awa_worker")
+    with db.connect(logins.producer) as p:
+        enqueue(p, "own")
+        enqueue(p, "own")
+    with db.connect(logins.worker) as mine, db.connect(other) as theirs, \
+            db.connect() as su:
+        (job, lease, *_), = claim(mine, ["own"], 1)
+        before = su.execute("select to_jsonb(r) from awa.running r where job_id = %s",
+                            [job]).fetchone()
+        with pytest.raises(psycopg.errors.InsufficientPrivilege,
+                           match=f"job {job}: its run was claimed by another login"):
+            theirs.execute(call, {"job": job, "lease": lease})
+        assert su.execute("select to_jsonb(r) from awa.running r where job_id = %s",
+                          [job]).fetchone() == before
+        # A wrong lease is still a stale one, for the claimer as for others.
+        assert mine.execute("select awa.complete(%s, %s)", [job, lease + 1000]).fetchone() \
+            == (False,)
+        assert mine.execute("select awa.run_outcome(%s, %s, 1)", [job, lease]).fetchone() \
+            == ("running",)
+        assert mine.execute("select awa.complete(%s, %s)", [job, lease]).fetchone() == (True,)
+        (job, lease, *_), = claim(mine, ["own"], 1)
+        su.execute("update awa.running set claimed_by = null where job_id = %s", [job])
+        assert theirs.execute("select awa.complete(%s, %s)", [job, lease]).fetchone() \
+            == (True,)
+
+
 # -- identifier independence (11) and bad input ------------------------------------------
 
 NASTY_NAMES = [
