@@ -1707,6 +1707,7 @@ CREATE OR REPLACE FUNCTION awa._count_lanes(at timestamp with time zone)
  RETURNS void
  LANGUAGE plpgsql
  SET search_path TO 'pg_catalog', 'pg_temp'
+ SET enable_nestloop TO 'off'
 AS $function$
 begin
     update awa.contention_samples as s

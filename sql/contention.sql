@@ -89,13 +89,19 @@ $$;
 -- (awa._lane_states: a head probe from the claim hint and a sequence read
 -- per lane, no scan of the backlog): every queue's enqueue counter, the sum
 -- of its lanes' sequences; and for queues in shadow or auto mode the ready
--- depth and the oldest ready job.
+-- depth and the oldest ready job. No nested loop: after an ANALYZE that
+-- saw only a few instants (a fresh install, samples pruned, statistics
+-- reset by a crash), the instant `at` is estimated at one row, and a
+-- nested loop read the lane states of every queue again for each sample
+-- row, queues x queues calls (300 queues: 10 s a tick). A hash join reads
+-- them once.
 -- Calls: awa._lane_states
 -- Writes: awa.contention_samples
 create or replace function awa._count_lanes(at timestamptz)
 returns void
 language plpgsql
 set search_path = pg_catalog, pg_temp
+set enable_nestloop = off
 as $$
 begin
     update awa.contention_samples as s

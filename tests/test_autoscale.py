@@ -657,3 +657,30 @@ def test_a_step_takes_a_queue_whose_jobs_for_later_are_being_enqueued(db, logins
     assert tick.error is None, tick.error
     assert [d[:3] for d in decisions(db, "later")] == [("lowered", 2, 1)]
     assert shards_of(db, "later") == 1
+
+
+def test_a_tick_reads_each_queues_lanes_once_whatever_the_samples_statistics_say(
+        db, logins):
+    """The tick's per-lane counts (awa._count_lanes) join every queue's lane
+    states to the samples it took at one instant. After an ANALYZE that saw
+    only a few instants (a fresh install, samples pruned after maintenance
+    was off, statistics reset by a crash), that instant is estimated at one
+    row: the plan read the lane states of every queue again for each sample
+    row, queues x queues calls (300 queues: 10 s a tick, past awa
+    maintain's statement timeout). Counted in the tick's transaction."""
+    queues = 40
+    with db.connect(logins.producer) as p:
+        for i in range(queues):
+            enqueue(p, f"tick-{i:02d}")
+    with db.connect(logins.maintenance) as m:
+        for _ in range(3):
+            m.execute("select count(*) from awa.autoscale_tick()")
+    with db.connect(autocommit=False) as su:
+        su.execute("analyze awa.contention_samples")
+        su.commit()
+        su.execute("set local track_functions = 'all'")
+        su.execute("select count(*) from awa.autoscale_tick()")
+        calls = su.execute("select pg_stat_get_xact_function_calls("
+                           "'awa._lane_states(integer)'::regprocedure)").fetchone()[0]
+        su.rollback()
+    assert calls is not None and queues <= calls <= 2 * queues
