@@ -5527,7 +5527,14 @@ declare
     solo_run_time interval;
     solo_unique_jobs boolean;
 begin
-    if queues is null or worker is null then
+    -- A worker's name is stored with each run and read back by every job
+    -- list: bounded as a runtime's host is.
+    if queues is null or worker is null or octet_length(worker) > 255 then
+        if queues is not null and worker is not null then
+            raise exception 'worker must be at most 255 bytes, got % bytes: %',
+                octet_length(worker), quote_literal(left(worker, 64))
+                using errcode = '22023';
+        end if;
         raise exception '% must not be null', case when queues is null then 'queues' else 'worker' end
             using errcode = '22004';
     end if;
@@ -7124,15 +7131,21 @@ begin
         raise exception 'host must be at most 255 bytes and version 64, got % and %',
             octet_length(host), octet_length(version) using errcode = '22023';
     end if;
+    -- Each element checked as a whole, a missing key false, not null (a
+    -- null let the element through to the insert: 23502). A physical
+    -- queue's name is at most 211 bytes: a 200-byte name, '__p32766' and
+    -- '#63'.
     if jsonb_typeof(activity) <> 'array' or jsonb_array_length(activity) > 1000 or exists (
         select from jsonb_array_elements(activity) as a (e)
-         where jsonb_typeof(a.e) <> 'object'
-            or a.e ->> 'activity' is null
-            or a.e ->> 'activity' not in ('enqueue', 'claim', 'poll')
-            or jsonb_typeof(a.e -> 'queue') <> 'string'
-            or octet_length(a.e ->> 'queue') not between 1 and 203
-            or jsonb_typeof(a.e -> 'age_seconds') <> 'number'
-            or (a.e ->> 'age_seconds')::numeric not between 0 and 86400
+         where not coalesce(
+                   jsonb_typeof(a.e) = 'object'
+                   and a.e ->> 'activity' in ('enqueue', 'claim', 'poll')
+                   and jsonb_typeof(a.e -> 'queue') = 'string'
+                   and octet_length(a.e ->> 'queue') between 1 and 211
+                   and case when jsonb_typeof(a.e -> 'age_seconds') = 'number'
+                            then (a.e -> 'age_seconds')::numeric between 0 and 86400
+                       end,
+                   false)
     ) then
         raise exception 'activity must be an array of at most 1000 '
             '{"queue": text, "activity": "enqueue"|"claim"|"poll", "age_seconds": 0..86400}'
@@ -7172,7 +7185,7 @@ begin
                -- To the microsecond first: 1e-400 is a number in range, and
                -- no double precision.
                clock_timestamp()
-               - make_interval(secs => round((x.e ->> 'age_seconds')::numeric, 6)
+               - make_interval(secs => round((x.e -> 'age_seconds')::numeric, 6)
                                        ::double precision) as at
           from jsonb_array_elements(activity) as x (e)
     )

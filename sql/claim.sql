@@ -188,8 +188,8 @@ $$;
 -- Role: awa_worker.
 -- Returns: setof awa.claimed, by priority then claim order; each job's
 -- attempt is counted from 1; deadline_at null for a job without one.
--- Errors: 22023 max_jobs < 0, or lease not positive or over 30 days (awa._lease_ok);
---   22004 null queues, worker or lease.
+-- Errors: 22023 max_jobs < 0, lease not positive or over 30 days (awa._lease_ok), or a
+--   worker name over 255 bytes; 22004 null queues, worker or lease.
 -- Calls: awa._check_lease, awa._check_limit, awa._claim_hint_step, awa._claim_walk_shard,
 --   awa._in_seconds, awa._lease_ok, awa._limit_ok, awa._move_lane_hints, awa._names_cover,
 --   awa._running_slot, awa._walked_shards
@@ -233,7 +233,14 @@ declare
     solo_run_time interval;
     solo_unique_jobs boolean;
 begin
-    if queues is null or worker is null then
+    -- A worker's name is stored with each run and read back by every job
+    -- list: bounded as a runtime's host is.
+    if queues is null or worker is null or octet_length(worker) > 255 then
+        if queues is not null and worker is not null then
+            raise exception 'worker must be at most 255 bytes, got % bytes: %',
+                octet_length(worker), quote_literal(left(worker, 64))
+                using errcode = '22023';
+        end if;
         raise exception '% must not be null', case when queues is null then 'queues' else 'worker' end
             using errcode = '22004';
     end if;

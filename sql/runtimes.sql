@@ -111,15 +111,21 @@ begin
         raise exception 'host must be at most 255 bytes and version 64, got % and %',
             octet_length(host), octet_length(version) using errcode = '22023';
     end if;
+    -- Each element checked as a whole, a missing key false, not null (a
+    -- null let the element through to the insert: 23502). A physical
+    -- queue's name is at most 211 bytes: a 200-byte name, '__p32766' and
+    -- '#63'.
     if jsonb_typeof(activity) <> 'array' or jsonb_array_length(activity) > 1000 or exists (
         select from jsonb_array_elements(activity) as a (e)
-         where jsonb_typeof(a.e) <> 'object'
-            or a.e ->> 'activity' is null
-            or a.e ->> 'activity' not in ('enqueue', 'claim', 'poll')
-            or jsonb_typeof(a.e -> 'queue') <> 'string'
-            or octet_length(a.e ->> 'queue') not between 1 and 203
-            or jsonb_typeof(a.e -> 'age_seconds') <> 'number'
-            or (a.e ->> 'age_seconds')::numeric not between 0 and 86400
+         where not coalesce(
+                   jsonb_typeof(a.e) = 'object'
+                   and a.e ->> 'activity' in ('enqueue', 'claim', 'poll')
+                   and jsonb_typeof(a.e -> 'queue') = 'string'
+                   and octet_length(a.e ->> 'queue') between 1 and 211
+                   and case when jsonb_typeof(a.e -> 'age_seconds') = 'number'
+                            then (a.e -> 'age_seconds')::numeric between 0 and 86400
+                       end,
+                   false)
     ) then
         raise exception 'activity must be an array of at most 1000 '
             '{"queue": text, "activity": "enqueue"|"claim"|"poll", "age_seconds": 0..86400}'
@@ -159,7 +165,7 @@ begin
                -- To the microsecond first: 1e-400 is a number in range, and
                -- no double precision.
                clock_timestamp()
-               - make_interval(secs => round((x.e ->> 'age_seconds')::numeric, 6)
+               - make_interval(secs => round((x.e -> 'age_seconds')::numeric, 6)
                                        ::double precision) as at
           from jsonb_array_elements(activity) as x (e)
     )

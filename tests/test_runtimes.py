@@ -193,7 +193,7 @@ def test_a_worker_on_a_contract_before_polls_publishes_without_them(db, logins, 
     with db.connect() as su:
         made = su.execute("select pg_get_functiondef('awa.publish_runtime(uuid, text, text,"
                           " integer, text, integer, jsonb)'::regprocedure)").fetchone()[0]
-        before = made.replace("not in ('enqueue', 'claim', 'poll')", "not in ('enqueue', 'claim')")
+        before = made.replace("in ('enqueue', 'claim', 'poll')", "in ('enqueue', 'claim')")
         assert before != made
         su.execute(before)  # the activities it took before 0037
     with db.connect(logins.producer) as p:
@@ -284,6 +284,18 @@ def test_publish_runtime_checks_its_input_and_the_owner(db):
         with pytest.raises(psycopg.errors.InvalidParameterValue, match="activity must be"):
             conn.execute(PUBLISH, [uuid.uuid4(), "producer", '[{"queue": "x", "activity":'
                                                              ' "sleep", "age_seconds": 1}]'])
+        # A key missing or of another type is refused as a whole element: a
+        # missing one let it through to the insert (23502).
+        for element in ('{"activity": "enqueue", "age_seconds": 1}',
+                        '{"queue": "x", "activity": "claim"}',
+                        '{"queue": "x", "activity": "claim", "age_seconds": "1"}',
+                        '{"queue": 7, "activity": "claim", "age_seconds": 1}',
+                        '"claim"'):
+            with pytest.raises(psycopg.errors.InvalidParameterValue, match="activity must be"):
+                conn.execute(PUBLISH, [uuid.uuid4(), "producer", f"[{element}]"])
+        # A partition's stripe of a 200-byte name is 211 bytes: '__p32766#63'.
+        conn.execute(PUBLISH, [uuid.uuid4(), "producer", '[{"queue": "' + "a" * 200
+                               + '__p32766#63", "activity": "enqueue", "age_seconds": 1}]'])
         # In range, and no double precision: it failed with 22003 and all its digits.
         conn.execute(PUBLISH, [uuid.uuid4(), "producer", '[{"queue": "x", "activity":'
                                                          ' "claim", "age_seconds": 1e-400}]'])

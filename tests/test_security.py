@@ -361,6 +361,9 @@ def test_bad_input_gets_a_clear_error_and_writes_nothing(db, logins, statement, 
 @pytest.mark.parametrize(("statement", "sqlstate"), [
     ("select awa.claim(array['q'], -1, 'w')", "22023"),
     ("select awa.claim(array['q'], 1, null)", "22004"),
+    ("select awa.claim(null, 1, repeat('w', 256))", "22004"),
+    # Stored with each run and read back by every job list.
+    ("select awa.claim(array['q'], 1, repeat('w', 256))", "22023"),
     ("select awa.claim(array['q'], 1, 'w', '-1 second')", "22023"),
 ])
 def test_bad_claim_input(db, logins, statement, sqlstate):
