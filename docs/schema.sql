@@ -7161,6 +7161,18 @@ begin
         raise exception 'runtime % is a %, not a %', instance_id, known_kind, kind
             using errcode = '22023';
     end if;
+    -- A runtime keeps its id across its snapshots: a login that makes a new
+    -- one at every call would fill what every watch reads. Counted, not
+    -- locked: logins publishing new ids at once may pass it by as many.
+    if owner_login is null and (
+        select count(*) from awa.runtimes as r
+         where r.owner_login = session_user and r.last_seen >= now() - interval '30 seconds'
+    ) >= 1000 then
+        raise exception 'login % has 1000 live runtimes, the most one login may have',
+            quote_literal(session_user)
+            using errcode = '53400',
+                  hint = 'Publish each process''s snapshots under one instance id.';
+    end if;
     -- The owner again: a login that made the same instance id after the read
     -- above (it waited here for that insert to commit) updates nothing.
     insert into awa.runtimes as r (instance_id, kind, hostname, pid, version, in_flight)

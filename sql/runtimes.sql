@@ -78,7 +78,8 @@ select awa._grant_execute('awa._shards_at(text, timestamptz)');
 -- holds, which it is refreshing; returns how many. Roles: awa_producer, awa_worker.
 -- Errors: 22023 bad kind, pid, in_flight, text length or activity, a
 --   poll from a producer, or a kind other than the runtime's; 22004 nulls;
---   42501 the instance belongs to another login.
+--   42501 the instance belongs to another login; 53400 a new instance of a
+--   login that has 1,000 live ones.
 -- Calls: awa._names_cover, awa._shards_at
 -- Writes: awa.runtime_queues, awa.runtimes
 create or replace function awa.publish_runtime(
@@ -140,6 +141,18 @@ begin
     if known_kind is not null and known_kind <> kind then
         raise exception 'runtime % is a %, not a %', instance_id, known_kind, kind
             using errcode = '22023';
+    end if;
+    -- A runtime keeps its id across its snapshots: a login that makes a new
+    -- one at every call would fill what every watch reads. Counted, not
+    -- locked: logins publishing new ids at once may pass it by as many.
+    if owner_login is null and (
+        select count(*) from awa.runtimes as r
+         where r.owner_login = session_user and r.last_seen >= now() - interval '30 seconds'
+    ) >= 1000 then
+        raise exception 'login % has 1000 live runtimes, the most one login may have',
+            quote_literal(session_user)
+            using errcode = '53400',
+                  hint = 'Publish each process''s snapshots under one instance id.';
     end if;
     -- The owner again: a login that made the same instance id after the read
     -- above (it waited here for that insert to commit) updates nothing.

@@ -308,6 +308,33 @@ def test_publish_runtime_checks_its_input_and_the_owner(db):
         assert conn.execute("select awa.remove_runtime(%s)", [instance]).fetchone()[0] is False
 
 
+def test_a_login_has_at_most_a_thousand_live_runtimes(db):
+    """Every watch reads the live runtimes: a login that publishes under a
+    new id at every call (9,572 runtimes in 20 s) filled what the admin page
+    reads. The 1,001st live id of a login is refused (53400); its live ones
+    refresh, another login is not counted with it, and once its runtimes
+    are stale (30 s) it may make new ones."""
+    flooder = db.login_role("awa_producer")
+    other = db.login_role("awa_producer")
+    with db.connect() as su:
+        su.execute("insert into awa.runtimes (instance_id, kind, hostname, pid, version,"
+                   " in_flight, owner_login) select gen_random_uuid(), 'producer', 'h', 1,"
+                   " 'v', 0, %s from generate_series(1, 999)", [flooder])
+    with db.connect(flooder) as conn:
+        kept = uuid.uuid4()
+        conn.execute(PUBLISH, [kept, "producer", "[]"])
+        with pytest.raises(psycopg.errors.ConfigurationLimitExceeded, match="1000 live runtimes"):
+            conn.execute(PUBLISH, [uuid.uuid4(), "producer", "[]"])
+        conn.execute(PUBLISH, [kept, "producer", "[]"])
+    with db.connect(other) as conn:
+        conn.execute(PUBLISH, [uuid.uuid4(), "producer", "[]"])
+    with db.connect() as su:
+        su.execute("update awa.runtimes set last_seen = now() - interval '1 minute'"
+                   " where owner_login = %s", [flooder])
+    with db.connect(flooder) as conn:
+        conn.execute(PUBLISH, [uuid.uuid4(), "producer", "[]"])
+
+
 def test_two_logins_making_one_instance_id_at_once_leave_it_to_the_first(db):
     """The owner check reads no row while the first login's insert is not
     committed; the second waits at its own insert, then must neither take
