@@ -3921,7 +3921,7 @@ begin
     begin
         execute format('lock table %s in access exclusive mode', part);
     exception when lock_not_available then
-        return 0;
+        return -1;
     end;
     at := clock_timestamp();
     action := awa._prune_action(slot, at);
@@ -6959,9 +6959,10 @@ AS $function$
 declare
     until timestamptz := clock_timestamp() + awa._carry_time();
     removed bigint := 0;
+    slot_removed bigint;
+    held boolean := false;
 begin
     perform awa._check_read_committed('awa.prune_finished()');
-    perform awa._note_run('prune');
     if not awa._try_leader('prune') then
         return 0;
     end if;
@@ -6971,8 +6972,16 @@ begin
         end if;
     end loop;
     for s in 0 .. awa._finished_slot_count() - 1 loop
-        removed := removed + awa._prune_slot(s, null);
+        slot_removed := awa._prune_slot(s, null);
+        held := held or slot_removed < 0;
+        removed := removed + greatest(slot_removed, 0);
     end loop;
+    -- Recorded only when no due slot was held: a session that keeps
+    -- awa.finished (idle in a transaction that read the job tools) stops
+    -- every prune, and history then grows with no other sign.
+    if not held then
+        perform awa._note_run('prune');
+    end if;
     return removed;
 end;
 $function$;

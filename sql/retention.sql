@@ -443,7 +443,8 @@ $$;
 -- Function: awa._prune_slot(slot integer, until timestamptz) returns bigint
 -- Empties one slot of awa.finished if it is due (awa._prune_action) and
 -- its lock can be had at once; returns how many jobs it removed (rows
--- carried to the current slot do not count). A slot to carry is first
+-- carried to the current slot do not count), or -1 when the slot is due
+-- and another session holds it. A slot to carry is first
 -- carried in batches (awa._carry_slot, until `until`; with `until` null,
 -- none), and emptied only once they have read all of it. The caller holds the prune lock. Whether
 -- the slot is due is decided again once its lock is held, at a time read
@@ -489,7 +490,7 @@ begin
     begin
         execute format('lock table %s in access exclusive mode', part);
     exception when lock_not_available then
-        return 0;
+        return -1;
     end;
     at := clock_timestamp();
     action := awa._prune_action(slot, at);
@@ -534,7 +535,9 @@ $$;
 -- slots of awa.finished with TRUNCATE (see the file header). Never removes
 -- a job within its retention, nor one that is not terminal. A slot whose
 -- lock is not free at once (a reader of awa.finished holds it) is skipped
--- until the next call, so a prune never waits long. A slot with rows to
+-- until the next call, so a prune never waits long; the call then records
+-- no run (awa.maintenance_runs), so that a slot held for good shows as a
+-- prune that does not run (alert AwaMaintenanceNotRunning). A slot with rows to
 -- carry is carried in batches for at most awa._carry_time() per call
 -- (awa.carry_finished does only that) and emptied by the call after its
 -- batches have read it all. Every carry comes before the first TRUNCATE:
@@ -563,9 +566,10 @@ as $$
 declare
     until timestamptz := clock_timestamp() + awa._carry_time();
     removed bigint := 0;
+    slot_removed bigint;
+    held boolean := false;
 begin
     perform awa._check_read_committed('awa.prune_finished()');
-    perform awa._note_run('prune');
     if not awa._try_leader('prune') then
         return 0;
     end if;
@@ -575,8 +579,16 @@ begin
         end if;
     end loop;
     for s in 0 .. awa._finished_slot_count() - 1 loop
-        removed := removed + awa._prune_slot(s, null);
+        slot_removed := awa._prune_slot(s, null);
+        held := held or slot_removed < 0;
+        removed := removed + greatest(slot_removed, 0);
     end loop;
+    -- Recorded only when no due slot was held: a session that keeps
+    -- awa.finished (idle in a transaction that read the job tools) stops
+    -- every prune, and history then grows with no other sign.
+    if not held then
+        perform awa._note_run('prune');
+    end if;
     return removed;
 end;
 $$;

@@ -213,13 +213,21 @@ def test_a_slot_a_reader_holds_is_skipped_then_pruned(db, su, logins):
     su.execute("select awa.set_retention('long', '1 hour', '1 day')")
     old = past(su, "short", "completed", "now() - interval '3 hours'", 10)
     part = f"awa.finished_{slot_of(su, old[0]):02d}"
+    last_run = "select last_at from awa.maintenance_runs where name = 'prune'"
+    su.execute("update awa.maintenance_runs set last_at = now() - interval '1 hour'"
+               " where name = 'prune'")
+    before = su.execute(last_run).fetchone()[0]
     with db.connect(autocommit=False) as reader, db.connect(logins.maintenance) as m:
         reader.execute(f"select count(*) from {part}")  # holds its AccessShareLock
         assert m.execute("select awa.prune_finished()").fetchone()[0] == 0
         assert kept(su, old) == set(old)
+        # A due slot held: no run recorded, so that a slot held for good
+        # shows as a prune that does not run (AwaMaintenanceNotRunning).
+        assert su.execute(last_run).fetchone()[0] == before
         reader.rollback()
         assert m.execute("select awa.prune_finished()").fetchone()[0] == 10
     assert kept(su, old) == set()
+    assert su.execute(last_run).fetchone()[0] > before
 
 
 def test_one_prune_at_a_time(db, su, logins):
