@@ -440,6 +440,30 @@ def test_a_brief_page_of_jobs_leaves_out_args_and_cuts_the_error(db, read_only_a
     assert len(job["args"]["blob"]) == 32 * 32768 and job["last_error"] == KEPT_ERROR
 
 
+def test_a_brief_page_of_jobs_cuts_a_huge_kind_and_worker_name(db, read_only_api):
+    """Nothing caps a kind (the producer's) or a worker's name (what it gave
+    awa.claim) in the database: one job with a 4 MB worker name made every
+    refresh of the queue page's running list ship 4 MB. Brief rows cut both
+    to 200 characters; the whole job still has them whole."""
+    kind = "kind-" + "k" * 2_000_000
+    worker = "host-3:4121:" + "w" * 4_000_000
+    (failed,) = _failed_jobs(db, "named", 1, kind=kind)
+    with db.connect() as conn:
+        running = conn.execute("select (awa.enqueue('named', %s)).job_id", [kind]).fetchone()[0]
+        assert [r[0] for r in claim(conn, ["named"], 1, worker=worker)] == [running]
+    for params in ({"state": "failed"}, {"state": "running"}, {}):
+        brief = read_only_api.get("/api/queues/named/jobs", params={**params, "brief": "true"})
+        assert brief.status_code == 200, brief.text
+        assert len(brief.content) < 10_000, (params, len(brief.content))
+        for job in brief.json()["jobs"]:
+            assert job["kind"] == kind[:200], params
+            assert job["worker"] == (worker[:200] if job["job_id"] == running else None)
+    whole = read_only_api.get("/api/queues/named/jobs", params={"state": "running"}).json()
+    assert [(j["kind"], j["worker"]) for j in whole["jobs"]] == [(kind, worker)]
+    assert read_only_api.get(f"/api/jobs/{running}").json()["worker"] == worker
+    assert read_only_api.get(f"/api/jobs/{failed}").json()["kind"] == kind
+
+
 def test_a_job_without_its_args_is_the_same_job(db, read_only_api):
     (job_id,) = _big_failed_jobs(db, "heavy", 1)
     whole = read_only_api.get(f"/api/jobs/{job_id}").json()

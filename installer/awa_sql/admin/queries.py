@@ -333,21 +333,31 @@ def job(conn: psycopg.Connection, job_id: int, args: bool = True) -> dict:
     return _job(row)
 
 
-# A brief job row (a list that refreshes): no args, the last error's first
-# characters. A producer sets the args and a worker the error, of any size (a
-# 10 MB args, a 1 MB stack trace): a page of 20 such rows read every 3 s was
-# 200 MB each time, longer to read than the refresh.
+# A brief job row (a list that refreshes): no args, the first characters of
+# the last error, the kind and the worker. A producer sets the args and the
+# kind, and a worker the error and its own name (what it passed to
+# awa.claim), of any size and uncapped in the database (a 10 MB args, a
+# 1 MB stack trace, a 100 MB worker name): a page of 20 such rows read every
+# 3 s was 200 MB each time, longer to read than the refresh. Queue names
+# (200 bytes) and ordering keys (1024) are capped where they are written.
 BRIEF_ERROR_CHARS = 200
+BRIEF_NAME_CHARS = 200
 
 
-def _columns(args: bool = True, error_chars: int | None = None) -> str:
+def _cut(column: str, chars: int | None) -> str:
+    return (f"j.{column}" if chars is None
+            else f"pg_catalog.left(j.{column}, {int(chars)}) as {column}")
+
+
+def _columns(args: bool = True, error_chars: int | None = None,
+             name_chars: int | None = None) -> str:
     """awa.job_info's columns (as ``j``), args null unless ``args``, the last
-    error cut to ``error_chars``."""
-    error = ("j.last_error" if error_chars is None
-             else f"pg_catalog.left(j.last_error, {int(error_chars)}) as last_error")
-    return ("j.job_id, j.queue, j.logical_queue, j.kind, j.state, j.priority, j.ordering_key,"
-            f" {'j.args' if args else 'null::jsonb as args'}, j.attempt, j.max_attempts,"
-            f" j.enqueued_at, j.run_at, j.finished_at, {error}, j.worker, j.lease_expires_at")
+    error cut to ``error_chars``, the kind and the worker to ``name_chars``."""
+    return (f"j.job_id, j.queue, j.logical_queue, {_cut('kind', name_chars)}, j.state,"
+            f" j.priority, j.ordering_key, {'j.args' if args else 'null::jsonb as args'},"
+            " j.attempt, j.max_attempts, j.enqueued_at, j.run_at, j.finished_at,"
+            f" {_cut('last_error', error_chars)}, {_cut('worker', name_chars)},"
+            " j.lease_expires_at")
 
 
 def jobs_page(conn: psycopg.Connection, queue: str, state: str | None, kind: str | None,
@@ -355,10 +365,12 @@ def jobs_page(conn: psycopg.Connection, queue: str, state: str | None, kind: str
               brief: bool = False) -> dict:
     """A page of the queue's jobs by job id (awa.jobs); 404 for an unknown queue. With a
     worker, its running jobs only (awa.jobs refuses another state: 400). ``brief``:
-    without args, the last error cut to its first BRIEF_ERROR_CHARS characters."""
+    without args, the last error cut to its first BRIEF_ERROR_CHARS characters,
+    the kind and the worker to BRIEF_NAME_CHARS."""
+    columns = _columns(False, BRIEF_ERROR_CHARS, BRIEF_NAME_CHARS) if brief else _columns()
     with conn.cursor(row_factory=dict_row) as cur:
         rows = cur.execute(
-            f"select {_columns(False, BRIEF_ERROR_CHARS) if brief else _columns()}"
+            f"select {columns}"
             " from awa.jobs(%s::text, %s::text, %s::text, %s::bigint, %s::integer"
             # Named, and only when given: a page without one works on a database
             # whose awa.jobs predates the argument.

@@ -169,9 +169,10 @@ def list_jobs(request: Request, queue: QueueName,
                   description="only the running jobs this worker holds (the name it gave "
                   "awa.claim); implies state=running, another state is 400")] = None,
               brief: Annotated[bool, Query(
-                  description="rows for a list that refreshes: args null and last_error cut "
-                  f"to its first {queries.BRIEF_ERROR_CHARS} characters (GET /api/jobs/{{id}} "
-                  "has the whole job)")] = False
+                  description="rows for a list that refreshes: args null, last_error cut "
+                  f"to its first {queries.BRIEF_ERROR_CHARS} characters, kind and worker to "
+                  f"their first {queries.BRIEF_NAME_CHARS} (GET /api/jobs/{{id}} has the "
+                  "whole job)")] = False
               ) -> dict:
     """A page of the queue's jobs in job id order (awa.jobs): page on with
     ``next_after_job_id``. Every job is listed, ready ones included."""
