@@ -8,20 +8,26 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import quote
 
 import psycopg
 import pytest
 import schemathesis
+from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
+from awa_sql import sites
+from awa_sql.admin.app import Settings, make_pool
+from awa_sql.admin.serve import create_served_app
 from awa_sql.hosts import host_check, url
 from tests.support import scratch
 from tests.support.admin import (
@@ -1283,6 +1289,175 @@ def test_awa_admin_serve_on_ipv6_prints_a_url_that_answers(db):
     with serve_cli(db.dsn(reader_login(db)), "--host", "::1") as base:
         assert re.fullmatch(r"http://\[::1\]:\d+", base), base
         assert httpx.get(f"{base}/api/queues", timeout=30).json()[0]["queue"] == "v6"
+
+
+# -- the check against cross-site reads ----------------------------------------------------
+
+
+class _CountingPool:
+    """The app's pool, counting the connections its routes take: none taken,
+    no query run."""
+
+    def __init__(self, pool) -> None:
+        self.pool = pool
+        self.taken = 0
+
+    def connection(self, *args, **kwargs):
+        self.taken += 1
+        return self.pool.connection(*args, **kwargs)
+
+
+@contextmanager
+def _counting_app(dsn: str, scrape_port: int):
+    """A TestClient on the app ``awa admin serve`` runs, on a counting pool,
+    its /metrics scraping a 'database' at ``scrape_port`` (a socket that
+    listens and never answers: a scrape shows as a connection it holds)."""
+    settings = Settings(dsn=f"postgresql://awa@127.0.0.1:{scrape_port}/awa?connect_timeout=1",
+                        writable=True, token=TOKEN)
+    pool = make_pool(Settings(dsn=dsn, writable=True, token=TOKEN), open_now=True)
+    counting = _CountingPool(pool)
+    try:
+        with TestClient(create_served_app(settings, counting)) as client:
+            yield client, counting
+    finally:
+        pool.close()
+
+
+def _connected(listener: socket.socket) -> bool:
+    """Whether anything connected to ``listener`` (its backlog holds it, unaccepted)."""
+    listener.settimeout(0.5)
+    try:
+        listener.accept()[0].close()
+    except TimeoutError:
+        return False
+    return True
+
+
+# The reads a page could embed to keep the database busy, /metrics, a write.
+GUARDED = [("GET", "/api/queues/big/drop/plan?discard_finished=true"),
+           ("GET", "/api/failures?limit=1000"),
+           ("GET", "/api/queues/big/jobs/retry/plan"),
+           ("GET", "/api/queues/big/jobs?limit=1000"),
+           ("GET", "/api/queues/big/jobs?state=failed&brief=true"),
+           ("HEAD", "/api/queues"), ("GET", "/api/server"), ("GET", "/metrics"),
+           ("POST", "/api/queues/big/pause")]
+
+
+@pytest.mark.parametrize("headers", [
+    {"Sec-Fetch-Site": "cross-site"},
+    {"Sec-Fetch-Site": "same-site"},  # another port of the same address: not the admin page
+    {"Sec-Fetch-Site": "Cross-Site", "Origin": "http://testserver"},
+    {"Sec-Fetch-Site": "no-such-value"},
+    {"Origin": "http://evil.example"},
+    {"Origin": "null"},  # a sandboxed frame, a file: page
+    {"Origin": "http://testserver:8700"},  # another port
+    {"Origin": "http://testserver.evil.example"},
+])
+def test_a_read_another_page_made_the_browser_send_is_403_and_runs_no_query(db, headers):
+    """An <img src=".../drop/plan"> on any page the operator opens made the
+    database read every job of a queue on each load; the page could not read
+    the answer, but could keep the database busy. Refused before any route:
+    no connection taken from the pool, no scrape started."""
+    enqueue_jobs(db, "big", 3)
+    with (socket.socket() as listener,
+          _counting_app(db.dsn(operator_login(db)), _listen(listener)) as (api, pool)):
+        for method, path in GUARDED:
+            got = api.request(method, path, headers={**headers, **auth()})
+            assert got.status_code == 403, (method, path, got.text)
+            if method != "HEAD":
+                assert set(got.json()) == {"error"}, got.text
+                assert "(the check against cross-site reads)" in got.json()["error"]
+                assert "clients that are not browsers (curl" in got.json()["error"]
+        assert pool.taken == 0
+        assert not _connected(listener)
+        assert not _paused(db, "big")
+        # The pages read nothing: a link from another site opens them.
+        for path in ("/", "/queues/big", "/jobs/1", "/static/admin.js"):
+            assert api.get(path, headers=headers).status_code == 200, path
+        assert pool.taken == 0
+
+
+@pytest.mark.parametrize("headers", [
+    {},  # curl, scripts, Prometheus
+    {"Sec-Fetch-Site": "same-origin"},  # the admin page's own fetches
+    {"Sec-Fetch-Site": "none"},  # a URL typed or bookmarked
+    {"Origin": "http://testserver"},  # a browser that sends no Sec-Fetch-Site
+    {"Origin": "http://TestServer.:80"},
+    # Behind a TLS proxy that sends its upstream's address as Host, the
+    # page's own Origin names the public host: Sec-Fetch-Site decides.
+    {"Sec-Fetch-Site": "same-origin", "Origin": "https://admin.example"},
+])
+def test_same_origin_and_header_less_requests_are_answered(db, headers):
+    enqueue_jobs(db, "big", 3)
+    with (socket.socket() as listener,
+          _counting_app(db.dsn(operator_login(db)), _listen(listener)) as (api, pool)):
+        plan = api.get("/api/queues/big/drop/plan", headers=headers)
+        assert plan.status_code == 200, plan.text
+        assert plan.json()["counts"]["ready"] == 3, plan.json()
+        assert api.get("/api/queues/big/jobs", headers=headers).json()["jobs"]
+        assert api.post("/api/queues/big/pause", headers={**headers, **auth()}).json()[
+            "changed"] is True
+        assert pool.taken >= 3
+        scrape = api.get("/metrics", headers=headers)
+        assert scrape.status_code == 200 and "awa_up 0.0" in scrape.text
+        assert _connected(listener)
+
+
+def _listen(listener: socket.socket) -> int:
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    return listener.getsockname()[1]
+
+
+def _paused(db, queue: str) -> bool:
+    with db.connect() as conn:
+        return conn.execute("select paused from awa.queue_overview where queue = %s",
+                            [queue]).fetchone()[0]
+
+
+@pytest.mark.parametrize(("origin", "host", "same"), [
+    ("http://127.0.0.1:8700", "127.0.0.1:8700", True),
+    ("http://localhost:8700", "127.0.0.1:8700", False),
+    ("http://127.0.0.1:3000", "127.0.0.1:8700", False),
+    ("http://[::1]:8700", "[0:0::1]:8700", True),
+    ("https://admin.example", "admin.example", True),
+    ("https://admin.example", "admin.example:443", True),
+    ("http://admin.example", "admin.example:443", False),
+    ("HTTP://Admin.Example.", "admin.example", True),
+    ("http://admin.example:8080", "admin.example", False),
+    ("http://admin.example/", "admin.example", False),  # an origin has no path
+    ("http://u@admin.example", "admin.example", False),
+    ("ftp://admin.example", "admin.example", False),
+    ("null", "admin.example", False),
+    ("http://admin.example:99999", "admin.example", False),
+    ("http://admin.example", None, False),
+    ("http://admin.example", "", False),
+])
+def test_an_origin_is_the_servers_own_when_it_names_its_host_and_port(origin, host, same):
+    assert sites.same_origin(origin, host) is same
+
+
+def test_awa_admin_serve_refuses_a_cross_site_read_and_answers_curl(db):
+    """As served: the Host check first, then the cross-site check, on the API
+    and /metrics; the page itself opens from a link on another site."""
+    import httpx
+
+    job_id = _personal_job(db)
+    with serve_cli(db.dsn(reader_login(db))) as base:
+        for path in ("/api/queues/rebound", f"/api/jobs/{job_id}", "/metrics"):
+            got = httpx.get(f"{base}{path}", headers={"Sec-Fetch-Site": "cross-site"},
+                            timeout=30)
+            assert got.status_code == 403, (path, got.text)
+            assert "p@example.org" not in got.text and "awa_up" not in got.text
+            assert got.json()["error"].startswith(
+                "refused a request with Sec-Fetch-Site: cross-site: a page other than this "
+                "server's own made the browser send it"), got.text
+            rebound = httpx.get(f"{base}{path}", timeout=30, headers={
+                "Sec-Fetch-Site": "cross-site", "Host": "evil.example"})
+            assert rebound.status_code == 400  # the Host check comes first
+        assert httpx.get(f"{base}/queues/rebound", timeout=30,
+                         headers={"Sec-Fetch-Site": "cross-site"}).status_code == 200
+        assert [r.status_code for r in _reads(base, job_id, "localhost")] == [200] * 6
 
 
 # -- schemathesis: the OpenAPI schema against the app ------------------------------------

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import http.server
 import os
 import re
 import shutil
 import tempfile
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -609,6 +613,84 @@ def test_another_site_cannot_frame_the_page_under_its_own(db, page):
         policy = got.headers["content-security-policy"]
         assert "frame-ancestors 'none'" in policy and "script-src 'self'" in policy
         assert got.headers["x-frame-options"] == "DENY"
+
+
+# The reads a page could embed to keep the admin's database busy, and /metrics.
+EMBEDDED_READS = ("/api/queues/embedded/drop/plan?discard_finished=true",
+                  "/api/failures?limit=1000", "/api/queues/embedded/jobs/retry/plan",
+                  "/api/queues/embedded/jobs?limit=1000", "/metrics")
+
+
+@contextmanager
+def _another_site(base: str) -> Iterator[int]:
+    """A web server on 127.0.0.1 (a loopback page: the browser lets it reach
+    the admin's address) whose page embeds the admin's reads as images and
+    fetches them (no-cors) as any page may; yields its port."""
+    images = "".join(f'<img src="{base}{path}" onload="window.__loaded++" '
+                     'onerror="window.__loaded++">' for path in EMBEDDED_READS)
+    paths = ", ".join(f'"{base}{path}"' for path in EMBEDDED_READS)
+    page = (f"<!doctype html><script>window.__loaded = 0; Promise.allSettled([{paths}]"
+            ".map((u) => fetch(u, {mode: 'no-cors'}))).then(() => { window.__fetched = true; })"
+            f"</script>{images}").encode()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(page)))
+            self.end_headers()
+            self.wfile.write(page)
+
+        def log_message(self, *_args):
+            """Quiet."""
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
+def test_a_page_of_another_site_cannot_make_the_admin_read(db, page):
+    """A page the operator opens embeds the admin's costliest reads as
+    images and fetches: it could not read them, but each load made the
+    database read. The browser says the request is cross-site (a page named
+    localhost) or same-site (another port of 127.0.0.1): 403 before any
+    read. The admin page's own reads (same-origin) and writes still work."""
+    from playwright.sync_api import expect
+
+    enqueue_jobs(db, "embedded", 3)
+    answers: list[tuple[str, int]] = []
+    page.on("response", lambda r: answers.append((r.url, r.status))
+            if r.url.startswith(base) else None)
+    with (serve_cli(db.dsn(operator_login(db)), "--writable", token=TOKEN) as base,
+          _another_site(base) as port):
+        # The page fixture lets the browser reach 127.0.0.1 only; this page too.
+        page.route(re.compile(rf"^http://localhost:{port}/"), lambda route: route.continue_())
+        for other in (f"http://localhost:{port}/", f"http://127.0.0.1:{port}/"):
+            answers.clear()
+            page.goto(other)
+            page.wait_for_function(
+                f"window.__fetched && window.__loaded === {len(EMBEDDED_READS)}")
+            # Each read sent, each refused (the browser may send an image and
+            # a fetch of one URL once).
+            assert set(answers) == {(f"{base}{path}", 403) for path in EMBEDDED_READS}, (
+                other, answers)
+
+        answers.clear()
+        page.goto(f"{base}/queues/embedded")
+        expect(page.locator("#summary")).to_contain_text("3")
+        page.fill("#token", TOKEN)
+        page.click("#pause")
+        expect(page.locator("#status")).to_have_text("Paused.")
+        assert answers and all(status == 200 for _, status in answers), answers
+    with db.connect() as conn:
+        assert conn.execute("select paused from awa.queue_overview"
+                            " where queue = 'embedded'").fetchone()[0] is True
 
 
 MARKUP = '"><img src=x onerror="window.__xss=1"><script>window.__xss=2</script><b>'

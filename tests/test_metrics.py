@@ -597,6 +597,32 @@ def test_metrics_serve_refuses_a_host_it_does_not_answer_to(db, logins, served):
         assert got.status_code == 200 and "awa_up 1.0" in got.text, host
 
 
+def _scrapers(db, login: str) -> int:
+    """The exporter's sessions logged in as ``login`` (it connects at its first scrape)."""
+    with db.connect() as conn:
+        return conn.execute("select count(*) from pg_stat_activity where usename = %s"
+                            " and application_name = 'awa-sql metrics'", [login]).fetchone()[0]
+
+
+def test_metrics_serve_refuses_a_scrape_another_page_made_the_browser_send(db, logins, served):
+    """An <img src="http://127.0.0.1:9187/metrics"> on any page the operator
+    opens ran a scrape per load: 403 and no connection to the database.
+    Prometheus sends neither Sec-Fetch-Site nor Origin and scrapes."""
+    import httpx
+
+    for headers in ({"Sec-Fetch-Site": "cross-site"}, {"Sec-Fetch-Site": "same-site"},
+                    {"Origin": "http://evil.example"}):
+        refused = httpx.get(served, headers=headers, timeout=30)
+        assert refused.status_code == 403, (headers, refused.text)
+        assert "awa_up" not in refused.text
+        assert "(the check against cross-site reads)" in refused.text, refused.text
+    assert _scrapers(db, logins.reader) == 0
+    for headers in ({}, {"Sec-Fetch-Site": "none"}, {"Sec-Fetch-Site": "same-origin"}):
+        got = httpx.get(served, headers=headers, timeout=30)
+        assert got.status_code == 200 and "awa_up 1.0" in got.text, headers
+    assert _scrapers(db, logins.reader) == 1
+
+
 def test_metrics_serve_answers_each_allowed_host_and_no_other(db, logins):
     with metrics_serve(db.dsn(logins.reader), "--allowed-host", "metrics.example",
                        env={"AWA_METRICS_ALLOWED_HOSTS": "ignored.example"}) as url:

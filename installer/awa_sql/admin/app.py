@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse
 from psycopg_pool import ConnectionPool
 from starlette.exceptions import HTTPException
 
+from awa_sql import sites
 from awa_sql.admin import pages, routes
 from awa_sql.admin.errors import ApiError, from_database
 from awa_sql.connect import network_defaults, read_far_dates
@@ -58,6 +59,33 @@ class RefuseOtherHosts:
                            if name == b"host"), None)
             if not self.check.allows(header):
                 refused = ApiError(400, self.check.refusal(header))
+                response = JSONResponse(refused.body(), status_code=refused.status)
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+class RefuseCrossSite:
+    """ASGI middleware: a request for the API or /metrics that another page in
+    the browser made (``Sec-Fetch-Site`` other than same-origin or none, else
+    an ``Origin`` not the server's own; awa_sql.sites) is answered 403, in the
+    API's error shape, before any route or the database sees it: an <img> on
+    any page could otherwise make the database run a drop plan or a page of
+    1000 jobs on every load."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and sites.guarded(scope["path"]):
+            headers = {}
+            for name, value in scope["headers"]:  # the first of each, as Host is read
+                if name in (b"sec-fetch-site", b"origin", b"host"):
+                    headers.setdefault(name, value.decode("latin-1"))
+            why = sites.refusal(headers.get(b"sec-fetch-site"), headers.get(b"origin"),
+                                headers.get(b"host"))
+            if why is not None:
+                refused = ApiError(403, why)
                 response = JSONResponse(refused.body(), status_code=refused.status)
                 await response(scope, receive, send)
                 return
@@ -295,6 +323,7 @@ def create_app(settings: Settings, pool: ConnectionPool | None = None) -> FastAP
     pages.install(app)
     app.add_middleware(HeadAsGet)
     app.add_middleware(LimitBody)
+    app.add_middleware(RefuseCrossSite)  # after the Host check, before the body is read
     if settings.hosts is not None and not settings.hosts.any_host:
         app.add_middleware(RefuseOtherHosts, check=settings.hosts)
     return app

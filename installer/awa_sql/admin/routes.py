@@ -66,13 +66,17 @@ def refuse_nul(request: Request) -> None:
             raise ApiError(400, f"{name}: {NUL_MESSAGE}", "22021")
 
 
-router = APIRouter(prefix="/api", dependencies=[Depends(refuse_nul)])
+# Answered by the app's RefuseCrossSite, before any route.
+CROSS_SITE = "a request another page in the browser made (Sec-Fetch-Site, Origin)"
+router = APIRouter(prefix="/api", dependencies=[Depends(refuse_nul)],
+                   responses={403: {"model": Error, "description": CROSS_SITE}})
 QueueName = Annotated[str, Path(description="a queue name (logical or physical)")]
 NOT_FOUND = {404: {"model": Error, "description": "unknown queue"}}
 WRITE = {
     **NOT_FOUND,
     400: {"model": Error, "description": "a value the database refuses (SQLSTATE 22xxx)"},
-    403: {"model": Error, "description": "not --writable, or no or a wrong bearer token"},
+    403: {"model": Error, "description": "not --writable, or no or a wrong bearer token, "
+                                         f"or {CROSS_SITE}"},
     503: {"model": Error, "description": "the database is a read-only standby"},
 }
 

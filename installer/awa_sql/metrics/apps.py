@@ -17,6 +17,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client import make_wsgi_app as _prometheus_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
 
+from awa_sql import sites
 from awa_sql.connect import connect as _connect
 from awa_sql.connect import network_defaults, resolve_dsn
 from awa_sql.hosts import HostCheck, url
@@ -112,6 +113,25 @@ def refuse_other_hosts(app, check: HostCheck):
     return checked
 
 
+def refuse_cross_site(app):
+    """A WSGI app that answers 403, in plain text, a request another page in
+    the browser made (awa_sql.sites: an <img> on any page would otherwise
+    make the database run a scrape on every load), and passes the others,
+    Prometheus's scrapes among them, to ``app``."""
+
+    def checked(environ, start_response):
+        why = sites.refusal(environ.get("HTTP_SEC_FETCH_SITE"), environ.get("HTTP_ORIGIN"),
+                            environ.get("HTTP_HOST"))
+        if why is None:
+            return app(environ, start_response)
+        body = f"{why}\n".encode()
+        start_response("403 Forbidden", [("Content-Type", "text/plain; charset=utf-8"),
+                                         ("Content-Length", str(len(body)))])
+        return [body]
+
+    return checked
+
+
 class _QuietHandler(WSGIRequestHandler):
     def log_message(self, *_args) -> None:
         """No line per request."""
@@ -144,10 +164,11 @@ def serve(dsn: str | None, host: str, port: int,
           stop: threading.Event, ready: Callable[[str], None] = lambda _url: None,
           hosts: HostCheck | None = None) -> None:
     """Serve ``/metrics`` on host:port until ``stop`` is set, to the Host
-    names ``hosts`` allows (default any); ``CannotListen`` when the address
-    cannot be bound."""
-    server, thread = start_server(host, port, _prometheus_wsgi_app(database_registry(dsn)),
-                                  hosts)
+    names ``hosts`` allows (default any) and no other page in a browser
+    (``refuse_cross_site``); ``CannotListen`` when the address cannot be
+    bound."""
+    app = refuse_cross_site(_prometheus_wsgi_app(database_registry(dsn)))
+    server, thread = start_server(host, port, app, hosts)
     try:
         ready(url(host, server.server_port, "/metrics"))
         stop.wait()
