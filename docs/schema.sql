@@ -607,6 +607,21 @@ CREATE TABLE awa.scheduled (
     CONSTRAINT scheduled_queue_id_fkey FOREIGN KEY (queue_id) REFERENCES awa.queue_meta(queue_id)
 );
 
+CREATE UNLOGGED TABLE awa.scheduled_rewrite (
+    job_id bigint NOT NULL,
+    queue_id integer NOT NULL,
+    priority smallint NOT NULL,
+    kind text NOT NULL,
+    args jsonb NOT NULL,
+    ordering_key bytea,
+    attempt integer NOT NULL,
+    max_attempts integer NOT NULL,
+    enqueued_at timestamp with time zone NOT NULL,
+    run_at timestamp with time zone NOT NULL,
+    last_error text,
+    max_run_time interval
+);
+
 CREATE TABLE awa.schema_functions (
     file text NOT NULL,
     checksum text NOT NULL,
@@ -4713,10 +4728,27 @@ begin
 end;
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._scheduled_backlog(max_rows integer, OUT payload bigint, OUT backlog bigint)
+ RETURNS record
+ LANGUAGE sql
+ STABLE
+ SET search_path TO 'pg_catalog', 'pg_temp'
+ SET enable_indexscan TO 'off'
+ SET enable_indexonlyscan TO 'off'
+ SET enable_bitmapscan TO 'off'
+AS $function$
+    select coalesce(sum(awa._job_bytes(b.kind, b.args, b.last_error)), 0), count(*)
+      from (
+          select s.kind, s.args, s.last_error
+            from awa.scheduled as s
+           limit max_rows
+      ) as b
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._scheduled_capped(queue_id integer)
  RETURNS bigint
  LANGUAGE sql
- STABLE SECURITY DEFINER
+ SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'pg_temp'
  SET enable_seqscan TO 'off'
  SET enable_bitmapscan TO 'off'
@@ -4727,6 +4759,17 @@ AS $function$
            where x.queue_id = _scheduled_capped.queue_id
            limit 10000
       ) as capped
+$function$;
+
+CREATE OR REPLACE FUNCTION awa._scheduled_compaction_due()
+ RETURNS boolean
+ LANGUAGE sql
+ STABLE
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+    select pg_stat_get_dead_tuples('awa.scheduled'::regclass)
+               > 200000 + pg_stat_get_live_tuples('awa.scheduled'::regclass)
+       and pg_stat_get_live_tuples('awa.scheduled'::regclass) <= 100000
 $function$;
 
 CREATE OR REPLACE FUNCTION awa._schema_grants_extra()
@@ -5853,6 +5896,61 @@ begin
 end;
 $function$;
 
+CREATE OR REPLACE FUNCTION awa.compact_scheduled()
+ RETURNS integer
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+ SET lock_timeout TO '100ms'
+ SET stats_fetch_consistency TO 'none'
+AS $function$
+declare
+    file oid;
+    payload bigint;
+    backlog bigint;
+begin
+    perform awa._check_read_committed('awa.compact_scheduled()');
+    perform awa._note_run('scheduled_rewrite');
+    if not awa._scheduled_compaction_due() then
+        return 0;
+    end if;
+    -- Enqueues and promotions wait for the copies: a backlog whose payload
+    -- passes the bound would hold them up to the caller's statement
+    -- timeout, then roll back, to be tried again at the next call.
+    select b.payload, b.backlog into payload, backlog
+      from awa._scheduled_backlog(100001) as b;
+    if backlog > 100000 or payload > awa._pass_bytes() then
+        return 0;
+    end if;
+    file := pg_relation_filenode('awa.scheduled');
+    begin
+        lock table awa.scheduled in access exclusive mode;
+    exception when lock_not_available then
+        return 0;
+    end;
+    if pg_relation_filenode('awa.scheduled') is distinct from file then
+        return 0;  -- a call that held the lock before this one rewrote it
+    end if;
+    insert into awa.scheduled_rewrite (job_id, queue_id, priority, kind, args, ordering_key,
+                                       attempt, max_attempts, enqueued_at, run_at, last_error,
+                                       max_run_time)
+    select s.job_id, s.queue_id, s.priority, s.kind, s.args, s.ordering_key, s.attempt,
+           s.max_attempts, s.enqueued_at, s.run_at, s.last_error, s.max_run_time
+      from awa.scheduled as s;
+    truncate awa.scheduled;
+    insert into awa.scheduled (job_id, queue_id, priority, kind, args, ordering_key, attempt,
+                               max_attempts, enqueued_at, run_at, last_error, max_run_time)
+    select w.job_id, w.queue_id, w.priority, w.kind, w.args, w.ordering_key, w.attempt,
+           w.max_attempts, w.enqueued_at, w.run_at, w.last_error, w.max_run_time
+      from awa.scheduled_rewrite as w;
+    truncate awa.scheduled_rewrite;
+    -- The statistics then count the rows kept, not those gone, as soon as
+    -- this transaction ends: the next call reads them to decide.
+    perform pg_stat_force_next_flush();
+    return 1;
+end;
+$function$;
+
 CREATE OR REPLACE FUNCTION awa.complete(job_id bigint, run_lease bigint)
  RETURNS boolean
  LANGUAGE plpgsql
@@ -6532,7 +6630,8 @@ begin
         return;
     end if;
     begin
-        lock table awa.ready, awa.lane_hints, awa.running, awa.finished in access share mode;
+        lock table awa.ready, awa.lane_hints, awa.running, awa.finished, awa.scheduled
+            in access share mode;
     exception when lock_not_available then
         return;
     end;
@@ -8184,6 +8283,8 @@ COMMENT ON TABLE awa.runtimes IS 'One row per running Python Producer or Worker,
 
 COMMENT ON TABLE awa.scheduled IS 'Jobs that wait outside the lanes until run_at: future jobs and retries. awa.promote_due() moves due rows into lanes.';
 
+COMMENT ON TABLE awa.scheduled_rewrite IS 'The live rows of awa.scheduled while awa.compact_scheduled() truncates it (ADR 047); empty outside that transaction. Its columns are awa.scheduled''s, in the same order.';
+
 COMMENT ON TABLE awa.schema_functions IS 'Files of the function layer (sql/) as last applied; a changed file is re-applied.';
 
 COMMENT ON TABLE awa.schema_migrations IS 'Numbered migrations applied by awa migrate; immutable once applied.';
@@ -8245,6 +8346,7 @@ GRANT EXECUTE ON FUNCTION awa.carry_finished() TO awa_maintenance;
 GRANT EXECUTE ON FUNCTION awa.claim(text[],integer,text,interval) TO awa_worker;
 GRANT EXECUTE ON FUNCTION awa.compact_lane_hints() TO awa_maintenance;
 GRANT EXECUTE ON FUNCTION awa.compact_ready() TO awa_maintenance;
+GRANT EXECUTE ON FUNCTION awa.compact_scheduled() TO awa_maintenance;
 GRANT EXECUTE ON FUNCTION awa.complete(bigint,bigint) TO awa_worker;
 GRANT EXECUTE ON FUNCTION awa.contract_version() TO awa_maintenance, awa_operator, awa_producer, awa_reader, awa_worker;
 GRANT EXECUTE ON FUNCTION awa.count_jobs(text,text,text,integer) TO awa_operator, awa_reader;

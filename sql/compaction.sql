@@ -15,7 +15,11 @@
 -- copies the live rows aside, truncates the table and copies them back
 -- (ADR 036).
 --
--- Both act only once their table holds more dead rows than vacuum leaves
+-- awa.scheduled: every promotion of a due job (awa.promote_due) and every
+-- cancel of a job for later deletes its row. awa.compact_scheduled() copies
+-- the live rows aside, truncates the table and copies them back (ADR 047).
+--
+-- All act only once their table holds more dead rows than vacuum leaves
 -- behind when no snapshot is held, take the table's ACCESS EXCLUSIVE lock
 -- for at most 100 ms (else they skip, to be called again), and refuse a
 -- transaction that is not read committed: their statements must read with
@@ -243,8 +247,158 @@ begin
 end;
 $$;
 
+-- Function: awa._scheduled_compaction_due() returns boolean
+-- Whether awa.compact_scheduled() rewrites awa.scheduled now, from the
+-- cumulative statistics' counts of its rows, as awa._ready_compaction_due
+-- decides for awa.ready: more than 200,000 dead rows and more than its live
+-- rows, so that a rewrite copies at most one row per job promoted or
+-- cancelled since the last; and at most 100,000 live rows, since enqueues
+-- for later, retries and promotions wait for the copy (about 2 s for
+-- 100,000 on two cores).
+-- Calls: nothing
+-- Writes: nothing
+create or replace function awa._scheduled_compaction_due()
+returns boolean
+language sql
+stable
+set search_path = pg_catalog, pg_temp
+as $$
+    select pg_stat_get_dead_tuples('awa.scheduled'::regclass)
+               > 200000 + pg_stat_get_live_tuples('awa.scheduled'::regclass)
+       and pg_stat_get_live_tuples('awa.scheduled'::regclass) <= 100000
+$$;
+
+-- Function: awa._scheduled_backlog(max_rows integer) returns (payload bigint, backlog bigint)
+-- The live rows of awa.scheduled, at most max_rows of them, and their
+-- payload (awa._job_bytes), read with one sequential scan of its heap that
+-- stops at the max_rows-th live row. awa.scheduled has no claim hints to
+-- read its live rows from, as awa._ready_backlog does: the scan reads the
+-- dead rows too, each once, in the heap's order (no index walk, which
+-- would visit each dead row's entries and heap block again). Its cost is
+-- the heap's size, dead rows included: what awa.compact_scheduled's
+-- copy-out reads under the lock next, without holding anyone up (ACCESS
+-- SHARE). awa.compact_scheduled reads it only when
+-- awa._scheduled_compaction_due says so: once per 200,000 or so rows
+-- deleted while rewrites succeed. While one is refused (a backlog whose
+-- payload passes the bound) each call reads it again: 30 ms for a million
+-- dead rows (113 MB) here, where one call of awa.promote_due, made every
+-- second, spends 640 ms walking the same dead rows (docs/benchmarks.md).
+-- Calls: awa._job_bytes
+-- Writes: nothing
+create or replace function awa._scheduled_backlog(
+    max_rows integer, out payload bigint, out backlog bigint
+)
+language sql
+stable
+set search_path = pg_catalog, pg_temp
+-- The heap in its order: an index scan would read each dead row's block
+-- through its entries, once per index entry.
+set enable_indexscan = off
+set enable_indexonlyscan = off
+set enable_bitmapscan = off
+as $$
+    select coalesce(sum(awa._job_bytes(b.kind, b.args, b.last_error)), 0), count(*)
+      from (
+          select s.kind, s.args, s.last_error
+            from awa.scheduled as s
+           limit max_rows
+      ) as b
+$$;
+
+-- Function: awa.compact_scheduled() returns integer
+-- When awa._scheduled_compaction_due says so (many dead rows, at most
+-- 100,000 live ones) and the live rows, read by awa._scheduled_backlog
+-- (one scan of the heap, made only then: see there for its cost), are at
+-- most 100,000 and awa._pass_bytes() of payload (awa._job_bytes), rewrites
+-- awa.scheduled with its live rows only: under its ACCESS EXCLUSIVE lock,
+-- waited for at most 100 ms, it copies them to awa.scheduled_rewrite,
+-- truncates awa.scheduled, copies them back and empties
+-- awa.scheduled_rewrite, in one transaction. Every row keeps its job id,
+-- queue, run_at, attempt, args and last error, so nothing that names a job
+-- by id (its unique key, a cancel) changes. Enqueues for later, retries
+-- (awa.fail, awa.rescue_expired) and awa.promote_due wait for the rewrite
+-- while it runs, about 2 s for 100,000 live rows on two cores (its three
+-- indexes are filled again), 0.26 s for 10,000 among a million dead; if a
+-- session holds the table (an enqueue, a retry or a promotion in flight, a
+-- reader), the call changes nothing and returns 0, to be made again. A
+-- second call that waited for a first finds the table's file changed and
+-- returns 0. Run it every few seconds (awa maintain does); it rewrites
+-- only while a held snapshot keeps vacuum from the dead rows. It reads the
+-- statistics afresh, whatever snapshot of them the caller's transaction
+-- keeps (stats_fetch_consistency). awa.scheduled references
+-- awa.queue_meta and nothing references it: the TRUNCATE needs no other
+-- table.
+-- Role: awa_maintenance.
+-- Returns: 1 if it rewrote the table, else 0.
+-- Errors: 25000 the calling transaction is not read committed: a snapshot
+-- older than the lock would not see the rows committed since, and the
+-- TRUNCATE would remove them.
+-- Calls: awa._check_read_committed, awa._note_run, awa._pass_bytes, awa._scheduled_backlog,
+--   awa._scheduled_compaction_due
+-- Writes: awa.scheduled, awa.scheduled_rewrite
+create or replace function awa.compact_scheduled()
+returns integer
+language plpgsql
+security definer
+set search_path = pg_catalog, pg_temp
+set lock_timeout = '100ms'
+-- The statistics read afresh: a caller's transaction may have kept a
+-- snapshot of them from when the backlog was small (changing the setting
+-- drops it).
+set stats_fetch_consistency = none
+as $$
+declare
+    file oid;
+    payload bigint;
+    backlog bigint;
+begin
+    perform awa._check_read_committed('awa.compact_scheduled()');
+    perform awa._note_run('scheduled_rewrite');
+    if not awa._scheduled_compaction_due() then
+        return 0;
+    end if;
+    -- Enqueues and promotions wait for the copies: a backlog whose payload
+    -- passes the bound would hold them up to the caller's statement
+    -- timeout, then roll back, to be tried again at the next call.
+    select b.payload, b.backlog into payload, backlog
+      from awa._scheduled_backlog(100001) as b;
+    if backlog > 100000 or payload > awa._pass_bytes() then
+        return 0;
+    end if;
+    file := pg_relation_filenode('awa.scheduled');
+    begin
+        lock table awa.scheduled in access exclusive mode;
+    exception when lock_not_available then
+        return 0;
+    end;
+    if pg_relation_filenode('awa.scheduled') is distinct from file then
+        return 0;  -- a call that held the lock before this one rewrote it
+    end if;
+    insert into awa.scheduled_rewrite (job_id, queue_id, priority, kind, args, ordering_key,
+                                       attempt, max_attempts, enqueued_at, run_at, last_error,
+                                       max_run_time)
+    select s.job_id, s.queue_id, s.priority, s.kind, s.args, s.ordering_key, s.attempt,
+           s.max_attempts, s.enqueued_at, s.run_at, s.last_error, s.max_run_time
+      from awa.scheduled as s;
+    truncate awa.scheduled;
+    insert into awa.scheduled (job_id, queue_id, priority, kind, args, ordering_key, attempt,
+                               max_attempts, enqueued_at, run_at, last_error, max_run_time)
+    select w.job_id, w.queue_id, w.priority, w.kind, w.args, w.ordering_key, w.attempt,
+           w.max_attempts, w.enqueued_at, w.run_at, w.last_error, w.max_run_time
+      from awa.scheduled_rewrite as w;
+    truncate awa.scheduled_rewrite;
+    -- The statistics then count the rows kept, not those gone, as soon as
+    -- this transaction ends: the next call reads them to decide.
+    perform pg_stat_force_next_flush();
+    return 1;
+end;
+$$;
+
 select awa._grant_execute('awa._lane_hints_bytes_allowed()');
 select awa._grant_execute('awa.compact_lane_hints()', 'maintenance');
 select awa._grant_execute('awa._ready_compaction_due()');
 select awa._grant_execute('awa._ready_backlog(integer)');
 select awa._grant_execute('awa.compact_ready()', 'maintenance');
+select awa._grant_execute('awa._scheduled_compaction_due()');
+select awa._grant_execute('awa._scheduled_backlog(integer)');
+select awa._grant_execute('awa.compact_scheduled()', 'maintenance');

@@ -275,9 +275,9 @@ $$;
 -- flight, so 3 sees every job it will ever hold. A queue that holds a job
 -- (one came late) is put back instead, never removed: under its old name
 -- with its pause state, or under awa._recovery_name when a new queue has
--- taken the name. awa.ready, awa.lane_hints, awa.running and awa.finished
--- are held (ACCESS SHARE) for the call, so that no rewrite by TRUNCATE
--- comes between a snapshot and a read of them. Never waits more than
+-- taken the name. awa.ready, awa.lane_hints, awa.running, awa.finished and
+-- awa.scheduled are held (ACCESS SHARE) for the call, so that no rewrite by
+-- TRUNCATE comes between a snapshot and a read of them. Never waits more than
 -- 100 ms for a lock, nor at all for the provisioning lock (a creation
 -- holding it may wait for awa.queue_limit, which a removal holds): what it
 -- did not get is left to the next call; a call stops after the queue that
@@ -328,7 +328,8 @@ begin
         return;
     end if;
     begin
-        lock table awa.ready, awa.lane_hints, awa.running, awa.finished in access share mode;
+        lock table awa.ready, awa.lane_hints, awa.running, awa.finished, awa.scheduled
+            in access share mode;
     exception when lock_not_available then
         return;
     end;

@@ -117,13 +117,17 @@ $$;
 -- average; once one queue held most of awa.scheduled, it took a sequential
 -- scan (or a walk of the primary key) that read every other queue's rows
 -- to count one. A definer: the reader roles may not read awa.scheduled.
+-- Volatile, as the job tools are: its query takes its snapshot once it
+-- holds the table, so a read that waited for awa.compact_scheduled's
+-- rewrite counts the rows it left; a stable function reads with the
+-- calling statement's snapshot, taken before the wait, and counted none.
 -- Role: awa_reader, awa_operator.
 -- Calls: nothing
 -- Writes: nothing
 create or replace function awa._scheduled_capped(queue_id integer)
 returns bigint
 language sql
-stable
+volatile
 security definer
 set search_path = pg_catalog, pg_temp
 set enable_seqscan = off

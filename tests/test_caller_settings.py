@@ -125,6 +125,7 @@ MAINTENANCE = [
     ("tick", "* from awa.autoscale_tick()"), ("prune", "awa.prune_finished()"),
     ("carry", "awa.carry_finished()"), ("rotate", "awa.rotate_running()"),
     ("hints", "awa.compact_lane_hints()"), ("ready", "awa.compact_ready()"),
+    ("scheduled", "awa.compact_scheduled()"),
     ("unique keys", "awa.prune_unique_keys()"), ("ready late", "awa.prune_ready_late()"),
     ("retire", "awa.retire_lanes()"), ("drops", "* from awa.finish_drops()"),
     ("shard changes", "awa.prune_shard_changes('1 day')"),
@@ -136,8 +137,9 @@ STEP_CALLS = {step: re.search(r"awa\.\w+", call)[0] for step, call in MAINTENANC
 # docs/sql-api.md): each truncates what it read, which an older snapshot
 # would not have seen.
 READ_COMMITTED_ONLY = {
-    "awa.rotate_running", "awa.compact_lane_hints", "awa.compact_ready", "awa.prune_finished",
-    "awa.carry_finished", "awa.retire_lanes", "awa.finish_drops",
+    "awa.rotate_running", "awa.compact_lane_hints", "awa.compact_ready",
+    "awa.compact_scheduled", "awa.prune_finished", "awa.carry_finished", "awa.retire_lanes",
+    "awa.finish_drops",
 }
 TIMEOUT = "57014"
 ISOLATION_REFUSALS = {

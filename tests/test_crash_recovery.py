@@ -28,7 +28,7 @@ import awa_sql
 from awa_sql import maintain
 from awa_sql.worker import Worker
 from tests.support.crash import CrashServer, Hold, Step, crash_server, drop_holds
-from tests.support.dead_rows import NO_LANE, junk
+from tests.support.dead_rows import NO_LANE, junk, junk_scheduled
 from tests.support.jobs import COPY_SQL
 from tests.support.waiting import wait_until
 
@@ -359,6 +359,45 @@ class ReadyRewrite(Scenario):
         assert ready_rows(su) == self.rows
 
 
+def scheduled_rows(su: psycopg.Connection) -> list:
+    return su.execute("select job_id, run_at, attempt, args from awa.scheduled"
+                      " where job_id > 0 order by job_id").fetchall()
+
+
+class ScheduledRewrite(Scenario):
+    """awa.compact_scheduled, held right after its TRUNCATE of awa.scheduled:
+    the jobs for later are then only in the unlogged awa.scheduled_rewrite."""
+
+    task, table, event = "scheduled_rewrite", "awa.scheduled", "truncate"
+
+    def hold_snapshot(self) -> None:
+        self.snapshot = self.db.connect(autocommit=False)  # no vacuum of the dead rows
+        self.snapshot.execute("set transaction isolation level repeatable read")
+        self.snapshot.execute("select 1")
+
+    def prepare(self) -> None:
+        with self.db.connect("awa_producer") as p:
+            p.execute("select awa.enqueue_batch(array_fill('sr'::text, array[300]),"
+                      " array_fill('job'::text, array[300]),"
+                      " run_ats => array_fill(now() + interval '1 day', array[300]))")
+        self.hold_snapshot()
+        with self.db.connect() as su:
+            junk_scheduled(su, 210_000)
+            self.rows = scheduled_rows(su)
+
+    def undone(self, su: psycopg.Connection) -> None:
+        assert len(self.rows) == 300 and scheduled_rows(su) == self.rows
+        assert su.execute("select count(*) from awa.scheduled_rewrite").fetchone()[0] == 0
+        # As for awa.ready: the statistics went with the crash.
+        assert not su.execute("select awa._scheduled_compaction_due()").fetchone()[0]
+        self.hold_snapshot()
+        junk_scheduled(su, 210_000)
+
+    def done(self, su: psycopg.Connection, handled: int) -> None:
+        assert handled == 1
+        assert scheduled_rows(su) == self.rows
+
+
 class LaneHints(Scenario):
     """awa.compact_lane_hints, held right after its TRUNCATE of awa.lane_hints."""
 
@@ -561,8 +600,8 @@ class Autoscale(Scenario):
                       [b"k" * 3])
 
 
-SCENARIOS = [ReadyRewrite, LaneHints, RunningSlots, Prune, Carry, RetireLanes, Drops,
-             Autoscale]
+SCENARIOS = [ReadyRewrite, ScheduledRewrite, LaneHints, RunningSlots, Prune, Carry,
+             RetireLanes, Drops, Autoscale]
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=[s.task for s in SCENARIOS])

@@ -59,7 +59,7 @@ def _age_runs(admin) -> None:
 # or no rows): a read-only transaction, and a standby, may make them. The
 # others take a lock or write whatever they find, and fail 25006 there.
 IDLE_READS_ONLY = ("awa.move_staged()", "awa.compact_lane_hints()", "awa.compact_ready()",
-                   "awa.retire_lanes()", "awa.finish_drops()")
+                   "awa.compact_scheduled()", "awa.retire_lanes()", "awa.finish_drops()")
 
 
 def test_an_idle_maintenance_call_in_a_read_only_transaction_records_no_run(db, logins):

@@ -118,6 +118,8 @@ TASKS: tuple[Task, ...] = (
          _scalar("select awa.compact_lane_hints()", (), "compacted awa.lane_hints {n} time(s)")),
     Task("ready_rewrite", "awa.compact_ready()", 10.0,
          _scalar("select awa.compact_ready()", (), "rewrote awa.ready {n} time(s)")),
+    Task("scheduled_rewrite", "awa.compact_scheduled()", 10.0,
+         _scalar("select awa.compact_scheduled()", (), "rewrote awa.scheduled {n} time(s)")),
     Task("unique_keys", "awa.prune_unique_keys(integer)", 60.0,
          _scalar("select awa.prune_unique_keys(%s)", (BATCH,),
                  "removed {n} unique key(s) whose window had passed"),
@@ -167,7 +169,8 @@ class MaintainMetrics:
             "(promote), rescued (rescue), staged rows enqueued (move_staged), finished jobs "
             "pruned (prune), finished jobs carried to the current slot (carry), "
             "slots of awa.running emptied (running_slots), rewrites of "
-            "awa.lane_hints (lane_hints) and of awa.ready (ready_rewrite), unique keys "
+            "awa.lane_hints (lane_hints), of awa.ready (ready_rewrite) and of "
+            "awa.scheduled (scheduled_rewrite), unique keys "
             "whose window had passed removed (unique_keys), "
             "awa.ready_late rows of jobs gone from their lanes removed (ready_late), "
             "dropped queues removed or put back (drops), "

@@ -49,6 +49,9 @@ HELP = {
     "ready_rewrite": "rewrite awa.ready with its live rows only, with TRUNCATE, once a held "
                      "snapshot has left it many dead rows (awa.compact_ready, skipped while it "
                      "is not installed)",
+    "scheduled_rewrite": "rewrite awa.scheduled with its live rows only, with TRUNCATE, once "
+                         "a held snapshot has left it many dead rows of jobs promoted "
+                         "(awa.compact_scheduled, skipped while it is not installed)",
     "unique_keys": "remove the unique keys of completed jobs whose window has passed "
                    "(awa.prune_unique_keys, skipped while it is not installed)",
     "ready_late": "remove the awa.ready_late rows of jobs gone from their lanes "
