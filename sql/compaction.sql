@@ -280,9 +280,10 @@ $$;
 -- SHARE). awa.compact_scheduled reads it only when
 -- awa._scheduled_compaction_due says so: once per 200,000 or so rows
 -- deleted while rewrites succeed. While one is refused (a backlog whose
--- payload passes the bound) each call reads it again: 30 ms for a million
--- dead rows (113 MB) here, where one call of awa.promote_due, made every
--- second, spends 640 ms walking the same dead rows (docs/benchmarks.md).
+-- payload passes the bound) each call reads it again: 30-46 ms for a
+-- million dead rows (113 MB) here, where one call of awa.promote_due, made
+-- every second, spends 640-680 ms walking the same dead rows
+-- (docs/benchmarks.md).
 -- Calls: awa._job_bytes
 -- Writes: nothing
 create or replace function awa._scheduled_backlog(
@@ -318,7 +319,7 @@ $$;
 -- by id (its unique key, a cancel) changes. Enqueues for later, retries
 -- (awa.fail, awa.rescue_expired) and awa.promote_due wait for the rewrite
 -- while it runs, about 2 s for 100,000 live rows on two cores (its three
--- indexes are filled again), 0.26 s for 10,000 among a million dead; if a
+-- indexes are filled again), 0.28 s for 10,000 among a million dead; if a
 -- session holds the table (an enqueue, a retry or a promotion in flight, a
 -- reader), the call changes nothing and returns 0, to be made again. A
 -- second call that waited for a first finds the table's file changed and
