@@ -191,11 +191,12 @@ def check_upgraded(db: Database, logins: Logins, facts: dict, before: dict) -> N
     migrated = db.awa("migrate", "--role-prefix", PREFIX, user=INSTALLER, check=True)
     assert "database is up to date" in migrated.stdout, migrated.stdout
 
-    with db.connect(logins.worker) as w:
-        # The runs of the old cluster end with their leases: carried to slot 2
-        # before the upgrade, and in slot 1.
-        for job_id, lease in [*facts["long"], facts["slot1"]]:
-            assert rows_of(w, f"select awa.complete({job_id}, {lease})") is True
+    # The runs of the old cluster end with their leases, each by the login
+    # that claimed it (ADR 050): carried to slot 2 before the upgrade
+    # (populate's, the superuser's), and in slot 1 (the worker's).
+    with db.connect() as su, db.connect(logins.worker) as w:
+        for conn, (job_id, lease) in [*((su, r) for r in facts["long"]), (w, facts["slot1"])]:
+            assert rows_of(conn, f"select awa.complete({job_id}, {lease})") is True
     with db.connect(logins.producer) as p:
         new = p.execute("select job_id, queue, priority, enqueue_shard, lane_seq"
                         " from awa.enqueue('ready', 'new', priority => 1::smallint,"
