@@ -4077,9 +4077,7 @@ CREATE OR REPLACE FUNCTION awa._ready_compaction_due()
  STABLE
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
-    select pg_stat_get_dead_tuples('awa.ready'::regclass)
-               > 200000 + pg_stat_get_live_tuples('awa.ready'::regclass)
-       and pg_stat_get_live_tuples('awa.ready'::regclass) <= 100000
+    select awa._rewrite_due('awa.ready'::regclass)
 $function$;
 
 CREATE OR REPLACE FUNCTION awa._ready_from(lane integer, head_seq bigint, next_seq bigint, after bigint)
@@ -4479,6 +4477,41 @@ begin
 end;
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._rewrite_due(rel regclass)
+ RETURNS boolean
+ LANGUAGE sql
+ STABLE
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+    select pg_stat_get_dead_tuples(rel) > 200000 + pg_stat_get_live_tuples(rel)
+       and pg_stat_get_live_tuples(rel) <= 100000
+$function$;
+
+CREATE OR REPLACE FUNCTION awa._rewrite_live(rel regclass, aside regclass)
+ RETURNS integer
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+declare
+    file oid := pg_relation_filenode(rel);
+begin
+    begin
+        execute format('lock table %s in access exclusive mode', rel);
+    exception when lock_not_available then
+        return 0;
+    end;
+    if pg_relation_filenode(rel) is distinct from file then
+        return 0;  -- a call that held the lock before this one rewrote it
+    end if;
+    execute format('insert into %s select * from %s', aside, rel);
+    execute format('truncate %s', rel);
+    execute format('insert into %s select * from %s', rel, aside);
+    execute format('truncate %s', aside);
+    perform pg_stat_force_next_flush();
+    return 1;
+end;
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._role_for(capability text)
  RETURNS name
  LANGUAGE plpgsql
@@ -4767,9 +4800,7 @@ CREATE OR REPLACE FUNCTION awa._scheduled_compaction_due()
  STABLE
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
-    select pg_stat_get_dead_tuples('awa.scheduled'::regclass)
-               > 200000 + pg_stat_get_live_tuples('awa.scheduled'::regclass)
-       and pg_stat_get_live_tuples('awa.scheduled'::regclass) <= 100000
+    select awa._rewrite_due('awa.scheduled'::regclass)
 $function$;
 
 CREATE OR REPLACE FUNCTION awa._schema_grants_extra()
@@ -5848,7 +5879,6 @@ CREATE OR REPLACE FUNCTION awa.compact_ready()
  SET stats_fetch_consistency TO 'none'
 AS $function$
 declare
-    file oid;
     payload bigint;
     backlog bigint;
 begin
@@ -5864,35 +5894,7 @@ begin
     if backlog > 100000 or payload > awa._pass_bytes() then
         return 0;
     end if;
-    file := pg_relation_filenode('awa.ready');
-    begin
-        lock table awa.ready in access exclusive mode;
-    exception when lock_not_available then
-        return 0;
-    end;
-    if pg_relation_filenode('awa.ready') is distinct from file then
-        return 0;  -- a call that held the lock before this one rewrote it
-    end if;
-    insert into awa.ready_rewrite (lane_id, lane_seq, job_id, queue_id, priority, kind, args,
-                                   ordering_key, attempt, max_attempts, enqueued_at,
-                                   ready_at, last_error, max_run_time)
-    select r.lane_id, r.lane_seq, r.job_id, r.queue_id, r.priority, r.kind, r.args,
-           r.ordering_key, r.attempt, r.max_attempts, r.enqueued_at, r.ready_at,
-           r.last_error, r.max_run_time
-      from awa.ready as r;
-    truncate awa.ready;
-    insert into awa.ready (lane_id, lane_seq, job_id, queue_id, priority, kind, args,
-                           ordering_key, attempt, max_attempts, enqueued_at, ready_at,
-                           last_error, max_run_time)
-    select w.lane_id, w.lane_seq, w.job_id, w.queue_id, w.priority, w.kind, w.args,
-           w.ordering_key, w.attempt, w.max_attempts, w.enqueued_at, w.ready_at,
-           w.last_error, w.max_run_time
-      from awa.ready_rewrite as w;
-    truncate awa.ready_rewrite;
-    -- The statistics then count the rows kept, not those gone, as soon as
-    -- this transaction ends: the next call reads them to decide.
-    perform pg_stat_force_next_flush();
-    return 1;
+    return awa._rewrite_live('awa.ready', 'awa.ready_rewrite');
 end;
 $function$;
 
@@ -5905,7 +5907,6 @@ CREATE OR REPLACE FUNCTION awa.compact_scheduled()
  SET stats_fetch_consistency TO 'none'
 AS $function$
 declare
-    file oid;
     payload bigint;
     backlog bigint;
 begin
@@ -5922,32 +5923,7 @@ begin
     if backlog > 100000 or payload > awa._pass_bytes() then
         return 0;
     end if;
-    file := pg_relation_filenode('awa.scheduled');
-    begin
-        lock table awa.scheduled in access exclusive mode;
-    exception when lock_not_available then
-        return 0;
-    end;
-    if pg_relation_filenode('awa.scheduled') is distinct from file then
-        return 0;  -- a call that held the lock before this one rewrote it
-    end if;
-    insert into awa.scheduled_rewrite (job_id, queue_id, priority, kind, args, ordering_key,
-                                       attempt, max_attempts, enqueued_at, run_at, last_error,
-                                       max_run_time)
-    select s.job_id, s.queue_id, s.priority, s.kind, s.args, s.ordering_key, s.attempt,
-           s.max_attempts, s.enqueued_at, s.run_at, s.last_error, s.max_run_time
-      from awa.scheduled as s;
-    truncate awa.scheduled;
-    insert into awa.scheduled (job_id, queue_id, priority, kind, args, ordering_key, attempt,
-                               max_attempts, enqueued_at, run_at, last_error, max_run_time)
-    select w.job_id, w.queue_id, w.priority, w.kind, w.args, w.ordering_key, w.attempt,
-           w.max_attempts, w.enqueued_at, w.run_at, w.last_error, w.max_run_time
-      from awa.scheduled_rewrite as w;
-    truncate awa.scheduled_rewrite;
-    -- The statistics then count the rows kept, not those gone, as soon as
-    -- this transaction ends: the next call reads them to decide.
-    perform pg_stat_force_next_flush();
-    return 1;
+    return awa._rewrite_live('awa.scheduled', 'awa.scheduled_rewrite');
 end;
 $function$;
 

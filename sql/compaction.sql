@@ -99,6 +99,60 @@ begin
 end;
 $$;
 
+-- Function: awa._rewrite_due(rel regclass) returns boolean
+-- The rule awa.compact_ready and awa.compact_scheduled share, from the
+-- cumulative statistics' counts of the table's rows: more than 200,000
+-- dead rows and more than its live ones (a rewrite copies at most one row
+-- per row deleted since the last), and at most 100,000 live rows (writers
+-- wait for the copy).
+-- Calls: nothing
+-- Writes: nothing
+create or replace function awa._rewrite_due(rel regclass)
+returns boolean
+language sql
+stable
+set search_path = pg_catalog, pg_temp
+as $$
+    select pg_stat_get_dead_tuples(rel) > 200000 + pg_stat_get_live_tuples(rel)
+       and pg_stat_get_live_tuples(rel) <= 100000
+$$;
+
+-- Function: awa._rewrite_live(rel regclass, aside regclass) returns integer
+-- The rewrite awa.compact_ready and awa.compact_scheduled share: under
+-- rel's ACCESS EXCLUSIVE lock, waited for as long as the caller's
+-- lock_timeout allows, copies rel's rows to aside, truncates rel, copies
+-- them back and empties aside, in the caller's transaction; the
+-- statistics then count the rows kept as soon as it ends. 0, changing
+-- nothing, when the lock is not had, or when a call that held it first
+-- rewrote rel (its file changed since this one began). aside has rel's
+-- columns in the same order (the tests compare them).
+-- Calls: nothing
+-- Writes: (dynamic)
+create or replace function awa._rewrite_live(rel regclass, aside regclass)
+returns integer
+language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    file oid := pg_relation_filenode(rel);
+begin
+    begin
+        execute format('lock table %s in access exclusive mode', rel);
+    exception when lock_not_available then
+        return 0;
+    end;
+    if pg_relation_filenode(rel) is distinct from file then
+        return 0;  -- a call that held the lock before this one rewrote it
+    end if;
+    execute format('insert into %s select * from %s', aside, rel);
+    execute format('truncate %s', rel);
+    execute format('insert into %s select * from %s', rel, aside);
+    execute format('truncate %s', aside);
+    perform pg_stat_force_next_flush();
+    return 1;
+end;
+$$;
+
 -- Function: awa._ready_compaction_due() returns boolean
 -- Whether awa.compact_ready() rewrites awa.ready now, from the cumulative
 -- statistics' counts of its rows (vacuum lowers the dead count to what it
@@ -109,7 +163,7 @@ $$;
 -- wait for the copy, about a second per 100,000 rows on two cores. A
 -- larger backlog keeps its dead rows until it drains below that or the
 -- snapshot ends.
--- Calls: nothing
+-- Calls: awa._rewrite_due
 -- Writes: nothing
 create or replace function awa._ready_compaction_due()
 returns boolean
@@ -117,9 +171,7 @@ language sql
 stable
 set search_path = pg_catalog, pg_temp
 as $$
-    select pg_stat_get_dead_tuples('awa.ready'::regclass)
-               > 200000 + pg_stat_get_live_tuples('awa.ready'::regclass)
-       and pg_stat_get_live_tuples('awa.ready'::regclass) <= 100000
+    select awa._rewrite_due('awa.ready'::regclass)
 $$;
 
 -- Function: awa._ready_backlog(max_rows integer) returns (payload bigint, backlog bigint)
@@ -185,8 +237,8 @@ $$;
 -- older than the lock would not see the rows committed since, and the
 -- TRUNCATE would remove them.
 -- Calls: awa._check_read_committed, awa._note_run, awa._pass_bytes, awa._ready_backlog,
---   awa._ready_compaction_due
--- Writes: awa.ready, awa.ready_rewrite
+--   awa._ready_compaction_due, awa._rewrite_live
+-- Writes: nothing
 create or replace function awa.compact_ready()
 returns integer
 language plpgsql
@@ -199,7 +251,6 @@ set lock_timeout = '100ms'
 set stats_fetch_consistency = none
 as $$
 declare
-    file oid;
     payload bigint;
     backlog bigint;
 begin
@@ -215,35 +266,7 @@ begin
     if backlog > 100000 or payload > awa._pass_bytes() then
         return 0;
     end if;
-    file := pg_relation_filenode('awa.ready');
-    begin
-        lock table awa.ready in access exclusive mode;
-    exception when lock_not_available then
-        return 0;
-    end;
-    if pg_relation_filenode('awa.ready') is distinct from file then
-        return 0;  -- a call that held the lock before this one rewrote it
-    end if;
-    insert into awa.ready_rewrite (lane_id, lane_seq, job_id, queue_id, priority, kind, args,
-                                   ordering_key, attempt, max_attempts, enqueued_at,
-                                   ready_at, last_error, max_run_time)
-    select r.lane_id, r.lane_seq, r.job_id, r.queue_id, r.priority, r.kind, r.args,
-           r.ordering_key, r.attempt, r.max_attempts, r.enqueued_at, r.ready_at,
-           r.last_error, r.max_run_time
-      from awa.ready as r;
-    truncate awa.ready;
-    insert into awa.ready (lane_id, lane_seq, job_id, queue_id, priority, kind, args,
-                           ordering_key, attempt, max_attempts, enqueued_at, ready_at,
-                           last_error, max_run_time)
-    select w.lane_id, w.lane_seq, w.job_id, w.queue_id, w.priority, w.kind, w.args,
-           w.ordering_key, w.attempt, w.max_attempts, w.enqueued_at, w.ready_at,
-           w.last_error, w.max_run_time
-      from awa.ready_rewrite as w;
-    truncate awa.ready_rewrite;
-    -- The statistics then count the rows kept, not those gone, as soon as
-    -- this transaction ends: the next call reads them to decide.
-    perform pg_stat_force_next_flush();
-    return 1;
+    return awa._rewrite_live('awa.ready', 'awa.ready_rewrite');
 end;
 $$;
 
@@ -255,7 +278,7 @@ $$;
 -- cancelled since the last; and at most 100,000 live rows, since enqueues
 -- for later, retries and promotions wait for the copy (about 2 s for
 -- 100,000 on two cores).
--- Calls: nothing
+-- Calls: awa._rewrite_due
 -- Writes: nothing
 create or replace function awa._scheduled_compaction_due()
 returns boolean
@@ -263,9 +286,7 @@ language sql
 stable
 set search_path = pg_catalog, pg_temp
 as $$
-    select pg_stat_get_dead_tuples('awa.scheduled'::regclass)
-               > 200000 + pg_stat_get_live_tuples('awa.scheduled'::regclass)
-       and pg_stat_get_live_tuples('awa.scheduled'::regclass) <= 100000
+    select awa._rewrite_due('awa.scheduled'::regclass)
 $$;
 
 -- Function: awa._scheduled_backlog(max_rows integer) returns (payload bigint, backlog bigint)
@@ -334,9 +355,9 @@ $$;
 -- Errors: 25000 the calling transaction is not read committed: a snapshot
 -- older than the lock would not see the rows committed since, and the
 -- TRUNCATE would remove them.
--- Calls: awa._check_read_committed, awa._note_run, awa._pass_bytes, awa._scheduled_backlog,
---   awa._scheduled_compaction_due
--- Writes: awa.scheduled, awa.scheduled_rewrite
+-- Calls: awa._check_read_committed, awa._note_run, awa._pass_bytes, awa._rewrite_live,
+--   awa._scheduled_backlog, awa._scheduled_compaction_due
+-- Writes: nothing
 create or replace function awa.compact_scheduled()
 returns integer
 language plpgsql
@@ -349,7 +370,6 @@ set lock_timeout = '100ms'
 set stats_fetch_consistency = none
 as $$
 declare
-    file oid;
     payload bigint;
     backlog bigint;
 begin
@@ -366,35 +386,12 @@ begin
     if backlog > 100000 or payload > awa._pass_bytes() then
         return 0;
     end if;
-    file := pg_relation_filenode('awa.scheduled');
-    begin
-        lock table awa.scheduled in access exclusive mode;
-    exception when lock_not_available then
-        return 0;
-    end;
-    if pg_relation_filenode('awa.scheduled') is distinct from file then
-        return 0;  -- a call that held the lock before this one rewrote it
-    end if;
-    insert into awa.scheduled_rewrite (job_id, queue_id, priority, kind, args, ordering_key,
-                                       attempt, max_attempts, enqueued_at, run_at, last_error,
-                                       max_run_time)
-    select s.job_id, s.queue_id, s.priority, s.kind, s.args, s.ordering_key, s.attempt,
-           s.max_attempts, s.enqueued_at, s.run_at, s.last_error, s.max_run_time
-      from awa.scheduled as s;
-    truncate awa.scheduled;
-    insert into awa.scheduled (job_id, queue_id, priority, kind, args, ordering_key, attempt,
-                               max_attempts, enqueued_at, run_at, last_error, max_run_time)
-    select w.job_id, w.queue_id, w.priority, w.kind, w.args, w.ordering_key, w.attempt,
-           w.max_attempts, w.enqueued_at, w.run_at, w.last_error, w.max_run_time
-      from awa.scheduled_rewrite as w;
-    truncate awa.scheduled_rewrite;
-    -- The statistics then count the rows kept, not those gone, as soon as
-    -- this transaction ends: the next call reads them to decide.
-    perform pg_stat_force_next_flush();
-    return 1;
+    return awa._rewrite_live('awa.scheduled', 'awa.scheduled_rewrite');
 end;
 $$;
 
+select awa._grant_execute('awa._rewrite_due(regclass)');
+select awa._grant_execute('awa._rewrite_live(regclass, regclass)');
 select awa._grant_execute('awa._lane_hints_bytes_allowed()');
 select awa._grant_execute('awa.compact_lane_hints()', 'maintenance');
 select awa._grant_execute('awa._ready_compaction_due()');
