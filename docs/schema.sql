@@ -1309,6 +1309,27 @@ AS $function$
     select 256
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._carry_next_slots(until timestamp with time zone)
+ RETURNS bigint
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+declare
+    carried bigint := 0;
+    ring text;
+begin
+    foreach ring in array array['completed', 'failed', 'long'] loop
+        carried := carried + (awa._carry_slot(
+            awa._finished_slot(
+                ring, clock_timestamp() + awa._finished_slot_seconds(ring) * interval '1 second'
+            ),
+            until
+        )).carried;
+    end loop;
+    return carried;
+end;
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._carry_rows_locked()
  RETURNS integer
  LANGUAGE sql
@@ -5549,24 +5570,13 @@ CREATE OR REPLACE FUNCTION awa.carry_finished()
 AS $function$
 declare
     until timestamptz := clock_timestamp() + awa._carry_time();
-    carried bigint := 0;
-    ring text;
 begin
     perform awa._check_read_committed('awa.carry_finished()');
     perform awa._note_run('carry');
     if not awa._try_leader('prune') then
         return 0;
     end if;
-    -- Only a ring's next slot is ever carried: one per ring, not every slot.
-    foreach ring in array array['completed', 'failed', 'long'] loop
-        carried := carried + (awa._carry_slot(
-            awa._finished_slot(
-                ring, clock_timestamp() + awa._finished_slot_seconds(ring) * interval '1 second'
-            ),
-            until
-        )).carried;
-    end loop;
-    return carried;
+    return awa._carry_next_slots(until);
 end;
 $function$;
 
@@ -7041,11 +7051,7 @@ begin
     if not awa._try_leader('prune') then
         return 0;
     end if;
-    for s in 0 .. awa._finished_slot_count() - 1 loop
-        if awa._prune_action(s, clock_timestamp()) = 'carry' then
-            perform awa._carry_slot(s, until);
-        end if;
-    end loop;
+    perform awa._carry_next_slots(until);
     for s in 0 .. awa._finished_slot_count() - 1 loop
         slot_removed := awa._prune_slot(s, null);
         held := held or slot_removed < 0;

@@ -530,6 +530,33 @@ begin
 end;
 $$;
 
+-- Function: awa._carry_next_slots(until timestamptz) returns bigint
+-- Carries the slot each ring writes next (awa._carry_slot, until `until`):
+-- only a ring's next slot is ever carried, one per ring, not every slot.
+-- Returns how many jobs it carried. The caller holds the prune lock.
+-- Calls: awa._carry_slot, awa._finished_slot, awa._finished_slot_seconds
+-- Writes: nothing
+create or replace function awa._carry_next_slots(until timestamptz)
+returns bigint
+language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    carried bigint := 0;
+    ring text;
+begin
+    foreach ring in array array['completed', 'failed', 'long'] loop
+        carried := carried + (awa._carry_slot(
+            awa._finished_slot(
+                ring, clock_timestamp() + awa._finished_slot_seconds(ring) * interval '1 second'
+            ),
+            until
+        )).carried;
+    end loop;
+    return carried;
+end;
+$$;
+
 -- Function: awa.prune_finished() returns bigint
 -- Removes terminal jobs past their queue's retention by emptying whole
 -- slots of awa.finished with TRUNCATE (see the file header). Never removes
@@ -553,8 +580,8 @@ $$;
 -- Errors: 25000 the calling transaction is not read committed: a snapshot
 -- older than a slot's lock would not see the rows committed since, and the
 -- TRUNCATE would remove them uncopied.
--- Calls: awa._carry_slot, awa._carry_time, awa._check_read_committed, awa._finished_slot_count,
---   awa._note_run, awa._prune_action, awa._prune_slot, awa._try_leader
+-- Calls: awa._carry_next_slots, awa._carry_time, awa._check_read_committed,
+--   awa._finished_slot_count, awa._note_run, awa._prune_slot, awa._try_leader
 -- Writes: nothing
 create or replace function awa.prune_finished()
 returns bigint
@@ -573,11 +600,7 @@ begin
     if not awa._try_leader('prune') then
         return 0;
     end if;
-    for s in 0 .. awa._finished_slot_count() - 1 loop
-        if awa._prune_action(s, clock_timestamp()) = 'carry' then
-            perform awa._carry_slot(s, until);
-        end if;
-    end loop;
+    perform awa._carry_next_slots(until);
     for s in 0 .. awa._finished_slot_count() - 1 loop
         slot_removed := awa._prune_slot(s, null);
         held := held or slot_removed < 0;
@@ -606,8 +629,8 @@ $$;
 -- Role: awa_maintenance.
 -- Returns: how many jobs it carried.
 -- Errors: 25000 the calling transaction is not read committed.
--- Calls: awa._carry_slot, awa._carry_time, awa._check_read_committed, awa._finished_slot,
---   awa._finished_slot_seconds, awa._note_run, awa._try_leader
+-- Calls: awa._carry_next_slots, awa._carry_time, awa._check_read_committed, awa._note_run,
+--   awa._try_leader
 -- Writes: nothing
 create or replace function awa.carry_finished()
 returns bigint
@@ -618,24 +641,13 @@ set lock_timeout = '100ms'
 as $$
 declare
     until timestamptz := clock_timestamp() + awa._carry_time();
-    carried bigint := 0;
-    ring text;
 begin
     perform awa._check_read_committed('awa.carry_finished()');
     perform awa._note_run('carry');
     if not awa._try_leader('prune') then
         return 0;
     end if;
-    -- Only a ring's next slot is ever carried: one per ring, not every slot.
-    foreach ring in array array['completed', 'failed', 'long'] loop
-        carried := carried + (awa._carry_slot(
-            awa._finished_slot(
-                ring, clock_timestamp() + awa._finished_slot_seconds(ring) * interval '1 second'
-            ),
-            until
-        )).carried;
-    end loop;
-    return carried;
+    return awa._carry_next_slots(until);
 end;
 $$;
 
@@ -655,5 +667,6 @@ select awa._grant_execute('awa._carry_batch(integer, tid, tid, timestamptz)');
 select awa._grant_execute('awa._carry_slot(integer, timestamptz)');
 select awa._grant_execute('awa._carry_rows_locked()');
 select awa._grant_execute('awa._prune_slot(integer, timestamptz)');
+select awa._grant_execute('awa._carry_next_slots(timestamptz)');
 select awa._grant_execute('awa.prune_finished()', 'maintenance');
 select awa._grant_execute('awa.carry_finished()', 'maintenance');
