@@ -2954,19 +2954,44 @@ begin
 end;
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._lock_queue_rows(ids integer[])
+ RETURNS integer
+ LANGUAGE sql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+    select count(*)::integer from (
+        select m.queue_id
+          from awa.queue_meta as m
+         where m.queue_id = any(ids)
+         order by m.queue_id
+           for no key update
+    ) as locked
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._mark_unique_jobs(queue_ids integer[], unique_keys bytea[])
  RETURNS void
  LANGUAGE sql
  SET search_path TO 'pg_catalog', 'pg_temp'
  SET enable_seqscan TO 'off'
 AS $function$
+    -- The rows still to mark, locked in queue_id order first, as a change
+    -- of a queue's family locks them (awa._lock_queue_rows): an UPDATE
+    -- locks in its scan's order, which a bitmap scan makes the heap's.
+    -- Once a queue is marked there is nothing to lock.
     update awa.queue_meta as m
        set unique_jobs = true
-     where m.queue_id = any(array(
-         select queue_ids[x.i] from generate_series(1, cardinality(unique_keys)) as x (i)
-          where unique_keys[x.i] is not null
-     ))
-       and not m.unique_jobs
+      from (
+          select q.queue_id
+            from awa.queue_meta as q
+           where q.queue_id = any(array(
+               select queue_ids[x.i] from generate_series(1, cardinality(unique_keys)) as x (i)
+                where unique_keys[x.i] is not null
+           ))
+             and not q.unique_jobs
+           order by q.queue_id
+             for no key update
+      ) as marked
+     where m.queue_id = marked.queue_id
 $function$;
 
 CREATE OR REPLACE FUNCTION awa._max_attempts_ok(max_attempts integer)
@@ -5023,10 +5048,14 @@ CREATE OR REPLACE FUNCTION awa._set_paused(queue text, paused boolean)
  LANGUAGE plpgsql
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
+declare
+    ids integer[];
 begin
     perform awa._lock_queue(queue, create_missing => false);
+    ids := awa._queue_ids(queue);
+    perform awa._lock_queue_rows(ids);
     update awa.queue_meta as m set paused = _set_paused.paused
-     where awa._names_cover(array[_set_paused.queue], m.queue, m.logical_queue, m.root_queue)
+     where m.queue_id = any(ids)
        and m.paused <> _set_paused.paused;
     return found;
 end;
@@ -7867,6 +7896,7 @@ declare
     ids integer[] := awa._queue_ids(set_max_run_time.queue);
 begin
     perform awa._check_max_run_time(max_run_time);
+    perform awa._lock_queue_rows(ids);
     update awa.queue_meta as m
        set max_run_time = awa._in_seconds(set_max_run_time.max_run_time)
      where m.queue_id = any(ids);
@@ -7951,6 +7981,7 @@ begin
             coalesce(completed::text, 'default'), coalesce(failed::text, 'default')
             using errcode = '22023';
     end if;
+    perform awa._lock_queue_rows(ids);
     update awa.queue_meta as m
        set retain_completed = awa._in_seconds(set_retention.completed),
            retain_failed = awa._in_seconds(set_retention.failed)
@@ -7987,6 +8018,7 @@ begin
             coalesce(cap::text, awa._retry_default_cap() || ' (the default)')
             using errcode = '22023';
     end if;
+    perform awa._lock_queue_rows(ids);
     update awa.queue_meta as m
        set retry_base = awa._in_seconds(set_retry_policy.base),
            retry_cap = awa._in_seconds(set_retry_policy.cap),
@@ -8029,6 +8061,10 @@ begin
             using errcode = '22004',
                   hint = 'The auto-scaler never raises S above max_shards.';
     end if;
+    perform awa._lock_queue_rows(array(
+        select m.queue_id from awa.queue_meta as m
+         where m.queue_id = anchor.queue_id or m.root_queue = anchor.queue
+    ));
     update awa.queue_meta as m
        set shard_mode = set_shard_mode.mode,
            max_shards = new_max,

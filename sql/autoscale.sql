@@ -51,7 +51,7 @@ select awa._grant_execute('awa._autoscale_policy(integer)');
 -- Errors: 42704 unknown queue; 22004 null mode, or no max_shards for
 --   shadow/auto; 22023 unknown mode, max_shards outside 1..64, or a
 --   partition or stripe named instead of its logical queue; 25006 standby.
--- Calls: awa._check_range, awa._lock_queue, awa._require_primary
+-- Calls: awa._check_range, awa._lock_queue, awa._lock_queue_rows, awa._require_primary
 -- Writes: awa.queue_meta
 create or replace function awa.set_shard_mode(
     queue text, mode text, max_shards integer default null
@@ -89,6 +89,10 @@ begin
             using errcode = '22004',
                   hint = 'The auto-scaler never raises S above max_shards.';
     end if;
+    perform awa._lock_queue_rows(array(
+        select m.queue_id from awa.queue_meta as m
+         where m.queue_id = anchor.queue_id or m.root_queue = anchor.queue
+    ));
     update awa.queue_meta as m
        set shard_mode = set_shard_mode.mode,
            max_shards = new_max,

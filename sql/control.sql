@@ -3,17 +3,21 @@
 -- Function: awa._set_paused(queue text, paused boolean) returns boolean
 -- Pauses or resumes a queue with all its partitions and stripes; true when
 -- anything changed.
--- Calls: awa._lock_queue, awa._names_cover
+-- Calls: awa._lock_queue, awa._lock_queue_rows, awa._queue_ids
 -- Writes: awa.queue_meta
 create or replace function awa._set_paused(queue text, paused boolean)
 returns boolean
 language plpgsql
 set search_path = pg_catalog, pg_temp
 as $$
+declare
+    ids integer[];
 begin
     perform awa._lock_queue(queue, create_missing => false);
+    ids := awa._queue_ids(queue);
+    perform awa._lock_queue_rows(ids);
     update awa.queue_meta as m set paused = _set_paused.paused
-     where awa._names_cover(array[_set_paused.queue], m.queue, m.logical_queue, m.root_queue)
+     where m.queue_id = any(ids)
        and m.paused <> _set_paused.paused;
     return found;
 end;

@@ -1024,6 +1024,32 @@ begin
 end;
 $$;
 
+-- Function: awa._lock_queue_rows(ids integer[]) returns integer
+-- Locks the settings rows of queues `ids` in queue_id order, for no key
+-- update as awa._lock_queue does: what an operator's change of a whole
+-- family (a pause, a retention, a retry policy, a max run time, a shard
+-- mode) takes before its UPDATE, which locks rows in the order it finds
+-- them, the heap's, which every update of a row reshuffles. A producer's
+-- first keyed batch marks the queues it reaches in queue_id order
+-- (awa._mark_unique_jobs): two orders over the same rows deadlocked
+-- (40P01, two single calls). Returns how many it locked: a count, which
+-- reads every row (a SQL function's last SELECT may stop at its first).
+-- Calls: nothing
+-- Writes: nothing
+create or replace function awa._lock_queue_rows(ids integer[])
+returns integer
+language sql
+set search_path = pg_catalog, pg_temp
+as $$
+    select count(*)::integer from (
+        select m.queue_id
+          from awa.queue_meta as m
+         where m.queue_id = any(ids)
+         order by m.queue_id
+           for no key update
+    ) as locked
+$$;
+
 select awa._grant_execute('awa._queue_name_ok(text)');
 select awa._grant_execute('awa._names_cover(text[], text, text, text)');
 select awa._grant_execute('awa._priority_ok(smallint)');
@@ -1054,6 +1080,7 @@ select awa._grant_execute('awa._lock_queue(text, boolean)');
 select awa._grant_execute('awa._lock_queue_provisioning(text, boolean)');
 select awa._grant_execute('awa._queue(text)');
 select awa._grant_execute('awa._queue_ids(text)');
+select awa._grant_execute('awa._lock_queue_rows(integer[])');
 select awa._grant_execute('awa._ensure_linked(text, text, boolean)');
 select awa._grant_execute('awa._ensure_stripe(text, integer)');
 select awa._grant_execute('awa._pick_stripe(awa.queue_meta, bytea)');

@@ -228,13 +228,24 @@ language sql
 set search_path = pg_catalog, pg_temp
 set enable_seqscan = off
 as $$
+    -- The rows still to mark, locked in queue_id order first, as a change
+    -- of a queue's family locks them (awa._lock_queue_rows): an UPDATE
+    -- locks in its scan's order, which a bitmap scan makes the heap's.
+    -- Once a queue is marked there is nothing to lock.
     update awa.queue_meta as m
        set unique_jobs = true
-     where m.queue_id = any(array(
-         select queue_ids[x.i] from generate_series(1, cardinality(unique_keys)) as x (i)
-          where unique_keys[x.i] is not null
-     ))
-       and not m.unique_jobs
+      from (
+          select q.queue_id
+            from awa.queue_meta as q
+           where q.queue_id = any(array(
+               select queue_ids[x.i] from generate_series(1, cardinality(unique_keys)) as x (i)
+                where unique_keys[x.i] is not null
+           ))
+             and not q.unique_jobs
+           order by q.queue_id
+             for no key update
+      ) as marked
+     where m.queue_id = marked.queue_id
 $$;
 
 -- Function: awa._release_unique_key(job_id bigint, completed boolean)

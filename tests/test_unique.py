@@ -672,6 +672,56 @@ def test_a_batch_that_creates_a_queue_and_marks_another_does_not_deadlock_a_chan
                              ).fetchone()[0]
 
 
+@pytest.mark.parametrize("change", [
+    "select awa.pause_queue('fam')",
+    "select awa.set_retention('fam', '1 hour', '1 day')",
+    "select awa.set_retry_policy('fam', '1 second', '1 minute', 0.1)",
+    "select awa.set_max_run_time('fam', '1 hour')",
+    "select * from awa.set_shard_mode('fam', 'shadow', 8)",
+])
+def test_a_family_change_and_a_first_keyed_batch_lock_the_rows_in_one_order(
+        db, logins, change):
+    """A change of a logical queue updates the row of each of its
+    partitions; a producer's first keyed batch over two partitions marks
+    their rows (queue_meta.unique_jobs) in queue_id order. The change locked
+    them in the order it found them, the heap's, which an update of a row
+    reshuffles: with fam__p2's row before fam__p1's, the change held p2 and
+    waited for p1 while the batch held p1 and waited for p2, 40P01 from two
+    single calls. Both lock in queue_id order now. A third session holds
+    p1's row only so that both calls wait there, the batch first."""
+    _fast_deadlock_detection(db)
+    with db.connect() as su:
+        su.execute("select * from awa.set_queue_partitions('fam', 3)")
+        # A new version of p1's row, after p2's in the heap.
+        su.execute("update awa.queue_meta set paused = paused where queue = 'fam__p1'")
+        order = [r[0] for r in su.execute(
+            "select queue from awa.queue_meta where queue like 'fam%' order by ctid")]
+        assert order.index("fam__p2") < order.index("fam__p1"), order
+    with db.connect() as admin, db.connect(autocommit=False) as holder:
+        holder.execute("select from awa.queue_meta where queue = 'fam__p1' for no key update")
+        calls = [
+            Call(db.connect(logins.producer, autocommit=False), lambda c: c.execute(
+                "select duplicate from awa.enqueue_batch(array['fam__p1', 'fam__p2'],"
+                " array['a', 'b'], unique_keys => array['k1', 'k2']::bytea[])").fetchall()),
+            Call(db.connect(logins.operator, autocommit=False),
+                 lambda c: c.execute(change).fetchall()),
+        ]
+        for call in calls:
+            call.start()
+            wait_until(lambda call=call: waits_for_a_lock(admin, call.pid),
+                       what="each call to wait for p1's row")
+        holder.commit()
+        for call in calls:
+            call.join(timeout=30)
+            assert not call.is_alive()
+        batch, op = calls
+        assert batch.error is None, batch.error
+        assert op.error is None, op.error
+        assert batch.result == [(False,), (False,)]
+        assert admin.execute("select count(*) from awa.queue_meta"
+                             " where queue like 'fam__p%' and unique_jobs").fetchone()[0] == 2
+
+
 def test_a_key_given_back_while_a_batch_waits_for_an_earlier_key_is_taken(db, logins):
     """A batch settles its keys one at a time, in key order. While it waits
     for the row of its first key (K1, whose window has passed, locked by
