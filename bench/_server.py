@@ -33,14 +33,16 @@ BENCH_SETTINGS = {
 
 
 @contextlib.contextmanager
-def bench_server(major: int = 18) -> Iterator[str]:
-    """Yields the DSN of a fresh database with awa installed."""
+def bench_server(major: int = 18, settings: dict[str, str] | None = None) -> Iterator[str]:
+    """Yields the DSN of a fresh database with awa installed. ``settings``
+    adds to (or replaces) BENCH_SETTINGS; AWA_BENCH_DSN's server has its own."""
     if dsn := os.environ.get("AWA_BENCH_DSN"):
         yield dsn
         return
     workdir = Path(tempfile.mkdtemp(prefix="awa-bench-"))
     server = embedded.LocalServer(
-        embedded.ensure_binaries(major), workdir / "pgdata", settings=BENCH_SETTINGS
+        embedded.ensure_binaries(major), workdir / "pgdata",
+        settings={**BENCH_SETTINGS, **(settings or {})},
     )
     server.start()
     try:

@@ -749,15 +749,22 @@ CREATE VIEW awa.lane_overview AS
     l.priority,
     l.shard,
     l.lane_id,
-    l.shard >= m.enqueue_shards AND l.ready > 0 AS draining,
-    l.ready,
-    GREATEST('00:00:00'::interval, now() - l.oldest_ready_at) AS lag,
-    l.next_seq,
-    l.head_seq AS claim_position,
+    l.shard >= m.enqueue_shards AND COALESCE(f.ready, 0::bigint) > 0 AS draining,
+    COALESCE(f.ready, 0::bigint) AS ready,
+    GREATEST('00:00:00'::interval, now() - f.ready_at) AS lag,
+    COALESCE(awa._lane_last_seq(l.lane_id), 0::bigint) + 1 AS next_seq,
+    f.lane_seq AS claim_position,
     COALESCE(m.root_queue, m.logical_queue, m.queue) AS logical_queue,
     l.shard < GREATEST(m.lane_shards, m.enqueue_shards) AS walked
    FROM awa.queue_meta m
-     CROSS JOIN LATERAL awa._lane_states(m.queue_id) l(lane_id, priority, shard, ready, oldest_ready_at, next_seq, head_seq);
+     CROSS JOIN LATERAL awa._lane_starts(m.queue_id) l(lane_id, priority, shard, hint, span_end)
+     LEFT JOIN LATERAL ( SELECT x.lane_seq,
+            x.ready_at,
+            COALESCE(l.span_end, awa._lane_last_seq(l.lane_id)) - x.lane_seq + 1 AS ready
+           FROM awa.ready x
+          WHERE x.lane_id = l.lane_id AND x.lane_seq >= l.hint
+          ORDER BY x.lane_seq
+         LIMIT 1) f ON true;
 
 CREATE VIEW awa.queue_history AS
  SELECT s.sampled_at,
@@ -779,28 +786,36 @@ CREATE VIEW awa.queue_overview AS
     m.paused,
     COALESCE(r.ready, 0::numeric)::bigint AS ready,
     COALESCE(ru.running, 0::bigint) AS running,
-    s.scheduled,
-    t.failed,
-    t.completed,
+    awa._scheduled_capped(m.queue_id) AS scheduled,
+    awa._queue_counter(m.queue_id, 'failed'::text) AS failed,
+    awa._queue_counter(m.queue_id, 'completed'::text) AS completed,
     GREATEST('00:00:00'::interval, now() - r.oldest_ready_at) AS oldest_ready_age,
     COALESCE(m.root_queue, m.logical_queue, m.queue) AS logical_queue,
     m.stripes,
     m.partitions,
-    t.cancelled,
-    t.retain_completed,
-    t.retain_failed,
-    p.max_run_time,
-    p.retry_base,
-    p.retry_cap,
-    p.retry_jitter,
-    awa._retried_total(m.queue_id) AS retried
+    awa._queue_counter(m.queue_id, 'cancelled'::text) AS cancelled,
+    COALESCE(m.retain_completed, ( SELECT d.retain_completed
+           FROM awa._policy_defaults() d(retain_completed, retain_failed, retry_base, retry_cap, retry_jitter))) AS retain_completed,
+    COALESCE(m.retain_failed, ( SELECT d.retain_failed
+           FROM awa._policy_defaults() d(retain_completed, retain_failed, retry_base, retry_cap, retry_jitter))) AS retain_failed,
+    m.max_run_time,
+    COALESCE(m.retry_base, ( SELECT d.retry_base
+           FROM awa._policy_defaults() d(retain_completed, retain_failed, retry_base, retry_cap, retry_jitter))) AS retry_base,
+    COALESCE(m.retry_cap, ( SELECT d.retry_cap
+           FROM awa._policy_defaults() d(retain_completed, retain_failed, retry_base, retry_cap, retry_jitter))) AS retry_cap,
+    COALESCE(m.retry_jitter, ( SELECT d.retry_jitter
+           FROM awa._policy_defaults() d(retain_completed, retain_failed, retry_base, retry_cap, retry_jitter))) AS retry_jitter,
+    awa._queue_counter(m.queue_id, 'retried'::text) AS retried
    FROM awa.queue_meta m
-     CROSS JOIN LATERAL ( SELECT sum(x.ready) AS ready,
-            min(x.oldest_ready_at) AS oldest_ready_at
-           FROM awa._lane_states(m.queue_id) x(lane_id, priority, shard, ready, oldest_ready_at, next_seq, head_seq)) r
-     CROSS JOIN LATERAL awa._finished_totals(m.queue_id) t(completed, failed, cancelled, retain_completed, retain_failed)
-     CROSS JOIN LATERAL awa._run_policy(m.queue_id) p(max_run_time, retry_base, retry_cap, retry_jitter)
-     CROSS JOIN LATERAL awa._scheduled_capped(m.queue_id) s(scheduled)
+     LEFT JOIN LATERAL ( SELECT sum(f.ready) AS ready,
+            min(f.ready_at) AS oldest_ready_at
+           FROM awa._lane_starts(m.queue_id) l(lane_id, priority, shard, hint, span_end)
+             CROSS JOIN LATERAL ( SELECT x.ready_at,
+                    COALESCE(l.span_end, awa._lane_last_seq(l.lane_id)) - x.lane_seq + 1 AS ready
+                   FROM awa.ready x
+                  WHERE x.lane_id = l.lane_id AND x.lane_seq >= l.hint
+                  ORDER BY x.lane_seq
+                 LIMIT 1) f) r ON true
      LEFT JOIN ( SELECT x.queue_id,
             count(*) AS running
            FROM awa.running x
@@ -1779,6 +1794,15 @@ AS $function$
        );
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._counter_seq_name(queue_id integer, counter text)
+ RETURNS text
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+    select 'queue_' operator(pg_catalog.||) queue_id::pg_catalog.text
+           operator(pg_catalog.||) '_' operator(pg_catalog.||) counter
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._default_args()
  RETURNS jsonb
  LANGUAGE sql
@@ -2230,22 +2254,6 @@ AS $function$
                 else 21600 end
 $function$;
 
-CREATE OR REPLACE FUNCTION awa._finished_totals(queue_id integer)
- RETURNS TABLE(completed bigint, failed bigint, cancelled bigint, retain_completed interval, retain_failed interval)
- LANGUAGE sql
- STABLE SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'pg_temp'
-AS $function$
-    select
-        coalesce(pg_sequence_last_value(m.completed_seq), 0),
-        coalesce(pg_sequence_last_value(m.failed_seq), 0),
-        coalesce(pg_sequence_last_value(m.cancelled_seq), 0),
-        awa._retention('completed', m.retain_completed, m.retain_failed),
-        awa._retention('failed', m.retain_completed, m.retain_failed)
-      from awa.queue_meta as m
-     where m.queue_id = _finished_totals.queue_id
-$function$;
-
 CREATE OR REPLACE FUNCTION awa._first_attempt()
  RETURNS integer
  LANGUAGE sql
@@ -2598,6 +2606,18 @@ AS $function$
     select 131072 + 128 * count(*) from awa.lanes
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._lane_last_seq(lane_id integer)
+ RETURNS bigint
+ LANGUAGE plpgsql
+ STABLE SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+begin
+    return awa._sequence_value(pg_catalog.to_regclass(
+        pg_catalog.format('awa.%I', awa._lane_seq_name(_lane_last_seq.lane_id))));
+end;
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._lane_memo_name(queue_id integer, priority smallint)
  RETURNS text
  LANGUAGE sql
@@ -2613,7 +2633,7 @@ CREATE OR REPLACE FUNCTION awa._lane_next_seq(lane_id integer)
  STABLE SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
-    select coalesce(pg_sequence_last_value(l.seq), 0) + 1
+    select coalesce(awa._sequence_value(l.seq), 0) + 1
       from awa.lanes as l
      where l.lane_id = _lane_next_seq.lane_id
 $function$;
@@ -2622,9 +2642,43 @@ CREATE OR REPLACE FUNCTION awa._lane_seq_name(lane_id integer)
  RETURNS text
  LANGUAGE sql
  IMMUTABLE PARALLEL SAFE
- SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
-    select 'lane_seq_' || lane_id
+    select 'lane_seq_' operator(pg_catalog.||) lane_id::pg_catalog.text
+$function$;
+
+CREATE OR REPLACE FUNCTION awa._lane_starts(queue_id integer)
+ RETURNS TABLE(lane_id integer, priority smallint, shard smallint, hint bigint, span_end bigint)
+ LANGUAGE plpgsql
+ STABLE SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+ SET enable_seqscan TO 'off'
+AS $function$
+begin
+    if not pg_is_in_recovery() then
+        return query
+        select
+            l.lane_id, l.priority, l.shard,
+            coalesce((
+                select max(h.head_seq)
+                  from awa.lane_hints as h
+                 where h.lane_id = l.lane_id
+            ), 0),
+            null::bigint
+          from awa.lanes as l
+         where l.queue_id = _lane_starts.queue_id;
+    else
+        return query
+        select
+            l.lane_id, l.priority, l.shard, 0::bigint,
+            (select r.lane_seq
+               from awa.ready as r
+              where r.lane_id = l.lane_id
+              order by r.lane_seq desc
+              limit 1)
+          from awa.lanes as l
+         where l.queue_id = _lane_starts.queue_id;
+    end if;
+end;
 $function$;
 
 CREATE OR REPLACE FUNCTION awa._lane_states(queue_id integer)
@@ -2644,9 +2698,9 @@ begin
         select
             l.lane_id, l.priority, l.shard,
             case when f.lane_seq is null then 0
-                 else pg_sequence_last_value(l.seq) - f.lane_seq + 1 end,
+                 else s.last_seq - f.lane_seq + 1 end,
             f.ready_at,
-            coalesce(pg_sequence_last_value(l.seq), 0) + 1,
+            coalesce(s.last_seq, 0) + 1,
             f.lane_seq
           from awa.lanes as l
           cross join lateral (
@@ -2662,6 +2716,8 @@ begin
                order by r.lane_seq
                limit 1
           ) as f on true
+          -- The lane's sequence, read once.
+          cross join lateral (select awa._sequence_value(l.seq) as last_seq offset 0) as s
          where l.queue_id = _lane_states.queue_id;
     else
         -- Nor is a sequence exact there: it reads as the primary last logged
@@ -2672,7 +2728,7 @@ begin
             l.lane_id, l.priority, l.shard,
             coalesce(t.lane_seq - f.lane_seq + 1, 0),
             f.ready_at,
-            coalesce(pg_sequence_last_value(l.seq), 0) + 1,
+            coalesce(awa._sequence_value(l.seq), 0) + 1,
             f.lane_seq
           from awa.lanes as l
           left join lateral (
@@ -3782,6 +3838,20 @@ begin
 end;
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._policy_defaults()
+ RETURNS TABLE(retain_completed interval, retain_failed interval, retry_base interval, retry_cap interval, retry_jitter numeric)
+ LANGUAGE sql
+ STABLE SECURITY DEFINER ROWS 1
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+    select
+        awa._retention('completed', null, null),
+        awa._retention('failed', null, null),
+        awa._retry_default_base(),
+        awa._retry_default_cap(),
+        awa._retry_default_jitter()
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._priority_ok(priority smallint)
  RETURNS boolean
  LANGUAGE sql
@@ -3823,8 +3893,8 @@ begin
     for i in 1 .. cardinality(counters) loop
         continue when seqs[i] is not null;
         execute format('create sequence if not exists awa.%I as bigint',
-                       'queue_' || queue_id || '_' || counters[i]);
-        seqs[i] := format('awa.%I', 'queue_' || queue_id || '_' || counters[i])::regclass;
+                       awa._counter_seq_name(queue_id, counters[i]));
+        seqs[i] := format('awa.%I', awa._counter_seq_name(queue_id, counters[i]))::regclass;
         if counters[i] <> 'retried' then
             select count(*) into so_far
               from awa.finished as f
@@ -4061,6 +4131,23 @@ AS $function$
         (select count(*) from awa.finished as f where f.queue_id = _queue_contents.queue_id)
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._queue_counter(queue_id integer, counter text)
+ RETURNS bigint
+ LANGUAGE plpgsql
+ STABLE SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+begin
+    if counter is null
+       or counter <> all (array['completed', 'failed', 'cancelled', 'retried']) then
+        raise exception 'no counter %', coalesce(counter, 'null') using errcode = '22023';
+    end if;
+    return coalesce(awa._sequence_value(pg_catalog.to_regclass(
+        pg_catalog.format('awa.%I', awa._counter_seq_name(_queue_counter.queue_id, counter)))),
+        0);
+end;
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._queue_ids(queue text)
  RETURNS integer[]
  LANGUAGE plpgsql
@@ -4206,7 +4293,18 @@ begin
           except
           select f.on_what, f.column_name, f.privilege, f.grantee
             from awa._grants_found() as f
-      ) as e;
+      ) as e
+     where case pg_catalog.split_part(e.on_what, ' ', 1)
+               when 'function' then pg_catalog.to_regprocedure(
+                   pg_catalog.substr(e.on_what, pg_catalog.length('function ') + 1)) is not null
+               when 'procedure' then pg_catalog.to_regprocedure(
+                   pg_catalog.substr(e.on_what, pg_catalog.length('procedure ') + 1)) is not null
+               when 'table' then pg_catalog.to_regclass(
+                   pg_catalog.substr(e.on_what, pg_catalog.length('table ') + 1)) is not null
+               when 'sequence' then pg_catalog.to_regclass(
+                   pg_catalog.substr(e.on_what, pg_catalog.length('sequence ') + 1)) is not null
+               else true
+           end;
     if taken is not null then
         raise warning 'the function layer took back % privilege(s) it does not grant: %',
             cardinality(taken), array_to_string(taken, '; ')
@@ -4388,17 +4486,6 @@ AS $function$
     select case when state operator(pg_catalog.=) 'completed'
                 then coalesce(retain_completed, interval '24 hours')
                 else coalesce(retain_failed, interval '7 days') end
-$function$;
-
-CREATE OR REPLACE FUNCTION awa._retried_total(queue_id integer)
- RETURNS bigint
- LANGUAGE sql
- STABLE SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'pg_temp'
-AS $function$
-    select coalesce(pg_sequence_last_value(m.retried_seq), 0)
-      from awa.queue_meta as m
-     where m.queue_id = _retried_total.queue_id
 $function$;
 
 CREATE OR REPLACE FUNCTION awa._retry_default_base()
@@ -4708,21 +4795,6 @@ AS $function$
         or run_at operator(pg_catalog.<) '9999-12-31 00:00:00+00'::pg_catalog.timestamptz
 $function$;
 
-CREATE OR REPLACE FUNCTION awa._run_policy(queue_id integer)
- RETURNS TABLE(max_run_time interval, retry_base interval, retry_cap interval, retry_jitter numeric)
- LANGUAGE sql
- STABLE SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'pg_temp'
-AS $function$
-    select
-        m.max_run_time,
-        coalesce(m.retry_base, awa._retry_default_base()),
-        coalesce(m.retry_cap, awa._retry_default_cap()),
-        coalesce(m.retry_jitter, awa._retry_default_jitter())
-      from awa.queue_meta as m
-     where m.queue_id = _run_policy.queue_id
-$function$;
-
 CREATE OR REPLACE FUNCTION awa._running_block_leases()
  RETURNS integer
  LANGUAGE sql
@@ -4999,6 +5071,24 @@ AS $function$
                awa._role_for('producer')))
       ) as r (ord, rule, message, hint) on r.rule = named.rule
      order by r.ord;
+$function$;
+
+CREATE OR REPLACE FUNCTION awa._sequence_value(seq regclass)
+ RETURNS bigint
+ LANGUAGE plpgsql
+ STABLE
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+declare
+    found record;
+begin
+    if pg_catalog.current_setting('server_version_num')::integer >= 180000 then
+        -- Parsed when first run: PostgreSQL 17 has no such function.
+        found := pg_catalog.pg_get_sequence_data(seq);
+        return case when found.is_called then found.last_value end;
+    end if;
+    return pg_catalog.pg_sequence_last_value(seq);
+end;
 $function$;
 
 CREATE OR REPLACE FUNCTION awa._set_enqueue_shards(queue text, shards integer, source text)
@@ -8345,17 +8435,18 @@ GRANT SELECT ON TABLE awa.runtime_overview TO awa_operator, awa_reader;
 GRANT SELECT ON TABLE awa.runtime_queue_overview TO awa_operator, awa_reader;
 GRANT SELECT ON TABLE awa.shard_change_evidence TO awa_operator, awa_reader;
 GRANT SELECT ON TABLE awa.shard_changes TO awa_operator, awa_reader;
-GRANT EXECUTE ON FUNCTION awa._finished_totals(integer) TO awa_operator, awa_reader;
 GRANT EXECUTE ON FUNCTION awa._hash64_limbs(bytea) TO awa_maintenance, awa_operator, awa_producer, awa_reader, awa_worker;
 GRANT EXECUTE ON FUNCTION awa._key_shard(bytea,integer) TO awa_maintenance, awa_operator, awa_producer, awa_reader, awa_worker;
+GRANT EXECUTE ON FUNCTION awa._lane_last_seq(integer) TO awa_operator, awa_reader;
 GRANT EXECUTE ON FUNCTION awa._lane_next_seq(integer) TO awa_operator, awa_reader;
+GRANT EXECUTE ON FUNCTION awa._lane_starts(integer) TO awa_operator, awa_reader;
 GRANT EXECUTE ON FUNCTION awa._lane_states(integer) TO awa_operator, awa_reader;
 GRANT EXECUTE ON FUNCTION awa._limbs_mod(bigint[],integer) TO awa_maintenance, awa_operator, awa_producer, awa_reader, awa_worker;
 GRANT EXECUTE ON FUNCTION awa._limbs_numeric(bigint[]) TO awa_maintenance, awa_operator, awa_producer, awa_reader, awa_worker;
 GRANT EXECUTE ON FUNCTION awa._mix_limbs(bytea,bigint,bigint) TO awa_maintenance, awa_operator, awa_producer, awa_reader, awa_worker;
 GRANT EXECUTE ON FUNCTION awa._partition_limbs(bytea) TO awa_maintenance, awa_operator, awa_producer, awa_reader, awa_worker;
-GRANT EXECUTE ON FUNCTION awa._retried_total(integer) TO awa_operator, awa_reader;
-GRANT EXECUTE ON FUNCTION awa._run_policy(integer) TO awa_operator, awa_reader;
+GRANT EXECUTE ON FUNCTION awa._policy_defaults() TO awa_operator, awa_reader;
+GRANT EXECUTE ON FUNCTION awa._queue_counter(integer,text) TO awa_operator, awa_reader;
 GRANT EXECUTE ON FUNCTION awa._scheduled_capped(integer) TO awa_operator, awa_reader;
 GRANT EXECUTE ON FUNCTION awa.autoscale_tick() TO awa_maintenance;
 GRANT EXECUTE ON FUNCTION awa.cancel_job(bigint) TO awa_operator;

@@ -132,16 +132,16 @@ $$;
 
 -- Function: awa._lane_seq_name(lane_id integer) returns text
 -- The name, in schema awa, of a lane's sequence (awa._provision_lanes
--- creates it; awa.queue_meta.lane_seqs and awa.lanes.seq record it).
+-- creates it; awa.queue_meta.lane_seqs and awa.lanes.seq record it;
+-- awa._lane_last_seq finds it by it). Inlined.
 -- Calls: nothing
 -- Writes: nothing
 create or replace function awa._lane_seq_name(lane_id integer)
 returns text
 language sql
 immutable parallel safe
-set search_path = pg_catalog, pg_temp
 as $$
-    select 'lane_seq_' || lane_id
+    select 'lane_seq_' operator(pg_catalog.||) lane_id::pg_catalog.text
 $$;
 
 -- Function: awa._lane_wait_total(started timestamptz, finished timestamptz) returns text

@@ -633,8 +633,10 @@ $$;
 -- applied) in awa.expected_grants, which awa._security_violations compares
 -- with the catalog from then on. First it warns, in one WARNING that awa
 -- migrate prints, of every privilege awa._revoke_grants took back that the
--- layer did not grant again. Nothing where that table does not exist yet
--- (a layer applied over the migrations before 0036).
+-- layer did not grant again; not of those on a routine or relation the
+-- layer dropped (sql/retired.sql, or after the views that called it),
+-- which went with it. Nothing where that table does not exist yet (a layer
+-- applied over the migrations before 0036).
 -- Calls: awa._grants_found, awa._privilege_text, awa._role_for
 -- Writes: awa.expected_grants
 create or replace function awa._record_grants()
@@ -657,7 +659,18 @@ begin
           except
           select f.on_what, f.column_name, f.privilege, f.grantee
             from awa._grants_found() as f
-      ) as e;
+      ) as e
+     where case pg_catalog.split_part(e.on_what, ' ', 1)
+               when 'function' then pg_catalog.to_regprocedure(
+                   pg_catalog.substr(e.on_what, pg_catalog.length('function ') + 1)) is not null
+               when 'procedure' then pg_catalog.to_regprocedure(
+                   pg_catalog.substr(e.on_what, pg_catalog.length('procedure ') + 1)) is not null
+               when 'table' then pg_catalog.to_regclass(
+                   pg_catalog.substr(e.on_what, pg_catalog.length('table ') + 1)) is not null
+               when 'sequence' then pg_catalog.to_regclass(
+                   pg_catalog.substr(e.on_what, pg_catalog.length('sequence ') + 1)) is not null
+               else true
+           end;
     if taken is not null then
         raise warning 'the function layer took back % privilege(s) it does not grant: %',
             cardinality(taken), array_to_string(taken, '; ')

@@ -385,6 +385,21 @@ begin
 end;
 $$;
 
+-- Function: awa._counter_seq_name(queue_id integer, counter text) returns text
+-- The name, in schema awa, of one of a queue's counters ('completed',
+-- 'failed', 'cancelled', 'retried'): awa._provision_counters creates it,
+-- awa.queue_meta records it, awa._queue_counter finds it by it. Inlined.
+-- Calls: nothing
+-- Writes: nothing
+create or replace function awa._counter_seq_name(queue_id integer, counter text)
+returns text
+language sql
+immutable parallel safe
+as $$
+    select 'queue_' operator(pg_catalog.||) queue_id::pg_catalog.text
+           operator(pg_catalog.||) '_' operator(pg_catalog.||) counter
+$$;
+
 -- Function: awa._provision_counters(queue_id integer) returns void
 -- Gives a physical queue each of its counters it has none of: one sequence
 -- per terminal state and one of retried attempts
@@ -396,7 +411,7 @@ $$;
 -- starts at 0 (what was retried before it was made is not kept). The
 -- caller holds the provisioning lock, or runs in the function layer's
 -- transaction.
--- Calls: nothing
+-- Calls: awa._counter_seq_name
 -- Writes: awa.queue_meta
 create or replace function awa._provision_counters(queue_id integer)
 returns void
@@ -417,8 +432,8 @@ begin
     for i in 1 .. cardinality(counters) loop
         continue when seqs[i] is not null;
         execute format('create sequence if not exists awa.%I as bigint',
-                       'queue_' || queue_id || '_' || counters[i]);
-        seqs[i] := format('awa.%I', 'queue_' || queue_id || '_' || counters[i])::regclass;
+                       awa._counter_seq_name(queue_id, counters[i]));
+        seqs[i] := format('awa.%I', awa._counter_seq_name(queue_id, counters[i]))::regclass;
         if counters[i] <> 'retried' then
             select count(*) into so_far
               from awa.finished as f
@@ -1071,6 +1086,7 @@ select awa._grant_execute('awa._check_lease(text, interval)');
 select awa._grant_execute('awa._check_priority(smallint)');
 select awa._grant_execute('awa._limit_ok(integer)');
 select awa._grant_execute('awa._check_limit(text, integer)');
+select awa._grant_execute('awa._counter_seq_name(integer, text)');
 select awa._grant_execute('awa._provision_counters(integer)');
 select awa._grant_execute('awa._count_lane_shards(integer)');
 select awa._grant_execute('awa._count_linked()');

@@ -159,8 +159,7 @@ def test_an_immediate_stop_keeps_every_commit_and_nothing_else_and_the_lanes_go_
         before = su.execute(
             "select (select count(*) from awa.lane_hints),"
             " (select max(lane_seq) from awa.ready),"
-            " (select completed from awa._finished_totals("
-            "   (select queue_id from awa.queue_meta where queue = 'fifo')))").fetchone()
+            " (select completed from awa.queue_overview where queue = 'fifo')").fetchone()
     assert before[0] > 0, "the claims left a hint to lose"
     open_enqueue = db.connect("awa_producer", autocommit=False)
     open_enqueue.execute("select awa.enqueue('fifo', 'lost')")
@@ -187,8 +186,7 @@ def test_an_immediate_stop_keeps_every_commit_and_nothing_else_and_the_lanes_go_
         assert su.execute("select count(*) from awa.lane_hints").fetchone()[0] == 0
         assert su.execute("select count(*) from awa.copy_staging").fetchone()[0] == 0
         completed = su.execute(
-            "select completed from awa._finished_totals("
-            " (select queue_id from awa.queue_meta where queue = 'fifo'))").fetchone()[0]
+            "select completed from awa.queue_overview where queue = 'fifo'").fetchone()[0]
         assert completed >= 100
 
     # The lane goes on after the jump of its sequence: new jobs come after

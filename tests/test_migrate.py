@@ -768,6 +768,27 @@ def test_the_upgrade_that_first_records_the_grants_names_those_it_takes_back(db,
     assert db.awa("status", "--check").returncode == 0
 
 
+def test_a_routine_the_layer_drops_takes_its_grants_along_unnamed(db):
+    """A function an earlier layer made and granted, which this one drops
+    (the views' per-queue functions, dropped once the views no longer call
+    them): its grants went with it, and the upgrade names none of them as
+    taken back, which would tell the operator to fix a grant nobody made."""
+    with db.connect() as conn:
+        conn.execute("set role awa_owner")
+        conn.execute("create function awa._finished_totals(queue_id integer) returns bigint"
+                     " language sql stable as 'select 0::bigint'")
+        conn.execute("grant execute on function awa._finished_totals(integer) to awa_reader")
+        conn.execute("reset role")
+        conn.execute("select awa._record_grants()")  # as the earlier layer left it
+        conn.execute("delete from awa.schema_functions")  # the layer due again
+    upgraded = db.awa("migrate", check=True)
+    assert "took back" not in upgraded.stdout + upgraded.stderr, upgraded.stdout
+    with db.connect() as conn:
+        assert conn.execute("select to_regprocedure('awa._finished_totals(integer)')"
+                            ).fetchone()[0] is None
+        assert conn.execute("select * from awa._grant_drift()").fetchall() == []
+
+
 def test_a_procedure_granted_by_hand_is_taken_back_too(db):
     """REVOKE ... ON FUNCTION refuses a procedure (42809): the layer's
     revoke-all names each routine as what it is, or one procedure granted

@@ -105,12 +105,15 @@ def test_private_routines_are_the_owners_alone(db, logins):
         "awa._mix_limbs(bytea,bigint,bigint)", "awa._partition_limbs(bytea)",
         # The views (run with their reader's rights) read each lane's
         # sequence and head, and each queue's counters: sequences only the
-        # owner may read. Read-only, whatever queue id they are given.
+        # owner may read. Read-only, whatever lane or queue id they are
+        # given, and only lane sequences and a queue's four counters.
         "awa._lane_next_seq(integer)", "awa._lane_states(integer)",
-        "awa._finished_totals(integer)", "awa._retried_total(integer)",
-        # awa.queue_overview applies the retry policy's defaults, and counts
-        # a queue's scheduled jobs up to a cap, from that queue's index only.
-        "awa._run_policy(integer)", "awa._scheduled_capped(integer)",
+        "awa._lane_last_seq(integer)", "awa._lane_starts(integer)",
+        "awa._queue_counter(integer,text)",
+        # awa.queue_overview counts a queue's scheduled jobs up to a cap,
+        # from that queue's index only, and fills in the retention's and the
+        # retry policy's defaults, constants.
+        "awa._scheduled_capped(integer)", "awa._policy_defaults()",
     ])
     with db.connect(logins.producer) as p, pytest.raises(psycopg.errors.InsufficientPrivilege):
         p.execute("select awa._insert_jobs(array[1], array[1::bigint], array[1], null,"

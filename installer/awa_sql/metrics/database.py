@@ -30,14 +30,16 @@ RECENT_DECISIONS = "5 minutes"
 # rows pile up while a snapshot holds the xmin horizon back.
 HOT_TABLES = ("ready", "running", "scheduled", "finished", "lane_hints")
 
-# One statement, one snapshot: every row is (kind, jsonb object).
+# One statement, one snapshot: every row is (kind, jsonb object). A queue's
+# depth and lag are its lanes' (metric_families sums them): the overview's
+# ready and oldest_ready_age are the same sums of the same reads, which a
+# read of neither leaves out (docs/observability.md, "What a scrape costs").
 SCRAPE_SQL = f"""
 select 'queue' as kind, pg_catalog.jsonb_build_object(
     'queue', q.queue, 'logical_queue', q.logical_queue, 'shards', q.enqueue_shards,
     'mode', q.shard_mode, 'max_shards', q.max_shards, 'paused', q.paused,
-    'ready', q.ready, 'running', q.running, 'scheduled', q.scheduled, 'failed', q.failed,
-    'completed', q.completed, 'cancelled', q.cancelled, 'retried', q.retried,
-    'lag', coalesce(extract(epoch from q.oldest_ready_age), 0)) as row
+    'running', q.running, 'scheduled', q.scheduled, 'failed', q.failed,
+    'completed', q.completed, 'cancelled', q.cancelled, 'retried', q.retried) as row
   from awa.queue_overview as q
 union all
 select 'lane', pg_catalog.jsonb_build_object(
@@ -148,8 +150,15 @@ def metric_families(rows: list[tuple[str, dict[str, Any]]]) -> list[Metric]:
     mode = _gauge("awa_queue_shard_mode", "1 for the queue's current shard mode "
                   "(manual, shadow, auto), 0 for the others.", [*ql, "mode"])
     paused = _gauge("awa_queue_paused", "1 when the queue is paused.", ql)
+    # A queue's ready jobs are its lanes' spans summed, its lag its oldest
+    # lane's: awa.queue_overview's ready and oldest_ready_age, read once.
+    lanes_of: dict[str, tuple[int, float]] = {}
+    for ln in by_kind["lane"]:
+        ready, lane_lag = lanes_of.get(ln["queue"], (0, 0))
+        lanes_of[ln["queue"]] = (ready + ln["ready"], max(lane_lag, ln["lag"]))
     auto_queues: set[str] = set()
     for q in by_kind["queue"]:
+        q["ready"], q["lag"] = lanes_of.get(q["queue"], (0, 0))
         values = [q["queue"], q["logical_queue"]]
         depth.add_metric(values, q["ready"])
         for state in LIVE_STATES:
