@@ -67,8 +67,9 @@ SEQUENCE_LOCKS = """
 
 def before_scrape_sql() -> str:
     """The scrape statement of 9df3c08 over the views of then: the queue rows
-    carried their own ready and lag."""
-    sql = database.SCRAPE_SQL
+    carried their own ready and lag, every row was jsonb."""
+    sql = database.SCRAPE_SQL.replace("pg_catalog.json_build_object(",
+                                      "pg_catalog.jsonb_build_object(")
     for old, new in (
         ("awa.queue_overview", "before.queue_overview"),
         ("awa.lane_overview", "before.lane_overview"),

@@ -219,3 +219,4 @@ def test_a_scrape_costs_each_queue_one_lane_read_and_an_empty_lane_no_sequence(d
                      "_queue_counter": 4 * queues, "_scheduled_capped": queues,
                      "_lane_states": 0}
     assert held == (0 if db.cluster.major >= 18 else 4 * queues + 2)
+

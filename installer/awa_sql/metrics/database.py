@@ -30,42 +30,44 @@ RECENT_DECISIONS = "5 minutes"
 # rows pile up while a snapshot holds the xmin horizon back.
 HOT_TABLES = ("ready", "running", "scheduled", "finished", "lane_hints")
 
-# One statement, one snapshot: every row is (kind, jsonb object). A queue's
+# One statement, one snapshot: every row is (kind, json object): json, not
+# jsonb, which builds a tree to print it (a tenth of the statement at 10,000
+# queues, bench/watch_queues.py). A queue's
 # depth and lag are its lanes' (metric_families sums them): the overview's
 # ready and oldest_ready_age are the same sums of the same reads, which a
 # read of neither leaves out (docs/observability.md, "What a scrape costs").
 SCRAPE_SQL = f"""
-select 'queue' as kind, pg_catalog.jsonb_build_object(
+select 'queue' as kind, pg_catalog.json_build_object(
     'queue', q.queue, 'logical_queue', q.logical_queue, 'shards', q.enqueue_shards,
     'mode', q.shard_mode, 'max_shards', q.max_shards, 'paused', q.paused,
     'running', q.running, 'scheduled', q.scheduled, 'failed', q.failed,
     'completed', q.completed, 'cancelled', q.cancelled, 'retried', q.retried) as row
   from awa.queue_overview as q
 union all
-select 'lane', pg_catalog.jsonb_build_object(
+select 'lane', pg_catalog.json_build_object(
     'queue', l.queue, 'logical_queue', l.logical_queue, 'priority', l.priority,
     'shard', l.shard, 'ready', l.ready, 'draining', l.draining,
     'lag', coalesce(extract(epoch from l.lag), 0))
   from awa.lane_overview as l
 union all
-select 'contention', pg_catalog.jsonb_build_object(
+select 'contention', pg_catalog.json_build_object(
     'queue', c.queue, 'samples', c.samples, 'waiters', c.mean_waiters_per_held_lane,
     'wait_share', c.wait_share, 'enqueue_rate', c.enqueue_rate,
     'age', extract(epoch from pg_catalog.clock_timestamp() - c.last_sample))
   from awa.lane_contention as c
 union all
-select 'decisions', pg_catalog.jsonb_build_object(
+select 'decisions', pg_catalog.json_build_object(
     'queue', c.queue, 'action', c.action, 'total', c.decisions)
   from awa.autoscale_decision_counts as c
 union all
 -- The last minutes of the log, from the index on last_decided_at.
-select 'recent_decisions', pg_catalog.jsonb_build_object(
+select 'recent_decisions', pg_catalog.json_build_object(
     'queue', d.queue, 'action', d.action, 'recent', sum(d.repeats))
   from awa.autoscale_decisions as d
  where d.last_decided_at > pg_catalog.now() - interval '{RECENT_DECISIONS}'
  group by d.queue, d.action
 union all
-select 'last_decision', pg_catalog.jsonb_build_object(
+select 'last_decision', pg_catalog.json_build_object(
     'queue', x.queue, 'proposed', x.proposed_shards,
     'at', extract(epoch from x.last_decided_at))
   -- Each queue's latest decision from the top of its index: one probe per
@@ -79,7 +81,7 @@ select 'last_decision', pg_catalog.jsonb_build_object(
      limit 1
   ) as x
 union all
-select 'table', pg_catalog.jsonb_build_object(
+select 'table', pg_catalog.json_build_object(
     'table', r.relname, 'dead', pg_catalog.sum(pg_catalog.pg_stat_get_dead_tuples(c.oid)))
   from pg_catalog.pg_class as r
   -- The table and its partitions, if any (pg_stat_user_tables would read
@@ -94,14 +96,14 @@ select 'table', pg_catalog.jsonb_build_object(
    and r.relname in ({", ".join(f"'{t}'" for t in HOT_TABLES)})
  group by r.relname
 union all
-select 'queue_limit', pg_catalog.jsonb_build_object('max', l.max_queues)
+select 'queue_limit', pg_catalog.json_build_object('max', l.max_queues)
   from awa.queue_limit as l
 union all
-select 'maintenance', pg_catalog.jsonb_build_object(
+select 'maintenance', pg_catalog.json_build_object(
     'task', r.name, 'at', extract(epoch from r.last_at))
   from awa.maintenance_runs as r
 union all
-select 'horizon', pg_catalog.jsonb_build_object('age', coalesce(greatest(
+select 'horizon', pg_catalog.json_build_object('age', coalesce(greatest(
     -- backend_xid too: a transaction that wrote and sits idle in read
     -- committed holds no snapshot (backend_xmin null), yet its xid holds
     -- vacuum back just the same.
