@@ -10,8 +10,10 @@ warms the session's caches, of:
   queue_overview   select * from awa.queue_overview (every queue)
   lane_overview    select * from awa.lane_overview (every lane)
   scrape SQL       the exporter's one statement (SCRAPE_SQL), rows fetched;
-                   and the CPU its backend used (/proc/<pid>/stat, 10 ms
-                   ticks), steadier than the clock on a busy machine
+                   the CPU its backend used (/proc/<pid>/stat, 10 ms
+                   ticks), steadier than the clock on a busy machine; and
+                   its first run in a new session (3 sessions), whose
+                   caches start cold: what `awa storage show` pays
   /metrics         a whole render (awa_sql.metrics.database.render): that
                    statement under its 10 s timeout, then prometheus_client's
                    text of every series
@@ -144,6 +146,22 @@ def cpu_ms(conn: psycopg.Connection, sql: str) -> float | str:
     return statistics.median(samples)
 
 
+def first_in_session(dsn: str, sql: str) -> float | str:
+    """The median of RUNS, in ms, of the statement's first run in a new
+    session: what `awa storage show` (a process of its own) and a new
+    connection of the admin page's pool pay, the session's caches cold."""
+    samples = []
+    for _ in range(RUNS):
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            started = time.perf_counter()
+            try:
+                conn.execute(sql).fetchall()
+            except psycopg.Error as err:
+                return f"fails ({err.sqlstate})"
+            samples.append((time.perf_counter() - started) * 1000)
+    return statistics.median(samples)
+
+
 def render_with(sql: str) -> Callable[[psycopg.Connection], bytes]:
     """database.render, with `sql` for the scrape statement."""
     def render(conn: psycopg.Connection) -> bytes:
@@ -173,7 +191,7 @@ def locks_and_series(conn: psycopg.Connection, sql: str) -> tuple[int | str, int
     return locks, sum(len(f.samples) for f in database.metric_families(rows))
 
 
-def measure(conn: psycopg.Connection, side: str) -> dict[str, float | int | str]:
+def measure(conn: psycopg.Connection, dsn: str, side: str) -> dict[str, float | int | str]:
     views, sql = ("awa", database.SCRAPE_SQL) if side == "after" else ("before",
                                                                          before_scrape_sql())
     out: dict[str, float | int | str] = {
@@ -183,6 +201,7 @@ def measure(conn: psycopg.Connection, side: str) -> dict[str, float | int | str]
             f"select * from {views}.lane_overview").fetchall()),
         "scrape SQL": timed(conn, lambda c: c.execute(sql).fetchall()),
         "scrape SQL, server CPU": cpu_ms(conn, sql),
+        "scrape SQL, a new session's first": first_in_session(dsn, sql),
         "/metrics": timed(conn, (lambda c: database.render(c)) if side == "after"
                           else render_with(sql)),
     }
@@ -229,10 +248,11 @@ def main() -> None:
             have = n
             admin.execute("vacuum analyze")
             # A new session per count, kept for its reads, as the exporter's.
-            with psycopg.connect(make_conninfo(dsn, user=READER), autocommit=True) as conn:
+            reader = make_conninfo(dsn, user=READER)
+            with psycopg.connect(reader, autocommit=True) as conn:
                 for side in sides:
                     print(f"reading {n:,} queues ({side}) ...", file=sys.stderr, flush=True)
-                    results[side][n] = measure(conn, side)
+                    results[side][n] = measure(conn, reader, side)
     print(f"# watch_queues: {machine()}; PostgreSQL 18, max_locks_per_transaction {locks},"
           f" shared_buffers 512MB; empty queues at S = 1 (4 lanes each), read by a"
           f" reader login; medians of {RUNS}, ms; per queue: the slope from the fewest"
