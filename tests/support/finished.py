@@ -47,3 +47,18 @@ def next_slot(su, state: str) -> int:
     """The slot of `state`'s ring that is written to next, and when it last was."""
     return su.execute("select awa._finished_slot(%s, now() + awa._finished_slot_seconds(%s)"
                       " * interval '1 second')", [state, state]).fetchone()[0]
+
+
+def current(su, state: str) -> set[int]:
+    """The slots a row carried in the last few seconds may be in: the
+    current one, and the one before it when a slot began since (a test
+    that runs across a slot's boundary)."""
+    return {r[0] for r in su.execute(
+        "select awa._finished_slot(%s, t)"
+        " from unnest(array[now() - interval '1 minute', now()]) as t", [state])}
+
+
+def carried_now(su, job_ids: list[int], state: str) -> bool:
+    """The jobs are in one slot, the one the carry was writing to."""
+    slots = slots_of(su, job_ids)
+    return len(slots) == 1 and slots <= current(su, state)
