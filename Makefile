@@ -29,11 +29,12 @@ system-deps-demo:
 system-deps-bench:
 	@scripts/system-deps.sh bench
 
-# The whole suite, PostgreSQL 17 and 18, lint included: two pytest-xdist
-# workers, one per PostgreSQL version (tests/conftest.py groups them), the
-# tests of no version shared out. PYTEST_XDIST= runs it in one process;
+# The whole suite, PostgreSQL 17 and 18, lint included: four pytest-xdist
+# workers, each with half of one version's test files and that version's
+# server (tests/conftest.py groups them), the tests of no version shared
+# out. PYTEST_XDIST= runs it in one process;
 # PYTEST_ARGS adds pytest arguments (`make test PYTEST_ARGS='-k retry'`).
-PYTEST_XDIST ?= -n 2 --dist loadgroup
+PYTEST_XDIST ?= -n 4 --dist loadgroup
 test: system-deps-test $(STAMP)
 	$(BIN)/pytest $(PYTEST_XDIST) $(PYTEST_ARGS)
 

@@ -1,8 +1,8 @@
 """Fixtures: a real PostgreSQL 17 and 18 per test session, a fresh database per test.
 
-Under pytest-xdist (``make test`` runs ``-n 2 --dist loadgroup``) each version's
-tests form one group, so one worker holds the PostgreSQL 17 server and the other
-the 18 one; tests of no version go to either.
+Under pytest-xdist (``make test`` runs ``-n 4 --dist loadgroup``) each version's
+tests form two groups, by file, and each group runs in one worker, which starts
+the server of its version; tests of no version go to any.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import shutil
 import uuid
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -107,9 +108,12 @@ _VERSION_ID = re.compile(r"\[(" + "|".join(re.escape(v.id) for v in VERSIONS) + 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
-    """``--dist loadgroup`` with one group per PostgreSQL version, so that each
-    version's tests, and its session fixtures (``cluster``, ``template_db``,
-    ``pgbouncer``), stay in one worker; tests of no version go to either.
+    """``--dist loadgroup`` with two groups per PostgreSQL version, each a half
+    of the test files (by a hash of the file's path), so that a file's tests
+    of a version, and their session fixtures (``cluster``, ``template_db``,
+    ``pgbouncer``), stay in one worker; tests of no version go to any. Four
+    workers finish sooner than two even on 2 cores: much of a test's time
+    is spent waiting (for its server, for other sessions), not computing.
 
     Not ``xdist_group`` marks added at collection: pytest-xdist 3.8 applies them
     by rewriting each item's node id, which pytest 9.2 ignores, so the marks
@@ -122,7 +126,8 @@ def pytest_xdist_make_scheduler(config, log):
     class ByVersion(LoadGroupScheduling):
         def _split_scope(self, nodeid: str) -> str:
             if m := _VERSION_ID.search(nodeid):
-                return m[1]
+                path = nodeid.split("::", 1)[0]
+                return f"{m[1]}/{zlib.crc32(path.encode()) % 2}"
             return super()._split_scope(nodeid)
 
     return ByVersion(config, log)
