@@ -112,8 +112,9 @@ def pytest_xdist_make_scheduler(config, log):
     of the test files (by a hash of the file's path), so that a file's tests
     of a version, and their session fixtures (``cluster``, ``template_db``,
     ``pgbouncer``), stay in one worker; tests of no version go to any. Four
-    workers finish sooner than two even on 2 cores: much of a test's time
-    is spent waiting (for its server, for other sessions), not computing.
+    workers finished sooner than two on 2 cores in two runs of three
+    (much of a test's time is spent waiting, for its server or for other
+    sessions), by about as much as the machine's noise.
 
     Not ``xdist_group`` marks added at collection: pytest-xdist 3.8 applies them
     by rewriting each item's node id, which pytest 9.2 ignores, so the marks
