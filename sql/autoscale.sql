@@ -64,6 +64,7 @@ as $$
 declare
     anchor awa.queue_meta;
     new_max integer;
+    family integer[];
 begin
     if mode is null then
         raise exception 'mode must not be null' using errcode = '22004';
@@ -89,10 +90,11 @@ begin
             using errcode = '22004',
                   hint = 'The auto-scaler never raises S above max_shards.';
     end if;
-    perform awa._lock_queue_rows(array(
+    family := array(
         select m.queue_id from awa.queue_meta as m
          where m.queue_id = anchor.queue_id or m.root_queue = anchor.queue
-    ));
+    );
+    perform awa._lock_queue_rows(family);
     update awa.queue_meta as m
        set shard_mode = set_shard_mode.mode,
            max_shards = new_max,
@@ -108,7 +110,7 @@ begin
                when set_shard_mode.mode <> 'manual' then pg_catalog.now()
                else m.partitioned_fifo_accepted_at
            end
-     where m.queue_id = anchor.queue_id or m.root_queue = anchor.queue;
+     where m.queue_id = any(family);
     return query
     select m.queue, m.shard_mode, m.max_shards
       from awa.queue_meta as m
