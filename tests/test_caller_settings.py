@@ -429,11 +429,32 @@ def _norm(value, run: Run, where=None):
     if isinstance(value, list | tuple):
         return type(value)(_norm(v, run) for v in value)
     if isinstance(value, dict):
-        return {k: _norm(v, run, k) for k, v in value.items()}
+        out = {k: _norm(v, run, k) for k, v in value.items()}
+        if "slot" in value and isinstance(value.get("finished_at"), datetime):
+            out["slot"] = _finished_slot(value["slot"], value["finished_at"], run.anchor)
+        return out
     if isinstance(value, float | Decimal | int | bool | bytes | memoryview | uuid.UUID) \
             or value is None:
         return bytes(value) if isinstance(value, memoryview) else value
     return value
+
+
+# awa.finished's rings: slots per ring, and each ring's period in seconds.
+RING_SLOTS = 32
+RING_SECONDS = (3600, 21600, 86400)
+
+
+def _finished_slot(slot: int, finished_at: datetime, anchor: datetime) -> str:
+    """A row's slot of awa.finished named by the time it was taken from
+    (its finished_at, else the run's start), not by its number: a run on
+    either side of an hour's boundary writes the same slot, by a different
+    number."""
+    ring, _ = divmod(slot, RING_SLOTS)
+    for name, at in (("finished_at", finished_at), ("run start", anchor)):
+        at_slot = int(at.timestamp()) // RING_SECONDS[ring] % RING_SLOTS + ring * RING_SLOTS
+        if slot == at_slot:
+            return f"<slot of {name}, ring {ring}>"
+    return f"<slot {slot}, ring {ring}>"
 
 
 def _sort_key(value) -> str:
