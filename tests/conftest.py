@@ -106,6 +106,21 @@ def role_prefix() -> str:
 _VERSION_ID = re.compile(r"\[(" + "|".join(re.escape(v.id) for v in VERSIONS) + r")[\]-]")
 
 
+def pytest_collection_modifyitems(config, items):
+    """A test marked ``one_version`` tests what is not the server's (a page in
+    the browser, the CLI's output, how a server process binds and which hosts
+    it answers, the wheel): it runs against the newest version only, and the
+    others' runs are deselected (counted as such in the summary). What those
+    tests read from the database is tested on every version where it is
+    defined (docs/adr/051-tests-of-no-server-run-once.md)."""
+    newest = VERSIONS[-1].id
+    other = {item.nodeid for item in items if item.get_closest_marker("one_version")
+             and (m := _VERSION_ID.search(item.nodeid)) and m[1] != newest}
+    if other:
+        config.hook.pytest_deselected(items=[i for i in items if i.nodeid in other])
+        items[:] = [i for i in items if i.nodeid not in other]
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
     """``--dist loadgroup`` with two groups per PostgreSQL version, each a half

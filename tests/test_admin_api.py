@@ -1022,6 +1022,7 @@ def test_writable_server_needs_a_token():
         client_for("", writable=True, token=None).__enter__()
 
 
+@pytest.mark.one_version
 def test_writable_server_refuses_a_short_token(db):
     dsn = db.dsn(operator_login(db))
     with pytest.raises(ValueError, match="AWA_ADMIN_TOKEN is 15 characters long; a writable "
@@ -1057,6 +1058,7 @@ def test_guard_is_503_on_a_streaming_standby(cluster):
 # -- the command -------------------------------------------------------------------------
 
 
+@pytest.mark.one_version
 def test_awa_admin_serve_binds_localhost_and_serves_the_pages(db):
     import httpx
 
@@ -1074,12 +1076,14 @@ def test_awa_admin_serve_binds_localhost_and_serves_the_pages(db):
         assert refused.status_code == 403
 
 
+@pytest.mark.one_version
 def test_awa_admin_serve_writable_without_token_exits_2(db):
     result = db.awa("admin", "serve", "--writable", env={"AWA_ADMIN_TOKEN": ""})
     assert result.returncode == 2
     assert "AWA_ADMIN_TOKEN" in result.stderr
 
 
+@pytest.mark.one_version
 @pytest.mark.parametrize("port", ["70000", "-1", "http"])
 def test_awa_admin_serve_with_an_impossible_port_is_a_clear_error(db, port):
     result = db.awa("admin", "serve", "--port", port, timeout=30)
@@ -1088,6 +1092,7 @@ def test_awa_admin_serve_with_an_impossible_port_is_a_clear_error(db, port):
     assert "port must be" in result.stderr
 
 
+@pytest.mark.one_version
 def test_awa_admin_serve_on_a_taken_port_is_a_clear_error(db):
     with taken_port() as port:
         result = db.awa("admin", "serve", "--port", str(port), timeout=30)
@@ -1174,6 +1179,7 @@ def _reads(base: str, job_id: int, host: str) -> list:
                          f"/api/jobs/{job_id}", "/metrics")]
 
 
+@pytest.mark.one_version
 def test_awa_admin_serve_refuses_a_host_it_does_not_answer_to(db):
     """A page that rebinds its own name to 127.0.0.1 reads as that name: 400,
     no data; the loopback names read, whatever the port."""
@@ -1191,6 +1197,7 @@ def test_awa_admin_serve_refuses_a_host_it_does_not_answer_to(db):
         assert "p@example.org" in _reads(base, job_id, "LocalHost")[4].text
 
 
+@pytest.mark.one_version
 def test_the_host_check_covers_static_files_the_schema_errors_and_writes(db):
     """Not only the routes that read the database: the script, the schema,
     an unknown path, a method no route takes and a write are all refused
@@ -1208,6 +1215,7 @@ def test_the_host_check_covers_static_files_the_schema_errors_and_writes(db):
             assert httpx.request(method, f"{base}{path}", timeout=30).status_code != 400
 
 
+@pytest.mark.one_version
 def test_awa_admin_serve_answers_each_allowed_host_and_no_other(db):
     job_id = _personal_job(db)
     with serve_cli(db.dsn(reader_login(db)), "--allowed-host", "admin.example",
@@ -1218,6 +1226,7 @@ def test_awa_admin_serve_answers_each_allowed_host_and_no_other(db):
             assert {r.status_code for r in _reads(base, job_id, host)} == {400}, host
 
 
+@pytest.mark.one_version
 def test_awa_admin_serve_on_every_address_answers_any_host_and_warns(db):
     """Bound to 0.0.0.0 with no allowed host (Prometheus scrapes by whatever
     name or address it is given): any Host, and one warning line saying so."""
@@ -1232,6 +1241,7 @@ def test_awa_admin_serve_on_every_address_answers_any_host_and_warns(db):
     assert "AWA_ADMIN_ALLOWED_HOSTS" in warnings[0]
 
 
+@pytest.mark.one_version
 def test_awa_admin_serve_on_every_address_with_allowed_hosts_answers_those_only(db):
     output: list[str] = []
     job_id = _personal_job(db)
@@ -1259,6 +1269,7 @@ def test_the_host_check_compares_names_not_ports(header, allowed):
     (["--allowed-host", "evil example"], {}),
     ([], {"AWA_ADMIN_ALLOWED_HOSTS": "ok.example,*bad.example"}),
 ])
+@pytest.mark.one_version
 def test_awa_admin_serve_with_a_bad_allowed_host_exits_2(db, args, env):
     result = db.awa("admin", "serve", "--port", "0", *args, env=env, timeout=30)
     assert result.returncode == 2, (result.returncode, result.stderr)
@@ -1282,6 +1293,7 @@ def test_an_address_that_cannot_be_bound_is_named_with_ipv6_brackets():
     assert str(error).startswith("cannot listen on [::1]:8700: ")
 
 
+@pytest.mark.one_version
 @needs_ipv6
 def test_awa_admin_serve_on_ipv6_prints_a_url_that_answers(db):
     import httpx
@@ -1388,6 +1400,7 @@ def test_a_read_another_page_made_the_browser_send_is_403_and_runs_no_query(db, 
     # page's own Origin names the public host: Sec-Fetch-Site decides.
     {"Sec-Fetch-Site": "same-origin", "Origin": "https://admin.example"},
 ])
+@pytest.mark.one_version
 def test_same_origin_and_header_less_requests_are_answered(db, headers):
     enqueue_jobs(db, "big", 3)
     with (socket.socket() as listener,
@@ -1438,6 +1451,7 @@ def test_an_origin_is_the_servers_own_when_it_names_its_host_and_port(origin, ho
     assert sites.same_origin(origin, host) is same
 
 
+@pytest.mark.one_version
 def test_awa_admin_serve_refuses_a_cross_site_read_and_answers_curl(db):
     """As served: the Host check first, then the cross-site check, on the API
     and /metrics; the page itself opens from a link on another site."""

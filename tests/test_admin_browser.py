@@ -24,8 +24,9 @@ LAUNCH_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backgro
 SCREENSHOT_DIR = Path(os.environ.get("AWA_SCREENSHOT_DIR")
                       or Path(tempfile.gettempdir()) / "awa-admin-screenshots")
 
-pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(),
-                                reason="needs Debian's chromium (apt-get install chromium)")
+pytestmark = [pytest.mark.skipif(not Path(CHROMIUM).exists(),
+                                 reason="needs Debian's chromium (apt-get install chromium)"),
+              pytest.mark.one_version]  # what the page shows is tested on both in test_admin_api
 # Playwright's own deadlines (5 s for an expect, 30 s for an action), long
 # enough on a machine where the browser and the server share two loaded cores.
 WAIT_MS = 60_000

@@ -16,6 +16,10 @@ from psycopg.types.json import Jsonb
 from awa_sql.defaults import RETRY_STATES
 from tests.support.jobs import claim, enqueue
 
+# The commands' output and exit codes; the functions they call are tested
+# on every version in test_jobs.
+pytestmark = pytest.mark.one_version
+
 NO_SUCH_JOB = 8
 WRONG_STATE = 9
 

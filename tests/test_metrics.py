@@ -553,18 +553,21 @@ def test_awa_admin_serve_serves_the_database_metrics(db, logins):
     assert value(s, "awa_queue_depth", queue="admin-scraped") == 2
 
 
+@pytest.mark.one_version
 def test_metrics_serve_rejects_a_bad_port(db):
     result = db.awa("metrics", "serve", "--port", "70000")
     assert result.returncode == 2
     assert "port must be between 0 and 65535, got 70000" in result.stderr
 
 
+@pytest.mark.one_version
 def test_metrics_serve_on_a_taken_port_is_a_clear_error(db):
     with taken_port() as port:
         result = db.awa("metrics", "serve", "--port", str(port), timeout=30)
     assert_cannot_listen(result, f"127.0.0.1:{port}")
 
 
+@pytest.mark.one_version
 def test_metrics_serve_on_an_unknown_host_is_a_clear_error(db):
     result = db.awa("metrics", "serve", "--host", "no-such-host.invalid", "--port", "0",
                     timeout=60)
@@ -582,6 +585,7 @@ def _scrape_as(url: str, host: str):
     return httpx.get(url, headers={"Host": host}, timeout=30)
 
 
+@pytest.mark.one_version
 def test_metrics_serve_refuses_a_host_it_does_not_answer_to(db, logins, served):
     """A page that rebinds its own name to 127.0.0.1 scrapes as that name:
     400 and no metric; the loopback names scrape, whatever the port."""
@@ -604,6 +608,7 @@ def _scrapers(db, login: str) -> int:
                             " and application_name = 'awa-sql metrics'", [login]).fetchone()[0]
 
 
+@pytest.mark.one_version
 def test_metrics_serve_refuses_a_scrape_another_page_made_the_browser_send(db, logins, served):
     """An <img src="http://127.0.0.1:9187/metrics"> on any page the operator
     opens ran a scrape per load: 403 and no connection to the database.
@@ -623,6 +628,7 @@ def test_metrics_serve_refuses_a_scrape_another_page_made_the_browser_send(db, l
     assert _scrapers(db, logins.reader) == 1
 
 
+@pytest.mark.one_version
 def test_metrics_serve_answers_each_allowed_host_and_no_other(db, logins):
     with metrics_serve(db.dsn(logins.reader), "--allowed-host", "metrics.example",
                        env={"AWA_METRICS_ALLOWED_HOSTS": "ignored.example"}) as url:
@@ -637,6 +643,7 @@ def test_metrics_serve_answers_each_allowed_host_and_no_other(db, logins):
         assert _scrape_as(url, "evil.example").status_code == 400
 
 
+@pytest.mark.one_version
 def test_metrics_serve_on_every_address_answers_any_host_and_warns(db, logins):
     """Prometheus scrapes by the name or address of its target: bound to
     0.0.0.0 with no allowed host, any Host is scraped, with one warning line."""
@@ -656,6 +663,7 @@ def test_metrics_serve_on_every_address_answers_any_host_and_warns(db, logins):
     assert errors == []
 
 
+@pytest.mark.one_version
 @needs_ipv6
 def test_metrics_serve_on_ipv6_prints_a_url_that_answers(db, logins):
     with metrics_serve(db.dsn(logins.reader), "--host", "::1",

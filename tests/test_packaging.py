@@ -50,6 +50,7 @@ def test_wheel_ships_the_sql(wheel):
     assert f"awa_sql-{__version__}.dist-info/entry_points.txt" in names
 
 
+@pytest.mark.one_version
 def test_installed_wheel_migrates_a_database(installed, empty_db, role_prefix):
     env = {**os.environ, "AWA_DATABASE_URL": empty_db.dsn()}
     env.pop("PYTHONPATH", None)
