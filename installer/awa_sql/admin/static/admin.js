@@ -52,6 +52,17 @@
     return input ? input.value.trim() : "";
   }
 
+  // Job ids, run leases and counters are bigint: an integer past 2^53, which
+  // a number would round, keeps its digits as a string (the reviver's
+  // source text). Every use of an id on the page is as text.
+  function keepBigIntegers(_key, value, context) {
+    if (typeof value === "number" && !Number.isSafeInteger(value) && context
+        && /^-?\d+$/.test(context.source)) {
+      return context.source;
+    }
+    return value;
+  }
+
   async function api(method, path, payload) {
     const headers = { Accept: "application/json" };
     if (method !== "GET") {
@@ -65,7 +76,7 @@
     });
     let data = null;
     try {
-      data = await response.json();
+      data = JSON.parse(await response.text(), keepBigIntegers);
     } catch (_err) {
       data = { error: `HTTP ${response.status}` };
     }
