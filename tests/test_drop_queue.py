@@ -25,6 +25,7 @@ from tests.support.jobs import (
     claim_all,
     copy_rows,
     enqueue,
+    in_turn_behind,
     waits_for_a_lock,
 )
 from tests.support.waiting import wait_until
@@ -681,14 +682,7 @@ def test_a_drop_waiting_for_a_queue_creation_lets_enqueues_of_jobs_for_later_thr
                 " array['job', 'job'])").fetchall()),
             Call(op, lambda c: drop(c, "dd")),
         ]
-        for call in calls:  # each waits before the next starts
-            call.start()
-            wait_until(lambda call=call: waits_for_a_lock(watch, call.pid),
-                       what=f"backend {call.pid} to wait")
-        holder.commit()
-        for call in calls:
-            call.join(timeout=30)
-            assert not call.is_alive()
+        in_turn_behind(watch, holder, calls)
     p2_call, p1_call, drop_call = calls
     assert p2_call.error is None, p2_call.error
     assert p1_call.error is None, p1_call.error
@@ -773,14 +767,7 @@ def test_a_drop_that_discards_terminal_jobs_waits_for_a_retry_of_them_holding_no
                 "select awa.retry_jobs('rd', state => 'cancelled')").fetchone()[0]),
             Call(dropper, lambda c: drop(c, "rd", discard_finished=True)),
         ]
-        for call in calls:  # each waits before the next starts
-            call.start()
-            wait_until(lambda call=call: waits_for_a_lock(watch, call.pid),
-                       what=f"backend {call.pid} to wait")
-        holder.commit()
-        for call in calls:
-            call.join(timeout=30)
-            assert not call.is_alive()
+        in_turn_behind(watch, holder, calls)
     batch_call, retry_call, drop_call = calls
     assert batch_call.error is None, batch_call.error
     assert retry_call.error is None, retry_call.error

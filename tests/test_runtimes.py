@@ -16,7 +16,7 @@ from awa_sql import runtimes
 from awa_sql.runtimes import RuntimePublisher
 from awa_sql.worker import Worker
 from tests.support.admin import client_for, enqueue_jobs, reader_login, wait_for
-from tests.support.jobs import Call, behind, waits_for_a_lock
+from tests.support.jobs import Call, behind, in_turn_behind
 from tests.support.waiting import wait_until
 
 PUBLISH = ("select awa.publish_runtime(%s::uuid, %s, 'h', 42, '0.1.0', 0,"
@@ -393,15 +393,7 @@ def test_two_stale_runtimes_publishing_at_once_do_not_deadlock(db):
         holder.execute("select from awa.runtime_queues for update")
         calls = [Call(one, lambda c: c.execute(PUBLISH, [a, "producer", activity])),
                  Call(two, lambda c: c.execute(PUBLISH, [b, "producer", activity]))]
-        for call in calls:
-            call.start()
-        for call in calls:
-            wait_until(lambda call=call: waits_for_a_lock(watch, call.pid),
-                       what="the publish to wait")
-        holder.commit()
-        for call in calls:
-            call.join(timeout=30)
-            assert not call.is_alive()
+        in_turn_behind(watch, holder, calls)
     assert [call.error for call in calls] == [None, None]
     with db.connect() as su:
         assert su.execute("select count(*) from awa.runtimes where last_seen > now()"

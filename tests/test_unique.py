@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from tests.support.jobs import Call, claim, claim_all, enqueue, waits_for_a_lock
+from tests.support.jobs import Call, claim, claim_all, enqueue, in_turn_behind, waits_for_a_lock
 from tests.support.waiting import wait_until
 
 ENQUEUED = ["job_id", "queue", "priority", "enqueue_shard", "lane_seq", "duplicate"]
@@ -627,19 +627,6 @@ def test_a_queues_first_keyed_enqueue_does_not_deadlock_another_keys_producer(db
         assert live(admin, "uq") == 4
 
 
-def _in_turn_behind(admin, holder, calls: list[Call]) -> None:
-    """Starts each call once the one before it waits for a lock, ends the
-    holder's transaction, and waits for every call to end."""
-    for call in calls:
-        call.start()
-        wait_until(lambda call=call: waits_for_a_lock(admin, call.pid),
-                   what="each call to wait")
-    holder.commit()
-    for call in calls:
-        call.join(timeout=30)
-        assert not call.is_alive()
-
-
 @pytest.mark.parametrize("change", [
     "select * from awa.set_enqueue_shards('uq', 2)",
     "select * from awa.set_queue_partitions('uq', 2)",
@@ -666,7 +653,7 @@ def test_a_batch_that_creates_a_queue_and_marks_another_does_not_deadlock_a_chan
             Call(db.connect(logins.operator, autocommit=False),
                  lambda c: c.execute(change).fetchall()),
         ]
-        _in_turn_behind(admin, holder, calls)
+        in_turn_behind(admin, holder, calls)
         batch, op = calls
         assert batch.error is None, batch.error
         assert batch.result == [(False,), (False,)]
@@ -712,7 +699,7 @@ def test_a_family_change_and_a_first_keyed_batch_lock_the_rows_in_one_order(
             Call(db.connect(logins.operator, autocommit=False),
                  lambda c: c.execute(change).fetchall()),
         ]
-        _in_turn_behind(admin, holder, calls)
+        in_turn_behind(admin, holder, calls)
         batch, op = calls
         assert batch.error is None, batch.error
         assert op.error is None, op.error

@@ -116,17 +116,28 @@ class Call(threading.Thread):
             self.conn.rollback()
 
 
+def in_turn_behind(watch: psycopg.Connection, holder: psycopg.Connection,
+                   calls: list[Call]) -> None:
+    """Starts each call once the one before it waits for a lock (``holder``'s
+    open transaction holds what the first waits for), commits ``holder``, and
+    waits for every call to end; ``watch`` reads pg_locks."""
+    for call in calls:
+        call.start()
+        wait_until(lambda call=call: waits_for_a_lock(watch, call.pid),
+                   what=f"backend {call.pid} to wait")
+    holder.commit()
+    for call in calls:
+        call.join(timeout=30)
+        assert not call.is_alive()
+
+
 def behind(db, holder: psycopg.Connection, conn: psycopg.Connection,
            work: Callable[[psycopg.Connection], object]) -> Call:
     """Runs ``work(conn)`` in a Call while ``holder``'s open transaction holds
     a lock it waits for; commits ``holder`` once it waits; the ended Call."""
     call = Call(conn, work)
-    call.start()
     with db.connect() as watch:
-        wait_until(lambda: waits_for_a_lock(watch, call.pid), what="the call to wait")
-    holder.commit()
-    call.join(timeout=30)
-    assert not call.is_alive()
+        in_turn_behind(watch, holder, [call])
     return call
 
 
