@@ -7,6 +7,7 @@ the server of its version; tests of no version go to any.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import uuid
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from hypothesis import settings
 
 from awa_sql import migrate
 from awa_sql.roles import Roles
@@ -26,6 +28,14 @@ from tests.support.database import Database
 from tests.support.jobs import Logins
 
 ROOT = Path(__file__).resolve().parent.parent
+
+# Property tests draw the same examples in every run (a failure in CI fails
+# the same way on a laptop) unless HYPOTHESIS_PROFILE=explore, which draws
+# new ones and keeps failing examples in .hypothesis/ to replay them. Set
+# here, before any test module builds its settings on the default.
+settings.register_profile("repeatable", derandomize=True, database=None)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "repeatable"))
 _SERVERS_SEEN: dict[int, str] = {}
 VERSIONS = [
     pytest.param(17, marks=pytest.mark.pg17, id="pg17"),

@@ -22,9 +22,16 @@ import uuid
 
 import psycopg
 import pytest
+from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from tests.support.jobs import LANE_CLASS, copy_rows, key_for_shard, waits_for_a_lock
+from tests.support.jobs import (
+    LANE_CLASS,
+    copy_rows,
+    function_calls,
+    key_for_shard,
+    waits_for_a_lock,
+)
 from tests.support.waiting import wait_until
 
 S = 4
@@ -38,12 +45,14 @@ def _copy(conn, queue, kind, rows, max_run_time=None):
                      for priority, key in rows])
 
 
-def _copy_unique(conn, queue, kind, rows):
-    """MIXED with a fresh unique key on every row."""
+def _copy_unique(conn, queue, kind, rows, keyed=None):
+    """`rows` with a fresh unique key on each of the first `keyed` (all by
+    default)."""
     with conn.cursor().copy("copy awa.copy_staging (queue, priority, ordering_key, kind,"
                             " unique_key) from stdin") as cp:
-        for priority, key in rows:
-            cp.write_row([queue, priority, key, kind, uuid.uuid4().bytes])
+        for i, (priority, key) in enumerate(rows):
+            unique = uuid.uuid4().bytes if keyed is None or i < keyed else None
+            cp.write_row([queue, priority, key, kind, unique])
 
 
 def _fresh_keys(n):
@@ -83,9 +92,10 @@ ENTRY_POINTS = {
     "copy unique": lambda c, q, kind: (
         _copy_unique(c, q, kind, MIXED), c.execute("select awa.enqueue_copied()")),
     # More than 10,000 rows: the batch mover's passes, its lanes taken before
-    # the first (ADR 042).
+    # the first (ADR 042). One unique key sends the whole load there.
     "copy several passes": lambda c, q, kind: (
-        _copy_unique(c, q, kind, MIXED * 3334), c.execute("select awa.enqueue_copied()")),
+        _copy_unique(c, q, kind, MIXED * 3334, keyed=1),
+        c.execute("select awa.enqueue_copied()")),
 }
 NAMES = {"plain": "fq", "partitioned": "fpart", "striped": "fstripe"}
 
@@ -165,6 +175,18 @@ def test_forged_memos_never_move_a_job_out_of_its_own_free_lane(forged, entry, n
             for job_queue, job_priority, lane_queue, lane_priority, lane in landed:
                 assert (lane_queue, lane_priority) == (job_queue, job_priority), what
                 assert lane not in held, f"{what}: a job went into a lane another transaction holds"
+
+
+def test_a_load_of_more_than_a_pass_with_one_unique_key_takes_the_batch_mover(forged):
+    """The premise of "copy several passes" above: one unique key sends a
+    load of 10,002 rows to COPY's batch mover, which moves it in two passes."""
+    db, producer = forged
+    with db.connect(autocommit=False) as conn:
+        conn.execute("set local track_functions = 'all'")
+        conn.execute(sql.SQL("set local role {}").format(sql.Identifier(producer)))
+        _copy_unique(conn, NAMES["plain"], "premise", MIXED * 3334, keyed=1)
+        conn.execute("select awa.enqueue_copied()")
+        assert function_calls(conn, "awa._enqueue_rows") == 2
 
 
 def test_a_forged_wait_total_is_ignored_when_the_call_waits(db):
