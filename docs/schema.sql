@@ -2000,6 +2000,13 @@ begin
     if found and meta.root_queue is not null then
         return meta;
     end if;
+    if found and (meta.has_linked or meta.partitions > 1 or meta.stripes > 1) then
+        raise exception 'queue % has partitions or stripes of its own: it cannot become a % of %',
+            quote_literal(physical), case when is_stripe then 'stripe' else 'partition' end,
+            quote_literal(logical)
+            using errcode = '0A000',
+                  hint = 'Drain it and drop it (awa.drop_queue), or name the logical queue otherwise.';
+    end if;
     anchor := awa._ensure_queue(logical);
     perform awa._lock_leader('provisioning');
     if not exists (select from awa.queue_meta as m where m.queue = physical) then
@@ -2017,6 +2024,9 @@ begin
     )
     on conflict (queue) do update
         set root_queue = excluded.root_queue, logical_queue = excluded.logical_queue;
+    if meta.queue_id is not null then
+        perform awa._join_unique_scope(physical, coalesce(anchor.root_queue, logical));
+    end if;
     perform awa._count_linked();
     select m.* into strict meta from awa.queue_meta as m where m.queue = physical;
     if awa._provision_lanes(meta.queue_id, meta.enqueue_shards) > 0 then
@@ -2565,6 +2575,35 @@ AS $function$
        and awa._max_attempts_ok(max_attempts)
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._join_unique_scope(old_scope text, new_scope text)
+ RETURNS void
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+declare
+    clash bytea;
+begin
+    delete from awa.unique_keys as u
+     using awa.unique_keys as v
+     where v.unique_key = u.unique_key and u.held_until <= now()
+       and ((u.queue = old_scope and v.queue = new_scope)
+            or (u.queue = new_scope and v.queue = old_scope));
+    select o.unique_key into clash
+      from awa.unique_keys as o
+      join awa.unique_keys as n on n.unique_key = o.unique_key and n.queue = new_scope
+     where o.queue = old_scope
+     limit 1;
+    if found then
+        raise exception 'queue % and % both hold unique key %: % cannot join %',
+            quote_literal(old_scope), quote_literal(new_scope), clash,
+            quote_literal(old_scope), quote_literal(new_scope)
+            using errcode = '55006',
+                  hint = 'Once one of the two jobs has ended and its window passed, call again.';
+    end if;
+    update awa.unique_keys as u set queue = new_scope where u.queue = old_scope;
+end;
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._key_shard(key bytea, shards integer)
  RETURNS smallint
  LANGUAGE plpgsql
@@ -3019,9 +3058,18 @@ AS $function$
         select m.queue_id
           from awa.queue_meta as m
          where m.queue_id = any(ids)
-         order by m.queue_id
+         order by awa._lock_rank(m.root_queue, m.logical_queue), m.queue_id
            for no key update
     ) as locked
+$function$;
+
+CREATE OR REPLACE FUNCTION awa._lock_rank(root_queue text, logical_queue text)
+ RETURNS integer
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+    select case when root_queue is null then 0 else 1 end
+           operator(pg_catalog.+) case when logical_queue is null then 0 else 1 end
 $function$;
 
 CREATE OR REPLACE FUNCTION awa._mark_unique_jobs(queue_ids integer[], unique_keys bytea[])
@@ -3030,8 +3078,8 @@ CREATE OR REPLACE FUNCTION awa._mark_unique_jobs(queue_ids integer[], unique_key
  SET search_path TO 'pg_catalog', 'pg_temp'
  SET enable_seqscan TO 'off'
 AS $function$
-    -- The rows still to mark, locked in queue_id order first, as a change
-    -- of a queue's family locks them (awa._lock_queue_rows): an UPDATE
+    -- The rows still to mark, locked in lock order first (awa._lock_rank),
+    -- as a change of a queue's family locks them (awa._lock_queue_rows): an UPDATE
     -- locks in its scan's order, which a bitmap scan makes the heap's.
     -- Once a queue is marked there is nothing to lock.
     update awa.queue_meta as m
@@ -3044,7 +3092,7 @@ AS $function$
                 where unique_keys[x.i] is not null
            ))
              and not q.unique_jobs
-           order by q.queue_id
+           order by awa._lock_rank(q.root_queue, q.logical_queue), q.queue_id
              for no key update
       ) as marked
      where m.queue_id = marked.queue_id
@@ -3066,8 +3114,8 @@ CREATE OR REPLACE FUNCTION awa._max_run_time_ok(max_run_time interval)
  IMMUTABLE PARALLEL SAFE
 AS $function$
     select max_run_time is null
-        or (max_run_time operator(pg_catalog.>=) '1 second'::pg_catalog.interval
-            and max_run_time operator(pg_catalog.<=) '30 days'::pg_catalog.interval)
+        or (pg_catalog.date_part('epoch', max_run_time) operator(pg_catalog.>=) 1
+            and pg_catalog.date_part('epoch', max_run_time) operator(pg_catalog.<=) 2592000)
 $function$;
 
 CREATE OR REPLACE FUNCTION awa._mix_limbs(key bytea, salt_hi bigint, salt_lo bigint)
@@ -3823,7 +3871,7 @@ begin
       from awa.queue_meta as m
      where m.queue_id = anchor.queue_id or m.root_queue = anchor.queue
         or m.logical_queue = anchor.queue
-     order by m.queue_id
+     order by awa._lock_rank(m.root_queue, m.logical_queue), m.queue_id
        for no key update;
 end;
 $function$;
@@ -5101,7 +5149,8 @@ declare
     created integer;
 begin
     perform awa._check_layout_change(queue, 'enqueue shards', shards, 64);
-    for meta in select * from awa._physical_queues(queue) loop
+    -- In queue_id order (they were locked in lock order: awa._lock_rank).
+    for meta in select * from awa._physical_queues(queue) as p order by p.queue_id loop
         physical_queue := meta.queue;
         old_shards := meta.enqueue_shards;
         new_shards := shards;
@@ -5323,7 +5372,7 @@ begin
         raise exception 'queue limit reached: % queues exist and at most % may', queues, cap
             using errcode = '53400',
                   hint = 'awa.set_max_queues(n) (awa_operator) raises the limit. Each queue '
-                         'costs seven sequences; a queue name made from input (an id, a '
+                         'costs eight sequences; a queue name made from input (an id, a '
                          'tenant) creates a queue per value.';
     end if;
 end;
@@ -6653,7 +6702,10 @@ declare
     since_at timestamptz;
 begin
     perform awa._check_max_jobs('max_groups', max_groups);
-    if since < interval '0' or since > interval '10 years' then
+    -- In seconds, as since_at is (compared as an interval, '-1 year 361
+    -- days' is a day, in seconds -4.25 days).
+    if date_part('epoch', since) < 0
+       or date_part('epoch', since) > date_part('epoch', interval '10 years') then
         raise exception 'since must be between 0 and 10 years, got %', since
             using errcode = '22023';
     end if;
@@ -7252,7 +7304,7 @@ begin
     if older_than is null then
         raise exception 'older_than must not be null' using errcode = '22004';
     end if;
-    if older_than < interval '1 day' then
+    if date_part('epoch', older_than) < 86400 then  -- in seconds, as cutoff is
         raise exception 'older_than must be at least 1 day, got %', older_than
             using errcode = '22023',
                   hint = 'The history of changes of S is an audit trail: keep a day at least.';
@@ -7453,7 +7505,7 @@ $function$;
 CREATE OR REPLACE FUNCTION awa.queue_counts(queue text)
  RETURNS TABLE(queue text, ready bigint, running bigint, scheduled bigint, completed_kept bigint, failed_kept bigint, cancelled_kept bigint)
  LANGUAGE sql
- STABLE SECURITY DEFINER
+ SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
     select
@@ -8090,11 +8142,13 @@ declare
     -- no row would be scanned.
     ids integer[] := awa._queue_ids(set_retry_policy.queue);
 begin
-    if base <= interval '0' or base > interval '1 day' then
+    -- In seconds, as they are stored (awa._in_seconds): compared as
+    -- intervals, '-1 year 361 days' is a day, in seconds -4.25 days.
+    if date_part('epoch', base) <= 0 or date_part('epoch', base) > 86400 then
         raise exception 'retry base must be above 0 and at most 1 day, got %', base
             using errcode = '22023';
     end if;
-    if cap <= interval '0' or cap > interval '30 days' then
+    if date_part('epoch', cap) <= 0 or date_part('epoch', cap) > 2592000 then
         raise exception 'retry cap must be above 0 and at most 30 days, got %', cap
             using errcode = '22023';
     end if;
@@ -8102,7 +8156,8 @@ begin
         raise exception 'retry jitter must be between 0 and 1, got %', jitter
             using errcode = '22023';
     end if;
-    if coalesce(base, awa._retry_default_base()) > coalesce(cap, awa._retry_default_cap()) then
+    if date_part('epoch', coalesce(base, awa._retry_default_base()))
+       > date_part('epoch', coalesce(cap, awa._retry_default_cap())) then
         raise exception 'retry base must not be above the cap, got base %, cap %',
             coalesce(base::text, awa._retry_default_base() || ' (the default)'),
             coalesce(cap::text, awa._retry_default_cap() || ' (the default)')

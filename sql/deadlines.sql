@@ -114,11 +114,13 @@ declare
     -- no row would be scanned.
     ids integer[] := awa._queue_ids(set_retry_policy.queue);
 begin
-    if base <= interval '0' or base > interval '1 day' then
+    -- In seconds, as they are stored (awa._in_seconds): compared as
+    -- intervals, '-1 year 361 days' is a day, in seconds -4.25 days.
+    if date_part('epoch', base) <= 0 or date_part('epoch', base) > 86400 then
         raise exception 'retry base must be above 0 and at most 1 day, got %', base
             using errcode = '22023';
     end if;
-    if cap <= interval '0' or cap > interval '30 days' then
+    if date_part('epoch', cap) <= 0 or date_part('epoch', cap) > 2592000 then
         raise exception 'retry cap must be above 0 and at most 30 days, got %', cap
             using errcode = '22023';
     end if;
@@ -126,7 +128,8 @@ begin
         raise exception 'retry jitter must be between 0 and 1, got %', jitter
             using errcode = '22023';
     end if;
-    if coalesce(base, awa._retry_default_base()) > coalesce(cap, awa._retry_default_cap()) then
+    if date_part('epoch', coalesce(base, awa._retry_default_base()))
+       > date_part('epoch', coalesce(cap, awa._retry_default_cap())) then
         raise exception 'retry base must not be above the cap, got base %, cap %',
             coalesce(base::text, awa._retry_default_base() || ' (the default)'),
             coalesce(cap::text, awa._retry_default_cap() || ' (the default)')

@@ -637,7 +637,10 @@ declare
     since_at timestamptz;
 begin
     perform awa._check_max_jobs('max_groups', max_groups);
-    if since < interval '0' or since > interval '10 years' then
+    -- In seconds, as since_at is (compared as an interval, '-1 year 361
+    -- days' is a day, in seconds -4.25 days).
+    if date_part('epoch', since) < 0
+       or date_part('epoch', since) > date_part('epoch', interval '10 years') then
         raise exception 'since must be between 0 and 10 years, got %', since
             using errcode = '22023';
     end if;

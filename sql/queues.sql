@@ -133,10 +133,12 @@ as $$
 $$;
 
 -- Function: awa._max_run_time_ok(max_run_time interval) returns boolean
--- A job's own max run time: none (null), or 1 second to 30 days. Not part
--- of awa._job_ok: the fast paths serve only jobs that carry none (a null
--- test costs them nothing, two interval comparisons would), and test this
--- where a job carries one.
+-- A job's own max run time: none (null), or 1 second to 30 days, in
+-- seconds, as it is applied (awa._in_seconds): compared as an interval,
+-- '-1 year 361 days' is one day and '1 year -335 days' 25, where their
+-- seconds are -4.25 and 30.25 days. Not part of awa._job_ok: the fast
+-- paths serve only jobs that carry none (a null test costs them nothing,
+-- two comparisons would), and test this where a job carries one.
 -- Calls: nothing
 -- Writes: nothing
 create or replace function awa._max_run_time_ok(max_run_time interval)
@@ -145,8 +147,8 @@ language sql
 immutable parallel safe
 as $$
     select max_run_time is null
-        or (max_run_time operator(pg_catalog.>=) '1 second'::pg_catalog.interval
-            and max_run_time operator(pg_catalog.<=) '30 days'::pg_catalog.interval)
+        or (pg_catalog.date_part('epoch', max_run_time) operator(pg_catalog.>=) 1
+            and pg_catalog.date_part('epoch', max_run_time) operator(pg_catalog.<=) 2592000)
 $$;
 
 -- Function: awa._in_seconds(duration interval) returns interval
@@ -609,7 +611,7 @@ begin
         raise exception 'queue limit reached: % queues exist and at most % may', queues, cap
             using errcode = '53400',
                   hint = 'awa.set_max_queues(n) (awa_operator) raises the limit. Each queue '
-                         'costs seven sequences; a queue name made from input (an id, a '
+                         'costs eight sequences; a queue name made from input (an id, a '
                          'tenant) creates a queue per value.';
     end if;
 end;
@@ -744,9 +746,13 @@ $$;
 -- A physical queue that belongs to a logical one (a stripe or a partition),
 -- created with the logical queue's S, pause state, max run time, retry
 -- policy, retention and lanes when missing; an existing ordinary queue of that name
--- joins it.
--- Calls: awa._count_linked, awa._ensure_queue, awa._lock_leader, awa._provision_lanes,
---   awa._take_queue_place
+-- joins it, keeping its settings, with the unique keys its jobs hold
+-- (awa._join_unique_scope). One with partitions or stripes of its own
+-- cannot join: they would stay linked to it, out of the family's claims.
+-- Errors: 0A000 the queue of that name has partitions or stripes; 55006
+--   (awa._join_unique_scope).
+-- Calls: awa._count_linked, awa._ensure_queue, awa._join_unique_scope, awa._lock_leader,
+--   awa._provision_lanes, awa._take_queue_place
 -- Writes: awa.queue_meta
 create or replace function awa._ensure_linked(physical text, logical text, is_stripe boolean)
 returns awa.queue_meta
@@ -760,6 +766,13 @@ begin
     select m.* into meta from awa.queue_meta as m where m.queue = physical;
     if found and meta.root_queue is not null then
         return meta;
+    end if;
+    if found and (meta.has_linked or meta.partitions > 1 or meta.stripes > 1) then
+        raise exception 'queue % has partitions or stripes of its own: it cannot become a % of %',
+            quote_literal(physical), case when is_stripe then 'stripe' else 'partition' end,
+            quote_literal(logical)
+            using errcode = '0A000',
+                  hint = 'Drain it and drop it (awa.drop_queue), or name the logical queue otherwise.';
     end if;
     anchor := awa._ensure_queue(logical);
     perform awa._lock_leader('provisioning');
@@ -778,6 +791,9 @@ begin
     )
     on conflict (queue) do update
         set root_queue = excluded.root_queue, logical_queue = excluded.logical_queue;
+    if meta.queue_id is not null then
+        perform awa._join_unique_scope(physical, coalesce(anchor.root_queue, logical));
+    end if;
     perform awa._count_linked();
     select m.* into strict meta from awa.queue_meta as m where m.queue = physical;
     if awa._provision_lanes(meta.queue_id, meta.enqueue_shards) > 0 then
@@ -938,7 +954,7 @@ $$;
 -- all their stripes, the current ones created when missing. Locked against
 -- concurrent changes (no key update), after the provisioning lock
 -- (awa._lock_queue_provisioning), which the caller holds until it ends.
--- Calls: awa._ensure_partition, awa._ensure_stripe, awa._lock_queue_provisioning
+-- Calls: awa._ensure_partition, awa._ensure_stripe, awa._lock_queue_provisioning, awa._lock_rank
 -- Writes: nothing
 create or replace function awa._physical_queues(queue text)
 returns setof awa.queue_meta
@@ -966,7 +982,7 @@ begin
       from awa.queue_meta as m
      where m.queue_id = anchor.queue_id or m.root_queue = anchor.queue
         or m.logical_queue = anchor.queue
-     order by m.queue_id
+     order by awa._lock_rank(m.root_queue, m.logical_queue), m.queue_id
        for no key update;
 end;
 $$;
@@ -1039,9 +1055,32 @@ begin
 end;
 $$;
 
+-- Function: awa._lock_rank(root_queue text, logical_queue text) returns integer
+-- Where a settings row comes in the order every call that locks several
+-- rows of awa.queue_meta takes them, before its queue_id: 0 a queue of
+-- its own (a logical queue), 1 a partition, 2 a stripe. A change of a
+-- family locks the row it is named by first (awa._lock_queue), then the
+-- rest in this order: the named row is the family's lowest rank, so that
+-- is this order too. By queue_id alone, a queue that joined as a partition
+-- of a queue made after it (enqueue to orders__p1, then to orders, then
+-- set_queue_partitions('orders', 2)) came before its root in one call's
+-- order and after it in another's: 40P01 between a pause and a retention.
+-- Inlined.
+-- Calls: nothing
+-- Writes: nothing
+create or replace function awa._lock_rank(root_queue text, logical_queue text)
+returns integer
+language sql
+immutable parallel safe
+as $$
+    select case when root_queue is null then 0 else 1 end
+           operator(pg_catalog.+) case when logical_queue is null then 0 else 1 end
+$$;
+
 -- Function: awa._lock_queue_rows(ids integer[]) returns integer
--- Locks the settings rows of queues `ids` in queue_id order, for no key
--- update as awa._lock_queue does: what an operator's change of a whole
+-- Locks the settings rows of queues `ids` in lock order (awa._lock_rank,
+-- then queue_id), for no key update as awa._lock_queue does: what an
+-- operator's change of a whole
 -- family (a pause, a retention, a retry policy, a max run time, a shard
 -- mode) takes before its UPDATE, which locks rows in the order it finds
 -- them, the heap's, which every update of a row reshuffles. A producer's
@@ -1049,7 +1088,7 @@ $$;
 -- (awa._mark_unique_jobs): two orders over the same rows deadlocked
 -- (40P01, two single calls). Returns how many it locked: a count, which
 -- reads every row (a SQL function's last SELECT may stop at its first).
--- Calls: nothing
+-- Calls: awa._lock_rank
 -- Writes: nothing
 create or replace function awa._lock_queue_rows(ids integer[])
 returns integer
@@ -1060,7 +1099,7 @@ as $$
         select m.queue_id
           from awa.queue_meta as m
          where m.queue_id = any(ids)
-         order by m.queue_id
+         order by awa._lock_rank(m.root_queue, m.logical_queue), m.queue_id
            for no key update
     ) as locked
 $$;
@@ -1097,6 +1136,7 @@ select awa._grant_execute('awa._lock_queue_provisioning(text, boolean)');
 select awa._grant_execute('awa._queue(text)');
 select awa._grant_execute('awa._queue_ids(text)');
 select awa._grant_execute('awa._lock_queue_rows(integer[])');
+select awa._grant_execute('awa._lock_rank(text, text)');
 select awa._grant_execute('awa._ensure_linked(text, text, boolean)');
 select awa._grant_execute('awa._ensure_stripe(text, integer)');
 select awa._grant_execute('awa._pick_stripe(awa.queue_meta, bytea)');

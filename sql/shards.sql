@@ -98,7 +98,8 @@ declare
     created integer;
 begin
     perform awa._check_layout_change(queue, 'enqueue shards', shards, 64);
-    for meta in select * from awa._physical_queues(queue) loop
+    -- In queue_id order (they were locked in lock order: awa._lock_rank).
+    for meta in select * from awa._physical_queues(queue) as p order by p.queue_id loop
         physical_queue := meta.queue;
         old_shards := meta.enqueue_shards;
         new_shards := shards;
@@ -477,7 +478,7 @@ begin
     if older_than is null then
         raise exception 'older_than must not be null' using errcode = '22004';
     end if;
-    if older_than < interval '1 day' then
+    if date_part('epoch', older_than) < 86400 then  -- in seconds, as cutoff is
         raise exception 'older_than must be at least 1 day, got %', older_than
             using errcode = '22023',
                   hint = 'The history of changes of S is an audit trail: keep a day at least.';

@@ -220,7 +220,7 @@ $$;
 -- Called once the caller holds its lanes: a queue's first keyed enqueue
 -- locks its queue_meta row, and waiting for a lane while holding it would
 -- deadlock with another keyed enqueue of the queue that holds that lane.
--- Calls: nothing
+-- Calls: awa._lock_rank
 -- Writes: awa.queue_meta
 create or replace function awa._mark_unique_jobs(queue_ids integer[], unique_keys bytea[])
 returns void
@@ -228,8 +228,8 @@ language sql
 set search_path = pg_catalog, pg_temp
 set enable_seqscan = off
 as $$
-    -- The rows still to mark, locked in queue_id order first, as a change
-    -- of a queue's family locks them (awa._lock_queue_rows): an UPDATE
+    -- The rows still to mark, locked in lock order first (awa._lock_rank),
+    -- as a change of a queue's family locks them (awa._lock_queue_rows): an UPDATE
     -- locks in its scan's order, which a bitmap scan makes the heap's.
     -- Once a queue is marked there is nothing to lock.
     update awa.queue_meta as m
@@ -242,10 +242,50 @@ as $$
                 where unique_keys[x.i] is not null
            ))
              and not q.unique_jobs
-           order by q.queue_id
+           order by awa._lock_rank(q.root_queue, q.logical_queue), q.queue_id
              for no key update
       ) as marked
      where m.queue_id = marked.queue_id
+$$;
+
+-- Function: awa._join_unique_scope(old_scope text, new_scope text) returns void
+-- When an ordinary queue joins a logical one as its partition or stripe
+-- (awa._ensure_linked), the keys its jobs hold move to the logical
+-- queue's scope (awa._unique_scope), where every later enqueue to it
+-- looks them up: left under its own name, a key a ready job held was
+-- taken again by a second job. A row that holds nothing any more (its
+-- window passed) gives way to the other scope's row of the same key.
+-- Errors: 55006 a key held in both scopes: the two jobs holding it could
+--   not both stay unique in one.
+-- Calls: nothing
+-- Writes: awa.unique_keys
+create or replace function awa._join_unique_scope(old_scope text, new_scope text)
+returns void
+language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    clash bytea;
+begin
+    delete from awa.unique_keys as u
+     using awa.unique_keys as v
+     where v.unique_key = u.unique_key and u.held_until <= now()
+       and ((u.queue = old_scope and v.queue = new_scope)
+            or (u.queue = new_scope and v.queue = old_scope));
+    select o.unique_key into clash
+      from awa.unique_keys as o
+      join awa.unique_keys as n on n.unique_key = o.unique_key and n.queue = new_scope
+     where o.queue = old_scope
+     limit 1;
+    if found then
+        raise exception 'queue % and % both hold unique key %: % cannot join %',
+            quote_literal(old_scope), quote_literal(new_scope), clash,
+            quote_literal(old_scope), quote_literal(new_scope)
+            using errcode = '55006',
+                  hint = 'Once one of the two jobs has ended and its window passed, call again.';
+    end if;
+    update awa.unique_keys as u set queue = new_scope where u.queue = old_scope;
+end;
 $$;
 
 -- Function: awa._release_unique_key(job_id bigint, completed boolean)
@@ -328,4 +368,5 @@ select awa._grant_execute(
 select awa._grant_execute('awa._null_at(anyarray, integer[])');
 select awa._grant_execute('awa._mark_unique_jobs(integer[], bytea[])');
 select awa._grant_execute('awa._release_unique_key(bigint, boolean)');
+select awa._grant_execute('awa._join_unique_scope(text, text)');
 select awa._grant_execute('awa.prune_unique_keys(integer)', 'maintenance');

@@ -425,7 +425,11 @@ comment on view awa.queue_overview is
 -- stripes), one row per physical queue: every ready, running, scheduled
 -- and kept terminal row is counted. It reads every row, so its cost grows
 -- with the backlog and the history: for a dashboard, use
--- awa.queue_overview; call this on purpose.
+-- awa.queue_overview; call this on purpose. Volatile, as
+-- awa._scheduled_capped is: a call that waited for a rewrite's or a
+-- prune's TRUNCATE counts what it left (a stable function read with the
+-- statement's snapshot, taken before the wait, and counted none; a drop's
+-- question then named no kept jobs).
 -- Role: awa_reader, awa_operator.
 -- Calls: awa._names_cover
 -- Writes: nothing
@@ -440,7 +444,7 @@ returns table (
     cancelled_kept bigint
 )
 language sql
-stable
+volatile
 security definer
 set search_path = pg_catalog, pg_temp
 as $$

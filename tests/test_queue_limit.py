@@ -1,5 +1,5 @@
 """The queue limit (migration 0029) on real PostgreSQL 17 and 18: an enqueue to
-a new name creates a queue, with seven sequences, only while the physical
+a new name creates a queue, with eight sequences, only while the physical
 queues number less than awa.queue_limit.max_queues; past it the call fails
 with 53400 naming the count and the limit, and creates nothing. Partitions
 count. Two creations at the last place: one wins, the other is refused; a

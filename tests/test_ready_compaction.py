@@ -23,7 +23,7 @@ import pytest
 
 from tests.support.dead_rows import NO_LANE, junk
 from tests.support.isolation import OLDER_SNAPSHOTS, assert_refused_outside_read_committed
-from tests.support.jobs import claim
+from tests.support.jobs import behind, claim
 from tests.support.reads import blocks_read
 
 READY = "select * from awa.ready order by lane_id, lane_seq"
@@ -262,3 +262,21 @@ def test_no_job_is_lost_or_taken_twice_while_ready_is_rewritten_under_load(db, s
     assert su.execute("select count(*), count(distinct job_id) from awa.finished f"
                       " join awa.queue_meta m using (queue_id) where m.queue = 'spin'"
                       ).fetchone() == (total, total)
+
+
+def test_exact_counts_read_behind_a_rewrite_count_the_rows_it_left(db, su, logins, horizon):
+    """awa.queue_counts (exact, read on purpose: a drop's question) that
+    waited for the rewrite's lock counts the ready rows the rewrite left. A
+    stable function read with its statement's snapshot, taken before the
+    wait: the truncated table empty, the rows copied back not yet committed
+    for it, 0 ready."""
+    ready = su.execute("select count(*) from awa.ready r join awa.queue_meta m"
+                       " using (queue_id) where m.queue = 'rq1'").fetchone()[0]
+    assert ready > 0
+    junk(su, 210_000)
+    with db.connect(logins.reader) as r, \
+            db.connect(logins.maintenance, autocommit=False) as m:
+        assert compact(m) == 1
+        call = behind(db, m, r, lambda c: c.execute(
+            "select ready from awa.queue_counts('rq1')").fetchone()[0])
+    assert (call.error, call.result) == (None, ready)

@@ -354,3 +354,30 @@ def test_enqueue_shards_reads_s_for_every_role(db, logins):
             assert conn.execute("select awa.enqueue_shards('readable')").fetchone()[0] == 8
     with db.connect(logins.reader) as conn, pytest.raises(psycopg.errors.UndefinedObject):
         conn.execute("select awa.enqueue_shards('no such queue')")
+
+
+@pytest.mark.parametrize("own", ["stripes", "partitions"])
+def test_a_queue_with_partitions_or_stripes_of_its_own_cannot_join_another(db, logins, own):
+    """A queue named as another's partition (solo__p1) made before it, with
+    stripes or partitions of its own: it cannot become the partition (its
+    own would stay linked to it, out of the family's claims): 0A000 naming
+    both, and nothing changes. A plain queue of that name joins."""
+    with db.connect(logins.operator) as op, db.connect() as su:
+        if own == "stripes":
+            op.execute("select awa.set_queue_stripes('solo__p1', 2)")
+        else:
+            op.execute("select awa.set_queue_partitions('solo__p1', 2)")
+        op.execute("select awa.set_enqueue_shards('solo', 1)")
+        before = su.execute("select queue, root_queue, logical_queue, partitions"
+                            " from awa.queue_meta order by queue").fetchall()
+        with pytest.raises(psycopg.errors.FeatureNotSupported) as err:
+            op.execute("select * from awa.set_queue_partitions('solo', 2)")
+        assert err.value.diag.message_primary == (
+            "queue 'solo__p1' has partitions or stripes of its own: it cannot become a"
+            " partition of 'solo'")
+        assert su.execute("select queue, root_queue, logical_queue, partitions"
+                          " from awa.queue_meta order by queue").fetchall() == before
+        op.execute("select awa.set_enqueue_shards('plain__p1', 1)")
+        op.execute("select * from awa.set_queue_partitions('plain', 2)")
+        assert su.execute("select root_queue from awa.queue_meta where queue = 'plain__p1'"
+                          ).fetchone()[0] == "plain"

@@ -153,3 +153,62 @@ def test_a_heartbeat_refuses_an_extension_outside_its_range(db, logins):
                 f"extend must be a positive interval of at most 30 days, got {shown}")
         assert w.execute("select awa.heartbeat(%s, %s, '30 days')",
                          [job[0], job[1]]).fetchone()[0]
+
+
+# Durations PostgreSQL compares with a month of 30 days and a year of 360,
+# whose seconds (a year 365.25 days, as every duration is applied) say
+# otherwise: (value, days by comparison, days in seconds).
+MISREAD = [("-1 year 361 days", 1, -4.25), ("1 year -335 days", 25, 30.25)]
+
+CALLS = {
+    "batch max_run_times": (
+        "producer", "select * from awa.enqueue_batch(array['tbd'], array['k'],"
+                    " max_run_times => array[%s::interval])"),
+    "set_max_run_time": ("operator", "select awa.set_max_run_time('tbd', %s::interval)"),
+    "retry base": (
+        "operator", "select awa.set_retry_policy('tbd', %s::interval, '30 days', 0.5)"),
+    "retry cap": (
+        "operator", "select awa.set_retry_policy('tbd', '1 second', %s::interval, 0.5)"),
+    "prune_shard_changes": ("maintenance", "select awa.prune_shard_changes(%s::interval)"),
+    "failure_summary": ("reader", "select * from awa.failure_summary(since => %s::interval)"),
+}
+# Which of MISREAD each call must refuse: the bounds (1 second to 30 days;
+# retry base up to 1 day; at least 1 day of history; 0 to 10 years back).
+REFUSED = {
+    "batch max_run_times": {"-1 year 361 days", "1 year -335 days"},
+    "set_max_run_time": {"-1 year 361 days", "1 year -335 days"},
+    "retry base": {"-1 year 361 days", "1 year -335 days"},
+    "retry cap": {"-1 year 361 days", "1 year -335 days"},
+    "prune_shard_changes": {"-1 year 361 days"},
+    "failure_summary": {"-1 year 361 days"},
+}
+
+
+@pytest.mark.parametrize("call", CALLS)
+def test_every_duration_a_caller_gives_is_checked_in_the_seconds_it_is_applied_in(
+        db, logins, call):
+    """Each duration is checked as its seconds, as it is stored or added to
+    a time: '-1 year 361 days' passed a check of at least a second or a day
+    as one day and was applied as minus 4.25 days (a job's lease already
+    expired at its claim; a retry delay below 0; a prune of the whole
+    history of S changes); '1 year -335 days' passed the 30 days' bound.
+    Refused with 22023, nothing changed."""
+    with db.connect(logins.producer) as p:
+        p.execute("select awa.enqueue('tbd', 'k')")
+    role, statement = CALLS[call]
+    with db.connect() as su:
+        before = su.execute("select (select count(*) from awa.ready), m.max_run_time,"
+                            " m.retry_base, m.retry_cap from awa.queue_meta m"
+                            " where m.queue = 'tbd'").fetchone()
+    with db.connect(getattr(logins, role)) as conn:
+        for value, _, _ in MISREAD:
+            if value in REFUSED[call]:
+                with pytest.raises(psycopg.errors.InvalidParameterValue):
+                    conn.execute(statement, [value])
+            else:
+                conn.execute(statement, [value])
+    with db.connect() as su:
+        after = su.execute("select (select count(*) from awa.ready), m.max_run_time,"
+                           " m.retry_base, m.retry_cap from awa.queue_meta m"
+                           " where m.queue = 'tbd'").fetchone()
+    assert after == before

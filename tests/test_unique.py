@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
+from awa_sql import routing
 from tests.support.jobs import Call, claim, claim_all, enqueue, in_turn_behind, waits_for_a_lock
 from tests.support.waiting import wait_until
 
@@ -708,6 +709,56 @@ def test_a_family_change_and_a_first_keyed_batch_lock_the_rows_in_one_order(
                              " where queue like 'fam__p%' and unique_jobs").fetchone()[0] == 2
 
 
+def _key_of_partition(partition: int) -> bytes:
+    return next(k for k in (f"o{i}".encode() for i in range(1000))
+                if routing.partition_for_ordering_key(k, 2) == partition)
+
+
+@pytest.mark.parametrize("first", [
+    "select awa.set_retention('low', '1 hour', '1 day')",
+    # One job in each partition, by their ordering keys.
+    "select duplicate from awa.enqueue_batch(array['low', 'low'], array['a', 'b'],"
+    " ordering_keys => array[%s, %s]::bytea[], unique_keys => array['k1', 'k2']::bytea[])",
+], ids=["retention", "first keyed batch"])
+def test_a_partition_older_than_its_root_is_locked_after_it_by_every_call(db, logins, first):
+    """low__p1 was a queue of its own before low was made, then joined it
+    as a partition: its queue_id is below its root's. A pause locks the
+    row it is named by (the root) first, then the family; a retention or a
+    first keyed batch locked the family by queue_id, the partition first.
+    With the partition's row held by a third session, the first call waits
+    for it, the pause behind the first call (or, by queue_id, holding the
+    root and waiting for the partition): once the holder ends, both
+    finish, where by queue_id they deadlocked (40P01). Every call locks a
+    family's rows root first, then partitions, then stripes."""
+    _fast_deadlock_detection(db)
+    with db.connect(logins.producer) as p:
+        enqueue(p, "low__p1", "first")
+        enqueue(p, "low", "then")
+    with db.connect() as su:
+        su.execute("select * from awa.set_queue_partitions('low', 2)")
+        ids = dict(su.execute("select queue, queue_id from awa.queue_meta"
+                              " where queue in ('low', 'low__p1')").fetchall())
+        assert ids["low__p1"] < ids["low"], ids
+        role = logins.producer if "enqueue_batch" in first else logins.operator
+    with db.connect() as admin, db.connect(autocommit=False) as holder:
+        holder.execute("select from awa.queue_meta where queue = 'low__p1' for no key update")
+        calls = [
+            Call(db.connect(role, autocommit=False), lambda c: c.execute(
+                first, [_key_of_partition(0), _key_of_partition(1)] if "%s" in first else None
+            ).fetchall()),
+            Call(db.connect(logins.operator, autocommit=False),
+                 lambda c: c.execute("select awa.pause_queue('low')").fetchall()),
+        ]
+        in_turn_behind(admin, holder, calls)
+        for call in calls:
+            assert call.error is None, call.error
+        assert admin.execute("select bool_and(paused) from awa.queue_meta"
+                             " where queue in ('low', 'low__p1')").fetchone()[0]
+        if "enqueue_batch" in first:
+            assert admin.execute("select count(*) from awa.queue_meta where unique_jobs"
+                                 " and queue in ('low', 'low__p1')").fetchone()[0] == 2
+
+
 def test_a_key_given_back_while_a_batch_waits_for_an_earlier_key_is_taken(db, logins):
     """A batch settles its keys one at a time, in key order. While it waits
     for the row of its first key (K1, whose window has passed, locked by
@@ -831,3 +882,51 @@ def test_a_copy_of_several_passes_takes_its_keys_before_its_first_lane(db, login
         assert admin.execute("select job_id from awa.unique_keys where queue = 'kp'"
                              ).fetchall() == [(keyed,)]
         assert live(admin, "kp") == 10_004  # the seed, the holder's job and the load
+
+
+def test_the_keys_of_a_queue_that_joins_a_family_stay_unique_in_it(db, logins):
+    """jq__p1, a queue of its own with a ready job holding key K, becomes
+    partition 1 of jq (made after it): its key moves to jq's scope, so an
+    enqueue of K to either name reports the holder instead of taking K a
+    second time."""
+    with db.connect(logins.producer) as p:
+        held = enqueue(p, "jq__p1", "held", unique_key=b"K")[0]
+        enqueue(p, "jq", "other")
+    with db.connect() as su:
+        su.execute("select * from awa.set_queue_partitions('jq', 2)")
+        assert su.execute("select queue, job_id from awa.unique_keys where unique_key = 'K'"
+                          ).fetchall() == [("jq", held)]
+    with db.connect(logins.producer) as p:
+        for name in ("jq__p1", "jq"):
+            again = p.execute("select job_id, duplicate from awa.enqueue(%s, 'again',"
+                              " unique_key => 'K')", [name]).fetchone()
+            assert again == (held, True), name
+
+
+def test_a_queue_whose_keys_its_new_family_holds_too_joins_it_once_one_holds_nothing(
+        db, logins):
+    """kq__p1 and kq each have a job holding key K: as one family they could
+    not both be unique, so kq__p1 cannot become kq's partition (55006 naming
+    the key) and nothing changes. Once kq's job completed and its window
+    passed, its row of K holds nothing, gives way, and kq__p1 joins with K."""
+    with db.connect(logins.producer) as p:
+        held = enqueue(p, "kq__p1", "a", unique_key=b"K")[0]
+        enqueue(p, "kq", "b", unique_key=b"K", unique_window="1 second")
+    with db.connect() as su:
+        before = su.execute("select * from awa.unique_keys order by queue").fetchall()
+        with pytest.raises(psycopg.errors.ObjectInUse) as err:
+            su.execute("select * from awa.set_queue_partitions('kq', 2)")
+        assert err.value.diag.message_primary == (
+            "queue 'kq__p1' and 'kq' both hold unique key \\x4b: 'kq__p1' cannot join 'kq'")
+        assert su.execute("select * from awa.unique_keys order by queue").fetchall() == before
+        assert su.execute("select partitions from awa.queue_meta where queue = 'kq'"
+                          ).fetchone()[0] == 1
+    with db.connect(logins.worker) as w:
+        [job] = claim(w, ["kq"], 1)
+        assert w.execute("select awa.complete(%s, %s)", job[:2]).fetchone()[0]
+    with db.connect() as su:
+        su.execute("update awa.unique_keys set held_until = now() - interval '1 second'"
+                   " where queue = 'kq'")
+        su.execute("select * from awa.set_queue_partitions('kq', 2)")
+        assert su.execute("select queue, job_id from awa.unique_keys where unique_key = 'K'"
+                          ).fetchall() == [("kq", held)]
