@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from contextlib import contextmanager
@@ -624,6 +625,25 @@ def test_bulk_plan_says_how_many_and_the_bulk_call_takes_them(db, api):
         conn.execute("select awa.set_queue_partitions('bulk', 2)")
     assert api.get("/api/queues/bulk/jobs/cancel/plan").json()["jobs"] == 0
     assert len(ids) == 6
+
+
+def test_a_bulk_retry_of_jobs_another_transaction_holds_is_409_not_a_wait(db, api):
+    """Every failed job of the queue held by another transaction (a retry in
+    psql not yet committed): the bulk retry waits for them at most the job
+    tools' lock timeout and answers 409 (55P03), as a single job's retry
+    does; with no timeout it held its pooled connection until they ended."""
+    _failed_jobs(db, "heldq", 3)
+    with db.connect(autocommit=False) as holder:
+        holder.execute("select from awa.finished where state = 'failed' for update")
+        answers: list = []
+        post = threading.Thread(target=lambda: answers.append(
+            api.post("/api/queues/heldq/jobs/retry", headers=auth())), daemon=True)
+        post.start()
+        post.join(timeout=60)
+        assert not post.is_alive(), "the bulk retry still waits for the held rows"
+        holder.rollback()
+    [got] = answers
+    assert (got.status_code, got.json()["sqlstate"]) == (409, "55P03"), got.text
 
 
 def test_bulk_retry_of_cancelled_jobs_plans_and_takes_that_state_only(db, api):

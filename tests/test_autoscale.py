@@ -536,6 +536,12 @@ def test_cli_modes_show_and_run(db, logins):
     assert "cli: held S 1 -> 1 (shadow)" in out and "auto-scaler stopped" in out
     shown = db.awa("storage", "show", "--queue", "cli", user=logins.reader, check=True).stdout
     assert "cli: mode shadow, max 4" in shown and "last decision" in shown
+    # Back to manual with a new S: the change of S is shown and asked about
+    # as a plain --shards is (the lanes it creates, what ordering it keeps).
+    planned = db.awa("storage", "set-enqueue-shards", "--queue", "cli", "--manual", "--shards",
+                     "2", "--dry-run", user=op, check=True)
+    assert "lanes to create" in planned.stdout and "partitioned FIFO" in planned.stdout
+    assert "dry run: nothing changed" in planned.stdout and shards_of(db, "cli") == 1
     manual = db.awa("storage", "set-enqueue-shards", "--queue", "cli", "--manual", "--shards",
                     "2", "--yes", user=op, check=True)
     assert "cli: mode manual" in manual.stdout

@@ -221,6 +221,37 @@ def test_a_handlers_retry_time_is_passed_through(db, logins):
         t.join(timeout=30)
 
 
+def test_a_retry_time_the_server_refuses_is_a_failure_after_the_queues_backoff(db, logins):
+    """Retry(at=datetime.max) as "never", or an after= past what a timestamp
+    holds: awa.fail refuses the time (22023, 22008). The attempt is
+    recorded all the same, retried after the queue's backoff, with the
+    handler's reason; before, the job stayed held until its lease ended."""
+    with db.connect(logins.producer) as p:
+        jobs = {kind: enqueue(p, "wfar", kind)[0] for kind in ("max", "huge")}
+
+    def never(_job):
+        raise awa_sql.Retry("never again", at=datetime.max.replace(tzinfo=UTC))
+
+    def huge(_job):
+        raise awa_sql.Retry("much later", after=timedelta(days=999_999_999))
+
+    worker = Worker(db.dsn(logins.worker), queues=["wfar"], snapshot_every=None,
+                    handlers={"max": never, "huge": huge}, poll_interval=0.05)
+    t = threading.Thread(target=worker.run, daemon=True)
+    t.start()
+    try:
+        with db.connect() as admin:
+            wait_until(lambda: worker.failed == 2, 15, "the two attempts to be recorded")
+            for kind, reason in (("max", "never again"), ("huge", "much later")):
+                attempt, error, run_at = admin.execute(SCHEDULED, [jobs[kind]]).fetchone()
+                assert (attempt, error) == (1, reason)
+                assert admin.execute("select %s - now() < interval '1 minute'",
+                                     [run_at]).fetchone()[0]  # the backoff's, 2 s or so
+    finally:
+        worker.stop()
+        t.join(timeout=30)
+
+
 def test_retry_refuses_what_it_cannot_mean():
     with pytest.raises(ValueError, match="not both"):
         awa_sql.Retry(at=datetime.now(UTC), after=timedelta(seconds=1))

@@ -540,3 +540,73 @@ def test_a_job_whose_args_python_cannot_decode_fails_alone_and_the_queue_goes_on
                              [bad]).fetchone()[0]
     assert error.startswith("its args could not be decoded: RecursionError"), error
     assert sorted(seen) == [1, 2]
+
+
+def test_a_job_whose_run_another_transaction_holds_does_not_stop_the_heartbeat(db, logins):
+    """An operator's cancel of a running job left open (BEGIN; cancel; no
+    commit) holds its run's row: the heartbeat of that job waits for it at
+    most HEARTBEAT_LOCK_TIMEOUT and is skipped for that pass; the job after
+    it is heartbeated all the same. Before, the heartbeat thread waited
+    until the operator's transaction ended: no held job was heartbeated and
+    a shutdown never handed any back."""
+    with db.connect(logins.producer) as conn:
+        first = awa_sql.enqueue(conn, "slow", queue="hbheld")
+    started, release = [threading.Event(), threading.Event()], threading.Event()
+    runs = []
+
+    def slow(_job):
+        started[len(runs)].set()
+        runs.append(1)
+        release.wait(60)
+
+    worker = Worker(db.dsn(logins.worker), queues=[{"queue": "hbheld", "max_workers": 2}],
+                    handlers={"slow": slow}, lease=timedelta(seconds=60),
+                    heartbeat_every=timedelta(seconds=0.2), **FAST)
+    with running(worker, release), db.connect(logins.operator, autocommit=False) as op:
+        assert started[0].wait(15)
+        with db.connect(logins.producer) as conn:
+            second = awa_sql.enqueue(conn, "slow", queue="hbheld")
+        assert started[1].wait(15)
+        assert op.execute("select awa.cancel_job(%s)", [first.job_id]).fetchone()[0]
+        at = lease(db, second.job_id)
+        wait_until(lambda: lease(db, second.job_id) > at + timedelta(seconds=1), 30,
+                   "the other job's lease to be extended while the first's run is held")
+        op.rollback()
+        release.set()
+        wait_until(lambda: state(db, second.job_id) == "completed", 10, "the other job")
+
+
+def test_a_heartbeat_that_could_not_reach_the_server_is_tried_again_soon(
+        db, logins, caplog):
+    """Connections refused (the login cannot log in, as during a restart or
+    a failover): the failed pass is tried again after HEARTBEAT_RETRY_MIN,
+    doubled at each failure, not a whole heartbeat_every later, so a server
+    that comes back extends the leases before they end. Once it can log in
+    again, the lease is extended."""
+    caplog.set_level(logging.WARNING, logger="awa_sql.worker")
+    with db.connect(logins.producer) as conn:
+        job = awa_sql.enqueue(conn, "slow", queue="hbdown")
+    started, release = threading.Event(), threading.Event()
+    worker = Worker(db.dsn(logins.worker), queues=["hbdown"],
+                    handlers={"slow": blocking(started, release)}, lease=timedelta(seconds=120),
+                    heartbeat_every=timedelta(seconds=3), **FAST)
+    with running(worker, release), db.connect() as admin:
+        assert started.wait(30)
+        # Its connection is made at its first beat.
+        wait_until(lambda: admin.execute(
+            "select 1 from pg_stat_activity where usename = %s and application_name = %s",
+            [logins.worker, "awa-sql worker heartbeat"]).fetchone(), 20,
+            "the heartbeat's connection")
+        admin.execute(f'alter role "{logins.worker}" nologin')
+        try:
+            terminate(db, logins.worker, "heartbeat")
+            failed = wait_until(lambda: [r.getMessage() for r in caplog.records
+                                         if r.getMessage().startswith("heartbeat failed")],
+                                30, "a heartbeat pass to fail")
+        finally:
+            admin.execute(f'alter role "{logins.worker}" login')
+        # heartbeat_every would be 3.0 s.
+        assert failed[0].endswith("trying again in 1.0 s"), failed
+        at = lease(db, job.job_id)
+        wait_until(lambda: lease(db, job.job_id) > at, 20,
+                   "the lease to be extended once the server took connections again")

@@ -13,6 +13,12 @@ MAINTAIN_METRICS_PORT = 9189  # awa maintain's own /metrics
 EVERY_MIN = 0.05
 EVERY_MAX = 3600.0
 
+# How long a job tool (`awa jobs`, the admin API's retries and cancels) waits
+# for rows another transaction holds: a cancel for a claim in flight that
+# holds its job (ADR 025), a bulk retry for failed rows another retry
+# holds. Past it the call fails with 55P03 (exit 5, HTTP 409).
+JOB_TOOL_LOCK_TIMEOUT = "5s"
+
 # Why awa.retry_job returns false for a job that is failed or cancelled
 # (docs/sql-api.md): not its state. `awa jobs retry ID` and the admin API say it.
 RETRY_REFUSED = ("another job of its queue holds its unique key now (retry it once that job "

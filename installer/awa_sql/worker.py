@@ -90,6 +90,18 @@ CLAIM_SQL = (
 )
 MIN_POLL = 0.01  # seconds; the first wait after an empty claim
 RECORD_BACKOFF_MAX = 5.0  # seconds between tries to record an outcome, at most
+# After a heartbeat pass that could not reach the server, the next try comes
+# after this, doubled at each failure up to heartbeat_every: a server back
+# from a restart or a failover extends the leases long before they end.
+HEARTBEAT_RETRY_MIN = 1.0
+# How long a heartbeat waits for a run another transaction holds (an
+# operator's cancel left open in psql): past it that job is skipped for this
+# pass, so it holds back neither the other jobs' heartbeats nor a shutdown.
+# Set for the statement's own transaction (one statement: a transaction
+# pooler may send each to another server connection).
+HEARTBEAT_LOCK_TIMEOUT = "5s"
+HEARTBEAT_SQL = ("with bound as materialized (select set_config('lock_timeout', %s, true))"
+                 " select awa.heartbeat(%s, %s, %s) from bound")
 # Seconds a held job's handler gets after stop() before its job is handed
 # back: under Kubernetes' default grace period of 30 s before SIGKILL, with
 # time left to hand the jobs back (ADR 046).
@@ -745,7 +757,21 @@ class Worker:
                                  [job.job_id, job.run_lease, error, retry.after])
         else:
             statement, params = ("select awa.fail(%s, %s, %s)", [job.job_id, job.run_lease, error])
-        if not (done := self._record(conn, job, "failure", statement, params)):
+        try:
+            done = self._record(conn, job, "failure", statement, params)
+        except psycopg.DataError as err:
+            if retry is None:
+                raise
+            # A time the server refuses (at or past 9999-12-31, or past what a
+            # timestamp holds: 22023, 22008): the failure
+            # is recorded all the same, retried after the queue's backoff,
+            # not left held until its lease ends.
+            log.warning("job %s (%s): its Retry time was refused: %s; it is retried after the"
+                        " queue's backoff instead", job.job_id, job.kind, _one_line(err))
+            retry = None
+            done = self._record(conn, job, "failure", "select awa.fail(%s, %s, %s)",
+                                [job.job_id, job.run_lease, error])
+        if not done:
             if done is not None:  # None: settled and logged (_settle)
                 _log_gone(job, "failure", self._was_handed_back(job))
             return
@@ -804,12 +830,14 @@ class Worker:
 
     def _heartbeat(self) -> None:
         """Extends the lease of every held job until its deadline, not after: the
-        server would not extend it anyway (awa.heartbeat); a failed pass is tried
-        again at the next beat. After stop() it goes on until every slot has
-        finished, or until the jobs still held are handed back (_hand_back_due);
-        then run() returns."""
+        server would not extend it anyway (awa.heartbeat); a pass that could
+        not reach the server is tried again after HEARTBEAT_RETRY_MIN, doubled
+        at each failure up to heartbeat_every. After stop() it goes on until
+        every slot has finished, or until the jobs still held are handed back
+        (_hand_back_due); then run() returns."""
         every = self.heartbeat_every.total_seconds()
         beat_at = time.monotonic() + every
+        retry = HEARTBEAT_RETRY_MIN
         told = False
         with self._link("heartbeat") as conn:
             while True:
@@ -818,9 +846,12 @@ class Worker:
                     try:
                         self._beat(conn, self.lease.total_seconds())
                     except psycopg.Error as err:
+                        wait = min(retry, every)
                         log.warning("heartbeat failed: %s; trying again in %.1f s",
-                                    _one_line(err), every)
-                    beat_at = time.monotonic() + every
+                                    _one_line(err), wait)
+                        beat_at, retry = time.monotonic() + wait, retry * 2
+                    else:
+                        beat_at, retry = time.monotonic() + every, HEARTBEAT_RETRY_MIN
                 if self._stop.is_set():
                     with self._lock:
                         if self._slots_left == 0:
@@ -924,8 +955,14 @@ class Worker:
                 h.passed = True
                 continue
             try:
-                extended = conn.execute("select awa.heartbeat(%s, %s, %s)",
-                                        [job_id, run_lease, self.lease]).fetchone()[0]
+                extended = conn.execute(
+                    HEARTBEAT_SQL,
+                    [HEARTBEAT_LOCK_TIMEOUT, job_id, run_lease, self.lease]).fetchone()[0]
+            except psycopg.errors.LockNotAvailable:
+                log.warning("job %s: heartbeat waited %s for its run, which another"
+                            " transaction holds (a cancel not yet committed?); tried again"
+                            " at the next pass", job_id, HEARTBEAT_LOCK_TIMEOUT)
+                continue
             except psycopg.OperationalError:
                 raise  # the server is out of reach: so for every other job
             except psycopg.Error as err:

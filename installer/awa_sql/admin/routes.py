@@ -44,7 +44,7 @@ from awa_sql.admin.models import (
     ShardsBody,
     WorkerRelease,
 )
-from awa_sql.defaults import RETRY_REFUSED
+from awa_sql.defaults import JOB_TOOL_LOCK_TIMEOUT, RETRY_REFUSED
 from awa_sql.maintain import last_runs
 from awa_sql.routing import MAX_SHARDS
 from awa_sql.runtimes import live
@@ -293,6 +293,7 @@ def bulk_change(request: Request, queue: QueueName, action: BulkAction,
     max_jobs = queries.BULK_MAX_JOBS if body.max_jobs is None else body.max_jobs
     state = None
     with _pool(request).connection() as conn, conn.transaction():
+        conn.execute(f"set local lock_timeout = '{JOB_TOOL_LOCK_TIMEOUT}'")
         if action == "retry":
             # awa.retry_jobs decides which states it takes (400 for another).
             state = "failed" if body.state is None else body.state
@@ -318,8 +319,6 @@ JOB_WRITE = {
 }
 APPLIES_TO = {"retry": ("failed or cancelled", "retried"),
               "cancel": ("scheduled, ready or running", "cancelled")}
-# A cancel waits for a claim in flight that holds its job (ADR 025), this long at most.
-LOCK_TIMEOUT = "5s"
 
 
 # awa.failure_summary takes an age of 0 to 10 years (its message says so); an
@@ -362,7 +361,7 @@ def get_job(request: Request, job_id: JobId,
 
 def _change_job(request: Request, job_id: int, action: str) -> dict:
     with _pool(request).connection() as conn, conn.transaction():
-        conn.execute(f"set local lock_timeout = '{LOCK_TIMEOUT}'")
+        conn.execute(f"set local lock_timeout = '{JOB_TOOL_LOCK_TIMEOUT}'")
         changed = conn.execute(f"select awa.{action}_job(%s::bigint)", [job_id]).fetchone()[0]
         found = queries.job(conn, job_id)  # 404 for an unknown job
         if not changed:

@@ -26,16 +26,13 @@ from psycopg.rows import dict_row
 from awa_sql.cli.common import EXIT_WRONG_STATE, add_connection, bad_input_is_usage, err
 from awa_sql.cli.storage import table
 from awa_sql.connect import connect, read_far_dates
-from awa_sql.defaults import RETRY_REFUSED, RETRY_STATES
+from awa_sql.defaults import JOB_TOOL_LOCK_TIMEOUT, RETRY_REFUSED, RETRY_STATES
 from awa_sql.migrate import EXIT_USAGE
 
 EXIT_NO_SUCH_JOB = 8
 
 STATES = ("scheduled", "ready", "running", "completed", "failed", "cancelled")
 MAX_JOBS = 100_000
-# A cancel waits for a claim in flight that holds its job (ADR 025); this
-# long at most.
-LOCK_TIMEOUT = "5s"
 ERROR_WIDTH = 60
 # --since: a number and one of these units, passed on as an interval.
 SINCE_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
@@ -366,7 +363,7 @@ def _confirm(question: str) -> bool:
 
 def _one(args: argparse.Namespace, function: str, verb: str, applies_to: str) -> int:
     with read_far_dates(connect(args.dsn)) as conn:
-        conn.execute(f"set local lock_timeout = '{LOCK_TIMEOUT}'")
+        conn.execute(f"set local lock_timeout = '{JOB_TOOL_LOCK_TIMEOUT}'")
         changed = conn.execute(f"select awa.{function}(%s::bigint)",
                                [args.job_id]).fetchone()[0]
         job = _fetch_job(conn, args.job_id)
@@ -425,7 +422,7 @@ def _bulk(args: argparse.Namespace, function: str, states: tuple[str, ...], ask:
         done = 0
         while done < total:
             with conn.transaction():
-                conn.execute(f"set local lock_timeout = '{LOCK_TIMEOUT}'")
+                conn.execute(f"set local lock_timeout = '{JOB_TOOL_LOCK_TIMEOUT}'")
                 # The state a retry takes (awa.retry_jobs's last argument);
                 # a cancel takes ready and scheduled jobs, no state.
                 with_state = ", %s::text" if args.state is not None else ""

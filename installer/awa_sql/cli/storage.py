@@ -205,18 +205,7 @@ def cmd_set_enqueue_shards(args: argparse.Namespace) -> int:
     if not _shards_in_range("--shards", args.shards):
         return EXIT_USAGE
     with connect(args.dsn) as conn:
-        # A bad name (empty, too long, a stripe's) raises here: exit 2.
-        new_queue = not shards._known_queue(conn, args.queue)
-        plan = shards.plan_enqueue_shards(conn, args.queue, args.shards)
-        conn.rollback()
-        print(_changes_table(plan, new_queue,
-                             ["physical queue", "current S", "new S", "lanes to create"]))
-        old = max(c.old_shards for c in plan)
-        print()
-        if new_queue:
-            print(f"There is no queue {args.queue!r} yet: this creates it with "
-                  f"S = {args.shards}.")
-        print(shards.ordering_consequence(args.queue, old, args.shards))
+        new_queue = _show_shards_plan(conn, args.queue, args.shards)
         if args.dry_run:
             print("dry run: nothing changed")
             return 0
@@ -234,6 +223,23 @@ def cmd_set_enqueue_shards(args: argparse.Namespace) -> int:
     return 0
 
 
+def _show_shards_plan(conn, queue: str, n: int) -> bool:
+    """Prints what S = n would change (each physical queue's lanes, and what
+    it means for ordering), changing nothing; true when it creates the queue.
+    A bad name (empty, too long, a stripe's) raises here: exit 2."""
+    new_queue = not shards._known_queue(conn, queue)
+    plan = shards.plan_enqueue_shards(conn, queue, n)
+    conn.rollback()
+    print(_changes_table(plan, new_queue,
+                         ["physical queue", "current S", "new S", "lanes to create"]))
+    old = max(c.old_shards for c in plan)
+    print()
+    if new_queue:
+        print(f"There is no queue {queue!r} yet: this creates it with S = {n}.")
+    print(shards.ordering_consequence(queue, old, n))
+    return new_queue
+
+
 @bad_input_is_usage
 def cmd_set_shard_mode(args: argparse.Namespace) -> int:
     for flag, value in (("--max", args.max_shards), ("--shards", args.shards)):
@@ -246,15 +252,19 @@ def cmd_set_shard_mode(args: argparse.Namespace) -> int:
     if args.mode != "manual" and args.max_shards is None:
         print(f"awa: --{args.mode} needs --max N (1..{MAX_SHARDS})", file=sys.stderr)
         return EXIT_USAGE
-    print(shards.mode_consequence(args.queue, args.mode, args.max_shards))
-    if args.dry_run:
-        print("dry run: nothing changed")
-        return 0
-    if not args.yes and not _confirm(f"Set {args.queue} to {args.mode}?"):
-        print("awa: not changed: pass --yes when not attached to a terminal, or answer y",
-              file=sys.stderr)
-        return EXIT_NOT_CONFIRMED
     with connect(args.dsn) as conn:
+        # --manual --shards N changes S too: shown and asked as --shards N is.
+        if args.shards is not None:
+            _show_shards_plan(conn, args.queue, args.shards)
+        print(shards.mode_consequence(args.queue, args.mode, args.max_shards))
+        if args.dry_run:
+            print("dry run: nothing changed")
+            return 0
+        also = f" and S = {args.shards}" if args.shards is not None else ""
+        if not args.yes and not _confirm(f"Set {args.queue} to {args.mode}{also}?"):
+            print("awa: not changed: pass --yes when not attached to a terminal, or answer y",
+                  file=sys.stderr)
+            return EXIT_NOT_CONFIRMED
         queue, mode, max_shards = shards.set_shard_mode(
             conn, args.queue, args.mode, args.max_shards)
         changes = []
