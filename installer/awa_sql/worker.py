@@ -352,7 +352,8 @@ class _Link:
     connection turns out lost, the statement is sent once more on a new one.
     That is safe for every statement the worker sends: a complete, fail or
     heartbeat under a stale lease changes nothing, and the jobs of a claim
-    whose answer was lost come back when their lease expires."""
+    whose answer was lost come back when their lease expires (the attempt
+    counted, as at any lease's end)."""
 
     def __init__(self, open_connection: Callable[[], psycopg.Connection]) -> None:
         self._open = open_connection
