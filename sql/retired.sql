@@ -122,3 +122,6 @@ drop function if exists awa.retry_jobs(text, text, integer);
 -- Unreleased: a trigger may fire in every session_replication_role (the
 -- COPY staging triggers do).
 drop function if exists awa._ensure_trigger(regclass, text, text);
+-- Unreleased: awa._autoscale_signal returns the demand too (a sixth out
+-- parameter; CREATE OR REPLACE cannot change a result's columns).
+drop function if exists awa._autoscale_signal(awa.queue_meta, timestamptz);

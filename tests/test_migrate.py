@@ -384,11 +384,14 @@ def test_status_check_gives_each_outcome_its_own_exit_code(db):
 
 
 def test_security_check_rolls_back_a_layer_that_breaks_it(db):
-    """awa._assert_security() is the last statement of every layer step."""
+    """awa._assert_security() is the last statement of every layer step. A
+    routine no layer defines is dropped by the layer, unless something
+    depends on it (here a view): that one is left, and checked."""
     with db.connect() as conn:
         conn.execute("set role awa_owner")
         conn.execute("create function awa.unpinned() returns int language sql security definer"
                      " as 'select 1'")
+        conn.execute("create view awa.uses_unpinned as select awa.unpinned() as one")
         conn.execute("reset role")
         conn.execute("delete from awa.schema_functions")
     result = db.awa("migrate")
@@ -429,7 +432,8 @@ def test_runners_queue_behind_each_other_not_fail(db):
 def test_fresh_install_equals_an_upgrade(cluster, empty_db, role_prefix):
     """Install the first migration alone (an older release), upgrade to this
     one, and compare with a fresh install; then DROP and CREATE a function the
-    way a later layer may, and check the re-applied layer restores its ACL."""
+    way a later layer may, and add routines an earlier layer had and this one
+    does not: the re-applied layer restores the ACL and drops those."""
     from awa_sql import migrate
     from awa_sql.roles import Roles
 
@@ -453,9 +457,20 @@ def test_fresh_install_equals_an_upgrade(cluster, empty_db, role_prefix):
             a.execute("create function awa.enqueue_shards(queue text) returns smallint"
                       " language sql security definer set search_path = pg_catalog, pg_temp"
                       " as 'select 1::smallint'")
+            # An earlier layer's overload of a helper whose arguments
+            # changed since (a one-argument call of it became ambiguous),
+            # and a helper no layer defines any more.
+            a.execute("create function awa._lock_queue(queue text) returns awa.queue_meta"
+                      " language sql set search_path = pg_catalog, pg_temp"
+                      " as 'select null::awa.queue_meta'")
+            a.execute("create function awa._gone_helper(n integer) returns integer"
+                      " language sql immutable as 'select n'")
             a.execute("reset role")
             a.execute("delete from awa.schema_functions")
-        empty_db.awa("migrate", "--role-prefix", role_prefix, check=True)
+        again = empty_db.awa("migrate", "--role-prefix", role_prefix, check=True)
+        for routine in ("awa._lock_queue(text)", "awa._gone_helper(integer)"):
+            assert f"warning: dropped {routine}, an earlier function layer's routine" \
+                in again.stdout, again.stdout
         with empty_db.connect() as a, fresh.connect() as b:
             assert snapshot(a) == snapshot(b)
     finally:

@@ -531,6 +531,42 @@ def _contract_version_sql(version: str) -> str:
     )
 
 
+# Every routine of schema awa is the function layer's (no migration makes
+# one), so one that the layer's transaction did not create or replace (its
+# pg_proc row older than the transaction) is an earlier layer's that this one
+# no longer defines: a helper gone, or an overload whose arguments changed,
+# which would make a call by the new arguments ambiguous. Dropped, so that an
+# upgrade from any earlier layer ends as a fresh install does, and named in
+# the run's output. (retired.sql drops, before the files, what CREATE OR
+# REPLACE could not replace.) One that something still depends on, or that
+# another role owns, is left and named.
+SWEEP_SQL = """\
+do $sweep$
+declare
+    stale record;
+begin
+    for stale in
+        -- As text, read before the drop (a dropped one's oid has no name).
+        select p.oid::pg_catalog.regprocedure::text as routine,
+               case p.prokind when 'a' then 'aggregate' else 'routine' end as what
+          from pg_catalog.pg_proc as p
+         where p.pronamespace operator(pg_catalog.=) 'awa'::pg_catalog.regnamespace
+           and p.xmin operator(pg_catalog.<>) pg_catalog.pg_current_xact_id()::xid
+    loop
+        begin
+            execute pg_catalog.format('drop %s %s', stale.what, stale.routine);
+            raise warning 'dropped %, an earlier function layer''s routine this one does not'
+                ' define', stale.routine;
+        exception when dependent_objects_still_exist or insufficient_privilege then
+            raise warning 'left %, an earlier function layer''s routine this one does not'
+                ' define: %', stale.routine, sqlerrm;
+        end;
+    end loop;
+end
+$sweep$;
+"""
+
+
 def _layer_sql(layer: list[LayerFile], roles: Roles, version: str) -> str:
     parts = [f"set local role {_ident(roles.owner)};\n"]
     rows = ",\n    ".join(f"({_lit(cap)}, {_lit(name)})" for cap, name in roles.as_dict().items())
@@ -542,6 +578,7 @@ def _layer_sql(layer: list[LayerFile], roles: Roles, version: str) -> str:
     for f in layer:
         parts.append(f"-- function layer: {f.name}\n{f.text.rstrip()}\n;\n")
     parts.append(_contract_version_sql(version))
+    parts.append(SWEEP_SQL)
     names = ", ".join(_lit(f.name) for f in layer)
     records = ",\n    ".join(
         f"({_lit(f.name)}, {_lit(f.checksum)}, {_lit(CHECKSUM_ALGORITHM)}, {_lit(version)})"
