@@ -6295,6 +6295,8 @@ begin
         raise exception 'discard_finished must not be null' using errcode = '22004';
     end if;
     perform awa._require_primary('drop a queue');
+    -- Its read of the contents must see every job committed before it.
+    perform awa._check_read_committed('awa.drop_queue()');
     -- The provisioning lock, then the row (42704 if another transaction
     -- dropped it while this one waited): the order of a change of S.
     meta := awa._lock_queue_provisioning(queue, create_missing => false);
@@ -6320,6 +6322,12 @@ begin
     -- holds a lane would wait for it at its job for later, and the holder
     -- may wait for that lane (40P01, ADR 049).
     perform from awa.queue_meta as m where m.queue_id = meta.queue_id for update;
+    -- The tables a rewrite, a rotation or a prune empties by TRUNCATE, held
+    -- before the read, as awa.finish_drops holds them: a read that waited
+    -- for one of those at its statement's start read with a snapshot from
+    -- before it, which sees the emptied table and not the rows put back,
+    -- and counted a queue with jobs as empty.
+    lock table awa.ready, awa.running, awa.finished, awa.scheduled in access share mode;
     select c.* into strict held from awa._queue_contents(meta.queue_id) as c;
     if held.ready + held.scheduled + held.running + held.unique_keys + held.finished > 0 then
         raise exception 'queue % is not empty: % ready, % scheduled, % running, '
@@ -7251,6 +7259,7 @@ declare
     removed bigint;
 begin
     perform awa._check_limit('max_rows', max_rows);
+    perform awa._check_read_committed('awa.prune_ready_late()');
     perform awa._note_run('ready_late');
     delete from awa.ready_late as y
      where y.ctid = any(array(
@@ -7862,6 +7871,13 @@ begin
     -- The one choice of the slot's table; the statements below name it.
     part := case idle when 0 then 'awa.running_0'::regclass else 'awa.running_1'::regclass end;
     if pg_relation_size(part) = 0 then
+        return 0;
+    end if;
+    -- Read before the lock: no claim writes this slot any more, so what its
+    -- rows carry can only shrink (but for a claim of the last block still
+    -- in flight).
+    if (select coalesce(sum(awa._job_bytes(r.kind, r.args, r.worker)), 0)
+          from awa.running as r where r.slot = idle) > awa._pass_bytes() then
         return 0;
     end if;
     begin

@@ -81,9 +81,10 @@ $$;
 -- refused: not supported yet. Role: awa_operator. Returns true.
 -- Errors: 22004 null; 22023 bad name; 42704 unknown queue; 0A000 a
 --   partition or stripe, or a queue with partitions or stripes; 55006 not
---   empty (naming what it holds); 25006 on a standby.
--- Calls: awa._lock_queue_provisioning, awa._queue_contents, awa._rename_history,
---   awa._require_primary
+--   empty (naming what it holds); 25006 on a standby; 25000 the transaction
+--   is not read committed (a snapshot older than the call would miss jobs).
+-- Calls: awa._check_read_committed, awa._lock_queue_provisioning, awa._queue_contents,
+--   awa._rename_history, awa._require_primary
 -- Writes: awa.finished, awa.queue_meta, awa.unique_keys
 create or replace function awa.drop_queue(queue text, discard_finished boolean default false)
 returns boolean
@@ -99,6 +100,8 @@ begin
         raise exception 'discard_finished must not be null' using errcode = '22004';
     end if;
     perform awa._require_primary('drop a queue');
+    -- Its read of the contents must see every job committed before it.
+    perform awa._check_read_committed('awa.drop_queue()');
     -- The provisioning lock, then the row (42704 if another transaction
     -- dropped it while this one waited): the order of a change of S.
     meta := awa._lock_queue_provisioning(queue, create_missing => false);
@@ -124,6 +127,12 @@ begin
     -- holds a lane would wait for it at its job for later, and the holder
     -- may wait for that lane (40P01, ADR 049).
     perform from awa.queue_meta as m where m.queue_id = meta.queue_id for update;
+    -- The tables a rewrite, a rotation or a prune empties by TRUNCATE, held
+    -- before the read, as awa.finish_drops holds them: a read that waited
+    -- for one of those at its statement's start read with a snapshot from
+    -- before it, which sees the emptied table and not the rows put back,
+    -- and counted a queue with jobs as empty.
+    lock table awa.ready, awa.running, awa.finished, awa.scheduled in access share mode;
     select c.* into strict held from awa._queue_contents(meta.queue_id) as c;
     if held.ready + held.scheduled + held.running + held.unique_keys + held.finished > 0 then
         raise exception 'queue % is not empty: % ready, % scheduled, % running, '

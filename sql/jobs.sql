@@ -445,8 +445,11 @@ $$;
 -- the lane's head passes it. Rows another transaction holds are skipped.
 -- Reads each lane once (the queues' shape) and the rows it removes.
 -- Role: awa_maintenance. Returns how many rows it removed.
--- Errors: 22023 max_rows null or below 0.
--- Calls: awa._check_limit, awa._note_run
+-- Errors: 22023 max_rows null or below 0; 25000 the transaction is not
+--   read committed (a snapshot from before a rewrite of awa.ready sees it
+--   empty, every lane's head at its next lane_seq, and would remove the rows
+--   of jobs still ready).
+-- Calls: awa._check_limit, awa._check_read_committed, awa._note_run
 -- Writes: awa.ready_late
 create or replace function awa.prune_ready_late(max_rows integer default 10000)
 returns bigint
@@ -461,6 +464,7 @@ declare
     removed bigint;
 begin
     perform awa._check_limit('max_rows', max_rows);
+    perform awa._check_read_committed('awa.prune_ready_late()');
     perform awa._note_run('ready_late');
     delete from awa.ready_late as y
      where y.ctid = any(array(

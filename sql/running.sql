@@ -56,13 +56,17 @@ $$;
 -- awa.heartbeat, which read all three) queue behind it. One call at a
 -- time: a second concurrent one returns 0 at once. Run it every few
 -- seconds (awa maintain does); a slot is due once per block of 65,536
--- claims.
+-- claims. A slot whose jobs still running carry more than awa._pass_bytes()
+-- of payload (awa._job_bytes) is left until some of them end: the carry
+-- copies their args under the lock, and every complete, fail and heartbeat
+-- would wait for it (seconds per hundred MB) until the call's statement
+-- timeout, at every call.
 -- Role: awa_maintenance.
 -- Returns: how many slots it emptied, 0 or 1.
 -- Errors: 25000 the calling transaction is not read committed: a snapshot
 -- older than the slot's lock might miss rows that the TRUNCATE removes.
--- Calls: awa._check_read_committed, awa._note_run, awa._running_block_leases, awa._running_slot,
---   awa._try_leader
+-- Calls: awa._check_read_committed, awa._job_bytes, awa._note_run, awa._pass_bytes,
+--   awa._running_block_leases, awa._running_slot, awa._try_leader
 -- Writes: awa.running, (dynamic)
 create or replace function awa.rotate_running()
 returns integer
@@ -90,6 +94,13 @@ begin
     -- The one choice of the slot's table; the statements below name it.
     part := case idle when 0 then 'awa.running_0'::regclass else 'awa.running_1'::regclass end;
     if pg_relation_size(part) = 0 then
+        return 0;
+    end if;
+    -- Read before the lock: no claim writes this slot any more, so what its
+    -- rows carry can only shrink (but for a claim of the last block still
+    -- in flight).
+    if (select coalesce(sum(awa._job_bytes(r.kind, r.args, r.worker)), 0)
+          from awa.running as r where r.slot = idle) > awa._pass_bytes() then
         return 0;
     end if;
     begin

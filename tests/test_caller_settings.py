@@ -132,14 +132,16 @@ MAINTENANCE = [
     ("pass lock", "awa.try_pass_lock('promote')"),
 ]
 STEP_CALLS = {step: re.search(r"awa\.\w+", call)[0] for step, call in MAINTENANCE}
+STEP_CALLS["drop"] = "awa.drop_queue"  # the operator's step of that name
 
 # The calls a transaction that is not read committed may be refused (25000,
 # docs/sql-api.md): each truncates what it read, which an older snapshot
-# would not have seen.
+# would not have seen, or decides from a table another truncates (a drop
+# from what the queue holds, the late rows' prune from the lanes' heads).
 READ_COMMITTED_ONLY = {
     "awa.rotate_running", "awa.compact_lane_hints", "awa.compact_ready",
     "awa.compact_scheduled", "awa.prune_finished", "awa.carry_finished", "awa.retire_lanes",
-    "awa.finish_drops",
+    "awa.finish_drops", "awa.prune_ready_late", "awa.drop_queue",
 }
 TIMEOUT = "57014"
 ISOLATION_REFUSALS = {

@@ -134,6 +134,20 @@ def test_only_maintenance_finishes(db, logins, role):
 
 
 @pytest.mark.parametrize("isolation", OLDER_SNAPSHOTS)
+def test_a_drop_refuses_a_snapshot_older_than_the_call(db, logins, isolation):
+    """Its read of what the queue holds would miss the jobs committed after
+    the transaction's snapshot."""
+    with db.connect(logins.producer) as p:
+        p.execute("select awa.enqueue('rrq', 'k')")
+    with db.connect(logins.operator, autocommit=False) as op:
+        op.execute(f"begin isolation level {isolation}")
+        with pytest.raises(psycopg.errors.InvalidTransactionState) as err:
+            op.execute("select awa.drop_queue('rrq')")
+        assert err.value.diag.message_primary == (
+            f"awa.drop_queue() needs a read committed transaction, got {isolation}")
+
+
+@pytest.mark.parametrize("isolation", OLDER_SNAPSHOTS)
 def test_finish_refuses_a_snapshot_older_than_the_call(db, logins, isolation):
     assert_refused_outside_read_committed(db, logins.maintenance, "awa.finish_drops()",
                                           isolation)

@@ -280,3 +280,23 @@ def test_exact_counts_read_behind_a_rewrite_count_the_rows_it_left(db, su, login
         call = behind(db, m, r, lambda c: c.execute(
             "select ready from awa.queue_counts('rq1')").fetchone()[0])
     assert (call.error, call.result) == (None, ready)
+
+
+def test_a_drop_that_waited_behind_a_rewrite_still_finds_the_jobs(db, su, logins, horizon):
+    """awa.drop_queue reads what the queue holds; one that waited for the
+    rewrite's lock read with a snapshot taken before it, saw awa.ready
+    emptied by the TRUNCATE and dropped a queue with ready jobs (its kept
+    terminal jobs discarded). It holds the tables a TRUNCATE empties before
+    it reads: 55006, nothing dropped, nothing discarded."""
+    junk(su, 210_000)
+    with db.connect(logins.operator) as op, \
+            db.connect(logins.maintenance, autocommit=False) as m:
+        assert compact(m) == 1
+        call = behind(db, m, op, lambda c: c.execute(
+            "select awa.drop_queue('rq2', discard_finished => true)").fetchone()[0])
+    assert call.error is not None and call.error.sqlstate == "55006", call.error
+    assert "200 ready" in call.error.diag.message_primary
+    assert su.execute("select count(*) from awa.queue_meta where queue = 'rq2'"
+                      ).fetchone()[0] == 1
+    assert su.execute("select count(*) from awa.finished f join awa.queue_meta m"
+                      " using (queue_id) where m.queue = 'rq2'").fetchone()[0] == 100

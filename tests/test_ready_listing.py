@@ -27,6 +27,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from awa_sql import client
+from tests.support.isolation import OLDER_SNAPSHOTS, assert_refused_outside_read_committed
 from tests.support.jobs import claim, copy_rows
 from tests.support.waiting import wait_until
 
@@ -358,3 +359,12 @@ def test_a_move_in_flight_across_the_upgrade_is_recorded(db):
         assert watcher.execute(BREACHES).fetchall() == []
         every = [tuple(r) for r in watcher.execute(ALL_JOBS, {"q": queue_ids(watcher, "up")})]
         assert pages(watcher, "up", "ready", 1) == every
+
+
+@pytest.mark.parametrize("isolation", OLDER_SNAPSHOTS)
+def test_the_prune_of_late_rows_refuses_a_snapshot_older_than_the_call(db, isolation):
+    """A snapshot from before a rewrite of awa.ready sees it empty, every
+    lane's head at its next lane_seq, and would remove the rows that find
+    jobs still ready."""
+    assert_refused_outside_read_committed(db, db.login_role("awa_maintenance"),
+                                          "awa.prune_ready_late()", isolation)

@@ -283,3 +283,29 @@ def test_the_completes_statements_differ_only_in_their_slot(db):
     shapes = {re.sub(r"delete from awa\.\w+ as r", "delete from SLOT as r", s)
               for s in statements}
     assert len(shapes) == 1, shapes
+
+
+def test_a_slot_whose_running_jobs_carry_more_than_the_bound_waits_for_them(
+        db, su, logins):
+    """Two jobs still running in the idle slot with more than
+    awa._pass_bytes() of args between them: the carry would copy them under
+    the slot's lock while every complete waited, so the slot is left; once
+    one of them has ended, it is emptied."""
+    budget = su.execute("select awa._pass_bytes()").fetchone()[0]
+    with db.connect(logins.producer) as p:
+        for _ in range(2):  # random hex: stored as it is, uncompressed
+            p.execute("select awa.enqueue('big', 'big', (select jsonb_build_object('blob',"
+                      " string_agg(md5(random()::text), '')) from generate_series(1, %s)))",
+                      [budget * 55 // 100 // 32])
+    lease_at(su, 6 * BLOCK)  # slot 0
+    with db.connect(logins.worker) as w, db.connect(logins.maintenance) as m:
+        jobs = claim(w, ["big"], 2)
+        into_second_half(su)
+        claim(w, ["rot"], 1)  # slot 1 is written now; slot 0 is idle
+        assert m.execute("select awa.rotate_running()").fetchone()[0] == 0
+        assert size(su, "awa.running_0") > 0
+        assert w.execute("select awa.complete(%s, %s)", jobs[0][:2]).fetchone()[0]
+        assert m.execute("select awa.rotate_running()").fetchone()[0] == 1
+        assert size(su, "awa.running_0") == 0
+        assert su.execute(WHERE, [jobs[1][0]]).fetchone() == (
+            "awa.running_carried", 2, jobs[1][1])
