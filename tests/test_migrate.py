@@ -376,11 +376,34 @@ def test_status_check_gives_each_outcome_its_own_exit_code(db):
         refused = gate(env={"AWA_DATABASE_URL": nobody_listens})
     codes["connection failure"] = refused.returncode
     assert "cannot connect" in refused.stderr
-    denied = gate(user=db.login_role())  # a login holding no awa role
+    denied = gate(user=db.login_role("awa_producer"))  # an application's login
     codes["permission failure"] = denied.returncode
     assert "InsufficientPrivilege [42501]" in denied.stderr, denied.stderr
+    stranger = db.login_role()  # no awa role at all: not even the schema's usage
+    nobody = gate(user=stranger)
+    codes["no role"] = nobody.returncode
+    assert f"login '{stranger}' cannot act as 'awa_owner': GRANT awa_owner TO" \
+        in nobody.stdout + nobody.stderr, nobody
     assert codes == {"up to date": 0, "pending": 1, "drift": 3, "newer": 4,
-                     "connection failure": 7, "permission failure": 7}
+                     "connection failure": 7, "permission failure": 7, "no role": 6}
+
+
+def test_a_login_that_does_not_inherit_the_owner_is_refused_before_any_step(db):
+    """A NOINHERIT login granted the owner role can SET ROLE to it but not
+    read schema awa as itself: it would install and then fail every later
+    run on the reads of what is applied. Refused first (exit 6), saying
+    what grant works; `awa status` says the same."""
+    login = db.login_role("awa_owner", extra="noinherit")
+    with db.connect() as conn:
+        before = conn.execute("select count(*) from awa.schema_migrations").fetchone()[0]
+        conn.execute("delete from awa.schema_functions")  # the layer would be applied again
+    result = db.awa("migrate", user=login)
+    assert result.returncode == 6, result
+    assert f"login '{login}' cannot act as 'awa_owner': GRANT awa_owner TO {login} WITH" \
+        " INHERIT TRUE, SET TRUE" in result.stderr, result.stderr
+    with db.connect() as conn:
+        assert conn.execute("select count(*) from awa.schema_migrations").fetchone()[0] == before
+        assert conn.execute("select count(*) from awa.schema_functions").fetchone()[0] == 0
 
 
 def test_security_check_rolls_back_a_layer_that_breaks_it(db):

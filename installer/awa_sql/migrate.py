@@ -168,14 +168,23 @@ def read_state(conn: psycopg.Connection, roles: Roles) -> DatabaseState:
         select current_user, r.rolsuper,
                (select pg_catalog.pg_get_userbyid(n.nspowner)
                   from pg_catalog.pg_namespace n where n.nspname = 'awa'),
-               pg_catalog.to_regclass('awa.schema_migrations') is not null,
-               pg_catalog.to_regclass('awa.schema_functions') is not null,
-               pg_catalog.to_regclass('awa.role_binding') is not null,
+               -- A name in a schema the login may not use is an error, not
+               -- null: such a login is refused below (_check_roles).
+               case when u.usable then pg_catalog.to_regclass('awa.schema_migrations') is not null
+                    else false end,
+               case when u.usable then pg_catalog.to_regclass('awa.schema_functions') is not null
+                    else false end,
+               case when u.usable then pg_catalog.to_regclass('awa.role_binding') is not null
+                    else false end,
                coalesce((select pg_catalog.bool_or(a.grantee = 0 and a.privilege_type = 'CREATE')
                            from pg_catalog.pg_namespace n,
                                 pg_catalog.aclexplode(n.nspacl) a
                           where n.nspname = 'public'), false)
           from pg_catalog.pg_roles r
+         cross join (select coalesce(pg_catalog.bool_or(
+                                pg_catalog.has_schema_privilege(n.oid, 'USAGE')), false)
+                              as usable
+                       from pg_catalog.pg_namespace n where n.nspname = 'awa') as u
          where r.rolname = current_user
         """
     ).fetchone()
@@ -190,13 +199,20 @@ def read_state(conn: psycopg.Connection, roles: Roles) -> DatabaseState:
         )
     }
     if roles.owner in state.existing_roles:
-        state.can_act_as_owner = bool(
-            conn.execute(
-                "select pg_catalog.pg_has_role(current_user, %s, 'SET')"
-                " or pg_catalog.pg_has_role(current_user, %s, 'USAGE WITH ADMIN OPTION')",
-                [roles.owner, roles.owner],
-            ).fetchone()[0]
-        )
+        # SET ROLE to it for the steps, and its privileges inherited for the
+        # reads of this state (as itself): a NOINHERIT login, or a grant
+        # WITH INHERIT FALSE, could install the schema and then not read it.
+        can_set, inherits, admin = conn.execute(
+            "select pg_catalog.pg_has_role(current_user, %s, 'SET'),"
+            " pg_catalog.pg_has_role(current_user, %s, 'USAGE'),"
+            " pg_catalog.pg_has_role(current_user, %s, 'USAGE WITH ADMIN OPTION')",
+            [roles.owner, roles.owner, roles.owner],
+        ).fetchone()
+        state.can_act_as_owner = bool((can_set and inherits) or admin)
+        if can_set and not inherits and not admin:
+            # The owner's tables are not readable as this login: refused
+            # (_check_roles) before anything is read or applied.
+            return state
     if has_migrations:
         for r in conn.execute(
             "select version, name, checksum, contract_version, applied_at::text, applied_by,"
@@ -403,8 +419,9 @@ def _check_roles(state: DatabaseState, roles: Roles, create_roles: bool, plan: P
     if roles.owner in state.existing_roles and not state.can_act_as_owner:
         plan.problems.append(RolesError(
             f"login {state.current_user!r} cannot act as {roles.owner!r}: "
-            f"GRANT {roles.owner} TO {state.current_user} (or migrate as a role with "
-            "CREATEROLE that created it)."
+            f"GRANT {roles.owner} TO {state.current_user} WITH INHERIT TRUE, SET TRUE, to a "
+            "login that inherits (not NOINHERIT), or migrate as a role with CREATEROLE "
+            "that created it."
         ))
 
 
