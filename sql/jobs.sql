@@ -755,17 +755,27 @@ set search_path = pg_catalog, pg_temp
 -- every cancel of a waiting job fail.
 set timezone = 'UTC'
 as $$
+declare
+    -- An awa.running row. Declared record: a field of a record may be assigned
+    -- where the offline read of the body (tests/support/sql_headers.py) knows
+    -- no fields of awa.running.
+    job record;
 begin
     -- The running-row value awa._finish takes, built by column name (its
     -- lane, lease, worker and deadline columns stay null). unique_jobs:
     -- look for a key (a waiting job's table does not say whether it has one).
+    job := jsonb_populate_record(null::awa.running, jsonb_build_object(
+        'job_id', job_id, 'queue_id', queue_id, 'priority', priority, 'kind', kind,
+        'ordering_key', ordering_key, 'attempt', attempt,
+        'max_attempts', max_attempts, 'enqueued_at', enqueued_at,
+        'max_run_time', max_run_time, 'unique_jobs', true
+    ));
+    -- Set as it is: through jsonb, args that are JSON null ('null'::jsonb,
+    -- which an enqueue stores as given) came out SQL null, and a job kept
+    -- without args can never be retried.
+    job.args := args;
     perform awa._finish(
-        jsonb_populate_record(null::awa.running, jsonb_build_object(
-            'job_id', job_id, 'queue_id', queue_id, 'priority', priority, 'kind', kind,
-            'args', args, 'ordering_key', ordering_key, 'attempt', attempt,
-            'max_attempts', max_attempts, 'enqueued_at', enqueued_at,
-            'max_run_time', max_run_time, 'unique_jobs', true
-        )),
+        job,
         -- From its first failed attempt on, a waiting job waits for a retry:
         -- the note says so even when the attempt gave no error, as
         -- awa.run_outcome reads it (awa._cancelled_after_failure).
@@ -1237,14 +1247,24 @@ begin
         -- (ADR 040), which nobody retries. Waited for once (the caller's
         -- lock_timeout bounds the wait), then looked for again with a
         -- snapshot taken after it ended, where a carried row is seen in its
-        -- new slot: a 0 means none is left.
+        -- new slot: a 0 means none is left. The rows the look above takes,
+        -- keys held by other jobs left out too: a free row whose key is held
+        -- was locked at once, and the call returned 0 with a row held by a
+        -- carry still to come.
         perform
           from awa.finished as y
+          join awa.queue_meta as m on m.queue_id = y.queue_id
          where y.queue_id = any(ids) and y.state between retry_jobs.state and retry_jobs.state
            and y.args is not null
            and (retry_jobs.kind is null or y.kind = retry_jobs.kind)
+           and (y.unique_key is null or not exists (
+               select from awa.unique_keys as u
+                where u.queue = awa._unique_scope(m.queue, m.root_queue)
+                  and u.unique_key = y.unique_key
+                  and (u.held_until is null or u.held_until > now())
+           ))
          limit 1
-           for update;
+           for update of y;
     end loop;
     if due.job_ids is null then
         return 0;

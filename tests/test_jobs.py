@@ -282,6 +282,49 @@ def test_a_cancelled_ready_job_is_never_claimed(db, logins):
                          " where queue = 'c'").fetchone() == (1, 0)
 
 
+def test_a_cancelled_waiting_job_whose_args_are_json_null_can_be_retried(db, logins):
+    """An enqueue stores the args as given, 'null'::jsonb too (a client that
+    sent JSON.stringify(null)). A cancel of a waiting job built its row
+    through jsonb, which turned them into SQL null: kept without args, the
+    job could never be retried. Its args stay JSON null, and it runs again."""
+    with db.connect(logins.producer) as p:
+        ready = p.execute("select job_id from awa.enqueue('cnull', 'k', 'null'::jsonb)"
+                          ).fetchone()[0]
+        later = p.execute("select job_id from awa.enqueue('cnull', 'k', 'null'::jsonb,"
+                          " run_at => '2999-01-01')").fetchone()[0]
+    with db.connect(logins.operator) as op:
+        for job_id in (ready, later):
+            assert op.execute("select awa.cancel_job(%s)", [job_id]).fetchone()[0] is True
+            assert op.execute("select args::text from awa.job(%s)", [job_id]
+                              ).fetchone()[0] == "null"
+            assert op.execute("select awa.retry_job(%s)", [job_id]).fetchone()[0] is True
+    with db.connect(logins.worker) as w:
+        taken = claim_all(w, ["cnull"])
+    assert {c[0] for c in taken} == {ready, later}
+
+
+def test_a_bulk_retry_waits_for_a_held_row_past_one_whose_key_is_held(db, logins):
+    """Failed job A's unique key is held by a live job since, so a retry
+    leaves A; failed job C is held by another transaction (a carry moving
+    it, here a lock). The retry waits for C, not for A, which it locked at
+    once and then returned 0 with C still failed."""
+    with db.connect(logins.producer) as p:
+        a = enqueue(p, "rk", "a", unique_key=b"K", max_attempts=1)[0]
+        c = enqueue(p, "rk", "c", max_attempts=1)[0]
+    with db.connect(logins.worker) as w:
+        for job_id, lease, *_ in claim(w, ["rk"], 2):
+            w.execute("select awa.fail(%s, %s, 'boom')", [job_id, lease])
+    with db.connect(logins.producer) as p:
+        enqueue(p, "rk", "b", unique_key=b"K")  # holds K now
+    with db.connect(logins.operator) as op, db.connect(autocommit=False) as holder:
+        holder.execute("select from awa.finished where job_id = %s for update", [c])
+        call = behind(db, holder, op, lambda conn: conn.execute(
+            "select awa.retry_jobs('rk')").fetchone()[0])
+    assert (call.error, call.result) == (None, 1)
+    with db.connect(logins.reader) as r:
+        assert job(r, c)["state"] == "ready" and job(r, a)["state"] == "failed"
+
+
 def test_a_cancelled_scheduled_job_is_never_promoted(db, logins):
     with db.connect(logins.producer) as p:
         later = enqueue(p, "cs", "k", run_at="2999-01-01")

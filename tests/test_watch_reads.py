@@ -90,6 +90,24 @@ def test_the_scrape_counts_decisions_without_reading_the_log(db, logins):
     assert samples[("awa_autoscale_decisions_recent", held)] == 3
 
 
+def test_a_run_of_holds_that_began_long_ago_counts_its_recent_ticks_only(db, logins):
+    """Holds fold into one row whose repeats grow at every tick: a queue held
+    for 50 minutes at a tick every 5 s has 600. The 5-minute gauge counts
+    the share of them in its window (about 60), not all 600."""
+    with db.connect() as admin:
+        _shadow_queue(admin)
+        admin.execute(
+            "insert into awa.autoscale_decisions (queue, decided_at, last_decided_at, repeats,"
+            " mode, samples, current_shards, proposed_shards, action, reason, reason_code)"
+            " values ('watched', now() - interval '3000 seconds', now() - interval '1 second',"
+            " 600, 'shadow', 1, 1, 1, 'held', 'r', 'c')")
+    with db.connect(logins.reader) as reader:
+        samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+                   for family in database.scrape(reader) for s in family.samples}
+    recent = samples[("awa_autoscale_decisions_recent", (("action", "held"), ("queue", "watched")))]
+    assert 59 <= recent <= 61, recent
+
+
 def test_the_decision_counter_keeps_what_the_log_prunes(db, logins):
     with db.connect() as admin:
         _shadow_queue(admin)

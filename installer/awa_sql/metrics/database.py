@@ -60,11 +60,20 @@ select 'decisions', pg_catalog.json_build_object(
     'queue', c.queue, 'action', c.action, 'total', c.decisions)
   from awa.autoscale_decision_counts as c
 union all
--- The last minutes of the log, from the index on last_decided_at.
+-- The last minutes of the log, from the index on last_decided_at. A folded
+-- run of holds that began before them counts the share of its ticks that
+-- fell in them (ticks come at a steady cadence): all of its repeats made a
+-- queue held for days read as tens of thousands of holds "in the last 5
+-- minutes".
 select 'recent_decisions', pg_catalog.json_build_object(
-    'queue', d.queue, 'action', d.action, 'recent', sum(d.repeats))
+    'queue', d.queue, 'action', d.action, 'recent', sum(
+        case when d.decided_at >= w.since then d.repeats
+             else pg_catalog.ceil(d.repeats * extract(epoch from d.last_decided_at - w.since)
+                                  / extract(epoch from d.last_decided_at - d.decided_at))
+        end))
   from awa.autoscale_decisions as d
- where d.last_decided_at > pg_catalog.now() - interval '{RECENT_DECISIONS}'
+ cross join (select pg_catalog.now() - interval '{RECENT_DECISIONS}' as since) as w
+ where d.last_decided_at > w.since
  group by d.queue, d.action
 union all
 select 'last_decision', pg_catalog.json_build_object(
@@ -215,7 +224,8 @@ def metric_families(rows: list[tuple[str, dict[str, Any]]]) -> list[Metric]:
         "action (each tick of a folded run of holds counted), whatever the log's "
         "24 hours removed since.", labels=dl)
     recent = _gauge("awa_autoscale_decisions_recent",
-                    f"Auto-scaler decisions in the last {RECENT_DECISIONS}, by action.", dl)
+                    f"Auto-scaler decisions in the last {RECENT_DECISIONS}, by action (of a "
+                    "folded run of holds, the share of its ticks in them).", dl)
     totals = {(d["queue"], d["action"]): d["total"] for d in by_kind["decisions"]}
     recents = {(d["queue"], d["action"]): d["recent"] for d in by_kind["recent_decisions"]}
     auto_queues.update(queue for queue, _action in totals)
