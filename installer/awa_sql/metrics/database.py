@@ -210,7 +210,8 @@ def metric_families(rows: list[tuple[str, dict[str, Any]]]) -> list[Metric]:
     samples = _gauge("awa_lane_contention_samples",
                      "Contention samples in the last minute.", cl)
     age = _gauge("awa_lane_contention_last_sample_age",
-                 "Time since the queue's last contention sample.", cl, unit="seconds")
+                 "Time since the queue's last contention sample, within the last minute "
+                 "(no series for a queue not sampled in it).", cl, unit="seconds")
     for c in by_kind["contention"]:
         waiters.add_metric([c["queue"]], c["waiters"] or 0)
         share.add_metric([c["queue"]], c["wait_share"] or 0)
