@@ -61,6 +61,20 @@ def blocking(started: threading.Event, release: threading.Event):
     return handler
 
 
+def two_in_turn():
+    """(started, release, handler): the handler's first call sets
+    started[0], its second started[1]; each blocks until release."""
+    started, release = [threading.Event(), threading.Event()], threading.Event()
+    runs = []
+
+    def handler(_job):
+        started[len(runs)].set()
+        runs.append(1)
+        release.wait(60)
+
+    return started, release, handler
+
+
 def job_row(db, job_id: int):
     """(state, attempt, lease_expires_at) of the job, or None."""
     with db.connect() as conn:
@@ -484,14 +498,7 @@ def test_one_job_whose_heartbeat_fails_does_not_starve_the_others(db, logins):
                       " set default_transaction_isolation = 'repeatable read'")
     with db.connect(logins.producer) as conn:
         first = awa_sql.enqueue(conn, "slow", queue="hbiso")
-    started, release = [threading.Event(), threading.Event()], threading.Event()
-    runs = []
-
-    def slow(_job):
-        started[len(runs)].set()
-        runs.append(1)
-        release.wait(60)
-
+    started, release, slow = two_in_turn()
     worker = Worker(db.dsn(logins.worker), queues=[{"queue": "hbiso", "max_workers": 2}],
                     handlers={"slow": slow}, **FAST, **SHORT_LEASE)
     with running(worker, release), db.connect(logins.operator) as op:
@@ -551,14 +558,7 @@ def test_a_job_whose_run_another_transaction_holds_does_not_stop_the_heartbeat(d
     a shutdown never handed any back."""
     with db.connect(logins.producer) as conn:
         first = awa_sql.enqueue(conn, "slow", queue="hbheld")
-    started, release = [threading.Event(), threading.Event()], threading.Event()
-    runs = []
-
-    def slow(_job):
-        started[len(runs)].set()
-        runs.append(1)
-        release.wait(60)
-
+    started, release, slow = two_in_turn()
     worker = Worker(db.dsn(logins.worker), queues=[{"queue": "hbheld", "max_workers": 2}],
                     handlers={"slow": slow}, lease=timedelta(seconds=60),
                     heartbeat_every=timedelta(seconds=0.2), **FAST)
