@@ -2614,6 +2614,14 @@ begin
 end;
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._key_holds(held_until timestamp with time zone)
+ RETURNS boolean
+ LANGUAGE sql
+ STABLE PARALLEL SAFE
+AS $function$
+    select held_until is null or held_until operator(pg_catalog.>) pg_catalog.now()
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._key_shard(key bytea, shards integer)
  RETURNS smallint
  LANGUAGE plpgsql
@@ -4185,7 +4193,7 @@ AS $function$
         (select count(*)
            from awa.unique_keys as u
           where u.queue_id = _queue_contents.queue_id
-            and (u.held_until is null or u.held_until > now())),
+            and awa._key_holds(u.held_until)),
         (select count(*) from awa.finished as f where f.queue_id = _queue_contents.queue_id)
 $function$;
 
@@ -7792,7 +7800,7 @@ begin
                     and (y.unique_key is null or not exists (
                         select from awa.unique_keys as u
                          where u.queue = q.scope and u.unique_key = y.unique_key
-                           and (u.held_until is null or u.held_until > now())
+                           and awa._key_holds(u.held_until)
                     ))
                   order by y.state, y.job_id
                   limit retry_jobs.max_jobs
@@ -7835,7 +7843,7 @@ begin
                select from awa.unique_keys as u
                 where u.queue = awa._unique_scope(m.queue, m.root_queue)
                   and u.unique_key = y.unique_key
-                  and (u.held_until is null or u.held_until > now())
+                  and awa._key_holds(u.held_until)
            ))
          limit 1
            for update of y;

@@ -14,7 +14,7 @@
 -- passed) and kept terminal rows. awa.ready_late rows are not counted: each
 -- names a ready row, counted as ready while it is there, and is garbage
 -- once that row is gone (awa.prune_ready_late removes it).
--- Calls: nothing
+-- Calls: awa._key_holds
 -- Writes: nothing
 create or replace function awa._queue_contents(
     queue_id integer,
@@ -38,7 +38,7 @@ as $$
         (select count(*)
            from awa.unique_keys as u
           where u.queue_id = _queue_contents.queue_id
-            and (u.held_until is null or u.held_until > now())),
+            and awa._key_holds(u.held_until)),
         (select count(*) from awa.finished as f where f.queue_id = _queue_contents.queue_id)
 $$;
 

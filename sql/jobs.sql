@@ -1165,7 +1165,8 @@ $$;
 -- Errors: 22004 null queue, max_jobs or state; 22023 max_jobs outside
 -- 1 .. 100000, a state other than failed or cancelled, a bad name; 42704
 -- no such queue.
--- Calls: awa._check_max_jobs, awa._queue_ids, awa._requeue, awa._retry_states, awa._unique_scope
+-- Calls: awa._check_max_jobs, awa._key_holds, awa._queue_ids, awa._requeue, awa._retry_states,
+--   awa._unique_scope
 -- Writes: awa.finished
 create or replace function awa.retry_jobs(
     queue text, kind text default null, max_jobs integer default 10000,
@@ -1218,7 +1219,7 @@ begin
                     and (y.unique_key is null or not exists (
                         select from awa.unique_keys as u
                          where u.queue = q.scope and u.unique_key = y.unique_key
-                           and (u.held_until is null or u.held_until > now())
+                           and awa._key_holds(u.held_until)
                     ))
                   order by y.state, y.job_id
                   limit retry_jobs.max_jobs
@@ -1261,7 +1262,7 @@ begin
                select from awa.unique_keys as u
                 where u.queue = awa._unique_scope(m.queue, m.root_queue)
                   and u.unique_key = y.unique_key
-                  and (u.held_until is null or u.held_until > now())
+                  and awa._key_holds(u.held_until)
            ))
          limit 1
            for update of y;

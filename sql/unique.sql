@@ -22,6 +22,20 @@ as $$
     select coalesce(root_queue, queue)
 $$;
 
+-- Function: awa._key_holds(held_until timestamptz) returns boolean
+-- Whether a row of awa.unique_keys holds its key now: held by a live job
+-- (held_until null), or by a completed one whose window has not passed.
+-- Inlined.
+-- Calls: nothing
+-- Writes: nothing
+create or replace function awa._key_holds(held_until timestamptz)
+returns boolean
+language sql
+stable parallel safe
+as $$
+    select held_until is null or held_until operator(pg_catalog.>) pg_catalog.now()
+$$;
+
 -- Function: awa._unique_ok(unique_key bytea, unique_window interval) returns boolean
 -- A job's unique key and window: no key and no window, or a key of 1 to
 -- 1024 bytes with no window or one of 1 second to 365 days. The window is
@@ -360,6 +374,7 @@ end;
 $$;
 
 select awa._grant_execute('awa._unique_scope(text, text)');
+select awa._grant_execute('awa._key_holds(timestamptz)');
 select awa._grant_execute('awa._unique_ok(bytea, interval)');
 select awa._grant_execute('awa._check_unique(bytea, interval)');
 select awa._grant_execute(
