@@ -2891,6 +2891,71 @@ AS $function$
     select 1635213648
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._lock_free_lanes(queue_ids integer[], priorities smallint[], key_shards smallint[], OUT lanes integer[], OUT shards smallint[], OUT seqs bigint[], OUT held boolean[])
+ RETURNS record
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+declare
+    prior text := pg_catalog.current_setting('lock_timeout');
+    grp record;
+    busy_q integer[] := '{}';
+    busy_p smallint[] := '{}';
+    busy_k smallint[] := '{}';
+    free_q integer[];
+begin
+    held := pg_catalog.array_fill(false, array[pg_catalog.cardinality(queue_ids)]);
+    begin
+        perform pg_catalog.set_config('lock_timeout', '100ms', true);
+        select l.lanes, l.shards, l.seqs into lanes, shards, seqs
+          from awa._lock_lanes(queue_ids, priorities, key_shards) as l;
+        perform pg_catalog.set_config('lock_timeout', prior, true);
+        return;
+    exception when lock_not_available then
+        -- rolled back: the lanes this try took, and its lock_timeout
+    end;
+    for grp in
+        select distinct u.qid, u.p, u.ks
+          from unnest(queue_ids, priorities, key_shards) as u (qid, p, ks)
+         where u.qid is not null
+    loop
+        begin
+            perform pg_catalog.set_config('lock_timeout', '10ms', true);
+            perform awa._lock_lanes(array[grp.qid], array[grp.p], array[grp.ks], false);
+        exception when lock_not_available then
+            busy_q := busy_q || grp.qid;
+            busy_p := busy_p || grp.p;
+            busy_k := busy_k || grp.ks;
+        end;
+    end loop;
+    select pg_catalog.array_agg(case when b.busy then null else u.qid end order by u.i),
+           pg_catalog.array_agg(b.busy order by u.i)
+      into free_q, held
+      from unnest(queue_ids, priorities, key_shards) with ordinality as u (qid, p, ks, i)
+     cross join lateral (
+         select exists (
+             select
+               from unnest(busy_q, busy_p, busy_k) as x (qid, p, ks)
+              where x.qid = u.qid
+                and x.p is not distinct from u.p
+                and x.ks is not distinct from u.ks
+         ) as busy
+     ) as b;
+    begin
+        perform pg_catalog.set_config('lock_timeout', '10ms', true);
+        select l.lanes, l.shards, l.seqs into lanes, shards, seqs
+          from awa._lock_lanes(free_q, priorities, key_shards) as l;
+    exception when lock_not_available then
+        -- A lane changed hands since (a new S): nothing this time.
+        lanes := null;
+        shards := null;
+        seqs := null;
+        held := pg_catalog.array_fill(true, array[pg_catalog.cardinality(queue_ids)]);
+    end;
+    perform pg_catalog.set_config('lock_timeout', prior, true);
+end;
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._lock_lane_groups(qids integer[], ps smallint[], kss smallint[], ns bigint[], OUT g_qid integer[], OUT g_p smallint[], OUT g_ks smallint[], OUT g_lane integer[], OUT g_shard smallint[], OUT g_base bigint[])
  RETURNS record
  LANGUAGE plpgsql
@@ -7178,6 +7243,8 @@ AS $function$
 declare
     due record;
     taken record;
+    kinds text[];
+    moved bigint[];
 begin
     perform awa._check_limit('max_jobs', max_jobs);
     perform awa._note_run('promote');
@@ -7220,14 +7287,24 @@ begin
     if due.job_ids is null then
         return 0;
     end if;
-    select * into taken from awa._lock_lanes(due.queue_ids, due.priorities, due.key_shards);
+    select * into taken from awa._lock_free_lanes(due.queue_ids, due.priorities, due.key_shards);
+    kinds := due.kinds;
+    moved := due.job_ids;
+    if true = any(taken.held) then
+        -- A row with no kind is written nowhere; it stays scheduled.
+        select array_agg(case when x.held then null else x.kind end order by x.i),
+               array_agg(x.job_id order by x.i) filter (where not x.held)
+          into kinds, moved
+          from unnest(due.kinds, taken.held, due.job_ids) with ordinality
+               as x (kind, held, job_id, i);
+    end if;
     perform count(*) from awa._insert_jobs(
-        taken.lanes, taken.seqs, due.queue_ids, due.priorities, due.kinds, due.args,
+        taken.lanes, taken.seqs, due.queue_ids, due.priorities, kinds, due.args,
         due.ordering_keys, due.max_attempts, null, due.job_ids, due.attempts, due.enqueued_ats,
         due.last_errors, due.max_run_times
     );
-    delete from awa.scheduled as s where s.job_id = any(due.job_ids);
-    return cardinality(due.job_ids);
+    delete from awa.scheduled as s where s.job_id = any(moved);
+    return coalesce(cardinality(moved), 0);
 end;
 $function$;
 

@@ -945,13 +945,96 @@ as $$
            operator(pg_catalog.+) coalesce(pg_catalog.pg_column_size(other), 0)
 $$;
 
+-- Function: awa._lock_free_lanes(queue_ids, priorities, key_shards) returns each row's lane
+-- awa._lock_lanes for a maintenance pass that serves every queue, which
+-- must not wait on one producer's open transaction: a lane held for over
+-- 100 ms is left, and its rows get held[i] = true and no lane (the pass
+-- leaves them for a later call). Every row's lane is first taken as
+-- awa._lock_lanes takes it, waiting up to 100 ms; if a lane was held
+-- longer, each group's lanes are tried alone (up to 10 ms each), and the
+-- rows of the groups that got them take their lanes again (held already,
+-- so at once). The caller's lock_timeout is restored.
+-- Calls: awa._lock_lanes
+-- Writes: nothing
+create or replace function awa._lock_free_lanes(
+    queue_ids integer[],
+    priorities smallint[],
+    key_shards smallint[],
+    out lanes integer[],
+    out shards smallint[],
+    out seqs bigint[],
+    out held boolean[]
+)
+language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    prior text := pg_catalog.current_setting('lock_timeout');
+    grp record;
+    busy_q integer[] := '{}';
+    busy_p smallint[] := '{}';
+    busy_k smallint[] := '{}';
+    free_q integer[];
+begin
+    held := pg_catalog.array_fill(false, array[pg_catalog.cardinality(queue_ids)]);
+    begin
+        perform pg_catalog.set_config('lock_timeout', '100ms', true);
+        select l.lanes, l.shards, l.seqs into lanes, shards, seqs
+          from awa._lock_lanes(queue_ids, priorities, key_shards) as l;
+        perform pg_catalog.set_config('lock_timeout', prior, true);
+        return;
+    exception when lock_not_available then
+        -- rolled back: the lanes this try took, and its lock_timeout
+    end;
+    for grp in
+        select distinct u.qid, u.p, u.ks
+          from unnest(queue_ids, priorities, key_shards) as u (qid, p, ks)
+         where u.qid is not null
+    loop
+        begin
+            perform pg_catalog.set_config('lock_timeout', '10ms', true);
+            perform awa._lock_lanes(array[grp.qid], array[grp.p], array[grp.ks], false);
+        exception when lock_not_available then
+            busy_q := busy_q || grp.qid;
+            busy_p := busy_p || grp.p;
+            busy_k := busy_k || grp.ks;
+        end;
+    end loop;
+    select pg_catalog.array_agg(case when b.busy then null else u.qid end order by u.i),
+           pg_catalog.array_agg(b.busy order by u.i)
+      into free_q, held
+      from unnest(queue_ids, priorities, key_shards) with ordinality as u (qid, p, ks, i)
+     cross join lateral (
+         select exists (
+             select
+               from unnest(busy_q, busy_p, busy_k) as x (qid, p, ks)
+              where x.qid = u.qid
+                and x.p is not distinct from u.p
+                and x.ks is not distinct from u.ks
+         ) as busy
+     ) as b;
+    begin
+        perform pg_catalog.set_config('lock_timeout', '10ms', true);
+        select l.lanes, l.shards, l.seqs into lanes, shards, seqs
+          from awa._lock_lanes(free_q, priorities, key_shards) as l;
+    exception when lock_not_available then
+        -- A lane changed hands since (a new S): nothing this time.
+        lanes := null;
+        shards := null;
+        seqs := null;
+        held := pg_catalog.array_fill(true, array[pg_catalog.cardinality(queue_ids)]);
+    end;
+    perform pg_catalog.set_config('lock_timeout', prior, true);
+end;
+$$;
+
 -- Function: awa.promote_due(max_jobs integer default 10000) returns integer
 -- Moves scheduled jobs whose run_at has passed into lanes, routed under the
 -- queue's current S (a keyed job goes back to its key's shard), oldest
 -- first, up to max_jobs and awa._pass_bytes() of payload (at least one
 -- job). Role: awa_maintenance. Returns how many jobs it moved. Concurrent
 -- callers skip each other's rows.
--- Calls: awa._check_limit, awa._insert_jobs, awa._job_bytes, awa._key_shard, awa._lock_lanes,
+-- Calls: awa._check_limit, awa._insert_jobs, awa._job_bytes, awa._key_shard, awa._lock_free_lanes,
 --   awa._note_run, awa._pass_bytes
 -- Writes: awa.scheduled
 create or replace function awa.promote_due(max_jobs integer default 10000)
@@ -970,6 +1053,8 @@ as $$
 declare
     due record;
     taken record;
+    kinds text[];
+    moved bigint[];
 begin
     perform awa._check_limit('max_jobs', max_jobs);
     perform awa._note_run('promote');
@@ -1012,14 +1097,24 @@ begin
     if due.job_ids is null then
         return 0;
     end if;
-    select * into taken from awa._lock_lanes(due.queue_ids, due.priorities, due.key_shards);
+    select * into taken from awa._lock_free_lanes(due.queue_ids, due.priorities, due.key_shards);
+    kinds := due.kinds;
+    moved := due.job_ids;
+    if true = any(taken.held) then
+        -- A row with no kind is written nowhere; it stays scheduled.
+        select array_agg(case when x.held then null else x.kind end order by x.i),
+               array_agg(x.job_id order by x.i) filter (where not x.held)
+          into kinds, moved
+          from unnest(due.kinds, taken.held, due.job_ids) with ordinality
+               as x (kind, held, job_id, i);
+    end if;
     perform count(*) from awa._insert_jobs(
-        taken.lanes, taken.seqs, due.queue_ids, due.priorities, due.kinds, due.args,
+        taken.lanes, taken.seqs, due.queue_ids, due.priorities, kinds, due.args,
         due.ordering_keys, due.max_attempts, null, due.job_ids, due.attempts, due.enqueued_ats,
         due.last_errors, due.max_run_times
     );
-    delete from awa.scheduled as s where s.job_id = any(due.job_ids);
-    return cardinality(due.job_ids);
+    delete from awa.scheduled as s where s.job_id = any(moved);
+    return coalesce(cardinality(moved), 0);
 end;
 $$;
 
@@ -1028,6 +1123,7 @@ select awa._grant_execute(
     'producer'
 );
 select awa._grant_execute('awa._lock_lanes(integer[], smallint[], smallint[], boolean)');
+select awa._grant_execute('awa._lock_free_lanes(integer[], smallint[], smallint[])');
 select awa._grant_execute(
     'awa._insert_jobs(integer[], bigint[], integer[], smallint[], text[], jsonb[], bytea[],'
     ' integer[], timestamptz[], bigint[], integer[], timestamptz[], text[], interval[])'
