@@ -1551,6 +1551,11 @@ CREATE OR REPLACE FUNCTION awa._check_no_run(caller text, job_id bigint, run_lea
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
 begin
+    if job_id is null or run_lease is null then
+        raise exception '% must not be null (in %)',
+            case when job_id is null then 'job_id' else 'run_lease' end, caller
+            using errcode = '22004';
+    end if;
     perform awa._check_run_owner(caller, job_id, run_lease);
     if current_setting('transaction_isolation') <> 'read committed' then
         raise exception '% found no run of job % with lease % in a % transaction, which cannot '
@@ -2595,7 +2600,7 @@ declare
 begin
     delete from awa.unique_keys as u
      using awa.unique_keys as v
-     where v.unique_key = u.unique_key and u.held_until <= now()
+     where v.unique_key = u.unique_key and u.held_until <= statement_timestamp()
        and ((u.queue = old_scope and v.queue = new_scope)
             or (u.queue = new_scope and v.queue = old_scope));
     select o.unique_key into clash
@@ -2619,7 +2624,8 @@ CREATE OR REPLACE FUNCTION awa._key_holds(held_until timestamp with time zone)
  LANGUAGE sql
  STABLE PARALLEL SAFE
 AS $function$
-    select held_until is null or held_until operator(pg_catalog.>) pg_catalog.now()
+    select held_until is null
+        or held_until operator(pg_catalog.>) pg_catalog.statement_timestamp()
 $function$;
 
 CREATE OR REPLACE FUNCTION awa._key_shard(key bytea, shards integer)
@@ -4681,12 +4687,14 @@ begin
         select
             job.job_id, job.queue_id, job.priority, job.kind, job.args, job.ordering_key,
             job.attempt, job.max_attempts, job.enqueued_at,
-            coalesce(
-                retry_at,
-                now() + awa._retry_delay(
-                    job.attempt, m.retry_base, m.retry_cap, m.retry_jitter, random()
-                )
-            ),
+            -- From the call, not its transaction's start (a handler may have
+            -- run in it for longer than the delay); a retry_at already past
+            -- is now (no unreadable date such as -infinity is kept).
+            case when retry_at is null
+                 then statement_timestamp() + awa._retry_delay(
+                     job.attempt, m.retry_base, m.retry_cap, m.retry_jitter, random()
+                 )
+                 else greatest(retry_at, statement_timestamp()) end,
             error, job.max_run_time
           from awa.queue_meta as m
          where m.queue_id = job.queue_id;
@@ -5516,7 +5524,7 @@ begin
                  where u.queue = e.scope and u.unique_key = e.unique_key;
                 -- Given back since the insert: take it again.
                 continue when not found;
-                exit when holder_until is null or holder_until > now();
+                exit when holder_until is null or holder_until > statement_timestamp();
                 -- Its window has passed: take it over, unless another caller
                 -- did meanwhile (then read again, and find it held).
                 update awa.unique_keys as u
@@ -5524,7 +5532,7 @@ begin
                        priority = coalesce(e.priority, awa._default_priority()),
                        unique_window = e.unique_window, held_until = null
                  where u.queue = e.scope and u.unique_key = e.unique_key
-                   and u.held_until <= now()
+                   and u.held_until <= statement_timestamp()
                 returning u.job_id, u.queue_id, u.priority
                      into holder_job, holder_queue, holder_priority;
                 exit when found;
@@ -5940,7 +5948,7 @@ begin
                         r.args, r.ordering_key, r.attempt, r.max_attempts, r.enqueued_at,
                         r.max_run_time, p.shard, p.head_seq,
                         nextval('awa.run_lease_seq') as run_lease,
-                        now() + coalesce(r.max_run_time, solo_run_time) as deadline_at
+                        statement_timestamp() + coalesce(r.max_run_time, solo_run_time) as deadline_at
                 ),
                 started as (
                     insert into awa.running (
@@ -5952,8 +5960,8 @@ begin
                     select
                         m.job_id, m.run_lease, m.lane_id, m.lane_seq, m.queue_id, m.priority,
                         m.kind, m.args, m.ordering_key, m.attempt + 1, m.max_attempts,
-                        m.enqueued_at, claim.worker, now(), now(),
-                        least(now() + awa._in_seconds(claim.lease), m.deadline_at),
+                        m.enqueued_at, claim.worker, statement_timestamp(), statement_timestamp(),
+                        least(statement_timestamp() + awa._in_seconds(claim.lease), m.deadline_at),
                         solo_completed_seq, m.max_run_time, m.deadline_at,
                         -- Read again with this statement's snapshot unless the row
                         -- read first said so: the first keyed job marks its queue in
@@ -6048,7 +6056,7 @@ begin
                      where r.ctid = p.tid
                     returning r.*, p.queue as lane_queue, p.shard, p.head_seq, p.completed_seq,
                         p.unique_jobs, nextval('awa.run_lease_seq') as run_lease,
-                        now() + coalesce(r.max_run_time, p.queue_run_time) as deadline_at
+                        statement_timestamp() + coalesce(r.max_run_time, p.queue_run_time) as deadline_at
                 ),
                 started as (
                     insert into awa.running (
@@ -6062,7 +6070,8 @@ begin
                         m.kind, m.args, m.ordering_key, m.attempt + 1, m.max_attempts,
                         m.enqueued_at,
                         -- least() passes over a null deadline.
-                        claim.worker, now(), now(), least(now() + awa._in_seconds(claim.lease), m.deadline_at),
+                        claim.worker, statement_timestamp(), statement_timestamp(),
+                        least(statement_timestamp() + awa._in_seconds(claim.lease), m.deadline_at),
                         m.completed_seq, m.max_run_time, m.deadline_at, m.unique_jobs,
                         awa._running_slot(m.run_lease), session_user
                       from moved as m
@@ -6957,8 +6966,8 @@ begin
         perform awa._check_lease('extend', extend);
     end if;
     update awa.running as r
-       set heartbeat_at = now(), lease_expires_at = least(
-           now() + awa._in_seconds(extend), r.deadline_at
+       set heartbeat_at = statement_timestamp(), lease_expires_at = least(
+           statement_timestamp() + awa._in_seconds(extend), r.deadline_at
        )
      where r.job_id = heartbeat.job_id and r.run_lease = heartbeat.run_lease
        and coalesce(r.claimed_by, session_user) = session_user;
@@ -7459,7 +7468,7 @@ begin
     delete from awa.unique_keys as u
      where u.ctid = any(array(
          select x.ctid from awa.unique_keys as x
-          where x.held_until <= now()
+          where x.held_until <= statement_timestamp()
           order by x.held_until
           limit max_keys
             for update skip locked
@@ -8363,6 +8372,11 @@ CREATE OR REPLACE FUNCTION awa.shard_for_ordering_key(key bytea, shards integer)
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
 begin
+    if shards > 64 then
+        raise exception 'shards must be at most 64 (a queue''s enqueue shards are 1 to 64), got %',
+            shards
+            using errcode = '22023';
+    end if;
     return awa._key_shard(key, shards);
 end;
 $function$;

@@ -311,7 +311,7 @@ begin
                         r.args, r.ordering_key, r.attempt, r.max_attempts, r.enqueued_at,
                         r.max_run_time, p.shard, p.head_seq,
                         nextval('awa.run_lease_seq') as run_lease,
-                        now() + coalesce(r.max_run_time, solo_run_time) as deadline_at
+                        statement_timestamp() + coalesce(r.max_run_time, solo_run_time) as deadline_at
                 ),
                 started as (
                     insert into awa.running (
@@ -323,8 +323,8 @@ begin
                     select
                         m.job_id, m.run_lease, m.lane_id, m.lane_seq, m.queue_id, m.priority,
                         m.kind, m.args, m.ordering_key, m.attempt + 1, m.max_attempts,
-                        m.enqueued_at, claim.worker, now(), now(),
-                        least(now() + awa._in_seconds(claim.lease), m.deadline_at),
+                        m.enqueued_at, claim.worker, statement_timestamp(), statement_timestamp(),
+                        least(statement_timestamp() + awa._in_seconds(claim.lease), m.deadline_at),
                         solo_completed_seq, m.max_run_time, m.deadline_at,
                         -- Read again with this statement's snapshot unless the row
                         -- read first said so: the first keyed job marks its queue in
@@ -419,7 +419,7 @@ begin
                      where r.ctid = p.tid
                     returning r.*, p.queue as lane_queue, p.shard, p.head_seq, p.completed_seq,
                         p.unique_jobs, nextval('awa.run_lease_seq') as run_lease,
-                        now() + coalesce(r.max_run_time, p.queue_run_time) as deadline_at
+                        statement_timestamp() + coalesce(r.max_run_time, p.queue_run_time) as deadline_at
                 ),
                 started as (
                     insert into awa.running (
@@ -433,7 +433,8 @@ begin
                         m.kind, m.args, m.ordering_key, m.attempt + 1, m.max_attempts,
                         m.enqueued_at,
                         -- least() passes over a null deadline.
-                        claim.worker, now(), now(), least(now() + awa._in_seconds(claim.lease), m.deadline_at),
+                        claim.worker, statement_timestamp(), statement_timestamp(),
+                        least(statement_timestamp() + awa._in_seconds(claim.lease), m.deadline_at),
                         m.completed_seq, m.max_run_time, m.deadline_at, m.unique_jobs,
                         awa._running_slot(m.run_lease), session_user
                       from moved as m
@@ -642,12 +643,14 @@ begin
         select
             job.job_id, job.queue_id, job.priority, job.kind, job.args, job.ordering_key,
             job.attempt, job.max_attempts, job.enqueued_at,
-            coalesce(
-                retry_at,
-                now() + awa._retry_delay(
-                    job.attempt, m.retry_base, m.retry_cap, m.retry_jitter, random()
-                )
-            ),
+            -- From the call, not its transaction's start (a handler may have
+            -- run in it for longer than the delay); a retry_at already past
+            -- is now (no unreadable date such as -infinity is kept).
+            case when retry_at is null
+                 then statement_timestamp() + awa._retry_delay(
+                     job.attempt, m.retry_base, m.retry_cap, m.retry_jitter, random()
+                 )
+                 else greatest(retry_at, statement_timestamp()) end,
             error, job.max_run_time
           from awa.queue_meta as m
          where m.queue_id = job.queue_id;
@@ -698,7 +701,7 @@ end;
 $$;
 
 -- Function: awa.heartbeat(job_id bigint, run_lease bigint, extend interval) returns boolean
--- Extends a running job's lease to now() + extend, never past the job's
+-- Extends a running job's lease to the call's time + extend, never past the job's
 -- deadline: true while the run is the caller's, though past the deadline
 -- the lease no longer moves and the rescue takes the job. False for a
 -- stale lease.
@@ -719,8 +722,8 @@ begin
         perform awa._check_lease('extend', extend);
     end if;
     update awa.running as r
-       set heartbeat_at = now(), lease_expires_at = least(
-           now() + awa._in_seconds(extend), r.deadline_at
+       set heartbeat_at = statement_timestamp(), lease_expires_at = least(
+           statement_timestamp() + awa._in_seconds(extend), r.deadline_at
        )
      where r.job_id = heartbeat.job_id and r.run_lease = heartbeat.run_lease
        and coalesce(r.claimed_by, session_user) = session_user;

@@ -234,7 +234,8 @@ $$;
 -- False there would let the worker's transaction commit its effects while
 -- the rescue runs the job again; the error rolls them back. In read
 -- committed each statement reads after the rotation's lock: no run there is
--- a stale lease, and the caller returns false.
+-- a stale lease, and the caller returns false. A null job_id or run_lease
+-- is the caller's bug, not a stale lease: 22004.
 -- Calls: awa._check_run_owner
 -- Writes: nothing
 create or replace function awa._check_no_run(caller text, job_id bigint, run_lease bigint)
@@ -244,6 +245,11 @@ stable
 set search_path = pg_catalog, pg_temp
 as $$
 begin
+    if job_id is null or run_lease is null then
+        raise exception '% must not be null (in %)',
+            case when job_id is null then 'job_id' else 'run_lease' end, caller
+            using errcode = '22004';
+    end if;
     perform awa._check_run_owner(caller, job_id, run_lease);
     if current_setting('transaction_isolation') <> 'read committed' then
         raise exception '% found no run of job % with lease % in a % transaction, which cannot '

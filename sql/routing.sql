@@ -254,7 +254,10 @@ end;
 $$;
 
 -- Function: awa.shard_for_ordering_key(key bytea, shards integer) returns smallint
--- 0 when shards <= 1, else hash64(key) mod shards.
+-- 0 when shards <= 1, else hash64(key) mod shards, for the S a queue can
+-- have (at most 64: awa._key_shard's shortcut for a power of two keeps
+-- hash64 mod 64 only).
+-- Errors: 22023 shards above 64.
 -- Calls: awa._key_shard
 -- Writes: nothing
 create or replace function awa.shard_for_ordering_key(key bytea, shards integer)
@@ -264,6 +267,11 @@ immutable strict parallel safe
 set search_path = pg_catalog, pg_temp
 as $$
 begin
+    if shards > 64 then
+        raise exception 'shards must be at most 64 (a queue''s enqueue shards are 1 to 64), got %',
+            shards
+            using errcode = '22023';
+    end if;
     return awa._key_shard(key, shards);
 end;
 $$;

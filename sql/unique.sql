@@ -25,7 +25,9 @@ $$;
 -- Function: awa._key_holds(held_until timestamptz) returns boolean
 -- Whether a row of awa.unique_keys holds its key now: held by a live job
 -- (held_until null), or by a completed one whose window has not passed.
--- Inlined.
+-- Now is the call's statement, not its transaction's start: a window is
+-- counted from the complete's clock (awa._release_unique_key), and a
+-- producer's transaction may be older than that. Inlined.
 -- Calls: nothing
 -- Writes: nothing
 create or replace function awa._key_holds(held_until timestamptz)
@@ -33,7 +35,8 @@ returns boolean
 language sql
 stable parallel safe
 as $$
-    select held_until is null or held_until operator(pg_catalog.>) pg_catalog.now()
+    select held_until is null
+        or held_until operator(pg_catalog.>) pg_catalog.statement_timestamp()
 $$;
 
 -- Function: awa._unique_ok(unique_key bytea, unique_window interval) returns boolean
@@ -175,7 +178,7 @@ begin
                  where u.queue = e.scope and u.unique_key = e.unique_key;
                 -- Given back since the insert: take it again.
                 continue when not found;
-                exit when holder_until is null or holder_until > now();
+                exit when holder_until is null or holder_until > statement_timestamp();
                 -- Its window has passed: take it over, unless another caller
                 -- did meanwhile (then read again, and find it held).
                 update awa.unique_keys as u
@@ -183,7 +186,7 @@ begin
                        priority = coalesce(e.priority, awa._default_priority()),
                        unique_window = e.unique_window, held_until = null
                  where u.queue = e.scope and u.unique_key = e.unique_key
-                   and u.held_until <= now()
+                   and u.held_until <= statement_timestamp()
                 returning u.job_id, u.queue_id, u.priority
                      into holder_job, holder_queue, holder_priority;
                 exit when found;
@@ -283,7 +286,7 @@ declare
 begin
     delete from awa.unique_keys as u
      using awa.unique_keys as v
-     where v.unique_key = u.unique_key and u.held_until <= now()
+     where v.unique_key = u.unique_key and u.held_until <= statement_timestamp()
        and ((u.queue = old_scope and v.queue = new_scope)
             or (u.queue = new_scope and v.queue = old_scope));
     select o.unique_key into clash
@@ -363,7 +366,7 @@ begin
     delete from awa.unique_keys as u
      where u.ctid = any(array(
          select x.ctid from awa.unique_keys as x
-          where x.held_until <= now()
+          where x.held_until <= statement_timestamp()
           order by x.held_until
           limit max_keys
             for update skip locked

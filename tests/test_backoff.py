@@ -25,8 +25,9 @@ SCHEDULED = "select attempt, last_error, run_at from awa.scheduled where job_id 
 
 
 def fail_together(db, logins, queue: str, jobs: int = HERD) -> tuple[datetime, list[timedelta]]:
-    """`jobs` jobs of `queue` claimed, then failed in one transaction (one now());
-    that moment, and each job's delay until its retry."""
+    """`jobs` jobs of `queue` claimed, then failed in one statement (a backoff
+    counts from the call's statement_timestamp()); that moment, and each
+    job's delay until its retry."""
     with db.connect(logins.producer) as p:
         p.execute("select count(*) from awa.enqueue_batch(array_fill(%s::text, array[%s]),"
                   " array_fill('k'::text, array[%s]))", [queue, jobs, jobs])
@@ -34,11 +35,12 @@ def fail_together(db, logins, queue: str, jobs: int = HERD) -> tuple[datetime, l
         claimed = claim(w, [queue], n=jobs)
         w.commit()
         assert len(claimed) == jobs
-        failed_at = w.execute("select now()").fetchone()[0]
-        assert w.execute(
-            "select count(*) filter (where awa.fail(u.job_id, u.run_lease, 'downstream is down'))"
+        failed, failed_at = w.execute(
+            "select count(*) filter (where awa.fail(u.job_id, u.run_lease, 'downstream is down')),"
+            " statement_timestamp()"
             " from unnest(%s::bigint[], %s::bigint[]) as u (job_id, run_lease)",
-            [[c[0] for c in claimed], [c[1] for c in claimed]]).fetchone()[0] == jobs
+            [[c[0] for c in claimed], [c[1] for c in claimed]]).fetchone()
+        assert failed == jobs
         w.commit()
     with db.connect() as admin:
         run_ats = [r[0] for r in admin.execute(

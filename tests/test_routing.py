@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 
+import psycopg
 import pytest
 
 import awa_sql
@@ -94,3 +95,14 @@ def test_stripe_hash_sql_equals_python_as_a_runtime_role(db):
             "select awa.stripe_for_ordering_key(k, 3), awa.stripe_for_ordering_key(k, 1)"
             " from unnest(%s::bytea[]) with ordinality as u (k, i) order by i", [keys]).fetchall()
     assert rows == [(routing.stripe_for_ordering_key(k, 3), 0) for k in keys]
+
+
+@pytest.mark.parametrize("shards", [65, 128, 4096, 100_000, 2_147_483_647])
+def test_shards_above_the_largest_s_are_refused_on_both_sides(db, shards):
+    """A power of two above 64 took the six-bit shortcut (hash mod 64), and
+    more than 32767 overflowed the smallint: refused, as the Python twin does."""
+    with db.connect() as conn, pytest.raises(psycopg.errors.InvalidParameterValue,
+                                             match=rf"(?m)at most 64 .* got {shards}$"):
+        conn.execute("select awa.shard_for_ordering_key('order:1001', %s)", [shards])
+    with pytest.raises(ValueError, match=rf"(?m)at most 64 .* got {shards}$"):
+        routing.shard_for_ordering_key(b"order:1001", shards)

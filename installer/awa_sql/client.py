@@ -9,6 +9,7 @@ each call instead.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass
@@ -18,19 +19,21 @@ from typing import Any
 
 import psycopg
 from psycopg import pq
+from psycopg.pq import TransactionStatus
 from psycopg.types.json import Jsonb
 
 from awa_sql import routing
 from awa_sql.connect import (
     connect,
     network_defaults,
+    parse_dsn,
     read_only_error,
     read_only_reason,
     resolve_dsn,
 )
 from awa_sql.metrics import client_metrics
 from awa_sql.metrics.client_metrics import WAIT_COLUMNS
-from awa_sql.runtimes import RuntimePublisher
+from awa_sql.runtimes import RuntimePublisher, check_every
 
 log = logging.getLogger("awa_sql.client")
 
@@ -95,10 +98,8 @@ class Enqueued:
     duplicate: bool = False
 
 
-def _key(key: Key) -> bytes | None:
-    if key is None:
-        return None
-    return key.encode("utf-8") if isinstance(key, str) else bytes(key)
+def _key(key: Key, what: str) -> bytes | None:
+    return None if key is None else routing.key_bytes(key, what)
 
 
 def _aware(run_at: Any, where: str = "") -> None:
@@ -129,9 +130,9 @@ def _params(kind: str, args: Mapping[str, Any] | None, queue: str, priority: int
             unique_window: timedelta | None) -> dict:
     _aware(run_at)
     return {"queue": queue, "kind": kind, "args": Jsonb(dict(args or {})),
-            "priority": priority, "ordering_key": _key(ordering_key), "run_at": run_at,
-            "max_attempts": max_attempts, "max_run_time": max_run_time,
-            "unique_key": _key(unique_key), "unique_window": unique_window}
+            "priority": priority, "ordering_key": _key(ordering_key, "ordering_key"),
+            "run_at": run_at, "max_attempts": max_attempts, "max_run_time": max_run_time,
+            "unique_key": _key(unique_key, "unique_key"), "unique_window": unique_window}
 
 
 def _enqueue_sql(params: Mapping[str, Any]) -> str:
@@ -198,7 +199,7 @@ def _columns(jobs: Sequence[Mapping[str, Any]], defaults: Mapping[str, Any]) -> 
             if f == "args":
                 value = Jsonb(dict(value or {}))
             elif f in ("ordering_key", "unique_key"):
-                value = _key(value)
+                value = _key(value, f"job {n} (1-based): {f}")
             cols[f].append(value)
     return _optional([cols[f] for f in (
         "queue", "kind", "args", "priority", "ordering_key", "run_at", "max_attempts",
@@ -251,6 +252,14 @@ def enqueue_many_copy(conn: psycopg.Connection, jobs: Sequence[Mapping[str, Any]
     ``unique_key`` and ``unique_window``; the count includes duplicates of a
     unique key, which COPY does not report one by one.
     """
+    return _enqueue_many_copy(conn, jobs, queue, ordering_key, opts)[0]
+
+
+def _enqueue_many_copy(conn: psycopg.Connection, jobs: Sequence[Mapping[str, Any]],
+                       queue: str | None = None, ordering_key: Key = None,
+                       opts: Sequence[Mapping[str, Any] | None] | None = None
+                       ) -> tuple[int, set[str]]:
+    """enqueue_many_copy's count, and the names of the queues its rows were sent to."""
     if opts is not None and len(opts) != len(jobs):
         raise ValueError(
             f"opts has {len(opts)} entries but jobs has {len(jobs)}; they must be aligned"
@@ -259,7 +268,7 @@ def enqueue_many_copy(conn: psycopg.Connection, jobs: Sequence[Mapping[str, Any]
         return _copy_and_enqueue(conn, jobs, queue, ordering_key, opts)
 
 
-def _check_copy(jobs: Sequence[Mapping[str, Any]], queue: str | None,
+def _check_copy(jobs: Sequence[Mapping[str, Any]], queue: str | None, ordering_key: Key,
                 opts: Sequence[Mapping[str, Any] | None] | None) -> None:
     """Refuses a job COPY could not carry as it was meant, before the COPY
     starts: a caller's transaction then stays usable."""
@@ -270,13 +279,16 @@ def _check_copy(jobs: Sequence[Mapping[str, Any]], queue: str | None,
             raise ValueError(f"opts[{i}] may set queue and ordering_key, not {bad}")
         _check_job(job, i + 1, job.get("kind"), override.get("queue", job.get("queue", queue)),
                    job.get("run_at"))
+        _key(override.get("ordering_key", job.get("ordering_key", ordering_key)),
+             f"job {i + 1} (1-based): ordering_key")
+        _key(job.get("unique_key"), f"job {i + 1} (1-based): unique_key")
 
 
 def _copy_and_enqueue(conn: psycopg.Connection, jobs: Sequence[Mapping[str, Any]],
                       queue: str | None, ordering_key: Key,
-                      opts: Sequence[Mapping[str, Any] | None] | None) -> int:
+                      opts: Sequence[Mapping[str, Any] | None] | None) -> tuple[int, set[str]]:
     started, queues = perf_counter(), set()
-    _check_copy(jobs, queue, opts)
+    _check_copy(jobs, queue, ordering_key, opts)
     width = 7
     if any(job.get(f) is not None for job in jobs for f in ("unique_key", "unique_window")):
         width = 10
@@ -289,14 +301,14 @@ def _copy_and_enqueue(conn: psycopg.Connection, jobs: Sequence[Mapping[str, Any]
             queues.add(row_queue)
             key = override.get("ordering_key", job.get("ordering_key", ordering_key))
             args = job.get("args")
-            row = (row_queue, job.get("priority"), _key(key), job["kind"],
+            row = (row_queue, job.get("priority"), _key(key, "ordering_key"), job["kind"],
                    Jsonb(args if type(args) is dict else dict(args or {})),
                    job.get("run_at"), job.get("max_attempts"), job.get("max_run_time"),
-                   _key(job.get("unique_key")), job.get("unique_window"))
+                   _key(job.get("unique_key"), "unique_key"), job.get("unique_window"))
             cp.write_row(row[:width])
     row = conn.execute(COPIED_SQL).fetchone()
     client_metrics.enqueued(conn, queues, "copy", row[0], started, row[1:])
-    return row[0]
+    return row[0], queues
 
 
 class Producer:
@@ -307,6 +319,12 @@ class Producer:
     raises, unless it found it at its BEGIN, before any of its statements was
     sent: that call runs on the new connection. A call cut off later raises,
     as its transaction may have committed; it is never sent again.
+
+    It may be shared by threads: their calls take turns on its connection.
+    A connection passed as ``conn`` must be idle at each call (no transaction
+    open): one inside the caller's transaction is refused, as a call would
+    commit nothing of its own there (``awa_sql.enqueue(conn, ...)`` enqueues
+    in the caller's transaction).
 
     Given a DSN, it also publishes a runtime snapshot every ``snapshot_every``
     seconds on a second connection, for the admin page (None: off; off as well
@@ -320,9 +338,14 @@ class Producer:
                  snapshot_every: float | None = 10.0,
                  prepared_statements: str | bool | None = None):
         self._dsn = resolve_dsn(dsn)
+        if conn is None or dsn is not None:
+            parse_dsn(self._dsn)  # a malformed DSN fails here, without its text
+        if snapshot_every is not None:
+            check_every(snapshot_every)
         self._prepared = prepared_statements
         self._owned = conn is None
         self._closed = False
+        self._lock = threading.Lock()  # one call at a time on the connection
         self._conn = conn if conn is not None else connect(
             self._dsn, prepared_statements=prepared_statements,
             **network_defaults(self._dsn))
@@ -358,7 +381,7 @@ class Producer:
         self._conn.close()
 
     def _run(self, fn, *args, **kwargs):
-        with ExitStack() as stack:
+        with self._lock, ExitStack() as stack:
             conn = self._begin(stack)
             return fn(conn, *args, **kwargs)
 
@@ -375,6 +398,7 @@ class Producer:
         if self._lost():
             self._reopen()
         try:
+            self._refuse_busy()
             stack.enter_context(self._conn.transaction())
         except psycopg.OperationalError as err:
             if not self._lost():
@@ -385,6 +409,26 @@ class Producer:
             self._reopen()
             stack.enter_context(self._conn.transaction())
         return self._conn
+
+    def _refuse_busy(self) -> None:
+        """A connection inside a transaction would take the call's as a
+        savepoint of it, and the call would commit nothing of its own: a
+        ``conn`` given so is refused; one of its own (left so by a use
+        outside its calls) is rolled back."""
+        if self._conn.closed:
+            return  # BEGIN raises, or finds it lost
+        status = self._conn.info.transaction_status
+        if status == TransactionStatus.IDLE:
+            return
+        if not self._owned:
+            raise psycopg.ProgrammingError(
+                "the connection given as Producer(conn=...) is not idle (transaction status"
+                f" {status.name}): a Producer commits each call as a transaction of its own,"
+                " which it cannot inside yours; to enqueue inside your own transaction, use"
+                " awa_sql.enqueue(conn, ...) (or enqueue_many, enqueue_many_copy)")
+        log.warning("producer: its connection was left in a transaction (%s); rolling it back",
+                    status.name)
+        self._conn.rollback()
 
     def _note(self, queues: Iterable[str]) -> None:
         if self.runtime is not None:
@@ -402,9 +446,9 @@ class Producer:
         return results
 
     def enqueue_many_copy(self, jobs: Sequence[Mapping[str, Any]], **kw) -> int:
-        count = self._run(enqueue_many_copy, jobs, **kw)
-        # COPY reports no physical queue; the names given are the ones noted.
-        self._note([q for q in [kw.get("queue"), *(j.get("queue") for j in jobs)] if q])
+        count, queues = self._run(_enqueue_many_copy, jobs, **kw)
+        # COPY reports no physical queue: the names its rows were sent to are noted.
+        self._note(queues)
         return count
 
 

@@ -15,7 +15,9 @@ docs/deployment.md):
 from __future__ import annotations
 
 import os
+import re
 from datetime import UTC, datetime
+from typing import Any
 
 import psycopg
 from psycopg.pq import TransactionStatus
@@ -31,6 +33,34 @@ def resolve_dsn(dsn: str | None = None) -> str:
     """``--dsn``, else ``AWA_DATABASE_URL``, else ``DATABASE_URL``, else libpq's
     own environment (PGHOST, PGDATABASE, ...), which an empty string selects."""
     return dsn or os.environ.get("AWA_DATABASE_URL") or os.environ.get("DATABASE_URL") or ""
+
+
+# A quote of libpq's own in its message on a malformed DSN (`missing "=" after
+# ...`, `matching "]"`, `expected ":" or "/"`), kept; or the first quote of
+# the DSN's text, to the end of the message.
+_QUOTED = re.compile(r'("[=\]:/]")|"(.*)', re.DOTALL)
+
+
+def _without_dsn_text(match: re.Match) -> str:
+    if match[1]:
+        return match[1]
+    rest = match[0]
+    end = rest.rfind('"')  # the last quote: the text may itself hold one
+    return '"…"' + (rest[end + 1:] if end > 0 else "")
+
+
+def parse_dsn(dsn: str) -> dict[str, Any]:
+    """``dsn``'s parameters (``psycopg.conninfo.conninfo_to_dict``). A
+    malformed one raises ``psycopg.ProgrammingError`` without its text:
+    libpq quotes the part it could not read (``invalid percent-encoded
+    token: "s3cret%zz"``), which may be the password, and a worker would log
+    it at every back-off."""
+    try:
+        return psycopg.conninfo.conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError as err:
+        said = _QUOTED.sub(_without_dsn_text, str(err).strip())
+        raise psycopg.ProgrammingError(
+            f"{said} (the DSN's text is left out, as it may hold a password)") from None
 
 
 def prepared_mode(setting: PreparedSetting = None) -> str:
@@ -83,7 +113,9 @@ RECONNECT_TIMEOUT = 10  # seconds, unless the DSN or PGCONNECT_TIMEOUT says othe
 # retransmissions (about 15 minutes) before it fails: so long, a worker
 # claims nothing and a publisher is stale. With these, such a connection
 # fails within about a minute and the process connects again. They touch
-# only TCP connections; each one the DSN sets is left to the DSN.
+# only TCP connections; each one the DSN sets is left to the DSN, and a DSN
+# that names a service (or PGSERVICE) gets none: the service file's entry
+# may set them, and these would override it.
 KEEPALIVES = {
     "keepalives": 1,
     "keepalives_idle": 30,  # seconds idle before the first probe
@@ -96,8 +128,11 @@ KEEPALIVES = {
 def network_defaults(dsn: str, connect_seconds: int | None = None) -> dict[str, int]:
     """The connection parameters of a process that connects again by itself:
     ``connect_timeout`` (``connect_seconds``, default RECONNECT_TIMEOUT) unless
-    ``dsn`` or PGCONNECT_TIMEOUT sets one, and KEEPALIVES but those ``dsn`` sets."""
-    given = psycopg.conninfo.conninfo_to_dict(dsn)
+    ``dsn`` or PGCONNECT_TIMEOUT sets one, and KEEPALIVES but those ``dsn`` sets;
+    none when ``dsn`` names a service or PGSERVICE is set."""
+    given = parse_dsn(dsn)
+    if "service" in given or os.environ.get("PGSERVICE"):
+        return {}
     params = {key: value for key, value in KEEPALIVES.items() if key not in given}
     if "connect_timeout" not in given and not os.environ.get("PGCONNECT_TIMEOUT"):
         params["connect_timeout"] = (RECONNECT_TIMEOUT if connect_seconds is None
@@ -106,10 +141,15 @@ def network_defaults(dsn: str, connect_seconds: int | None = None) -> dict[str, 
 
 
 def connect(dsn: str | None = None, *, prepared_statements: PreparedSetting = None,
-            **kwargs) -> psycopg.Connection:
-    kwargs.setdefault("application_name", "awa-sql")
+            application_name: str = "awa-sql", **kwargs) -> psycopg.Connection:
+    """A connection of awa's. ``application_name`` is awa's name for it, sent
+    as libpq's ``fallback_application_name``: one the user set (in the DSN, a
+    service file, PGAPPNAME) is the one the server shows."""
+    kwargs.setdefault("fallback_application_name", application_name)
     mode = prepared_mode(prepared_statements)  # a bad setting fails before connecting
-    conn = psycopg.connect(resolve_dsn(dsn), **kwargs)
+    dsn = resolve_dsn(dsn)
+    parse_dsn(dsn)  # a malformed DSN fails without its text
+    conn = psycopg.connect(dsn, **kwargs)
     try:
         return configure(conn, mode)
     except BaseException:

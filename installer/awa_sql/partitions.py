@@ -81,7 +81,7 @@ class PartitionedQueue:
     def route_by_key(self, ordering_key: routing.Key) -> dict:
         """Enqueue options that send a job to its key's partition and keep the
         key as its ordering key inside it."""
-        key = ordering_key.encode() if isinstance(ordering_key, str) else bytes(ordering_key)
+        key = routing.key_bytes(ordering_key, "ordering_key")
         return {"queue": self.queue_for_key(key), "ordering_key": key}
 
     def route_by_index(self, index: int) -> dict:

@@ -16,8 +16,16 @@ MAX_PARTITIONS = 32767  # physical queues of one partitioned queue
 Key = bytes | bytearray | memoryview | str
 
 
-def _bytes(key: Key) -> bytes:
-    return key.encode("utf-8") if isinstance(key, str) else bytes(key)
+def key_bytes(key: Key, what: str = "a key") -> bytes:
+    """An ordering or unique key as the bytes sent and hashed: a str as UTF-8,
+    bytes as they are. Anything else is refused: ``bytes(5)`` is five zero
+    bytes, not "5"."""
+    if isinstance(key, str):
+        return key.encode("utf-8")
+    if isinstance(key, bytes | bytearray | memoryview):
+        return bytes(key)
+    raise TypeError(f"{what} must be str or bytes (or bytearray, memoryview),"
+                    f" got {type(key).__name__}: {key!r:.80}")
 
 
 def ordering_key_hash64(key: Key) -> int:
@@ -26,12 +34,16 @@ def ordering_key_hash64(key: Key) -> int:
     Multiply, then add: this is not FNV-1a, which XORs.
     """
     h = HASH64_OFFSET
-    for b in _bytes(key):
+    for b in key_bytes(key):
         h = (h * HASH64_PRIME + b) & MASK64
     return h
 
 
 def shard_for_ordering_key(key: Key, shards: int) -> int:
+    """0 when shards <= 1, else hash64 mod shards, for the S a queue can have."""
+    if shards > MAX_SHARDS:
+        raise ValueError(f"shards must be at most {MAX_SHARDS} (a queue's enqueue shards are"
+                         f" 1 to {MAX_SHARDS}), got {shards}")
     return 0 if shards <= 1 else ordering_key_hash64(key) % shards
 
 

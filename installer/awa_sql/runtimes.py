@@ -19,6 +19,7 @@ server refuse every snapshot from then on.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 import threading
@@ -64,9 +65,20 @@ def _why(conn: psycopg.Connection | None, err: psycopg.Error) -> str:
     return str(err).strip()
 
 
+def check_every(every: float) -> None:
+    """Refuses a snapshot cadence that is not a positive number of seconds:
+    at 0 or below the publisher would publish without a pause (a thousand
+    writes a second)."""
+    if (isinstance(every, bool) or not isinstance(every, int | float)
+            or not (math.isfinite(every) and every > 0)):
+        raise ValueError("snapshot_every must be a positive number of seconds, or None for off,"
+                         f" got {every!r}")
+
+
 class RuntimePublisher:
     def __init__(self, dsn: str, kind: str, *, every: float = 10.0,
                  in_flight: Callable[[], int] = lambda: 0) -> None:
+        check_every(every)
         self.dsn = dsn
         self.kind = kind
         self.every = every

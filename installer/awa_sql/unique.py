@@ -13,7 +13,12 @@ ensure_ascii=False)`` and JavaScript's ``JSON.stringify`` of an object whose
 keys were sorted give alike (docs/sql-api.md has the Node function).
 Integers, strings, booleans, null, arrays and objects are portable; floats
 are not (Python writes ``1e-07`` and ``100.0`` where JavaScript writes
-``1e-7`` and ``100``): put numbers a key depends on as integers or strings.
+``1e-7`` and ``100``), nor are integers beyond 2^53 in magnitude (JavaScript
+reads them as doubles: 2^53 + 1 becomes 2^53): put numbers a key depends on
+as integers within that range, or as strings. Object keys must be strings,
+as JSON's are: one of another type is refused, since ``{10: 1, 9: 2}``
+would be written in numeric order and read back from JSON (``{"10": 1,
+"9": 2}``) give another key.
 """
 
 from __future__ import annotations
@@ -26,9 +31,26 @@ from typing import Any
 DOMAIN = b"awa-unique-v1"
 
 
+def _check_keys(value: Any, where: str) -> None:
+    """Refuses an object key that is not a str, at any level of ``value``."""
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise TypeError(
+                    f"{where} has the key {key!r} ({type(key).__name__}): object keys must be"
+                    " strings, as JSON's are (write it as one)")
+            _check_keys(item, f"{where}[{key!r}]")
+    elif isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            _check_keys(item, f"{where}[{i}]")
+
+
 def canonical_json(args: Mapping[str, Any] | None) -> bytes:
-    """``args`` as the canonical JSON text the recipe hashes."""
-    return json.dumps(dict(args or {}), sort_keys=True, separators=(",", ":"),
+    """``args`` as the canonical JSON text the recipe hashes; an object key
+    that is not a str, at any level, is refused (TypeError)."""
+    args = dict(args or {})
+    _check_keys(args, "args")
+    return json.dumps(args, sort_keys=True, separators=(",", ":"),
                       ensure_ascii=False, allow_nan=False).encode("utf-8")
 
 
@@ -37,7 +59,9 @@ def unique_key(kind: str, args: Mapping[str, Any] | None = None) -> bytes:
     ``unique_key=`` so that a second enqueue of the same job is a duplicate
     while the first is live (or within its ``unique_window``). To allow the
     same job again once per period, put the period in ``args`` or the key
-    (e.g. ``unique_key(kind, {**args, "hour": "2026-12-02T10"})``)."""
+    (e.g. ``unique_key(kind, {**args, "hour": "2026-12-02T10"})``). An
+    object key in ``args`` that is not a str, at any level, is refused
+    (TypeError)."""
     if not isinstance(kind, str) or not kind:
         raise ValueError(f"kind must be a non-empty string, got {kind!r}")
     return hashlib.sha256(

@@ -61,6 +61,7 @@ import psycopg
 from awa_sql.connect import (
     connect,
     network_defaults,
+    parse_dsn,
     prepared_mode,
     read_only_error,
     read_only_reason,
@@ -81,11 +82,11 @@ from awa_sql.runtimes import RuntimePublisher
 
 log = logging.getLogger("awa_sql.worker")
 
-# deadline_at - now() is the job's max run time by the server's clock: now()
-# is the claim's own (one statement, one transaction).
+# deadline_at - statement_timestamp() is the job's max run time by the
+# server's clock: the claim counts its deadline from its statement's start.
 CLAIM_SQL = (
     "select job_id, run_lease, queue, priority, enqueue_shard, lane_seq, kind, args, attempt,"
-    " max_attempts, ordering_key, deadline_at, deadline_at - now()"
+    " max_attempts, ordering_key, deadline_at, deadline_at - statement_timestamp()"
     " from awa.claim(%s::text[], %s, %s::text, %s::interval)"
 )
 MIN_POLL = 0.01  # seconds; the first wait after an empty claim
@@ -416,6 +417,7 @@ class Worker:
         shutdown_timeout: float | None = SHUTDOWN_TIMEOUT,
     ) -> None:
         self.dsn = resolve_dsn(dsn)
+        parse_dsn(self.dsn)  # a malformed DSN fails here, not at every claim's back-off
         # Every call runs in autocommit (one transaction per statement), so a
         # transaction pooler may serve each from another server connection.
         self.prepared_statements = prepared_mode(prepared_statements)

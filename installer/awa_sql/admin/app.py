@@ -231,7 +231,7 @@ def make_pool(settings: Settings, open_now: bool = False) -> ConnectionPool:
         settings.dsn, min_size=1, max_size=settings.pool_size, open=False,
         # Each request's work is one transaction, committed when the pool
         # takes the connection back (rolled back on an error).
-        kwargs={"autocommit": False, "application_name": "awa-admin",
+        kwargs={"autocommit": False, "fallback_application_name": "awa-admin",
                 **network_defaults(settings.dsn)},
         configure=_configure(not settings.writable),
         # A connection the server closed while it sat in the pool (a restart,
