@@ -127,6 +127,7 @@ CREATE TABLE awa.contention_samples (
     busiest_priority_held integer DEFAULT 0 NOT NULL,
     ready bigint,
     oldest_ready_at timestamp with time zone,
+    enqueue_shards smallint,
     CONSTRAINT contention_samples_pkey PRIMARY KEY (queue_id, sampled_at)
 );
 
@@ -730,7 +731,8 @@ CREATE VIEW awa.lane_contention AS
             s.enqueued,
             s.busiest_priority_held,
             s.ready,
-            s.oldest_ready_at
+            s.oldest_ready_at,
+            s.enqueue_shards
            FROM awa.contention_samples s
           WHERE s.sampled_at > (now() - '00:01:00'::interval)
         )
@@ -980,7 +982,15 @@ begin
     elsif grow.samples >= policy.min_samples
         and grow.wait_share >= policy.grow_wait_share
         and grow.mean_waiters >= policy.grow_waiters then
-        if s >= anchor.max_shards then
+        if grow.waited_demand <= s then
+            code := 'demand_within_s';
+            why := pg_catalog.format(
+                'lane waits in a share %s of %s samples, %s waiters per held lane, but where '
+                'a backend waited the lanes held + waiters were %s per physical queue, at '
+                'most S = %s: more lanes would not relieve them (producers of one ordering '
+                'key, or behind one long lane holder)', grow.wait_share, grow.samples,
+                grow.mean_waiters, grow.waited_demand, s);
+        elsif s >= anchor.max_shards then
             code := 'at_max';
             why := pg_catalog.format(
                 'lane waits in %s of %s samples (%s waiters per held lane, demand %s) but S '
@@ -1017,7 +1027,7 @@ begin
             policy.shrink_window, policy.shrink_wait_share, shrink.busiest_held);
     elsif grow.samples < policy.min_samples then
         code := 'few_samples';
-        why := pg_catalog.format('%s samples since %s; %s needed', grow.samples,
+        why := pg_catalog.format('%s samples at S = %s since %s; %s needed', grow.samples, s,
                                  greatest(at - policy.grow_window, last_step),
                                  policy.min_samples);
     else
@@ -1145,7 +1155,7 @@ AS $function$
       left join awa.autoscale_policy as p on p.queue_id = _autoscale_policy.queue_id
 $function$;
 
-CREATE OR REPLACE FUNCTION awa._autoscale_signal(anchor awa.queue_meta, since timestamp with time zone, OUT samples integer, OUT mean_waiters numeric, OUT wait_share numeric, OUT enqueue_rate numeric, OUT busiest_held integer, OUT demand numeric)
+CREATE OR REPLACE FUNCTION awa._autoscale_signal(anchor awa.queue_meta, since timestamp with time zone, OUT samples integer, OUT mean_waiters numeric, OUT wait_share numeric, OUT enqueue_rate numeric, OUT busiest_held integer, OUT demand numeric, OUT waited_demand numeric)
  RETURNS record
  LANGUAGE sql
  STABLE
@@ -1157,11 +1167,14 @@ AS $function$
                sum(s.lanes_held) as held,
                sum(s.enqueued) as enqueued,
                max(s.busiest_priority_held) as busiest,
-               count(*) as physical
+               count(*) as physical,
+               sum(s.lanes_held + s.waiters) filter (where s.waiters > 0) as waited_demand,
+               count(*) filter (where s.waiters > 0) as waited
           from awa.contention_samples as s
           join awa.queue_meta as m on m.queue_id = s.queue_id
          where (m.queue_id = (anchor).queue_id or m.root_queue = (anchor).queue)
            and s.sampled_at > since
+           and (s.enqueue_shards is null or s.enqueue_shards = m.enqueue_shards)
          group by s.sampled_at
     )
     select count(*)::integer,
@@ -1172,7 +1185,8 @@ AS $function$
                  / nullif(extract(epoch from max(p.sampled_at) filter (where p.enqueued is not null)
                           - min(p.sampled_at) filter (where p.enqueued is not null)), 0), 1),
            max(p.busiest)::integer,
-           round(avg((p.held + p.waiters)::numeric / p.physical), 2)
+           round(avg((p.held + p.waiters)::numeric / p.physical), 2),
+           round(sum(p.waited_demand)::numeric / nullif(sum(p.waited), 0), 2)
       from per_instant as p
 $function$;
 
@@ -1440,9 +1454,13 @@ begin
             using errcode = '22004';
     end if;
     perform awa._check_priority(priority);
+    if max_attempts is null then
+        raise exception 'max_attempts must not be null (1 to 1000; leave it out for the '
+                        'default, %)', awa._default_max_attempts()
+            using errcode = '22004';
+    end if;
     if not awa._max_attempts_ok(max_attempts) then
-        raise exception 'max_attempts must be between 1 and 1000, got %',
-            coalesce(max_attempts::text, 'null')
+        raise exception 'max_attempts must be between 1 and 1000, got %', max_attempts
             using errcode = '22023';
     end if;
     perform awa._check_max_run_time(max_run_time);
@@ -1588,9 +1606,13 @@ CREATE OR REPLACE FUNCTION awa._check_priority(priority smallint)
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
 begin
+    if priority is null then
+        raise exception 'priority must not be null (1 to 4; leave it out for the default, %)',
+            awa._default_priority()
+            using errcode = '22004';
+    end if;
     if not awa._priority_ok(priority) then
-        raise exception 'priority must be between 1 (highest) and 4 (lowest), got %',
-            coalesce(priority::text, 'null')
+        raise exception 'priority must be between 1 (highest) and 4 (lowest), got %', priority
             using errcode = '22023';
     end if;
 end;
@@ -2009,6 +2031,7 @@ CREATE OR REPLACE FUNCTION awa._ensure_linked(physical text, logical text, is_st
 AS $function$
 declare
     anchor awa.queue_meta;
+    root awa.queue_meta;
     meta awa.queue_meta;
 begin
     select m.* into meta from awa.queue_meta as m where m.queue = physical;
@@ -2027,18 +2050,27 @@ begin
     if not exists (select from awa.queue_meta as m where m.queue = physical) then
         perform awa._take_queue_place();
     end if;
+    select m.* into strict root from awa.queue_meta as m
+     where m.queue = coalesce(anchor.root_queue, logical);
     insert into awa.queue_meta (
         queue, logical_queue, root_queue, enqueue_shards, paused, max_run_time, retry_base,
-        retry_cap, retry_jitter, retain_completed, retain_failed
+        retry_cap, retry_jitter, retain_completed, retain_failed, shard_mode, max_shards,
+        shard_mode_changed_at, partitioned_fifo_accepted_by, partitioned_fifo_accepted_at
     )
     values (
         physical, case when is_stripe then logical end,
-        coalesce(anchor.root_queue, logical), anchor.enqueue_shards, anchor.paused,
+        root.queue, anchor.enqueue_shards, anchor.paused,
         anchor.max_run_time, anchor.retry_base, anchor.retry_cap, anchor.retry_jitter,
-        anchor.retain_completed, anchor.retain_failed
+        anchor.retain_completed, anchor.retain_failed, root.shard_mode, root.max_shards,
+        root.shard_mode_changed_at, root.partitioned_fifo_accepted_by,
+        root.partitioned_fifo_accepted_at
     )
     on conflict (queue) do update
-        set root_queue = excluded.root_queue, logical_queue = excluded.logical_queue;
+        set root_queue = excluded.root_queue, logical_queue = excluded.logical_queue,
+            shard_mode = excluded.shard_mode, max_shards = excluded.max_shards,
+            shard_mode_changed_at = excluded.shard_mode_changed_at,
+            partitioned_fifo_accepted_by = excluded.partitioned_fifo_accepted_by,
+            partitioned_fifo_accepted_at = excluded.partitioned_fifo_accepted_at;
     if meta.queue_id is not null then
         perform awa._join_unique_scope(physical, coalesce(anchor.root_queue, logical));
     end if;
@@ -2088,6 +2120,31 @@ begin
         select m.* into strict meta from awa.queue_meta as m where m.queue_id = meta.queue_id;
     end if;
     return meta;
+end;
+$function$;
+
+CREATE OR REPLACE FUNCTION awa._ensure_queues(names text[])
+ RETURNS void
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+declare
+    q text;
+    missing text[];
+begin
+    if cardinality(names) > 1 then
+        perform awa._lock_leader('provisioning');
+        -- Made by another transaction while this one waited: not counted.
+        select array_agg(u.q order by u.q) into missing
+          from unnest(names) as u (q)
+         where not exists (select from awa.queue_meta as m where m.queue = u.q);
+        if (select l.queues + cardinality(missing) > l.max_queues from awa.queue_limit as l) then
+            perform awa._raise_queue_limit(missing);
+        end if;
+    end if;
+    foreach q in array names loop
+        perform awa._ensure_queue(q);
+    end loop;
 end;
 $function$;
 
@@ -3625,7 +3682,6 @@ CREATE OR REPLACE FUNCTION awa._move_staged_sets(xid xid8)
  SET work_mem TO '64MB'
 AS $function$
 declare
-    q text;
     batch_path boolean;
     unknown text[];
     staged_queues text[];
@@ -3665,9 +3721,9 @@ begin
     -- created in name order, so concurrent movers agree, until every name
     -- is found.
     loop
-        foreach q in array coalesce(unknown, '{}') loop
-            perform awa._ensure_queue(q);
-        end loop;
+        if unknown is not null then
+            perform awa._ensure_queues(unknown);
+        end if;
         select array_agg(d.queue order by d.queue), array_agg(m.queue_id order by d.queue),
                array_agg(m.enqueue_shards order by d.queue),
                array_agg(d.queue order by d.queue) filter (where m.queue_id is null)
@@ -4313,6 +4369,27 @@ AS $function$
        and queue operator(pg_catalog.!~~) '%#%'
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._raise_queue_limit(creating text[])
+ RETURNS void
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+declare
+    cap integer;
+    queues bigint;
+begin
+    select l.max_queues, l.queues into cap, queues from awa.queue_limit as l;
+    raise exception 'queue limit reached: % queues exist and at most % may%', queues, cap,
+        case when creating is null then ''
+             else format('; this call would create %s more (%s, ...)', cardinality(creating),
+                         quote_literal(creating[1])) end
+        using errcode = '53400',
+              hint = 'awa.set_max_queues(n) (awa_operator) raises the limit. Each queue '
+                     'costs eight sequences; a queue name made from input (an id, a '
+                     'tenant) creates a queue per value.';
+end;
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._ready_backlog(max_rows integer, OUT payload bigint, OUT backlog bigint)
  RETURNS record
  LANGUAGE sql
@@ -4829,20 +4906,18 @@ CREATE OR REPLACE FUNCTION awa._route_rows(queues text[], ordering_keys bytea[],
 AS $function$
 declare
     n integer := coalesce(cardinality(queues), 0);
-    q text;
+    unknown text[];
 begin
     -- Until every row's queue is found: a queue dropped after the names were
     -- read (its row renamed, ADR 044) is no queue of the name any more, and
     -- is created again, as for any enqueue after a drop.
     loop
-        -- Create unknown queues in name order, so concurrent calls agree.
-        for q in
-            select distinct u.q from unnest(queues) as u (q)
-             where not exists (select from awa.queue_meta as m where m.queue = u.q)
-             order by 1
-        loop
-            perform awa._ensure_queue(q);
-        end loop;
+        select array_agg(distinct u.q order by u.q) into unknown
+          from unnest(queues) as u (q)
+         where not exists (select from awa.queue_meta as m where m.queue = u.q);
+        if unknown is not null then
+            perform awa._ensure_queues(unknown);
+        end if;
 
         -- Partitioned and striped queues: each row goes to its partition, then
         -- its stripe (by key, else this backend's sticky one); created when missing.
@@ -4993,17 +5068,18 @@ begin
     lane_counts as (
         -- from each queue's settings row, which records its lanes, rather
         -- than a pass over every lane
-        select m.queue_id, pg_catalog.num_nonnulls(variadic m.lane_ids) as lanes
+        select m.queue_id, m.enqueue_shards,
+               pg_catalog.num_nonnulls(variadic m.lane_ids) as lanes
           from awa.queue_meta as m
          where pg_catalog.num_nonnulls(variadic m.lane_ids) > 0
     ),
     inserted as (
         insert into awa.contention_samples (
             sampled_at, queue_id, lanes, lanes_held, lanes_waited, waiters,
-            busiest_priority_held
+            busiest_priority_held, enqueue_shards
         )
         select at, c.queue_id, c.lanes, coalesce(q.lanes_held, 0), coalesce(q.lanes_waited, 0),
-               coalesce(q.waiters, 0), coalesce(q.busiest_priority_held, 0)
+               coalesce(q.waiters, 0), coalesce(q.busiest_priority_held, 0), c.enqueue_shards
           from lane_counts as c
           left join per_queue as q on q.queue_id = c.queue_id
         on conflict do nothing
@@ -5238,8 +5314,17 @@ AS $function$
 declare
     meta awa.queue_meta;
     created integer;
+    last_lane bigint;
 begin
     perform awa._check_layout_change(queue, 'enqueue shards', shards, 64);
+    -- Lanes are made only under the provisioning lock (awa._physical_queues
+    -- takes it too, first): the lane ids given after the last one given
+    -- before this call, read under it, are this call's. Counted by xmin
+    -- and the transaction's start, they were 0 in a savepoint (its own
+    -- xid) and an earlier call's in a repeat.
+    perform awa._lock_leader('provisioning');
+    select n.last_value - case when n.is_called then 0 else 1 end into strict last_lane
+      from awa.lanes_lane_id_seq as n;
     -- In queue_id order (they were locked in lock order: awa._lock_rank).
     for meta in select * from awa._physical_queues(queue) as p order by p.queue_id loop
         physical_queue := meta.queue;
@@ -5251,14 +5336,9 @@ begin
         if shards <> meta.enqueue_shards then
             perform awa._provision_lanes(meta.queue_id, shards);
         end if;
-        -- Lanes this transaction created, a new queue's first four included:
-        -- by xmin, a 32-bit id, which comes round again every 2^32
-        -- transactions (a frozen row keeps it), and by the transaction's
-        -- start, which does not.
         select count(*)::integer into created
           from awa.lanes as l
-         where l.queue_id = meta.queue_id and l.xmin = pg_current_xact_id()::xid
-           and l.created_at = now();
+         where l.queue_id = meta.queue_id and l.lane_id > last_lane;
         lanes_created := created;
         if shards <> meta.enqueue_shards then
             update awa.queue_meta as m
@@ -5459,12 +5539,7 @@ begin
     update awa.queue_limit as l set queues = l.queues + 1
      where l.queues < l.max_queues;
     if not found then
-        select l.max_queues, l.queues into cap, queues from awa.queue_limit as l;
-        raise exception 'queue limit reached: % queues exist and at most % may', queues, cap
-            using errcode = '53400',
-                  hint = 'awa.set_max_queues(n) (awa_operator) raises the limit. Each queue '
-                         'costs eight sequences; a queue name made from input (an id, a '
-                         'tenant) creates a queue per value.';
+        perform awa._raise_queue_limit(null);
     end if;
 end;
 $function$;
@@ -6942,6 +7017,9 @@ begin
                        dropped_paused = null, dropped_xact = null, dropped_at = null
                  where m.queue_id = qid;
                 perform awa._rename_history('#dropped#' || qid, back);
+                -- A late job's unique key was taken under the dropped name
+                -- (its enqueue read the row before the drop, the scope after).
+                perform awa._join_unique_scope('#dropped#' || qid, back);
                 named := back;
             end if;
         exception when lock_not_available then
@@ -8081,6 +8159,12 @@ declare
     bad text;
 begin
     anchor := awa._queue(set_autoscale_policy.queue);
+    if anchor.root_queue is not null then
+        raise exception 'queue % is a partition or stripe of %; set the policy on %',
+            quote_literal(anchor.queue), quote_literal(anchor.root_queue),
+            quote_literal(anchor.root_queue)
+            using errcode = '22023';
+    end if;
     -- The first argument out of range, in the order of the arguments (a null
     -- keeps the default); awa.sample_lane_contention keeps one hour of
     -- samples, so no window is longer. NaN is above every number, so the
@@ -8431,11 +8515,13 @@ CREATE TRIGGER shard_changes_record_lanes AFTER INSERT ON awa.shard_changes FOR 
 
 COMMENT ON COLUMN awa.autoscale_decisions.last_decided_at IS 'The latest tick of the run (decided_at is the first); the signal and the reason are those of that latest tick.';
 
-COMMENT ON COLUMN awa.autoscale_decisions.reason_code IS 'The rule that decided, in one word (cooldown, draining, above_max, grow, at_max, shrink, few_samples, steady): holds with the same code, mode and S fold into one row. Null on rows logged before migration 0013.';
+COMMENT ON COLUMN awa.autoscale_decisions.reason_code IS 'The rule that decided, in one word (cooldown, draining, above_max, demand_within_s, grow, at_max, shrink, few_samples, steady): holds with the same code, mode and S fold into one row. Null on rows logged before migration 0013.';
 
 COMMENT ON COLUMN awa.autoscale_decisions.repeats IS 'How many ticks made this decision: 1 for a step, the length of the run for folded holds.';
 
 COMMENT ON COLUMN awa.contention_samples.busiest_priority_held IS 'Lanes held at the sample in the queue''s busiest priority: the producers that had to fit into S lanes at that instant.';
+
+COMMENT ON COLUMN awa.contention_samples.enqueue_shards IS 'The queue''s S when the sample was taken: the auto-scaler judges S on the samples taken at it. Null in a sample taken before migration 0040 (or by an earlier function layer), which counts at any S.';
 
 COMMENT ON COLUMN awa.contention_samples.enqueued IS 'Sum of the lane sequences of the queue, read by awa.autoscale_tick(): the difference between two such samples is the number of enqueues between them (rolled-back reservations included). Null in a sample taken by awa.sample_lane_contention() alone.';
 

@@ -120,13 +120,35 @@ $$;
 
 select awa._grant_execute('awa.set_shard_mode(text, text, integer)', 'operator');
 
+-- A partition or stripe made after its root's awa.set_shard_mode by an
+-- earlier layer kept the defaults (manual, no max_shards), so its ready
+-- depth and lag went unsampled: it takes its root's mode now, as
+-- awa._ensure_linked gives a new one. Touches no row once they agree.
+update awa.queue_meta as m
+   set shard_mode = r.shard_mode,
+       max_shards = r.max_shards,
+       shard_mode_changed_at = r.shard_mode_changed_at,
+       partitioned_fifo_accepted_by = r.partitioned_fifo_accepted_by,
+       partitioned_fifo_accepted_at = r.partitioned_fifo_accepted_at
+  from awa.queue_meta as r
+ -- Each family read once, by its root's name (awa._queue_ids).
+ cross join lateral unnest(awa._queue_ids(r.queue)) as f (queue_id)
+ where r.root_queue is null
+   and r.dropped_name is null
+   and (r.partitions > 1 or r.stripes > 1)
+   and m.queue_id = f.queue_id
+   and (m.shard_mode, m.max_shards) is distinct from (r.shard_mode, r.max_shards);
+
 -- Function: awa.set_autoscale_policy(queue text, ...)
 -- Replaces the queue's auto-scaler thresholds; an argument left null takes
--- the default. Role: awa_operator. Errors: 42704 unknown queue; 22023 a
--- value out of range (windows > 0 and at most 1 hour, the samples kept;
--- cooldown 0 to 1 day; shares in 0..1; grow_waiters finite, >= 0;
--- min_samples in 1..10000). Intervals are read and stored in seconds
--- (awa._in_seconds), so a window is the one checked whatever the month.
+-- the default. They cover the queue's partitions and stripes: the
+-- controller reads the logical queue's. Role: awa_operator. Errors: 42704
+-- unknown queue; 22023 a partition or stripe named instead of its logical
+-- queue (its policy was stored and never read), or a value out of range
+-- (windows > 0 and at most 1 hour, the samples kept; cooldown 0 to 1 day;
+-- shares in 0..1; grow_waiters finite, >= 0; min_samples in 1..10000).
+-- Intervals are read and stored in seconds (awa._in_seconds), so a window
+-- is the one checked whatever the month.
 -- Calls: awa._in_seconds, awa._queue
 -- Writes: awa.autoscale_policy
 create or replace function awa.set_autoscale_policy(
@@ -149,6 +171,12 @@ declare
     bad text;
 begin
     anchor := awa._queue(set_autoscale_policy.queue);
+    if anchor.root_queue is not null then
+        raise exception 'queue % is a partition or stripe of %; set the policy on %',
+            quote_literal(anchor.queue), quote_literal(anchor.root_queue),
+            quote_literal(anchor.root_queue)
+            using errcode = '22023';
+    end if;
     -- The first argument out of range, in the order of the arguments (a null
     -- keeps the default); awa.sample_lane_contention keeps one hour of
     -- samples, so no window is longer. NaN is above every number, so the
@@ -207,10 +235,15 @@ select awa._grant_execute(
 
 -- Function: awa._autoscale_signal(anchor awa.queue_meta, since timestamptz)
 -- The contention signal of a queue with all its partitions and stripes over
--- the samples taken after `since`: how many samples, mean backends waiting
--- per held lane, the share of samples with any waiter, enqueues per second,
--- the most lanes held at once in one priority, and the demand: lanes held
--- plus backends waiting for one, per physical queue, on average.
+-- the samples taken after `since` at each physical queue's current S (a
+-- sample of no recorded S, from before migration 0040, counts too): how
+-- many samples, mean backends waiting per held lane, the share of samples
+-- with any waiter, enqueues per second, the most lanes held at once in one
+-- priority, the demand: lanes held plus backends waiting for one, per
+-- physical queue, on average; and the waited demand: the same over only
+-- the physical queues and samples where a backend waited (null if none did).
+-- A change of S is stamped with its transaction's start: the samples taken
+-- between that and its commit read the old S, and are left out by it.
 -- Calls: nothing
 -- Writes: nothing
 create or replace function awa._autoscale_signal(
@@ -221,7 +254,8 @@ create or replace function awa._autoscale_signal(
     out wait_share numeric,
     out enqueue_rate numeric,
     out busiest_held integer,
-    out demand numeric
+    out demand numeric,
+    out waited_demand numeric
 )
 language sql
 stable
@@ -233,11 +267,14 @@ as $$
                sum(s.lanes_held) as held,
                sum(s.enqueued) as enqueued,
                max(s.busiest_priority_held) as busiest,
-               count(*) as physical
+               count(*) as physical,
+               sum(s.lanes_held + s.waiters) filter (where s.waiters > 0) as waited_demand,
+               count(*) filter (where s.waiters > 0) as waited
           from awa.contention_samples as s
           join awa.queue_meta as m on m.queue_id = s.queue_id
          where (m.queue_id = (anchor).queue_id or m.root_queue = (anchor).queue)
            and s.sampled_at > since
+           and (s.enqueue_shards is null or s.enqueue_shards = m.enqueue_shards)
          group by s.sampled_at
     )
     select count(*)::integer,
@@ -248,7 +285,8 @@ as $$
                  / nullif(extract(epoch from max(p.sampled_at) filter (where p.enqueued is not null)
                           - min(p.sampled_at) filter (where p.enqueued is not null)), 0), 1),
            max(p.busiest)::integer,
-           round(avg((p.held + p.waiters)::numeric / p.physical), 2)
+           round(avg((p.held + p.waiters)::numeric / p.physical), 2),
+           round(sum(p.waited_demand)::numeric / nullif(sum(p.waited), 0), 2)
       from per_instant as p
 $$;
 
@@ -259,10 +297,16 @@ select awa._grant_execute('awa._autoscale_signal(awa.queue_meta, timestamptz)');
 -- raise or lower is made here through awa._set_enqueue_shards. The rules,
 -- in order: hold in the cooldown after a step; hold while lanes >= S still
 -- hold ready rows (a lower is complete only when they drained); lower
--- towards max_shards when S is above it; raise when waits were a meaningful
--- share over the grow window, to the S the demand calls for (see below);
--- lower /2 when waits were negligible over the whole shrink window and the
--- busiest priority never held more than S/2 lanes at once; else hold.
+-- towards max_shards when S is above it; when waits were a meaningful
+-- share over the grow window: hold if, where a backend waited, the lanes
+-- held plus the backends waiting were at most S (the waited demand: an
+-- unkeyed producer waits only when all S lanes are held, so these are
+-- producers of one ordering key, or behind one long lane holder, which more
+-- lanes cannot relieve; raising remapped every key for nothing, up to
+-- max_shards), else raise to the S the demand calls for (see below); lower
+-- /2 when waits were negligible over the whole shrink window and the
+-- busiest priority never held more than S/2 lanes at once; else hold. Every
+-- window counts only the samples taken at the current S.
 --
 -- The raise: the smallest S x 2^k (k >= 1) that gives every producer seen
 -- at a sample (lanes held plus backends waiting, the grow window's mean) a
@@ -349,7 +393,15 @@ begin
     elsif grow.samples >= policy.min_samples
         and grow.wait_share >= policy.grow_wait_share
         and grow.mean_waiters >= policy.grow_waiters then
-        if s >= anchor.max_shards then
+        if grow.waited_demand <= s then
+            code := 'demand_within_s';
+            why := pg_catalog.format(
+                'lane waits in a share %s of %s samples, %s waiters per held lane, but where '
+                'a backend waited the lanes held + waiters were %s per physical queue, at '
+                'most S = %s: more lanes would not relieve them (producers of one ordering '
+                'key, or behind one long lane holder)', grow.wait_share, grow.samples,
+                grow.mean_waiters, grow.waited_demand, s);
+        elsif s >= anchor.max_shards then
             code := 'at_max';
             why := pg_catalog.format(
                 'lane waits in %s of %s samples (%s waiters per held lane, demand %s) but S '
@@ -386,7 +438,7 @@ begin
             policy.shrink_window, policy.shrink_wait_share, shrink.busiest_held);
     elsif grow.samples < policy.min_samples then
         code := 'few_samples';
-        why := pg_catalog.format('%s samples since %s; %s needed', grow.samples,
+        why := pg_catalog.format('%s samples at S = %s since %s; %s needed', grow.samples, s,
                                  greatest(at - policy.grow_window, last_step),
                                  policy.min_samples);
     else

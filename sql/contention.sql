@@ -4,9 +4,11 @@
 -- Function: awa._sample_lane_contention(at timestamptz) returns integer
 -- Records one sample per physical queue at `at`: how many of its lanes are
 -- held, how many have waiters and how many backends wait (ungranted lane
--- locks, class awa._lock_class_lane(), in this database), and the most
--- lanes held at once in one priority. Samples older than one hour are
--- pruned. Returns the number of queues sampled.
+-- locks, class awa._lock_class_lane(), in this database), the most lanes
+-- held at once in one priority, and the queue's S as this statement reads
+-- it (the auto-scaler judges S on the samples taken at it: a change of S
+-- is stamped with its transaction's start, not its commit). Samples older
+-- than one hour are pruned. Returns the number of queues sampled.
 --
 -- One statement: one pass over pg_locks, aggregated per lane; only the
 -- locked lanes are looked up in awa.lanes, and each queue's lanes are
@@ -59,17 +61,18 @@ begin
     lane_counts as (
         -- from each queue's settings row, which records its lanes, rather
         -- than a pass over every lane
-        select m.queue_id, pg_catalog.num_nonnulls(variadic m.lane_ids) as lanes
+        select m.queue_id, m.enqueue_shards,
+               pg_catalog.num_nonnulls(variadic m.lane_ids) as lanes
           from awa.queue_meta as m
          where pg_catalog.num_nonnulls(variadic m.lane_ids) > 0
     ),
     inserted as (
         insert into awa.contention_samples (
             sampled_at, queue_id, lanes, lanes_held, lanes_waited, waiters,
-            busiest_priority_held
+            busiest_priority_held, enqueue_shards
         )
         select at, c.queue_id, c.lanes, coalesce(q.lanes_held, 0), coalesce(q.lanes_waited, 0),
-               coalesce(q.waiters, 0), coalesce(q.busiest_priority_held, 0)
+               coalesce(q.waiters, 0), coalesce(q.busiest_priority_held, 0), c.enqueue_shards
           from lane_counts as c
           left join per_queue as q on q.queue_id = c.queue_id
         on conflict do nothing

@@ -344,7 +344,7 @@ $$;
 -- with a unique key, and a transaction with a bad row (to name it), go
 -- through awa._move_staged_in_batches instead. A fast path
 -- (docs/fast-paths.md) of awa._move_staged_in_batches.
--- Calls: awa._default_args, awa._default_max_attempts, awa._default_priority, awa._ensure_queue,
+-- Calls: awa._default_args, awa._default_max_attempts, awa._default_priority, awa._ensure_queues,
 --   awa._first_attempt, awa._in_seconds, awa._key_shard, awa._lock_lane_groups,
 --   awa._move_staged_in_batches, awa._row_ok
 -- Writes: awa.copy_staging, awa.ready, awa.scheduled
@@ -358,7 +358,6 @@ set enable_nestloop = off
 set work_mem = '64MB'
 as $$
 declare
-    q text;
     batch_path boolean;
     unknown text[];
     staged_queues text[];
@@ -398,9 +397,9 @@ begin
     -- created in name order, so concurrent movers agree, until every name
     -- is found.
     loop
-        foreach q in array coalesce(unknown, '{}') loop
-            perform awa._ensure_queue(q);
-        end loop;
+        if unknown is not null then
+            perform awa._ensure_queues(unknown);
+        end if;
         select array_agg(d.queue order by d.queue), array_agg(m.queue_id order by d.queue),
                array_agg(m.enqueue_shards order by d.queue),
                array_agg(d.queue order by d.queue) filter (where m.queue_id is null)

@@ -284,7 +284,8 @@ $$;
 -- flight, so 3 sees every job it will ever hold. A queue that holds a job
 -- (one came late) is put back instead, never removed: under its old name
 -- with its pause state, or under awa._recovery_name when a new queue has
--- taken the name. awa.ready, awa.lane_hints, awa.running, awa.finished and
+-- taken the name, with the unique keys its late jobs took under the
+-- dropped name moved to that name's scope. awa.ready, awa.lane_hints, awa.running, awa.finished and
 -- awa.scheduled are held (ACCESS SHARE) for the call, so that no rewrite by
 -- TRUNCATE comes between a snapshot and a read of them. Never waits more than
 -- 100 ms for a lock, nor at all for the provisioning lock (a creation
@@ -296,8 +297,9 @@ $$;
 -- the name `named`); queue is the name the queue had.
 -- Errors: 25000 the calling transaction is not read committed.
 -- Calls: awa._before_every_snapshot, awa._check_read_committed, awa._drop_sequences,
---   awa._lock_class_lane, awa._note_run, awa._oldest_snapshot, awa._queue_contents,
---   awa._recovery_name, awa._remove_dropped, awa._rename_history, awa._try_leader
+--   awa._join_unique_scope, awa._lock_class_lane, awa._note_run, awa._oldest_snapshot,
+--   awa._queue_contents, awa._recovery_name, awa._remove_dropped, awa._rename_history,
+--   awa._try_leader
 -- Writes: awa.queue_meta
 create or replace function awa.finish_drops()
 returns table (queue text, queue_id integer, outcome text, named text)
@@ -392,6 +394,9 @@ begin
                        dropped_paused = null, dropped_xact = null, dropped_at = null
                  where m.queue_id = qid;
                 perform awa._rename_history('#dropped#' || qid, back);
+                -- A late job's unique key was taken under the dropped name
+                -- (its enqueue read the row before the drop, the scope after).
+                perform awa._join_unique_scope('#dropped#' || qid, back);
                 named := back;
             end if;
         exception when lock_not_available then

@@ -484,7 +484,7 @@ $$;
 -- and created (ADR 049). The rows come checked (awa._row_ok). The one home
 -- of the routing of awa._enqueue_rows and of COPY's prologue for keyed
 -- loads (awa._move_staged_in_batches).
--- Calls: awa._ensure_queue, awa._key_shard, awa._partition_of, awa._partition_target,
+-- Calls: awa._ensure_queues, awa._key_shard, awa._partition_of, awa._partition_target,
 --   awa._stripe_of, awa._stripe_target
 -- Writes: nothing
 create or replace function awa._route_rows(
@@ -501,20 +501,18 @@ set plan_cache_mode = force_generic_plan
 as $$
 declare
     n integer := coalesce(cardinality(queues), 0);
-    q text;
+    unknown text[];
 begin
     -- Until every row's queue is found: a queue dropped after the names were
     -- read (its row renamed, ADR 044) is no queue of the name any more, and
     -- is created again, as for any enqueue after a drop.
     loop
-        -- Create unknown queues in name order, so concurrent calls agree.
-        for q in
-            select distinct u.q from unnest(queues) as u (q)
-             where not exists (select from awa.queue_meta as m where m.queue = u.q)
-             order by 1
-        loop
-            perform awa._ensure_queue(q);
-        end loop;
+        select array_agg(distinct u.q order by u.q) into unknown
+          from unnest(queues) as u (q)
+         where not exists (select from awa.queue_meta as m where m.queue = u.q);
+        if unknown is not null then
+            perform awa._ensure_queues(unknown);
+        end if;
 
         -- Partitioned and striped queues: each row goes to its partition, then
         -- its stripe (by key, else this backend's sticky one); created when missing.

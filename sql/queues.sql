@@ -202,8 +202,9 @@ end;
 $$;
 
 -- Function: awa._check_priority(priority smallint) returns void
--- Raises 22023 for a priority awa._priority_ok refuses.
--- Calls: awa._priority_ok
+-- Raises for a priority awa._priority_ok refuses: 22004 null (a call that
+-- wants the default leaves it out), 22023 out of range.
+-- Calls: awa._default_priority, awa._priority_ok
 -- Writes: nothing
 create or replace function awa._check_priority(priority smallint)
 returns void
@@ -212,9 +213,13 @@ immutable parallel safe
 set search_path = pg_catalog, pg_temp
 as $$
 begin
+    if priority is null then
+        raise exception 'priority must not be null (1 to 4; leave it out for the default, %)',
+            awa._default_priority()
+            using errcode = '22004';
+    end if;
     if not awa._priority_ok(priority) then
-        raise exception 'priority must be between 1 (highest) and 4 (lowest), got %',
-            coalesce(priority::text, 'null')
+        raise exception 'priority must be between 1 (highest) and 4 (lowest), got %', priority
             using errcode = '22023';
     end if;
 end;
@@ -224,8 +229,8 @@ $$;
 -- Raises the error for the first part of a row awa._job_ok or
 -- awa._max_run_time_ok refuses, in the order queue, kind, priority,
 -- max_attempts, max_run_time; returns for a row they accept.
--- Calls: awa._check_max_run_time, awa._check_priority, awa._check_queue_name, awa._job_ok,
---   awa._max_attempts_ok, awa._max_run_time_ok
+-- Calls: awa._check_max_run_time, awa._check_priority, awa._check_queue_name,
+--   awa._default_max_attempts, awa._job_ok, awa._max_attempts_ok, awa._max_run_time_ok
 -- Writes: nothing
 create or replace function awa._check_job(
     queue text, kind text, priority smallint, max_attempts integer,
@@ -247,9 +252,13 @@ begin
             using errcode = '22004';
     end if;
     perform awa._check_priority(priority);
+    if max_attempts is null then
+        raise exception 'max_attempts must not be null (1 to 1000; leave it out for the '
+                        'default, %)', awa._default_max_attempts()
+            using errcode = '22004';
+    end if;
     if not awa._max_attempts_ok(max_attempts) then
-        raise exception 'max_attempts must be between 1 and 1000, got %',
-            coalesce(max_attempts::text, 'null')
+        raise exception 'max_attempts must be between 1 and 1000, got %', max_attempts
             using errcode = '22023';
     end if;
     perform awa._check_max_run_time(max_run_time);
@@ -593,7 +602,7 @@ $$;
 -- place, and one in a repeatable read transaction that began before
 -- another's commit fails to serialize (40001) instead of counting from its
 -- snapshot.
--- Calls: nothing
+-- Calls: awa._raise_queue_limit
 -- Writes: awa.queue_limit
 create or replace function awa._take_queue_place()
 returns void
@@ -607,13 +616,34 @@ begin
     update awa.queue_limit as l set queues = l.queues + 1
      where l.queues < l.max_queues;
     if not found then
-        select l.max_queues, l.queues into cap, queues from awa.queue_limit as l;
-        raise exception 'queue limit reached: % queues exist and at most % may', queues, cap
-            using errcode = '53400',
-                  hint = 'awa.set_max_queues(n) (awa_operator) raises the limit. Each queue '
-                         'costs eight sequences; a queue name made from input (an id, a '
-                         'tenant) creates a queue per value.';
+        perform awa._raise_queue_limit(null);
     end if;
+end;
+$$;
+
+-- Function: awa._raise_queue_limit(creating text[]) returns void
+-- Raises 53400: the queues already number max_queues, or there is no room
+-- for all of `creating`, the names a call is about to create (null: one).
+-- Calls: nothing
+-- Writes: nothing
+create or replace function awa._raise_queue_limit(creating text[])
+returns void
+language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    cap integer;
+    queues bigint;
+begin
+    select l.max_queues, l.queues into cap, queues from awa.queue_limit as l;
+    raise exception 'queue limit reached: % queues exist and at most % may%', queues, cap,
+        case when creating is null then ''
+             else format('; this call would create %s more (%s, ...)', cardinality(creating),
+                         quote_literal(creating[1])) end
+        using errcode = '53400',
+              hint = 'awa.set_max_queues(n) (awa_operator) raises the limit. Each queue '
+                     'costs eight sequences; a queue name made from input (an id, a '
+                     'tenant) creates a queue per value.';
 end;
 $$;
 
@@ -674,6 +704,42 @@ begin
         select m.* into strict meta from awa.queue_meta as m where m.queue_id = meta.queue_id;
     end if;
     return meta;
+end;
+$$;
+
+-- Function: awa._ensure_queues(names text[]) returns void
+-- Creates the queues of `names` (names no queue has, in name order, so
+-- that concurrent calls agree) with awa._ensure_queue. More than one is
+-- first checked against the queue limit as a whole, under the
+-- provisioning lock that every creation takes: one by one, a batch refused
+-- at the limit's last place had created every queue before it (its lanes'
+-- ids and sequences spent for good, the lock held all along), and a client
+-- that tried again spent as many again.
+-- Errors: 53400 no room for them all (awa._raise_queue_limit).
+-- Calls: awa._ensure_queue, awa._lock_leader, awa._raise_queue_limit
+-- Writes: nothing
+create or replace function awa._ensure_queues(names text[])
+returns void
+language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    q text;
+    missing text[];
+begin
+    if cardinality(names) > 1 then
+        perform awa._lock_leader('provisioning');
+        -- Made by another transaction while this one waited: not counted.
+        select array_agg(u.q order by u.q) into missing
+          from unnest(names) as u (q)
+         where not exists (select from awa.queue_meta as m where m.queue = u.q);
+        if (select l.queues + cardinality(missing) > l.max_queues from awa.queue_limit as l) then
+            perform awa._raise_queue_limit(missing);
+        end if;
+    end if;
+    foreach q in array names loop
+        perform awa._ensure_queue(q);
+    end loop;
 end;
 $$;
 
@@ -747,8 +813,12 @@ $$;
 -- created with the logical queue's S, pause state, max run time, retry
 -- policy, retention and lanes when missing; an existing ordinary queue of that name
 -- joins it, keeping its settings, with the unique keys its jobs hold
--- (awa._join_unique_scope). One with partitions or stripes of its own
--- cannot join: they would stay linked to it, out of the family's claims.
+-- (awa._join_unique_scope). Either way it takes the root's shard mode,
+-- max_shards and opt-in record: the family's, which awa.set_shard_mode
+-- sets on every member and the auto-scaler reads from the root, and by
+-- which awa._count_lanes samples each member's ready depth and lag. One
+-- with partitions or stripes of its own cannot join: they would stay
+-- linked to it, out of the family's claims.
 -- Errors: 0A000 the queue of that name has partitions or stripes; 55006
 --   (awa._join_unique_scope).
 -- Calls: awa._count_linked, awa._ensure_queue, awa._join_unique_scope, awa._lock_leader,
@@ -761,6 +831,7 @@ set search_path = pg_catalog, pg_temp
 as $$
 declare
     anchor awa.queue_meta;
+    root awa.queue_meta;
     meta awa.queue_meta;
 begin
     select m.* into meta from awa.queue_meta as m where m.queue = physical;
@@ -779,18 +850,27 @@ begin
     if not exists (select from awa.queue_meta as m where m.queue = physical) then
         perform awa._take_queue_place();
     end if;
+    select m.* into strict root from awa.queue_meta as m
+     where m.queue = coalesce(anchor.root_queue, logical);
     insert into awa.queue_meta (
         queue, logical_queue, root_queue, enqueue_shards, paused, max_run_time, retry_base,
-        retry_cap, retry_jitter, retain_completed, retain_failed
+        retry_cap, retry_jitter, retain_completed, retain_failed, shard_mode, max_shards,
+        shard_mode_changed_at, partitioned_fifo_accepted_by, partitioned_fifo_accepted_at
     )
     values (
         physical, case when is_stripe then logical end,
-        coalesce(anchor.root_queue, logical), anchor.enqueue_shards, anchor.paused,
+        root.queue, anchor.enqueue_shards, anchor.paused,
         anchor.max_run_time, anchor.retry_base, anchor.retry_cap, anchor.retry_jitter,
-        anchor.retain_completed, anchor.retain_failed
+        anchor.retain_completed, anchor.retain_failed, root.shard_mode, root.max_shards,
+        root.shard_mode_changed_at, root.partitioned_fifo_accepted_by,
+        root.partitioned_fifo_accepted_at
     )
     on conflict (queue) do update
-        set root_queue = excluded.root_queue, logical_queue = excluded.logical_queue;
+        set root_queue = excluded.root_queue, logical_queue = excluded.logical_queue,
+            shard_mode = excluded.shard_mode, max_shards = excluded.max_shards,
+            shard_mode_changed_at = excluded.shard_mode_changed_at,
+            partitioned_fifo_accepted_by = excluded.partitioned_fifo_accepted_by,
+            partitioned_fifo_accepted_at = excluded.partitioned_fifo_accepted_at;
     if meta.queue_id is not null then
         perform awa._join_unique_scope(physical, coalesce(anchor.root_queue, logical));
     end if;
@@ -1084,7 +1164,7 @@ $$;
 -- family (a pause, a retention, a retry policy, a max run time, a shard
 -- mode) takes before its UPDATE, which locks rows in the order it finds
 -- them, the heap's, which every update of a row reshuffles. A producer's
--- first keyed batch marks the queues it reaches in queue_id order
+-- first keyed batch marks the queues it reaches in the same lock order
 -- (awa._mark_unique_jobs): two orders over the same rows deadlocked
 -- (40P01, two single calls). Returns how many it locked: a count, which
 -- reads every row (a SQL function's last SELECT may stop at its first).
@@ -1131,6 +1211,7 @@ select awa._grant_execute('awa._count_lane_shards(integer)');
 select awa._grant_execute('awa._count_linked()');
 select awa._grant_execute('awa._provision_lanes(integer, integer)');
 select awa._grant_execute('awa._ensure_queue(text)');
+select awa._grant_execute('awa._ensure_queues(text[])');
 select awa._grant_execute('awa._lock_queue(text, boolean)');
 select awa._grant_execute('awa._lock_queue_provisioning(text, boolean)');
 select awa._grant_execute('awa._queue(text)');
@@ -1170,5 +1251,6 @@ update awa.running as r
   from awa.queue_meta as m
  where m.queue_id = r.queue_id and r.completed_seq is null;
 select awa._grant_execute('awa._take_queue_place()');
+select awa._grant_execute('awa._raise_queue_limit(text[])');
 select awa._grant_execute('awa.set_max_queues(integer)', 'operator');
 select awa._grant_select('awa.queue_limit', 'reader', 'operator');

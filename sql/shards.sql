@@ -84,7 +84,9 @@ $$;
 -- blocked), provision every priority x shard lane of each when raising, then
 -- update S. Producers read S per statement, so none can see the new S
 -- before its lanes exist, and every producer sees it at this commit.
--- Calls: awa._check_layout_change, awa._physical_queues, awa._provision_lanes
+-- lanes_created counts the lanes this call made for each physical queue: a
+-- new queue's first ones, a new partition's or stripe's, a raise's.
+-- Calls: awa._check_layout_change, awa._lock_leader, awa._physical_queues, awa._provision_lanes
 -- Writes: awa.queue_meta, awa.shard_changes
 create or replace function awa._set_enqueue_shards(queue text, shards integer, source text)
 returns table (
@@ -96,8 +98,17 @@ as $$
 declare
     meta awa.queue_meta;
     created integer;
+    last_lane bigint;
 begin
     perform awa._check_layout_change(queue, 'enqueue shards', shards, 64);
+    -- Lanes are made only under the provisioning lock (awa._physical_queues
+    -- takes it too, first): the lane ids given after the last one given
+    -- before this call, read under it, are this call's. Counted by xmin
+    -- and the transaction's start, they were 0 in a savepoint (its own
+    -- xid) and an earlier call's in a repeat.
+    perform awa._lock_leader('provisioning');
+    select n.last_value - case when n.is_called then 0 else 1 end into strict last_lane
+      from awa.lanes_lane_id_seq as n;
     -- In queue_id order (they were locked in lock order: awa._lock_rank).
     for meta in select * from awa._physical_queues(queue) as p order by p.queue_id loop
         physical_queue := meta.queue;
@@ -109,14 +120,9 @@ begin
         if shards <> meta.enqueue_shards then
             perform awa._provision_lanes(meta.queue_id, shards);
         end if;
-        -- Lanes this transaction created, a new queue's first four included:
-        -- by xmin, a 32-bit id, which comes round again every 2^32
-        -- transactions (a frozen row keeps it), and by the transaction's
-        -- start, which does not.
         select count(*)::integer into created
           from awa.lanes as l
-         where l.queue_id = meta.queue_id and l.xmin = pg_current_xact_id()::xid
-           and l.created_at = now();
+         where l.queue_id = meta.queue_id and l.lane_id > last_lane;
         lanes_created := created;
         if shards <> meta.enqueue_shards then
             update awa.queue_meta as m

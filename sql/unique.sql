@@ -270,8 +270,10 @@ $$;
 -- (awa._ensure_linked), the keys its jobs hold move to the logical
 -- queue's scope (awa._unique_scope), where every later enqueue to it
 -- looks them up: left under its own name, a key a ready job held was
--- taken again by a second job. A row that holds nothing any more (its
--- window passed) gives way to the other scope's row of the same key.
+-- taken again by a second job. So do the keys a dropped queue's late jobs
+-- took under '#dropped#<queue_id>' when awa.finish_drops puts it back. A
+-- row that holds nothing any more (its window passed) gives way to the
+-- other scope's row of the same key.
 -- Errors: 55006 a key held in both scopes: the two jobs holding it could
 --   not both stay unique in one.
 -- Calls: nothing

@@ -289,6 +289,41 @@ def test_concurrent_claims_move_a_lanes_hint_one_at_a_time(db, logins):
     # first row still ready.
     assert len(hints) == 1 and 1 <= hints[0][1] <= 8 and hints[0][2] >= 1_900, hints
     assert left == 1_000 and passed == 0
+    # That no claim waited is shown by the next test, deterministically.
+
+
+def test_a_claim_does_not_wait_for_a_hint_another_claim_is_moving(db, logins):
+    """Claim A moves its lane's hint and stays open; claim B, which finds the
+    same hint passed and would move it too, skips it: under a lock_timeout of
+    500 ms it returns its job at once instead of waiting for A (55P03)."""
+    fill(db, logins, "race", 300, shards=1)
+    with db.connect(logins["worker"]) as w:
+        # The lane's first hint, at 101.
+        assert w.execute("select count(awa.complete(c.job_id, c.run_lease))"
+                         " from awa.claim(array['race'], 100, 'w') c").fetchone()[0] == 100
+    with db.connect() as admin:
+        # 100 rows above the hint go without a claim (which moves no hint): the
+        # next claim finds the hint a step or more behind the lane's head.
+        admin.execute("delete from awa.ready"
+                      " where lane_seq < (select min(lane_seq) + 100 from awa.ready)")
+        step = admin.execute("select awa._claim_hint_step()").fetchone()[0]
+        before = admin.execute("select max(head_seq) from awa.lane_hints").fetchone()[0]
+    assert step <= 100, step
+    with db.connect(logins["worker"], autocommit=False) as a, \
+            db.connect(logins["worker"], autocommit=False) as b:
+        (seq_a,) = a.execute("select lane_seq from awa.claim(array['race'], 1, 'a')").fetchone()
+        # A holds the hint it moves up from (locked, then deleted): its xmax is A's.
+        xid_a = a.execute("select pg_current_xact_id_if_assigned()::text::xid").fetchone()[0]
+        with db.connect() as admin:
+            moved_by = admin.execute("select xmax from awa.lane_hints where head_seq = %s",
+                                     [before]).fetchone()[0]
+        b.execute("set local lock_timeout = '500ms'")
+        got = b.execute("select lane_seq from awa.claim(array['race'], 1, 'b')").fetchall()
+        a.rollback()
+        b.rollback()
+    assert (before, seq_a) == (101, 201)
+    assert moved_by == xid_a, "claim A did not move the hint"
+    assert got == [(202,)]
 
 
 # awa.running's slots (ADR 034): the statistics are kept by partition.

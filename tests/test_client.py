@@ -285,38 +285,48 @@ def test_the_worker_logs_a_job_cancelled_while_it_ran(db, logins, caplog, outcom
 def test_a_stop_signal_finishes_the_held_job_and_exits(db, producer_login, worker_login, tmp_path,
                                                        sig):
     """SIGINT (Ctrl-C) stops as SIGTERM does: it used to raise KeyboardInterrupt
-    out of run() while the claimer and the slots went on claiming."""
+    out of run() while the claimer and the slots went on claiming. The handler
+    holds its job until the test has seen the worker stopping."""
     with db.connect(producer_login) as conn:
         awa_sql.enqueue(conn, "slow", queue="term")
-    marker = tmp_path / "started"
+    started, release = tmp_path / "started", tmp_path / "release"
     script = f"""
-import pathlib, time
+import logging, pathlib, sys, time
 from datetime import timedelta
 from awa_sql.worker import Worker
-started = pathlib.Path({str(marker)!r})
+logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(message)s")
+started, release = pathlib.Path({str(started)!r}), pathlib.Path({str(release)!r})
 def slow(job):
     started.write_text("1")
-    time.sleep(1.0)  # a job that takes a while; the signal arrives meanwhile
+    while not release.exists():  # written by the test once the signal was handled
+        time.sleep(0.02)
 w = Worker({db.dsn(worker_login)!r}, queues=["term"], handlers={{"slow": slow}},
            poll_interval=0.05, lease=timedelta(minutes=1))
 w.run()
 print("completed", w.completed)
 """
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+    out, err = tmp_path / "out", tmp_path / "err"
+    with out.open("w") as stdout, err.open("w") as stderr:
+        proc = subprocess.Popen([sys.executable, "-c", script], stdout=stdout, stderr=stderr,
+                                text=True, env=dict(os.environ))
     try:
-        with db.connect() as admin:
-            for _ in range(600):
-                if marker.exists():
-                    break
-                admin.execute("select pg_sleep(0.05)")
-        assert marker.exists(), proc.stderr.read() if proc.poll() is not None else "not started"
+        wait_until(lambda: started.exists() or proc.poll() is not None, 30,
+                   "the handler to start")
+        assert proc.poll() is None, err.read_text()
         proc.send_signal(sig)
-        out, err = proc.communicate(timeout=60)
+        wait_until(lambda: "shutdown: stopping" in err.read_text() or proc.poll() is not None,
+                   15, "the worker to log its shutdown")
+        # Logged while the handler still holds its job: it cannot end before
+        # the release below.
+        assert proc.poll() is None, err.read_text()
+        assert ("shutdown: stopping; claiming has stopped, and the 1 job(s) held get"
+                in err.read_text())
+        release.write_text("1")
+        proc.wait(60)
     finally:
         proc.kill()
         proc.wait()
-    assert proc.returncode == 0, err
-    assert "completed 1" in out
+    assert proc.returncode == 0, err.read_text()
+    assert "completed 1" in out.read_text()
     with db.connect() as admin:
         assert admin.execute("select state from awa.finished").fetchall() == [("completed",)]

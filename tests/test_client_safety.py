@@ -17,6 +17,7 @@ import awa_sql
 from awa_sql import routing
 from awa_sql.admin.app import Settings, make_pool
 from awa_sql.connect import KEEPALIVES, connect, network_defaults
+from awa_sql.maintain import Maintainer
 from awa_sql.runtimes import RuntimePublisher
 from awa_sql.unique import unique_key
 from awa_sql.worker import Worker
@@ -132,6 +133,7 @@ def test_a_malformed_dsn_is_refused_without_its_text(dsn, secret):
         "Worker": lambda: Worker(dsn, queues=["q"], handlers={}, snapshot_every=None),
         "connect": lambda: connect(dsn),
         "network_defaults": lambda: network_defaults(dsn),
+        "Maintainer": lambda: Maintainer(dsn),
     }
     for what, make in makers.items():
         with pytest.raises(psycopg.ProgrammingError) as refused:

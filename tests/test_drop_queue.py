@@ -262,6 +262,23 @@ def test_a_late_job_puts_the_queue_back_under_its_name(db, logins, su, op):
     assert finish(db, logins) == []
 
 
+def test_a_late_jobs_unique_key_goes_back_with_its_queue(db, logins, su, op):
+    """A read committed enqueue reads the queue's row in one statement and
+    takes its unique key in another: a drop committed between the two left
+    the key under the dropped name, and once the queue was put back a second
+    job took the same key."""
+    old, job, _ = late_job(db, logins, su, op, "late-key", take_name=False)
+    su.execute("select * from awa._take_unique_keys(array['k'::bytea], array[%s::bigint],"
+               " array[%s::integer], array[2::smallint], array[null::interval])", [job, old])
+    held_under = "select queue from awa.unique_keys where job_id = %s"
+    assert su.execute(held_under, [job]).fetchone()[0] == f"#dropped#{old}"
+    assert finish(db, logins) == [("late-key", old, "restored", "late-key")]
+    assert su.execute(held_under, [job]).fetchone()[0] == "late-key"
+    with db.connect(logins.producer) as p:
+        again = enqueue(p, "late-key", unique_key=b"k")
+    assert (again[0], again[5]) == (job, True)  # a duplicate of the late job
+
+
 def test_a_late_job_puts_the_queue_back_under_a_recovery_name_when_the_name_is_taken(
         db, logins, su, op):
     old, job, new = late_job(db, logins, su, op, "taken", take_name=True)

@@ -364,3 +364,17 @@ def test_a_bad_row_in_a_one_lane_copy_is_named_and_nothing_moves(db, logins, row
     with db.connect() as admin:
         assert admin.execute("select count(*) from awa.ready").fetchone()[0] == 1
         assert admin.execute("select count(*) from awa.copy_staging").fetchone()[0] == 0
+
+
+@pytest.mark.parametrize(("argument", "words"), [
+    ("priority", "priority must not be null (1 to 4; leave it out for the default, 2)"),
+    ("max_attempts",
+     "max_attempts must not be null (1 to 1000; leave it out for the default, 25)"),
+])
+def test_a_single_enqueue_with_a_null_setting_is_22004_naming_the_default(db, logins, argument,
+                                                                         words):
+    """A null is a missing required value (22004), as for every other call;
+    it was 22023 'got null'. The batch's null element is its default."""
+    with db.connect(logins.producer) as p, pytest.raises(psycopg.Error) as err:
+        p.execute(f"select * from awa.enqueue('nulls', 'k', {argument} => null)")
+    assert (err.value.sqlstate, err.value.diag.message_primary) == ("22004", words)

@@ -107,9 +107,13 @@ def test_each_check_raises_exactly_when_its_predicate_refuses(db, queue, kind, p
             raised = err.sqlstate
         assert (raised is None) is ok
         if not ok:
-            # Null where a value is required is 22004; a value out of range 22023.
-            null_first = queue is None or (valid_job(queue, "k", 2, 25) and kind is None)
-            assert raised == ("22004" if null_first else "22023")
+            # The first part refused, in the check's order: 22004 when it is
+            # null (a required value), else 22023 (out of range).
+            parts = [(queue, valid_job(queue, "k", 2, 25)), (kind, kind is not None),
+                     (priority, priority is not None and 1 <= priority <= 4),
+                     (max_attempts, max_attempts is not None and 1 <= max_attempts <= 1000)]
+            first = next(value for value, part_ok in parts if not part_ok)
+            assert raised == ("22004" if first is None else "22023")
         for part, check, value in (("_queue_name_ok", "_check_queue_name", "%s::text"),
                                    ("_priority_ok", "_check_priority", "%s::smallint")):
             arg = queue if part == "_queue_name_ok" else priority

@@ -66,13 +66,17 @@ def test_rerun_is_a_no_op(db):
         assert snapshot(conn) == before_catalog
 
 
-def test_twelve_concurrent_runners_converge_on_a_fresh_install(cluster, empty_db, role_prefix):
+def test_four_concurrent_runners_converge_on_a_fresh_install(cluster, empty_db, role_prefix):
+    """One runner applies every migration, the others find the database up to
+    date, and the result equals a runner's alone. A run does everything under
+    one lock, so more runners only queue longer behind it: that they queue
+    rather than fail is test_runners_queue_behind_each_other_not_fail's."""
     def run(_):
         return empty_db.awa("migrate", "--create-roles", "--role-prefix", role_prefix)
 
-    with ThreadPoolExecutor(12) as pool:
-        results = list(pool.map(run, range(12)))
-    assert [r.returncode for r in results] == [0] * 12, [r.stderr for r in results]
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(run, range(4)))
+    assert [r.returncode for r in results] == [0] * 4, [r.stderr for r in results]
     assert sum("applied migration" in r.stdout for r in results) == 1
     with empty_db.connect() as conn:
         versions = [v for (v,) in conn.execute("select version from awa.schema_migrations")]

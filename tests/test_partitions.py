@@ -61,11 +61,18 @@ def test_partitions_and_shards_compose_and_the_correlated_scheme_does_not():
 
 
 def test_every_cell_is_reached_for_p_up_to_16_and_s_up_to_64():
+    """20,000 keys reach every (partition, shard) cell, for each P and S; the
+    keys of each (P, S) are read only until its P * S cells are filled."""
     keys = [f"k{i}".encode() for i in range(20_000)]
     hashes = [(routing.partition_hash64(k), routing.ordering_key_hash64(k)) for k in keys]
     for p in range(1, 17):
+        partitions = [ph % p for ph, _ in hashes]
         for s in range(1, 65):
-            cells = {(ph % p, h % s) for ph, h in hashes}
+            cells: set[tuple[int, int]] = set()
+            for partition, (_, h) in zip(partitions, hashes, strict=True):
+                cells.add((partition, h % s))
+                if len(cells) == p * s:
+                    break
             assert len(cells) == p * s, (p, s)
 
 

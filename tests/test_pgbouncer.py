@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import collections
 import threading
-import time
 from collections.abc import Callable
 from datetime import timedelta
 
@@ -139,11 +138,13 @@ def test_claim_complete_and_fail(pooled, logins):
     with awa_sql.Producer(pooled.dsn(logins.producer)) as p:
         p.enqueue_many([{"kind": "ok", "args": {"i": i}} for i in range(40)], queue="work")
         p.enqueue_many([{"kind": "bad", "max_attempts": 1}] * 10, queue="work")
-        p.enqueue("slow", queue="work")
+        slow_job = p.enqueue("slow", queue="work")
     done: list[int] = []
+    started, release = threading.Event(), threading.Event()
 
     def slow(_job):
-        time.sleep(1)  # long enough for several heartbeats through the pooler
+        started.set()
+        release.wait(60)
 
     def bad(_job):
         raise RuntimeError("broken on purpose")
@@ -156,10 +157,20 @@ def test_claim_complete_and_fail(pooled, logins):
     thread = threading.Thread(target=worker.run)
     thread.start()
     try:
+        assert started.wait(30)
         with pooled.db.connect() as admin:
+            # The claim set the lease to its time + 1 minute; each heartbeat
+            # through the pooler sets it to the heartbeat's time + 1 minute:
+            # past the claim's by 1 s once they went on for 1 s (10 beats).
+            _wait_for(lambda: admin.execute(
+                "select lease_expires_at > claimed_at + interval '61 s' from awa.running"
+                " where job_id = %s", [slow_job.job_id]).fetchone()[0],
+                "heartbeats through the pooler to extend the lease", timeout=30)
+            release.set()
             _wait_for(lambda: admin.execute(
                 "select count(*) from awa.finished").fetchone()[0] == 51, "51 finished jobs")
     finally:
+        release.set()
         worker.stop()
         thread.join(timeout=60)
     assert sorted(done) == list(range(40))
@@ -185,9 +196,12 @@ class Producers:
         self.committed: set[str] = set()
         self.handled: list[str] = []
         # A call that starts after the test bumps ``epoch`` reads what the test
-        # committed before it; ``done`` counts committed calls by (kind, epoch).
+        # committed before it; ``done`` counts committed calls by (kind, epoch),
+        # ``by_name`` by (producer, epoch), ``jobs`` committed jobs by epoch.
         self.epoch = 0
         self.done: collections.Counter[tuple[str, int]] = collections.Counter()
+        self.by_name: collections.Counter[tuple[str, int]] = collections.Counter()
+        self.jobs: collections.Counter[int] = collections.Counter()
         self.cond = threading.Condition()
 
     def handle(self, job) -> None:
@@ -202,10 +216,12 @@ class Producers:
             self.cond.wait_for(lambda: self.stop.is_set()
                                or len(self.committed) - len(self.handled) < self.backlog)
 
-    def _commit(self, kind: str, epoch: int, tags: list[str]) -> None:
+    def _commit(self, name: str, epoch: int, tags: list[str]) -> None:
         with self.cond:
             self.committed.update(tags)
-            self.done[kind, epoch] += 1
+            self.done[name.split("-")[0], epoch] += 1
+            self.by_name[name, epoch] += 1
+            self.jobs[epoch] += len(tags)
             self.cond.notify_all()
 
     def calls_since(self, epoch: int, kind: str | None = None) -> int:
@@ -223,7 +239,7 @@ class Producers:
                 epoch = self.epoch
                 tags = [f"{name}-{i}-{j}" for j in range(size)]
                 call(p, tags)
-                self._commit(kind, epoch, tags)
+                self._commit(name, epoch, tags)
                 i += 1
 
     def targets(self) -> list[Callable[[], None]]:
@@ -297,9 +313,10 @@ def _guard(fn: Callable[[], None], errors: list[BaseException]) -> None:
 
 
 def test_soak_32_clients_over_4_server_connections(pooled, logins):
-    """Done-when of issue 9: producers (single, batch, COPY) and workers for 20
-    seconds while S goes 1 -> 4 -> 8 -> 2; every committed job completes
-    exactly once and no call fails."""
+    """Done-when of issue 9: producers (single, batch, COPY) and workers while S
+    goes 1 -> 4 -> 8 -> 2, each S kept until 1,000 jobs were committed at it,
+    every producer called at it and the workers handled 1,000 jobs more;
+    every committed job completes exactly once and no call fails."""
     since = mark(pooled)
     producers = Producers(pooled.dsn(logins.producer), "soak", per_kind=5, backlog=3000)
     worker = Worker(pooled.dsn(logins.worker), queues=[{"queue": "soak", "max_workers": 16}],
@@ -309,6 +326,7 @@ def test_soak_32_clients_over_4_server_connections(pooled, logins):
     hook = threading.excepthook
     threading.excepthook = lambda args: errors.append(args.exc_value)
     peak = 0
+    names = {f"{kind}-{n}" for kind in ("one", "batch", "copy") for n in range(5)}
     try:
         with pooled.connect(logins.operator, autocommit=False) as op, \
                 pooled.bouncer.admin() as watcher:
@@ -319,16 +337,25 @@ def test_soak_32_clients_over_4_server_connections(pooled, logins):
             threads.append(threading.Thread(target=worker.run))
             for t in threads:
                 t.start()
-            started = time.monotonic()
+
+            def phase_done(epoch: int, handled_before: int) -> bool:
+                nonlocal peak
+                peak = max(peak, pooled.bouncer.server_connections(watcher, pooled.db.name))
+                with producers.cond:
+                    return bool(errors) or (
+                        producers.jobs[epoch] >= 1000
+                        and len(producers.handled) - handled_before >= 1000
+                        and all(producers.by_name[n, epoch] for n in names))
+
             try:
-                for at, shards in ((5, 4), (10, 8), (15, 2), (20, None)):
-                    while time.monotonic() - started < at and not errors:
-                        peak = max(peak, pooled.bouncer.server_connections(
-                            watcher, pooled.db.name))
-                        time.sleep(0.1)  # sampling interval of the server-connection count
+                for shards in (4, 8, 2, None):
+                    epoch, handled = producers.epoch, len(producers.handled)
+                    _wait_for(lambda e=epoch, h=handled: phase_done(e, h),
+                              f"1,000 jobs through the pooler at epoch {epoch}")
                     if shards is not None:
                         awa_sql.set_enqueue_shards(op, "soak", shards)
                         op.commit()
+                        producers.epoch += 1
             finally:
                 producers.stop.set()
                 with producers.cond:
@@ -346,7 +373,9 @@ def test_soak_32_clients_over_4_server_connections(pooled, logins):
     counts = collections.Counter(producers.handled)
     assert set(counts) == producers.committed
     assert max(counts.values()) == 1, "a job ran twice"
-    assert len(producers.committed) > 1000
+    assert len(producers.committed) >= 4000
+    # Each producer's connection past psycopg's prepare threshold (5 calls).
+    assert all(sum(producers.by_name[n, e] for e in range(4)) > 5 for n in names)
     assert 1 <= peak <= POOL_SIZE
     with pooled.db.connect() as admin:
         left = admin.execute(

@@ -15,7 +15,7 @@ import json
 import psycopg
 import pytest
 
-from tests.support.jobs import behind, enqueue
+from tests.support.jobs import behind, copy_rows, enqueue
 
 LIMIT_REACHED = psycopg.errors.ConfigurationLimitExceeded
 
@@ -67,6 +67,43 @@ def test_past_the_limit_a_new_name_is_refused_and_nothing_is_created(db, logins)
     with db.connect(logins.producer) as p:
         enqueue(p, "third")
     assert queues(db) == before[0] + 1
+
+
+def lane_ids_spent(db) -> int:
+    with db.connect() as su:
+        return su.execute("select last_value from awa.lanes_lane_id_seq").fetchone()[0]
+
+
+@pytest.mark.parametrize("path", ["batch", "copy"])
+def test_a_call_with_more_new_names_than_room_is_refused_before_it_creates_any(db, logins,
+                                                                               path):
+    """Queues were created one by one, each with its lanes: a batch refused at
+    the last place had spent the lane ids and sequences of all the others
+    first (never given back), and a client that tried again spent as many
+    again. The whole call is checked first now."""
+    with db.connect(logins.producer) as p:
+        enqueue(p, "known")
+    room_for(db, logins, 3)
+    names = [f"tenant-{i}" for i in range(10)]
+    before = (queues(db), lane_ids_spent(db))
+    for _ in range(2):  # as a client that tries again
+        with db.connect(logins.producer, autocommit=False) as p, \
+                pytest.raises(LIMIT_REACHED) as err:
+            if path == "batch":
+                p.execute("select count(*) from awa.enqueue_batch(%s, %s)",
+                          [["known", *names], ["k"] * 11])
+            else:
+                copy_rows(p, [(q, None, None, "k", "{}", None, None) for q in ["known", *names]])
+                p.execute("select awa.enqueue_copied()")
+        n = before[0]
+        assert err.value.diag.message_primary == (
+            f"queue limit reached: {n} queues exist and at most {n + 3} may;"
+            " this call would create 10 more ('tenant-0', ...)")
+    assert (queues(db), lane_ids_spent(db)) == before
+    room_for(db, logins, 10)
+    with db.connect(logins.producer) as p:
+        p.execute("select count(*) from awa.enqueue_batch(%s, %s)", [names, ["k"] * 10])
+    assert queues(db) == before[0] + 10
 
 
 def test_partitions_count_and_a_refused_call_leaves_none_behind(db, logins):

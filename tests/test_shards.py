@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import json
 import random
 import threading
@@ -13,6 +14,7 @@ import pytest
 import awa_sql
 from awa_sql import routing
 from tests.support.jobs import claim_all, enqueue
+from tests.support.waiting import wait_until
 
 
 def set_shards(conn, queue, shards):
@@ -21,7 +23,10 @@ def set_shards(conn, queue, shards):
 
 def test_atomic_raise_and_lower_under_load(db, logins):
     """8 producers of two login roles enqueue keyed and unkeyed jobs while an
-    operator moves S 1 -> 4 -> 8 -> 2 -> 1 over 20 seconds."""
+    operator moves S 1 -> 4 -> 8 -> 2 -> 1, each change once 100 jobs and a
+    batch were acknowledged at the S before it (and the last S gets as many):
+    the calls made wholly at one S routed by it, to more than one shard
+    above S = 1 and none at or past S."""
     role_b = db.login_role("awa_producer")
     with db.connect(logins.producer) as p:
         enqueue(p, "hot")
@@ -32,6 +37,13 @@ def test_atomic_raise_and_lower_under_load(db, logins):
     stop = threading.Event()
     acked: list[int] = []
     failures: list[str] = []
+    # The test bumps ``changing`` before each change and ``epoch`` once it
+    # committed: a call that read ``epoch`` before it began and ``changing``
+    # as the same number after its commit ran wholly at that epoch's S. Their
+    # (jobs, batches, shards) acknowledged, by epoch.
+    epoch = changing = 0
+    phases: dict[int, tuple[int, int, set[int]]] = collections.defaultdict(
+        lambda: (0, 0, set()))
     lock = threading.Lock()
 
     def produce(i):
@@ -39,6 +51,7 @@ def test_atomic_raise_and_lower_under_load(db, logins):
         role = logins.producer if i % 2 else role_b
         with db.connect(role, autocommit=False) as conn:
             while not stop.is_set():
+                at = epoch
                 try:
                     if rng.random() < 0.5:
                         rows = [enqueue(conn, "hot", ordering_key=(
@@ -53,23 +66,43 @@ def test_atomic_raise_and_lower_under_load(db, logins):
                     conn.commit()
                     with lock:
                         acked.extend(r[0] for r in rows)
+                        if changing != at:
+                            continue
+                        jobs, batches, shards = phases[at]
+                        phases[at] = (jobs + len(rows), batches + (len(rows) > 1),
+                                      shards | {r[3] for r in rows})
                 except psycopg.Error as err:
                     conn.rollback()
                     with lock:
                         failures.append(f"{err.sqlstate}: {err}")
 
+    def phase_ran(at: int) -> bool:
+        with lock:
+            jobs, batches, _ = phases[at]
+            return bool(failures) or (jobs >= 100 and batches >= 1)
+
+    steps = (4, 8, 2, 1)
     with ThreadPoolExecutor(8) as pool:
         futures = [pool.submit(produce, i) for i in range(8)]
-        with db.connect(logins.operator) as op:
-            for shards in (4, 8, 2, 1):
-                op.execute("select pg_sleep(5)")  # let producers run at this S
-                (row,) = set_shards(op, "hot", shards)
-                assert row[2] == shards
-        stop.set()
-        for f in futures:
-            f.result()
+        try:
+            with db.connect(logins.operator) as op:
+                for shards in steps:
+                    wait_until(lambda e=epoch: phase_ran(e), 60, f"the producers at epoch {epoch}")
+                    changing += 1
+                    (row,) = set_shards(op, "hot", shards)
+                    assert row[2] == shards
+                    epoch += 1
+            wait_until(lambda: phase_ran(epoch), 60, "the producers at S = 1")
+        finally:
+            stop.set()
+            for f in futures:
+                f.result()
     assert failures == []
-    assert len(acked) > 1000
+    for at, shards in enumerate((1, *steps)):
+        jobs, batches, used = phases[at]
+        assert jobs >= 100 and batches >= 1, (shards, phases[at])
+        assert used <= set(range(shards)), (shards, used)
+        assert len(used) > 1 or shards == 1, (shards, used)
     with db.connect() as admin:
         late = admin.execute(
             "select count(*) from awa.ready r join awa.lanes l using (lane_id)"

@@ -36,6 +36,7 @@ from awa_sql import shards
 from awa_sql.connect import (
     connect,
     network_defaults,
+    parse_dsn,
     read_only_error,
     read_only_reason,
     resolve_dsn,
@@ -237,6 +238,24 @@ def last_runs(conn: psycopg.Connection) -> list[dict] | None:
     return known + others
 
 
+class Backoff:
+    """The wait before connecting again: BACKOFF_MIN, doubled after each wait
+    up to BACKOFF_MAX, and BACKOFF_MIN again once the connection works
+    (``reset``). A wait ends at once when ``stop`` is set. awa maintain's
+    loop and ``awa storage autoscale run`` wait with it."""
+
+    def __init__(self, stop: threading.Event) -> None:
+        self._stop = stop
+        self.delay = BACKOFF_MIN  # seconds the next wait takes
+
+    def wait(self) -> None:
+        self._stop.wait(self.delay)
+        self.delay = min(self.delay * 2, BACKOFF_MAX)
+
+    def reset(self) -> None:
+        self.delay = BACKOFF_MIN
+
+
 class _ReadOnly(Exception):
     """The server takes no writes (a standby): no pass can run there."""
 
@@ -291,7 +310,7 @@ class Maintainer:
                  statement_timeout: float = STATEMENT_TIMEOUT,
                  registry: CollectorRegistry | None = None) -> None:
         self.dsn = resolve_dsn(dsn)
-        psycopg.conninfo.conninfo_to_dict(self.dsn)  # a malformed DSN fails here, not later
+        parse_dsn(self.dsn)  # a malformed DSN fails here, not later, and without its text
         self.every = cadences(every)
         self.tasks = [t for t in TASKS if self.every[t.name] is not None]
         if not self.tasks:
@@ -311,7 +330,7 @@ class Maintainer:
         self._absent: dict[str, str] = {}  # task -> the function it missed at the last pass
         self._failing: dict[str, str] = {}  # task -> the error its last pass logged
         self._read_only: str | None = None  # why the last server took no writes
-        self._backoff = BACKOFF_MIN
+        self._backoff = Backoff(self._stop)
 
     def describe(self) -> str:
         return ", ".join(f"{name} every {seconds:g}s" if seconds is not None else f"{name} off"
@@ -343,9 +362,9 @@ class Maintainer:
                 if self._stop.is_set():
                     break
                 log.warning("cannot connect: %s; retrying in %.1f s", _one_line(err),
-                            self._backoff)
+                            self._backoff.delay)
                 troubled = True
-                self._wait_backoff()
+                self._backoff.wait()
                 continue
             if troubled:
                 log.info("connected again")
@@ -362,19 +381,19 @@ class Maintainer:
                 if self._read_only is None:
                     log.warning("%s; no pass runs until it takes writes: connecting again"
                                 " in %.1f s, then with back-off up to %g s", err,
-                                self._backoff, BACKOFF_MAX)
+                                self._backoff.delay, BACKOFF_MAX)
                 else:
                     log.info("the server still takes no writes; connecting again in %.1f s",
-                             self._backoff)
+                             self._backoff.delay)
                 self._read_only = str(err)
-                self._wait_backoff()
+                self._backoff.wait()
             except psycopg.Error as err:
                 if self._stop.is_set():
                     break
                 log.warning("connection lost: %s; reconnecting in %.1f s", _one_line(err),
-                            self._backoff)
+                            self._backoff.delay)
                 troubled = True
-                self._wait_backoff()
+                self._backoff.wait()
             finally:
                 self._conn = None
 
@@ -392,10 +411,6 @@ class Maintainer:
         if self._read_only is not None:
             log.info("the server takes writes: the passes resume")
             self._read_only = None
-
-    def _wait_backoff(self) -> None:
-        self._stop.wait(self._backoff)
-        self._backoff = min(self._backoff * 2, BACKOFF_MAX)
 
     def _serve(self, conn: psycopg.Connection) -> None:
         """Passes, each task when it is due, until stopped; raises when the
@@ -438,7 +453,7 @@ class Maintainer:
             return
         finally:
             self._busy = False
-        self._backoff = BACKOFF_MIN  # the connection works
+        self._backoff.reset()  # the connection works
         if missing is not None:
             self.metrics.passes.labels(task.name, "absent").inc()
             if self._absent.get(task.name) != missing:

@@ -781,7 +781,7 @@ class RunLock:
     def __init__(self, conn: psycopg.Connection, lock_wait: str) -> None:
         self.lock_wait = lock_wait
         self.holder = psycopg.connect(conn.info.dsn, password=conn.info.password or None,
-                                      application_name="awa-sql migrate lock")
+                                      fallback_application_name="awa-sql migrate lock")
 
     def acquire(self) -> None:
         holder = self.holder

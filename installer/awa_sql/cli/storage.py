@@ -17,13 +17,17 @@ from awa_sql.cli.common import (
     EXIT_WRONG_STATE,
     add_connection,
     bad_input_is_usage,
+    err,
     parse_interval,
+    sqlstate_suffix,
 )
-from awa_sql.connect import connect
+from awa_sql.connect import connect, network_defaults, resolve_dsn
+from awa_sql.maintain import Backoff, _one_line
 from awa_sql.migrate import EXIT_USAGE
 from awa_sql.routing import MAX_SHARDS
 
 EXIT_NOT_CONFIRMED = EXIT_USAGE
+AUTOSCALE_APPLICATION = "awa-sql autoscale"  # the loop's application_name
 INT4 = (-(2**31), 2**31 - 1)
 
 
@@ -67,7 +71,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         "set-enqueue-shards", help="change a queue's enqueue shards (S)",
         description=f"Set S, the enqueue shards of a queue and all its stripes (1..{MAX_SHARDS}). "
         "Raising provisions the new lanes in the same transaction; lowering lets the lanes "
-        "above the new S drain.")
+        "above the new S drain. With --auto or --shadow, a queue that does not exist yet is "
+        "created with S = 1 (--manual --shards N: with S = N) in the same transaction as its "
+        "mode; a mode's --dry-run makes the change and rolls it back, so it fails where the "
+        "change would.")
     add_connection(p)
     p.add_argument("--queue", required=True,
                    help="queue name: a logical queue (all its partitions and stripes), or one "
@@ -155,9 +162,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     aa = a.add_subparsers(dest="autoscale_command", required=True)
     r = aa.add_parser(
         "run", help="tick the auto-scaler in a loop",
-        description="Call awa.autoscale_tick() every --interval until SIGINT or SIGTERM. Many "
-        "processes may run this at once: a tick that finds another in progress does "
-        "nothing, so no two decide at once; each process ticks at its own --interval. "
+        description="Call awa.autoscale_tick() every --interval until SIGINT or SIGTERM (exit "
+        "0). Many processes may run this at once: a tick that finds another in progress does "
+        "nothing, so no two decide at once; each process ticks at its own --interval. A "
+        "connection that fails or is lost (a restart, a failover, pg_terminate_backend) or a "
+        "server that takes no writes is connected again with awa maintain's back-off (0.5 s "
+        "doubling up to 30 s); a tick that fails otherwise is said once on stderr and tried "
+        "again at the next --interval. An error every tick would repeat exits 7: SQLSTATE "
+        "class 42 (42501: the login lacks awa_maintenance; 42883: awa is not installed or "
+        "too old) or 3F000 (no schema awa). --once ticks once: a failed tick exits as any "
+        "command does (7). "
         "Needs awa_maintenance.")
     add_connection(r)
     r.add_argument("--interval", default="5s", type=parse_interval,
@@ -255,28 +269,62 @@ def cmd_set_shard_mode(args: argparse.Namespace) -> int:
     with connect(args.dsn) as conn:
         # --manual --shards N changes S too: shown and asked as --shards N is.
         if args.shards is not None:
-            _show_shards_plan(conn, args.queue, args.shards)
+            new_queue = _show_shards_plan(conn, args.queue, args.shards)
+        else:
+            new_queue = not shards._known_queue(conn, args.queue)
+            conn.rollback()
+            if new_queue and args.mode == "manual":
+                print(f"awa: there is no queue {args.queue!r}: a new queue is manual already "
+                      "(--manual --shards N creates it with S = N)", file=sys.stderr)
+                return EXIT_USAGE
+            if new_queue:
+                print(f"There is no queue {args.queue!r} yet: this creates it with S = 1.")
         print(shards.mode_consequence(args.queue, args.mode, args.max_shards))
         if args.dry_run:
+            # The change itself, rolled back: what the database refuses (a
+            # partition's name, the queue limit, a standby) fails here as it
+            # would without --dry-run.
+            _set_shard_mode(conn, args, new_queue)
+            conn.rollback()
             print("dry run: nothing changed")
             return 0
         also = f" and S = {args.shards}" if args.shards is not None else ""
-        if not args.yes and not _confirm(f"Set {args.queue} to {args.mode}{also}?"):
+        creates = ", creating the queue" if new_queue else ""
+        if not args.yes and not _confirm(f"Set {args.queue} to {args.mode}{also}{creates}?"):
             print("awa: not changed: pass --yes when not attached to a terminal, or answer y",
                   file=sys.stderr)
             return EXIT_NOT_CONFIRMED
-        queue, mode, max_shards = shards.set_shard_mode(
-            conn, args.queue, args.mode, args.max_shards)
-        changes = []
-        if args.shards is not None:
-            changes = shards.set_enqueue_shards(conn, args.queue, args.shards)
+        changed = _set_shard_mode(conn, args, new_queue)
+        if changed is None:
+            conn.rollback()
+            print(f"awa: queue {args.queue!r} was created by another session since the plan "
+                  "above, with another S: nothing changed; run the command again",
+                  file=sys.stderr)
+            return EXIT_WRONG_STATE
+        (queue, mode, max_shards), changes = changed
         conn.commit()
     print(f"{queue}: mode {mode}, max {max_shards if max_shards is not None else '-'}")
     if changes:
-        print(table(["physical queue", "old S", "new S", "lanes created"],
-                    [(c.physical_queue, c.old_shards, c.new_shards, c.lanes_created)
-                     for c in changes]))
+        print(_changes_table(changes, new_queue,
+                             ["physical queue", "old S", "new S", "lanes created"]))
     return 0
+
+
+def _set_shard_mode(conn, args: argparse.Namespace, new_queue: bool
+                    ) -> tuple[tuple[str, str, int | None], list[shards.ShardChange]] | None:
+    """--auto/--shadow/--manual in the caller's transaction: S first, when
+    --shards gives it or the queue does not exist yet (S = 1), since
+    awa.set_enqueue_shards creates a missing queue and awa.set_shard_mode does
+    not (and so the provisioning lock comes before the queue's row, the
+    order of every change of S); then the mode. None, having changed S, when
+    the queue thought new was created meanwhile with another S: the caller
+    rolls back."""
+    changes = []
+    if args.shards is not None or new_queue:
+        changes = shards.set_enqueue_shards(conn, args.queue, args.shards or 1)
+        if args.shards is None and any(c.old_shards != c.new_shards for c in changes):
+            return None
+    return shards.set_shard_mode(conn, args.queue, args.mode, args.max_shards), changes
 
 
 @bad_input_is_usage
@@ -377,22 +425,87 @@ def cmd_autoscale_run(args: argparse.Namespace) -> int:
         stop.set()
 
     previous = {sig: signal.signal(sig, _stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    started = f"awa: auto-scaler ticking every {args.interval:g}s; Ctrl-C stops"
     try:
-        with connect(args.dsn, autocommit=True) as conn:
-            print(f"awa: auto-scaler ticking every {args.interval:g}s; Ctrl-C stops",
-                  flush=True)
-            while not stop.is_set():
-                for d in shards.autoscale_tick(conn):
-                    if args.verbose or d.action != "held":
-                        _print_decision(d)
-                if args.once:
-                    break
-                stop.wait(args.interval)
+        if args.once:  # one tick: its error is the exit code, as any command's
+            with connect(args.dsn, autocommit=True) as conn:
+                print(started, flush=True)
+                _tick(conn, args.verbose)
+        else:
+            print(started, flush=True)
+            _tick_until(stop, args)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     print("awa: auto-scaler stopped", flush=True)
     return 0
+
+
+def _tick(conn: psycopg.Connection, verbose: bool) -> None:
+    for d in shards.autoscale_tick(conn):
+        if verbose or d.action != "held":
+            _print_decision(d)
+
+
+def _fails_every_tick(error: psycopg.Error) -> bool:
+    """An error no retry mends: class 42 (42501: the login lacks
+    awa_maintenance; 42883: awa.autoscale_tick is not installed) or 3F000 (no
+    schema awa). Anything else (a lost connection, a restart, 57P01 from
+    pg_terminate_backend, a standby after a failover, a timeout, a deadlock)
+    may pass."""
+    return bool(error.sqlstate) and (error.sqlstate.startswith("42")
+                                     or error.sqlstate == "3F000")
+
+
+def _tick_until(stop: threading.Event, args: argparse.Namespace) -> None:
+    """Ticks every --interval until ``stop``, as awa maintain runs its passes:
+    a connection that fails or is lost is opened again with its back-off,
+    and a tick that fails is said once, on stderr, and tried again at the
+    next interval; an error of _fails_every_tick raises (exit 7)."""
+    dsn = resolve_dsn(args.dsn)
+    backoff = Backoff(stop)
+    troubled = False  # the last connection failed or was lost
+    failing = None  # the error the last tick said, until one works again
+    while not stop.is_set():
+        try:
+            conn = connect(dsn, autocommit=True, application_name=AUTOSCALE_APPLICATION,
+                           **network_defaults(dsn))
+        except psycopg.OperationalError as error:
+            if stop.is_set():
+                break
+            err(f"cannot connect: {_one_line(error)}; retrying in {backoff.delay:.1f} s")
+            troubled = True
+            backoff.wait()
+            continue
+        if troubled:
+            err("connected again")
+            troubled = False
+        with conn:
+            while not stop.is_set():
+                try:
+                    _tick(conn, args.verbose)
+                except psycopg.Error as error:
+                    if _fails_every_tick(error):
+                        raise
+                    said = f"{type(error).__name__}{sqlstate_suffix(error)}: {_one_line(error)}"
+                    # A standby (25006) stays one on this connection: a
+                    # failover is found by connecting again.
+                    if conn.closed or isinstance(error, psycopg.errors.ReadOnlySqlTransaction):
+                        if not stop.is_set():
+                            err(f"the tick failed: {said}; connecting again in "
+                                f"{backoff.delay:.1f} s")
+                            troubled = True
+                            backoff.wait()
+                        break
+                    if said != failing:
+                        err(f"the tick failed: {said}; trying again every {args.interval:g}s")
+                    failing = said
+                else:
+                    backoff.reset()
+                    if failing is not None:
+                        err("the tick works again")
+                        failing = None
+                stop.wait(args.interval)
 
 
 def _fmt_age(seconds: float | None) -> str:
