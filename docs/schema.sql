@@ -2726,6 +2726,21 @@ AS $function$
     select 131072 + 128 * count(*) from awa.lanes
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._lane_holders()
+ RETURNS text[]
+ LANGUAGE sql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+    select coalesce(pg_catalog.array_agg(l.objid::pg_catalog.text operator(pg_catalog.||) '/'
+                                         operator(pg_catalog.||) l.virtualtransaction), '{}')
+      from pg_catalog.pg_locks as l
+     where l.locktype operator(pg_catalog.=) 'advisory'
+       and l.classid operator(pg_catalog.=) awa._lock_class_lane()::pg_catalog.oid
+       and l.objsubid operator(pg_catalog.=) 2
+       and l.granted
+       and l.pid is distinct from pg_catalog.pg_backend_pid()
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._lane_last_seq(lane_id integer)
  RETURNS bigint
  LANGUAGE plpgsql
@@ -2884,6 +2899,17 @@ AS $function$
              operator(pg_catalog.*) 1000000)::pg_catalog.int8)::pg_catalog.text
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._lanes_held_since(before text[])
+ RETURNS integer[]
+ LANGUAGE sql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+    select coalesce(pg_catalog.array_agg(pg_catalog.split_part(h.holder, '/', 1)::integer),
+                    '{}')
+      from pg_catalog.unnest(awa._lane_holders()) as h (holder)
+     where h.holder operator(pg_catalog.=) any (before)
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._lease_ok(lease interval)
  RETURNS boolean
  LANGUAGE sql
@@ -2952,71 +2978,6 @@ CREATE OR REPLACE FUNCTION awa._lock_class_provisioning()
  IMMUTABLE PARALLEL SAFE
 AS $function$
     select 1635213648
-$function$;
-
-CREATE OR REPLACE FUNCTION awa._lock_free_lanes(queue_ids integer[], priorities smallint[], key_shards smallint[], OUT lanes integer[], OUT shards smallint[], OUT seqs bigint[], OUT held boolean[])
- RETURNS record
- LANGUAGE plpgsql
- SET search_path TO 'pg_catalog', 'pg_temp'
-AS $function$
-declare
-    prior text := pg_catalog.current_setting('lock_timeout');
-    grp record;
-    busy_q integer[] := '{}';
-    busy_p smallint[] := '{}';
-    busy_k smallint[] := '{}';
-    free_q integer[];
-begin
-    held := pg_catalog.array_fill(false, array[pg_catalog.cardinality(queue_ids)]);
-    begin
-        perform pg_catalog.set_config('lock_timeout', '100ms', true);
-        select l.lanes, l.shards, l.seqs into lanes, shards, seqs
-          from awa._lock_lanes(queue_ids, priorities, key_shards) as l;
-        perform pg_catalog.set_config('lock_timeout', prior, true);
-        return;
-    exception when lock_not_available then
-        -- rolled back: the lanes this try took, and its lock_timeout
-    end;
-    for grp in
-        select distinct u.qid, u.p, u.ks
-          from unnest(queue_ids, priorities, key_shards) as u (qid, p, ks)
-         where u.qid is not null
-    loop
-        begin
-            perform pg_catalog.set_config('lock_timeout', '10ms', true);
-            perform awa._lock_lanes(array[grp.qid], array[grp.p], array[grp.ks], false);
-        exception when lock_not_available then
-            busy_q := busy_q || grp.qid;
-            busy_p := busy_p || grp.p;
-            busy_k := busy_k || grp.ks;
-        end;
-    end loop;
-    select pg_catalog.array_agg(case when b.busy then null else u.qid end order by u.i),
-           pg_catalog.array_agg(b.busy order by u.i)
-      into free_q, held
-      from unnest(queue_ids, priorities, key_shards) with ordinality as u (qid, p, ks, i)
-     cross join lateral (
-         select exists (
-             select
-               from unnest(busy_q, busy_p, busy_k) as x (qid, p, ks)
-              where x.qid = u.qid
-                and x.p is not distinct from u.p
-                and x.ks is not distinct from u.ks
-         ) as busy
-     ) as b;
-    begin
-        perform pg_catalog.set_config('lock_timeout', '10ms', true);
-        select l.lanes, l.shards, l.seqs into lanes, shards, seqs
-          from awa._lock_lanes(free_q, priorities, key_shards) as l;
-    exception when lock_not_available then
-        -- A lane changed hands since (a new S): nothing this time.
-        lanes := null;
-        shards := null;
-        seqs := null;
-        held := pg_catalog.array_fill(true, array[pg_catalog.cardinality(queue_ids)]);
-    end;
-    perform pg_catalog.set_config('lock_timeout', prior, true);
-end;
 $function$;
 
 CREATE OR REPLACE FUNCTION awa._lock_lane_groups(qids integer[], ps smallint[], kss smallint[], ns bigint[], OUT g_qid integer[], OUT g_p smallint[], OUT g_ks smallint[], OUT g_lane integer[], OUT g_shard smallint[], OUT g_base bigint[])
@@ -7330,68 +7291,84 @@ AS $function$
 declare
     due record;
     taken record;
-    kinds text[];
-    moved bigint[];
+    holders text[];
+    stuck integer[] := '{}';
+    prior text := current_setting('lock_timeout');
 begin
     perform awa._check_limit('max_jobs', max_jobs);
     perform awa._note_run('promote');
-    select array_agg(d.job_id order by d.run_at, d.job_id) as job_ids,
-           array_agg(d.queue_id order by d.run_at, d.job_id) as queue_ids,
-           array_agg(d.priority order by d.run_at, d.job_id) as priorities,
-           array_agg(
-               case when d.ordering_key is not null
-                    then awa._key_shard(d.ordering_key, m.enqueue_shards) end
-               order by d.run_at, d.job_id
-           ) as key_shards,
-           array_agg(d.kind order by d.run_at, d.job_id) as kinds,
-           array_agg(d.args order by d.run_at, d.job_id) as args,
-           array_agg(d.ordering_key order by d.run_at, d.job_id) as ordering_keys,
-           array_agg(d.attempt order by d.run_at, d.job_id) as attempts,
-           array_agg(d.max_attempts order by d.run_at, d.job_id) as max_attempts,
-           array_agg(d.enqueued_at order by d.run_at, d.job_id) as enqueued_ats,
-           array_agg(d.last_error order by d.run_at, d.job_id) as last_errors,
-           array_agg(d.max_run_time order by d.run_at, d.job_id) as max_run_times
-      into due
-      from (
-          -- The due jobs locked, then those whose payload before them is
-          -- under the bound (a window cannot run beside FOR UPDATE).
-          select w.*
-            from (
-                select s.*, sum(s.bytes) over (order by s.run_at, s.job_id) - s.bytes
-                       as bytes_before
-                  from (
-                      select s.*, awa._job_bytes(s.kind, s.args, s.last_error) as bytes
-                        from awa.scheduled as s
-                       where s.run_at <= now()
-                       order by s.run_at, s.job_id
-                       limit max_jobs
-                         for update skip locked
-                  ) as s
-            ) as w
-           where w.bytes_before < awa._pass_bytes()
-      ) as d
-      join awa.queue_meta as m on m.queue_id = d.queue_id;
-    if due.job_ids is null then
-        return 0;
-    end if;
-    select * into taken from awa._lock_free_lanes(due.queue_ids, due.priorities, due.key_shards);
-    kinds := due.kinds;
-    moved := due.job_ids;
-    if true = any(taken.held) then
-        -- A row with no kind is written nowhere; it stays scheduled.
-        select array_agg(case when x.held then null else x.kind end order by x.i),
-               array_agg(x.job_id order by x.i) filter (where not x.held)
-          into kinds, moved
-          from unnest(due.kinds, taken.held, due.job_ids) with ordinality
-               as x (kind, held, job_id, i);
-    end if;
+    holders := awa._lane_holders();
+    for attempt in 1 .. 2 loop
+        select array_agg(d.job_id order by d.run_at, d.job_id) as job_ids,
+               array_agg(d.queue_id order by d.run_at, d.job_id) as queue_ids,
+               array_agg(d.priority order by d.run_at, d.job_id) as priorities,
+               array_agg(d.key_shard order by d.run_at, d.job_id) as key_shards,
+               array_agg(d.kind order by d.run_at, d.job_id) as kinds,
+               array_agg(d.args order by d.run_at, d.job_id) as args,
+               array_agg(d.ordering_key order by d.run_at, d.job_id) as ordering_keys,
+               array_agg(d.attempt order by d.run_at, d.job_id) as attempts,
+               array_agg(d.max_attempts order by d.run_at, d.job_id) as max_attempts,
+               array_agg(d.enqueued_at order by d.run_at, d.job_id) as enqueued_ats,
+               array_agg(d.last_error order by d.run_at, d.job_id) as last_errors,
+               array_agg(d.max_run_time order by d.run_at, d.job_id) as max_run_times
+          into due
+          from (
+              -- The due jobs locked, then those whose payload before them is
+              -- under the bound (a window cannot run beside FOR UPDATE).
+              select w.*
+                from (
+                    select s.*, sum(s.bytes) over (order by s.run_at, s.job_id) - s.bytes
+                           as bytes_before
+                      from (
+                          select s.*, awa._job_bytes(s.kind, s.args, s.last_error) as bytes,
+                                 k.key_shard
+                            from awa.scheduled as s
+                            join awa.queue_meta as m on m.queue_id = s.queue_id
+                           cross join lateral (
+                               select case when s.ordering_key is not null
+                                           then awa._key_shard(s.ordering_key, m.enqueue_shards)
+                                      end as key_shard
+                           ) as k
+                           where s.run_at <= now()
+                             -- Not to a stuck lane: a keyed row's own, or for an
+                             -- unkeyed row any of its priority's S lanes.
+                             and (stuck = '{}' or not (
+                                 case when k.key_shard is null
+                                      then m.lane_ids[s.priority:s.priority][0:m.enqueue_shards - 1]
+                                           && stuck
+                                      else m.lane_ids[s.priority][k.key_shard] = any (stuck) end
+                             ))
+                           order by s.run_at, s.job_id
+                           limit max_jobs
+                             for update of s skip locked
+                      ) as s
+                ) as w
+               where w.bytes_before < awa._pass_bytes()
+          ) as d;
+        if due.job_ids is null then
+            return 0;
+        end if;
+        begin
+            perform set_config('lock_timeout', '1s', true);
+            select * into taken
+              from awa._lock_lanes(due.queue_ids, due.priorities, due.key_shards);
+            perform set_config('lock_timeout', prior, true);
+            exit;
+        exception when lock_not_available then
+            -- Rolled back: the lanes this try took, and its lock_timeout.
+            stuck := awa._lanes_held_since(holders);
+            if attempt = 2 or stuck = '{}' then
+                return 0;
+            end if;
+        end;
+    end loop;
     perform count(*) from awa._insert_jobs(
-        taken.lanes, taken.seqs, due.queue_ids, due.priorities, kinds, due.args,
+        taken.lanes, taken.seqs, due.queue_ids, due.priorities, due.kinds, due.args,
         due.ordering_keys, due.max_attempts, null, due.job_ids, due.attempts, due.enqueued_ats,
         due.last_errors, due.max_run_times
     );
-    delete from awa.scheduled as s where s.job_id = any(moved);
-    return coalesce(cardinality(moved), 0);
+    delete from awa.scheduled as s where s.job_id = any(due.job_ids);
+    return cardinality(due.job_ids);
 end;
 $function$;
 

@@ -123,6 +123,9 @@ BAD_DSNS = [
     ("postgresql://app:s3cret%zz@127.0.0.1:1/db", "s3cret"),
     ("host=127.0.0.1 port=1 user=app password=correct horse", "horse"),
     ("host=127.0.0.1 port=1 user=app password=s3cret b", '"b"'),
+    # A text that starts as one of libpq's own quotes ("=", "]") is the DSN's.
+    ('postgresql://u:="s3cret%zz@127.0.0.1:1/db', "s3cret"),
+    ('postgresql://u:]"s3cret%zz@127.0.0.1:1/db', "s3cret"),
 ]
 
 

@@ -44,8 +44,8 @@ ALLOWED = {
         " the call could write nothing else either: a caller can leave out the record of a"
         " call that did no maintenance, never record one or hide one that did (ADR 045,"
         " test_standby)",
-    ("awa._lock_free_lanes", "setting 'lock_timeout'"):
-        "only to put the caller's lock_timeout back after the promote's own bounded waits"
+    ("awa.promote_due", "setting 'lock_timeout'"):
+        "only to put the caller's lock_timeout back after the promote's own bounded wait"
         " for lanes: it decides nothing (test_promote_held_lanes)",
     ("awa._sequence_value", "setting 'server_version_num'"):
         "the server's version, which no session can set (an internal setting): it only"

@@ -50,9 +50,41 @@ def test_only_inlinable_owner_only_functions_go_without_a_pinned_search_path(db)
             assert (language, definer) == ("sql", False) and volatility in "is", signature
             # Only the owner's own grant: no runtime role, no PUBLIC.
             assert acl == f"{{{owner}=X/{owner}}}", (signature, acl)
-            call = f"awa.{name}({', '.join(f'null::{t}' for t in types)})"
-            plan = "\n".join(r[0] for r in conn.execute(f"explain verbose select {call}"))
+            plan = _plan_of_a_call(conn, f"awa.{name}", types)
             assert name not in plan, f"{signature} is not inlined:\n{plan}"
+
+
+def _plan_of_a_call(conn: psycopg.Connection, function: str, types: list[str]) -> str:
+    """EXPLAIN VERBOSE of ``function`` called on the columns of a table, one per
+    argument. Not on constants: the planner folds an immutable function of
+    constants to its value whether it can inline it or not (one of no
+    arguments too: nothing of it is left to run, inlined or not)."""
+    conn.execute("drop table if exists pg_temp.call_args")
+    columns = ", ".join(f"a{i} {t}" for i, t in enumerate(types))
+    conn.execute(f"create temp table call_args ({columns})")
+    call = f"{function}({', '.join(f'c.a{i}' for i in range(len(types)))})"
+    return "\n".join(r[0] for r in conn.execute(
+        f"explain verbose select {call} from pg_temp.call_args as c"))
+
+
+@pytest.mark.parametrize(("language", "body", "inlined"), [
+    ("sql", "select awa._queue_name_ok(q) and p > 0", True),
+    # More than one statement, or another language: never inlined.
+    ("sql", "select 1; select awa._queue_name_ok(q) and p > 0", False),
+    ("plpgsql", "begin return awa._queue_name_ok(q) and p > 0; end", False),
+])
+def test_the_plan_shows_a_function_the_planner_does_not_inline(db, language, body, inlined):
+    """The check above can fail: an immutable function it cannot inline stays in
+    the plan of a call on columns, where a call on constants hid it."""
+    with db.connect() as conn:
+        conn.execute("create schema inline_control")
+        conn.execute(f"create function inline_control.f(q text, p smallint) returns boolean"
+                     f" language {language} immutable as $f${body}$f$")
+        plan = _plan_of_a_call(conn, "inline_control.f", ["text", "smallint"])
+        assert ("inline_control.f" not in plan) is inlined, plan
+        folded = "\n".join(r[0] for r in conn.execute(
+            "explain verbose select inline_control.f(null::text, null::smallint)"))
+        assert "inline_control.f" not in folded, folded
 
 
 def test_the_lock_class_functions_name_the_numbers_the_runner_and_tests_use(db):

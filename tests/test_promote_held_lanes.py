@@ -1,18 +1,22 @@
 """awa.promote_due serves every queue: a lane that one producer's open
-transaction holds delays only that lane's due jobs, on real PostgreSQL 17
-and 18.
+transaction holds delays only that lane's due jobs, and a busy lane's short
+transactions still let it through, on real PostgreSQL 17 and 18.
 
 A producer holds its lane from its enqueue to its commit, and an application
 that enqueues inside its own transaction may hold it for as long as that
 transaction lasts. The promote pass waited for every due row's lane: one such
 transaction at S = 1 stopped the promotion of every queue until its statement
-timeout rolled the pass back, at every pass.
+timeout rolled the pass back, at every pass. It waits a second in line now,
+and leaves the lanes one transaction held all that second.
 """
 
 from __future__ import annotations
 
+import time
+
 from awa_sql import routing
-from tests.support.jobs import enqueue
+from tests.support.jobs import Call, enqueue, waits_for_a_lock
+from tests.support.waiting import wait_until
 
 # A promote that waited for the held lane would fail here (57014), not hang.
 GUARD = "set statement_timeout = '5s'"
@@ -44,7 +48,9 @@ def test_a_held_lane_leaves_its_jobs_and_the_other_queues_are_promoted(db, login
         in_flight = enqueue(open_tx, "held")[0]  # holds held's one lane (S = 1)
         m.execute(GUARD)
         m.execute("set local lock_timeout = '7s'")
-        assert m.execute("select awa.promote_due(1000)").fetchone()[0] == 1
+        # One job a call, and the held lane's comes first: chosen out, not
+        # filling the call.
+        assert m.execute("select awa.promote_due(1)").fetchone()[0] == 1
         assert m.execute("show lock_timeout").fetchone()[0] == "7s"  # the caller's, back
         m.commit()
         assert ready_ids(db) == {free_job}
@@ -82,3 +88,24 @@ def test_a_held_key_lane_leaves_that_key_and_promotes_the_queues_other_keys(db, 
         open_tx.commit()
         assert m.execute("select awa.promote_due(1000)").fetchone()[0] == 1
     assert job_a in ready_ids(db)
+
+
+def test_a_lane_a_transaction_holds_for_half_a_second_is_waited_for(db, logins):
+    """A busy lane's holders come and go: the pass waits its turn, as before
+    (it gave up after 100 ms in a first version of this fix, and a lane of
+    short but steady transactions was never promoted)."""
+    with db.connect(logins.producer) as p:
+        job = due_later_job(p, "slow-tx")
+    make_due(db)
+    with db.connect(logins.producer, autocommit=False) as slow, \
+            db.connect(logins.maintenance, autocommit=False) as m, db.connect() as watch:
+        enqueue(slow, "slow-tx")
+        m.execute(GUARD)
+        promote = Call(m, lambda c: c.execute("select awa.promote_due(1000)").fetchone()[0])
+        promote.start()
+        wait_until(lambda: waits_for_a_lock(watch, promote.pid), what="the promote to wait")
+        time.sleep(0.5)  # the premise: a transaction of half a second, not a wait for it
+        slow.commit()
+        promote.join(timeout=30)
+        assert promote.error is None and promote.result == 1
+    assert job in ready_ids(db)

@@ -89,7 +89,7 @@ def test_prune_takes_max_changes_at_a_time_oldest_first(db, logins):
 def test_prune_refuses_bad_input_naming_it(db, logins, args, sqlstate, message):
     with db.connect(logins.maintenance) as m, pytest.raises(psycopg.Error, match=message) as err:
         m.execute(f"select awa.prune_shard_changes({args})")
-        assert err.value.sqlstate == sqlstate
+    assert err.value.sqlstate == sqlstate
 
 
 def test_only_maintenance_may_prune(db, logins):

@@ -15,7 +15,6 @@ docs/deployment.md):
 from __future__ import annotations
 
 import os
-import re
 from datetime import UTC, datetime
 from typing import Any
 
@@ -35,18 +34,25 @@ def resolve_dsn(dsn: str | None = None) -> str:
     return dsn or os.environ.get("AWA_DATABASE_URL") or os.environ.get("DATABASE_URL") or ""
 
 
-# A quote of libpq's own in its message on a malformed DSN (`missing "=" after
-# ...`, `matching "]"`, `expected ":" or "/"`), kept; or the first quote of
-# the DSN's text, to the end of the message.
-_QUOTED = re.compile(r'("[=\]:/]")|"(.*)', re.DOTALL)
+# libpq's own quotes in its messages on a malformed DSN, kept as whole
+# phrases; any other quote is the DSN's text, which goes from the first such
+# quote to the last (the text may itself hold a quote, or look like one of
+# these: `="s3cret%zz` is quoted as "="s3cret%zz").
+_LIBPQ_PHRASES = ('missing "=" after', 'matching "]"', 'expected ":" or "/"')
 
 
-def _without_dsn_text(match: re.Match) -> str:
-    if match[1]:
-        return match[1]
-    rest = match[0]
-    end = rest.rfind('"')  # the last quote: the text may itself hold one
-    return '"…"' + (rest[end + 1:] if end > 0 else "")
+def _without_dsn_text(message: str) -> str:
+    kept = {}
+    for i, phrase in enumerate(_LIBPQ_PHRASES):
+        if phrase in message:
+            kept[f"\0{i}\0"] = phrase
+            message = message.replace(phrase, f"\0{i}\0")
+    first, last = message.find('"'), message.rfind('"')
+    if first != -1:
+        message = message[:first] + '"…"' + (message[last + 1:] if last > first else "")
+    for mark, phrase in kept.items():
+        message = message.replace(mark, phrase)
+    return message
 
 
 def parse_dsn(dsn: str) -> dict[str, Any]:
@@ -58,7 +64,7 @@ def parse_dsn(dsn: str) -> dict[str, Any]:
     try:
         return psycopg.conninfo.conninfo_to_dict(dsn)
     except psycopg.ProgrammingError as err:
-        said = _QUOTED.sub(_without_dsn_text, str(err).strip())
+        said = _without_dsn_text(str(err).strip())
         raise psycopg.ProgrammingError(
             f"{said} (the DSN's text is left out, as it may hold a password)") from None
 

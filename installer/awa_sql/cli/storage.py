@@ -428,7 +428,8 @@ def cmd_autoscale_run(args: argparse.Namespace) -> int:
     started = f"awa: auto-scaler ticking every {args.interval:g}s; Ctrl-C stops"
     try:
         if args.once:  # one tick: its error is the exit code, as any command's
-            with connect(args.dsn, autocommit=True) as conn:
+            with connect(args.dsn, autocommit=True,
+                         application_name=AUTOSCALE_APPLICATION) as conn:
                 print(started, flush=True)
                 _tick(conn, args.verbose)
         else:
