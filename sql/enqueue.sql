@@ -996,7 +996,7 @@ $$;
 -- and the others taken, so that one open transaction delays its own
 -- lane's jobs, not every queue's (the pass serves them all). Then, or when
 -- the wait was for lanes no one transaction held all along, a second
--- timeout leaves everything to the next call.
+-- timeout leaves everything to the next call (ADR 053).
 -- Calls: awa._check_limit, awa._insert_jobs, awa._job_bytes, awa._key_shard, awa._lane_holders,
 --   awa._lanes_held_since, awa._lock_lanes, awa._note_run, awa._pass_bytes
 -- Writes: awa.scheduled
