@@ -2731,10 +2731,15 @@ CREATE OR REPLACE FUNCTION awa._lane_holders()
  LANGUAGE sql
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
-    select coalesce(pg_catalog.array_agg(l.objid::pg_catalog.text operator(pg_catalog.||) '/'
-                                         operator(pg_catalog.||) l.virtualtransaction), '{}')
+    -- ':' appears in none of the three (a virtual transaction is 'n/n').
+    select coalesce(pg_catalog.array_agg(pg_catalog.concat_ws(
+               ':', l.objid, l.virtualtransaction, l.pid)), '{}')
       from pg_catalog.pg_locks as l
      where l.locktype operator(pg_catalog.=) 'advisory'
+       and l.database operator(pg_catalog.=) (
+           select d.oid from pg_catalog.pg_database as d
+            where d.datname operator(pg_catalog.=) pg_catalog.current_database()
+       )
        and l.classid operator(pg_catalog.=) awa._lock_class_lane()::pg_catalog.oid
        and l.objsubid operator(pg_catalog.=) 2
        and l.granted
@@ -2904,10 +2909,24 @@ CREATE OR REPLACE FUNCTION awa._lanes_held_since(before text[])
  LANGUAGE sql
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
-    select coalesce(pg_catalog.array_agg(pg_catalog.split_part(h.holder, '/', 1)::integer),
-                    '{}')
-      from pg_catalog.unnest(awa._lane_holders()) as h (holder)
-     where h.holder operator(pg_catalog.=) any (before)
+    with now_held as (
+        select pg_catalog.split_part(h.holder, ':', 1)::integer as lane_id, h.holder,
+               pg_catalog.split_part(h.holder, ':', 1) operator(pg_catalog.||) ':'
+               operator(pg_catalog.||) pg_catalog.split_part(h.holder, ':', 3) as by_session
+          from pg_catalog.unnest(awa._lane_holders()) as h (holder)
+    ),
+    was_held as (
+        select pg_catalog.split_part(b.holder, ':', 1) operator(pg_catalog.||) ':'
+               operator(pg_catalog.||) pg_catalog.split_part(b.holder, ':', 3) as by_session
+          from pg_catalog.unnest(before) as b (holder)
+         where pg_catalog.split_part(b.holder, ':', 3) operator(pg_catalog.<>) ''
+    )
+    select coalesce(
+        (select pg_catalog.array_agg(n.lane_id) from now_held as n
+          where n.holder operator(pg_catalog.=) any (before)),
+        (select pg_catalog.array_agg(n.lane_id) from now_held as n
+          where n.by_session in (select w.by_session from was_held as w)),
+        '{}')
 $function$;
 
 CREATE OR REPLACE FUNCTION awa._lease_ok(lease interval)
@@ -7297,7 +7316,6 @@ declare
 begin
     perform awa._check_limit('max_jobs', max_jobs);
     perform awa._note_run('promote');
-    holders := awa._lane_holders();
     for attempt in 1 .. 2 loop
         select array_agg(d.job_id order by d.run_at, d.job_id) as job_ids,
                array_agg(d.queue_id order by d.run_at, d.job_id) as queue_ids,
@@ -7330,12 +7348,12 @@ begin
                                       end as key_shard
                            ) as k
                            where s.run_at <= now()
-                             -- Not to a stuck lane: a keyed row's own, or for an
-                             -- unkeyed row any of its priority's S lanes.
+                             -- Not to a stuck lane: a keyed row's own; an unkeyed
+                             -- row's when all S lanes of its priority are.
                              and (stuck = '{}' or not (
                                  case when k.key_shard is null
                                       then m.lane_ids[s.priority:s.priority][0:m.enqueue_shards - 1]
-                                           && stuck
+                                           <@ stuck
                                       else m.lane_ids[s.priority][k.key_shard] = any (stuck) end
                              ))
                            order by s.run_at, s.job_id
@@ -7348,18 +7366,22 @@ begin
         if due.job_ids is null then
             return 0;
         end if;
+        if attempt = 1 then
+            holders := awa._lane_holders();
+        end if;
         begin
-            perform set_config('lock_timeout', '1s', true);
+            perform set_config('lock_timeout', case attempt when 1 then '200ms' else '1s' end,
+                               true);
             select * into taken
               from awa._lock_lanes(due.queue_ids, due.priorities, due.key_shards);
             perform set_config('lock_timeout', prior, true);
             exit;
         exception when lock_not_available then
             -- Rolled back: the lanes this try took, and its lock_timeout.
-            stuck := awa._lanes_held_since(holders);
-            if attempt = 2 or stuck = '{}' then
+            if attempt = 2 then
                 return 0;
             end if;
+            stuck := awa._lanes_held_since(holders);
         end;
     end loop;
     perform count(*) from awa._insert_jobs(

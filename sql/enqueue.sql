@@ -944,10 +944,11 @@ as $$
 $$;
 
 -- Function: awa._lane_holders() returns text[]
--- The lane locks other transactions hold now, each as '<lane_id>/<the
--- holder's virtual transaction>' (pg_locks: no privilege needed, and
--- nothing a caller can set). Two reads of it a second apart name the
--- transactions that held a lane all along.
+-- The lane locks of this database that other sessions hold now, each as
+-- '<lane_id>:<holder's virtual transaction>:<holder's pid>' (pg_locks: no
+-- privilege needed, nothing a caller can set; a prepared transaction has
+-- no pid). Two reads of it apart name the holders that held a lane all
+-- along (awa._lanes_held_since).
 -- Calls: awa._lock_class_lane
 -- Writes: nothing
 create or replace function awa._lane_holders()
@@ -956,10 +957,15 @@ language sql
 volatile
 set search_path = pg_catalog, pg_temp
 as $$
-    select coalesce(pg_catalog.array_agg(l.objid::pg_catalog.text operator(pg_catalog.||) '/'
-                                         operator(pg_catalog.||) l.virtualtransaction), '{}')
+    -- ':' appears in none of the three (a virtual transaction is 'n/n').
+    select coalesce(pg_catalog.array_agg(pg_catalog.concat_ws(
+               ':', l.objid, l.virtualtransaction, l.pid)), '{}')
       from pg_catalog.pg_locks as l
      where l.locktype operator(pg_catalog.=) 'advisory'
+       and l.database operator(pg_catalog.=) (
+           select d.oid from pg_catalog.pg_database as d
+            where d.datname operator(pg_catalog.=) pg_catalog.current_database()
+       )
        and l.classid operator(pg_catalog.=) awa._lock_class_lane()::pg_catalog.oid
        and l.objsubid operator(pg_catalog.=) 2
        and l.granted
@@ -967,8 +973,10 @@ as $$
 $$;
 
 -- Function: awa._lanes_held_since(before text[]) returns integer[]
--- The lanes whose lock the same other transaction held at `before`
--- (awa._lane_holders) and holds now.
+-- The lanes that one transaction held at `before` (awa._lane_holders) and
+-- holds now; if none, those one session held at both reads (a session-level
+-- advisory lock outlives the holder's transactions, each a new virtual
+-- transaction).
 -- Calls: awa._lane_holders
 -- Writes: nothing
 create or replace function awa._lanes_held_since(before text[])
@@ -977,10 +985,24 @@ language sql
 volatile
 set search_path = pg_catalog, pg_temp
 as $$
-    select coalesce(pg_catalog.array_agg(pg_catalog.split_part(h.holder, '/', 1)::integer),
-                    '{}')
-      from pg_catalog.unnest(awa._lane_holders()) as h (holder)
-     where h.holder operator(pg_catalog.=) any (before)
+    with now_held as (
+        select pg_catalog.split_part(h.holder, ':', 1)::integer as lane_id, h.holder,
+               pg_catalog.split_part(h.holder, ':', 1) operator(pg_catalog.||) ':'
+               operator(pg_catalog.||) pg_catalog.split_part(h.holder, ':', 3) as by_session
+          from pg_catalog.unnest(awa._lane_holders()) as h (holder)
+    ),
+    was_held as (
+        select pg_catalog.split_part(b.holder, ':', 1) operator(pg_catalog.||) ':'
+               operator(pg_catalog.||) pg_catalog.split_part(b.holder, ':', 3) as by_session
+          from pg_catalog.unnest(before) as b (holder)
+         where pg_catalog.split_part(b.holder, ':', 3) operator(pg_catalog.<>) ''
+    )
+    select coalesce(
+        (select pg_catalog.array_agg(n.lane_id) from now_held as n
+          where n.holder operator(pg_catalog.=) any (before)),
+        (select pg_catalog.array_agg(n.lane_id) from now_held as n
+          where n.by_session in (select w.by_session from was_held as w)),
+        '{}')
 $$;
 
 -- Function: awa.promote_due(max_jobs integer default 10000) returns integer
@@ -989,14 +1011,16 @@ $$;
 -- first, up to max_jobs and awa._pass_bytes() of payload (at least one
 -- job). Role: awa_maintenance. Returns how many jobs it moved. Concurrent
 -- callers skip each other's rows.
--- It waits up to a second for its lanes, in line with the producers (a
--- busy lane's short transactions each come and go). A lane that one
--- transaction held for that whole second (a producer's transaction left
--- open) is left: the due rows that would go to it are chosen out again,
--- and the others taken, so that one open transaction delays its own
--- lane's jobs, not every queue's (the pass serves them all). Then, or when
--- the wait was for lanes no one transaction held all along, a second
--- timeout leaves everything to the next call (ADR 053).
+-- It waits for its lanes in line with the producers, 200 ms at most for a
+-- lane (it holds the lanes below meanwhile), having read which sessions
+-- hold lanes. Past that it reads them again: the rows that would go to a
+-- lane one transaction held all along (a producer's transaction left
+-- open; failing any, one session: a session-level lock) are chosen out,
+-- an unkeyed row's only when all S lanes of its priority are, and it
+-- waits again, up to a second a lane, for the rest (a busy lane's queue of
+-- short transactions). So one open transaction delays its own lane's jobs,
+-- not every queue's. A second timeout leaves everything to the next call
+-- (ADR 053).
 -- Calls: awa._check_limit, awa._insert_jobs, awa._job_bytes, awa._key_shard, awa._lane_holders,
 --   awa._lanes_held_since, awa._lock_lanes, awa._note_run, awa._pass_bytes
 -- Writes: awa.scheduled
@@ -1022,7 +1046,6 @@ declare
 begin
     perform awa._check_limit('max_jobs', max_jobs);
     perform awa._note_run('promote');
-    holders := awa._lane_holders();
     for attempt in 1 .. 2 loop
         select array_agg(d.job_id order by d.run_at, d.job_id) as job_ids,
                array_agg(d.queue_id order by d.run_at, d.job_id) as queue_ids,
@@ -1055,12 +1078,12 @@ begin
                                       end as key_shard
                            ) as k
                            where s.run_at <= now()
-                             -- Not to a stuck lane: a keyed row's own, or for an
-                             -- unkeyed row any of its priority's S lanes.
+                             -- Not to a stuck lane: a keyed row's own; an unkeyed
+                             -- row's when all S lanes of its priority are.
                              and (stuck = '{}' or not (
                                  case when k.key_shard is null
                                       then m.lane_ids[s.priority:s.priority][0:m.enqueue_shards - 1]
-                                           && stuck
+                                           <@ stuck
                                       else m.lane_ids[s.priority][k.key_shard] = any (stuck) end
                              ))
                            order by s.run_at, s.job_id
@@ -1073,18 +1096,22 @@ begin
         if due.job_ids is null then
             return 0;
         end if;
+        if attempt = 1 then
+            holders := awa._lane_holders();
+        end if;
         begin
-            perform set_config('lock_timeout', '1s', true);
+            perform set_config('lock_timeout', case attempt when 1 then '200ms' else '1s' end,
+                               true);
             select * into taken
               from awa._lock_lanes(due.queue_ids, due.priorities, due.key_shards);
             perform set_config('lock_timeout', prior, true);
             exit;
         exception when lock_not_available then
             -- Rolled back: the lanes this try took, and its lock_timeout.
-            stuck := awa._lanes_held_since(holders);
-            if attempt = 2 or stuck = '{}' then
+            if attempt = 2 then
                 return 0;
             end if;
+            stuck := awa._lanes_held_since(holders);
         end;
     end loop;
     perform count(*) from awa._insert_jobs(

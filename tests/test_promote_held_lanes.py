@@ -12,7 +12,7 @@ and leaves the lanes one transaction held all that second.
 
 from __future__ import annotations
 
-import time
+import psycopg
 
 from awa_sql import routing
 from tests.support.jobs import Call, enqueue, waits_for_a_lock
@@ -90,22 +90,97 @@ def test_a_held_key_lane_leaves_that_key_and_promotes_the_queues_other_keys(db, 
     assert job_a in ready_ids(db)
 
 
-def test_a_lane_a_transaction_holds_for_half_a_second_is_waited_for(db, logins):
-    """A busy lane's holders come and go: the pass waits its turn, as before
-    (it gave up after 100 ms in a first version of this fix, and a lane of
-    short but steady transactions was never promoted)."""
-    with db.connect(logins.producer) as p:
-        job = due_later_job(p, "slow-tx")
-    make_due(db)
-    with db.connect(logins.producer, autocommit=False) as slow, \
-            db.connect(logins.maintenance, autocommit=False) as m, db.connect() as watch:
-        enqueue(slow, "slow-tx")
+def lane_of(db, queue: str, shard: int = 0, priority: int = 2) -> int:
+    with db.connect() as su:
+        return su.execute("select lane_ids[%s][%s] from awa.queue_meta where queue = %s",
+                          [priority, shard, queue]).fetchone()[0]
+
+
+def promote_while(db, logins, action, max_jobs: int = 1000) -> int:
+    """awa.promote_due in a thread; ``action()`` once it waits for a lane."""
+    with db.connect(logins.maintenance, autocommit=False) as m, db.connect() as watch:
         m.execute(GUARD)
-        promote = Call(m, lambda c: c.execute("select awa.promote_due(1000)").fetchone()[0])
+        promote = Call(m, lambda c: c.execute("select awa.promote_due(%s)",
+                                              [max_jobs]).fetchone()[0])
         promote.start()
         wait_until(lambda: waits_for_a_lock(watch, promote.pid), what="the promote to wait")
-        time.sleep(0.5)  # the premise: a transaction of half a second, not a wait for it
-        slow.commit()
+        action()
         promote.join(timeout=30)
-        assert promote.error is None and promote.result == 1
-    assert job in ready_ids(db)
+        assert promote.error is None, promote.error
+        return promote.result
+
+
+def test_a_busy_lane_of_short_transactions_is_waited_for(db, logins):
+    """Holders that come and go are not a stuck lane: the pass waits its turn
+    (a first version of this fix gave up after 100 ms, and a lane of short
+    but steady transactions was never promoted)."""
+    with db.connect(logins.producer) as p:
+        job = due_later_job(p, "busy")
+    make_due(db)
+    with db.connect(logins.producer, autocommit=False) as first, \
+            db.connect(logins.producer, autocommit=False) as second, db.connect() as watch:
+        enqueue(first, "busy")
+        # The next producer, in line before the pass, holds the lane 0.3 s
+        # once it has it (the premise: transactions of some length).
+        nxt = Call(second, lambda c: (enqueue(c, "busy"), c.execute("select pg_sleep(0.3)")))
+        nxt.start()
+        wait_until(lambda: waits_for_a_lock(watch, nxt.pid), what="the producer to wait")
+        moved = promote_while(db, logins, first.commit)
+        nxt.join(timeout=30)
+    assert moved == 1 and job in ready_ids(db)
+
+
+def test_a_session_level_lock_held_all_along_is_a_stuck_lane(db, logins):
+    """A session's advisory lock outlives its transactions, each a new
+    virtual transaction: the pass names it by its session."""
+    with db.connect(logins.producer) as p:
+        held_job = due_later_job(p, "sess")
+        free_job = due_later_job(p, "sess-free")
+    make_due(db)
+    lane = lane_of(db, "sess")
+    with db.connect(autocommit=False) as holder:
+        # Held by the session, from inside one transaction, then another.
+        holder.execute("select pg_advisory_lock(awa._lock_class_lane(), %s)", [lane])
+
+        def next_transaction():
+            holder.commit()
+            holder.execute("select 1")
+
+        moved = promote_while(db, logins, next_transaction, max_jobs=1)
+        holder.rollback()
+        holder.execute("select pg_advisory_unlock(awa._lock_class_lane(), %s)", [lane])
+        holder.commit()
+    assert moved == 1
+    assert ready_ids(db) == {free_job} and held_job not in ready_ids(db)
+
+
+def test_a_lock_of_another_database_is_no_lane_of_this_one(db, logins, cluster):
+    with db.connect(logins.producer) as p:
+        due_later_job(p, "stuck")
+        other_job = due_later_job(p, "innocent")
+    make_due(db)
+    innocent = lane_of(db, "innocent")
+    with db.connect(logins.producer, autocommit=False) as open_tx, \
+            psycopg.connect(cluster.dsn("postgres"), autocommit=True) as elsewhere:
+        enqueue(open_tx, "stuck")
+        elsewhere.execute("select pg_advisory_lock(1635213644, %s)", [innocent])
+        with db.connect(logins.maintenance) as m:
+            m.execute(GUARD)
+            assert m.execute("select awa.promote_due(1000)").fetchone()[0] == 1
+    assert other_job in ready_ids(db)
+
+
+def test_unkeyed_rows_take_the_free_lanes_beside_a_stuck_one(db, logins):
+    with db.connect(logins.operator) as op:
+        op.execute("select awa.set_enqueue_shards('mixed', 4)")
+    key = b"key-1"
+    with db.connect(logins.producer) as p:
+        keyed = due_later_job(p, "mixed", key)
+        unkeyed = {due_later_job(p, "mixed") for _ in range(3)}
+    make_due(db)
+    with db.connect(logins.producer, autocommit=False) as open_tx:
+        enqueue(open_tx, "mixed", ordering_key=key)  # holds the key's lane only
+        with db.connect(logins.maintenance) as m:
+            m.execute(GUARD)
+            assert m.execute("select awa.promote_due(1000)").fetchone()[0] == 3
+    assert unkeyed <= ready_ids(db) and keyed not in ready_ids(db)
