@@ -8,9 +8,10 @@ states (S = 1, 4 or 8, jobs over the four priorities, a prefix claimed for
 good, hints, rows another transaction holds, deadlines, a queue with keyed
 jobs, a paused queue) go through both in one transaction, each in a
 savepoint rolled back after it, with the same random seed, so both draw the
-same lane order and the same now(). What they return, the running rows they
+same lane order. What they return, the running rows they
 store, the hints they leave and the rows left ready must be equal but for
-the run_lease each draws from its sequence (compared as its rank). Each
+the run_lease each draws from its sequence (compared as its rank) and the
+times, counted from each claim's statement (compared as offsets from it). Each
 call's scans of queue_meta's name indexes show which walk it took.
 """
 
@@ -26,8 +27,18 @@ from tests.support.jobs import seed_hints, waits_for_a_lock
 from tests.support.waiting import wait_until
 
 QUEUE = "cd"
-CLAIMED = "select to_jsonb(c) - 'run_lease', c.run_lease from awa.claim(%s, %s, 'w') c"
-RUNNING = "select to_jsonb(r) - 'run_lease', r.run_lease from awa.running r order by r.job_id"
+# A claim's times count from its statement (statement_timestamp()): each is
+# compared as its offset from its claim's statement.
+CLAIMED = ("select (to_jsonb(c) - 'run_lease' - 'deadline_at')"
+           " || jsonb_build_object('deadline_in', c.deadline_at - statement_timestamp()),"
+           " c.run_lease, statement_timestamp() from awa.claim(%s, %s, 'w') c")
+RUNNING = ("select (to_jsonb(r) - 'run_lease' - 'claimed_at' - 'heartbeat_at'"
+           " - 'lease_expires_at' - 'deadline_at')"
+           " || jsonb_build_object('claimed_in', r.claimed_at - %(t0)s::timestamptz,"
+           " 'heartbeat_in', r.heartbeat_at - %(t0)s::timestamptz,"
+           " 'lease_in', r.lease_expires_at - %(t0)s::timestamptz,"
+           " 'deadline_in', r.deadline_at - %(t0)s::timestamptz),"
+           " r.run_lease from awa.running r order by r.job_id")
 HINTS = "select lane_id, head_seq from awa.lane_hints order by lane_id, head_seq"
 READY = "select job_id from awa.ready order by job_id"
 # The indexes only the general walk reads (its queue lookup matches the
@@ -89,9 +100,10 @@ def _claim(conn, queues, s):
         before = conn.execute(LINK_SCANS).fetchone()[0]
         claimed = conn.execute(CLAIMED, [queues, s["max_jobs"]]).fetchall()
         scans = conn.execute(LINK_SCANS).fetchone()[0] - before
+        t0 = claimed[0][2] if claimed else None
         return {
-            "claimed": _ranked(claimed),
-            "running": _ranked(conn.execute(RUNNING).fetchall()),
+            "claimed": _ranked([r[:2] for r in claimed]),
+            "running": _ranked(conn.execute(RUNNING, {"t0": t0}).fetchall()),
             "hints": conn.execute(HINTS).fetchall(),
             "ready": conn.execute(READY).fetchall(),
         }, scans
