@@ -2731,9 +2731,9 @@ CREATE OR REPLACE FUNCTION awa._lane_holders()
  LANGUAGE sql
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
-    -- ':' appears in none of the three (a virtual transaction is 'n/n').
-    select coalesce(pg_catalog.array_agg(pg_catalog.concat_ws(
-               ':', l.objid, l.virtualtransaction, l.pid)), '{}')
+    -- ':' is in neither part (a virtual transaction is 'n/n').
+    select coalesce(pg_catalog.array_agg(l.objid::pg_catalog.text operator(pg_catalog.||) ':'
+                                         operator(pg_catalog.||) l.virtualtransaction), '{}')
       from pg_catalog.pg_locks as l
      where l.locktype operator(pg_catalog.=) 'advisory'
        and l.database operator(pg_catalog.=) (
@@ -2742,6 +2742,7 @@ AS $function$
        )
        and l.classid operator(pg_catalog.=) awa._lock_class_lane()::pg_catalog.oid
        and l.objsubid operator(pg_catalog.=) 2
+       and l.objid::pg_catalog.int8 operator(pg_catalog.<=) 2147483647
        and l.granted
        and l.pid is distinct from pg_catalog.pg_backend_pid()
 $function$;
@@ -2909,24 +2910,10 @@ CREATE OR REPLACE FUNCTION awa._lanes_held_since(before text[])
  LANGUAGE sql
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
-    with now_held as (
-        select pg_catalog.split_part(h.holder, ':', 1)::integer as lane_id, h.holder,
-               pg_catalog.split_part(h.holder, ':', 1) operator(pg_catalog.||) ':'
-               operator(pg_catalog.||) pg_catalog.split_part(h.holder, ':', 3) as by_session
-          from pg_catalog.unnest(awa._lane_holders()) as h (holder)
-    ),
-    was_held as (
-        select pg_catalog.split_part(b.holder, ':', 1) operator(pg_catalog.||) ':'
-               operator(pg_catalog.||) pg_catalog.split_part(b.holder, ':', 3) as by_session
-          from pg_catalog.unnest(before) as b (holder)
-         where pg_catalog.split_part(b.holder, ':', 3) operator(pg_catalog.<>) ''
-    )
-    select coalesce(
-        (select pg_catalog.array_agg(n.lane_id) from now_held as n
-          where n.holder operator(pg_catalog.=) any (before)),
-        (select pg_catalog.array_agg(n.lane_id) from now_held as n
-          where n.by_session in (select w.by_session from was_held as w)),
-        '{}')
+    select coalesce(pg_catalog.array_agg(pg_catalog.split_part(h.holder, ':', 1)::integer),
+                    '{}')
+      from pg_catalog.unnest(awa._lane_holders()) as h (holder)
+     where h.holder operator(pg_catalog.=) any (before)
 $function$;
 
 CREATE OR REPLACE FUNCTION awa._lease_ok(lease interval)

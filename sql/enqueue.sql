@@ -944,11 +944,12 @@ as $$
 $$;
 
 -- Function: awa._lane_holders() returns text[]
--- The lane locks of this database that other sessions hold now, each as
--- '<lane_id>:<holder's virtual transaction>:<holder's pid>' (pg_locks: no
--- privilege needed, nothing a caller can set; a prepared transaction has
--- no pid). Two reads of it apart name the holders that held a lane all
--- along (awa._lanes_held_since).
+-- The lane locks of this database that other transactions hold now, each
+-- as '<lane_id>:<holder's virtual transaction>' (pg_locks: no privilege
+-- needed, nothing a caller can set). Two reads of it apart name the
+-- transactions that held a lane all along (awa._lanes_held_since). A
+-- key of the lane class that is no lane id (negative, read as an oid above
+-- 2^31) is not read.
 -- Calls: awa._lock_class_lane
 -- Writes: nothing
 create or replace function awa._lane_holders()
@@ -957,9 +958,9 @@ language sql
 volatile
 set search_path = pg_catalog, pg_temp
 as $$
-    -- ':' appears in none of the three (a virtual transaction is 'n/n').
-    select coalesce(pg_catalog.array_agg(pg_catalog.concat_ws(
-               ':', l.objid, l.virtualtransaction, l.pid)), '{}')
+    -- ':' is in neither part (a virtual transaction is 'n/n').
+    select coalesce(pg_catalog.array_agg(l.objid::pg_catalog.text operator(pg_catalog.||) ':'
+                                         operator(pg_catalog.||) l.virtualtransaction), '{}')
       from pg_catalog.pg_locks as l
      where l.locktype operator(pg_catalog.=) 'advisory'
        and l.database operator(pg_catalog.=) (
@@ -968,15 +969,17 @@ as $$
        )
        and l.classid operator(pg_catalog.=) awa._lock_class_lane()::pg_catalog.oid
        and l.objsubid operator(pg_catalog.=) 2
+       and l.objid::pg_catalog.int8 operator(pg_catalog.<=) 2147483647
        and l.granted
        and l.pid is distinct from pg_catalog.pg_backend_pid()
 $$;
 
 -- Function: awa._lanes_held_since(before text[]) returns integer[]
 -- The lanes that one transaction held at `before` (awa._lane_holders) and
--- holds now; if none, those one session held at both reads (a session-level
--- advisory lock outlives the holder's transactions, each a new virtual
--- transaction).
+-- holds now: a prepared one too. Not a session-level lock (no awa call
+-- takes one), whose holder's virtual transaction changes with each of its
+-- transactions: a session's transactions that come and go on a busy lane
+-- look alike.
 -- Calls: awa._lane_holders
 -- Writes: nothing
 create or replace function awa._lanes_held_since(before text[])
@@ -985,24 +988,10 @@ language sql
 volatile
 set search_path = pg_catalog, pg_temp
 as $$
-    with now_held as (
-        select pg_catalog.split_part(h.holder, ':', 1)::integer as lane_id, h.holder,
-               pg_catalog.split_part(h.holder, ':', 1) operator(pg_catalog.||) ':'
-               operator(pg_catalog.||) pg_catalog.split_part(h.holder, ':', 3) as by_session
-          from pg_catalog.unnest(awa._lane_holders()) as h (holder)
-    ),
-    was_held as (
-        select pg_catalog.split_part(b.holder, ':', 1) operator(pg_catalog.||) ':'
-               operator(pg_catalog.||) pg_catalog.split_part(b.holder, ':', 3) as by_session
-          from pg_catalog.unnest(before) as b (holder)
-         where pg_catalog.split_part(b.holder, ':', 3) operator(pg_catalog.<>) ''
-    )
-    select coalesce(
-        (select pg_catalog.array_agg(n.lane_id) from now_held as n
-          where n.holder operator(pg_catalog.=) any (before)),
-        (select pg_catalog.array_agg(n.lane_id) from now_held as n
-          where n.by_session in (select w.by_session from was_held as w)),
-        '{}')
+    select coalesce(pg_catalog.array_agg(pg_catalog.split_part(h.holder, ':', 1)::integer),
+                    '{}')
+      from pg_catalog.unnest(awa._lane_holders()) as h (holder)
+     where h.holder operator(pg_catalog.=) any (before)
 $$;
 
 -- Function: awa.promote_due(max_jobs integer default 10000) returns integer
@@ -1012,11 +1001,11 @@ $$;
 -- job). Role: awa_maintenance. Returns how many jobs it moved. Concurrent
 -- callers skip each other's rows.
 -- It waits for its lanes in line with the producers, 200 ms at most for a
--- lane (it holds the lanes below meanwhile), having read which sessions
--- hold lanes. Past that it reads them again: the rows that would go to a
--- lane one transaction held all along (a producer's transaction left
--- open; failing any, one session: a session-level lock) are chosen out,
--- an unkeyed row's only when all S lanes of its priority are, and it
+-- lane (it holds the lanes below meanwhile), having read which
+-- transactions hold lanes. Past that it reads them again: the rows that
+-- would go to a lane one transaction held all along (a producer's
+-- transaction left open) are chosen out, an unkeyed row's only when all S
+-- lanes of its priority are, and it
 -- waits again, up to a second a lane, for the rest (a busy lane's queue of
 -- short transactions). So one open transaction delays its own lane's jobs,
 -- not every queue's. A second timeout leaves everything to the next call

@@ -130,28 +130,20 @@ def test_a_busy_lane_of_short_transactions_is_waited_for(db, logins):
     assert moved == 1 and job in ready_ids(db)
 
 
-def test_a_session_level_lock_held_all_along_is_a_stuck_lane(db, logins):
-    """A session's advisory lock outlives its transactions, each a new
-    virtual transaction: the pass names it by its session."""
+def test_a_lane_class_lock_that_is_no_lane_id_is_not_read(db, logins):
+    """pg_locks shows a negative key as an oid above 2^31: read as a lane id,
+    it made every pass that waited fail (22003)."""
     with db.connect(logins.producer) as p:
-        held_job = due_later_job(p, "sess")
-        free_job = due_later_job(p, "sess-free")
+        due_later_job(p, "stuck-neg")
+        free_job = due_later_job(p, "free-neg")
     make_due(db)
-    lane = lane_of(db, "sess")
-    with db.connect(autocommit=False) as holder:
-        # Held by the session, from inside one transaction, then another.
-        holder.execute("select pg_advisory_lock(awa._lock_class_lane(), %s)", [lane])
-
-        def next_transaction():
-            holder.commit()
-            holder.execute("select 1")
-
-        moved = promote_while(db, logins, next_transaction, max_jobs=1)
-        holder.rollback()
-        holder.execute("select pg_advisory_unlock(awa._lock_class_lane(), %s)", [lane])
-        holder.commit()
-    assert moved == 1
-    assert ready_ids(db) == {free_job} and held_job not in ready_ids(db)
+    with db.connect(logins.producer, autocommit=False) as open_tx, db.connect() as odd:
+        odd.execute("select pg_advisory_lock(awa._lock_class_lane(), -1)")
+        enqueue(open_tx, "stuck-neg")
+        with db.connect(logins.maintenance) as m:
+            m.execute(GUARD)
+            assert m.execute("select awa.promote_due(1000)").fetchone()[0] == 1
+    assert free_job in ready_ids(db)
 
 
 def test_a_lock_of_another_database_is_no_lane_of_this_one(db, logins, cluster):
