@@ -218,11 +218,16 @@ def _lift_statement_timeout(conn: psycopg.Connection) -> None:
     # The timeout can cut short the COMMIT (or the ROLLBACK) that ended the
     # call before it ends the transaction: the session is then still in
     # the aborted transaction, and is rolled back first, in time too.
+    # A 1 ms timer can also fire as a statement ends, and the cancel then
+    # lands on the next statement: a `select 1` after the SET takes it.
     for _ in range(1000):
         try:
             if conn.info.transaction_status != TransactionStatus.IDLE:
                 conn.rollback()
             conn.execute("set statement_timeout = 0")
+            conn.execute("select 1")
+            if conn.info.transaction_status != TransactionStatus.IDLE:
+                conn.commit()
             return
         except psycopg.errors.QueryCanceled:
             continue
