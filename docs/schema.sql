@@ -1529,6 +1529,22 @@ begin
 end;
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._check_logical(anchor awa.queue_meta, what text)
+ RETURNS void
+ LANGUAGE plpgsql
+ STABLE
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+begin
+    if anchor.root_queue is not null then
+        raise exception 'queue % is a partition or stripe of %; set the % on %',
+            quote_literal(anchor.queue), quote_literal(anchor.root_queue), what,
+            quote_literal(anchor.root_queue)
+            using errcode = '22023';
+    end if;
+end;
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._check_max_jobs(what text, value integer)
  RETURNS void
  LANGUAGE plpgsql
@@ -5499,9 +5515,6 @@ CREATE OR REPLACE FUNCTION awa._take_queue_place()
  LANGUAGE plpgsql
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
-declare
-    cap integer;
-    queues bigint;
 begin
     update awa.queue_limit as l set queues = l.queues + 1
      where l.queues < l.max_queues;
@@ -8145,12 +8158,7 @@ declare
     bad text;
 begin
     anchor := awa._queue(set_autoscale_policy.queue);
-    if anchor.root_queue is not null then
-        raise exception 'queue % is a partition or stripe of %; set the policy on %',
-            quote_literal(anchor.queue), quote_literal(anchor.root_queue),
-            quote_literal(anchor.root_queue)
-            using errcode = '22023';
-    end if;
+    perform awa._check_logical(anchor, 'policy');
     -- The first argument out of range, in the order of the arguments (a null
     -- keeps the default); awa.sample_lane_contention keeps one hour of
     -- samples, so no window is longer. NaN is above every number, so the
@@ -8395,12 +8403,7 @@ begin
     end if;
     perform awa._require_primary('change the shard mode');
     anchor := awa._lock_queue(set_shard_mode.queue, create_missing => false);
-    if anchor.root_queue is not null then
-        raise exception 'queue % is a partition or stripe of %; set the mode on %',
-            quote_literal(anchor.queue), quote_literal(anchor.root_queue),
-            quote_literal(anchor.root_queue)
-            using errcode = '22023';
-    end if;
+    perform awa._check_logical(anchor, 'mode');
     new_max := coalesce(set_shard_mode.max_shards, anchor.max_shards);
     if mode <> 'manual' and new_max is null then
         raise exception 'max_shards is required for mode %', mode

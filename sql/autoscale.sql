@@ -41,6 +41,30 @@ $$;
 
 select awa._grant_execute('awa._autoscale_policy(integer)');
 
+-- Function: awa._check_logical(anchor awa.queue_meta, what text) returns void
+-- Raises 22023 when `anchor` is a partition or stripe: a setting the
+-- auto-scaler reads from the logical queue (its mode, its policy) is set
+-- on that queue, which its partitions and stripes follow.
+-- Calls: nothing
+-- Writes: nothing
+create or replace function awa._check_logical(anchor awa.queue_meta, what text)
+returns void
+language plpgsql
+stable
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    if anchor.root_queue is not null then
+        raise exception 'queue % is a partition or stripe of %; set the % on %',
+            quote_literal(anchor.queue), quote_literal(anchor.root_queue), what,
+            quote_literal(anchor.root_queue)
+            using errcode = '22023';
+    end if;
+end;
+$$;
+
+select awa._grant_execute('awa._check_logical(awa.queue_meta, text)');
+
 -- Function: awa.set_shard_mode(queue text, mode text, max_shards integer default null)
 -- manual (the default: S changes only by awa.set_enqueue_shards), shadow
 -- (the auto-scaler decides and logs, changes nothing) or auto (it acts,
@@ -51,7 +75,8 @@ select awa._grant_execute('awa._autoscale_policy(integer)');
 -- Errors: 42704 unknown queue; 22004 null mode, or no max_shards for
 --   shadow/auto; 22023 unknown mode, max_shards outside 1..64, or a
 --   partition or stripe named instead of its logical queue; 25006 standby.
--- Calls: awa._check_range, awa._lock_queue, awa._lock_queue_rows, awa._require_primary
+-- Calls: awa._check_logical, awa._check_range, awa._lock_queue, awa._lock_queue_rows,
+--   awa._require_primary
 -- Writes: awa.queue_meta
 create or replace function awa.set_shard_mode(
     queue text, mode text, max_shards integer default null
@@ -78,12 +103,7 @@ begin
     end if;
     perform awa._require_primary('change the shard mode');
     anchor := awa._lock_queue(set_shard_mode.queue, create_missing => false);
-    if anchor.root_queue is not null then
-        raise exception 'queue % is a partition or stripe of %; set the mode on %',
-            quote_literal(anchor.queue), quote_literal(anchor.root_queue),
-            quote_literal(anchor.root_queue)
-            using errcode = '22023';
-    end if;
+    perform awa._check_logical(anchor, 'mode');
     new_max := coalesce(set_shard_mode.max_shards, anchor.max_shards);
     if mode <> 'manual' and new_max is null then
         raise exception 'max_shards is required for mode %', mode
@@ -149,7 +169,7 @@ update awa.queue_meta as m
 -- shares in 0..1; grow_waiters finite, >= 0; min_samples in 1..10000).
 -- Intervals are read and stored in seconds (awa._in_seconds), so a window
 -- is the one checked whatever the month.
--- Calls: awa._in_seconds, awa._queue
+-- Calls: awa._check_logical, awa._in_seconds, awa._queue
 -- Writes: awa.autoscale_policy
 create or replace function awa.set_autoscale_policy(
     queue text,
@@ -171,12 +191,7 @@ declare
     bad text;
 begin
     anchor := awa._queue(set_autoscale_policy.queue);
-    if anchor.root_queue is not null then
-        raise exception 'queue % is a partition or stripe of %; set the policy on %',
-            quote_literal(anchor.queue), quote_literal(anchor.root_queue),
-            quote_literal(anchor.root_queue)
-            using errcode = '22023';
-    end if;
+    perform awa._check_logical(anchor, 'policy');
     -- The first argument out of range, in the order of the arguments (a null
     -- keeps the default); awa.sample_lane_contention keeps one hour of
     -- samples, so no window is longer. NaN is above every number, so the

@@ -609,9 +609,6 @@ returns void
 language plpgsql
 set search_path = pg_catalog, pg_temp
 as $$
-declare
-    cap integer;
-    queues bigint;
 begin
     update awa.queue_limit as l set queues = l.queues + 1
      where l.queues < l.max_queues;
