@@ -268,43 +268,44 @@ def _enqueue_many_copy(conn: psycopg.Connection, jobs: Sequence[Mapping[str, Any
         return _copy_and_enqueue(conn, jobs, queue, ordering_key, opts)
 
 
-def _check_copy(jobs: Sequence[Mapping[str, Any]], queue: str | None, ordering_key: Key,
-                opts: Sequence[Mapping[str, Any] | None] | None) -> None:
-    """Refuses a job COPY could not carry as it was meant, before the COPY
-    starts: a caller's transaction then stays usable."""
+def _copy_rows(jobs: Sequence[Mapping[str, Any]], queue: str | None, ordering_key: Key,
+               opts: Sequence[Mapping[str, Any] | None] | None
+               ) -> tuple[list[tuple], set[str]]:
+    """The COPY rows of ``jobs`` and the queues they go to, each job checked
+    as its row is made: one COPY could not carry as it was meant is refused
+    before the COPY starts, and the caller's transaction stays usable."""
+    rows, queues = [], set()
     for i, job in enumerate(jobs):
         override = (opts[i] or _NO_OVERRIDE) if opts is not None else _NO_OVERRIDE
         if override and not override.keys() <= {"queue", "ordering_key"}:
             bad = sorted(set(override) - {"queue", "ordering_key"})
             raise ValueError(f"opts[{i}] may set queue and ordering_key, not {bad}")
-        _check_job(job, i + 1, job.get("kind"), override.get("queue", job.get("queue", queue)),
-                   job.get("run_at"))
-        _key(override.get("ordering_key", job.get("ordering_key", ordering_key)),
-             f"job {i + 1} (1-based): ordering_key")
-        _key(job.get("unique_key"), f"job {i + 1} (1-based): unique_key")
+        row_queue = override.get("queue", job.get("queue", queue))
+        _check_job(job, i + 1, job.get("kind"), row_queue, job.get("run_at"))
+        queues.add(row_queue)
+        key = override.get("ordering_key", job.get("ordering_key", ordering_key))
+        args = job.get("args")
+        rows.append((row_queue, job.get("priority"),
+                     _key(key, f"job {i + 1} (1-based): ordering_key"), job["kind"],
+                     Jsonb(args if type(args) is dict else dict(args or {})),
+                     job.get("run_at"), job.get("max_attempts"), job.get("max_run_time"),
+                     _key(job.get("unique_key"), f"job {i + 1} (1-based): unique_key"),
+                     job.get("unique_window")))
+    return rows, queues
 
 
 def _copy_and_enqueue(conn: psycopg.Connection, jobs: Sequence[Mapping[str, Any]],
                       queue: str | None, ordering_key: Key,
                       opts: Sequence[Mapping[str, Any] | None] | None) -> tuple[int, set[str]]:
-    started, queues = perf_counter(), set()
-    _check_copy(jobs, queue, ordering_key, opts)
+    started = perf_counter()
+    rows, queues = _copy_rows(jobs, queue, ordering_key, opts)
     width = 7
     if any(job.get(f) is not None for job in jobs for f in ("unique_key", "unique_window")):
         width = 10
     elif any(job.get("max_run_time") is not None for job in jobs):
         width = 8
     with conn.cursor() as cur, cur.copy(COPY_SQLS[width]) as cp:
-        for i, job in enumerate(jobs):
-            override = (opts[i] or _NO_OVERRIDE) if opts is not None else _NO_OVERRIDE
-            row_queue = override.get("queue", job.get("queue", queue))
-            queues.add(row_queue)
-            key = override.get("ordering_key", job.get("ordering_key", ordering_key))
-            args = job.get("args")
-            row = (row_queue, job.get("priority"), _key(key, "ordering_key"), job["kind"],
-                   Jsonb(args if type(args) is dict else dict(args or {})),
-                   job.get("run_at"), job.get("max_attempts"), job.get("max_run_time"),
-                   _key(job.get("unique_key"), "unique_key"), job.get("unique_window"))
+        for row in rows:
             cp.write_row(row[:width])
     row = conn.execute(COPIED_SQL).fetchone()
     client_metrics.enqueued(conn, queues, "copy", row[0], started, row[1:])
