@@ -264,16 +264,22 @@ def test_a_completion_lost_before_its_commit_while_the_job_was_cancelled_is_not_
         assert admin.execute("select slot from awa.running where job_id = %s",
                              [job.job_id]).fetchone()[0] == 0
         hold = Hold(admin, "awa.running_0", "delete")
+        # The worker's second send, on a new connection, stops at this gate
+        # until the cancel has committed: it could otherwise take the row as
+        # the slot's transaction ends, before the cancel's wait is woken.
+        gate = Hold(admin, "awa.running_0", "delete", before=True, shut=False)
         try:
             release.set()
 
-            def slot_pid():
+            def slot_pid(stopped_at: Hold) -> int | None:
                 row = admin.execute(
                     "select pid from pg_stat_activity where usename = %s"
                     " and application_name = 'awa-sql worker slot'", [logins.worker]).fetchone()
-                return row[0] if row and hold.waiting(row[0]) else None
+                return row[0] if row and stopped_at.waiting(row[0]) else None
 
-            pid = wait_until(slot_pid, 15, "the slot's complete to wait in the trigger")
+            pid = wait_until(lambda: slot_pid(hold), 15,
+                             "the slot's complete to wait in the trigger")
+            gate.shut()
             cancel = Call(db.connect(logins.operator, autocommit=False),
                           lambda c: c.execute("select awa.cancel_job(%s)",
                                               [job.job_id]).fetchone()[0])
@@ -283,7 +289,9 @@ def test_a_completion_lost_before_its_commit_while_the_job_was_cancelled_is_not_
             assert admin.execute("select pg_terminate_backend(%s)", [pid]).fetchone()[0]
             cancel.join(30)
             assert cancel.error is None and cancel.result is True
+            wait_until(lambda: slot_pid(gate), 15, "the worker's second send")
         finally:
+            gate.close()
             hold.close()  # the second send goes through the trigger too
         wait_until(lambda: any("was lost" in r.getMessage() for r in caplog.records), 15,
                    "the worker to hear back")

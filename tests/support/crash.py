@@ -32,6 +32,7 @@ from tests.support.cluster import LOGIN_PASSWORD, TEST_SETTINGS, ensure_binaries
 from tests.support.waiting import wait_until
 
 HOLD_KEY = 1_635_213_099  # the advisory lock a held step waits for
+GATE_KEY = 1_635_213_100  # the one a step stopped before its statement waits for
 
 
 @dataclass
@@ -123,30 +124,47 @@ class Hold:
     ``table`` wait, after it ran and before its transaction goes on, for an
     advisory lock this object holds. ``waiting(pid)`` says when backend
     ``pid`` is stopped there. The trigger function sets no lock timeout of
-    its own, so the step's own lock_timeout does not end the wait."""
+    its own, so the step's own lock_timeout does not end the wait.
 
-    def __init__(self, admin: psycopg.Connection, table: str, event: str):
+    ``before=True`` stops the statement before it touches a row instead, at
+    an advisory lock of its own; with ``shut=False`` it lets statements
+    through until ``shut()``, so that only the later ones wait."""
+
+    def __init__(self, admin: psycopg.Connection, table: str, event: str, *,
+                 before: bool = False, shut: bool = True):
         self.dsn, self.table = admin.info.dsn, table
-        self.trigger = f"crash_hold_{event}"
+        when = "before" if before else "after"
+        self.key = GATE_KEY if before else HOLD_KEY
+        self.trigger = f"crash_gate_{event}" if before else f"crash_hold_{event}"
+        function = f"crash_test.hold_{when}"
         admin.execute("create schema if not exists crash_test")
         admin.execute("grant usage on schema crash_test to public")
+        # A gate is let go of once passed: shut() must not wait for the
+        # transactions that went through it while it was open.
+        wait = (f"perform pg_advisory_lock_shared({self.key});"
+                f" perform pg_advisory_unlock_shared({self.key});" if before
+                else f"perform pg_advisory_xact_lock_shared({self.key});")
         admin.execute(
-            "create or replace function crash_test.hold() returns trigger language plpgsql"
+            f"create or replace function {function}() returns trigger language plpgsql"
             " set lock_timeout = 0 set statement_timeout = 0"
-            f" as $$ begin perform pg_advisory_xact_lock_shared({HOLD_KEY}); return null; end $$")
+            f" as $$ begin {wait} return null; end $$")
         self.holder = psycopg.connect(self.dsn, autocommit=True)
-        self.holder.execute("select pg_advisory_lock(%s)", [HOLD_KEY])
+        if shut:
+            self.shut()
         admin.execute(sql.SQL(
-            "create trigger {} after " + event + " on {} for each statement"
-            " execute function crash_test.hold()").format(
+            "create trigger {} " + when + " " + event + " on {} for each statement"
+            " execute function " + function + "()").format(
                 sql.Identifier(self.trigger), sql.SQL(table)))
+
+    def shut(self) -> None:
+        self.holder.execute("select pg_advisory_lock(%s)", [self.key])
 
     def waiting(self, pid: int) -> bool:
         with psycopg.connect(self.dsn, autocommit=True) as conn:
             return conn.execute(
                 "select exists (select from pg_locks where pid = %s and not granted"
                 " and locktype = 'advisory' and objid = %s)",
-                [pid, HOLD_KEY & 0xFFFFFFFF]).fetchone()[0]
+                [pid, self.key & 0xFFFFFFFF]).fetchone()[0]
 
     def close(self) -> None:
         self.holder.close()
@@ -154,8 +172,9 @@ class Hold:
 
 def drop_holds(admin: psycopg.Connection, table: str) -> None:
     for event in ("insert", "update", "delete", "truncate"):
-        admin.execute(sql.SQL("drop trigger if exists {} on {}").format(
-            sql.Identifier(f"crash_hold_{event}"), sql.SQL(table)))
+        for trigger in (f"crash_hold_{event}", f"crash_gate_{event}"):
+            admin.execute(sql.SQL("drop trigger if exists {} on {}").format(
+                sql.Identifier(trigger), sql.SQL(table)))
 
 
 class Step(threading.Thread):
