@@ -3002,6 +3002,21 @@ AS $function$
     select 1635213648
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._lock_family(queue text)
+ RETURNS integer[]
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+declare
+    ids integer[];
+begin
+    perform awa._lock_queue_provisioning(queue, create_missing => false);
+    ids := awa._queue_ids(queue);
+    perform awa._lock_queue_rows(ids);
+    return ids;
+end;
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._lock_lane_groups(qids integer[], ps smallint[], kss smallint[], ns bigint[], OUT g_qid integer[], OUT g_p smallint[], OUT g_ks smallint[], OUT g_lane integer[], OUT g_shard smallint[], OUT g_base bigint[])
  RETURNS record
  LANGUAGE plpgsql
@@ -5344,9 +5359,7 @@ AS $function$
 declare
     ids integer[];
 begin
-    perform awa._lock_queue(queue, create_missing => false);
-    ids := awa._queue_ids(queue);
-    perform awa._lock_queue_rows(ids);
+    ids := awa._lock_family(queue);
     update awa.queue_meta as m set paused = _set_paused.paused
      where m.queue_id = any(ids)
        and m.paused <> _set_paused.paused;
@@ -8246,7 +8259,7 @@ declare
     ids integer[] := awa._queue_ids(set_max_run_time.queue);
 begin
     perform awa._check_max_run_time(max_run_time);
-    perform awa._lock_queue_rows(ids);
+    ids := awa._lock_family(queue);
     update awa.queue_meta as m
        set max_run_time = awa._in_seconds(set_max_run_time.max_run_time)
      where m.queue_id = any(ids);
@@ -8331,7 +8344,7 @@ begin
             coalesce(completed::text, 'default'), coalesce(failed::text, 'default')
             using errcode = '22023';
     end if;
-    perform awa._lock_queue_rows(ids);
+    ids := awa._lock_family(queue);
     update awa.queue_meta as m
        set retain_completed = awa._in_seconds(set_retention.completed),
            retain_failed = awa._in_seconds(set_retention.failed)
@@ -8371,7 +8384,7 @@ begin
             coalesce(cap::text, awa._retry_default_cap() || ' (the default)')
             using errcode = '22023';
     end if;
-    perform awa._lock_queue_rows(ids);
+    ids := awa._lock_family(queue);
     update awa.queue_meta as m
        set retry_base = awa._in_seconds(set_retry_policy.base),
            retry_cap = awa._in_seconds(set_retry_policy.cap),
@@ -8402,7 +8415,8 @@ begin
         perform awa._check_range('max_shards', set_shard_mode.max_shards, 64);
     end if;
     perform awa._require_primary('change the shard mode');
-    anchor := awa._lock_queue(set_shard_mode.queue, create_missing => false);
+    family := awa._lock_family(set_shard_mode.queue);
+    select m.* into strict anchor from awa.queue_meta as m where m.queue = set_shard_mode.queue;
     perform awa._check_logical(anchor, 'mode');
     new_max := coalesce(set_shard_mode.max_shards, anchor.max_shards);
     if mode <> 'manual' and new_max is null then
@@ -8410,11 +8424,6 @@ begin
             using errcode = '22004',
                   hint = 'The auto-scaler never raises S above max_shards.';
     end if;
-    family := array(
-        select m.queue_id from awa.queue_meta as m
-         where m.queue_id = anchor.queue_id or m.root_queue = anchor.queue
-    );
-    perform awa._lock_queue_rows(family);
     update awa.queue_meta as m
        set shard_mode = set_shard_mode.mode,
            max_shards = new_max,

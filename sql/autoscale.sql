@@ -75,8 +75,7 @@ select awa._grant_execute('awa._check_logical(awa.queue_meta, text)');
 -- Errors: 42704 unknown queue; 22004 null mode, or no max_shards for
 --   shadow/auto; 22023 unknown mode, max_shards outside 1..64, or a
 --   partition or stripe named instead of its logical queue; 25006 standby.
--- Calls: awa._check_logical, awa._check_range, awa._lock_queue, awa._lock_queue_rows,
---   awa._require_primary
+-- Calls: awa._check_logical, awa._check_range, awa._lock_family, awa._require_primary
 -- Writes: awa.queue_meta
 create or replace function awa.set_shard_mode(
     queue text, mode text, max_shards integer default null
@@ -102,7 +101,8 @@ begin
         perform awa._check_range('max_shards', set_shard_mode.max_shards, 64);
     end if;
     perform awa._require_primary('change the shard mode');
-    anchor := awa._lock_queue(set_shard_mode.queue, create_missing => false);
+    family := awa._lock_family(set_shard_mode.queue);
+    select m.* into strict anchor from awa.queue_meta as m where m.queue = set_shard_mode.queue;
     perform awa._check_logical(anchor, 'mode');
     new_max := coalesce(set_shard_mode.max_shards, anchor.max_shards);
     if mode <> 'manual' and new_max is null then
@@ -110,11 +110,6 @@ begin
             using errcode = '22004',
                   hint = 'The auto-scaler never raises S above max_shards.';
     end if;
-    family := array(
-        select m.queue_id from awa.queue_meta as m
-         where m.queue_id = anchor.queue_id or m.root_queue = anchor.queue
-    );
-    perform awa._lock_queue_rows(family);
     update awa.queue_meta as m
        set shard_mode = set_shard_mode.mode,
            max_shards = new_max,

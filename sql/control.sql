@@ -3,7 +3,7 @@
 -- Function: awa._set_paused(queue text, paused boolean) returns boolean
 -- Pauses or resumes a queue with all its partitions and stripes; true when
 -- anything changed.
--- Calls: awa._lock_queue, awa._lock_queue_rows, awa._queue_ids
+-- Calls: awa._lock_family
 -- Writes: awa.queue_meta
 create or replace function awa._set_paused(queue text, paused boolean)
 returns boolean
@@ -13,9 +13,7 @@ as $$
 declare
     ids integer[];
 begin
-    perform awa._lock_queue(queue, create_missing => false);
-    ids := awa._queue_ids(queue);
-    perform awa._lock_queue_rows(ids);
+    ids := awa._lock_family(queue);
     update awa.queue_meta as m set paused = _set_paused.paused
      where m.queue_id = any(ids)
        and m.paused <> _set_paused.paused;

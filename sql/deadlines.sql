@@ -98,7 +98,7 @@ $$;
 -- Errors: 22023 base not above 0 or above 1 day, cap not above 0 or above
 -- 30 days, jitter outside 0 to 1, or base above cap (defaults applied);
 -- 42704 no such queue.
--- Calls: awa._in_seconds, awa._lock_queue_rows, awa._queue_ids, awa._retry_default_base,
+-- Calls: awa._in_seconds, awa._lock_family, awa._queue_ids, awa._retry_default_base,
 --   awa._retry_default_cap
 -- Writes: awa.queue_meta
 create or replace function awa.set_retry_policy(
@@ -135,7 +135,7 @@ begin
             coalesce(cap::text, awa._retry_default_cap() || ' (the default)')
             using errcode = '22023';
     end if;
-    perform awa._lock_queue_rows(ids);
+    ids := awa._lock_family(queue);
     update awa.queue_meta as m
        set retry_base = awa._in_seconds(set_retry_policy.base),
            retry_cap = awa._in_seconds(set_retry_policy.cap),
@@ -150,7 +150,7 @@ $$;
 -- stripe of a logical queue, from the next claim on (a running job keeps
 -- the deadline its claim gave it). Role: awa_operator.
 -- Errors: 22023 out of range; 42704 no such queue.
--- Calls: awa._check_max_run_time, awa._in_seconds, awa._lock_queue_rows, awa._queue_ids
+-- Calls: awa._check_max_run_time, awa._in_seconds, awa._lock_family, awa._queue_ids
 -- Writes: awa.queue_meta
 create or replace function awa.set_max_run_time(queue text, max_run_time interval)
 returns void
@@ -164,7 +164,7 @@ declare
     ids integer[] := awa._queue_ids(set_max_run_time.queue);
 begin
     perform awa._check_max_run_time(max_run_time);
-    perform awa._lock_queue_rows(ids);
+    ids := awa._lock_family(queue);
     update awa.queue_meta as m
        set max_run_time = awa._in_seconds(set_max_run_time.max_run_time)
      where m.queue_id = any(ids);

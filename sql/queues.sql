@@ -1181,7 +1181,37 @@ as $$
     ) as locked
 $$;
 
+-- Function: awa._lock_family(queue text) returns integer[]
+-- What an operator's change of a setting every member of a family carries
+-- (a pause, a retention, a retry policy, a max run time, a shard mode)
+-- locks first: the provisioning lock, the named row (both as
+-- awa._lock_queue_provisioning), then every member's row (awa._lock_queue_rows);
+-- returns the members' ids (awa._queue_ids), read once the locks are
+-- held. A new partition or stripe copies its family's settings as it is
+-- made, under the provisioning lock until its maker commits
+-- (awa._ensure_linked): without that lock first, a change read the
+-- members before such a maker committed, and the new member kept the old
+-- setting (an unpaused stripe of a paused queue).
+-- Errors: 42704 no such queue; 22004/22023 a bad name.
+-- Calls: awa._lock_queue_provisioning, awa._lock_queue_rows, awa._queue_ids
+-- Writes: nothing
+create or replace function awa._lock_family(queue text)
+returns integer[]
+language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    ids integer[];
+begin
+    perform awa._lock_queue_provisioning(queue, create_missing => false);
+    ids := awa._queue_ids(queue);
+    perform awa._lock_queue_rows(ids);
+    return ids;
+end;
+$$;
+
 select awa._grant_execute('awa._queue_name_ok(text)');
+select awa._grant_execute('awa._lock_family(text)');
 select awa._grant_execute('awa._names_cover(text[], text, text, text)');
 select awa._grant_execute('awa._priority_ok(smallint)');
 select awa._grant_execute('awa._max_attempts_ok(integer)');

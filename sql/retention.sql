@@ -151,7 +151,7 @@ $$;
 -- of a logical queue. Takes effect at the next prune. Role: awa_operator.
 -- Errors: 22023 a retention not above 0 or above 10 years; 42704 no such
 -- queue.
--- Calls: awa._in_seconds, awa._lock_queue_rows, awa._queue_ids
+-- Calls: awa._in_seconds, awa._lock_family, awa._queue_ids
 -- Writes: awa.queue_meta
 create or replace function awa.set_retention(queue text, completed interval, failed interval)
 returns void
@@ -174,7 +174,7 @@ begin
             coalesce(completed::text, 'default'), coalesce(failed::text, 'default')
             using errcode = '22023';
     end if;
-    perform awa._lock_queue_rows(ids);
+    ids := awa._lock_family(queue);
     update awa.queue_meta as m
        set retain_completed = awa._in_seconds(set_retention.completed),
            retain_failed = awa._in_seconds(set_retention.failed)

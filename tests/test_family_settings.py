@@ -1,0 +1,56 @@
+"""An operator's change of a setting every member of a queue's family carries
+(pause, retention, retry policy, max run time, shard mode) against another
+transaction that is making new members (stripes or partitions): the change
+waits for it and covers the new members too. A new member copies its
+family's settings as it is made; a change that read the members before the
+maker committed left the new ones with the old setting (an unpaused stripe of
+a paused queue)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.support.jobs import behind
+
+FAMILY = "select count(*) from awa.queue_meta where queue = 'orders' or root_queue = 'orders'"
+
+SETTERS = {
+    "pause": ("select awa.pause_queue('orders')", "paused", "true"),
+    "retention": ("select awa.set_retention('orders', '2 hours', '3 days')",
+                  "retain_completed", "02:00:00"),
+    "retry policy": ("select awa.set_retry_policy('orders', '5 seconds', '10 minutes', 0.25)",
+                     "retry_base", "00:00:05"),
+    "max run time": ("select awa.set_max_run_time('orders', '90 seconds')",
+                     "max_run_time", "00:01:30"),
+    "shard mode": ("select * from awa.set_shard_mode('orders', 'shadow', 8)",
+                   "shard_mode", "shadow"),
+}
+
+MAKERS = {
+    # Stripes of a partition: the root's row is not the one the maker locks.
+    "stripes of a partition": ("select awa.set_queue_stripes('orders__p1', 3)", 3),
+    "stripes of the root": ("select awa.set_queue_stripes('orders', 3)", 3),
+    "more partitions": ("select awa.set_queue_partitions('orders', 4)", 2),
+}
+
+
+@pytest.mark.parametrize("maker", MAKERS)
+@pytest.mark.parametrize("setter", SETTERS)
+def test_a_family_setting_covers_members_made_while_it_waited(db, logins, setter, maker):
+    change, column, value = SETTERS[setter]
+    make, new_members = MAKERS[maker]
+    with db.connect(logins.operator) as op, db.connect() as su:
+        op.execute("select awa.set_queue_partitions('orders', 2)")
+        before = su.execute(FAMILY).fetchone()[0]
+        holder = db.connect(logins.operator, autocommit=False)
+        holder.execute(make)
+        call = behind(db, holder, db.connect(logins.operator, autocommit=False),
+                      lambda c: c.execute(change).fetchall())
+        holder.close()
+        assert call.error is None, call.error
+        assert su.execute(FAMILY).fetchone()[0] == before + new_members
+        left = su.execute(
+            f"select queue, {column} from awa.queue_meta"
+            " where (queue = 'orders' or root_queue = 'orders')"
+            f" and {column}::text is distinct from %s order by queue", [value]).fetchall()
+        assert left == []
