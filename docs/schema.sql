@@ -1663,6 +1663,24 @@ begin
 end;
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._check_queue_room(names text[])
+ RETURNS void
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+declare
+    missing text[];
+begin
+    select array_agg(u.q order by u.q) into missing
+      from unnest(names) as u (q)
+     where not exists (select from awa.queue_meta as m where m.queue = u.q);
+    if (select l.queues + coalesce(cardinality(missing), 0) > l.max_queues
+          from awa.queue_limit as l) then
+        perform awa._raise_queue_limit(missing);
+    end if;
+end;
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._check_range(what text, value integer, max_value integer)
  RETURNS void
  LANGUAGE plpgsql
@@ -2146,17 +2164,10 @@ CREATE OR REPLACE FUNCTION awa._ensure_queues(names text[])
 AS $function$
 declare
     q text;
-    missing text[];
 begin
     if cardinality(names) > 1 then
         perform awa._lock_leader('provisioning');
-        -- Made by another transaction while this one waited: not counted.
-        select array_agg(u.q order by u.q) into missing
-          from unnest(names) as u (q)
-         where not exists (select from awa.queue_meta as m where m.queue = u.q);
-        if (select l.queues + cardinality(missing) > l.max_queues from awa.queue_limit as l) then
-            perform awa._raise_queue_limit(missing);
-        end if;
+        perform awa._check_queue_room(names);
     end if;
     foreach q in array names loop
         perform awa._ensure_queue(q);
@@ -8282,6 +8293,9 @@ begin
             quote_literal(queue), quote_literal(anchor.root_queue)
             using errcode = '22023';
     end if;
+    perform awa._check_queue_room(
+        awa.partition_queue_names(set_queue_partitions.queue, set_queue_partitions.partitions)
+    );
     update awa.queue_meta as m set partitions = set_queue_partitions.partitions
      where m.queue_id = anchor.queue_id;
     for k in 1 .. set_queue_partitions.partitions - 1 loop
@@ -8307,6 +8321,12 @@ declare
 begin
     perform awa._check_layout_change(queue, 'stripes', stripes, 64);
     anchor := awa._lock_queue_provisioning(queue);
+    if set_queue_stripes.stripes > 1 then
+        perform awa._check_queue_room(array(
+            select set_queue_stripes.queue || '#' || k
+              from generate_series(0, set_queue_stripes.stripes - 1) as k
+        ));
+    end if;
     update awa.queue_meta as m set stripes = set_queue_stripes.stripes
      where m.queue_id = anchor.queue_id;
     perform awa._physical_queues(set_queue_stripes.queue);

@@ -704,16 +704,42 @@ begin
 end;
 $$;
 
+-- Function: awa._check_queue_room(names text[]) returns void
+-- Raises 53400 (awa._raise_queue_limit) when the names of `names` that no
+-- queue has yet would not all fit under the queue limit: a call that
+-- creates several queues checks them as a whole before it creates any.
+-- One by one, a call refused at the limit's last place had created every
+-- queue before it (their lanes' ids and sequences spent for good, the lock
+-- held all along), and a client that tried again spent as many again. The
+-- caller holds the provisioning lock, which every creation takes: a name
+-- another transaction made while this one waited is not counted.
+-- Calls: awa._raise_queue_limit
+-- Writes: nothing
+create or replace function awa._check_queue_room(names text[])
+returns void
+language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    missing text[];
+begin
+    select array_agg(u.q order by u.q) into missing
+      from unnest(names) as u (q)
+     where not exists (select from awa.queue_meta as m where m.queue = u.q);
+    if (select l.queues + coalesce(cardinality(missing), 0) > l.max_queues
+          from awa.queue_limit as l) then
+        perform awa._raise_queue_limit(missing);
+    end if;
+end;
+$$;
+
 -- Function: awa._ensure_queues(names text[]) returns void
 -- Creates the queues of `names` (names no queue has, in name order, so
 -- that concurrent calls agree) with awa._ensure_queue. More than one is
 -- first checked against the queue limit as a whole, under the
--- provisioning lock that every creation takes: one by one, a batch refused
--- at the limit's last place had created every queue before it (its lanes'
--- ids and sequences spent for good, the lock held all along), and a client
--- that tried again spent as many again.
+-- provisioning lock (awa._check_queue_room).
 -- Errors: 53400 no room for them all (awa._raise_queue_limit).
--- Calls: awa._ensure_queue, awa._lock_leader, awa._raise_queue_limit
+-- Calls: awa._check_queue_room, awa._ensure_queue, awa._lock_leader
 -- Writes: nothing
 create or replace function awa._ensure_queues(names text[])
 returns void
@@ -722,17 +748,10 @@ set search_path = pg_catalog, pg_temp
 as $$
 declare
     q text;
-    missing text[];
 begin
     if cardinality(names) > 1 then
         perform awa._lock_leader('provisioning');
-        -- Made by another transaction while this one waited: not counted.
-        select array_agg(u.q order by u.q) into missing
-          from unnest(names) as u (q)
-         where not exists (select from awa.queue_meta as m where m.queue = u.q);
-        if (select l.queues + cardinality(missing) > l.max_queues from awa.queue_limit as l) then
-            perform awa._raise_queue_limit(missing);
-        end if;
+        perform awa._check_queue_room(names);
     end if;
     foreach q in array names loop
         perform awa._ensure_queue(q);
@@ -1212,6 +1231,7 @@ $$;
 
 select awa._grant_execute('awa._queue_name_ok(text)');
 select awa._grant_execute('awa._lock_family(text)');
+select awa._grant_execute('awa._check_queue_room(text[])');
 select awa._grant_execute('awa._names_cover(text[], text, text, text)');
 select awa._grant_execute('awa._priority_ok(smallint)');
 select awa._grant_execute('awa._max_attempts_ok(integer)');

@@ -369,8 +369,10 @@ update awa.queue_meta as m
 -- the queue's own lanes keep draining. Not the way to scale a hot queue:
 -- raise S first, then partition. Role: awa_operator.
 -- Returns one row per physical queue that new enqueues now use.
--- Errors: 22004 null; 22023 out of range (1..64) or bad name; 25006 standby.
--- Calls: awa._check_layout_change, awa._lock_queue_provisioning, awa._physical_queues
+-- Errors: 22004 null; 22023 out of range (1..64) or bad name; 25006 standby;
+--   53400 no room under the queue limit for the new stripes (all checked first).
+-- Calls: awa._check_layout_change, awa._check_queue_room, awa._lock_queue_provisioning,
+--   awa._physical_queues
 -- Writes: awa.queue_meta
 create or replace function awa.set_queue_stripes(queue text, stripes integer)
 returns table (physical_queue text, enqueue_shards smallint, lanes integer)
@@ -383,6 +385,12 @@ declare
 begin
     perform awa._check_layout_change(queue, 'stripes', stripes, 64);
     anchor := awa._lock_queue_provisioning(queue);
+    if set_queue_stripes.stripes > 1 then
+        perform awa._check_queue_room(array(
+            select set_queue_stripes.queue || '#' || k
+              from generate_series(0, set_queue_stripes.stripes - 1) as k
+        ));
+    end if;
     update awa.queue_meta as m set stripes = set_queue_stripes.stripes
      where m.queue_id = anchor.queue_id;
     perform awa._physical_queues(set_queue_stripes.queue);
@@ -411,9 +419,10 @@ select awa._grant_execute('awa.set_queue_stripes(text, integer)', 'operator');
 -- cover every partition. Changing P is a repartitioning event: keys move,
 -- and per-key order returns once the old partitions drain (ADR 004).
 -- Role: awa_operator. Returns one row per partition.
--- Errors: 22004 null; 22023 out of range (1..32767) or bad name; 25006 standby.
--- Calls: awa._check_layout_change, awa._ensure_partition, awa._lock_queue_provisioning,
---   awa.partition_queue_names
+-- Errors: 22004 null; 22023 out of range (1..32767) or bad name; 25006 standby;
+--   53400 no room under the queue limit for the new partitions (all checked first).
+-- Calls: awa._check_layout_change, awa._check_queue_room, awa._ensure_partition,
+--   awa._lock_queue_provisioning, awa.partition_queue_names
 -- Writes: awa.queue_meta
 create or replace function awa.set_queue_partitions(queue text, partitions integer)
 returns table (partition integer, physical_queue text)
@@ -431,6 +440,9 @@ begin
             quote_literal(queue), quote_literal(anchor.root_queue)
             using errcode = '22023';
     end if;
+    perform awa._check_queue_room(
+        awa.partition_queue_names(set_queue_partitions.queue, set_queue_partitions.partitions)
+    );
     update awa.queue_meta as m set partitions = set_queue_partitions.partitions
      where m.queue_id = anchor.queue_id;
     for k in 1 .. set_queue_partitions.partitions - 1 loop

@@ -106,18 +106,31 @@ def test_a_call_with_more_new_names_than_room_is_refused_before_it_creates_any(d
     assert queues(db) == before[0] + 10
 
 
-def test_partitions_count_and_a_refused_call_leaves_none_behind(db, logins):
+@pytest.mark.parametrize("layout", ["partitions", "stripes"])
+def test_partitions_count_and_a_refused_call_leaves_none_behind(db, logins, layout):
+    """Partitions and stripes count, and a call that makes more than there is
+    room for is refused before it makes any: made one by one, each with its
+    lanes, the refused call had spent the lane ids of those before the last
+    place for good, at every try."""
     with db.connect(logins.producer) as p:
         enqueue(p, "orders")
     room_for(db, logins, 2)
-    before = (queues(db), sequences(db))
-    with db.connect(logins.operator) as op, pytest.raises(LIMIT_REACHED):
-        op.execute("select * from awa.set_queue_partitions('orders', 4)")
-    assert (queues(db), sequences(db)) == before
-    room_for(db, logins, 3)
+    before = (queues(db), sequences(db), lane_ids_spent(db))
+    change = (f"select * from awa.set_queue_{layout}('orders', 4)")
+    first = "orders__p1" if layout == "partitions" else "orders#0"
+    more = 3 if layout == "partitions" else 4
+    for _ in range(2):
+        with db.connect(logins.operator) as op, pytest.raises(LIMIT_REACHED) as err:
+            op.execute(change)
+        n = before[0]
+        assert err.value.diag.message_primary == (
+            f"queue limit reached: {n} queues exist and at most {n + 2} may;"
+            f" this call would create {more} more ('{first}', ...)")
+    assert (queues(db), sequences(db), lane_ids_spent(db)) == before
+    room_for(db, logins, more)
     with db.connect(logins.operator) as op:
-        assert len(op.execute("select * from awa.set_queue_partitions('orders', 4)")
-                   .fetchall()) == 4
+        assert len(op.execute(change).fetchall()) == 4
+    assert queues(db) == before[0] + more
 
 
 def _create_behind(db, login, holder, queue):
