@@ -186,6 +186,12 @@ def read_only_reason(conn: psycopg.Connection) -> str | None:
     return None
 
 
+def one_line(err: BaseException) -> str:
+    """An error's text on one line, for a log line or a terminal (its class
+    name when it has no text)."""
+    return " ".join(str(err).split()) or type(err).__name__
+
+
 def read_only_error(reason: str, who: str) -> str:
     """What an operator is told when ``who`` (something that writes) meets a
     server that takes no writes."""

@@ -36,6 +36,7 @@ from awa_sql import shards
 from awa_sql.connect import (
     connect,
     network_defaults,
+    one_line,
     parse_dsn,
     read_only_error,
     read_only_reason,
@@ -260,10 +261,6 @@ class _ReadOnly(Exception):
     """The server takes no writes (a standby): no pass can run there."""
 
 
-def _one_line(err: BaseException) -> str:
-    return " ".join(str(err).split()) or type(err).__name__
-
-
 # Whether this login may take the pass locks, and which roles may (the
 # maintenance role, whatever its name): read from the catalog, which any
 # login may read, so that a login without USAGE on schema awa gets its answer too.
@@ -361,7 +358,7 @@ class Maintainer:
                 self.metrics.connect_failures.inc()
                 if self._stop.is_set():
                     break
-                log.warning("cannot connect: %s; retrying in %.1f s", _one_line(err),
+                log.warning("cannot connect: %s; retrying in %.1f s", one_line(err),
                             self._backoff.delay)
                 troubled = True
                 self._backoff.wait()
@@ -390,7 +387,7 @@ class Maintainer:
             except psycopg.Error as err:
                 if self._stop.is_set():
                     break
-                log.warning("connection lost: %s; reconnecting in %.1f s", _one_line(err),
+                log.warning("connection lost: %s; reconnecting in %.1f s", one_line(err),
                             self._backoff.delay)
                 troubled = True
                 self._backoff.wait()
@@ -446,7 +443,7 @@ class Maintainer:
                 raise
             if isinstance(err, psycopg.errors.ReadOnlySqlTransaction):
                 self._require_writes(conn)  # the server became read-only since the connect
-            message = _one_line(err)
+            message = one_line(err)
             if self._failing.get(task.name) != message:  # the same error again: logged once
                 log.warning("%s: %s failed: %s", task.name, task.function, message)
             self._failing[task.name] = message

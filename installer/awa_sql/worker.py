@@ -61,6 +61,7 @@ import psycopg
 from awa_sql.connect import (
     connect,
     network_defaults,
+    one_line,
     parse_dsn,
     prepared_mode,
     read_only_error,
@@ -73,7 +74,6 @@ from awa_sql.maintain import (
     BACKOFF_MIN,
     TASK_NAMES,
     Maintainer,
-    _one_line,
     missing_grant,
 )
 from awa_sql.metrics import client_metrics
@@ -372,7 +372,7 @@ class _Link:
             if not self._conn.closed:
                 raise
             self.lost_after_send = True
-            log.warning("connection lost: %s; connecting again", _one_line(err))
+            log.warning("connection lost: %s; connecting again", one_line(err))
         self._conn = self._open()
         return self._conn.execute(statement, params)
 
@@ -598,7 +598,7 @@ class Worker:
                                   else conn.read_only_reason())
                         if reason is None:
                             log.warning("queue %s: claim failed: %s; trying again in %.1f s",
-                                        queue, _one_line(err), backoff)
+                                        queue, one_line(err), backoff)
                         elif not read_only:  # said once, until a claim works again
                             log.warning("queue %s: %s; no claim runs until it takes writes:"
                                         " connecting again in %.1f s, then with back-off up"
@@ -672,7 +672,7 @@ class Worker:
                     except Exception as err:  # the job is no longer heartbeated (_handle)
                         log.error("job %s (%s): its outcome could not be recorded: %s; once"
                                   " its lease expires, awa.rescue_expired will retry it",
-                                  job.job_id, job.kind, _one_line(err))
+                                  job.job_id, job.kind, one_line(err))
                     finally:
                         free.release()
         finally:
@@ -731,7 +731,7 @@ class Worker:
                     raise
                 log.warning("job %s (%s): its %s could not be recorded: %s; trying again in"
                             " %.1f s while its lease lasts", job.job_id, job.kind, outcome,
-                            _one_line(err), backoff)
+                            one_line(err), backoff)
             time.sleep(backoff)
             backoff = min(backoff * 2, RECORD_BACKOFF_MAX)
 
@@ -745,7 +745,7 @@ class Worker:
             held = conn.execute("select awa.run_outcome(%s, %s, %s)",
                                 [job.job_id, job.run_lease, job.attempt]).fetchone()[0]
         except psycopg.Error as err:
-            _log_gone(job, outcome, in_doubt=_one_line(err))
+            _log_gone(job, outcome, in_doubt=one_line(err))
             return None
         _log_settled(job, outcome, held)
         return True if held == ("completed" if outcome == "completion" else "failed") else None
@@ -770,7 +770,7 @@ class Worker:
             # is recorded all the same, retried after the queue's backoff,
             # not left held until its lease ends.
             log.warning("job %s (%s): its Retry time was refused: %s; it is retried after the"
-                        " queue's backoff instead", job.job_id, job.kind, _one_line(err))
+                        " queue's backoff instead", job.job_id, job.kind, one_line(err))
             retry = None
             done = self._record(conn, job, "failure", "select awa.fail(%s, %s, %s)",
                                 [job.job_id, job.run_lease, error])
@@ -851,7 +851,7 @@ class Worker:
                     except psycopg.Error as err:
                         wait = min(retry, every)
                         log.warning("heartbeat failed: %s; trying again in %.1f s",
-                                    _one_line(err), wait)
+                                    one_line(err), wait)
                         beat_at, retry = time.monotonic() + wait, retry * 2
                     else:
                         beat_at, retry = time.monotonic() + every, HEARTBEAT_RETRY_MIN
@@ -925,7 +925,7 @@ class Worker:
                 lost = held[n:] if isinstance(err, psycopg.OperationalError) else [held[n]]
                 log.error("shutdown: could not hand back %s: %s; once their leases expire,"
                           " awa.rescue_expired will retry them",
-                          ", ".join(f"{key[0]} ({x.kind})" for key, x in lost), _one_line(err))
+                          ", ".join(f"{key[0]} ({x.kind})" for key, x in lost), one_line(err))
                 if isinstance(err, psycopg.OperationalError):
                     break
                 continue
@@ -971,7 +971,7 @@ class Worker:
             except psycopg.Error as err:
                 # This job's error (awa.heartbeat raises for a gone run outside
                 # read committed): the jobs after it are heartbeated all the same.
-                log.warning("job %s: heartbeat failed: %s", job_id, _one_line(err))
+                log.warning("job %s: heartbeat failed: %s", job_id, one_line(err))
                 continue
             if extended:
                 h.lease_until = time.monotonic() + lease_seconds

@@ -21,8 +21,8 @@ from awa_sql.cli.common import (
     parse_interval,
     sqlstate_suffix,
 )
-from awa_sql.connect import connect, network_defaults, resolve_dsn
-from awa_sql.maintain import Backoff, _one_line
+from awa_sql.connect import connect, network_defaults, one_line, resolve_dsn
+from awa_sql.maintain import Backoff
 from awa_sql.migrate import EXIT_USAGE
 from awa_sql.routing import MAX_SHARDS
 
@@ -474,7 +474,7 @@ def _tick_until(stop: threading.Event, args: argparse.Namespace) -> None:
         except psycopg.OperationalError as error:
             if stop.is_set():
                 break
-            err(f"cannot connect: {_one_line(error)}; retrying in {backoff.delay:.1f} s")
+            err(f"cannot connect: {one_line(error)}; retrying in {backoff.delay:.1f} s")
             troubled = True
             backoff.wait()
             continue
@@ -488,7 +488,7 @@ def _tick_until(stop: threading.Event, args: argparse.Namespace) -> None:
                 except psycopg.Error as error:
                     if _fails_every_tick(error):
                         raise
-                    said = f"{type(error).__name__}{sqlstate_suffix(error)}: {_one_line(error)}"
+                    said = f"{type(error).__name__}{sqlstate_suffix(error)}: {one_line(error)}"
                     # A standby (25006) stays one on this connection: a
                     # failover is found by connecting again.
                     if conn.closed or isinstance(error, psycopg.errors.ReadOnlySqlTransaction):
