@@ -1674,8 +1674,10 @@ begin
     select array_agg(u.q order by u.q) into missing
       from unnest(names) as u (q)
      where not exists (select from awa.queue_meta as m where m.queue = u.q);
-    if (select l.queues + coalesce(cardinality(missing), 0) > l.max_queues
-          from awa.queue_limit as l) then
+    -- Nothing to create passes, whatever the count: a limit lowered below it
+    -- refuses only new queues.
+    if missing is not null and (select l.queues + cardinality(missing) > l.max_queues
+                                  from awa.queue_limit as l) then
         perform awa._raise_queue_limit(missing);
     end if;
 end;
@@ -3021,7 +3023,7 @@ AS $function$
 declare
     ids integer[];
 begin
-    perform awa._lock_queue_provisioning(queue, create_missing => false);
+    perform awa._lock_queue(queue, create_missing => false);
     ids := awa._queue_ids(queue);
     perform awa._lock_queue_rows(ids);
     return ids;
@@ -3200,6 +3202,14 @@ CREATE OR REPLACE FUNCTION awa._lock_queue_provisioning(queue text, create_missi
 AS $function$
 begin
     perform awa._lock_leader('provisioning');
+    -- A member's root row before its own (awa._lock_rank's order): a
+    -- change of the root's family (awa._lock_family) waits for the members
+    -- this call makes, and finds them.
+    perform
+      from awa.queue_meta as r
+     where r.queue = (select m.root_queue from awa.queue_meta as m
+                       where m.queue = _lock_queue_provisioning.queue)
+       for no key update;
     return awa._lock_queue(queue, create_missing);
 end;
 $function$;

@@ -726,8 +726,10 @@ begin
     select array_agg(u.q order by u.q) into missing
       from unnest(names) as u (q)
      where not exists (select from awa.queue_meta as m where m.queue = u.q);
-    if (select l.queues + coalesce(cardinality(missing), 0) > l.max_queues
-          from awa.queue_limit as l) then
+    -- Nothing to create passes, whatever the count: a limit lowered below it
+    -- refuses only new queues.
+    if missing is not null and (select l.queues + cardinality(missing) > l.max_queues
+                                  from awa.queue_limit as l) then
         perform awa._raise_queue_limit(missing);
     end if;
 end;
@@ -801,9 +803,10 @@ $$;
 
 -- Function: awa._lock_queue_provisioning(queue text, create_missing boolean default true)
 --           returns awa.queue_meta
--- The provisioning lock, then the queue's row (awa._lock_queue): the first
--- locks of an operator's call that may create queues or lanes (a change of
--- S, partitions or stripes) or removes a queue (a drop). Never the row
+-- The provisioning lock, then the queue's row (awa._lock_queue), after
+-- its root's row when it is a partition or stripe: the first locks of an
+-- operator's call that may create queues or lanes (a change of S,
+-- partitions or stripes) or removes a queue (a drop). Never the row
 -- first: a producer that creates a queue holds the provisioning lock until
 -- it commits, and when the same call enqueues another queue's first keyed
 -- job it then marks that queue's row (awa._mark_unique_jobs), once it
@@ -820,6 +823,14 @@ set search_path = pg_catalog, pg_temp
 as $$
 begin
     perform awa._lock_leader('provisioning');
+    -- A member's root row before its own (awa._lock_rank's order): a
+    -- change of the root's family (awa._lock_family) waits for the members
+    -- this call makes, and finds them.
+    perform
+      from awa.queue_meta as r
+     where r.queue = (select m.root_queue from awa.queue_meta as m
+                       where m.queue = _lock_queue_provisioning.queue)
+       for no key update;
     return awa._lock_queue(queue, create_missing);
 end;
 $$;
@@ -1203,16 +1214,17 @@ $$;
 -- Function: awa._lock_family(queue text) returns integer[]
 -- What an operator's change of a setting every member of a family carries
 -- (a pause, a retention, a retry policy, a max run time, a shard mode)
--- locks first: the provisioning lock, the named row (both as
--- awa._lock_queue_provisioning), then every member's row (awa._lock_queue_rows);
--- returns the members' ids (awa._queue_ids), read once the locks are
--- held. A new partition or stripe copies its family's settings as it is
--- made, under the provisioning lock until its maker commits
--- (awa._ensure_linked): without that lock first, a change read the
--- members before such a maker committed, and the new member kept the old
--- setting (an unpaused stripe of a paused queue).
+-- locks first: the named row (awa._lock_queue), then every member's row
+-- (awa._lock_queue_rows); returns the members' ids (awa._queue_ids), read
+-- once the named row is held. A call that makes new members (new stripes
+-- or partitions) holds that row, and its family's root row, until it
+-- commits (awa._lock_queue_provisioning), and copies the settings under
+-- them: read before such a maker committed, the members missed the new
+-- ones, which kept the old setting (an unpaused stripe of a paused queue).
+-- Never the provisioning lock: a change that waited here for a row a
+-- producer's open transaction holds would hold every queue's creation.
 -- Errors: 42704 no such queue; 22004/22023 a bad name.
--- Calls: awa._lock_queue_provisioning, awa._lock_queue_rows, awa._queue_ids
+-- Calls: awa._lock_queue, awa._lock_queue_rows, awa._queue_ids
 -- Writes: nothing
 create or replace function awa._lock_family(queue text)
 returns integer[]
@@ -1222,7 +1234,7 @@ as $$
 declare
     ids integer[];
 begin
-    perform awa._lock_queue_provisioning(queue, create_missing => false);
+    perform awa._lock_queue(queue, create_missing => false);
     ids := awa._queue_ids(queue);
     perform awa._lock_queue_rows(ids);
     return ids;

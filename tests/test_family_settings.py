@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.jobs import behind
+from tests.support.jobs import Call, behind, waits_for_a_lock
+from tests.support.waiting import wait_until
 
 FAMILY = "select count(*) from awa.queue_meta where queue = 'orders' or root_queue = 'orders'"
 
@@ -54,3 +55,32 @@ def test_a_family_setting_covers_members_made_while_it_waited(db, logins, setter
             " where (queue = 'orders' or root_queue = 'orders')"
             f" and {column}::text is distinct from %s order by queue", [value]).fetchall()
         assert left == []
+
+
+def test_a_change_that_waits_for_a_row_holds_up_no_other_queue(db, logins):
+    """A pause waits for its queue's row while a producer's open transaction
+    holds it (its first keyed job marked the queue). It holds nothing that
+    the creation of another queue or a change of another queue's settings
+    waits for: taking the provisioning lock first, it held them all."""
+    with db.connect(logins.producer) as p:
+        p.execute("select awa.enqueue('a', 'k')")
+        p.execute("select awa.enqueue('c', 'k')")
+    holder = db.connect(logins.producer, autocommit=False)
+    holder.execute("select awa.enqueue('a', 'k', unique_key => 'order-1'::bytea)")
+    pause = Call(db.connect(logins.operator, autocommit=False),
+                 lambda c: c.execute("select awa.pause_queue('a')").fetchone()[0])
+    pause.start()
+    try:
+        with db.connect() as watch:
+            wait_until(lambda: waits_for_a_lock(watch, pause.pid), 15, "the pause to wait")
+        with db.connect(logins.producer) as p, db.connect(logins.operator) as op:
+            for conn in (p, op):
+                conn.execute("set lock_timeout = '5s'")
+            p.execute("select awa.enqueue('b', 'k')")
+            assert op.execute("select awa.pause_queue('c')").fetchone()[0] is True
+            op.execute("select awa.set_retention('c', '1 hour', '1 day')")
+            op.execute("select * from awa.set_enqueue_shards('c', 2)")
+    finally:
+        holder.commit()
+        pause.join(30)
+    assert pause.error is None and pause.result is True

@@ -133,6 +133,24 @@ def test_partitions_count_and_a_refused_call_leaves_none_behind(db, logins, layo
     assert queues(db) == before[0] + more
 
 
+def test_below_the_limit_a_change_that_creates_nothing_passes(db, logins):
+    """A limit lowered below the count refuses only new queues: a layout
+    change that makes no member, and a batch of known names, pass."""
+    with db.connect(logins.operator) as op:
+        op.execute("select * from awa.set_queue_partitions('orders', 3)")
+        op.execute("select * from awa.set_queue_stripes('mail', 2)")
+        room_for(db, logins, -2)
+        before = queues(db)
+        for change in ("select * from awa.set_queue_partitions('orders', 3)",
+                       "select * from awa.set_queue_partitions('orders', 2)",
+                       "select * from awa.set_queue_stripes('mail', 2)"):
+            op.execute(change)
+    with db.connect(logins.producer) as p:
+        p.execute("select count(*) from awa.enqueue_batch(array['orders', 'mail', 'orders'],"
+                  " array['k', 'k', 'k'])")
+    assert queues(db) == before
+
+
 def _create_behind(db, login, holder, queue):
     """The error of an enqueue to `queue` as `login` run while `holder` holds
     the provisioning lock (committed once it waits), or None."""

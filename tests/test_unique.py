@@ -633,10 +633,6 @@ def test_a_queues_first_keyed_enqueue_does_not_deadlock_another_keys_producer(db
     "select * from awa.set_queue_partitions('uq', 2)",
     "select * from awa.set_queue_stripes('uq', 2)",
     "select awa.drop_queue('uq')",
-    # A family's settings: the provisioning lock first too (awa._lock_family).
-    "select awa.pause_queue('uq')",
-    "select awa.set_retention('uq', '1 hour', '1 day')",
-    "select * from awa.set_shard_mode('uq', 'shadow', 8)",
 ])
 def test_a_batch_that_creates_a_queue_and_marks_another_does_not_deadlock_a_change(
         db, logins, change):
