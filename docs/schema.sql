@@ -3573,10 +3573,14 @@ begin
         select r.routed, r.queue_ids, r.key_shards into l_queues, l_queue_ids, l_key_shards
           from awa._route_rows(load.queues, load.ordering_keys) as r;
         if cardinality(array_remove(load.unique_keys, null)) > 0 then
+            -- An id for every row, as awa._enqueue_rows draws them for a
+            -- keyed call: each row then enters its lane with an id it
+            -- already had, recorded in awa.ready_late with its pass's stamp.
+            -- Ids for the keyed rows only left the unkeyed rows after a
+            -- keyed one with ids below its stamp, and the job tools'
+            -- bisection of the lane (ADR 029) missed them.
             l_jobs := array(
-                select case when u.k is not null then nextval('awa.job_id_seq') end
-                  from unnest(load.unique_keys) with ordinality as u (k, i)
-                 order by u.i
+                select nextval('awa.job_id_seq') from generate_series(1, cardinality(l_ids))
             );
             dup_i := array(
                 select u.i
@@ -3596,6 +3600,15 @@ begin
                                  load.run_ats),
               load.priorities, l_key_shards, false
           ) as t;
+        if l_jobs is not null then
+            -- Every keyed queue of the load marked at once, in lock order,
+            -- once the lanes are held: marked pass by pass, a later pass's
+            -- lower-ranked queue was locked after a higher one, against a
+            -- change of the family's settings (40P01).
+            perform awa._mark_unique_jobs(
+                awa._null_at(l_queue_ids, coalesce(dup_i, '{}')), load.unique_keys
+            );
+        end if;
         load := null;
     end if;
     loop

@@ -31,17 +31,18 @@
 -- names the first bad row, if any, as its pass would (awa._row_ok,
 -- awa._check_row); locks the rows (it waits for another mover that holds
 -- one, which the passes would skip) and routes them once
--- (awa._route_rows), under the S it reads then; draws the keyed rows' job
--- ids and takes their keys (awa._take_unique_keys); takes the lanes of
--- the rows due now and not duplicates (awa._lock_lanes without reserving
--- ranges). Each pass then gives awa._enqueue_rows its rows' routing, each
--- row's shard the one taken for it (an unkeyed row's too, so a pass
--- chooses no lane again and finds every lane held, whatever S has become)
--- and the keyed rows' job ids (null for a duplicate).
+-- (awa._route_rows), under the S it reads then; when any row is keyed,
+-- draws every row's job id and takes the keys (awa._take_unique_keys);
+-- takes the lanes of the rows due now and not duplicates (awa._lock_lanes
+-- without reserving ranges); then marks the keyed queues
+-- (awa._mark_unique_jobs). Each pass then gives awa._enqueue_rows its
+-- rows' routing, each row's shard the one taken for it (an unkeyed row's
+-- too, so a pass chooses no lane again and finds every lane held, whatever
+-- S has become) and the job ids (null for a duplicate).
 -- The prologue holds every row's routing, ordering and unique keys at
 -- once (about 40 bytes a row beyond the keys).
--- Calls: awa._check_row, awa._due_queue_ids, awa._enqueue_rows, awa._lock_lanes, awa._null_at,
---   awa._route_rows, awa._row_ok, awa._take_unique_keys
+-- Calls: awa._check_row, awa._due_queue_ids, awa._enqueue_rows, awa._lock_lanes,
+--   awa._mark_unique_jobs, awa._null_at, awa._route_rows, awa._row_ok, awa._take_unique_keys
 -- Writes: awa.copy_staging
 create or replace function awa._move_staged_in_batches(xid xid8)
 returns bigint
@@ -134,10 +135,14 @@ begin
         select r.routed, r.queue_ids, r.key_shards into l_queues, l_queue_ids, l_key_shards
           from awa._route_rows(load.queues, load.ordering_keys) as r;
         if cardinality(array_remove(load.unique_keys, null)) > 0 then
+            -- An id for every row, as awa._enqueue_rows draws them for a
+            -- keyed call: each row then enters its lane with an id it
+            -- already had, recorded in awa.ready_late with its pass's stamp.
+            -- Ids for the keyed rows only left the unkeyed rows after a
+            -- keyed one with ids below its stamp, and the job tools'
+            -- bisection of the lane (ADR 029) missed them.
             l_jobs := array(
-                select case when u.k is not null then nextval('awa.job_id_seq') end
-                  from unnest(load.unique_keys) with ordinality as u (k, i)
-                 order by u.i
+                select nextval('awa.job_id_seq') from generate_series(1, cardinality(l_ids))
             );
             dup_i := array(
                 select u.i
@@ -157,6 +162,15 @@ begin
                                  load.run_ats),
               load.priorities, l_key_shards, false
           ) as t;
+        if l_jobs is not null then
+            -- Every keyed queue of the load marked at once, in lock order,
+            -- once the lanes are held: marked pass by pass, a later pass's
+            -- lower-ranked queue was locked after a higher one, against a
+            -- change of the family's settings (40P01).
+            perform awa._mark_unique_jobs(
+                awa._null_at(l_queue_ids, coalesce(dup_i, '{}')), load.unique_keys
+            );
+        end if;
         load := null;
     end if;
     loop

@@ -304,6 +304,77 @@ def test_a_keyed_load_of_several_passes_keeps_copy_order_and_its_duplicates(db, 
         (rows[n][0], rows[n][5], n) for n in expected if rows[n][5] is not None)
 
 
+def test_every_ready_job_of_a_keyed_load_of_several_passes_is_found_by_id(db, logins):
+    """A keyed row, then 10,000 unkeyed rows in its lane, in a load of two
+    passes: the prologue drew ids for the keyed rows only, so the unkeyed
+    ones had ids below the keyed row's awa.ready_late stamp, and once the
+    lane's head reached the keyed row awa.job and awa.cancel_job found none
+    of them (awa.jobs listed them)."""
+    with db.connect(logins.producer) as p:
+        enqueue(p, "hidden", "seed")
+    with db.connect(logins.producer, autocommit=False) as p:
+        p.execute("insert into awa.copy_staging (queue, kind, unique_key)"
+                  " values ('hidden', 'keyed', 'key-1')")
+        p.execute("insert into awa.copy_staging (queue, kind)"
+                  " select 'hidden', 'plain' from generate_series(1, 10000)")
+        assert p.execute("select awa.enqueue_copied()").fetchone()[0] == 10001
+        p.commit()
+    with db.connect(logins.worker) as w:
+        assert w.execute("select kind from awa.claim(array['hidden'], 1, 'w')"
+                         ).fetchall() == [("seed",)]
+    with db.connect(logins.operator) as op, db.connect() as su:
+        ids = [r[0] for r in su.execute(
+            "select r.job_id from awa.ready as r join awa.queue_meta as m using (queue_id)"
+            " where m.queue = 'hidden' order by r.lane_seq").fetchall()]
+        assert len(ids) == 10001
+        sample = [*ids[::97], ids[-1]]
+        unfound = [j for j in sample
+                   if op.execute("select count(*) from awa.job(%s)", [j]).fetchone()[0] != 1]
+        assert unfound == []
+        assert op.execute("select awa.cancel_job(%s)", [ids[5000]]).fetchone()[0] is True
+
+
+def test_a_keyed_load_of_several_passes_marks_its_queues_at_once(db, logins):
+    """A keyed load of two passes into a partitioned queue, the first pass's
+    rows in partition 1, the second's in partition 0, and a pause of the
+    queue while the load stops after its first mark of a queue: marked pass
+    by pass, the load held fam__p1's row and then waited for fam's, which
+    the pause held while it waited for fam__p1's: 40P01. The prologue marks
+    every keyed queue of the load in lock order now."""
+    from tests.support.crash import Hold
+    from tests.support.jobs import Call, waits_for_a_lock
+    from tests.support.waiting import wait_until
+
+    with db.connect(logins.operator) as op:
+        op.execute("select awa.set_queue_partitions('fam', 2)")
+        keys = {}
+        for i in range(100):
+            key = f"cust-{i}".encode()
+            keys.setdefault(op.execute("select awa.partition_for_ordering_key(%s, 2)",
+                                       [key]).fetchone()[0], key)
+    with db.connect() as admin:
+        hold = Hold(admin, "awa.queue_meta", "update")
+        load = db.connect(logins.producer, autocommit=False)
+        for partition, rows, tag in ((1, 10000, "a"), (0, 10, "b")):
+            load.execute("insert into awa.copy_staging (queue, ordering_key, kind, unique_key)"
+                          " select 'fam', %s, 'k', (%s || g)::bytea"
+                          " from generate_series(1, %s) as g", [keys[partition], tag, rows])
+        copy = Call(load, lambda c: c.execute("select awa.enqueue_copied()").fetchone()[0])
+        copy.start()
+        try:
+            wait_until(lambda: hold.waiting(copy.pid), 30, "the load's first mark")
+            pause = Call(db.connect(logins.operator, autocommit=False),
+                         lambda c: c.execute("select awa.pause_queue('fam')").fetchone()[0])
+            pause.start()
+            wait_until(lambda: waits_for_a_lock(admin, pause.pid), 15, "the pause to wait")
+        finally:
+            hold.close()
+        copy.join(60)
+        pause.join(60)
+    assert copy.error is None and copy.result == 10010, copy.error
+    assert pause.error is None and pause.result is True, pause.error
+
+
 def test_a_bad_row_of_a_keyed_load_of_several_passes_is_named(db, logins):
     """The first bad row, named as its pass would name it, before any key is
     taken; nothing is enqueued."""
