@@ -6537,6 +6537,11 @@ begin
            dropped_paused = m.paused, dropped_xact = pg_current_xact_id(), dropped_at = now()
      where m.queue_id = meta.queue_id;
     perform awa._rename_history(meta.queue, '#dropped#' || meta.queue_id);
+    -- The name's counters: a new queue of the name starts from 0. After the
+    -- rename, not before: a tick that folded a hold into the queue's latest
+    -- decision holds that row, which the rename waits for, and would wait
+    -- for this drop at its count of the hold (40P01).
+    delete from awa.autoscale_decision_counts as c where c.queue = meta.queue;
     return true;
 end;
 $function$;

@@ -48,8 +48,8 @@ $$;
 -- its row takes: a drop's '#dropped#<queue_id>', or the name a queue put
 -- back gets. Read by name (awa._shards_at, the auto-scaler's cooldown, the
 -- admin's history), it would otherwise be a new queue's of the old name.
--- The decisions' counts stay with the name: they are counters, exported
--- by name.
+-- The decisions' counts (awa.autoscale_decision_counts) do not move: a drop
+-- deletes them.
 -- Calls: nothing
 -- Writes: awa.autoscale_decisions, awa.shard_changes
 create or replace function awa._rename_history(queue text, new_name text)
@@ -78,14 +78,17 @@ $$;
 -- terminal job; with discard_finished, its kept terminal jobs and the keys
 -- their windows hold are deleted first (in this transaction: a refusal
 -- deletes nothing). Partitions, stripes and queues that have them are
--- refused: not supported yet. Role: awa_operator. Returns true.
+-- refused: not supported yet. Its history of S and decisions takes the
+-- row's new name (awa._rename_history); its decision counts are deleted,
+-- so a new queue of the name starts from 0 (a queue put back too). Role:
+-- awa_operator. Returns true.
 -- Errors: 22004 null; 22023 bad name; 42704 unknown queue; 0A000 a
 --   partition or stripe, or a queue with partitions or stripes; 55006 not
 --   empty (naming what it holds); 25006 on a standby; 25000 the transaction
 --   is not read committed (a snapshot older than the call would miss jobs).
 -- Calls: awa._check_read_committed, awa._lock_queue_provisioning, awa._queue_contents,
 --   awa._rename_history, awa._require_primary
--- Writes: awa.finished, awa.queue_meta, awa.unique_keys
+-- Writes: awa.autoscale_decision_counts, awa.finished, awa.queue_meta, awa.unique_keys
 create or replace function awa.drop_queue(queue text, discard_finished boolean default false)
 returns boolean
 language plpgsql
@@ -148,6 +151,11 @@ begin
            dropped_paused = m.paused, dropped_xact = pg_current_xact_id(), dropped_at = now()
      where m.queue_id = meta.queue_id;
     perform awa._rename_history(meta.queue, '#dropped#' || meta.queue_id);
+    -- The name's counters: a new queue of the name starts from 0. After the
+    -- rename, not before: a tick that folded a hold into the queue's latest
+    -- decision holds that row, which the rename waits for, and would wait
+    -- for this drop at its count of the hold (40P01).
+    delete from awa.autoscale_decision_counts as c where c.queue = meta.queue;
     return true;
 end;
 $$;

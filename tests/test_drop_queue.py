@@ -595,6 +595,102 @@ def test_a_queue_put_back_takes_its_history_of_s_with_it(db, logins, su, op, tak
         assert changes_of(su, "kept") == 0
 
 
+def decision_counts(su, queue: str) -> list[tuple]:
+    return su.execute("select action, decisions from awa.autoscale_decision_counts"
+                      " where queue = %s order by action", [queue]).fetchall()
+
+
+def tick(db, logins, times: int = 1) -> None:
+    with db.connect(logins.maintenance) as m:
+        for _ in range(times):
+            m.execute("select * from awa.autoscale_tick()").fetchall()
+
+
+def decision_series(db, logins, queue: str) -> list[str]:
+    with db.connect(logins.reader) as r:
+        return [line for line in render(r)[0].decode().splitlines()
+                if line.startswith("awa_autoscale_decisions")
+                and f'queue="{queue}"' in line]
+
+
+def shadow_queue(op, queue: str) -> None:
+    op.execute("select * from awa.set_enqueue_shards(%s, 1)", [queue])
+    op.execute("select * from awa.set_shard_mode(%s, 'shadow', 8)", [queue])
+
+
+def test_a_new_queue_of_a_dropped_name_starts_its_decision_counts_from_0(db, logins, su,
+                                                                          op):
+    """The counts are the metrics' counters, by name. The drop deletes them:
+    kept until a tick found no queue of the name, a queue made again under
+    it before that tick (here a manual one) kept the old queue's counts, and
+    its awa_autoscale_decisions_* series, for good."""
+    shadow_queue(op, "recount")
+    tick(db, logins, 3)
+    assert decision_counts(su, "recount") == [("held", 3)]
+    drop(op, "recount")
+    assert decision_counts(su, "recount") == []
+    with db.connect(logins.producer) as p:
+        enqueue(p, "recount")  # a new, manual queue, before any tick
+    tick(db, logins, 2)
+    assert decision_counts(su, "recount") == []
+    assert decision_series(db, logins, "recount") == []
+    # Made auto-scaled again, it counts from 0.
+    shadow_queue(op, "recount")
+    tick(db, logins)
+    assert decision_counts(su, "recount") == [("held", 1)]
+    assert 'awa_autoscale_decisions_total{action="held",queue="recount"} 1.0' in (
+        decision_series(db, logins, "recount"))
+
+
+def test_a_queue_put_back_starts_its_decision_counts_from_0(db, logins, su, op):
+    shadow_queue(op, "recount")
+    tick(db, logins)
+    old, _, _ = late_job(db, logins, su, op, "recount", take_name=False)
+    assert finish(db, logins) == [("recount", old, "restored", "recount")]
+    assert decision_counts(su, "recount") == []
+    tick(db, logins)
+    assert decision_counts(su, "recount") == [("held", 1)]
+
+
+def test_a_drop_waits_for_a_tick_counting_the_queue_and_deletes_its_count(db, logins, su, op):
+    """A tick that folds a hold into the queue's latest decision holds that
+    row until it commits: the drop's rename of the history waits for it,
+    then its delete takes the tick's count too, and no deadlock."""
+    shadow_queue(op, "recount")
+    tick(db, logins)
+    with (db.connect(logins.maintenance, autocommit=False) as m,
+          db.connect(logins.operator, autocommit=False) as dropper,
+          db.connect() as watch):
+        m.execute("select * from awa.autoscale_tick()").fetchall()
+        assert decision_counts(su, "recount") == [("held", 1)]  # the tick's is not committed
+        dropping = Call(dropper, lambda c: drop(c, "recount"))
+        in_turn_behind(watch, m, [dropping])
+    assert dropping.error is None, dropping.error
+    assert dropping.result is True
+    assert decision_counts(su, "recount") == []
+    with db.connect(logins.producer) as p:
+        enqueue(p, "recount")
+    tick(db, logins)
+    assert decision_counts(su, "recount") == []
+
+
+def test_a_tick_that_counts_a_queue_dropped_in_flight_deletes_the_count(db, logins, su, op):
+    """The other way round: the drop's transaction holds the renamed decision
+    the tick would fold into; the tick waits for it, then counts under a name
+    no queue has any more, and its own prune of those takes the count."""
+    shadow_queue(op, "recount")
+    tick(db, logins)
+    with (db.connect(logins.operator, autocommit=False) as dropper,
+          db.connect(logins.maintenance, autocommit=False) as m,
+          db.connect() as watch):
+        drop(dropper, "recount")
+        ticking = Call(m, lambda c: c.execute("select * from awa.autoscale_tick()").fetchall())
+        in_turn_behind(watch, dropper, [ticking])
+    assert ticking.error is None, ticking.error
+    assert len(ticking.result) == 1  # it decided, folding into the renamed row
+    assert decision_counts(su, "recount") == []
+
+
 @pytest.mark.parametrize("change", [
     "pause_queue('later')",
     "set_shard_mode('later', 'auto', 4)",
