@@ -69,6 +69,7 @@ from awa_sql.connect import (
     resolve_dsn,
 )
 from awa_sql.defaults import EVERY_MAX, EVERY_MIN
+from awa_sql.jsonb import Undecodable, decode_apart
 from awa_sql.maintain import (
     BACKOFF_MAX,
     BACKOFF_MIN,
@@ -154,38 +155,6 @@ class Retry(Exception):
 
 class DeadlineExceeded(Exception):
     """An async handler was cancelled at its job's deadline."""
-
-
-class _Undecodable:
-    """A job's args that the JSON decoder refused (valid jsonb nested deeper
-    than Python's json goes, say), in place of the args."""
-
-    def __init__(self, error: BaseException) -> None:
-        self.error = "".join(traceback.format_exception_only(error)).strip()
-
-    def __repr__(self) -> str:
-        return f"<undecodable args: {self.error}>"
-
-
-def _decode_args_apart(conn: psycopg.Connection) -> None:
-    """Makes the claimer's jsonb loaders (those the connection has, so a
-    ``set_json_loads`` is kept) return an _Undecodable instead of raising:
-    a raise would fail the whole claim's fetch, with every job of the batch
-    already claimed, and end the claimer."""
-    oid = conn.adapters.types["jsonb"].oid
-    for fmt in (psycopg.pq.Format.TEXT, psycopg.pq.Format.BINARY):
-        base = conn.adapters.get_loader(oid, fmt)
-        if base is None:
-            continue
-
-        class Tolerant(base):  # type: ignore[misc, valid-type]
-            def load(self, data: Any) -> Any:
-                try:
-                    return super().load(data)
-                except Exception as err:  # RecursionError, ValueError, DataError
-                    return _Undecodable(err)
-
-        conn.adapters.register_loader(oid, Tolerant)
 
 
 class _BadArgs(Exception):
@@ -580,7 +549,7 @@ class Worker:
         read_only = False  # the last claim met a server that takes no writes
         lease_seconds = self.lease.total_seconds()
         try:
-            with self._link("claimer", _decode_args_apart) as conn:
+            with self._link("claimer", decode_apart) as conn:
                 while not self._stop.is_set():
                     if not free.acquire(timeout=MIN_POLL * 10):
                         continue
@@ -681,7 +650,7 @@ class Worker:
     def _call(self, job: Job, loop: asyncio.Runner) -> None:
         """Runs the job's handler; a coroutine it returns runs until the job's
         deadline, then is cancelled (DeadlineExceeded)."""
-        if isinstance(job.args, _Undecodable):
+        if isinstance(job.args, Undecodable):
             raise _BadArgs(f"its args could not be decoded: {job.args.error}")
         handler = self.handlers.get(job.kind)
         if handler is None:

@@ -20,6 +20,7 @@ from awa_sql.admin import pages, routes
 from awa_sql.admin.errors import ApiError, from_database
 from awa_sql.connect import network_defaults, read_far_dates
 from awa_sql.hosts import HostCheck
+from awa_sql.jsonb import decode_apart
 from awa_sql.version import __version__
 
 log = logging.getLogger("awa_sql.admin")
@@ -27,6 +28,27 @@ log = logging.getLogger("awa_sql.admin")
 # The bearer token of a writable server: anyone who guesses it may change S
 # and retry or cancel jobs, so a short one is refused.
 MIN_TOKEN_LENGTH = 16
+
+
+def token_problem(token: str) -> str | None:
+    """Why no HTTP client could send ``token`` in its Authorization header,
+    or None: a header's value is ASCII (a non-ASCII character never
+    compares equal) without control characters, and its leading and
+    trailing whitespace is not part of it (a token read from a file keeps
+    its newline). The token's characters are not repeated: it is a secret."""
+    if token != token.strip(" \t\r\n\v\f"):
+        where, char = ("ends", token[-1]) if token[-1:].isspace() else ("starts", token[0])
+        return (f"AWA_ADMIN_TOKEN {where} with whitespace ({char!r}): HTTP drops a header "
+                "value's leading and trailing whitespace, so no request could present this "
+                "token; set it without (a token read from a file keeps the file's newline)")
+    for position, char in enumerate(token, 1):
+        if not " " <= char <= "~":
+            what = (f"a control character ({repr(char)[1:-1]})" if char.isascii()
+                    else f"a non-ASCII character (U+{ord(char):04X})")
+            return (f"AWA_ADMIN_TOKEN holds {what} at character {position}: an HTTP header "
+                    "carries printable ASCII only, so no request could present this token; "
+                    "use letters, digits and punctuation (openssl rand -hex 32)")
+    return None
 
 
 @dataclass(frozen=True)
@@ -202,6 +224,7 @@ def _configure(read_only: bool):
         # row of the primary key down, through every other queue's since.
         conn.prepare_threshold = None
         read_far_dates(conn)
+        decode_apart(conn)  # a job's args the JSON decoder refuses: a marker, not a 500
     return configure
 
 
@@ -254,6 +277,8 @@ def create_app(settings: Settings, pool: ConnectionPool | None = None) -> FastAP
             f"AWA_ADMIN_TOKEN is {length} character{'' if length == 1 else 's'} long; a writable "
             f"admin server needs at least {MIN_TOKEN_LENGTH}: set it to a long random string "
             "(openssl rand -hex 32)")
+    if settings.writable and (problem := token_problem(settings.token)):
+        raise ValueError(problem)
     owns_pool = pool is None
     if pool is None:
         pool = make_pool(settings)

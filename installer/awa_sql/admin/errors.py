@@ -12,7 +12,8 @@ STATUS_BY_SQLSTATE = {
     "25006": 503,  # read-only transaction: a standby
     "42883": 501,  # function missing: an older awa contract
     "55P03": 409,  # lock timeout: a cancel waited for a claim in flight; try again
-    "40001": 409,  # the job moved on every look; try again
+    "40001": 409,  # the job moved on every look, or a serialization failure; try again
+    "40P01": 409,  # a deadlock: the server rolled back this request's transaction; try again
     "55006": 409,  # a drop of a queue that is not empty
     "0A000": 409,  # a drop of a partition or stripe, or of a queue that has them
 }
@@ -43,6 +44,12 @@ def _missing_role(write: bool) -> str:
     return f"the admin server's login needs {role} to {does}: grant {role} to it"
 
 
+# Class 40, rolled back and worth running again (what PostgreSQL's docs say
+# to retry): the request changed nothing.
+RETRYABLE = frozenset(("40001", "40P01"))
+TRY_AGAIN = "the request's transaction was rolled back, nothing changed: try again"
+
+
 def from_database(err: psycopg.Error, write: bool = False) -> ApiError | None:
     """The ApiError a database error maps to, or None for a server fault;
     ``write``: the request was a change (for what a permission error needs)."""
@@ -52,6 +59,8 @@ def from_database(err: psycopg.Error, write: bool = False) -> ApiError | None:
     hint = diag.message_hint
     if state == "42501" and not hint:
         hint = _missing_role(write)
+    if state in RETRYABLE and not hint:
+        hint = TRY_AGAIN
     if state.startswith("22"):
         return ApiError(400, message, state, hint)
     if state in STATUS_BY_SQLSTATE:

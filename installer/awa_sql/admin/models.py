@@ -296,7 +296,9 @@ class Job(BaseModel):
     ordering_key: str | None = Field(
         description="the ordering key as text, when it is printable UTF-8")
     ordering_key_hex: str | None = Field(description="the ordering key's bytes, in hex")
-    args: Any = Field(None, description="the job's args; null for a completed job")
+    args: Any = Field(None, description="the job's args; null for a completed job; "
+                      '{"undecodable": "<why>"} for args the JSON decoder refuses (an '
+                      "integer of over 4300 digits, nesting thousands deep)")
     attempt: int = Field(description="attempts made (a running job's current one counts)")
     max_attempts: int
     enqueued_at: datetime

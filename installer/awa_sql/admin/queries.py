@@ -15,6 +15,7 @@ from psycopg.rows import dict_row
 
 from awa_sql.admin.errors import ApiError
 from awa_sql.defaults import RETRY_STATES
+from awa_sql.jsonb import shown
 
 RECENT = 20
 
@@ -320,6 +321,7 @@ def _job(row: dict) -> dict:
     key = out.pop("ordering_key")
     out["ordering_key"] = _key_text(key)
     out["ordering_key_hex"] = None if key is None else key.hex()
+    out["args"] = shown(out["args"])
     return out
 
 

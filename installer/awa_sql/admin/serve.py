@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from fastapi import FastAPI
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from awa_sql.admin.app import MIN_TOKEN_LENGTH, Settings, create_app, make_pool
+from awa_sql.admin.app import MIN_TOKEN_LENGTH, Settings, create_app, make_pool, token_problem
 from awa_sql.connect import resolve_dsn
 from awa_sql.hosts import HostCheck, for_server, url
 from awa_sql.listen import listen
@@ -25,6 +25,8 @@ def settings_from(dsn: str | None, writable: bool, hosts: HostCheck | None = Non
         raise ValueError("--writable needs a token: set AWA_ADMIN_TOKEN to a long random "
                          f"string (at least {MIN_TOKEN_LENGTH} characters) and send it as "
                          "'Authorization: Bearer <token>'")
+    if writable and (problem := token_problem(token)):
+        raise ValueError(problem)  # before the database is waited for
     return Settings(dsn=resolve_dsn(dsn), writable=writable, token=token, hosts=hosts,
                     start_wait=start_wait)
 

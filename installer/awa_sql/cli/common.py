@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import functools
 import sys
+import unicodedata
 from collections.abc import Callable
 from datetime import datetime
 
@@ -19,6 +20,26 @@ from awa_sql.roles import CAPABILITIES, Roles
 # A command refused by the state of what it names (a retry of a ready job, a
 # drop of a queue that is not empty): nothing changed. awa jobs and awa storage.
 EXIT_WRONG_STATE = 9
+
+
+# Characters a terminal acts on or a reader cannot see: controls (C0, DEL,
+# C1), format characters (bidi overrides, zero-width ones), the line and
+# paragraph separators, lone surrogates.
+_UNSHOWN = frozenset(("Cc", "Cf", "Zl", "Zp", "Cs"))
+
+
+def printable(text: str, keep: str = "") -> str:
+    r"""Text for a terminal: each control or format character (an escape
+    sequence, a newline, a right-to-left override) written as its Python
+    escape (``\x1b``, ``\n``, ``\u202e``), so that a name a producer or a
+    worker chose can neither drive the terminal nor forge a line of a table.
+    ``keep``: characters left as they are (the newlines of an error's text).
+    Output for scripts (--json) stays exact."""
+    if text.isprintable():
+        return text
+    # repr escapes each character of _UNSHOWN: none is printable to Python.
+    return "".join(c if c in keep or unicodedata.category(c) not in _UNSHOWN else repr(c)[1:-1]
+                   for c in text)
 
 
 def add_connection(p: argparse.ArgumentParser) -> None:

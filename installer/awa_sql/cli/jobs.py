@@ -23,10 +23,17 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from awa_sql.cli.common import EXIT_WRONG_STATE, add_connection, bad_input_is_usage, err
+from awa_sql.cli.common import (
+    EXIT_WRONG_STATE,
+    add_connection,
+    bad_input_is_usage,
+    err,
+    printable,
+)
 from awa_sql.cli.storage import table
 from awa_sql.connect import connect, read_far_dates
 from awa_sql.defaults import JOB_TOOL_LOCK_TIMEOUT, RETRY_REFUSED, RETRY_STATES
+from awa_sql.jsonb import decode_apart, shown
 from awa_sql.migrate import EXIT_USAGE
 
 EXIT_NO_SUCH_JOB = 8
@@ -195,6 +202,8 @@ def as_json(row: dict) -> dict:
     for key, value in row.items():
         if isinstance(value, datetime):
             value = value.isoformat()
+        if key == "args":
+            value = shown(value)
         if key == "ordering_key":
             out["ordering_key_hex"] = None if value is None else value.hex()
             text = _key_text(value)
@@ -237,16 +246,24 @@ def _print_job(job: dict) -> None:
         lines.append(("finished", _when(job["finished_at"])))
     width = max(len(label) for label, _ in lines)
     for label, value in lines:
-        print(f"{label.ljust(width)}  {value}")
+        print(f"{label.ljust(width)}  {printable(str(value))}")
     print("args" if job["args"] is not None else "args: (not kept for a completed job)")
     if job["args"] is not None:
-        print(json.dumps(job["args"], indent=2, sort_keys=True, ensure_ascii=False))
+        # json escapes C0 controls only: C1 ones (CSI) and bidi overrides too.
+        print(printable(json.dumps(shown(job["args"]), indent=2, sort_keys=True,
+                                   ensure_ascii=False), keep="\n"))
     if job["last_error"]:
         print("last error")
-        print(job["last_error"])
+        print(printable(job["last_error"], keep="\n\t"))
 
 
 # -- commands -----------------------------------------------------------------------------
+
+
+def _connect(dsn: str | None, autocommit: bool = False) -> psycopg.Connection:
+    """A connection that reads far dates, and args the JSON decoder refuses as
+    a marker (awa_sql.jsonb.shown) instead of failing the command."""
+    return decode_apart(read_far_dates(connect(dsn, autocommit=autocommit)))
 
 
 def _fetch_job(conn: psycopg.Connection, job_id: int) -> dict | None:
@@ -256,7 +273,7 @@ def _fetch_job(conn: psycopg.Connection, job_id: int) -> dict | None:
 
 @bad_input_is_usage
 def cmd_show(args: argparse.Namespace) -> int:
-    with read_far_dates(connect(args.dsn)) as conn:
+    with _connect(args.dsn) as conn:
         job = _fetch_job(conn, args.job_id)
     if job is None:
         err(f"no job {args.job_id} (unknown, or removed by retention)")
@@ -283,7 +300,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         err(f"--worker {args.worker!r} lists running jobs only (a worker holds no others): "
             f"drop --state {args.state}, or give --state running")
         return EXIT_USAGE
-    with read_far_dates(connect(args.dsn)) as conn, conn.cursor(row_factory=dict_row) as cur:
+    with _connect(args.dsn) as conn, conn.cursor(row_factory=dict_row) as cur:
         rows = cur.execute(
             "select * from awa.jobs(%s::text, %s::text, %s::text, %s::bigint, %s::integer,"
             " %s::text)",
@@ -322,7 +339,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_failures(args: argparse.Namespace) -> int:
     if not _in_range("--limit", args.limit):
         return EXIT_USAGE
-    with read_far_dates(connect(args.dsn)) as conn, conn.cursor(row_factory=dict_row) as cur:
+    with _connect(args.dsn) as conn, conn.cursor(row_factory=dict_row) as cur:
         # One group more than shown: whether there are more.
         rows = cur.execute(
             "select * from awa.failure_summary(%s::text, %s::interval, %s::integer)",
@@ -362,7 +379,7 @@ def _confirm(question: str) -> bool:
 
 
 def _one(args: argparse.Namespace, function: str, verb: str, applies_to: str) -> int:
-    with read_far_dates(connect(args.dsn)) as conn:
+    with _connect(args.dsn) as conn:
         conn.execute(f"set local lock_timeout = '{JOB_TOOL_LOCK_TIMEOUT}'")
         changed = conn.execute(f"select awa.{function}(%s::bigint)",
                                [args.job_id]).fetchone()[0]
@@ -397,7 +414,7 @@ def _bulk(args: argparse.Namespace, function: str, states: tuple[str, ...], ask:
           verb: str) -> int:
     if not _in_range("--batch", args.batch):
         return EXIT_USAGE
-    with read_far_dates(connect(args.dsn, autocommit=True)) as conn:
+    with _connect(args.dsn, autocommit=True) as conn:
         # How many there are now, counted up to the most one call may take:
         # the confirmation names it, and the loop stops there, so jobs that
         # fail again meanwhile are not retried round and round.
@@ -421,15 +438,20 @@ def _bulk(args: argparse.Namespace, function: str, states: tuple[str, ...], ask:
             return EXIT_USAGE
         done = 0
         while done < total:
-            with conn.transaction():
-                conn.execute(f"set local lock_timeout = '{JOB_TOOL_LOCK_TIMEOUT}'")
-                # The state a retry takes (awa.retry_jobs's last argument);
-                # a cancel takes ready and scheduled jobs, no state.
-                with_state = ", %s::text" if args.state is not None else ""
-                n = conn.execute(
-                    f"select awa.{function}(%s::text, %s::text, %s::integer{with_state})",
-                    [args.queue, args.kind, min(args.batch, total - done),
-                     *([args.state] if args.state is not None else [])]).fetchone()[0]
+            try:
+                with conn.transaction():
+                    conn.execute(f"set local lock_timeout = '{JOB_TOOL_LOCK_TIMEOUT}'")
+                    # The state a retry takes (awa.retry_jobs's last argument);
+                    # a cancel takes ready and scheduled jobs, no state.
+                    with_state = ", %s::text" if args.state is not None else ""
+                    n = conn.execute(
+                        f"select awa.{function}(%s::text, %s::text, %s::integer{with_state})",
+                        [args.queue, args.kind, min(args.batch, total - done),
+                         *([args.state] if args.state is not None else [])]).fetchone()[0]
+            except psycopg.Error as error:
+                if done:
+                    _say_partial(args, verb, kind, done, error)
+                raise  # its exit code (5 for a lock timeout), as for a first batch
             if n == 0:
                 break
             done += n
@@ -447,11 +469,29 @@ def _bulk(args: argparse.Namespace, function: str, states: tuple[str, ...], ask:
     return 0
 
 
-def _print_bulk_json(args: argparse.Namespace, verb: str, done: int, more: bool) -> None:
+def _print_bulk_json(args: argparse.Namespace, verb: str, done: int, more: bool,
+                     error: psycopg.Error | None = None) -> None:
     # A retry names the state it took (failed, or --state's); a cancel takes none.
     state = {"state": args.state} if args.state is not None else {}
+    failed = {} if error is None else {"error": {
+        "sqlstate": error.sqlstate,
+        "message": error.diag.message_primary or str(error).strip()}}
     print(json.dumps({"queue": args.queue, "kind": args.kind, **state, verb: done,
-                      "more": more}))
+                      "more": more, **failed}))
+
+
+def _say_partial(args: argparse.Namespace, verb: str, kind: str, done: int,
+                 error: psycopg.Error) -> None:
+    """A batch failed after others were committed (each batch is its own
+    transaction): what they changed stays changed, and is said before the
+    error, on stdout as on success (``error`` added to --json's object)."""
+    if args.json:
+        _print_bulk_json(args, verb, done, True, error)
+    else:
+        print(f"{verb} {done} {_jobs(done)}{kind} of {args.queue}")
+    err(f"a batch failed after earlier batches were committed: the {done} {_jobs(done)} "
+        f"they {verb} stay{'s' if done == 1 else ''} {verb}, the rest of the queue's were "
+        "not; run the command again for them once the error below is resolved")
 
 
 def _say_left(args: argparse.Namespace, states: tuple[str, ...], left: int, total: int,

@@ -19,6 +19,7 @@ from awa_sql.cli.common import (
     bad_input_is_usage,
     err,
     parse_interval,
+    printable,
     sqlstate_suffix,
 )
 from awa_sql.connect import connect, network_defaults, one_line, resolve_dsn
@@ -47,8 +48,9 @@ def parse_max_queues(text: str) -> int:
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
-    """Left-aligned text columns, numbers right-aligned."""
-    cells = [[("" if v is None else str(v)) for v in row] for row in rows]
+    """Left-aligned text columns, numbers right-aligned; control and format
+    characters of a cell escaped (common.printable)."""
+    cells = [[("" if v is None else printable(str(v))) for v in row] for row in rows]
     widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
     numeric = [all(isinstance(row[i], int | float) or row[i] is None for row in rows) and rows
                for i in range(len(headers))]
@@ -303,7 +305,8 @@ def cmd_set_shard_mode(args: argparse.Namespace) -> int:
             return EXIT_WRONG_STATE
         (queue, mode, max_shards), changes = changed
         conn.commit()
-    print(f"{queue}: mode {mode}, max {max_shards if max_shards is not None else '-'}")
+    print(f"{printable(queue)}: mode {mode}, max "
+          f"{max_shards if max_shards is not None else '-'}")
     if changes:
         print(_changes_table(changes, new_queue,
                              ["physical queue", "old S", "new S", "lanes created"]))
@@ -348,9 +351,10 @@ def cmd_set_paused(args: argparse.Namespace) -> int:
         print(json.dumps({"queue": queue, "paused": args.paused, "changed": changed},
                          sort_keys=True))
     elif changed:
-        print(f"{command}d {queue}")
+        print(f"{command}d {printable(queue)}")
     else:
-        print(f"{queue} was {'already paused' if args.paused else 'not paused'}: nothing changed")
+        print(f"{printable(queue)} was {'already paused' if args.paused else 'not paused'}: "
+              "nothing changed")
     return 0
 
 
@@ -415,7 +419,7 @@ def cmd_queue_limit(args: argparse.Namespace) -> int:
 
 
 def _print_decision(d: shards.Decision) -> None:
-    print(f"{d.decided_at:%H:%M:%S} {d.summary()}", flush=True)
+    print(f"{d.decided_at:%H:%M:%S} {printable(d.summary())}", flush=True)
 
 
 def cmd_autoscale_run(args: argparse.Namespace) -> int:
@@ -524,7 +528,7 @@ def _state(lane: shards.LaneStatus, shards: int) -> str:
 def _print_autoscale(q: shards.QueueStatus) -> None:
     if q.shard_mode == "manual" and q.last_decision is None:
         return
-    print(f"\n{q.queue}: mode {q.shard_mode}, max "
+    print(f"\n{printable(q.queue)}: mode {q.shard_mode}, max "
           f"{q.max_shards if q.max_shards is not None else '-'}")
     sig = q.signal
     if sig:
@@ -537,7 +541,7 @@ def _print_autoscale(q: shards.QueueStatus) -> None:
     d = q.last_decision
     if d:
         print(f"  last decision {d['decided_at']}: {d['action']} S {d['current_shards']} -> "
-              f"{d['proposed_shards']}: {d['reason']}")
+              f"{d['proposed_shards']}: {printable(d['reason'])}")
 
 
 @bad_input_is_usage
@@ -562,7 +566,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     for q in queues:
         _print_autoscale(q)
     for q in queues:
-        print(f"\nlanes of {q.queue} (S = {q.enqueue_shards})")
+        print(f"\nlanes of {printable(q.queue)} (S = {q.enqueue_shards})")
         print(table(
             ["priority", "shard", "ready", "lag", "next seq", "claim position", "state"],
             [(ln.priority, ln.shard, ln.ready, _fmt_age(ln.lag_seconds), ln.next_seq,
