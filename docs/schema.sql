@@ -2701,7 +2701,18 @@ begin
             using errcode = '55006',
                   hint = 'Once one of the two jobs has ended and its window passed, call again.';
     end if;
-    update awa.unique_keys as u set queue = new_scope where u.queue = old_scope;
+    begin
+        update awa.unique_keys as u set queue = new_scope where u.queue = old_scope;
+    exception when unique_violation then
+        -- A key another transaction took in the new scope while this one
+        -- looked, and committed since: the same clash, seen late.
+        raise exception 'queue % and % both hold a unique key: % cannot join %',
+            quote_literal(old_scope), quote_literal(new_scope),
+            quote_literal(old_scope), quote_literal(new_scope)
+            using errcode = '55006',
+                  hint = 'Call again: the key is then named, and once one of the two jobs '
+                         'has ended and its window passed, the call goes through.';
+    end;
 end;
 $function$;
 

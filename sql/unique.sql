@@ -303,7 +303,18 @@ begin
             using errcode = '55006',
                   hint = 'Once one of the two jobs has ended and its window passed, call again.';
     end if;
-    update awa.unique_keys as u set queue = new_scope where u.queue = old_scope;
+    begin
+        update awa.unique_keys as u set queue = new_scope where u.queue = old_scope;
+    exception when unique_violation then
+        -- A key another transaction took in the new scope while this one
+        -- looked, and committed since: the same clash, seen late.
+        raise exception 'queue % and % both hold a unique key: % cannot join %',
+            quote_literal(old_scope), quote_literal(new_scope),
+            quote_literal(old_scope), quote_literal(new_scope)
+            using errcode = '55006',
+                  hint = 'Call again: the key is then named, and once one of the two jobs '
+                         'has ended and its window passed, the call goes through.';
+    end;
 end;
 $$;
 
@@ -350,7 +361,7 @@ $$;
 -- transaction holds are skipped. A passed row is taken over by the next
 -- enqueue of its key anyway: this keeps the table to the keys held.
 -- Role: awa_maintenance. Returns how many rows it removed.
--- Errors: 22023 max_keys null or below 0.
+-- Errors: 22004 max_keys null; 22023 max_keys below 0.
 -- Calls: awa._check_limit, awa._note_run
 -- Writes: awa.unique_keys
 create or replace function awa.prune_unique_keys(max_keys integer default 10000)

@@ -219,6 +219,70 @@ def test_read_only_mode_has_no_write_control(db, page):
         expect(page.locator("header")).to_contain_text("read-only")
 
 
+def test_a_stripe_or_dropped_queue_page_sends_no_refused_request_and_says_where_to_go(
+        db, page):
+    """The queue list links a stripe (st#0) and a dropped queue (#dropped#N),
+    whose pages read their failed jobs every refresh and offered pause and
+    retry: each refused with 400 ('#' is reserved), the status line red on
+    every refresh. Their pages send none of those and say why, a stripe's
+    linking its logical queue's page, where the failed jobs and changes are."""
+    from urllib.parse import quote
+
+    from playwright.sync_api import expect
+
+    with db.connect() as conn:
+        conn.execute("select awa.set_queue_stripes('st', 2)")
+        enqueue(conn, "st", "charge", max_attempts=1)  # a failure is for good
+        ((job_id, lease, *_),) = claim(conn, ["st"], 1)
+        conn.execute("select awa.fail(%s, %s, 'card declined')", [job_id, lease])
+        (stripe,) = conn.execute("select queue from awa.jobs('st', 'failed')").fetchone()
+        enqueue(conn, "old")
+        conn.execute("select awa.cancel_jobs('old')")
+        conn.execute("select awa.drop_queue('old', true)")
+        (dropped,) = conn.execute("select queue from awa.queue_overview"
+                                  " where queue like '#dropped#%'").fetchone()
+    assert stripe.startswith("st#"), stripe
+    sent: list[tuple[str, str]] = []
+    page.on("request", lambda r: sent.append((r.method, r.url)) if "/api/" in r.url else None)
+    refreshed = "document.getElementById('app').dataset.refreshed"
+
+    def a_refresh_later():  # the first load, then one of the 3 s refreshes
+        page.wait_for_function(f"() => {refreshed}")  # a function: the page's CSP forbids eval
+        page.wait_for_function(f"b => {refreshed} !== b", arg=page.evaluate(refreshed))
+
+    with serve_cli(db.dsn(operator_login(db)), "--writable", token=TOKEN) as base:
+        page.goto(f"{base}/")
+        expect(page.locator("#queues tbody tr", has_text=stripe)).to_have_count(1)
+        page.click(f"#queues a:text-is('{stripe}')")
+        expect(page.locator("h1")).to_have_text(stripe)
+        a_refresh_later()
+        assert page.locator("#status").text_content() == ""
+        assert page.locator("#status.error").count() == 0
+        expect(page.locator("#elsewhere")).to_have_text(
+            f"{stripe} is a stripe of st. Its failed jobs, pause and resume, retry and cancel, "
+            "and changes of S and mode are on that page, which covers all its stripes: they "
+            "do not take a stripe's name.")
+        assert page.locator("#controls, #failed, button, input, select, form, dialog").count() == 0
+        expect(page.locator("#lanes-table tbody tr")).to_have_count(4)  # what works stays
+        assert [m for m, u in sent if m != "GET" or "/jobs" in u] == [], sent
+
+        page.click("#logical-link")
+        expect(page.locator("h1")).to_have_text("st")
+        expect(page.locator("#failed-jobs tbody tr")).to_have_count(1)
+        expect(page.locator("#failed-jobs tbody tr")).to_contain_text("card declined")
+        expect(page.locator("#pause")).to_be_visible()
+
+        sent.clear()
+        page.goto(f"{base}/queues/{quote(dropped, safe='')}")
+        expect(page.locator("h1")).to_have_text(dropped)
+        a_refresh_later()
+        assert page.locator("#status").text_content() == ""
+        expect(page.locator("#elsewhere")).to_contain_text(
+            f"{dropped} is a dropped queue: nothing can be changed on it")
+        assert page.locator("#controls, #failed, button, input, select, form, dialog").count() == 0
+        assert [m for m, u in sent if m != "GET" or "/jobs" in u] == [], sent
+
+
 def test_a_queue_state_says_active_or_paused_apart_from_its_running_jobs(db, page):
     """The state of a queue that is not paused said "running", as did the
     column of its running jobs next to it."""

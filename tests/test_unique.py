@@ -903,6 +903,31 @@ def test_the_keys_of_a_queue_that_joins_a_family_stay_unique_in_it(db, logins):
             assert again == (held, True), name
 
 
+def test_a_key_the_family_takes_while_a_queue_joins_it_is_the_same_refusal(db, logins):
+    """kq__p1 holds K; a producer's transaction takes K in kq (keyed jobs
+    there already) and is open while kq__p1 joins kq: the join's check does
+    not see it, its move of K waits for it at the key's index entry, and
+    when it commits the move failed with 23505 from the index. It is the
+    same clash, 55006, and nothing changes."""
+    with db.connect(logins.producer) as p:
+        enqueue(p, "kq", "seed", unique_key=b"S")
+        enqueue(p, "kq__p1", "a", unique_key=b"K")
+    holder = db.connect(logins.producer, autocommit=False)
+    enqueue(holder, "kq", "b", unique_key=b"K")
+    join = Call(db.connect(logins.operator, autocommit=False),
+                lambda c: c.execute("select * from awa.set_queue_partitions('kq', 2)").fetchall())
+    with db.connect() as watch:
+        in_turn_behind(watch, holder, [join])
+    assert join.error is not None and join.error.sqlstate == "55006", join.error
+    assert join.error.diag.message_primary == (
+        "queue 'kq__p1' and 'kq' both hold a unique key: 'kq__p1' cannot join 'kq'")
+    with db.connect() as su:
+        assert su.execute("select queue from awa.unique_keys where unique_key = 'K'"
+                          " order by queue").fetchall() == [("kq",), ("kq__p1",)]
+        assert su.execute("select partitions from awa.queue_meta where queue = 'kq'"
+                          ).fetchone()[0] == 1
+
+
 def test_a_queue_whose_keys_its_new_family_holds_too_joins_it_once_one_holds_nothing(
         db, logins):
     """kq__p1 and kq each have a job holding key K: as one family they could

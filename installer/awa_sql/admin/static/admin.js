@@ -781,14 +781,33 @@
           onclick: () => document.getElementById("confirm").close() }, "Cancel")));
   }
 
+  // A stripe (st#0) or a dropped queue (#dropped#4) has a page, but the jobs
+  // reads and every change refuse a name with '#': its page sends none of them.
+  const reservedName = page === "queue" && queueName.includes("#");
+
+  function elsewhere(q) {
+    const text = q.queue.startsWith("#dropped#")
+      ? [`${q.queue} is a dropped queue: nothing can be changed on it and its jobs are not ` +
+        "listed here. awa maintain removes it, or puts it back under its old name if a job " +
+        "still reached it; a queue made since under the old name is a new queue, with its " +
+        "own page."]
+      : [`${q.queue} is a stripe of `,
+        el("a", { id: "logical-link", href: `/queues/${encodeURIComponent(q.logical_queue)}` },
+          q.logical_queue),
+        ". Its failed jobs, pause and resume, retry and cancel, and changes of S and mode " +
+        "are on that page, which covers all its stripes: they do not take a stripe's name."];
+    return el("section", { id: "elsewhere" }, el("p", {}, ...text));
+  }
+
   function renderQueuePage() {
     app.replaceChildren(...[
       el("h1", {}, queueName),
       el("p", { id: "status", role: "status" }),
+      reservedName ? el("section", { id: "elsewhere" }) : null,
       el("section", { id: "summary" }),
       el("section", { id: "history" }),
-      controls(),
-      el("section", { id: "failed" }),
+      reservedName ? null : controls(),
+      reservedName ? null : el("section", { id: "failed" }),
       el("section", { id: "lanes" }),
       el("section", { id: "contention" }),
       el("section", { id: "changes" }),
@@ -806,8 +825,9 @@
       return;
     }
     replace("history", historyCharts(past.ok ? past.data : null));
-    await loadFailed();
     const first = current === null;
+    if (!reservedName) await loadFailed();
+    else if (first) replace("elsewhere", elsewhere(data));  // once: not redrawn under the pointer
     current = data;
     replace("summary", summary(data));
     replace("lanes", lanes(data));
@@ -815,7 +835,7 @@
     replace("changes", changes(data));
     replace("decisions", decisions(data));
     replace("runtimes", runtimes(data));
-    if (first && writable) {
+    if (first && writable && !reservedName) {
       document.getElementById("new-shards").value = data.enqueue_shards;
       document.getElementById("mode").value = data.shard_mode;
       document.getElementById("max-shards").value = data.max_shards ?? "";
