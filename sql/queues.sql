@@ -1290,8 +1290,18 @@ select awa._grant_execute('awa._physical_queues(text)');
 
 -- Lanes made while migration 0019 and this layer were applied, by the
 -- earlier layer (which did not count them): every queue's lane_shards
--- counted again, as awa._provision_lanes counts it.
-select awa._count_lane_shards(null);
+-- counted again, as awa._provision_lanes counts it. Once, at the first
+-- apply after that migration: at every apply it undid awa.retire_lanes
+-- (ADR 041), and every claim walked the drained lanes again until its next
+-- pass.
+do $$
+begin
+    if coalesce((select max(f.applied_at) from awa.schema_functions as f), '-infinity')
+       < (select m.applied_at from awa.schema_migrations as m where m.version = 19) then
+        perform awa._count_lane_shards(null);
+    end if;
+end;
+$$;
 
 -- Links made while migration 0023 and this layer were applied, by the
 -- earlier layer (which did not mark them). Layers before migration 0026

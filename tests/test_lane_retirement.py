@@ -340,6 +340,22 @@ def test_a_function_layer_install_counts_a_change_an_earlier_layer_made(db, logi
     assert retire(db, logins) == 1
 
 
+def test_a_function_layer_install_keeps_the_lanes_retired(db, logins, su, op):
+    """The layer counted every queue's lanes again at each install, which
+    put the lanes awa.retire_lanes had taken out back into every claim's
+    walk until its next pass. Counted once, at the first install after
+    migration 0019."""
+    set_shards(op, "lr", 8)
+    set_shards(op, "lr", 1)
+    assert retire(db, logins) == 1
+    assert walked(su, "lr") == (1, 1)
+    su.execute("update awa.schema_functions set checksum = 'changed' where file = 'views.sql'")
+    db.awa("migrate", check=True)
+    assert su.execute("select count(*) from awa.schema_functions where checksum = 'changed'"
+                      ).fetchone()[0] == 0  # the layer was installed again
+    assert walked(su, "lr") == (1, 1)
+
+
 def test_the_lane_views_tell_drained_lanes_from_retired_ones(db, logins, su):
     """awa.lane_overview.walked, `awa storage show` and the admin API: a lane
     above S is drained while claims still visit it, retired once out."""
