@@ -353,7 +353,8 @@ def test_status_lists_layer_changes_when_a_problem_stops_the_plan(db):
 
 
 def test_status_check_gives_each_outcome_its_own_exit_code(db):
-    """The deploy gate: 0 up to date, 1 pending, 3 drift, 4 newer, 7 could not ask."""
+    """The deploy gate: 0 up to date, 1 pending, 3 drift, 4 newer, 6 a login that
+    cannot act as the owner role, 7 could not ask."""
     def gate(**kw) -> subprocess.CompletedProcess[str]:
         return db.awa("status", "--check", **kw)
 
@@ -380,16 +381,17 @@ def test_status_check_gives_each_outcome_its_own_exit_code(db):
         refused = gate(env={"AWA_DATABASE_URL": nobody_listens})
     codes["connection failure"] = refused.returncode
     assert "cannot connect" in refused.stderr
-    denied = gate(user=db.login_role("awa_producer"))  # an application's login
-    codes["permission failure"] = denied.returncode
-    assert "InsufficientPrivilege [42501]" in denied.stderr, denied.stderr
+    app = db.login_role("awa_producer")  # an application's login: refused, not denied
+    denied = gate(user=app)
+    codes["application login"] = denied.returncode
+    assert f"login '{app}' cannot act as 'awa_owner'" in denied.stdout, denied
     stranger = db.login_role()  # no awa role at all: not even the schema's usage
     nobody = gate(user=stranger)
     codes["no role"] = nobody.returncode
     assert f"login '{stranger}' cannot act as 'awa_owner': GRANT awa_owner TO" \
         in nobody.stdout + nobody.stderr, nobody
     assert codes == {"up to date": 0, "pending": 1, "drift": 3, "newer": 4,
-                     "connection failure": 7, "permission failure": 7, "no role": 6}
+                     "connection failure": 7, "application login": 6, "no role": 6}
 
 
 def test_a_login_that_does_not_inherit_the_owner_is_refused_before_any_step(db):

@@ -148,7 +148,20 @@ class DatabaseState:
     existing_roles: set[str] = field(default_factory=set)
     current_user: str = ""
     is_superuser: bool = False
+    # The run can act as the owner role: now (SET and INHERIT, or a
+    # superuser), or after the bootstrap's grant on a first install (a
+    # CREATEROLE login that inherits, holding ADMIN on the role or about to
+    # create it). Whoever cannot is refused before any step (_check_roles).
     can_act_as_owner: bool = False
+    login_inherits: bool = True
+    # ADMIN OPTION on the owner role without membership: it could grant
+    # itself the role, which only a first install's bootstrap does.
+    owner_admin_only: bool = False
+    # awa.schema_migrations exists (from the catalog, which needs no USAGE
+    # on schema awa), and whether this login read it: one that cannot act
+    # as the owner role reads none of awa's tables.
+    has_records: bool = False
+    records_read: bool = False
     public_can_create_in_public: bool = False
     offline: bool = False
     # awa._security_violations() as the owner: (rule, message) of each broken
@@ -158,24 +171,25 @@ class DatabaseState:
 
     @property
     def installed(self) -> bool:
-        return self.schema_owner is not None and bool(self.applied)
+        if self.schema_owner is None:
+            return False
+        return bool(self.applied) if self.records_read else self.has_records
 
 
 def read_state(conn: psycopg.Connection, roles: Roles) -> DatabaseState:
     state = DatabaseState()
     row = conn.execute(
         """
-        select current_user, r.rolsuper,
+        select current_user, r.rolsuper, r.rolinherit,
                (select pg_catalog.pg_get_userbyid(n.nspowner)
                   from pg_catalog.pg_namespace n where n.nspname = 'awa'),
-               -- A name in a schema the login may not use is an error, not
-               -- null: such a login is refused below (_check_roles).
-               case when u.usable then pg_catalog.to_regclass('awa.schema_migrations') is not null
-                    else false end,
-               case when u.usable then pg_catalog.to_regclass('awa.schema_functions') is not null
-                    else false end,
-               case when u.usable then pg_catalog.to_regclass('awa.role_binding') is not null
-                    else false end,
+               -- Each of awa's tables, from the catalog (no USAGE needed),
+               -- and whether this login may read it: a name in a schema the
+               -- login may not use is an error, not null.
+               t.migrations is not null,
+               u.usable and pg_catalog.has_table_privilege(t.migrations, 'SELECT'),
+               u.usable and pg_catalog.has_table_privilege(t.functions, 'SELECT'),
+               u.usable and pg_catalog.has_table_privilege(t.binding, 'SELECT'),
                coalesce((select pg_catalog.bool_or(a.grantee = 0 and a.privilege_type = 'CREATE')
                            from pg_catalog.pg_namespace n,
                                 pg_catalog.aclexplode(n.nspacl) a
@@ -185,12 +199,26 @@ def read_state(conn: psycopg.Connection, roles: Roles) -> DatabaseState:
                                 pg_catalog.has_schema_privilege(n.oid, 'USAGE')), false)
                               as usable
                        from pg_catalog.pg_namespace n where n.nspname = 'awa') as u
+         cross join (select
+                (select c.oid from pg_catalog.pg_class c join pg_catalog.pg_namespace n
+                     on n.oid = c.relnamespace
+                  where n.nspname = 'awa' and c.relname = 'schema_migrations') as migrations,
+                (select c.oid from pg_catalog.pg_class c join pg_catalog.pg_namespace n
+                     on n.oid = c.relnamespace
+                  where n.nspname = 'awa' and c.relname = 'schema_functions') as functions,
+                (select c.oid from pg_catalog.pg_class c join pg_catalog.pg_namespace n
+                     on n.oid = c.relnamespace
+                  where n.nspname = 'awa' and c.relname = 'role_binding') as binding) as t
          where r.rolname = current_user
         """
     ).fetchone()
     assert row is not None
-    (state.current_user, state.is_superuser, state.schema_owner, has_migrations,
-     has_layer, has_binding, state.public_can_create_in_public) = row
+    (state.current_user, state.is_superuser, state.login_inherits, state.schema_owner,
+     state.has_records, may_read_migrations, may_read_layer, may_read_binding,
+     state.public_can_create_in_public) = row
+    # has_table_privilege is null for a table that does not exist.
+    may_read_migrations, may_read_layer, may_read_binding = (
+        bool(x) for x in (may_read_migrations, may_read_layer, may_read_binding))
     state.existing_roles = {
         name
         for (name,) in conn.execute(
@@ -198,38 +226,53 @@ def read_state(conn: psycopg.Connection, roles: Roles) -> DatabaseState:
             [list(roles.as_dict().values())],
         )
     }
-    if roles.owner in state.existing_roles:
+    acts_now = state.is_superuser
+    if state.is_superuser:
+        state.can_act_as_owner = True
+    elif roles.owner in state.existing_roles:
         # SET ROLE to it for the steps, and its privileges inherited for the
-        # reads of this state (as itself): a NOINHERIT login, or a grant
-        # WITH INHERIT FALSE, could install the schema and then not read it.
+        # reads of this state (as itself) and for the bootstrap's ALTER
+        # DEFAULT PRIVILEGES FOR ROLE: a NOINHERIT login, or a grant WITH
+        # INHERIT FALSE, could not do either.
         can_set, inherits, admin = conn.execute(
             "select pg_catalog.pg_has_role(current_user, %s, 'SET'),"
             " pg_catalog.pg_has_role(current_user, %s, 'USAGE'),"
             " pg_catalog.pg_has_role(current_user, %s, 'USAGE WITH ADMIN OPTION')",
             [roles.owner, roles.owner, roles.owner],
         ).fetchone()
-        state.can_act_as_owner = bool((can_set and inherits) or admin)
-        if can_set and not inherits and not admin:
-            # The owner's tables are not readable as this login: refused
-            # (_check_roles) before anything is read or applied.
-            return state
-    if has_migrations:
+        acts_now = bool(can_set and inherits)
+        state.owner_admin_only = bool(admin and not can_set)
+        # ADMIN alone: the bootstrap grants the login the role (SET, and
+        # INHERIT when the login inherits), on a first install only.
+        state.can_act_as_owner = acts_now or (
+            state.owner_admin_only and state.login_inherits and not state.has_records)
+    else:
+        # Created by this run's roles step (--create-roles), the creator
+        # holding ADMIN on it: as above.
+        state.can_act_as_owner = state.login_inherits
+    if roles.owner in state.existing_roles and not acts_now:
+        # Nothing of awa's is read as a login that is not (yet) the owner:
+        # an installed schema is refused (_check_roles), an empty one needs
+        # nothing read.
+        return state
+    if may_read_migrations:
+        state.records_read = True
         for r in conn.execute(
             "select version, name, checksum, contract_version, applied_at::text, applied_by,"
             " execution_ms::float8 from awa.schema_migrations order by version"
         ):
             state.applied[r[0]] = AppliedMigration(*r)
-    if has_layer:
+    if may_read_layer:
         for file, digest, contract in conn.execute(
             "select file, checksum, contract_version from awa.schema_functions"
         ):
             state.layer[file] = digest
             state.layer_contract = contract
-    if has_binding:
+    if may_read_binding:
         state.bound_roles = dict(
             conn.execute("select capability, role_name::text from awa.role_binding").fetchall()
         )
-    if has_layer and has_binding and state.schema_owner == roles.owner and state.can_act_as_owner:
+    if may_read_layer and may_read_binding and state.schema_owner == roles.owner and acts_now:
         state.security = _read_security(conn, roles)
     return state
 
@@ -262,12 +305,16 @@ class Step:
     transactional: bool = True
     # A no-transaction migration runs as separate statements.
     statements: tuple[str, ...] = ()
+    version: int | None = None  # a migration step's
 
 
 @dataclass
 class Plan:
     package_version: str
     steps: list[Step] = field(default_factory=list)
+    # The function layer's recorded contract version the plan was built on
+    # (None: no layer), which a rendered script checks before each step.
+    layer_contract: str | None = None
     applied: list[AppliedMigration] = field(default_factory=list)
     pending: list[Migration] = field(default_factory=list)
     drifted: list[tuple[Migration, AppliedMigration]] = field(default_factory=list)
@@ -300,7 +347,7 @@ def build_plan(
 ) -> Plan:
     migrations = load_migrations() if migrations is None else migrations
     layer = load_layer() if layer is None else layer
-    plan = Plan(package_version=package_version)
+    plan = Plan(package_version=package_version, layer_contract=state.layer_contract)
     known = {m.version: m for m in migrations}
     newest_known = max(known, default=0)
 
@@ -311,7 +358,10 @@ def build_plan(
             plan.unknown.append(applied)
         elif migration.checksum != applied.checksum:
             plan.drifted.append((migration, applied))
-    plan.pending = [m for m in migrations if m.version not in state.applied]
+    # An installed schema this login could not read: nothing is known to
+    # be pending, and the plan is refused (_check_roles).
+    unread = state.installed and not state.records_read
+    plan.pending = [] if unread else [m for m in migrations if m.version not in state.applied]
 
     newer = [a for a in plan.unknown if a.version > newest_known]
     layer_is_newer = state.layer_contract is not None and (
@@ -351,7 +401,7 @@ def build_plan(
         )
     # What the layer lacks, said even when a problem stops the plan (`awa
     # status` would have said "up to date").
-    plan.layer_changes = _layer_changes(state, layer, package_version)
+    plan.layer_changes = [] if unread else _layer_changes(state, layer, package_version)
     if plan.problems:
         return plan
 
@@ -416,13 +466,32 @@ def _check_roles(state: DatabaseState, roles: Roles, create_roles: bool, plan: P
                 f"schema awa exists but is owned by {state.schema_owner!r}, not "
                 f"{roles.owner!r}; refusing to install into a schema someone else owns."
             ))
-    if roles.owner in state.existing_roles and not state.can_act_as_owner:
-        plan.problems.append(RolesError(
-            f"login {state.current_user!r} cannot act as {roles.owner!r}: "
-            f"GRANT {roles.owner} TO {state.current_user} WITH INHERIT TRUE, SET TRUE, to a "
-            "login that inherits (not NOINHERIT), or migrate as a role with CREATEROLE "
-            "that created it."
-        ))
+    if not state.can_act_as_owner:
+        plan.problems.append(RolesError(_cannot_act(state, roles)))
+
+
+def _cannot_act(state: DatabaseState, roles: Roles) -> str:
+    login, owner = state.current_user, roles.owner
+    grant = f"GRANT {owner} TO {login} WITH INHERIT TRUE, SET TRUE"
+    head = f"login {login!r} cannot act as {owner!r}: "
+    needs = ("awa migrate needs the owner role's privileges inherited (the bootstrap's ALTER "
+             "DEFAULT PRIVILEGES FOR ROLE, and every run's reads of schema awa)")
+    if owner not in state.existing_roles:
+        return (head + f"it is NOINHERIT, so the owner role this run would create and grant "
+                f"it would not be inherited, and {needs}. ALTER ROLE {login} INHERIT, or "
+                f"create the roles and {grant}.")
+    if state.owner_admin_only and state.installed:
+        return (head + f"{grant} (a login with ADMIN OPTION on it may run that itself). It "
+                "holds ADMIN OPTION on the role but is not a member of it, as the CREATEROLE "
+                "login that created it is, and awa migrate grants itself the owner role on a "
+                "first install only, never to reach a schema awa already installed.")
+    if state.owner_admin_only and not state.login_inherits:
+        return (head + f"{grant}, or ALTER ROLE {login} INHERIT. It is NOINHERIT: the grant "
+                f"awa migrate would make itself would not be inherited, and {needs}.")
+    if state.installed:
+        return head + f"{grant}."
+    return (head + f"{grant}, or migrate as a login with CREATEROLE that created the roles "
+            "and inherits (not NOINHERIT).")
 
 
 _GIVE_BACK = (
@@ -525,7 +594,7 @@ def _migration_step(migration: Migration, roles: Roles, version: str) -> Step:
             f"{migration.text.rstrip()}\n;\n"
             f"{_record_migration_sql(migration, version)}"
         )
-        return Step("migration", label, body)
+        return Step("migration", label, body, version=migration.version)
     statements = (
         f"set role {owner};",
         migration.text.strip(),
@@ -533,7 +602,7 @@ def _migration_step(migration: Migration, roles: Roles, version: str) -> Step:
         "reset role;",
     )
     return Step("migration", label, "\n".join(statements) + "\n", transactional=False,
-                statements=statements)
+                statements=statements, version=migration.version)
 
 
 def _contract_version_sql(version: str) -> str:
@@ -872,12 +941,51 @@ def migrate(
         return plan
 
 
-def _step_script(step: Step, lock_timeout: str, lock_wait: str) -> str:
+def _guard_sql(applied: list[int], contract: str | None) -> str:
+    """Raises unless the database's applied migrations and recorded layer
+    contract are those the script's plan expects before this step: a script
+    rendered earlier, run after another runner (a newer awa-sql) moved the
+    database on, stops where the runner would refuse (exit 4) instead of
+    taking it back."""
+    expected = ",".join(str(v) for v in applied)
+    return f"""do $guard$
+declare
+    applied text := '';
+    contract text := '';
+begin
+    if pg_catalog.to_regclass('awa.schema_migrations') is not null then
+        execute 'select pg_catalog.string_agg(version::text, '','' order by version)'
+                ' from awa.schema_migrations' into applied;
+    end if;
+    if pg_catalog.to_regclass('awa.schema_functions') is not null then
+        execute 'select pg_catalog.string_agg(distinct contract_version, '','')'
+                ' from awa.schema_functions' into contract;
+    end if;
+    applied := coalesce(applied, '');
+    contract := coalesce(contract, '');
+    if applied operator(pg_catalog.<>) {_lit(expected)}
+       or contract operator(pg_catalog.<>) {_lit(contract or "")} then
+        raise exception 'awa: this script was rendered for another state of the database; '
+            'it changed since (applied migrations %, function layer contract %; the script '
+            'expects %, %): nothing of this step was applied. Render it again with awa '
+            'migrate --sql, or run awa migrate.',
+            coalesce(nullif(applied, ''), 'none'),
+            coalesce(nullif(contract, ''), 'none'),
+            coalesce(nullif({_lit(expected)}, ''), 'none'),
+            coalesce(nullif({_lit(contract or "")}, ''), 'none');
+    end if;
+end
+$guard$;
+"""
+
+
+def _step_script(step: Step, lock_timeout: str, lock_wait: str, guard: str) -> str:
     if not step.transactional:
         return (
             "-- Outside a transaction: needs a direct connection, not a transaction pooler.\n"
             f"set search_path = {SEARCH_PATH};\n"
             f"set lock_timeout = {_lit(lock_timeout)};\n"
+            + guard
             + "\n".join(step.statements) + "\n"
             "reset search_path;\nreset lock_timeout;\n"
         )
@@ -887,7 +995,8 @@ def _step_script(step: Step, lock_timeout: str, lock_wait: str) -> str:
         f"set local lock_timeout = {_lit(lock_wait)};\n"
         "select pg_catalog.pg_advisory_xact_lock({}, {});\n".format(*MIGRATION_LOCK)
         + f"set local lock_timeout = {_lit(lock_timeout)};\n"
-        f"{step.sql}commit;\n"
+        + guard
+        + f"{step.sql}commit;\n"
     )
 
 
@@ -897,17 +1006,26 @@ def render_sql(plan: Plan, lock_timeout: str = DEFAULT_LOCK_TIMEOUT,
 
     Each step's transaction waits for a running ``awa migrate`` and sets what
     it needs with SET LOCAL, so the script runs through a transaction pooler
-    too (unless it has a no-transaction step). Applying a step twice fails
-    (the schema, or the migration's record, exists) and rolls that step back.
+    too (unless it has a no-transaction step). Each step first checks that
+    the applied migrations and the layer's contract version are what the
+    plan expects before it (``_guard_sql``), so a script run twice, or after
+    another runner moved the database on, stops at that step and applies
+    nothing of it.
     """
     out = [
         f"-- awa-sql {plan.package_version}: migration script\n",
         "-- Run with: psql -X -v ON_ERROR_STOP=1 -f this.sql\n",
         "\\set ON_ERROR_STOP on\n",
     ]
+    applied = sorted(a.version for a in plan.applied)
+    contract = plan.layer_contract
     for step in plan.steps:
         out.append(f"\n-- step: {step.label}\n")
-        out.append(_step_script(step, lock_timeout, lock_wait))
+        out.append(_step_script(step, lock_timeout, lock_wait, _guard_sql(applied, contract)))
+        if step.version is not None:
+            applied = sorted([*applied, step.version])
+        elif step.kind == "layer":
+            contract = plan.package_version
     return "".join(out)
 
 

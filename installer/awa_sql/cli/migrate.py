@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 
 from awa_sql import migrate as runner
@@ -26,10 +27,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                       help="print one psql script that performs the plan, change nothing")
     m.add_argument("--offline", action="store_true",
                    help="with --sql: plan for an empty database without connecting")
-    m.add_argument("--lock-timeout", default=runner.DEFAULT_LOCK_TIMEOUT,
+    m.add_argument("--lock-timeout", default=runner.DEFAULT_LOCK_TIMEOUT, type=lock_duration,
                    help="longest wait for any one lock inside a migration (default %(default)s)")
-    m.add_argument("--lock-wait", default=runner.DEFAULT_LOCK_WAIT,
-                   help="longest wait for another running awa migrate (default %(default)s)")
+    m.add_argument("--lock-wait", default=runner.DEFAULT_LOCK_WAIT, type=lock_duration,
+                   help="longest wait for another running awa migrate (default %(default)s; "
+                   "0 waits for ever)")
     m.set_defaults(func=cmd_migrate)
 
     s = sub.add_parser("status", help="applied, pending and drifted migrations",
@@ -45,6 +47,26 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "(awa migrate applies them again)")
     s.set_defaults(func=cmd_status, needs="awa_owner, as the login that runs awa migrate "
                    "does")
+
+
+# A lock_timeout value as PostgreSQL reads it: a number of ms, or with a unit.
+_DURATION = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*(us|ms|s|min|h|d)?\s*")
+_UNIT_MS = {"us": 0.001, "ms": 1, "s": 1000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}
+MAX_LOCK_MS = 2_147_483_647  # lock_timeout's maximum
+_RANGE = "0 to 2147483647ms (about 24 days)"
+
+
+def lock_duration(text: str) -> str:
+    """``--lock-timeout`` and ``--lock-wait``, checked before anything
+    connects (a bad one is exit 2, and a --sql script would carry it)."""
+    match = _DURATION.fullmatch(text)
+    if match is None:
+        raise argparse.ArgumentTypeError(
+            f"invalid duration {text!r}: a number with a unit of us, ms, s, min, h or d "
+            f"(500ms, 5s, 2min), {_RANGE}")
+    if float(match[1]) * _UNIT_MS[match[2] or "ms"] > MAX_LOCK_MS:
+        raise argparse.ArgumentTypeError(f"duration {text!r} is out of range: {_RANGE}")
+    return text
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
@@ -102,6 +124,10 @@ def _status_document(plan: runner.Plan, roles: Roles, state: runner.DatabaseStat
                      "file_checksum": m.checksum} for m, a in plan.drifted],
         "unknown": [{"version": a.version, "name": a.name,
                      "contract_version": a.contract_version} for a in plan.unknown],
+        # False when schema awa is installed but this login may not read its
+        # records (it cannot act as the owner role): applied and pending are
+        # then unknown, not empty.
+        "records_read": state.records_read or not state.installed,
         "function_layer_installed": bool(state.layer),
         "function_layer_changes": plan.layer_changes,
         "security": plan.security,
@@ -111,6 +137,12 @@ def _status_document(plan: runner.Plan, roles: Roles, state: runner.DatabaseStat
 
 
 def _print_status(doc: dict) -> None:
+    if not doc["records_read"]:
+        print(f"awa-sql {doc['package_version']}; database installed, but this login may not "
+              "read its migration records")
+        for p in doc["problems"]:
+            print(f"problem: {p}")
+        return
     print(f"awa-sql {doc['package_version']}; "
           f"database contract {doc['database_contract_version'] or 'not installed'}")
     print("applied:" if doc["applied"] else "applied: none")
