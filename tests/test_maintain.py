@@ -643,3 +643,84 @@ def test_bound_to_ipv6_it_logs_a_url_with_brackets_that_answers(db, logins):
     with MaintainProcess(db.dsn(logins.maintenance), "--metrics-host", "::1") as m:
         assert re.fullmatch(r"http://\[::1\]:\d+/metrics", m.url()), m.log()
         m.wait_for_pass("promote")
+
+
+def _with_calls(maintainer, calls):
+    """The maintainer's tasks with the calls of ``calls`` (task name ->
+    call(conn) -> (count, said)) in place of theirs."""
+    from dataclasses import replace
+
+    maintainer.tasks = [replace(t, call=calls.get(t.name, t.call)) for t in maintainer.tasks]
+    return maintainer
+
+
+def test_a_task_due_during_a_pass_that_goes_again_runs_before_it(db, logins):
+    """A carry pass that moved rows runs again at once, but a promote that
+    fell due during it comes first: the carry was due again from its
+    start, before every task that fell due during it, and a promote waited
+    two carry passes instead of one (every 4 s at a 1 s cadence while 2-s
+    carry passes kept finding rows)."""
+    from prometheus_client import CollectorRegistry
+
+    from awa_sql.maintain import TASK_NAMES, Maintainer
+
+    passes: list[str] = []
+    enough = threading.Event()
+
+    def carry(conn):
+        passes.append("carry")
+        # Longer than promote's cadence: promote is due when it ends.
+        conn.execute("select pg_sleep(0.3)")
+        return 1, "carried 1"
+
+    def promote(conn):
+        passes.append("promote")
+        if passes.count("promote") >= 4:
+            enough.set()
+        return 0, ""
+
+    every = dict.fromkeys(TASK_NAMES) | {"promote": 0.2, "carry": 60.0}
+    maintainer = _with_calls(Maintainer(db.dsn(logins.maintenance), every=every,
+                                        registry=CollectorRegistry()),
+                             {"carry": carry, "promote": promote})
+    thread = maintainer.start()
+    try:
+        assert enough.wait(30)
+    finally:
+        maintainer.stop()
+        thread.join(30)
+    first = passes.index("carry")
+    pairs = passes[first:first + 6]
+    assert pairs == ["carry", "promote"] * 3, passes
+
+
+def test_a_pass_ends_its_session_if_its_client_goes_silent_in_the_transaction(db, logins):
+    """A pass is several round trips: a client gone between two (a network
+    cut) left its backend idle in the transaction, holding the pass lock and
+    what the call took, until the server's TCP keepalive gave up (up to two
+    hours). Each pass's transaction sets an idle timeout, the statement
+    timeout's; it ends with the transaction."""
+    from prometheus_client import CollectorRegistry
+
+    from awa_sql.maintain import TASK_NAMES, Maintainer
+
+    seen: dict[str, str] = {}
+    done = threading.Event()
+
+    def promote(conn):
+        seen["in the pass"] = conn.execute(
+            "select current_setting('idle_in_transaction_session_timeout')").fetchone()[0]
+        done.set()
+        return 0, ""
+
+    every = dict.fromkeys(TASK_NAMES) | {"promote": 0.2}
+    maintainer = _with_calls(Maintainer(db.dsn(logins.maintenance), every=every,
+                                        statement_timeout=3.0, registry=CollectorRegistry()),
+                             {"promote": promote})
+    thread = maintainer.start()
+    try:
+        assert done.wait(30)
+    finally:
+        maintainer.stop()
+        thread.join(30)
+    assert seen["in the pass"] == "3s"

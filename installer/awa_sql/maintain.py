@@ -141,12 +141,17 @@ TASKS: tuple[Task, ...] = (
 )
 TASK_NAMES = tuple(t.name for t in TASKS)
 
-# The first statement of each pass's transaction: its setting ends with the
+# The first statement of each pass's transaction: its settings end with the
 # transaction, and so does the pass lock the second takes (awa.try_pass_lock):
-# nothing stays on the server connection.
+# nothing stays on the server connection. A pass is several round trips; a
+# client that vanishes between two (a network cut) left its backend idle in
+# the transaction, holding the pass lock and what the call took (lanes, a
+# rewrite's ACCESS EXCLUSIVE lock) until the server's TCP keepalive gave up,
+# up to two hours: the idle timeout ends it after the statement timeout.
 LOCK_FUNCTION = "awa.try_pass_lock(text)"
 PROLOGUE = (
     "select pg_catalog.set_config('statement_timeout', %s, true),"
+    " pg_catalog.set_config('idle_in_transaction_session_timeout', %s, true),"
     " pg_catalog.to_regprocedure(%s) is not null,"
     " pg_catalog.to_regprocedure(%s) is not null"
 )
@@ -424,8 +429,9 @@ class Maintainer:
         try:
             self._busy = True
             with conn.transaction():
-                _, installed, lockable = conn.execute(
-                    PROLOGUE, [self.statement_timeout, task.function, LOCK_FUNCTION]
+                _, _, installed, lockable = conn.execute(
+                    PROLOGUE, [self.statement_timeout, self.statement_timeout, task.function,
+                               LOCK_FUNCTION]
                 ).fetchone()
                 # A contract before migration 0026 has no pass lock: the pass
                 # waits for awa migrate (ADR 037).
@@ -471,4 +477,7 @@ class Maintainer:
         if count:
             log.info("%s: %s", task.name, did)
         if (task.batch is not None and count >= task.batch) or (task.again_while_any and count):
-            self._due[task.name] = started
+            # Due again from its end, not its start: due from its start, it
+            # came before every task that fell due during it, which then
+            # waited a second pass.
+            self._due[task.name] = time.monotonic()
