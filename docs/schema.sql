@@ -3213,14 +3213,6 @@ CREATE OR REPLACE FUNCTION awa._lock_queue_provisioning(queue text, create_missi
 AS $function$
 begin
     perform awa._lock_leader('provisioning');
-    -- A member's root row before its own (awa._lock_rank's order): a
-    -- change of the root's family (awa._lock_family) waits for the members
-    -- this call makes, and finds them.
-    perform
-      from awa.queue_meta as r
-     where r.queue = (select m.root_queue from awa.queue_meta as m
-                       where m.queue = _lock_queue_provisioning.queue)
-       for no key update;
     return awa._lock_queue(queue, create_missing);
 end;
 $function$;
@@ -5784,8 +5776,15 @@ begin
         decision := awa._autoscale_decide(anchor, at);
         return next decision;
     end loop;
+    -- Rows another transaction holds (a drop renaming a queue's history)
+    -- are left to a later tick: waited for, the drop, waiting in turn for
+    -- a count this tick holds, closed a cycle (40P01).
     delete from awa.autoscale_decisions as d
-     where d.last_decided_at < at - interval '24 hours';
+     where d.ctid = any(array(
+         select x.ctid from awa.autoscale_decisions as x
+          where x.last_decided_at < at - interval '24 hours'
+            for update skip locked
+     ));
     -- A probe of queue_meta's index on the name per row of counts (five at
     -- most per queue ever scaled), not a read of every queue at every tick.
     delete from awa.autoscale_decision_counts as c
@@ -8359,6 +8358,19 @@ declare
     anchor awa.queue_meta;
 begin
     perform awa._check_layout_change(queue, 'stripes', stripes, 64);
+    if set_queue_stripes.stripes > 1 then
+        -- A partition's stripes are members of its root's family: the
+        -- root's row before the partition's (awa._lock_rank's order), so
+        -- that a change of the family's settings (awa._lock_family) waits
+        -- for the stripes made here, and finds them. Only here: a change
+        -- that makes no member does not wait for the root's row.
+        perform awa._lock_leader('provisioning');
+        perform
+          from awa.queue_meta as r
+         where r.queue = (select m.root_queue from awa.queue_meta as m
+                           where m.queue = set_queue_stripes.queue)
+           for no key update;
+    end if;
     anchor := awa._lock_queue_provisioning(queue);
     if set_queue_stripes.stripes > 1 then
         perform awa._check_queue_room(array(

@@ -608,8 +608,15 @@ begin
         decision := awa._autoscale_decide(anchor, at);
         return next decision;
     end loop;
+    -- Rows another transaction holds (a drop renaming a queue's history)
+    -- are left to a later tick: waited for, the drop, waiting in turn for
+    -- a count this tick holds, closed a cycle (40P01).
     delete from awa.autoscale_decisions as d
-     where d.last_decided_at < at - interval '24 hours';
+     where d.ctid = any(array(
+         select x.ctid from awa.autoscale_decisions as x
+          where x.last_decided_at < at - interval '24 hours'
+            for update skip locked
+     ));
     -- A probe of queue_meta's index on the name per row of counts (five at
     -- most per queue ever scaled), not a read of every queue at every tick.
     delete from awa.autoscale_decision_counts as c

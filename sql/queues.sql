@@ -803,10 +803,9 @@ $$;
 
 -- Function: awa._lock_queue_provisioning(queue text, create_missing boolean default true)
 --           returns awa.queue_meta
--- The provisioning lock, then the queue's row (awa._lock_queue), after
--- its root's row when it is a partition or stripe: the first locks of an
--- operator's call that may create queues or lanes (a change of S,
--- partitions or stripes) or removes a queue (a drop). Never the row
+-- The provisioning lock, then the queue's row (awa._lock_queue): the first
+-- locks of an operator's call that may create queues or lanes (a change of
+-- S, partitions or stripes) or removes a queue (a drop). Never the row
 -- first: a producer that creates a queue holds the provisioning lock until
 -- it commits, and when the same call enqueues another queue's first keyed
 -- job it then marks that queue's row (awa._mark_unique_jobs), once it
@@ -823,14 +822,6 @@ set search_path = pg_catalog, pg_temp
 as $$
 begin
     perform awa._lock_leader('provisioning');
-    -- A member's root row before its own (awa._lock_rank's order): a
-    -- change of the root's family (awa._lock_family) waits for the members
-    -- this call makes, and finds them.
-    perform
-      from awa.queue_meta as r
-     where r.queue = (select m.root_queue from awa.queue_meta as m
-                       where m.queue = _lock_queue_provisioning.queue)
-       for no key update;
     return awa._lock_queue(queue, create_missing);
 end;
 $$;
@@ -1218,7 +1209,7 @@ $$;
 -- (awa._lock_queue_rows); returns the members' ids (awa._queue_ids), read
 -- once the named row is held. A call that makes new members (new stripes
 -- or partitions) holds that row, and its family's root row, until it
--- commits (awa._lock_queue_provisioning), and copies the settings under
+-- commits (awa.set_queue_stripes), and copies the settings under
 -- them: read before such a maker committed, the members missed the new
 -- ones, which kept the old setting (an unpaused stripe of a paused queue).
 -- Never the provisioning lock: a change that waited here for a row a
@@ -1288,9 +1279,17 @@ select awa._grant_execute('awa._ensure_partition(text, integer)');
 select awa._grant_execute('awa._route_queue(awa.queue_meta, bytea)');
 select awa._grant_execute('awa._physical_queues(text)');
 
+-- Links made while migration 0023 and this layer were applied, by the
+-- earlier layer (which did not mark them). Layers before migration 0026
+-- held the advisory lock of provisioning while they linked, not the
+-- leader row: wait for a link still in flight under it too.
+select pg_catalog.pg_advisory_xact_lock(awa._lock_class_provisioning(), 0);
+select awa._count_linked();
+
 -- Lanes made while migration 0019 and this layer were applied, by the
 -- earlier layer (which did not count them): every queue's lane_shards
--- counted again, as awa._provision_lanes counts it. Once, at the first
+-- counted again, as awa._provision_lanes counts it, once the lock above
+-- has waited for a lane still in flight under it. Once, at the first
 -- apply after that migration: at every apply it undid awa.retire_lanes
 -- (ADR 041), and every claim walked the drained lanes again until its next
 -- pass.
@@ -1302,13 +1301,6 @@ begin
     end if;
 end;
 $$;
-
--- Links made while migration 0023 and this layer were applied, by the
--- earlier layer (which did not mark them). Layers before migration 0026
--- held the advisory lock of provisioning while they linked, not the
--- leader row: wait for a link still in flight under it too.
-select pg_catalog.pg_advisory_xact_lock(awa._lock_class_provisioning(), 0);
-select awa._count_linked();
 
 -- Queues created before a counter existed get it, and the jobs
 -- their workers hold carry the completed one, as a claim copies it.

@@ -371,8 +371,8 @@ update awa.queue_meta as m
 -- Returns one row per physical queue that new enqueues now use.
 -- Errors: 22004 null; 22023 out of range (1..64) or bad name; 25006 standby;
 --   53400 no room under the queue limit for the new stripes (all checked first).
--- Calls: awa._check_layout_change, awa._check_queue_room, awa._lock_queue_provisioning,
---   awa._physical_queues
+-- Calls: awa._check_layout_change, awa._check_queue_room, awa._lock_leader,
+--   awa._lock_queue_provisioning, awa._physical_queues
 -- Writes: awa.queue_meta
 create or replace function awa.set_queue_stripes(queue text, stripes integer)
 returns table (physical_queue text, enqueue_shards smallint, lanes integer)
@@ -384,6 +384,19 @@ declare
     anchor awa.queue_meta;
 begin
     perform awa._check_layout_change(queue, 'stripes', stripes, 64);
+    if set_queue_stripes.stripes > 1 then
+        -- A partition's stripes are members of its root's family: the
+        -- root's row before the partition's (awa._lock_rank's order), so
+        -- that a change of the family's settings (awa._lock_family) waits
+        -- for the stripes made here, and finds them. Only here: a change
+        -- that makes no member does not wait for the root's row.
+        perform awa._lock_leader('provisioning');
+        perform
+          from awa.queue_meta as r
+         where r.queue = (select m.root_queue from awa.queue_meta as m
+                           where m.queue = set_queue_stripes.queue)
+           for no key update;
+    end if;
     anchor := awa._lock_queue_provisioning(queue);
     if set_queue_stripes.stripes > 1 then
         perform awa._check_queue_room(array(

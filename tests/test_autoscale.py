@@ -690,3 +690,37 @@ def test_a_tick_reads_each_queues_lanes_once_whatever_the_samples_statistics_say
                            "'awa._lane_states(integer)'::regprocedure)").fetchone()[0]
         su.rollback()
     assert calls is not None and queues <= calls <= 2 * queues
+
+
+def test_a_tick_leaves_an_old_decision_another_transaction_holds_to_a_later_tick(db, logins):
+    """The tick deletes decisions older than 24 hours. One another
+    transaction holds (a drop renaming the queue's history) was waited for,
+    and the drop, waiting in turn for a count the tick held, closed a cycle
+    (40P01). The tick skips it; a later one deletes it."""
+    with db.connect(logins.operator) as op:
+        op.execute("select awa.set_enqueue_shards('aged', 1)")
+        op.execute("select awa.set_shard_mode('aged', 'shadow', 8)")
+    with db.connect(logins.maintenance) as m:
+        m.execute("select * from awa.autoscale_tick()").fetchall()  # the latest decision
+    with db.connect() as su:
+        su.execute(
+            "insert into awa.autoscale_decisions (queue, decided_at, last_decided_at, mode,"
+            " samples, current_shards, proposed_shards, action, reason_code, reason)"
+            " values ('aged', now() - interval '25 hours', now() - interval '25 hours',"
+            " 'shadow', 0, 1, 1, 'held', 'few_samples', 'old')")
+    old = "select count(*) from awa.autoscale_decisions where reason = 'old'"
+    holder = db.connect(autocommit=False)
+    holder.execute("select 1 from awa.autoscale_decisions where reason = 'old' for update")
+    try:
+        with db.connect(logins.maintenance) as m:
+            m.execute("set lock_timeout = '5s'")
+            m.execute("select * from awa.autoscale_tick()").fetchall()
+        with db.connect() as su:
+            assert su.execute(old).fetchone()[0] == 1
+    finally:
+        holder.rollback()
+        holder.close()
+    with db.connect(logins.maintenance) as m:
+        m.execute("select * from awa.autoscale_tick()").fetchall()
+    with db.connect() as su:
+        assert su.execute(old).fetchone()[0] == 0

@@ -283,7 +283,7 @@ def run_pass(conn: psycopg.Connection, name: str) -> int:
     prologue, the pass lock, the call, in one transaction."""
     task = next(t for t in maintain.TASKS if t.name == name)
     with conn.transaction():
-        conn.execute(maintain.PROLOGUE, ["10s", task.function, maintain.LOCK_FUNCTION])
+        conn.execute(maintain.PROLOGUE, ["10s", "60s", task.function, maintain.LOCK_FUNCTION])
         assert conn.execute(maintain.TAKE_LOCK, [name]).fetchone()[0]
         return task.call(conn)[0]
 

@@ -84,3 +84,27 @@ def test_a_change_that_waits_for_a_row_holds_up_no_other_queue(db, logins):
         holder.commit()
         pause.join(30)
     assert pause.error is None and pause.result is True
+
+
+def test_a_change_of_a_partition_that_makes_no_member_waits_for_no_root_row(db, logins):
+    """A change of S of a partition takes the provisioning lock and the
+    partition's row; it makes no member, so it does not wait for the root's
+    row, which a producer's open transaction holds (its first keyed job
+    marked the root), while holding every queue's creation."""
+    with db.connect(logins.operator) as op:
+        op.execute("select awa.set_queue_partitions('orders', 2)")
+        key = next(k for i in range(100) if op.execute(
+            "select awa.partition_for_ordering_key(%s, 2)", [k := f"c{i}".encode()]
+        ).fetchone()[0] == 0)  # the root's partition
+    holder = db.connect(logins.producer, autocommit=False)
+    holder.execute("select awa.enqueue('orders', 'k', ordering_key => %s,"
+                   " unique_key => 'order-1'::bytea)", [key])
+    try:
+        with db.connect(logins.operator) as op, db.connect(logins.producer) as p:
+            for conn in (op, p):
+                conn.execute("set lock_timeout = '5s'")
+            op.execute("select * from awa.set_enqueue_shards('orders__p1', 2)")
+            p.execute("select awa.enqueue('fresh', 'k')")
+    finally:
+        holder.rollback()
+        holder.close()

@@ -93,6 +93,11 @@ def test_printable_escapes_controls_and_format_characters_only():
     assert (printable("\x9b\x85\x7f\u2028\u2029\u202e\u200b")
             == "\\x9b\\x85\\x7f\\u2028\\u2029\\u202e\\u200b")
     assert printable("line 1\n\tline 2\r\x1b", keep="\n\t") == "line 1\n\tline 2\\r\\x1b"
+    # The joiners, which join what a reader sees and move no cursor, stay:
+    # an emoji sequence, a Persian word, a subdivision flag.
+    for text in ("\U0001f469\u200d\U0001f4bb", "\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645",
+                 "\U0001f3f4\U000e0067\U000e0062\U000e0073\U000e0063\U000e0074\U000e007f"):
+        assert printable(text) == text
     assert table(["queue"], [[FORGED]]).splitlines()[2] == printable(FORGED)
 
 

@@ -147,8 +147,10 @@ TASK_NAMES = tuple(t.name for t in TASKS)
 # client that vanishes between two (a network cut) left its backend idle in
 # the transaction, holding the pass lock and what the call took (lanes, a
 # rewrite's ACCESS EXCLUSIVE lock) until the server's TCP keepalive gave up,
-# up to two hours: the idle timeout ends it after the statement timeout.
+# up to two hours: the idle timeout ends it after the statement timeout, or
+# a minute if that is longer.
 LOCK_FUNCTION = "awa.try_pass_lock(text)"
+IDLE_TIMEOUT_MIN_MS = 60_000
 PROLOGUE = (
     "select pg_catalog.set_config('statement_timeout', %s, true),"
     " pg_catalog.set_config('idle_in_transaction_session_timeout', %s, true),"
@@ -320,6 +322,10 @@ class Maintainer:
         if not statement_timeout > 0:
             raise ValueError(f"statement_timeout must be > 0 seconds, got {statement_timeout!r}")
         self.statement_timeout = f"{max(1, round(statement_timeout * 1000))}ms"
+        # At least a minute: the server counts a network round trip between
+        # two statements of a pass as idle, and a short statement timeout
+        # over a slow link would end every pass.
+        self.idle_timeout = f"{max(IDLE_TIMEOUT_MIN_MS, round(statement_timeout * 1000))}ms"
         from awa_sql.metrics import client_metrics
 
         if registry is None:
@@ -430,7 +436,7 @@ class Maintainer:
             self._busy = True
             with conn.transaction():
                 _, _, installed, lockable = conn.execute(
-                    PROLOGUE, [self.statement_timeout, self.statement_timeout, task.function,
+                    PROLOGUE, [self.statement_timeout, self.idle_timeout, task.function,
                                LOCK_FUNCTION]
                 ).fetchone()
                 # A contract before migration 0026 has no pass lock: the pass

@@ -953,11 +953,19 @@ declare
     applied text := '';
     contract text := '';
 begin
-    if pg_catalog.to_regclass('awa.schema_migrations') is not null then
+    -- From the catalog: to_regclass fails in a schema this login may not
+    -- use yet (one made for it before the bootstrap grants it the owner).
+    if exists (select from pg_catalog.pg_class c
+                 join pg_catalog.pg_namespace n on n.oid operator(pg_catalog.=) c.relnamespace
+                where n.nspname operator(pg_catalog.=) 'awa'
+                  and c.relname operator(pg_catalog.=) 'schema_migrations') then
         execute 'select pg_catalog.string_agg(version::text, '','' order by version)'
                 ' from awa.schema_migrations' into applied;
     end if;
-    if pg_catalog.to_regclass('awa.schema_functions') is not null then
+    if exists (select from pg_catalog.pg_class c
+                 join pg_catalog.pg_namespace n on n.oid operator(pg_catalog.=) c.relnamespace
+                where n.nspname operator(pg_catalog.=) 'awa'
+                  and c.relname operator(pg_catalog.=) 'schema_functions') then
         execute 'select pg_catalog.string_agg(distinct contract_version, '','')'
                 ' from awa.schema_functions' into contract;
     end if;

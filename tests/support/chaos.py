@@ -544,8 +544,8 @@ class Maintenance(Actor):
     def maintain(conn, task) -> int | None:
         """One pass as awa maintain makes it (awa_sql.maintain.Maintainer._pass)."""
         with conn.transaction():
-            _, installed, lockable = conn.execute(
-                PROLOGUE, ["10s", task.function, LOCK_FUNCTION]).fetchone()
+            _, _, installed, lockable = conn.execute(
+                PROLOGUE, ["10s", "60s", task.function, LOCK_FUNCTION]).fetchone()
             assert installed and lockable
             if not conn.execute(TAKE_LOCK, [task.name]).fetchone()[0]:
                 return None

@@ -26,6 +26,10 @@ EXIT_WRONG_STATE = 9
 # C1), format characters (bidi overrides, zero-width ones), the line and
 # paragraph separators, lone surrogates.
 _UNSHOWN = frozenset(("Cc", "Cf", "Zl", "Zp", "Cs"))
+# Format characters that join what is around them into what a reader sees
+# (emoji sequences, Persian and Indic words, subdivision flags) and move no
+# cursor: left as they are.
+_JOINERS = frozenset(("\u200c", "\u200d", *map(chr, range(0xE0020, 0xE0080))))
 
 
 def printable(text: str, keep: str = "") -> str:
@@ -38,7 +42,8 @@ def printable(text: str, keep: str = "") -> str:
     if text.isprintable():
         return text
     # repr escapes each character of _UNSHOWN: none is printable to Python.
-    return "".join(c if c in keep or unicodedata.category(c) not in _UNSHOWN else repr(c)[1:-1]
+    return "".join(c if c in keep or c in _JOINERS or unicodedata.category(c) not in _UNSHOWN
+                   else repr(c)[1:-1]
                    for c in text)
 
 
