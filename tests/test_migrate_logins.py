@@ -87,6 +87,26 @@ def test_a_createrole_login_with_admin_option_installs_a_first_time(empty_db, ro
                         user=login).returncode == 0
 
 
+@pytest.mark.parametrize("self_grant", ["set", "inherit"])
+def test_a_createrole_login_whose_self_grant_gives_one_option_installs(empty_db, role_prefix,
+                                                                      self_grant):
+    """createrole_self_grant = 'set' (or 'inherit') makes the creator a
+    member with SET (or INHERIT) only; the bootstrap's plain GRANT kept the
+    existing grant's options, and the first install failed after the roles
+    step (exit 7 or 6). It grants both."""
+    login = empty_db.login_role(extra="createrole")
+    with empty_db.cluster.admin() as conn:
+        conn.execute(sql.SQL("grant create on database {} to {}").format(
+            sql.Identifier(empty_db.name), sql.Identifier(login)))
+        conn.execute(sql.SQL("alter role {} set createrole_self_grant = {}").format(
+            sql.Identifier(login), sql.Literal(self_grant)))
+    installed = empty_db.awa("migrate", "--create-roles", "--role-prefix", role_prefix,
+                             user=login)
+    assert installed.returncode == 0, installed.stdout + installed.stderr
+    assert empty_db.awa("status", "--check", "--role-prefix", role_prefix,
+                        user=login).returncode == 0
+
+
 def test_a_noinherit_createrole_login_is_refused_before_any_step(empty_db, role_prefix):
     """A NOINHERIT login's grant of the owner role to itself would not be
     inherited, and the bootstrap's ALTER DEFAULT PRIVILEGES needs it: the

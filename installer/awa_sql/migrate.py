@@ -241,9 +241,9 @@ def read_state(conn: psycopg.Connection, roles: Roles) -> DatabaseState:
             [roles.owner, roles.owner, roles.owner],
         ).fetchone()
         acts_now = bool(can_set and inherits)
-        state.owner_admin_only = bool(admin and not can_set)
-        # ADMIN alone: the bootstrap grants the login the role (SET, and
-        # INHERIT when the login inherits), on a first install only.
+        state.owner_admin_only = bool(admin and not acts_now)
+        # ADMIN without both SET and INHERIT (createrole_self_grant may give
+        # one): the bootstrap grants the login both, on a first install only.
         state.can_act_as_owner = acts_now or (
             state.owner_admin_only and state.login_inherits and not state.has_records)
     else:
@@ -482,9 +482,10 @@ def _cannot_act(state: DatabaseState, roles: Roles) -> str:
                 f"create the roles and {grant}.")
     if state.owner_admin_only and state.installed:
         return (head + f"{grant} (a login with ADMIN OPTION on it may run that itself). It "
-                "holds ADMIN OPTION on the role but is not a member of it, as the CREATEROLE "
-                "login that created it is, and awa migrate grants itself the owner role on a "
-                "first install only, never to reach a schema awa already installed.")
+                "holds ADMIN OPTION on the role but cannot both SET it and inherit its "
+                "privileges, as the CREATEROLE login that created it may not, and awa migrate "
+                "grants itself the owner role on a first install only, never to reach a "
+                "schema awa already installed.")
     if state.owner_admin_only and not state.login_inherits:
         return (head + f"{grant}, or ALTER ROLE {login} INHERIT. It is NOINHERIT: the grant "
                 f"awa migrate would make itself would not be inherited, and {needs}.")
@@ -564,11 +565,16 @@ def _schema_grants_sql(roles: Roles) -> str:
 def _bootstrap_sql(roles: Roles, create_schema: bool) -> str:
     owner = _ident(roles.owner)
     return (
-        "-- The migrating login must be able to SET ROLE to the owner; a CREATEROLE\n"
-        "-- login holds ADMIN on roles it created and can grant itself membership.\n"
+        "-- The migrating login must be able to SET ROLE to the owner and inherit its\n"
+        "-- privileges; a CREATEROLE login holds ADMIN on roles it created and can grant\n"
+        "-- itself both (a plain GRANT would keep the options an existing grant has:\n"
+        "-- createrole_self_grant = 'set' or 'inherit' gives one of the two).\n"
         "do $awa$\nbegin\n"
-        f"    if not pg_catalog.pg_has_role(current_user, {_lit(roles.owner)}, 'SET') then\n"
-        f"        execute pg_catalog.format('grant %I to %I', {_lit(roles.owner)}, current_user);\n"
+        f"    if not (pg_catalog.pg_has_role(current_user, {_lit(roles.owner)}, 'SET') and\n"
+        f"            pg_catalog.pg_has_role(current_user, {_lit(roles.owner)}, 'USAGE'))\n"
+        "    then\n"
+        "        execute pg_catalog.format('grant %I to %I with inherit true, set true',\n"
+        f"                                  {_lit(roles.owner)}, current_user);\n"
         "    end if;\nend\n$awa$;\n"
         + (f"create schema awa authorization {owner};\n" if create_schema else "")
         + _schema_grants_sql(roles)
