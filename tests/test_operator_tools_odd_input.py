@@ -221,3 +221,18 @@ def test_a_token_no_http_client_can_send_is_refused_at_start(db, token, problem)
 
 def test_a_token_with_inner_spaces_and_punctuation_is_taken():
     assert token_problem("correct horse battery staple !#$%&'*+-./") is None
+
+
+def test_a_bulk_batch_lost_with_its_connection_may_have_been_applied(capsys):
+    """A batch whose error has no SQLSTATE lost its connection, maybe during
+    its COMMIT: the message does not say it was not applied."""
+    import argparse
+
+    from awa_sql.cli.jobs import _say_partial
+
+    args = argparse.Namespace(json=False, queue="q")
+    _say_partial(args, "retried", "", 2, psycopg.OperationalError("server closed the connection"))
+    said = capsys.readouterr()
+    assert said.out == "retried 2 jobs of q\n"
+    assert "the batch that failed may or may not have been applied, the rest were not" in said.err
+    assert "the rest of the queue's were not" not in said.err

@@ -489,9 +489,13 @@ def _say_partial(args: argparse.Namespace, verb: str, kind: str, done: int,
         _print_bulk_json(args, verb, done, True, error)
     else:
         print(f"{verb} {done} {_jobs(done)}{kind} of {args.queue}")
+    # No SQLSTATE: the connection was lost, perhaps during the failed
+    # batch's COMMIT, which may then have been applied.
+    rest = ("the rest of the queue's were not" if error.sqlstate else
+            "the batch that failed may or may not have been applied, the rest were not")
     err(f"a batch failed after earlier batches were committed: the {done} {_jobs(done)} "
-        f"they {verb} stay{'s' if done == 1 else ''} {verb}, the rest of the queue's were "
-        "not; run the command again for them once the error below is resolved")
+        f"they {verb} stay{'s' if done == 1 else ''} {verb}, {rest}; run the command "
+        "again for them once the error below is resolved")
 
 
 def _say_left(args: argparse.Namespace, states: tuple[str, ...], left: int, total: int,
