@@ -200,15 +200,14 @@ def read_state(conn: psycopg.Connection, roles: Roles) -> DatabaseState:
                               as usable
                        from pg_catalog.pg_namespace n where n.nspname = 'awa') as u
          cross join (select
-                (select c.oid from pg_catalog.pg_class c join pg_catalog.pg_namespace n
-                     on n.oid = c.relnamespace
-                  where n.nspname = 'awa' and c.relname = 'schema_migrations') as migrations,
-                (select c.oid from pg_catalog.pg_class c join pg_catalog.pg_namespace n
-                     on n.oid = c.relnamespace
-                  where n.nspname = 'awa' and c.relname = 'schema_functions') as functions,
-                (select c.oid from pg_catalog.pg_class c join pg_catalog.pg_namespace n
-                     on n.oid = c.relnamespace
-                  where n.nspname = 'awa' and c.relname = 'role_binding') as binding) as t
+                    pg_catalog.max(c.oid) filter (where c.relname = 'schema_migrations')
+                        as migrations,
+                    pg_catalog.max(c.oid) filter (where c.relname = 'schema_functions')
+                        as functions,
+                    pg_catalog.max(c.oid) filter (where c.relname = 'role_binding') as binding
+                  from pg_catalog.pg_class c
+                  join pg_catalog.pg_namespace n on n.oid = c.relnamespace
+                 where n.nspname = 'awa') as t
          where r.rolname = current_user
         """
     ).fetchone()
@@ -958,20 +957,19 @@ def _guard_sql(applied: list[int], contract: str | None) -> str:
 declare
     applied text := '';
     contract text := '';
+    tables pg_catalog.name[];
 begin
     -- From the catalog: to_regclass fails in a schema this login may not
     -- use yet (one made for it before the bootstrap grants it the owner).
-    if exists (select from pg_catalog.pg_class c
-                 join pg_catalog.pg_namespace n on n.oid operator(pg_catalog.=) c.relnamespace
-                where n.nspname operator(pg_catalog.=) 'awa'
-                  and c.relname operator(pg_catalog.=) 'schema_migrations') then
+    tables := array(select c.relname from pg_catalog.pg_class c
+                      join pg_catalog.pg_namespace n
+                        on n.oid operator(pg_catalog.=) c.relnamespace
+                     where n.nspname operator(pg_catalog.=) 'awa');
+    if 'schema_migrations' operator(pg_catalog.=) any (tables) then
         execute 'select pg_catalog.string_agg(version::text, '','' order by version)'
                 ' from awa.schema_migrations' into applied;
     end if;
-    if exists (select from pg_catalog.pg_class c
-                 join pg_catalog.pg_namespace n on n.oid operator(pg_catalog.=) c.relnamespace
-                where n.nspname operator(pg_catalog.=) 'awa'
-                  and c.relname operator(pg_catalog.=) 'schema_functions') then
+    if 'schema_functions' operator(pg_catalog.=) any (tables) then
         execute 'select pg_catalog.string_agg(distinct contract_version, '','')'
                 ' from awa.schema_functions' into contract;
     end if;
