@@ -74,6 +74,7 @@ from awa_sql.maintain import (
     BACKOFF_MAX,
     BACKOFF_MIN,
     TASK_NAMES,
+    Backoff,
     Maintainer,
     missing_grant,
 )
@@ -545,7 +546,7 @@ class Worker:
     def _claimer(self, queue: str, slots: int, free: threading.Semaphore,
                  jobs: queue_mod.SimpleQueue) -> None:
         """Claims for free slots only, so no claimed job waits for a slot."""
-        delay, backoff = MIN_POLL, BACKOFF_MIN
+        delay, backoff = MIN_POLL, Backoff(self._stop)
         read_only = False  # the last claim met a server that takes no writes
         lease_seconds = self.lease.total_seconds()
         try:
@@ -567,17 +568,17 @@ class Worker:
                                   else conn.read_only_reason())
                         if reason is None:
                             log.warning("queue %s: claim failed: %s; trying again in %.1f s",
-                                        queue, one_line(err), backoff)
+                                        queue, one_line(err), backoff.delay)
                         elif not read_only:  # said once, until a claim works again
                             log.warning("queue %s: %s; no claim runs until it takes writes:"
                                         " connecting again in %.1f s, then with back-off up"
                                         " to %g s", queue, read_only_error(reason, "a worker"),
-                                        backoff, BACKOFF_MAX)
+                                        backoff.delay, BACKOFF_MAX)
                         read_only = reason is not None
-                        self._stop.wait(backoff)
-                        backoff = min(backoff * 2, BACKOFF_MAX)
+                        backoff.wait()
                         continue
-                    backoff, read_only = BACKOFF_MIN, False
+                    backoff.reset()
+                    read_only = False
                     with self._lock:
                         self.claims += 1
                     if self.runtime is not None:  # polled, whatever the claim returned
