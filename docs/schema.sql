@@ -1437,6 +1437,25 @@ AS $function$
     select interval '2 seconds'
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._check_capability(caller text, capability text, what text)
+ RETURNS void
+ LANGUAGE plpgsql
+ STABLE
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+declare
+    needed name := awa._role_for(capability);
+begin
+    if not pg_has_role(session_user, needed, 'MEMBER') then
+        raise exception '%: % needs role %, which login % does not hold',
+            caller, what, quote_ident(needed), quote_literal(session_user)
+            using errcode = '42501',
+                  hint = pg_catalog.format('Grant %I to the login, or act with one that '
+                                           'holds it.', needed);
+    end if;
+end;
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._check_job(queue text, kind text, priority smallint, max_attempts integer, max_run_time interval DEFAULT NULL::interval)
  RETURNS void
  LANGUAGE plpgsql
@@ -1612,6 +1631,44 @@ begin
         raise exception 'ordering_key must be at most 1024 bytes, got %', length(key)
             using errcode = '22023';
     end if;
+end;
+$function$;
+
+CREATE OR REPLACE FUNCTION awa._check_partition_names(logical text, partitions integer)
+ RETURNS void
+ LANGUAGE plpgsql
+ IMMUTABLE PARALLEL SAFE
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+declare
+    last_name text := logical || '__p' || (partitions - 1);
+    limit_bytes integer := octet_length(last_name) - 1;
+    digits integer;
+begin
+    if partitions <= 1 or awa._queue_name_ok(last_name) then
+        return;
+    end if;
+    -- The longest padding of the logical name the rule takes: `logical`
+    -- passed it, and padding changes nothing but the length.
+    while limit_bytes > octet_length(logical)
+          and not awa._queue_name_ok(
+              logical || repeat('_', limit_bytes - octet_length(logical))
+          ) loop
+        limit_bytes := limit_bytes - 1;
+    end loop;
+    -- The partitions this name takes: P - 1 of `digits` digits at most.
+    digits := limit_bytes - octet_length(logical) - length('__p');
+    raise exception '% partitions of queue % would name the last one %, % bytes: '
+                    'a queue name is at most % bytes',
+        partitions, quote_literal(logical), quote_literal(last_name), octet_length(last_name),
+        limit_bytes
+        using errcode = '22023',
+              hint = format('Each partition is a queue named <queue>__p<k>, by which producers '
+                            'and operators name it; %s. Use a shorter queue name or fewer '
+                            'partitions.',
+                            case when digits < 1 then 'this name leaves no room for one'
+                                 else format('this name takes at most %s partitions',
+                                             least(32767, 10 ^ least(digits, 5))) end);
 end;
 $function$;
 
@@ -4582,7 +4639,8 @@ declare
     n integer := 1;
 begin
     loop
-        while octet_length(base || suffix) > 200 loop
+        -- The length rule's one home; the name holds no '#' (stripes are never dropped).
+        while not awa._queue_name_ok(base || suffix) loop
             base := left(base, -1);
         end loop;
         candidate := base || suffix;
@@ -5198,9 +5256,25 @@ CREATE OR REPLACE FUNCTION awa._security_violations()
  STABLE
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
-    with
+    with recursive
     this (owner_oid, schema_oid) as (
         select awa._role_for('owner')::regrole::oid, 'awa'::regnamespace::oid
+    ),
+    bound (role_oid, role_name) as (
+        select r.oid, r.rolname
+          from awa.role_binding as b
+          join pg_catalog.pg_roles as r on r.rolname = b.role_name
+    ),
+    -- Each bound role's memberships, direct and through other roles, with
+    -- the roles between (PostgreSQL refuses a circular grant).
+    member_of (member_oid, role_oid, via) as (
+        select m.member, m.roleid, '{}'::name[]
+          from pg_catalog.pg_auth_members as m
+          join bound as b on b.role_oid = m.member
+        union
+        select o.member_oid, m.roleid, o.via || pg_catalog.pg_get_userbyid(o.role_oid)
+          from member_of as o
+          join pg_catalog.pg_auth_members as m on m.member = o.role_oid
     ),
     offender (rule, what) as (
         select 'search_path', p.oid::regprocedure::text
@@ -5257,6 +5331,14 @@ AS $function$
          where c.relnamespace = this.schema_oid
            and exists (select from pg_catalog.aclexplode(c.relacl) as a where a.grantee = 0)
         union all
+        -- GRANT SELECT (args) ON awa.ready TO PUBLIC: in pg_attribute only.
+        select 'public_relations', pg_catalog.format('%s (%I)', c.oid::regclass, t.attname)
+          from pg_catalog.pg_class as c
+          join pg_catalog.pg_attribute as t on t.attrelid = c.oid, this
+         where c.relnamespace = this.schema_oid
+           and t.attnum > 0 and not t.attisdropped and t.attacl is not null
+           and exists (select from pg_catalog.aclexplode(t.attacl) as a where a.grantee = 0)
+        union all
         select 'default_privileges', d.what
           from (values ('f', 'EXECUTE on routines'), ('T', 'USAGE on types')) as d (kind, what),
                this
@@ -5283,6 +5365,13 @@ AS $function$
           from pg_catalog.pg_type as t, this
          where t.typnamespace = this.schema_oid and t.typowner <> this.owner_oid
         union all
+        select distinct 'role_membership', a.role_name || ' is a member of ' || r.role_name
+               || case when o.via = '{}' then ''
+                       else ' through ' || pg_catalog.array_to_string(o.via, ' and ') end
+          from member_of as o
+          join bound as a on a.role_oid = o.member_oid
+          join bound as r on r.role_oid = o.role_oid
+        union all
         select 'grants', d.what from awa._grant_drift() as d
     ),
     named (rule, n, first_ten) as (
@@ -5305,7 +5394,7 @@ AS $function$
           (3, 'schema_grants', 'schema awa''s grants differ from the bootstrap''s',
            'Runtime roles need USAGE on schema awa; PUBLIC and every other role need '
            'nothing: awa migrate revokes the rest.'),
-          (4, 'public_relations', 'relations PUBLIC may use',
+          (4, 'public_relations', 'relations or columns PUBLIC may use',
            'The layer revokes everything on schema awa''s relations from PUBLIC.'),
           (5, 'default_privileges', 'the owner''s default privileges give PUBLIC',
            'The bootstrap revokes them with ALTER DEFAULT PRIVILEGES FOR ROLE.'),
@@ -5314,7 +5403,13 @@ AS $function$
               (select this.owner_oid::regrole from this)
            ),
            'Only a superuser or their owner can give them to the owner role.'),
-          (7, 'grants', 'grants on schema awa''s objects differ from the layer''s',
+          (7, 'role_membership', 'bound roles granted to one another',
+           pg_catalog.format(
+               'REVOKE each such grant as the role that granted it (or with GRANTED BY): '
+               'awa migrate, which runs as the owner, cannot. A login that needs two '
+               'capabilities gets both roles (GRANT %I, %I TO app), never one role '
+               'granted to another.', awa._role_for('producer'), awa._role_for('worker'))),
+          (8, 'grants', 'grants on schema awa''s objects differ from the layer''s',
            pg_catalog.format(
                'awa migrate applies the layer''s grants again and revokes the others; give a '
                'login a bound role (GRANT %I TO app), not privileges on awa''s objects.',
@@ -6576,6 +6671,7 @@ declare
     took boolean;  -- in turn: whether the try-lock took the lane
     memo text;
     started timestamptz;
+    holder_q integer;  -- a unique key's holder's queue
 begin
     -- Three ways, each a labelled block (docs/fast-paths.md): sticky, then
     -- in_turn when the sticky lane is taken, both leaving with `exit
@@ -6680,13 +6776,16 @@ begin
                 -- with the id it took the key for, goes the general insert's way
                 -- (into a lane, or awa.scheduled for later).
                 new_job := nextval('awa.job_id_seq');
-                select d.job_id, m.queue, d.priority into new_seq, memo, shard
+                select d.job_id, d.queue_id, d.priority into new_seq, holder_q, shard
                   from awa._take_unique_keys(
                       array[unique_key], array[new_job], array[q_id],
                       array[enqueue.priority], array[unique_window]
-                  ) as d
-                  join awa.queue_meta as m on m.queue_id = d.queue_id;
+                  ) as d;
                 if found then
+                    -- The holder's queue read by a statement of its own: this
+                    -- one's snapshot predates a holder it waited for, whose
+                    -- queue (a partition made in its transaction) it cannot see.
+                    select m.queue into memo from awa.queue_meta as m where m.queue_id = holder_q;
                     -- new_seq, memo, shard: the holder's job id, queue and priority
                     return row(new_seq, memo, shard, null, null, true)::awa.enqueued;
                 end if;
@@ -7377,6 +7476,9 @@ declare
     prior text := current_setting('lock_timeout');
 begin
     perform awa._check_limit('max_jobs', max_jobs);
+    if not awa._try_leader('pass.promote') then
+        return 0;
+    end if;
     perform awa._note_run('promote');
     for attempt in 1 .. 2 loop
         select array_agg(d.job_id order by d.run_at, d.job_id) as job_ids,
@@ -7674,6 +7776,7 @@ begin
         raise exception 'runtime % is a %, not a %', instance_id, known_kind, kind
             using errcode = '22023';
     end if;
+    perform awa._check_capability('awa.publish_runtime', kind, 'kind ' || kind);
     -- A runtime keeps its id across its snapshots: a login that makes a new
     -- one at every call would fill what every watch reads. Counted, not
     -- locked: logins publishing new ids at once may pass it by as many.
@@ -8209,6 +8312,18 @@ AS $function$
     select awa._sample_lane_contention(pg_catalog.clock_timestamp())
 $function$;
 
+CREATE OR REPLACE FUNCTION awa.scheduled_overdue()
+ RETURNS interval
+ LANGUAGE sql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+ SET enable_seqscan TO 'off'
+ SET enable_bitmapscan TO 'off'
+AS $function$
+    select greatest(interval '0', now() - min(s.run_at))
+      from awa.scheduled as s
+$function$;
+
 CREATE OR REPLACE FUNCTION awa.set_autoscale_policy(queue text, grow_window interval DEFAULT NULL::interval, grow_wait_share numeric DEFAULT NULL::numeric, grow_waiters numeric DEFAULT NULL::numeric, shrink_window interval DEFAULT NULL::interval, shrink_wait_share numeric DEFAULT NULL::numeric, cooldown interval DEFAULT NULL::interval, min_samples integer DEFAULT NULL::integer)
  RETURNS void
  LANGUAGE plpgsql
@@ -8325,6 +8440,8 @@ declare
     anchor awa.queue_meta;
 begin
     perform awa._check_layout_change(queue, 'partitions', partitions, 32767);
+    -- Before the first lock, which creates a missing queue: nothing is made.
+    perform awa._check_partition_names(queue, partitions);
     anchor := awa._lock_queue_provisioning(queue);
     if anchor.root_queue is not null then
         raise exception 'queue % is itself a partition or stripe of %',
@@ -8841,6 +8958,7 @@ GRANT EXECUTE ON FUNCTION awa.retry_jobs(text,text,integer,text) TO awa_operator
 GRANT EXECUTE ON FUNCTION awa.rotate_running() TO awa_maintenance;
 GRANT EXECUTE ON FUNCTION awa.run_outcome(bigint,bigint,integer) TO awa_worker;
 GRANT EXECUTE ON FUNCTION awa.sample_lane_contention() TO awa_maintenance;
+GRANT EXECUTE ON FUNCTION awa.scheduled_overdue() TO awa_operator, awa_reader;
 GRANT EXECUTE ON FUNCTION awa.set_autoscale_policy(text,interval,numeric,numeric,interval,numeric,interval,integer) TO awa_operator;
 GRANT EXECUTE ON FUNCTION awa.set_enqueue_shards(text,integer) TO awa_operator;
 GRANT EXECUTE ON FUNCTION awa.set_max_queues(integer) TO awa_operator;
@@ -8853,3 +8971,4 @@ GRANT EXECUTE ON FUNCTION awa.set_shard_mode(text,text,integer) TO awa_operator;
 GRANT EXECUTE ON FUNCTION awa.shard_for_ordering_key(bytea,integer) TO awa_maintenance, awa_operator, awa_producer, awa_reader, awa_worker;
 GRANT EXECUTE ON FUNCTION awa.stripe_for_ordering_key(bytea,integer) TO awa_maintenance, awa_operator, awa_producer, awa_reader, awa_worker;
 GRANT EXECUTE ON FUNCTION awa.try_pass_lock(text) TO awa_maintenance;
+GRANT INSERT (queue, priority, ordering_key, kind, args, run_at, max_attempts, max_run_time, unique_key, unique_window) ON TABLE awa.copy_staging TO awa_producer;

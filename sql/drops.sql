@@ -163,8 +163,8 @@ $$;
 -- Function: awa._recovery_name(queue text, queue_id integer) returns text
 -- A name no queue has, for a dropped queue that a job came to late while
 -- another queue took its name: '<queue>~dropped-<queue_id>' (then -2, -3,
--- ...), the name cut so the whole is at most 200 bytes.
--- Calls: nothing
+-- ...), the name cut so the whole is a queue name (awa._queue_name_ok).
+-- Calls: awa._queue_name_ok
 -- Writes: nothing
 create or replace function awa._recovery_name(queue text, queue_id integer)
 returns text
@@ -179,7 +179,8 @@ declare
     n integer := 1;
 begin
     loop
-        while octet_length(base || suffix) > 200 loop
+        -- The length rule's one home; the name holds no '#' (stripes are never dropped).
+        while not awa._queue_name_ok(base || suffix) loop
             base := left(base, -1);
         end loop;
         candidate := base || suffix;

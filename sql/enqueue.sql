@@ -80,6 +80,7 @@ declare
     took boolean;  -- in turn: whether the try-lock took the lane
     memo text;
     started timestamptz;
+    holder_q integer;  -- a unique key's holder's queue
 begin
     -- Three ways, each a labelled block (docs/fast-paths.md): sticky, then
     -- in_turn when the sticky lane is taken, both leaving with `exit
@@ -184,13 +185,16 @@ begin
                 -- with the id it took the key for, goes the general insert's way
                 -- (into a lane, or awa.scheduled for later).
                 new_job := nextval('awa.job_id_seq');
-                select d.job_id, m.queue, d.priority into new_seq, memo, shard
+                select d.job_id, d.queue_id, d.priority into new_seq, holder_q, shard
                   from awa._take_unique_keys(
                       array[unique_key], array[new_job], array[q_id],
                       array[enqueue.priority], array[unique_window]
-                  ) as d
-                  join awa.queue_meta as m on m.queue_id = d.queue_id;
+                  ) as d;
                 if found then
+                    -- The holder's queue read by a statement of its own: this
+                    -- one's snapshot predates a holder it waited for, whose
+                    -- queue (a partition made in its transaction) it cannot see.
+                    select m.queue into memo from awa.queue_meta as m where m.queue_id = holder_q;
                     -- new_seq, memo, shard: the holder's job id, queue and priority
                     return row(new_seq, memo, shard, null, null, true)::awa.enqueued;
                 end if;
@@ -998,8 +1002,12 @@ $$;
 -- Moves scheduled jobs whose run_at has passed into lanes, routed under the
 -- queue's current S (a keyed job goes back to its key's shard), oldest
 -- first, up to max_jobs and awa._pass_bytes() of payload (at least one
--- job). Role: awa_maintenance. Returns how many jobs it moved. Concurrent
--- callers skip each other's rows.
+-- job). Role: awa_maintenance. Returns how many jobs it moved. One call at
+-- a time, under the leader lock of awa maintain's promote pass
+-- ('pass.promote', migration 0041), which that pass holds already: a call
+-- while another runs returns 0 at once. Two calls side by side, skipping
+-- each other's rows, put a key's later job into its lane before the
+-- earlier one the other call held while it waited for a lane.
 -- It waits for its lanes in line with the producers, 200 ms at most for a
 -- lane (it holds the lanes below meanwhile), having read which
 -- transactions hold lanes. Past that it reads them again: the rows that
@@ -1011,7 +1019,7 @@ $$;
 -- not every queue's. A second timeout leaves everything to the next call
 -- (ADR 053).
 -- Calls: awa._check_limit, awa._insert_jobs, awa._job_bytes, awa._key_shard, awa._lane_holders,
---   awa._lanes_held_since, awa._lock_lanes, awa._note_run, awa._pass_bytes
+--   awa._lanes_held_since, awa._lock_lanes, awa._note_run, awa._pass_bytes, awa._try_leader
 -- Writes: awa.scheduled
 create or replace function awa.promote_due(max_jobs integer default 10000)
 returns integer
@@ -1034,6 +1042,9 @@ declare
     prior text := current_setting('lock_timeout');
 begin
     perform awa._check_limit('max_jobs', max_jobs);
+    if not awa._try_leader('pass.promote') then
+        return 0;
+    end if;
     perform awa._note_run('promote');
     for attempt in 1 .. 2 loop
         select array_agg(d.job_id order by d.run_at, d.job_id) as job_ids,

@@ -225,6 +225,34 @@ begin
 end;
 $$;
 
+-- Function: awa._check_capability(caller text, capability text, what text) returns void
+-- For a call granted to several runtime roles whose argument claims one of
+-- them (awa.publish_runtime's kind): 42501 unless the login
+-- (session_user, as every check of who calls reads it, whatever role the
+-- session has set) is a member, directly or not, of the role bound to
+-- `capability`. `what` is the claim, for the message.
+-- Errors: 42501 the login does not hold the role.
+-- Calls: awa._role_for
+-- Writes: nothing
+create or replace function awa._check_capability(caller text, capability text, what text)
+returns void
+language plpgsql
+stable
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    needed name := awa._role_for(capability);
+begin
+    if not pg_has_role(session_user, needed, 'MEMBER') then
+        raise exception '%: % needs role %, which login % does not hold',
+            caller, what, quote_ident(needed), quote_literal(session_user)
+            using errcode = '42501',
+                  hint = pg_catalog.format('Grant %I to the login, or act with one that '
+                                           'holds it.', needed);
+    end if;
+end;
+$$;
+
 -- Function: awa._check_no_run(caller text, job_id bigint, run_lease bigint) returns void
 -- For a worker call that found no run for its lease (awa.complete, awa.fail,
 -- awa.heartbeat): raises 25000 outside read committed. awa.rotate_running
@@ -742,16 +770,25 @@ $$;
 --   schema_grants       schema awa grants PUBLIC anything, a bound runtime
 --                       role lacks USAGE, or any role holds more than the
 --                       bootstrap's USAGE (awa._schema_grants_extra)
---   public_relations    a table, view or sequence grants PUBLIC anything
+--   public_relations    a table, view or sequence grants PUBLIC anything,
+--                       or one of its columns does
 --   default_privileges  the owner's default privileges let PUBLIC execute
 --                       the routines or use the types it creates
 --   owner               an object in schema awa not owned by the owner role
+--   role_membership     a bound role (awa.role_binding) that is a member of
+--                       another, directly or through other roles: GRANT
+--                       awa_operator TO awa_producer gives every producer
+--                       login the operator's functions, and no grant on
+--                       schema awa's objects shows it. A login holding two
+--                       bound roles is not a bound role, so that is fine
+--                       (the migrating login holds the owner role)
 --   grants              a privilege on a routine, relation or column that
 --                       the layer did not grant, or one it granted that is
 --                       gone (awa._grant_drift)
 -- The layer step repairs every rule (its grants, and CREATE OR REPLACE
--- with the pin) but owner, since it runs as the owner and cannot take an
--- object back, and search_path for a routine that is not the layer's.
+-- with the pin) but owner and role_membership, since it runs as the owner
+-- and can neither take an object back nor revoke a role, and search_path
+-- for a routine that is not the layer's.
 -- Calls: awa._grant_drift, awa._role_for, awa._schema_grants_extra
 -- Writes: nothing
 create or replace function awa._security_violations()
@@ -760,9 +797,25 @@ language sql
 stable
 set search_path = pg_catalog, pg_temp
 as $$
-    with
+    with recursive
     this (owner_oid, schema_oid) as (
         select awa._role_for('owner')::regrole::oid, 'awa'::regnamespace::oid
+    ),
+    bound (role_oid, role_name) as (
+        select r.oid, r.rolname
+          from awa.role_binding as b
+          join pg_catalog.pg_roles as r on r.rolname = b.role_name
+    ),
+    -- Each bound role's memberships, direct and through other roles, with
+    -- the roles between (PostgreSQL refuses a circular grant).
+    member_of (member_oid, role_oid, via) as (
+        select m.member, m.roleid, '{}'::name[]
+          from pg_catalog.pg_auth_members as m
+          join bound as b on b.role_oid = m.member
+        union
+        select o.member_oid, m.roleid, o.via || pg_catalog.pg_get_userbyid(o.role_oid)
+          from member_of as o
+          join pg_catalog.pg_auth_members as m on m.member = o.role_oid
     ),
     offender (rule, what) as (
         select 'search_path', p.oid::regprocedure::text
@@ -819,6 +872,14 @@ as $$
          where c.relnamespace = this.schema_oid
            and exists (select from pg_catalog.aclexplode(c.relacl) as a where a.grantee = 0)
         union all
+        -- GRANT SELECT (args) ON awa.ready TO PUBLIC: in pg_attribute only.
+        select 'public_relations', pg_catalog.format('%s (%I)', c.oid::regclass, t.attname)
+          from pg_catalog.pg_class as c
+          join pg_catalog.pg_attribute as t on t.attrelid = c.oid, this
+         where c.relnamespace = this.schema_oid
+           and t.attnum > 0 and not t.attisdropped and t.attacl is not null
+           and exists (select from pg_catalog.aclexplode(t.attacl) as a where a.grantee = 0)
+        union all
         select 'default_privileges', d.what
           from (values ('f', 'EXECUTE on routines'), ('T', 'USAGE on types')) as d (kind, what),
                this
@@ -845,6 +906,13 @@ as $$
           from pg_catalog.pg_type as t, this
          where t.typnamespace = this.schema_oid and t.typowner <> this.owner_oid
         union all
+        select distinct 'role_membership', a.role_name || ' is a member of ' || r.role_name
+               || case when o.via = '{}' then ''
+                       else ' through ' || pg_catalog.array_to_string(o.via, ' and ') end
+          from member_of as o
+          join bound as a on a.role_oid = o.member_oid
+          join bound as r on r.role_oid = o.role_oid
+        union all
         select 'grants', d.what from awa._grant_drift() as d
     ),
     named (rule, n, first_ten) as (
@@ -867,7 +935,7 @@ as $$
           (3, 'schema_grants', 'schema awa''s grants differ from the bootstrap''s',
            'Runtime roles need USAGE on schema awa; PUBLIC and every other role need '
            'nothing: awa migrate revokes the rest.'),
-          (4, 'public_relations', 'relations PUBLIC may use',
+          (4, 'public_relations', 'relations or columns PUBLIC may use',
            'The layer revokes everything on schema awa''s relations from PUBLIC.'),
           (5, 'default_privileges', 'the owner''s default privileges give PUBLIC',
            'The bootstrap revokes them with ALTER DEFAULT PRIVILEGES FOR ROLE.'),
@@ -876,7 +944,13 @@ as $$
               (select this.owner_oid::regrole from this)
            ),
            'Only a superuser or their owner can give them to the owner role.'),
-          (7, 'grants', 'grants on schema awa''s objects differ from the layer''s',
+          (7, 'role_membership', 'bound roles granted to one another',
+           pg_catalog.format(
+               'REVOKE each such grant as the role that granted it (or with GRANTED BY): '
+               'awa migrate, which runs as the owner, cannot. A login that needs two '
+               'capabilities gets both roles (GRANT %I, %I TO app), never one role '
+               'granted to another.', awa._role_for('producer'), awa._role_for('worker'))),
+          (8, 'grants', 'grants on schema awa''s objects differ from the layer''s',
            pg_catalog.format(
                'awa migrate applies the layer''s grants again and revokes the others; give a '
                'login a bound role (GRANT %I TO app), not privileges on awa''s objects.',
@@ -925,6 +999,7 @@ select awa._grant_execute('awa._try_leader(text)');
 select awa._grant_execute('awa._lock_class_migrate()');
 select awa._grant_execute('awa._check_read_committed(text)');
 select awa._grant_execute('awa._check_run_owner(text, bigint, bigint)');
+select awa._grant_execute('awa._check_capability(text, text, text)');
 select awa._grant_execute('awa._check_no_run(text, bigint, bigint)');
 select awa._grant_execute('awa._role_for(text)');
 select awa._grant_execute('awa._grant_execute(regprocedure, text[])');

@@ -74,13 +74,18 @@ select awa._grant_execute('awa._shards_at(text, timestamptz)');
 -- poll of each. At most 1,000 rows a snapshot: enqueues and claims first,
 -- then polls until the cap. Only the login that
 -- created a row may refresh it, also when two logins create one id at once.
+-- A kind is a capability, which awa.runtime_overview and the admin page
+-- show: a worker's snapshot comes from a login holding the worker role, a
+-- producer's from one holding the producer role (a producer's login could
+-- otherwise pass for a worker claiming from a queue).
 -- Removes stale rows (30 s without a snapshot) but those another publish
 -- holds, which it is refreshing; returns how many. Roles: awa_producer, awa_worker.
 -- Errors: 22023 bad kind, pid, in_flight, text length or activity, a
 --   poll from a producer, or a kind other than the runtime's; 22004 nulls;
---   42501 the instance belongs to another login; 53400 a new instance of a
---   login that has 1,000 live ones.
--- Calls: awa._names_cover, awa._shards_at
+--   42501 the instance belongs to another login, or the login does not
+--   hold the kind's role; 53400 a new instance of a login that has 1,000
+--   live ones.
+-- Calls: awa._check_capability, awa._names_cover, awa._shards_at
 -- Writes: awa.runtime_queues, awa.runtimes
 create or replace function awa.publish_runtime(
     instance_id uuid, kind text, host text, pid integer, version text,
@@ -142,6 +147,7 @@ begin
         raise exception 'runtime % is a %, not a %', instance_id, known_kind, kind
             using errcode = '22023';
     end if;
+    perform awa._check_capability('awa.publish_runtime', kind, 'kind ' || kind);
     -- A runtime keeps its id across its snapshots: a login that makes a new
     -- one at every call would fill what every watch reads. Counted, not
     -- locked: logins publishing new ids at once may pass it by as many.

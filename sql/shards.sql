@@ -422,6 +422,57 @@ $$;
 
 select awa._grant_execute('awa.set_queue_stripes(text, integer)', 'operator');
 
+-- Function: awa._check_partition_names(logical text, partitions integer) returns void
+-- Raises 22023 when the name of the last of `partitions` partitions of
+-- `logical` (logical__p(P-1), the longest) is longer than a queue name may
+-- be. Producers enqueue to a partition by its name
+-- (awa_sql.PartitionedQueue), operators pause it or change its S by it,
+-- and each refused such a name where a claim took it. The limit is
+-- awa._queue_name_ok's, its one home; the message finds it there. Stripes
+-- need no such check: no call takes a stripe's name (it holds '#'), each
+-- reaches them by their queue's name.
+-- Calls: awa._queue_name_ok
+-- Writes: nothing
+create or replace function awa._check_partition_names(logical text, partitions integer)
+returns void
+language plpgsql
+immutable parallel safe
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    last_name text := logical || '__p' || (partitions - 1);
+    limit_bytes integer := octet_length(last_name) - 1;
+    digits integer;
+begin
+    if partitions <= 1 or awa._queue_name_ok(last_name) then
+        return;
+    end if;
+    -- The longest padding of the logical name the rule takes: `logical`
+    -- passed it, and padding changes nothing but the length.
+    while limit_bytes > octet_length(logical)
+          and not awa._queue_name_ok(
+              logical || repeat('_', limit_bytes - octet_length(logical))
+          ) loop
+        limit_bytes := limit_bytes - 1;
+    end loop;
+    -- The partitions this name takes: P - 1 of `digits` digits at most.
+    digits := limit_bytes - octet_length(logical) - length('__p');
+    raise exception '% partitions of queue % would name the last one %, % bytes: '
+                    'a queue name is at most % bytes',
+        partitions, quote_literal(logical), quote_literal(last_name), octet_length(last_name),
+        limit_bytes
+        using errcode = '22023',
+              hint = format('Each partition is a queue named <queue>__p<k>, by which producers '
+                            'and operators name it; %s. Use a shorter queue name or fewer '
+                            'partitions.',
+                            case when digits < 1 then 'this name leaves no room for one'
+                                 else format('this name takes at most %s partitions',
+                                             least(32767, 10 ^ least(digits, 5))) end);
+end;
+$$;
+
+select awa._grant_execute('awa._check_partition_names(text, integer)');
+
 -- Function: awa.set_queue_partitions(queue text, partitions integer)
 -- Registers a logical queue as carried by P partitions: the queue itself
 -- (partition 0) and queue__p1 .. queue__p(P-1), ordinary queues with the
@@ -432,10 +483,12 @@ select awa._grant_execute('awa.set_queue_stripes(text, integer)', 'operator');
 -- cover every partition. Changing P is a repartitioning event: keys move,
 -- and per-key order returns once the old partitions drain (ADR 004).
 -- Role: awa_operator. Returns one row per partition.
--- Errors: 22004 null; 22023 out of range (1..32767) or bad name; 25006 standby;
---   53400 no room under the queue limit for the new partitions (all checked first).
--- Calls: awa._check_layout_change, awa._check_queue_room, awa._ensure_partition,
---   awa._lock_queue_provisioning, awa.partition_queue_names
+-- Errors: 22004 null; 22023 out of range (1..32767), bad name, or a
+--   partition's name longer than a queue name may be
+--   (awa._check_partition_names); 25006 standby; 53400 no room under the
+--   queue limit for the new partitions (all checked first).
+-- Calls: awa._check_layout_change, awa._check_partition_names, awa._check_queue_room,
+--   awa._ensure_partition, awa._lock_queue_provisioning, awa.partition_queue_names
 -- Writes: awa.queue_meta
 create or replace function awa.set_queue_partitions(queue text, partitions integer)
 returns table (partition integer, physical_queue text)
@@ -447,6 +500,8 @@ declare
     anchor awa.queue_meta;
 begin
     perform awa._check_layout_change(queue, 'partitions', partitions, 32767);
+    -- Before the first lock, which creates a missing queue: nothing is made.
+    perform awa._check_partition_names(queue, partitions);
     anchor := awa._lock_queue_provisioning(queue);
     if anchor.root_queue is not null then
         raise exception 'queue % is itself a partition or stripe of %',

@@ -298,6 +298,38 @@ $$;
 
 select awa._grant_execute('awa._scheduled_capped(integer)', 'reader', 'operator');
 
+-- Function: awa.scheduled_overdue() returns interval
+-- How long the oldest job of awa.scheduled has been due: now() less the
+-- smallest run_at, 0 when none is due (or none waits). awa.promote_due moves
+-- a due job into its lane within about a second; an age that keeps growing
+-- says promotion is behind: nothing runs it, or a transaction holds the lane
+-- the job goes to (a producer's left open after an enqueue), whose due rows
+-- awa.promote_due leaves where they are. Every queue's: awa.scheduled has no
+-- index on (queue, run_at) to read a queue's oldest from. Cost: the first
+-- entry of scheduled_run_at_idx, past the dead entries of jobs promoted
+-- since vacuum last ran, which awa.promote_due walks too on each call
+-- (while a snapshot is held, awa.compact_scheduled rewrites them away if at
+-- most 100,000 jobs wait). A definer: the
+-- reader roles may not read awa.scheduled. Volatile, as
+-- awa._scheduled_capped is.
+-- Role: awa_reader, awa_operator.
+-- Calls: nothing
+-- Writes: nothing
+create or replace function awa.scheduled_overdue()
+returns interval
+language sql
+volatile
+security definer
+set search_path = pg_catalog, pg_temp
+set enable_seqscan = off
+set enable_bitmapscan = off
+as $$
+    select greatest(interval '0', now() - min(s.run_at))
+      from awa.scheduled as s
+$$;
+
+select awa._grant_execute('awa.scheduled_overdue()', 'reader', 'operator');
+
 select awa._grant_execute('awa._lane_states(integer)', 'reader', 'operator');
 
 -- Function: awa._policy_defaults()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import shutil
 import subprocess
 from dataclasses import dataclass, field
@@ -47,6 +48,23 @@ class Case:
     value: str = ""  # what {{ $value | humanizePercentage }} renders to
 
 
+def plain(queue: str) -> dict[str, str]:
+    """The labels of a plain queue: its own logical queue."""
+    return {"queue": queue, "logical_queue": queue}
+
+
+def failing(*queues: str) -> dict[str, list[dict[str, str]]]:
+    return {"AwaJobsFailing": [plain(queue) for queue in queues]}
+
+
+def queue_series(queue: str, failed: str, completed: str, retried: str) -> dict[str, str]:
+    """A queue's terminal and retry counters, as the exporter labels them."""
+    labels = f'queue="{queue}",logical_queue="{queue}"'
+    return {f'awa_queue_finished_total{{{labels},state="failed"}}': failed,
+            f'awa_queue_finished_total{{{labels},state="completed"}}': completed,
+            f"awa_queue_retried_total{{{labels}}}": retried}
+
+
 CASES = [
     Case("an exporter that cannot read the database",
          own={'awa_up{instance="db-a:9187",job="awa"}': "1 1 1 0x10",
@@ -67,13 +85,30 @@ CASES = [
          expect={4: {}, 6: {"AwaQueueLagHigh": [{"queue": "slow"}]},
                  70: {"AwaQueueLagHigh": [{"queue": "slow"}]}}),
     Case("a pause forgotten for an hour",
-         database={'awa_queue_lag_seconds{queue="held"}': "0+60x80",
-                   'awa_queue_paused{queue="held"}': "1x80",
-                   'awa_queue_lag_seconds{queue="late"}': "0+60x80",
-                   'awa_queue_paused{queue="late"}': "0x80"},
+         database={'awa_queue_lag_seconds{queue="held",logical_queue="held"}': "0+60x80",
+                   'awa_queue_paused{queue="held",logical_queue="held"}': "1x80",
+                   'awa_queue_lag_seconds{queue="late",logical_queue="late"}': "0+60x80",
+                   'awa_queue_paused{queue="late",logical_queue="late"}': "0x80"},
          expect={64: {"AwaQueueLagHigh": [{"queue": "late"}]},
                  67: {"AwaQueueLagHigh": [{"queue": "late"}],
-                      "AwaQueuePausedWithBacklog": [{"queue": "held"}]}}),
+                      "AwaQueuePausedWithBacklog": [{"queue": "held",
+                                                     "logical_queue": "held"}]}}),
+    # A stripe's name is no name a command takes (22023): the commands in
+    # the text name its logical queue (test_a_stripes_alerts_name_...).
+    Case("a striped queue paused for an hour, a stripe's jobs failing",
+         database={'awa_queue_lag_seconds{queue="orders#1",logical_queue="orders"}':
+                   "0+60x80",
+                   'awa_queue_paused{queue="orders#1",logical_queue="orders"}': "1x80",
+                   'awa_queue_lag_seconds{queue="orders#0",logical_queue="orders"}': "0x80",
+                   'awa_queue_paused{queue="orders#0",logical_queue="orders"}': "1x80",
+                   'awa_queue_finished_total{queue="orders#1",logical_queue="orders",'
+                   'state="failed"}': "0x10 1x70",
+                   'awa_queue_finished_total{queue="orders#1",logical_queue="orders",'
+                   'state="completed"}': "0x80",
+                   'awa_queue_retried_total{queue="orders#1",logical_queue="orders"}': "0x80"},
+         expect={20: {"AwaJobsFailing": [{"queue": "orders#1", "logical_queue": "orders"}]},
+                 67: {"AwaQueuePausedWithBacklog": [{"queue": "orders#1",
+                                                     "logical_queue": "orders"}]}}),
     Case("a backlog that grows, one that bursts and drains, a paused one, a quick one",
          database={'awa_queue_depth{queue="growing"}': "0+10x60",
                    'awa_queue_lag_seconds{queue="growing"}': "120x60",
@@ -102,20 +137,27 @@ CASES = [
          expect={45: {}, 61: {}, 62: {"AwaBacklogGrowing": [{"queue": "new"}]},
                  63: {"AwaBacklogGrowing": [{"queue": "gap"}, {"queue": "new"}]}}),
     Case("jobs failing for good, attempts retried, a queue with no attempt",
-         database={'awa_queue_finished_total{queue="broken",state="failed"}': "0x10 1x30",
-                   'awa_queue_finished_total{queue="broken",state="completed"}': "0+10x40",
-                   'awa_queue_retried_total{queue="broken"}': "0x40",
-                   'awa_queue_finished_total{queue="flaky",state="failed"}': "0x40",
-                   'awa_queue_finished_total{queue="flaky",state="completed"}': "0+10x40",
-                   'awa_queue_retried_total{queue="flaky"}': "0+2x40",
-                   'awa_queue_finished_total{queue="mostly",state="failed"}': "0x40",
-                   'awa_queue_finished_total{queue="mostly",state="completed"}': "0+10x40",
-                   'awa_queue_retried_total{queue="mostly"}': "0+1x40",
-                   'awa_queue_finished_total{queue="idle",state="failed"}': "0x40",
-                   'awa_queue_finished_total{queue="idle",state="completed"}': "0x40",
-                   'awa_queue_retried_total{queue="idle"}': "0x40"},
-         expect={20: {"AwaJobsFailing": [{"queue": "broken"}, {"queue": "flaky"}]},
-                 35: {"AwaJobsFailing": [{"queue": "flaky"}]}}),
+         database={**queue_series("broken", failed="0x10 1x30", completed="0+10x40",
+                                  retried="0x40"),
+                   **queue_series("flaky", failed="0x40", completed="0+10x40",
+                                  retried="0+2x40"),
+                   **queue_series("mostly", failed="0x40", completed="0+10x40",
+                                  retried="0+1x40"),
+                   **queue_series("idle", failed="0x40", completed="0x40", retried="0x40")},
+         expect={20: failing("broken", "flaky"), 35: failing("flaky")}),
+    # Backoff doubles up to an hour: a job that fails every attempt is
+    # retried up to an hour apart, and most 15-minute windows hold no retry
+    # (poison, from minute 40 on, fired 10 minutes in each 40). A retry long
+    # past stops firing: once's, at minute 10, fires from 15 until the
+    # 90-minute window lets it go at 99.
+    Case("a job retried every 40 minutes for hours, one retried once",
+         database={**queue_series("poison", failed="0x240", completed="0x240",
+                                  retried="0x39 1x39 2x39 3x39 4x39 5x39"),
+                   **queue_series("once", failed="0x240", completed="0x240",
+                                  retried="0x9 1x230")},
+         expect={14: {}, 39: failing("once"), 44: failing("once"),
+                 **{minute: failing(*["once"] * (minute < 99), *["poison"] * (minute >= 45))
+                    for minute in range(15, 240, 5)}}),
     Case("dead rows held back in one hot table",
          database={'awa_table_dead_tuples{table="ready"}': "2000000x30",
                    'awa_table_dead_tuples{table="running"}': "1000x30"},
@@ -137,6 +179,13 @@ CASES = [
               'awa_scrape_duration_seconds{instance="db-b:9187",job="awa"}': "0.1x30"},
          expect={14: {},
                  16: {"AwaScrapeSlow": [{"instance": "db-a:9187", "job": "awa"}]}}),
+    # promote_due runs every second and moves a due job within about one.
+    Case("due jobs left in awa.scheduled, promotion stopped",
+         database={"awa_scheduled_overdue_seconds": "0+60x30"},
+         expect={10: {}, 11: {"AwaPromotionBehind": [{}]}}),
+    Case("promotion a second behind, then a burst it caught up on in 8 minutes",
+         database={"awa_scheduled_overdue_seconds": "1x10 0+60x8 1x20"},
+         expect={minute: {} for minute in range(0, 40, 2)}),
     Case("near the queue limit",
          database={"awa_queues": "900x30", "awa_queues_max": "1000x30"},
          expect={9: {}, 11: {"AwaQueueLimitNear": [{}]}}, value="90%"),
@@ -184,7 +233,7 @@ def promtool_test(case: Case, exporters: tuple[str, ...], by_name: dict[str, dic
               for s, v in case.database.items() for e in exporters for d in databases]
     if case.up:
         series += [{"series": with_labels("awa_up", {"instance": e, "job": "awa", **own(d)}),
-                    "values": "1x90"} for e in exporters for d in databases]
+                    "values": f"1x{max(case.expect) + 1}"} for e in exporters for d in databases]
     series += [{"series": with_labels(s, own(d)), "values": v}
                for s, v in case.own.items() for d in databases]
     checks = [{"eval_time": f"{minute}m", "alertname": alert, "exp_alerts": [
@@ -283,6 +332,15 @@ def test_each_alert_fires_once_on_its_signal_behind_one_exporter_or_two(tmp_path
     ("AwaBacklogGrowing", "\n  and count_over_time(deriv(awa_queue_depth[5m])[30m:1m]) >= 27", ""),
     # One job failed for good is enough.
     ("AwaJobsFailing", ") > 0 or", ") > 1 or"),
+    # A job retried an hour apart would fire 10 minutes in each 40 (40 here).
+    ("AwaJobsFailing", "[90m]", "[15m]"),
+    # One retry long past would fire for hours.
+    ("AwaJobsFailing", "[90m]", "[6h]"),
+    # The commands of the text need the logical queue.
+    ("AwaJobsFailing", "max by (queue, logical_queue)", "max by (queue)"),
+    ("AwaQueuePausedWithBacklog", "max by (queue, logical_queue)", "max by (queue)"),
+    # Ten minutes with a due job unpromoted, not fifteen.
+    ("AwaPromotionBehind", "> 300", "> 600"),
 ])
 def test_the_cases_catch_a_rule_gone_wrong(tmp_path, alert, old, new):
     doc = yaml.safe_load(ALERTS.read_text())
@@ -294,3 +352,59 @@ def test_the_cases_catch_a_rule_gone_wrong(tmp_path, alert, old, new):
     result = run_promtool(tmp_path, mutated, CASES)
     assert result.returncode != 0
     assert alert in result.stdout + result.stderr
+
+
+# A queue of each shape and a physical queue of it: a stripe's name (s#1)
+# is refused by every command (22023), a partition's (p__p1) is not.
+SHAPES = {"plain": {"queue": "a", "logical_queue": "a"},
+          "striped": {"queue": "s#1", "logical_queue": "s"},
+          "partitioned": {"queue": "p__p1", "logical_queue": "p"}}
+
+
+def alert_commands(alert: str, labels: dict[str, str]) -> list[list[str]]:
+    """The awa commands of the alert's description, rendered for ``labels``,
+    as argument lists."""
+    text = render(rules()[alert]["annotations"]["description"], labels, "")
+    return [shlex.split(command)[1:] for command in re.findall(r"`(awa [^`]*)`", text)]
+
+
+def queue_argument(args: list[str]) -> str:
+    return args[args.index("--queue") + 1] if "--queue" in args else args[-1]
+
+
+def test_a_stripes_alerts_name_commands_that_take_its_logical_queue():
+    """The striped case above checks that promtool renders the text so."""
+    for alert in ("AwaQueuePausedWithBacklog", "AwaJobsFailing"):
+        commands = alert_commands(alert, SHAPES["striped"])
+        assert commands, alert
+        assert [queue_argument(args) for args in commands] == ["s"] * len(commands), commands
+
+
+@pytest.mark.one_version
+def test_the_alerts_commands_run_for_a_plain_a_striped_and_a_partitioned_queue(db, logins):
+    """Each command the two alerts name runs, exit 0, on a real queue of
+    each shape, where the physical queue's own name is refused for a
+    stripe; the resume resumes the physical queue the alert is about."""
+    with db.connect(logins.producer) as p, db.connect(logins.operator) as op:
+        for queue in ("a", "s", "p"):
+            p.execute("select awa.enqueue(%s, 'k')", [queue])
+        op.execute("select awa.set_queue_stripes('s', 2)")
+        op.execute("select awa.set_queue_partitions('p', 2)")
+    for shape, labels in SHAPES.items():
+        with db.connect(logins.operator) as op:
+            op.execute("select awa.pause_queue(%s)", [labels["logical_queue"]])
+        commands = [*alert_commands("AwaQueuePausedWithBacklog", labels),
+                    *alert_commands("AwaJobsFailing", labels)]
+        assert len(commands) == 3, commands
+        for args in commands:
+            ran = db.awa(*args, user=logins.operator)
+            assert ran.returncode == 0, (shape, args, ran.stdout, ran.stderr)
+        with db.connect(logins.reader) as r:
+            paused = r.execute("select paused from awa.queue_overview where queue = %s",
+                               [labels["queue"]]).fetchone()[0]
+        assert paused is False, shape
+        for args in commands:
+            own_name = [labels["queue"] if a == queue_argument(args) else a for a in args]
+            ran = db.awa(*own_name, user=logins.operator)
+            assert ran.returncode == (2 if shape == "striped" else 0), (shape, own_name)
+            assert ("[22023]" in ran.stderr) == (shape == "striped"), ran.stderr

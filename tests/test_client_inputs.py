@@ -16,7 +16,8 @@ import pytest
 
 import awa_sql
 from awa_sql import PartitionedQueue
-from awa_sql.worker import Worker
+from awa_sql.worker import MAX_LEASE, MAX_NAME_BYTES, Worker
+from tests.support.jobs import claim
 
 NAIVE = datetime(2999, 1, 1)
 
@@ -73,9 +74,19 @@ def worker(**settings) -> Worker:
 
 
 @pytest.mark.parametrize(("settings", "message"), [
-    ({"lease": timedelta(0)}, "lease must be a positive timedelta, got 0:00:00"),
-    ({"lease": timedelta(seconds=-5)}, "lease must be a positive timedelta, got -1 day, 23:59:55"),
-    ({"lease": 30}, "lease must be a positive timedelta, got 30"),
+    ({"lease": timedelta(0)}, "lease must be a positive timedelta of at most 30 days,"
+     " got 0:00:00"),
+    ({"lease": timedelta(seconds=-5)}, "lease must be a positive timedelta of at most 30 days,"
+     " got -1 day, 23:59:55"),
+    ({"lease": 30}, "lease must be a positive timedelta of at most 30 days, got 30"),
+    ({"lease": MAX_LEASE + timedelta(microseconds=1)}, "lease must be a positive timedelta"
+     " of at most 30 days, got 30 days, 0:00:00.000001"),
+    ({"name": "é" * 128}, "name must be at most 255 bytes in UTF-8, got 256 bytes: 'ééé"),
+    ({"name": 7}, "name must be a str (or None: generated), got 7"),
+    ({"name": "w\x00"}, "name must be text PostgreSQL can store (no NUL, no lone surrogate),"
+     " got 'w\\x00'"),
+    ({"name": "w\ud800"}, "name must be text PostgreSQL can store (no NUL, no lone surrogate),"
+     " got 'w\\ud800'"),
     ({"lease": timedelta(seconds=30), "heartbeat_every": timedelta(seconds=30)},
      "heartbeat_every must be more than 0 and less than the lease (0:00:30), got 0:00:30"),
     ({"heartbeat_every": timedelta(seconds=-1)},
@@ -130,6 +141,36 @@ def test_worker_settings_at_their_bounds_are_taken():
     assert worker(shutdown_timeout=None).shutdown_timeout is None
 
 
+def name_of(size: int) -> str:
+    """A name of ``size`` bytes in UTF-8, of three-byte characters but for the end."""
+    return "€" * (size // 3) + "a" * (size % 3)
+
+
+def test_the_workers_lease_and_name_bounds_are_those_awa_claim_takes(db, logins):
+    """The Worker refuses at construction what awa.claim would refuse at every
+    claim: the bounds in awa_sql.worker are the server's, at both edges."""
+    with db.connect(logins.producer) as p:
+        p.execute("select awa.enqueue_batch(array['wb', 'wb', 'wb'], array['k', 'k', 'k'])")
+    longest, too_long = name_of(MAX_NAME_BYTES), name_of(MAX_NAME_BYTES + 1)
+    assert (len(longest), len(too_long)) == (85, 86)  # characters: bytes, not characters, count
+    with db.connect(logins.worker) as w:
+        assert len(claim(w, ["wb"], 1, lease=MAX_LEASE)) == 1
+        assert len(claim(w, ["wb"], 1, worker=longest)) == 1
+        assert len(claim(w, ["wb"], 1, worker="")) == 1  # no lower bound to mirror
+        with pytest.raises(psycopg.errors.InvalidParameterValue, match="at most 30 days"):
+            claim(w, ["wb"], 1, lease=MAX_LEASE + timedelta(microseconds=1))
+        with pytest.raises(psycopg.errors.InvalidParameterValue, match="at most 255 bytes"):
+            claim(w, ["wb"], 1, worker=too_long)
+    assert worker(lease=MAX_LEASE).lease == MAX_LEASE
+    assert worker(name=longest).name == longest
+    with pytest.raises(ValueError, match="lease must be a positive timedelta of at most 30"):
+        worker(lease=MAX_LEASE + timedelta(microseconds=1))
+    with pytest.raises(ValueError, match="name must be at most 255 bytes in UTF-8, got 256"):
+        worker(name=too_long)
+    # '' is taken, as awa.claim takes it, and stands for a generated name.
+    assert worker(name="").name.startswith(f"{socket.gethostname()}:{os.getpid()}:")
+
+
 def test_a_workers_default_name_is_new_at_every_start():
     """awa.release_worker releases every job claimed under a name: a worker
     started again on the same host with the same pid (a container's pid 1),
@@ -154,8 +195,8 @@ BAD_OPTIONS = [
      "max_run_time must be between 1 second and 30 days, got -1 days +23:59:59"),
     ({"unique_key": b""}, "unique_key must be 1 to 1024 bytes, got 0"),
     ({"unique_window": timedelta(hours=1)}, "unique_window 01:00:00 needs a unique_key"),
-    ({"max_run_time": timedelta(minutes=1), "priority": 9},
-     "priority must be between 1 (highest) and 4 (lowest), got 9"),
+    ({"max_run_time": timedelta(minutes=1), "run_at": datetime(9999, 12, 31, 12, tzinfo=UTC)},
+     "run_at must be before 9999-12-31 00:00:00+00, got 9999-12-31 12:00:00 UTC"),
 ]
 
 

@@ -60,7 +60,7 @@ def test_threads_sharing_a_producer_commit_every_call(db, producer_login):
             start.wait()
             for _ in range(100):
                 try:
-                    producer.enqueue("bad", queue="shared", priority=99)
+                    producer.enqueue("bad", queue="no#such")  # '#': 22023 from the server
                 except psycopg.errors.InvalidParameterValue as err:
                     refused.append(err)
                 except Exception as err:  # any other: none is expected

@@ -363,6 +363,14 @@ def test_render_wsgi_and_asgi_agree_and_need_only_the_reader(db, logins):
     assert start["status"] == 200
     assert value(parse(body_msg["body"].decode()), "awa_queue_depth", queue="faces") == 3
     assert asyncio.run(asgi_get("POST"))[0]["status"] == 405
+    # The same series from each, the exporter's own too: without awa_up,
+    # AwaExporterDown's absent(awa_up) fired for ever beside render().
+    names = {s.name for s in parse(body.decode())}
+    assert names == {s.name for s in parse(wsgi_body.decode())}
+    assert names == {s.name for s in parse(body_msg["body"].decode())}
+    rendered = parse(body.decode())
+    assert value(rendered, "awa_up") == 1
+    assert 0 < value(rendered, "awa_scrape_duration_seconds") < 30
 
 
 def test_a_held_snapshot_shows_in_the_horizon_age_and_the_hot_tables_dead_tuples(db, logins):
@@ -445,6 +453,39 @@ def test_a_transaction_that_wrote_and_sits_idle_holds_the_horizon_in_the_metric(
         holder.rollback()
     with db.connect(logins.reader) as r:
         assert value(parse(render(r)[0].decode()), "awa_xmin_horizon_age_transactions") < 30
+
+
+def test_a_due_job_left_in_awa_scheduled_shows_its_age_until_promoted(db, logins):
+    """awa_scheduled_overdue_seconds: 0 with nothing scheduled or nothing due
+    yet; the age of a due job promotion has not moved (not run, or the lane
+    the job goes to held by a producer's open transaction, which the query
+    of AwaPromotionBehind's text names); 0 once it is promoted."""
+    def overdue() -> float:
+        with db.connect(logins.reader) as r:
+            return value(parse(render(r)[0].decode()), "awa_scheduled_overdue_seconds")
+
+    assert overdue() == 0
+    with db.connect(logins.producer) as p:
+        p.execute("select awa.enqueue('later', 'k', run_at => now() + interval '1 hour')")
+    assert overdue() == 0
+    with db.connect() as su:  # due 90 seconds ago, and nothing has promoted it
+        su.execute("update awa.scheduled set run_at = now() - interval '90 seconds'")
+    assert 90 <= overdue() < 150
+    rules = {rule["alert"]: rule for group in yaml.safe_load(ALERTS.read_text())["groups"]
+             for rule in group["rules"]}
+    holders = re.search(r"`(select pid, .*? order by xact_start)`",
+                        rules["AwaPromotionBehind"]["annotations"]["description"]).group(1)
+    with db.connect(logins.producer, autocommit=False) as holder:
+        holder.execute("select awa.enqueue('later', 'k')")  # the queue's one lane, held
+        with db.connect(logins.maintenance) as m:
+            assert m.execute("select awa.promote_due()").fetchone()[0] == 0
+        assert 90 <= overdue() < 150
+        with db.connect() as su:
+            assert [row[0] for row in su.execute(holders)] == [holder.info.backend_pid]
+        holder.commit()
+    with db.connect(logins.maintenance) as m:
+        assert m.execute("select awa.promote_due()").fetchone()[0] == 1
+    assert overdue() == 0
 
 
 def test_a_failed_scrape_reports_awa_up_0_then_recovers(db, logins):

@@ -176,3 +176,39 @@ def test_unkeyed_rows_take_the_free_lanes_beside_a_stuck_one(db, logins):
             m.execute(GUARD)
             assert m.execute("select awa.promote_due(1000)").fetchone()[0] == 3
     assert unkeyed <= ready_ids(db) and keyed not in ready_ids(db)
+
+
+def test_a_second_promoter_while_one_waits_for_a_lane_moves_nothing(db, logins):
+    """Jobs A then B of one key are due, after C of another queue, whose
+    lane a producer's open transaction holds. Promoter 1 (two jobs a call)
+    locks C and A and waits for C's lane. A second promoter skipped the
+    locked rows, moved B into the key's lane and committed first: B ran
+    before A. One call at a time now: the second returns 0, and promoter 1,
+    leaving C's held lane, moves A then B."""
+    with db.connect(logins.producer) as p:
+        enqueue(p, "first", "warm")  # made first: its lanes lock first
+        c = due_later_job(p, "first")
+        a = due_later_job(p, "keyed", b"k")
+        b = due_later_job(p, "keyed", b"k")
+    with db.connect() as su:
+        su.execute("update awa.scheduled set run_at = now() - interval '2 seconds'"
+                   " where job_id = %s", [c])
+        su.execute("update awa.scheduled set run_at = now() - interval '1 second'"
+                   " where job_id in (%s, %s)", [a, b])
+    with db.connect() as admin, db.connect(logins.producer, autocommit=False) as open_tx, \
+            db.connect(logins.maintenance) as second:
+        enqueue(open_tx, "first")  # holds first's one lane (S = 1)
+        promoter = Call(db.connect(logins.maintenance, autocommit=False),
+                        lambda conn: conn.execute("select awa.promote_due(2)").fetchone()[0])
+        promoter.start()
+        wait_until(lambda: waits_for_a_lock(admin, promoter.pid),
+                   what="promoter 1 to wait for first's lane")
+        assert second.execute("select awa.promote_due(10)").fetchone()[0] == 0
+        promoter.join(timeout=30)  # C's lane is held all along: left, past 200 ms
+        assert promoter.error is None, promoter.error
+        assert promoter.result == 2
+        open_tx.commit()
+        keyed = [r[0] for r in admin.execute(
+            "select r.job_id from awa.ready as r join awa.queue_meta as m using (queue_id)"
+            " where m.queue = 'keyed' order by r.lane_seq")]
+        assert keyed == [a, b]

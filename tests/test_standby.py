@@ -131,6 +131,7 @@ def test_the_exporter_on_a_standby_scrapes_what_the_primary_does(db, logins, sta
         primary = samples(render(on_primary)[0])
     replica = samples(generate_latest(database_registry(standby.dsn(db.name, logins.reader))))
     assert replica.pop(("awa_up", ())) == 1
+    assert primary.pop(("awa_up", ())) == 1
     assert primary[("awa_queue_depth", (("logical_queue", "sb"), ("queue", "sb")))] == 4
     assert primary[("awa_queue_depth", (("logical_queue", "wide"), ("queue", "wide")))] == 6
     for key in set(primary) | set(replica):

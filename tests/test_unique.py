@@ -955,3 +955,40 @@ def test_a_queue_whose_keys_its_new_family_holds_too_joins_it_once_one_holds_not
         su.execute("select * from awa.set_queue_partitions('kq', 2)")
         assert su.execute("select queue, job_id from awa.unique_keys where unique_key = 'K'"
                           ).fetchall() == [("kq", held)]
+
+
+@pytest.mark.parametrize("path", ["single", "batch"])
+def test_a_key_held_in_a_partition_made_by_the_holders_transaction_is_a_duplicate(
+        db, logins, path):
+    """One transaction partitions uq and takes key U in a partition it just
+    made; a producer's enqueue of U waits for it. The single call read the
+    holder's queue in the statement that waited, whose snapshot cannot see
+    that partition: it found no holder and inserted a second job of U."""
+    queue = f"uq_{path}"
+    call = {
+        "single": "select job_id, queue, duplicate from awa.enqueue(%s, 'again',"
+                  " unique_key => 'U')",
+        "batch": "select job_id, queue, duplicate from awa.enqueue_batch(array[%s],"
+                 " array['again'], unique_keys => array['U']::bytea[])",
+    }[path]
+    with db.connect(logins.producer) as p:
+        enqueue(p, queue, "warm")
+    with db.connect() as admin, db.connect(autocommit=False) as holder:
+        holder.execute("select * from awa.set_queue_partitions(%s, 4)", [queue])
+        held, partition, _ = holder.execute(
+            "select job_id, queue, duplicate from awa.enqueue(%s, 'held', ordering_key => %s,"
+            " unique_key => 'U')", [queue, routing_key_of_partition(3, 4)]).fetchone()
+        assert partition == f"{queue}__p3"
+        producer = Call(db.connect(logins.producer, autocommit=False),
+                        lambda c: c.execute(call, [queue]).fetchall())
+        in_turn_behind(admin, holder, [producer])
+        assert producer.error is None, producer.error
+        assert producer.result == [(held, partition, True)]
+        assert admin.execute(
+            "select count(*) from awa.ready as r join awa.queue_meta as m using (queue_id)"
+            " where r.kind in ('held', 'again')").fetchone()[0] == 1
+
+
+def routing_key_of_partition(partition: int, partitions: int) -> bytes:
+    return next(k for k in (f"y{i}".encode() for i in range(1000))
+                if routing.partition_for_ordering_key(k, partitions) == partition)

@@ -9,6 +9,7 @@ each call instead.
 from __future__ import annotations
 
 import logging
+import operator
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager, nullcontext
@@ -98,6 +99,47 @@ class Enqueued:
     duplicate: bool = False
 
 
+# The values the server takes (awa._priority_ok and awa._max_attempts_ok,
+# sql/queues.sql), mirrored to refuse a value before it is sent: the server
+# casts first, so it rounded a float (a priority of 2.6 was stored as 3),
+# and a cast's error named neither the field nor the job (22003 "smallint
+# out of range", 42846 for a bool). tests/test_client_job_values.py holds
+# them to the server's.
+PRIORITIES = (1, 4)
+MAX_ATTEMPTS = (1, 1000)
+
+
+def _whole(where: str, field: str, value: Any, bounds: tuple[int, int], range_text: str) -> Any:
+    """``value`` as an int in ``bounds``, or None (the default, or the
+    server's own error for a null): an int, not a bool nor a float."""
+    if value is None:
+        return None
+    try:
+        number = None if isinstance(value, bool) else operator.index(value)
+    except TypeError:
+        number = None
+    if number is None:
+        raise TypeError(f"{where}{field} must be an int {range_text}, got {value!r}"
+                        f" ({type(value).__name__})")
+    if not bounds[0] <= number <= bounds[1]:
+        raise ValueError(f"{where}{field} must be an int {range_text}, got {value!r}")
+    return number
+
+
+def _job_values(where: str, priority: Any, max_attempts: Any,
+                args: Any) -> tuple[int | None, int | None, Jsonb]:
+    """The priority, max_attempts and args of one job as sent, checked: the
+    one place every enqueue path goes through (enqueue and enqueue_async by
+    _params, enqueue_many by _columns, enqueue_many_copy by _copy_rows).
+    ``where`` names the job of a call of many ("job 3 (1-based): ")."""
+    return (_whole(where, "priority", priority, PRIORITIES,
+                   f"between {PRIORITIES[0]} (highest) and {PRIORITIES[1]} (lowest)"),
+            _whole(where, "max_attempts", max_attempts, MAX_ATTEMPTS,
+                   f"between {MAX_ATTEMPTS[0]} and {MAX_ATTEMPTS[1]}"),
+            # Encoded by psycopg's JSON dumps, the one its caller may have set.
+            Jsonb(args if type(args) is dict else dict(args or {})))
+
+
 def _key(key: Key, what: str) -> bytes | None:
     return None if key is None else routing.key_bytes(key, what)
 
@@ -129,7 +171,8 @@ def _params(kind: str, args: Mapping[str, Any] | None, queue: str, priority: int
             max_run_time: timedelta | None, unique_key: Key,
             unique_window: timedelta | None) -> dict:
     _aware(run_at)
-    return {"queue": queue, "kind": kind, "args": Jsonb(dict(args or {})),
+    priority, max_attempts, encoded = _job_values("", priority, max_attempts, args)
+    return {"queue": queue, "kind": kind, "args": encoded,
             "priority": priority, "ordering_key": _key(ordering_key, "ordering_key"),
             "run_at": run_at, "max_attempts": max_attempts, "max_run_time": max_run_time,
             "unique_key": _key(unique_key, "unique_key"), "unique_window": unique_window}
@@ -194,11 +237,12 @@ def _columns(jobs: Sequence[Mapping[str, Any]], defaults: Mapping[str, Any]) -> 
     for n, job in enumerate(jobs, 1):
         merged = {**defaults, **job}
         _check_job(job, n, merged.get("kind"), merged.get("queue"), merged.get("run_at"))
+        merged["priority"], merged["max_attempts"], merged["args"] = _job_values(
+            f"job {n} (1-based): ", merged.get("priority"), merged.get("max_attempts"),
+            merged.get("args"))
         for f in JOB_FIELDS:
             value = merged.get(f)
-            if f == "args":
-                value = Jsonb(dict(value or {}))
-            elif f in ("ordering_key", "unique_key"):
+            if f in ("ordering_key", "unique_key"):
                 value = _key(value, f"job {n} (1-based): {f}")
             cols[f].append(value)
     return _optional([cols[f] for f in (
@@ -284,11 +328,12 @@ def _copy_rows(jobs: Sequence[Mapping[str, Any]], queue: str | None, ordering_ke
         _check_job(job, i + 1, job.get("kind"), row_queue, job.get("run_at"))
         queues.add(row_queue)
         key = override.get("ordering_key", job.get("ordering_key", ordering_key))
-        args = job.get("args")
-        rows.append((row_queue, job.get("priority"),
-                     _key(key, f"job {i + 1} (1-based): ordering_key"), job["kind"],
-                     Jsonb(args if type(args) is dict else dict(args or {})),
-                     job.get("run_at"), job.get("max_attempts"), job.get("max_run_time"),
+        priority, max_attempts, args = _job_values(
+            f"job {i + 1} (1-based): ", job.get("priority"), job.get("max_attempts"),
+            job.get("args"))
+        rows.append((row_queue, priority,
+                     _key(key, f"job {i + 1} (1-based): ordering_key"), job["kind"], args,
+                     job.get("run_at"), max_attempts, job.get("max_run_time"),
                      _key(job.get("unique_key"), f"job {i + 1} (1-based): unique_key"),
                      job.get("unique_window")))
     return rows, queues

@@ -503,12 +503,21 @@ _GIVE_BACK = (
 
 
 def _check_security(state: DatabaseState, roles: Roles, plan: Plan) -> None:
-    """Objects of another owner stop the plan; lost grants add the layer step."""
+    """Objects of another owner and bound roles granted to one another stop the
+    plan before any step (the layer step, run as the owner, can repair
+    neither, and would fail after the migrations had committed); lost grants
+    add the layer step."""
     for rule, message in state.security:
         if rule == "owner":
             plan.problems.append(RolesError(
                 f"{message}. "
                 + _GIVE_BACK.format(owner=roles.owner, what="each object named")
+            ))
+        elif rule == "role_membership":
+            plan.problems.append(RolesError(
+                f"{message}. REVOKE each such grant as the role that granted it (or with "
+                "GRANTED BY); a login that needs two capabilities gets both roles. Then run "
+                "awa status --check."
             ))
         else:
             plan.security.append(message)

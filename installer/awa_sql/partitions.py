@@ -15,6 +15,10 @@ from dataclasses import dataclass
 from awa_sql import routing
 from awa_sql.routing import MAX_PARTITIONS
 
+# The most bytes (UTF-8) a queue name may have: awa._queue_name_ok's limit
+# (sql/queues.sql), held to it by tests/test_partition_names.py.
+MAX_QUEUE_NAME_BYTES = 200
+
 
 @dataclass(frozen=True)
 class PartitionedQueue:
@@ -32,10 +36,10 @@ class PartitionedQueue:
             raise ValueError(
                 f"partitions must be between 1 and {MAX_PARTITIONS}, got {partitions}"
             )
+        names = routing.partition_queue_names(logical, partitions)
+        _check_name_lengths(logical, names)
         object.__setattr__(self, "logical", logical)
-        object.__setattr__(
-            self, "physical_queues", tuple(routing.partition_queue_names(logical, partitions))
-        )
+        object.__setattr__(self, "physical_queues", tuple(names))
 
     @classmethod
     def from_physical_queues(cls, logical: str, names: Sequence[str]) -> PartitionedQueue:
@@ -123,6 +127,21 @@ class PartitionedQueue:
 def _check_logical(logical: str) -> None:
     if not isinstance(logical, str) or not logical:
         raise ValueError("the logical queue name must not be empty")
+
+
+def _check_name_lengths(logical: str, names: Sequence[str]) -> None:
+    """Refuses names producers could not enqueue to: the logical name, or the
+    last partition's (the longest), over MAX_QUEUE_NAME_BYTES; worded as
+    ``awa.set_queue_partitions`` refuses them."""
+    size = len(logical.encode("utf-8"))
+    if size > MAX_QUEUE_NAME_BYTES:
+        raise ValueError(f"queue name must be 1 to {MAX_QUEUE_NAME_BYTES} bytes, got {size}"
+                         f" bytes: {logical!r}")
+    size = len(names[-1].encode("utf-8"))
+    if size > MAX_QUEUE_NAME_BYTES:
+        raise ValueError(f"{len(names)} partitions of queue {logical!r} would name the last"
+                         f" one {names[-1]!r}, {size} bytes: a queue name is at most"
+                         f" {MAX_QUEUE_NAME_BYTES} bytes")
 
 
 def iter_configs(queues: Iterable) -> list[dict]:

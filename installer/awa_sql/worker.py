@@ -92,6 +92,12 @@ CLAIM_SQL = (
     " from awa.claim(%s::text[], %s, %s::text, %s::interval)"
 )
 MIN_POLL = 0.01  # seconds; the first wait after an empty claim
+# The bounds awa.claim (sql/claim.sql) puts on its lease (awa._lease_ok:
+# at most 30 days, in seconds) and on its worker name (bytes, in awa's UTF-8
+# database): checked when the Worker is made, not refused at every claim.
+# tests/test_client_inputs.py holds them to what the server takes.
+MAX_LEASE = timedelta(days=30)
+MAX_NAME_BYTES = 255
 RECORD_BACKOFF_MAX = 5.0  # seconds between tries to record an outcome, at most
 # After a heartbeat pass that could not reach the server, the next try comes
 # after this, doubled at each failure up to heartbeat_every: a server back
@@ -224,8 +230,9 @@ def _is_number(value: object) -> bool:
 
 def _check_timing(lease: object, heartbeat_every: object, poll_interval: object,
                   batch: object) -> None:
-    if not isinstance(lease, timedelta) or lease <= timedelta(0):
-        raise ValueError(f"lease must be a positive timedelta, got {_shown(lease)}")
+    if not isinstance(lease, timedelta) or not timedelta(0) < lease <= MAX_LEASE:
+        raise ValueError(f"lease must be a positive timedelta of at most {MAX_LEASE.days} days,"
+                         f" got {_shown(lease)}")
     if not isinstance(heartbeat_every, timedelta) or not timedelta(0) < heartbeat_every < lease:
         raise ValueError(f"heartbeat_every must be more than 0 and less than the lease ({lease}),"
                          f" got {_shown(heartbeat_every)}")
@@ -233,6 +240,24 @@ def _check_timing(lease: object, heartbeat_every: object, poll_interval: object,
         raise ValueError(f"poll_interval must be more than 0 seconds, got {poll_interval!r}")
     if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
         raise ValueError(f"batch must be an integer of 1 or more, got {batch!r}")
+
+
+def _check_name(name: object) -> None:
+    """A name awa.claim takes; None or '' stands for a generated one."""
+    if name is None or name == "":
+        return
+    if not isinstance(name, str):
+        raise ValueError(f"name must be a str (or None: generated), got {name!r}")
+    try:
+        size = len(name.encode("utf-8"))
+    except UnicodeEncodeError:  # a lone surrogate, which psycopg cannot send
+        size = None
+    if size is None or "\x00" in name:
+        raise ValueError("name must be text PostgreSQL can store (no NUL, no lone surrogate),"
+                         f" got {name!r}")
+    if size > MAX_NAME_BYTES:
+        raise ValueError(f"name must be at most {MAX_NAME_BYTES} bytes in UTF-8, got {size}"
+                         f" bytes: {name[:64]!r}{'...' if len(name) > 64 else ''}")
 
 
 def _check_shutdown_timeout(seconds: object) -> None:
@@ -401,6 +426,7 @@ class Worker:
         _check_timing(lease, heartbeat_every, poll_interval, batch)
         _check_maintain(maintain)
         _check_shutdown_timeout(shutdown_timeout)
+        _check_name(name)
         self.shutdown_timeout = shutdown_timeout
         self.lease = lease
         self.heartbeat_every = heartbeat_every

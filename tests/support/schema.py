@@ -241,6 +241,21 @@ _ACL = """
      order by o.sort, o.name, 3
 """
 
+# Privileges on columns (attacl), one grant per table, privilege and grantee
+# with the columns in their table's order.
+_COLUMN_ACL = """
+    select c.oid::regclass::text, a.privilege_type,
+           string_agg(quote_ident(t.attname), ', ' order by t.attnum),
+           coalesce(pg_catalog.pg_get_userbyid(nullif(a.grantee, 0)), 'PUBLIC')
+      from pg_catalog.pg_class c
+      join pg_catalog.pg_attribute t on t.attrelid = c.oid,
+           pg_catalog.aclexplode(t.attacl) a
+     where c.relnamespace = 'awa'::regnamespace and t.attnum > 0 and not t.attisdropped
+       and a.grantee <> c.relowner
+     group by c.oid, a.privilege_type, a.grantee
+     order by 1, 2, 4
+"""
+
 
 def _grants(conn) -> list[str]:
     owner = conn.execute("select pg_catalog.pg_get_userbyid(nspowner) from pg_catalog."
@@ -262,6 +277,11 @@ def _grants(conn) -> list[str]:
         grantees.setdefault((kind, name, privs), []).append(grantee)
     out += [f"GRANT {privs} ON {kind} {name} TO {', '.join(who)};"
             for (kind, name, privs), who in grantees.items()]
+    by_columns: dict[tuple[str, str, str], list[str]] = {}
+    for name, priv, columns, grantee in _q(conn, _COLUMN_ACL):
+        by_columns.setdefault((name, priv, columns), []).append(grantee)
+    out += [f"GRANT {priv} ({columns}) ON TABLE {name} TO {', '.join(who)};"
+            for (name, priv, columns), who in by_columns.items()]
     return ["\n".join(out)]
 
 

@@ -112,6 +112,10 @@ select 'maintenance', pg_catalog.json_build_object(
     'task', r.name, 'at', extract(epoch from r.last_at))
   from awa.maintenance_runs as r
 union all
+-- One probe of awa.scheduled's run_at index: due jobs promotion left there.
+select 'scheduled', pg_catalog.json_build_object(
+    'overdue', extract(epoch from awa.scheduled_overdue()))
+union all
 select 'horizon', pg_catalog.json_build_object('age', coalesce(greatest(
     -- backend_xid too: a transaction that wrote and sits idle in read
     -- committed holds no snapshot (backend_xmin null), yet its xid holds
@@ -262,6 +266,12 @@ def metric_families(rows: list[tuple[str, dict[str, Any]]]) -> list[Metric]:
                  unit="seconds")
     for m in by_kind["maintenance"]:
         ran.add_metric([m["task"]], m["at"])
+    overdue = _gauge("awa_scheduled_overdue",
+                     "How long the oldest job in awa.scheduled has been due and not moved "
+                     "to its lane, every queue's; 0 when none is due. Promotion moves a due "
+                     "job within a second or so.", [], unit="seconds")
+    for o in by_kind["scheduled"]:
+        overdue.add_metric([], o["overdue"])
     queues = _gauge("awa_queues", "Physical queues that exist (partitions and stripes "
                     "count): each enqueue to a new name creates one.", [])
     queues_max = _gauge("awa_queues_max", "The most physical queues that may exist "
@@ -272,7 +282,7 @@ def metric_families(rows: list[tuple[str, dict[str, Any]]]) -> list[Metric]:
         queues_max.add_metric([], q["max"])
     return [depth, jobs, finished, retried, lag, shards, max_shards, mode, paused, lane_depth,
             lane_lag, draining, waiters, share, rate, samples, age, total, recent, proposed, last,
-            dead, horizon, ran, queues, queues_max]
+            dead, horizon, ran, overdue, queues, queues_max]
 
 
 def scrape(conn: psycopg.Connection) -> list[Metric]:
@@ -286,6 +296,17 @@ def scrape(conn: psycopg.Connection) -> list[Metric]:
     if not conn.autocommit:
         conn.rollback()
     return metric_families(rows)
+
+
+def _exporter_families(up: int, started: float) -> list[Metric]:
+    """The exporter's own series: ``awa_up`` and the time since ``started``
+    (a ``time.perf_counter()``) as ``awa_scrape_duration_seconds``."""
+    g = _gauge("awa_up", "1 when the last scrape of the awa views succeeded.", [])
+    g.add_metric([], up)
+    d = _gauge("awa_scrape_duration", "Time the scrape of the awa views took.", [],
+               unit="seconds")
+    d.add_metric([], time.perf_counter() - started)
+    return [g, d]
 
 
 class DatabaseCollector(Collector):
@@ -311,13 +332,7 @@ class DatabaseCollector(Collector):
         with self._lock:
             families, up = self._scrape()
         yield from families
-        g = _gauge("awa_up", "1 when the last scrape of the awa views succeeded.", [])
-        g.add_metric([], up)
-        yield g
-        d = _gauge("awa_scrape_duration", "Time the scrape of the awa views took.", [],
-                   unit="seconds")
-        d.add_metric([], time.perf_counter() - started)
-        yield d
+        yield from _exporter_families(up, started)
 
     def _scrape(self) -> tuple[list[Metric], int]:
         for _ in range(2):
@@ -352,13 +367,18 @@ class _OneConnection(Collector):
         return []
 
     def collect(self) -> Iterator[Metric]:
+        started = time.perf_counter()
         yield from scrape(self.conn)
+        yield from _exporter_families(1, started)
 
 
 def render(conn: psycopg.Connection) -> tuple[bytes, str]:
-    """One scrape on ``conn``: the Prometheus text exposition and its content type.
+    """One scrape on ``conn``: the Prometheus text exposition and its content type,
+    ``awa_up 1`` and ``awa_scrape_duration_seconds`` included.
 
-    Errors propagate (psycopg.Error); ``conn`` is left idle.
+    Errors propagate (psycopg.Error), and no text is made: a caller that
+    answers the scrape with an error leaves ``awa_up`` absent, which
+    AwaExporterDown takes for an exporter down. ``conn`` is left idle.
     """
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_OneConnection(conn))
