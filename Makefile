@@ -30,9 +30,9 @@ system-deps-bench:
 	@scripts/system-deps.sh bench
 
 # The whole suite, PostgreSQL 17 and 18, lint included: four pytest-xdist
-# workers, handed one test file of one version at a time as each frees up
-# (tests/conftest.py), each starting a server of a version at its first
-# file of it. PYTEST_XDIST= runs it in one process;
+# workers, each with half of one version's test files and that version's
+# server (tests/conftest.py groups them), the tests of no version shared
+# out. PYTEST_XDIST= runs it in one process;
 # PYTEST_ARGS adds pytest arguments (`make test PYTEST_ARGS='-k retry'`).
 PYTEST_XDIST ?= -n 4 --dist loadgroup
 test: system-deps-test $(STAMP)
