@@ -349,7 +349,10 @@ def test_the_cases_catch_a_rule_gone_wrong(tmp_path, alert, old, new):
     rule["expr"] = rule["expr"].replace(old, new)
     mutated = tmp_path / "mutated.yml"
     mutated.write_text(yaml.safe_dump(doc))
-    result = run_promtool(tmp_path, mutated, CASES)
+    # The cases where the alert fires, each made for one of its failures: a
+    # run of every case costs each mutation seconds of promtool.
+    result = run_promtool(tmp_path, mutated, [
+        case for case in CASES if any(alert in firing for firing in case.expect.values())])
     assert result.returncode != 0
     assert alert in result.stdout + result.stderr
 
