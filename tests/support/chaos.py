@@ -137,6 +137,8 @@ class Ledger:
     retried_ids: list[tuple[int, str]] = field(default_factory=list)  # retry_job true
     bulk_retried: collections.Counter = field(default_factory=collections.Counter)  # queue -> n
     drops: list[tuple[str, float, float]] = field(default_factory=list)
+    # awa.cancel_jobs of the dropped queue: start, end (it names no job).
+    bulk_cancels: list[tuple[float, float]] = field(default_factory=list)
     rescued: int = 0
     fifo_enqueued: dict[bytes, list[str]] = field(
         default_factory=lambda: collections.defaultdict(list))
@@ -507,8 +509,11 @@ class Operator(Actor):
 
     def drop(self) -> None:
         started = time.monotonic()
-        self.call("cancel_jobs", lambda conn: conn.execute(
+        _, err = self.call("cancel_jobs", lambda conn: conn.execute(
             "select awa.cancel_jobs(%s, max_jobs => 1000)", [DROP]).fetchone()[0], DROP)
+        if err is None:
+            with self.ledger.lock:
+                self.ledger.bulk_cancels.append((started, time.monotonic()))
         got, err = self.call("drop_queue", lambda conn: conn.execute(
             "select awa.drop_queue(%s, discard_finished => true)", [DROP]).fetchone()[0], DROP)
         if err is None and got:
@@ -683,14 +688,19 @@ def check(admin, ledger: Ledger, seed: int) -> dict:
 
     def dropped_with(queue: str, info: dict, job_id: int | None) -> bool:
         """Whether a drop may have discarded the job: one ended after its
-        enqueue began, and the job was not running then (its last claim was
-        completed or the job cancelled)."""
+        enqueue began, and the job was not running then: its last claim was
+        completed, or the job cancelled after it, alone or by the queue's
+        awa.cancel_jobs (a claim abandoned or failed leaves the job to the
+        rescue or a retry, scheduled, which that bulk cancel takes), or the
+        claim was its last attempt (the rescue fails it for good)."""
         if queue != DROP or not any(end > info["start"] for _, _, end in ledger.drops):
             return False
         last = claims_of.get(job_id, [])[-1:] if job_id is not None else []
         return not last or any(
             e.result and e.op == "complete" for e in ends_of[(job_id, last[0].lease)]
-        ) or any(s > last[0].start for s, _ in cancels_of[job_id])
+        ) or any(s > last[0].start for s, _ in cancels_of[job_id]) or any(
+            s > last[0].start for s, _ in ledger.bulk_cancels
+        ) or last[0].attempt >= last[0].max_attempts
 
     for job_id, info in ledger.jobs.items():
         if job_id not in rows:
