@@ -506,7 +506,9 @@ def _check_security(state: DatabaseState, roles: Roles, plan: Plan) -> None:
     """Objects of another owner and bound roles granted to one another stop the
     plan before any step (the layer step, run as the owner, can repair
     neither, and would fail after the migrations had committed); lost grants
-    add the layer step."""
+    add the layer step. The rules are the installed layer's: an upgrade from
+    a layer without role_membership meets it at the layer step (AW001, the
+    migrations committed; a run after the REVOKE completes it)."""
     for rule, message in state.security:
         if rule == "owner":
             plan.problems.append(RolesError(
