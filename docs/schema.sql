@@ -6462,7 +6462,9 @@ begin
         -- The queue's counter, which the claim copied into the running row.
         select nextval(d.completed_seq), d.unique_jobs into counted, keyed from done as d;
     end if;
-    if counted is null then
+    -- Whether a run was deleted, not whether it counted: a running row
+    -- without a counter (one an older layer claimed) completed all the same.
+    if not found then
         with done as (
             delete from awa.running_carried as r
              where r.job_id = complete.job_id and r.run_lease = complete.run_lease
@@ -6486,7 +6488,7 @@ begin
         -- The queue's counter, which the claim copied into the running row.
         select nextval(d.completed_seq), d.unique_jobs into counted, keyed from done as d;
     end if;
-    if counted is null then
+    if not found then
         perform awa._check_no_run('awa.complete', complete.job_id, complete.run_lease);
         return false;
     end if;

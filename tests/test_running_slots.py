@@ -309,3 +309,23 @@ def test_a_slot_whose_running_jobs_carry_more_than_the_bound_waits_for_them(
         assert size(su, "awa.running_0") == 0
         assert su.execute(WHERE, [jobs[1][0]]).fetchone() == (
             "awa.running_carried", 2, jobs[1][1])
+
+
+@pytest.mark.parametrize("block", [6, 7], ids=["slot 0", "slot 1"])
+def test_a_run_without_a_counter_completes_and_frees_its_unique_key(
+        db, su, logins, block):
+    """A running row with no completed_seq (one claimed by a layer older
+    than the counters, committed after the upgrade's backfill) is completed
+    all the same: the answer is true and the job's unique key is freed."""
+    lease_at(su, block * BLOCK)
+    with db.connect(logins.producer) as p, db.connect(logins.worker) as w:
+        p.execute("select awa.enqueue('uncounted', 'k', unique_key => '\\x01'::bytea)")
+        (job_id, lease, *_), = claim(w, ["uncounted"], 1)
+        assert slot_of(lease) == block % 2
+        su.execute("update awa.running set completed_seq = null where job_id = %s", [job_id])
+        assert w.execute("select awa.complete(%s, %s)", [job_id, lease]).fetchone()[0] is True
+        assert su.execute("select state from awa.finished where job_id = %s",
+                          [job_id]).fetchone() == ("completed",)
+        again = p.execute("select job_id from awa.enqueue('uncounted', 'k',"
+                          " unique_key => '\\x01'::bytea)").fetchone()[0]
+        assert again != job_id
