@@ -496,6 +496,23 @@ def test_through_pgbouncer_in_transaction_mode(db, logins, pgbouncer):
     assert problems == []
 
 
+def test_passes_run_read_committed_whatever_the_logins_default(db):
+    """Most tasks refuse another isolation level (25000): under a login whose
+    default_transaction_isolation is another, each pass still begins read
+    committed, so none fails."""
+    login = db.login_role("awa_maintenance")
+    with db.cluster.admin() as admin:
+        admin.execute(sql.SQL("alter role {} set default_transaction_isolation"
+                              " = 'repeatable read'").format(sql.Identifier(login)))
+    with MaintainProcess(db.dsn(login), "--prune-every", "200ms", "--retire-lanes-every",
+                         "200ms", "--running-slots-every", "200ms") as m:
+        for task in ("prune", "retire_lanes", "running_slots"):
+            m.wait_for_pass(task, more_than=1)
+        assert m.passes("prune", "failed") == 0, m.log()
+        assert m.passes("retire_lanes", "failed") == 0, m.log()
+        assert m.passes("running_slots", "failed") == 0, m.log()
+
+
 def test_a_worker_runs_the_same_loop_in_process(db, logins):
     both = db.login_role("awa_worker", "awa_maintenance")
     with db.connect(logins.producer) as p:

@@ -560,7 +560,7 @@ def test_a_job_whose_args_python_cannot_decode_fails_alone_and_the_queue_goes_on
 def test_a_job_whose_run_another_transaction_holds_does_not_stop_the_heartbeat(db, logins):
     """An operator's cancel of a running job left open (BEGIN; cancel; no
     commit) holds its run's row: the heartbeat of that job waits for it at
-    most HEARTBEAT_LOCK_TIMEOUT and is skipped for that pass; the job after
+    most RUN_LOCK_TIMEOUT and is skipped for that pass; the job after
     it is heartbeated all the same. Before, the heartbeat thread waited
     until the operator's transaction ended: no held job was heartbeated and
     a shutdown never handed any back."""
@@ -618,3 +618,43 @@ def test_a_heartbeat_that_could_not_reach_the_server_is_tried_again_soon(
         at = lease(db, job.job_id)
         wait_until(lambda: lease(db, job.job_id) > at, 20,
                    "the lease to be extended once the server took connections again")
+
+
+def test_a_job_whose_heartbeat_times_out_does_not_stop_the_pass(db, logins, caplog):
+    """Under a statement_timeout shorter than RUN_LOCK_TIMEOUT, the heartbeat
+    of a job whose run an operator's open transaction holds is cancelled
+    (QueryCanceled, a psycopg OperationalError, its connection up all the
+    same): that job is logged and the pass goes on to the job after it.
+    Before, it was taken for a lost connection and every pass stopped at that
+    job: the other held jobs' leases ran out while their handlers ran."""
+    caplog.set_level(logging.WARNING, logger="awa_sql.worker")
+    with db.connect() as admin:
+        admin.execute(f"alter role \"{logins.worker}\" set statement_timeout = '300ms'")
+    with db.connect(logins.producer) as conn:
+        first = awa_sql.enqueue(conn, "slow", queue="hbtimeout")
+    started, release, slow = two_in_turn()
+    worker = Worker(db.dsn(logins.worker), queues=[{"queue": "hbtimeout", "max_workers": 2}],
+                    handlers={"slow": slow}, lease=timedelta(seconds=10),
+                    heartbeat_every=timedelta(seconds=0.2), **FAST)
+    with running(worker, release), db.connect(logins.operator, autocommit=False) as op:
+        assert started[0].wait(15)
+        # Held first, the first job is the first of every pass.
+        with db.connect(logins.producer) as conn:
+            second = awa_sql.enqueue(conn, "slow", queue="hbtimeout")
+        assert started[1].wait(15)
+        assert op.execute("select awa.cancel_job(%s)", [first.job_id]).fetchone()[0]
+        at = lease(db, second.job_id)
+        wait_until(lambda: lease(db, second.job_id) > at + timedelta(seconds=1), 10,
+                   "the other job's lease to be extended while the first's heartbeat times out")
+        op.rollback()
+        release.set()
+        for job in (first, second):
+            wait_until(lambda job=job: state(db, job.job_id) == "completed", 10,
+                       f"job {job.job_id} to complete")
+    logged = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith(f"job {first.job_id}: heartbeat failed: canceling statement due to"
+                            " statement timeout") and m.endswith("tried again at the next pass")
+               for m in logged), logged
+    # No pass failed as a whole (the log of a pass that could not reach the server).
+    assert not [m for m in logged if m.startswith("heartbeat failed")], logged
+    assert [job_row(db, job.job_id)[:2] for job in (first, second)] == [("completed", 1)] * 2

@@ -19,7 +19,10 @@ import threading
 import time
 from datetime import timedelta
 
+import pytest
+
 import awa_sql
+from awa_sql import worker as worker_module
 from awa_sql.worker import HAND_BACK_ERROR, Worker
 from tests.support.waiting import wait_until
 
@@ -243,3 +246,70 @@ def test_a_job_handed_back_while_it_waited_for_its_slot_is_not_run(db, logins):
     worker._slot(free, jobs)
     assert ran == []
     assert free.acquire(blocking=False)
+
+
+@pytest.mark.parametrize("bound", ["lock_timeout", "statement_timeout"])
+def test_a_job_whose_run_another_transaction_holds_does_not_stop_the_hand_back(
+        db, logins, caplog, monkeypatch, bound):
+    """An operator's cancel of a held job left open (BEGIN; cancel; no
+    commit) holds its run: that job's hand-back waits at most
+    RUN_LOCK_TIMEOUT (shortened here), or the login's shorter
+    statement_timeout, and fails alone, logged; the job after it is handed
+    back all the same and run() returns while the operator's transaction is
+    still open. Before, the hand-back waited for that transaction without
+    limit (past shutdown_timeout, until a SIGKILL), and its statement
+    timeout (QueryCanceled, a psycopg OperationalError) was taken for a
+    lost connection: the jobs after it were left running until their
+    leases expired."""
+    caplog.set_level(logging.INFO, logger="awa_sql.worker")
+    if bound == "lock_timeout":
+        monkeypatch.setattr(worker_module, "RUN_LOCK_TIMEOUT", "300ms")
+        why = "it waited 300ms for its run, which another transaction holds"
+    else:
+        with db.connect() as admin:
+            admin.execute(f"alter role \"{logins.worker}\" set statement_timeout = '300ms'")
+        why = "canceling statement due to statement timeout"
+    started, release, returned = [threading.Event(), threading.Event()], threading.Event(), \
+        threading.Event()
+
+    def slow(job):
+        started[job.args["n"]].set()
+        release.wait(60)
+
+    worker = Worker(db.dsn(logins.worker), queues=[{"queue": "heldback", "max_workers": 2}],
+                    handlers={"slow": slow}, shutdown_timeout=0.2, **FAST, **LONG_LEASE)
+
+    def run() -> None:
+        worker.run()
+        returned.set()
+
+    threading.Thread(target=run, daemon=True).start()
+    try:
+        # Claimed one after the other: the first is handed back first.
+        jobs = []
+        for n in (0, 1):
+            with db.connect(logins.producer) as conn:
+                jobs.append(awa_sql.enqueue(conn, "slow", {"n": n}, queue="heldback"))
+            assert started[n].wait(15)
+        first, second = jobs
+        with db.connect(logins.operator, autocommit=False) as op:
+            assert op.execute("select awa.cancel_job(%s)", [first.job_id]).fetchone()[0]
+            worker.stop()
+            assert returned.wait(10), "run() did not return while a held job's run was locked"
+            assert job_state(db, second.job_id) == ("scheduled", 1, None, HAND_BACK_ERROR)
+            op.rollback()
+        # Not handed back: still this worker's, under its lease.
+        assert job_state(db, first.job_id)[:3] == ("running", 1, worker.name)
+        assert (f"shutdown: could not hand back {first.job_id} (slow): {why}") in caplog.text
+        assert (f"shutdown: handed back 1 job whose handler was still running after 0.2 s:"
+                f" {second.job_id} (slow)") in caplog.text
+        release.set()
+        # Its handler, run on in its daemon thread, completes it under that
+        # lease; the handed-back job's late completion is refused.
+        wait_until(lambda: job_state(db, first.job_id)[0] == "completed", 10,
+                   "the job not handed back to complete when its handler ends")
+        wait_until(lambda: f"job {second.job_id} (slow): handed back at shutdown" in caplog.text,
+                   10, "the handed-back job's late completion to be refused")
+        assert job_state(db, second.job_id)[:2] == ("scheduled", 1)
+    finally:
+        release.set()

@@ -408,8 +408,12 @@ class Maintainer:
     def _connect(self) -> psycopg.Connection:
         # A few statements a second gain nothing from server-side prepared
         # statements, and behind a transaction pooler they break.
-        return connect(self.dsn, autocommit=True, prepared_statements="off",
+        conn = connect(self.dsn, autocommit=True, prepared_statements="off",
                        application_name="awa-sql maintain", **network_defaults(self.dsn))
+        # Each pass begins read committed whatever the login's or database's
+        # default_transaction_isolation: most tasks refuse another level (25000).
+        conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
+        return conn
 
     def _require_writes(self, conn: psycopg.Connection) -> None:
         """Raises _ReadOnly when ``conn``'s server takes no writes: every pass

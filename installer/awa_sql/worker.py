@@ -103,14 +103,17 @@ RECORD_BACKOFF_MAX = 5.0  # seconds between tries to record an outcome, at most
 # after this, doubled at each failure up to heartbeat_every: a server back
 # from a restart or a failover extends the leases long before they end.
 HEARTBEAT_RETRY_MIN = 1.0
-# How long a heartbeat waits for a run another transaction holds (an
-# operator's cancel left open in psql): past it that job is skipped for this
-# pass, so it holds back neither the other jobs' heartbeats nor a shutdown.
-# Set for the statement's own transaction (one statement: a transaction
-# pooler may send each to another server connection).
-HEARTBEAT_LOCK_TIMEOUT = "5s"
-HEARTBEAT_SQL = ("with bound as materialized (select set_config('lock_timeout', %s, true))"
-                 " select awa.heartbeat(%s, %s, %s) from bound")
+# How long a heartbeat or a shutdown's hand-back waits for a run another
+# transaction holds (an operator's cancel left open in psql): past it that
+# job is skipped (until the next pass; for a hand-back, left to its lease's
+# end), so it holds back neither the other jobs nor a shutdown. Set for the
+# statement's own transaction (one statement: a transaction pooler may send
+# each to another server connection); the first parameter of both statements.
+RUN_LOCK_TIMEOUT = "5s"
+_BOUNDED = ("with bound as materialized (select set_config('lock_timeout', %s, true))"
+            " select {} from bound")
+HEARTBEAT_SQL = _BOUNDED.format("awa.heartbeat(%s, %s, %s)")
+HAND_BACK_SQL = _BOUNDED.format("awa.fail(%s, %s, %s, now())")
 # Seconds a held job's handler gets after stop() before its job is handed
 # back: under Kubernetes' default grace period of 30 s before SIGKILL, with
 # time left to hand the jobs back (ADR 046).
@@ -370,6 +373,13 @@ class _Link:
             log.warning("connection lost: %s; connecting again", one_line(err))
         self._conn = self._open()
         return self._conn.execute(statement, params)
+
+    def lost(self) -> bool:
+        """Whether no connection is open: after an error, the server is out of
+        reach. Otherwise the error was the statement's own (a statement
+        timeout or a cancel, a lock timeout, a deadlock: psycopg's
+        OperationalError too), and the next statement may well succeed."""
+        return self._conn is None or self._conn.closed
 
     def read_only_reason(self) -> str | None:
         """Why the server takes no writes (None: it does), asked on this
@@ -914,16 +924,20 @@ class Worker:
         back, done = [], []
         for n, ((job_id, run_lease), h) in enumerate(held):
             try:
-                failed = conn.execute("select awa.fail(%s, %s, %s, now())",
-                                      [job_id, run_lease, error]).fetchone()[0]
+                failed = conn.execute(HAND_BACK_SQL, [RUN_LOCK_TIMEOUT, job_id, run_lease, error]
+                                      ).fetchone()[0]
             except psycopg.Error as err:
-                # Out of reach (OperationalError): so for the jobs after it.
-                lost = held[n:] if isinstance(err, psycopg.OperationalError) else [held[n]]
-                log.error("shutdown: could not hand back %s: %s; once their leases expire,"
-                          " awa.rescue_expired will retry them",
-                          ", ".join(f"{key[0]} ({x.kind})" for key, x in lost), one_line(err))
-                if isinstance(err, psycopg.OperationalError):
+                if conn.lost():  # out of reach: so for the jobs after it
+                    log.error("shutdown: could not hand back %s: %s; once their leases expire,"
+                              " awa.rescue_expired will retry them",
+                              ", ".join(f"{key[0]} ({x.kind})" for key, x in held[n:]),
+                              one_line(err))
                     break
+                cause = (f"it waited {RUN_LOCK_TIMEOUT} for its run, which another"
+                         " transaction holds (a cancel not yet committed?)"
+                         if isinstance(err, psycopg.errors.LockNotAvailable) else one_line(err))
+                log.error("shutdown: could not hand back %s (%s): %s; once its lease expires,"
+                          " awa.rescue_expired will retry it", job_id, h.kind, cause)
                 continue
             if not failed:
                 done.append(f"{job_id} ({h.kind})")
@@ -956,18 +970,20 @@ class Worker:
             try:
                 extended = conn.execute(
                     HEARTBEAT_SQL,
-                    [HEARTBEAT_LOCK_TIMEOUT, job_id, run_lease, self.lease]).fetchone()[0]
-            except psycopg.errors.LockNotAvailable:
-                log.warning("job %s: heartbeat waited %s for its run, which another"
-                            " transaction holds (a cancel not yet committed?); tried again"
-                            " at the next pass", job_id, HEARTBEAT_LOCK_TIMEOUT)
-                continue
-            except psycopg.OperationalError:
-                raise  # the server is out of reach: so for every other job
+                    [RUN_LOCK_TIMEOUT, job_id, run_lease, self.lease]).fetchone()[0]
             except psycopg.Error as err:
-                # This job's error (awa.heartbeat raises for a gone run outside
-                # read committed): the jobs after it are heartbeated all the same.
-                log.warning("job %s: heartbeat failed: %s", job_id, one_line(err))
+                if conn.lost():
+                    raise  # the server is out of reach: so for every other job
+                # This job's error (a statement timeout, awa.heartbeat raising
+                # for a gone run outside read committed): the jobs after it are
+                # heartbeated all the same.
+                if isinstance(err, psycopg.errors.LockNotAvailable):
+                    log.warning("job %s: heartbeat waited %s for its run, which another"
+                                " transaction holds (a cancel not yet committed?); tried again"
+                                " at the next pass", job_id, RUN_LOCK_TIMEOUT)
+                else:
+                    log.warning("job %s: heartbeat failed: %s; tried again at the next pass",
+                                job_id, one_line(err))
                 continue
             if extended:
                 h.lease_until = time.monotonic() + lease_seconds

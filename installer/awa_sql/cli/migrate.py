@@ -64,8 +64,14 @@ def lock_duration(text: str) -> str:
         raise argparse.ArgumentTypeError(
             f"invalid duration {text!r}: a number with a unit of us, ms, s, min, h or d "
             f"(500ms, 5s, 2min), {_RANGE}")
-    if float(match[1]) * _UNIT_MS[match[2] or "ms"] > MAX_LOCK_MS:
+    ms = float(match[1]) * _UNIT_MS[match[2] or "ms"]
+    if ms > MAX_LOCK_MS:
         raise argparse.ArgumentTypeError(f"duration {text!r} is out of range: {_RANGE}")
+    if 0 < ms < 1:
+        # PostgreSQL rounds it to 0, which waits for ever: the opposite of a limit.
+        raise argparse.ArgumentTypeError(
+            f"duration {text!r} is under 1ms, which PostgreSQL reads as 0 (no limit): "
+            f"{_RANGE}, 0 for no limit")
     return text
 
 
