@@ -768,12 +768,14 @@ def test_a_page_of_another_site_cannot_make_the_admin_read(db, page):
 
 
 MARKUP = '"><img src=x onerror="window.__xss=1"><script>window.__xss=2</script><b>'
+BIDI = "\u202eSREDRO"
 
 
 def test_what_producers_workers_and_runtimes_write_is_shown_as_text(db, page):
     """Queue names, kinds, args, ordering keys, errors, worker names and a
     runtime's host are the producers' and workers' own: the pages show them
-    as text, never as markup (the policy would stop a script, not markup)."""
+    as text, never as markup (the policy would stop a script, not markup),
+    and a bidi override in them as its escape."""
     import json
     import uuid
     from urllib.parse import quote
@@ -787,7 +789,7 @@ def test_what_producers_workers_and_runtimes_write_is_shown_as_text(db, page):
         (failed,) = claim(conn, [queue], 1, worker="w" + MARKUP)
         conn.execute("select awa.fail(%s, %s, %s)", [failed[0], failed[1], "e" + MARKUP])
         conn.execute("select awa.enqueue(%s, %s)", [queue, "k" + MARKUP])
-        (running,) = claim(conn, [queue], 1, worker="w" + MARKUP)
+        (running,) = claim(conn, [queue], 1, worker="w" + MARKUP + BIDI)
         conn.execute("select awa.publish_runtime(%s, 'producer', %s, 1, %s, 0, %s::jsonb)",
                      [str(uuid.uuid4()), "h" + MARKUP, "v<b>1",
                       json.dumps([{"queue": queue, "activity": "enqueue", "age_seconds": 1}])])
@@ -817,5 +819,6 @@ def test_what_producers_workers_and_runtimes_write_is_shown_as_text(db, page):
         expect(page.locator("#job-args")).to_contain_text('"a": "\\"><img')
         no_markup()
         page.goto(f"{base}/jobs/{running[0]}")
-        expect(page.locator("#job-worker")).to_have_text("w" + MARKUP)
+        # A right-to-left override would show the name reversed: shown as its escape.
+        expect(page.locator("#job-worker")).to_have_text("w" + MARKUP + "\\u202eSREDRO")
         no_markup()

@@ -12,6 +12,23 @@
   const writable = body.dataset.writable === "true";
   const app = document.getElementById("app");
 
+  // Characters a reader cannot see or that reorder the text around them
+  // (bidi overrides, zero-width ones, controls but newline and tab), written
+  // as their escapes, as the CLI writes them: a queue name, kind or worker
+  // name a producer or worker chose cannot pass for another on the page.
+  // Joiners that make up emoji and words are left as they are.
+  const UNSHOWN = /(?![\n\t\u200c\u200d\u{E0020}-\u{E007F}])[\p{Cc}\p{Cf}\p{Zl}\p{Zp}\p{Cs}]/gu;
+
+  function shown(text) {
+    return String(text).replace(UNSHOWN, (c) => {
+      const code = c.codePointAt(0);
+      const hex = code.toString(16);
+      if (code < 0x100) return `\\x${hex.padStart(2, "0")}`;
+      if (code < 0x10000) return `\\u${hex.padStart(4, "0")}`;
+      return `\\U${hex.padStart(8, "0")}`;
+    });
+  }
+
   function el(tag, attrs, ...children) {
     const node = document.createElement(tag);
     for (const [key, value] of Object.entries(attrs || {})) {
@@ -24,7 +41,7 @@
     }
     for (const child of children.flat()) {
       if (child === null || child === undefined) continue;
-      node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+      node.append(child instanceof Node ? child : document.createTextNode(shown(child)));
     }
     return node;
   }
@@ -90,7 +107,7 @@
   function setStatus(text, kind) {
     const status = document.getElementById("status");
     if (!status) return;
-    status.textContent = text;
+    status.textContent = shown(text);
     status.className = kind || "";
   }
 
@@ -430,8 +447,8 @@
     }
     const dialog = document.getElementById("confirm");
     document.getElementById("confirm-title").textContent =
-      `Change S of ${queueName} from ${plan.data.old_shards} to ${plan.data.new_shards}?`;
-    document.getElementById("confirm-text").textContent = plan.data.consequence;
+      shown(`Change S of ${queueName} from ${plan.data.old_shards} to ${plan.data.new_shards}?`);
+    document.getElementById("confirm-text").textContent = shown(plan.data.consequence);
     document.getElementById("confirm-lanes").textContent = plan.data.lanes_created
       ? `${plan.data.lanes_created} new lanes will be created in the same transaction.`
       : "No lanes will be created.";
@@ -496,7 +513,7 @@
   }
 
   function askJobs(question, okLabel, action) {
-    document.getElementById("confirm-jobs-title").textContent = question;
+    document.getElementById("confirm-jobs-title").textContent = shown(question);
     document.getElementById("confirm-jobs-ok").textContent = okLabel;
     pendingJobs = action;
     document.getElementById("confirm-jobs").showModal();
