@@ -23,6 +23,13 @@ it back).
 The same steps are either executed (``apply``) or printed as one psql script
 (``render_sql``), so the two cannot disagree.
 
+A migration that fails because a view of schema ``awa`` reads what it
+changes (an earlier layer's view on a table it rebuilds: SQLSTATE 2BP01
+naming the view) runs again in a fresh transaction that first drops the
+views of schema ``awa`` (``VIEWS_SQL``): they are the function layer's, and
+its step, last in every plan with a migration, makes them again with their
+grants. Only then: readers keep their views through a normal upgrade.
+
 Nothing depends on a session, so the runner works through a transaction
 pooler (ADR 006): a run holds ``pg_advisory_xact_lock(1635213645, 0)``
 ('awaM', 0) in an open transaction on a second connection, which serialises
@@ -36,6 +43,7 @@ from __future__ import annotations
 
 import functools
 import random
+import re
 import shlex
 import time
 from collections.abc import Callable, Iterator
@@ -743,7 +751,8 @@ def _still_needed(step: Step, replan: Replan | None) -> Step | None:
 
 
 def _apply_in_transaction(conn: psycopg.Connection, step: Step, lock_timeout: str,
-                          lock_wait: str, replan: Replan | None) -> bool:
+                          lock_wait: str, replan: Replan | None,
+                          before: Callable[[], None] | None = None) -> bool:
     with conn.transaction():
         _set_local(conn, "search_path", SEARCH_PATH)
         _set_local(conn, "lock_timeout", lock_wait)
@@ -752,8 +761,77 @@ def _apply_in_transaction(conn: psycopg.Connection, step: Step, lock_timeout: st
         current = _still_needed(step, replan)
         if current is None:
             return False
+        if before is not None:
+            before()
         conn.execute(current.sql)
     return True
+
+
+# The views of schema awa, each as format('%I.%I') prints it (as an error's
+# detail names it). Every one is the function layer's: no migration makes a
+# view, and the layer's step makes each of its own again when it is missing
+# (awa._ensure_view), its grants and comment with it.
+VIEWS_SQL = """\
+select pg_catalog.format('%I.%I', n.nspname, c.relname) as name
+  from pg_catalog.pg_class as c
+  join pg_catalog.pg_namespace as n on n.oid = c.relnamespace
+ where n.nspname = 'awa' and c.relkind = 'v'"""
+
+# One DROP VIEW of them all, no CASCADE (PostgreSQL drops views that read
+# one another together): what else depends on one of them stops it. No row
+# when there is none. A --sql script's header shows it for psql's \gexec.
+DROP_VIEWS_SQL = (
+    "select 'drop view ' || pg_catalog.string_agg(v.name, ', ' order by v.name)\n"
+    "  from (" + VIEWS_SQL.replace("\n", "\n        ") + ") as v\n"
+    "having pg_catalog.count(*) > 0"
+)
+
+
+def _views_named(conn: psycopg.Connection, err: psycopg.Error) -> list[str]:
+    """The views of schema awa that ``err``'s detail names: by name, which
+    reads the same in every lc_messages."""
+    detail = err.diag.message_detail or ""
+    with conn.transaction():
+        _set_local(conn, "search_path", SEARCH_PATH)
+        views = [name for (name,) in conn.execute(VIEWS_SQL)]
+    return [v for v in sorted(views)
+            if re.search(rf"(?<![\w$.\"]){re.escape(v)}(?![\w$\"])", detail)]
+
+
+def _drop_views(conn: psycopg.Connection, step: Step, failure: psycopg.Error) -> None:
+    row = conn.execute(DROP_VIEWS_SQL).fetchone()
+    if row is None:
+        return
+    try:
+        conn.execute(row[0])
+    except psycopg.errors.DependentObjectsStillExist as err:
+        def detail(e: psycopg.Error) -> str:
+            return "; ".join((e.diag.message_detail or "").splitlines())
+
+        raise MigrationError(
+            f"{step.label} failed and was rolled back: {failure.diag.message_primary} "
+            f"({detail(failure)}). To run it again awa migrate drops the views of schema "
+            f"awa, which the function layer makes again, but it cannot: {detail(err)}. "
+            "Drop each object named there that depends on a view of schema awa (and make "
+            "it again after the run), then run awa migrate again. Nothing of this step "
+            "was applied."
+        ) from err
+
+
+def _apply_migration(conn: psycopg.Connection, step: Step, lock_timeout: str, lock_wait: str,
+                     replan: Replan | None, log: Callable[[str], None]) -> bool:
+    try:
+        return _apply_in_transaction(conn, step, lock_timeout, lock_wait, replan)
+    except psycopg.errors.DependentObjectsStillExist as err:
+        named = _views_named(conn, err)
+        if not named:
+            raise
+        failure = err
+    log(f"{step.label} failed on what the function layer's views read ({', '.join(named)}): "
+        "running it again after dropping the views of schema awa, which the function layer "
+        "makes again")
+    return _apply_in_transaction(conn, step, lock_timeout, lock_wait, replan,
+                                 before=lambda: _drop_views(conn, step, failure))
 
 
 def _apply_outside_transaction(conn: psycopg.Connection, step: Step, lock_timeout: str,
@@ -803,7 +881,9 @@ def apply_plan(
         collect = functools.partial(_collect_warning, warnings)
         conn.add_notice_handler(collect)
         try:
-            if step.transactional:
+            if step.transactional and step.kind == "migration":
+                applied = _apply_migration(conn, step, lock_timeout, lock_wait, replan, log)
+            elif step.transactional:
                 applied = _apply_in_transaction(conn, step, lock_timeout, lock_wait, replan)
             else:
                 with run_lock.released() if run_lock else nullcontext():
@@ -1023,6 +1103,18 @@ def _step_script(step: Step, lock_timeout: str, lock_wait: str, guard: str) -> s
     )
 
 
+# awa migrate runs such a migration again itself (_apply_migration); a
+# script cannot catch the error, so its reader is told what to do.
+_SCRIPT_VIEWS_NOTE = (
+    "-- A migration step that stops with SQLSTATE 2BP01 (\"cannot drop ... because other\n"
+    "-- objects depend on it\") naming a view of schema awa, an earlier function layer's\n"
+    "-- view that reads what the migration changes: drop the views of schema awa, render\n"
+    "-- the script again and run it; its last step makes them again (awa migrate does\n"
+    "-- this itself). In psql, as the migrating login:\n"
+    + "".join(f"--   {line}\n" for line in f"{DROP_VIEWS_SQL} \\gexec".splitlines())
+)
+
+
 def render_sql(plan: Plan, lock_timeout: str = DEFAULT_LOCK_TIMEOUT,
                lock_wait: str = DEFAULT_LOCK_WAIT) -> str:
     """One psql script that performs ``plan`` exactly as ``apply_plan`` would.
@@ -1038,8 +1130,10 @@ def render_sql(plan: Plan, lock_timeout: str = DEFAULT_LOCK_TIMEOUT,
     out = [
         f"-- awa-sql {plan.package_version}: migration script\n",
         "-- Run with: psql -X -v ON_ERROR_STOP=1 -f this.sql\n",
-        "\\set ON_ERROR_STOP on\n",
     ]
+    if any(s.kind == "migration" and s.transactional for s in plan.steps):
+        out.append(_SCRIPT_VIEWS_NOTE)
+    out.append("\\set ON_ERROR_STOP on\n")
     applied = sorted(a.version for a in plan.applied)
     contract = plan.layer_contract
     for step in plan.steps:
