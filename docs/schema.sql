@@ -128,6 +128,7 @@ CREATE TABLE awa.contention_samples (
     ready bigint,
     oldest_ready_at timestamp with time zone,
     enqueue_shards smallint,
+    busiest_priority_demand integer,
     CONSTRAINT contention_samples_pkey PRIMARY KEY (queue_id, sampled_at)
 );
 
@@ -732,7 +733,8 @@ CREATE VIEW awa.lane_contention AS
             s.busiest_priority_held,
             s.ready,
             s.oldest_ready_at,
-            s.enqueue_shards
+            s.enqueue_shards,
+            s.busiest_priority_demand
            FROM awa.contention_samples s
           WHERE s.sampled_at > (now() - '00:01:00'::interval)
         )
@@ -932,7 +934,9 @@ declare
     grow record;
     shrink record;
     last_step timestamptz;
-    draining bigint;
+    in_cooldown boolean;
+    -- The highest shard >= S that still holds ready rows, if any.
+    draining integer;
     s integer := anchor.enqueue_shards;
     proposed integer;
     needed integer;
@@ -953,28 +957,31 @@ begin
         anchor, greatest(at - policy.grow_window, last_step, '-infinity'));
     shrink := awa._autoscale_signal(
         anchor, greatest(at - policy.shrink_window, last_step, '-infinity'));
-    -- Counted up to 10,000 (a count at the cap means at least that many): a
-    -- tick every few seconds must not read a backlog left above S.
-    select count(*) into draining
-      from (
-          select
-            from awa.ready as r
-            join awa.lanes as l on l.lane_id = r.lane_id
-            join awa.queue_meta as m on m.queue_id = l.queue_id
-           where (m.queue_id = anchor.queue_id or m.root_queue = anchor.queue)
-             and l.shard >= m.enqueue_shards
-           limit 10000
-      ) as capped;
+    in_cooldown := last_step is not null and at < last_step + policy.cooldown;
+    if not in_cooldown then
+        -- Whether lanes >= S hold a ready row, probed from each lane's claim
+        -- hint: a read from a lane's start walked every row claimed or
+        -- cancelled there that a held snapshot kept, at every tick.
+        select max(u.shards) - 1 into draining
+          from awa.queue_meta as m
+         cross join lateral (
+             select awa._shards_in_use(m.queue_id, m.enqueue_shards,
+                                       awa._walked_shards(m.lane_shards, m.enqueue_shards))
+                        as shards
+         ) as u
+         where (m.queue_id = anchor.queue_id or m.root_queue = anchor.queue)
+           and u.shards > m.enqueue_shards;
+    end if;
     proposed := s;
-    if last_step is not null and at < last_step + policy.cooldown then
+    if in_cooldown then
         code := 'cooldown';
         why := pg_catalog.format('cooldown: last step at %s, next allowed after %s',
                                  last_step, last_step + policy.cooldown);
-    elsif draining > 0 then
+    elsif draining is not null then
         code := 'draining';
         why := pg_catalog.format(
-            'lanes >= S = %s still hold %s%s ready rows; no step until they drain', s,
-            case when draining >= 10000 then 'at least ' else '' end, draining);
+            'lanes >= S = %s still hold ready rows (up to shard %s); no step until they drain',
+            s, draining);
     elsif s > anchor.max_shards then
         code := 'above_max';
         proposed := greatest(s / 2, anchor.max_shards);
@@ -986,10 +993,10 @@ begin
             code := 'demand_within_s';
             why := pg_catalog.format(
                 'lane waits in a share %s of %s samples, %s waiters per held lane, but where '
-                'a backend waited the lanes held + waiters were %s per physical queue, at '
-                'most S = %s: more lanes would not relieve them (producers of one ordering '
-                'key, or behind one long lane holder)', grow.wait_share, grow.samples,
-                grow.mean_waiters, grow.waited_demand, s);
+                'a backend waited the lanes held + waiters in the busiest priority were %s '
+                'per physical queue, at most S = %s: more lanes would not relieve them '
+                '(producers of one ordering key, or behind one long lane holder)',
+                grow.wait_share, grow.samples, grow.mean_waiters, grow.waited_demand, s);
         elsif s >= anchor.max_shards then
             code := 'at_max';
             why := pg_catalog.format(
@@ -1009,8 +1016,9 @@ begin
                 grow.mean_waiters, policy.grow_wait_share, policy.grow_waiters);
             if proposed > s * 2 then
                 why := why || pg_catalog.format(
-                    '; demand %s (lanes held + waiters per sample) calls for S = %s: %s -> %s '
-                    'in one step (at most %s doublings, max_shards %s)', grow.demand,
+                    '; demand %s (lanes held + waiters in the busiest priority per sample) '
+                    'calls for S = %s: %s -> %s in one step (at most %s doublings, '
+                    'max_shards %s)', grow.demand,
                     needed, s, proposed, max_step, anchor.max_shards);
             end if;
         end if;
@@ -1063,16 +1071,18 @@ begin
              where m.queue_id = anchor.queue_id or m.root_queue = anchor.queue
                 or m.logical_queue = anchor.queue
                for no key update nowait;
-            -- Read again under the lock: a drop or a change of S that committed
-            -- since the tick read the row makes this step another one.
+            -- Read again under the lock: a drop or a change of S, mode or max
+            -- that committed since the tick read the row makes this step
+            -- another one (a raise past a max just lowered).
             if not exists (
                 select from awa.queue_meta as m
                  where m.queue_id = anchor.queue_id and m.queue = anchor.queue
                    and m.dropped_xact is null and m.enqueue_shards = anchor.enqueue_shards
-                   and m.shard_mode = 'auto'
+                   and m.shard_mode = 'auto' and m.max_shards = anchor.max_shards
             ) then
-                why := why || '; not taken: the queue was dropped or its S or mode changed'
-                       || ' since this tick read it; the next tick decides again';
+                why := why || '; not taken: the queue was dropped or its S, mode or'
+                       || ' max_shards changed since this tick read it; the next tick'
+                       || ' decides again';
                 verdict := 'not taken';
             end if;
         exception when lock_not_available then
@@ -1168,7 +1178,9 @@ AS $function$
                sum(s.enqueued) as enqueued,
                max(s.busiest_priority_held) as busiest,
                count(*) as physical,
-               sum(s.lanes_held + s.waiters) filter (where s.waiters > 0) as waited_demand,
+               sum(coalesce(s.busiest_priority_demand, s.lanes_held + s.waiters)) as demand,
+               sum(coalesce(s.busiest_priority_demand, s.lanes_held + s.waiters))
+                   filter (where s.waiters > 0) as waited_demand,
                count(*) filter (where s.waiters > 0) as waited
           from awa.contention_samples as s
           join awa.queue_meta as m on m.queue_id = s.queue_id
@@ -1185,7 +1197,7 @@ AS $function$
                  / nullif(extract(epoch from max(p.sampled_at) filter (where p.enqueued is not null)
                           - min(p.sampled_at) filter (where p.enqueued is not null)), 0), 1),
            max(p.busiest)::integer,
-           round(avg((p.held + p.waiters)::numeric / p.physical), 2),
+           round(avg(p.demand::numeric / p.physical), 2),
            round(sum(p.waited_demand)::numeric / nullif(sum(p.waited), 0), 2)
       from per_instant as p
 $function$;
@@ -5154,7 +5166,8 @@ begin
     per_queue as (
         select p.queue_id, sum(p.lanes_held) as lanes_held,
                sum(p.lanes_waited) as lanes_waited, sum(p.waiters) as waiters,
-               max(p.lanes_held) as busiest_priority_held
+               max(p.lanes_held) as busiest_priority_held,
+               max(p.lanes_held + p.waiters) as busiest_priority_demand
           from per_priority as p
          group by p.queue_id
     ),
@@ -5169,10 +5182,11 @@ begin
     inserted as (
         insert into awa.contention_samples (
             sampled_at, queue_id, lanes, lanes_held, lanes_waited, waiters,
-            busiest_priority_held, enqueue_shards
+            busiest_priority_held, busiest_priority_demand, enqueue_shards
         )
         select at, c.queue_id, c.lanes, coalesce(q.lanes_held, 0), coalesce(q.lanes_waited, 0),
-               coalesce(q.waiters, 0), coalesce(q.busiest_priority_held, 0), c.enqueue_shards
+               coalesce(q.waiters, 0), coalesce(q.busiest_priority_held, 0),
+               coalesce(q.busiest_priority_demand, 0), c.enqueue_shards
           from lane_counts as c
           left join per_queue as q on q.queue_id = c.queue_id
         on conflict do nothing
@@ -8706,6 +8720,8 @@ COMMENT ON COLUMN awa.autoscale_decisions.last_decided_at IS 'The latest tick of
 COMMENT ON COLUMN awa.autoscale_decisions.reason_code IS 'The rule that decided, in one word (cooldown, draining, above_max, demand_within_s, grow, at_max, shrink, few_samples, steady): holds with the same code, mode and S fold into one row. Null on rows logged before migration 0013.';
 
 COMMENT ON COLUMN awa.autoscale_decisions.repeats IS 'How many ticks made this decision: 1 for a step, the length of the run for folded holds.';
+
+COMMENT ON COLUMN awa.contention_samples.busiest_priority_demand IS 'Lanes held plus backends waiting for a lane in the queue''s priority with the most of them at the sample: the producers that wanted one of that priority''s S lanes at once. Null in a sample taken before migration 0042 (or by an earlier function layer), for which the auto-scaler takes lanes_held + waiters over every priority.';
 
 COMMENT ON COLUMN awa.contention_samples.busiest_priority_held IS 'Lanes held at the sample in the queue''s busiest priority: the producers that had to fit into S lanes at that instant.';
 

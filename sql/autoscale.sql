@@ -249,11 +249,15 @@ select awa._grant_execute(
 -- sample of no recorded S, from before migration 0040, counts too): how
 -- many samples, mean backends waiting per held lane, the share of samples
 -- with any waiter, enqueues per second, the most lanes held at once in one
--- priority, the demand: lanes held plus backends waiting for one, per
--- physical queue, on average; and the waited demand: the same over only
--- the physical queues and samples where a backend waited (null if none did).
--- A change of S is stamped with its transaction's start: the samples taken
--- between that and its commit read the old S, and are left out by it.
+-- priority, the demand: lanes held plus backends waiting for one in the
+-- busiest priority (S lanes are per priority), per physical queue, on
+-- average; and the waited demand: the same over only the physical queues
+-- and samples where a backend waited (null if none did). A sample of no
+-- busiest priority's demand (before migration 0042, or written by an
+-- earlier layer) gives its lanes held plus waiters over every priority,
+-- as every sample did before. A change of S is stamped with its
+-- transaction's start: the samples taken between that and its commit read
+-- the old S, and are left out by it.
 -- Calls: nothing
 -- Writes: nothing
 create or replace function awa._autoscale_signal(
@@ -278,7 +282,9 @@ as $$
                sum(s.enqueued) as enqueued,
                max(s.busiest_priority_held) as busiest,
                count(*) as physical,
-               sum(s.lanes_held + s.waiters) filter (where s.waiters > 0) as waited_demand,
+               sum(coalesce(s.busiest_priority_demand, s.lanes_held + s.waiters)) as demand,
+               sum(coalesce(s.busiest_priority_demand, s.lanes_held + s.waiters))
+                   filter (where s.waiters > 0) as waited_demand,
                count(*) filter (where s.waiters > 0) as waited
           from awa.contention_samples as s
           join awa.queue_meta as m on m.queue_id = s.queue_id
@@ -295,7 +301,7 @@ as $$
                  / nullif(extract(epoch from max(p.sampled_at) filter (where p.enqueued is not null)
                           - min(p.sampled_at) filter (where p.enqueued is not null)), 0), 1),
            max(p.busiest)::integer,
-           round(avg((p.held + p.waiters)::numeric / p.physical), 2),
+           round(avg(p.demand::numeric / p.physical), 2),
            round(sum(p.waited_demand)::numeric / nullif(sum(p.waited), 0), 2)
       from per_instant as p
 $$;
@@ -305,23 +311,29 @@ select awa._grant_execute('awa._autoscale_signal(awa.queue_meta, timestamptz)');
 -- Function: awa._autoscale_decide(anchor awa.queue_meta, at timestamptz)
 -- One decision for one queue in shadow or auto mode, logged; in auto mode a
 -- raise or lower is made here through awa._set_enqueue_shards. The rules,
--- in order: hold in the cooldown after a step; hold while lanes >= S still
--- hold ready rows (a lower is complete only when they drained); lower
--- towards max_shards when S is above it; when waits were a meaningful
--- share over the grow window: hold if, where a backend waited, the lanes
--- held plus the backends waiting were at most S (the waited demand: an
--- unkeyed producer waits only when all S lanes are held, so these are
--- producers of one ordering key, or behind one long lane holder, which more
--- lanes cannot relieve; raising remapped every key for nothing, up to
--- max_shards), else raise to the S the demand calls for (see below); lower
--- /2 when waits were negligible over the whole shrink window and the
--- busiest priority never held more than S/2 lanes at once; else hold. Every
--- window counts only the samples taken at the current S.
+-- in order: hold in the cooldown after a step; hold while lanes >= S that
+-- claims walk still hold ready rows (a lower is complete only when they
+-- drained; a probe of each such lane from its claim hint,
+-- awa._shards_in_use, not a count of what it holds); lower towards
+-- max_shards when S is above it; when waits were a meaningful share over
+-- the grow window: hold if, where a backend waited, the lanes held plus
+-- the backends waiting in the busiest priority were at most S (the waited
+-- demand: S lanes are per priority, and an unkeyed producer waits only
+-- when all S lanes of its priority are held, so these are producers of one
+-- ordering key, or behind one long lane holder, which more lanes cannot
+-- relieve; raising remapped every key for nothing, up to max_shards), else
+-- raise to the S the demand calls for (see below); lower /2 when waits
+-- were negligible over the whole shrink window and the busiest priority
+-- never held more than S/2 lanes at once; else hold. Every window counts
+-- only the samples taken at the current S.
 --
 -- The raise: the smallest S x 2^k (k >= 1) that gives every producer seen
--- at a sample (lanes held plus backends waiting, the grow window's mean) a
--- lane of its own, at most max_step doublings in one decision and never
--- above max_shards. A raise of more than one doubling says so in its reason.
+-- at a sample in the busiest priority (lanes held plus backends waiting,
+-- the grow window's mean) a lane of its own, at most max_step doublings in
+-- one decision and never above max_shards. A raise of more than one
+-- doubling says so in its reason. A step is taken under the queue's rows,
+-- read again there: a drop, or a change of S, mode or max_shards committed
+-- since the tick read the queue, makes it a step not taken.
 --
 -- The log folds: a hold with the same reason_code, mode and S as the
 -- queue's latest row adds to that row (repeats, last_decided_at, the latest
@@ -336,7 +348,8 @@ select awa._grant_execute('awa._autoscale_signal(awa.queue_meta, timestamptz)');
 -- UTC; intervals as postgres writes them): the caller's DateStyle,
 -- TimeZone and IntervalStyle made the log read '06/12/2026 13:31:08 UTC'
 -- for 23:31:08 UTC the day before, under a zone '<UTC>-14'.
--- Calls: awa._autoscale_policy, awa._autoscale_signal, awa._set_enqueue_shards, awa._try_leader
+-- Calls: awa._autoscale_policy, awa._autoscale_signal, awa._set_enqueue_shards, awa._shards_in_use,
+--   awa._try_leader, awa._walked_shards
 -- Writes: awa.autoscale_decision_counts, awa.autoscale_decisions
 create or replace function awa._autoscale_decide(anchor awa.queue_meta, at timestamptz)
 returns awa.autoscale_decisions
@@ -353,7 +366,9 @@ declare
     grow record;
     shrink record;
     last_step timestamptz;
-    draining bigint;
+    in_cooldown boolean;
+    -- The highest shard >= S that still holds ready rows, if any.
+    draining integer;
     s integer := anchor.enqueue_shards;
     proposed integer;
     needed integer;
@@ -374,28 +389,31 @@ begin
         anchor, greatest(at - policy.grow_window, last_step, '-infinity'));
     shrink := awa._autoscale_signal(
         anchor, greatest(at - policy.shrink_window, last_step, '-infinity'));
-    -- Counted up to 10,000 (a count at the cap means at least that many): a
-    -- tick every few seconds must not read a backlog left above S.
-    select count(*) into draining
-      from (
-          select
-            from awa.ready as r
-            join awa.lanes as l on l.lane_id = r.lane_id
-            join awa.queue_meta as m on m.queue_id = l.queue_id
-           where (m.queue_id = anchor.queue_id or m.root_queue = anchor.queue)
-             and l.shard >= m.enqueue_shards
-           limit 10000
-      ) as capped;
+    in_cooldown := last_step is not null and at < last_step + policy.cooldown;
+    if not in_cooldown then
+        -- Whether lanes >= S hold a ready row, probed from each lane's claim
+        -- hint: a read from a lane's start walked every row claimed or
+        -- cancelled there that a held snapshot kept, at every tick.
+        select max(u.shards) - 1 into draining
+          from awa.queue_meta as m
+         cross join lateral (
+             select awa._shards_in_use(m.queue_id, m.enqueue_shards,
+                                       awa._walked_shards(m.lane_shards, m.enqueue_shards))
+                        as shards
+         ) as u
+         where (m.queue_id = anchor.queue_id or m.root_queue = anchor.queue)
+           and u.shards > m.enqueue_shards;
+    end if;
     proposed := s;
-    if last_step is not null and at < last_step + policy.cooldown then
+    if in_cooldown then
         code := 'cooldown';
         why := pg_catalog.format('cooldown: last step at %s, next allowed after %s',
                                  last_step, last_step + policy.cooldown);
-    elsif draining > 0 then
+    elsif draining is not null then
         code := 'draining';
         why := pg_catalog.format(
-            'lanes >= S = %s still hold %s%s ready rows; no step until they drain', s,
-            case when draining >= 10000 then 'at least ' else '' end, draining);
+            'lanes >= S = %s still hold ready rows (up to shard %s); no step until they drain',
+            s, draining);
     elsif s > anchor.max_shards then
         code := 'above_max';
         proposed := greatest(s / 2, anchor.max_shards);
@@ -407,10 +425,10 @@ begin
             code := 'demand_within_s';
             why := pg_catalog.format(
                 'lane waits in a share %s of %s samples, %s waiters per held lane, but where '
-                'a backend waited the lanes held + waiters were %s per physical queue, at '
-                'most S = %s: more lanes would not relieve them (producers of one ordering '
-                'key, or behind one long lane holder)', grow.wait_share, grow.samples,
-                grow.mean_waiters, grow.waited_demand, s);
+                'a backend waited the lanes held + waiters in the busiest priority were %s '
+                'per physical queue, at most S = %s: more lanes would not relieve them '
+                '(producers of one ordering key, or behind one long lane holder)',
+                grow.wait_share, grow.samples, grow.mean_waiters, grow.waited_demand, s);
         elsif s >= anchor.max_shards then
             code := 'at_max';
             why := pg_catalog.format(
@@ -430,8 +448,9 @@ begin
                 grow.mean_waiters, policy.grow_wait_share, policy.grow_waiters);
             if proposed > s * 2 then
                 why := why || pg_catalog.format(
-                    '; demand %s (lanes held + waiters per sample) calls for S = %s: %s -> %s '
-                    'in one step (at most %s doublings, max_shards %s)', grow.demand,
+                    '; demand %s (lanes held + waiters in the busiest priority per sample) '
+                    'calls for S = %s: %s -> %s in one step (at most %s doublings, '
+                    'max_shards %s)', grow.demand,
                     needed, s, proposed, max_step, anchor.max_shards);
             end if;
         end if;
@@ -484,16 +503,18 @@ begin
              where m.queue_id = anchor.queue_id or m.root_queue = anchor.queue
                 or m.logical_queue = anchor.queue
                for no key update nowait;
-            -- Read again under the lock: a drop or a change of S that committed
-            -- since the tick read the row makes this step another one.
+            -- Read again under the lock: a drop or a change of S, mode or max
+            -- that committed since the tick read the row makes this step
+            -- another one (a raise past a max just lowered).
             if not exists (
                 select from awa.queue_meta as m
                  where m.queue_id = anchor.queue_id and m.queue = anchor.queue
                    and m.dropped_xact is null and m.enqueue_shards = anchor.enqueue_shards
-                   and m.shard_mode = 'auto'
+                   and m.shard_mode = 'auto' and m.max_shards = anchor.max_shards
             ) then
-                why := why || '; not taken: the queue was dropped or its S or mode changed'
-                       || ' since this tick read it; the next tick decides again';
+                why := why || '; not taken: the queue was dropped or its S, mode or'
+                       || ' max_shards changed since this tick read it; the next tick'
+                       || ' decides again';
                 verdict := 'not taken';
             end if;
         exception when lock_not_available then

@@ -5,10 +5,12 @@
 -- Records one sample per physical queue at `at`: how many of its lanes are
 -- held, how many have waiters and how many backends wait (ungranted lane
 -- locks, class awa._lock_class_lane(), in this database), the most lanes
--- held at once in one priority, and the queue's S as this statement reads
--- it (the auto-scaler judges S on the samples taken at it: a change of S
--- is stamped with its transaction's start, not its commit). Samples older
--- than one hour are pruned. Returns the number of queues sampled.
+-- held at once in one priority, the most lanes held plus backends waiting
+-- in one priority (the auto-scaler sizes S, lanes per priority, from it),
+-- and the queue's S as this statement reads it (the auto-scaler judges S
+-- on the samples taken at it: a change of S is stamped with its
+-- transaction's start, not its commit). Samples older than one hour are
+-- pruned. Returns the number of queues sampled.
 --
 -- One statement: one pass over pg_locks, aggregated per lane; only the
 -- locked lanes are looked up in awa.lanes, and each queue's lanes are
@@ -54,7 +56,8 @@ begin
     per_queue as (
         select p.queue_id, sum(p.lanes_held) as lanes_held,
                sum(p.lanes_waited) as lanes_waited, sum(p.waiters) as waiters,
-               max(p.lanes_held) as busiest_priority_held
+               max(p.lanes_held) as busiest_priority_held,
+               max(p.lanes_held + p.waiters) as busiest_priority_demand
           from per_priority as p
          group by p.queue_id
     ),
@@ -69,10 +72,11 @@ begin
     inserted as (
         insert into awa.contention_samples (
             sampled_at, queue_id, lanes, lanes_held, lanes_waited, waiters,
-            busiest_priority_held, enqueue_shards
+            busiest_priority_held, busiest_priority_demand, enqueue_shards
         )
         select at, c.queue_id, c.lanes, coalesce(q.lanes_held, 0), coalesce(q.lanes_waited, 0),
-               coalesce(q.waiters, 0), coalesce(q.busiest_priority_held, 0), c.enqueue_shards
+               coalesce(q.waiters, 0), coalesce(q.busiest_priority_held, 0),
+               coalesce(q.busiest_priority_demand, 0), c.enqueue_shards
           from lane_counts as c
           left join per_queue as q on q.queue_id = c.queue_id
         on conflict do nothing
