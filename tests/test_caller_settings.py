@@ -7,7 +7,9 @@ sequence of the public API (the operator's settings, enqueues of every kind,
 COPY, claims, a heartbeat, completes, fails with a backoff and with a time,
 the job tools, every maintenance call, the views and read functions) runs in
 a fresh database once with the server's defaults and once under each hostile
-setting, given by every login that runs it; the results and every row stored
+case (a time zone, most of them with a group of format settings beside it;
+planner, jit and parallel settings; custom settings; isolation), given by
+every login that runs it; the results and every row stored
 in schema awa must be the same. Instants are compared as instants (results
 are read in binary, so no DateStyle, IntervalStyle or TimeZone reaches the
 client's parsing), durations as seconds. Two timestamps of a run that come
@@ -66,9 +68,8 @@ def _posix_zone(now: datetime, east_hours: int) -> str:
     return f"<W>+0{summer},{rule(start)},{rule(end_local)}"
 
 
-# Each hostile case: (setting, value) pairs every login sets for its session.
-# A callable value is built from the server's clock when the case runs.
-HOSTILE = {
+# Time zones a session may set (the instants and days a definer computes).
+ZONES = {
     "TimeZone Chatham": [("TimeZone", "Pacific/Chatham")],
     "TimeZone St_Johns": [("TimeZone", "America/St_Johns")],
     "TimeZone Troll": [("TimeZone", "Antarctica/Troll")],
@@ -77,31 +78,41 @@ HOSTILE = {
     "TimeZone POSIX summer 12h behind": [("TimeZone", lambda now: _posix_zone(now, -12))],
     "TimeZone POSIX -15:59": [("TimeZone", "<-1559>+15:59")],
     "TimeZone POSIX +20": [("TimeZone", "<+20>-20")],
-    "DateStyle SQL DMY": [("DateStyle", "SQL, DMY")],
-    "DateStyle German": [("DateStyle", "German")],
-    "DateStyle Postgres MDY": [("DateStyle", "Postgres, MDY")],
-    "IntervalStyle sql_standard": [("IntervalStyle", "sql_standard")],
-    "IntervalStyle iso_8601": [("IntervalStyle", "iso_8601")],
-    "IntervalStyle postgres_verbose": [("IntervalStyle", "postgres_verbose")],
-    "extra_float_digits -15": [("extra_float_digits", "-15")],
-    "extra_float_digits 3": [("extra_float_digits", "3")],
-    "bytea_output escape": [("bytea_output", "escape")],
-    "lc_numeric lc_monetary lc_time": [("lc_numeric", "C"), ("lc_monetary", "C"),
-                                       ("lc_time", "C")],
-    "client_encoding LATIN1": [("client_encoding", "LATIN1")],
-    "standard_conforming_strings off": [("standard_conforming_strings", "off")],
-    "array_nulls off": [("array_nulls", "off")],
-    "transform_null_equals on": [("transform_null_equals", "on")],
-    "planner: no index or bitmap scans": [("enable_indexscan", "off"),
-                                          ("enable_bitmapscan", "off"),
-                                          ("enable_indexonlyscan", "off")],
-    "planner: no seq scans, nested loops or sorts": [("enable_seqscan", "off"),
-                                                     ("enable_nestloop", "off"),
-                                                     ("enable_sort", "off")],
-    "planner: generic plans, extreme costs": [("plan_cache_mode", "force_generic_plan"),
-                                              ("random_page_cost", "1000000"),
-                                              ("cpu_tuple_cost", "0"),
-                                              ("work_mem", "64kB")],
+}
+# Formats, parsing and planner settings, each of another setting than the
+# others in its group, so that a group runs in one case: a difference names its case,
+# and each of its settings can then be tried alone.
+FORMATS = [
+    [("DateStyle", "SQL, DMY"), ("IntervalStyle", "sql_standard"),
+     ("extra_float_digits", "-15"), ("bytea_output", "escape")],
+    [("DateStyle", "German"), ("IntervalStyle", "iso_8601"), ("extra_float_digits", "3"),
+     ("lc_numeric", "C"), ("lc_monetary", "C"), ("lc_time", "C")],
+    [("DateStyle", "Postgres, MDY"), ("IntervalStyle", "postgres_verbose"),
+     ("client_encoding", "LATIN1")],
+    [("standard_conforming_strings", "off"), ("array_nulls", "off")],
+    [("transform_null_equals", "on")],
+    # The planner's switches change no format: beside a zone as well.
+    [("enable_indexscan", "off"), ("enable_bitmapscan", "off"), ("enable_indexonlyscan", "off")],
+    [("enable_seqscan", "off"), ("enable_nestloop", "off"), ("enable_sort", "off")],
+    [("plan_cache_mode", "force_generic_plan"), ("random_page_cost", "1000000"),
+     ("cpu_tuple_cost", "0"), ("work_mem", "64kB")],
+]
+
+
+def _zones_with_formats() -> dict:
+    """Each time zone case, each with a group of FORMATS too."""
+    cases = {}
+    for n, (zone, settings) in enumerate(ZONES.items()):
+        extra = FORMATS[n] if n < len(FORMATS) else []
+        name = ", ".join([zone, *(f"{k} {v}" for k, v in extra)])
+        cases[name] = settings + extra
+    return cases
+
+
+# Each hostile case: (setting, value) pairs every login sets for its session.
+# A callable value is built from the server's clock when the case runs.
+HOSTILE = {
+    **_zones_with_formats(),
     "planner: custom plans": [("plan_cache_mode", "force_custom_plan")],
     "jit at every cost": [("jit", "on"), ("jit_above_cost", "0"),
                           ("jit_inline_above_cost", "0"), ("jit_optimize_above_cost", "0")],

@@ -99,6 +99,11 @@ ENTRY_POINTS = {
         c.execute("select awa.enqueue_copied()")),
 }
 NAMES = {"plain": "fq", "partitioned": "fpart", "striped": "fstripe"}
+# The forgeries that name a real lane. A load of several passes reads the
+# memos as the one-pass COPY entries do (the values that are no lane are
+# theirs to try); what it adds is the lanes it takes before its first pass.
+LANE_FORGERIES = ("held lane", "other queue's lane", "other priority's lane")
+LANES_ONLY = {"copy several passes"}
 
 
 @pytest.fixture
@@ -161,6 +166,8 @@ def test_forged_memos_never_move_a_job_out_of_its_own_free_lane(forged, entry, n
         for lane in sorted(held):
             hold.execute("select pg_advisory_xact_lock(%s, %s)", [LANE_CLASS, lane])
         for what, value in _forgeries(admin, queue).items():
+            if entry in LANES_ONLY and what not in LANE_FORGERIES:
+                continue
             kind = f"forged {what}"
             with db.connect(producer, autocommit=False) as p:
                 # A call that waited for a held lane would be a failure too.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import threading
@@ -714,8 +715,9 @@ def test_lost_grants_fail_the_gate_and_migrate_puts_them_back(db, logins, damage
         assert conn.execute("select awa._assert_security()").fetchone() is not None
 
 
-# One privilege granted or revoked by hand since the layer: (damage, what the
-# gate names, a call the damage changes, as whom, whether it may run).
+# Privileges granted or revoked by hand since the layer: (damage, what the
+# gate names, a call the damage changes, as whom, whether it may run once
+# the layer is applied again).
 DRIFT = {
     "an operator's function granted to the producer role": (
         "grant execute on function awa.set_enqueue_shards(text, integer) to awa_producer",
@@ -751,26 +753,53 @@ DRIFT = {
 }
 
 
-@pytest.mark.parametrize("damage", list(DRIFT))
-def test_a_grant_made_or_revoked_by_hand_fails_the_gate_and_migrate_undoes_it(
-        db, logins, damage):
-    statement, named, call, who, allowed = DRIFT[damage]
-    statement, named = (x.format(worker=logins.worker) for x in (statement, named))
-    login = getattr(logins, who)
+def _drift_rounds(worker: str) -> list[list[tuple]]:
+    """DRIFT's damages in rounds, no two of a round on one privilege of one
+    grantee (a grant with its option would give back what a revoke took)."""
+    rounds: list[list[tuple]] = []
+    for damage, (statement, named, call, who, allowed) in DRIFT.items():
+        statement, named = (x.format(worker=worker) for x in (statement, named))
+        target = re.search(r" on (.+?) (?:to|from) (\S+)", statement).groups()
+        entry = (damage, statement, named, call, who, allowed, target)
+        for taken in rounds:
+            if all(other[-1] != target for other in taken):
+                taken.append(entry)
+                break
+        else:
+            rounds.append([entry])
+    return rounds
+
+
+@pytest.mark.parametrize("round_", [0, 1], ids=["first round", "second round"])
+def test_grants_made_or_revoked_by_hand_fail_the_gate_and_migrate_undoes_them(
+        db, logins, round_):
+    """DRIFT's damages a round at a time (one layer step undoes them all, as
+    a run after several hands would): each changes what its call may do, the
+    gate names each, and the run names and undoes each."""
+    rounds = _drift_rounds(logins.worker)
+    assert len(rounds) == 2
+    damages = [(d, st, named, call, getattr(logins, who), allowed)
+               for d, st, named, call, who, allowed, _ in rounds[round_]]
     with db.connect() as conn:
-        conn.execute(statement)
-    if call is not None:
-        with db.connect(login) as c:
-            assert _can(c, call) is not allowed  # the damage
+        for _, statement, *_ in damages:
+            conn.execute(statement)
+    for damage, _, _, call, login, allowed in damages:
+        if call is not None:
+            with db.connect(login) as c:
+                assert _can(c, call) is not allowed, damage  # the damage
     gate = db.awa("status", "--check")
     assert gate.returncode == 10, gate.stdout + gate.stderr
-    assert named in gate.stdout and "awa migrate" in gate.stdout, gate.stdout
+    assert "awa migrate" in gate.stdout, gate.stdout
     repaired = db.awa("migrate", check=True)
-    assert named in repaired.stdout and "applied function layer" in repaired.stdout
+    assert "applied function layer" in repaired.stdout, repaired.stdout
+    for damage, _, named, *_ in damages:
+        assert named in gate.stdout, (damage, gate.stdout)
+        assert named in repaired.stdout, (damage, repaired.stdout)
     assert db.awa("status", "--check").returncode == 0
-    if call is not None:
-        with db.connect(login) as c:
-            assert _can(c, call) is allowed
+    for damage, _, _, call, login, allowed in damages:
+        if call is not None:
+            with db.connect(login) as c:
+                assert _can(c, call) is allowed, damage
     with db.connect() as conn:
         assert conn.execute("select count(*) from awa._grants_found() where grantable"
                             ).fetchone()[0] == 0
