@@ -5961,7 +5961,7 @@ begin
 end;
 $function$;
 
-CREATE OR REPLACE FUNCTION awa.cancel_jobs(queue text, kind text DEFAULT NULL::text, max_jobs integer DEFAULT 10000)
+CREATE OR REPLACE FUNCTION awa.cancel_jobs(queue text, kind text DEFAULT NULL::text, max_jobs integer DEFAULT 10000, enqueued_before timestamp with time zone DEFAULT NULL::timestamp with time zone)
  RETURNS bigint
  LANGUAGE plpgsql
  SECURITY DEFINER
@@ -5975,29 +5975,45 @@ declare
     ids integer[] := awa._queue_ids(queue);
     gone record;
     cancelled bigint := 0;
+    copied bigint := 0;
     lanes integer[] := '{}';
 begin
     perform awa._check_max_jobs('max_jobs', max_jobs);
     for gone in
         delete from awa.ready as r
          using (
-             select h.tid
-               from unnest(ids) as q (id)
-              cross join lateral awa._lane_states(q.id) as l
-              cross join lateral (
-                  select x.ctid as tid
-                    from awa.ready as x
-                   where x.lane_id = l.lane_id and x.lane_seq >= l.head_seq
-                     and (cancel_jobs.kind is null or x.kind = cancel_jobs.kind)
-                   order by x.lane_seq
-                   limit cancel_jobs.max_jobs
-                     for update of x skip locked
-              ) as h
-              where l.head_seq is not null
-              limit cancel_jobs.max_jobs
+             -- The rows locked, then those whose payload before them is
+             -- under the bound (a window cannot run beside FOR UPDATE): a
+             -- front of each lane still.
+             select w.tid, w.bytes
+               from (
+                   select t.tid, t.bytes,
+                          sum(t.bytes) over (order by t.lane_id, t.lane_seq) - t.bytes
+                          as bytes_before
+                     from (
+                         select h.tid, h.lane_id, h.lane_seq, h.bytes
+                           from unnest(ids) as q (id)
+                          cross join lateral awa._lane_states(q.id) as l
+                          cross join lateral (
+                              select x.ctid as tid, x.lane_id, x.lane_seq,
+                                     awa._job_bytes(x.kind, x.args, x.last_error) as bytes
+                                from awa.ready as x
+                               where x.lane_id = l.lane_id and x.lane_seq >= l.head_seq
+                                 and (cancel_jobs.kind is null or x.kind = cancel_jobs.kind)
+                                 and (cancel_jobs.enqueued_before is null
+                                      or x.enqueued_at < cancel_jobs.enqueued_before)
+                               order by x.lane_seq
+                               limit cancel_jobs.max_jobs
+                                 for update of x skip locked
+                          ) as h
+                          where l.head_seq is not null
+                          limit cancel_jobs.max_jobs
+                     ) as t
+               ) as w
+              where w.bytes_before < awa._pass_bytes()
          ) as p
          where r.ctid = p.tid
-        returning r.*
+        returning r.*, p.bytes
     loop
         perform awa._cancel_waiting(
             gone.job_id, gone.queue_id, gone.priority, gone.kind, gone.args, gone.ordering_key,
@@ -6005,6 +6021,7 @@ begin
             gone.max_run_time
         );
         cancelled := cancelled + 1;
+        copied := copied + gone.bytes;
         if not gone.lane_id = any(lanes) then
             lanes := lanes || gone.lane_id;
         end if;
@@ -6016,17 +6033,29 @@ begin
     if cardinality(lanes) > 0 then
         perform awa._move_lane_hints(lanes);
     end if;
-    if cancelled < max_jobs then
+    if cancelled < max_jobs and copied < awa._pass_bytes() then
         for gone in
             delete from awa.scheduled as s
-             where s.job_id in (
-                 select x.job_id
-                   from awa.scheduled as x
-                  where x.queue_id = any(ids)
-                    and (cancel_jobs.kind is null or x.kind = cancel_jobs.kind)
-                  limit cancel_jobs.max_jobs - cancelled
-                    for update skip locked
-             )
+             using (
+                 select w.job_id, w.bytes
+                   from (
+                       select t.job_id, t.bytes,
+                              sum(t.bytes) over (order by t.job_id) - t.bytes as bytes_before
+                         from (
+                             select x.job_id,
+                                    awa._job_bytes(x.kind, x.args, x.last_error) as bytes
+                               from awa.scheduled as x
+                              where x.queue_id = any(ids)
+                                and (cancel_jobs.kind is null or x.kind = cancel_jobs.kind)
+                                and (cancel_jobs.enqueued_before is null
+                                     or x.enqueued_at < cancel_jobs.enqueued_before)
+                              limit cancel_jobs.max_jobs - cancelled
+                                for update skip locked
+                         ) as t
+                   ) as w
+                  where copied + w.bytes_before < awa._pass_bytes()
+             ) as p
+             where s.job_id = p.job_id
             returning s.*
         loop
             perform awa._cancel_waiting(
@@ -8097,7 +8126,7 @@ begin
 end;
 $function$;
 
-CREATE OR REPLACE FUNCTION awa.retry_jobs(queue text, kind text DEFAULT NULL::text, max_jobs integer DEFAULT 10000, state text DEFAULT 'failed'::text)
+CREATE OR REPLACE FUNCTION awa.retry_jobs(queue text, kind text DEFAULT NULL::text, max_jobs integer DEFAULT 10000, state text DEFAULT 'failed'::text, finished_before timestamp with time zone DEFAULT NULL::timestamp with time zone)
  RETURNS bigint
  LANGUAGE plpgsql
  SECURITY DEFINER
@@ -8141,6 +8170,8 @@ begin
                   where y.queue_id = q.id and y.state between retry_jobs.state and retry_jobs.state
                     and y.args is not null
                     and (retry_jobs.kind is null or y.kind = retry_jobs.kind)
+                    and (retry_jobs.finished_before is null
+                         or y.finished_at < retry_jobs.finished_before)
                     and (y.unique_key is null or not exists (
                         select from awa.unique_keys as u
                          where u.queue = q.scope and u.unique_key = y.unique_key
@@ -8151,6 +8182,15 @@ begin
                     for update of y skip locked
              ) as x
              limit retry_jobs.max_jobs
+        ),
+        sized as (
+            -- The rows locked, then those whose payload before them is
+            -- under the bound (a window cannot run beside FOR UPDATE).
+            select g.*, sum(g.bytes) over (order by g.job_id, g.slot) - g.bytes as bytes_before
+              from (
+                  select x.*, awa._job_bytes(x.kind, x.args, x.last_error) as bytes
+                    from gone as x
+              ) as g
         )
         select array_agg(g.job_id order by g.job_id) as job_ids,
                array_agg(g.queue_id order by g.job_id) as queue_ids,
@@ -8166,7 +8206,8 @@ begin
                array_agg(g.unique_window order by g.job_id) as unique_windows,
                array_agg(g.slot order by g.job_id) as slots
           into due
-          from gone as g;
+          from sized as g
+         where g.bytes_before < awa._pass_bytes();
         exit when due.job_ids is not null or look = 2;
         -- None free, but maybe rows another transaction holds: a retry, or
         -- a carry of awa.prune_finished moving them to the current slot
@@ -8183,6 +8224,7 @@ begin
          where y.queue_id = any(ids) and y.state between retry_jobs.state and retry_jobs.state
            and y.args is not null
            and (retry_jobs.kind is null or y.kind = retry_jobs.kind)
+           and (retry_jobs.finished_before is null or y.finished_at < retry_jobs.finished_before)
            and (y.unique_key is null or not exists (
                select from awa.unique_keys as u
                 where u.queue = awa._unique_scope(m.queue, m.root_queue)
@@ -8932,7 +8974,7 @@ GRANT EXECUTE ON FUNCTION awa._queue_counter(integer,text) TO awa_operator, awa_
 GRANT EXECUTE ON FUNCTION awa._scheduled_capped(integer) TO awa_operator, awa_reader;
 GRANT EXECUTE ON FUNCTION awa.autoscale_tick() TO awa_maintenance;
 GRANT EXECUTE ON FUNCTION awa.cancel_job(bigint) TO awa_operator;
-GRANT EXECUTE ON FUNCTION awa.cancel_jobs(text,text,integer) TO awa_operator;
+GRANT EXECUTE ON FUNCTION awa.cancel_jobs(text,text,integer,timestamp with time zone) TO awa_operator;
 GRANT EXECUTE ON FUNCTION awa.carry_finished() TO awa_maintenance;
 GRANT EXECUTE ON FUNCTION awa.claim(text[],integer,text,interval) TO awa_worker;
 GRANT EXECUTE ON FUNCTION awa.compact_lane_hints() TO awa_maintenance;
@@ -8972,7 +9014,7 @@ GRANT EXECUTE ON FUNCTION awa.rescue_expired(integer) TO awa_maintenance;
 GRANT EXECUTE ON FUNCTION awa.resume_queue(text) TO awa_operator;
 GRANT EXECUTE ON FUNCTION awa.retire_lanes() TO awa_maintenance;
 GRANT EXECUTE ON FUNCTION awa.retry_job(bigint) TO awa_operator;
-GRANT EXECUTE ON FUNCTION awa.retry_jobs(text,text,integer,text) TO awa_operator;
+GRANT EXECUTE ON FUNCTION awa.retry_jobs(text,text,integer,text,timestamp with time zone) TO awa_operator;
 GRANT EXECUTE ON FUNCTION awa.rotate_running() TO awa_maintenance;
 GRANT EXECUTE ON FUNCTION awa.run_outcome(bigint,bigint,integer) TO awa_worker;
 GRANT EXECUTE ON FUNCTION awa.sample_lane_contention() TO awa_maintenance;

@@ -859,24 +859,31 @@ begin
 end;
 $$;
 
--- Function: awa.cancel_jobs(queue text, kind text, max_jobs integer) returns bigint
+-- Function: awa.cancel_jobs(queue text, kind text, max_jobs integer,
+--   enqueued_before timestamptz) returns bigint
 -- Cancels up to max_jobs ready and scheduled jobs of a queue (a logical
 -- name covers its partitions and stripes), optionally of one kind: ready
 -- jobs first, lane by lane from the front of each lane, then scheduled
--- ones. Running jobs are left to run (awa.cancel_job cancels one), and so
--- are ready rows a claim in flight holds: they are being claimed. Call it
--- again until it returns 0 to cancel more than max_jobs, each call its own
--- transaction. Moves the claim hints of the lanes it cancelled from past
--- the rows it cancelled (awa._move_lane_hints). Returns how many jobs it
--- cancelled.
+-- ones, and at most awa._pass_bytes() of payload (awa._job_bytes; at least
+-- one job): each cancel copies the job's args into awa.finished. Running
+-- jobs are left to run (awa.cancel_job cancels one), and so are ready rows
+-- a claim in flight holds: they are being claimed. With enqueued_before,
+-- only jobs enqueued before it (a retried or rescued job keeps its first
+-- enqueue time), so that a caller that counted the jobs first
+-- (awa.count_jobs, in the snapshot of its read of clock_timestamp(), the
+-- bound) takes the jobs it counted, not ones enqueued since. Call it
+-- again until it returns 0 to cancel more, each call its own transaction.
+-- Moves the claim hints of the lanes it cancelled from past the rows it
+-- cancelled (awa._move_lane_hints). Returns how many jobs it cancelled.
 -- Role: awa_operator.
 -- Errors: 22004 null queue or max_jobs; 22023 max_jobs outside 1 .. 100000,
 -- a bad name; 42704 no such queue.
--- Calls: awa._cancel_waiting, awa._check_max_jobs, awa._lane_states, awa._move_lane_hints,
---   awa._queue_ids
+-- Calls: awa._cancel_waiting, awa._check_max_jobs, awa._job_bytes, awa._lane_states,
+--   awa._move_lane_hints, awa._pass_bytes, awa._queue_ids
 -- Writes: awa.ready, awa.scheduled
 create or replace function awa.cancel_jobs(
-    queue text, kind text default null, max_jobs integer default 10000
+    queue text, kind text default null, max_jobs integer default 10000,
+    enqueued_before timestamptz default null
 )
 returns bigint
 language plpgsql
@@ -893,29 +900,45 @@ declare
     ids integer[] := awa._queue_ids(queue);
     gone record;
     cancelled bigint := 0;
+    copied bigint := 0;
     lanes integer[] := '{}';
 begin
     perform awa._check_max_jobs('max_jobs', max_jobs);
     for gone in
         delete from awa.ready as r
          using (
-             select h.tid
-               from unnest(ids) as q (id)
-              cross join lateral awa._lane_states(q.id) as l
-              cross join lateral (
-                  select x.ctid as tid
-                    from awa.ready as x
-                   where x.lane_id = l.lane_id and x.lane_seq >= l.head_seq
-                     and (cancel_jobs.kind is null or x.kind = cancel_jobs.kind)
-                   order by x.lane_seq
-                   limit cancel_jobs.max_jobs
-                     for update of x skip locked
-              ) as h
-              where l.head_seq is not null
-              limit cancel_jobs.max_jobs
+             -- The rows locked, then those whose payload before them is
+             -- under the bound (a window cannot run beside FOR UPDATE): a
+             -- front of each lane still.
+             select w.tid, w.bytes
+               from (
+                   select t.tid, t.bytes,
+                          sum(t.bytes) over (order by t.lane_id, t.lane_seq) - t.bytes
+                          as bytes_before
+                     from (
+                         select h.tid, h.lane_id, h.lane_seq, h.bytes
+                           from unnest(ids) as q (id)
+                          cross join lateral awa._lane_states(q.id) as l
+                          cross join lateral (
+                              select x.ctid as tid, x.lane_id, x.lane_seq,
+                                     awa._job_bytes(x.kind, x.args, x.last_error) as bytes
+                                from awa.ready as x
+                               where x.lane_id = l.lane_id and x.lane_seq >= l.head_seq
+                                 and (cancel_jobs.kind is null or x.kind = cancel_jobs.kind)
+                                 and (cancel_jobs.enqueued_before is null
+                                      or x.enqueued_at < cancel_jobs.enqueued_before)
+                               order by x.lane_seq
+                               limit cancel_jobs.max_jobs
+                                 for update of x skip locked
+                          ) as h
+                          where l.head_seq is not null
+                          limit cancel_jobs.max_jobs
+                     ) as t
+               ) as w
+              where w.bytes_before < awa._pass_bytes()
          ) as p
          where r.ctid = p.tid
-        returning r.*
+        returning r.*, p.bytes
     loop
         perform awa._cancel_waiting(
             gone.job_id, gone.queue_id, gone.priority, gone.kind, gone.args, gone.ordering_key,
@@ -923,6 +946,7 @@ begin
             gone.max_run_time
         );
         cancelled := cancelled + 1;
+        copied := copied + gone.bytes;
         if not gone.lane_id = any(lanes) then
             lanes := lanes || gone.lane_id;
         end if;
@@ -934,17 +958,29 @@ begin
     if cardinality(lanes) > 0 then
         perform awa._move_lane_hints(lanes);
     end if;
-    if cancelled < max_jobs then
+    if cancelled < max_jobs and copied < awa._pass_bytes() then
         for gone in
             delete from awa.scheduled as s
-             where s.job_id in (
-                 select x.job_id
-                   from awa.scheduled as x
-                  where x.queue_id = any(ids)
-                    and (cancel_jobs.kind is null or x.kind = cancel_jobs.kind)
-                  limit cancel_jobs.max_jobs - cancelled
-                    for update skip locked
-             )
+             using (
+                 select w.job_id, w.bytes
+                   from (
+                       select t.job_id, t.bytes,
+                              sum(t.bytes) over (order by t.job_id) - t.bytes as bytes_before
+                         from (
+                             select x.job_id,
+                                    awa._job_bytes(x.kind, x.args, x.last_error) as bytes
+                               from awa.scheduled as x
+                              where x.queue_id = any(ids)
+                                and (cancel_jobs.kind is null or x.kind = cancel_jobs.kind)
+                                and (cancel_jobs.enqueued_before is null
+                                     or x.enqueued_at < cancel_jobs.enqueued_before)
+                              limit cancel_jobs.max_jobs - cancelled
+                                for update skip locked
+                         ) as t
+                   ) as w
+                  where copied + w.bytes_before < awa._pass_bytes()
+             ) as p
+             where s.job_id = p.job_id
             returning s.*
         loop
             perform awa._cancel_waiting(
@@ -1146,31 +1182,37 @@ begin
 end;
 $$;
 
--- Function: awa.retry_jobs(queue text, kind text, max_jobs integer, state text)
---   returns bigint
+-- Function: awa.retry_jobs(queue text, kind text, max_jobs integer, state text,
+--   finished_before timestamptz) returns bigint
 -- awa.retry_job for up to max_jobs jobs of a queue (a logical name covers
 -- its partitions and stripes) in `state`, failed (the default) or
 -- cancelled, optionally of one kind, oldest job id first within each
--- physical queue. One state a call: bringing back a flood of cancelled
--- jobs never retries the failed ones too, nor the other way round. Rows
--- another transaction holds (a retry, a carry of
+-- physical queue, and at most awa._pass_bytes() of payload
+-- (awa._job_bytes; at least one job): each retry copies the job's args
+-- back into a lane, while the call holds the lanes it writes. One state a
+-- call: bringing back a flood of cancelled jobs never retries the failed
+-- ones too, nor the other way round. With finished_before, only jobs that
+-- finished before it: a job retried since that failed again keeps its id
+-- but finished later, so that a caller that counted the jobs first
+-- (awa.count_jobs, in the snapshot of its read of clock_timestamp(), the
+-- bound) retries each job it counted once, not one that fails again
+-- round and round. Rows another transaction holds (a retry, a carry of
 -- awa.prune_finished) are skipped; when they are all that is left, they
 -- are waited for once (the caller's lock_timeout bounds the wait) and
 -- looked for again, so a 0 means none is left to retry. Jobs whose unique
 -- key another job holds now are skipped too (they stay failed or
--- cancelled). Call it again until it returns 0 to retry more than
--- max_jobs, each call its own transaction. Returns how many jobs it
--- retried.
+-- cancelled). Call it again until it returns 0 to retry more, each call
+-- its own transaction. Returns how many jobs it retried.
 -- Role: awa_operator.
 -- Errors: 22004 null queue, max_jobs or state; 22023 max_jobs outside
 -- 1 .. 100000, a state other than failed or cancelled, a bad name; 42704
 -- no such queue.
--- Calls: awa._check_max_jobs, awa._key_holds, awa._queue_ids, awa._requeue, awa._retry_states,
---   awa._unique_scope
+-- Calls: awa._check_max_jobs, awa._job_bytes, awa._key_holds, awa._pass_bytes, awa._queue_ids,
+--   awa._requeue, awa._retry_states, awa._unique_scope
 -- Writes: awa.finished
 create or replace function awa.retry_jobs(
     queue text, kind text default null, max_jobs integer default 10000,
-    state text default 'failed'
+    state text default 'failed', finished_before timestamptz default null
 )
 returns bigint
 language plpgsql
@@ -1216,6 +1258,8 @@ begin
                   where y.queue_id = q.id and y.state between retry_jobs.state and retry_jobs.state
                     and y.args is not null
                     and (retry_jobs.kind is null or y.kind = retry_jobs.kind)
+                    and (retry_jobs.finished_before is null
+                         or y.finished_at < retry_jobs.finished_before)
                     and (y.unique_key is null or not exists (
                         select from awa.unique_keys as u
                          where u.queue = q.scope and u.unique_key = y.unique_key
@@ -1226,6 +1270,15 @@ begin
                     for update of y skip locked
              ) as x
              limit retry_jobs.max_jobs
+        ),
+        sized as (
+            -- The rows locked, then those whose payload before them is
+            -- under the bound (a window cannot run beside FOR UPDATE).
+            select g.*, sum(g.bytes) over (order by g.job_id, g.slot) - g.bytes as bytes_before
+              from (
+                  select x.*, awa._job_bytes(x.kind, x.args, x.last_error) as bytes
+                    from gone as x
+              ) as g
         )
         select array_agg(g.job_id order by g.job_id) as job_ids,
                array_agg(g.queue_id order by g.job_id) as queue_ids,
@@ -1241,7 +1294,8 @@ begin
                array_agg(g.unique_window order by g.job_id) as unique_windows,
                array_agg(g.slot order by g.job_id) as slots
           into due
-          from gone as g;
+          from sized as g
+         where g.bytes_before < awa._pass_bytes();
         exit when due.job_ids is not null or look = 2;
         -- None free, but maybe rows another transaction holds: a retry, or
         -- a carry of awa.prune_finished moving them to the current slot
@@ -1258,6 +1312,7 @@ begin
          where y.queue_id = any(ids) and y.state between retry_jobs.state and retry_jobs.state
            and y.args is not null
            and (retry_jobs.kind is null or y.kind = retry_jobs.kind)
+           and (retry_jobs.finished_before is null or y.finished_at < retry_jobs.finished_before)
            and (y.unique_key is null or not exists (
                select from awa.unique_keys as u
                 where u.queue = awa._unique_scope(m.queue, m.root_queue)
@@ -1314,14 +1369,16 @@ select awa._grant_execute(
 );
 select awa._grant_execute('awa.cancel_job(bigint)', 'operator');
 select awa._grant_execute('awa.release_worker(text)', 'operator');
-select awa._grant_execute('awa.cancel_jobs(text, text, integer)', 'operator');
+select awa._grant_execute('awa.cancel_jobs(text, text, integer, timestamptz)', 'operator');
 select awa._grant_execute(
     'awa._requeue(bigint[], integer[], smallint[], text[], jsonb[], bytea[], integer[],'
     ' timestamptz[], text[], interval[], bytea[], interval[])'
 );
 select awa._grant_execute('awa._retry_states()');
 select awa._grant_execute('awa.retry_job(bigint)', 'operator');
-select awa._grant_execute('awa.retry_jobs(text, text, integer, text)', 'operator');
+select awa._grant_execute(
+    'awa.retry_jobs(text, text, integer, text, timestamptz)', 'operator'
+);
 
 -- The first apply of this layer after migration 0020 (the earlier layer's
 -- last apply predates it): record the ready rows that entered their lane

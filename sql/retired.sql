@@ -125,3 +125,9 @@ drop function if exists awa._ensure_trigger(regclass, text, text);
 -- Unreleased: awa._autoscale_signal returns the demand too (a sixth out
 -- parameter; CREATE OR REPLACE cannot change a result's columns).
 drop function if exists awa._autoscale_signal(awa.queue_meta, timestamptz);
+-- Unreleased: the bulk job tools take a bound, so that a run that counted
+-- first takes the jobs it counted: awa.retry_jobs the jobs finished before
+-- it (finished_before), awa.cancel_jobs those enqueued before it
+-- (enqueued_before).
+drop function if exists awa.cancel_jobs(text, text, integer);
+drop function if exists awa.retry_jobs(text, text, integer, text);

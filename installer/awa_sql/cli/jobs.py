@@ -172,9 +172,12 @@ def register(sub: argparse._SubParsersAction) -> None:
             p.add_argument("--state", choices=RETRY_STATES,
                            help="with --queue: the jobs of this state, one state a run "
                            "(default failed; cancelled brings back jobs cancelled in bulk)")
-        p.add_argument("--batch", type=int, default=10_000,
-                       help="with --queue: jobs per transaction, 1..100000 (default "
-                       "%(default)s)")
+        # 1,000: a batch holds what it takes until it commits, and 10,000
+        # slowed the queue's claims sixfold meanwhile for a cancel no faster
+        # (docs/admin.md has the measurements).
+        p.add_argument("--batch", type=int, default=1_000,
+                       help="with --queue: the most jobs a transaction takes (fewer past "
+                       "16 MB of args), 1..100000 (default %(default)s)")
         p.add_argument("--yes", action="store_true",
                        help="with --queue: do not ask for confirmation")
         p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -414,13 +417,25 @@ def _bulk(args: argparse.Namespace, function: str, states: tuple[str, ...], ask:
           verb: str) -> int:
     if not _in_range("--batch", args.batch):
         return EXIT_USAGE
+    # The bound each call takes: a retry the jobs finished before it, a
+    # cancel those enqueued before it (the first time: a job back from a
+    # failed attempt or a retry keeps it).
+    bound = "finished_before" if function == "retry_jobs" else "enqueued_before"
     with _connect(args.dsn, autocommit=True) as conn:
-        # How many there are now, counted up to the most one call may take:
-        # the confirmation names it, and the loop stops there, so jobs that
-        # fail again meanwhile are not retried round and round.
-        counts = {s: conn.execute("select awa.count_jobs(%s::text, %s::text, %s::text, %s)",
-                                  [args.queue, s, args.kind, MAX_JOBS]).fetchone()[0]
-                  for s in states}
+        # How many there are now, counted up to the most one call may take,
+        # every state in the snapshot of the statement that reads the
+        # server's clock: a job counted entered its state in a transaction
+        # that committed before that snapshot, so began (its finished_at or
+        # enqueued_at) before the clock read; one that enters it after the
+        # count (fails again, is enqueued) in a transaction that began
+        # later. So the calls take the jobs counted, each once, and those of
+        # transactions open as the snapshot was taken, never later ones.
+        with conn.transaction():
+            conn.execute("set transaction isolation level repeatable read, read only")
+            before = conn.execute("select clock_timestamp()").fetchone()[0]
+            counts = {s: conn.execute(
+                "select awa.count_jobs(%s::text, %s::text, %s::text, %s)",
+                [args.queue, s, args.kind, MAX_JOBS]).fetchone()[0] for s in states}
         total = sum(counts.values())
         what = " and ".join(f"{n} {s}" for s, n in counts.items() if n)
         kind = f" of kind {args.kind!r}" if args.kind else ""
@@ -430,24 +445,30 @@ def _bulk(args: argparse.Namespace, function: str, states: tuple[str, ...], ask:
             else:
                 print(f"no {' or '.join(states)} jobs{kind} in {args.queue}")
             return 0
-        at_least = "at least " if any(n >= MAX_JOBS for n in counts.values()) else ""
+        capped = any(n >= MAX_JOBS for n in counts.values())
+        at_least = "at least " if capped else ""
         question = f"{ask} {at_least}{what} {_jobs(total)}{kind} of {args.queue}?"
         if not args.yes and not _confirm(question):
             err(f"not {verb} ({question}): pass --yes when not attached to a terminal, "
                 "or answer y")
             return EXIT_USAGE
+        # Until a call finds none left before the bound; a count that met
+        # the cap stops at it (more may be left, said below).
         done = 0
-        while done < total:
+        while not capped or done < total:
             try:
                 with conn.transaction():
                     conn.execute(f"set local lock_timeout = '{JOB_TOOL_LOCK_TIMEOUT}'")
-                    # The state a retry takes (awa.retry_jobs's last argument);
+                    # The state a retry takes (awa.retry_jobs's fourth argument);
                     # a cancel takes ready and scheduled jobs, no state.
                     with_state = ", %s::text" if args.state is not None else ""
                     n = conn.execute(
-                        f"select awa.{function}(%s::text, %s::text, %s::integer{with_state})",
-                        [args.queue, args.kind, min(args.batch, total - done),
-                         *([args.state] if args.state is not None else [])]).fetchone()[0]
+                        f"select awa.{function}(%s::text, %s::text, %s::integer{with_state},"
+                        f" {bound} => %s::timestamptz)",
+                        [args.queue, args.kind,
+                         min(args.batch, total - done) if capped else args.batch,
+                         *([args.state] if args.state is not None else []),
+                         before]).fetchone()[0]
             except psycopg.Error as error:
                 if done:
                     _say_partial(args, verb, kind, done, error)
@@ -455,15 +476,15 @@ def _bulk(args: argparse.Namespace, function: str, states: tuple[str, ...], ask:
             if n == 0:
                 break
             done += n
-    # The count stopped at MAX_JOBS a state: there may be more.
-    more = bool(at_least)
     if args.json:
-        _print_bulk_json(args, verb, done, more)
+        _print_bulk_json(args, verb, done, capped)
     else:
         print(f"{verb} {done} {_jobs(done)}{kind} of {args.queue}")
     if done < total:
         _say_left(args, states, total - done, total, verb)
-    if more:
+    elif done > total:
+        _say_more(states, done - total, total, verb)
+    if capped:
         err(f"counted at most {MAX_JOBS} {' or '.join(states)} jobs a state: more may be "
             "left; run the command again")
     return 0
@@ -509,6 +530,18 @@ def _say_left(args: argparse.Namespace, states: tuple[str, ...], left: int, tota
         f"{'was' if left == 1 else 'were'} not {verb}: {'' if left == 1 else 'for each, '}{why}; "
         f"awa jobs list --queue {shlex.quote(args.queue)} --state {states[0]} lists "
         f"{'it' if left == 1 else 'them'}")
+
+
+def _say_more(states: tuple[str, ...], more: int, total: int, verb: str) -> None:
+    """Jobs taken beyond those counted: their transaction was open as the
+    count ran (it began before, committed after), or, for a cancel, a job
+    back to wait since with its first enqueue time (a failed attempt, a
+    retry)."""
+    why = ("its failure or cancel was being committed as the count ran" if verb == "retried"
+           else "it was being enqueued as the count ran, or came back to wait since (a "
+           "failed attempt, a retry)")
+    err(f"{more} {_jobs(more)} {verb} beyond the {total} {' or '.join(states)} "
+        f"{_jobs(total)} counted: {'' if more == 1 else 'for each, '}{why}")
 
 
 def _check_target(args: argparse.Namespace) -> bool:
