@@ -451,3 +451,16 @@ def test_release_worker_ends_a_dead_workers_leases_and_the_rescue_retries_its_jo
     assert json.loads(again.stdout) == {"worker": "w", "released": 0}
     none = db.awa("jobs", "release-worker", "w", user=logins.operator, check=True)
     assert none.stdout.strip() == "worker w runs no job: nothing changed"
+
+
+def test_bulk_retry_and_cancel_work_under_any_datestyle(db, logins, failed):
+    """The bound is the server's clock, read in binary: its text form under
+    a DateStyle psycopg does not parse ('SQL, DMY') failed the command with
+    a traceback."""
+    env = {"PGOPTIONS": "-c DateStyle=SQL,DMY"}
+    retried = db.awa("jobs", "retry", "--queue", "cli", "--yes", user=logins.operator,
+                     env=env, check=True)
+    assert "retried 5 jobs of cli" in retried.stdout
+    cancelled = db.awa("jobs", "cancel", "--queue", "cli", "--yes", user=logins.operator,
+                       env=env, check=True)
+    assert "cancelled 6 jobs of cli" in cancelled.stdout

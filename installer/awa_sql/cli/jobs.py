@@ -428,11 +428,17 @@ def _bulk(args: argparse.Namespace, function: str, states: tuple[str, ...], ask:
         # that committed before that snapshot, so began (its finished_at or
         # enqueued_at) before the clock read; one that enters it after the
         # count (fails again, is enqueued) in a transaction that began
-        # later. So the calls take the jobs counted, each once, and those of
-        # transactions open as the snapshot was taken, never later ones.
+        # later. So the calls take the jobs counted, and those of
+        # transactions open as the snapshot was taken, never later ones; a
+        # transaction open then may also claim a retried job and fail it
+        # again under a finished_at before the bound, which a later call
+        # retries once more (said below as a job taken beyond the count).
         with conn.transaction():
             conn.execute("set transaction isolation level repeatable read, read only")
-            before = conn.execute("select clock_timestamp()").fetchone()[0]
+            # Read in binary: the text form follows the login's DateStyle,
+            # which psycopg cannot parse in every style.
+            before = conn.cursor(binary=True).execute(
+                "select clock_timestamp()").fetchone()[0]
             counts = {s: conn.execute(
                 "select awa.count_jobs(%s::text, %s::text, %s::text, %s)",
                 [args.queue, s, args.kind, MAX_JOBS]).fetchone()[0] for s in states}
@@ -534,10 +540,12 @@ def _say_left(args: argparse.Namespace, states: tuple[str, ...], left: int, tota
 
 def _say_more(states: tuple[str, ...], more: int, total: int, verb: str) -> None:
     """Jobs taken beyond those counted: their transaction was open as the
-    count ran (it began before, committed after), or, for a cancel, a job
+    count ran (it began before, committed after), or, for a retry, a job
+    retried and failed again by such a transaction, or, for a cancel, a job
     back to wait since with its first enqueue time (a failed attempt, a
     retry)."""
-    why = ("its failure or cancel was being committed as the count ran" if verb == "retried"
+    why = ("its failure or cancel was being committed as the count ran, or a transaction"
+           " open then claimed it after a retry and failed it again" if verb == "retried"
            else "it was being enqueued as the count ran, or came back to wait since (a "
            "failed attempt, a retry)")
     err(f"{more} {_jobs(more)} {verb} beyond the {total} {' or '.join(states)} "

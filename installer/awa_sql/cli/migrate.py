@@ -67,10 +67,11 @@ def lock_duration(text: str) -> str:
     ms = float(match[1]) * _UNIT_MS[match[2] or "ms"]
     if ms > MAX_LOCK_MS:
         raise argparse.ArgumentTypeError(f"duration {text!r} is out of range: {_RANGE}")
-    if 0 < ms < 1:
-        # PostgreSQL rounds it to 0, which waits for ever: the opposite of a limit.
+    if 0 < ms <= 0.5:
+        # PostgreSQL rounds it to the nearest ms (half to even): 0, which
+        # waits for ever, the opposite of a limit.
         raise argparse.ArgumentTypeError(
-            f"duration {text!r} is under 1ms, which PostgreSQL reads as 0 (no limit): "
+            f"duration {text!r} is 0.5ms or less, which PostgreSQL rounds to 0 (no limit): "
             f"{_RANGE}, 0 for no limit")
     return text
 
