@@ -1,7 +1,8 @@
 """A migration that rebuilds a table a view of the function layer reads, as
 0015 rebuilt awa.finished under the earlier layer's awa.queue_overview: the
-runner runs it again after dropping the views of schema awa, which the
-layer step makes again; a view of someone else's on them stops the run."""
+runner runs it again after dropping the function layer's views, which the
+layer step makes again; a view of someone else's on them stops the run,
+and one of someone else's in schema awa is never dropped."""
 
 from __future__ import annotations
 
@@ -67,8 +68,8 @@ def _run(conn: psycopg.Connection, lines: list[str]) -> migrate.Plan:
 
 def test_a_migration_under_a_layer_view_runs_again_without_the_views(db):
     """The first try fails on awa.lane_contention (2BP01); the run says so in
-    one line, runs the migration again after dropping every view of schema
-    awa, and the layer step makes them again, with their grants and
+    one line, runs the migration again after dropping the layer's views,
+    and the layer step makes them again, with their grants and
     comments: the catalog is as the layer leaves it, the rows are kept and the
     gate finds nothing pending or broken. The run's login is not a
     superuser, only a member of the owner role."""
@@ -89,7 +90,7 @@ def test_a_migration_under_a_layer_view_runs_again_without_the_views(db):
     assert again == [
         f"migration {EXTRA.label} failed on what the function layer's views read"
         " (awa.lane_contention, awa.queue_history): running it again after dropping the"
-        " views of schema awa, which the function layer makes again"], lines
+        " function layer's views, which the layer makes again"], lines
     assert f"applied migration {EXTRA.label}" in " ".join(lines)
     assert any(line.startswith("applied function layer") for line in lines), lines
 
@@ -160,6 +161,30 @@ def test_a_view_of_someone_else_on_a_layer_view_stops_the_run_naming_it(db, owne
         assert conn.execute("select count(*) from public.my_queues").fetchone()[0] >= 1
 
 
+def test_views_of_someone_else_in_schema_awa_are_never_dropped(db):
+    """The layer's views are those its files put in place: a view of the
+    user's in schema awa is not one. One on a layer view stops the run,
+    named; one on nothing of the layer's outlives a run that drops the
+    layer's views."""
+    assert set(migrate.layer_views()) >= {"awa.lane_contention", "awa.queue_history",
+                                          "awa.queue_overview"}
+    with db.connect() as conn:
+        _fill(conn)
+        # Made as the owner role: the runner refuses objects of another owner.
+        conn.execute("set role awa_owner")
+        conn.execute("create view awa.my_note as select 1 as one")
+        conn.execute("create view awa.my_history as select * from awa.queue_history")
+        conn.execute("reset role")
+        with pytest.raises(migrate.MigrationError) as stopped:
+            _run(conn, [])
+        assert "view awa.my_history depends on view awa.queue_history" in str(stopped.value)
+        conn.execute("drop view awa.my_history")
+        lines: list[str] = []
+        _run(conn, lines)
+        assert any("running it again" in line for line in lines), lines
+        assert conn.execute("select * from awa.my_note").fetchall() == [(1,)]
+
+
 def _psql(dsn: str, script: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         ["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", dsn],
@@ -170,7 +195,7 @@ def _psql(dsn: str, script: str) -> subprocess.CompletedProcess[str]:
 def test_a_script_stops_there_and_its_header_says_how_to_get_through(db):
     """A --sql script cannot run the migration again: it stops at it,
     leaving the views. The statement its header gives (for psql's \\gexec)
-    drops the views of schema awa; the script rendered again gets through,
+    drops the layer's views; the script rendered again gets through,
     and its layer step makes them again."""
     def script() -> str:
         with db.connect() as conn:

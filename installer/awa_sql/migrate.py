@@ -26,9 +26,10 @@ The same steps are either executed (``apply``) or printed as one psql script
 A migration that fails because a view of schema ``awa`` reads what it
 changes (an earlier layer's view on a table it rebuilds: SQLSTATE 2BP01
 naming the view) runs again in a fresh transaction that first drops the
-views of schema ``awa`` (``VIEWS_SQL``): they are the function layer's, and
-its step, last in every plan with a migration, makes them again with their
-grants. Only then: readers keep their views through a normal upgrade.
+function layer's views (``layer_views``, never a view of someone else's):
+the layer's step, last in every plan with a migration, makes them again
+with their grants. Only then: readers keep their views through a normal
+upgrade.
 
 Nothing depends on a session, so the runner works through a transaction
 pooler (ADR 006): a run holds ``pg_advisory_xact_lock(1635213645, 0)``
@@ -767,39 +768,50 @@ def _apply_in_transaction(conn: psycopg.Connection, step: Step, lock_timeout: st
     return True
 
 
-# The views of schema awa, each as format('%I.%I') prints it (as an error's
-# detail names it). Every one is the function layer's: no migration makes a
-# view, and the layer's step makes each of its own again when it is missing
-# (awa._ensure_view), its grants and comment with it.
-VIEWS_SQL = """\
-select pg_catalog.format('%I.%I', n.nspname, c.relname) as name
-  from pg_catalog.pg_class as c
-  join pg_catalog.pg_namespace as n on n.oid = c.relnamespace
- where n.nspname = 'awa' and c.relkind = 'v'"""
+@functools.cache
+def layer_views() -> tuple[str, ...]:
+    """The views the function layer makes, each put in place by
+    awa._ensure_view (which makes one that is missing again, its grants and
+    comment with it), by qualified name as format('%I.%I') and an error's
+    detail print it. No migration makes a view; a view of schema awa that
+    is not one of these is someone else's, and the runner never drops it."""
+    return tuple(sorted({name for f in load_layer()
+                         for name in re.findall(r"awa\._ensure_view\('(awa\.\w+)'", f.text)}))
 
-# One DROP VIEW of them all, no CASCADE (PostgreSQL drops views that read
-# one another together): what else depends on one of them stops it. No row
-# when there is none. A --sql script's header shows it for psql's \gexec.
-DROP_VIEWS_SQL = (
-    "select 'drop view ' || pg_catalog.string_agg(v.name, ', ' order by v.name)\n"
-    "  from (" + VIEWS_SQL.replace("\n", "\n        ") + ") as v\n"
-    "having pg_catalog.count(*) > 0"
-)
+
+def _views_sql() -> str:
+    """Those of layer_views() the database has."""
+    names = "array[" + ", ".join(_lit(v) for v in layer_views()) + "]::text[]"
+    return ("select pg_catalog.format('%I.%I', n.nspname, c.relname) as name\n"
+            "  from pg_catalog.pg_class as c\n"
+            "  join pg_catalog.pg_namespace as n on n.oid = c.relnamespace\n"
+            " where n.nspname = 'awa' and c.relkind = 'v'\n"
+            f"   and pg_catalog.format('%I.%I', n.nspname, c.relname) = any ({names})")
+
+
+def _drop_views_sql() -> str:
+    """One DROP VIEW of them all, no CASCADE (PostgreSQL drops views that
+    read one another together): anything else that depends on one of them
+    stops it. No row when there is none. A --sql script's header shows it
+    for psql's \\gexec."""
+    return ("select 'drop view ' || pg_catalog.string_agg(v.name, ', ' order by v.name)\n"
+            "  from (" + _views_sql().replace("\n", "\n        ") + ") as v\n"
+            "having pg_catalog.count(*) > 0")
 
 
 def _views_named(conn: psycopg.Connection, err: psycopg.Error) -> list[str]:
-    """The views of schema awa that ``err``'s detail names: by name, which
-    reads the same in every lc_messages."""
+    """The function layer's views that ``err``'s detail names: by name,
+    which reads the same in every lc_messages."""
     detail = err.diag.message_detail or ""
     with conn.transaction():
         _set_local(conn, "search_path", SEARCH_PATH)
-        views = [name for (name,) in conn.execute(VIEWS_SQL)]
+        views = [name for (name,) in conn.execute(_views_sql())]
     return [v for v in sorted(views)
             if re.search(rf"(?<![\w$.\"]){re.escape(v)}(?![\w$\"])", detail)]
 
 
 def _drop_views(conn: psycopg.Connection, step: Step, failure: psycopg.Error) -> None:
-    row = conn.execute(DROP_VIEWS_SQL).fetchone()
+    row = conn.execute(_drop_views_sql()).fetchone()
     if row is None:
         return
     try:
@@ -810,11 +822,10 @@ def _drop_views(conn: psycopg.Connection, step: Step, failure: psycopg.Error) ->
 
         raise MigrationError(
             f"{step.label} failed and was rolled back: {failure.diag.message_primary} "
-            f"({detail(failure)}). To run it again awa migrate drops the views of schema "
-            f"awa, which the function layer makes again, but it cannot: {detail(err)}. "
-            "Drop each object named there that depends on a view of schema awa (and make "
-            "it again after the run), then run awa migrate again. Nothing of this step "
-            "was applied."
+            f"({detail(failure)}). To run it again awa migrate drops the function layer's "
+            f"views, which the layer makes again, but it cannot: {detail(err)}. Drop each "
+            "object named there that depends on one of them (and make it again after the "
+            "run), then run awa migrate again. Nothing of this step was applied."
         ) from err
 
 
@@ -828,7 +839,7 @@ def _apply_migration(conn: psycopg.Connection, step: Step, lock_timeout: str, lo
             raise
         failure = err
     log(f"{step.label} failed on what the function layer's views read ({', '.join(named)}): "
-        "running it again after dropping the views of schema awa, which the function layer "
+        "running it again after dropping the function layer's views, which the layer "
         "makes again")
     return _apply_in_transaction(conn, step, lock_timeout, lock_wait, replan,
                                  before=lambda: _drop_views(conn, step, failure))
@@ -1103,16 +1114,17 @@ def _step_script(step: Step, lock_timeout: str, lock_wait: str, guard: str) -> s
     )
 
 
-# awa migrate runs such a migration again itself (_apply_migration); a
-# script cannot catch the error, so its reader is told what to do.
-_SCRIPT_VIEWS_NOTE = (
-    "-- A migration step that stops with SQLSTATE 2BP01 (\"cannot drop ... because other\n"
-    "-- objects depend on it\") naming a view of schema awa, an earlier function layer's\n"
-    "-- view that reads what the migration changes: drop the views of schema awa, render\n"
-    "-- the script again and run it; its last step makes them again (awa migrate does\n"
-    "-- this itself). In psql, as the migrating login:\n"
-    + "".join(f"--   {line}\n" for line in f"{DROP_VIEWS_SQL} \\gexec".splitlines())
-)
+def _script_views_note() -> str:
+    """awa migrate runs such a migration again itself (_apply_migration); a
+    script cannot catch the error, so its reader is told what to do."""
+    return (
+        "-- A migration step that stops with SQLSTATE 2BP01 (\"cannot drop ... because other\n"
+        "-- objects depend on it\") naming a view of schema awa, an earlier function layer's\n"
+        "-- view that reads what the migration changes: drop the function layer's views,\n"
+        "-- render the script again and run it; its last step makes them again (awa migrate\n"
+        "-- does this itself). In psql, as the migrating login:\n"
+        + "".join(f"--   {line}\n" for line in f"{_drop_views_sql()} \\gexec".splitlines())
+    )
 
 
 def render_sql(plan: Plan, lock_timeout: str = DEFAULT_LOCK_TIMEOUT,
@@ -1132,7 +1144,7 @@ def render_sql(plan: Plan, lock_timeout: str = DEFAULT_LOCK_TIMEOUT,
         "-- Run with: psql -X -v ON_ERROR_STOP=1 -f this.sql\n",
     ]
     if any(s.kind == "migration" and s.transactional for s in plan.steps):
-        out.append(_SCRIPT_VIEWS_NOTE)
+        out.append(_script_views_note())
     out.append("\\set ON_ERROR_STOP on\n")
     applied = sorted(a.version for a in plan.applied)
     contract = plan.layer_contract
