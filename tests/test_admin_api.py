@@ -24,6 +24,7 @@ import schemathesis
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from psycopg import sql
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 from awa_sql import sites
@@ -729,6 +730,90 @@ def test_a_state_given_to_a_bulk_cancel_or_of_the_wrong_type_is_refused(db, api)
     assert missing.status_code == 404  # an unknown queue first, as in the call
     assert api.get("/api/queues/bt/jobs/cancel/plan").json()["counts"] == {
         "ready": 1, "scheduled": 0}
+
+
+@pytest.fixture(params=["ISO, MDY", "SQL, DMY"])
+def datestyle_api(request, db):
+    """A writable API whose login has this DateStyle: one psycopg cannot parse
+    ('SQL, DMY') once read a plan's bound as datetime.max."""
+    login = operator_login(db)
+    with db.cluster.admin() as conn:
+        conn.execute(sql.SQL("alter role {} set datestyle = {}").format(
+            sql.Identifier(login), sql.Literal(request.param)))
+    with client_for(db.dsn(login), writable=True) as client:
+        yield client
+
+
+def _states(db, ids: list[int]) -> list[str]:
+    with db.connect() as conn:
+        return [conn.execute("select state from awa.job(%s)", [i]).fetchone()[0] for i in ids]
+
+
+def test_a_bulk_cancel_with_its_plans_bound_takes_the_jobs_counted_not_later_ones(
+        db, datestyle_api):
+    """Three scheduled jobs counted; a producer enqueues three ready ones while
+    the dialog is open. The click, with the plan's before, cancels the three
+    counted; without it, it took the three new ready ones first."""
+    api = datestyle_api
+    with db.connect() as conn:
+        counted = [r[0] for r in conn.execute(
+            "select (awa.enqueue('bb', 'k', run_at => now() + interval '1 hour')).job_id"
+            " from generate_series(1, 3)").fetchall()]
+    plan = api.get("/api/queues/bb/jobs/cancel/plan").json()
+    assert (plan["counts"], plan["jobs"]) == ({"ready": 0, "scheduled": 3}, 3)
+    with db.connect() as conn:
+        assert conn.execute("select %s::timestamptz <= clock_timestamp()",
+                            [plan["before"]]).fetchone()[0], plan["before"]
+        new = [r[0] for r in conn.execute(
+            "select (awa.enqueue('bb', 'k')).job_id from generate_series(1, 3)").fetchall()]
+    got = api.post("/api/queues/bb/jobs/cancel", headers=auth(),
+                   json={"max_jobs": plan["jobs"], "before": plan["before"]})
+    assert got.json()["jobs"] == 3, got.text
+    assert _states(db, counted) == ["cancelled"] * 3
+    assert _states(db, new) == ["ready"] * 3  # they wait for the next click
+    # Without a bound, as before: whatever is first.
+    assert api.post("/api/queues/bb/jobs/cancel", headers=auth()).json()["jobs"] == 3
+    assert _states(db, new) == ["cancelled"] * 3
+
+
+def test_a_bulk_retry_with_its_plans_bound_takes_the_failures_counted_not_later_ones(db, api):
+    """Three failed jobs counted; three jobs of lower ids (a retry takes the
+    lowest first) fail while the dialog is open. The click, with the plan's
+    before, retries the three counted and leaves the new failures."""
+    with db.connect() as conn:
+        conn.execute("select awa.enqueue('br', 'k', '{}', 2::smallint, null, null, 1)"
+                     " from generate_series(1, 3)")
+        running = conn.execute("select c.job_id, c.run_lease"
+                               " from awa.claim(array['br'], 3, 'w') as c").fetchall()
+    counted = _failed_jobs(db, "br", 3)
+    plan = api.get("/api/queues/br/jobs/retry/plan").json()
+    assert (plan["counts"], plan["jobs"]) == ({"failed": 3}, 3)
+    with db.connect() as conn:
+        for job_id, lease in running:
+            conn.execute("select awa.fail(%s, %s, 'later')", [job_id, lease])
+    later = sorted(job_id for job_id, _lease in running)
+    assert later < counted and _states(db, later) == ["failed"] * 3
+    got = api.post("/api/queues/br/jobs/retry", headers=auth(),
+                   json={"max_jobs": plan["jobs"], "before": plan["before"]})
+    assert got.json()["jobs"] == 3, got.text
+    assert _states(db, counted) == ["ready"] * 3
+    assert _states(db, later) == ["failed"] * 3
+
+
+@pytest.mark.parametrize("before", ["2025-01-31T12:00:00", "tomorrow", "", 1700000000,
+                                    "2025-02-30T00:00:00Z", True])
+def test_a_bulk_calls_bad_before_is_422_naming_it(db, api, before):
+    """A time without an offset (read in the login's TimeZone, another instant),
+    a number (lax pydantic's seconds since 1970) or no time at all: refused,
+    nothing changed."""
+    with db.connect() as conn:
+        job = conn.execute("select (awa.enqueue('bz', 'k')).job_id").fetchone()[0]
+    for action in ("cancel", "retry"):
+        got = api.post(f"/api/queues/bz/jobs/{action}", json={"before": before},
+                       headers=auth())
+        assert got.status_code == 422, got.text
+        assert got.json()["fields"] == ["before"] and "before: " in got.json()["error"]
+    assert _states(db, [job]) == ["ready"]
 
 
 # -- a dead worker's jobs (awa.release_worker) ------------------------------------------

@@ -9,6 +9,7 @@ from typing import Annotated, Any
 from annotated_types import Interval
 from pydantic import (
     AfterValidator,
+    AwareDatetime,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -48,6 +49,19 @@ def _no_nul(value: str) -> str:
 
 
 Text = Annotated[str, AfterValidator(_no_nul)]
+
+
+def _time_text(value: object) -> object:
+    """A JSON string only: lax pydantic reads a number as seconds since 1970."""
+    if not isinstance(value, str):
+        raise ValueError("must be an RFC 3339 date-time string with an offset, "
+                         "as the plan's before")
+    return value
+
+
+# An offset is required: a time without one would be read in the login's
+# TimeZone, another instant than the one the plan returned.
+Instant = Annotated[AwareDatetime, BeforeValidator(_time_text)]
 
 
 class Body(BaseModel):
@@ -348,6 +362,10 @@ class BulkBody(Body):
         "cancelled; a cancel takes none", examples=["cancelled"])
     max_jobs: Int32 | None = Field(
         default=None, description="at most this many in this call, 1..100000 (default 10000)")
+    before: Instant | None = Field(
+        default=None, description="the plan's before: a retry takes only jobs that finished "
+        "before it, a cancel only jobs first enqueued before it (RFC 3339 with an offset); "
+        "none: any", examples=["2025-01-31T12:00:00.123456Z"])
 
 
 # The state a bulk retry takes, echoed by its plan and its result: the one
@@ -367,6 +385,10 @@ class BulkPlan(BaseModel):
     more: bool = Field(description="more jobs than one call takes")
     max_jobs: int
     question: str = Field(description="the confirmation to show, with the number of jobs")
+    before: datetime = Field(
+        description="the server's clock as the jobs were counted: sent back with the call, "
+                    "it takes only jobs that were in the count's states before it (a retry: "
+                    "finished before it; a cancel: first enqueued before it)")
 
 
 class BulkResult(BaseModel):

@@ -402,7 +402,18 @@ def bulk_plan(conn: psycopg.Connection, queue: str, action: str, kind: str | Non
               state: str | None = None, max_jobs: int = BULK_MAX_JOBS) -> dict:
     """How many jobs a bulk retry (of ``state``, failed by default) or cancel
     would take, counted (awa.count_jobs) up to one more than a call takes,
-    and the question to confirm it with."""
+    and the question to confirm it with. ``before``, the bound the call takes
+    back, is the server's clock read as the first statement of a
+    repeatable-read transaction that counts in the same snapshot (as ``awa
+    jobs retry/cancel`` does): a job counted entered its state in a
+    transaction that committed before the snapshot, so began before the
+    clock read; one that enters it later (fails again, is enqueued) began
+    after it. Must run first in its transaction."""
+    conn.execute("set transaction isolation level repeatable read, read only")
+    # In binary: the text form follows the login's DateStyle, which psycopg
+    # cannot parse in every style ('SQL, DMY').
+    with conn.cursor(binary=True) as cur:
+        before = cur.execute("select pg_catalog.clock_timestamp()").fetchone()[0]
     states = bulk_states(conn, queue, action, state)
     counts = {state: conn.execute(
         "select awa.count_jobs(%s::text, %s::text, %s::text, %s::integer)",
@@ -423,4 +434,4 @@ def bulk_plan(conn: psycopg.Connection, queue: str, action: str, kind: str | Non
         question = f"{verb} {what} job{'s' if total > 1 else ''}{of_kind} of {queue}?"
     return {"queue": queue, "action": action, "kind": kind,
             "state": states[0] if action == "retry" else None, "counts": counts, "jobs": jobs,
-            "more": more, "max_jobs": max_jobs, "question": question}
+            "more": more, "max_jobs": max_jobs, "question": question, "before": before}

@@ -288,23 +288,29 @@ def bulk_change(request: Request, queue: QueueName, action: BulkAction,
                 body: BulkBody | None = None) -> dict:
     """``awa.retry_jobs`` (failed jobs, or those of ``state``: failed or
     cancelled) or ``awa.cancel_jobs`` (ready and scheduled ones): one call, at
-    most ``max_jobs`` (default 10,000)."""
+    most ``max_jobs`` (default 10,000); with the plan's ``before``, only the
+    jobs the plan could count (finished, or first enqueued, before it)."""
     body = body or BulkBody()
     max_jobs = queries.BULK_MAX_JOBS if body.max_jobs is None else body.max_jobs
     state = None
+    # Named, and only when given: a call without it works on a database whose
+    # functions predate the bound.
+    bound = [] if body.before is None else [body.before]
     with _pool(request).connection() as conn, conn.transaction():
         conn.execute(f"set local lock_timeout = '{JOB_TOOL_LOCK_TIMEOUT}'")
         if action == "retry":
             # awa.retry_jobs decides which states it takes (400 for another).
             state = "failed" if body.state is None else body.state
             changed = conn.execute(
-                "select awa.retry_jobs(%s::text, %s::text, %s::integer, %s::text)",
-                [queue, body.kind, max_jobs, state]).fetchone()[0]
+                "select awa.retry_jobs(%s::text, %s::text, %s::integer, %s::text"
+                + (", finished_before => %s::timestamptz)" if bound else ")"),
+                [queue, body.kind, max_jobs, state, *bound]).fetchone()[0]
         else:
             queries.bulk_states(conn, queue, action, body.state)  # a cancel takes none
             changed = conn.execute(
-                "select awa.cancel_jobs(%s::text, %s::text, %s::integer)",
-                [queue, body.kind, max_jobs]).fetchone()[0]
+                "select awa.cancel_jobs(%s::text, %s::text, %s::integer"
+                + (", enqueued_before => %s::timestamptz)" if bound else ")"),
+                [queue, body.kind, max_jobs, *bound]).fetchone()[0]
     return {"queue": queue, "action": action, "kind": body.kind, "state": state,
             "jobs": changed}
 

@@ -576,10 +576,11 @@
     }
     const label = `${action === "retry" ? "Retry" : "Cancel"} ${plural(plan.data.jobs, "job")}`;
     askJobs(plan.data.question, label, async () => {
-      // At most the number the dialog named: jobs that failed or came in
-      // while it was open were not asked about.
+      // At most the number the dialog named, and only jobs the plan could
+      // count (its before): jobs that failed or came in while it was open
+      // were not asked about.
       const result = await api("POST", `${queuePath(queueName)}/jobs/${action}`,
-        { ...(state ? { state } : {}), max_jobs: plan.data.jobs });
+        { ...(state ? { state } : {}), max_jobs: plan.data.jobs, before: plan.data.before });
       if (result.ok) {
         // The state the call says it took, not the picker's (changed meanwhile).
         const taken = result.data.state ? `${result.data.state} ` : "";
