@@ -14,6 +14,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from awa_sql.admin.errors import ApiError
+from awa_sql.bulk_bound import read_bound
 from awa_sql.defaults import RETRY_STATES
 from awa_sql.jsonb import shown
 
@@ -403,17 +404,9 @@ def bulk_plan(conn: psycopg.Connection, queue: str, action: str, kind: str | Non
     """How many jobs a bulk retry (of ``state``, failed by default) or cancel
     would take, counted (awa.count_jobs) up to one more than a call takes,
     and the question to confirm it with. ``before``, the bound the call takes
-    back, is the server's clock read as the first statement of a
-    repeatable-read transaction that counts in the same snapshot (as ``awa
-    jobs retry/cancel`` does): a job counted entered its state in a
-    transaction that committed before the snapshot, so began before the
-    clock read; one that enters it later (fails again, is enqueued) began
-    after it. Must run first in its transaction."""
-    conn.execute("set transaction isolation level repeatable read, read only")
-    # In binary: the text form follows the login's DateStyle, which psycopg
-    # cannot parse in every style ('SQL, DMY').
-    with conn.cursor(binary=True) as cur:
-        before = cur.execute("select pg_catalog.clock_timestamp()").fetchone()[0]
+    back, is read_bound's, counted in its snapshot (as ``awa jobs
+    retry/cancel`` does). Must run first in its transaction."""
+    before = read_bound(conn)
     states = bulk_states(conn, queue, action, state)
     counts = {state: conn.execute(
         "select awa.count_jobs(%s::text, %s::text, %s::text, %s::integer)",

@@ -44,6 +44,7 @@ from awa_sql.admin.models import (
     ShardsBody,
     WorkerRelease,
 )
+from awa_sql.bulk_bound import BOUND_ARGUMENT
 from awa_sql.defaults import JOB_TOOL_LOCK_TIMEOUT, RETRY_REFUSED
 from awa_sql.maintain import last_runs
 from awa_sql.routing import MAX_SHARDS
@@ -303,13 +304,13 @@ def bulk_change(request: Request, queue: QueueName, action: BulkAction,
             state = "failed" if body.state is None else body.state
             changed = conn.execute(
                 "select awa.retry_jobs(%s::text, %s::text, %s::integer, %s::text"
-                + (", finished_before => %s::timestamptz)" if bound else ")"),
+                + (f", {BOUND_ARGUMENT[action]} => %s::timestamptz)" if bound else ")"),
                 [queue, body.kind, max_jobs, state, *bound]).fetchone()[0]
         else:
             queries.bulk_states(conn, queue, action, body.state)  # a cancel takes none
             changed = conn.execute(
                 "select awa.cancel_jobs(%s::text, %s::text, %s::integer"
-                + (", enqueued_before => %s::timestamptz)" if bound else ")"),
+                + (f", {BOUND_ARGUMENT[action]} => %s::timestamptz)" if bound else ")"),
                 [queue, body.kind, max_jobs, *bound]).fetchone()[0]
     return {"queue": queue, "action": action, "kind": body.kind, "state": state,
             "jobs": changed}

@@ -23,6 +23,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
+from awa_sql.bulk_bound import BOUND_ARGUMENT, read_bound
 from awa_sql.cli.common import (
     EXIT_WRONG_STATE,
     add_connection,
@@ -417,28 +418,13 @@ def _bulk(args: argparse.Namespace, function: str, states: tuple[str, ...], ask:
           verb: str) -> int:
     if not _in_range("--batch", args.batch):
         return EXIT_USAGE
-    # The bound each call takes: a retry the jobs finished before it, a
-    # cancel those enqueued before it (the first time: a job back from a
-    # failed attempt or a retry keeps it).
-    bound = "finished_before" if function == "retry_jobs" else "enqueued_before"
+    bound = BOUND_ARGUMENT[function.removesuffix("_jobs")]
     with _connect(args.dsn, autocommit=True) as conn:
         # How many there are now, counted up to the most one call may take,
-        # every state in the snapshot of the statement that reads the
-        # server's clock: a job counted entered its state in a transaction
-        # that committed before that snapshot, so began (its finished_at or
-        # enqueued_at) before the clock read; one that enters it after the
-        # count (fails again, is enqueued) in a transaction that began
-        # later. So the calls take the jobs counted, and those of
-        # transactions open as the snapshot was taken, never later ones; a
-        # transaction open then may also claim a retried job and fail it
-        # again under a finished_at before the bound, which a later call
-        # retries once more (said below as a job taken beyond the count).
+        # every state in the snapshot of the bound (a job taken beyond the
+        # count is said below).
         with conn.transaction():
-            conn.execute("set transaction isolation level repeatable read, read only")
-            # Read in binary: the text form follows the login's DateStyle,
-            # which psycopg cannot parse in every style.
-            before = conn.cursor(binary=True).execute(
-                "select clock_timestamp()").fetchone()[0]
+            before = read_bound(conn)
             counts = {s: conn.execute(
                 "select awa.count_jobs(%s::text, %s::text, %s::text, %s)",
                 [args.queue, s, args.kind, MAX_JOBS]).fetchone()[0] for s in states}
