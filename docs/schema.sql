@@ -2148,7 +2148,8 @@ begin
             quote_literal(physical), case when is_stripe then 'stripe' else 'partition' end,
             quote_literal(logical)
             using errcode = '0A000',
-                  hint = 'Drain it and drop it (awa.drop_queue), or name the logical queue otherwise.';
+                  hint = 'Name the logical queue otherwise: a queue that has had partitions or '
+                         'stripes cannot be dropped yet.';
     end if;
     anchor := awa._ensure_queue(logical);
     perform awa._lock_leader('provisioning');
@@ -4804,7 +4805,7 @@ CREATE OR REPLACE FUNCTION awa._retention(state text, retain_completed interval,
 AS $function$
     select case when state operator(pg_catalog.=) 'completed'
                 then coalesce(retain_completed, interval '24 hours')
-                else coalesce(retain_failed, interval '7 days') end
+                else coalesce(retain_failed, interval '168 hours') end
 $function$;
 
 CREATE OR REPLACE FUNCTION awa._retry_default_base()
@@ -6655,6 +6656,11 @@ begin
             using errcode = '0A000';
     end if;
     if discard_finished then
+        -- A carry moves a row by deleting it and inserting a copy: a delete
+        -- that waited for a carry skipped the rows it moved, and its snapshot
+        -- could not see the copies. The prune's leader lock waits for a
+        -- prune or carry in flight and keeps the next out until this ends.
+        perform awa._lock_leader('prune');
         delete from awa.finished as f where f.queue_id = meta.queue_id;
         delete from awa.unique_keys as u
          where u.queue_id = meta.queue_id and u.held_until is not null;

@@ -77,7 +77,8 @@ $$;
 -- Empty: no ready, scheduled or running job, no unique key held, no kept
 -- terminal job; with discard_finished, its kept terminal jobs and the keys
 -- their windows hold are deleted first (in this transaction: a refusal
--- deletes nothing). Partitions, stripes and queues that have them are
+-- deletes nothing), after a prune or carry in flight ends (none starts
+-- until the drop ends). Partitions, stripes and queues that have them are
 -- refused: not supported yet. Its history of S and decisions takes the
 -- row's new name (awa._rename_history); its decision counts are deleted,
 -- so a new queue of the name starts from 0 (a queue put back too). Role:
@@ -86,8 +87,8 @@ $$;
 --   partition or stripe, or a queue with partitions or stripes; 55006 not
 --   empty (naming what it holds); 25006 on a standby; 25000 the transaction
 --   is not read committed (a snapshot older than the call would miss jobs).
--- Calls: awa._check_read_committed, awa._lock_queue_provisioning, awa._queue_contents,
---   awa._rename_history, awa._require_primary
+-- Calls: awa._check_read_committed, awa._lock_leader, awa._lock_queue_provisioning,
+--   awa._queue_contents, awa._rename_history, awa._require_primary
 -- Writes: awa.autoscale_decision_counts, awa.finished, awa.queue_meta, awa.unique_keys
 create or replace function awa.drop_queue(queue text, discard_finished boolean default false)
 returns boolean
@@ -119,6 +120,11 @@ begin
             using errcode = '0A000';
     end if;
     if discard_finished then
+        -- A carry moves a row by deleting it and inserting a copy: a delete
+        -- that waited for a carry skipped the rows it moved, and its snapshot
+        -- could not see the copies. The prune's leader lock waits for a
+        -- prune or carry in flight and keeps the next out until this ends.
+        perform awa._lock_leader('prune');
         delete from awa.finished as f where f.queue_id = meta.queue_id;
         delete from awa.unique_keys as u
          where u.queue_id = meta.queue_id and u.held_until is not null;

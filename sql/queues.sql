@@ -861,7 +861,8 @@ begin
             quote_literal(physical), case when is_stripe then 'stripe' else 'partition' end,
             quote_literal(logical)
             using errcode = '0A000',
-                  hint = 'Drain it and drop it (awa.drop_queue), or name the logical queue otherwise.';
+                  hint = 'Name the logical queue otherwise: a queue that has had partitions or '
+                         'stripes cannot be dropped yet.';
     end if;
     anchor := awa._ensure_queue(logical);
     perform awa._lock_leader('provisioning');

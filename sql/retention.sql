@@ -101,7 +101,9 @@ $$;
 -- Function: awa._retention(state text, retain_completed interval, retain_failed interval)
 -- How long a terminal job in `state` is kept, given its queue's settings
 -- (awa.queue_meta.retain_completed, retain_failed; null: the defaults, 24
--- hours completed, 7 days failed and cancelled). Inlined.
+-- hours completed, 7 days failed and cancelled). The defaults are hours, as
+-- awa.set_retention stores seconds: '7 days' added in a session's time zone
+-- is 167 hours across a daylight-saving change. Inlined.
 -- Calls: nothing
 -- Writes: nothing
 create or replace function awa._retention(
@@ -113,7 +115,7 @@ immutable parallel safe
 as $$
     select case when state operator(pg_catalog.=) 'completed'
                 then coalesce(retain_completed, interval '24 hours')
-                else coalesce(retain_failed, interval '7 days') end
+                else coalesce(retain_failed, interval '168 hours') end
 $$;
 
 -- Function: awa._carried_slot(state text, kept_until timestamptz, at timestamptz) returns smallint

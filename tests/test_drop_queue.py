@@ -17,6 +17,7 @@ import pytest
 
 from awa_sql.maintain import TASKS
 from awa_sql.metrics import render
+from tests.support.finished import kept, past
 from tests.support.isolation import OLDER_SNAPSHOTS, assert_refused_outside_read_committed
 from tests.support.jobs import (
     Call,
@@ -348,6 +349,23 @@ def test_a_drop_waits_for_an_uncommitted_scheduled_job_and_then_sees_it(db, logi
         call = behind(db, p, dropper, lambda c: drop(c, "sched"))
     assert call.error is not None and call.error.sqlstate == "55006"
     assert "1 scheduled" in str(call.error)
+
+
+def test_a_drop_that_discards_terminal_jobs_deletes_what_a_carry_moved_while_it_waited(
+        db, logins, su, op):
+    """A carry moves a row by deleting it and inserting a copy: the drop's
+    delete, whose snapshot was taken before the carry committed, skipped the
+    rows it waited for and could not see their copies, and the drop refused
+    with "50 terminal jobs kept" although told to discard them."""
+    op.execute("select awa.set_enqueue_shards('carried', 1)")
+    op.execute("select awa.set_retention('carried', '1 hour', '30 days')")
+    failed = past(su, "carried", "failed", "now() - interval '186 hours'", 50)
+    with db.connect(logins.maintenance, autocommit=False) as m, \
+            db.connect(logins.operator, autocommit=False) as dropper:
+        assert m.execute("select awa.carry_finished()").fetchone()[0] == 50
+        call = behind(db, m, dropper, lambda c: drop(c, "carried", discard_finished=True))
+    assert call.error is None and call.result is True
+    assert kept(su, failed) == set()
 
 
 def test_every_job_is_found_once_while_a_queue_is_dropped_under_load(db, logins, su):

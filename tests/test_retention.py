@@ -12,6 +12,7 @@ state a queue that ran at that time would have left.
 
 from __future__ import annotations
 
+import datetime
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -400,3 +401,21 @@ def test_set_retention_checks_and_stores_the_seconds_it_applies(db, logins):
         assert op.execute("select retain_completed::text, retain_failed::text"
                           " from awa.queue_overview where queue = 'kept'").fetchone() == (
             "720:00:00", "87660:00:00")
+
+
+def test_the_default_failed_retention_is_168_hours_in_any_time_zone(db, su, logins):
+    """The default was interval '7 days', added in the pruning session's
+    time zone: across a change of clocks that day is shorter, and a failed
+    job went while it still had hours of its retention left. The zone here
+    moves its clocks 12 hours forward three days ago (a POSIX rule, so the
+    test needs no real zone's calendar)."""
+    day = min((datetime.date.today() - datetime.timedelta(days=3)).timetuple().tm_yday, 365)
+    zone = f"XST6XDT-6,J{day}/0,J{(day + 179) % 365 + 1}/0"
+    kept_for_now = past(su, "short", "failed", "now() - interval '167 hours'")
+    gone = past(su, "short", "failed", "now() - interval '176 hours'")
+    with db.connect(logins.maintenance) as m:
+        m.execute("select set_config('timezone', %s, false)", [zone])
+        assert m.execute("select now() - interval '7 days' < now() - interval '160 hours'"
+                         ).fetchone()[0] is False, "the zone changes no clock this week"
+        assert m.execute("select awa.prune_finished()").fetchone()[0] == 1
+    assert kept(su, kept_for_now + gone) == set(kept_for_now)

@@ -408,6 +408,10 @@ def test_a_queue_with_partitions_or_stripes_of_its_own_cannot_join_another(db, l
         assert err.value.diag.message_primary == (
             "queue 'solo__p1' has partitions or stripes of its own: it cannot become a"
             " partition of 'solo'")
+        # drop_queue refuses such a queue too: the hint must not send the operator there
+        assert err.value.diag.message_hint == (
+            "Name the logical queue otherwise: a queue that has had partitions or stripes"
+            " cannot be dropped yet.")
         assert su.execute("select queue, root_queue, logical_queue, partitions"
                           " from awa.queue_meta order by queue").fetchall() == before
         op.execute("select awa.set_enqueue_shards('plain__p1', 1)")
