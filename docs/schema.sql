@@ -2754,6 +2754,15 @@ AS $function$
 declare
     clash bytea;
 begin
+    -- Each of the old scope's rows, and the other scope's row of its key
+    -- if that one holds nothing any more (removed below).
+    perform from awa.unique_keys as o
+       join awa.unique_keys as u
+         on u.queue in (old_scope, new_scope) and u.unique_key = o.unique_key
+      where o.queue = old_scope
+        and (u.queue = old_scope or u.held_until <= statement_timestamp())
+      order by u.queue, u.unique_key
+        for update of u;
     delete from awa.unique_keys as u
      using awa.unique_keys as v
      where v.unique_key = u.unique_key and u.held_until <= statement_timestamp()
@@ -3308,6 +3317,20 @@ CREATE OR REPLACE FUNCTION awa._lock_rank(root_queue text, logical_queue text)
 AS $function$
     select case when root_queue is null then 0 else 1 end
            operator(pg_catalog.+) case when logical_queue is null then 0 else 1 end
+$function$;
+
+CREATE OR REPLACE FUNCTION awa._lock_unique_keys(job_ids bigint[])
+ RETURNS void
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+ SET enable_seqscan TO 'off'
+AS $function$
+begin
+    perform from awa.unique_keys as u
+      where u.job_id = any(job_ids) and u.held_until is null
+      order by u.queue, u.unique_key
+        for update;
+end;
 $function$;
 
 CREATE OR REPLACE FUNCTION awa._mark_unique_jobs(queue_ids integer[], unique_keys bytea[])
@@ -4070,7 +4093,7 @@ begin
     elsif ordering_key is not null then
         return awa.partition_for_ordering_key(ordering_key, partitions);
     end if;
-    return awa._sticky(partitions);
+    return awa._spread(pg_catalog.pg_backend_pid(), partitions, 1);
 end;
 $function$;
 
@@ -5554,6 +5577,17 @@ AS $function$
        )
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._spread(pid integer, n integer, level integer)
+ RETURNS integer
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+    select ((pid::bigint operator(pg_catalog.*)
+             case when level operator(pg_catalog.=) 1 then 2654435761 else 2246822519 end
+             operator(pg_catalog.%) 4294967296 operator(pg_catalog./) 65536)
+            operator(pg_catalog.%) n)::integer
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._sticky(n integer)
  RETURNS integer
  LANGUAGE sql
@@ -5583,7 +5617,7 @@ begin
     elsif ordering_key is not null then
         return awa.stripe_for_ordering_key(ordering_key, stripes);
     end if;
-    return awa._sticky(stripes);
+    return awa._spread(pg_catalog.pg_backend_pid(), stripes, 2);
 end;
 $function$;
 
@@ -5976,45 +6010,66 @@ declare
     ids integer[] := awa._queue_ids(queue);
     gone record;
     cancelled bigint := 0;
-    copied bigint := 0;
+    copied bigint;
     lanes integer[] := '{}';
+    -- The rows to cancel, locked: the ready ones by ctid, the scheduled by id.
+    ready_rows tid[];
+    ready_jobs bigint[];
+    due_jobs bigint[] := '{}';
 begin
     perform awa._check_max_jobs('max_jobs', max_jobs);
+    select coalesce(array_agg(w.tid), '{}'), coalesce(array_agg(w.job_id), '{}'),
+           coalesce(sum(w.bytes), 0)
+      into ready_rows, ready_jobs, copied
+      from (
+          -- The rows locked, then those whose payload before them is under
+          -- the bound (a window cannot run beside FOR UPDATE): a front of
+          -- each lane still.
+          select t.tid, t.job_id, t.bytes,
+                 sum(t.bytes) over (order by t.lane_id, t.lane_seq) - t.bytes
+                 as bytes_before
+            from (
+                select h.tid, h.job_id, h.lane_id, h.lane_seq, h.bytes
+                  from unnest(ids) as q (id)
+                 cross join lateral awa._lane_states(q.id) as l
+                 cross join lateral (
+                     select x.ctid as tid, x.job_id, x.lane_id, x.lane_seq,
+                            awa._job_bytes(x.kind, x.args, x.last_error) as bytes
+                       from awa.ready as x
+                      where x.lane_id = l.lane_id and x.lane_seq >= l.head_seq
+                        and (cancel_jobs.kind is null or x.kind = cancel_jobs.kind)
+                        and (cancel_jobs.enqueued_before is null
+                             or x.enqueued_at < cancel_jobs.enqueued_before)
+                      order by x.lane_seq
+                      limit cancel_jobs.max_jobs
+                        for update of x skip locked
+                 ) as h
+                 where l.head_seq is not null
+                 limit cancel_jobs.max_jobs
+            ) as t
+      ) as w
+     where w.bytes_before < awa._pass_bytes();
+    if cardinality(ready_jobs) < max_jobs and copied < awa._pass_bytes() then
+        select coalesce(array_agg(w.job_id), '{}') into due_jobs
+          from (
+              select t.job_id, sum(t.bytes) over (order by t.job_id) - t.bytes as bytes_before
+                from (
+                    select x.job_id, awa._job_bytes(x.kind, x.args, x.last_error) as bytes
+                      from awa.scheduled as x
+                     where x.queue_id = any(ids)
+                       and (cancel_jobs.kind is null or x.kind = cancel_jobs.kind)
+                       and (cancel_jobs.enqueued_before is null
+                            or x.enqueued_at < cancel_jobs.enqueued_before)
+                     limit cancel_jobs.max_jobs - cardinality(ready_jobs)
+                       for update skip locked
+                ) as t
+          ) as w
+         where copied + w.bytes_before < awa._pass_bytes();
+    end if;
+    -- Their keys' rows, in key order, before any is given back.
+    perform awa._lock_unique_keys(ready_jobs || due_jobs);
     for gone in
-        delete from awa.ready as r
-         using (
-             -- The rows locked, then those whose payload before them is
-             -- under the bound (a window cannot run beside FOR UPDATE): a
-             -- front of each lane still.
-             select w.tid, w.bytes
-               from (
-                   select t.tid, t.bytes,
-                          sum(t.bytes) over (order by t.lane_id, t.lane_seq) - t.bytes
-                          as bytes_before
-                     from (
-                         select h.tid, h.lane_id, h.lane_seq, h.bytes
-                           from unnest(ids) as q (id)
-                          cross join lateral awa._lane_states(q.id) as l
-                          cross join lateral (
-                              select x.ctid as tid, x.lane_id, x.lane_seq,
-                                     awa._job_bytes(x.kind, x.args, x.last_error) as bytes
-                                from awa.ready as x
-                               where x.lane_id = l.lane_id and x.lane_seq >= l.head_seq
-                                 and (cancel_jobs.kind is null or x.kind = cancel_jobs.kind)
-                                 and (cancel_jobs.enqueued_before is null
-                                      or x.enqueued_at < cancel_jobs.enqueued_before)
-                               order by x.lane_seq
-                               limit cancel_jobs.max_jobs
-                                 for update of x skip locked
-                          ) as h
-                          where l.head_seq is not null
-                          limit cancel_jobs.max_jobs
-                     ) as t
-               ) as w
-              where w.bytes_before < awa._pass_bytes()
-         ) as p
-         where r.ctid = p.tid
-        returning r.*, p.bytes
+        delete from awa.ready as r where r.ctid = any(ready_rows) returning r.*
     loop
         perform awa._cancel_waiting(
             gone.job_id, gone.queue_id, gone.priority, gone.kind, gone.args, gone.ordering_key,
@@ -6022,7 +6077,6 @@ begin
             gone.max_run_time
         );
         cancelled := cancelled + 1;
-        copied := copied + gone.bytes;
         if not gone.lane_id = any(lanes) then
             lanes := lanes || gone.lane_id;
         end if;
@@ -6034,39 +6088,16 @@ begin
     if cardinality(lanes) > 0 then
         perform awa._move_lane_hints(lanes);
     end if;
-    if cancelled < max_jobs and copied < awa._pass_bytes() then
-        for gone in
-            delete from awa.scheduled as s
-             using (
-                 select w.job_id, w.bytes
-                   from (
-                       select t.job_id, t.bytes,
-                              sum(t.bytes) over (order by t.job_id) - t.bytes as bytes_before
-                         from (
-                             select x.job_id,
-                                    awa._job_bytes(x.kind, x.args, x.last_error) as bytes
-                               from awa.scheduled as x
-                              where x.queue_id = any(ids)
-                                and (cancel_jobs.kind is null or x.kind = cancel_jobs.kind)
-                                and (cancel_jobs.enqueued_before is null
-                                     or x.enqueued_at < cancel_jobs.enqueued_before)
-                              limit cancel_jobs.max_jobs - cancelled
-                                for update skip locked
-                         ) as t
-                   ) as w
-                  where copied + w.bytes_before < awa._pass_bytes()
-             ) as p
-             where s.job_id = p.job_id
-            returning s.*
-        loop
-            perform awa._cancel_waiting(
-                gone.job_id, gone.queue_id, gone.priority, gone.kind, gone.args,
-                gone.ordering_key, gone.attempt, gone.max_attempts, gone.enqueued_at,
-                gone.last_error, gone.max_run_time
-            );
-            cancelled := cancelled + 1;
-        end loop;
-    end if;
+    for gone in
+        delete from awa.scheduled as s where s.job_id = any(due_jobs) returning s.*
+    loop
+        perform awa._cancel_waiting(
+            gone.job_id, gone.queue_id, gone.priority, gone.kind, gone.args,
+            gone.ordering_key, gone.attempt, gone.max_attempts, gone.enqueued_at,
+            gone.last_error, gone.max_run_time
+        );
+        cancelled := cancelled + 1;
+    end loop;
     return cancelled;
 end;
 $function$;
@@ -7975,32 +8006,36 @@ AS $function$
 declare
     job awa.running;
     rescued integer := 0;
+    expired bigint[];
+    keyed bigint[];
 begin
     perform awa._check_limit('max_jobs', max_jobs);
     perform awa._note_run('rescue');
+    select coalesce(array_agg(w.job_id), '{}'),
+           coalesce(array_agg(w.job_id) filter (where w.unique_jobs), '{}')
+      into expired, keyed
+      from (
+          -- The expired runs locked, then those whose payload before them
+          -- is under awa._pass_bytes() (sql/enqueue.sql).
+          select y.job_id, y.unique_jobs,
+                 sum(y.bytes) over (order by y.lease_expires_at, y.job_id)
+                 - y.bytes as bytes_before
+            from (
+                select x.job_id, x.lease_expires_at, x.unique_jobs,
+                       awa._job_bytes(x.kind, x.args, x.worker) as bytes
+                  from awa.running as x
+                 where x.lease_expires_at < now()
+                 order by x.lease_expires_at, x.job_id
+                 limit max_jobs
+                   for update skip locked
+            ) as y
+      ) as w
+     where w.bytes_before < awa._pass_bytes();
+    -- Those of the jobs that will be retried too: their keys stay held,
+    -- and a lock of a live job's key row holds up no enqueue of the key.
+    perform awa._lock_unique_keys(keyed);
     for job in
-        delete from awa.running as r
-         where r.job_id in (
-             -- The expired runs locked, then those whose payload before
-             -- them is under awa._pass_bytes() (sql/enqueue.sql).
-             select w.job_id
-               from (
-                   select y.job_id,
-                          sum(y.bytes) over (order by y.lease_expires_at, y.job_id)
-                          - y.bytes as bytes_before
-                     from (
-                         select x.job_id, x.lease_expires_at,
-                                awa._job_bytes(x.kind, x.args, x.worker) as bytes
-                           from awa.running as x
-                          where x.lease_expires_at < now()
-                          order by x.lease_expires_at, x.job_id
-                          limit max_jobs
-                            for update skip locked
-                     ) as y
-               ) as w
-              where w.bytes_before < awa._pass_bytes()
-         )
-        returning r.*
+        delete from awa.running as r where r.job_id = any(expired) returning r.*
     loop
         perform awa._retry_or_fail(
             job,

@@ -826,9 +826,15 @@ $$;
 -- says 'deadline exceeded after N s' (N its max run time) when the lease
 -- ended at the deadline, else 'lease expired'.
 -- Up to max_jobs, oldest lease first, and awa._pass_bytes() of payload
--- (at least one job).
+-- (at least one job). The runs are locked first, then the rows of the
+-- unique keys they hold, in (scope, key) order (awa._lock_unique_keys):
+-- a job that fails for good gives its key back (awa._finish), and given
+-- back in the order the runs came, a key held while a lower one was
+-- waited for deadlocked with a join of the queue to a family
+-- (awa._join_unique_scope, 40P01).
 -- Role: awa_maintenance. Returns how many jobs it rescued.
--- Calls: awa._check_limit, awa._job_bytes, awa._note_run, awa._pass_bytes, awa._retry_or_fail
+-- Calls: awa._check_limit, awa._job_bytes, awa._lock_unique_keys, awa._note_run, awa._pass_bytes,
+--   awa._retry_or_fail
 -- Writes: awa.running
 create or replace function awa.rescue_expired(max_jobs integer default 10000)
 returns integer
@@ -840,32 +846,36 @@ as $$
 declare
     job awa.running;
     rescued integer := 0;
+    expired bigint[];
+    keyed bigint[];
 begin
     perform awa._check_limit('max_jobs', max_jobs);
     perform awa._note_run('rescue');
+    select coalesce(array_agg(w.job_id), '{}'),
+           coalesce(array_agg(w.job_id) filter (where w.unique_jobs), '{}')
+      into expired, keyed
+      from (
+          -- The expired runs locked, then those whose payload before them
+          -- is under awa._pass_bytes() (sql/enqueue.sql).
+          select y.job_id, y.unique_jobs,
+                 sum(y.bytes) over (order by y.lease_expires_at, y.job_id)
+                 - y.bytes as bytes_before
+            from (
+                select x.job_id, x.lease_expires_at, x.unique_jobs,
+                       awa._job_bytes(x.kind, x.args, x.worker) as bytes
+                  from awa.running as x
+                 where x.lease_expires_at < now()
+                 order by x.lease_expires_at, x.job_id
+                 limit max_jobs
+                   for update skip locked
+            ) as y
+      ) as w
+     where w.bytes_before < awa._pass_bytes();
+    -- Those of the jobs that will be retried too: their keys stay held,
+    -- and a lock of a live job's key row holds up no enqueue of the key.
+    perform awa._lock_unique_keys(keyed);
     for job in
-        delete from awa.running as r
-         where r.job_id in (
-             -- The expired runs locked, then those whose payload before
-             -- them is under awa._pass_bytes() (sql/enqueue.sql).
-             select w.job_id
-               from (
-                   select y.job_id,
-                          sum(y.bytes) over (order by y.lease_expires_at, y.job_id)
-                          - y.bytes as bytes_before
-                     from (
-                         select x.job_id, x.lease_expires_at,
-                                awa._job_bytes(x.kind, x.args, x.worker) as bytes
-                           from awa.running as x
-                          where x.lease_expires_at < now()
-                          order by x.lease_expires_at, x.job_id
-                          limit max_jobs
-                            for update skip locked
-                     ) as y
-               ) as w
-              where w.bytes_before < awa._pass_bytes()
-         )
-        returning r.*
+        delete from awa.running as r where r.job_id = any(expired) returning r.*
     loop
         perform awa._retry_or_fail(
             job,

@@ -874,12 +874,17 @@ $$;
 -- bound) takes the jobs it counted, not ones enqueued since. Call it
 -- again until it returns 0 to cancel more, each call its own transaction.
 -- Moves the claim hints of the lanes it cancelled from past the rows it
--- cancelled (awa._move_lane_hints). Returns how many jobs it cancelled.
+-- cancelled (awa._move_lane_hints). The jobs' rows are locked first, then
+-- their unique keys' rows, in (scope, key) order (awa._lock_unique_keys),
+-- and then the jobs are cancelled, each giving its key back: given back in
+-- lane order, a key held while a lower one was waited for deadlocked with
+-- a join of the queue to a family (awa._join_unique_scope, 40P01).
+-- Returns how many jobs it cancelled.
 -- Role: awa_operator.
 -- Errors: 22004 null queue or max_jobs; 22023 max_jobs outside 1 .. 100000,
 -- a bad name; 42704 no such queue.
 -- Calls: awa._cancel_waiting, awa._check_max_jobs, awa._job_bytes, awa._lane_states,
---   awa._move_lane_hints, awa._pass_bytes, awa._queue_ids
+--   awa._lock_unique_keys, awa._move_lane_hints, awa._pass_bytes, awa._queue_ids
 -- Writes: awa.ready, awa.scheduled
 create or replace function awa.cancel_jobs(
     queue text, kind text default null, max_jobs integer default 10000,
@@ -900,45 +905,66 @@ declare
     ids integer[] := awa._queue_ids(queue);
     gone record;
     cancelled bigint := 0;
-    copied bigint := 0;
+    copied bigint;
     lanes integer[] := '{}';
+    -- The rows to cancel, locked: the ready ones by ctid, the scheduled by id.
+    ready_rows tid[];
+    ready_jobs bigint[];
+    due_jobs bigint[] := '{}';
 begin
     perform awa._check_max_jobs('max_jobs', max_jobs);
+    select coalesce(array_agg(w.tid), '{}'), coalesce(array_agg(w.job_id), '{}'),
+           coalesce(sum(w.bytes), 0)
+      into ready_rows, ready_jobs, copied
+      from (
+          -- The rows locked, then those whose payload before them is under
+          -- the bound (a window cannot run beside FOR UPDATE): a front of
+          -- each lane still.
+          select t.tid, t.job_id, t.bytes,
+                 sum(t.bytes) over (order by t.lane_id, t.lane_seq) - t.bytes
+                 as bytes_before
+            from (
+                select h.tid, h.job_id, h.lane_id, h.lane_seq, h.bytes
+                  from unnest(ids) as q (id)
+                 cross join lateral awa._lane_states(q.id) as l
+                 cross join lateral (
+                     select x.ctid as tid, x.job_id, x.lane_id, x.lane_seq,
+                            awa._job_bytes(x.kind, x.args, x.last_error) as bytes
+                       from awa.ready as x
+                      where x.lane_id = l.lane_id and x.lane_seq >= l.head_seq
+                        and (cancel_jobs.kind is null or x.kind = cancel_jobs.kind)
+                        and (cancel_jobs.enqueued_before is null
+                             or x.enqueued_at < cancel_jobs.enqueued_before)
+                      order by x.lane_seq
+                      limit cancel_jobs.max_jobs
+                        for update of x skip locked
+                 ) as h
+                 where l.head_seq is not null
+                 limit cancel_jobs.max_jobs
+            ) as t
+      ) as w
+     where w.bytes_before < awa._pass_bytes();
+    if cardinality(ready_jobs) < max_jobs and copied < awa._pass_bytes() then
+        select coalesce(array_agg(w.job_id), '{}') into due_jobs
+          from (
+              select t.job_id, sum(t.bytes) over (order by t.job_id) - t.bytes as bytes_before
+                from (
+                    select x.job_id, awa._job_bytes(x.kind, x.args, x.last_error) as bytes
+                      from awa.scheduled as x
+                     where x.queue_id = any(ids)
+                       and (cancel_jobs.kind is null or x.kind = cancel_jobs.kind)
+                       and (cancel_jobs.enqueued_before is null
+                            or x.enqueued_at < cancel_jobs.enqueued_before)
+                     limit cancel_jobs.max_jobs - cardinality(ready_jobs)
+                       for update skip locked
+                ) as t
+          ) as w
+         where copied + w.bytes_before < awa._pass_bytes();
+    end if;
+    -- Their keys' rows, in key order, before any is given back.
+    perform awa._lock_unique_keys(ready_jobs || due_jobs);
     for gone in
-        delete from awa.ready as r
-         using (
-             -- The rows locked, then those whose payload before them is
-             -- under the bound (a window cannot run beside FOR UPDATE): a
-             -- front of each lane still.
-             select w.tid, w.bytes
-               from (
-                   select t.tid, t.bytes,
-                          sum(t.bytes) over (order by t.lane_id, t.lane_seq) - t.bytes
-                          as bytes_before
-                     from (
-                         select h.tid, h.lane_id, h.lane_seq, h.bytes
-                           from unnest(ids) as q (id)
-                          cross join lateral awa._lane_states(q.id) as l
-                          cross join lateral (
-                              select x.ctid as tid, x.lane_id, x.lane_seq,
-                                     awa._job_bytes(x.kind, x.args, x.last_error) as bytes
-                                from awa.ready as x
-                               where x.lane_id = l.lane_id and x.lane_seq >= l.head_seq
-                                 and (cancel_jobs.kind is null or x.kind = cancel_jobs.kind)
-                                 and (cancel_jobs.enqueued_before is null
-                                      or x.enqueued_at < cancel_jobs.enqueued_before)
-                               order by x.lane_seq
-                               limit cancel_jobs.max_jobs
-                                 for update of x skip locked
-                          ) as h
-                          where l.head_seq is not null
-                          limit cancel_jobs.max_jobs
-                     ) as t
-               ) as w
-              where w.bytes_before < awa._pass_bytes()
-         ) as p
-         where r.ctid = p.tid
-        returning r.*, p.bytes
+        delete from awa.ready as r where r.ctid = any(ready_rows) returning r.*
     loop
         perform awa._cancel_waiting(
             gone.job_id, gone.queue_id, gone.priority, gone.kind, gone.args, gone.ordering_key,
@@ -946,7 +972,6 @@ begin
             gone.max_run_time
         );
         cancelled := cancelled + 1;
-        copied := copied + gone.bytes;
         if not gone.lane_id = any(lanes) then
             lanes := lanes || gone.lane_id;
         end if;
@@ -958,39 +983,16 @@ begin
     if cardinality(lanes) > 0 then
         perform awa._move_lane_hints(lanes);
     end if;
-    if cancelled < max_jobs and copied < awa._pass_bytes() then
-        for gone in
-            delete from awa.scheduled as s
-             using (
-                 select w.job_id, w.bytes
-                   from (
-                       select t.job_id, t.bytes,
-                              sum(t.bytes) over (order by t.job_id) - t.bytes as bytes_before
-                         from (
-                             select x.job_id,
-                                    awa._job_bytes(x.kind, x.args, x.last_error) as bytes
-                               from awa.scheduled as x
-                              where x.queue_id = any(ids)
-                                and (cancel_jobs.kind is null or x.kind = cancel_jobs.kind)
-                                and (cancel_jobs.enqueued_before is null
-                                     or x.enqueued_at < cancel_jobs.enqueued_before)
-                              limit cancel_jobs.max_jobs - cancelled
-                                for update skip locked
-                         ) as t
-                   ) as w
-                  where copied + w.bytes_before < awa._pass_bytes()
-             ) as p
-             where s.job_id = p.job_id
-            returning s.*
-        loop
-            perform awa._cancel_waiting(
-                gone.job_id, gone.queue_id, gone.priority, gone.kind, gone.args,
-                gone.ordering_key, gone.attempt, gone.max_attempts, gone.enqueued_at,
-                gone.last_error, gone.max_run_time
-            );
-            cancelled := cancelled + 1;
-        end loop;
-    end if;
+    for gone in
+        delete from awa.scheduled as s where s.job_id = any(due_jobs) returning s.*
+    loop
+        perform awa._cancel_waiting(
+            gone.job_id, gone.queue_id, gone.priority, gone.kind, gone.args,
+            gone.ordering_key, gone.attempt, gone.max_attempts, gone.enqueued_at,
+            gone.last_error, gone.max_run_time
+        );
+        cancelled := cancelled + 1;
+    end loop;
     return cancelled;
 end;
 $$;

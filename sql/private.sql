@@ -57,6 +57,27 @@ as $$
     select pg_catalog.pg_backend_pid() operator(pg_catalog.%) n
 $$;
 
+-- Function: awa._spread(pid integer, n integer, level integer) returns integer
+-- The sticky index among n of backend `pid` at a level above the lanes:
+-- 1 partitions, 2 stripes. Not the lanes' pid % n: a partition of pid % P
+-- and a lane of pid % S put every producer of partition p on lane p when
+-- P = S, so unkeyed jobs met on a quarter of the lanes at P = S = 4. The
+-- high half of the pid times a level's odd constant, modulo 2^32
+-- (multiplicative hashing): consecutive pids spread over the n, and every
+-- (partition, stripe, lane) cell is reached. Inlined.
+-- Calls: nothing
+-- Writes: nothing
+create or replace function awa._spread(pid integer, n integer, level integer)
+returns integer
+language sql
+immutable parallel safe
+as $$
+    select ((pid::bigint operator(pg_catalog.*)
+             case when level operator(pg_catalog.=) 1 then 2654435761 else 2246822519 end
+             operator(pg_catalog.%) 4294967296 operator(pg_catalog./) 65536)
+            operator(pg_catalog.%) n)::integer
+$$;
+
 -- Function: awa._in_turn(n integer, i integer) returns integer
 -- The index this backend tries i-th among n (i = 0 .. n - 1): its sticky
 -- index first, then the next ones, wrapping. Every path that looks for a
@@ -990,6 +1011,7 @@ $$;
 select awa._revoke_grants();
 
 select awa._grant_execute('awa._sticky(integer)');
+select awa._grant_execute('awa._spread(integer, integer, integer)');
 select awa._grant_execute('awa._in_turn(integer, integer)');
 select awa._grant_execute('awa._lock_class_lane()');
 select awa._grant_execute('awa._lock_class_provisioning()');

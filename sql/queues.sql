@@ -957,9 +957,10 @@ $$;
 
 -- Function: awa._partition_of(partitions integer, ordering_key bytea) returns integer
 -- Which partition of a logical queue of `partitions` a new job goes to: by
--- the partition hash when keyed, else this backend's sticky one; 0 (the
--- queue itself) when it has one.
--- Calls: awa._sticky, awa.partition_for_ordering_key
+-- the partition hash when keyed, else this backend's sticky one (spread
+-- apart from its sticky lane: awa._spread); 0 (the queue itself) when it
+-- has one.
+-- Calls: awa._spread, awa.partition_for_ordering_key
 -- Writes: nothing
 create or replace function awa._partition_of(partitions integer, ordering_key bytea)
 returns integer
@@ -972,7 +973,7 @@ begin
     elsif ordering_key is not null then
         return awa.partition_for_ordering_key(ordering_key, partitions);
     end if;
-    return awa._sticky(partitions);
+    return awa._spread(pg_catalog.pg_backend_pid(), partitions, 1);
 end;
 $$;
 
@@ -996,8 +997,9 @@ $$;
 
 -- Function: awa._stripe_of(stripes integer, ordering_key bytea) returns integer
 -- Which stripe of a queue of `stripes` a new job goes to: by the stripe
--- hash when keyed, else this backend's sticky one; 0 when it has one.
--- Calls: awa._sticky, awa.stripe_for_ordering_key
+-- hash when keyed, else this backend's sticky one (awa._spread); 0 when it
+-- has one.
+-- Calls: awa._spread, awa.stripe_for_ordering_key
 -- Writes: nothing
 create or replace function awa._stripe_of(stripes integer, ordering_key bytea)
 returns integer
@@ -1010,7 +1012,7 @@ begin
     elsif ordering_key is not null then
         return awa.stripe_for_ordering_key(ordering_key, stripes);
     end if;
-    return awa._sticky(stripes);
+    return awa._spread(pg_catalog.pg_backend_pid(), stripes, 2);
 end;
 $$;
 

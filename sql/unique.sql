@@ -8,6 +8,12 @@
 -- general way, the general multi-row enqueue (awa._enqueue_rows: the batch
 -- and COPY) and the retries of the job tools; they are given back by
 -- awa._release_unique_key when a job ends (awa.complete, awa._finish).
+-- Every call that takes, moves or gives back the rows of several keys
+-- waits for them in (scope, key) order: awa._take_unique_keys settles its
+-- keys in that order, awa._join_unique_scope locks the rows it moves in it,
+-- and a call that ends several jobs locks their keys' rows in it
+-- (awa._lock_unique_keys) before it gives any back. So no two single calls
+-- deadlock over keys (ADR 027, ADR 056).
 
 -- Function: awa._unique_scope(queue text, root_queue text) returns text
 -- The logical queue a unique key is unique in: the top name of a
@@ -274,6 +280,12 @@ $$;
 -- took under '#dropped#<queue_id>' when awa.finish_drops puts it back. A
 -- row that holds nothing any more (its window passed) gives way to the
 -- other scope's row of the same key.
+-- The rows it moves or removes are locked first, in (scope, key) order,
+-- as the other calls that take or give back several keys wait for them
+-- (awa._lock_unique_keys): locked by its UPDATE, in its scan's order, one
+-- that waited for a key a worker's complete held deadlocked with an
+-- awa.cancel_jobs of the queue that held a later key and waited for an
+-- earlier one this call held (40P01).
 -- Errors: 55006 a key held in both scopes: the two jobs holding it could
 --   not both stay unique in one.
 -- Calls: nothing
@@ -286,6 +298,15 @@ as $$
 declare
     clash bytea;
 begin
+    -- Each of the old scope's rows, and the other scope's row of its key
+    -- if that one holds nothing any more (removed below).
+    perform from awa.unique_keys as o
+       join awa.unique_keys as u
+         on u.queue in (old_scope, new_scope) and u.unique_key = o.unique_key
+      where o.queue = old_scope
+        and (u.queue = old_scope or u.held_until <= statement_timestamp())
+      order by u.queue, u.unique_key
+        for update of u;
     delete from awa.unique_keys as u
      using awa.unique_keys as v
      where v.unique_key = u.unique_key and u.held_until <= statement_timestamp()
@@ -355,6 +376,31 @@ begin
 end;
 $$;
 
+-- Function: awa._lock_unique_keys(job_ids bigint[]) returns void
+-- Locks the rows of the unique keys these live jobs hold, in (scope, key)
+-- order: what a call that ends several jobs does before it gives their
+-- keys back one job at a time (awa._release_unique_key), so that, like the
+-- calls that take keys (awa._take_unique_keys) or move them
+-- (awa._join_unique_scope), it waits for a key only above every key it
+-- holds. Given back in the order its jobs came (a lane's, a table's), an
+-- awa.cancel_jobs that gave one key back and then waited for a lower one
+-- deadlocked with a join that held the lower one and waited for the other.
+-- Calls: nothing
+-- Writes: nothing
+create or replace function awa._lock_unique_keys(job_ids bigint[])
+returns void
+language plpgsql
+set search_path = pg_catalog, pg_temp
+set enable_seqscan = off
+as $$
+begin
+    perform from awa.unique_keys as u
+      where u.job_id = any(job_ids) and u.held_until is null
+      order by u.queue, u.unique_key
+        for update;
+end;
+$$;
+
 -- Function: awa.prune_unique_keys(max_keys integer default 10000) returns bigint
 -- Removes up to max_keys rows of awa.unique_keys that hold nothing any
 -- more (a completed job's window has passed), oldest first; rows another
@@ -399,5 +445,6 @@ select awa._grant_execute(
 select awa._grant_execute('awa._null_at(anyarray, integer[])');
 select awa._grant_execute('awa._mark_unique_jobs(integer[], bytea[])');
 select awa._grant_execute('awa._release_unique_key(bigint, boolean)');
+select awa._grant_execute('awa._lock_unique_keys(bigint[])');
 select awa._grant_execute('awa._join_unique_scope(text, text)');
 select awa._grant_execute('awa.prune_unique_keys(integer)', 'maintenance');

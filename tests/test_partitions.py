@@ -129,6 +129,34 @@ def test_server_side_partitions_route_every_enqueue_path(db):
             assert shard == routing.shard_for_ordering_key(key, 4)
 
 
+def test_unkeyed_jobs_of_consecutive_backends_reach_every_partition_stripe_and_lane(db):
+    """A backend's sticky partition and stripe were pid % P and pid % K, as
+    its sticky lane is pid % S: at P = S = 4 every producer of partition p
+    started on lane p, and unkeyed jobs met on 4 of 16 (partition, lane)
+    cells. The levels above the lanes spread the pid apart (awa._spread);
+    an unkeyed job goes where it says for the backend that enqueues it."""
+    with db.connect() as su:
+        reached, correlated = su.execute(
+            "select count(distinct (awa._spread(pid, 4, 1), awa._spread(pid, 2, 2), pid % 4)),"
+            "       count(distinct (pid % 4, pid % 2, pid % 4))"
+            "  from generate_series(1000, 1127) as pid").fetchone()
+        assert (reached, correlated) == (32, 4)
+    with db.connect(db.login_role("awa_operator")) as op:
+        op.execute("select * from awa.set_queue_partitions('orders', 4)")
+        op.execute("select * from awa.set_enqueue_shards('orders', 4)")
+        op.execute("select * from awa.set_queue_stripes('striped', 2)")
+    with db.connect(db.login_role("awa_producer")) as p:
+        pid = p.execute("select pg_backend_pid()").fetchone()[0]
+        partition = p.execute("select queue, enqueue_shard from awa.enqueue('orders', 'k')"
+                              ).fetchone()
+        stripe = p.execute("select queue from awa.enqueue('striped', 'k')").fetchone()[0]
+    with db.connect() as su:
+        want_partition, want_stripe = su.execute(
+            "select awa._spread(%s, 4, 1), awa._spread(%s, 2, 2)", [pid, pid]).fetchone()
+    assert partition == (PartitionedQueue("orders", 4).physical_queues[want_partition], pid % 4)
+    assert stripe == f"striped#{want_stripe}"
+
+
 @pytest.mark.parametrize(("value", "sqlstate"), [(0, "22023"), (32768, "22023"),
                                                  (None, "22004")])
 def test_set_queue_partitions_validation(db, value, sqlstate):

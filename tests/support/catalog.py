@@ -10,7 +10,7 @@ INLINED_FUNCTIONS = (
     "_lock_class_lane", "_lock_class_provisioning",
     "_lock_class_copy", "_lock_class_migrate",
     "_queue_name_ok", "_names_cover", "_priority_ok", "_max_attempts_ok", "_job_ok",
-    "_sticky", "_in_turn", "_has_lane_memo", "_lane_memo_name", "_lane_wait_total",
+    "_sticky", "_spread", "_in_turn", "_has_lane_memo", "_lane_memo_name", "_lane_wait_total",
     "_claim_hint_step", "_claim_walk_shard", "_walked_shards", "_lane_seq_name",
     "_counter_seq_name",
     "_finished_slot_seconds", "_finished_ring_slots", "_finished_slot",
