@@ -1,5 +1,7 @@
 """What the Python client refuses before it sends anything: job fields it does
-not know, naive run_at datetimes, and Worker settings it could not run with.
+not know, a run_at that is not an aware datetime, a max_run_time or
+unique_window that is not a timedelta, a job COPY could not send, a unique
+key helper's lone surrogate, and Worker settings it could not run with.
 The enqueue cases run against real PostgreSQL 17 and 18, where the same input
 used to be sent, its typo or its time zone silently lost."""
 
@@ -9,10 +11,12 @@ import asyncio
 import os
 import re
 import socket
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
+from decimal import Decimal
 
 import psycopg
 import pytest
+from psycopg.pq import TransactionStatus
 
 import awa_sql
 from awa_sql import PartitionedQueue
@@ -66,6 +70,125 @@ def test_a_naive_run_at_is_refused(db, logins, call):
         awa_sql.enqueue(conn, "a", queue="naive", run_at=datetime(2999, 1, 1, tzinfo=UTC))
     with db.connect() as admin:
         assert admin.execute("select count(*) from awa.scheduled").fetchone()[0] == 1
+
+
+def _enqueue_in(conn, dsn: str, path: str, job: dict, where: str) -> None:
+    """``job`` through ``path``: as enqueue's keywords, as the second job of
+    a call of many, or (``where`` "the default ") as the call's default."""
+    if path == "enqueue":
+        awa_sql.enqueue(conn, "k", queue="times", **job)
+    elif path == "enqueue_async":
+        async def go():
+            async with await psycopg.AsyncConnection.connect(dsn) as a:
+                await awa_sql.enqueue_async(a, "k", queue="times", **job)
+        asyncio.run(go())
+    elif where == "the default ":
+        getattr(awa_sql, path)(conn, [{"kind": "k"}], queue="times", **job)
+    else:
+        getattr(awa_sql, path)(conn, [{"kind": "k"}, {"kind": "k", **job}], queue="times")
+
+
+AWARE = "run_at must be an aware datetime (with tzinfo) or None, got"
+TIMEDELTA = "must be a timedelta or None, got"
+
+
+@pytest.mark.parametrize(("path", "where"), [
+    ("enqueue", ""), ("enqueue_async", ""), ("enqueue_many", "job 2 (1-based): "),
+    ("enqueue_many", "the default "), ("enqueue_many_copy", "job 2 (1-based): "),
+], ids=["enqueue", "enqueue_async", "enqueue_many", "enqueue_many default",
+        "enqueue_many_copy"])
+@pytest.mark.parametrize(("job", "message"), [
+    ({"run_at": "2030-01-01 10:00"}, f"{AWARE} '2030-01-01 10:00' (str)"),
+    ({"run_at": date(2030, 1, 1)}, f"{AWARE} datetime.date(2030, 1, 1) (date)"),
+    ({"run_at": 1893456000}, f"{AWARE} 1893456000 (int)"),
+    ({"max_run_time": 90}, f"max_run_time {TIMEDELTA} 90 (int)"),
+    ({"max_run_time": "90 seconds"}, f"max_run_time {TIMEDELTA} '90 seconds' (str)"),
+    ({"unique_key": b"k", "unique_window": 3600}, f"unique_window {TIMEDELTA} 3600 (int)"),
+    ({"unique_key": b"k", "unique_window": "1 hour"},
+     f"unique_window {TIMEDELTA} '1 hour' (str)"),
+], ids=["run_at str", "run_at date", "run_at int", "max_run_time int", "max_run_time str",
+        "unique_window int", "unique_window str"])
+def test_times_of_another_type_are_refused_alike_on_every_path(db, logins, path, where, job,
+                                                               message):
+    """A str or a date run_at was read in the session's TimeZone; an int
+    max_run_time was 90 seconds through COPY and a cast error (42846, the
+    transaction aborted) through the others."""
+    with db.connect(logins.producer, autocommit=False) as conn:
+        conn.execute("select 1")
+        with pytest.raises(TypeError, match=f"^{re.escape(where + message)}$"):
+            _enqueue_in(conn, db.dsn(logins.producer), path, job, where)
+        assert conn.info.transaction_status == TransactionStatus.INTRANS
+        conn.execute("select 1")
+    assert ready_count(db) == 0
+
+
+# What enqueue and enqueue_many raise for a job psycopg cannot send:
+# enqueue_many_copy raises the same, before its COPY starts.
+NUL = "PostgreSQL text fields cannot contain NUL (0x00) bytes"
+CANNOT_SEND = [
+    ({"args": {"at": datetime(2030, 1, 1, tzinfo=UTC)}},
+     TypeError, "Object of type datetime is not JSON serializable"),
+    ({"args": {"x": Decimal("1.5")}}, TypeError, "Object of type Decimal is not JSON serializable"),
+    ({"args": {"s": {1, 2}}}, TypeError, "Object of type set is not JSON serializable"),
+    ({"kind": "a\x00b"}, psycopg.DataError, NUL),
+    ({"queue": "q\x00"}, psycopg.DataError, NUL),
+    ({"kind": "k\ud800"}, UnicodeEncodeError,
+     "'utf-8' codec can't encode character '\\ud800' in position 1: surrogates not allowed"),
+    ({"queue": "q\udc00"}, UnicodeEncodeError,
+     "'utf-8' codec can't encode character '\\udc00' in position 1: surrogates not allowed"),
+]
+
+
+@pytest.mark.parametrize(("bad", "error", "message"), CANNOT_SEND,
+                         ids=["args datetime", "args Decimal", "args set", "kind NUL",
+                              "queue NUL", "kind surrogate", "queue surrogate"])
+@pytest.mark.parametrize("path", ["enqueue", "enqueue_many", "enqueue_many_copy"])
+def test_a_job_that_cannot_be_sent_leaves_the_callers_transaction_usable(
+        db, logins, path, bad, error, message):
+    """enqueue_many_copy met such a job in write_row, its COPY started: the
+    caller's transaction was left failed, and a commit after catching the
+    error rolled back the caller's own writes."""
+    with db.connect() as admin:
+        admin.execute("create table caller_writes (n int)")
+        admin.execute(f'grant insert, select on caller_writes to "{logins.producer}"')
+    with db.connect(logins.producer, autocommit=False) as conn:
+        conn.execute("insert into caller_writes values (1)")
+        awa_sql.enqueue(conn, "before", queue="mine")
+        job = {"kind": "k", "queue": "mine", "args": {"n": 1}, **bad}
+        with pytest.raises(error) as raised:
+            if path == "enqueue":
+                awa_sql.enqueue(conn, job.pop("kind"), job.pop("args"), **job)
+            else:
+                getattr(awa_sql, path)(conn, [{"kind": "k", "queue": "mine"}, job])
+        assert type(raised.value) is error and str(raised.value) == message
+        assert conn.info.transaction_status == TransactionStatus.INTRANS
+        conn.execute("insert into caller_writes values (2)")
+        conn.commit()
+    with db.connect() as admin:
+        assert admin.execute("select array_agg(n order by n) from caller_writes"
+                             ).fetchone()[0] == [1, 2]
+        assert admin.execute("select kind from awa.ready").fetchall() == [("before",)]
+
+
+@pytest.mark.parametrize(("kind", "args", "where"), [
+    ("k\ud800", None, "kind holds a lone surrogate ('\\ud800' at index 1)"),
+    ("k", {"to": "a\udc00"}, "args['to'] holds a lone surrogate ('\\udc00' at index 1)"),
+    ("k", {"\ud800x": 1},
+     "the key '\\ud800x' of args holds a lone surrogate ('\\ud800' at index 0)"),
+    ("k", {"l": [1, {"z": "\udfff"}]},
+     "args['l'][1]['z'] holds a lone surrogate ('\\udfff' at index 0)"),
+], ids=["kind", "value", "key", "nested"])
+def test_unique_key_refuses_a_lone_surrogate_naming_where(kind, args, where):
+    """It raised UnicodeEncodeError from inside the hashing (and said nothing
+    of the kind's); Node hashed U+FFFD in its place."""
+    with pytest.raises(ValueError, match=f"^{re.escape(where)}: it is not text, which UTF-8"
+                       " cannot encode nor PostgreSQL store$"):
+        awa_sql.unique_key(kind, args)
+
+
+def test_unique_key_of_none_args_is_that_of_empty_args():
+    assert awa_sql.unique_key("k", None) == awa_sql.unique_key("k") == awa_sql.unique_key("k", {})
+    assert awa_sql.unique_key("k", {"pair": "\U0001f600"}) != awa_sql.unique_key("k")
 
 
 def worker(**settings) -> Worker:

@@ -62,7 +62,7 @@ def test_node_example(db):
 
 @pytest.mark.skipif(shutil.which("node") is None, reason="Node.js is not installed")
 @pytest.mark.parametrize("args", [
-    {}, {"to": "a@b", "n": 1}, {"b": [1, "two", None, True, {"z": 0, "a": -5}], "a": "x"},
+    {}, None, {"to": "a@b", "n": 1}, {"b": [1, "two", None, True, {"z": 0, "a": -5}], "a": "x"},
     {"é": "ü", "e": "\u2028 \"quoted\" \\ \n\t\u0001", "Z": "upper first"},
     {"😀": 1, "\uffff": 2},
 ])
@@ -77,3 +77,29 @@ def test_the_node_unique_key_is_the_python_one(args):
                             cwd=EXAMPLES / "node", capture_output=True, text=True, timeout=60,
                             check=True)
     assert result.stdout.strip() == unique_key("email.send", args).hex()
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="Node.js is not installed")
+def test_the_node_unique_key_refuses_a_lone_surrogate_as_python_does():
+    """Node hashed U+FFFD in a lone surrogate's place, where Python raised;
+    both refuse it now. A surrogate pair is one character, and hashes."""
+    from awa_sql import unique_key
+
+    script = """
+import { uniqueKey } from "./unique-key.mjs";
+const cases = [["k\\ud800", {}], ["k", { to: "a\\udc00" }], ["k", { "\\ud800x": 1 }],
+               ["k", { l: [1, { z: "\\udfff" }] }], ["k", { pair: "\\ud83d\\ude00" }]];
+for (const [kind, args] of cases) {
+  try { console.log(uniqueKey(kind, args).toString("hex")); } catch (e) { console.log(e.message); }
+}
+"""
+    result = subprocess.run(["node", "--input-type=module", "-e", script], cwd=EXAMPLES / "node",
+                            capture_output=True, text=True, timeout=60, check=True)
+    refused = ": it is not text, which UTF-8 cannot encode nor PostgreSQL store"
+    assert result.stdout.splitlines() == [
+        f"kind holds a lone surrogate{refused}",
+        f'args["to"] holds a lone surrogate{refused}',
+        f'the key "\\ud800x" of args holds a lone surrogate{refused}',
+        f'args["l"][1]["z"] holds a lone surrogate{refused}',
+        unique_key("k", {"pair": "\U0001f600"}).hex(),
+    ]

@@ -20,6 +20,8 @@ from typing import Any
 
 import psycopg
 from psycopg import pq
+from psycopg.abc import Buffer
+from psycopg.copy import Copy, Writer
 from psycopg.pq import TransactionStatus
 from psycopg.types.json import Jsonb
 
@@ -126,12 +128,35 @@ def _whole(where: str, field: str, value: Any, bounds: tuple[int, int], range_te
     return number
 
 
-def _job_values(where: str, priority: Any, max_attempts: Any,
-                args: Any) -> tuple[int | None, int | None, Jsonb]:
-    """The priority, max_attempts and args of one job as sent, checked: the
-    one place every enqueue path goes through (enqueue and enqueue_async by
-    _params, enqueue_many by _columns, enqueue_many_copy by _copy_rows).
-    ``where`` names the job of a call of many ("job 3 (1-based): ")."""
+def _times(where: str, run_at: Any, max_run_time: Any, unique_window: Any) -> None:
+    """Refuses a run_at that is not an aware datetime and a max_run_time or
+    unique_window that is not a timedelta (None: the default). The server
+    would read a str or a date in its session's TimeZone (as a naive
+    datetime, which Retry(at=...) refuses too), and would take an int as
+    seconds through COPY but fail the others' casts, aborting the
+    transaction."""
+    if run_at is not None:
+        if not isinstance(run_at, datetime):
+            raise TypeError(f"{where}run_at must be an aware datetime (with tzinfo) or None,"
+                            f" got {run_at!r} ({type(run_at).__name__})")
+        if run_at.utcoffset() is None:
+            raise ValueError(
+                f"{where}run_at must be an aware datetime (with tzinfo), got {run_at!r}")
+    for field, value in (("max_run_time", max_run_time), ("unique_window", unique_window)):
+        if value is not None and not isinstance(value, timedelta):
+            raise TypeError(f"{where}{field} must be a timedelta or None, got {value!r}"
+                            f" ({type(value).__name__})")
+
+
+def _job_values(where: str, priority: Any, max_attempts: Any, args: Any, run_at: Any,
+                max_run_time: Any, unique_window: Any
+                ) -> tuple[int | None, int | None, Jsonb]:
+    """The priority, max_attempts and args of one job as sent, its run_at,
+    max_run_time and unique_window checked (_times): the one place every
+    enqueue path goes through (enqueue and enqueue_async by _params,
+    enqueue_many by _columns, enqueue_many_copy by _copy_rows). ``where``
+    names the job of a call of many ("job 3 (1-based): ")."""
+    _times(where, run_at, max_run_time, unique_window)
     return (_whole(where, "priority", priority, PRIORITIES,
                    f"between {PRIORITIES[0]} (highest) and {PRIORITIES[1]} (lowest)"),
             _whole(where, "max_attempts", max_attempts, MAX_ATTEMPTS,
@@ -144,17 +169,10 @@ def _key(key: Key, what: str) -> bytes | None:
     return None if key is None else routing.key_bytes(key, what)
 
 
-def _aware(run_at: Any, where: str = "") -> None:
-    """Refuses a naive datetime, which the server would read in its session's
-    TimeZone (as Retry(at=...) refuses one)."""
-    if isinstance(run_at, datetime) and run_at.tzinfo is None:
-        raise ValueError(f"{where}run_at must be an aware datetime (with tzinfo), got {run_at!r}")
-
-
-def _check_job(job: Mapping[str, Any], n: int, kind: Any, queue: Any, run_at: Any) -> None:
+def _check_job(job: Mapping[str, Any], n: int, kind: Any, queue: Any) -> None:
     """Refuses job ``n`` (1-based, as the SQL errors count) before anything is
     sent: a field no enqueue reads (a typo would be dropped silently), no
-    kind or queue once defaults are applied, a naive run_at."""
+    kind or queue once defaults are applied."""
     if not job.keys() <= _JOB_FIELD_SET:
         unknown = sorted(set(job) - _JOB_FIELD_SET)
         raise TypeError(f"job {n} (1-based): unknown job fields {unknown};"
@@ -163,15 +181,14 @@ def _check_job(job: Mapping[str, Any], n: int, kind: Any, queue: Any, run_at: An
         raise ValueError(f"job {n} (1-based) has no kind")
     if queue is None:
         raise ValueError(f"job {n} (1-based) has no queue: pass queue= or set it per job")
-    _aware(run_at, f"job {n} (1-based): ")
 
 
 def _params(kind: str, args: Mapping[str, Any] | None, queue: str, priority: int,
             ordering_key: Key, run_at: datetime | None, max_attempts: int,
             max_run_time: timedelta | None, unique_key: Key,
             unique_window: timedelta | None) -> dict:
-    _aware(run_at)
-    priority, max_attempts, encoded = _job_values("", priority, max_attempts, args)
+    priority, max_attempts, encoded = _job_values("", priority, max_attempts, args, run_at,
+                                                  max_run_time, unique_window)
     return {"queue": queue, "kind": kind, "args": encoded,
             "priority": priority, "ordering_key": _key(ordering_key, "ordering_key"),
             "run_at": run_at, "max_attempts": max_attempts, "max_run_time": max_run_time,
@@ -232,14 +249,16 @@ def _columns(jobs: Sequence[Mapping[str, Any]], defaults: Mapping[str, Any]) -> 
     unknown = set(defaults) - _JOB_FIELD_SET
     if unknown:
         raise TypeError(f"unknown job fields: {sorted(unknown)}; allowed: {', '.join(JOB_FIELDS)}")
-    _aware(defaults.get("run_at"), "the default ")
+    _times("the default ", defaults.get("run_at"), defaults.get("max_run_time"),
+           defaults.get("unique_window"))
     cols: dict[str, list] = {f: [] for f in JOB_FIELDS}
     for n, job in enumerate(jobs, 1):
         merged = {**defaults, **job}
-        _check_job(job, n, merged.get("kind"), merged.get("queue"), merged.get("run_at"))
+        _check_job(job, n, merged.get("kind"), merged.get("queue"))
         merged["priority"], merged["max_attempts"], merged["args"] = _job_values(
             f"job {n} (1-based): ", merged.get("priority"), merged.get("max_attempts"),
-            merged.get("args"))
+            merged.get("args"), merged.get("run_at"), merged.get("max_run_time"),
+            merged.get("unique_window"))
         for f in JOB_FIELDS:
             value = merged.get(f)
             if f in ("ordering_key", "unique_key"):
@@ -313,45 +332,70 @@ def _enqueue_many_copy(conn: psycopg.Connection, jobs: Sequence[Mapping[str, Any
 
 
 def _copy_rows(jobs: Sequence[Mapping[str, Any]], queue: str | None, ordering_key: Key,
-               opts: Sequence[Mapping[str, Any] | None] | None
-               ) -> tuple[list[tuple], set[str]]:
-    """The COPY rows of ``jobs`` and the queues they go to, each job checked
-    as its row is made: one COPY could not carry as it was meant is refused
-    before the COPY starts, and the caller's transaction stays usable."""
-    rows, queues = [], set()
+               opts: Sequence[Mapping[str, Any] | None] | None, queues: set[str]
+               ) -> Iterator[tuple]:
+    """The COPY rows of ``jobs``, each job checked as its row is made; the
+    queues they go to are added to ``queues``."""
     for i, job in enumerate(jobs):
         override = (opts[i] or _NO_OVERRIDE) if opts is not None else _NO_OVERRIDE
         if override and not override.keys() <= {"queue", "ordering_key"}:
             bad = sorted(set(override) - {"queue", "ordering_key"})
             raise ValueError(f"opts[{i}] may set queue and ordering_key, not {bad}")
         row_queue = override.get("queue", job.get("queue", queue))
-        _check_job(job, i + 1, job.get("kind"), row_queue, job.get("run_at"))
+        _check_job(job, i + 1, job.get("kind"), row_queue)
         queues.add(row_queue)
         key = override.get("ordering_key", job.get("ordering_key", ordering_key))
         priority, max_attempts, args = _job_values(
             f"job {i + 1} (1-based): ", job.get("priority"), job.get("max_attempts"),
-            job.get("args"))
-        rows.append((row_queue, priority,
-                     _key(key, f"job {i + 1} (1-based): ordering_key"), job["kind"], args,
-                     job.get("run_at"), max_attempts, job.get("max_run_time"),
-                     _key(job.get("unique_key"), f"job {i + 1} (1-based): unique_key"),
-                     job.get("unique_window")))
-    return rows, queues
+            job.get("args"), job.get("run_at"), job.get("max_run_time"),
+            job.get("unique_window"))
+        yield (row_queue, priority,
+               _key(key, f"job {i + 1} (1-based): ordering_key"), job["kind"], args,
+               job.get("run_at"), max_attempts, job.get("max_run_time"),
+               _key(job.get("unique_key"), f"job {i + 1} (1-based): unique_key"),
+               job.get("unique_window"))
+
+
+class _Kept(Writer):
+    """Keeps the data a Copy formats, to send later."""
+
+    def __init__(self) -> None:
+        self.chunks: list[Buffer] = []
+
+    def write(self, data: Buffer) -> None:
+        self.chunks.append(data)
+
+
+def _copy_data(conn: psycopg.Connection, jobs: Sequence[Mapping[str, Any]],
+               queue: str | None, ordering_key: Key,
+               opts: Sequence[Mapping[str, Any] | None] | None, width: int
+               ) -> tuple[list[Buffer], set[str]]:
+    """The COPY data of ``jobs`` and the queues they go to, made before the
+    COPY starts by the formatting COPY itself uses (a Copy that writes to a
+    list): a value it cannot send (args json.dumps refuses, a NUL or a lone
+    surrogate in a text field) raises the error enqueue and enqueue_many give
+    for it, and the caller's transaction stays usable, which a COPY cut off
+    half way leaves failed."""
+    kept, queues = _Kept(), set()
+    with conn.cursor() as cur, Copy(cur, writer=kept) as staged:
+        for row in _copy_rows(jobs, queue, ordering_key, opts, queues):
+            staged.write_row(row[:width])
+    return kept.chunks, queues
 
 
 def _copy_and_enqueue(conn: psycopg.Connection, jobs: Sequence[Mapping[str, Any]],
                       queue: str | None, ordering_key: Key,
                       opts: Sequence[Mapping[str, Any] | None] | None) -> tuple[int, set[str]]:
     started = perf_counter()
-    rows, queues = _copy_rows(jobs, queue, ordering_key, opts)
     width = 7
     if any(job.get(f) is not None for job in jobs for f in ("unique_key", "unique_window")):
         width = 10
     elif any(job.get("max_run_time") is not None for job in jobs):
         width = 8
+    chunks, queues = _copy_data(conn, jobs, queue, ordering_key, opts, width)
     with conn.cursor() as cur, cur.copy(COPY_SQLS[width]) as cp:
-        for row in rows:
-            cp.write_row(row[:width])
+        for chunk in chunks:
+            cp.write(chunk)
     row = conn.execute(COPIED_SQL).fetchone()
     client_metrics.enqueued(conn, queues, "copy", row[0], started, row[1:])
     return row[0], queues
