@@ -96,6 +96,21 @@ def test_csv_payloads_with_the_end_marker_and_null_marker_round_trip(db, logins)
     assert stored == [(kind, {"s": "\\."}, None), ("csv.job", {}, b"")]
 
 
+def test_a_bytea_key_in_text_format_takes_a_doubled_backslash_as_the_docs_say(db, logins):
+    """docs/sql-api.md: text format reads a single backslash's \\x6b as an
+    escape of its own and stores another key; the doubled one is hex."""
+    with db.connect(logins.producer, autocommit=False) as conn:
+        with conn.cursor().copy("copy awa.copy_staging (queue, ordering_key, kind)"
+                                " from stdin") as cp:
+            cp.write("text\t\\\\x6b6579\tdoubled\n")
+            cp.write("text\t\\x6b6579\tsingle\n")
+        assert conn.execute("select awa.enqueue_copied()").fetchone()[0] == 2
+        conn.commit()
+    with db.connect() as admin:
+        assert admin.execute("select kind, ordering_key from awa.ready order by job_id"
+                             ).fetchall() == [("doubled", b"key"), ("single", b"k6579")]
+
+
 def test_a_bad_row_fails_the_copy_naming_the_row_and_enqueues_nothing(db, logins):
     rows = [("bad", None, None, "k", Jsonb({}), None, None)] * 3
     rows.append(("bad", 9, None, "k", Jsonb({}), None, None))
