@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlencode
 from wsgiref.util import setup_testing_defaults
 
 import psycopg
@@ -29,7 +30,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import awa_sql
 from awa_sql import shards
 from awa_sql.maintain import MaintainMetrics
-from awa_sql.metrics import client_metrics, make_asgi_app, make_wsgi_app, render
+from awa_sql.metrics import DatabaseCollector, client_metrics, make_asgi_app, make_wsgi_app, render
 from awa_sql.metrics.database import HOT_TABLES
 from awa_sql.worker import Worker
 from tests.support.admin import serve_cli
@@ -455,6 +456,96 @@ def test_a_transaction_that_wrote_and_sits_idle_holds_the_horizon_in_the_metric(
         assert value(parse(render(r)[0].decode()), "awa_xmin_horizon_age_transactions") < 30
 
 
+def test_a_vacuum_in_progress_holds_no_horizon_in_the_metric_or_the_runbook(db, logins):
+    """A lazy VACUUM and its parallel workers show a backend_xmin, to any
+    login, that the server leaves out of the horizon (PROC_IN_VACUUM): a
+    long vacuum of a big table is no held horizon, for the metric (and
+    AwaXminHorizonHeld) nor for the runbook's holder query, while a
+    snapshot held open beside it still is."""
+    with db.connect() as su:
+        # Autovacuum off: its ANALYZE of the table would hold a snapshot.
+        su.execute("create table public.big (a int, b int) with (autovacuum_enabled = off)")
+        su.execute("insert into public.big select g, g from generate_series(1, 300000) g")
+        su.execute("create index on public.big (a)")
+        su.execute("create index on public.big (b)")
+        su.execute("vacuum public.big")
+        su.execute("delete from public.big where a <= 100")
+    vacuum = db.connect()
+    ended: list[BaseException] = []
+
+    def slow_vacuum() -> None:
+        # Throttled: the heap's few pages pass in a second or two, each
+        # index (over 800 pages) takes far longer than the test, and a
+        # parallel worker vacuums one of them.
+        vacuum.execute("set vacuum_cost_delay = '100ms'")
+        vacuum.execute("set vacuum_cost_limit = 5")
+        try:
+            vacuum.execute("vacuum (parallel 2, index_cleanup on) public.big")
+        except psycopg.errors.QueryCanceled as err:
+            ended.append(err)
+
+    thread = threading.Thread(target=slow_vacuum)
+    thread.start()
+    with db.connect() as su, db.connect(logins.reader) as r:
+        def vacuums() -> dict[int, int]:
+            """The VACUUM's sessions, leader and workers, by pid: the age of their xmin."""
+            return dict(su.execute(
+                "select pid, age(backend_xmin) from pg_stat_activity"
+                " where %(pid)s in (pid, leader_pid)", {"pid": vacuum.info.backend_pid}))
+
+        def horizon() -> float:
+            return value(parse(render(r)[0].decode()), "awa_xmin_horizon_age_transactions")
+
+        try:
+            wait_until(lambda: len(vacuums()) >= 2, timeout=60,
+                       what="the VACUUM and a parallel worker vacuuming an index")
+            for _ in range(300):
+                su.execute("select pg_current_xact_id()")
+            scraped = horizon()
+            during = vacuums()
+            assert len(during) >= 2 and min(during.values()) >= 300, during  # still vacuuming
+            assert scraped < 50
+            # A snapshot held open beside it counts, from its own start.
+            with db.connect() as holder:
+                holder.execute("begin isolation level repeatable read")
+                holder.execute("select 1")
+                for _ in range(100):
+                    su.execute("select pg_current_xact_id()")
+                assert 100 <= horizon() < 300
+                runbook = (ROOT / "docs" / "operations.md").read_text()
+                query = re.search(r"Find the holder with\n\n```sql\n(.*?)```",
+                                  runbook, re.S).group(1)
+                ranked = [row[0] for row in r.execute(query)]
+                assert len(vacuums()) >= 2
+                assert ranked[0] == holder.info.backend_pid, ranked
+                holder.execute("rollback")
+            assert not set(during) & set(ranked), (during, ranked)
+        finally:
+            su.execute("select pg_cancel_backend(%s)", [vacuum.info.backend_pid])
+            thread.join(30)
+            vacuum.close()
+    assert ended, "the VACUUM ended before it was cancelled"
+
+
+def test_render_refuses_a_connection_inside_a_transaction_and_leaves_it_open(db, logins):
+    """A scrape is a transaction of its own: inside the caller's, it would
+    be a savepoint, and ending it would end the caller's and lose its
+    writes. Refused, with the transaction left as it was."""
+    with db.connect(autocommit=False) as p:  # a login that may scrape, too
+        p.execute("select awa.enqueue('kept', 'a')")
+        with pytest.raises(psycopg.ProgrammingError,
+                           match=r"given to render\(conn\) is not idle \(transaction status"
+                                 r" INTRANS\)"):
+            render(p)
+        assert p.info.transaction_status.name == "INTRANS"
+        p.commit()
+    with db.connect(logins.reader) as r:
+        assert value(parse(render(r)[0].decode()), "awa_queue_depth", queue="kept") == 1
+    with db.connect(logins.reader, autocommit=False) as r:  # idle, not autocommit: fine
+        assert value(parse(render(r)[0].decode()), "awa_up") == 1
+        assert r.info.transaction_status.name == "IDLE"
+
+
 def test_a_due_job_left_in_awa_scheduled_shows_its_age_until_promoted(db, logins):
     """awa_scheduled_overdue_seconds: 0 with nothing scheduled or nothing due
     yet; the age of a due job promotion has not moved (not run, or the lane
@@ -482,7 +573,17 @@ def test_a_due_job_left_in_awa_scheduled_shows_its_age_until_promoted(db, logins
         assert 90 <= overdue() < 150
         with db.connect() as su:
             assert [row[0] for row in su.execute(holders)] == [holder.info.backend_pid]
+        with db.connect(logins.reader) as r:  # another login's state is hidden from it
+            assert [row[:3] for row in r.execute(holders)] == [
+                (holder.info.backend_pid, None, None)]
         holder.commit()
+    # So the alert and both runbooks say who can read it, in one wording.
+    needs = ("session shows its state, xact_start and query only to a superuser or a member"
+             " of pg_read_all_stats")
+    description = rules["AwaPromotionBehind"]["annotations"]["description"]
+    runbook = (ROOT / "docs" / "operations.md").read_text()
+    for text, times in ((description, 1), (runbook, 2)):
+        assert " ".join(text.replace("`", "").split()).count(needs) == times, text[:80]
     with db.connect(logins.maintenance) as m:
         assert m.execute("select awa.promote_due()").fetchone()[0] == 1
     assert overdue() == 0
@@ -584,6 +685,30 @@ def test_a_kept_connection_that_died_between_scrapes_is_reopened_in_the_scrape(d
     again = parse(b"".join(app(environ, lambda *_: None)).decode())
     assert value(again, "awa_up") == 1
     assert len(opened) == 2
+
+
+def test_metrics_serve_answers_a_scrape_filtered_by_name(db, logins, served):
+    """prometheus_client's ``?name[]=`` filter finds a collector by the
+    names its describe() declares: the database collector declares every
+    family it yields (built from no rows, without a query), so a filtered
+    scrape answers those series, not an empty page."""
+    with db.connect(logins.producer) as p:
+        awa_sql.enqueue_many(p, [{"kind": "a"}] * 2, queue="filtered")
+    everything = parse(fetch(served)[0])
+    assert value(everything, "awa_queue_depth", queue="filtered") == 2
+    assert {"awa_queue_lag_seconds", "awa_table_dead_tuples", "awa_scrape_duration_seconds"
+            } <= {s.name for s in everything}
+    wanted = ("awa_up", "awa_queue_depth", "awa_queue_finished_total")
+    some = parse(fetch(f"{served}?{urlencode([('name[]', n) for n in wanted])}")[0])
+    assert {s.name for s in some} == set(wanted)
+    assert value(some, "awa_up") == 1
+    assert value(some, "awa_queue_depth", queue="filtered") == 2
+    assert value(some, "awa_queue_finished_total", queue="filtered", state="completed") == 0
+    collector = DatabaseCollector(lambda: db.connect(logins.reader))
+    try:
+        assert {f.name for f in collector.describe()} == {f.name for f in collector.collect()}
+    finally:
+        collector.close_connection()
 
 
 def test_awa_admin_serve_serves_the_database_metrics(db, logins):

@@ -18,6 +18,7 @@ import psycopg
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+from psycopg.pq import TransactionStatus
 
 log = logging.getLogger("awa_sql.metrics")
 
@@ -124,7 +125,23 @@ select 'horizon', pg_catalog.json_build_object('age', coalesce(greatest(
                                     pg_catalog.age(a.backend_xid)))
        from pg_catalog.pg_stat_activity as a
       where a.pid <> pg_catalog.pg_backend_pid()
-        and (a.datname = pg_catalog.current_database() or a.datid is null)),
+        and (a.datname = pg_catalog.current_database() or a.datid is null)
+        -- Not a lazy VACUUM (autovacuum's too) nor its parallel workers:
+        -- the server leaves them out of the horizon (PROC_IN_VACUUM). Any
+        -- login sees a VACUUM's pid in the progress view, and in pg_locks
+        -- the sessions holding its ShareUpdateExclusiveLock granted beside
+        -- it: that lock conflicts with itself, so they are its lock group
+        -- (its workers, whose leader_pid only pg_read_all_stats sees).
+        -- VACUUM FULL is not in the view, and counts. pg_locks only while
+        -- a VACUUM runs: reading it holds up every lock taken meanwhile.
+        and case when not exists (select from pg_catalog.pg_stat_progress_vacuum) then true
+                 else a.pid not in (
+            select l.pid from pg_catalog.pg_locks as l
+              join pg_catalog.pg_locks as v
+                on v.database = l.database and v.relation = l.relation
+             where v.pid in (select p.pid from pg_catalog.pg_stat_progress_vacuum as p)
+               and v.mode = 'ShareUpdateExclusiveLock' and v.granted
+               and l.mode = 'ShareUpdateExclusiveLock' and l.granted) end),
     (select pg_catalog.max(pg_catalog.age(s.xmin)) from pg_catalog.pg_replication_slots as s),
     (select pg_catalog.max(pg_catalog.age(p.transaction))
        from pg_catalog.pg_prepared_xacts as p
@@ -286,15 +303,17 @@ def metric_families(rows: list[tuple[str, dict[str, Any]]]) -> list[Metric]:
 
 
 def scrape(conn: psycopg.Connection) -> list[Metric]:
-    """Run the one scrape query on ``conn`` and build the metric families."""
+    """Run the one scrape query on ``conn`` and build the metric families.
+
+    On an idle ``conn``, in a transaction of its own; inside a transaction,
+    in a savepoint of it, its statement timeout lasting to that
+    transaction's end (``render`` refuses that)."""
     # One transaction with a local statement timeout: no session state, so
     # a transaction pooler in front of the database is fine.
     with conn.transaction(), conn.cursor() as cur:
         cur.execute("select pg_catalog.set_config('statement_timeout', %s, true)",
                     [f"{STATEMENT_TIMEOUT_MS}ms"])
         rows = cur.execute(SCRAPE_SQL).fetchall()
-    if not conn.autocommit:
-        conn.rollback()
     return metric_families(rows)
 
 
@@ -325,7 +344,10 @@ class DatabaseCollector(Collector):
         self._lock = threading.Lock()
 
     def describe(self) -> list[Metric]:
-        return []  # registering must not query the database
+        """The families ``collect`` yields, built from no rows: registering
+        queries nothing, and a scrape filtered by name (``?name[]=awa_up``)
+        finds this collector by them."""
+        return [*metric_families([]), *_exporter_families(0, time.perf_counter())]
 
     def collect(self) -> Iterator[Metric]:
         started = time.perf_counter()
@@ -378,8 +400,17 @@ def render(conn: psycopg.Connection) -> tuple[bytes, str]:
 
     Errors propagate (psycopg.Error), and no text is made: a caller that
     answers the scrape with an error leaves ``awa_up`` absent, which
-    AwaExporterDown takes for an exporter down. ``conn`` is left idle.
+    AwaExporterDown takes for an exporter down. ``conn`` must be idle (no
+    transaction open), and is left so: one inside a transaction is refused
+    (psycopg.ProgrammingError), the transaction left as it was.
     """
+    status = conn.info.transaction_status
+    # UNKNOWN is a connection closed or lost: psycopg's own error says so.
+    if status not in (TransactionStatus.IDLE, TransactionStatus.UNKNOWN):
+        raise psycopg.ProgrammingError(
+            "the connection given to render(conn) is not idle (transaction status"
+            f" {status.name}): a scrape runs as a transaction of its own, which it cannot"
+            " inside yours; commit or roll back first, or scrape on a connection of its own")
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_OneConnection(conn))
     return generate_latest(registry), CONTENT_TYPE_LATEST
