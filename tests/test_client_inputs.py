@@ -11,6 +11,7 @@ import asyncio
 import os
 import re
 import socket
+import tracemalloc
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 
@@ -19,7 +20,7 @@ import pytest
 from psycopg.pq import TransactionStatus
 
 import awa_sql
-from awa_sql import PartitionedQueue
+from awa_sql import PartitionedQueue, client
 from awa_sql.worker import MAX_LEASE, MAX_NAME_BYTES, Worker
 from tests.support.jobs import claim
 
@@ -360,3 +361,43 @@ def test_a_single_enqueue_with_options_names_no_batch_element(db, logins, option
         awa_sql.enqueue_many(conn, [{"kind": "k", **options}], queue="one")
     assert raised.value.diag.message_primary == f"batch element 1 (1-based): {message}"
     assert ready_count(db) == 0
+
+
+@pytest.mark.parametrize("keyed", [False, True], ids=["plain", "unique keys"])
+def test_enqueue_many_copy_takes_every_job_of_a_generator(db, logins, keyed):
+    """Its jobs were read twice (the widest row, then the rows): a generator
+    was used up by the first read, and its jobs dropped without an error
+    (0 enqueued, or the first job of a keyed load missing)."""
+    def jobs():
+        for n in range(10):
+            yield {"kind": "gen", "queue": "gen", "args": {"n": n},
+                   **({"unique_key": b"k%d" % n} if keyed else {})}
+
+    with db.connect(logins.producer) as conn:
+        assert awa_sql.enqueue_many_copy(conn, jobs()) == 10
+    with db.connect() as admin:
+        assert admin.execute("select array_agg((args->>'n')::int order by job_id)"
+                             " from awa.ready").fetchone()[0] == list(range(10))
+        assert admin.execute("select count(*) from awa.unique_keys").fetchone()[0] == (
+            10 if keyed else 0)
+
+
+def test_enqueue_many_copy_keeps_its_data_in_a_file_past_the_memory_bound(
+        db, logins, monkeypatch):
+    """It formats every row before its COPY starts, and kept the whole load's
+    data in memory to send it (13 MB more for 8 MB of args): past
+    KEPT_IN_MEMORY the data waits in a temporary file."""
+    monkeypatch.setattr(client, "KEPT_IN_MEMORY", 256 * 1024)
+    jobs = [{"kind": "big", "queue": "big", "args": {"n": n, "pad": "x" * 1000}}
+            for n in range(8000)]
+    with db.connect(logins.producer) as conn:
+        tracemalloc.start()
+        try:
+            assert awa_sql.enqueue_many_copy(conn, jobs) == 8000
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    assert peak < 4 * 1024 * 1024, f"{peak} bytes held for 8 MB of COPY data"
+    with db.connect() as admin:
+        assert admin.execute("select count(*), sum(length(args->>'pad')) from awa.ready"
+                             ).fetchone() == (8000, 8_000_000)

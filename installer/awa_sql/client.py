@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import operator
+import tempfile
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager, nullcontext
@@ -323,6 +324,9 @@ def _enqueue_many_copy(conn: psycopg.Connection, jobs: Sequence[Mapping[str, Any
                        opts: Sequence[Mapping[str, Any] | None] | None = None
                        ) -> tuple[int, set[str]]:
     """enqueue_many_copy's count, and the names of the queues its rows were sent to."""
+    # Read more than once (the widest row, then the rows): a generator would
+    # be used up by the first read and its jobs silently dropped.
+    jobs = list(jobs)
     if opts is not None and len(opts) != len(jobs):
         raise ValueError(
             f"opts has {len(opts)} entries but jobs has {len(jobs)}; they must be aligned"
@@ -356,31 +360,37 @@ def _copy_rows(jobs: Sequence[Mapping[str, Any]], queue: str | None, ordering_ke
                job.get("unique_window"))
 
 
-class _Kept(Writer):
-    """Keeps the data a Copy formats, to send later."""
+# COPY data kept in memory up to this size, beyond it in a temporary file.
+KEPT_IN_MEMORY = 16 * 1024 * 1024
+SEND_CHUNK = 1024 * 1024
 
-    def __init__(self) -> None:
-        self.chunks: list[Buffer] = []
+
+class _Kept(Writer):
+    """Keeps the data a Copy formats, to send later: in memory up to
+    KEPT_IN_MEMORY bytes, then in a temporary file, so that a load of a
+    gigabyte does not need a gigabyte more of the client's memory."""
+
+    def __init__(self, spool: tempfile.SpooledTemporaryFile) -> None:
+        self.spool = spool
 
     def write(self, data: Buffer) -> None:
-        self.chunks.append(data)
+        self.spool.write(data)
 
 
-def _copy_data(conn: psycopg.Connection, jobs: Sequence[Mapping[str, Any]],
-               queue: str | None, ordering_key: Key,
-               opts: Sequence[Mapping[str, Any] | None] | None, width: int
-               ) -> tuple[list[Buffer], set[str]]:
+def _copy_data(conn: psycopg.Connection, spool: tempfile.SpooledTemporaryFile,
+               jobs: Sequence[Mapping[str, Any]], queue: str | None, ordering_key: Key,
+               opts: Sequence[Mapping[str, Any] | None] | None, width: int) -> set[str]:
     """The COPY data of ``jobs`` and the queues they go to, made before the
     COPY starts by the formatting COPY itself uses (a Copy that writes to a
     list): a value it cannot send (args json.dumps refuses, a NUL or a lone
     surrogate in a text field) raises the error enqueue and enqueue_many give
     for it, and the caller's transaction stays usable, which a COPY cut off
-    half way leaves failed."""
-    kept, queues = _Kept(), set()
-    with conn.cursor() as cur, Copy(cur, writer=kept) as staged:
+    half way leaves failed. The data goes to ``spool``."""
+    queues: set[str] = set()
+    with conn.cursor() as cur, Copy(cur, writer=_Kept(spool)) as staged:
         for row in _copy_rows(jobs, queue, ordering_key, opts, queues):
             staged.write_row(row[:width])
-    return kept.chunks, queues
+    return queues
 
 
 def _copy_and_enqueue(conn: psycopg.Connection, jobs: Sequence[Mapping[str, Any]],
@@ -392,10 +402,12 @@ def _copy_and_enqueue(conn: psycopg.Connection, jobs: Sequence[Mapping[str, Any]
         width = 10
     elif any(job.get("max_run_time") is not None for job in jobs):
         width = 8
-    chunks, queues = _copy_data(conn, jobs, queue, ordering_key, opts, width)
-    with conn.cursor() as cur, cur.copy(COPY_SQLS[width]) as cp:
-        for chunk in chunks:
-            cp.write(chunk)
+    with tempfile.SpooledTemporaryFile(max_size=KEPT_IN_MEMORY) as spool:
+        queues = _copy_data(conn, spool, jobs, queue, ordering_key, opts, width)
+        spool.seek(0)
+        with conn.cursor() as cur, cur.copy(COPY_SQLS[width]) as cp:
+            while chunk := spool.read(SEND_CHUNK):
+                cp.write(chunk)
     row = conn.execute(COPIED_SQL).fetchone()
     client_metrics.enqueued(conn, queues, "copy", row[0], started, row[1:])
     return row[0], queues
