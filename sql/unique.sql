@@ -13,7 +13,10 @@
 -- keys in that order, awa._join_unique_scope locks the rows it moves in it,
 -- and a call that ends several jobs locks their keys' rows in it
 -- (awa._lock_unique_keys) before it gives any back. So no two single calls
--- deadlock over keys (ADR 027, ADR 056).
+-- deadlock over keys (ADR 027, ADR 056), but for a join while a producer
+-- enqueues keyed jobs to the family, which the join's docs rule out: its
+-- move checks each key against the new scope and may wait there for a key
+-- below a row it locked.
 
 -- Function: awa._unique_scope(queue text, root_queue text) returns text
 -- The logical queue a unique key is unique in: the top name of a
