@@ -99,13 +99,32 @@ begin
 end;
 $$;
 
+-- Function: awa._rewrite_heap_bytes() returns bigint
+-- The largest table file awa.compact_ready and awa.compact_scheduled
+-- rewrite, 1 GB: the copy-out reads the whole heap, dead rows included,
+-- under the table's ACCESS EXCLUSIVE lock, about a second a gigabyte on
+-- two cores; past it the rewrite would hold every writer up for longer,
+-- or pass the caller's statement timeout and roll back after holding them
+-- up that long, again at every call. Vacuum takes the dead rows once the
+-- snapshot that keeps them ends.
+-- Calls: nothing
+-- Writes: nothing
+create or replace function awa._rewrite_heap_bytes()
+returns bigint
+language sql
+immutable parallel safe
+as $$
+    select 1073741824::bigint
+$$;
+
 -- Function: awa._rewrite_due(rel regclass) returns boolean
 -- The rule awa.compact_ready and awa.compact_scheduled share, from the
 -- cumulative statistics' counts of the table's rows: more than 200,000
 -- dead rows and more than its live ones (a rewrite copies at most one row
--- per row deleted since the last), and at most 100,000 live rows (writers
--- wait for the copy).
--- Calls: nothing
+-- per row deleted since the last), at most 100,000 live rows (writers
+-- wait for the copy), and a file of at most awa._rewrite_heap_bytes()
+-- (the copy-out reads the dead rows too).
+-- Calls: awa._rewrite_heap_bytes
 -- Writes: nothing
 create or replace function awa._rewrite_due(rel regclass)
 returns boolean
@@ -115,6 +134,7 @@ set search_path = pg_catalog, pg_temp
 as $$
     select pg_stat_get_dead_tuples(rel) > 200000 + pg_stat_get_live_tuples(rel)
        and pg_stat_get_live_tuples(rel) <= 100000
+       and pg_relation_size(rel) <= awa._rewrite_heap_bytes()
 $$;
 
 -- Function: awa._rewrite_live(rel regclass, aside regclass) returns integer
@@ -224,10 +244,12 @@ $$;
 -- awa.ready_rewrite, in one transaction. Every row keeps its lane,
 -- lane_seq and job id, so claim hints, awa.ready_late and unique keys stay
 -- true. Enqueues and claims wait for the rewrite while it runs, about a
--- second per 100,000 live rows on two cores; if a session holds the table
+-- second per 100,000 live rows or per gigabyte of file on two cores (a
+-- larger file is left to vacuum: awa._rewrite_heap_bytes); if a session
+-- holds the table
 -- (an enqueue or a claim in flight, a reader), the call changes nothing
--- and returns 0, to be made again. A second call that waited for a first
--- finds the table's file changed and returns 0. Run it every few seconds
+-- and returns 0, to be made again. A second call while a first rewrites
+-- returns 0 after at most 100 ms. Run it every few seconds
 -- (awa maintain does); it rewrites only while a held snapshot keeps vacuum
 -- from the dead rows. It reads the statistics afresh, whatever snapshot of
 -- them the caller's transaction keeps (stats_fetch_consistency).
@@ -256,13 +278,18 @@ declare
 begin
     perform awa._check_read_committed('awa.compact_ready()');
     perform awa._note_run('ready_rewrite');
-    if not awa._ready_compaction_due() then
-        return 0;
-    end if;
     -- Enqueues and claims wait for the copies: a backlog whose payload
     -- passes the bound would hold them up to the caller's statement
-    -- timeout, then roll back, to be tried again at the next call.
-    select b.payload, b.backlog into payload, backlog from awa._ready_backlog(100001) as b;
+    -- timeout, then roll back, to be tried again at the next call. Both
+    -- reads wait for the table's lock (the file's size, the backlog).
+    begin
+        if not awa._ready_compaction_due() then
+            return 0;
+        end if;
+        select b.payload, b.backlog into payload, backlog from awa._ready_backlog(100001) as b;
+    exception when lock_not_available then
+        return 0;  -- a rewrite in flight holds the table: it does this call's work
+    end;
     if backlog > 100000 or payload > awa._pass_bytes() then
         return 0;
     end if;
@@ -340,11 +367,12 @@ $$;
 -- by id (its unique key, a cancel) changes. Enqueues for later, retries
 -- (awa.fail, awa.rescue_expired) and awa.promote_due wait for the rewrite
 -- while it runs, about 2 s for 100,000 live rows on two cores (its three
--- indexes are filled again), 0.28 s for 10,000 among a million dead; if a
+-- indexes are filled again), 0.28 s for 10,000 among a million dead (a
+-- file over awa._rewrite_heap_bytes() is left to vacuum); if a
 -- session holds the table (an enqueue, a retry or a promotion in flight, a
 -- reader), the call changes nothing and returns 0, to be made again. A
--- second call that waited for a first finds the table's file changed and
--- returns 0. Run it every few seconds (awa maintain does); it rewrites
+-- second call while a first rewrites returns 0 after at most 100 ms. Run
+-- it every few seconds (awa maintain does); it rewrites
 -- only while a held snapshot keeps vacuum from the dead rows. It reads the
 -- statistics afresh, whatever snapshot of them the caller's transaction
 -- keeps (stats_fetch_consistency). awa.scheduled references
@@ -375,14 +403,19 @@ declare
 begin
     perform awa._check_read_committed('awa.compact_scheduled()');
     perform awa._note_run('scheduled_rewrite');
-    if not awa._scheduled_compaction_due() then
-        return 0;
-    end if;
     -- Enqueues and promotions wait for the copies: a backlog whose payload
     -- passes the bound would hold them up to the caller's statement
-    -- timeout, then roll back, to be tried again at the next call.
-    select b.payload, b.backlog into payload, backlog
-      from awa._scheduled_backlog(100001) as b;
+    -- timeout, then roll back, to be tried again at the next call. Both
+    -- reads wait for the table's lock (the file's size, the backlog).
+    begin
+        if not awa._scheduled_compaction_due() then
+            return 0;
+        end if;
+        select b.payload, b.backlog into payload, backlog
+          from awa._scheduled_backlog(100001) as b;
+    exception when lock_not_available then
+        return 0;  -- a rewrite in flight holds the table: it does this call's work
+    end;
     if backlog > 100000 or payload > awa._pass_bytes() then
         return 0;
     end if;
@@ -390,6 +423,7 @@ begin
 end;
 $$;
 
+select awa._grant_execute('awa._rewrite_heap_bytes()');
 select awa._grant_execute('awa._rewrite_due(regclass)');
 select awa._grant_execute('awa._rewrite_live(regclass, regclass)');
 select awa._grant_execute('awa._lane_hints_bytes_allowed()');

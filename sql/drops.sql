@@ -307,6 +307,7 @@ $$;
 -- holding it may wait for awa.queue_limit, which a removal holds): what it
 -- did not get is left to the next call; a call stops after the queue that
 -- takes its lane locks past 1,024.
+-- On a standby: no rows at once (the primary finishes drops).
 -- Role: awa_maintenance. Returns one row per queue it removed (outcome
 -- 'removed') or put back ('restored' under its old name, 'renamed' under
 -- the name `named`); queue is the name the queue had.
@@ -335,6 +336,11 @@ declare
     back text;
 begin
     perform awa._check_read_committed('awa.finish_drops()');
+    -- A standby finishes no drop (its primary does): the rows it would
+    -- lock cannot be locked there (25006).
+    if pg_is_in_recovery() then
+        return;
+    end if;
     perform awa._note_run('drops');
     -- The sessions are read afresh in the statement that reads the removals,
     -- then in the one that reads the drops, so after those committed: a

@@ -249,6 +249,7 @@ $$;
 -- left to the next call. Stops after the queue that takes its lane locks
 -- past 1,024 in one call. A change of S, or an upgrade, counts every lane
 -- again; run this every minute or so (awa maintain does).
+-- On a standby: 0 at once (the primary retires lanes).
 -- Role: awa_maintenance.
 -- Returns: how many physical queues' claims now walk fewer shards.
 -- Errors: 25000 the calling transaction is not read committed: its
@@ -272,6 +273,11 @@ declare
     retired integer := 0;
 begin
     perform awa._check_read_committed('awa.retire_lanes()');
+    -- A standby has no claim hints (awa.lane_hints is unlogged, and may not
+    -- be read there: 0A000) and retires nothing: its primary does.
+    if pg_is_in_recovery() then
+        return 0;
+    end if;
     perform awa._note_run('retire_lanes');
     begin
         lock table awa.ready, awa.lane_hints in access share mode;

@@ -138,6 +138,42 @@ def test_a_backlog_whose_payload_passes_the_bound_is_left_alone(db, su, logins, 
         assert compact(m) == 1
 
 
+def heap_bound(su, size: int) -> None:
+    """awa._rewrite_heap_bytes() of this database set to ``size`` (calls made
+    on connections opened after this plan it anew)."""
+    su.execute(f"""
+        create or replace function awa._rewrite_heap_bytes()
+        returns bigint
+        language sql
+        immutable parallel safe
+        as $$ select {size}::pg_catalog.int8 $$""")
+
+
+def test_a_file_past_the_bound_is_left_to_vacuum_and_a_second_call_returns_0(
+        db, su, logins, horizon):
+    """The copy reads the dead rows too, under the lock: a file of millions
+    of them held enqueues and claims for seconds, or past the statement
+    timeout, rolled back to do it again. And a second call while a first
+    rewrote failed 55P03 at its read of the backlog, waiting on the lock."""
+    junk(su, 210_000)
+    size = su.execute("select pg_relation_size('awa.ready')").fetchone()[0]
+    heap_bound(su, size - 1)
+    before = filenode(su)
+    with db.connect(logins.maintenance) as m:
+        assert compact(m) == 0
+    assert filenode(su) == before
+    heap_bound(su, size)
+    with db.connect(logins.maintenance, autocommit=False) as first, \
+            db.connect(logins.maintenance) as second:
+        assert compact(first) == 1  # its lock held until it commits
+        # Due by the statistics (the file's size waits for the lock).
+        assert su.execute("select pg_stat_get_dead_tuples('awa.ready'::regclass) > 200000"
+                          " + pg_stat_get_live_tuples('awa.ready'::regclass)").fetchone()[0]
+        assert compact(second) == 0
+        first.commit()
+    assert filenode(su) != before
+
+
 def test_a_callers_statistics_snapshot_does_not_make_a_large_backlog_look_small(
         db, su, logins, horizon):
     """A caller may keep a snapshot of the statistics for its transaction

@@ -86,6 +86,25 @@ def test_an_idle_maintenance_call_on_a_standby_records_no_run(db, logins, standb
         assert {at.year for at in _last_runs(admin).values()} == {2000}
 
 
+def test_retirement_and_drops_with_work_pending_do_nothing_on_a_standby(db, logins, standby):
+    """Lanes above a lowered S and a drop pending: awa.retire_lanes read the
+    unlogged claim hints there (0A000) and awa.finish_drops locked rows
+    (25006); both leave the work to the primary now."""
+    with db.connect(logins.operator) as op, db.connect(logins.producer) as p:
+        op.execute("select awa.set_enqueue_shards('narrowed', 8)")
+        p.execute("select awa.enqueue('narrowed', 'k')")
+        op.execute("select awa.set_enqueue_shards('narrowed', 1)")
+        op.execute("select awa.set_enqueue_shards('gone', 1)")
+        op.execute("select awa.drop_queue('gone')")
+    standby.caught_up()
+    with standby.connect(db.name, logins.maintenance) as m:
+        assert m.execute("select awa.retire_lanes()").fetchall() == [(0,)]
+        assert m.execute("select * from awa.finish_drops()").fetchall() == []
+    with db.connect(logins.maintenance) as m:
+        assert [r[0] for r in m.execute("select * from awa.finish_drops()").fetchall()] == [
+            "gone"]
+
+
 def workload(db, logins) -> None:
     """Jobs in every state, on the primary."""
     with db.connect(logins.operator) as op:
