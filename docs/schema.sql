@@ -3940,14 +3940,14 @@ begin
 end;
 $function$;
 
-CREATE OR REPLACE FUNCTION awa._names_cover(names text[], queue text, logical_queue text, root_queue text)
+CREATE OR REPLACE FUNCTION awa._names_cover(names text[], queue text, logical_queue text, root_queue text, family boolean DEFAULT true)
  RETURNS boolean
  LANGUAGE sql
  IMMUTABLE PARALLEL SAFE
 AS $function$
     select queue operator(pg_catalog.=) any (names)
         or logical_queue operator(pg_catalog.=) any (names)
-        or root_queue operator(pg_catalog.=) any (names)
+        or root_queue operator(pg_catalog.=) any (case when family then names end)
 $function$;
 
 CREATE OR REPLACE FUNCTION awa._note_copy()
@@ -4963,6 +4963,15 @@ CREATE OR REPLACE FUNCTION awa._rewrite_due(rel regclass)
 AS $function$
     select pg_stat_get_dead_tuples(rel) > 200000 + pg_stat_get_live_tuples(rel)
        and pg_stat_get_live_tuples(rel) <= 100000
+       and pg_relation_size(rel) <= awa._rewrite_heap_bytes()
+$function$;
+
+CREATE OR REPLACE FUNCTION awa._rewrite_heap_bytes()
+ RETURNS bigint
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+    select 1073741824::bigint
 $function$;
 
 CREATE OR REPLACE FUNCTION awa._rewrite_live(rel regclass, aside regclass)
@@ -6121,7 +6130,7 @@ begin
 end;
 $function$;
 
-CREATE OR REPLACE FUNCTION awa.claim(queues text[], max_jobs integer, worker text, lease interval DEFAULT '00:05:00'::interval)
+CREATE OR REPLACE FUNCTION awa.claim(queues text[], max_jobs integer, worker text, lease interval DEFAULT '00:05:00'::interval, family boolean DEFAULT true)
  RETURNS SETOF awa.claimed
  LANGUAGE plpgsql
  SECURITY DEFINER
@@ -6153,20 +6162,23 @@ declare
     solo_unique_jobs boolean;
 begin
     -- A worker's name is stored with each run and read back by every job
-    -- list: bounded as a runtime's host is.
-    if queues is null or worker is null or octet_length(worker) > 255 then
-        if queues is not null and worker is not null then
+    -- list: bounded as a runtime's host is. Every argument is checked by
+    -- one condition, which PL/pgSQL sets up again at every call (ADR 018);
+    -- the errors come in this order when it fails. A null worker fails the
+    -- length test too (is not false).
+    if queues is null or family is null or octet_length(worker) > 255 is not false
+       or not awa._limit_ok(max_jobs) or not awa._lease_ok(lease) then
+        if queues is null or worker is null or family is null then
+            raise exception '% must not be null',
+                case when queues is null then 'queues' when worker is null then 'worker'
+                     else 'family' end
+                using errcode = '22004';
+        elsif octet_length(worker) > 255 then
             raise exception 'worker must be at most 255 bytes, got % bytes: %',
                 octet_length(worker), quote_literal(left(worker, 64))
                 using errcode = '22023';
         end if;
-        raise exception '% must not be null', case when queues is null then 'queues' else 'worker' end
-            using errcode = '22004';
-    end if;
-    if not awa._limit_ok(max_jobs) then
         perform awa._check_limit('max_jobs', max_jobs);
-    end if;
-    if not awa._lease_ok(lease) then
         perform awa._check_lease('lease', lease);
     end if;
     if max_jobs = 0 then
@@ -6284,7 +6296,8 @@ begin
                                as start,
                            m.completed_seq, m.max_run_time, m.unique_jobs
                       from awa.queue_meta as m
-                     where awa._names_cover(queues, m.queue, m.logical_queue, m.root_queue)
+                     where awa._names_cover(queues, m.queue, m.logical_queue, m.root_queue,
+                                            claim.family)
                        and not m.paused
                      order by pg_catalog.hashint4(m.queue_id operator(pg_catalog.#) seed)
                 ),
@@ -6436,13 +6449,18 @@ declare
 begin
     perform awa._check_read_committed('awa.compact_ready()');
     perform awa._note_run('ready_rewrite');
-    if not awa._ready_compaction_due() then
-        return 0;
-    end if;
     -- Enqueues and claims wait for the copies: a backlog whose payload
     -- passes the bound would hold them up to the caller's statement
-    -- timeout, then roll back, to be tried again at the next call.
-    select b.payload, b.backlog into payload, backlog from awa._ready_backlog(100001) as b;
+    -- timeout, then roll back, to be tried again at the next call. Both
+    -- reads wait for the table's lock (the file's size, the backlog).
+    begin
+        if not awa._ready_compaction_due() then
+            return 0;
+        end if;
+        select b.payload, b.backlog into payload, backlog from awa._ready_backlog(100001) as b;
+    exception when lock_not_available then
+        return 0;  -- a rewrite in flight holds the table: it does this call's work
+    end;
     if backlog > 100000 or payload > awa._pass_bytes() then
         return 0;
     end if;
@@ -6464,14 +6482,19 @@ declare
 begin
     perform awa._check_read_committed('awa.compact_scheduled()');
     perform awa._note_run('scheduled_rewrite');
-    if not awa._scheduled_compaction_due() then
-        return 0;
-    end if;
     -- Enqueues and promotions wait for the copies: a backlog whose payload
     -- passes the bound would hold them up to the caller's statement
-    -- timeout, then roll back, to be tried again at the next call.
-    select b.payload, b.backlog into payload, backlog
-      from awa._scheduled_backlog(100001) as b;
+    -- timeout, then roll back, to be tried again at the next call. Both
+    -- reads wait for the table's lock (the file's size, the backlog).
+    begin
+        if not awa._scheduled_compaction_due() then
+            return 0;
+        end if;
+        select b.payload, b.backlog into payload, backlog
+          from awa._scheduled_backlog(100001) as b;
+    exception when lock_not_available then
+        return 0;  -- a rewrite in flight holds the table: it does this call's work
+    end;
     if backlog > 100000 or payload > awa._pass_bytes() then
         return 0;
     end if;
@@ -7166,6 +7189,11 @@ declare
     back text;
 begin
     perform awa._check_read_committed('awa.finish_drops()');
+    -- A standby finishes no drop (its primary does): the rows it would
+    -- lock cannot be locked there (25006).
+    if pg_is_in_recovery() then
+        return;
+    end if;
     perform awa._note_run('drops');
     -- The sessions are read afresh in the statement that reads the removals,
     -- then in the one that reads the drops, so after those committed: a
@@ -8076,6 +8104,11 @@ declare
     retired integer := 0;
 begin
     perform awa._check_read_committed('awa.retire_lanes()');
+    -- A standby has no claim hints (awa.lane_hints is unlogged, and may not
+    -- be read there: 0A000) and retires nothing: its primary does.
+    if pg_is_in_recovery() then
+        return 0;
+    end if;
     perform awa._note_run('retire_lanes');
     begin
         lock table awa.ready, awa.lane_hints in access share mode;
@@ -9017,7 +9050,7 @@ GRANT EXECUTE ON FUNCTION awa.autoscale_tick() TO awa_maintenance;
 GRANT EXECUTE ON FUNCTION awa.cancel_job(bigint) TO awa_operator;
 GRANT EXECUTE ON FUNCTION awa.cancel_jobs(text,text,integer,timestamp with time zone) TO awa_operator;
 GRANT EXECUTE ON FUNCTION awa.carry_finished() TO awa_maintenance;
-GRANT EXECUTE ON FUNCTION awa.claim(text[],integer,text,interval) TO awa_worker;
+GRANT EXECUTE ON FUNCTION awa.claim(text[],integer,text,interval,boolean) TO awa_worker;
 GRANT EXECUTE ON FUNCTION awa.compact_lane_hints() TO awa_maintenance;
 GRANT EXECUTE ON FUNCTION awa.compact_ready() TO awa_maintenance;
 GRANT EXECUTE ON FUNCTION awa.compact_scheduled() TO awa_maintenance;

@@ -157,12 +157,15 @@ as $$
         operator(pg_catalog.%) shards
 $$;
 
--- Function: awa.claim(queues text[], max_jobs integer, worker text, lease interval)
+-- Function: awa.claim(queues text[], max_jobs integer, worker text, lease interval, family boolean)
 -- Claims up to max_jobs ready jobs from the named queues and all their
--- partitions and stripes, lane by lane: the lanes of the highest priority
--- first; within a priority the queues in an order drawn for each call, and
--- each queue's lanes from a shard drawn for each call, by a stride drawn
--- too (awa._claim_walk_shard); from each lane its first free rows, FIFO.
+-- partitions and stripes (family false: their own stripes only), lane by
+-- lane: the lanes of the highest priority first; within a priority the
+-- queues in an order drawn for each call, and each queue's lanes from a
+-- shard drawn for each call, by a stride drawn too
+-- (awa._claim_walk_shard); from each lane its first free rows, FIFO.
+-- family false is for a worker of one partition: the name of a
+-- partitioned queue is its partition 0 too (awa._names_cover).
 -- The lanes come from queue_meta.lane_ids, not awa.lanes, and it stops once
 -- it has max_jobs, so a claim reads the lanes it takes from and the empty
 -- ones before them, not every lane (ADR 023, ADR 028). Lanes at or above
@@ -177,7 +180,8 @@ $$;
 -- walk reads the named queues from queue_meta inside its statement; a claim
 -- by one name of a queue no other queue links to (queue_meta.has_linked),
 -- the usual call, reads that row first and walks its lanes with the same
--- statement less the queue lookup, about an eighth cheaper (ADR 033).
+-- statement less the queue lookup, about an eighth cheaper (ADR 033); such
+-- a queue covers itself alone, whatever family says.
 -- Each job's deadline is now plus its own max run time, else its queue's
 -- (read from the queue_meta row the walk reads anyway); the lease never
 -- runs past it (ADR 026). The running row notes whether the queue has had
@@ -189,7 +193,7 @@ $$;
 -- Returns: setof awa.claimed, by priority then claim order; each job's
 -- attempt is counted from 1; deadline_at null for a job without one.
 -- Errors: 22023 max_jobs < 0, lease not positive or over 30 days (awa._lease_ok), or a
---   worker name over 255 bytes; 22004 null queues, worker or lease.
+--   worker name over 255 bytes; 22004 null queues, worker, lease or family.
 -- Calls: awa._check_lease, awa._check_limit, awa._claim_hint_step, awa._claim_walk_shard,
 --   awa._in_seconds, awa._lease_ok, awa._limit_ok, awa._move_lane_hints, awa._names_cover,
 --   awa._running_slot, awa._walked_shards
@@ -198,7 +202,8 @@ create or replace function awa.claim(
     queues text[],
     max_jobs integer,
     worker text,
-    lease interval default '5 minutes'
+    lease interval default '5 minutes',
+    family boolean default true
 )
 returns setof awa.claimed
 language plpgsql
@@ -234,20 +239,23 @@ declare
     solo_unique_jobs boolean;
 begin
     -- A worker's name is stored with each run and read back by every job
-    -- list: bounded as a runtime's host is.
-    if queues is null or worker is null or octet_length(worker) > 255 then
-        if queues is not null and worker is not null then
+    -- list: bounded as a runtime's host is. Every argument is checked by
+    -- one condition, which PL/pgSQL sets up again at every call (ADR 018);
+    -- the errors come in this order when it fails. A null worker fails the
+    -- length test too (is not false).
+    if queues is null or family is null or octet_length(worker) > 255 is not false
+       or not awa._limit_ok(max_jobs) or not awa._lease_ok(lease) then
+        if queues is null or worker is null or family is null then
+            raise exception '% must not be null',
+                case when queues is null then 'queues' when worker is null then 'worker'
+                     else 'family' end
+                using errcode = '22004';
+        elsif octet_length(worker) > 255 then
             raise exception 'worker must be at most 255 bytes, got % bytes: %',
                 octet_length(worker), quote_literal(left(worker, 64))
                 using errcode = '22023';
         end if;
-        raise exception '% must not be null', case when queues is null then 'queues' else 'worker' end
-            using errcode = '22004';
-    end if;
-    if not awa._limit_ok(max_jobs) then
         perform awa._check_limit('max_jobs', max_jobs);
-    end if;
-    if not awa._lease_ok(lease) then
         perform awa._check_lease('lease', lease);
     end if;
     if max_jobs = 0 then
@@ -365,7 +373,8 @@ begin
                                as start,
                            m.completed_seq, m.max_run_time, m.unique_jobs
                       from awa.queue_meta as m
-                     where awa._names_cover(queues, m.queue, m.logical_queue, m.root_queue)
+                     where awa._names_cover(queues, m.queue, m.logical_queue, m.root_queue,
+                                            claim.family)
                        and not m.paused
                      order by pg_catalog.hashint4(m.queue_id operator(pg_catalog.#) seed)
                 ),
@@ -896,7 +905,7 @@ select awa._grant_execute('awa._move_lane_hints(integer[])');
 select awa._grant_execute('awa._claim_hint_step()');
 select awa._grant_execute('awa._claim_walk_shard(integer, integer, integer, integer)');
 select awa._grant_execute('awa._walked_shards(integer, integer)');
-select awa._grant_execute('awa.claim(text[], integer, text, interval)', 'worker');
+select awa._grant_execute('awa.claim(text[], integer, text, interval, boolean)', 'worker');
 select awa._grant_execute('awa.complete(bigint, bigint)', 'worker');
 select awa._grant_execute('awa._finish(awa.running, text, text)');
 select awa._grant_execute('awa._retry_or_fail(awa.running, text, timestamptz)');

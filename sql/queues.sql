@@ -1111,16 +1111,22 @@ begin
 end;
 $$;
 
--- Function: awa._names_cover(names, queue, logical_queue, root_queue) returns boolean
+-- Function: awa._names_cover(names, queue, logical_queue, root_queue, family) returns boolean
 -- Whether one of names covers a physical queue, given as its awa.queue_meta
--- columns: a name covers its own queue, the partitions of the logical queue
--- it names and the stripes of the root it names. What a claim reads and a
--- pause, a count or a poll acts on. Null (false in a WHERE) for a queue no
--- name covers. Inlined: the callers' plans are those of the expression.
+-- columns: a name covers its own queue and its stripes (logical_queue),
+-- and with family (the default) the partitions of the logical queue it
+-- names and the stripes of the root it names (root_queue). So with family
+-- false the name of a partitioned queue covers its partition 0 alone (a
+-- claim by one partition's worker). What a claim reads and a pause, a
+-- count or a poll acts on. Null (false in a WHERE) for a queue no name
+-- covers. Inlined: the callers' plans are those of the expression; a
+-- constant family folds away (a call without it plans the three terms
+-- alone), and a parameter keeps the root_queue term an index condition,
+-- over no names when it is false.
 -- Calls: nothing
 -- Writes: nothing
 create or replace function awa._names_cover(
-    names text[], queue text, logical_queue text, root_queue text
+    names text[], queue text, logical_queue text, root_queue text, family boolean default true
 )
 returns boolean
 language sql
@@ -1128,7 +1134,7 @@ immutable parallel safe
 as $$
     select queue operator(pg_catalog.=) any (names)
         or logical_queue operator(pg_catalog.=) any (names)
-        or root_queue operator(pg_catalog.=) any (names)
+        or root_queue operator(pg_catalog.=) any (case when family then names end)
 $$;
 
 -- Function: awa._queue_ids(queue text) returns integer[]
@@ -1238,7 +1244,7 @@ $$;
 select awa._grant_execute('awa._queue_name_ok(text)');
 select awa._grant_execute('awa._lock_family(text)');
 select awa._grant_execute('awa._check_queue_room(text[])');
-select awa._grant_execute('awa._names_cover(text[], text, text, text)');
+select awa._grant_execute('awa._names_cover(text[], text, text, text, boolean)');
 select awa._grant_execute('awa._priority_ok(smallint)');
 select awa._grant_execute('awa._max_attempts_ok(integer)');
 select awa._grant_execute('awa._job_ok(text, text, smallint, integer)');

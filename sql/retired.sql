@@ -131,3 +131,8 @@ drop function if exists awa._autoscale_signal(awa.queue_meta, timestamptz);
 -- (enqueued_before).
 drop function if exists awa.cancel_jobs(text, text, integer);
 drop function if exists awa.retry_jobs(text, text, integer, text);
+-- Unreleased: awa.claim takes family: false claims the named queues and
+-- their own stripes only, not the partitions of a logical queue it names
+-- (a per-partition worker of partition 0); awa._names_cover takes it too.
+drop function if exists awa.claim(text[], integer, text, interval);
+drop function if exists awa._names_cover(text[], text, text, text);

@@ -12,6 +12,7 @@ import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 
+import psycopg
 import pytest
 
 import awa_sql
@@ -419,3 +420,39 @@ def test_worker_claims_in_batches_idles_quietly_and_wakes_for_new_jobs(db, login
     assert len(set(done)) == 301 and worker.completed == 301
     with db.connect() as admin:
         assert admin.execute("select count(*) from awa.running").fetchone()[0] == 0
+
+
+def test_claim_takes_family_last_by_position_or_by_name_with_the_grants_it_had(db, logins):
+    """awa.claim took family as a fifth argument; its four-argument form is
+    dropped (sql/retired.sql), and every call that named it by position or
+    by name reaches the new one, which awa_worker alone may execute, as
+    before."""
+    with db.connect(logins["producer"]) as p:
+        p.execute("select awa.enqueue_batch(array_fill('fam'::text, array[6]),"
+                  " array_fill('k'::text, array[6]))")
+    calls = [
+        "awa.claim(array['fam'], 1, 'w')",
+        "awa.claim(array['fam'], 1, 'w', '1 minute')",
+        "awa.claim(array['fam'], 1, 'w', '1 minute', false)",
+        "awa.claim(array['fam'], 1, 'w', family => false)",
+        "awa.claim(queues => array['fam'], max_jobs => 1, worker => 'w', lease => '1 minute')",
+        "awa.claim(family => true, worker => 'w', max_jobs => 1, queues => array['fam'])",
+    ]
+    with db.connect(logins["worker"]) as w:
+        for call in calls:
+            assert len(w.execute(f"select * from {call}").fetchall()) == 1, call
+    with db.connect() as su:
+        old, acl, complete_acl = su.execute(
+            "select to_regprocedure('awa.claim(text[], integer, text, interval)'),"
+            " (select proacl::text from pg_proc"
+            "   where oid = 'awa.claim(text[], integer, text, interval, boolean)'::regprocedure),"
+            " (select proacl::text from pg_proc"
+            "   where oid = 'awa.complete(bigint, bigint)'::regprocedure)").fetchone()
+        assert old is None
+        # The grants awa._grant_execute(..., 'worker') gives: awa.complete's.
+        assert acl == complete_acl and "awa_worker=X/" in acl
+        assert su.execute("select count(*) from pg_proc where proname = 'claim'"
+                          " and pronamespace = 'awa'::regnamespace").fetchone()[0] == 1
+    with db.connect(logins["producer"]) as p, pytest.raises(
+            psycopg.errors.InsufficientPrivilege):
+        p.execute("select * from awa.claim(array['fam'], 1, 'w', family => false)")

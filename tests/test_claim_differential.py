@@ -6,9 +6,9 @@ reads the named queues inside the walk's statement (ADR 033). Naming the
 same queue twice takes the general walk over the same one queue. Random
 states (S = 1, 4 or 8, jobs over the four priorities, a prefix claimed for
 good, hints, rows another transaction holds, deadlines, a queue with keyed
-jobs, a paused queue) go through both in one transaction, each in a
-savepoint rolled back after it, with the same random seed, so both draw the
-same lane order. What they return, the running rows they
+jobs, a paused queue, claimed with family or without) go through both in one
+transaction, each in a savepoint rolled back after it, with the same random
+seed, so both draw the same lane order. What they return, the running rows they
 store, the hints they leave and the rows left ready must be equal but for
 the run_lease each draws from its sequence (compared as its rank) and the
 times, counted from each claim's statement (compared as offsets from it). Each
@@ -31,7 +31,7 @@ QUEUE = "cd"
 # compared as its offset from its claim's statement.
 CLAIMED = ("select (to_jsonb(c) - 'run_lease' - 'deadline_at')"
            " || jsonb_build_object('deadline_in', c.deadline_at - statement_timestamp()),"
-           " c.run_lease, statement_timestamp() from awa.claim(%s, %s, 'w') c")
+           " c.run_lease, statement_timestamp() from awa.claim(%s, %s, 'w', family => %s) c")
 RUNNING = ("select (to_jsonb(r) - 'run_lease' - 'claimed_at' - 'heartbeat_at'"
            " - 'lease_expires_at' - 'deadline_at')"
            " || jsonb_build_object('claimed_in', r.claimed_at - %(t0)s::timestamptz,"
@@ -59,6 +59,9 @@ scenario = st.fixed_dictionaries({
     "own_run_time": st.booleans(),
     "keyed": st.booleans(),
     "paused": st.sampled_from([False, False, False, True]),
+    # A queue no other links to covers itself alone either way; the general
+    # walk's lookup without family matches no name against root_queue.
+    "family": st.booleans(),
     "seed": st.floats(-1, 1),
 })
 
@@ -98,7 +101,7 @@ def _claim(conn, queues, s):
     try:
         conn.execute("select setseed(%s)", [s["seed"]])
         before = conn.execute(LINK_SCANS).fetchone()[0]
-        claimed = conn.execute(CLAIMED, [queues, s["max_jobs"]]).fetchall()
+        claimed = conn.execute(CLAIMED, [queues, s["max_jobs"], s["family"]]).fetchall()
         scans = conn.execute(LINK_SCANS).fetchone()[0] - before
         t0 = claimed[0][2] if claimed else None
         return {
@@ -116,10 +119,16 @@ def _claim(conn, queues, s):
 @given(s=scenario)
 @example(s={"shards": 8, "priorities": [2, 3] * 45, "dead": 30, "hint": "stacked",
             "held": set(range(0, 40, 3)), "max_jobs": 60, "queue_run_time": "1 hour",
-            "own_run_time": True, "keyed": True, "paused": False, "seed": 0.25})
+            "own_run_time": True, "keyed": True, "paused": False, "family": True,
+            "seed": 0.25})
 @example(s={"shards": 4, "priorities": [1] * 90, "dead": 70, "hint": "none",
             "held": {0, 1}, "max_jobs": 1, "queue_run_time": None,
-            "own_run_time": False, "keyed": False, "paused": False, "seed": -0.5})
+            "own_run_time": False, "keyed": False, "paused": False, "family": True,
+            "seed": -0.5})
+@example(s={"shards": 8, "priorities": [1, 2, 3, 4] * 20, "dead": 10, "hint": "first",
+            "held": set(range(0, 30, 4)), "max_jobs": 60, "queue_run_time": "1 hour",
+            "own_run_time": True, "keyed": True, "paused": False, "family": False,
+            "seed": 0.5})
 def test_claim_of_one_queue_equals_the_general_walk(db, s):
     with db.connect() as admin:
         _prepare(admin, s)

@@ -240,15 +240,15 @@ def worker(**settings) -> Worker:
     ({"queues": [{"queue": "q", "max_workers": "4"}]},
      "queue q: max_workers must be an integer of 1 or more (or None: 1), got '4'"),
     ({"queues": [{"queue": "q", "max_worker": 4}]},
-     "queue q: unknown key 'max_worker' (value 4); the Worker takes queue and max_workers"),
+     "queue q: unknown key 'max_worker' (value 4); the Worker takes queue, max_workers and family"),
     ({"queues": [{"max_workers": 4}]},
      "queue config 1 (1-based) has no queue name: {'max_workers': 4}"),
     ({"queues": PartitionedQueue("p", 2).queue_configs(min_workers_per_partition=1)},
      "queue p: min_workers 1 is not supported: the Worker runs max_workers slots per queue "
-     "and takes queue and max_workers"),
+     "and takes queue, max_workers and family"),
     ({"queues": PartitionedQueue("p", 2).queue_configs(rate_limit_per_partition=5.0)},
      "queue p: rate_limit 5.0 is not supported: the Worker runs max_workers slots per queue "
-     "and takes queue and max_workers"),
+     "and takes queue, max_workers and family"),
 ])
 def test_worker_settings_it_cannot_run_with_are_refused(settings, message):
     with pytest.raises(ValueError, match=re.escape(message)):

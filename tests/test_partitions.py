@@ -27,8 +27,8 @@ def test_from_physical_queues_and_configs():
     assert (pq.logical, pq.partitions, pq.queue_for_index(1)) == ("legacy", 3, "b")
     configs = pq.queue_configs(max_workers_per_partition=4, min_workers_per_partition=1,
                                rate_limit_per_partition=50.0)
-    assert configs == [{"queue": q, "max_workers": 4, "min_workers": 1, "rate_limit": 50.0}
-                       for q in ["a", "b", "c"]]
+    assert configs == [{"queue": q, "max_workers": 4, "min_workers": 1, "rate_limit": 50.0,
+                        "family": False} for q in ["a", "b", "c"]]
 
 
 @pytest.mark.parametrize(("call", "message"), [
@@ -212,3 +212,41 @@ def test_batch_routing_equals_routing_one_row_at_a_time(db):
     assert list(batch[0]) == one
     assert created == created_one and "rnew" in created
     assert len(set(one)) > 10  # partitions, stripes and partitions' stripes were reached
+
+
+def test_every_per_partition_config_claims_its_partition_alone():
+    """queue_configs() marks each config "family": False, partition 0's (the
+    logical name) too, so that the Worker claims it with awa.claim(...,
+    family => false); a plain name keeps the family claim (no key: true)."""
+    from awa_sql.partitions import iter_configs
+
+    for pq in (PartitionedQueue("orders", 4),
+               PartitionedQueue.from_physical_queues("legacy", ["a", "b"])):
+        assert [c["family"] for c in pq.queue_configs()] == [False] * pq.partitions
+        assert iter_configs(pq) == pq.queue_configs()
+    assert iter_configs(["orders"]) == [{"queue": "orders"}]
+
+
+def test_route_by_index_0_is_the_logical_name_which_the_server_routes(db):
+    """route_by_index(0) names the logical queue: registered, an unkeyed job
+    enqueued by it goes where an unkeyed enqueue to the logical name goes,
+    the connection's sticky partition, not necessarily partition 0;
+    route_by_index(k), k > 0, names partition k's queue, which keeps the
+    job. Consecutive backends reach more than partition 0."""
+    import awa_sql
+
+    pq = PartitionedQueue("orders", 4)
+    assert pq.route_by_index(0) == {"queue": "orders"}
+    with db.connect(db.login_role("awa_operator")) as op:
+        op.execute("select awa.set_queue_partitions('orders', 4)")
+    producer = db.login_role("awa_producer")
+    reached = set()
+    for _ in range(16):
+        with db.connect(producer) as p:
+            by_index = [awa_sql.enqueue(p, "k", {}, **pq.route_by_index(i)).queue
+                        for i in range(4)]
+            by_name = awa_sql.enqueue(p, "k", {}, queue="orders").queue
+        assert by_index[0] == by_name
+        assert by_index[1:] == list(pq.physical_queues[1:])
+        reached.add(by_index[0])
+    assert reached - {"orders"}, reached

@@ -89,6 +89,15 @@ class PartitionedQueue:
         return {"queue": self.queue_for_key(key), "ordering_key": key}
 
     def route_by_index(self, index: int) -> dict:
+        """``{"queue": queue_for_index(index)}``: enqueue options naming that
+        partition's queue. An unkeyed job enqueued to index 1 and up stays in
+        that partition. Index 0's queue is the logical name itself: once the
+        queue is registered (``awa.set_queue_partitions``), the database
+        routes an unkeyed job enqueued by that name to the producer
+        connection's sticky partition, which may be any of them, so these
+        options do not pin a job to partition 0, and no enqueue option
+        does. Only an unregistered name is an ordinary queue, which keeps
+        the job."""
         return {"queue": self.queue_for_index(index)}
 
     def queue_configs(
@@ -101,7 +110,10 @@ class PartitionedQueue:
         """One worker configuration per partition, for ``Worker(queues=...)``.
         The Worker runs ``max_workers`` slots per queue (None: 1) and refuses a
         configuration with ``min_workers`` or ``rate_limit`` set: it does not
-        implement them."""
+        implement them. Each is marked ``"family": False``: its claims take
+        its own partition's jobs alone. Partition 0's queue is the logical
+        name, and a claim by that name with family (``awa.claim``'s
+        default) takes every partition's."""
         if (min_workers_per_partition is not None and max_workers_per_partition is not None
                 and min_workers_per_partition > max_workers_per_partition):
             raise ValueError(
@@ -119,6 +131,7 @@ class PartitionedQueue:
                 "max_workers": max_workers_per_partition,
                 "min_workers": min_workers_per_partition,
                 "rate_limit": rate_limit_per_partition,
+                "family": False,
             }
             for q in self.physical_queues
         ]
@@ -146,7 +159,10 @@ def _check_name_lengths(logical: str, names: Sequence[str]) -> None:
 
 def iter_configs(queues: Iterable) -> list[dict]:
     """Normalise what ``Worker(queues=...)`` accepts: names, a PartitionedQueue,
-    or the dicts ``PartitionedQueue.queue_configs()`` returns."""
+    or the dicts ``PartitionedQueue.queue_configs()`` returns. A name becomes
+    ``{"queue": name}``, claimed with family (the default: a logical name's
+    partitions and stripes too); a PartitionedQueue becomes its
+    ``queue_configs()``, one partition each (``"family": False``)."""
     if isinstance(queues, PartitionedQueue):
         return queues.queue_configs()
     if isinstance(queues, str):

@@ -86,10 +86,13 @@ log = logging.getLogger("awa_sql.worker")
 
 # deadline_at - statement_timestamp() is the job's max run time by the
 # server's clock: the claim counts its deadline from its statement's start.
+# The last parameter, awa.claim's family, is False for a config of one
+# partition (queue_configs()): partition 0's name is the logical queue's,
+# whose claim with family covers every partition.
 CLAIM_SQL = (
     "select job_id, run_lease, queue, priority, enqueue_shard, lane_seq, kind, args, attempt,"
     " max_attempts, ordering_key, deadline_at, deadline_at - statement_timestamp()"
-    " from awa.claim(%s::text[], %s, %s::text, %s::interval)"
+    " from awa.claim(%s::text[], %s, %s::text, %s::interval, %s::boolean)"
 )
 MIN_POLL = 0.01  # seconds; the first wait after an empty claim
 # The bounds awa.claim (sql/claim.sql) puts on its lease (awa._lease_ok:
@@ -121,7 +124,7 @@ SHUTDOWN_TIMEOUT = 25.0
 # The first line of a handed-back job's last error (what awa.failure_summary
 # groups by); the second says after how long and which worker.
 HAND_BACK_ERROR = "handed back at worker shutdown: its handler was still running"
-QUEUE_KEYS = ("queue", "max_workers")
+QUEUE_KEYS = ("queue", "max_workers", "family")
 # Keys PartitionedQueue.queue_configs() writes that the Worker does not
 # implement: taken when None, refused otherwise.
 UNSUPPORTED_QUEUE_KEYS = ("min_workers", "rate_limit")
@@ -286,7 +289,7 @@ def _check_maintain(maintain: object) -> None:
 
 
 def _check_configs(configs: list[dict]) -> None:
-    takes = " and ".join(QUEUE_KEYS)
+    takes = ", ".join(QUEUE_KEYS[:-1]) + " and " + QUEUE_KEYS[-1]
     for n, config in enumerate(configs, 1):
         name = config.get("queue")
         if not isinstance(name, str) or not name:
@@ -305,6 +308,11 @@ def _check_configs(configs: list[dict]) -> None:
                                   or slots < 1):
             raise ValueError(f"queue {name}: max_workers must be an integer of 1 or more"
                              f" (or None: 1), got {slots!r}")
+        family = config.get("family", True)
+        if not isinstance(family, bool):
+            raise ValueError(f"queue {name}: family must be True (claim its partitions and"
+                             f" stripes too) or False (the queue and its own stripes only),"
+                             f" got {family!r}")
 
 
 def _log_gone(job: Job, outcome: str, handed_back: bool = False,
@@ -536,9 +544,11 @@ class Worker:
         threads = []
         for config in self.configs:
             name, slots = config["queue"], config.get("max_workers") or 1
+            family = config.get("family", True)
             free = threading.Semaphore(slots)
             jobs: queue_mod.SimpleQueue[Job | None] = queue_mod.SimpleQueue()
-            threads.append(threading.Thread(target=self._claimer, args=(name, slots, free, jobs),
+            threads.append(threading.Thread(target=self._claimer,
+                                             args=(name, family, slots, free, jobs),
                                              name=f"awa-{name}-claim", daemon=True))
             threads += [threading.Thread(target=self._slot, args=(free, jobs),
                                          name=f"awa-{name}-{slot}", daemon=True)
@@ -579,9 +589,10 @@ class Worker:
             return conn
         return _Link(open_connection)
 
-    def _claimer(self, queue: str, slots: int, free: threading.Semaphore,
+    def _claimer(self, queue: str, family: bool, slots: int, free: threading.Semaphore,
                  jobs: queue_mod.SimpleQueue) -> None:
-        """Claims for free slots only, so no claimed job waits for a slot."""
+        """Claims for free slots only, so no claimed job waits for a slot;
+        ``family`` is awa.claim's (False: ``queue`` and its own stripes only)."""
         delay, backoff = MIN_POLL, Backoff(self._stop)
         read_only = False  # the last claim met a server that takes no writes
         lease_seconds = self.lease.total_seconds()
@@ -594,8 +605,8 @@ class Worker:
                     while want < min(slots, self.batch) and free.acquire(blocking=False):
                         want += 1
                     try:
-                        rows = conn.execute(CLAIM_SQL, [[queue], want, self.name, self.lease]
-                                            ).fetchall()
+                        rows = conn.execute(
+                            CLAIM_SQL, [[queue], want, self.name, self.lease, family]).fetchall()
                     except psycopg.Error as err:
                         for _ in range(want):
                             free.release()

@@ -21,7 +21,7 @@ INLINED_FUNCTIONS = (
     "_retry_default_base", "_retry_default_cap", "_retry_default_jitter", "_retry_delay",
     "_unique_scope", "_unique_ok", "_row_ok",
     "_default_priority", "_default_max_attempts", "_default_args", "_first_attempt",
-    "_sticky_ok", "_one_range_ok", "_limit_ok", "_pass_bytes", "_job_bytes",
+    "_sticky_ok", "_one_range_ok", "_limit_ok", "_pass_bytes", "_job_bytes", "_rewrite_heap_bytes",
     "_run_at_ok", "_lease_ok", "_error_class", "_before_every_snapshot", "_retry_states",
     "_cancelled_after_failure", "_lock_rank", "_key_holds",
 )
