@@ -93,6 +93,7 @@ AWARE = "run_at must be an aware datetime (with tzinfo) or None, got"
 TIMEDELTA = "must be a timedelta or None, got"
 
 
+@pytest.mark.one_version  # the client's checks, before anything is sent
 @pytest.mark.parametrize(("path", "where"), [
     ("enqueue", ""), ("enqueue_async", ""), ("enqueue_many", "job 2 (1-based): "),
     ("enqueue_many", "the default "), ("enqueue_many_copy", "job 2 (1-based): "),
@@ -140,6 +141,7 @@ CANNOT_SEND = [
 ]
 
 
+@pytest.mark.one_version  # the client's encoding, before its COPY starts
 @pytest.mark.parametrize(("bad", "error", "message"), CANNOT_SEND,
                          ids=["args datetime", "args Decimal", "args set", "kind NUL",
                               "queue NUL", "kind surrogate", "queue surrogate"])
