@@ -7,7 +7,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: dev test lint schema sql-headers demo demo-stop bench clean system-deps-test \
+.PHONY: dev test test-durations lint schema sql-headers demo demo-stop bench clean system-deps-test \
         system-deps-demo system-deps-bench
 
 $(STAMP): pyproject.toml examples/node/package.json
@@ -30,13 +30,18 @@ system-deps-bench:
 	@scripts/system-deps.sh bench
 
 # The whole suite, PostgreSQL 17 and 18, lint included: four pytest-xdist
-# workers, each with half of one version's test files and that version's
-# server (tests/conftest.py groups them), the tests of no version shared
-# out. PYTEST_XDIST= runs it in one process;
+# workers, each with one version's server and a part of its test files
+# balanced by tests/durations.json (tests/conftest.py groups them), the tests
+# of no version shared out. PYTEST_XDIST= runs it in one process;
 # PYTEST_ARGS adds pytest arguments (`make test PYTEST_ARGS='-k retry'`).
 PYTEST_XDIST ?= -n 4 --dist loadgroup
 test: system-deps-test $(STAMP)
 	$(BIN)/pytest $(PYTEST_XDIST) $(PYTEST_ARGS)
+
+# The whole suite, recording each test file's seconds in tests/durations.json
+# for the split above. Re-run it when the workers' times drift apart.
+test-durations: system-deps-test $(STAMP)
+	$(BIN)/pytest $(PYTEST_XDIST) --store-durations $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/pytest tests/test_lint.py

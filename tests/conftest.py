@@ -1,8 +1,9 @@
 """Fixtures: a real PostgreSQL 17 and 18 per test session, a fresh database per test.
 
 Under pytest-xdist (``make test`` runs ``-n 4 --dist loadgroup``) each version's
-tests form two groups, by file, and each group runs in one worker, which starts
-the server of its version; tests of no version go to any.
+tests form two groups, by file, balanced by the seconds each file took in a
+recorded run (tests/support/split.py), and each group runs in one worker, which
+starts the server of its version; tests of no version go to any.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import os
 import re
 import shutil
 import uuid
-import zlib
+from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from hypothesis import settings
 from awa_sql import migrate
 from awa_sql.roles import Roles
 from tests.support import pgbouncer as bouncer
-from tests.support import scratch
+from tests.support import scratch, split
 from tests.support.cluster import Cluster, start_cluster
 from tests.support.database import Database
 from tests.support.jobs import Logins
@@ -133,13 +134,13 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
-    """``--dist loadgroup`` with two groups per PostgreSQL version, each a half
-    of the test files (by a hash of the file's path), so that a file's tests
-    of a version, and their session fixtures (``cluster``, ``template_db``,
-    ``pgbouncer``), stay in one worker; tests of no version go to any. Four
-    workers finished sooner than two on 2 cores in two runs of three
-    (much of a test's time is spent waiting, for its server or for other
-    sessions), by about as much as the machine's noise.
+    """``--dist loadgroup`` with one group per worker and PostgreSQL version
+    (two of each version for ``-n 4``), each a part of the version's test
+    files balanced by their recorded seconds (tests/support/split.py), so that
+    a file's tests of a version, and their session fixtures (``cluster``,
+    ``template_db``, ``pgbouncer``), stay in one worker; tests of no version
+    go to any. More workers than cores pay: much of a test's time is spent
+    waiting, for its server or for other sessions.
 
     Not ``xdist_group`` marks added at collection: pytest-xdist 3.8 applies them
     by rewriting each item's node id, which pytest 9.2 ignores, so the marks
@@ -150,13 +151,49 @@ def pytest_xdist_make_scheduler(config, log):
     from xdist.scheduler import LoadGroupScheduling
 
     class ByVersion(LoadGroupScheduling):
+        parts: dict[tuple[str, str], int] | None = None
+
         def _split_scope(self, nodeid: str) -> str:
-            if m := _VERSION_ID.search(nodeid):
-                path = nodeid.split("::", 1)[0]
-                return f"{m[1]}/{zlib.crc32(path.encode()) % 2}"
+            if self.parts is None:  # self.collection is complete by now
+                self.parts = split.assign(
+                    filter(None, map(_version_and_file, self.collection)),
+                    max(1, self.numnodes // len(VERSIONS)), split.load())
+            if key := _version_and_file(nodeid):
+                return f"{key[0]}/{self.parts[key]}"
             return super()._split_scope(nodeid)
 
     return ByVersion(config, log)
+
+
+def _version_and_file(nodeid: str) -> tuple[str, str] | None:
+    if m := _VERSION_ID.search(nodeid):
+        return m[1], nodeid.split("::", 1)[0]
+    return None
+
+
+def pytest_addoption(parser):
+    parser.addoption("--store-durations", action="store_true",
+                     help="write each test file's seconds per version to "
+                          "tests/durations.json (make test-durations)")
+
+
+_SECONDS: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+
+
+def pytest_runtest_logreport(report):
+    # In the controller of an xdist run, every worker's reports arrive here.
+    if key := _version_and_file(report.nodeid):
+        _SECONDS[key[0]][key[1]] += report.duration
+
+
+def pytest_sessionfinish(session, exitstatus):
+    config = session.config
+    if config.getoption("store_durations") and not hasattr(config, "workerinput"):
+        if exitstatus != 0:
+            config.get_terminal_writer().line(
+                "tests/durations.json not written: the run failed")
+            return
+        split.write(_SECONDS)
 
 
 @pytest.hookimpl(optionalhook=True)
