@@ -1838,6 +1838,34 @@ begin
 end;
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._check_snapshot_current()
+ RETURNS void
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+declare
+    rewritten regclass;
+begin
+    select c.oid::regclass into rewritten
+      from pg_catalog.pg_class as c
+     where c.xmax <> '0'::xid and c.relfilenode <> pg_catalog.pg_relation_filenode(c.oid)
+       and (c.oid in ('awa.ready'::regclass, 'awa.ready_late'::regclass,
+                      'awa.scheduled'::regclass)
+            or c.oid in (select i.inhrelid
+                           from pg_catalog.pg_inherits as i
+                          where i.inhparent in ('awa.running'::regclass,
+                                                'awa.finished'::regclass)))
+     limit 1;
+    if rewritten is not null then
+        raise exception '% was rewritten by maintenance after this transaction''s snapshot '
+                        'was taken, which reads it empty', rewritten
+            using errcode = '40001',
+                  hint = 'Read again in a new transaction; read committed, which takes '
+                         'a snapshot per statement, is never refused.';
+    end if;
+end;
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._check_unique(unique_key bytea, unique_window interval)
  RETURNS void
  LANGUAGE plpgsql
@@ -6663,6 +6691,7 @@ begin
            where count_jobs.state in ('completed', 'failed', 'cancelled')
           limit count_jobs.up_to
       ) as c;
+    perform awa._check_snapshot_current();
     return counted;
 end;
 $function$;
@@ -7167,6 +7196,7 @@ begin
       ) as g
       join awa.finished as s on s.job_id = g.latest[2]::bigint and s.slot = g.latest[3]::smallint
      order by g.n desc, g.last_at desc, g.name, g.kind, g.error;
+    perform awa._check_snapshot_current();
 end;
 $function$;
 
@@ -7329,6 +7359,7 @@ begin
            j.enqueued_at, j.run_at, j.finished_at, j.last_error, j.worker, j.lease_expires_at
       from awa._job_at(job_id) as j
       join awa.queue_meta as m on m.queue_id = j.queue_id;
+    perform awa._check_snapshot_current();
 end;
 $function$;
 
@@ -7463,6 +7494,7 @@ begin
       join awa.queue_meta as m on m.queue_id = j.queue_id
      order by j.job_id
      limit jobs.max_jobs;
+    perform awa._check_snapshot_current();
 end;
 $function$;
 

@@ -86,6 +86,53 @@ begin
 end;
 $$;
 
+-- Function: awa._check_snapshot_current() returns void
+-- Raises 40001 when the statement's snapshot is older than a maintenance
+-- rewrite of a table the job tools read (awa.rotate_running,
+-- awa.compact_ready, awa.compact_scheduled, awa.prune_finished's carry:
+-- each truncates the table and copies back what it keeps). TRUNCATE is not
+-- MVCC-safe: a repeatable read or serializable transaction whose snapshot
+-- was taken before the rewrite committed reads the rewritten table empty,
+-- so a count or a page read in it would miss every job kept. Such a
+-- snapshot sees a version of the table's pg_class row that a committed
+-- transaction has replaced (its xmax set), naming the file of its time,
+-- where the catalog cache, brought up to date when the caller's read locked
+-- the table, names today's. A newer snapshot sees the newest version (its
+-- xmax unset but by a transaction in progress or rolled back, which the
+-- cache does not show either): in read committed, where a statement's
+-- snapshot is taken once it holds its tables, this never raises.
+-- Errors: 40001 a table read was rewritten after the snapshot.
+-- Calls: nothing
+-- Writes: nothing
+create or replace function awa._check_snapshot_current()
+returns void
+language plpgsql
+volatile
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    rewritten regclass;
+begin
+    select c.oid::regclass into rewritten
+      from pg_catalog.pg_class as c
+     where c.xmax <> '0'::xid and c.relfilenode <> pg_catalog.pg_relation_filenode(c.oid)
+       and (c.oid in ('awa.ready'::regclass, 'awa.ready_late'::regclass,
+                      'awa.scheduled'::regclass)
+            or c.oid in (select i.inhrelid
+                           from pg_catalog.pg_inherits as i
+                          where i.inhparent in ('awa.running'::regclass,
+                                                'awa.finished'::regclass)))
+     limit 1;
+    if rewritten is not null then
+        raise exception '% was rewritten by maintenance after this transaction''s snapshot '
+                        'was taken, which reads it empty', rewritten
+            using errcode = '40001',
+                  hint = 'Read again in a new transaction; read committed, which takes '
+                         'a snapshot per statement, is never refused.';
+    end if;
+end;
+$$;
+
 -- Function: awa._ready_from(lane, head_seq, next_seq, after) returns bigint
 -- The lane_seq from which every live row of a lane has f > after, where f
 -- is a row's stamp in awa.ready_late if it has one, else its job id (null
@@ -241,8 +288,9 @@ $$;
 -- bisection of each lane with ready rows (awa.ready has no index on
 -- job_id: ADR 025, ADR 031).
 -- Role: awa_reader, awa_operator.
--- Errors: 22004 null job_id.
--- Calls: awa._job_at
+-- Errors: 22004 null job_id; 40001 a snapshot older than a rewrite
+-- (awa._check_snapshot_current).
+-- Calls: awa._check_snapshot_current, awa._job_at
 -- Writes: nothing
 create or replace function awa.job(job_id bigint)
 returns setof awa.job_info
@@ -266,6 +314,7 @@ begin
            j.enqueued_at, j.run_at, j.finished_at, j.last_error, j.worker, j.lease_expires_at
       from awa._job_at(job_id) as j
       join awa.queue_meta as m on m.queue_id = j.queue_id;
+    perform awa._check_snapshot_current();
 end;
 $$;
 
@@ -286,9 +335,10 @@ $$;
 -- Role: awa_reader, awa_operator.
 -- Errors: 22004 null queue or max_jobs; 22023 an unknown state, a worker
 -- with a state other than running, max_jobs outside 1 .. 100000, a bad
--- name; 42704 no such queue.
--- Calls: awa._check_job_state, awa._check_max_jobs, awa._lane_states, awa._queue_ids,
---   awa._ready_from
+-- name; 42704 no such queue; 40001 a snapshot older than a rewrite
+-- (awa._check_snapshot_current).
+-- Calls: awa._check_job_state, awa._check_max_jobs, awa._check_snapshot_current, awa._lane_states,
+--   awa._queue_ids, awa._ready_from
 -- Writes: nothing
 create or replace function awa.jobs(
     queue text,
@@ -434,6 +484,7 @@ begin
       join awa.queue_meta as m on m.queue_id = j.queue_id
      order by j.job_id
      limit jobs.max_jobs;
+    perform awa._check_snapshot_current();
 end;
 $$;
 
@@ -510,8 +561,10 @@ $$;
 -- each lane's first live row.
 -- Role: awa_reader, awa_operator.
 -- Errors: 22004 null queue, state or up_to; 22023 an unknown state, up_to
--- outside 1 .. 100000, a bad name; 42704 no such queue.
--- Calls: awa._check_job_state, awa._check_max_jobs, awa._lane_states, awa._queue_ids
+-- outside 1 .. 100000, a bad name; 42704 no such queue; 40001 a snapshot
+-- older than a rewrite (awa._check_snapshot_current).
+-- Calls: awa._check_job_state, awa._check_max_jobs, awa._check_snapshot_current, awa._lane_states,
+--   awa._queue_ids
 -- Writes: nothing
 create or replace function awa.count_jobs(
     queue text, state text, kind text default null, up_to integer default 10000
@@ -577,6 +630,7 @@ begin
            where count_jobs.state in ('completed', 'failed', 'cancelled')
           limit count_jobs.up_to
       ) as c;
+    perform awa._check_snapshot_current();
     return counted;
 end;
 $$;
@@ -614,9 +668,10 @@ $$;
 -- Role: awa_reader, awa_operator.
 -- Errors: 22004 null max_groups; 22023 since below 0 or above 10 years (the
 -- longest retention), max_groups outside 1 .. 100000, a bad name; 42704 no
--- such queue.
--- Calls: awa._check_max_jobs, awa._error_class, awa._finished_ring_slots, awa._in_seconds,
---   awa._queue_ids
+-- such queue; 40001 a snapshot older than a rewrite
+-- (awa._check_snapshot_current).
+-- Calls: awa._check_max_jobs, awa._check_snapshot_current, awa._error_class,
+--   awa._finished_ring_slots, awa._in_seconds, awa._queue_ids
 -- Writes: nothing
 create or replace function awa.failure_summary(
     queue text default null, since interval default null, max_groups integer default 100
@@ -685,6 +740,7 @@ begin
       ) as g
       join awa.finished as s on s.job_id = g.latest[2]::bigint and s.slot = g.latest[3]::smallint
      order by g.n desc, g.last_at desc, g.name, g.kind, g.error;
+    perform awa._check_snapshot_current();
 end;
 $$;
 
@@ -1351,6 +1407,7 @@ $$;
 
 select awa._grant_execute('awa._check_job_state(text)');
 select awa._grant_execute('awa._check_max_jobs(text, integer)');
+select awa._grant_execute('awa._check_snapshot_current()');
 select awa._grant_execute('awa._job_at(bigint)');
 select awa._grant_execute('awa.job(bigint)', 'reader', 'operator');
 select awa._grant_execute('awa._ready_from(integer, bigint, bigint, bigint)');

@@ -9,8 +9,9 @@ through.
 
 from __future__ import annotations
 
+import calendar
 import threading
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 
 import psycopg
 import pytest
@@ -221,6 +222,47 @@ def test_a_handlers_retry_time_is_passed_through(db, logins):
     finally:
         worker.stop()
         t.join(timeout=30)
+
+
+def _posix_day(d: date) -> int:
+    """``d`` as a POSIX TZ rule's Jn: 1 to 365, February 29 never counted."""
+    leap = calendar.isleap(d.year) and d > date(d.year, 2, 28)
+    return d.timetuple().tm_yday - leap
+
+
+def test_a_retry_after_a_day_is_24_hours_in_any_time_zone(db, logins):
+    """Retry(after=timedelta(days=1)) went as interval '1 day', which now()
+    adds by the session's calendar: across a change of clocks the job came
+    back hours early. The worker's login here is in a zone that moves its
+    clocks 12 hours forward at the next midnight (a POSIX rule, so the test
+    needs no real zone's calendar)."""
+    tomorrow = date.today() + timedelta(days=1)
+    zone = (f"XST6XDT-6,J{_posix_day(tomorrow)}/0,"
+            f"J{_posix_day(tomorrow + timedelta(days=180))}/0")
+    with db.connect() as admin:
+        admin.execute(f'alter role "{logins.worker}" set timezone = \'{zone}\'')
+    with db.connect(logins.worker) as w:
+        assert w.execute("select now() + interval '1 day' - now() < interval '20 hours'"
+                         ).fetchone()[0], "the zone changes no clock by tomorrow"
+    with db.connect(logins.producer) as p:
+        job = enqueue(p, "wday", "day")[0]
+
+    def a_day_later(_job):
+        raise awa_sql.Retry(after=timedelta(days=1))
+
+    worker = Worker(db.dsn(logins.worker), queues=["wday"], snapshot_every=None,
+                    handlers={"day": a_day_later}, poll_interval=0.05)
+    t = threading.Thread(target=worker.run, daemon=True)
+    t.start()
+    try:
+        wait_until(lambda: worker.failed == 1, 15, "the attempt to fail")
+    finally:
+        worker.stop()
+        t.join(timeout=30)
+    with db.connect() as admin:
+        run_at = admin.execute(SCHEDULED, [job]).fetchone()[2]
+        waited = admin.execute("select %s - now()", [run_at]).fetchone()[0]
+    assert timedelta(hours=23, minutes=59) < waited <= timedelta(hours=24)
 
 
 def test_a_retry_time_the_server_refuses_is_a_failure_after_the_queues_backoff(db, logins):

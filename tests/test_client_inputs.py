@@ -315,6 +315,32 @@ def test_one_queue_name_given_as_a_string_is_one_queue():
     assert iter_configs(["emails", "sms"]) == [{"queue": "emails"}, {"queue": "sms"}]
 
 
+def test_one_config_dict_is_one_queue_and_a_list_may_mix_kinds():
+    """A lone dict was iterated as names: queues "queue" and "max_workers",
+    polled forever with no error."""
+    from awa_sql.partitions import PartitionedQueue, iter_configs
+    assert iter_configs({"queue": "emails", "max_workers": 2}) == [
+        {"queue": "emails", "max_workers": 2}]
+    pq = PartitionedQueue("orders", 2)
+    assert iter_configs([pq, "emails"]) == [*pq.queue_configs(), {"queue": "emails"}]
+
+
+@pytest.mark.parametrize(("queues", "message"), [
+    (b"emails", "queues must be a queue name, a config dict, a PartitionedQueue or a list"
+                " of them, got b'emails'"),
+    (5, "queues must be a queue name, a config dict, a PartitionedQueue or a list of them,"
+        " got 5"),
+    (["emails", 5], "queues item 2 (1-based) must be a queue name, a config dict or a"
+                    " PartitionedQueue, got 5"),
+    ([b"emails"], "queues item 1 (1-based) must be a queue name, a config dict or a"
+                  " PartitionedQueue, got b'emails'"),
+])
+def test_queues_of_another_type_are_refused_by_name(queues, message):
+    with pytest.raises(ValueError) as raised:
+        worker(queues=queues)
+    assert str(raised.value) == message
+
+
 BAD_OPTIONS = [
     ({"max_run_time": timedelta(seconds=-1)},
      # psycopg sends timedelta(seconds=-1) as -1 days 86399 seconds.

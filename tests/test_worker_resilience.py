@@ -497,6 +497,43 @@ def test_an_outcome_is_recorded_once_the_database_takes_connections_again(
     assert runs == [1]
 
 
+def test_an_outcome_refused_by_a_server_that_takes_no_writes_is_sent_again(
+        db, logins, caplog):
+    """The slot connects while its server takes no writes (a failover whose
+    DNS still names the old primary: here, a read-only login): the
+    completion, refused 25006, was given up at once and the connection kept
+    for good, so that job, and every later one of the slot, ran again at
+    each lease's end. Now the connection is closed and the completion sent
+    again, under the job's lease, until a server takes it."""
+    caplog.set_level(logging.INFO, logger="awa_sql.worker")
+    with db.connect(logins.producer) as conn:
+        job = awa_sql.enqueue(conn, "held", queue="readonly")
+    started, release = threading.Event(), threading.Event()
+    runs = []
+
+    def held(_job):
+        runs.append(1)
+        started.set()
+        release.wait(60)
+
+    worker = Worker(db.dsn(logins.worker), queues=["readonly"], handlers={"held": held},
+                    **FAST)
+    with running(worker, release), db.connect() as admin:
+        assert started.wait(15)
+        # The slot's connection opens at its first statement: this completion.
+        admin.execute(f'alter role "{logins.worker}" set default_transaction_read_only = on')
+        release.set()
+        wait_until(lambda: any(f"job {job.job_id} (held): its completion could not be recorded:"
+                               f" cannot execute" in r.getMessage() for r in caplog.records),
+                   10, "the slot to meet the read-only server")
+        admin.execute(f'alter role "{logins.worker}" reset default_transaction_read_only')
+        wait_until(lambda: state(db, job.job_id) == "completed", 10,
+                   "the completion to be recorded once the server takes writes")
+    assert job_row(db, job.job_id)[:2] == ("completed", 1)
+    assert runs == [1]
+    assert worker.completed == 1
+
+
 def test_one_job_whose_heartbeat_fails_does_not_starve_the_others(db, logins):
     """Under default_transaction_isolation = repeatable read, awa.heartbeat
     raises for a run that is gone (an operator cancelled it) instead of

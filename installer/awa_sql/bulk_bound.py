@@ -4,6 +4,7 @@ and the admin API's bulk plan)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import datetime
 
 import psycopg
@@ -30,3 +31,29 @@ def read_bound(conn: psycopg.Connection) -> datetime:
     conn.execute("set transaction isolation level repeatable read, read only")
     with conn.cursor(binary=True) as cur:
         return cur.execute("select pg_catalog.clock_timestamp()").fetchone()[0]
+
+
+# Counts taken again when a maintenance rewrite overtook the snapshot
+# (awa.count_jobs refuses it, 40001); rewrites are minutes apart.
+COUNT_TRIES = 3
+
+
+def count_in_bound(conn: psycopg.Connection, queue: str, states: Iterable[str],
+                   kind: str | None, up_to: int) -> tuple[datetime, dict[str, int]]:
+    """The bound and, counted in its snapshot, the jobs of each state
+    (awa.count_jobs, up to ``up_to``), in a transaction of its own: ``conn``
+    must be idle. A snapshot taken as a maintenance rewrite of a job table
+    committed would read that table empty; awa.count_jobs refuses it (40001)
+    and the count is taken again in a new transaction."""
+    for attempt in range(1, COUNT_TRIES + 1):
+        try:
+            with conn.transaction():
+                before = read_bound(conn)
+                counts = {state: conn.execute(
+                    "select awa.count_jobs(%s::text, %s::text, %s::text, %s::integer)",
+                    [queue, state, kind, up_to]).fetchone()[0] for state in states}
+            return before, counts
+        except psycopg.errors.SerializationFailure:
+            if attempt == COUNT_TRIES:
+                raise
+    raise AssertionError("not reached: the last try returns or raises")

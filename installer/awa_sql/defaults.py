@@ -21,8 +21,10 @@ JOB_TOOL_LOCK_TIMEOUT = "5s"
 
 # Why awa.retry_job returns false for a job that is failed or cancelled
 # (docs/sql-api.md): not its state. `awa jobs retry ID` and the admin API say it.
-RETRY_REFUSED = ("another job of its queue holds its unique key now (retry it once that job "
-                 "has finished), or it failed before migration 0015 and kept no args")
+RETRY_REFUSED = ("another job of its queue holds its unique key now (a live one: retry it "
+                 "once that job has finished; one that completed with a unique window: once "
+                 "the window has passed), or it failed before migration 0015 and kept no "
+                 "args")
 
 # The states awa.retry_jobs takes jobs from, one a call, failed the default
 # (awa._retry_states in sql/jobs.sql, which decides; tests compare the two):

@@ -9,7 +9,7 @@ keyed traffic inside each partition still reaches every shard.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from awa_sql import routing
@@ -158,18 +158,30 @@ def _check_name_lengths(logical: str, names: Sequence[str]) -> None:
 
 
 def iter_configs(queues: Iterable) -> list[dict]:
-    """Normalise what ``Worker(queues=...)`` accepts: names, a PartitionedQueue,
-    or the dicts ``PartitionedQueue.queue_configs()`` returns. A name becomes
+    """Normalise what ``Worker(queues=...)`` accepts: a name, a config dict, a
+    PartitionedQueue, or a list of them (the dicts
+    ``PartitionedQueue.queue_configs()`` returns among them). A name becomes
     ``{"queue": name}``, claimed with family (the default: a logical name's
     partitions and stripes too); a PartitionedQueue becomes its
-    ``queue_configs()``, one partition each (``"family": False``)."""
-    if isinstance(queues, PartitionedQueue):
-        return queues.queue_configs()
-    if isinstance(queues, str):
-        # One name, not its letters: Worker(queues="emails") once claimed
-        # from queues "e", "m", "a", ...
-        return [{"queue": queues}]
+    ``queue_configs()``, one partition each (``"family": False``). Anything
+    else raises ValueError naming it."""
+    # One name or one config, not its letters or keys: Worker(queues="emails")
+    # once claimed from queues "e", "m", ..., and a lone dict from queues
+    # "queue" and "max_workers".
+    if isinstance(queues, str | Mapping | PartitionedQueue):
+        queues = [queues]
+    elif not isinstance(queues, Iterable) or isinstance(queues, bytes | bytearray):
+        raise ValueError(f"queues must be a queue name, a config dict, a PartitionedQueue"
+                         f" or a list of them, got {queues!r}")
     out = []
-    for q in queues:
-        out.append({"queue": q} if isinstance(q, str) else dict(q))
+    for n, q in enumerate(queues, 1):
+        if isinstance(q, str):
+            out.append({"queue": q})
+        elif isinstance(q, Mapping):
+            out.append(dict(q))
+        elif isinstance(q, PartitionedQueue):
+            out.extend(q.queue_configs())
+        else:
+            raise ValueError(f"queues item {n} (1-based) must be a queue name, a config dict"
+                             f" or a PartitionedQueue, got {q!r}")
     return out

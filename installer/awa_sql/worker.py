@@ -360,7 +360,9 @@ class _Link:
     That is safe for every statement the worker sends: a complete, fail or
     heartbeat under a stale lease changes nothing, and the jobs of a claim
     whose answer was lost come back when their lease expires (the attempt
-    counted, as at any lease's end)."""
+    counted, as at any lease's end). A server that refuses a statement
+    because it takes no writes is out of reach like a lost one: the
+    connection is closed, and the next statement connects again."""
 
     def __init__(self, open_connection: Callable[[], psycopg.Connection]) -> None:
         self._open = open_connection
@@ -368,10 +370,28 @@ class _Link:
         # Set when a statement went out on a connection that was then lost
         # without an answer: the server may have run it. The caller clears it.
         self.lost_after_send = False
+        # Why the server refused the last statement for taking no writes
+        # (read_only_reason's words); None when it did not.
+        self.read_only: str | None = None
 
     def execute(self, statement: str, params: list) -> psycopg.Cursor:
+        self.read_only = None
         if self._conn is None or self._conn.closed:
             self._conn = self._open()
+        try:
+            return self._send(statement, params)
+        except psycopg.Error as err:
+            # A server that takes no writes refuses in more than one way: 25006
+            # (a standby, a read-only login), 0A000 (awa.lane_hints is
+            # unlogged), 25000 (no transaction id in recovery). Its connection
+            # is closed: the next statement may reach the primary (a failover,
+            # target_session_attrs), where a connection kept would stay on the
+            # old server for good.
+            if not isinstance(err, psycopg.OperationalError) and not self._conn.closed:
+                self.read_only = self._read_only_reason()
+            raise
+
+    def _send(self, statement: str, params: list) -> psycopg.Cursor:
         try:
             return self._conn.execute(statement, params)
         except psycopg.OperationalError as err:
@@ -384,18 +404,13 @@ class _Link:
 
     def lost(self) -> bool:
         """Whether no connection is open: after an error, the server is out of
-        reach. Otherwise the error was the statement's own (a statement
-        timeout or a cancel, a lock timeout, a deadlock: psycopg's
-        OperationalError too), and the next statement may well succeed."""
+        reach (or takes no writes). Otherwise the error was the statement's
+        own (a statement timeout or a cancel, a lock timeout, a deadlock:
+        psycopg's OperationalError too), and the next statement may well
+        succeed."""
         return self._conn is None or self._conn.closed
 
-    def read_only_reason(self) -> str | None:
-        """Why the server takes no writes (None: it does), asked on this
-        link's connection. One that does not is closed: the next statement
-        connects again, and may reach the primary (a failover,
-        target_session_attrs)."""
-        if self._conn is None or self._conn.closed:
-            return None
+    def _read_only_reason(self) -> str | None:
         try:
             reason = read_only_reason(self._conn)
         except psycopg.Error:
@@ -610,9 +625,7 @@ class Worker:
                     except psycopg.Error as err:
                         for _ in range(want):
                             free.release()
-                        # On a standby: 25006, or 0A000 (awa.lane_hints is unlogged).
-                        reason = (None if isinstance(err, psycopg.OperationalError)
-                                  else conn.read_only_reason())
+                        reason = conn.read_only
                         if reason is None:
                             log.warning("queue %s: claim failed: %s; trying again in %.1f s",
                                         queue, one_line(err), backoff.delay)
@@ -726,12 +739,13 @@ class Worker:
                 params: list) -> bool | None:
         """Sends awa.complete or awa.fail and returns its answer. When the
         server cannot be reached (a restart, a lost connection, connections
-        refused), it is sent again after a back-off for as long as the job's
-        lease may be current: the job is still held, so the heartbeat goes on
-        extending its lease. Once the lease has surely ended, the error is
-        raised: the job is left to awa.rescue_expired. When an earlier send
-        went out on a connection lost before its answer and a later one
-        answers false, that one may have recorded the outcome: the answer is
+        refused) or takes no writes (a failover under way), it is sent again
+        after a back-off for as long as the job's lease may be current: the
+        job is still held, so the heartbeat goes on extending its lease. Once
+        the lease has surely ended, the error is raised: the job is left to
+        awa.rescue_expired. When an earlier send went out on a connection lost
+        before its answer and a later one answers false, that one may have
+        recorded the outcome: the answer is
         then _settle's, None for one it logged as not recorded."""
         backoff = BACKOFF_MIN
         conn.lost_after_send = False
@@ -741,7 +755,9 @@ class Worker:
                 if not answer and conn.lost_after_send:
                     return self._settle(conn, job, outcome)
                 return answer
-            except psycopg.OperationalError as err:
+            except psycopg.Error as err:
+                if not (isinstance(err, psycopg.OperationalError) or conn.read_only):
+                    raise
                 with self._lock:
                     held = self._running.get((job.job_id, job.run_lease))
                 if held is None or time.monotonic() + backoff >= held.lease_until:
@@ -773,8 +789,13 @@ class Worker:
             statement, params = ("select awa.fail(%s, %s, %s, %s::timestamptz)",
                                  [job.job_id, job.run_lease, error, retry.at])
         elif retry is not None and retry.after is not None:
-            statement, params = ("select awa.fail(%s, %s, %s, now() + %s::interval)",
-                                 [job.job_id, job.run_lease, error, retry.after])
+            # Seconds, not the interval psycopg sends ('1 day'), which now()
+            # would add by the session's calendar: 23 or 25 hours across a
+            # clock change.
+            statement, params = ("select awa.fail(%s, %s, %s,"
+                                 " now() + make_interval(secs => %s::float8))",
+                                 [job.job_id, job.run_lease, error,
+                                  retry.after.total_seconds()])
         else:
             statement, params = ("select awa.fail(%s, %s, %s)", [job.job_id, job.run_lease, error])
         try:

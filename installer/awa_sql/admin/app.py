@@ -217,6 +217,10 @@ def _configure(read_only: bool):
         # bug in a route.
         if read_only:  # never BEGIN READ WRITE: that fails on a standby
             conn.read_only = True
+        # BEGIN ISOLATION LEVEL READ COMMITTED whatever the login's default:
+        # the job tools read what a maintenance rewrite left, and a bulk
+        # call takes what workers left, only there.
+        conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
         # Never prepared: each statement is planned for its values. A page
         # refreshed every few seconds would otherwise run its statements
         # prepared, and PostgreSQL's plan for any queue reads a rarely

@@ -14,7 +14,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from awa_sql.admin.errors import ApiError
-from awa_sql.bulk_bound import read_bound
+from awa_sql.bulk_bound import count_in_bound
 from awa_sql.defaults import RETRY_STATES
 from awa_sql.jsonb import shown
 
@@ -405,12 +405,10 @@ def bulk_plan(conn: psycopg.Connection, queue: str, action: str, kind: str | Non
     would take, counted (awa.count_jobs) up to one more than a call takes,
     and the question to confirm it with. ``before``, the bound the call takes
     back, is read_bound's, counted in its snapshot (as ``awa jobs
-    retry/cancel`` does). Must run first in its transaction."""
-    before = read_bound(conn)
-    states = bulk_states(conn, queue, action, state)
-    counts = {state: conn.execute(
-        "select awa.count_jobs(%s::text, %s::text, %s::text, %s::integer)",
-        [queue, state, kind, max_jobs + 1]).fetchone()[0] for state in states}
+    retry/cancel`` does: count_in_bound). ``conn`` must be idle."""
+    with conn.transaction():
+        states = bulk_states(conn, queue, action, state)
+    before, counts = count_in_bound(conn, queue, states, kind, max_jobs + 1)
     total = sum(counts.values())
     jobs = min(total, max_jobs)
     more = total > max_jobs

@@ -160,7 +160,7 @@ def bulk_plan(request: Request, queue: QueueName, action: BulkAction,
               ) -> dict:
     """How many jobs a bulk retry or cancel would take, and the question that
     confirms it; changes nothing."""
-    with _pool(request).connection() as conn, conn.transaction():
+    with _pool(request).connection() as conn:  # bulk_plan's transactions are its own
         return queries.bulk_plan(conn, queue, action, kind, state)
 
 

@@ -23,7 +23,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from awa_sql.bulk_bound import BOUND_ARGUMENT, read_bound
+from awa_sql.bulk_bound import BOUND_ARGUMENT, count_in_bound
 from awa_sql.cli.common import (
     EXIT_WRONG_STATE,
     add_connection,
@@ -266,8 +266,14 @@ def _print_job(job: dict) -> None:
 
 def _connect(dsn: str | None, autocommit: bool = False) -> psycopg.Connection:
     """A connection that reads far dates, and args the JSON decoder refuses as
-    a marker (awa_sql.jsonb.shown) instead of failing the command."""
-    return decode_apart(read_far_dates(connect(dsn, autocommit=autocommit)))
+    a marker (awa_sql.jsonb.shown) instead of failing the command. Its
+    transactions are read committed whatever the login's default: the job
+    tools read what a maintenance rewrite left, and a bulk call's batches
+    take what workers left, only there (a repeatable read default failed a
+    bulk cancel half way with 40001)."""
+    conn = connect(dsn, autocommit=autocommit)
+    conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
+    return decode_apart(read_far_dates(conn))
 
 
 def _fetch_job(conn: psycopg.Connection, job_id: int) -> dict | None:
@@ -423,11 +429,7 @@ def _bulk(args: argparse.Namespace, function: str, states: tuple[str, ...], ask:
         # How many there are now, counted up to the most one call may take,
         # every state in the snapshot of the bound (a job taken beyond the
         # count is said below).
-        with conn.transaction():
-            before = read_bound(conn)
-            counts = {s: conn.execute(
-                "select awa.count_jobs(%s::text, %s::text, %s::text, %s)",
-                [args.queue, s, args.kind, MAX_JOBS]).fetchone()[0] for s in states}
+        before, counts = count_in_bound(conn, args.queue, states, args.kind, MAX_JOBS)
         total = sum(counts.values())
         what = " and ".join(f"{n} {s}" for s, n in counts.items() if n)
         kind = f" of kind {args.kind!r}" if args.kind else ""
