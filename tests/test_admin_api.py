@@ -1461,6 +1461,7 @@ GUARDED = [("GET", "/api/queues/big/drop/plan?discard_finished=true"),
            ("POST", "/api/queues/big/pause")]
 
 
+@pytest.mark.one_version
 @pytest.mark.parametrize("headers", [
     {"Sec-Fetch-Site": "cross-site"},
     {"Sec-Fetch-Site": "same-site"},  # another port of the same address: not the admin page

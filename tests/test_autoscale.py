@@ -511,6 +511,7 @@ def test_a_waiting_enqueue_reports_its_lane_lock_wait(db, logins):
     assert result["us"] >= 200_000
 
 
+@pytest.mark.one_version
 def test_cli_modes_show_and_run(db, logins):
     with db.connect(logins.producer) as p:
         enqueue(p, "cli")

@@ -33,6 +33,7 @@ def last_line(result: subprocess.CompletedProcess[str]) -> str:
     return result.stderr.strip().splitlines()[-1]
 
 
+@pytest.mark.one_version
 @pytest.mark.parametrize("mode", ["auto", "shadow"])
 def test_auto_or_shadow_creates_a_new_queue_at_s_1_as_its_dry_run_says(db, logins, mode):
     flags = ("storage", "set-enqueue-shards", "--queue", "fresh", f"--{mode}", "--max", "8")
@@ -48,6 +49,7 @@ def test_auto_or_shadow_creates_a_new_queue_at_s_1_as_its_dry_run_says(db, login
     assert queue_state(db, "fresh") == (mode, 8, 1, 4)
 
 
+@pytest.mark.one_version
 def test_manual_with_shards_creates_a_new_queue_at_that_s_as_its_dry_run_says(db, logins):
     flags = ("storage", "set-enqueue-shards", "--queue", "fresh", "--manual", "--shards", "4")
     planned = db.awa(*flags, "--dry-run", user=logins.operator, check=True)
@@ -61,6 +63,7 @@ def test_manual_with_shards_creates_a_new_queue_at_that_s_as_its_dry_run_says(db
     assert queue_state(db, "fresh") == ("manual", None, 4, 16)
 
 
+@pytest.mark.one_version
 def test_manual_alone_on_a_new_queue_is_refused_alike_with_and_without_dry_run(db, logins):
     flags = ("storage", "set-enqueue-shards", "--queue", "fresh", "--manual")
     planned = db.awa(*flags, "--dry-run", user=logins.operator)
@@ -72,6 +75,7 @@ def test_manual_alone_on_a_new_queue_is_refused_alike_with_and_without_dry_run(d
     assert queue_state(db, "fresh") is None
 
 
+@pytest.mark.one_version
 def test_the_dry_run_fails_where_the_run_fails(db, logins):
     """At the queue limit, creating the queue for --auto fails 53400: the dry
     run makes the change and rolls it back, so it fails the same way."""

@@ -470,6 +470,7 @@ def test_awa_maintain_finishes_drops_and_names_a_queue_it_put_back(db, logins, s
         assert task.call(m) == (0, "")
 
 
+@pytest.mark.one_version
 def test_awa_storage_drop_asks_refuses_and_drops(db, logins, su):
     with db.connect(logins.producer) as p:
         enqueue(p, "cli")

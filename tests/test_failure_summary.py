@@ -207,6 +207,7 @@ def test_bad_input_is_refused_naming_the_value_and_the_range(db, logins, since, 
 # -- awa jobs failures --------------------------------------------------------------------
 
 
+@pytest.mark.one_version
 def test_cli_prints_the_groups_for_people_and_for_scripts(db, logins, incident):
     out = db.awa("jobs", "failures", user=logins.reader, check=True).stdout
     lines = out.splitlines()
@@ -228,6 +229,7 @@ def test_cli_prints_the_groups_for_people_and_for_scripts(db, logins, incident):
     assert first["last_failed_at"] == finished_at(db, min(incident["timeout"])).isoformat()
 
 
+@pytest.mark.one_version
 def test_cli_filters_by_queue_and_since_and_limits(db, logins, incident):
     with db.connect() as su:
         su.execute("update awa.finished set finished_at = now() - interval '2 hours'"
@@ -250,6 +252,7 @@ def test_cli_filters_by_queue_and_since_and_limits(db, logins, incident):
                              check=True).stdout)["more"] is True
 
 
+@pytest.mark.one_version
 @pytest.mark.parametrize(("args", "says"), [
     (["--since=-1h"], "since must be between 0 and 10 years, got -01:00:00 [22023]"),
     (["--since", "4000d"], "since must be between 0 and 10 years, got 4000 days [22023]"),
@@ -265,6 +268,7 @@ def test_cli_bad_arguments_exit_2_naming_the_value(db, logins, args, says):
     assert says in result.stderr
 
 
+@pytest.mark.one_version
 def test_cli_refused_to_a_login_without_the_role(db, logins):
     refused = db.awa("jobs", "failures", user=logins.producer)
     assert refused.returncode == 7 and "42501" in refused.stderr
@@ -272,6 +276,7 @@ def test_cli_refused_to_a_login_without_the_role(db, logins):
     assert empty.stdout.strip() == "no failed jobs kept"
 
 
+@pytest.mark.one_version
 def test_cli_points_to_the_jobs_still_retrying_which_it_does_not_count(db, logins):
     """A job that fails every attempt is retried for hours before it is
     failed for good: all that while the summary finds nothing, and says

@@ -233,6 +233,7 @@ def test_a_run_is_recorded_once_per_five_seconds(db, logins):
                              " where name = 'promote'").fetchone()[0] == xmin
 
 
+@pytest.mark.one_version
 def test_awa_maintain_show_says_when_each_task_last_ran(db, logins):
     """The runbook's "how long each task has not run" without SQL, as a
     reader: every task of TASKS in order, whoever ran it (here a call as
@@ -258,6 +259,7 @@ def test_awa_maintain_show_says_when_each_task_last_ran(db, logins):
     assert all(7200 <= t["age_seconds"] < 7260 for t in as_json["tasks"][1:])
 
 
+@pytest.mark.one_version
 def test_awa_maintain_show_needs_a_reader_and_its_json_needs_show(db, logins):
     refused = db.awa("maintain", "--show", user=logins.maintenance)
     assert refused.returncode == 7, refused.stderr
@@ -266,6 +268,7 @@ def test_awa_maintain_show_needs_a_reader_and_its_json_needs_show(db, logins):
     assert (alone.returncode, alone.stderr) == (2, "awa: --json goes with --show\n")
 
 
+@pytest.mark.one_version
 def test_awa_maintain_show_on_a_database_without_the_record_says_to_migrate(db, logins):
     with db.connect() as admin:
         admin.execute("drop table awa.maintenance_runs cascade")
@@ -439,6 +442,7 @@ def test_every_pass_waits_for_a_contract_with_the_pass_lock(db, logins):
             m.wait_for_log("promote: awa.try_pass_lock(text) is installed now")
 
 
+@pytest.mark.one_version
 @pytest.mark.parametrize("grants", [["awa_worker"], []])
 def test_a_login_without_awa_maintenance_exits_7_saying_what_to_grant(db, grants):
     """Every pass would fail with "permission denied for function
@@ -567,6 +571,7 @@ def test_a_worker_without_awa_maintenance_says_what_to_grant_and_runs_no_passes(
         f" awa_maintenance to {logins.worker}; this worker runs no maintenance"], warnings
 
 
+@pytest.mark.one_version
 def test_a_taken_metrics_port_is_a_clear_error(db, logins):
     with taken_port() as port:
         result = db.awa("maintain", "--metrics-port", str(port), user=logins.maintenance,
@@ -644,6 +649,7 @@ def test_its_metrics_on_every_address_answer_any_host_and_warn(db, logins):
         assert _warnings(m) == []
 
 
+@pytest.mark.one_version
 @pytest.mark.parametrize(("args", "env"), [
     (["--allowed-host", "maintain.example:9189"], {}),
     ([], {"AWA_MAINTAIN_ALLOWED_HOSTS": "ok.example,*bad.example"}),

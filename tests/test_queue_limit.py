@@ -281,6 +281,7 @@ def limit(db) -> int:
         return su.execute("select max_queues from awa.queue_limit").fetchone()[0]
 
 
+@pytest.mark.one_version
 def test_awa_storage_queue_limit_shows_and_sets_the_limit(db, logins):
     """The runbook's "raise the queue limit" without SQL: read as a reader,
     set as an operator, for people and for scripts."""
@@ -297,6 +298,7 @@ def test_awa_storage_queue_limit_shows_and_sets_the_limit(db, logins):
     assert json.loads(lowered.stdout) == {"max_queues": 5, "previous": 20000, "queues": 1}
 
 
+@pytest.mark.one_version
 @pytest.mark.parametrize("value", ["0", "-5", "1000001"])
 def test_awa_storage_queue_limit_out_of_range_exits_2_with_the_database_s_message(
         db, logins, value):
@@ -309,6 +311,7 @@ def test_awa_storage_queue_limit_out_of_range_exits_2_with_the_database_s_messag
     assert limit(db) == 10000
 
 
+@pytest.mark.one_version
 @pytest.mark.parametrize(("value", "says"), [
     ("2147483648", "a PostgreSQL integer (-2147483648..2147483647), got '2147483648'"),
     ("-2147483649", "a PostgreSQL integer (-2147483648..2147483647), got '-2147483649'"),
@@ -322,6 +325,7 @@ def test_awa_storage_queue_limit_that_is_no_integer_exits_2_naming_it(db, logins
     assert limit(db) == 10000
 
 
+@pytest.mark.one_version
 def test_awa_storage_queue_limit_set_by_a_reader_exits_7_naming_the_role(db, logins):
     result = db.awa("storage", "queue-limit", "20000", user=logins.reader)
     assert result.returncode == 7, result.stderr

@@ -446,6 +446,7 @@ def _publish(db, login: str, kind: str, host: str, pid: int,
     return instance
 
 
+@pytest.mark.one_version
 def test_awa_runtimes_lists_the_live_runtimes_for_people_and_scripts(db, logins):
     """The runbook's "which workers are alive" without SQL: one line per
     live runtime and queue it works on, --queue for one queue's, --json with

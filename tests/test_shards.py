@@ -256,6 +256,7 @@ def test_python_api(db, logins):
 # -- the CLI, end to end ------------------------------------------------------------------
 
 
+@pytest.mark.one_version
 def test_cli_set_enqueue_shards_dry_run_refusal_and_apply(db, logins):
     with db.connect(logins.producer) as p:
         enqueue(p, "cli")
@@ -283,6 +284,7 @@ def test_cli_set_enqueue_shards_dry_run_refusal_and_apply(db, logins):
     assert denied.returncode == 7 and "42501" in denied.stderr
 
 
+@pytest.mark.one_version
 def test_cli_dry_run_of_a_partition_states_its_real_s(db, logins):
     with db.connect(logins.operator) as op:
         op.execute("select awa.set_queue_partitions('orders', 2)")
@@ -341,6 +343,7 @@ def test_plan_refuses_a_stripe_or_a_bad_name_as_the_change_does(db, logins):
         assert planned.value.diag.message_primary == changed.value.diag.message_primary
 
 
+@pytest.mark.one_version
 def test_cli_show_text_and_json(db, logins):
     with db.connect(logins.operator) as op:
         set_shards(op, "shown", 4)
@@ -364,6 +367,7 @@ def test_cli_show_text_and_json(db, logins):
         assert "no queue 'no-such'" in missing.stderr and not missing.stdout
 
 
+@pytest.mark.one_version
 def test_cli_show_of_a_partition_shows_that_partition(db, logins):
     """A partition's own name (the admin page links to each) shows it: the
     filter read only the logical queue's name, and said there was no queue."""

@@ -227,6 +227,7 @@ CLI_WRITES = [
 ]
 
 
+@pytest.mark.one_version
 def test_the_cli_reads_on_a_standby_and_says_a_write_needs_the_primary(db, logins, standby):
     """The read commands answer as on the primary; each write exits 7 with
     one line naming the standby and what to do, not the PL/pgSQL context of

@@ -412,6 +412,7 @@ def _queues(db) -> list[str]:
         return [q for (q,) in admin.execute("select queue from awa.queue_meta order by queue")]
 
 
+@pytest.mark.one_version
 @pytest.mark.parametrize(("queue", "says"), [
     ("", "queue name must be 1 to 200 bytes, got an empty name"),
     ("x" * 201, "queue name must be 1 to 200 bytes, got 201 bytes"),
@@ -432,6 +433,7 @@ def test_set_enqueue_shards_refuses_a_bad_queue_name_as_jobs_list_does(
     assert _queues(db) == before
 
 
+@pytest.mark.one_version
 def test_set_enqueue_shards_says_when_it_creates_the_queue(db, logins):
     with db.connect(logins.producer) as p:
         enqueue(p, "known")
@@ -466,6 +468,7 @@ def _paused(db, queue) -> list[bool]:
             " = %s order by queue", [queue])]
 
 
+@pytest.mark.one_version
 def test_storage_pause_and_resume_say_whether_they_changed_anything(db, logins):
     with db.connect(logins.producer) as p:
         job_id = enqueue(p, "pq")[0]
@@ -490,6 +493,7 @@ def test_storage_pause_and_resume_say_whether_they_changed_anything(db, logins):
     assert twice.stdout.strip() == "pq was not paused: nothing changed"
 
 
+@pytest.mark.one_version
 @pytest.mark.parametrize("command", ["pause", "resume"])
 @pytest.mark.parametrize(("queue", "says"), [
     ("nosuch", "queue 'nosuch' does not exist [42704]"),
@@ -508,6 +512,7 @@ def test_storage_pause_and_resume_refuse_an_unknown_or_bad_queue_naming_it(
     assert _queues(db) == before
 
 
+@pytest.mark.one_version
 @pytest.mark.parametrize(("args", "says"), [
     ([], "awa: give the queue to pause: awa storage pause QUEUE"),
     (["pq", "--queue", "other"], "awa: give the queue once: 'pq' or --queue 'other'"),
@@ -520,6 +525,7 @@ def test_storage_pause_needs_one_queue(db, logins, args, says):
     assert _paused(db, "pq") == [False]
 
 
+@pytest.mark.one_version
 def test_storage_pause_without_awa_operator_is_refused_as_the_other_commands_are(db, logins):
     with db.connect(logins.producer) as p:
         enqueue(p, "pq")
