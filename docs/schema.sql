@@ -1839,7 +1839,7 @@ end;
 $function$;
 
 CREATE OR REPLACE FUNCTION awa._check_snapshot_current()
- RETURNS void
+ RETURNS boolean
  LANGUAGE plpgsql
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
@@ -1848,13 +1848,13 @@ declare
 begin
     select c.oid::regclass into rewritten
       from pg_catalog.pg_class as c
-     where c.xmax <> '0'::xid and c.relfilenode <> pg_catalog.pg_relation_filenode(c.oid)
-       and (c.oid in ('awa.ready'::regclass, 'awa.ready_late'::regclass,
-                      'awa.scheduled'::regclass)
-            or c.oid in (select i.inhrelid
-                           from pg_catalog.pg_inherits as i
-                          where i.inhparent in ('awa.running'::regclass,
-                                                'awa.finished'::regclass)))
+     where c.oid = any(array['awa.ready'::regclass, 'awa.ready_late'::regclass,
+                             'awa.scheduled'::regclass]::oid[]
+                       || array(select i.inhrelid
+                                  from pg_catalog.pg_inherits as i
+                                 where i.inhparent in ('awa.running'::regclass,
+                                                       'awa.finished'::regclass)))
+       and c.xmax <> '0'::xid and c.relfilenode <> pg_catalog.pg_relation_filenode(c.oid)
      limit 1;
     if rewritten is not null then
         raise exception '% was rewritten by maintenance after this transaction''s snapshot '
@@ -1863,6 +1863,7 @@ begin
                   hint = 'Read again in a new transaction; read committed, which takes '
                          'a snapshot per statement, is never refused.';
     end if;
+    return true;
 end;
 $function$;
 
@@ -2736,7 +2737,7 @@ AS $function$
                  r.attempt, r.max_attempts, r.enqueued_at, r.ready_at, null, r.last_error,
                  null, null, r.lane_id, r.lane_seq
             from awa.queue_meta as m
-           cross join lateral awa._lane_states(m.queue_id) as l
+           cross join lateral awa._ready_lanes(m.queue_id) as l
            cross join lateral (
                -- Lanes whose rows are all below `id` give null: no probe.
                select awa._ready_from(l.lane_id, l.head_seq, l.next_seq, _job_at.id - 1) as seq
@@ -2750,7 +2751,7 @@ AS $function$
                 where x.lane_id = l.lane_id and x.lane_seq = f.seq
                offset 0
            ) as r
-           where l.head_seq is not null and r.job_id = _job_at.id
+           where r.job_id = _job_at.id
       ) as j
      limit 1
 $function$;
@@ -4628,6 +4629,30 @@ begin
 end;
 $function$;
 
+CREATE OR REPLACE FUNCTION awa._ready_lanes(queue_id integer)
+ RETURNS TABLE(lane_id integer, head_seq bigint, next_seq bigint)
+ LANGUAGE sql
+ STABLE
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+    select l.lane_id, h.lane_seq, t.next_seq
+      from awa._lane_starts(_ready_lanes.queue_id) as l
+     cross join lateral (
+         select x.lane_seq
+           from awa.ready as x
+          where x.lane_id = l.lane_id and x.lane_seq >= l.hint
+          order by x.lane_seq
+          limit 1
+     ) as h
+     cross join lateral (
+         select x.lane_seq + 1 as next_seq
+           from awa.ready as x
+          where x.lane_id = l.lane_id
+          order by x.lane_seq desc
+          limit 1
+     ) as t
+$function$;
+
 CREATE OR REPLACE FUNCTION awa._record_change_lanes()
  RETURNS trigger
  LANGUAGE plpgsql
@@ -5993,7 +6018,8 @@ begin
     for round in 1 .. 10 loop
         select j.state, j.lane_id, j.lane_seq into here
           from awa._job_at(cancel_job.job_id) as j;
-        if not found or here.state in ('completed', 'failed', 'cancelled') then
+        perform awa._check_snapshot_current();  -- it resets FOUND: no job, no state
+        if here.state is null or here.state in ('completed', 'failed', 'cancelled') then
             return false;
         end if;
         if here.state = 'running' then
@@ -6068,7 +6094,7 @@ begin
             from (
                 select h.tid, h.job_id, h.lane_id, h.lane_seq, h.bytes
                   from unnest(ids) as q (id)
-                 cross join lateral awa._lane_states(q.id) as l
+                 cross join lateral awa._ready_lanes(q.id) as l
                  cross join lateral (
                      select x.ctid as tid, x.job_id, x.lane_id, x.lane_seq,
                             awa._job_bytes(x.kind, x.args, x.last_error) as bytes
@@ -6081,7 +6107,6 @@ begin
                       limit cancel_jobs.max_jobs
                         for update of x skip locked
                  ) as h
-                 where l.head_seq is not null
                  limit cancel_jobs.max_jobs
             ) as t
       ) as w
@@ -6135,6 +6160,7 @@ begin
         );
         cancelled := cancelled + 1;
     end loop;
+    perform awa._check_snapshot_current();
     return cancelled;
 end;
 $function$;
@@ -6669,7 +6695,7 @@ begin
           union all
           select 1
             from unnest(ids) as q (id)
-           cross join lateral awa._lane_states(q.id) as l
+           cross join lateral awa._ready_lanes(q.id) as l
            cross join lateral (
                select
                  from awa.ready as x
@@ -6677,7 +6703,7 @@ begin
                   and (count_jobs.kind is null or x.kind = count_jobs.kind)
                 limit count_jobs.up_to
            ) as r
-           where count_jobs.state = 'ready' and l.head_seq is not null
+           where count_jobs.state = 'ready'
           union all
           select 1
             from unnest(ids) as q (id)
@@ -7436,7 +7462,7 @@ begin
                  w.attempt, w.max_attempts, w.enqueued_at, w.ready_at, null, w.last_error,
                  null, null
             from unnest(ids) as q (id)
-           cross join lateral awa._lane_states(q.id) as l
+           cross join lateral awa._ready_lanes(q.id) as l
            cross join lateral (
                -- The lane's own jobs above from_id: in lane_seq order, which
                -- is their job id order, from where their ids pass it.
@@ -7452,7 +7478,7 @@ begin
                 order by x.lane_seq
                 limit jobs.max_jobs
            ) as w
-           where (listed is null or listed = 'ready') and l.head_seq is not null
+           where listed is null or listed = 'ready'
           union all
           select v.job_id, v.queue_id, 'ready', v.priority, v.kind, v.args, v.ordering_key,
                  v.attempt, v.max_attempts, v.enqueued_at, v.ready_at, null, v.last_error,
@@ -8018,6 +8044,8 @@ AS $function$
           where x.queue_id = m.queue_id and x.state = 'cancelled')
       from awa.queue_meta as m
      where awa._names_cover(array[queue_counts.queue], m.queue, m.logical_queue, m.root_queue)
+       -- After the statement's start locked every table it reads.
+       and awa._check_snapshot_current()
      order by m.queue
 $function$;
 
@@ -8038,6 +8066,7 @@ begin
        set lease_expires_at = now()
      where r.worker = release_worker.worker and r.lease_expires_at > now();
     get diagnostics released = row_count;
+    perform awa._check_snapshot_current();
     return released;
 end;
 $function$;
@@ -8216,6 +8245,7 @@ begin
         held := found;
         exit when held;
     end loop;
+    perform awa._check_snapshot_current();
     if not held then
         return false;
     end if;
@@ -8340,6 +8370,7 @@ begin
          limit 1
            for update of y;
     end loop;
+    perform awa._check_snapshot_current();
     if due.job_ids is null then
         return 0;
     end if;

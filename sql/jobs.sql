@@ -86,51 +86,39 @@ begin
 end;
 $$;
 
--- Function: awa._check_snapshot_current() returns void
--- Raises 40001 when the statement's snapshot is older than a maintenance
--- rewrite of a table the job tools read (awa.rotate_running,
--- awa.compact_ready, awa.compact_scheduled, awa.prune_finished's carry:
--- each truncates the table and copies back what it keeps). TRUNCATE is not
--- MVCC-safe: a repeatable read or serializable transaction whose snapshot
--- was taken before the rewrite committed reads the rewritten table empty,
--- so a count or a page read in it would miss every job kept. Such a
--- snapshot sees a version of the table's pg_class row that a committed
--- transaction has replaced (its xmax set), naming the file of its time,
--- where the catalog cache, brought up to date when the caller's read locked
--- the table, names today's. A newer snapshot sees the newest version (its
--- xmax unset but by a transaction in progress or rolled back, which the
--- cache does not show either): in read committed, where a statement's
--- snapshot is taken once it holds its tables, this never raises.
--- Errors: 40001 a table read was rewritten after the snapshot.
--- Calls: nothing
+-- Function: awa._ready_lanes(queue_id integer)
+--   returns table (lane_id integer, head_seq bigint, next_seq bigint)
+-- The lanes of one physical queue that hold ready rows, each with its first
+-- live row (looked for from its claim hint, awa._lane_starts) and one past
+-- its last row: two index probes a lane. For the job tools, which look only
+-- where rows are. No lane's sequence is read, as awa._lane_states reads it:
+-- PostgreSQL 17 keeps a lock on each sequence read until the transaction
+-- ends, and one a lane of every queue (a job looked up by id) filled the
+-- shared lock table (53200 for every session) at a few hundred queues.
+-- Calls: awa._lane_starts
 -- Writes: nothing
-create or replace function awa._check_snapshot_current()
-returns void
-language plpgsql
-volatile
+create or replace function awa._ready_lanes(queue_id integer)
+returns table (lane_id integer, head_seq bigint, next_seq bigint)
+language sql
+stable
 set search_path = pg_catalog, pg_temp
 as $$
-declare
-    rewritten regclass;
-begin
-    select c.oid::regclass into rewritten
-      from pg_catalog.pg_class as c
-     where c.xmax <> '0'::xid and c.relfilenode <> pg_catalog.pg_relation_filenode(c.oid)
-       and (c.oid in ('awa.ready'::regclass, 'awa.ready_late'::regclass,
-                      'awa.scheduled'::regclass)
-            or c.oid in (select i.inhrelid
-                           from pg_catalog.pg_inherits as i
-                          where i.inhparent in ('awa.running'::regclass,
-                                                'awa.finished'::regclass)))
-     limit 1;
-    if rewritten is not null then
-        raise exception '% was rewritten by maintenance after this transaction''s snapshot '
-                        'was taken, which reads it empty', rewritten
-            using errcode = '40001',
-                  hint = 'Read again in a new transaction; read committed, which takes '
-                         'a snapshot per statement, is never refused.';
-    end if;
-end;
+    select l.lane_id, h.lane_seq, t.next_seq
+      from awa._lane_starts(_ready_lanes.queue_id) as l
+     cross join lateral (
+         select x.lane_seq
+           from awa.ready as x
+          where x.lane_id = l.lane_id and x.lane_seq >= l.hint
+          order by x.lane_seq
+          limit 1
+     ) as h
+     cross join lateral (
+         select x.lane_seq + 1 as next_seq
+           from awa.ready as x
+          where x.lane_id = l.lane_id
+          order by x.lane_seq desc
+          limit 1
+     ) as t
 $$;
 
 -- Function: awa._ready_from(lane, head_seq, next_seq, after) returns bigint
@@ -138,8 +126,8 @@ $$;
 -- is a row's stamp in awa.ready_late if it has one, else its job id (null
 -- if no row has). f never falls as lane_seq rises (ADR 029) and is never
 -- below the job id, so no row before it has a job id above after. Bisects
--- [head_seq, next_seq) (the lane's first live row and the next lane_seq, as
--- awa._lane_states gives them) with one probe a step: about log2 of the
+-- [head_seq, next_seq) (the lane's first live row and one past its last,
+-- as awa._ready_lanes gives them) with one probe a step: about log2 of the
 -- lane's span, whatever its rows.
 -- Calls: nothing
 -- Writes: nothing
@@ -195,12 +183,14 @@ $$;
 -- transaction, so it is in one table at most), with its columns, and for a
 -- ready or running job its lane position. The keyed tables first, then
 -- awa.ready_late by job id per queue (a job that entered its lane with an
--- older id), then each lane with ready rows, bisected for where its ids
--- reach `id` (awa._ready_from, ADR 031): the first row whose f (stamp, else
--- job id) is at least `id` is the job's own row if the lane holds it. The
--- LIMIT stops at the first row found. No row for an unknown or pruned job,
--- which costs every lane's bisection: the queues' shape, not the backlog.
--- Calls: awa._lane_states, awa._ready_from
+-- older id), then each lane with ready rows, bisected between its first and
+-- last rows for where its ids reach `id` (awa._ready_from, ADR 031): the
+-- first row whose f (stamp, else job id) is at least `id` is the job's own
+-- row if the lane holds it. The LIMIT stops at the first row found. No row
+-- for an unknown or pruned job, which costs every lane's bisection: the
+-- queues' shape, not the backlog (awa._ready_lanes: no lane's sequence
+-- read).
+-- Calls: awa._ready_from, awa._ready_lanes
 -- Writes: nothing
 create or replace function awa._job_at(id bigint)
 returns table (
@@ -262,7 +252,7 @@ as $$
                  r.attempt, r.max_attempts, r.enqueued_at, r.ready_at, null, r.last_error,
                  null, null, r.lane_id, r.lane_seq
             from awa.queue_meta as m
-           cross join lateral awa._lane_states(m.queue_id) as l
+           cross join lateral awa._ready_lanes(m.queue_id) as l
            cross join lateral (
                -- Lanes whose rows are all below `id` give null: no probe.
                select awa._ready_from(l.lane_id, l.head_seq, l.next_seq, _job_at.id - 1) as seq
@@ -276,7 +266,7 @@ as $$
                 where x.lane_id = l.lane_id and x.lane_seq = f.seq
                offset 0
            ) as r
-           where l.head_seq is not null and r.job_id = _job_at.id
+           where r.job_id = _job_at.id
       ) as j
      limit 1
 $$;
@@ -337,8 +327,8 @@ $$;
 -- with a state other than running, max_jobs outside 1 .. 100000, a bad
 -- name; 42704 no such queue; 40001 a snapshot older than a rewrite
 -- (awa._check_snapshot_current).
--- Calls: awa._check_job_state, awa._check_max_jobs, awa._check_snapshot_current, awa._lane_states,
---   awa._queue_ids, awa._ready_from
+-- Calls: awa._check_job_state, awa._check_max_jobs, awa._check_snapshot_current, awa._queue_ids,
+--   awa._ready_from, awa._ready_lanes
 -- Writes: nothing
 create or replace function awa.jobs(
     queue text,
@@ -426,7 +416,7 @@ begin
                  w.attempt, w.max_attempts, w.enqueued_at, w.ready_at, null, w.last_error,
                  null, null
             from unnest(ids) as q (id)
-           cross join lateral awa._lane_states(q.id) as l
+           cross join lateral awa._ready_lanes(q.id) as l
            cross join lateral (
                -- The lane's own jobs above from_id: in lane_seq order, which
                -- is their job id order, from where their ids pass it.
@@ -442,7 +432,7 @@ begin
                 order by x.lane_seq
                 limit jobs.max_jobs
            ) as w
-           where (listed is null or listed = 'ready') and l.head_seq is not null
+           where listed is null or listed = 'ready'
           union all
           select v.job_id, v.queue_id, 'ready', v.priority, v.kind, v.args, v.ordering_key,
                  v.attempt, v.max_attempts, v.enqueued_at, v.ready_at, null, v.last_error,
@@ -563,8 +553,8 @@ $$;
 -- Errors: 22004 null queue, state or up_to; 22023 an unknown state, up_to
 -- outside 1 .. 100000, a bad name; 42704 no such queue; 40001 a snapshot
 -- older than a rewrite (awa._check_snapshot_current).
--- Calls: awa._check_job_state, awa._check_max_jobs, awa._check_snapshot_current, awa._lane_states,
---   awa._queue_ids
+-- Calls: awa._check_job_state, awa._check_max_jobs, awa._check_snapshot_current, awa._queue_ids,
+--   awa._ready_lanes
 -- Writes: nothing
 create or replace function awa.count_jobs(
     queue text, state text, kind text default null, up_to integer default 10000
@@ -608,7 +598,7 @@ begin
           union all
           select 1
             from unnest(ids) as q (id)
-           cross join lateral awa._lane_states(q.id) as l
+           cross join lateral awa._ready_lanes(q.id) as l
            cross join lateral (
                select
                  from awa.ready as x
@@ -616,7 +606,7 @@ begin
                   and (count_jobs.kind is null or x.kind = count_jobs.kind)
                 limit count_jobs.up_to
            ) as r
-           where count_jobs.state = 'ready' and l.head_seq is not null
+           where count_jobs.state = 'ready'
           union all
           select 1
             from unnest(ids) as q (id)
@@ -852,8 +842,10 @@ $$;
 -- completed, failed or cancelled, and for an unknown or pruned one. Cost:
 -- as awa.job (a ready job costs a bisection of each lane with ready rows).
 -- Role: awa_operator.
--- Errors: 22004 null job_id; 40001 the job moved on every look (retry).
--- Calls: awa._cancel_waiting, awa._cancelled_error, awa._finish, awa._job_at
+-- Errors: 22004 null job_id; 40001 the job moved on every look (retry), or
+-- a snapshot older than a rewrite (awa._check_snapshot_current).
+-- Calls: awa._cancel_waiting, awa._cancelled_error, awa._check_snapshot_current, awa._finish,
+--   awa._job_at
 -- Writes: awa.ready, awa.running, awa.scheduled
 create or replace function awa.cancel_job(job_id bigint)
 returns boolean
@@ -875,7 +867,8 @@ begin
     for round in 1 .. 10 loop
         select j.state, j.lane_id, j.lane_seq into here
           from awa._job_at(cancel_job.job_id) as j;
-        if not found or here.state in ('completed', 'failed', 'cancelled') then
+        perform awa._check_snapshot_current();  -- it resets FOUND: no job, no state
+        if here.state is null or here.state in ('completed', 'failed', 'cancelled') then
             return false;
         end if;
         if here.state = 'running' then
@@ -938,9 +931,10 @@ $$;
 -- Returns how many jobs it cancelled.
 -- Role: awa_operator.
 -- Errors: 22004 null queue or max_jobs; 22023 max_jobs outside 1 .. 100000,
--- a bad name; 42704 no such queue.
--- Calls: awa._cancel_waiting, awa._check_max_jobs, awa._job_bytes, awa._lane_states,
---   awa._lock_unique_keys, awa._move_lane_hints, awa._pass_bytes, awa._queue_ids
+-- a bad name; 42704 no such queue; 40001 a snapshot older than a rewrite
+-- (awa._check_snapshot_current).
+-- Calls: awa._cancel_waiting, awa._check_max_jobs, awa._check_snapshot_current, awa._job_bytes,
+--   awa._lock_unique_keys, awa._move_lane_hints, awa._pass_bytes, awa._queue_ids, awa._ready_lanes
 -- Writes: awa.ready, awa.scheduled
 create or replace function awa.cancel_jobs(
     queue text, kind text default null, max_jobs integer default 10000,
@@ -982,7 +976,7 @@ begin
             from (
                 select h.tid, h.job_id, h.lane_id, h.lane_seq, h.bytes
                   from unnest(ids) as q (id)
-                 cross join lateral awa._lane_states(q.id) as l
+                 cross join lateral awa._ready_lanes(q.id) as l
                  cross join lateral (
                      select x.ctid as tid, x.job_id, x.lane_id, x.lane_seq,
                             awa._job_bytes(x.kind, x.args, x.last_error) as bytes
@@ -995,7 +989,6 @@ begin
                       limit cancel_jobs.max_jobs
                         for update of x skip locked
                  ) as h
-                 where l.head_seq is not null
                  limit cancel_jobs.max_jobs
             ) as t
       ) as w
@@ -1049,6 +1042,7 @@ begin
         );
         cancelled := cancelled + 1;
     end loop;
+    perform awa._check_snapshot_current();
     return cancelled;
 end;
 $$;
@@ -1143,8 +1137,9 @@ $$;
 -- running nothing. Waits at most 5 s for a row a worker's call holds
 -- (55P03, to call again).
 -- Role: awa_operator.
--- Errors: 22004 null worker; 55P03 a row held for over 5 s.
--- Calls: nothing
+-- Errors: 22004 null worker; 55P03 a row held for over 5 s; 40001 a
+-- snapshot older than a rewrite (awa._check_snapshot_current).
+-- Calls: awa._check_snapshot_current
 -- Writes: awa.running
 create or replace function awa.release_worker(worker text)
 returns bigint
@@ -1163,6 +1158,7 @@ begin
        set lease_expires_at = now()
      where r.worker = release_worker.worker and r.lease_expires_at > now();
     get diagnostics released = row_count;
+    perform awa._check_snapshot_current();
     return released;
 end;
 $$;
@@ -1191,8 +1187,9 @@ $$;
 -- migration 0015 (it kept no args), and one whose unique key another job
 -- holds now (ADR 027).
 -- Role: awa_operator.
--- Errors: 22004 null job_id.
--- Calls: awa._requeue, awa._retry_states
+-- Errors: 22004 null job_id; 40001 a snapshot older than a rewrite
+-- (awa._check_snapshot_current).
+-- Calls: awa._check_snapshot_current, awa._requeue, awa._retry_states
 -- Writes: awa.finished
 create or replace function awa.retry_job(job_id bigint)
 returns boolean
@@ -1224,6 +1221,7 @@ begin
         held := found;
         exit when held;
     end loop;
+    perform awa._check_snapshot_current();
     if not held then
         return false;
     end if;
@@ -1264,9 +1262,10 @@ $$;
 -- Role: awa_operator.
 -- Errors: 22004 null queue, max_jobs or state; 22023 max_jobs outside
 -- 1 .. 100000, a state other than failed or cancelled, a bad name; 42704
--- no such queue.
--- Calls: awa._check_max_jobs, awa._job_bytes, awa._key_holds, awa._pass_bytes, awa._queue_ids,
---   awa._requeue, awa._retry_states, awa._unique_scope
+-- no such queue; 40001 a snapshot older than a rewrite
+-- (awa._check_snapshot_current).
+-- Calls: awa._check_max_jobs, awa._check_snapshot_current, awa._job_bytes, awa._key_holds,
+--   awa._pass_bytes, awa._queue_ids, awa._requeue, awa._retry_states, awa._unique_scope
 -- Writes: awa.finished
 create or replace function awa.retry_jobs(
     queue text, kind text default null, max_jobs integer default 10000,
@@ -1380,6 +1379,7 @@ begin
          limit 1
            for update of y;
     end loop;
+    perform awa._check_snapshot_current();
     if due.job_ids is null then
         return 0;
     end if;
@@ -1407,7 +1407,7 @@ $$;
 
 select awa._grant_execute('awa._check_job_state(text)');
 select awa._grant_execute('awa._check_max_jobs(text, integer)');
-select awa._grant_execute('awa._check_snapshot_current()');
+select awa._grant_execute('awa._ready_lanes(integer)');
 select awa._grant_execute('awa._job_at(bigint)');
 select awa._grant_execute('awa.job(bigint)', 'reader', 'operator');
 select awa._grant_execute('awa._ready_from(integer, bigint, bigint, bigint)');

@@ -361,6 +361,56 @@ begin
 end;
 $$;
 
+-- Function: awa._check_snapshot_current() returns boolean
+-- Raises 40001 when the statement's snapshot is older than a maintenance
+-- rewrite of a table the job tools read (awa.rotate_running,
+-- awa.compact_ready, awa.compact_scheduled, awa.prune_finished's carry:
+-- each truncates the table and copies back what it keeps). TRUNCATE is not
+-- MVCC-safe: a repeatable read or serializable transaction whose snapshot
+-- was taken before the rewrite committed reads the rewritten table empty,
+-- so a count or a page read in it would miss every job kept. Such a
+-- snapshot sees a version of the table's pg_class row that a committed
+-- transaction has replaced (its xmax set), naming the file of its time,
+-- where the catalog cache, brought up to date when the caller's read locked
+-- the table, names today's. A newer snapshot sees the newest version (its
+-- xmax unset but by a transaction in progress or rolled back, which the
+-- cache does not show either): in read committed, where a statement's
+-- snapshot is taken once it holds its tables, this never raises. True
+-- otherwise, for a filter of an SQL function's statement (whose start has
+-- locked the tables it reads).
+-- Errors: 40001 a table read was rewritten after the snapshot.
+-- Calls: nothing
+-- Writes: nothing
+create or replace function awa._check_snapshot_current()
+returns boolean
+language plpgsql
+volatile
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    rewritten regclass;
+begin
+    select c.oid::regclass into rewritten
+      from pg_catalog.pg_class as c
+     where c.oid = any(array['awa.ready'::regclass, 'awa.ready_late'::regclass,
+                             'awa.scheduled'::regclass]::oid[]
+                       || array(select i.inhrelid
+                                  from pg_catalog.pg_inherits as i
+                                 where i.inhparent in ('awa.running'::regclass,
+                                                       'awa.finished'::regclass)))
+       and c.xmax <> '0'::xid and c.relfilenode <> pg_catalog.pg_relation_filenode(c.oid)
+     limit 1;
+    if rewritten is not null then
+        raise exception '% was rewritten by maintenance after this transaction''s snapshot '
+                        'was taken, which reads it empty', rewritten
+            using errcode = '40001',
+                  hint = 'Read again in a new transaction; read committed, which takes '
+                         'a snapshot per statement, is never refused.';
+    end if;
+    return true;
+end;
+$$;
+
 -- Function: awa._grant_select(relation regclass, variadic capabilities text[])
 -- Grants SELECT on a view or table to the roles bound to the capabilities.
 -- Calls: awa._role_for
@@ -1026,6 +1076,7 @@ select awa._grant_execute('awa._check_no_run(text, bigint, bigint)');
 select awa._grant_execute('awa._role_for(text)');
 select awa._grant_execute('awa._grant_execute(regprocedure, text[])');
 select awa._grant_execute('awa._grant_select(regclass, text[])');
+select awa._grant_execute('awa._check_snapshot_current()');
 select awa._grant_execute('awa._grant_insert(regclass, text[], text[])');
 select awa._grant_execute('awa._ensure_trigger(regclass, text, text, boolean)');
 select awa._grant_execute('awa._privilege_text(text, text, text)');

@@ -461,9 +461,10 @@ comment on view awa.queue_overview is
 -- awa._scheduled_capped is: a call that waited for a rewrite's or a
 -- prune's TRUNCATE counts what it left (a stable function read with the
 -- statement's snapshot, taken before the wait, and counted none; a drop's
--- question then named no kept jobs).
+-- question then named no kept jobs). A snapshot older than a rewrite is
+-- refused (40001, awa._check_snapshot_current).
 -- Role: awa_reader, awa_operator.
--- Calls: awa._names_cover
+-- Calls: awa._check_snapshot_current, awa._names_cover
 -- Writes: nothing
 create or replace function awa.queue_counts(queue text)
 returns table (
@@ -493,6 +494,8 @@ as $$
           where x.queue_id = m.queue_id and x.state = 'cancelled')
       from awa.queue_meta as m
      where awa._names_cover(array[queue_counts.queue], m.queue, m.logical_queue, m.root_queue)
+       -- After the statement's start locked every table it reads.
+       and awa._check_snapshot_current()
      order by m.queue
 $$;
 

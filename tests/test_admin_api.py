@@ -285,6 +285,7 @@ def test_out_of_range_s_is_400_with_the_database_message(db, api, shards):
     assert _change_count(db, "r") == 0
 
 
+@pytest.mark.one_version
 @pytest.mark.parametrize(("body", "field"), [
     ({}, "shards"),
     ({"shards": "4"}, "shards"),
@@ -1075,6 +1076,7 @@ def _ready(db, queue: str) -> int:
                             " using (queue_id) where m.queue = %s", [queue]).fetchone()[0]
 
 
+@pytest.mark.one_version
 @pytest.mark.parametrize(("method", "path", "body"), WRITES)
 def test_guard_refuses_without_the_right_token(db, api, method, path, body):
     enqueue_jobs(db, "g", 1)

@@ -705,7 +705,9 @@ def test_retry_of_a_job_in_any_other_state_is_false_and_changes_nothing(db, logi
 
 def test_a_row_a_prune_removed_meanwhile_is_not_found(db, logins):
     """A retry whose snapshot predates a prune that TRUNCATEd the row's slot
-    finds nothing to move: false, no error, nothing written."""
+    cannot tell a removed row from one the prune carried on (the carry's
+    copy is not in its snapshot): refused (40001), nothing written; in a new
+    transaction, false."""
     with db.connect(logins.producer) as p:
         job_id = enqueue(p, "gone", "k", max_attempts=1)[0]
     with db.connect(logins.worker) as w:
@@ -721,6 +723,9 @@ def test_a_row_a_prune_removed_meanwhile_is_not_found(db, logins):
         op.execute("select count(*) from awa.queue_overview").fetchone()
         with db.connect(logins.maintenance) as m:
             assert m.execute("select awa.prune_finished()").fetchone()[0] == 1
+        with pytest.raises(psycopg.errors.SerializationFailure):
+            op.execute("select awa.retry_job(%s)", [job_id])
+        op.rollback()
         assert op.execute("select awa.retry_job(%s)", [job_id]).fetchone()[0] is False
         op.commit()
     with db.connect(logins.reader) as r:
@@ -1148,3 +1153,61 @@ def test_the_job_tools_read_committed_whatever_the_logins_default(db, logins, to
                 pool.connection() as conn:
             level = conn.execute("show transaction_isolation").fetchone()[0]
     assert level == "read committed"
+
+
+SNAPSHOT_WRITES = {
+    "cancel a ready job": "select awa.cancel_job(%(ready)s)",
+    "cancel a scheduled job": "select awa.cancel_job(%(scheduled)s)",
+    "cancel the queue's": "select awa.cancel_jobs('snapw')",
+    "exact counts": "select ready + scheduled from awa.queue_counts('snapw')",
+}
+
+
+@pytest.mark.parametrize("call", list(SNAPSHOT_WRITES))
+def test_an_operator_call_in_a_snapshot_older_than_a_rewrite_is_refused_and_changes_nothing(
+        db, logins, call):
+    """After a rewrite of awa.ready and awa.scheduled, a repeatable read
+    snapshot taken before it found neither job: cancel_job answered false
+    for a live job, cancel_jobs cancelled 0, queue_counts counted 0."""
+    with db.connect(logins.producer) as p:
+        ids = {"ready": enqueue(p, "snapw", "k")[0],
+               "scheduled": enqueue(p, "snapw", "k", run_at=datetime_in_an_hour(p))[0]}
+    statement = SNAPSHOT_WRITES[call]
+    with db.connect(logins.operator, autocommit=False) as op, \
+            db.connect(autocommit=False) as su:
+        op.execute("set transaction isolation level repeatable read")
+        op.execute("select 1")
+        su.execute("select awa._rewrite_live('awa.ready', 'awa.ready_rewrite'),"
+                   " awa._rewrite_live('awa.scheduled', 'awa.scheduled_rewrite')")
+        su.commit()
+        with pytest.raises(psycopg.errors.SerializationFailure):
+            op.execute(statement, ids)
+        op.rollback()
+        assert [job(op, i)["state"] for i in ids.values()] == ["ready", "scheduled"]
+        answer = op.execute(statement, ids).fetchone()[0]
+    assert answer == (2 if call in ("cancel the queue's", "exact counts") else True)
+
+
+def datetime_in_an_hour(conn):
+    return conn.execute("select now() + interval '1 hour'").fetchone()[0]
+
+
+def test_looking_up_a_job_keeps_no_lock_per_lane(db, logins):
+    """awa.job of an id no table holds (rolled back, pruned) walks every lane
+    with ready rows; awa.cancel_job and awa.run_outcome too. It read each
+    lane's sequence, which PostgreSQL 17 keeps locked until the transaction
+    ends: one lock for every lane of every queue, and at a few hundred
+    queues the calls, and every other session beside them, failed 53200
+    (the shared lock table full)."""
+    with db.connect(logins.producer) as p:
+        p.execute("select awa.enqueue_batch(array(select 'lk' || i from generate_series(1, 40)"
+                  " as i), array_fill('k'::text, array[40]))")
+    with db.connect(logins.producer, autocommit=False) as p:
+        gone = enqueue(p, "lk1", "k")[0]
+        p.rollback()
+    with db.connect(logins.reader, autocommit=False) as r:
+        assert job(r, gone) is None
+        sequences = r.execute(
+            "select count(*) from pg_locks as l join pg_class as c on c.oid = l.relation"
+            " where l.pid = pg_backend_pid() and c.relkind = 'S'").fetchone()[0]
+    assert sequences <= 1  # awa.job_id_seq, read once: not one a lane

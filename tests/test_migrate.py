@@ -304,6 +304,7 @@ def test_public_create_on_public_schema_warns_but_installs(empty_db, role_prefix
     assert "warning: schema public still grants CREATE to PUBLIC" in result.stdout
 
 
+@pytest.mark.one_version
 def test_status_reports_pending_and_json(db):
     clean = db.awa("status", "--check", check=True)
     assert "pending: none" in clean.stdout
@@ -321,6 +322,7 @@ def test_status_reports_pending_and_json(db):
     assert db.awa("status", "--check").returncode == 0
 
 
+@pytest.mark.one_version
 def test_status_of_an_empty_database_says_the_function_layer_is_not_installed(
         empty_db, role_prefix):
     """Nothing installed and no roles: the missing roles stop the plan, which
@@ -353,6 +355,7 @@ def test_status_lists_layer_changes_when_a_problem_stops_the_plan(db):
     assert "problem: migration 0001_" in status
 
 
+@pytest.mark.one_version
 def test_status_check_gives_each_outcome_its_own_exit_code(db):
     """The deploy gate: 0 up to date, 1 pending, 3 drift, 4 newer, 6 a login that
     cannot act as the owner role, 7 could not ask."""
