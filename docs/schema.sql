@@ -1847,8 +1847,10 @@ declare
     rewritten regclass;
 begin
     select c.oid::regclass into rewritten
-      from pg_catalog.pg_class as c
-     where c.oid = any(array['awa.ready'::regclass, 'awa.ready_late'::regclass,
+      from pg_catalog.pg_locks as l
+      join pg_catalog.pg_class as c on c.oid = l.relation
+     where l.locktype = 'relation' and l.pid = pg_catalog.pg_backend_pid() and l.granted
+       and c.oid = any(array['awa.ready'::regclass, 'awa.ready_late'::regclass,
                              'awa.scheduled'::regclass]::oid[]
                        || array(select i.inhrelid
                                   from pg_catalog.pg_inherits as i

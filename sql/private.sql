@@ -363,21 +363,22 @@ $$;
 
 -- Function: awa._check_snapshot_current() returns boolean
 -- Raises 40001 when the statement's snapshot is older than a maintenance
--- rewrite of a table the job tools read (awa.rotate_running,
+-- rewrite of a job table the caller has read (awa.rotate_running,
 -- awa.compact_ready, awa.compact_scheduled, awa.prune_finished's carry:
 -- each truncates the table and copies back what it keeps). TRUNCATE is not
 -- MVCC-safe: a repeatable read or serializable transaction whose snapshot
 -- was taken before the rewrite committed reads the rewritten table empty,
--- so a count or a page read in it would miss every job kept. Such a
--- snapshot sees a version of the table's pg_class row that a committed
--- transaction has replaced (its xmax set), naming the file of its time,
--- where the catalog cache, brought up to date when the caller's read locked
--- the table, names today's. A newer snapshot sees the newest version (its
--- xmax unset but by a transaction in progress or rolled back, which the
--- cache does not show either): in read committed, where a statement's
--- snapshot is taken once it holds its tables, this never raises. True
--- otherwise, for a filter of an SQL function's statement (whose start has
--- locked the tables it reads).
+-- so a count, a page or a cancel in it would miss every job kept. Such a
+-- snapshot sees a version of the table's pg_class row that a later
+-- transaction replaced (its xmax set), naming another file than the
+-- catalog cache, which the caller's lock on the table brought up to date.
+-- Only tables this transaction holds a lock on are looked at: no rewrite
+-- can commit while the lock is held, so a newer snapshot (read committed
+-- takes one per statement, once it holds its tables) never sees a replaced
+-- row of theirs; a table not read may be rewritten at any moment, between
+-- this statement's snapshot and its catalog cache, and is not the caller's
+-- concern. True otherwise, for a filter of an SQL function's statement
+-- (whose start has locked the tables it reads).
 -- Errors: 40001 a table read was rewritten after the snapshot.
 -- Calls: nothing
 -- Writes: nothing
@@ -391,8 +392,10 @@ declare
     rewritten regclass;
 begin
     select c.oid::regclass into rewritten
-      from pg_catalog.pg_class as c
-     where c.oid = any(array['awa.ready'::regclass, 'awa.ready_late'::regclass,
+      from pg_catalog.pg_locks as l
+      join pg_catalog.pg_class as c on c.oid = l.relation
+     where l.locktype = 'relation' and l.pid = pg_catalog.pg_backend_pid() and l.granted
+       and c.oid = any(array['awa.ready'::regclass, 'awa.ready_late'::regclass,
                              'awa.scheduled'::regclass]::oid[]
                        || array(select i.inhrelid
                                   from pg_catalog.pg_inherits as i
