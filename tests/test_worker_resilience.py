@@ -16,12 +16,19 @@ from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 
+import pytest
+
 import awa_sql
 from awa_sql.maintain import Maintainer
 from awa_sql.worker import Worker
 from tests.support.crash import Hold
 from tests.support.jobs import Call, waits_for_a_lock
 from tests.support.waiting import wait_until
+
+# The Python Worker's own handling of lost connections, outages and servers
+# that take no writes; the functions it calls are tested on every version
+# (test_claim, test_run_outcome, test_backoff): ADR 051.
+pytestmark = pytest.mark.one_version
 
 FAST = {"poll_interval": 0.05, "snapshot_every": None}
 SHORT_LEASE = {"lease": timedelta(seconds=2), "heartbeat_every": timedelta(seconds=0.2)}

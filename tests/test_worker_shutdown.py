@@ -158,6 +158,10 @@ def test_a_second_signal_hands_back_at_once_and_the_process_exits(db, logins, tm
     script = f"""
 import logging, sys, threading
 from awa_sql.worker import Worker
+
+# The Python Worker's own shutdown and hand-back; the functions it calls are
+# tested on every version (test_claim, test_run_outcome): ADR 051.
+pytestmark = pytest.mark.one_version
 logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(message)s")
 def forever(job):
     print("started", flush=True)
