@@ -26,6 +26,10 @@ from awa_sql import worker as worker_module
 from awa_sql.worker import HAND_BACK_ERROR, Worker
 from tests.support.waiting import wait_until
 
+# The Python Worker's own shutdown and hand-back; the functions it calls are
+# tested on every version (test_claim, test_run_outcome): ADR 051.
+pytestmark = pytest.mark.one_version
+
 FAST = {"poll_interval": 0.05, "snapshot_every": None}
 # A lease far longer than any test: a job claimable again came back by the
 # hand-back, not by its lease's end.
@@ -159,9 +163,6 @@ def test_a_second_signal_hands_back_at_once_and_the_process_exits(db, logins, tm
 import logging, sys, threading
 from awa_sql.worker import Worker
 
-# The Python Worker's own shutdown and hand-back; the functions it calls are
-# tested on every version (test_claim, test_run_outcome): ADR 051.
-pytestmark = pytest.mark.one_version
 logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(message)s")
 def forever(job):
     print("started", flush=True)
