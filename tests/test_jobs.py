@@ -7,7 +7,9 @@ after a cancel or a retry; bulk retry while workers run; bad input."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 
 import psycopg
 import pytest
@@ -1065,6 +1067,20 @@ def test_release_worker_waits_for_a_call_that_holds_a_run_and_two_releases_agree
                           " and lease_expires_at > now()").fetchone()[0] == 0
 
 
+@contextmanager
+def snapshot_before_rewrite(db, login: str, *tables: str) -> Iterator[psycopg.Connection]:
+    """``login``'s transaction in repeatable read, its snapshot taken, then
+    each of ``tables`` (ready, scheduled) rewritten and committed, as
+    awa.compact_ready and awa.compact_scheduled do it once due."""
+    with db.connect(login, autocommit=False) as conn, db.connect(autocommit=False) as su:
+        conn.execute("set transaction isolation level repeatable read")
+        conn.execute("select 1")
+        for table in tables:
+            su.execute(f"select awa._rewrite_live('awa.{table}', 'awa.{table}_rewrite')")
+        su.commit()
+        yield conn
+
+
 SNAPSHOT_READS = {
     "count": "select awa.count_jobs('snap', 'ready')",
     "page": "select count(*) from awa.jobs('snap', 'ready')",
@@ -1082,12 +1098,7 @@ def test_a_snapshot_older_than_a_rewrite_is_refused_by_the_job_tools(db, logins,
     with db.connect(logins.producer) as p:
         ids = [enqueue(p, "snap", "k")[0] for _ in range(5)]
     statement = SNAPSHOT_READS[read]
-    with db.connect(logins.reader, autocommit=False) as r, \
-            db.connect(autocommit=False) as su:
-        r.execute("set transaction isolation level repeatable read")
-        r.execute("select 1")
-        su.execute("select awa._rewrite_live('awa.ready', 'awa.ready_rewrite')")
-        su.commit()
+    with snapshot_before_rewrite(db, logins.reader, "ready") as r:
         with pytest.raises(psycopg.errors.SerializationFailure) as refused:
             r.execute(statement, {"job_id": ids[0]})
         assert refused.value.diag.message_primary == (
@@ -1111,12 +1122,7 @@ def test_a_rewrite_of_a_table_a_call_does_not_read_refuses_no_snapshot(db, login
     refused a retry so): only tables the transaction holds count."""
     with db.connect(logins.producer) as p:
         enqueue(p, "snap", "k")
-    with db.connect(logins.reader, autocommit=False) as r, \
-            db.connect(autocommit=False) as su:
-        r.execute("set transaction isolation level repeatable read")
-        r.execute("select 1")
-        su.execute("select awa._rewrite_live('awa.ready', 'awa.ready_rewrite')")
-        su.commit()
+    with snapshot_before_rewrite(db, logins.reader, "ready") as r:
         assert r.execute("select count(*) from awa.failure_summary('snap')"
                          ).fetchone()[0] == 0
 
@@ -1190,13 +1196,7 @@ def test_an_operator_call_in_a_snapshot_older_than_a_rewrite_is_refused_and_chan
         ids = {"ready": enqueue(p, "snapw", "k")[0],
                "scheduled": enqueue(p, "snapw", "k", run_at=datetime_in_an_hour(p))[0]}
     statement = SNAPSHOT_WRITES[call]
-    with db.connect(logins.operator, autocommit=False) as op, \
-            db.connect(autocommit=False) as su:
-        op.execute("set transaction isolation level repeatable read")
-        op.execute("select 1")
-        su.execute("select awa._rewrite_live('awa.ready', 'awa.ready_rewrite'),"
-                   " awa._rewrite_live('awa.scheduled', 'awa.scheduled_rewrite')")
-        su.commit()
+    with snapshot_before_rewrite(db, logins.operator, "ready", "scheduled") as op:
         with pytest.raises(psycopg.errors.SerializationFailure):
             op.execute(statement, ids)
         op.rollback()
