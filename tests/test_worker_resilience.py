@@ -68,6 +68,20 @@ def blocking(started: threading.Event, release: threading.Event):
     return handler
 
 
+def counted_blocking():
+    """(started, release, runs, handler): the handler appends to runs, sets
+    started and blocks until release."""
+    started, release = threading.Event(), threading.Event()
+    runs = []
+
+    def handler(_job):
+        runs.append(1)
+        started.set()
+        release.wait(60)
+
+    return started, release, runs, handler
+
+
 def two_in_turn():
     """(started, release, handler): the handler's first call sets
     started[0], its second started[1]; each blocks until release."""
@@ -478,14 +492,7 @@ def test_an_outcome_is_recorded_once_the_database_takes_connections_again(
     with db.connect(logins.producer) as conn:
         warm = awa_sql.enqueue(conn, "warm", queue="outage")
         job = awa_sql.enqueue(conn, "held", queue="outage")
-    started, release = threading.Event(), threading.Event()
-    runs = []
-
-    def held(_job):
-        runs.append(1)
-        started.set()
-        release.wait(60)
-
+    started, release, runs, held = counted_blocking()
     worker = Worker(db.dsn(logins.worker), queues=["outage"],
                     handlers={"warm": lambda _job: None, "held": held}, **FAST)
     with running(worker, release), db.connect() as admin:
@@ -515,14 +522,7 @@ def test_an_outcome_refused_by_a_server_that_takes_no_writes_is_sent_again(
     caplog.set_level(logging.INFO, logger="awa_sql.worker")
     with db.connect(logins.producer) as conn:
         job = awa_sql.enqueue(conn, "held", queue="readonly")
-    started, release = threading.Event(), threading.Event()
-    runs = []
-
-    def held(_job):
-        runs.append(1)
-        started.set()
-        release.wait(60)
-
+    started, release, runs, held = counted_blocking()
     worker = Worker(db.dsn(logins.worker), queues=["readonly"], handlers={"held": held},
                     **FAST)
     with running(worker, release), db.connect() as admin:
