@@ -7536,7 +7536,11 @@ CREATE OR REPLACE FUNCTION awa.move_staged(max_transactions integer DEFAULT 100)
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
 declare
+    running pg_catalog.pg_snapshot;
+    gap_start xid8 := '0';
+    gap_end xid8;
     xid xid8;
+    tried integer := 0;
     moved bigint;
 begin
     perform awa._check_limit('max_transactions', max_transactions);
@@ -7546,26 +7550,42 @@ begin
         return 0;
     end if;
     perform awa._note_run('move_staged');
-    for xid in
-        select c.staged_xid
-          from awa.copy_staging as c
-         where pg_xact_status(c.staged_xid) = 'committed'
-         group by c.staged_xid
-         order by min(c.staged_id)
-         limit max_transactions
+    running := pg_current_snapshot();
+    -- Each gap between two running transactions (and below the first, and
+    -- up to the snapshot's xmax) holds only ended ones; a staging xid is a
+    -- top-level xid, so a running load's rows lie on a bound, never inside.
+    for gap_end in
+        select x.x from pg_snapshot_xip(running) as x(x)
+        union all
+        select pg_snapshot_xmax(running)
+        order by 1
     loop
-        -- Another session moving this transaction's rows keeps them: two
-        -- movers reading them at once would both enqueue them.
-        if pg_try_advisory_xact_lock(
-            awa._lock_class_copy(), (xid::text::bigint & 2147483647)::integer
-        ) then
-            moved := awa._move_staged(xid);
-            -- None: another session moved them after the list was read; the
-            -- next one, which took no lane either.
-            if moved > 0 then
-                return moved;
+        loop
+            select min(c.staged_xid) into xid
+              from awa.copy_staging as c
+             where c.staged_xid > gap_start and c.staged_xid < gap_end;
+            exit when xid is null;
+            tried := tried + 1;
+            if tried > max_transactions then
+                return 0;
             end if;
-        end if;
+            -- Another session moving this transaction's rows keeps them: two
+            -- movers reading them at once would both enqueue them. This
+            -- transaction's own rows (status in progress) are not leftovers.
+            if pg_xact_status(xid) = 'committed'
+               and pg_try_advisory_xact_lock(
+                   awa._lock_class_copy(), (xid::text::bigint & 2147483647)::integer
+               ) then
+                moved := awa._move_staged(xid);
+                -- None: another session moved them after the probe; the next
+                -- one, which took no lane either.
+                if moved > 0 then
+                    return moved;
+                end if;
+            end if;
+            gap_start := xid;
+        end loop;
+        gap_start := gap_end;
     end loop;
     return 0;
 end;

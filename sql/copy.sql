@@ -575,9 +575,10 @@ $$;
 
 -- Function: awa.move_staged(max_transactions integer default 100) returns bigint
 -- Moves rows that committed transactions staged but never enqueued, oldest
--- first, each staging transaction's rows in COPY order. Since migration
--- 0010 commit moves them, so this finds rows only from transactions that
--- committed before it. Safe to run from several sessions (a transaction's
+-- transaction first, each one's rows in COPY order. Since migration 0010
+-- commit moves them, so this finds rows only from transactions that
+-- committed before it or with the staging triggers disabled (a restore with
+-- --disable-triggers). Safe to run from several sessions (a transaction's
 -- rows are moved by one of them, under the try-lock (awa._lock_class_copy(),
 -- low 31 bits of its xid)) and to interrupt: a row is moved and deleted in
 -- one transaction. A call moves one staging transaction, the oldest it can
@@ -586,6 +587,9 @@ $$;
 -- first's lanes, and could wait for a lane below them held by a producer
 -- that waits for one of them (40P01, the producer's call failed as often
 -- as this one). awa maintain calls it again at once while it moves rows.
+-- The rows of transactions still running (an open COPY load, any size) are
+-- never read: the index is probed only between the running xids of the
+-- call's snapshot, one probe a staging transaction.
 -- On a standby it moves nothing: the staged rows are the primary's alone.
 -- Role: awa_maintenance. Returns how many rows it moved.
 -- Calls: awa._check_limit, awa._lock_class_copy, awa._move_staged, awa._note_run
@@ -597,7 +601,11 @@ security definer
 set search_path = pg_catalog, pg_temp
 as $$
 declare
+    running pg_catalog.pg_snapshot;
+    gap_start xid8 := '0';
+    gap_end xid8;
     xid xid8;
+    tried integer := 0;
     moved bigint;
 begin
     perform awa._check_limit('max_transactions', max_transactions);
@@ -607,26 +615,42 @@ begin
         return 0;
     end if;
     perform awa._note_run('move_staged');
-    for xid in
-        select c.staged_xid
-          from awa.copy_staging as c
-         where pg_xact_status(c.staged_xid) = 'committed'
-         group by c.staged_xid
-         order by min(c.staged_id)
-         limit max_transactions
+    running := pg_current_snapshot();
+    -- Each gap between two running transactions (and below the first, and
+    -- up to the snapshot's xmax) holds only ended ones; a staging xid is a
+    -- top-level xid, so a running load's rows lie on a bound, never inside.
+    for gap_end in
+        select x.x from pg_snapshot_xip(running) as x(x)
+        union all
+        select pg_snapshot_xmax(running)
+        order by 1
     loop
-        -- Another session moving this transaction's rows keeps them: two
-        -- movers reading them at once would both enqueue them.
-        if pg_try_advisory_xact_lock(
-            awa._lock_class_copy(), (xid::text::bigint & 2147483647)::integer
-        ) then
-            moved := awa._move_staged(xid);
-            -- None: another session moved them after the list was read; the
-            -- next one, which took no lane either.
-            if moved > 0 then
-                return moved;
+        loop
+            select min(c.staged_xid) into xid
+              from awa.copy_staging as c
+             where c.staged_xid > gap_start and c.staged_xid < gap_end;
+            exit when xid is null;
+            tried := tried + 1;
+            if tried > max_transactions then
+                return 0;
             end if;
-        end if;
+            -- Another session moving this transaction's rows keeps them: two
+            -- movers reading them at once would both enqueue them. This
+            -- transaction's own rows (status in progress) are not leftovers.
+            if pg_xact_status(xid) = 'committed'
+               and pg_try_advisory_xact_lock(
+                   awa._lock_class_copy(), (xid::text::bigint & 2147483647)::integer
+               ) then
+                moved := awa._move_staged(xid);
+                -- None: another session moved them after the probe; the next
+                -- one, which took no lane either.
+                if moved > 0 then
+                    return moved;
+                end if;
+            end if;
+            gap_start := xid;
+        end loop;
+        gap_start := gap_end;
     end loop;
     return 0;
 end;

@@ -411,6 +411,47 @@ def test_a_bad_row_of_a_keyed_load_of_several_passes_is_named(db, logins):
                              " (select count(*) from awa.unique_keys)").fetchone() == (0, 0)
 
 
+def test_move_staged_does_not_read_the_rows_of_an_open_load(db, logins):
+    """awa maintain calls awa.move_staged every 5 s: an open COPY load is
+    skipped by its xid, not read row by row (the call used to read every
+    staged row)."""
+    with db.connect(logins.producer, autocommit=False) as load:
+        copy_rows(load, [("open", None, None, "k", Jsonb({"i": i}), None, None)
+                         for i in range(5_000)])
+        with db.connect(logins.maintenance, autocommit=False) as m:
+            assert m.execute("select awa.move_staged()").fetchone()[0] == 0
+            assert m.execute("select pg_stat_get_xact_blocks_fetched("
+                             "'awa.copy_staging'::regclass)").fetchone()[0] == 0
+        load.commit()
+    with db.connect() as admin:
+        assert admin.execute("select count(*) from awa.ready").fetchone()[0] == 5_000
+
+
+def test_move_staged_moves_leftovers_on_both_sides_of_an_open_load(db, logins):
+    """Leftover rows of transactions that ended before and after an open load
+    began are moved while it runs; its own rows wait for its commit."""
+    def leftover(admin, n):
+        admin.execute("insert into awa.copy_staging (queue, kind)"
+                      " select 'left', 'k' from generate_series(1, %s)", [n])
+
+    with db.connect() as admin:
+        # No commit-time move: its trigger fires in every replication role.
+        admin.execute("alter table awa.copy_staging disable trigger copy_staging_note")
+        leftover(admin, 3)
+        with db.connect(logins.producer, autocommit=False) as load:
+            copy_rows(load, [("left", None, None, "k", Jsonb({}), None, None)] * 7)
+            leftover(admin, 4)
+            with db.connect(logins.maintenance) as m:
+                assert [m.execute("select awa.move_staged()").fetchone()[0]
+                        for _ in range(3)] == [3, 4, 0]
+            load.commit()
+        with db.connect(logins.maintenance) as m:
+            assert [m.execute("select awa.move_staged()").fetchone()[0]
+                    for _ in range(2)] == [7, 0]
+        assert admin.execute("select (select count(*) from awa.ready),"
+                             " (select count(*) from awa.copy_staging)").fetchone() == (14, 0)
+
+
 def test_move_staged_moves_one_staging_transaction_a_call(db, logins):
     """awa.move_staged moves one staging transaction per call, oldest first: a
     second in the same transaction would take its keys (ADR 027) and lanes
