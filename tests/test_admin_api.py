@@ -126,6 +126,47 @@ def test_queue_detail_has_lanes_draining_contention_and_changes(db, read_only_ap
     assert q["shard_changes"][0]["source"] == "manual"
 
 
+def test_the_summary_of_a_name_with_partitions_or_stripes_counts_them_all(db, read_only_api):
+    with db.connect() as conn:
+        conn.execute("select awa.set_queue_partitions('parts', 3)")
+        conn.execute("select awa.set_queue_stripes('striped', 2)")
+        for queue in ("parts", "striped"):
+            conn.execute("select awa.enqueue(%s, 'k', ordering_key => ('k' || i)::bytea)"
+                         " from generate_series(1, 30) as i", [queue])
+    for queue in ("parts", "striped"):
+        q = read_only_api.get(f"/api/queues/{queue}").json()
+        assert len(q["physical_queues"]) > 1
+        assert all(p["ready"] < 30 for p in q["physical_queues"]), q["physical_queues"]
+        assert q["ready"] == sum(p["ready"] for p in q["physical_queues"]) == 30
+        assert q["oldest_ready_age_seconds"] == max(
+            p["oldest_ready_age_seconds"] for p in q["physical_queues"]
+            if p["oldest_ready_age_seconds"] is not None)
+
+
+@pytest.mark.parametrize("read", ["detail", "storage show", "shard plan"])
+def test_a_read_of_one_queue_works_out_that_queue_alone(db, read):
+    """Not the overview of every queue, joined to the one asked for: 156 ms
+    at 3,000 queues, and on PostgreSQL 17 a lock a lane sequence."""
+    from awa_sql import shards
+    from awa_sql.admin import queries
+
+    for i in range(30):
+        enqueue_jobs(db, f"other-{i}", 1)
+    enqueue_jobs(db, "mine", 1)
+    calls = {
+        "detail": lambda c: queries.queue_detail(c, "mine"),
+        "storage show": lambda c: shards.show(c, "mine"),
+        "shard plan": lambda c: shards.plan_enqueue_shards(c, "mine", 2),
+    }
+    with db.connect(autocommit=False) as conn:
+        conn.execute("set track_functions = 'all'")
+        calls[read](conn)
+        worked_out = conn.execute(
+            "select pg_stat_get_xact_function_calls('awa._lane_starts(integer)'::regprocedure)"
+        ).fetchone()[0]
+    assert worked_out is not None and 1 <= worked_out <= 2
+
+
 def test_unknown_queue_is_404_on_every_route(api):
     assert api.get("/api/queues/nope").status_code == 404
     assert api.get("/api/queues/nope/enqueue-shards/plan?shards=2").status_code == 404

@@ -13,6 +13,17 @@ from __future__ import annotations
 import psycopg
 from psycopg.rows import dict_row
 
+
+def covered_by(column: str, param: str = "queue") -> str:
+    """SQL: ``column`` is one of the physical queues that the name in the
+    parameter ``param`` covers (``awa.covered_queues``). Read into an array
+    first, so that the planner probes each queue by its key: ``column in
+    (select awa.covered_queues(...))`` is planned for a thousand names and
+    worked out the overview of every queue in the database (156 ms at 3,000
+    queues; on PostgreSQL 17 a lock on every lane's sequence read)."""
+    return f"{column} = any(array(select awa.covered_queues(%({param})s::text)))"
+
+
 COUNTS = ("ready", "running", "scheduled", "completed_kept", "failed_kept", "cancelled_kept")
 KEPT = ("completed_kept", "failed_kept", "cancelled_kept")
 

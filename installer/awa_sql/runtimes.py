@@ -38,6 +38,7 @@ from awa_sql.connect import (
     read_only_reason,
     resolve_dsn,
 )
+from awa_sql.queues import covered_by
 from awa_sql.version import __version__
 
 log = logging.getLogger("awa_sql.runtimes")
@@ -206,7 +207,7 @@ select r.instance_id::text as instance_id, r.kind, r.hostname, r.pid, r.version,
 LIVE_ORDER = """
  order by r.kind, r.hostname, r.pid, r.instance_id, q.queue, q.activity
 """
-QUEUE_FILTER = "where q.queue in (select awa.covered_queues(%(queue)s::text))"
+QUEUE_FILTER = f"where {covered_by('q.queue')}"
 RUNTIME_COLUMNS = ("instance_id", "kind", "hostname", "pid", "version", "in_flight",
                    "started_at", "last_seen", "last_seen_age_seconds")
 QUEUE_COLUMNS = ("queue", "activity", "last_at", "shards", "age_seconds")

@@ -13,6 +13,8 @@ from datetime import datetime, timedelta
 
 import psycopg
 
+from awa_sql.queues import covered_by
+
 ORDERING_NOTE = (
     "S > 1 makes {queue} partitioned FIFO: order holds per lane and per ordering key; "
     "keys remap now, so per-key order resumes once the old lanes drain."
@@ -145,7 +147,7 @@ def plan_enqueue_shards(conn: psycopg.Connection, queue: str, shards: int) -> li
         # A queue seen for the first time is created with S = 1 and 4 lanes.
         return [ShardChange(queue, 1, shards, 4 * shards)]
     rows = conn.execute(
-        """
+        f"""
         select o.queue, o.enqueue_shards,
                case when o.enqueue_shards = %(shards)s then 0
                     else (4 * %(shards)s
@@ -153,7 +155,7 @@ def plan_enqueue_shards(conn: psycopg.Connection, queue: str, shards: int) -> li
                               where l.queue = o.queue and l.shard < %(shards)s))::integer
                end
           from awa.queue_overview as o
-         where o.queue in (select awa.covered_queues(%(queue)s::text))
+         where {covered_by("o.queue")}
          order by o.queue <> %(queue)s, o.queue
         """,
         {"queue": queue, "shards": shards},
@@ -165,7 +167,7 @@ def show(conn: psycopg.Connection, queue: str | None = None) -> list[QueueStatus
     """Every physical queue with its lanes, or those ``queue`` names: itself (a
     partition's or stripe's own name included) and, for a logical queue, its
     partitions and stripes."""
-    where = ("where o.queue in (select awa.covered_queues(%(queue)s::text))"
+    where = (f"where {covered_by('o.queue')}"
              if queue is not None else "")
     queues = conn.execute(
         f"""
@@ -180,7 +182,7 @@ def show(conn: psycopg.Connection, queue: str | None = None) -> list[QueueStatus
     result = {
         q[0]: QueueStatus(*q[:12], oldest_ready_age_seconds=_seconds(q[12])) for q in queues
     }
-    lane_where = ("where l.queue in (select awa.covered_queues(%(queue)s::text))"
+    lane_where = (f"where {covered_by('l.queue')}"
                   if queue is not None else "")
     for row in conn.execute(
         f"""

@@ -17,6 +17,7 @@ from awa_sql.admin.errors import ApiError
 from awa_sql.bulk_bound import count_in_bound
 from awa_sql.defaults import RETRY_STATES
 from awa_sql.jsonb import shown
+from awa_sql.queues import covered_by
 
 RECENT = 20
 
@@ -25,6 +26,8 @@ QUEUE_COLUMNS = """
     o.stripes, o.partitions, o.ready, o.running, o.scheduled, o.failed, o.completed,
     o.oldest_ready_age
 """
+
+FAMILY_COUNTS = ("ready", "running", "scheduled", "failed", "completed")
 
 
 def _plain(row: dict) -> dict:
@@ -76,7 +79,7 @@ def queue_detail(conn: psycopg.Connection, queue: str) -> dict:
     with conn.cursor(row_factory=dict_row) as cur:
         physical = [_plain(r) for r in cur.execute(
             f"select {QUEUE_COLUMNS} from awa.queue_overview as o"
-            " where o.queue in (select awa.covered_queues(%(q)s::text))"
+            f" where {covered_by('o.queue', 'q')}"
             " order by o.queue = %(q)s desc, o.queue", {"q": queue}).fetchall()]
         if not physical:
             raise ApiError(404, f"unknown queue {queue!r}", "42704")
@@ -97,7 +100,7 @@ def queue_detail(conn: psycopg.Connection, queue: str) -> dict:
             " c.changed_by, c.changed_at, c.source from awa.shard_changes as c"
             " where c.queue = any(%s) order by c.change_id desc limit %s",
             [names, RECENT]).fetchall()
-    detail = dict(physical[0])
+    detail = {**physical[0], **family_counts(physical)}
     detail["physical_queues"] = physical
     detail["lanes"] = lanes
     detail["contention"] = [_plain(c) for c in contention]
@@ -105,6 +108,15 @@ def queue_detail(conn: psycopg.Connection, queue: str) -> dict:
     detail["decisions"] = decisions(conn, names)
     detail["runtimes"] = runtimes(conn, physical)
     return detail
+
+
+def family_counts(physical: list[dict]) -> dict:
+    """The jobs of every physical queue a name covers (its partitions and
+    stripes): the counts summed, the lag the largest."""
+    ages = [p["oldest_ready_age_seconds"] for p in physical
+            if p["oldest_ready_age_seconds"] is not None]
+    return {**{c: sum(p[c] for p in physical) for c in FAMILY_COUNTS},
+            "oldest_ready_age_seconds": max(ages, default=None)}
 
 
 def _has_column(conn: psycopg.Connection, relation: str, column: str) -> bool:
@@ -177,7 +189,7 @@ def history(conn: psycopg.Connection, queue: str, window: timedelta) -> dict | N
         physical = cur.execute(
             "select o.queue, o.enqueue_shards, o.shard_mode, o.max_shards,"
             " pg_catalog.clock_timestamp() as until from awa.queue_overview as o"
-            " where o.queue in (select awa.covered_queues(%(q)s::text))"
+            f" where {covered_by('o.queue', 'q')}"
             " order by o.queue = %(q)s desc, o.queue", {"q": queue}).fetchall()
         if not physical:
             raise ApiError(404, f"unknown queue {queue!r}", "42704")
