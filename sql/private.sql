@@ -1066,7 +1066,17 @@ $$;
 
 -- The layer grants from nothing: each file's grant lines below and after
 -- this one are every privilege on the schema's objects when it commits.
-select awa._revoke_grants();
+-- In a subtransaction (a block that catches, to raise again): a revoke
+-- rewrites its routine's pg_proc row, and written by the layer's own
+-- transaction the row of an earlier layer's granted routine would pass for
+-- one this layer made, which the sweep at the layer's end keeps.
+do $revoke$
+begin
+    perform awa._revoke_grants();
+exception when others then
+    raise;
+end
+$revoke$;
 
 select awa._grant_execute('awa._sticky(integer)');
 select awa._grant_execute('awa._spread(integer, integer, integer)');
