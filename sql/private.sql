@@ -878,7 +878,11 @@ set search_path = pg_catalog, pg_temp
 as $$
     with recursive
     this (owner_oid, schema_oid) as (
-        select awa._role_for('owner')::regrole::oid, 'awa'::regnamespace::oid
+        -- By name, not ::regrole, which reads it as an identifier (AwaOwner
+        -- as awaowner, a dot as a schema's).
+        select r.oid, 'awa'::regnamespace::oid
+          from pg_catalog.pg_roles as r
+         where r.rolname = awa._role_for('owner')
     ),
     bound (role_oid, role_name) as (
         select r.oid, r.rolname

@@ -34,6 +34,19 @@ def _records(conn: psycopg.Connection) -> tuple[list, list]:
     return migrations, functions
 
 
+def test_role_names_that_are_not_plain_identifiers_install(empty_db, role_prefix):
+    """A role name with capitals, a space or a dot, the owner's included, is
+    a name, not SQL to parse (AwaOwner was read as awaowner: the install
+    failed after its migrations had committed, and every retry again)."""
+    odd = f"Awa {role_prefix[:-1]}.x_"
+    empty_db.awa("migrate", "--create-roles", "--role-prefix", odd, check=True)
+    assert empty_db.awa("status", "--check", "--role-prefix", odd).returncode == 0
+    with empty_db.connect() as conn:
+        assert conn.execute("select r.rolname from pg_namespace n join pg_roles r"
+                            " on r.oid = n.nspowner where n.nspname = 'awa'"
+                            ).fetchone()[0] == f"{odd}owner"
+
+
 def test_apply_on_empty_database(empty_db, role_prefix):
     result = empty_db.awa("migrate", "--create-roles", "--role-prefix", role_prefix, check=True)
     assert f"applied migration {MIGRATIONS[0].label}" in result.stdout
@@ -109,6 +122,20 @@ def test_drift_is_refused_with_exit_3_and_nothing_applied(db):
     status = db.awa("status", "--check")
     assert status.returncode == 3
     assert "drifted:" in status.stdout
+
+
+@pytest.mark.parametrize("older, newer", [
+    ("0.1.0.dev4", "0.1.0a1"), ("0.1.0a1", "0.1.0b2"), ("0.1.0b2", "0.1.0rc1"),
+    ("0.1.0rc1", "0.1.0"), ("0.1.0-rc.1", "0.1.0"), ("0.1.0", "0.1.0.post1"),
+    ("0.1.0rc1", "0.1.0rc2"), ("0.9.9", "0.10.0"), ("0.1.0", "0.1.1.dev1"),
+])
+def test_versions_order_as_pep_440_does(older, newer):
+    """A release candidate comes before its release: a database installed
+    by 0.1.0rc1 is not refused as newer by 0.1.0 (it was: digits only)."""
+    from awa_sql.migrate import version_tuple
+
+    assert version_tuple(older) < version_tuple(newer)
+    assert version_tuple("0.1") == version_tuple("0.1.0")
 
 
 def test_newer_database_is_refused_naming_both_versions(db):
@@ -246,6 +273,23 @@ def test_install_as_nosuperuser_with_createrole(cluster, role_prefix):
                                             user=migrator, check=True).stdout
     finally:
         cluster.drop_database(name)
+
+
+def test_a_createrole_login_without_create_on_the_database_is_refused_before_any_step(
+        cluster, empty_db, role_prefix):
+    """The roles step would commit and the schema's creation fail after it,
+    leaving six roles behind (and again on every retry)."""
+    migrator = f"{role_prefix}migrator"
+    with cluster.admin() as conn:
+        conn.execute(sql.SQL("create role {} login createrole nosuperuser password 'x'").format(
+            sql.Identifier(migrator)))
+    result = empty_db.awa("migrate", "--create-roles", "--role-prefix", role_prefix,
+                          user=migrator)
+    assert result.returncode == 6, result.stdout + result.stderr
+    assert f"login '{migrator}' may not create schema awa: it lacks CREATE" in result.stderr
+    with cluster.admin() as conn:
+        assert conn.execute("select count(*) from pg_roles where rolname like %s",
+                            [f"{role_prefix}%"]).fetchone()[0] == 1  # the migrator alone
 
 
 def test_install_as_database_owner_pointed_at_existing_roles(cluster, role_prefix):
@@ -389,6 +433,7 @@ def test_status_check_gives_each_outcome_its_own_exit_code(db):
     denied = gate(user=app)
     codes["application login"] = denied.returncode
     assert f"login '{app}' cannot act as 'awa_owner'" in denied.stdout, denied
+    assert "run it as the login that migrates: an application's login" in denied.stdout
     stranger = db.login_role()  # no awa role at all: not even the schema's usage
     nobody = gate(user=stranger)
     codes["no role"] = nobody.returncode

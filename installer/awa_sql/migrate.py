@@ -118,12 +118,36 @@ def _lit(value: object) -> str:
     return _q(sql.Literal(value))
 
 
-def version_tuple(version: str) -> tuple[int, ...]:
-    parts = []
-    for piece in version.split("."):
-        digits = "".join(ch for ch in piece if ch.isdigit())
-        parts.append(int(digits or 0))
-    return tuple(parts)
+_VERSION = re.compile(
+    r"v?(?P<release>\d+(?:\.\d+)*)"
+    r"(?:[-_.]?(?P<pre>a|alpha|b|beta|c|rc|pre|preview)[-_.]?(?P<pre_n>\d*))?"
+    r"(?:[-_.]?(?:post|rev|r)[-_.]?(?P<post>\d*))?"
+    r"(?:[-_.]?dev[-_.]?(?P<dev>\d*))?(?:\+.*)?",
+    re.IGNORECASE,
+)
+_PRE_RANK = {"a": 0, "alpha": 0, "b": 1, "beta": 1, "c": 2, "rc": 2, "pre": 2, "preview": 2}
+
+
+def version_tuple(version: str) -> tuple:
+    """A key that orders versions as PEP 440 does: 0.1.0.dev1 < 0.1.0a1 <
+    0.1.0rc1 < 0.1.0 < 0.1.0.post1 (trailing zeros of the release aside). A
+    version it cannot read orders by its digits."""
+    m = _VERSION.fullmatch(version.strip())
+    if m is None:
+        return (tuple(int("".join(c for c in p if c.isdigit()) or 0)
+                      for p in version.split(".")), (1,), -1, (1,))
+    release = tuple(int(p) for p in m["release"].split("."))
+    while len(release) > 1 and release[-1] == 0:
+        release = release[:-1]
+    post = -1 if m["post"] is None else int(m["post"] or 0)
+    if m["pre"]:
+        pre: tuple = (0, _PRE_RANK[m["pre"].lower()], int(m["pre_n"] or 0))
+    elif m["dev"] is not None and post < 0:
+        pre = (-1,)  # 1.0.dev1 comes before 1.0a1
+    else:
+        pre = (1,)
+    dev = (1,) if m["dev"] is None else (0, int(m["dev"] or 0))
+    return (release, pre, post, dev)
 
 
 # --------------------------------------------------------------------------
@@ -172,6 +196,8 @@ class DatabaseState:
     has_records: bool = False
     records_read: bool = False
     public_can_create_in_public: bool = False
+    # CREATE on the database, which the bootstrap's CREATE SCHEMA needs.
+    can_create_schema: bool = True
     offline: bool = False
     # awa._security_violations() as the owner: (rule, message) of each broken
     # invariant. Read only where it can be (an installed layer that has it, in
@@ -202,7 +228,8 @@ def read_state(conn: psycopg.Connection, roles: Roles) -> DatabaseState:
                coalesce((select pg_catalog.bool_or(a.grantee = 0 and a.privilege_type = 'CREATE')
                            from pg_catalog.pg_namespace n,
                                 pg_catalog.aclexplode(n.nspacl) a
-                          where n.nspname = 'public'), false)
+                          where n.nspname = 'public'), false),
+               pg_catalog.has_database_privilege(pg_catalog.current_database(), 'CREATE')
           from pg_catalog.pg_roles r
          cross join (select coalesce(pg_catalog.bool_or(
                                 pg_catalog.has_schema_privilege(n.oid, 'USAGE')), false)
@@ -223,7 +250,7 @@ def read_state(conn: psycopg.Connection, roles: Roles) -> DatabaseState:
     assert row is not None
     (state.current_user, state.is_superuser, state.login_inherits, state.schema_owner,
      state.has_records, may_read_migrations, may_read_layer, may_read_binding,
-     state.public_can_create_in_public) = row
+     state.public_can_create_in_public, state.can_create_schema) = row
     # has_table_privilege is null for a table that does not exist.
     may_read_migrations, may_read_layer, may_read_binding = (
         bool(x) for x in (may_read_migrations, may_read_layer, may_read_binding))
@@ -476,6 +503,12 @@ def _check_roles(state: DatabaseState, roles: Roles, create_roles: bool, plan: P
             ))
     if not state.can_act_as_owner:
         plan.problems.append(RolesError(_cannot_act(state, roles)))
+    if state.schema_owner is None and not state.can_create_schema:
+        # Before the roles step, which would commit and leave them behind.
+        plan.problems.append(RolesError(
+            f"login {state.current_user!r} may not create schema awa: it lacks CREATE on "
+            f"this database. GRANT CREATE ON DATABASE <database> TO {state.current_user}, or "
+            "migrate as its owner."))
 
 
 def _cannot_act(state: DatabaseState, roles: Roles) -> str:
@@ -498,7 +531,8 @@ def _cannot_act(state: DatabaseState, roles: Roles) -> str:
         return (head + f"{grant}, or ALTER ROLE {login} INHERIT. It is NOINHERIT: the grant "
                 f"awa migrate would make itself would not be inherited, and {needs}.")
     if state.installed:
-        return head + f"{grant}."
+        return head + (f"{grant}. Or run it as the login that migrates: an application's "
+                       "login holds a runtime role, never the owner.")
     return (head + f"{grant}, or migrate as a login with CREATEROLE that created the roles "
             "and inherits (not NOINHERIT).")
 
