@@ -721,6 +721,18 @@ CREATE INDEX unique_keys_job_id_idx ON awa.unique_keys USING btree (job_id);
 
 -- Views
 
+CREATE VIEW awa.autoscale_policies AS
+ SELECT m.queue,
+    p.grow_window,
+    p.grow_wait_share,
+    p.grow_waiters,
+    p.shrink_window,
+    p.shrink_wait_share,
+    p.cooldown,
+    p.min_samples
+   FROM awa.autoscale_policy p
+     JOIN awa.queue_meta m ON p.queue_id = m.queue_id;
+
 CREATE VIEW awa.lane_contention AS
  WITH recent AS (
          SELECT s.sampled_at,
@@ -9093,6 +9105,8 @@ COMMENT ON TABLE awa.shard_changes IS 'Every change of a physical queue''s enque
 
 COMMENT ON TABLE awa.unique_keys IS 'The unique keys held now, one row per (logical queue, key): by a live job (held_until null), or by a completed one until held_until (its unique window). A row whose held_until has passed holds nothing; awa.prune_unique_keys() removes it.';
 
+COMMENT ON VIEW awa.autoscale_policies IS 'Per queue with an auto-scaler policy: the overrides awa.set_autoscale_policy stored (null: the default in force).';
+
 COMMENT ON VIEW awa.lane_contention IS 'Per queue over the last minute of contention samples: mean backends waiting per held lane, the share of samples with any lane waited for, and enqueues per second (from the samples of awa.autoscale_tick(), which read the enqueue counter).';
 
 COMMENT ON VIEW awa.lane_overview IS 'Per lane: ready depth (the span of its live lane_seqs), lag (age of its oldest ready job), the next lane_seq it will hand out, and the claim position (lane_seq of its head). draining: shard >= the current S with ready jobs left. walked: claims still visit the lane; false once awa.retire_lanes() has taken it, empty, out of their walk (ADR 041).';
@@ -9113,6 +9127,7 @@ ALTER SCHEMA awa OWNER TO awa_owner;
 GRANT USAGE ON SCHEMA awa TO awa_maintenance, awa_operator, awa_producer, awa_reader, awa_worker;
 GRANT SELECT ON TABLE awa.autoscale_decision_counts TO awa_operator, awa_reader;
 GRANT SELECT ON TABLE awa.autoscale_decisions TO awa_operator, awa_reader;
+GRANT SELECT ON TABLE awa.autoscale_policies TO awa_operator, awa_reader;
 GRANT SELECT ON TABLE awa.autoscale_policy TO awa_operator, awa_reader;
 GRANT SELECT ON TABLE awa.dropped_sequences TO awa_operator, awa_reader;
 GRANT SELECT ON TABLE awa.lane_contention TO awa_operator, awa_reader;

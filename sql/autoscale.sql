@@ -649,4 +649,29 @@ select awa._grant_execute('awa.autoscale_tick()', 'maintenance');
 
 select awa._grant_select('awa.autoscale_decisions', 'reader', 'operator');
 select awa._grant_select('awa.autoscale_policy', 'reader', 'operator');
+
+-- View: awa.autoscale_policies, per queue with a policy: its name and the
+-- overrides awa.set_autoscale_policy stored (null: the default). The table
+-- names a queue by its id, which the reader roles cannot resolve
+-- (awa.queue_meta is not theirs to read).
+create view awa._new_autoscale_policies as
+select
+    m.queue,
+    p.grow_window,
+    p.grow_wait_share,
+    p.grow_waiters,
+    p.shrink_window,
+    p.shrink_wait_share,
+    p.cooldown,
+    p.min_samples
+from awa.autoscale_policy as p
+inner join awa.queue_meta as m on p.queue_id = m.queue_id;
+
+select awa._ensure_view('awa.autoscale_policies', 'awa._new_autoscale_policies');
+
+comment on view awa.autoscale_policies is
+'Per queue with an auto-scaler policy: the overrides awa.set_autoscale_policy stored '
+'(null: the default in force).';
+
+select awa._grant_select('awa.autoscale_policies', 'reader', 'operator');
 select awa._grant_select('awa.autoscale_decision_counts', 'reader', 'operator');

@@ -464,6 +464,19 @@ def test_policy_validation(db, logins):
                 timedelta(minutes=1), timedelta(days=1))
 
 
+def test_an_operator_and_a_reader_see_each_queues_policy_by_name(db, logins):
+    with db.connect(logins.operator) as op:
+        for queue in ("policy-a", "policy-b"):
+            op.execute("select awa.set_enqueue_shards(%s, 1)", [queue])
+        op.execute("select awa.set_autoscale_policy('policy-b', cooldown => '2 minutes')")
+        rows = op.execute("select queue, cooldown, grow_window from awa.autoscale_policies"
+                          ).fetchall()
+    assert rows == [("policy-b", timedelta(minutes=2), None)]
+    with db.connect(logins.reader) as r:
+        assert r.execute("select queue from awa.autoscale_policies").fetchall() == [
+            ("policy-b",)]
+
+
 def test_roles(db, logins):
     with db.connect(logins.producer) as p:
         enqueue(p, "r")
