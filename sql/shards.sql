@@ -1,6 +1,24 @@
 -- shards.sql: reading and changing a queue's enqueue shards (S), and how long
 -- the history of its changes is kept.
 
+-- A layer before migration 0032 changes S without recording the change
+-- (between that migration and this layer's install, an upgrade runs the
+-- layer before it): each queue with lanes to retire counts its last change
+-- from this install, whose commit is later than any such change. Only over
+-- such a layer, which had no awa.retire_lanes (this file makes it below): a
+-- layer that has it records every change, and the update waited for every
+-- open transaction that held one of those queues' rows (an operator's
+-- pause), at each apply.
+do $backfill$
+begin
+    if pg_catalog.to_regprocedure('awa.retire_lanes()') is null then
+        update awa.queue_meta as m
+           set shards_changed_xact = pg_catalog.pg_current_xact_id()
+         where m.lane_shards operator(pg_catalog.>) m.enqueue_shards;
+    end if;
+end
+$backfill$;
+
 -- Function: awa.enqueue_shards(queue text) returns smallint
 -- The queue's current S. Roles: every awa role.
 -- Errors: 42704 unknown queue; 22004/22023 bad name.
@@ -358,14 +376,6 @@ $$;
 select awa._grant_execute('awa._before_every_snapshot(xid8, xid8)');
 select awa._grant_execute('awa._shards_in_use(integer, integer, integer)');
 select awa._grant_execute('awa.retire_lanes()', 'maintenance');
-
--- A layer before migration 0032 changes S without recording the change
--- (between that migration and this layer's install, an upgrade runs the
--- layer before it): each queue with lanes to retire counts its last change
--- from this install, whose commit is later than any such change.
-update awa.queue_meta as m
-   set shards_changed_xact = pg_current_xact_id()
- where m.lane_shards > m.enqueue_shards;
 
 -- Function: awa.set_queue_stripes(queue text, stripes integer)
 -- Advanced: stores a logical queue as stripes queue#0 .. queue#(K-1), each

@@ -333,11 +333,31 @@ def test_a_function_layer_install_counts_a_change_an_earlier_layer_made(db, logi
     changed = su.execute("select shards_changed_xact::text from awa.queue_meta"
                          " where queue = 'lr'").fetchone()[0]
     su.execute("update awa.queue_meta set enqueue_shards = 1 where queue = 'lr'")
+    su.execute("drop function awa.retire_lanes()")  # a layer before it
     su.execute("delete from awa.schema_functions")  # the layer is applied again
     db.awa("migrate", check=True)
     assert int(su.execute("select shards_changed_xact::text from awa.queue_meta"
                           " where queue = 'lr'").fetchone()[0]) > int(changed)
     assert retire(db, logins) == 1
+
+
+def test_a_function_layer_install_does_not_wait_for_a_lowered_queues_row(db, op, su):
+    """Over a layer that records changes of S, the install leaves them as
+    they are: it used to rewrite every lowered queue's row at each apply,
+    and an operator's open transaction on one (a pause) made awa migrate
+    time out."""
+    set_shards(op, "lr", 8)
+    set_shards(op, "lr", 1)
+    changed = su.execute("select shards_changed_xact::text from awa.queue_meta"
+                         " where queue = 'lr'").fetchone()[0]
+    su.execute("delete from awa.schema_functions")  # the layer is applied again
+    with db.connect(autocommit=False) as holder:
+        holder.execute("select awa.pause_queue('lr')")
+        applied = db.awa("migrate", "--lock-timeout", "2s")
+        holder.rollback()
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    assert su.execute("select shards_changed_xact::text from awa.queue_meta"
+                      " where queue = 'lr'").fetchone()[0] == changed
 
 
 def test_a_function_layer_install_keeps_the_lanes_retired(db, logins, su, op):
