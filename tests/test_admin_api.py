@@ -167,6 +167,27 @@ def test_a_read_of_one_queue_works_out_that_queue_alone(db, read):
     assert worked_out is not None and 1 <= worked_out <= 2
 
 
+@pytest.mark.one_version
+def test_a_scheduled_count_at_its_cap_is_shown_as_a_floor(db, read_only_api):
+    """awa._scheduled_capped stops at SCHEDULED_CAP: 500,000 scheduled jobs
+    read 10,000, which the page and `awa storage show` showed as exact."""
+    from awa_sql.defaults import SCHEDULED_CAP
+
+    with db.connect() as conn:
+        for queue, n in (("many-later", SCHEDULED_CAP + 1), ("few-later", 3)):
+            conn.execute("select count(*) from awa.enqueue_batch(array_fill(%s::text, array[%s]),"
+                         " array_fill('k'::text, array[%s]), run_ats => array_fill("
+                         "now() + interval '1 day', array[%s]))", [queue, n, n, n])
+    many = read_only_api.get("/api/queues/many-later").json()
+    few = read_only_api.get("/api/queues/few-later").json()
+    assert (many["scheduled"], many["scheduled_at_cap"]) == (SCHEDULED_CAP, True)
+    assert (few["scheduled"], few["scheduled_at_cap"]) == (3, False)
+    listed = {q["queue"]: q for q in read_only_api.get("/api/queues").json()}
+    assert listed["many-later"]["scheduled_at_cap"] is True
+    shown = db.awa("storage", "show", "--queue", "many-later", check=True).stdout
+    assert f" {SCHEDULED_CAP}+ " in shown, shown
+
+
 def test_unknown_queue_is_404_on_every_route(api):
     assert api.get("/api/queues/nope").status_code == 404
     assert api.get("/api/queues/nope/enqueue-shards/plan?shards=2").status_code == 404

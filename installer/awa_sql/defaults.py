@@ -13,6 +13,11 @@ MAINTAIN_METRICS_PORT = 9189  # awa maintain's own /metrics
 EVERY_MIN = 0.05
 EVERY_MAX = 3600.0
 
+# awa._scheduled_capped counts a queue's scheduled jobs up to this many, so
+# that a watch reads at most that much of its index (tests compare the two):
+# a count at the cap means at least that many, shown as "10000+".
+SCHEDULED_CAP = 10_000
+
 # How long a job tool (`awa jobs`, the admin API's retries and cancels) waits
 # for rows another transaction holds: a cancel for a claim in flight that
 # holds its job (ADR 025), a bulk retry for failed rows another retry

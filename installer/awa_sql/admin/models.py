@@ -101,7 +101,10 @@ class QueueSummary(BaseModel):
     partitions: int
     ready: int
     running: int
-    scheduled: int
+    scheduled: int = Field(description="counted up to 10,000 a physical queue")
+    scheduled_at_cap: bool = Field(
+        description="a physical queue's count of scheduled jobs reached 10,000: at least "
+                    "that many")
     failed: int
     completed: int
     oldest_ready_age_seconds: float | None = Field(

@@ -15,7 +15,7 @@ from psycopg.rows import dict_row
 
 from awa_sql.admin.errors import ApiError
 from awa_sql.bulk_bound import count_in_bound
-from awa_sql.defaults import RETRY_STATES
+from awa_sql.defaults import RETRY_STATES, SCHEDULED_CAP
 from awa_sql.jsonb import shown
 from awa_sql.queues import covered_by
 
@@ -46,6 +46,8 @@ def _plain(row: dict) -> dict:
     if "lag" in row and row["lag"] is None:
         out.pop("lag")
         out["lag_seconds"] = None
+    if "scheduled" in row and "enqueue_shards" in row:  # a queue's row
+        out["scheduled_at_cap"] = row["scheduled"] >= SCHEDULED_CAP
     return out
 
 
@@ -116,7 +118,8 @@ def family_counts(physical: list[dict]) -> dict:
     ages = [p["oldest_ready_age_seconds"] for p in physical
             if p["oldest_ready_age_seconds"] is not None]
     return {**{c: sum(p[c] for p in physical) for c in FAMILY_COUNTS},
-            "oldest_ready_age_seconds": max(ages, default=None)}
+            "oldest_ready_age_seconds": max(ages, default=None),
+            "scheduled_at_cap": any(p["scheduled_at_cap"] for p in physical)}
 
 
 def _has_column(conn: psycopg.Connection, relation: str, column: str) -> bool:

@@ -23,6 +23,7 @@ from awa_sql.cli.common import (
     sqlstate_suffix,
 )
 from awa_sql.connect import connect, network_defaults, one_line, resolve_dsn
+from awa_sql.defaults import SCHEDULED_CAP
 from awa_sql.maintain import Backoff
 from awa_sql.migrate import EXIT_USAGE
 from awa_sql.routing import MAX_SHARDS
@@ -561,7 +562,9 @@ def cmd_show(args: argparse.Namespace) -> int:
         ["queue", "S", "mode", "paused", "stripes", "ready", "running", "scheduled", "failed ever",
          "oldest ready"],
         [(q.queue, q.enqueue_shards, q.shard_mode, "yes" if q.paused else "no", q.stripes,
-          q.ready, q.running, q.scheduled, q.failed, _fmt_age(q.oldest_ready_age_seconds))
+          q.ready, q.running,
+          f"{q.scheduled}+" if q.scheduled >= SCHEDULED_CAP else q.scheduled,
+          q.failed, _fmt_age(q.oldest_ready_age_seconds))
          for q in queues]))
     for q in queues:
         _print_autoscale(q)

@@ -201,7 +201,7 @@
       item("State", q.paused ? "paused" : "active", "paused-value"),
       item("Ready", q.ready),
       item("Running", q.running),
-      item("Scheduled", q.scheduled),
+      item("Scheduled", q.scheduled_at_cap ? `${q.scheduled}+` : q.scheduled),
       item("Failed, ever", q.failed),
       item("Lag (oldest ready)", seconds(q.oldest_ready_age_seconds)));
   }
