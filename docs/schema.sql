@@ -1283,21 +1283,52 @@ AS $function$
         || coalesce('; last error: ' || pg_catalog.left(last_error, 65536), '')
 $function$;
 
-CREATE OR REPLACE FUNCTION awa._carried_slot(state text, kept_until timestamp with time zone, at timestamp with time zone)
+CREATE OR REPLACE FUNCTION awa._carried_slot(state text, finished_at timestamp with time zone, kept_until timestamp with time zone, at timestamp with time zone)
  RETURNS smallint
  LANGUAGE sql
  STABLE PARALLEL SAFE
 AS $function$
-    select awa._finished_slot(
-        case when pg_catalog.date_part('epoch', kept_until) operator(pg_catalog.>) (
-                      pg_catalog.date_part('epoch', at) operator(pg_catalog.+) (
-                          (awa._finished_ring_slots() operator(pg_catalog.-) 1)
-                          operator(pg_catalog.*) awa._finished_slot_seconds(state)
-                      )
-                  )
-             then 'long' else state end,
-        at
-    )
+    select case
+        -- Its own ring has a slot whose carry comes after kept_until.
+        when (awa._period(kept_until, awa._finished_slot_seconds(state)) operator(pg_catalog.+) 2)
+             operator(pg_catalog.<=)
+             (awa._period(at, awa._finished_slot_seconds(state))
+              operator(pg_catalog.+) awa._finished_ring_slots())
+        then awa._finished_slot(state, pg_catalog.to_timestamp(
+            (greatest(
+                -- Not the slot being carried now: the one after.
+                awa._period(at, awa._finished_slot_seconds(state)) operator(pg_catalog.+) 2,
+                -- Its carry begins after kept_until.
+                awa._period(kept_until, awa._finished_slot_seconds(state))
+                operator(pg_catalog.+) 2,
+                -- Last written after finished_at.
+                awa._period(finished_at, awa._finished_slot_seconds(state))
+                operator(pg_catalog.+) awa._finished_ring_slots()
+            ) operator(pg_catalog.*) awa._finished_slot_seconds(state))::double precision
+        ))
+        else awa._finished_slot('long', pg_catalog.to_timestamp(
+            (least(
+                greatest(
+                    awa._period(at, awa._finished_slot_seconds('long')) operator(pg_catalog.+) 2,
+                    awa._period(kept_until, awa._finished_slot_seconds('long'))
+                    operator(pg_catalog.+) 2,
+                    -- Last written 30 of the job's own ring's periods after
+                    -- finished_at, as the long ring's drop counts.
+                    awa._period(
+                        finished_at operator(pg_catalog.+) pg_catalog.make_interval(
+                            secs => (awa._finished_ring_slots() operator(pg_catalog.-) 2)
+                                     operator(pg_catalog.*) awa._finished_slot_seconds(state)
+                        ),
+                        awa._finished_slot_seconds('long')
+                    ) operator(pg_catalog.+) awa._finished_ring_slots()
+                ),
+                -- Kept past the long ring's round too: its current slot,
+                -- carried again at its turn.
+                awa._period(at, awa._finished_slot_seconds('long'))
+                operator(pg_catalog.+) awa._finished_ring_slots()
+            ) operator(pg_catalog.*) awa._finished_slot_seconds('long'))::double precision
+        ))
+    end
 $function$;
 
 CREATE OR REPLACE FUNCTION awa._carry_batch(slot integer, from_tid tid, stop_tid tid, at timestamp with time zone, OUT moved bigint, OUT last_tid tid, OUT cut boolean)
@@ -1346,6 +1377,7 @@ begin
                 f.job_id,
                 awa._carried_slot(
                     f.state,
+                    f.finished_at,
                     f.finished_at
                     + awa._retention(f.state, m.retain_completed, m.retain_failed),
                     $3
@@ -2456,10 +2488,8 @@ AS $function$
              then 2 operator(pg_catalog.*) awa._finished_ring_slots()
              else awa._finished_ring_slots() end
         operator(pg_catalog.+)
-        (pg_catalog.floor(
-            pg_catalog.date_part('epoch', at)
-            operator(pg_catalog./) awa._finished_slot_seconds(state)
-        )::bigint operator(pg_catalog.%) awa._finished_ring_slots())
+        (awa._period(at, awa._finished_slot_seconds(state))
+         operator(pg_catalog.%) awa._finished_ring_slots())
     )::smallint
 $function$;
 
@@ -4162,6 +4192,16 @@ CREATE OR REPLACE FUNCTION awa._pass_bytes()
  IMMUTABLE PARALLEL SAFE
 AS $function$
     select 16777216::pg_catalog.int8
+$function$;
+
+CREATE OR REPLACE FUNCTION awa._period(at timestamp with time zone, seconds integer)
+ RETURNS bigint
+ LANGUAGE sql
+ STABLE PARALLEL SAFE
+AS $function$
+    select pg_catalog.floor(
+        pg_catalog.date_part('epoch', at) operator(pg_catalog./) seconds
+    )::bigint
 $function$;
 
 CREATE OR REPLACE FUNCTION awa._physical_queues(queue text)

@@ -9,7 +9,8 @@
 -- with TRUNCATE: at once when everything in it is past the longest
 -- retention of its ring, or, when it is the next slot its ring will write
 -- to, after carrying the rows still within their queue's retention into the
--- current slot. The carry moves them in bounded batches through the period
+-- slot that turns first after their retention ends (awa._carried_slot, ADR
+-- 057). The carry moves them in bounded batches through the period
 -- the slot is next (awa._carry_slot, ADR 040), each batch reading the heap
 -- from where the one before stopped (awa.finished_carry), so that no
 -- statement grows with the retention; the TRUNCATE then takes what is left.
@@ -71,6 +72,22 @@ as $$
                 else 'long' end
 $$;
 
+-- Function: awa._period(at timestamptz, seconds integer) returns bigint
+-- The period of `seconds` that `at` falls in, counted from the epoch: a
+-- slot's period (awa._finished_slot). Inlined; stable, as the epoch of a
+-- timestamptz is.
+-- Calls: nothing
+-- Writes: nothing
+create or replace function awa._period(at timestamptz, seconds integer)
+returns bigint
+language sql
+stable parallel safe
+as $$
+    select pg_catalog.floor(
+        pg_catalog.date_part('epoch', at) operator(pg_catalog./) seconds
+    )::bigint
+$$;
+
 -- Function: awa._finished_slot(state text, at timestamptz) returns smallint
 -- The slot a job that reaches `state` at `at` is written to: the ring of
 -- its state (completed 0-31, failed and cancelled 32-63; 'long', 64-95,
@@ -78,7 +95,7 @@ $$;
 -- INSERT into awa.finished uses it.
 -- Inlined; stable, not immutable, as the epoch of a timestamptz is (an
 -- immutable SQL function whose body is not would not be inlined).
--- Calls: awa._finished_ring_slots, awa._finished_slot_seconds
+-- Calls: awa._finished_ring_slots, awa._finished_slot_seconds, awa._period
 -- Writes: nothing
 create or replace function awa._finished_slot(state text, at timestamptz)
 returns smallint
@@ -91,10 +108,8 @@ as $$
              then 2 operator(pg_catalog.*) awa._finished_ring_slots()
              else awa._finished_ring_slots() end
         operator(pg_catalog.+)
-        (pg_catalog.floor(
-            pg_catalog.date_part('epoch', at)
-            operator(pg_catalog./) awa._finished_slot_seconds(state)
-        )::bigint operator(pg_catalog.%) awa._finished_ring_slots())
+        (awa._period(at, awa._finished_slot_seconds(state))
+         operator(pg_catalog.%) awa._finished_ring_slots())
     )::smallint
 $$;
 
@@ -118,30 +133,68 @@ as $$
                 else coalesce(retain_failed, interval '168 hours') end
 $$;
 
--- Function: awa._carried_slot(state text, kept_until timestamptz, at timestamptz) returns smallint
--- The slot a carry at `at` moves a job kept until `kept_until` to: the
--- current slot of its state's ring, unless it is kept past that slot's
--- next turn (31 hours on for a completed job, 7.75 days for a failed one):
--- then the long ring's current slot, whose turn comes every 31 days, so
+-- Function: awa._carried_slot(state, finished_at, kept_until, at) returns smallint
+-- The slot a carry at `at` moves a job that finished at `finished_at` and
+-- is kept until `kept_until` to: the slot of its state's ring whose next
+-- carry comes first after `kept_until`, so that it goes at that slot's turn
+-- (within two of the ring's periods past its retention) and is not copied
+-- again; never the slot the carry empties now. Kept past its ring's round,
+-- the long ring's slot chosen alike, whose turn comes every 32 days, so
 -- that a job kept D days is copied about D / 31 times more, not D x 24 /
--- 31 (ADR 040). Inlined.
--- Calls: awa._finished_ring_slots, awa._finished_slot, awa._finished_slot_seconds
+-- 31 (ADR 040). A slot's drop (awa._prune_action) assumes that no job in it
+-- finished after its last period ends (in the long ring, 30 of the job's
+-- own ring's periods before): the slot is the first that also keeps that,
+-- else the current one. Inlined.
+-- Calls: awa._finished_ring_slots, awa._finished_slot, awa._finished_slot_seconds, awa._period
 -- Writes: nothing
-create or replace function awa._carried_slot(state text, kept_until timestamptz, at timestamptz)
+create or replace function awa._carried_slot(
+    state text, finished_at timestamptz, kept_until timestamptz, at timestamptz
+)
 returns smallint
 language sql
 stable parallel safe
 as $$
-    select awa._finished_slot(
-        case when pg_catalog.date_part('epoch', kept_until) operator(pg_catalog.>) (
-                      pg_catalog.date_part('epoch', at) operator(pg_catalog.+) (
-                          (awa._finished_ring_slots() operator(pg_catalog.-) 1)
-                          operator(pg_catalog.*) awa._finished_slot_seconds(state)
-                      )
-                  )
-             then 'long' else state end,
-        at
-    )
+    select case
+        -- Its own ring has a slot whose carry comes after kept_until.
+        when (awa._period(kept_until, awa._finished_slot_seconds(state)) operator(pg_catalog.+) 2)
+             operator(pg_catalog.<=)
+             (awa._period(at, awa._finished_slot_seconds(state))
+              operator(pg_catalog.+) awa._finished_ring_slots())
+        then awa._finished_slot(state, pg_catalog.to_timestamp(
+            (greatest(
+                -- Not the slot being carried now: the one after.
+                awa._period(at, awa._finished_slot_seconds(state)) operator(pg_catalog.+) 2,
+                -- Its carry begins after kept_until.
+                awa._period(kept_until, awa._finished_slot_seconds(state))
+                operator(pg_catalog.+) 2,
+                -- Last written after finished_at.
+                awa._period(finished_at, awa._finished_slot_seconds(state))
+                operator(pg_catalog.+) awa._finished_ring_slots()
+            ) operator(pg_catalog.*) awa._finished_slot_seconds(state))::double precision
+        ))
+        else awa._finished_slot('long', pg_catalog.to_timestamp(
+            (least(
+                greatest(
+                    awa._period(at, awa._finished_slot_seconds('long')) operator(pg_catalog.+) 2,
+                    awa._period(kept_until, awa._finished_slot_seconds('long'))
+                    operator(pg_catalog.+) 2,
+                    -- Last written 30 of the job's own ring's periods after
+                    -- finished_at, as the long ring's drop counts.
+                    awa._period(
+                        finished_at operator(pg_catalog.+) pg_catalog.make_interval(
+                            secs => (awa._finished_ring_slots() operator(pg_catalog.-) 2)
+                                     operator(pg_catalog.*) awa._finished_slot_seconds(state)
+                        ),
+                        awa._finished_slot_seconds('long')
+                    ) operator(pg_catalog.+) awa._finished_ring_slots()
+                ),
+                -- Kept past the long ring's round too: its current slot,
+                -- carried again at its turn.
+                awa._period(at, awa._finished_slot_seconds('long'))
+                operator(pg_catalog.+) awa._finished_ring_slots()
+            ) operator(pg_catalog.*) awa._finished_slot_seconds('long'))::double precision
+        ))
+    end
 $$;
 
 -- Function: awa.set_retention(queue text, completed interval, failed interval) returns void
@@ -344,6 +397,7 @@ begin
                 f.job_id,
                 awa._carried_slot(
                     f.state,
+                    f.finished_at,
                     f.finished_at
                     + awa._retention(f.state, m.retain_completed, m.retain_failed),
                     $3
@@ -660,7 +714,8 @@ select awa._grant_execute('awa._finished_slot_count()');
 select awa._grant_execute('awa._finished_ring(integer)');
 select awa._grant_execute('awa._finished_slot(text, timestamptz)');
 select awa._grant_execute('awa._retention(text, interval, interval)');
-select awa._grant_execute('awa._carried_slot(text, timestamptz, timestamptz)');
+select awa._grant_execute('awa._period(timestamptz, integer)');
+select awa._grant_execute('awa._carried_slot(text, timestamptz, timestamptz, timestamptz)');
 select awa._grant_execute('awa.set_retention(text, interval, interval)', 'operator');
 select awa._grant_execute('awa._prune_action(integer, timestamptz)');
 select awa._grant_execute('awa._finished_part(integer)');

@@ -14,7 +14,15 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from tests.support.finished import carried_now, current, kept, next_slot, past, slot_of, slots_of
+from tests.support.finished import (
+    carried_on_time,
+    current,
+    kept,
+    next_slot,
+    past,
+    slot_of,
+    slots_of,
+)
 from tests.support.jobs import behind
 
 BLOCK = "(f.ctid::text::point)[0]"
@@ -58,7 +66,7 @@ def test_a_slot_is_carried_a_bounded_batch_of_blocks_at_a_time_and_then_emptied(
                        [blocks]).fetchone()[0]
     # The first batch moves the retained rows of the first blocks, no other.
     assert batch(su, target) == (len(first), False)
-    assert carried_now(su, first, "completed")
+    assert carried_on_time(su, first, "completed")
     assert su.execute(f"select count(*) from {part} f where f.job_id = any(%s)",
                       [first]).fetchone()[0] == 0
     # A prune of the slot before the batches are through makes one more
@@ -78,7 +86,7 @@ def test_a_slot_is_carried_a_bounded_batch_of_blocks_at_a_time_and_then_emptied(
         late = past(su, "long", "completed", ago, 1)
         assert m.execute("select awa.prune_finished()").fetchone()[0] == len(drop)
     assert kept(su, keep + late + drop) == set(keep + late)
-    assert carried_now(su, keep + late, "completed")
+    assert carried_on_time(su, keep + late, "completed")
     assert su.execute("select count(*), count(distinct job_id) from awa.finished").fetchone() \
         == (len(keep) + 1, len(keep) + 1)
     assert su.execute("select count(*) from awa.finished_carry").fetchone()[0] == 0
@@ -109,7 +117,7 @@ def test_a_batch_stops_at_the_pass_bytes_of_payload(db, su, logins):
         if start + carried < 5:  # cut: one more row would pass the bound
             assert sum(sizes[start:start + carried]) >= limit
         start += carried
-    assert carried_now(su, ids, "failed")
+    assert carried_on_time(su, ids, "failed")
 
 
 def test_a_retry_that_waited_for_the_carry_finds_the_job_where_it_went(db, su, logins):
@@ -152,7 +160,7 @@ def test_a_retention_raised_after_the_batches_is_kept_by_the_truncate(db, su, lo
         assert m.execute("select awa.carry_finished()").fetchone()[0] == over
         assert m.execute("select awa.prune_finished()").fetchone()[0] == 0
     assert kept(su, raised + keep) == set(raised + keep)
-    assert carried_now(su, raised, "completed")
+    assert carried_on_time(su, raised, "completed")
 
 
 def test_the_carry_runs_for_the_maintenance_role_only_and_one_at_a_time(db, su, logins):
@@ -182,7 +190,7 @@ def test_awa_maintain_carries_again_at_once_while_the_carry_moves_rows(db, su, l
                          "--prune-every", "off") as m:
         m.wait(lambda: m.handled("carry") == 4 and m.passes("carry", "ran") == 2,
                "the carry and the pass after it", timeout=60)
-    assert carried_now(su, ids, "failed") and target not in slots_of(su, ids)
+    assert carried_on_time(su, ids, "failed") and target not in slots_of(su, ids)
 
 
 def test_a_slot_whose_every_row_the_carry_moved_is_truncated(db, su, logins):
@@ -226,7 +234,7 @@ def test_the_last_look_under_the_lock_carries_no_more_payload_than_a_batch(db, s
             moved += carried
         assert moved == 5
         assert m.execute("select awa.prune_finished()").fetchone()[0] == 0
-    assert carried_now(su, ids, "failed")
+    assert carried_on_time(su, ids, "failed")
 
 
 def test_retry_jobs_waits_for_rows_a_carry_holds_rather_than_say_none_is_left(
@@ -265,9 +273,9 @@ def test_a_job_kept_past_its_rings_next_turn_is_carried_to_the_long_ring(
     with db.connect(logins.maintenance) as m:
         assert m.execute("select awa.prune_finished()").fetchone()[0] == 0
     assert kept(su, long_kept + short_kept) == set(long_kept + short_kept)
-    assert carried_now(su, long_kept, "long")
+    assert carried_on_time(su, long_kept, "long")
     assert all(64 <= slot <= 95 for slot in current(su, "long"))
-    assert carried_now(su, short_kept, state)
+    assert carried_on_time(su, short_kept, state)
 
 
 def test_the_long_ring_drops_a_slot_past_every_retention_and_carries_its_next(
@@ -312,7 +320,7 @@ def test_a_job_in_the_long_ring_goes_within_a_day_of_its_retention(
     su.execute("select awa.set_retention('long', %s, %s)", list(retention))
     [job] = past(su, "long", state, f"now() - interval '{finished}'")
     slot = su.execute(
-        "select awa._carried_slot(f.state, f.finished_at + awa._retention(f.state,"
+        "select awa._carried_slot(f.state, f.finished_at, f.finished_at + awa._retention(f.state,"
         " m.retain_completed, m.retain_failed), f.finished_at + %s::interval)"
         " from awa.finished f join awa.queue_meta m using (queue_id) where f.job_id = %s",
         [carried_after, job]).fetchone()[0]
@@ -326,3 +334,49 @@ def test_a_job_in_the_long_ring_goes_within_a_day_of_its_retention(
     with db.connect(logins.operator) as op:
         assert op.execute("select awa.retry_job(%s)", [job]).fetchone()[0] is False
     assert kept(su, [job]) == set()
+
+
+WIDTH = {"completed": 3600, "failed": 21600, "cancelled": 21600, "long": 86400}
+
+
+@pytest.mark.parametrize("state, retention", [
+    ("completed", "32 hours"), ("completed", "48 hours"), ("completed", "33 days"),
+    ("completed", "45 days"), ("failed", "8 days"), ("failed", "10 days"),
+    ("cancelled", "38 days"), ("failed", "90 days"),
+])
+def test_a_carried_job_goes_within_two_periods_of_its_retention_and_never_before(
+        db, su, state, retention):
+    """One job's life through the rings, time given to the real prune
+    decision (awa._prune_action) and carry (awa._carry_batch) a period at
+    a time. A carry put a job in the current slot, which lives as long as
+    the jobs that finish there now: kept 32 hours it stayed until about 62,
+    kept 33 days until about 63 days (into the long ring again). Now it goes
+    at the turn of the slot that turns first after its retention ends."""
+    completed = state == "completed"
+    su.execute("select awa.set_retention('long', %s, %s)",
+               [retention, None] if completed else ["1 hour", retention])
+    [job] = past(su, "long", state, "date_trunc('day', now()) + interval '7 hours 27 minutes'")
+    finished, kept_until = su.execute(
+        "select f.finished_at, f.finished_at + awa._retention(f.state, m.retain_completed,"
+        " m.retain_failed) from awa.finished f join awa.queue_meta m using (queue_id)"
+        " where f.job_id = %s", [job]).fetchone()
+    at, gone, copies = finished, None, 0
+    while gone is None:
+        slot = slot_of(su, job)
+        width = WIDTH[su.execute("select awa._finished_ring(%s)", [slot]).fetchone()[0]]
+        # The middle of the ring's next period: inside each carry window.
+        at = su.execute("select to_timestamp((floor(extract(epoch from %s::timestamptz) / %s)"
+                        " + 1.5) * %s)", [at, width, width]).fetchone()[0]
+        action = su.execute("select awa._prune_action(%s, %s)", [slot, at]).fetchone()[0]
+        if action == "drop":
+            gone = at
+        elif action == "carry":
+            moved = su.execute("select moved from awa._carry_batch(%s, '(0,0)',"
+                               " '(4294967295,0)', %s)", [slot, at]).fetchone()[0]
+            copies += moved
+            if not moved:  # left to the TRUNCATE at the slot's turn
+                gone = su.execute("select to_timestamp(ceil(extract(epoch from %s::timestamptz)"
+                                  " / %s) * %s)", [at, width, width]).fetchone()[0]
+    assert gone >= kept_until, (gone, kept_until)
+    assert (gone - kept_until).total_seconds() <= 2.5 * width, (gone - kept_until, width)
+    su.execute("delete from awa.finished where job_id = %s", [job])

@@ -22,7 +22,7 @@ from psycopg.types.json import Jsonb
 
 from tests.support.finished import (
     INSERT_PAST,
-    carried_now,
+    carried_on_time,
     kept,
     next_slot,
     past,
@@ -177,7 +177,7 @@ def test_the_next_slot_keeps_what_is_still_retained_and_drops_the_rest(
     with db.connect(logins.maintenance) as m:
         assert m.execute("select awa.prune_finished()").fetchone()[0] == 4
     assert kept(su, kept_ids + dropped) == set(kept_ids)
-    assert carried_now(su, kept_ids, state)
+    assert carried_on_time(su, kept_ids, state)
     assert su.execute(rows, [kept_ids]).fetchall() == before
 
 
@@ -213,7 +213,7 @@ def test_a_prune_carries_before_it_empties_a_slot(db, su, logins):
     with db.connect(logins.maintenance) as m:
         assert m.execute("select awa.prune_finished()").fetchone()[0] == 5
     assert kept(su, old) == set()
-    assert carried_now(su, carried, "failed")
+    assert carried_on_time(su, carried, "failed")
 
 
 def test_a_slot_a_reader_holds_is_skipped_then_pruned(db, su, logins):

@@ -16,6 +16,7 @@ INLINED_FUNCTIONS = (
     "_finished_slot_seconds", "_finished_ring_slots", "_finished_slot",
     "_retention", "_running_block_leases", "_running_slot",
     "_finished_part", "_carry_blocks", "_carry_time", "_carry_rows_locked", "_carried_slot",
+    "_period",
     "_finished_slot_count", "_finished_ring",
     "_max_run_time_ok", "_in_seconds", "_ordering_key_ok",
     "_retry_default_base", "_retry_default_cap", "_retry_default_jitter", "_retry_delay",

@@ -58,7 +58,35 @@ def current(su, state: str) -> set[int]:
         " from unnest(array[now() - interval '1 minute', now()]) as t", [state])}
 
 
-def carried_now(su, job_ids: list[int], state: str) -> bool:
-    """The jobs are in one slot, the one the carry was writing to."""
+RING_BASE = {"completed": 0, "failed": 32, "cancelled": 32, "long": 64}
+RING_SLOTS = 32
+
+
+def carried_on_time(su, job_ids: list[int], ring: str) -> bool:
+    """The jobs are in one slot of `ring`, the one a carry puts them in so
+    that they go on time: the slot whose next carry begins after their
+    retention ends, within two of the ring's periods of it; or, where no
+    slot of the ring turns late enough, its current one (carried again at
+    its turn). Checked at now and a minute before (a test that runs across
+    a period's boundary)."""
     slots = slots_of(su, job_ids)
-    return len(slots) == 1 and slots <= current(su, state)
+    if len(slots) != 1:
+        return False
+    [slot] = slots
+    index = slot - RING_BASE[ring]
+    if not 0 <= index < RING_SLOTS:
+        return False
+    rows = su.execute(
+        "select extract(epoch from f.finished_at"
+        " + awa._retention(f.state, m.retain_completed, m.retain_failed))::float8,"
+        " extract(epoch from now())::float8, awa._finished_slot_seconds(%s)"
+        " from awa.finished f join awa.queue_meta m using (queue_id)"
+        " where f.job_id = any(%s)", [ring, job_ids]).fetchall()
+
+    def on_time(kept_until: float, now: float, width: int) -> bool:
+        period = int(now // width)
+        turn = period + ((index - period) % RING_SLOTS or RING_SLOTS)
+        carry_begins = (turn - 1) * width
+        return turn == period + RING_SLOTS or kept_until < carry_begins <= kept_until + 2 * width
+
+    return all(any(on_time(k, t, w) for t in (now, now - 60)) for k, now, w in rows)
