@@ -2065,8 +2065,10 @@ begin
          order by x.seq
     loop
         begin
+            -- IF EXISTS: a concurrent call may have dropped it while this
+            -- one waited for its lock (42P01 rolled back this whole call).
             if d.relname is not null then
-                execute format('drop sequence %I.%I', d.nspname, d.relname);
+                execute format('drop sequence if exists %I.%I', d.nspname, d.relname);
             end if;
             delete from awa.dropped_sequences as x where x.seq = d.seq;
         exception when lock_not_available then
@@ -6026,10 +6028,12 @@ declare
     at timestamptz := pg_catalog.now();
 begin
     perform awa._require_primary('run the auto-scaler');
-    perform awa._note_run('autoscale');
+    -- Recorded once the leader lock is had, as every pass (a held lock
+    -- must show as a task that does not run).
     if not awa._try_leader('autoscale') then
         return;
     end if;
+    perform awa._note_run('autoscale');
     perform awa._sample_lane_contention(at);
     perform awa._count_lanes(at);
     at := pg_catalog.clock_timestamp();
@@ -6237,10 +6241,12 @@ declare
     until timestamptz := clock_timestamp() + awa._carry_time();
 begin
     perform awa._check_read_committed('awa.carry_finished()');
-    perform awa._note_run('carry');
+    -- Recorded once the leader lock is had, as every pass (a held lock
+    -- must show as a task that does not run).
     if not awa._try_leader('prune') then
         return 0;
     end if;
+    perform awa._note_run('carry');
     return awa._carry_next_slots(until);
 end;
 $function$;
@@ -6525,10 +6531,12 @@ declare
 begin
     perform awa._check_read_committed('awa.compact_lane_hints()');
     perform awa._note_run('lane_hints');
-    if pg_relation_size('awa.lane_hints') <= awa._lane_hints_bytes_allowed() then
-        return 0;
-    end if;
+    -- The size read waits for the table's lock too: a rewrite in flight
+    -- holds it, and does this call's work.
     begin
+        if pg_relation_size('awa.lane_hints') <= awa._lane_hints_bytes_allowed() then
+            return 0;
+        end if;
         lock table awa.lane_hints in access exclusive mode;
     exception when lock_not_available then
         return 0;
@@ -7632,7 +7640,19 @@ begin
                and pg_try_advisory_xact_lock(
                    awa._lock_class_copy(), (xid::text::bigint & 2147483647)::integer
                ) then
-                moved := awa._move_staged(xid);
+                -- Nothing checked a leftover's rows at its commit: one that
+                -- fails (a bad row) is named and passed over, not left to
+                -- fail every call and hold back every later one.
+                begin
+                    moved := awa._move_staged(xid);
+                exception when others then
+                    raise warning 'awa.move_staged: staging transaction % left staged: %',
+                        xid, sqlerrm
+                        using hint = pg_catalog.format(
+                            'Its rows are those of awa.copy_staging with staged_xid = %s:'
+                            ' as the owner role, correct or delete them.', xid);
+                    moved := 0;
+                end;
                 -- None: another session moved them after the probe; the next
                 -- one, which took no lane either.
                 if moved > 0 then
@@ -8491,10 +8511,13 @@ declare
     part regclass;
 begin
     perform awa._check_read_committed('awa.rotate_running()');
-    perform awa._note_run('running_slots');
+    -- Recorded only once the leader lock is had: a session that keeps it
+    -- (idle in a transaction) stops every rotation, which must then show as
+    -- a task that does not run.
     if not awa._try_leader('running') then
         return 0;
     end if;
+    perform awa._note_run('running_slots');
     select s.last_value into strict last_lease from awa.run_lease_seq as s;
     if last_lease % block < block / 2 then
         return 0;

@@ -612,10 +612,12 @@ declare
     at timestamptz := pg_catalog.now();
 begin
     perform awa._require_primary('run the auto-scaler');
-    perform awa._note_run('autoscale');
+    -- Recorded once the leader lock is had, as every pass (a held lock
+    -- must show as a task that does not run).
     if not awa._try_leader('autoscale') then
         return;
     end if;
+    perform awa._note_run('autoscale');
     perform awa._sample_lane_contention(at);
     perform awa._count_lanes(at);
     at := pg_catalog.clock_timestamp();

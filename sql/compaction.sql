@@ -50,8 +50,8 @@ $$;
 -- claim reads the table, so the claims in flight finish first and the
 -- next ones wait for the rewrite (a few milliseconds for thousands of
 -- lanes); if the lock is not had, the call changes nothing and returns 0,
--- to be made again. A second concurrent call waits for the first, then
--- finds the table small. Run it every few seconds (awa maintain does); it
+-- to be made again. A second concurrent call waits for the first at most
+-- 100 ms, then finds the table small or returns 0. Run it every few seconds (awa maintain does); it
 -- rewrites only while a held snapshot keeps vacuum from the dead hints.
 -- A claim reads only a lane's highest hint, and the rewrite keeps it, so
 -- no claim starts lower than it would have.
@@ -74,10 +74,12 @@ declare
 begin
     perform awa._check_read_committed('awa.compact_lane_hints()');
     perform awa._note_run('lane_hints');
-    if pg_relation_size('awa.lane_hints') <= awa._lane_hints_bytes_allowed() then
-        return 0;
-    end if;
+    -- The size read waits for the table's lock too: a rewrite in flight
+    -- holds it, and does this call's work.
     begin
+        if pg_relation_size('awa.lane_hints') <= awa._lane_hints_bytes_allowed() then
+            return 0;
+        end if;
         lock table awa.lane_hints in access exclusive mode;
     exception when lock_not_available then
         return 0;

@@ -590,6 +590,8 @@ $$;
 -- The rows of transactions still running (an open COPY load, any size) are
 -- never read: the index is probed only between the running xids of the
 -- call's snapshot, one probe a staging transaction.
+-- A leftover transaction whose move fails (a bad row: nothing checked it at
+-- its commit) is named in a WARNING and passed over; its rows stay.
 -- On a standby it moves nothing: the staged rows are the primary's alone.
 -- Role: awa_maintenance. Returns how many rows it moved.
 -- Calls: awa._check_limit, awa._lock_class_copy, awa._move_staged, awa._note_run
@@ -641,7 +643,19 @@ begin
                and pg_try_advisory_xact_lock(
                    awa._lock_class_copy(), (xid::text::bigint & 2147483647)::integer
                ) then
-                moved := awa._move_staged(xid);
+                -- Nothing checked a leftover's rows at its commit: one that
+                -- fails (a bad row) is named and passed over, not left to
+                -- fail every call and hold back every later one.
+                begin
+                    moved := awa._move_staged(xid);
+                exception when others then
+                    raise warning 'awa.move_staged: staging transaction % left staged: %',
+                        xid, sqlerrm
+                        using hint = pg_catalog.format(
+                            'Its rows are those of awa.copy_staging with staged_xid = %s:'
+                            ' as the owner role, correct or delete them.', xid);
+                    moved := 0;
+                end;
                 -- None: another session moved them after the probe; the next
                 -- one, which took no lane either.
                 if moved > 0 then

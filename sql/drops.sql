@@ -225,8 +225,10 @@ begin
          order by x.seq
     loop
         begin
+            -- IF EXISTS: a concurrent call may have dropped it while this
+            -- one waited for its lock (42P01 rolled back this whole call).
             if d.relname is not null then
-                execute format('drop sequence %I.%I', d.nspname, d.relname);
+                execute format('drop sequence if exists %I.%I', d.nspname, d.relname);
             end if;
             delete from awa.dropped_sequences as x where x.seq = d.seq;
         exception when lock_not_available then

@@ -700,10 +700,12 @@ declare
     until timestamptz := clock_timestamp() + awa._carry_time();
 begin
     perform awa._check_read_committed('awa.carry_finished()');
-    perform awa._note_run('carry');
+    -- Recorded once the leader lock is had, as every pass (a held lock
+    -- must show as a task that does not run).
     if not awa._try_leader('prune') then
         return 0;
     end if;
+    perform awa._note_run('carry');
     return awa._carry_next_slots(until);
 end;
 $$;

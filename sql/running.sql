@@ -82,10 +82,13 @@ declare
     part regclass;
 begin
     perform awa._check_read_committed('awa.rotate_running()');
-    perform awa._note_run('running_slots');
+    -- Recorded only once the leader lock is had: a session that keeps it
+    -- (idle in a transaction) stops every rotation, which must then show as
+    -- a task that does not run.
     if not awa._try_leader('running') then
         return 0;
     end if;
+    perform awa._note_run('running_slots');
     select s.last_value into strict last_lease from awa.run_lease_seq as s;
     if last_lease % block < block / 2 then
         return 0;

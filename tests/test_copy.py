@@ -452,6 +452,28 @@ def test_move_staged_moves_leftovers_on_both_sides_of_an_open_load(db, logins):
                              " (select count(*) from awa.copy_staging)").fetchone() == (14, 0)
 
 
+def test_a_leftover_load_with_a_bad_row_is_named_and_does_not_hold_back_the_next(db, logins):
+    """Rows committed with the staging triggers off were checked by no
+    commit: one bad row failed every awa.move_staged call, and every later
+    leftover load waited behind it for good."""
+    with db.connect() as admin:
+        # No commit-time move: its trigger fires in every replication role.
+        admin.execute("alter table awa.copy_staging disable trigger copy_staging_note")
+        bad = admin.execute("insert into awa.copy_staging (queue, kind, priority)"
+                            " values ('left', 'k', 9) returning staged_xid::text").fetchone()[0]
+        admin.execute("insert into awa.copy_staging (queue, kind)"
+                      " select 'left', 'k' from generate_series(1, 3)")
+    warnings: list[str] = []
+    with db.connect(logins.maintenance) as m:
+        m.add_notice_handler(lambda n: warnings.append(n.message_primary or ""))
+        assert [m.execute("select awa.move_staged()").fetchone()[0] for _ in range(2)] == [3, 0]
+    assert warnings and all(f"staging transaction {bad} left staged: " in w
+                            and "priority must be between 1" in w for w in warnings), warnings
+    with db.connect() as admin:
+        assert admin.execute("select (select count(*) from awa.ready),"
+                             " (select count(*) from awa.copy_staging)").fetchone() == (3, 1)
+
+
 def test_move_staged_moves_one_staging_transaction_a_call(db, logins):
     """awa.move_staged moves one staging transaction per call, oldest first: a
     second in the same transaction would take its keys (ADR 027) and lanes

@@ -109,6 +109,17 @@ def test_a_table_held_by_a_claim_in_flight_is_skipped_then_compacted(db, su, log
     assert size(su) <= allowed(su)
 
 
+def test_a_second_call_while_a_rewrite_holds_the_table_returns_0(db, su, logins):
+    """Its first read of the table's size waits for the lock too: outside
+    the handler, a rewrite in flight made the second call fail 55P03."""
+    grow(su, 3000, dead=False)
+    with db.connect(autocommit=False) as rewrite, db.connect(logins.maintenance) as m:
+        rewrite.execute("lock table awa.lane_hints in access exclusive mode")
+        assert m.execute("select awa.compact_lane_hints()").fetchone()[0] == 0
+        rewrite.rollback()
+        assert m.execute("select awa.compact_lane_hints()").fetchone()[0] == 1
+
+
 @pytest.mark.parametrize("isolation", OLDER_SNAPSHOTS)
 def test_a_snapshot_older_than_the_lock_is_refused(db, su, logins, isolation):
     grow(su, 3000, dead=False)

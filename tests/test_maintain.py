@@ -193,6 +193,26 @@ def test_every_maintenance_function_records_its_run_whoever_calls_it(db, logins)
             assert moved == {task.name}, (task.name, moved)
 
 
+@pytest.mark.parametrize("call, task, leader", [
+    ("awa.rotate_running()", "running_slots", "running"),
+    ("awa.prune_finished()", "prune", "prune"), ("awa.carry_finished()", "carry", "prune"),
+    ("awa.promote_due()", "promote", "pass.promote"),
+    ("awa.autoscale_tick()", "autoscale", "autoscale"),
+])
+def test_a_call_that_cannot_take_its_leader_lock_records_no_run(
+        db, logins, call, task, leader):
+    """A session that keeps a task's leader lock (idle in a transaction)
+    stops every call of it: the task must show as one that does not run
+    (AwaMaintenanceNotRunning), not as run by each call that returned 0."""
+    with (db.connect() as admin, db.connect(autocommit=False) as holder,
+          db.connect(logins.maintenance) as m):
+        assert holder.execute("select awa._try_leader(%s)", [leader]).fetchone()[0]
+        _age_runs(admin)
+        m.execute(f"select count(*) from {call}")
+        assert _last_runs(admin)[task].year == 2000
+        holder.rollback()
+
+
 def test_a_maintenance_call_that_rolls_back_records_nothing(db, logins):
     with db.connect() as admin, db.connect(logins.maintenance, autocommit=False) as m:
         _age_runs(admin)
@@ -667,6 +687,42 @@ def test_bound_to_ipv6_it_logs_a_url_with_brackets_that_answers(db, logins):
     with MaintainProcess(db.dsn(logins.maintenance), "--metrics-host", "::1") as m:
         assert re.fullmatch(r"http://\[::1\]:\d+/metrics", m.url()), m.log()
         m.wait_for_pass("promote")
+
+
+def test_drops_and_retirements_past_a_calls_lanes_are_done_in_one_pass(db, logins):
+    """awa.finish_drops and awa.retire_lanes stop at 1,024 lane locks a call:
+    40 queues of 32 lanes each took a second pass a minute later (1,000
+    such queues, half an hour). A pass that did any goes again at once."""
+    from prometheus_client import CollectorRegistry
+
+    from awa_sql.maintain import TASK_NAMES, Maintainer
+
+    with db.connect(logins.operator) as op:
+        for i in range(40):
+            op.execute("select awa.set_enqueue_shards(%s, 8)", [f"gone-{i}"])
+            op.execute("select awa.set_enqueue_shards(%s, 8)", [f"lowered-{i}"])
+        for i in range(40):
+            op.execute("select awa.drop_queue(%s)", [f"gone-{i}"])
+            op.execute("select awa.set_enqueue_shards(%s, 1)", [f"lowered-{i}"])
+
+    def left(admin) -> tuple[int, int]:
+        return admin.execute(
+            "select (select count(*) from awa.queue_meta where dropped_xact is not null),"
+            " (select count(*) from awa.queue_meta where lane_shards > enqueue_shards)"
+        ).fetchone()
+
+    every = dict.fromkeys(TASK_NAMES) | {"drops": 600.0, "retire_lanes": 600.0}
+    maintainer = Maintainer(db.dsn(logins.maintenance), every=every,
+                            registry=CollectorRegistry())
+    with db.connect() as admin:
+        assert left(admin) == (40, 40)
+        thread = maintainer.start()
+        try:
+            wait_until(lambda: left(admin) == (0, 0), timeout=60,
+                       what="every dropped queue removed and every lowered S retired")
+        finally:
+            maintainer.stop()
+            thread.join(30)
 
 
 def _with_calls(maintainer, calls):

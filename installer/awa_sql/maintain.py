@@ -63,7 +63,8 @@ class Task:
     batch: int | None = None  # a pass that handled this many runs again at once
     # A pass that handled any runs again at once: its call may stop short of
     # the batch at a bound of its own (promote and rescue: awa._pass_bytes;
-    # carry: awa._carry_time; move_staged: one staging transaction).
+    # carry: awa._carry_time; move_staged: one staging transaction;
+    # retire_lanes and drops: 1,024 lane locks a call).
     again_while_any: bool = False
 
     @property
@@ -132,8 +133,9 @@ TASKS: tuple[Task, ...] = (
          batch=BATCH),
     Task("retire_lanes", "awa.retire_lanes()", 60.0,
          _scalar("select awa.retire_lanes()", (),
-                 "took the drained lanes above S of {n} queue(s) out of the claim walk")),
-    Task("drops", "awa.finish_drops()", 60.0, _finish_drops),
+                 "took the drained lanes above S of {n} queue(s) out of the claim walk"),
+         again_while_any=True),
+    Task("drops", "awa.finish_drops()", 60.0, _finish_drops, again_while_any=True),
     Task("shard_changes", "awa.prune_shard_changes(interval, integer)", 600.0,
          _scalar("select awa.prune_shard_changes(max_changes => %s)", (BATCH,),
                  "removed {n} change(s) of S past their 90 days"),
