@@ -236,7 +236,9 @@ def test_a_retry_after_a_day_is_24_hours_in_any_time_zone(db, logins):
     back hours early. The worker's login here is in a zone that moves its
     clocks 12 hours forward at the next midnight (a POSIX rule, so the test
     needs no real zone's calendar)."""
-    tomorrow = date.today() + timedelta(days=1)
+    # Tomorrow in the zone's standard time (UTC-6), not the machine's: after
+    # 18:00 UTC the two dates differ.
+    tomorrow = (datetime.now(UTC) - timedelta(hours=6)).date() + timedelta(days=1)
     zone = (f"XST6XDT-6,J{_posix_day(tomorrow)}/0,"
             f"J{_posix_day(tomorrow + timedelta(days=180))}/0")
     with db.connect() as admin:
