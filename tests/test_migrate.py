@@ -936,6 +936,23 @@ def test_a_procedure_granted_by_hand_is_taken_back_too(db):
     assert db.awa("status", "--check").returncode == 0
 
 
+def test_a_layer_routine_granted_by_hand_is_taken_back_not_swept(db):
+    """The layer's revokes run in a subtransaction, so that an earlier
+    layer's granted routine does not pass for this layer's; a routine this
+    layer defines before them (private.sql) and that was granted by hand is
+    the layer's all the same: its privilege is taken back, the routine
+    kept."""
+    with db.connect() as conn:
+        conn.execute("grant execute on function awa._role_for(text) to awa_reader")
+        conn.execute("delete from awa.schema_functions")  # the layer is applied again
+    applied = db.awa("migrate", check=True)
+    assert "dropped awa._role_for" not in applied.stdout, applied.stdout
+    with db.connect() as conn:
+        assert conn.execute("select has_function_privilege('awa_reader',"
+                            " 'awa._role_for(text)', 'execute')").fetchone()[0] is False
+    assert db.awa("status", "--check").returncode == 0
+
+
 def test_the_layer_records_every_grant_it_makes(db):
     """What the layer granted is what it recorded: nothing drifts after an
     apply, and every runtime role's grant is in the record."""
