@@ -7645,13 +7645,19 @@ begin
                 -- fail every call and hold back every later one.
                 begin
                     moved := awa._move_staged(xid);
-                exception when others then
-                    raise warning 'awa.move_staged: staging transaction % left staged: %',
-                        xid, sqlerrm
-                        using hint = pg_catalog.format(
-                            'Its rows are those of awa.copy_staging with staged_xid = %s:'
-                            ' as the owner role, correct or delete them.', xid);
-                    moved := 0;
+                exception
+                    -- Passing (a deadlock with a producer, a lock timeout the
+                    -- caller set): its rows are good, for the next call.
+                    when transaction_rollback or lock_not_available then
+                        raise;
+                    when others then
+                        raise warning
+                            'awa.move_staged: staging transaction % left staged: %',
+                            xid, sqlerrm
+                            using hint = pg_catalog.format(
+                                'Its rows are those of awa.copy_staging with staged_xid = %s:'
+                                ' as the owner role, correct or delete them.', xid);
+                        moved := 0;
                 end;
                 -- None: another session moved them after the probe; the next
                 -- one, which took no lane either.

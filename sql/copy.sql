@@ -591,7 +591,8 @@ $$;
 -- never read: the index is probed only between the running xids of the
 -- call's snapshot, one probe a staging transaction.
 -- A leftover transaction whose move fails (a bad row: nothing checked it at
--- its commit) is named in a WARNING and passed over; its rows stay.
+-- its commit) is named in a WARNING and passed over; its rows stay. A
+-- deadlock or a lock timeout still fails the call: the rows are good.
 -- On a standby it moves nothing: the staged rows are the primary's alone.
 -- Role: awa_maintenance. Returns how many rows it moved.
 -- Calls: awa._check_limit, awa._lock_class_copy, awa._move_staged, awa._note_run
@@ -648,13 +649,19 @@ begin
                 -- fail every call and hold back every later one.
                 begin
                     moved := awa._move_staged(xid);
-                exception when others then
-                    raise warning 'awa.move_staged: staging transaction % left staged: %',
-                        xid, sqlerrm
-                        using hint = pg_catalog.format(
-                            'Its rows are those of awa.copy_staging with staged_xid = %s:'
-                            ' as the owner role, correct or delete them.', xid);
-                    moved := 0;
+                exception
+                    -- Passing (a deadlock with a producer, a lock timeout the
+                    -- caller set): its rows are good, for the next call.
+                    when transaction_rollback or lock_not_available then
+                        raise;
+                    when others then
+                        raise warning
+                            'awa.move_staged: staging transaction % left staged: %',
+                            xid, sqlerrm
+                            using hint = pg_catalog.format(
+                                'Its rows are those of awa.copy_staging with staged_xid = %s:'
+                                ' as the owner role, correct or delete them.', xid);
+                        moved := 0;
                 end;
                 -- None: another session moved them after the probe; the next
                 -- one, which took no lane either.

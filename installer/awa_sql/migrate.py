@@ -196,7 +196,8 @@ class DatabaseState:
     has_records: bool = False
     records_read: bool = False
     public_can_create_in_public: bool = False
-    # CREATE on the database, which the bootstrap's CREATE SCHEMA needs.
+    # CREATE on the database, which the bootstrap's CREATE SCHEMA needs: the
+    # login's own, or the owner role's, which the bootstrap makes it inherit.
     can_create_schema: bool = True
     offline: bool = False
     # awa._security_violations() as the owner: (rule, message) of each broken
@@ -261,6 +262,10 @@ def read_state(conn: psycopg.Connection, roles: Roles) -> DatabaseState:
             [list(roles.as_dict().values())],
         )
     }
+    if not state.can_create_schema and roles.owner in state.existing_roles:
+        state.can_create_schema = conn.execute(
+            "select pg_catalog.has_database_privilege(%s, pg_catalog.current_database(),"
+            " 'CREATE')", [roles.owner]).fetchone()[0]
     acts_now = state.is_superuser
     if state.is_superuser:
         state.can_act_as_owner = True
@@ -506,9 +511,10 @@ def _check_roles(state: DatabaseState, roles: Roles, create_roles: bool, plan: P
     if state.schema_owner is None and not state.can_create_schema:
         # Before the roles step, which would commit and leave them behind.
         plan.problems.append(RolesError(
-            f"login {state.current_user!r} may not create schema awa: it lacks CREATE on "
-            f"this database. GRANT CREATE ON DATABASE <database> TO {state.current_user}, or "
-            "migrate as its owner."))
+            f"login {state.current_user!r} may not create schema awa: neither it nor the "
+            f"owner role {roles.owner!r} has CREATE on this database. GRANT CREATE ON "
+            f"DATABASE <database> TO {state.current_user} (or to {roles.owner}), or migrate "
+            "as the database's owner."))
 
 
 def _cannot_act(state: DatabaseState, roles: Roles) -> str:
