@@ -1,5 +1,5 @@
 """The carry of a long retention in batches (ADR 040), on real PostgreSQL 17
-and 18: a slot's rows still retained move to the current slot a bounded
+and 18: a slot's rows still retained move to the slot they go with (ADR 057) a bounded
 batch at a time (heap blocks, payload bytes), the prune truncates only once
 the batches have read the whole slot and takes what they left (rows written
 after, a retention raised meanwhile) under the slot's lock, and a retry
@@ -240,7 +240,7 @@ def test_the_last_look_under_the_lock_carries_no_more_payload_than_a_batch(db, s
 def test_retry_jobs_waits_for_rows_a_carry_holds_rather_than_say_none_is_left(
         db, su, logins):
     """A 0 from awa.retry_jobs means none is left to retry: rows a carry
-    holds (moving them to the current slot) are waited for, then retried
+    holds (moving them out of the slot) are waited for, then retried
     where they went."""
     su.execute("select awa.set_retention('long', '1 hour', '10 days')")
     target = next_slot(su, "failed")

@@ -113,7 +113,7 @@ TASKS: tuple[Task, ...] = (
          _scalar("select awa.prune_finished()", (), "pruned {n} finished job(s)")),
     Task("carry", "awa.carry_finished()", 60.0,
          _scalar("select awa.carry_finished()", (),
-                 "carried {n} finished job(s) still within retention to the current slot"),
+                 "carried {n} finished job(s) still within retention to the slot they go with"),
          again_while_any=True),
     Task("running_slots", "awa.rotate_running()", 5.0,
          _scalar("select awa.rotate_running()", (), "emptied {n} awa.running slot(s)")),
@@ -178,7 +178,7 @@ class MaintainMetrics:
             "awa_maintain_handled",
             "awa.maintain.handled: what the calls of this process handled: jobs promoted "
             "(promote), rescued (rescue), staged rows enqueued (move_staged), finished jobs "
-            "pruned (prune), finished jobs carried to the current slot (carry), "
+            "pruned (prune), finished jobs carried to the slot they go with (carry), "
             "slots of awa.running emptied (running_slots), rewrites of "
             "awa.lane_hints (lane_hints), of awa.ready (ready_rewrite) and of "
             "awa.scheduled (scheduled_rewrite), unique keys "
