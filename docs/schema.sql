@@ -1443,9 +1443,9 @@ declare
     part text := awa._finished_part(slot);
     at timestamptz := clock_timestamp();
     -- The slot is to carry in this period only: the one it is next in.
-    this_period bigint := floor(
-        date_part('epoch', at) / awa._finished_slot_seconds(awa._finished_ring(slot))
-    )::bigint;
+    this_period bigint := awa._period(
+        at, awa._finished_slot_seconds(awa._finished_ring(slot))
+    );
     from_tid tid;
     stop_tid tid;
     b record;
@@ -4396,7 +4396,7 @@ declare
     ring_state text := awa._finished_ring(slot);
     width integer := awa._finished_slot_seconds(ring_state);
     n integer := awa._finished_ring_slots();
-    current_period bigint := floor(date_part('epoch', at) / width)::bigint;
+    current_period bigint := awa._period(at, width);
     current_slot integer := awa._finished_slot(ring_state, at);
     -- The latest period this slot was written in: no row in it finished later.
     written_until timestamptz;

@@ -244,7 +244,7 @@ $$;
 -- hold rows still retained, null when it stays (the current slot, or one
 -- not yet due).
 -- Calls: awa._finished_ring, awa._finished_ring_slots, awa._finished_slot,
---   awa._finished_slot_seconds, awa._retention
+--   awa._finished_slot_seconds, awa._period, awa._retention
 -- Writes: nothing
 create or replace function awa._prune_action(slot integer, at timestamptz)
 returns text
@@ -256,7 +256,7 @@ declare
     ring_state text := awa._finished_ring(slot);
     width integer := awa._finished_slot_seconds(ring_state);
     n integer := awa._finished_ring_slots();
-    current_period bigint := floor(date_part('epoch', at) / width)::bigint;
+    current_period bigint := awa._period(at, width);
     current_slot integer := awa._finished_slot(ring_state, at);
     -- The latest period this slot was written in: no row in it finished later.
     written_until timestamptz;
@@ -427,7 +427,7 @@ $$;
 -- TRUNCATE's last look takes them. `done` once no row lies past where the
 -- batches have got to; carried counts the rows moved by this call.
 -- Calls: awa._carry_batch, awa._carry_blocks, awa._finished_part, awa._finished_ring,
---   awa._finished_slot_seconds, awa._prune_action
+--   awa._finished_slot_seconds, awa._period, awa._prune_action
 -- Writes: awa.finished_carry
 create or replace function awa._carry_slot(
     slot integer, until timestamptz, out carried bigint, out done boolean
@@ -441,9 +441,9 @@ declare
     part text := awa._finished_part(slot);
     at timestamptz := clock_timestamp();
     -- The slot is to carry in this period only: the one it is next in.
-    this_period bigint := floor(
-        date_part('epoch', at) / awa._finished_slot_seconds(awa._finished_ring(slot))
-    )::bigint;
+    this_period bigint := awa._period(
+        at, awa._finished_slot_seconds(awa._finished_ring(slot))
+    );
     from_tid tid;
     stop_tid tid;
     b record;

@@ -46,9 +46,12 @@ def _plain(row: dict) -> dict:
     if "lag" in row and row["lag"] is None:
         out.pop("lag")
         out["lag_seconds"] = None
-    if "scheduled" in row and "enqueue_shards" in row:  # a queue's row
-        out["scheduled_at_cap"] = row["scheduled"] >= SCHEDULED_CAP
     return out
+
+
+def _queue(row: dict) -> dict:
+    """A row of QUEUE_COLUMNS, with whether its scheduled count is at the cap."""
+    return {**_plain(row), "scheduled_at_cap": row["scheduled"] >= SCHEDULED_CAP}
 
 
 def _exists(conn: psycopg.Connection, relation: str) -> bool:
@@ -66,7 +69,7 @@ def list_queues(conn: psycopg.Connection) -> list[dict]:
         rows = cur.execute(
             f"select {QUEUE_COLUMNS} from awa.queue_overview as o"
             " order by o.logical_queue, o.queue").fetchall()
-    return [_plain(r) for r in rows]
+    return [_queue(r) for r in rows]
 
 
 def require_queue(conn: psycopg.Connection, queue: str) -> None:
@@ -79,7 +82,7 @@ def require_queue(conn: psycopg.Connection, queue: str) -> None:
 
 def queue_detail(conn: psycopg.Connection, queue: str) -> dict:
     with conn.cursor(row_factory=dict_row) as cur:
-        physical = [_plain(r) for r in cur.execute(
+        physical = [_queue(r) for r in cur.execute(
             f"select {QUEUE_COLUMNS} from awa.queue_overview as o"
             f" where {covered_by('o.queue', 'q')}"
             " order by o.queue = %(q)s desc, o.queue", {"q": queue}).fetchall()]
